@@ -1,0 +1,190 @@
+//! GCF: the grow-only cuckoo filter (thesis Spec. 3, Algorithm 1).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::table::{Entry, Table, TableRepr};
+use crate::core::error::FilterError;
+use crate::core::hash::{cuckoo_position, hash_item};
+use crate::core::lattice::{Lattice, Membership};
+use crate::core::params::CuckooParams;
+
+/// A grow-only cuckoo filter (thesis Spec. 3). Its state is a set of `(bucket, fingerprint)`
+/// entries ordered by inclusion of their *universes* (entries and their duals); merge adds the
+/// other's entries not already present in either candidate bucket, `S ∪ (S' \ D(S))`, letting
+/// buckets overflow when they must, since a merge cannot fail.
+///
+/// ```
+/// use crpf::{GCuckoo, Lattice, Membership};
+///
+/// let mut a = GCuckoo::with_capacity(1000, 0.03)?;
+/// let mut b = a.clone();
+/// a.add(b"apple")?;
+/// b.add(b"pear")?;
+/// a.merge(&b)?;
+/// assert!(a.contains(b"apple") && a.contains(b"pear"));
+/// assert_eq!(a.cardinality(), 2.0);
+/// assert!(b.le(&a) && !a.le(&b));
+/// # Ok::<(), crpf::FilterError>(())
+/// ```
+#[derive(Clone)]
+pub struct GCuckoo {
+    table: Table<()>,
+}
+
+impl GCuckoo {
+    /// A filter for `capacity` elements at false positive rate `fpr`: 4-slot buckets, the
+    /// fingerprint length from Eq. 2.10, 500 kicks.
+    pub fn with_capacity(capacity: u64, fpr: f64) -> Result<Self, FilterError> {
+        Self::new(CuckooParams::with_capacity(capacity, fpr)?)
+    }
+
+    /// A filter with explicit parameters.
+    ///
+    /// ```
+    /// let p = crpf::CuckooParams { buckets: 1000, bucket_size: 4, fingerprint_bits: 12,
+    ///                              max_kicks: 100, seed: 7 };
+    /// let f = crpf::GCuckoo::new(p)?;
+    /// assert_eq!(f.params().buckets, 1000);
+    /// # Ok::<(), crpf::FilterError>(())
+    /// ```
+    pub fn new(params: CuckooParams) -> Result<Self, FilterError> {
+        let params = params.validated()?;
+        Ok(Self {
+            table: Table::new(params, params.seed),
+        })
+    }
+
+    /// The filter's parameters.
+    pub fn params(&self) -> &CuckooParams {
+        self.table.params()
+    }
+
+    /// Entries stored beyond their bucket's `c` slots (only merges create them).
+    pub fn overflow_len(&self) -> usize {
+        self.table.overflow_len()
+    }
+
+    #[inline]
+    fn position(&self, item: &[u8]) -> (usize, u16) {
+        let p = self.params();
+        cuckoo_position(
+            hash_item(item, p.seed),
+            p.buckets,
+            p.fingerprint_bits as u32,
+        )
+    }
+
+    /// Merges one `(bucket, fingerprint)` entry of another replica (a delta-state entry).
+    pub(crate) fn merge_entry(&mut self, bucket: usize, fp: u16) {
+        if !self.table.contains_fp(bucket, fp) {
+            self.table.place_merged(bucket, Entry { fp, payload: () });
+        }
+    }
+
+    fn check_compatible(&self, other: &Self) -> Result<(), FilterError> {
+        if self.params() == other.params() {
+            Ok(())
+        } else {
+            Err(FilterError::Incompatible(format!(
+                "cuckoo parameters differ: {:?} vs {:?}",
+                self.params(),
+                other.params()
+            )))
+        }
+    }
+}
+
+impl fmt::Debug for GCuckoo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GCuckoo")
+            .field("params", self.params())
+            .field("len", &self.table.len())
+            .field("overflow", &self.table.overflow_len())
+            .finish()
+    }
+}
+
+impl Lattice for GCuckoo {
+    fn merge(&mut self, other: &Self) -> Result<(), FilterError> {
+        self.check_compatible(other)?;
+        other.table.for_each(|b, e| self.merge_entry(b, e.fp));
+        Ok(())
+    }
+
+    /// `U(S) ⊆ U(S')` (Eq. 3.4).
+    fn le(&self, other: &Self) -> bool {
+        if self.params() != other.params() {
+            return false;
+        }
+        let mut all = true;
+        self.table
+            .for_each(|b, e| all &= other.table.contains_fp(b, e.fp));
+        all
+    }
+}
+
+impl Membership for GCuckoo {
+    #[inline]
+    fn contains(&self, item: &[u8]) -> bool {
+        let (b, fp) = self.position(item);
+        self.table.contains_fp(b, fp)
+    }
+
+    /// Adds the item unless it is already contained. `Err(Full)` leaves the filter as it was.
+    fn add(&mut self, item: &[u8]) -> Result<(), FilterError> {
+        let (b, fp) = self.position(item);
+        if self.table.contains_fp(b, fp) {
+            return Ok(());
+        }
+        self.table.insert(b, Entry { fp, payload: () })
+    }
+
+    fn cardinality(&self) -> f64 {
+        self.table.len() as f64
+    }
+
+    fn capacity(&self) -> u64 {
+        self.table.slots() as u64
+    }
+
+    fn load_factor(&self) -> f64 {
+        self.table.load_factor()
+    }
+
+    /// Eq. 3.7 at the table's average load factor.
+    fn estimated_fpr(&self) -> f64 {
+        self.params().fpr_at_load(self.load_factor())
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct GCuckooRepr {
+    params: CuckooParams,
+    table: TableRepr,
+}
+
+impl Serialize for GCuckoo {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        GCuckooRepr {
+            params: *self.params(),
+            table: self.table.to_repr(),
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for GCuckoo {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let repr = GCuckooRepr::deserialize(d)?;
+        let table = Table::from_repr(
+            repr.params,
+            &repr.table,
+            |n| Ok(vec![(); n]),
+            repr.params.seed,
+        )
+        .map_err(serde::de::Error::custom)?;
+        Ok(GCuckoo { table })
+    }
+}

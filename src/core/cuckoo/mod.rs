@@ -1,0 +1,15 @@
+//! Cuckoo-table filters: GCF and ORCF over one shared table implementation.
+
+mod gcuckoo;
+mod orcuckoo;
+pub(crate) mod table;
+
+pub use gcuckoo::GCuckoo;
+pub use orcuckoo::OrCuckoo;
+
+/// ORCF table logic shared with the scalable ORCF.
+pub(crate) mod orcuckoo_parts {
+    pub(crate) use super::orcuckoo::{
+        PackedTags, check_tags, merge_tables, pack_tags, remove_random, table_le, unpack_tags,
+    };
+}

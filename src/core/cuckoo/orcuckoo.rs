@@ -1,0 +1,455 @@
+//! ORCF: the observed-remove cuckoo filter (thesis Spec. 4).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::table::{Entry, Table, TableRepr};
+use crate::core::causal::{CausalContext, Dot, MAX_COUNTER, ReplicaId};
+use crate::core::codec::{bits_for, pack, unpack};
+use crate::core::error::FilterError;
+use crate::core::hash::{cuckoo_position, hash_item};
+use crate::core::lattice::{Lattice, Membership, Removable};
+use crate::core::params::CuckooParams;
+
+/// An observed-remove cuckoo filter (thesis Spec. 4): every entry carries a version tag
+/// `(replica, timestamp)`, the causal history `H` records every tag observed, and a merge keeps
+/// an entry unless the other side observed its tag and no longer has it (add wins over a
+/// concurrent remove).
+///
+/// ```
+/// use crpf::{Lattice, Membership, OrCuckoo, Removable};
+///
+/// let mut a = OrCuckoo::with_capacity(1000, 0.03, 1)?;
+/// let mut b = OrCuckoo::with_capacity(1000, 0.03, 2)?;
+/// a.add(b"apple")?;
+/// b.merge(&a)?;
+/// assert!(b.remove(b"apple"));     // b observed the add, so its remove wins...
+/// a.add(b"apple")?;                // ...but not over a concurrent re-add on a
+/// a.merge(&b)?;
+/// b.merge(&a)?;
+/// assert!(a.contains(b"apple") && b.contains(b"apple"));
+/// assert!(a.equivalent(&b));
+/// # Ok::<(), crpf::FilterError>(())
+/// ```
+#[derive(Clone)]
+pub struct OrCuckoo {
+    table: Table<u64>,
+    history: CausalContext,
+    replica: ReplicaId,
+    /// Highest timestamp this replica may have issued; it never issues one at or below it.
+    clock: u64,
+}
+
+impl OrCuckoo {
+    /// A filter for `capacity` elements at false positive rate `fpr`, adding as `replica`.
+    pub fn with_capacity(capacity: u64, fpr: f64, replica: ReplicaId) -> Result<Self, FilterError> {
+        Self::new(CuckooParams::with_capacity(capacity, fpr)?, replica)
+    }
+
+    /// A filter with explicit parameters, adding as `replica`.
+    ///
+    /// ```
+    /// let p = crpf::CuckooParams::with_capacity(100, 0.01)?;
+    /// let f = crpf::OrCuckoo::new(p, 3)?;
+    /// assert_eq!(f.replica(), 3);
+    /// # Ok::<(), crpf::FilterError>(())
+    /// ```
+    pub fn new(params: CuckooParams, replica: ReplicaId) -> Result<Self, FilterError> {
+        let params = params.validated()?;
+        Ok(Self::from_parts(
+            Table::new(params, rng_seed(&params, replica)),
+            CausalContext::new(),
+            replica,
+            0,
+        ))
+    }
+
+    fn from_parts(
+        table: Table<u64>,
+        history: CausalContext,
+        replica: ReplicaId,
+        clock: u64,
+    ) -> Self {
+        Self {
+            table,
+            history,
+            replica,
+            clock,
+        }
+    }
+
+    /// The filter's parameters.
+    pub fn params(&self) -> &CuckooParams {
+        self.table.params()
+    }
+
+    /// The replica id new tags are issued under.
+    pub fn replica(&self) -> ReplicaId {
+        self.replica
+    }
+
+    /// Issues future tags under another replica id (for a replica that lost its durable state
+    /// and claimed a new id).
+    pub fn set_replica(&mut self, replica: ReplicaId) {
+        self.replica = replica;
+        self.clock = 0;
+    }
+
+    /// Highest timestamp this replica may have issued.
+    pub fn clock(&self) -> u64 {
+        self.clock.max(self.history.max(self.replica))
+    }
+
+    /// Guarantees every future tag of this replica has a timestamp above `floor`, e.g. a
+    /// durably reserved high-water mark after a crash.
+    pub fn advance_clock(&mut self, floor: u64) {
+        self.clock = self.clock.max(floor);
+    }
+
+    /// The causal history `H`.
+    pub fn history(&self) -> &CausalContext {
+        &self.history
+    }
+
+    /// Entries stored beyond their bucket's `c` slots.
+    pub fn overflow_len(&self) -> usize {
+        self.table.overflow_len()
+    }
+
+    /// The version tags of every entry.
+    pub fn dots(&self) -> Vec<Dot> {
+        let mut v = Vec::with_capacity(self.table.len());
+        self.table.for_each(|_, e| v.push(Dot::unpack(e.payload)));
+        v
+    }
+
+    #[inline]
+    fn position(&self, item: &[u8]) -> (usize, u16) {
+        let p = self.params();
+        cuckoo_position(
+            hash_item(item, p.seed),
+            p.buckets,
+            p.fingerprint_bits as u32,
+        )
+    }
+
+    /// Adds the item under a fresh tag and returns the tag. `Err(Full)` changes nothing.
+    pub fn add_dot(&mut self, item: &[u8]) -> Result<Dot, FilterError> {
+        let counter = self.clock() + 1;
+        if counter > MAX_COUNTER {
+            return Err(FilterError::invalid(
+                "clock",
+                "replica exhausted its 2^48 timestamps",
+            ));
+        }
+        let dot = Dot {
+            replica: self.replica,
+            counter,
+        };
+        let (b, fp) = self.position(item);
+        self.table.insert(
+            b,
+            Entry {
+                fp,
+                payload: dot.pack(),
+            },
+        )?;
+        self.history.insert(dot);
+        self.clock = counter;
+        Ok(dot)
+    }
+
+    /// Removes one random entry matching the item (Spec. 4 *remove*) and returns its tag.
+    pub fn remove_dot(&mut self, item: &[u8]) -> Option<Dot> {
+        let (b, fp) = self.position(item);
+        remove_random(&mut self.table, b, fp)
+    }
+
+    /// Merges the entries and context of another state, which may be a delta-state: its
+    /// context need not be contiguous and its table need hold only what it changed.
+    pub(crate) fn merge_parts(&mut self, table: &Table<u64>, history: &CausalContext) {
+        merge_tables(&mut self.table, &self.history, Some(table), history);
+        self.history.union(history);
+    }
+
+    fn check_compatible(&self, other: &Self) -> Result<(), FilterError> {
+        if self.params() == other.params() {
+            Ok(())
+        } else {
+            Err(FilterError::Incompatible(format!(
+                "cuckoo parameters differ: {:?} vs {:?}",
+                self.params(),
+                other.params()
+            )))
+        }
+    }
+}
+
+/// Removes one random entry with fingerprint `fp` from bucket `b` or its alternate.
+pub(crate) fn remove_random(table: &mut Table<u64>, b: usize, fp: u16) -> Option<Dot> {
+    let a = table.alt(b, fp);
+    let mut matches: Vec<(usize, usize)> = Vec::new();
+    for bucket in if a == b { vec![b] } else { vec![b, a] } {
+        let found = table
+            .bucket_entries(bucket)
+            .enumerate()
+            .filter(|(_, e)| e.fp == fp);
+        matches.extend(found.map(|(k, _)| (bucket, k)));
+    }
+    if matches.is_empty() {
+        return None;
+    }
+    let (bucket, k) = matches[table.rng().usize(..matches.len())];
+    Some(Dot::unpack(table.take(bucket, k).payload))
+}
+
+/// The table part of the ORCF merge (Eq. 3.12-3.15). `theirs` is `None` where the other
+/// side has no such table (a series padded with a bottom sub-filter). `mine_history` must be
+/// our history before the merge; the caller unions the histories afterwards.
+pub(crate) fn merge_tables(
+    mine: &mut Table<u64>,
+    mine_history: &CausalContext,
+    theirs: Option<&Table<u64>>,
+    their_history: &CausalContext,
+) {
+    // Entries we hold whose tags the other side observed and no longer holds were removed
+    // there (Eq. 3.13 excludes them); entries both hold, possibly displaced, stay (S1, S4).
+    let mut removed = Vec::new();
+    mine.for_each(|b, e| {
+        if their_history.contains_tag(e.payload)
+            && !theirs.is_some_and(|t| t.has_exact_either(b, e))
+        {
+            removed.push((b, e));
+        }
+    });
+    for (b, e) in removed {
+        mine.remove_exact(b, e);
+    }
+    // Entries new to us (Eq. 3.14).
+    if let Some(theirs) = theirs {
+        let mut fresh = Vec::new();
+        theirs.for_each(|b, e| {
+            if !mine_history.contains_tag(e.payload) {
+                fresh.push((b, e));
+            }
+        });
+        for (b, e) in fresh {
+            mine.place_merged(b, e);
+        }
+    }
+}
+
+/// The tombstone half of Eq. 3.11: given `H ⊆ H'`, `T ⊆ T'` holds iff every entry of the other
+/// side whose tag we observed is still live here.
+pub(crate) fn table_le(
+    mine: Option<&Table<u64>>,
+    mine_history: &CausalContext,
+    theirs: Option<&Table<u64>>,
+) -> bool {
+    let Some(theirs) = theirs else { return true };
+    let mut all = true;
+    theirs.for_each(|b, e| {
+        if all && mine_history.contains_tag(e.payload) {
+            all = mine.is_some_and(|m| m.has_exact_either(b, e));
+        }
+    });
+    all
+}
+
+fn rng_seed(params: &CuckooParams, replica: ReplicaId) -> u64 {
+    params.seed ^ (replica as u64).rotate_left(32)
+}
+
+impl fmt::Debug for OrCuckoo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OrCuckoo")
+            .field("params", self.params())
+            .field("replica", &self.replica)
+            .field("len", &self.table.len())
+            .field("history", &self.history)
+            .finish()
+    }
+}
+
+impl Lattice for OrCuckoo {
+    /// Eq. 3.16: `(S1 ∪ S2 ∪ S3 ∪ S4, H ∪ H')`.
+    fn merge(&mut self, other: &Self) -> Result<(), FilterError> {
+        self.check_compatible(other)?;
+        self.merge_parts(&other.table, &other.history);
+        Ok(())
+    }
+
+    /// Eq. 3.11: `H ⊆ H' ∧ T ⊆ T'`. With `H ⊆ H'`, `T ⊆ T'` holds iff every entry of the other
+    /// whose tag we observed is still live here.
+    fn le(&self, other: &Self) -> bool {
+        if self.params() != other.params() || !self.history.is_subset(&other.history) {
+            return false;
+        }
+        table_le(Some(&self.table), &self.history, Some(&other.table))
+    }
+}
+
+impl Membership for OrCuckoo {
+    #[inline]
+    fn contains(&self, item: &[u8]) -> bool {
+        let (b, fp) = self.position(item);
+        self.table.contains_fp(b, fp)
+    }
+
+    /// Adds the item under a fresh tag, even if it is already contained (Spec. 4).
+    fn add(&mut self, item: &[u8]) -> Result<(), FilterError> {
+        self.add_dot(item).map(|_| ())
+    }
+
+    fn cardinality(&self) -> f64 {
+        self.table.len() as f64
+    }
+
+    fn capacity(&self) -> u64 {
+        self.table.slots() as u64
+    }
+
+    fn load_factor(&self) -> f64 {
+        self.table.load_factor()
+    }
+
+    /// Eq. 3.18 at the table's average load factor.
+    fn estimated_fpr(&self) -> f64 {
+        self.params().fpr_at_load(self.load_factor())
+    }
+}
+
+impl Removable for OrCuckoo {
+    fn remove(&mut self, item: &[u8]) -> bool {
+        self.remove_dot(item).is_some()
+    }
+}
+
+/// Tags are packed as an index into the list of replicas present plus a counter, each at the
+/// width its largest value needs.
+#[derive(Serialize, Deserialize)]
+struct OrCuckooRepr {
+    params: CuckooParams,
+    replica: ReplicaId,
+    clock: u64,
+    history: CausalContext,
+    table: TableRepr,
+    tag_replicas: Vec<ReplicaId>,
+    counter_bits: u8,
+    #[serde(with = "serde_bytes")]
+    tag_replica_indexes: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    tag_counters: Vec<u8>,
+}
+
+pub(crate) struct PackedTags {
+    pub replicas: Vec<ReplicaId>,
+    pub counter_bits: u8,
+    pub indexes: Vec<u8>,
+    pub counters: Vec<u8>,
+}
+
+pub(crate) fn pack_tags(tags: &[u64]) -> PackedTags {
+    let mut replicas: Vec<ReplicaId> = tags.iter().map(|&t| Dot::unpack(t).replica).collect();
+    replicas.sort_unstable();
+    replicas.dedup();
+    let max_counter = tags
+        .iter()
+        .map(|&t| Dot::unpack(t).counter)
+        .max()
+        .unwrap_or(0);
+    let counter_bits = bits_for(max_counter);
+    let index_bits = bits_for(replicas.len().saturating_sub(1) as u64);
+    let index_of = |r: ReplicaId| replicas.binary_search(&r).expect("collected") as u64;
+    PackedTags {
+        indexes: pack(
+            tags.iter().map(|&t| index_of(Dot::unpack(t).replica)),
+            index_bits,
+        ),
+        counters: pack(tags.iter().map(|&t| Dot::unpack(t).counter), counter_bits),
+        counter_bits: counter_bits as u8,
+        replicas,
+    }
+}
+
+pub(crate) fn unpack_tags(p: &PackedTags, n: usize) -> Result<Vec<u64>, FilterError> {
+    let index_bits = bits_for(p.replicas.len().saturating_sub(1) as u64);
+    if p.counter_bits > 48 || (n > 0 && p.replicas.is_empty()) {
+        return Err(FilterError::malformed("bad tag encoding"));
+    }
+    let idx = unpack(&p.indexes, index_bits, n)?;
+    let ctr = unpack(&p.counters, p.counter_bits as u32, n)?;
+    idx.into_iter()
+        .zip(ctr)
+        .map(|(i, counter)| {
+            let replica = *p
+                .replicas
+                .get(i as usize)
+                .ok_or_else(|| FilterError::malformed("tag replica index"))?;
+            if counter == 0 {
+                return Err(FilterError::malformed("tag with timestamp 0"));
+            }
+            Ok(Dot { replica, counter }.pack())
+        })
+        .collect()
+}
+
+/// Checks the ORCF invariants on decoded parts: tags are unique and observed by the history.
+pub(crate) fn check_tags(table: &Table<u64>, history: &CausalContext) -> Result<(), FilterError> {
+    let mut tags = Vec::with_capacity(table.len());
+    table.for_each(|_, e| tags.push(e.payload));
+    if let Some(t) = tags.iter().find(|&&t| !history.contains_tag(t)) {
+        return Err(FilterError::malformed(format!(
+            "entry tag {:?} not in the causal history",
+            Dot::unpack(*t)
+        )));
+    }
+    tags.sort_unstable();
+    if tags.windows(2).any(|w| w[0] == w[1]) {
+        return Err(FilterError::malformed("duplicate version tag"));
+    }
+    Ok(())
+}
+
+impl Serialize for OrCuckoo {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut tags = Vec::with_capacity(self.table.len());
+        self.table.for_each(|_, e| tags.push(e.payload));
+        let p = pack_tags(&tags);
+        OrCuckooRepr {
+            params: *self.params(),
+            replica: self.replica,
+            clock: self.clock,
+            history: self.history.clone(),
+            table: self.table.to_repr(),
+            tag_replicas: p.replicas,
+            counter_bits: p.counter_bits,
+            tag_replica_indexes: p.indexes,
+            tag_counters: p.counters,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for OrCuckoo {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let r = OrCuckooRepr::deserialize(d)?;
+        let packed = PackedTags {
+            replicas: r.tag_replicas,
+            counter_bits: r.counter_bits,
+            indexes: r.tag_replica_indexes,
+            counters: r.tag_counters,
+        };
+        let seed = rng_seed(&r.params, r.replica);
+        let table = Table::from_repr(r.params, &r.table, |n| unpack_tags(&packed, n), seed)
+            .map_err(serde::de::Error::custom)?;
+        check_tags(&table, &r.history).map_err(serde::de::Error::custom)?;
+        if r.clock > MAX_COUNTER {
+            return Err(serde::de::Error::custom(FilterError::malformed(
+                "clock out of range",
+            )));
+        }
+        Ok(OrCuckoo::from_parts(table, r.history, r.replica, r.clock))
+    }
+}

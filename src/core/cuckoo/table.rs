@@ -1,0 +1,617 @@
+//! The cuckoo hash table shared by GCF and ORCF: buckets of `c` slots plus overflow storage for
+//! buckets that merges push past `c` entries, and the overflow-aware insertion of Algorithm 1
+//! with an undo log, so that a failed insertion leaves the table exactly as it was.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::codec::{pack, unpack};
+use crate::core::error::FilterError;
+use crate::core::hash::alt_index;
+use crate::core::params::CuckooParams;
+
+/// What an entry carries besides its fingerprint: nothing for GCF, a version tag for ORCF.
+pub(crate) trait Payload: Copy + Default + Eq + fmt::Debug + Send + Sync + 'static {}
+impl Payload for () {}
+impl Payload for u64 {}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Entry<P> {
+    pub fp: u16,
+    pub payload: P,
+}
+
+impl<P: Payload> Entry<P> {
+    fn empty() -> Self {
+        Entry {
+            fp: 0,
+            payload: P::default(),
+        }
+    }
+}
+
+enum Undo<P> {
+    Slot { slot: usize, old: Entry<P> },
+    Overflow { bucket: usize, old: Vec<Entry<P>> },
+}
+
+/// A cuckoo hash table. Main slots of a bucket are filled from the front; a bucket has
+/// overflow entries only while all its main slots are taken.
+#[derive(Clone)]
+pub(crate) struct Table<P: Payload> {
+    params: CuckooParams,
+    buckets: usize,
+    c: usize,
+    fps: Vec<u16>,
+    payloads: Vec<P>,
+    overflow: BTreeMap<usize, Vec<Entry<P>>>,
+    /// One bit per bucket: has overflow entries. Keeps the query fast path off the map.
+    overflow_flags: Vec<u64>,
+    len: usize,
+    overflow_len: usize,
+    rng: fastrand::Rng,
+}
+
+/// Kick quota used when a merge must place an entry whose buckets are both full: enough to
+/// find room in a table that has some, small enough that merging a saturated table stays fast.
+const MERGE_KICKS: i64 = 16;
+
+impl<P: Payload> Table<P> {
+    pub fn new(params: CuckooParams, rng_seed: u64) -> Self {
+        let buckets = params.buckets as usize;
+        let c = params.bucket_size as usize;
+        Self {
+            params,
+            buckets,
+            c,
+            fps: vec![0; buckets * c],
+            payloads: vec![P::default(); buckets * c],
+            overflow: BTreeMap::new(),
+            overflow_flags: vec![0; buckets.div_ceil(64)],
+            len: 0,
+            overflow_len: 0,
+            rng: fastrand::Rng::with_seed(rng_seed),
+        }
+    }
+
+    pub fn params(&self) -> &CuckooParams {
+        &self.params
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn overflow_len(&self) -> usize {
+        self.overflow_len
+    }
+    pub fn slots(&self) -> usize {
+        self.buckets * self.c
+    }
+    pub fn load_factor(&self) -> f64 {
+        self.len as f64 / self.slots() as f64
+    }
+    pub fn rng(&mut self) -> &mut fastrand::Rng {
+        &mut self.rng
+    }
+    #[inline(always)]
+    pub fn alt(&self, bucket: usize, fp: u16) -> usize {
+        alt_index(bucket, fp, self.buckets)
+    }
+
+    #[inline(always)]
+    fn has_overflow(&self, b: usize) -> bool {
+        self.overflow_flags[b >> 6] & (1 << (b & 63)) != 0
+    }
+    fn set_overflow_flag(&mut self, b: usize, on: bool) {
+        if on {
+            self.overflow_flags[b >> 6] |= 1 << (b & 63);
+        } else {
+            self.overflow_flags[b >> 6] &= !(1 << (b & 63));
+        }
+    }
+    #[inline(always)]
+    fn main(&self, b: usize) -> &[u16] {
+        &self.fps[b * self.c..(b + 1) * self.c]
+    }
+    #[inline(always)]
+    fn get(&self, slot: usize) -> Entry<P> {
+        Entry {
+            fp: self.fps[slot],
+            payload: self.payloads[slot],
+        }
+    }
+    fn main_count(&self, b: usize) -> usize {
+        self.main(b).iter().position(|&f| f == 0).unwrap_or(self.c)
+    }
+    /// Entries in bucket `b`, overflow included.
+    pub fn occupancy(&self, b: usize) -> usize {
+        let n = self.main_count(b);
+        if n == self.c && self.has_overflow(b) {
+            n + self.overflow[&b].len()
+        } else {
+            n
+        }
+    }
+
+    /// Whether bucket `b` holds fingerprint `fp`.
+    #[inline(always)]
+    pub fn bucket_has_fp(&self, b: usize, fp: u16) -> bool {
+        self.main(b).contains(&fp)
+            || (self.has_overflow(b) && self.overflow[&b].iter().any(|e| e.fp == fp))
+    }
+
+    /// Whether either candidate bucket of `(b, fp)` holds `fp`.
+    #[inline(always)]
+    pub fn contains_fp(&self, b: usize, fp: u16) -> bool {
+        self.bucket_has_fp(b, fp) || self.bucket_has_fp(self.alt(b, fp), fp)
+    }
+
+    /// The entries of bucket `b`, main slots first.
+    pub fn bucket_entries(&self, b: usize) -> impl Iterator<Item = Entry<P>> + '_ {
+        let main = (0..self.main_count(b)).map(move |k| self.get(b * self.c + k));
+        let over = self
+            .has_overflow(b)
+            .then(|| self.overflow[&b].iter().copied());
+        main.chain(over.into_iter().flatten())
+    }
+
+    /// Position within bucket `b` of an entry equal to `e`.
+    pub fn find_exact(&self, b: usize, e: Entry<P>) -> Option<usize> {
+        self.bucket_entries(b).position(|x| x == e)
+    }
+
+    /// Whether `e` sits at `b` or at its alternate bucket.
+    pub fn has_exact_either(&self, b: usize, e: Entry<P>) -> bool {
+        self.find_exact(b, e).is_some() || self.find_exact(self.alt(b, e.fp), e).is_some()
+    }
+
+    /// Calls `f(bucket, entry)` for every entry: main slots in bucket order, then overflow.
+    pub fn for_each(&self, mut f: impl FnMut(usize, Entry<P>)) {
+        for b in 0..self.buckets {
+            for k in 0..self.c {
+                let slot = b * self.c + k;
+                if self.fps[slot] == 0 {
+                    break;
+                }
+                f(b, self.get(slot));
+            }
+        }
+        for (&b, v) in &self.overflow {
+            for &e in v {
+                f(b, e);
+            }
+        }
+    }
+
+    fn set_slot(&mut self, slot: usize, e: Entry<P>, log: Option<&mut Vec<Undo<P>>>) {
+        if let Some(log) = log {
+            log.push(Undo::Slot {
+                slot,
+                old: self.get(slot),
+            });
+        }
+        self.fps[slot] = e.fp;
+        self.payloads[slot] = e.payload;
+    }
+
+    fn log_overflow(&self, b: usize, log: Option<&mut Vec<Undo<P>>>) {
+        if let Some(log) = log {
+            log.push(Undo::Overflow {
+                bucket: b,
+                old: self.overflow.get(&b).cloned().unwrap_or_default(),
+            });
+        }
+    }
+
+    /// Appends `e` to bucket `b`, into the overflow if its main slots are taken.
+    fn push(&mut self, b: usize, e: Entry<P>, log: Option<&mut Vec<Undo<P>>>) {
+        let n = self.main_count(b);
+        if n < self.c {
+            self.set_slot(b * self.c + n, e, log);
+        } else {
+            self.log_overflow(b, log);
+            self.overflow.entry(b).or_default().push(e);
+            self.set_overflow_flag(b, true);
+            self.overflow_len += 1;
+        }
+        self.len += 1;
+    }
+
+    fn overflow_take(&mut self, b: usize, k: usize, log: Option<&mut Vec<Undo<P>>>) -> Entry<P> {
+        self.log_overflow(b, log);
+        let v = self
+            .overflow
+            .get_mut(&b)
+            .expect("overflow flag without entries");
+        let e = v.swap_remove(k);
+        if v.is_empty() {
+            self.overflow.remove(&b);
+            self.set_overflow_flag(b, false);
+        }
+        self.overflow_len -= 1;
+        e
+    }
+
+    /// Removes and returns the `k`-th entry of bucket `b`, keeping main slots filled from the
+    /// front (an overflow entry, if any, moves into the freed main slot).
+    pub fn take(&mut self, b: usize, k: usize) -> Entry<P> {
+        self.take_at(b, k, None)
+    }
+
+    fn take_at(&mut self, b: usize, k: usize, mut log: Option<&mut Vec<Undo<P>>>) -> Entry<P> {
+        let n = self.main_count(b);
+        let victim = if k >= n {
+            self.overflow_take(b, k - n, log)
+        } else {
+            let slot = b * self.c + k;
+            let victim = self.get(slot);
+            if self.has_overflow(b) {
+                let last = self.overflow[&b].len() - 1;
+                let moved = self.overflow_take(b, last, log.as_deref_mut());
+                self.set_slot(slot, moved, log);
+            } else {
+                let last = b * self.c + n - 1;
+                if last != slot {
+                    let moved = self.get(last);
+                    self.set_slot(slot, moved, log.as_deref_mut());
+                }
+                self.set_slot(last, Entry::empty(), log);
+            }
+            victim
+        };
+        self.len -= 1;
+        victim
+    }
+
+    /// Removes an entry equal to `e` from bucket `b` or its alternate; `false` if none.
+    pub fn remove_exact(&mut self, b: usize, e: Entry<P>) -> bool {
+        for bucket in [b, self.alt(b, e.fp)] {
+            if let Some(k) = self.find_exact(bucket, e) {
+                self.take(bucket, k);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Algorithm 1 (*cuckooInsert*): inserts `e` whose primary bucket is `i1`, displacing
+    /// entries and smoothing out overflowing buckets. On `Err(Full)` every change is undone.
+    pub fn insert(&mut self, i1: usize, e: Entry<P>) -> Result<(), FilterError> {
+        let i2 = self.alt(i1, e.fp);
+        let (n1, n2) = (self.occupancy(i1), self.occupancy(i2));
+        let c = self.c;
+        let start = if n1 < c && n2 >= c {
+            i1
+        } else if n2 < c && n1 >= c {
+            i2
+        } else if self.rng.bool() {
+            i1
+        } else {
+            i2
+        };
+        if self.occupancy(start) < c {
+            self.push(start, e, None);
+            return Ok(());
+        }
+        if self.kick_insert(start, e, self.params.max_kicks as i64) {
+            Ok(())
+        } else {
+            Err(FilterError::Full {
+                max_kicks: self.params.max_kicks,
+            })
+        }
+    }
+
+    /// *cuckooInsertImpl* with an explicit stack instead of recursion (the quota may be large).
+    /// Returns `false`, with the table restored, when the quota runs out.
+    fn kick_insert(&mut self, start: usize, e: Entry<P>, mut quota: i64) -> bool {
+        let saved = (self.len, self.overflow_len);
+        let mut log = Vec::new();
+        let mut stack = vec![(start, e)];
+        let c = self.c;
+        while let Some(&(b, e)) = stack.last() {
+            if quota < 0 {
+                self.rollback(log, saved);
+                return false;
+            }
+            let n = self.occupancy(b);
+            if n < c {
+                self.push(b, e, Some(&mut log));
+                stack.pop();
+            } else if n == c {
+                // Displace a random entry and move it to its alternate bucket.
+                let slot = b * c + self.rng.usize(..c);
+                let victim = self.get(slot);
+                self.set_slot(slot, e, Some(&mut log));
+                *stack.last_mut().expect("non-empty") = (self.alt(b, victim.fp), victim);
+                quota -= 1;
+            } else {
+                // Overflowing: re-home a random excess entry first, then retry `e` here.
+                let k = self.rng.usize(..n);
+                let victim = self.take_at(b, k, Some(&mut log));
+                stack.push((self.alt(b, victim.fp), victim));
+                quota -= 1;
+            }
+        }
+        true
+    }
+
+    fn rollback(&mut self, log: Vec<Undo<P>>, (len, overflow_len): (usize, usize)) {
+        for undo in log.into_iter().rev() {
+            match undo {
+                Undo::Slot { slot, old } => {
+                    self.fps[slot] = old.fp;
+                    self.payloads[slot] = old.payload;
+                }
+                Undo::Overflow { bucket, old } => {
+                    self.set_overflow_flag(bucket, !old.is_empty());
+                    if old.is_empty() {
+                        self.overflow.remove(&bucket);
+                    } else {
+                        self.overflow.insert(bucket, old);
+                    }
+                }
+            }
+        }
+        self.len = len;
+        self.overflow_len = overflow_len;
+    }
+
+    /// Places an entry arriving by merge. Any position in its two buckets is equivalent, so
+    /// it goes where there is room, tries a few kicks, and only then overflows (a merge must
+    /// always succeed, thesis 3.3.2).
+    pub fn place_merged(&mut self, b: usize, e: Entry<P>) {
+        let a = self.alt(b, e.fp);
+        let (nb, na) = (self.occupancy(b), self.occupancy(a));
+        if nb < self.c {
+            self.push(b, e, None);
+        } else if na < self.c {
+            self.push(a, e, None);
+        } else if !self.kick_insert(b, e, MERGE_KICKS) {
+            self.push(if na < nb { a } else { b }, e, None);
+        }
+    }
+
+    /// Serialized form: main fingerprints packed at `l` bits, overflow buckets as ascending
+    /// index gaps with counts and packed fingerprints. Payloads are the owner's business, in
+    /// [`Table::for_each`] order.
+    pub fn to_repr(&self) -> TableRepr {
+        let l = self.params.fingerprint_bits as u32;
+        let mut gaps = Vec::with_capacity(self.overflow.len());
+        let mut counts = Vec::with_capacity(self.overflow.len());
+        let mut prev = 0;
+        for (&b, v) in &self.overflow {
+            gaps.push((b - prev) as u64);
+            counts.push(v.len() as u64);
+            prev = b;
+        }
+        TableRepr {
+            fps: pack(self.fps.iter().map(|&f| f as u64), l),
+            overflow_gaps: gaps,
+            overflow_counts: counts,
+            overflow_fps: pack(self.overflow.values().flatten().map(|e| e.fp as u64), l),
+        }
+    }
+
+    /// Rebuilds a table from its serialized form and the payloads in `for_each` order,
+    /// rejecting anything that could not have come from [`Table::to_repr`].
+    pub fn from_repr(
+        params: CuckooParams,
+        repr: &TableRepr,
+        payloads: impl FnOnce(usize) -> Result<Vec<P>, FilterError>,
+        rng_seed: u64,
+    ) -> Result<Self, FilterError> {
+        let params = params.validated()?;
+        let l = params.fingerprint_bits as u32;
+        // Check the size before allocating, so a tampered bucket count cannot exhaust memory.
+        let slots = params.slots() as usize;
+        let main = unpack(&repr.fps, l, slots)?;
+        let mut t = Self::new(params, rng_seed);
+        if repr.overflow_gaps.len() != repr.overflow_counts.len() {
+            return Err(FilterError::malformed(
+                "overflow gaps and counts differ in length",
+            ));
+        }
+        let over_total = repr
+            .overflow_counts
+            .iter()
+            .try_fold(0u64, |a, &n| a.checked_add(n));
+        let over_total = over_total
+            .filter(|&n| n <= t.slots() as u64 * 64)
+            .ok_or_else(|| FilterError::malformed("overflow count out of range"))?;
+        let over = unpack(&repr.overflow_fps, l, over_total as usize)?;
+        for (slot, &fp) in main.iter().enumerate() {
+            t.fps[slot] = fp as u16;
+        }
+        for b in 0..t.buckets {
+            let m = t.main(b);
+            let n = m.iter().position(|&f| f == 0).unwrap_or(t.c);
+            if m[n..].iter().any(|&f| f != 0) {
+                return Err(FilterError::malformed(format!(
+                    "bucket {b} has a hole in its slots"
+                )));
+            }
+            t.len += n;
+        }
+        let mut bucket = 0usize;
+        let mut fps = over.into_iter();
+        for (i, (&gap, &count)) in repr
+            .overflow_gaps
+            .iter()
+            .zip(&repr.overflow_counts)
+            .enumerate()
+        {
+            bucket = bucket
+                .checked_add(gap as usize)
+                .filter(|&b| b < t.buckets && (i == 0 || gap > 0))
+                .ok_or_else(|| {
+                    FilterError::malformed("overflow bucket index out of order or range")
+                })?;
+            if count == 0 || t.main_count(bucket) < t.c {
+                return Err(FilterError::malformed(format!(
+                    "bucket {bucket} overflows while not full"
+                )));
+            }
+            let v: Vec<Entry<P>> = fps
+                .by_ref()
+                .take(count as usize)
+                .map(|fp| Entry {
+                    fp: fp as u16,
+                    payload: P::default(),
+                })
+                .collect();
+            if v.iter().any(|e| e.fp == 0) {
+                return Err(FilterError::malformed("zero fingerprint in overflow"));
+            }
+            t.len += v.len();
+            t.overflow_len += v.len();
+            t.overflow.insert(bucket, v);
+            t.set_overflow_flag(bucket, true);
+        }
+        let payloads = payloads(t.len)?;
+        if payloads.len() != t.len {
+            return Err(FilterError::malformed(
+                "payload count differs from entry count",
+            ));
+        }
+        let mut it = payloads.into_iter();
+        for slot in 0..t.fps.len() {
+            if t.fps[slot] != 0 {
+                t.payloads[slot] = it.next().expect("counted");
+            }
+        }
+        for v in t.overflow.values_mut() {
+            for e in v {
+                e.payload = it.next().expect("counted");
+            }
+        }
+        Ok(t)
+    }
+}
+
+/// The packed serialized form of a table (see [`Table::to_repr`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct TableRepr {
+    #[serde(with = "serde_bytes")]
+    pub fps: Vec<u8>,
+    pub overflow_gaps: Vec<u64>,
+    pub overflow_counts: Vec<u64>,
+    #[serde(with = "serde_bytes")]
+    pub overflow_fps: Vec<u8>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(buckets: u64) -> CuckooParams {
+        CuckooParams {
+            buckets,
+            bucket_size: 4,
+            fingerprint_bits: 8,
+            max_kicks: 50,
+            seed: 1,
+        }
+    }
+
+    fn snapshot(t: &Table<u64>) -> Vec<(usize, Entry<u64>)> {
+        let mut v = Vec::new();
+        t.for_each(|b, e| v.push((b, e)));
+        v.sort_by_key(|(b, e)| (*b, e.fp, e.payload));
+        v
+    }
+
+    #[test]
+    fn failed_insert_restores_the_exact_table() {
+        let mut t: Table<u64> = Table::new(params(8), 3);
+        let mut rng = fastrand::Rng::with_seed(9);
+        let mut failures = 0;
+        for tag in 1..200u64 {
+            let before = snapshot(&t);
+            let (len, over) = (t.len(), t.overflow_len());
+            let e = Entry {
+                fp: rng.u16(1..=255),
+                payload: tag,
+            };
+            if t.insert(rng.usize(..8), e).is_err() {
+                failures += 1;
+                assert_eq!(snapshot(&t), before);
+                assert_eq!((t.len(), t.overflow_len()), (len, over));
+            }
+        }
+        assert!(failures > 0);
+    }
+
+    #[test]
+    fn insert_smooths_out_overflow_and_rolls_back_through_it() {
+        let mut t: Table<u64> = Table::new(params(16), 5);
+        // Merge-style placement overfills bucket 0 (kicks find room elsewhere, so force it).
+        for tag in 1..=12u64 {
+            t.push(
+                0,
+                Entry {
+                    fp: 7,
+                    payload: tag,
+                },
+                None,
+            );
+        }
+        assert_eq!(t.occupancy(0), 12);
+        assert_eq!(t.overflow_len(), 8);
+        let mut rng = fastrand::Rng::with_seed(1);
+        for tag in 100..160u64 {
+            let before = snapshot(&t);
+            let e = Entry {
+                fp: rng.u16(1..=255),
+                payload: tag,
+            };
+            let b = rng.usize(..16);
+            if t.insert(b, e).is_err() {
+                assert_eq!(snapshot(&t), before);
+            } else {
+                assert!(t.has_exact_either(b, e));
+            }
+        }
+        // Every original entry is still in one of its two buckets.
+        for tag in 1..=12u64 {
+            assert!(t.has_exact_either(
+                0,
+                Entry {
+                    fp: 7,
+                    payload: tag
+                }
+            ));
+        }
+    }
+
+    #[test]
+    fn repr_round_trip_and_tamper_detection() {
+        let mut t: Table<u64> = Table::new(params(8), 3);
+        for tag in 1..=40u64 {
+            t.push(
+                (tag % 3) as usize,
+                Entry {
+                    fp: (tag % 200 + 1) as u16,
+                    payload: tag,
+                },
+                None,
+            );
+        }
+        let mut payloads = Vec::new();
+        t.for_each(|_, e| payloads.push(e.payload));
+        let repr = t.to_repr();
+        let back =
+            Table::<u64>::from_repr(*t.params(), &repr, |_| Ok(payloads.clone()), 0).unwrap();
+        assert_eq!(snapshot(&back), snapshot(&t));
+        let mut bad = repr.clone();
+        bad.fps[0] = 0; // a hole before occupied slots of bucket 0
+        assert!(Table::<u64>::from_repr(*t.params(), &bad, |_| Ok(payloads.clone()), 0).is_err());
+        let mut bad = repr.clone();
+        bad.overflow_counts[0] += 1;
+        assert!(Table::<u64>::from_repr(*t.params(), &bad, |_| Ok(payloads.clone()), 0).is_err());
+        let mut bad = repr;
+        bad.overflow_gaps[0] = 1000;
+        assert!(Table::<u64>::from_repr(*t.params(), &bad, |_| Ok(payloads.clone()), 0).is_err());
+    }
+}

@@ -1,0 +1,12 @@
+//! The pure CRDT core: filters as state-based CRDTs, their parameters, hashing, estimators
+//! and serialized forms. Synchronous, no I/O.
+
+pub mod bloom;
+pub mod causal;
+pub(crate) mod codec;
+pub mod cuckoo;
+pub mod error;
+pub mod hash;
+pub mod lattice;
+pub mod params;
+pub mod scalable;

@@ -1,0 +1,238 @@
+//! ScGBF and ScGCF (thesis Specs. 6 and 7): a series of grow-only sub-filters, adding to the
+//! last one and expanding when it is full or, for cuckoo sub-filters, when an insertion fails.
+
+use std::fmt;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::params::ScalableParams;
+use super::series::{Series, SubFilter, load};
+use crate::core::bloom::GBloom;
+use crate::core::cuckoo::GCuckoo;
+use crate::core::error::FilterError;
+use crate::core::lattice::{Lattice, Membership};
+
+/// A grow-only sub-filter kind a scalable series can build.
+pub trait GrowOnlySub: SubFilter + Serialize + DeserializeOwned + fmt::Debug {
+    #[doc(hidden)]
+    fn build(params: &ScalableParams, index: usize) -> Result<Self, FilterError>;
+    #[doc(hidden)]
+    fn built_by(&self, params: &ScalableParams, index: usize) -> bool;
+}
+
+impl GrowOnlySub for GBloom {
+    fn build(params: &ScalableParams, index: usize) -> Result<Self, FilterError> {
+        GBloom::new(params.bloom(index)?)
+    }
+    fn built_by(&self, params: &ScalableParams, index: usize) -> bool {
+        params.bloom(index).is_ok_and(|p| &p == self.params())
+    }
+}
+
+impl GrowOnlySub for GCuckoo {
+    fn build(params: &ScalableParams, index: usize) -> Result<Self, FilterError> {
+        GCuckoo::new(params.cuckoo(index)?)
+    }
+    fn built_by(&self, params: &ScalableParams, index: usize) -> bool {
+        params.cuckoo(index).is_ok_and(|p| &p == self.params())
+    }
+}
+
+/// A scalable grow-only filter over sub-filters of type `F` (see [`ScGBloom`], [`ScGCuckoo`]).
+#[derive(Clone)]
+pub struct ScalableGrowOnly<F> {
+    params: ScalableParams,
+    series: Series<F>,
+}
+
+/// Scalable grow-only Bloom filter (thesis Spec. 6).
+///
+/// ```
+/// use crpf::{Lattice, Membership, ScGBloom};
+///
+/// let mut a = ScGBloom::with_capacity(100, 0.01)?;
+/// let mut b = a.clone();
+/// for i in 0..1000u32 { a.add(&i.to_le_bytes())?; }   // grows past its first capacity
+/// b.add(b"other")?;
+/// a.merge(&b)?;
+/// assert!(a.sub_filters() > 1);
+/// assert!(a.contains(b"other") && a.contains(&999u32.to_le_bytes()));
+/// assert!(a.estimated_fpr() <= 0.01);
+/// # Ok::<(), crpf::FilterError>(())
+/// ```
+pub type ScGBloom = ScalableGrowOnly<GBloom>;
+
+/// Scalable grow-only cuckoo filter (thesis Spec. 7).
+///
+/// ```
+/// use crpf::{Lattice, Membership, ScGCuckoo};
+///
+/// let mut a = ScGCuckoo::with_capacity(100, 0.05)?;
+/// for i in 0..1000u32 { a.add(&i.to_le_bytes())?; }   // expands when an insert fails
+/// assert!(a.sub_filters() > 1);
+/// assert!((0..1000u32).all(|i| a.contains(&i.to_le_bytes())));
+/// # Ok::<(), crpf::FilterError>(())
+/// ```
+pub type ScGCuckoo = ScalableGrowOnly<GCuckoo>;
+
+impl<F: GrowOnlySub> ScalableGrowOnly<F> {
+    /// A series whose first sub-filter holds `initial_capacity` elements, with compounded FPR
+    /// bounded by `fpr`.
+    pub fn with_capacity(initial_capacity: u64, fpr: f64) -> Result<Self, FilterError> {
+        Self::new(ScalableParams::with_capacity(initial_capacity, fpr)?)
+    }
+
+    /// A series with explicit parameters.
+    pub fn new(params: ScalableParams) -> Result<Self, FilterError> {
+        let params = params.validated()?;
+        F::build(&params, 0)?; // fail now, not at the first add
+        Ok(Self {
+            params,
+            series: Series { subs: Vec::new() },
+        })
+    }
+
+    /// The series' parameters.
+    pub fn params(&self) -> &ScalableParams {
+        &self.params
+    }
+
+    /// Number of sub-filters.
+    pub fn sub_filters(&self) -> usize {
+        self.series.subs.len()
+    }
+
+    /// The sub-filters, oldest first.
+    pub fn subs(&self) -> &[F] {
+        &self.series.subs
+    }
+
+    /// Spec. 5 *forceExpand*: appends an empty sub-filter.
+    fn force_expand(&mut self) -> Result<(), FilterError> {
+        let next = F::build(&self.params, self.series.subs.len())?;
+        self.series.subs.push(next);
+        Ok(())
+    }
+
+    pub(crate) fn check_compatible(&self, other: &Self) -> Result<(), FilterError> {
+        if self.params == other.params {
+            Ok(())
+        } else {
+            Err(FilterError::Incompatible(format!(
+                "scalable parameters differ: {:?} vs {:?}",
+                self.params, other.params
+            )))
+        }
+    }
+}
+
+impl<F: GrowOnlySub> fmt::Debug for ScalableGrowOnly<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScalableGrowOnly")
+            .field("params", &self.params)
+            .field("subs", &self.series.subs)
+            .finish()
+    }
+}
+
+impl<F: GrowOnlySub> Lattice for ScalableGrowOnly<F> {
+    fn merge(&mut self, other: &Self) -> Result<(), FilterError> {
+        self.check_compatible(other)?;
+        self.series.merge(&other.series)
+    }
+
+    fn le(&self, other: &Self) -> bool {
+        self.params == other.params && self.series.le(&other.series)
+    }
+}
+
+impl<F: GrowOnlySub> Membership for ScalableGrowOnly<F> {
+    fn contains(&self, item: &[u8]) -> bool {
+        self.series.contains(item)
+    }
+
+    /// Specs. 6 and 7: no-op if contained; otherwise add to the last sub-filter, expanding
+    /// first if it is full and again if the insertion fails.
+    fn add(&mut self, item: &[u8]) -> Result<(), FilterError> {
+        if self.contains(item) {
+            return Ok(());
+        }
+        if self.series.last_is_full() {
+            self.force_expand()?;
+        }
+        let last = self.series.subs.last_mut().expect("expanded");
+        match last.add(item) {
+            Err(FilterError::Full { .. }) => {
+                self.force_expand()?;
+                let result = self.series.subs.last_mut().expect("expanded").add(item);
+                if result.is_err() {
+                    self.series.subs.pop(); // a failed add leaves the filter as it was
+                }
+                result
+            }
+            other => other,
+        }
+    }
+
+    fn cardinality(&self) -> f64 {
+        self.series.cardinality()
+    }
+
+    /// Total capacity of the sub-filters (that of the first one while there is none).
+    fn capacity(&self) -> u64 {
+        self.series.capacity().max(self.params.initial_capacity)
+    }
+
+    fn load_factor(&self) -> f64 {
+        load(self.cardinality(), self.capacity())
+    }
+
+    /// Eq. 2.12 over the sub-filters' current estimates.
+    fn estimated_fpr(&self) -> f64 {
+        self.series.compounded_fpr()
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(bound(deserialize = "F: DeserializeOwned"))]
+struct Repr<F> {
+    params: ScalableParams,
+    subs: Vec<F>,
+}
+
+impl<F: GrowOnlySub> Serialize for ScalableGrowOnly<F> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct ReprRef<'a, F> {
+            params: &'a ScalableParams,
+            subs: &'a [F],
+        }
+        ReprRef {
+            params: &self.params,
+            subs: &self.series.subs,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de, F: GrowOnlySub> Deserialize<'de> for ScalableGrowOnly<F> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let repr = Repr::<F>::deserialize(d)?;
+        let params = repr.params.validated().map_err(serde::de::Error::custom)?;
+        if let Some(i) = repr
+            .subs
+            .iter()
+            .enumerate()
+            .position(|(i, f)| !f.built_by(&params, i))
+        {
+            return Err(serde::de::Error::custom(FilterError::malformed(format!(
+                "sub-filter {i} does not have the parameters of its position"
+            ))));
+        }
+        Ok(Self {
+            params,
+            series: Series { subs: repr.subs },
+        })
+    }
+}

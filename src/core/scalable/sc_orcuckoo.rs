@@ -1,0 +1,403 @@
+//! ScORCF: the scalable observed-remove cuckoo filter (thesis Spec. 8).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::params::ScalableParams;
+use super::series::{compound, load};
+use crate::core::causal::{CausalContext, Dot, MAX_COUNTER, ReplicaId};
+use crate::core::cuckoo::orcuckoo_parts::{
+    PackedTags, check_tags, merge_tables, pack_tags, remove_random, table_le, unpack_tags,
+};
+use crate::core::cuckoo::table::{Entry, Table, TableRepr};
+use crate::core::error::FilterError;
+use crate::core::hash::{cuckoo_position, hash_item};
+use crate::core::lattice::{Lattice, Membership, Removable};
+
+/// A scalable observed-remove cuckoo filter (thesis Spec. 8): a series of ORCF tables sharing
+/// one causal history. An add goes to the newest sub-filter with room; a remove picks a random
+/// sub-filter holding the item, and trailing empty sub-filters are dropped.
+///
+/// ```
+/// use crpf::{Lattice, Membership, Removable, ScOrCuckoo};
+///
+/// let mut a = ScOrCuckoo::with_capacity(100, 0.05, 1)?;
+/// let mut b = ScOrCuckoo::with_capacity(100, 0.05, 2)?;
+/// for i in 0..500u32 { a.add(&i.to_le_bytes())?; }
+/// b.merge(&a)?;
+/// assert!(b.remove(&7u32.to_le_bytes()));
+/// a.merge(&b)?;
+/// assert!(!a.contains(&7u32.to_le_bytes()) || a.estimated_fpr() > 0.0);
+/// assert!(a.contains(&8u32.to_le_bytes()));
+/// assert!(a.equivalent(&b));
+/// # Ok::<(), crpf::FilterError>(())
+/// ```
+#[derive(Clone)]
+pub struct ScOrCuckoo {
+    params: ScalableParams,
+    subs: Vec<Table<u64>>,
+    history: CausalContext,
+    replica: ReplicaId,
+    clock: u64,
+}
+
+impl ScOrCuckoo {
+    /// A series whose first sub-filter holds `initial_capacity` elements, with compounded FPR
+    /// bounded by `fpr`, adding as `replica`.
+    pub fn with_capacity(
+        initial_capacity: u64,
+        fpr: f64,
+        replica: ReplicaId,
+    ) -> Result<Self, FilterError> {
+        Self::new(
+            ScalableParams::with_capacity(initial_capacity, fpr)?,
+            replica,
+        )
+    }
+
+    /// A series with explicit parameters, adding as `replica`.
+    pub fn new(params: ScalableParams, replica: ReplicaId) -> Result<Self, FilterError> {
+        let params = params.validated()?;
+        params.cuckoo(0)?;
+        Ok(Self {
+            params,
+            subs: Vec::new(),
+            history: CausalContext::new(),
+            replica,
+            clock: 0,
+        })
+    }
+
+    /// The series' parameters.
+    pub fn params(&self) -> &ScalableParams {
+        &self.params
+    }
+
+    /// The replica id new tags are issued under.
+    pub fn replica(&self) -> ReplicaId {
+        self.replica
+    }
+
+    /// Issues future tags under another replica id.
+    pub fn set_replica(&mut self, replica: ReplicaId) {
+        self.replica = replica;
+        self.clock = 0;
+    }
+
+    /// Highest timestamp this replica may have issued.
+    pub fn clock(&self) -> u64 {
+        self.clock.max(self.history.max(self.replica))
+    }
+
+    /// Guarantees every future tag of this replica has a timestamp above `floor`.
+    pub fn advance_clock(&mut self, floor: u64) {
+        self.clock = self.clock.max(floor);
+    }
+
+    /// The shared causal history.
+    pub fn history(&self) -> &CausalContext {
+        &self.history
+    }
+
+    /// Number of sub-filters.
+    pub fn sub_filters(&self) -> usize {
+        self.subs.len()
+    }
+
+    /// The version tags of every entry.
+    pub fn dots(&self) -> Vec<Dot> {
+        let mut v = Vec::new();
+        for t in &self.subs {
+            t.for_each(|_, e| v.push(Dot::unpack(e.payload)));
+        }
+        v
+    }
+
+    fn position(t: &Table<u64>, item: &[u8]) -> (usize, u16) {
+        let p = t.params();
+        cuckoo_position(
+            hash_item(item, p.seed),
+            p.buckets,
+            p.fingerprint_bits as u32,
+        )
+    }
+
+    fn new_sub(&self, index: usize) -> Result<Table<u64>, FilterError> {
+        let p = self.params.cuckoo(index)?;
+        Ok(Table::new(
+            p,
+            p.seed ^ (self.replica as u64).rotate_left(32),
+        ))
+    }
+
+    /// Adds the item under a fresh tag and returns the tag. `Err(Full)` changes nothing.
+    pub fn add_dot(&mut self, item: &[u8]) -> Result<Dot, FilterError> {
+        let counter = self.clock() + 1;
+        if counter > MAX_COUNTER {
+            return Err(FilterError::invalid(
+                "clock",
+                "replica exhausted its 2^48 timestamps",
+            ));
+        }
+        let dot = Dot {
+            replica: self.replica,
+            counter,
+        };
+        let expanded = self.subs.last().is_none_or(|t| t.len() >= t.slots());
+        if expanded {
+            self.subs.push(self.new_sub(self.subs.len())?);
+        }
+        // The newest sub-filter with room that takes the entry (Spec. 8, line 8).
+        let mut placed = false;
+        for t in self.subs.iter_mut().rev().filter(|t| t.len() < t.slots()) {
+            let (b, fp) = Self::position(t, item);
+            if t.insert(
+                b,
+                Entry {
+                    fp,
+                    payload: dot.pack(),
+                },
+            )
+            .is_ok()
+            {
+                placed = true;
+                break;
+            }
+        }
+        if !placed {
+            let mut t = self.new_sub(self.subs.len())?;
+            let (b, fp) = Self::position(&t, item);
+            if let Err(e) = t.insert(
+                b,
+                Entry {
+                    fp,
+                    payload: dot.pack(),
+                },
+            ) {
+                if expanded {
+                    self.subs.pop();
+                }
+                return Err(e);
+            }
+            self.subs.push(t);
+        }
+        self.history.insert(dot);
+        self.clock = counter;
+        Ok(dot)
+    }
+
+    /// Removes one entry of the item from a random sub-filter holding it and returns its tag.
+    pub fn remove_dot(&mut self, item: &[u8]) -> Option<Dot> {
+        let holding: Vec<usize> = (0..self.subs.len())
+            .filter(|&i| {
+                let (b, fp) = Self::position(&self.subs[i], item);
+                self.subs[i].contains_fp(b, fp)
+            })
+            .collect();
+        let first = *holding.first()?;
+        let i = holding[self.subs[first].rng().usize(..holding.len())];
+        let (b, fp) = Self::position(&self.subs[i], item);
+        let dot = remove_random(&mut self.subs[i], b, fp);
+        self.shrink();
+        dot
+    }
+
+    /// Spec. 5 *shrink*.
+    fn shrink(&mut self) {
+        while self.subs.last().is_some_and(|t| t.len() == 0) {
+            self.subs.pop();
+        }
+    }
+
+    fn check_compatible(&self, other: &Self) -> Result<(), FilterError> {
+        if self.params == other.params {
+            Ok(())
+        } else {
+            Err(FilterError::Incompatible(format!(
+                "scalable parameters differ: {:?} vs {:?}",
+                self.params, other.params
+            )))
+        }
+    }
+}
+
+impl fmt::Debug for ScOrCuckoo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScOrCuckoo")
+            .field("params", &self.params)
+            .field("replica", &self.replica)
+            .field(
+                "sub_lens",
+                &self.subs.iter().map(|t| t.len()).collect::<Vec<_>>(),
+            )
+            .field("history", &self.history)
+            .finish()
+    }
+}
+
+impl Lattice for ScOrCuckoo {
+    /// Sub-filter-wise ORCF merge against the shared histories, padding with bottom.
+    fn merge(&mut self, other: &Self) -> Result<(), FilterError> {
+        self.check_compatible(other)?;
+        for i in 0..self.subs.len().max(other.subs.len()) {
+            if i == self.subs.len() {
+                let t = self.new_sub(i)?;
+                self.subs.push(t);
+            }
+            merge_tables(
+                &mut self.subs[i],
+                &self.history,
+                other.subs.get(i),
+                &other.history,
+            );
+        }
+        self.history.union(&other.history);
+        self.shrink();
+        Ok(())
+    }
+
+    fn le(&self, other: &Self) -> bool {
+        self.params == other.params
+            && self.history.is_subset(&other.history)
+            && (0..self.subs.len().max(other.subs.len()))
+                .all(|i| table_le(self.subs.get(i), &self.history, other.subs.get(i)))
+    }
+}
+
+impl Membership for ScOrCuckoo {
+    fn contains(&self, item: &[u8]) -> bool {
+        self.subs.iter().any(|t| {
+            let (b, fp) = Self::position(t, item);
+            t.contains_fp(b, fp)
+        })
+    }
+
+    fn add(&mut self, item: &[u8]) -> Result<(), FilterError> {
+        self.add_dot(item).map(|_| ())
+    }
+
+    fn cardinality(&self) -> f64 {
+        self.subs.iter().map(|t| t.len() as f64).sum()
+    }
+
+    /// Total slots of the sub-filters (those of the first one while there is none).
+    fn capacity(&self) -> u64 {
+        let slots: u64 = self.subs.iter().map(|t| t.slots() as u64).sum();
+        slots.max(self.params.initial_capacity)
+    }
+
+    fn load_factor(&self) -> f64 {
+        load(self.cardinality(), self.capacity())
+    }
+
+    /// Eq. 2.12 over the sub-filters' Eq. 3.18 estimates.
+    fn estimated_fpr(&self) -> f64 {
+        compound(
+            self.subs
+                .iter()
+                .map(|t| t.params().fpr_at_load(t.load_factor())),
+        )
+    }
+}
+
+impl Removable for ScOrCuckoo {
+    fn remove(&mut self, item: &[u8]) -> bool {
+        self.remove_dot(item).is_some()
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct SubRepr {
+    table: TableRepr,
+    tag_replicas: Vec<ReplicaId>,
+    counter_bits: u8,
+    #[serde(with = "serde_bytes")]
+    tag_replica_indexes: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    tag_counters: Vec<u8>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Repr {
+    params: ScalableParams,
+    replica: ReplicaId,
+    clock: u64,
+    history: CausalContext,
+    subs: Vec<SubRepr>,
+}
+
+impl Serialize for ScOrCuckoo {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let subs = self
+            .subs
+            .iter()
+            .map(|t| {
+                let mut tags = Vec::with_capacity(t.len());
+                t.for_each(|_, e| tags.push(e.payload));
+                let p = pack_tags(&tags);
+                SubRepr {
+                    table: t.to_repr(),
+                    tag_replicas: p.replicas,
+                    counter_bits: p.counter_bits,
+                    tag_replica_indexes: p.indexes,
+                    tag_counters: p.counters,
+                }
+            })
+            .collect();
+        Repr {
+            params: self.params,
+            replica: self.replica,
+            clock: self.clock,
+            history: self.history.clone(),
+            subs,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ScOrCuckoo {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let r = Repr::deserialize(d)?;
+        let params = r.params.validated().map_err(D::Error::custom)?;
+        if r.clock > MAX_COUNTER {
+            return Err(D::Error::custom(FilterError::malformed(
+                "clock out of range",
+            )));
+        }
+        let mut f = ScOrCuckoo {
+            params,
+            subs: Vec::new(),
+            history: r.history,
+            replica: r.replica,
+            clock: r.clock,
+        };
+        for (i, sub) in r.subs.into_iter().enumerate() {
+            let p = params.cuckoo(i).map_err(D::Error::custom)?;
+            let packed = PackedTags {
+                replicas: sub.tag_replicas,
+                counter_bits: sub.counter_bits,
+                indexes: sub.tag_replica_indexes,
+                counters: sub.tag_counters,
+            };
+            let seed = p.seed ^ (f.replica as u64).rotate_left(32);
+            let t = Table::from_repr(p, &sub.table, |n| unpack_tags(&packed, n), seed)
+                .map_err(D::Error::custom)?;
+            f.subs.push(t);
+        }
+        // Tags must be unique across sub-filters, not just within one.
+        let mut tags: Vec<u64> = Vec::new();
+        for t in &f.subs {
+            check_tags(t, &f.history).map_err(D::Error::custom)?;
+            t.for_each(|_, e| tags.push(e.payload));
+        }
+        tags.sort_unstable();
+        if tags.windows(2).any(|w| w[0] == w[1]) {
+            return Err(D::Error::custom(FilterError::malformed(
+                "duplicate version tag across sub-filters",
+            )));
+        }
+        Ok(f)
+    }
+}

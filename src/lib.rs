@@ -1,0 +1,40 @@
+//! # crpf: conflict-free replicated probabilistic filters
+//!
+//! Bloom and cuckoo filters as state-based CRDTs (after *Conflict-Free Replicated
+//! Probabilistic Filter*): replicas update them concurrently, without coordination, and
+//! converge by merging states.
+//!
+//! | type | thesis | updates | merge |
+//! |---|---|---|---|
+//! | [`GBloom`] | GBF, Spec. 2 | add | bitwise OR |
+//! | [`GCuckoo`] | GCF, Spec. 3 | add | union of universes through the dual table |
+//! | [`OrCuckoo`] | ORCF, Spec. 4 | add, remove | observed-remove, add wins |
+//! | [`ScGBloom`] | ScGBF, Spec. 6 | add | sub-filter-wise |
+//! | [`ScGCuckoo`] | ScGCF, Spec. 7 | add | sub-filter-wise |
+//! | [`ScOrCuckoo`] | ScORCF, Spec. 8 | add, remove | sub-filter-wise, shared history |
+//!
+//! ```
+//! use crpf::{GBloom, Lattice, Membership};
+//!
+//! let mut here = GBloom::with_capacity(10_000, 0.01)?;
+//! let mut there = here.clone();
+//! here.add(b"alice")?;
+//! there.add(b"bob")?;
+//! here.merge(&there)?;
+//! assert!(here.contains(b"alice") && here.contains(b"bob"));
+//! # Ok::<(), crpf::FilterError>(())
+//! ```
+//!
+//! The layers: [`core`] is pure and synchronous (no I/O).
+
+pub mod core;
+
+pub use crate::core::bloom::GBloom;
+pub use crate::core::causal::{CausalContext, Dot, ReplicaId};
+pub use crate::core::cuckoo::{GCuckoo, OrCuckoo};
+pub use crate::core::error::FilterError;
+pub use crate::core::lattice::{Lattice, Membership, Removable};
+pub use crate::core::params::{BloomParams, CuckooParams, DEFAULT_SEED};
+pub use crate::core::scalable::{
+    GrowOnlySub, ScGBloom, ScGCuckoo, ScOrCuckoo, ScalableGrowOnly, ScalableParams,
+};

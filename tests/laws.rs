@@ -1,0 +1,294 @@
+//! Property tests of the CRDT laws for every filter (DESIGN.md section 2): merge idempotent,
+//! commutative, associative up to equivalence; `le` agrees with merge; every update inflates;
+//! no false negatives after any sequence of adds, removes and merges among three replicas;
+//! failed adds change nothing; serde round trips preserve equivalence.
+//!
+//! Filters are tiny so that collisions, overflowing buckets, failed insertions and sub-filter
+//! expansion all happen within a few dozen operations.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Debug;
+
+use crpf::{
+    BloomParams, CuckooParams, Dot, FilterError, GBloom, GCuckoo, Lattice, Membership, OrCuckoo,
+    ScGBloom, ScGCuckoo, ScOrCuckoo, ScalableParams,
+};
+use proptest::prelude::*;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+const UNIVERSE: u16 = 48;
+
+fn item(i: u16) -> [u8; 2] {
+    i.to_le_bytes()
+}
+
+trait Subject: Lattice + Membership + Clone + Debug + Serialize + DeserializeOwned {
+    fn make(replica: u16) -> Self;
+    /// Adds and reports the tag issued, for types that issue tags.
+    fn add_tracked(&mut self, it: &[u8]) -> Result<Option<Dot>, FilterError> {
+        self.add(it).map(|_| None)
+    }
+    /// `None` if the type cannot remove; else the tag removed, if any.
+    fn remove_tracked(&mut self, _it: &[u8]) -> Option<Option<Dot>> {
+        None
+    }
+    /// The live tags, for types that have them.
+    fn live(&self) -> Option<BTreeSet<Dot>> {
+        None
+    }
+}
+
+fn cuckoo_params(seed: u64) -> CuckooParams {
+    CuckooParams {
+        buckets: 6,
+        bucket_size: 4,
+        fingerprint_bits: 5,
+        max_kicks: 20,
+        seed,
+    }
+}
+
+fn scalable_params() -> ScalableParams {
+    ScalableParams {
+        initial_capacity: 6,
+        fpr: 0.2,
+        max_kicks: 20,
+        ..ScalableParams::with_capacity(6, 0.2).unwrap()
+    }
+}
+
+impl Subject for GBloom {
+    fn make(_: u16) -> Self {
+        GBloom::new(BloomParams {
+            bits: 200,
+            hashes: 3,
+            seed: 1,
+            capacity: 40,
+        })
+        .unwrap()
+    }
+}
+
+impl Subject for GCuckoo {
+    fn make(_: u16) -> Self {
+        GCuckoo::new(cuckoo_params(2)).unwrap()
+    }
+}
+
+impl Subject for OrCuckoo {
+    fn make(replica: u16) -> Self {
+        OrCuckoo::new(cuckoo_params(3), replica).unwrap()
+    }
+    fn add_tracked(&mut self, it: &[u8]) -> Result<Option<Dot>, FilterError> {
+        self.add_dot(it).map(Some)
+    }
+    fn remove_tracked(&mut self, it: &[u8]) -> Option<Option<Dot>> {
+        Some(self.remove_dot(it))
+    }
+    fn live(&self) -> Option<BTreeSet<Dot>> {
+        Some(self.dots().into_iter().collect())
+    }
+}
+
+impl Subject for ScGBloom {
+    fn make(_: u16) -> Self {
+        ScGBloom::new(scalable_params()).unwrap()
+    }
+}
+
+impl Subject for ScGCuckoo {
+    fn make(_: u16) -> Self {
+        ScGCuckoo::new(scalable_params()).unwrap()
+    }
+}
+
+impl Subject for ScOrCuckoo {
+    fn make(replica: u16) -> Self {
+        ScOrCuckoo::new(scalable_params(), replica).unwrap()
+    }
+    fn add_tracked(&mut self, it: &[u8]) -> Result<Option<Dot>, FilterError> {
+        self.add_dot(it).map(Some)
+    }
+    fn remove_tracked(&mut self, it: &[u8]) -> Option<Option<Dot>> {
+        Some(self.remove_dot(it))
+    }
+    fn live(&self) -> Option<BTreeSet<Dot>> {
+        Some(self.dots().into_iter().collect())
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Add(usize, u16),
+    Remove(usize, u16),
+    Merge(usize, usize),
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    let op = prop_oneof![
+        5 => (0..3usize, 0..UNIVERSE).prop_map(|(r, i)| Op::Add(r, i)),
+        2 => (0..3usize, 0..UNIVERSE).prop_map(|(r, i)| Op::Remove(r, i)),
+        2 => (0..3usize, 0..3usize).prop_map(|(a, b)| Op::Merge(a, b)),
+    ];
+    prop::collection::vec(op, 1..80)
+}
+
+/// The exact semantics a replica must show: the items it has observed being added (grow-only
+/// types), or an ORSet of tags (observed-remove types).
+#[derive(Debug, Clone, Default)]
+struct Model {
+    items: BTreeSet<u16>,
+    live: BTreeMap<Dot, u16>,
+    seen: BTreeSet<Dot>,
+}
+
+impl Model {
+    fn merge(&mut self, other: &Model) {
+        self.items.extend(&other.items);
+        let keep: BTreeMap<Dot, u16> = self
+            .live
+            .iter()
+            .filter(|(d, _)| other.live.contains_key(d) || !other.seen.contains(d))
+            .chain(other.live.iter().filter(|(d, _)| !self.seen.contains(d)))
+            .map(|(d, i)| (*d, *i))
+            .collect();
+        self.live = keep;
+        self.seen.extend(&other.seen);
+    }
+}
+
+fn merged<S: Subject>(a: &S, b: &S) -> S {
+    let mut m = a.clone();
+    m.merge(b).expect("compatible");
+    m
+}
+
+fn assert_same_contents<S: Subject>(a: &S, b: &S) {
+    for i in 0..UNIVERSE {
+        assert_eq!(a.contains(&item(i)), b.contains(&item(i)), "item {i}");
+    }
+    assert_eq!(a.live(), b.live());
+}
+
+fn run<S: Subject>(ops: Vec<Op>) {
+    let mut reps: Vec<S> = (0..3).map(|r| S::make(r as u16 + 1)).collect();
+    let mut models = vec![Model::default(); 3];
+    for op in ops {
+        match op {
+            Op::Add(r, i) => {
+                let before = reps[r].clone();
+                match reps[r].add_tracked(&item(i)) {
+                    Ok(dot) => {
+                        assert!(before.le(&reps[r]), "add must inflate");
+                        models[r].items.insert(i);
+                        if let Some(d) = dot {
+                            models[r].live.insert(d, i);
+                            models[r].seen.insert(d);
+                        }
+                    }
+                    Err(FilterError::Full { .. }) => {
+                        assert!(before.equivalent(&reps[r]), "failed add changed the state");
+                        assert_same_contents(&before, &reps[r]);
+                    }
+                    Err(e) => panic!("unexpected error {e}"),
+                }
+            }
+            Op::Remove(r, i) => {
+                let before = reps[r].clone();
+                if let Some(removed) = reps[r].remove_tracked(&item(i)) {
+                    assert!(before.le(&reps[r]), "remove must inflate");
+                    assert_eq!(removed.is_some(), before.contains(&item(i)));
+                    if let Some(d) = removed {
+                        assert!(
+                            models[r].live.remove(&d).is_some(),
+                            "removed a tag that was not live"
+                        );
+                    }
+                }
+            }
+            Op::Merge(from, to) => {
+                let (src, dst) = (reps[from].clone(), reps[to].clone());
+                reps[to].merge(&src).unwrap();
+                assert!(
+                    src.le(&reps[to]) && dst.le(&reps[to]),
+                    "merge is an upper bound"
+                );
+                let m = models[from].clone();
+                models[to].merge(&m);
+            }
+        }
+    }
+    // No false negatives, and for tagged types exactly the ORSet's live tags.
+    for (rep, model) in reps.iter().zip(&models) {
+        match rep.live() {
+            None => {
+                for &i in &model.items {
+                    assert!(rep.contains(&item(i)), "false negative for {i}");
+                }
+            }
+            Some(live) => {
+                assert_eq!(live, model.live.keys().copied().collect::<BTreeSet<_>>());
+                for &i in model.live.values() {
+                    assert!(rep.contains(&item(i)), "false negative for {i}");
+                }
+            }
+        }
+    }
+    let [a, b, c] = [&reps[0], &reps[1], &reps[2]];
+    // Idempotence, commutativity, associativity up to equivalence.
+    assert!(merged(a, a).equivalent(a));
+    assert!(merged(a, b).equivalent(&merged(b, a)));
+    assert!(merged(&merged(a, b), c).equivalent(&merged(a, &merged(b, c))));
+    // le agrees with merge, on incomparable and on ordered pairs.
+    let ab = merged(a, b);
+    for (x, y) in [(a, b), (b, a), (a, &ab), (&ab, a), (c, &ab)] {
+        assert_eq!(x.le(y), merged(x, y).equivalent(y));
+    }
+    assert!(a.le(&ab) && b.le(&ab));
+    // Serde round trip preserves equivalence and contents.
+    for r in [a, b, c, &ab] {
+        let bytes = serde_cbor::to_vec(r).unwrap();
+        let back: S = serde_cbor::from_slice(&bytes).unwrap();
+        assert!(back.equivalent(r));
+        assert_same_contents(&back, r);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    #[test] fn gbloom_laws(ops in ops()) { run::<GBloom>(ops) }
+    #[test] fn gcuckoo_laws(ops in ops()) { run::<GCuckoo>(ops) }
+    #[test] fn orcuckoo_laws(ops in ops()) { run::<OrCuckoo>(ops) }
+    #[test] fn sc_gbloom_laws(ops in ops()) { run::<ScGBloom>(ops) }
+    #[test] fn sc_gcuckoo_laws(ops in ops()) { run::<ScGCuckoo>(ops) }
+    #[test] fn sc_orcuckoo_laws(ops in ops()) { run::<ScOrCuckoo>(ops) }
+}
+
+#[test]
+fn incompatible_merge_leaves_state_untouched() {
+    let mut a = GBloom::with_capacity(100, 0.01).unwrap();
+    a.add(b"x").unwrap();
+    let b = GBloom::with_capacity(100, 0.02).unwrap();
+    let before = a.clone();
+    assert!(matches!(a.merge(&b), Err(FilterError::Incompatible(_))));
+    assert_eq!(a, before);
+    let mut c = GCuckoo::with_capacity(100, 0.01).unwrap();
+    c.add(b"x").unwrap();
+    let d = GCuckoo::new(c.params().with_seed(9)).unwrap();
+    assert!(matches!(c.merge(&d), Err(FilterError::Incompatible(_))));
+    assert!(c.contains(b"x") && c.cardinality() == 1.0);
+    let mut e = OrCuckoo::with_capacity(100, 0.01, 1).unwrap();
+    let f = OrCuckoo::with_capacity(200, 0.01, 2).unwrap();
+    assert!(e.merge(&f).is_err());
+    let mut g = ScGBloom::with_capacity(100, 0.01).unwrap();
+    assert!(
+        g.merge(&ScGBloom::with_capacity(100, 0.02).unwrap())
+            .is_err()
+    );
+    let mut h = ScOrCuckoo::with_capacity(100, 0.01, 1).unwrap();
+    assert!(
+        h.merge(&ScOrCuckoo::with_capacity(101, 0.01, 1).unwrap())
+            .is_err()
+    );
+}
