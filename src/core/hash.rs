@@ -104,9 +104,9 @@ mod tests {
             GOLDEN_ALT
         );
     }
-    const GOLDEN_LO: u64 = 0;
-    const GOLDEN_HI: u64 = 0;
-    const GOLDEN_BLOOM: u64 = 0;
-    const GOLDEN_CUCKOO: (usize, u16) = (0, 0);
-    const GOLDEN_ALT: usize = 0;
+    const GOLDEN_LO: u64 = 0x7dce_a6b7_19f6_1047;
+    const GOLDEN_HI: u64 = 0x1c93_03b6_bff4_2433;
+    const GOLDEN_BLOOM: u64 = 826_291;
+    const GOLDEN_CUCKOO: (usize, u16) = (128_826, 29);
+    const GOLDEN_ALT: usize = 113_129;
 }

