@@ -32,6 +32,9 @@ pub mod core;
 pub use crate::core::bloom::GBloom;
 pub use crate::core::causal::{CausalContext, Dot, ReplicaId};
 pub use crate::core::cuckoo::{GCuckoo, OrCuckoo};
+pub use crate::core::delta::{
+    BloomDelta, CuckooDelta, DeltaState, OrCuckooDelta, ScOrCuckooDelta, ScalableDelta,
+};
 pub use crate::core::error::FilterError;
 pub use crate::core::lattice::{Lattice, Membership, Removable};
 pub use crate::core::params::{BloomParams, CuckooParams, DEFAULT_SEED};

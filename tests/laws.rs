@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 
 use crpf::{
-    BloomParams, CuckooParams, Dot, FilterError, GBloom, GCuckoo, Lattice, Membership, OrCuckoo,
-    ScGBloom, ScGCuckoo, ScOrCuckoo, ScalableParams,
+    BloomParams, CuckooParams, DeltaState, Dot, FilterError, GBloom, GCuckoo, Lattice, Membership,
+    OrCuckoo, ScGBloom, ScGCuckoo, ScOrCuckoo, ScalableParams,
 };
 use proptest::prelude::*;
 use serde::Serialize;
@@ -23,7 +23,7 @@ fn item(i: u16) -> [u8; 2] {
     i.to_le_bytes()
 }
 
-trait Subject: Lattice + Membership + Clone + Debug + Serialize + DeserializeOwned {
+trait Subject: DeltaState + Membership + Clone + Debug + Serialize + DeserializeOwned {
     fn make(replica: u16) -> Self;
     /// Adds and reports the tag issued, for types that issue tags.
     fn add_tracked(&mut self, it: &[u8]) -> Result<Option<Dot>, FilterError> {
@@ -255,6 +255,71 @@ fn run<S: Subject>(ops: Vec<Op>) {
     }
 }
 
+/// Replicas exchange only delta-states, which arrive late, out of order, twice, or (with
+/// `lossy`) not at all. Once every delta is delivered, or anti-entropy has merged full states
+/// after losses, every replica is equivalent to the join of all full states.
+fn run_deltas<S: Subject>(ops: Vec<Op>, seed: u64, lossy: bool) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut reps: Vec<S> = (0..3).map(|r| S::make(r as u16 + 1)).collect();
+    for r in &mut reps {
+        r.track_deltas(true);
+    }
+    let mut in_flight: Vec<(usize, S::Delta)> = Vec::new();
+    let flush = |from: usize, rep: &mut S, in_flight: &mut Vec<(usize, S::Delta)>| {
+        if let Some(d) = rep.take_delta() {
+            for to in (0..3).filter(|&t| t != from) {
+                in_flight.push((to, d.clone()));
+            }
+        }
+    };
+    for op in ops {
+        match op {
+            Op::Add(r, i) => {
+                let _ = reps[r].add(&item(i));
+            }
+            Op::Remove(r, i) => {
+                let _ = reps[r].remove_tracked(&item(i));
+            }
+            Op::Merge(from, _) => {
+                flush(from, &mut reps[from], &mut in_flight);
+                if !in_flight.is_empty() {
+                    let k = rng.usize(..in_flight.len());
+                    let (to, d) = in_flight.swap_remove(k);
+                    let before = reps[to].clone();
+                    reps[to].merge_delta(&d).unwrap();
+                    assert!(before.le(&reps[to]), "a delta must inflate");
+                    if rng.bool() {
+                        in_flight.push((to, d)); // delivered again later
+                    }
+                }
+            }
+        }
+    }
+    for (r, rep) in reps.iter_mut().enumerate() {
+        flush(r, rep, &mut in_flight);
+    }
+    rng.shuffle(&mut in_flight);
+    for (to, d) in in_flight {
+        if !(lossy && rng.u8(..3) == 0) {
+            reps[to].merge_delta(&d).unwrap();
+        }
+    }
+    if lossy {
+        // Anti-entropy: a ring of full-state merges, twice round.
+        for k in 0..6 {
+            let src = reps[k % 3].clone();
+            reps[(k + 1) % 3].merge(&src).unwrap();
+        }
+    }
+    let mut all = reps[0].clone();
+    all.merge(&reps[1]).unwrap();
+    all.merge(&reps[2]).unwrap();
+    for (r, rep) in reps.iter().enumerate() {
+        assert!(rep.equivalent(&all), "replica {r} did not converge");
+        assert_same_contents(rep, &all);
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
     #[test] fn gbloom_laws(ops in ops()) { run::<GBloom>(ops) }
@@ -263,6 +328,13 @@ proptest! {
     #[test] fn sc_gbloom_laws(ops in ops()) { run::<ScGBloom>(ops) }
     #[test] fn sc_gcuckoo_laws(ops in ops()) { run::<ScGCuckoo>(ops) }
     #[test] fn sc_orcuckoo_laws(ops in ops()) { run::<ScOrCuckoo>(ops) }
+
+    #[test] fn gbloom_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<GBloom>(ops, seed, lossy) }
+    #[test] fn gcuckoo_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<GCuckoo>(ops, seed, lossy) }
+    #[test] fn orcuckoo_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<OrCuckoo>(ops, seed, lossy) }
+    #[test] fn sc_gbloom_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<ScGBloom>(ops, seed, lossy) }
+    #[test] fn sc_gcuckoo_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<ScGCuckoo>(ops, seed, lossy) }
+    #[test] fn sc_orcuckoo_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<ScOrCuckoo>(ops, seed, lossy) }
 }
 
 #[test]

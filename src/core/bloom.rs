@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
+use super::delta::{BloomDelta, DeltaState};
 use super::error::FilterError;
 use super::hash::{ItemHash, bloom_index, hash_item};
 use super::lattice::{Lattice, Membership};
@@ -32,6 +33,8 @@ pub struct GBloom {
     /// Count of set bits, or `UNKNOWN` after a merge until someone needs it. Kept out of the
     /// merge loop so that merge stays a plain OR over the words.
     ones: AtomicU64,
+    /// Bits set by local adds since the last `take_delta`, while tracking.
+    pending: Option<Vec<u64>>,
 }
 
 impl GBloom {
@@ -58,6 +61,7 @@ impl GBloom {
             params,
             words,
             ones: AtomicU64::new(0),
+            pending: None,
         }
     }
 
@@ -87,8 +91,12 @@ impl GBloom {
             let idx = bloom_index(h, i, self.params.bits);
             let word = &mut self.words[(idx >> 6) as usize];
             let mask = 1u64 << (idx & 63);
-            newly += (*word & mask == 0) as u64;
+            let was_clear = *word & mask == 0;
+            newly += was_clear as u64;
             *word |= mask;
+            if was_clear && let Some(pending) = &mut self.pending {
+                pending.push(idx);
+            }
         }
         let ones = self.ones.get_mut();
         if *ones != UNKNOWN {
@@ -156,6 +164,7 @@ impl Clone for GBloom {
             params: self.params,
             words: self.words.clone(),
             ones: AtomicU64::new(self.ones.load(Ordering::Relaxed)),
+            pending: self.pending.clone(),
         }
     }
 }
@@ -226,6 +235,47 @@ impl Membership for GBloom {
     /// Eq. 3.1 with the Eq. 3.20 estimate of `Σn`, which simplifies to `(|S|/m)^k`.
     fn estimated_fpr(&self) -> f64 {
         self.fill_ratio().powi(self.params.hashes as i32)
+    }
+}
+
+impl DeltaState for GBloom {
+    type Delta = BloomDelta;
+
+    fn track_deltas(&mut self, on: bool) {
+        self.pending = on.then(Vec::new);
+    }
+
+    fn take_delta(&mut self) -> Option<BloomDelta> {
+        let pending = self.pending.as_mut()?;
+        if pending.is_empty() {
+            return None;
+        }
+        let mut bits = std::mem::take(pending);
+        bits.sort_unstable();
+        bits.dedup();
+        Some(BloomDelta { bits })
+    }
+
+    fn pending_delta_len(&self) -> usize {
+        self.pending.as_ref().map_or(0, Vec::len)
+    }
+
+    fn check_delta(&self, delta: &BloomDelta) -> Result<(), FilterError> {
+        match delta.bits.iter().find(|&&i| i >= self.params.bits) {
+            Some(bad) => Err(FilterError::malformed(format!(
+                "delta bit {bad} out of range"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn merge_delta(&mut self, delta: &BloomDelta) -> Result<(), FilterError> {
+        self.check_delta(delta)?;
+        for &idx in &delta.bits {
+            self.words[(idx >> 6) as usize] |= 1 << (idx & 63);
+        }
+        *self.ones.get_mut() = UNKNOWN;
+        Ok(())
     }
 }
 

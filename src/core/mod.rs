@@ -5,6 +5,7 @@ pub mod bloom;
 pub mod causal;
 pub(crate) mod codec;
 pub mod cuckoo;
+pub mod delta;
 pub mod error;
 pub mod hash;
 pub mod lattice;

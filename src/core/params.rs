@@ -218,6 +218,11 @@ impl CuckooParams {
         Ok(self)
     }
 
+    /// Whether `(bucket, fp)` is an entry a table with these parameters can hold.
+    pub fn holds_entry(&self, bucket: u64, fp: u16) -> bool {
+        bucket < self.buckets && fp != 0 && (fp as u32) < (1u32 << self.fingerprint_bits)
+    }
+
     /// Number of slots `m * c`.
     pub fn slots(&self) -> u64 {
         self.buckets * self.bucket_size as u64

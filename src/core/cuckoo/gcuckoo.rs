@@ -5,6 +5,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::table::{Entry, Table, TableRepr};
+use crate::core::delta::{CuckooDelta, DeltaState};
 use crate::core::error::FilterError;
 use crate::core::hash::{cuckoo_position, hash_item};
 use crate::core::lattice::{Lattice, Membership};
@@ -31,6 +32,8 @@ use crate::core::params::CuckooParams;
 #[derive(Clone)]
 pub struct GCuckoo {
     table: Table<()>,
+    /// Entries inserted by local adds since the last `take_delta`, while tracking.
+    pending: Option<Vec<(u64, u16)>>,
 }
 
 impl GCuckoo {
@@ -53,6 +56,7 @@ impl GCuckoo {
         let params = params.validated()?;
         Ok(Self {
             table: Table::new(params, params.seed),
+            pending: None,
         })
     }
 
@@ -138,7 +142,11 @@ impl Membership for GCuckoo {
         if self.table.contains_fp(b, fp) {
             return Ok(());
         }
-        self.table.insert(b, Entry { fp, payload: () })
+        self.table.insert(b, Entry { fp, payload: () })?;
+        if let Some(pending) = &mut self.pending {
+            pending.push((b as u64, fp));
+        }
+        Ok(())
     }
 
     fn cardinality(&self) -> f64 {
@@ -156,6 +164,43 @@ impl Membership for GCuckoo {
     /// Eq. 3.7 at the table's average load factor.
     fn estimated_fpr(&self) -> f64 {
         self.params().fpr_at_load(self.load_factor())
+    }
+}
+
+impl DeltaState for GCuckoo {
+    type Delta = CuckooDelta;
+
+    fn track_deltas(&mut self, on: bool) {
+        self.pending = on.then(Vec::new);
+    }
+
+    fn take_delta(&mut self) -> Option<CuckooDelta> {
+        let pending = self.pending.as_mut()?;
+        (!pending.is_empty()).then(|| CuckooDelta {
+            entries: std::mem::take(pending),
+        })
+    }
+
+    fn pending_delta_len(&self) -> usize {
+        self.pending.as_ref().map_or(0, Vec::len)
+    }
+
+    fn check_delta(&self, delta: &CuckooDelta) -> Result<(), FilterError> {
+        let p = self.params();
+        match delta.entries.iter().find(|(b, fp)| !p.holds_entry(*b, *fp)) {
+            Some(bad) => Err(FilterError::malformed(format!(
+                "delta entry {bad:?} out of range"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn merge_delta(&mut self, delta: &CuckooDelta) -> Result<(), FilterError> {
+        self.check_delta(delta)?;
+        for &(b, fp) in &delta.entries {
+            self.merge_entry(b as usize, fp);
+        }
+        Ok(())
     }
 }
 
@@ -185,6 +230,9 @@ impl<'de> Deserialize<'de> for GCuckoo {
             repr.params.seed,
         )
         .map_err(serde::de::Error::custom)?;
-        Ok(GCuckoo { table })
+        Ok(GCuckoo {
+            table,
+            pending: None,
+        })
     }
 }

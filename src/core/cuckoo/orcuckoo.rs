@@ -1,5 +1,6 @@
 //! ORCF: the observed-remove cuckoo filter (thesis Spec. 4).
 
+use std::collections::HashMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -7,8 +8,9 @@ use serde::{Deserialize, Serialize};
 use super::table::{Entry, Table, TableRepr};
 use crate::core::causal::{CausalContext, Dot, MAX_COUNTER, ReplicaId};
 use crate::core::codec::{bits_for, pack, unpack};
+use crate::core::delta::{DeltaState, OrCuckooDelta};
 use crate::core::error::FilterError;
-use crate::core::hash::{cuckoo_position, hash_item};
+use crate::core::hash::{alt_index, cuckoo_position, hash_item};
 use crate::core::lattice::{Lattice, Membership, Removable};
 use crate::core::params::CuckooParams;
 
@@ -39,6 +41,29 @@ pub struct OrCuckoo {
     replica: ReplicaId,
     /// Highest timestamp this replica may have issued; it never issues one at or below it.
     clock: u64,
+    /// Local updates since the last `take_delta`, while tracking.
+    pending: Option<PendingOr>,
+}
+
+/// A delta being accumulated: live added entries by tag, and the dots of adds and removes.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PendingOr {
+    pub entries: HashMap<u64, (u64, u16)>,
+    pub context: CausalContext,
+}
+
+impl PendingOr {
+    pub fn added(&mut self, dot: Dot, bucket: usize, fp: u16) {
+        self.entries.insert(dot.pack(), (bucket as u64, fp));
+        self.context.insert(dot);
+    }
+    pub fn removed(&mut self, dot: Dot) {
+        self.entries.remove(&dot.pack());
+        self.context.insert(dot);
+    }
+    pub fn len(&self) -> usize {
+        self.context.dot_count() as usize
+    }
 }
 
 impl OrCuckoo {
@@ -76,6 +101,7 @@ impl OrCuckoo {
             history,
             replica,
             clock,
+            pending: None,
         }
     }
 
@@ -157,13 +183,20 @@ impl OrCuckoo {
         )?;
         self.history.insert(dot);
         self.clock = counter;
+        if let Some(pending) = &mut self.pending {
+            pending.added(dot, b, fp);
+        }
         Ok(dot)
     }
 
     /// Removes one random entry matching the item (Spec. 4 *remove*) and returns its tag.
     pub fn remove_dot(&mut self, item: &[u8]) -> Option<Dot> {
         let (b, fp) = self.position(item);
-        remove_random(&mut self.table, b, fp)
+        let dot = remove_random(&mut self.table, b, fp)?;
+        if let Some(pending) = &mut self.pending {
+            pending.removed(dot);
+        }
+        Some(dot)
     }
 
     /// Merges the entries and context of another state, which may be a delta-state: its
@@ -207,19 +240,76 @@ pub(crate) fn remove_random(table: &mut Table<u64>, b: usize, fp: u16) -> Option
 /// The table part of the ORCF merge (Eq. 3.12-3.15). `theirs` is `None` where the other
 /// side has no such table (a series padded with a bottom sub-filter). `mine_history` must be
 /// our history before the merge; the caller unions the histories afterwards.
-pub(crate) fn merge_tables(
+/// Read access to the tagged entries of a full table or of a delta.
+pub(crate) trait TaggedEntries {
+    /// Whether an entry equal to `e` sits at bucket `b` or its alternate.
+    fn holds(&self, b: usize, e: Entry<u64>) -> bool;
+    fn each(&self, f: impl FnMut(usize, Entry<u64>));
+}
+
+impl TaggedEntries for Table<u64> {
+    fn holds(&self, b: usize, e: Entry<u64>) -> bool {
+        self.has_exact_either(b, e)
+    }
+    fn each(&self, f: impl FnMut(usize, Entry<u64>)) {
+        self.for_each(f)
+    }
+}
+
+/// The entries of a delta, indexed by tag (tags are unique).
+pub(crate) struct SparseEntries {
+    pub by_tag: HashMap<u64, (usize, u16)>,
+    pub buckets: usize,
+}
+
+impl TaggedEntries for SparseEntries {
+    fn holds(&self, b: usize, e: Entry<u64>) -> bool {
+        self.by_tag.get(&e.payload).is_some_and(|&(bucket, fp)| {
+            fp == e.fp && (bucket == b || bucket == alt_index(b, fp, self.buckets))
+        })
+    }
+    fn each(&self, mut f: impl FnMut(usize, Entry<u64>)) {
+        for (&tag, &(b, fp)) in &self.by_tag {
+            f(b, Entry { fp, payload: tag });
+        }
+    }
+}
+
+/// Checks a delta's entries against the parameters and its own context, and indexes them.
+pub(crate) fn sparse_entries<'a>(
+    params: &CuckooParams,
+    entries: impl Iterator<Item = (u64, u16, Dot)> + 'a,
+    context: &CausalContext,
+) -> Result<SparseEntries, FilterError> {
+    let mut by_tag = HashMap::new();
+    for (b, fp, dot) in entries {
+        if !params.holds_entry(b, fp) || dot.counter == 0 || !context.contains(dot) {
+            return Err(FilterError::malformed(format!(
+                "delta entry {:?} does not fit",
+                (b, fp, dot)
+            )));
+        }
+        if by_tag.insert(dot.pack(), (b as usize, fp)).is_some() {
+            return Err(FilterError::malformed("duplicate tag in delta"));
+        }
+    }
+    Ok(SparseEntries {
+        by_tag,
+        buckets: params.buckets as usize,
+    })
+}
+
+pub(crate) fn merge_tables<T: TaggedEntries>(
     mine: &mut Table<u64>,
     mine_history: &CausalContext,
-    theirs: Option<&Table<u64>>,
+    theirs: Option<&T>,
     their_history: &CausalContext,
 ) {
     // Entries we hold whose tags the other side observed and no longer holds were removed
     // there (Eq. 3.13 excludes them); entries both hold, possibly displaced, stay (S1, S4).
     let mut removed = Vec::new();
     mine.for_each(|b, e| {
-        if their_history.contains_tag(e.payload)
-            && !theirs.is_some_and(|t| t.has_exact_either(b, e))
-        {
+        if their_history.contains_tag(e.payload) && !theirs.is_some_and(|t| t.holds(b, e)) {
             removed.push((b, e));
         }
     });
@@ -229,7 +319,7 @@ pub(crate) fn merge_tables(
     // Entries new to us (Eq. 3.14).
     if let Some(theirs) = theirs {
         let mut fresh = Vec::new();
-        theirs.for_each(|b, e| {
+        theirs.each(|b, e| {
             if !mine_history.contains_tag(e.payload) {
                 fresh.push((b, e));
             }
@@ -323,6 +413,48 @@ impl Membership for OrCuckoo {
 impl Removable for OrCuckoo {
     fn remove(&mut self, item: &[u8]) -> bool {
         self.remove_dot(item).is_some()
+    }
+}
+
+impl DeltaState for OrCuckoo {
+    type Delta = OrCuckooDelta;
+
+    fn track_deltas(&mut self, on: bool) {
+        self.pending = on.then(PendingOr::default);
+    }
+
+    fn take_delta(&mut self) -> Option<OrCuckooDelta> {
+        let pending = self.pending.as_mut()?;
+        if pending.context.is_empty() {
+            return None;
+        }
+        let PendingOr { entries, context } = std::mem::take(pending);
+        let mut entries: Vec<(u64, u16, Dot)> = entries
+            .into_iter()
+            .map(|(tag, (b, fp))| (b, fp, Dot::unpack(tag)))
+            .collect();
+        entries.sort_unstable_by_key(|e| e.2);
+        Some(OrCuckooDelta { entries, context })
+    }
+
+    fn pending_delta_len(&self) -> usize {
+        self.pending.as_ref().map_or(0, PendingOr::len)
+    }
+
+    fn check_delta(&self, delta: &OrCuckooDelta) -> Result<(), FilterError> {
+        sparse_entries(self.params(), delta.entries.iter().copied(), &delta.context).map(|_| ())
+    }
+
+    fn merge_delta(&mut self, delta: &OrCuckooDelta) -> Result<(), FilterError> {
+        let sparse = sparse_entries(self.params(), delta.entries.iter().copied(), &delta.context)?;
+        merge_tables(
+            &mut self.table,
+            &self.history,
+            Some(&sparse),
+            &delta.context,
+        );
+        self.history.union(&delta.context);
+        Ok(())
     }
 }
 

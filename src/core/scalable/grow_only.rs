@@ -10,11 +10,12 @@ use super::params::ScalableParams;
 use super::series::{Series, SubFilter, load};
 use crate::core::bloom::GBloom;
 use crate::core::cuckoo::GCuckoo;
+use crate::core::delta::{DeltaState, MAX_SUBS_AHEAD, ScalableDelta};
 use crate::core::error::FilterError;
 use crate::core::lattice::{Lattice, Membership};
 
 /// A grow-only sub-filter kind a scalable series can build.
-pub trait GrowOnlySub: SubFilter + Serialize + DeserializeOwned + fmt::Debug {
+pub trait GrowOnlySub: SubFilter + DeltaState + Serialize + DeserializeOwned + fmt::Debug {
     #[doc(hidden)]
     fn build(params: &ScalableParams, index: usize) -> Result<Self, FilterError>;
     #[doc(hidden)]
@@ -44,6 +45,8 @@ impl GrowOnlySub for GCuckoo {
 pub struct ScalableGrowOnly<F> {
     params: ScalableParams,
     series: Series<F>,
+    /// Whether sub-filters record delta-states.
+    tracking: bool,
 }
 
 /// Scalable grow-only Bloom filter (thesis Spec. 6).
@@ -90,6 +93,7 @@ impl<F: GrowOnlySub> ScalableGrowOnly<F> {
         Ok(Self {
             params,
             series: Series { subs: Vec::new() },
+            tracking: false,
         })
     }
 
@@ -110,7 +114,8 @@ impl<F: GrowOnlySub> ScalableGrowOnly<F> {
 
     /// Spec. 5 *forceExpand*: appends an empty sub-filter.
     fn force_expand(&mut self) -> Result<(), FilterError> {
-        let next = F::build(&self.params, self.series.subs.len())?;
+        let mut next = F::build(&self.params, self.series.subs.len())?;
+        next.track_deltas(self.tracking);
         self.series.subs.push(next);
         Ok(())
     }
@@ -139,7 +144,13 @@ impl<F: GrowOnlySub> fmt::Debug for ScalableGrowOnly<F> {
 impl<F: GrowOnlySub> Lattice for ScalableGrowOnly<F> {
     fn merge(&mut self, other: &Self) -> Result<(), FilterError> {
         self.check_compatible(other)?;
-        self.series.merge(&other.series)
+        let known = self.series.subs.len();
+        self.series.merge(&other.series)?;
+        // Sub-filters copied from the other side must not carry its pending deltas.
+        for sub in &mut self.series.subs[known..] {
+            sub.track_deltas(self.tracking);
+        }
+        Ok(())
     }
 
     fn le(&self, other: &Self) -> bool {
@@ -194,6 +205,58 @@ impl<F: GrowOnlySub> Membership for ScalableGrowOnly<F> {
     }
 }
 
+impl<F: GrowOnlySub> DeltaState for ScalableGrowOnly<F> {
+    type Delta = ScalableDelta<F::Delta>;
+
+    fn track_deltas(&mut self, on: bool) {
+        self.tracking = on;
+        for sub in &mut self.series.subs {
+            sub.track_deltas(on);
+        }
+    }
+
+    fn take_delta(&mut self) -> Option<Self::Delta> {
+        let subs: Vec<(u32, F::Delta)> = (self.series.subs.iter_mut().enumerate())
+            .filter_map(|(i, f)| f.take_delta().map(|d| (i as u32, d)))
+            .collect();
+        (!subs.is_empty()).then_some(ScalableDelta { subs })
+    }
+
+    fn pending_delta_len(&self) -> usize {
+        self.series.subs.iter().map(|f| f.pending_delta_len()).sum()
+    }
+
+    fn check_delta(&self, delta: &Self::Delta) -> Result<(), FilterError> {
+        let known = self.series.subs.len();
+        let mut prev: Option<u32> = None;
+        for (i, d) in &delta.subs {
+            let i_us = *i as usize;
+            if prev.is_some_and(|p| p >= *i) || i_us >= known + MAX_SUBS_AHEAD {
+                return Err(FilterError::malformed(format!(
+                    "delta for sub-filter {i} out of order or too far ahead of {known}"
+                )));
+            }
+            prev = Some(*i);
+            match self.series.subs.get(i_us) {
+                Some(f) => f.check_delta(d)?,
+                None => F::build(&self.params, i_us)?.check_delta(d)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn merge_delta(&mut self, delta: &Self::Delta) -> Result<(), FilterError> {
+        self.check_delta(delta)?;
+        for (i, d) in &delta.subs {
+            while self.series.subs.len() <= *i as usize {
+                self.force_expand()?;
+            }
+            self.series.subs[*i as usize].merge_delta(d)?;
+        }
+        Ok(())
+    }
+}
+
 #[derive(Serialize, Deserialize)]
 #[serde(bound(deserialize = "F: DeserializeOwned"))]
 struct Repr<F> {
@@ -233,6 +296,7 @@ impl<'de, F: GrowOnlySub> Deserialize<'de> for ScalableGrowOnly<F> {
         Ok(Self {
             params,
             series: Series { subs: repr.subs },
+            tracking: false,
         })
     }
 }

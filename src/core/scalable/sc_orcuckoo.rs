@@ -1,5 +1,6 @@
 //! ScORCF: the scalable observed-remove cuckoo filter (thesis Spec. 8).
 
+use std::collections::HashMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -8,9 +9,11 @@ use super::params::ScalableParams;
 use super::series::{compound, load};
 use crate::core::causal::{CausalContext, Dot, MAX_COUNTER, ReplicaId};
 use crate::core::cuckoo::orcuckoo_parts::{
-    PackedTags, check_tags, merge_tables, pack_tags, remove_random, table_le, unpack_tags,
+    PackedTags, SparseEntries, check_tags, merge_tables, pack_tags, remove_random, sparse_entries,
+    table_le, unpack_tags,
 };
 use crate::core::cuckoo::table::{Entry, Table, TableRepr};
+use crate::core::delta::{DeltaState, MAX_SUBS_AHEAD, ScOrCuckooDelta};
 use crate::core::error::FilterError;
 use crate::core::hash::{cuckoo_position, hash_item};
 use crate::core::lattice::{Lattice, Membership, Removable};
@@ -40,6 +43,28 @@ pub struct ScOrCuckoo {
     history: CausalContext,
     replica: ReplicaId,
     clock: u64,
+    /// Local updates since the last `take_delta`, while tracking.
+    pending: Option<ScPending>,
+}
+
+/// A delta being accumulated: live added entries by tag with their sub-filter, and the dots of
+/// adds and removes.
+#[derive(Debug, Clone, Default)]
+struct ScPending {
+    entries: HashMap<u64, (u32, u64, u16)>,
+    context: CausalContext,
+}
+
+impl ScPending {
+    fn added(&mut self, dot: Dot, sub: usize, bucket: usize, fp: u16) {
+        self.entries
+            .insert(dot.pack(), (sub as u32, bucket as u64, fp));
+        self.context.insert(dot);
+    }
+    fn removed(&mut self, dot: Dot) {
+        self.entries.remove(&dot.pack());
+        self.context.insert(dot);
+    }
 }
 
 impl ScOrCuckoo {
@@ -66,6 +91,7 @@ impl ScOrCuckoo {
             history: CausalContext::new(),
             replica,
             clock: 0,
+            pending: None,
         })
     }
 
@@ -148,39 +174,44 @@ impl ScOrCuckoo {
         if expanded {
             self.subs.push(self.new_sub(self.subs.len())?);
         }
-        // The newest sub-filter with room that takes the entry (Spec. 8, line 8).
-        let mut placed = false;
-        for t in self.subs.iter_mut().rev().filter(|t| t.len() < t.slots()) {
+        let entry_in = |t: &Table<u64>| {
             let (b, fp) = Self::position(t, item);
-            if t.insert(
+            (
                 b,
                 Entry {
                     fp,
                     payload: dot.pack(),
                 },
             )
-            .is_ok()
-            {
-                placed = true;
-                break;
+        };
+        // The newest sub-filter with room that takes the entry (Spec. 8, line 8).
+        let mut placed = None;
+        for (i, t) in self.subs.iter_mut().enumerate().rev() {
+            if t.len() < t.slots() {
+                let (b, e) = entry_in(t);
+                if t.insert(b, e).is_ok() {
+                    placed = Some((i, b, e.fp));
+                    break;
+                }
             }
         }
-        if !placed {
-            let mut t = self.new_sub(self.subs.len())?;
-            let (b, fp) = Self::position(&t, item);
-            if let Err(e) = t.insert(
-                b,
-                Entry {
-                    fp,
-                    payload: dot.pack(),
-                },
-            ) {
-                if expanded {
-                    self.subs.pop();
+        let (sub, b, fp) = match placed {
+            Some(p) => p,
+            None => {
+                let mut t = self.new_sub(self.subs.len())?;
+                let (b, e) = entry_in(&t);
+                if let Err(err) = t.insert(b, e) {
+                    if expanded {
+                        self.subs.pop(); // a failed add leaves the filter as it was
+                    }
+                    return Err(err);
                 }
-                return Err(e);
+                self.subs.push(t);
+                (self.subs.len() - 1, b, e.fp)
             }
-            self.subs.push(t);
+        };
+        if let Some(pending) = &mut self.pending {
+            pending.added(dot, sub, b, fp);
         }
         self.history.insert(dot);
         self.clock = counter;
@@ -198,9 +229,12 @@ impl ScOrCuckoo {
         let first = *holding.first()?;
         let i = holding[self.subs[first].rng().usize(..holding.len())];
         let (b, fp) = Self::position(&self.subs[i], item);
-        let dot = remove_random(&mut self.subs[i], b, fp);
+        let dot = remove_random(&mut self.subs[i], b, fp)?;
         self.shrink();
-        dot
+        if let Some(pending) = &mut self.pending {
+            pending.removed(dot);
+        }
+        Some(dot)
     }
 
     /// Spec. 5 *shrink*.
@@ -301,6 +335,96 @@ impl Membership for ScOrCuckoo {
     }
 }
 
+impl DeltaState for ScOrCuckoo {
+    type Delta = ScOrCuckooDelta;
+
+    fn track_deltas(&mut self, on: bool) {
+        self.pending = on.then(ScPending::default);
+    }
+
+    fn take_delta(&mut self) -> Option<ScOrCuckooDelta> {
+        let pending = self.pending.as_mut()?;
+        if pending.context.is_empty() {
+            return None;
+        }
+        let ScPending { entries, context } = std::mem::take(pending);
+        let mut entries: Vec<(u32, u64, u16, Dot)> = entries
+            .into_iter()
+            .map(|(tag, (s, b, fp))| (s, b, fp, Dot::unpack(tag)))
+            .collect();
+        entries.sort_unstable_by_key(|e| e.3);
+        Some(ScOrCuckooDelta { entries, context })
+    }
+
+    fn pending_delta_len(&self) -> usize {
+        self.pending
+            .as_ref()
+            .map_or(0, |p| p.context.dot_count() as usize)
+    }
+
+    fn check_delta(&self, delta: &ScOrCuckooDelta) -> Result<(), FilterError> {
+        self.delta_by_sub(delta).map(|_| ())
+    }
+
+    fn merge_delta(&mut self, delta: &ScOrCuckooDelta) -> Result<(), FilterError> {
+        let by_sub = self.delta_by_sub(delta)?;
+        for (i, sparse) in by_sub.iter().enumerate() {
+            if i == self.subs.len() {
+                let t = self.new_sub(i)?;
+                self.subs.push(t);
+            }
+            merge_tables(
+                &mut self.subs[i],
+                &self.history,
+                Some(sparse),
+                &delta.context,
+            );
+        }
+        // Sub-filters the delta has no entries for still lose entries it removed.
+        let empty = SparseEntries {
+            by_tag: HashMap::new(),
+            buckets: 1,
+        };
+        for t in self.subs.iter_mut().skip(by_sub.len()) {
+            merge_tables(t, &self.history, Some(&empty), &delta.context);
+        }
+        self.history.union(&delta.context);
+        self.shrink();
+        Ok(())
+    }
+}
+
+impl ScOrCuckoo {
+    /// Validates a delta and splits its entries by sub-filter.
+    fn delta_by_sub(&self, delta: &ScOrCuckooDelta) -> Result<Vec<SparseEntries>, FilterError> {
+        let top = delta
+            .entries
+            .iter()
+            .map(|e| e.0 as usize + 1)
+            .max()
+            .unwrap_or(0);
+        if top > self.subs.len() + MAX_SUBS_AHEAD {
+            return Err(FilterError::malformed(format!(
+                "delta for sub-filter {} too far ahead of {}",
+                top - 1,
+                self.subs.len()
+            )));
+        }
+        let mut tags: Vec<Dot> = delta.entries.iter().map(|e| e.3).collect();
+        tags.sort_unstable();
+        if tags.windows(2).any(|w| w[0] == w[1]) {
+            return Err(FilterError::malformed("duplicate tag in delta"));
+        }
+        (0..top)
+            .map(|i| {
+                let p = self.params.cuckoo(i)?;
+                let mine = delta.entries.iter().filter(|e| e.0 as usize == i);
+                sparse_entries(&p, mine.map(|e| (e.1, e.2, e.3)), &delta.context)
+            })
+            .collect()
+    }
+}
+
 impl Removable for ScOrCuckoo {
     fn remove(&mut self, item: &[u8]) -> bool {
         self.remove_dot(item).is_some()
@@ -372,6 +496,7 @@ impl<'de> Deserialize<'de> for ScOrCuckoo {
             history: r.history,
             replica: r.replica,
             clock: r.clock,
+            pending: None,
         };
         for (i, sub) in r.subs.into_iter().enumerate() {
             let p = params.cuckoo(i).map_err(D::Error::custom)?;

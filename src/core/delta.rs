@@ -1,0 +1,93 @@
+//! Delta-states (Almeida, Shoker, Baquero 2015): what a replica's local updates changed, small
+//! enough to publish after every few updates. Joining a delta gives the same state as merging
+//! the sender's full state would have, for what the delta covers; deltas may arrive late,
+//! twice or out of order. Lost ones are repaired by merging full states (anti-entropy).
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::causal::{CausalContext, Dot};
+use super::error::FilterError;
+use super::lattice::Lattice;
+
+/// A filter that can record its local updates as delta-states.
+///
+/// ```
+/// use crpf::{DeltaState, GBloom, Lattice, Membership};
+///
+/// let mut sender = GBloom::with_capacity(1000, 0.01)?;
+/// let mut receiver = sender.clone();
+/// sender.track_deltas(true);
+/// sender.add(b"x")?;
+/// let delta = sender.take_delta().expect("x changed the state");
+/// receiver.merge_delta(&delta)?;
+/// assert!(receiver.equivalent(&sender));
+/// assert!(sender.take_delta().is_none());
+/// # Ok::<(), crpf::FilterError>(())
+/// ```
+pub trait DeltaState: Lattice {
+    /// The delta-state type.
+    type Delta: Serialize + DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static;
+
+    /// Starts (or stops) recording local updates. Off by default, so that filters that are not
+    /// replicated pay nothing. Turning it on starts from an empty delta.
+    fn track_deltas(&mut self, on: bool);
+
+    /// The delta accumulated since the last call, or `None` if nothing changed.
+    fn take_delta(&mut self) -> Option<Self::Delta>;
+
+    /// Number of updates in the accumulated delta (to publish by size).
+    fn pending_delta_len(&self) -> usize;
+
+    /// Whether a delta fits this state's parameters; `merge_delta` fails exactly when this does.
+    fn check_delta(&self, delta: &Self::Delta) -> Result<(), FilterError>;
+
+    /// Joins a delta-state received from another replica. A delta that does not fit the
+    /// parameters gives an error and leaves the state untouched.
+    fn merge_delta(&mut self, delta: &Self::Delta) -> Result<(), FilterError>;
+}
+
+/// Delta of a [`crate::GBloom`]: the bits local adds set, ascending.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BloomDelta {
+    /// Indexes of newly set bits.
+    pub bits: Vec<u64>,
+}
+
+/// Delta of a [`crate::GCuckoo`]: the entries local adds inserted, by primary bucket.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CuckooDelta {
+    /// `(bucket, fingerprint)` pairs.
+    pub entries: Vec<(u64, u16)>,
+}
+
+/// Delta of an [`crate::OrCuckoo`]: the entries local adds inserted, and a causal context with
+/// their dots and the dots of entries local removes deleted (a dot cloud, not contiguous).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrCuckooDelta {
+    /// `(bucket, fingerprint, tag)` of added entries that are still live.
+    pub entries: Vec<(u64, u16, Dot)>,
+    /// Dots of every add and remove the delta covers.
+    pub context: CausalContext,
+}
+
+/// Delta of a scalable grow-only filter: the deltas of its sub-filters, by index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScalableDelta<D> {
+    /// `(sub-filter index, delta)`, ascending by index.
+    pub subs: Vec<(u32, D)>,
+}
+
+/// Delta of a [`crate::ScOrCuckoo`]: entries by sub-filter, and the shared context.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScOrCuckooDelta {
+    /// `(sub-filter index, bucket, fingerprint, tag)` of added entries that are still live.
+    pub entries: Vec<(u32, u64, u16, Dot)>,
+    /// Dots of every add and remove the delta covers.
+    pub context: CausalContext,
+}
+
+/// Sub-filters a delta may create beyond the receiver's last one. A receiver further behind
+/// rejects the delta and catches up by anti-entropy, so that a forged index cannot make it
+/// allocate sub-filters of absurd size.
+pub const MAX_SUBS_AHEAD: usize = 2;
