@@ -39,5 +39,6 @@ pub use crate::core::error::FilterError;
 pub use crate::core::lattice::{Lattice, Membership, Removable};
 pub use crate::core::params::{BloomParams, CuckooParams, DEFAULT_SEED};
 pub use crate::core::scalable::{
-    GrowOnlySub, ScGBloom, ScGCuckoo, ScOrCuckoo, ScalableGrowOnly, ScalableParams,
+    GrowOnlySub, Partitioned, PartitionedDelta, ScGBloom, ScGCuckoo, ScOrCuckoo, ScalableGrowOnly,
+    ScalableParams, WriterScGBloom, WriterScGCuckoo, WriterScOrCuckoo, WriterSeries, writer_fpr,
 };

@@ -11,7 +11,8 @@ use std::fmt::Debug;
 
 use crpf::{
     BloomParams, CuckooParams, DeltaState, Dot, FilterError, GBloom, GCuckoo, Lattice, Membership,
-    OrCuckoo, ScGBloom, ScGCuckoo, ScOrCuckoo, ScalableParams,
+    OrCuckoo, Removable, ScGBloom, ScGCuckoo, ScOrCuckoo, ScalableParams, WriterScGBloom,
+    WriterScGCuckoo, WriterScOrCuckoo,
 };
 use proptest::prelude::*;
 use serde::Serialize;
@@ -115,6 +116,39 @@ impl Subject for ScOrCuckoo {
     }
     fn live(&self) -> Option<BTreeSet<Dot>> {
         Some(self.dots().into_iter().collect())
+    }
+}
+
+impl Subject for WriterScGBloom {
+    fn make(replica: u16) -> Self {
+        WriterScGBloom::new(scalable_params(), replica).unwrap()
+    }
+}
+
+impl Subject for WriterScGCuckoo {
+    fn make(replica: u16) -> Self {
+        WriterScGCuckoo::new(scalable_params(), replica).unwrap()
+    }
+}
+
+impl Subject for WriterScOrCuckoo {
+    fn make(replica: u16) -> Self {
+        WriterScOrCuckoo::new(scalable_params(), replica).unwrap()
+    }
+    fn remove_tracked(&mut self, it: &[u8]) -> Option<Option<Dot>> {
+        // The partitioned type removes through `Removable`; recover the tag from the change.
+        let before: BTreeSet<Dot> = self.live().unwrap();
+        self.remove(it);
+        let after = self.live().unwrap();
+        Some(before.difference(&after).next().copied())
+    }
+    fn add_tracked(&mut self, it: &[u8]) -> Result<Option<Dot>, FilterError> {
+        let before: BTreeSet<Dot> = self.live().unwrap();
+        self.add(it)?;
+        Ok(self.live().unwrap().difference(&before).next().copied())
+    }
+    fn live(&self) -> Option<BTreeSet<Dot>> {
+        Some(self.parts().flat_map(|(_, f)| f.dots()).collect())
     }
 }
 
@@ -334,6 +368,12 @@ proptest! {
     #[test] fn orcuckoo_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<OrCuckoo>(ops, seed, lossy) }
     #[test] fn sc_gbloom_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<ScGBloom>(ops, seed, lossy) }
     #[test] fn sc_gcuckoo_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<ScGCuckoo>(ops, seed, lossy) }
+    #[test] fn writer_sc_gbloom_laws(ops in ops()) { run::<WriterScGBloom>(ops) }
+    #[test] fn writer_sc_gcuckoo_laws(ops in ops()) { run::<WriterScGCuckoo>(ops) }
+    #[test] fn writer_sc_orcuckoo_laws(ops in ops()) { run::<WriterScOrCuckoo>(ops) }
+    #[test] fn writer_sc_gbloom_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<WriterScGBloom>(ops, seed, lossy) }
+    #[test] fn writer_sc_gcuckoo_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<WriterScGCuckoo>(ops, seed, lossy) }
+    #[test] fn writer_sc_orcuckoo_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<WriterScOrCuckoo>(ops, seed, lossy) }
     #[test] fn sc_orcuckoo_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<ScOrCuckoo>(ops, seed, lossy) }
 }
 

@@ -4,7 +4,7 @@
 
 use crpf::{
     CuckooParams, FilterError, GBloom, GCuckoo, Lattice, Membership, OrCuckoo, Removable, ScGBloom,
-    ScGCuckoo, ScOrCuckoo,
+    ScGCuckoo, ScOrCuckoo, ScalableParams, WriterScGBloom, WriterScGCuckoo, WriterScOrCuckoo,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -221,6 +221,71 @@ fn scalable_fpr_stays_under_bound_when_synced() {
             measured <= est * 1.15,
             "{name}: measured {measured} vs estimate {est}"
         );
+    }
+}
+
+/// The thesis's scalable filters overshoot their bound when replicas fill them unsynced
+/// (Figure 6.1d-f); the per-writer redesign stays under it.
+#[test]
+fn writer_partitioned_scalable_filters_hold_the_bound_unsynced() {
+    let params = ScalableParams::with_capacity(N as u64 / 8, 0.01).unwrap();
+    let probes = keys(2, 1 << 18);
+    let inserted = keys(1, N);
+    fn fill<F: Membership + Lattice>(
+        mut a: F,
+        mut b: F,
+        inserted: &[[u8; 16]],
+        probes: &[[u8; 16]],
+    ) -> (f64, f64) {
+        for (i, k) in inserted.iter().enumerate() {
+            if i % 2 == 0 {
+                a.add(k).unwrap()
+            } else {
+                b.add(k).unwrap()
+            }
+        }
+        a.merge(&b).unwrap();
+        assert!(inserted.iter().all(|k| a.contains(k)), "false negative");
+        (a.estimated_fpr(), measured_fpr(&a, probes))
+    }
+    let (est, thesis) = fill(
+        ScGBloom::new(params).unwrap(),
+        ScGBloom::new(params).unwrap(),
+        &inserted,
+        &probes,
+    );
+    assert!(
+        thesis > 0.01 && est > 0.01,
+        "the thesis design should overshoot here: {thesis}"
+    );
+    let writer = |w| (WriterScGBloom::new(params, w).unwrap());
+    let results = [
+        (
+            "WriterScGBloom",
+            fill(writer(0), writer(1), &inserted, &probes),
+        ),
+        (
+            "WriterScGCuckoo",
+            fill(
+                WriterScGCuckoo::new(params, 0).unwrap(),
+                WriterScGCuckoo::new(params, 1).unwrap(),
+                &inserted,
+                &probes,
+            ),
+        ),
+        (
+            "WriterScOrCuckoo",
+            fill(
+                WriterScOrCuckoo::new(params, 0).unwrap(),
+                WriterScOrCuckoo::new(params, 1).unwrap(),
+                &inserted,
+                &probes,
+            ),
+        ),
+    ];
+    for (name, (est, measured)) in results {
+        assert!(est <= 0.01, "{name}: estimate {est} above bound");
+        assert!(measured <= 0.01, "{name}: measured {measured} above bound");
     }
 }
 

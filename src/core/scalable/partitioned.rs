@@ -1,0 +1,439 @@
+//! Scalable filters that keep their FPR bound whatever the sync frequency: one scalable series
+//! per writer.
+//!
+//! The thesis's scalable filters (Specs. 6-8) let every replica fill the first sub-filters on
+//! its own; a merge then puts the elements of all replicas into sub-filters sized for one, and
+//! the compounded FPR far exceeds its bound when replicas sync rarely (thesis Figure 6.1d-f).
+//! No local rule can prevent that without coordination: a replica cannot know how much others
+//! put into the sub-filter it is filling.
+//!
+//! Here each writer adds only into a series of its own, so every series is filled by one
+//! replica and stays within its own scalable bound (Eq. 2.12) however replicas merge. Writer
+//! `w` gets the budget `ε / ((w + 1)(w + 2))`; these sum to at most `ε` over any number of
+//! writers (a telescoping series), so the union of all series stays under `ε`.
+//!
+//! The cost is memory: writer `w`'s series needs `log2((w + 1)(w + 2))` more bits of FPR
+//! resolution per element than a single series would (Bloom: about `1.44 × log2((w+1)(w+2))`
+//! bits per element; cuckoo: that many more fingerprint bits, so one more than the thesis's
+//! first sub-filter for writer 0, three more for writer 2, up to the 16-bit fingerprint limit),
+//! and a query looks at every writer's series. Writer ids are meant to be small and dense, as
+//! replicas claim them from a counter.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::grow_only::{GrowOnlySub, ScalableGrowOnly};
+use super::params::ScalableParams;
+use super::sc_orcuckoo::ScOrCuckoo;
+use super::series::{compound, load};
+use crate::core::causal::ReplicaId;
+use crate::core::delta::DeltaState;
+use crate::core::error::FilterError;
+use crate::core::lattice::{Lattice, Membership, Removable};
+
+/// A scalable series that can serve as one writer's partition.
+pub trait WriterSeries:
+    Lattice + Membership + DeltaState + Clone + Serialize + DeserializeOwned + fmt::Debug
+{
+    /// Whether an add of an already contained item is skipped (grow-only types) or adds a
+    /// new tagged entry (observed-remove types).
+    const DEDUPLICATES: bool;
+    #[doc(hidden)]
+    fn for_writer(params: ScalableParams, writer: ReplicaId) -> Result<Self, FilterError>;
+    #[doc(hidden)]
+    fn series_params(&self) -> &ScalableParams;
+    #[doc(hidden)]
+    fn remove_item(&mut self, _item: &[u8]) -> bool {
+        false
+    }
+}
+
+impl<F: GrowOnlySub> WriterSeries for ScalableGrowOnly<F> {
+    const DEDUPLICATES: bool = true;
+    fn for_writer(params: ScalableParams, _writer: ReplicaId) -> Result<Self, FilterError> {
+        Self::new(params)
+    }
+    fn series_params(&self) -> &ScalableParams {
+        self.params()
+    }
+}
+
+impl WriterSeries for ScOrCuckoo {
+    const DEDUPLICATES: bool = false;
+    fn for_writer(params: ScalableParams, writer: ReplicaId) -> Result<Self, FilterError> {
+        Self::new(params, writer)
+    }
+    fn series_params(&self) -> &ScalableParams {
+        self.params()
+    }
+    fn remove_item(&mut self, item: &[u8]) -> bool {
+        self.remove(item)
+    }
+}
+
+/// One scalable series per writer; see the [module documentation](self).
+#[derive(Clone)]
+pub struct Partitioned<F> {
+    params: ScalableParams,
+    writer: ReplicaId,
+    parts: BTreeMap<ReplicaId, F>,
+    tracking: bool,
+    rng: fastrand::Rng,
+}
+
+/// Scalable grow-only Bloom filter with a series per writer: the FPR bound holds at any sync
+/// frequency.
+///
+/// ```
+/// use crpf::{Lattice, Membership, ScalableParams, WriterScGBloom};
+///
+/// let params = ScalableParams::with_capacity(1000, 0.01)?;
+/// let mut a = WriterScGBloom::new(params, 0)?;
+/// let mut b = WriterScGBloom::new(params, 1)?;
+/// for i in 0..20_000u32 {                      // each far past the first capacity, unsynced
+///     a.add(&i.to_le_bytes())?;
+///     b.add(&(i + 1_000_000).to_le_bytes())?;
+/// }
+/// a.merge(&b)?;
+/// assert!(a.estimated_fpr() <= 0.01);
+/// assert!(a.contains(&5u32.to_le_bytes()) && a.contains(&1_000_005u32.to_le_bytes()));
+/// # Ok::<(), crpf::FilterError>(())
+/// ```
+pub type WriterScGBloom = Partitioned<super::grow_only::ScGBloom>;
+
+/// Scalable grow-only cuckoo filter with a series per writer.
+///
+/// ```
+/// use crpf::{Lattice, Membership, ScalableParams, WriterScGCuckoo};
+///
+/// let params = ScalableParams::with_capacity(1000, 0.01)?;
+/// let (mut a, mut b) = (WriterScGCuckoo::new(params, 0)?, WriterScGCuckoo::new(params, 1)?);
+/// for i in 0..10_000u32 { a.add(&i.to_le_bytes())?; b.add(&(i + 1 << 20).to_le_bytes())?; }
+/// b.merge(&a)?;
+/// assert!(b.estimated_fpr() <= 0.01 && b.contains(&9_999u32.to_le_bytes()));
+/// # Ok::<(), crpf::FilterError>(())
+/// ```
+pub type WriterScGCuckoo = Partitioned<super::grow_only::ScGCuckoo>;
+
+/// Scalable observed-remove cuckoo filter with a series per writer; any replica may remove
+/// from any writer's series.
+///
+/// ```
+/// use crpf::{Lattice, Membership, Removable, ScalableParams, WriterScOrCuckoo};
+///
+/// let params = ScalableParams::with_capacity(100, 0.01)?;
+/// let (mut a, mut b) = (WriterScOrCuckoo::new(params, 0)?, WriterScOrCuckoo::new(params, 1)?);
+/// a.add(b"x")?;
+/// b.merge(&a)?;
+/// assert!(b.remove(b"x"));
+/// a.merge(&b)?;
+/// assert!(!a.contains(b"x") && a.equivalent(&b));
+/// # Ok::<(), crpf::FilterError>(())
+/// ```
+pub type WriterScOrCuckoo = Partitioned<ScOrCuckoo>;
+
+/// FPR budget of writer `w`: `ε / ((w + 1)(w + 2))`, which sums to `ε` over all writers.
+pub fn writer_fpr(fpr: f64, writer: ReplicaId) -> f64 {
+    let w = writer as f64;
+    fpr / ((w + 1.0) * (w + 2.0))
+}
+
+impl<F: WriterSeries> Partitioned<F> {
+    /// A filter adding as `writer`, whose compounded FPR over all writers' series stays under
+    /// `params.fpr`; `params.initial_capacity` is each series' first capacity.
+    pub fn new(params: ScalableParams, writer: ReplicaId) -> Result<Self, FilterError> {
+        let params = params.validated()?;
+        let mut f = Self {
+            params,
+            writer,
+            parts: BTreeMap::new(),
+            tracking: false,
+            rng: fastrand::Rng::with_seed(params.seed ^ writer as u64),
+        };
+        f.part_params(writer).validated()?;
+        F::for_writer(f.part_params(writer), writer)?; // fail now, not at the first add
+        f.parts.clear();
+        Ok(f)
+    }
+
+    /// As [`Partitioned::new`] with default growth and tightening.
+    pub fn with_capacity(
+        initial_capacity: u64,
+        fpr: f64,
+        writer: ReplicaId,
+    ) -> Result<Self, FilterError> {
+        Self::new(
+            ScalableParams::with_capacity(initial_capacity, fpr)?,
+            writer,
+        )
+    }
+
+    /// The parameters shared by all replicas.
+    pub fn params(&self) -> &ScalableParams {
+        &self.params
+    }
+
+    /// The writer this replica adds as.
+    pub fn writer(&self) -> ReplicaId {
+        self.writer
+    }
+
+    /// The series of each writer seen so far.
+    pub fn parts(&self) -> impl Iterator<Item = (ReplicaId, &F)> {
+        self.parts.iter().map(|(w, f)| (*w, f))
+    }
+
+    /// Parameters of writer `w`'s series: its FPR budget and its own hash seeds.
+    pub fn part_params(&self, writer: ReplicaId) -> ScalableParams {
+        ScalableParams {
+            fpr: writer_fpr(self.params.fpr, writer),
+            seed: self.params.seed.wrapping_add((writer as u64) << 32),
+            ..self.params
+        }
+    }
+
+    fn new_part(&self, writer: ReplicaId) -> Result<F, FilterError> {
+        let mut f = F::for_writer(self.part_params(writer), writer)?;
+        f.track_deltas(self.tracking);
+        Ok(f)
+    }
+
+    fn check_compatible(&self, other: &Self) -> Result<(), FilterError> {
+        if self.params != other.params {
+            return Err(FilterError::Incompatible(format!(
+                "scalable parameters differ: {:?} vs {:?}",
+                self.params, other.params
+            )));
+        }
+        self.check_parts(other.parts.iter().map(|(w, f)| (*w, f)))
+    }
+
+    fn check_parts<'a>(
+        &self,
+        parts: impl Iterator<Item = (ReplicaId, &'a F)>,
+    ) -> Result<(), FilterError>
+    where
+        F: 'a,
+    {
+        for (w, f) in parts {
+            if *f.series_params() != self.part_params(w) {
+                return Err(FilterError::Incompatible(format!(
+                    "series of writer {w} has foreign parameters"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<F: WriterSeries> fmt::Debug for Partitioned<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Partitioned")
+            .field("params", &self.params)
+            .field("writer", &self.writer)
+            .field("parts", &self.parts)
+            .finish()
+    }
+}
+
+impl<F: WriterSeries> Lattice for Partitioned<F> {
+    /// Writer-wise merge; a writer's series we lack is merged into bottom (copied).
+    fn merge(&mut self, other: &Self) -> Result<(), FilterError> {
+        self.check_compatible(other)?;
+        for (w, theirs) in &other.parts {
+            match self.parts.get_mut(w) {
+                Some(mine) => mine.merge(theirs)?,
+                None => {
+                    let mut copy = theirs.clone();
+                    copy.track_deltas(self.tracking); // not the sender's pending delta
+                    self.parts.insert(*w, copy);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writer-wise `le`, a missing series counting as bottom.
+    fn le(&self, other: &Self) -> bool {
+        self.params == other.params
+            && self.parts.iter().all(|(w, mine)| match other.parts.get(w) {
+                Some(theirs) => mine.le(theirs),
+                None => {
+                    mine.cardinality() == 0.0
+                        && F::for_writer(self.part_params(*w), *w).is_ok_and(|b| mine.le(&b))
+                }
+            })
+    }
+}
+
+impl<F: WriterSeries> Membership for Partitioned<F> {
+    fn contains(&self, item: &[u8]) -> bool {
+        self.parts.values().any(|f| f.contains(item))
+    }
+
+    /// Adds into this writer's own series (grow-only types skip items already contained).
+    fn add(&mut self, item: &[u8]) -> Result<(), FilterError> {
+        if F::DEDUPLICATES && self.contains(item) {
+            return Ok(());
+        }
+        if !self.parts.contains_key(&self.writer) {
+            let part = self.new_part(self.writer)?;
+            self.parts.insert(self.writer, part);
+        }
+        let own = self.parts.get_mut(&self.writer).expect("just ensured");
+        let result = own.add(item);
+        if result.is_err() && own.cardinality() == 0.0 {
+            self.parts.remove(&self.writer); // a failed add leaves the filter as it was
+        }
+        result
+    }
+
+    fn cardinality(&self) -> f64 {
+        self.parts.values().map(|f| f.cardinality()).sum()
+    }
+
+    /// Total capacity of the series (the first capacity while there is none).
+    fn capacity(&self) -> u64 {
+        let total = self
+            .parts
+            .values()
+            .map(|f| f.capacity())
+            .fold(0, u64::saturating_add);
+        total.max(self.params.initial_capacity)
+    }
+
+    fn load_factor(&self) -> f64 {
+        load(self.cardinality(), self.capacity())
+    }
+
+    /// `1 - Π (1 - ε_w)` over the writers' series, each itself Eq. 2.12.
+    fn estimated_fpr(&self) -> f64 {
+        compound(self.parts.values().map(|f| f.estimated_fpr()))
+    }
+}
+
+impl<F: WriterSeries> Removable for Partitioned<F> {
+    /// Removes from a random writer's series holding the item (observed-remove types only;
+    /// grow-only types never remove and return `false`).
+    fn remove(&mut self, item: &[u8]) -> bool {
+        if F::DEDUPLICATES {
+            return false;
+        }
+        let holding: Vec<ReplicaId> = self
+            .parts
+            .iter()
+            .filter(|(_, f)| f.contains(item))
+            .map(|(w, _)| *w)
+            .collect();
+        if holding.is_empty() {
+            return false;
+        }
+        let w = holding[self.rng.usize(..holding.len())];
+        self.parts.get_mut(&w).expect("listed").remove_item(item)
+    }
+}
+
+/// Delta of a [`Partitioned`] filter: the deltas of the writers' series that changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionedDelta<D> {
+    /// `(writer, delta of its series)`, ascending by writer.
+    pub parts: Vec<(ReplicaId, D)>,
+}
+
+impl<F: WriterSeries> DeltaState for Partitioned<F> {
+    type Delta = PartitionedDelta<F::Delta>;
+
+    fn track_deltas(&mut self, on: bool) {
+        self.tracking = on;
+        for f in self.parts.values_mut() {
+            f.track_deltas(on);
+        }
+    }
+
+    fn take_delta(&mut self) -> Option<Self::Delta> {
+        let parts: Vec<_> = self
+            .parts
+            .iter_mut()
+            .filter_map(|(w, f)| f.take_delta().map(|d| (*w, d)))
+            .collect();
+        (!parts.is_empty()).then_some(PartitionedDelta { parts })
+    }
+
+    fn pending_delta_len(&self) -> usize {
+        self.parts.values().map(|f| f.pending_delta_len()).sum()
+    }
+
+    fn check_delta(&self, delta: &Self::Delta) -> Result<(), FilterError> {
+        if delta.parts.windows(2).any(|p| p[0].0 >= p[1].0) {
+            return Err(FilterError::malformed("delta writers out of order"));
+        }
+        for (w, d) in &delta.parts {
+            match self.parts.get(w) {
+                Some(f) => f.check_delta(d)?,
+                None => self.new_part(*w)?.check_delta(d)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn merge_delta(&mut self, delta: &Self::Delta) -> Result<(), FilterError> {
+        self.check_delta(delta)?;
+        for (w, d) in &delta.parts {
+            if !self.parts.contains_key(w) {
+                let part = self.new_part(*w)?;
+                self.parts.insert(*w, part);
+            }
+            self.parts
+                .get_mut(w)
+                .expect("just ensured")
+                .merge_delta(d)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(bound(deserialize = "F: DeserializeOwned"))]
+struct Repr<F> {
+    params: ScalableParams,
+    writer: ReplicaId,
+    parts: Vec<(ReplicaId, F)>,
+}
+
+impl<F: WriterSeries> Serialize for Partitioned<F> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct ReprRef<'a, F> {
+            params: &'a ScalableParams,
+            writer: ReplicaId,
+            parts: Vec<(ReplicaId, &'a F)>,
+        }
+        ReprRef {
+            params: &self.params,
+            writer: self.writer,
+            parts: self.parts.iter().map(|(w, f)| (*w, f)).collect(),
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de, F: WriterSeries> Deserialize<'de> for Partitioned<F> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let r = Repr::<F>::deserialize(d)?;
+        let mut f = Partitioned::<F>::new(r.params, r.writer).map_err(D::Error::custom)?;
+        f.check_parts(r.parts.iter().map(|(w, p)| (*w, p)))
+            .map_err(D::Error::custom)?;
+        let count = r.parts.len();
+        f.parts = r.parts.into_iter().collect();
+        if f.parts.len() != count {
+            return Err(D::Error::custom(FilterError::malformed(
+                "a writer's series appears twice",
+            )));
+        }
+        Ok(f)
+    }
+}
