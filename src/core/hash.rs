@@ -9,10 +9,13 @@ pub const HASH_VERSION: u32 = 1;
 /// The two 64-bit halves of an item's xxh3-128 hash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ItemHash {
+    /// Low half: Bloom `h1`, cuckoo bucket index.
     pub lo: u64,
+    /// High half: Bloom `h2`, cuckoo fingerprint.
     pub hi: u64,
 }
 
+/// The seeded xxh3-128 of an item.
 #[inline]
 pub fn hash_item(item: &[u8], seed: u64) -> ItemHash {
     let h = xxh3_128_with_seed(item, seed);

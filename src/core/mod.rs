@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! The pure CRDT core: filters as state-based CRDTs, their parameters, hashing, estimators
 //! and serialized forms. Synchronous, no I/O.
 
