@@ -28,6 +28,12 @@
 //! The layers: [`core`] is pure and synchronous (no I/O).
 
 pub mod core;
+#[cfg(feature = "node")]
+pub mod replica;
+#[cfg(feature = "node")]
+pub mod transport;
+#[cfg(feature = "node")]
+pub mod wire;
 
 pub use crate::core::bloom::GBloom;
 pub use crate::core::causal::{CausalContext, Dot, ReplicaId};

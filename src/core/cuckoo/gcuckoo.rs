@@ -80,6 +80,20 @@ impl GCuckoo {
         )
     }
 
+    /// Every entry as `(lower of its two candidate buckets, fingerprint)`, sorted, without
+    /// duplicates: the same for every placement, so equivalent states give the same list
+    /// (the replica layer digests it for anti-entropy).
+    pub(crate) fn canonical_entries(&self) -> Vec<(u64, u16)> {
+        let mut v = Vec::with_capacity(self.table.len());
+        self.table.for_each(|b, e| {
+            let a = self.table.alt(b, e.fp);
+            v.push((b.min(a) as u64, e.fp));
+        });
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     /// Merges one `(bucket, fingerprint)` entry of another replica (a delta-state entry).
     pub(crate) fn merge_entry(&mut self, bucket: usize, fp: u16) {
         if !self.table.contains_fp(bucket, fp) {

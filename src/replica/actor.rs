@@ -1,0 +1,1330 @@
+//! The replica actor: local operations, delta publication, anti-entropy, durability.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::{mpsc, oneshot, watch};
+use uuid::Uuid;
+
+use super::config::ReplicaConfig;
+use super::durable::{
+    DataDir, DurableError, HWM_FILE, Identity, Reservation, SNAPSHOT_FILE, Snapshot,
+};
+use super::filter::{AnyFilter, FilterStats};
+use super::metrics::{self as m, Metrics};
+use super::reassembly::{Progress, Reassembly};
+use super::{ReplicaError, ReplicaHandle, ReplicaStats};
+use crate::transport::{LogLimiter, Message, MessageStream, Subjects, Transport, TransportEvent};
+use crate::wire::{Body, Envelope, Expect, FilterKind, StateChunk, WireError, chunk_state};
+use crate::{Dot, ReplicaId};
+
+/// States at least this large are encoded and decoded off the actor's thread.
+const BLOCKING_THRESHOLD: usize = 256 << 10;
+/// Room left in a frame for the envelope around a chunk.
+const ENVELOPE_OVERHEAD: usize = 1024;
+
+/// What one replica shares between its actor, its handle and its inbound tasks.
+pub(crate) struct Shared {
+    /// The filter. Only the actor writes it; handles read it without queueing behind
+    /// replication work in the mailbox.
+    pub filter: RwLock<AnyFilter>,
+    pub name: String,
+    pub kind: FilterKind,
+    pub identity: Identity,
+    pub ready: watch::Sender<bool>,
+    pub counters: Counters,
+}
+
+/// Counters reported by `stats` (the metrics facade has no read side).
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub rejects: Mutex<BTreeMap<&'static str, u64>>,
+    pub dropped: AtomicU64,
+    pub sequence_gaps: AtomicU64,
+    pub deltas_sent: AtomicU64,
+    pub deltas_merged: AtomicU64,
+    pub state_pushes: AtomicU64,
+    pub states_merged: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub bytes_received: AtomicU64,
+    pub state_bytes: AtomicU64,
+}
+
+impl Counters {
+    fn bump(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// What reaches the actor from its subscriptions and the transport.
+pub(crate) enum Inbound {
+    /// A valid replication message from a peer.
+    Replication(Envelope, usize),
+    /// A request of the API.
+    Api(Message),
+    /// A connection event.
+    Event(TransportEvent),
+}
+
+/// What the publisher task sends, in order.
+enum Outbound {
+    Publish(String, Bytes, &'static str),
+    Flush(oneshot::Sender<()>),
+}
+
+struct Peer {
+    replica: ReplicaId,
+    last_seen: Instant,
+    last_seq: u64,
+    /// Consecutive digests from this peer that differed from ours.
+    mismatches: u32,
+    last_request: Option<Instant>,
+}
+
+/// Everything a replica needs to start, prepared by [`super::Replica::start`].
+pub(crate) struct Setup {
+    pub cfg: ReplicaConfig,
+    pub shared: Arc<Shared>,
+    pub transport: Arc<dyn Transport>,
+    pub replication: MessageStream,
+    pub data: Option<DataDir>,
+    pub reserved: u64,
+}
+
+/// The replica actor. Start one with [`super::Replica::start`]; talk to it through the
+/// [`ReplicaHandle`] or by sending its messages to [`ReplicaHandle::addr`].
+pub struct Replica {
+    cfg: ReplicaConfig,
+    shared: Arc<Shared>,
+    transport: Arc<dyn Transport>,
+    subjects: Subjects,
+    expect: Expect,
+    metrics: Metrics,
+    limiter: Arc<LogLimiter>,
+    seq: u64,
+    transfer: u64,
+    peers: HashMap<Uuid, Peer>,
+    transfers: Reassembly,
+    digest: Option<u64>,
+    last_push: Option<Instant>,
+    push_scheduled: bool,
+    encoding: bool,
+    changed_since_push: bool,
+    data: Option<DataDir>,
+    reserved: u64,
+    dirty: bool,
+    snapshotting: Arc<AtomicBool>,
+    started: Instant,
+    ready: bool,
+    api_started: bool,
+    inbound_tx: mpsc::Sender<Inbound>,
+    inbound_rx: Option<mpsc::Receiver<Inbound>>,
+    outbound: mpsc::UnboundedSender<Outbound>,
+    outbound_rx: Option<mpsc::UnboundedReceiver<Outbound>>,
+    replication: Option<MessageStream>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Replica {
+    pub(crate) fn new(s: Setup) -> Self {
+        let subjects = Subjects::new(&s.cfg.prefix, &s.cfg.name);
+        let (expect, metrics) = {
+            let f = s.shared.filter.read().expect("filter lock");
+            (
+                Expect {
+                    filter: s.cfg.name.clone(),
+                    kind: f.kind(),
+                    params_digest: f.params_digest(),
+                    max_bytes: s.cfg.max_message_bytes,
+                },
+                Metrics::new(&s.cfg.name, s.shared.identity.replica),
+            )
+        };
+        let (inbound_tx, inbound_rx) = mpsc::channel(s.cfg.inbound_buffer);
+        let (outbound, outbound_rx) = mpsc::unbounded_channel();
+        let timeout =
+            ReplicaConfig::ms(s.cfg.anti_entropy_interval_ms * 3).max(Duration::from_secs(5));
+        Replica {
+            transfers: Reassembly::new(s.cfg.max_state_bytes, timeout),
+            cfg: s.cfg,
+            shared: s.shared,
+            transport: s.transport,
+            subjects,
+            expect,
+            metrics,
+            limiter: Arc::new(LogLimiter::new(Duration::from_secs(10))),
+            seq: 0,
+            transfer: 0,
+            peers: HashMap::new(),
+            digest: None,
+            last_push: None,
+            push_scheduled: false,
+            encoding: false,
+            changed_since_push: false,
+            data: s.data,
+            reserved: s.reserved,
+            dirty: false,
+            snapshotting: Arc::new(AtomicBool::new(false)),
+            started: Instant::now(),
+            ready: false,
+            api_started: false,
+            inbound_tx,
+            inbound_rx: Some(inbound_rx),
+            outbound,
+            outbound_rx: Some(outbound_rx),
+            replication: Some(s.replication),
+            tasks: Vec::new(),
+        }
+    }
+
+    fn uuid(&self) -> Uuid {
+        self.shared.identity.uuid
+    }
+
+    fn id(&self) -> ReplicaId {
+        self.shared.identity.replica
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, AnyFilter> {
+        self.shared.filter.read().expect("filter lock poisoned")
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, AnyFilter> {
+        self.shared.filter.write().expect("filter lock poisoned")
+    }
+
+    fn reject(&self, e: &WireError) {
+        reject(&self.shared, &self.metrics, &self.limiter, e);
+    }
+
+    // ---- publishing ----------------------------------------------------------------------
+
+    fn envelope(&mut self, body: Body) -> Envelope {
+        self.seq += 1;
+        Envelope::new(
+            self.cfg.name.clone(),
+            self.expect.kind,
+            self.expect.params_digest,
+            self.uuid(),
+            self.id(),
+            self.seq,
+            body,
+        )
+    }
+
+    /// Queues a frame for the publisher task (which publishes in order).
+    fn send(&mut self, subject: String, frame: Vec<u8>, channel: &'static str) {
+        self.metrics.traffic("out", channel, frame.len());
+        Counters::bump(&self.shared.counters.bytes_sent, frame.len() as u64);
+        let _ = self
+            .outbound
+            .send(Outbound::Publish(subject, frame.into(), channel));
+    }
+
+    fn publish_state_body(&mut self, body: Body) {
+        let frame = self.envelope(body).encode();
+        let subject = self.subjects.state.clone();
+        self.send(subject, frame, "state");
+    }
+
+    /// Publishes the pending delta, if any.
+    fn flush_delta(&mut self, ctx: &mut Context<Self>) {
+        if self.cfg.full_state_only {
+            // The naive protocol: every change is followed by a full-state broadcast.
+            self.write().take_delta();
+            if self.changed_since_push {
+                self.push_state(ctx);
+            }
+            return;
+        }
+        let Some(delta) = self.write().take_delta() else {
+            return;
+        };
+        let frame = self.envelope(Body::Delta(delta)).encode();
+        if frame.len() > self.transport.max_payload() {
+            // Too big for one message: the full state (chunked) carries it instead.
+            tracing::debug!(
+                bytes = frame.len(),
+                "delta over max_payload, pushing the state"
+            );
+            self.schedule_push(ctx);
+            return;
+        }
+        Counters::bump(&self.shared.counters.deltas_sent, 1);
+        let subject = self.subjects.delta.clone();
+        self.send(subject, frame, "delta");
+    }
+
+    fn send_digest(&mut self) {
+        let digest = self.my_digest();
+        let ready = self.ready;
+        self.publish_state_body(Body::Digest { digest, ready });
+    }
+
+    fn request_state(&mut self, target: Option<Uuid>) {
+        self.publish_state_body(Body::StateRequest { target });
+    }
+
+    fn my_digest(&mut self) -> u64 {
+        if let Some(d) = self.digest {
+            return d;
+        }
+        let d = self.read().state_digest();
+        self.digest = Some(d);
+        d
+    }
+
+    fn changed(&mut self) {
+        self.digest = None;
+        self.dirty = true;
+    }
+
+    /// Pushes the full state now, or as soon as `min_push_interval` allows (one push serves
+    /// every peer that asked meanwhile).
+    fn schedule_push(&mut self, ctx: &mut Context<Self>) {
+        if self.push_scheduled {
+            return;
+        }
+        let min = ReplicaConfig::ms(self.cfg.min_push_interval_ms);
+        let wait = match self.last_push {
+            Some(t) if t.elapsed() < min => min - t.elapsed(),
+            _ => Duration::ZERO,
+        };
+        if wait.is_zero() && !self.encoding {
+            self.push_state(ctx);
+        } else {
+            self.push_scheduled = true;
+            ctx.run_later(wait.max(Duration::from_millis(10)), |act, ctx| {
+                act.push_scheduled = false;
+                if act.encoding {
+                    act.schedule_push(ctx);
+                } else {
+                    act.push_state(ctx);
+                }
+            });
+        }
+    }
+
+    /// Encodes the full state (off the actor's thread if large) and publishes it in chunks.
+    fn push_state(&mut self, ctx: &mut Context<Self>) {
+        self.last_push = Some(Instant::now());
+        self.changed_since_push = false;
+        for p in self.peers.values_mut() {
+            p.mismatches = 0;
+        }
+        let chunk_len = self
+            .cfg
+            .chunk_bytes
+            .min(
+                self.transport
+                    .max_payload()
+                    .saturating_sub(ENVELOPE_OVERHEAD),
+            )
+            .max(1);
+        self.transfer += 1;
+        let transfer = self.transfer;
+        let filter = self.read().clone();
+        let addr = ctx.address();
+        self.encoding = true;
+        actix::spawn(async move {
+            let encoded = tokio::task::spawn_blocking(move || {
+                let state = filter.encode_state();
+                (state.len(), chunk_state(&state, transfer, chunk_len))
+            })
+            .await;
+            // A failed encoding (a panic) still ends the push, so later ones are not blocked.
+            let (len, chunks) = encoded.unwrap_or((0, Vec::new()));
+            addr.do_send(Encoded { len, chunks });
+        });
+    }
+
+    // ---- receiving -----------------------------------------------------------------------
+
+    fn on_replication(&mut self, env: Envelope, frame_len: usize, ctx: &mut Context<Self>) {
+        let channel = if matches!(env.body, Body::Delta(_)) {
+            "delta"
+        } else {
+            "state"
+        };
+        self.metrics.traffic("in", channel, frame_len);
+        Counters::bump(&self.shared.counters.bytes_received, frame_len as u64);
+        let min = ReplicaConfig::ms(self.cfg.min_push_interval_ms);
+        let peer = self.peers.entry(env.sender).or_insert(Peer {
+            replica: env.replica,
+            last_seen: Instant::now(),
+            last_seq: env.seq.saturating_sub(1),
+            mismatches: 0,
+            last_request: None,
+        });
+        peer.replica = env.replica;
+        peer.last_seen = Instant::now();
+        let mut gap = 0;
+        if env.seq > peer.last_seq + 1 {
+            gap = env.seq - peer.last_seq - 1;
+        }
+        peer.last_seq = peer.last_seq.max(env.seq);
+        if gap > 0 {
+            // Messages of this peer were lost: ask it for its state rather than wait for the
+            // next anti-entropy round.
+            Counters::bump(&self.shared.counters.sequence_gaps, gap);
+            self.metrics.counter(m::SEQUENCE_GAPS, &[]).increment(gap);
+            if peer.last_request.is_none_or(|t| t.elapsed() >= min) {
+                peer.last_request = Some(Instant::now());
+                let target = env.sender;
+                self.request_state(Some(target));
+            }
+        }
+        match env.body {
+            Body::Delta(bytes) => self.merge_delta(&bytes),
+            Body::Digest { digest, ready } => {
+                let mine = self.my_digest();
+                let peer = self.peers.get_mut(&env.sender).expect("inserted above");
+                if digest == mine {
+                    peer.mismatches = 0;
+                    if ready {
+                        self.become_ready(ctx, "a peer has the same state");
+                    }
+                } else {
+                    peer.mismatches += 1;
+                    // A mismatch that persists is not just updates in flight: a loss our
+                    // sequence numbers cannot see (e.g. from a replica that has left since).
+                    if peer.mismatches >= 3 || !ready || self.changed_since_push {
+                        peer.mismatches = 0;
+                        self.schedule_push(ctx);
+                    }
+                }
+            }
+            Body::StateRequest { target } => {
+                if target.is_none_or(|t| t == self.uuid()) {
+                    self.schedule_push(ctx);
+                }
+            }
+            Body::StateChunk(chunk) => self.on_chunk(env.sender, env.replica, chunk, ctx),
+        }
+    }
+
+    fn merge_delta(&mut self, bytes: &[u8]) {
+        let t = Instant::now();
+        let r = self.write().merge_delta_bytes(bytes);
+        self.record_merge("delta", t, r.is_ok());
+        match r {
+            Ok(()) => {
+                Counters::bump(&self.shared.counters.deltas_merged, 1);
+                self.changed();
+            }
+            Err(e) => self.reject(&e),
+        }
+    }
+
+    fn record_merge(&self, source: &'static str, t: Instant, ok: bool) {
+        let outcome = if ok { "ok" } else { "rejected" };
+        self.metrics
+            .counter(m::MERGES, &[("source", source), ("outcome", outcome)])
+            .increment(1);
+        self.metrics
+            .histogram(m::MERGE_DURATION, &[("source", source)])
+            .record(t.elapsed().as_secs_f64());
+    }
+
+    fn on_chunk(
+        &mut self,
+        sender: Uuid,
+        replica: ReplicaId,
+        chunk: StateChunk,
+        ctx: &mut Context<Self>,
+    ) {
+        let state = match self.transfers.add(sender, chunk) {
+            Ok(Progress::Pending) => return,
+            Ok(Progress::Complete(state)) => state,
+            Err(e) => {
+                self.metrics
+                    .counter(m::STATE_TRANSFERS, &[("outcome", "rejected")])
+                    .increment(1);
+                self.reject(&e);
+                return;
+            }
+        };
+        self.metrics
+            .counter(m::STATE_TRANSFERS, &[("outcome", "complete")])
+            .increment(1);
+        let kind = self.expect.kind;
+        if state.len() < BLOCKING_THRESHOLD {
+            let result = AnyFilter::decode_state(kind, &state);
+            self.merge_state(result, sender, replica, ctx);
+        } else {
+            let addr = ctx.address();
+            actix::spawn(async move {
+                let result =
+                    tokio::task::spawn_blocking(move || AnyFilter::decode_state(kind, &state))
+                        .await
+                        .unwrap_or_else(|e| Err(WireError::Malformed(e.to_string())));
+                addr.do_send(Decoded {
+                    result,
+                    sender,
+                    replica,
+                });
+            });
+        }
+    }
+
+    fn merge_state(
+        &mut self,
+        result: Result<AnyFilter, WireError>,
+        sender: Uuid,
+        replica: ReplicaId,
+        ctx: &mut Context<Self>,
+    ) {
+        let other = match result {
+            Ok(o) if o.params_digest() == self.expect.params_digest => o,
+            Ok(o) => {
+                return self.reject(&WireError::Params {
+                    got: o.params_digest(),
+                    expected: self.expect.params_digest,
+                });
+            }
+            Err(e) => {
+                self.record_merge("state", Instant::now(), false);
+                return self.reject(&e);
+            }
+        };
+        let t = Instant::now();
+        let r = self.write().merge(&other);
+        self.record_merge("state", t, r.is_ok());
+        match r {
+            Ok(()) => {
+                Counters::bump(&self.shared.counters.states_merged, 1);
+                self.changed();
+                tracing::debug!(peer = replica, %sender, "merged a peer's full state");
+                self.become_ready(ctx, "merged a peer's state");
+            }
+            Err(e) => self.reject(&WireError::Incompatible(e.to_string())),
+        }
+    }
+
+    fn become_ready(&mut self, ctx: &mut Context<Self>, why: &str) {
+        if self.ready {
+            return;
+        }
+        self.ready = true;
+        self.metrics.ready.set(1.0);
+        self.shared.ready.send_replace(true);
+        tracing::info!(
+            filter = %self.cfg.name,
+            replica = self.id(),
+            after_ms = self.started.elapsed().as_millis() as u64,
+            "replica ready: {why}"
+        );
+        if self.cfg.serve_api && !self.api_started {
+            self.api_started = true;
+            self.start_api(ctx);
+        }
+    }
+
+    fn on_event(&mut self, ev: TransportEvent, ctx: &mut Context<Self>) {
+        match ev {
+            TransportEvent::Connected => {
+                self.metrics.connected.set(1.0);
+                // Publishes made while disconnected may be lost: re-announce, ask for the
+                // peers' states and push ours.
+                self.request_state(None);
+                self.send_digest();
+                self.schedule_push(ctx);
+            }
+            TransportEvent::Disconnected => {
+                self.metrics.connected.set(0.0);
+                self.metrics.counter(m::DISCONNECTS, &[]).increment(1);
+            }
+            TransportEvent::SlowConsumer => {
+                self.metrics.counter(m::SLOW_CONSUMER, &[]).increment(1);
+                // Messages were dropped client-side: sequence gaps will name the peers, but a
+                // broadcast request repairs the loss sooner.
+                self.request_state(None);
+            }
+            TransportEvent::Closed => self.metrics.connected.set(0.0),
+        }
+    }
+
+    // ---- local operations ----------------------------------------------------------------
+
+    fn check_item(&self, item: &[u8]) -> Result<(), ReplicaError> {
+        if item.is_empty() {
+            return Err(ReplicaError::InvalidItem("empty item".into()));
+        }
+        if item.len() > self.cfg.max_item_bytes {
+            return Err(ReplicaError::InvalidItem(format!(
+                "item of {} bytes exceeds max_item_bytes {}",
+                item.len(),
+                self.cfg.max_item_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    fn op(&self, op: &'static str, ok: bool) {
+        let outcome = if ok { "ok" } else { "error" };
+        self.metrics
+            .counter(m::OPERATIONS, &[("op", op), ("outcome", outcome)])
+            .increment(1);
+    }
+
+    /// Reserves tag timestamps durably before one above the reservation is issued.
+    fn reserve_tags(&mut self) -> Result<(), ReplicaError> {
+        let Some(data) = &self.data else {
+            return Ok(());
+        };
+        if !self.expect.kind.removable() {
+            return Ok(());
+        }
+        let clock = self.read().clock();
+        if clock < self.reserved {
+            return Ok(());
+        }
+        let reserved = clock + self.cfg.tag_reserve_block;
+        data.save_reservation(&Reservation {
+            identity: self.shared.identity,
+            reserved,
+        })?;
+        self.reserved = reserved;
+        self.metrics.counter(m::TAG_RESERVATIONS, &[]).increment(1);
+        Ok(())
+    }
+
+    fn do_add(
+        &mut self,
+        item: &[u8],
+        ctx: &mut Context<Self>,
+    ) -> Result<Option<Dot>, ReplicaError> {
+        let r = self
+            .check_item(item)
+            .and_then(|_| self.reserve_tags())
+            .and_then(|_| self.write().add(item).map_err(ReplicaError::from));
+        self.op("add", r.is_ok());
+        if r.is_ok() {
+            self.local_change(ctx);
+        }
+        r
+    }
+
+    fn do_remove(
+        &mut self,
+        item: &[u8],
+        ctx: &mut Context<Self>,
+    ) -> Result<Option<Dot>, ReplicaError> {
+        let r = self
+            .check_item(item)
+            .and_then(|_| self.write().remove(item).map_err(ReplicaError::from));
+        self.op("remove", r.is_ok());
+        if matches!(r, Ok(Some(_))) {
+            self.local_change(ctx);
+        }
+        r
+    }
+
+    fn do_contains(&self, item: &[u8]) -> Result<bool, ReplicaError> {
+        self.check_item(item)?;
+        Ok(self.read().contains(item))
+    }
+
+    fn local_change(&mut self, ctx: &mut Context<Self>) {
+        self.changed();
+        self.changed_since_push = true;
+        if self.read().pending_delta_len() >= self.cfg.delta_max_updates {
+            self.flush_delta(ctx);
+        }
+    }
+
+    fn stats(&self) -> ReplicaStats {
+        let (figures, pending_delta): (FilterStats, usize) = {
+            let f = self.read();
+            (f.stats(), f.pending_delta_len())
+        };
+        let c = &self.shared.counters;
+        let live = ReplicaConfig::ms(self.cfg.anti_entropy_interval_ms * 3);
+        ReplicaStats {
+            filter: self.cfg.name.clone(),
+            replica: self.id(),
+            uuid: self.uuid(),
+            ready: self.ready,
+            connected: self.transport.is_connected(),
+            peers: self
+                .peers
+                .values()
+                .filter(|p| p.last_seen.elapsed() < live)
+                .count(),
+            pending_delta,
+            figures,
+            rejects: c
+                .rejects
+                .lock()
+                .expect("counters lock")
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            dropped: c.dropped.load(Ordering::Relaxed),
+            sequence_gaps: c.sequence_gaps.load(Ordering::Relaxed),
+            deltas_sent: c.deltas_sent.load(Ordering::Relaxed),
+            deltas_merged: c.deltas_merged.load(Ordering::Relaxed),
+            state_pushes: c.state_pushes.load(Ordering::Relaxed),
+            states_merged: c.states_merged.load(Ordering::Relaxed),
+            bytes_sent: c.bytes_sent.load(Ordering::Relaxed),
+            bytes_received: c.bytes_received.load(Ordering::Relaxed),
+            state_bytes: c.state_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    // ---- request API ---------------------------------------------------------------------
+
+    fn start_api(&mut self, _ctx: &mut Context<Self>) {
+        let transport = self.transport.clone();
+        let tx = self.inbound_tx.clone();
+        let subject = self.subjects.api.clone();
+        let queue = self.subjects.api_queue.clone();
+        let shared = self.shared.clone();
+        let metrics = self.metrics.clone();
+        self.tasks.push(actix::spawn(async move {
+            let convert = |m| Some(Inbound::Api(m));
+            forward_stream(
+                &mut None,
+                transport,
+                subject,
+                Some(queue),
+                tx,
+                convert,
+                shared,
+                metrics,
+            )
+            .await;
+        }));
+    }
+
+    fn on_api(&mut self, msg: Message, ctx: &mut Context<Self>) {
+        use serde_json::json;
+        self.metrics.traffic("in", "api", msg.payload.len());
+        let op = msg.subject.rsplit('.').next().unwrap_or("");
+        let item = &msg.payload[..];
+        let reply = match op {
+            "add" => self.do_add(item, ctx).map(|_| json!({"added": true})),
+            "remove" => self
+                .do_remove(item, ctx)
+                .map(|d| json!({"removed": d.is_some()})),
+            "contains" => self.do_contains(item).map(|c| json!({"contains": c})),
+            "stats" => Ok(serde_json::to_value(self.stats()).expect("stats serialize")),
+            other => Err(ReplicaError::InvalidItem(format!(
+                "unknown operation `{other}`"
+            ))),
+        };
+        let body = match reply {
+            Ok(v) => v,
+            Err(e) => {
+                if let ReplicaError::InvalidItem(_) = e {
+                    self.reject(&WireError::Malformed(format!("API request: {e}")));
+                }
+                json!({"error": e.to_string()})
+            }
+        };
+        if let Some(to) = msg.reply {
+            let frame = serde_json::to_vec(&body).expect("JSON serialize");
+            self.metrics.traffic("out", "api", frame.len());
+            let _ = self
+                .outbound
+                .send(Outbound::Publish(to, frame.into(), "api"));
+        }
+    }
+
+    // ---- durability and housekeeping -----------------------------------------------------
+
+    fn snapshot_record(&self, filter: &AnyFilter) -> (Snapshot, usize) {
+        let state = filter.encode_state();
+        let len = state.len();
+        (
+            Snapshot {
+                identity: self.shared.identity,
+                filter: self.cfg.name.clone(),
+                kind: self.expect.kind,
+                params_digest: self.expect.params_digest,
+                reserved: self.reserved,
+                state,
+            },
+            len,
+        )
+    }
+
+    /// Writes a snapshot in the background if the state changed since the last one.
+    fn snapshot_async(&mut self) {
+        let Some(data) = self.data.clone() else {
+            return;
+        };
+        if !self.dirty || self.snapshotting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.dirty = false;
+        let filter = self.read().clone();
+        let shared = self.shared.clone();
+        let (cfg_name, kind, digest, reserved) = (
+            self.cfg.name.clone(),
+            self.expect.kind,
+            self.expect.params_digest,
+            self.reserved,
+        );
+        let busy = self.snapshotting.clone();
+        let metrics = self.metrics.clone();
+        actix::spawn(async move {
+            let r = tokio::task::spawn_blocking(move || {
+                let state = filter.encode_state();
+                shared
+                    .counters
+                    .state_bytes
+                    .store(state.len() as u64, Ordering::Relaxed);
+                data.save_snapshot(&Snapshot {
+                    identity: shared.identity,
+                    filter: cfg_name,
+                    kind,
+                    params_digest: digest,
+                    reserved,
+                    state,
+                })
+            })
+            .await;
+            busy.store(false, Ordering::Release);
+            let ok = matches!(r, Ok(Ok(())));
+            metrics
+                .counter(
+                    m::SNAPSHOTS,
+                    &[("outcome", if ok { "ok" } else { "error" })],
+                )
+                .increment(1);
+            match r {
+                Ok(Err(e)) => tracing::error!(error = %e, "snapshot failed"),
+                Err(e) => tracing::error!(error = %e, "snapshot task failed"),
+                Ok(Ok(())) => {}
+            }
+        });
+    }
+
+    /// Writes a snapshot now, on the actor's thread (shutdown, explicit requests).
+    fn snapshot_now(&mut self) -> Result<(), ReplicaError> {
+        let Some(data) = self.data.clone() else {
+            return Ok(());
+        };
+        let filter = self.read().clone();
+        let (snap, len) = self.snapshot_record(&filter);
+        let r = data.save_snapshot(&snap);
+        self.metrics
+            .counter(
+                m::SNAPSHOTS,
+                &[("outcome", if r.is_ok() { "ok" } else { "error" })],
+            )
+            .increment(1);
+        r?;
+        self.shared
+            .counters
+            .state_bytes
+            .store(len as u64, Ordering::Relaxed);
+        self.dirty = false;
+        Ok(())
+    }
+
+    fn housekeeping(&mut self, ctx: &mut Context<Self>) {
+        {
+            let f = self.read();
+            let s = f.stats();
+            self.metrics.fpr.set(s.estimated_fpr);
+            self.metrics.load.set(s.load_factor);
+            self.metrics.cardinality.set(s.cardinality);
+            self.metrics.capacity.set(s.capacity as f64);
+            self.metrics.pending.set(f.pending_delta_len() as f64);
+        }
+        self.metrics
+            .state_bytes
+            .set(self.shared.counters.state_bytes.load(Ordering::Relaxed) as f64);
+        self.metrics
+            .connected
+            .set(if self.transport.is_connected() {
+                1.0
+            } else {
+                0.0
+            });
+        let live = ReplicaConfig::ms(self.cfg.anti_entropy_interval_ms * 3);
+        let mut alive = 0;
+        for p in self.peers.values() {
+            let age = p.last_seen.elapsed();
+            if age < live {
+                alive += 1;
+            }
+            self.metrics
+                .gauge(m::PEER_STALENESS, &[("peer", &p.replica.to_string())])
+                .set(age.as_secs_f64());
+        }
+        self.metrics.peers.set(alive as f64);
+        let expired = self.transfers.expire();
+        if expired > 0 {
+            self.metrics
+                .counter(m::STATE_TRANSFERS, &[("outcome", "expired")])
+                .increment(expired as u64);
+        }
+        if !self.ready && self.started.elapsed() >= ReplicaConfig::ms(self.cfg.catch_up_timeout_ms)
+        {
+            self.become_ready(ctx, "no peer state within catch_up_timeout (alone?)");
+        }
+    }
+
+    fn schedule_digest(&mut self, ctx: &mut Context<Self>) {
+        let base = self.cfg.anti_entropy_interval_ms as f64;
+        let jitter = base * (0.75 + 0.5 * fastrand::f64());
+        ctx.run_later(Duration::from_millis(jitter as u64), |act, ctx| {
+            act.send_digest();
+            act.schedule_digest(ctx);
+        });
+    }
+}
+
+/// Counts and logs (rate-limited) a rejected message.
+pub(crate) fn reject(shared: &Shared, metrics: &Metrics, limiter: &LogLimiter, e: &WireError) {
+    let reason = e.reason();
+    *shared
+        .counters
+        .rejects
+        .lock()
+        .expect("counters lock")
+        .entry(reason)
+        .or_default() += 1;
+    metrics
+        .counter(m::REJECTS, &[("reason", reason)])
+        .increment(1);
+    if let Some(suppressed) = limiter.allow(reason) {
+        tracing::warn!(filter = %shared.name, reason, suppressed, "rejected a message: {e}");
+    }
+}
+
+/// Forwards a subscription into the actor's inbound buffer, resubscribing if it ends, until
+/// the actor is gone. A full buffer drops the message and counts it.
+#[allow(clippy::too_many_arguments)]
+async fn forward_stream(
+    initial: &mut Option<MessageStream>,
+    transport: Arc<dyn Transport>,
+    subject: String,
+    queue: Option<String>,
+    tx: mpsc::Sender<Inbound>,
+    mut convert: impl FnMut(Message) -> Option<Inbound>,
+    shared: Arc<Shared>,
+    metrics: Metrics,
+) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let mut stream = match initial.take() {
+            Some(s) => s,
+            None => match transport.subscribe(subject.clone(), queue.clone()).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(%subject, error = %e, "subscribe failed, retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tx.closed() => return,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            },
+        };
+        loop {
+            let msg = tokio::select! {
+                m = stream.next() => m,
+                _ = tx.closed() => return,
+            };
+            let Some(msg) = msg else { break };
+            backoff = Duration::from_millis(50);
+            if let Some(item) = convert(msg) {
+                match tx.try_send(item) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        Counters::bump(&shared.counters.dropped, 1);
+                        metrics.dropped.increment(1);
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => return,
+                }
+            }
+        }
+        tracing::warn!(%subject, "subscription ended, resubscribing");
+    }
+}
+
+impl Actor for Replica {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.metrics.ready.set(0.0);
+        self.metrics
+            .connected
+            .set(if self.transport.is_connected() {
+                1.0
+            } else {
+                0.0
+            });
+        // Inbound messages arrive as a stream; the buffer between the subscriptions and the
+        // actor is bounded and drops (counting) rather than growing without limit.
+        let rx = self.inbound_rx.take().expect("started once");
+        ctx.add_stream(futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|m| (m, rx))
+        }));
+
+        // Replication: decoded and checked before they take a place in the buffer.
+        let expect = self.expect.clone();
+        let me = self.uuid();
+        let limiter = self.limiter.clone();
+        let (shared, metrics) = (self.shared.clone(), self.metrics.clone());
+        let convert = move |msg: Message| match Envelope::decode(&msg.payload, &expect) {
+            Ok(env) if env.sender == me => None,
+            Ok(env) => Some(Inbound::Replication(env, msg.payload.len())),
+            Err(e) => {
+                reject(&shared, &metrics, &limiter, &e);
+                None
+            }
+        };
+        let mut initial = self.replication.take();
+        let (t, subj, tx) = (
+            self.transport.clone(),
+            self.subjects.replication.clone(),
+            self.inbound_tx.clone(),
+        );
+        let (shared, metrics) = (self.shared.clone(), self.metrics.clone());
+        self.tasks.push(actix::spawn(async move {
+            forward_stream(&mut initial, t, subj, None, tx, convert, shared, metrics).await;
+        }));
+
+        // Connection events.
+        let mut events = self.transport.events();
+        let tx = self.inbound_tx.clone();
+        self.tasks.push(actix::spawn(async move {
+            loop {
+                let ev = tokio::select! {
+                    e = events.recv() => e,
+                    _ = tx.closed() => return,
+                };
+                match ev {
+                    Ok(ev) => {
+                        let _ = tx.send(Inbound::Event(ev)).await;
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(_) => return,
+                }
+            }
+        }));
+
+        // The publisher: one task, so frames leave in the order they were queued.
+        let mut out = self.outbound_rx.take().expect("started once");
+        let transport = self.transport.clone();
+        let (metrics, limiter) = (self.metrics.clone(), self.limiter.clone());
+        actix::spawn(async move {
+            while let Some(o) = out.recv().await {
+                match o {
+                    Outbound::Publish(subject, payload, channel) => {
+                        if let Err(e) = transport.publish(subject, payload).await {
+                            metrics
+                                .counter(m::PUBLISH_ERRORS, &[("channel", channel)])
+                                .increment(1);
+                            if let Some(n) = limiter.allow("publish") {
+                                tracing::warn!(error = %e, suppressed = n, "publish failed; anti-entropy will repair");
+                            }
+                        }
+                    }
+                    Outbound::Flush(done) => {
+                        let _ = transport.flush().await;
+                        let _ = done.send(());
+                    }
+                }
+            }
+        });
+
+        ctx.run_interval(ReplicaConfig::ms(self.cfg.delta_interval_ms), |act, ctx| {
+            act.flush_delta(ctx)
+        });
+        ctx.run_interval(
+            ReplicaConfig::ms(self.cfg.metrics_interval_ms),
+            |act, ctx| act.housekeeping(ctx),
+        );
+        if self.data.is_some() {
+            ctx.run_interval(
+                ReplicaConfig::ms(self.cfg.snapshot_interval_ms),
+                |act, _| act.snapshot_async(),
+            );
+        }
+        self.schedule_digest(ctx);
+        // Catch up: ask every peer for its state, and tell them ours.
+        self.request_state(None);
+        self.send_digest();
+    }
+
+    fn stopped(&mut self, _ctx: &mut Context<Self>) {
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+        self.metrics.ready.set(0.0);
+        tracing::info!(filter = %self.cfg.name, replica = self.id(), "replica stopped");
+    }
+}
+
+impl StreamHandler<Inbound> for Replica {
+    fn handle(&mut self, item: Inbound, ctx: &mut Context<Self>) {
+        match item {
+            Inbound::Replication(env, len) => self.on_replication(env, len, ctx),
+            Inbound::Api(msg) => self.on_api(msg, ctx),
+            Inbound::Event(ev) => self.on_event(ev, ctx),
+        }
+    }
+
+    /// The stream only ends when the actor drops its own sender, i.e. never while it runs;
+    /// do not let actix stop the actor (its default) if it somehow does.
+    fn finished(&mut self, _ctx: &mut Context<Self>) {}
+}
+
+// ---- messages ---------------------------------------------------------------------------
+
+/// Adds an item; OR kinds answer the tag issued.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Option<Dot>, ReplicaError>")]
+pub struct Add(pub Vec<u8>);
+
+/// Removes one occurrence of an item (OR kinds); answers the tag of the entry removed, `None`
+/// if the item was not contained.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Option<Dot>, ReplicaError>")]
+pub struct Remove(pub Vec<u8>);
+
+/// Membership test through the mailbox ([`ReplicaHandle::contains`] reads without it).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<bool, ReplicaError>")]
+pub struct Contains(pub Vec<u8>);
+
+/// The replica's figures.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "ReplicaStats")]
+pub struct Stats;
+
+/// A copy of the current state.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "AnyFilter")]
+pub struct TakeSnapshot;
+
+/// Merges a full state from elsewhere (a file, another system).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<(), ReplicaError>")]
+pub struct Merge(pub AnyFilter);
+
+/// Writes a snapshot to the data directory now.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<(), ReplicaError>")]
+pub struct Persist;
+
+/// Publishes what is pending, snapshots, stops the actor, and answers once the transport has
+/// sent everything.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<(), ReplicaError>")]
+pub struct Shutdown;
+
+/// Publishes the pending delta now.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct FlushDelta;
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Encoded {
+    len: usize,
+    chunks: Vec<StateChunk>,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Decoded {
+    result: Result<AnyFilter, WireError>,
+    sender: Uuid,
+    replica: ReplicaId,
+}
+
+impl Handler<Add> for Replica {
+    type Result = Result<Option<Dot>, ReplicaError>;
+    fn handle(&mut self, msg: Add, ctx: &mut Context<Self>) -> Self::Result {
+        self.do_add(&msg.0, ctx)
+    }
+}
+
+impl Handler<Remove> for Replica {
+    type Result = Result<Option<Dot>, ReplicaError>;
+    fn handle(&mut self, msg: Remove, ctx: &mut Context<Self>) -> Self::Result {
+        self.do_remove(&msg.0, ctx)
+    }
+}
+
+impl Handler<Contains> for Replica {
+    type Result = Result<bool, ReplicaError>;
+    fn handle(&mut self, msg: Contains, _: &mut Context<Self>) -> Self::Result {
+        let r = self.do_contains(&msg.0);
+        self.op("contains", r.is_ok());
+        r
+    }
+}
+
+impl Handler<Stats> for Replica {
+    type Result = MessageResult<Stats>;
+    fn handle(&mut self, _: Stats, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.stats())
+    }
+}
+
+impl Handler<TakeSnapshot> for Replica {
+    type Result = MessageResult<TakeSnapshot>;
+    fn handle(&mut self, _: TakeSnapshot, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.read().clone())
+    }
+}
+
+impl Handler<Merge> for Replica {
+    type Result = Result<(), ReplicaError>;
+    fn handle(&mut self, msg: Merge, _: &mut Context<Self>) -> Self::Result {
+        let t = Instant::now();
+        let r = self.write().merge(&msg.0);
+        self.record_merge("local", t, r.is_ok());
+        r?;
+        self.changed();
+        self.changed_since_push = true;
+        Ok(())
+    }
+}
+
+impl Handler<Persist> for Replica {
+    type Result = Result<(), ReplicaError>;
+    fn handle(&mut self, _: Persist, _: &mut Context<Self>) -> Self::Result {
+        self.snapshot_now()
+    }
+}
+
+impl Handler<FlushDelta> for Replica {
+    type Result = ();
+    fn handle(&mut self, _: FlushDelta, ctx: &mut Context<Self>) {
+        self.flush_delta(ctx);
+    }
+}
+
+impl Handler<Shutdown> for Replica {
+    type Result = ResponseFuture<Result<(), ReplicaError>>;
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) -> Self::Result {
+        self.flush_delta(ctx);
+        let saved = self.snapshot_now();
+        let (done, flushed) = oneshot::channel();
+        let _ = self.outbound.send(Outbound::Flush(done));
+        ctx.stop();
+        Box::pin(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(5), flushed).await;
+            saved
+        })
+    }
+}
+
+impl Handler<Encoded> for Replica {
+    type Result = ();
+    fn handle(&mut self, msg: Encoded, ctx: &mut Context<Self>) {
+        self.encoding = false;
+        if msg.chunks.is_empty() {
+            return;
+        }
+        self.shared
+            .counters
+            .state_bytes
+            .store(msg.len as u64, Ordering::Relaxed);
+        Counters::bump(&self.shared.counters.state_pushes, 1);
+        self.metrics.counter(m::STATE_PUSHES, &[]).increment(1);
+        for c in msg.chunks {
+            self.publish_state_body(Body::StateChunk(c));
+        }
+        let _ = ctx;
+    }
+}
+
+impl Handler<Decoded> for Replica {
+    type Result = ();
+    fn handle(&mut self, msg: Decoded, ctx: &mut Context<Self>) {
+        self.merge_state(msg.result, msg.sender, msg.replica, ctx);
+    }
+}
+
+/// Loads what the data directory holds. Returns the restored state, its identity and the
+/// tag floor, or `None` when the state must start afresh (DESIGN.md section 4: a replica
+/// without its durable state claims a new id).
+pub(crate) fn restore(
+    data: &DataDir,
+    cfg: &ReplicaConfig,
+    fresh: &AnyFilter,
+) -> Result<Option<(AnyFilter, Identity, u64, bool)>, DurableError> {
+    let snap = match data.load_snapshot() {
+        Ok(Some(s)) => s,
+        Ok(None) => return Ok(None),
+        Err(e @ DurableError::Corrupt { .. }) => {
+            tracing::warn!(error = %e, "snapshot is damaged: starting afresh under a new replica id");
+            data.quarantine(SNAPSHOT_FILE);
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    if snap.filter != cfg.name
+        || snap.kind != fresh.kind()
+        || snap.params_digest != fresh.params_digest()
+    {
+        return Err(DurableError::Mismatch {
+            path: data.path().join(SNAPSHOT_FILE),
+            found: format!(
+                "{} ({}, params {:#x})",
+                snap.filter, snap.kind, snap.params_digest
+            ),
+            expected: format!(
+                "{} ({}, params {:#x})",
+                cfg.name,
+                fresh.kind(),
+                fresh.params_digest()
+            ),
+        });
+    }
+    let filter = match AnyFilter::decode_state(snap.kind, &snap.state) {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(error = %e, "snapshot does not decode: starting afresh under a new replica id");
+            data.quarantine(SNAPSHOT_FILE);
+            return Ok(None);
+        }
+    };
+    // Tags issued after the snapshot are known only through the reservation file: without a
+    // trustworthy one, keep the state but issue tags under a new id.
+    let reservation = match data.load_reservation() {
+        Ok(r) => r,
+        Err(e @ DurableError::Corrupt { .. }) => {
+            tracing::warn!(error = %e, "tag reservation is damaged");
+            data.quarantine(HWM_FILE);
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    let trusted = match reservation {
+        Some(r) if r.identity == snap.identity => Some(r.reserved.max(snap.reserved)),
+        _ if !fresh.kind().removable() => Some(0),
+        _ => None,
+    };
+    Ok(Some(match trusted {
+        Some(floor) => (filter, snap.identity, floor, true),
+        None => {
+            tracing::warn!(
+                "no tag reservation for the snapshot: keeping the state, new replica id"
+            );
+            (filter, snap.identity, 0, false)
+        }
+    }))
+}
+
+impl ReplicaHandle {
+    pub(crate) fn from_parts(addr: Addr<Replica>, shared: Arc<Shared>) -> Self {
+        ReplicaHandle { addr, shared }
+    }
+}

@@ -1,0 +1,216 @@
+//! Replica configuration (serde, with defaults: the node layer loads it from TOML).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::filter::FilterSpec;
+use crate::transport::is_token;
+use crate::wire::FilterKind;
+
+/// How one replica of one filter behaves. Only `name` and `filter` have no default.
+///
+/// ```
+/// let cfg: crpf::replica::ReplicaConfig = serde_json::from_str(r#"{
+///     "name": "sessions",
+///     "filter": {"kind": "or_cuckoo", "capacity": 100000, "fpr": 0.01},
+///     "data_dir": "/var/lib/crpf/sessions"
+/// }"#).unwrap();
+/// assert_eq!(cfg.prefix, "crpf");
+/// assert_eq!(cfg.delta_interval_ms, 50);
+/// cfg.validate().unwrap();
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaConfig {
+    /// The filter's name: one subject token (`[A-Za-z0-9_-]`, at most 64 bytes).
+    pub name: String,
+    /// Its type and size; equal on every replica.
+    pub filter: FilterSpec,
+    /// Subject prefix.
+    #[serde(default = "d::prefix")]
+    pub prefix: String,
+    /// Publish the pending delta at least this often (if it is not empty).
+    #[serde(default = "d::delta_interval_ms")]
+    pub delta_interval_ms: u64,
+    /// Publish the pending delta as soon as it holds this many updates.
+    #[serde(default = "d::delta_max_updates")]
+    pub delta_max_updates: usize,
+    /// Interval of anti-entropy digests (with ±25% jitter so replicas do not synchronise).
+    #[serde(default = "d::anti_entropy_interval_ms")]
+    pub anti_entropy_interval_ms: u64,
+    /// Least time between two full-state pushes of this replica (one push serves every peer).
+    #[serde(default = "d::min_push_interval_ms")]
+    pub min_push_interval_ms: u64,
+    /// Instead of deltas, broadcast the full state at every delta interval (the naive
+    /// state-based protocol; for comparisons).
+    #[serde(default)]
+    pub full_state_only: bool,
+    /// How long a starting replica waits to hear a peer's state before it declares itself
+    /// ready anyway (it may be alone).
+    #[serde(default = "d::catch_up_timeout_ms")]
+    pub catch_up_timeout_ms: u64,
+    /// Where the replica keeps its snapshot, identity and tag reservations; none: in memory.
+    #[serde(default)]
+    pub data_dir: Option<PathBuf>,
+    /// Snapshot interval (only when the state changed), with a data directory.
+    #[serde(default = "d::snapshot_interval_ms")]
+    pub snapshot_interval_ms: u64,
+    /// Tag timestamps reserved durably per write of the reservation file (OR kinds with a data
+    /// directory): a larger block means fewer fsyncs and a larger gap after a crash.
+    #[serde(default = "d::tag_reserve_block")]
+    pub tag_reserve_block: u64,
+    /// Largest replication message accepted (a single frame).
+    #[serde(default = "d::max_message_bytes")]
+    pub max_message_bytes: usize,
+    /// Largest full state accepted from a peer (after reassembly).
+    #[serde(default = "d::max_state_bytes")]
+    pub max_state_bytes: u64,
+    /// Chunk size of full-state transfers; capped below the server's `max_payload`.
+    #[serde(default = "d::chunk_bytes")]
+    pub chunk_bytes: usize,
+    /// Largest item of an add/remove/contains.
+    #[serde(default = "d::max_item_bytes")]
+    pub max_item_bytes: usize,
+    /// Messages received but not yet handled that the replica buffers; more are dropped and
+    /// counted (`crpf_dropped_messages_total`), and anti-entropy repairs the loss.
+    #[serde(default = "d::inbound_buffer")]
+    pub inbound_buffer: usize,
+    /// Serve the request API (`<prefix>.<filter>.api.*`) once ready.
+    #[serde(default = "d::yes")]
+    pub serve_api: bool,
+    /// Interval of the gauges (fpr, load, cardinality, staleness...).
+    #[serde(default = "d::metrics_interval_ms")]
+    pub metrics_interval_ms: u64,
+}
+
+mod d {
+    pub fn prefix() -> String {
+        "crpf".into()
+    }
+    pub fn delta_interval_ms() -> u64 {
+        50
+    }
+    pub fn delta_max_updates() -> usize {
+        1024
+    }
+    pub fn anti_entropy_interval_ms() -> u64 {
+        5_000
+    }
+    pub fn min_push_interval_ms() -> u64 {
+        1_000
+    }
+    pub fn catch_up_timeout_ms() -> u64 {
+        2_000
+    }
+    pub fn snapshot_interval_ms() -> u64 {
+        30_000
+    }
+    pub fn tag_reserve_block() -> u64 {
+        4_096
+    }
+    pub fn max_message_bytes() -> usize {
+        8 << 20
+    }
+    pub fn max_state_bytes() -> u64 {
+        1 << 30
+    }
+    pub fn chunk_bytes() -> usize {
+        512 << 10
+    }
+    pub fn max_item_bytes() -> usize {
+        4_096
+    }
+    pub fn inbound_buffer() -> usize {
+        65_536
+    }
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn metrics_interval_ms() -> u64 {
+        1_000
+    }
+}
+
+impl ReplicaConfig {
+    /// Defaults for a filter named `name` of the given spec.
+    pub fn new(name: impl Into<String>, filter: FilterSpec) -> Self {
+        ReplicaConfig {
+            name: name.into(),
+            filter,
+            prefix: d::prefix(),
+            delta_interval_ms: d::delta_interval_ms(),
+            delta_max_updates: d::delta_max_updates(),
+            anti_entropy_interval_ms: d::anti_entropy_interval_ms(),
+            min_push_interval_ms: d::min_push_interval_ms(),
+            full_state_only: false,
+            catch_up_timeout_ms: d::catch_up_timeout_ms(),
+            data_dir: None,
+            snapshot_interval_ms: d::snapshot_interval_ms(),
+            tag_reserve_block: d::tag_reserve_block(),
+            max_message_bytes: d::max_message_bytes(),
+            max_state_bytes: d::max_state_bytes(),
+            chunk_bytes: d::chunk_bytes(),
+            max_item_bytes: d::max_item_bytes(),
+            inbound_buffer: d::inbound_buffer(),
+            serve_api: true,
+            metrics_interval_ms: d::metrics_interval_ms(),
+        }
+    }
+
+    /// Defaults for a filter of `kind` sized for `capacity` elements at `fpr`.
+    pub fn for_kind(name: impl Into<String>, kind: FilterKind, capacity: u64, fpr: f64) -> Self {
+        Self::new(name, FilterSpec::new(kind, capacity, fpr))
+    }
+
+    /// Short intervals for tests and demos on one machine.
+    pub fn fast(mut self) -> Self {
+        self.delta_interval_ms = 10;
+        self.anti_entropy_interval_ms = 300;
+        self.min_push_interval_ms = 100;
+        self.catch_up_timeout_ms = 300;
+        self.snapshot_interval_ms = 500;
+        self.metrics_interval_ms = 200;
+        self
+    }
+
+    /// Checks what serde cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        if !is_token(&self.name) {
+            return Err(format!(
+                "filter name `{}` must be one subject token: [A-Za-z0-9_-], 1 to 64 bytes",
+                self.name
+            ));
+        }
+        if self.prefix.is_empty() || !self.prefix.split('.').all(is_token) {
+            return Err(format!(
+                "prefix `{}` must be dot-separated tokens",
+                self.prefix
+            ));
+        }
+        for (name, v) in [
+            ("delta_interval_ms", self.delta_interval_ms),
+            ("anti_entropy_interval_ms", self.anti_entropy_interval_ms),
+            ("snapshot_interval_ms", self.snapshot_interval_ms),
+            ("metrics_interval_ms", self.metrics_interval_ms),
+            ("tag_reserve_block", self.tag_reserve_block),
+            ("delta_max_updates", self.delta_max_updates as u64),
+            ("chunk_bytes", self.chunk_bytes as u64),
+            ("max_item_bytes", self.max_item_bytes as u64),
+            ("inbound_buffer", self.inbound_buffer as u64),
+        ] {
+            if v == 0 {
+                return Err(format!("{name} must be positive"));
+            }
+        }
+        if self.max_message_bytes < 1024 {
+            return Err("max_message_bytes must be at least 1024".into());
+        }
+        Ok(())
+    }
+
+    pub(crate) fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+}

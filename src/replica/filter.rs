@@ -1,0 +1,438 @@
+//! [`AnyFilter`]: one of the six core filters behind one type, so that a replica, its wire
+//! messages and its snapshots handle every kind alike.
+
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::wire::{FilterKind, WireError, from_cbor, to_cbor};
+use crate::{
+    BloomParams, CausalContext, CuckooParams, DEFAULT_SEED, DeltaState, Dot, FilterError, GBloom,
+    GCuckoo, Lattice, Membership, OrCuckoo, ReplicaId, ScGBloom, ScGCuckoo, ScOrCuckoo,
+    ScalableParams,
+};
+
+/// Which filter a replica holds and how it is sized. Every replica of a filter must use the same
+/// spec: the parameter digest on the wire enforces it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FilterSpec {
+    /// The filter type.
+    pub kind: FilterKind,
+    /// Elements the filter holds (scalable kinds: its first sub-filter).
+    pub capacity: u64,
+    /// Target false positive rate (scalable kinds: the compounded bound).
+    pub fpr: f64,
+    /// Hash seed; [`DEFAULT_SEED`] if absent.
+    #[serde(default)]
+    pub seed: Option<u64>,
+}
+
+impl FilterSpec {
+    /// A spec with the default seed.
+    pub fn new(kind: FilterKind, capacity: u64, fpr: f64) -> Self {
+        FilterSpec {
+            kind,
+            capacity,
+            fpr,
+            seed: None,
+        }
+    }
+}
+
+/// The statistics of a filter (and the `stats` reply of the request API).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FilterStats {
+    /// Filter type.
+    pub kind: FilterKind,
+    /// Estimated number of elements.
+    pub cardinality: f64,
+    /// Design capacity (Bloom) or slots (cuckoo).
+    pub capacity: u64,
+    /// `cardinality / capacity`.
+    pub load_factor: f64,
+    /// Estimated false positive rate.
+    pub estimated_fpr: f64,
+    /// Sub-filters of a scalable filter (1 otherwise).
+    pub sub_filters: usize,
+    /// Highest tag timestamp this replica may have issued (0 for kinds without tags).
+    pub clock: u64,
+}
+
+/// Attempt to remove from a grow-only filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a {0} filter does not support remove")]
+pub struct NotRemovable(pub FilterKind);
+
+/// One of the six filter types.
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
+pub enum AnyFilter {
+    /// GBF
+    GBloom(GBloom),
+    /// GCF
+    GCuckoo(GCuckoo),
+    /// ORCF
+    OrCuckoo(OrCuckoo),
+    /// ScGBF
+    ScGBloom(ScGBloom),
+    /// ScGCF
+    ScGCuckoo(ScGCuckoo),
+    /// ScORCF
+    ScOrCuckoo(ScOrCuckoo),
+}
+
+macro_rules! each {
+    ($self:expr, $f:ident => $e:expr) => {
+        match $self {
+            AnyFilter::GBloom($f) => $e,
+            AnyFilter::GCuckoo($f) => $e,
+            AnyFilter::OrCuckoo($f) => $e,
+            AnyFilter::ScGBloom($f) => $e,
+            AnyFilter::ScGCuckoo($f) => $e,
+            AnyFilter::ScOrCuckoo($f) => $e,
+        }
+    };
+}
+
+fn incompatible(e: FilterError) -> WireError {
+    WireError::Incompatible(e.to_string())
+}
+
+impl AnyFilter {
+    /// An empty filter built from the spec; OR kinds issue tags as `replica`.
+    ///
+    /// ```
+    /// use crpf::replica::{AnyFilter, FilterSpec};
+    /// use crpf::wire::FilterKind;
+    ///
+    /// let mut f = AnyFilter::new(&FilterSpec::new(FilterKind::OrCuckoo, 1000, 0.01), 1)?;
+    /// let dot = f.add(b"x")?.expect("OR filters tag their adds");
+    /// assert_eq!((dot.replica, dot.counter), (1, 1));
+    /// assert!(f.contains(b"x"));
+    /// # Ok::<(), crpf::FilterError>(())
+    /// ```
+    pub fn new(spec: &FilterSpec, replica: ReplicaId) -> Result<Self, FilterError> {
+        let seed = spec.seed.unwrap_or(DEFAULT_SEED);
+        let bloom =
+            || BloomParams::with_capacity(spec.capacity, spec.fpr).map(|p| p.with_seed(seed));
+        let cuckoo =
+            || CuckooParams::with_capacity(spec.capacity, spec.fpr).map(|p| p.with_seed(seed));
+        let scalable = || {
+            ScalableParams::with_capacity(spec.capacity, spec.fpr)
+                .and_then(|p| ScalableParams { seed, ..p }.validated())
+        };
+        Ok(match spec.kind {
+            FilterKind::GBloom => AnyFilter::GBloom(GBloom::new(bloom()?)?),
+            FilterKind::GCuckoo => AnyFilter::GCuckoo(GCuckoo::new(cuckoo()?)?),
+            FilterKind::OrCuckoo => AnyFilter::OrCuckoo(OrCuckoo::new(cuckoo()?, replica)?),
+            FilterKind::ScGBloom => AnyFilter::ScGBloom(ScGBloom::new(scalable()?)?),
+            FilterKind::ScGCuckoo => AnyFilter::ScGCuckoo(ScGCuckoo::new(scalable()?)?),
+            FilterKind::ScOrCuckoo => AnyFilter::ScOrCuckoo(ScOrCuckoo::new(scalable()?, replica)?),
+        })
+    }
+
+    /// The filter type.
+    pub fn kind(&self) -> FilterKind {
+        match self {
+            AnyFilter::GBloom(_) => FilterKind::GBloom,
+            AnyFilter::GCuckoo(_) => FilterKind::GCuckoo,
+            AnyFilter::OrCuckoo(_) => FilterKind::OrCuckoo,
+            AnyFilter::ScGBloom(_) => FilterKind::ScGBloom,
+            AnyFilter::ScGCuckoo(_) => FilterKind::ScGCuckoo,
+            AnyFilter::ScOrCuckoo(_) => FilterKind::ScOrCuckoo,
+        }
+    }
+
+    /// Digest of the parameters (the envelope's `params_digest`).
+    pub fn params_digest(&self) -> u64 {
+        match self {
+            AnyFilter::GBloom(f) => f.params().digest(),
+            AnyFilter::GCuckoo(f) => f.params().digest(),
+            AnyFilter::OrCuckoo(f) => f.params().digest(),
+            AnyFilter::ScGBloom(f) => f.params().digest(),
+            AnyFilter::ScGCuckoo(f) => f.params().digest(),
+            AnyFilter::ScOrCuckoo(f) => f.params().digest(),
+        }
+    }
+
+    /// Membership test.
+    pub fn contains(&self, item: &[u8]) -> bool {
+        each!(self, f => f.contains(item))
+    }
+
+    /// Adds the item; OR kinds return the tag they issued.
+    pub fn add(&mut self, item: &[u8]) -> Result<Option<Dot>, FilterError> {
+        match self {
+            AnyFilter::OrCuckoo(f) => f.add_dot(item).map(Some),
+            AnyFilter::ScOrCuckoo(f) => f.add_dot(item).map(Some),
+            other => each!(other, f => f.add(item)).map(|_| None),
+        }
+    }
+
+    /// Removes one occurrence of the item (OR kinds only); `Ok(None)` if it was not contained.
+    pub fn remove(&mut self, item: &[u8]) -> Result<Option<Dot>, NotRemovable> {
+        match self {
+            AnyFilter::OrCuckoo(f) => Ok(f.remove_dot(item)),
+            AnyFilter::ScOrCuckoo(f) => Ok(f.remove_dot(item)),
+            other => Err(NotRemovable(other.kind())),
+        }
+    }
+
+    /// Current figures.
+    pub fn stats(&self) -> FilterStats {
+        let sub_filters = match self {
+            AnyFilter::ScGBloom(f) => f.sub_filters(),
+            AnyFilter::ScGCuckoo(f) => f.sub_filters(),
+            AnyFilter::ScOrCuckoo(f) => f.sub_filters(),
+            _ => 1,
+        };
+        each!(self, f => FilterStats {
+            kind: self.kind(),
+            cardinality: f.cardinality(),
+            capacity: f.capacity(),
+            load_factor: f.load_factor(),
+            estimated_fpr: f.estimated_fpr(),
+            sub_filters,
+            clock: self.clock(),
+        })
+    }
+
+    /// Starts or stops recording local updates as a delta.
+    pub fn track_deltas(&mut self, on: bool) {
+        each!(self, f => f.track_deltas(on))
+    }
+
+    /// Number of updates in the pending delta.
+    pub fn pending_delta_len(&self) -> usize {
+        each!(self, f => f.pending_delta_len())
+    }
+
+    /// The pending delta, encoded, or `None` if nothing changed.
+    pub fn take_delta(&mut self) -> Option<Vec<u8>> {
+        each!(self, f => f.take_delta().map(|d| to_cbor(&d)))
+    }
+
+    /// Decodes and joins an encoded delta; a delta that does not decode or fit changes nothing.
+    pub fn merge_delta_bytes(&mut self, bytes: &[u8]) -> Result<(), WireError> {
+        each!(self, f => {
+            let d = from_cbor(bytes)?;
+            f.merge_delta(&d).map_err(incompatible)
+        })
+    }
+
+    /// The full state, encoded.
+    pub fn encode_state(&self) -> Vec<u8> {
+        each!(self, f => to_cbor(f))
+    }
+
+    /// Decodes a full state of the given kind (validated by the core: never panics).
+    pub fn decode_state(kind: FilterKind, bytes: &[u8]) -> Result<Self, WireError> {
+        Ok(match kind {
+            FilterKind::GBloom => AnyFilter::GBloom(from_cbor(bytes)?),
+            FilterKind::GCuckoo => AnyFilter::GCuckoo(from_cbor(bytes)?),
+            FilterKind::OrCuckoo => AnyFilter::OrCuckoo(from_cbor(bytes)?),
+            FilterKind::ScGBloom => AnyFilter::ScGBloom(from_cbor(bytes)?),
+            FilterKind::ScGCuckoo => AnyFilter::ScGCuckoo(from_cbor(bytes)?),
+            FilterKind::ScOrCuckoo => AnyFilter::ScOrCuckoo(from_cbor(bytes)?),
+        })
+    }
+
+    /// `self := self ⊔ other`; other kinds or parameters give an error and change nothing.
+    pub fn merge(&mut self, other: &AnyFilter) -> Result<(), FilterError> {
+        match (self, other) {
+            (AnyFilter::GBloom(a), AnyFilter::GBloom(b)) => a.merge(b),
+            (AnyFilter::GCuckoo(a), AnyFilter::GCuckoo(b)) => a.merge(b),
+            (AnyFilter::OrCuckoo(a), AnyFilter::OrCuckoo(b)) => a.merge(b),
+            (AnyFilter::ScGBloom(a), AnyFilter::ScGBloom(b)) => a.merge(b),
+            (AnyFilter::ScGCuckoo(a), AnyFilter::ScGCuckoo(b)) => a.merge(b),
+            (AnyFilter::ScOrCuckoo(a), AnyFilter::ScOrCuckoo(b)) => a.merge(b),
+            (a, b) => Err(FilterError::Incompatible(format!(
+                "{} state merged into a {} filter",
+                b.kind(),
+                a.kind()
+            ))),
+        }
+    }
+
+    /// `self ≤ other`; `false` across kinds.
+    pub fn le(&self, other: &AnyFilter) -> bool {
+        match (self, other) {
+            (AnyFilter::GBloom(a), AnyFilter::GBloom(b)) => a.le(b),
+            (AnyFilter::GCuckoo(a), AnyFilter::GCuckoo(b)) => a.le(b),
+            (AnyFilter::OrCuckoo(a), AnyFilter::OrCuckoo(b)) => a.le(b),
+            (AnyFilter::ScGBloom(a), AnyFilter::ScGBloom(b)) => a.le(b),
+            (AnyFilter::ScGCuckoo(a), AnyFilter::ScGCuckoo(b)) => a.le(b),
+            (AnyFilter::ScOrCuckoo(a), AnyFilter::ScOrCuckoo(b)) => a.le(b),
+            _ => false,
+        }
+    }
+
+    /// `le` both ways.
+    pub fn equivalent(&self, other: &AnyFilter) -> bool {
+        self.le(other) && other.le(self)
+    }
+
+    /// A digest that is equal for equivalent states whatever their layout (cuckoo placements,
+    /// tags' slots), so that anti-entropy can tell replicas that agree from ones that do not.
+    pub fn state_digest(&self) -> u64 {
+        let mut h = Xxh3::new();
+        h.update(&self.params_digest().to_le_bytes());
+        match self {
+            AnyFilter::GBloom(f) => h.update(&to_cbor(f)),
+            AnyFilter::GCuckoo(f) => digest_cuckoo(&mut h, f),
+            AnyFilter::ScGBloom(f) => {
+                for (i, sub) in f.subs().iter().enumerate().filter(|(_, s)| s.ones() > 0) {
+                    h.update(&(i as u64).to_le_bytes());
+                    h.update(&to_cbor(sub));
+                }
+            }
+            AnyFilter::ScGCuckoo(f) => {
+                for (i, sub) in f.subs().iter().enumerate() {
+                    if sub.cardinality() > 0.0 {
+                        h.update(&(i as u64).to_le_bytes());
+                        digest_cuckoo(&mut h, sub);
+                    }
+                }
+            }
+            AnyFilter::OrCuckoo(_) | AnyFilter::ScOrCuckoo(_) => {
+                // An ORCF state is its history and its live tags (a tag names one entry).
+                let mut dots = self.dots();
+                dots.sort_unstable();
+                for d in dots {
+                    h.update(&d.replica.to_le_bytes());
+                    h.update(&d.counter.to_le_bytes());
+                }
+                h.update(b"history");
+                for (r, (a, b)) in self.history().expect("OR kind").ranges() {
+                    h.update(&r.to_le_bytes());
+                    h.update(&a.to_le_bytes());
+                    h.update(&b.to_le_bytes());
+                }
+            }
+        }
+        h.digest()
+    }
+
+    /// The replica id tags are issued under (0 for kinds without tags).
+    pub fn replica(&self) -> ReplicaId {
+        match self {
+            AnyFilter::OrCuckoo(f) => f.replica(),
+            AnyFilter::ScOrCuckoo(f) => f.replica(),
+            _ => 0,
+        }
+    }
+
+    /// Issues future tags under another id (no effect on kinds without tags).
+    pub fn set_replica(&mut self, replica: ReplicaId) {
+        match self {
+            AnyFilter::OrCuckoo(f) => f.set_replica(replica),
+            AnyFilter::ScOrCuckoo(f) => f.set_replica(replica),
+            _ => {}
+        }
+    }
+
+    /// Highest timestamp this replica may have issued (0 for kinds without tags).
+    pub fn clock(&self) -> u64 {
+        match self {
+            AnyFilter::OrCuckoo(f) => f.clock(),
+            AnyFilter::ScOrCuckoo(f) => f.clock(),
+            _ => 0,
+        }
+    }
+
+    /// Never issue a timestamp at or below `floor` (no effect on kinds without tags).
+    pub fn advance_clock(&mut self, floor: u64) {
+        match self {
+            AnyFilter::OrCuckoo(f) => f.advance_clock(floor),
+            AnyFilter::ScOrCuckoo(f) => f.advance_clock(floor),
+            _ => {}
+        }
+    }
+
+    /// Tags of the live entries (empty for kinds without tags).
+    pub fn dots(&self) -> Vec<Dot> {
+        match self {
+            AnyFilter::OrCuckoo(f) => f.dots(),
+            AnyFilter::ScOrCuckoo(f) => f.dots(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The causal history of OR kinds.
+    pub fn history(&self) -> Option<&CausalContext> {
+        match self {
+            AnyFilter::OrCuckoo(f) => Some(f.history()),
+            AnyFilter::ScOrCuckoo(f) => Some(f.history()),
+            _ => None,
+        }
+    }
+}
+
+fn digest_cuckoo(h: &mut Xxh3, f: &GCuckoo) {
+    for (b, fp) in f.canonical_entries() {
+        h.update(&b.to_le_bytes());
+        h.update(&fp.to_le_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(kind: FilterKind) -> FilterSpec {
+        FilterSpec::new(kind, 200, 0.01)
+    }
+
+    #[test]
+    fn every_kind_replicates_by_delta_and_state() {
+        for kind in FilterKind::ALL {
+            let mut a = AnyFilter::new(&spec(kind), 1).unwrap();
+            let mut b = AnyFilter::new(&spec(kind), 2).unwrap();
+            a.track_deltas(true);
+            for i in 0..150u32 {
+                a.add(&i.to_le_bytes()).unwrap();
+            }
+            if kind.removable() {
+                assert!(a.remove(&5u32.to_le_bytes()).unwrap().is_some());
+            } else {
+                assert_eq!(a.remove(b"x"), Err(NotRemovable(kind)));
+            }
+            let d = a.take_delta().unwrap();
+            b.merge_delta_bytes(&d).unwrap();
+            assert!(a.equivalent(&b), "{kind}");
+            assert_eq!(a.state_digest(), b.state_digest(), "{kind}");
+            let c = AnyFilter::decode_state(kind, &a.encode_state()).unwrap();
+            assert!(c.equivalent(&a));
+            b.add(b"more").unwrap();
+            assert_ne!(a.state_digest(), b.state_digest(), "{kind}");
+            a.merge(&b).unwrap();
+            assert_eq!(a.state_digest(), b.state_digest(), "{kind}");
+        }
+    }
+
+    #[test]
+    fn cuckoo_digest_ignores_placement() {
+        // The same elements added in different orders land in different slots.
+        let mut a = AnyFilter::new(&spec(FilterKind::GCuckoo), 0).unwrap();
+        let mut b = a.clone();
+        for i in 0..190u32 {
+            a.add(&i.to_le_bytes()).unwrap();
+        }
+        for i in (0..190u32).rev() {
+            b.add(&i.to_le_bytes()).unwrap();
+        }
+        assert!(a.equivalent(&b));
+        assert_eq!(a.state_digest(), b.state_digest());
+    }
+
+    #[test]
+    fn bad_input_changes_nothing() {
+        let mut a = AnyFilter::new(&spec(FilterKind::OrCuckoo), 1).unwrap();
+        a.add(b"x").unwrap();
+        let before = a.clone();
+        assert!(a.merge_delta_bytes(b"\xff\x00garbage").is_err());
+        let other = AnyFilter::new(&spec(FilterKind::GBloom), 1).unwrap();
+        assert!(a.merge(&other).is_err());
+        assert!(AnyFilter::decode_state(FilterKind::GBloom, &a.encode_state()).is_err());
+        assert!(a.equivalent(&before));
+    }
+}

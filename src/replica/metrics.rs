@@ -1,0 +1,200 @@
+//! The replica's metrics (DESIGN.md section 6), recorded through the `metrics` facade with
+//! labels `filter` and `replica`. The exporter is the node's business; install its recorder
+//! before starting replicas, since handles taken before that record nowhere.
+
+use std::sync::Once;
+
+use metrics::{Counter, Gauge, Histogram, Label, Unit};
+
+/// Estimated false positive rate of the current state.
+pub const ESTIMATED_FPR: &str = "crpf_estimated_fpr";
+/// Estimated elements / capacity.
+pub const LOAD_FACTOR: &str = "crpf_load_factor";
+/// Estimated number of elements.
+pub const CARDINALITY: &str = "crpf_cardinality";
+/// Design capacity or slots.
+pub const CAPACITY: &str = "crpf_capacity";
+/// Size of the encoded full state at its last encoding.
+pub const STATE_BYTES: &str = "crpf_state_bytes";
+/// Local updates not yet published as a delta.
+pub const PENDING_DELTA: &str = "crpf_pending_delta_updates";
+/// Merges of received deltas and states, by `source` and `outcome`.
+pub const MERGES: &str = "crpf_merges_total";
+/// Duration of merges, by `source`.
+pub const MERGE_DURATION: &str = "crpf_merge_duration_seconds";
+/// Local operations, by `op` and `outcome`.
+pub const OPERATIONS: &str = "crpf_operations_total";
+/// Messages, by `direction` and `channel`.
+pub const MESSAGES: &str = "crpf_messages_total";
+/// Payload bytes, by `direction` and `channel`.
+pub const BYTES: &str = "crpf_bytes_total";
+/// Rejected messages, by `reason`.
+pub const REJECTS: &str = "crpf_rejects_total";
+/// Messages dropped because the replica's inbound buffer was full.
+pub const DROPPED: &str = "crpf_dropped_messages_total";
+/// Messages from peers that never arrived (gaps in their sequence numbers).
+pub const SEQUENCE_GAPS: &str = "crpf_sequence_gaps_total";
+/// Slow-consumer events of the connection (messages dropped client-side).
+pub const SLOW_CONSUMER: &str = "crpf_slow_consumer_events_total";
+/// 1 while the transport is connected.
+pub const CONNECTED: &str = "crpf_nats_connected";
+/// Disconnections of the transport.
+pub const DISCONNECTS: &str = "crpf_nats_disconnects_total";
+/// Seconds since the last message of each peer (label `peer`).
+pub const PEER_STALENESS: &str = "crpf_peer_staleness_seconds";
+/// Peers heard from recently.
+pub const PEERS: &str = "crpf_peers";
+/// 1 once the replica caught up after its start.
+pub const READY: &str = "crpf_ready";
+/// Full-state pushes (anti-entropy).
+pub const STATE_PUSHES: &str = "crpf_state_pushes_total";
+/// Incoming full-state transfers, by `outcome`.
+pub const STATE_TRANSFERS: &str = "crpf_state_transfers_total";
+/// Snapshots written to the data directory, by `outcome`.
+pub const SNAPSHOTS: &str = "crpf_snapshots_total";
+/// Durable reservations of tag timestamps.
+pub const TAG_RESERVATIONS: &str = "crpf_tag_reservations_total";
+/// Publishes the transport refused.
+pub const PUBLISH_ERRORS: &str = "crpf_publish_errors_total";
+
+/// Buckets for [`MERGE_DURATION`] (seconds), for the exporter's `set_buckets`.
+pub const MERGE_DURATION_BUCKETS: &[f64] = &[
+    1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0,
+];
+
+/// Describes every metric once (units and help texts).
+pub fn describe() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        use metrics::{describe_counter as c, describe_gauge as g, describe_histogram as h};
+        g!(
+            ESTIMATED_FPR,
+            "Estimated false positive rate of the replica's state"
+        );
+        g!(LOAD_FACTOR, "Estimated elements divided by capacity");
+        g!(CARDINALITY, "Estimated number of elements");
+        g!(
+            CAPACITY,
+            "Elements (Bloom) or slots (cuckoo) the filter is sized for"
+        );
+        g!(STATE_BYTES, Unit::Bytes, "Size of the encoded full state");
+        g!(PENDING_DELTA, "Local updates not yet published as a delta");
+        c!(
+            MERGES,
+            "Merges of received deltas and states, by source and outcome"
+        );
+        h!(
+            MERGE_DURATION,
+            Unit::Seconds,
+            "Duration of merges, by source"
+        );
+        c!(OPERATIONS, "Local operations, by op and outcome");
+        c!(
+            MESSAGES,
+            "Replication and API messages, by direction and channel"
+        );
+        c!(
+            BYTES,
+            Unit::Bytes,
+            "Payload bytes, by direction and channel"
+        );
+        c!(REJECTS, "Rejected messages, by reason");
+        c!(
+            DROPPED,
+            "Messages dropped because the inbound buffer was full"
+        );
+        c!(
+            SEQUENCE_GAPS,
+            "Messages of peers that never arrived (sequence gaps)"
+        );
+        c!(
+            SLOW_CONSUMER,
+            "Slow-consumer events: messages dropped client-side"
+        );
+        g!(CONNECTED, "1 while the transport is connected");
+        c!(DISCONNECTS, "Disconnections of the transport");
+        g!(
+            PEER_STALENESS,
+            Unit::Seconds,
+            "Seconds since the last message of a peer"
+        );
+        g!(
+            PEERS,
+            "Peers heard from within three anti-entropy intervals"
+        );
+        g!(READY, "1 once the replica caught up after its start");
+        c!(STATE_PUSHES, "Full-state pushes (anti-entropy)");
+        c!(STATE_TRANSFERS, "Incoming full-state transfers, by outcome");
+        c!(
+            SNAPSHOTS,
+            "Snapshots written to the data directory, by outcome"
+        );
+        c!(TAG_RESERVATIONS, "Durable reservations of tag timestamps");
+        c!(PUBLISH_ERRORS, "Publishes the transport refused");
+    });
+}
+
+/// Handles of one replica's metrics, with its labels.
+#[derive(Clone)]
+pub(crate) struct Metrics {
+    labels: Vec<Label>,
+    pub fpr: Gauge,
+    pub load: Gauge,
+    pub cardinality: Gauge,
+    pub capacity: Gauge,
+    pub state_bytes: Gauge,
+    pub pending: Gauge,
+    pub connected: Gauge,
+    pub ready: Gauge,
+    pub peers: Gauge,
+    pub dropped: Counter,
+}
+
+impl Metrics {
+    pub fn new(filter: &str, replica: u16) -> Self {
+        describe();
+        let labels = vec![
+            Label::new("filter", filter.to_string()),
+            Label::new("replica", replica.to_string()),
+        ];
+        let l = labels.clone();
+        Metrics {
+            fpr: metrics::gauge!(ESTIMATED_FPR, l.clone()),
+            load: metrics::gauge!(LOAD_FACTOR, l.clone()),
+            cardinality: metrics::gauge!(CARDINALITY, l.clone()),
+            capacity: metrics::gauge!(CAPACITY, l.clone()),
+            state_bytes: metrics::gauge!(STATE_BYTES, l.clone()),
+            pending: metrics::gauge!(PENDING_DELTA, l.clone()),
+            connected: metrics::gauge!(CONNECTED, l.clone()),
+            ready: metrics::gauge!(READY, l.clone()),
+            peers: metrics::gauge!(PEERS, l.clone()),
+            dropped: metrics::counter!(DROPPED, l),
+            labels,
+        }
+    }
+
+    fn with(&self, extra: &[(&'static str, &str)]) -> Vec<Label> {
+        let mut l = self.labels.clone();
+        l.extend(extra.iter().map(|(k, v)| Label::new(*k, v.to_string())));
+        l
+    }
+
+    pub fn counter(&self, name: &'static str, extra: &[(&'static str, &str)]) -> Counter {
+        metrics::counter!(name, self.with(extra))
+    }
+
+    pub fn gauge(&self, name: &'static str, extra: &[(&'static str, &str)]) -> Gauge {
+        metrics::gauge!(name, self.with(extra))
+    }
+
+    pub fn histogram(&self, name: &'static str, extra: &[(&'static str, &str)]) -> Histogram {
+        metrics::histogram!(name, self.with(extra))
+    }
+
+    /// Counts a message and its bytes.
+    pub fn traffic(&self, direction: &'static str, channel: &'static str, bytes: usize) {
+        let extra = [("direction", direction), ("channel", channel)];
+        self.counter(MESSAGES, &extra).increment(1);
+        self.counter(BYTES, &extra).increment(bytes as u64);
+    }
+}

@@ -1,0 +1,336 @@
+//! Replicas (DESIGN.md sections 1, 4, 5 and 6): an actix actor per filter replica that answers
+//! local operations, publishes what it changed as delta-states, merges what its peers publish,
+//! repairs losses by anti-entropy, and keeps its state in an optional data directory.
+//!
+//! The protocol, on the subjects of [`crate::transport::Subjects`]:
+//! - **Deltas** (Almeida, Shoker, Baquero 2015). Local updates accumulate in the filter's
+//!   delta-state, published on `.delta` every `delta_interval_ms` or as soon as it holds
+//!   `delta_max_updates` updates. Receivers join it; joins are idempotent, commutative and
+//!   associative, so late, duplicated or reordered deltas are harmless.
+//! - **Anti-entropy** on `.state`. Every envelope carries a per-sender sequence number; a gap
+//!   means lost messages, and the receiver asks that peer for its full state. Every
+//!   `anti_entropy_interval_ms` each replica also publishes a digest that is equal for
+//!   equivalent states; a replica whose digest keeps differing from a peer's, or that has
+//!   local changes not yet in a full-state push, pushes its full state, in chunks below the
+//!   server's `max_payload`. A starting or reconnecting replica asks everyone for their state.
+//! - **Readiness**: a replica is ready once it merged a peer's state, saw a ready peer with
+//!   its own digest, or waited `catch_up_timeout_ms` (it may be alone). Only then does it join
+//!   the request API's queue group.
+//! - **Durability** (see [`durable`]): snapshots, and tag reservations written before tags are
+//!   issued, so that no tag is ever issued twice.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use crpf::replica::{Replica, ReplicaConfig};
+//! use crpf::transport::InProcessBus;
+//! use crpf::wire::FilterKind;
+//!
+//! #[actix::main]
+//! async fn main() -> Result<(), crpf::replica::ReplicaError> {
+//!     let bus = Arc::new(InProcessBus::new());
+//!     let cfg = ReplicaConfig::for_kind("users", FilterKind::OrCuckoo, 10_000, 0.01).fast();
+//!     let a = Replica::start(cfg.clone(), bus.clone()).await?;
+//!     let b = Replica::start(cfg, bus).await?;
+//!     a.add(b"alice").await?;
+//!     b.wait_until(std::time::Duration::from_secs(10), |f| f.contains(b"alice")).await;
+//!     assert!(b.contains(b"alice"));
+//!     a.shutdown().await?;
+//!     b.shutdown().await?;
+//!     Ok(())
+//! }
+//! ```
+
+mod actor;
+mod config;
+pub mod durable;
+mod filter;
+pub mod metrics;
+mod reassembly;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use actix::{Actor, Addr};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+pub use actor::{
+    Add, Contains, FlushDelta, Merge, Persist, Remove, Replica, Shutdown, Stats, TakeSnapshot,
+};
+pub use config::ReplicaConfig;
+pub use durable::{DataDir, DurableError, Identity};
+pub use filter::{AnyFilter, FilterSpec, FilterStats, NotRemovable};
+
+use crate::transport::{Subjects, Transport, TransportError};
+use crate::{Dot, FilterError, ReplicaId};
+use actor::{Counters, Setup, Shared};
+
+/// Everything a replica operation can fail with.
+#[derive(Debug, Error)]
+pub enum ReplicaError {
+    /// The configuration is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// An empty or oversized item, or an unknown API operation.
+    #[error("invalid request: {0}")]
+    InvalidItem(String),
+    /// Remove on a grow-only filter.
+    #[error(transparent)]
+    NotRemovable(#[from] NotRemovable),
+    /// The filter refused (full, incompatible parameters...).
+    #[error(transparent)]
+    Filter(#[from] FilterError),
+    /// The transport failed (connecting, claiming an id).
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// The data directory failed; an add that could not reserve its tag is refused.
+    #[error(transparent)]
+    Durable(#[from] DurableError),
+    /// The actor has stopped.
+    #[error("the replica has stopped")]
+    Stopped,
+}
+
+impl From<actix::MailboxError> for ReplicaError {
+    fn from(_: actix::MailboxError) -> Self {
+        ReplicaError::Stopped
+    }
+}
+
+/// A replica's figures (and the JSON of the API's `stats`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaStats {
+    /// Filter name.
+    pub filter: String,
+    /// Replica id.
+    pub replica: ReplicaId,
+    /// Replica uuid.
+    pub uuid: Uuid,
+    /// Caught up after its start.
+    pub ready: bool,
+    /// Transport connected.
+    pub connected: bool,
+    /// Peers heard from within three anti-entropy intervals.
+    pub peers: usize,
+    /// Updates not yet published.
+    pub pending_delta: usize,
+    /// The filter's figures.
+    #[serde(flatten)]
+    pub figures: FilterStats,
+    /// Rejected messages by reason.
+    pub rejects: BTreeMap<String, u64>,
+    /// Messages dropped because the inbound buffer was full.
+    pub dropped: u64,
+    /// Messages of peers that never arrived.
+    pub sequence_gaps: u64,
+    /// Deltas published.
+    pub deltas_sent: u64,
+    /// Deltas merged.
+    pub deltas_merged: u64,
+    /// Full-state pushes.
+    pub state_pushes: u64,
+    /// Peers' full states merged.
+    pub states_merged: u64,
+    /// Replication bytes published.
+    pub bytes_sent: u64,
+    /// Replication bytes received.
+    pub bytes_received: u64,
+    /// Size of the encoded state at its last encoding.
+    pub state_bytes: u64,
+}
+
+/// What microservice code holds: sends the actor its messages, and reads the filter directly.
+/// Cheap to clone; usable from any thread or runtime.
+#[derive(Clone)]
+pub struct ReplicaHandle {
+    addr: Addr<Replica>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for ReplicaHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaHandle")
+            .field("filter", &self.shared.name)
+            .field("identity", &self.shared.identity)
+            .finish()
+    }
+}
+
+impl Replica {
+    /// Starts a replica: restores the data directory if there is one, claims a replica id,
+    /// subscribes, and starts the actor. Call it inside an actix System (`#[actix::main]`,
+    /// `#[actix::test]` or `System::with_tokio_rt`): the actor and its tasks run on the
+    /// current arbiter.
+    pub async fn start(
+        cfg: ReplicaConfig,
+        transport: Arc<dyn Transport>,
+    ) -> Result<ReplicaHandle, ReplicaError> {
+        cfg.validate().map_err(ReplicaError::Config)?;
+        let fresh = AnyFilter::new(&cfg.filter, 0)?;
+        let data = cfg.data_dir.as_ref().map(DataDir::open).transpose()?;
+        let restored = match &data {
+            Some(d) => actor::restore(d, &cfg, &fresh)?,
+            None => None,
+        };
+        let (mut filter, uuid, preferred, floor, keep_id) = match restored {
+            Some((f, id, floor, trusted)) => {
+                let uuid = if trusted { id.uuid } else { Uuid::new_v4() };
+                (f, uuid, trusted.then_some(id.replica), floor, trusted)
+            }
+            None => (fresh, Uuid::new_v4(), None, 0, false),
+        };
+        let replica = transport
+            .claim_replica_id(cfg.name.clone(), uuid, preferred)
+            .await?;
+        if keep_id && Some(replica) == preferred {
+            filter.advance_clock(floor);
+        } else {
+            if keep_id {
+                tracing::warn!(
+                    preferred,
+                    replica,
+                    "the replica id of the snapshot is held by another replica: tags go under a new id"
+                );
+            }
+            filter.set_replica(replica);
+        }
+        filter.track_deltas(true);
+        let identity = Identity { uuid, replica };
+        let reserved = filter.clock().max(floor);
+        if let Some(d) = &data {
+            // Record the identity now: its reservation before any tag, and a first snapshot.
+            d.save_reservation(&durable::Reservation { identity, reserved })?;
+        }
+        let subjects = Subjects::new(&cfg.prefix, &cfg.name);
+        let replication = transport.subscribe(subjects.replication, None).await?;
+        let shared = Arc::new(Shared {
+            kind: filter.kind(),
+            filter: RwLock::new(filter),
+            name: cfg.name.clone(),
+            identity,
+            ready: watch::channel(false).0,
+            counters: Counters::default(),
+        });
+        tracing::info!(
+            filter = %cfg.name, kind = %shared.kind, replica, %uuid,
+            transport = transport.name(), restored = keep_id, "starting replica"
+        );
+        let setup = Setup {
+            cfg,
+            shared: shared.clone(),
+            transport,
+            replication,
+            data,
+            reserved,
+        };
+        let addr = Replica::new(setup).start();
+        let handle = ReplicaHandle::from_parts(addr, shared);
+        handle.persist().await?;
+        Ok(handle)
+    }
+}
+
+impl ReplicaHandle {
+    /// The actor's address, to send it [`Add`], [`Remove`], [`Contains`], [`Stats`],
+    /// [`TakeSnapshot`], [`Merge`], [`Persist`], [`FlushDelta`] or [`Shutdown`].
+    pub fn addr(&self) -> &Addr<Replica> {
+        &self.addr
+    }
+
+    /// Filter name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The replica's uuid and id.
+    pub fn identity(&self) -> Identity {
+        self.shared.identity
+    }
+
+    /// Adds an item; OR kinds answer the tag they issued.
+    pub async fn add(&self, item: impl Into<Vec<u8>>) -> Result<Option<Dot>, ReplicaError> {
+        self.addr.send(Add(item.into())).await?
+    }
+
+    /// Removes one occurrence of an item (OR kinds); `false` if it was not contained.
+    pub async fn remove(&self, item: impl Into<Vec<u8>>) -> Result<bool, ReplicaError> {
+        Ok(self.remove_dot(item).await?.is_some())
+    }
+
+    /// Removes one occurrence of an item (OR kinds) and answers the tag of the entry removed.
+    pub async fn remove_dot(&self, item: impl Into<Vec<u8>>) -> Result<Option<Dot>, ReplicaError> {
+        self.addr.send(Remove(item.into())).await?
+    }
+
+    /// Membership test, read directly from the state: it never waits behind replication work
+    /// queued for the actor (at most behind one merge in progress).
+    pub fn contains(&self, item: &[u8]) -> bool {
+        self.read(|f| f.contains(item))
+    }
+
+    /// Runs a read-only closure on the current state.
+    pub fn read<T>(&self, f: impl FnOnce(&AnyFilter) -> T) -> T {
+        f(&self.shared.filter.read().expect("filter lock poisoned"))
+    }
+
+    /// A copy of the current state.
+    pub fn snapshot(&self) -> AnyFilter {
+        self.read(Clone::clone)
+    }
+
+    /// The replica's figures.
+    pub async fn stats(&self) -> Result<ReplicaStats, ReplicaError> {
+        Ok(self.addr.send(Stats).await?)
+    }
+
+    /// Merges a full state from elsewhere.
+    pub async fn merge(&self, state: AnyFilter) -> Result<(), ReplicaError> {
+        self.addr.send(Merge(state)).await?
+    }
+
+    /// Writes a snapshot to the data directory now (no-op without one).
+    pub async fn persist(&self) -> Result<(), ReplicaError> {
+        self.addr.send(Persist).await?
+    }
+
+    /// Publishes the pending delta now.
+    pub async fn flush(&self) -> Result<(), ReplicaError> {
+        Ok(self.addr.send(FlushDelta).await?)
+    }
+
+    /// Whether the replica caught up after its start.
+    pub fn is_ready(&self) -> bool {
+        *self.shared.ready.borrow()
+    }
+
+    /// Waits until the replica is ready; `false` on timeout.
+    pub async fn wait_ready(&self, timeout: Duration) -> bool {
+        let mut rx = self.shared.ready.subscribe();
+        tokio::time::timeout(timeout, rx.wait_for(|r| *r))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Polls the state until `cond` holds; `false` on timeout. For tests and tools.
+    pub async fn wait_until(&self, timeout: Duration, cond: impl Fn(&AnyFilter) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.read(&cond) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Publishes what is pending, writes a final snapshot and stops the actor; returns once the
+    /// transport has sent what was queued (or after 5 s).
+    pub async fn shutdown(&self) -> Result<(), ReplicaError> {
+        self.addr.send(Shutdown).await?
+    }
+}

@@ -1,0 +1,199 @@
+//! Reassembly of full states sent in chunks.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::wire::{StateChunk, WireError};
+
+/// A transfer in progress.
+struct Partial {
+    transfer: u64,
+    count: u32,
+    total_len: u64,
+    checksum: u64,
+    chunks: Vec<Option<Vec<u8>>>,
+    received: u32,
+    bytes: u64,
+    started: Instant,
+}
+
+/// Outcome of adding a chunk.
+#[derive(Debug)]
+pub(crate) enum Progress {
+    /// More chunks to come.
+    Pending,
+    /// The whole state, its checksum verified.
+    Complete(Vec<u8>),
+}
+
+/// Transfers in progress, at most one per sender (a newer transfer replaces an older one,
+/// whose remaining chunks are then ignored), each bounded by `max_state_bytes`.
+pub(crate) struct Reassembly {
+    partial: HashMap<Uuid, Partial>,
+    /// Last transfer completed per sender: late duplicates of its chunks are ignored.
+    done: HashMap<Uuid, u64>,
+    max_state_bytes: u64,
+    timeout: Duration,
+}
+
+impl Reassembly {
+    pub fn new(max_state_bytes: u64, timeout: Duration) -> Self {
+        Reassembly {
+            partial: HashMap::new(),
+            done: HashMap::new(),
+            max_state_bytes,
+            timeout,
+        }
+    }
+
+    /// Adds a chunk (its header already checked for self-consistency by the wire layer).
+    pub fn add(&mut self, sender: Uuid, c: StateChunk) -> Result<Progress, WireError> {
+        if c.total_len > self.max_state_bytes {
+            return Err(WireError::Oversized {
+                len: c.total_len as usize,
+                limit: self.max_state_bytes as usize,
+            });
+        }
+        if self.done.get(&sender).is_some_and(|&d| d >= c.transfer) {
+            return Ok(Progress::Pending);
+        }
+        if c.count == 1 {
+            self.partial.remove(&sender);
+            let state = finish(c.total_len, c.checksum, c.data)?;
+            self.done.insert(sender, c.transfer);
+            return Ok(Progress::Complete(state));
+        }
+        let p = match self.partial.get_mut(&sender) {
+            Some(p) if p.transfer == c.transfer => p,
+            Some(p) if p.transfer > c.transfer => {
+                return Err(WireError::Chunk("chunk of a superseded transfer".into()));
+            }
+            _ => {
+                // The first chunk seen of a new transfer (an older one is abandoned).
+                if c.count as u64 > c.total_len.max(1) {
+                    return Err(WireError::Chunk("more chunks than bytes".into()));
+                }
+                self.partial.insert(
+                    sender,
+                    Partial {
+                        transfer: c.transfer,
+                        count: c.count,
+                        total_len: c.total_len,
+                        checksum: c.checksum,
+                        chunks: vec![None; c.count as usize],
+                        received: 0,
+                        bytes: 0,
+                        started: Instant::now(),
+                    },
+                );
+                self.partial.get_mut(&sender).expect("just inserted")
+            }
+        };
+        if (p.count, p.total_len, p.checksum) != (c.count, c.total_len, c.checksum) {
+            self.partial.remove(&sender);
+            return Err(WireError::Chunk(
+                "chunk header differs from its transfer".into(),
+            ));
+        }
+        let slot = &mut p.chunks[c.index as usize];
+        if slot.is_some() {
+            return Ok(Progress::Pending); // a duplicate
+        }
+        p.bytes += c.data.len() as u64;
+        if p.bytes > p.total_len {
+            self.partial.remove(&sender);
+            return Err(WireError::Chunk("chunks longer than their state".into()));
+        }
+        *slot = Some(c.data);
+        p.received += 1;
+        if p.received < p.count {
+            return Ok(Progress::Pending);
+        }
+        let p = self.partial.remove(&sender).expect("present");
+        let mut state = Vec::with_capacity(p.total_len as usize);
+        for chunk in p.chunks {
+            state.extend_from_slice(&chunk.expect("all received"));
+        }
+        let state = finish(p.total_len, p.checksum, state)?;
+        self.done.insert(sender, p.transfer);
+        Ok(Progress::Complete(state))
+    }
+
+    /// Drops transfers older than the timeout (their missing chunks were lost); returns how
+    /// many.
+    pub fn expire(&mut self) -> usize {
+        let before = self.partial.len();
+        let timeout = self.timeout;
+        self.partial.retain(|_, p| p.started.elapsed() < timeout);
+        before - self.partial.len()
+    }
+
+    /// Transfers in progress.
+    #[cfg(test)]
+    pub fn in_progress(&self) -> usize {
+        self.partial.len()
+    }
+}
+
+fn finish(total_len: u64, checksum: u64, state: Vec<u8>) -> Result<Vec<u8>, WireError> {
+    if state.len() as u64 != total_len {
+        return Err(WireError::Chunk(format!(
+            "state of {} bytes, header says {total_len}",
+            state.len()
+        )));
+    }
+    if xxh3_64(&state) != checksum {
+        return Err(WireError::Chunk("checksum mismatch".into()));
+    }
+    Ok(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::chunk_state;
+
+    #[test]
+    fn reassembles_in_any_order_with_duplicates() {
+        let state: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let mut chunks = chunk_state(&state, 1, 999);
+        chunks.reverse();
+        chunks.push(chunks[3].clone());
+        let mut r = Reassembly::new(1 << 20, Duration::from_secs(60));
+        let s = Uuid::from_u128(1);
+        let mut done = None;
+        for c in chunks {
+            if let Progress::Complete(st) = r.add(s, c).unwrap() {
+                done = Some(st);
+            }
+        }
+        assert_eq!(done.unwrap(), state);
+        assert_eq!(r.in_progress(), 0);
+    }
+
+    #[test]
+    fn rejects_tampering_and_oversize() {
+        let state = vec![5u8; 5000];
+        let s = Uuid::from_u128(1);
+        let mut r = Reassembly::new(1 << 20, Duration::from_secs(60));
+        let mut chunks = chunk_state(&state, 1, 1000);
+        chunks[2].data[0] ^= 1;
+        let results: Vec<_> = chunks.into_iter().map(|c| r.add(s, c)).collect();
+        assert_eq!(
+            results.last().unwrap().as_ref().unwrap_err().reason(),
+            "chunk"
+        );
+        let mut small = Reassembly::new(100, Duration::from_secs(60));
+        let c = chunk_state(&state, 2, 1000).remove(0);
+        assert_eq!(small.add(s, c).unwrap_err().reason(), "oversized");
+        // A newer transfer supersedes an unfinished one.
+        let mut r = Reassembly::new(1 << 20, Duration::ZERO);
+        r.add(s, chunk_state(&state, 3, 1000).remove(0)).unwrap();
+        r.add(s, chunk_state(&state, 4, 1000).remove(0)).unwrap();
+        assert!(r.add(s, chunk_state(&state, 3, 1000).remove(1)).is_err());
+        assert_eq!(r.expire(), 1);
+    }
+}

@@ -1,0 +1,325 @@
+//! The in-process bus: NATS-like subjects, queue groups and request/reply inside one program.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use tokio::sync::{broadcast, mpsc};
+use uuid::Uuid;
+
+use super::{Message, MessageStream, Transport, TransportError, TransportEvent, subject_matches};
+use crate::ReplicaId;
+
+/// A message bus inside one process, with the [`Transport`] interface: the embedded default,
+/// for running several replicas with no server, and for tests. Like core NATS it delivers at
+/// most once: a subscriber whose buffer is full loses the message (counted in
+/// [`InProcessBus::dropped`]). Clones share the bus.
+///
+/// ```
+/// use crpf::transport::{InProcessBus, Transport};
+/// use futures::StreamExt;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let bus = InProcessBus::new();
+/// let mut sub = bus.subscribe("a.*".into(), None).await?;
+/// bus.publish("a.b".into(), "hi".into()).await?;
+/// assert_eq!(sub.next().await.unwrap().payload, "hi");
+/// assert_eq!(bus.claim_replica_id("f".into(), uuid::Uuid::new_v4(), None).await?, 1);
+/// # Ok::<(), crpf::transport::TransportError>(()) }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct InProcessBus {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: Mutex<BusState>,
+    events: broadcast::Sender<TransportEvent>,
+    max_payload: usize,
+    buffer: usize,
+    dropped: AtomicU64,
+}
+
+#[derive(Default)]
+struct BusState {
+    subs: Vec<Sub>,
+    /// Round-robin position per queue group.
+    rr: HashMap<String, usize>,
+    /// `filter -> id -> claimant`.
+    claims: HashMap<String, HashMap<ReplicaId, Uuid>>,
+}
+
+struct Sub {
+    pattern: String,
+    queue: Option<String>,
+    tx: mpsc::Sender<Message>,
+}
+
+impl Default for InProcessBus {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl InProcessBus {
+    /// A bus with NATS's default `max_payload` (1 MiB) and subscription buffer (65,536).
+    pub fn new() -> Self {
+        Self::with_limits(1 << 20, 65_536)
+    }
+
+    /// A bus with the given payload limit and per-subscription buffer.
+    pub fn with_limits(max_payload: usize, buffer: usize) -> Self {
+        InProcessBus {
+            inner: Arc::new(Inner {
+                state: Mutex::new(BusState::default()),
+                events: broadcast::channel(64).0,
+                max_payload,
+                buffer: buffer.max(1),
+                dropped: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Messages lost because a subscriber's buffer was full.
+    pub fn dropped(&self) -> u64 {
+        self.inner.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Delivers to every plain subscriber and one member per queue group.
+    fn deliver(&self, msg: Message) -> Result<(), TransportError> {
+        if msg.payload.len() > self.inner.max_payload {
+            return Err(TransportError::MaxPayload {
+                len: msg.payload.len(),
+                max: self.inner.max_payload,
+            });
+        }
+        let mut st = self.inner.state.lock().expect("bus lock");
+        st.subs.retain(|s| !s.tx.is_closed());
+        let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut targets = Vec::new();
+        for (i, s) in st.subs.iter().enumerate() {
+            if subject_matches(&s.pattern, &msg.subject) {
+                match &s.queue {
+                    Some(q) => groups.entry(q.clone()).or_default().push(i),
+                    None => targets.push(i),
+                }
+            }
+        }
+        for (q, members) in groups {
+            let n = st.rr.entry(q).or_insert(0);
+            targets.push(members[*n % members.len()]);
+            *n = n.wrapping_add(1);
+        }
+        for i in targets {
+            if st.subs[i].tx.try_send(msg.clone()).is_err() {
+                self.inner.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    fn add_sub(&self, pattern: String, queue: Option<String>) -> MessageStream {
+        let (tx, rx) = mpsc::channel(self.inner.buffer);
+        let mut st = self.inner.state.lock().expect("bus lock");
+        st.subs.push(Sub { pattern, queue, tx });
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) })
+            .boxed()
+    }
+}
+
+impl Transport for InProcessBus {
+    fn name(&self) -> &'static str {
+        "bus"
+    }
+
+    fn publish(
+        &self,
+        subject: String,
+        payload: Bytes,
+    ) -> BoxFuture<'static, Result<(), TransportError>> {
+        let r = self.deliver(Message {
+            subject,
+            payload,
+            reply: None,
+        });
+        futures::future::ready(r).boxed()
+    }
+
+    fn subscribe(
+        &self,
+        subject: String,
+        queue_group: Option<String>,
+    ) -> BoxFuture<'static, Result<MessageStream, TransportError>> {
+        futures::future::ready(Ok(self.add_sub(subject, queue_group))).boxed()
+    }
+
+    fn request(
+        &self,
+        subject: String,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<Bytes, TransportError>> {
+        let inbox = format!("_INBOX.{}", Uuid::new_v4().simple());
+        let mut replies = self.add_sub(inbox.clone(), None);
+        let sent = self.deliver(Message {
+            subject,
+            payload,
+            reply: Some(inbox),
+        });
+        async move {
+            sent?;
+            match tokio::time::timeout(timeout, replies.next()).await {
+                Ok(Some(m)) => Ok(m.payload),
+                Ok(None) => Err(TransportError::Request("bus closed".into())),
+                Err(_) => Err(TransportError::Request("timed out".into())),
+            }
+        }
+        .boxed()
+    }
+
+    fn max_payload(&self) -> usize {
+        self.inner.max_payload
+    }
+
+    fn claim_replica_id(
+        &self,
+        filter: String,
+        claimant: Uuid,
+        preferred: Option<ReplicaId>,
+    ) -> BoxFuture<'static, Result<ReplicaId, TransportError>> {
+        let mut st = self.inner.state.lock().expect("bus lock");
+        let claims = st.claims.entry(filter).or_default();
+        let r = match preferred.filter(|&p| p != 0) {
+            Some(p) if claims.get(&p).is_none_or(|c| *c == claimant) => {
+                claims.insert(p, claimant);
+                Ok(p)
+            }
+            _ => match (1..=ReplicaId::MAX).find(|id| !claims.contains_key(id)) {
+                Some(id) => {
+                    claims.insert(id, claimant);
+                    Ok(id)
+                }
+                None => Err(TransportError::Claim("every replica id is taken".into())),
+            },
+        };
+        futures::future::ready(r).boxed()
+    }
+
+    fn events(&self) -> broadcast::Receiver<TransportEvent> {
+        self.inner.events.subscribe()
+    }
+
+    fn is_connected(&self) -> bool {
+        true
+    }
+
+    fn flush(&self) -> BoxFuture<'static, Result<(), TransportError>> {
+        futures::future::ready(Ok(())).boxed()
+    }
+}
+
+impl std::fmt::Debug for InProcessBus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.inner.state.lock().expect("bus lock");
+        f.debug_struct("InProcessBus")
+            .field("subscriptions", &st.subs.len())
+            .field("max_payload", &self.inner.max_payload)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn queue_groups_share_and_requests_reply() {
+        rt().block_on(async {
+            let bus = InProcessBus::new();
+            let mut a = bus.subscribe("s.*".into(), Some("g".into())).await.unwrap();
+            let mut b = bus.subscribe("s.*".into(), Some("g".into())).await.unwrap();
+            let mut all = bus.subscribe("s.>".into(), None).await.unwrap();
+            for _ in 0..4 {
+                bus.publish("s.x".into(), Bytes::from_static(b"m"))
+                    .await
+                    .unwrap();
+            }
+            for _ in 0..2 {
+                a.next().await.unwrap();
+                b.next().await.unwrap();
+            }
+            for _ in 0..4 {
+                all.next().await.unwrap();
+            }
+            let server = bus.clone();
+            tokio::spawn(async move {
+                let m = a.next().await.unwrap();
+                server
+                    .publish(m.reply.unwrap(), Bytes::from_static(b"pong"))
+                    .await
+                    .unwrap();
+            });
+            // b is in the group too: the request may go to it, so drain it in a second responder.
+            let server = bus.clone();
+            tokio::spawn(async move {
+                if let Some(m) = b.next().await {
+                    server
+                        .publish(m.reply.unwrap(), Bytes::from_static(b"pong"))
+                        .await
+                        .unwrap();
+                }
+            });
+            let r = bus
+                .request("s.ping".into(), Bytes::new(), Duration::from_secs(5))
+                .await
+                .unwrap();
+            assert_eq!(r, "pong");
+            let too_big = Bytes::from(vec![0; (1 << 20) + 1]);
+            assert!(matches!(
+                bus.publish("s.x".into(), too_big).await,
+                Err(TransportError::MaxPayload { .. })
+            ));
+        });
+    }
+
+    #[test]
+    fn full_buffers_drop_and_count() {
+        rt().block_on(async {
+            let bus = InProcessBus::with_limits(1024, 2);
+            let _sub = bus.subscribe("x".into(), None).await.unwrap();
+            for _ in 0..5 {
+                bus.publish("x".into(), Bytes::new()).await.unwrap();
+            }
+            assert_eq!(bus.dropped(), 3);
+        });
+    }
+
+    #[test]
+    fn claims_are_unique_and_sticky() {
+        rt().block_on(async {
+            let bus = InProcessBus::new();
+            let (u1, u2) = (Uuid::new_v4(), Uuid::new_v4());
+            assert_eq!(bus.claim_replica_id("f".into(), u1, None).await.unwrap(), 1);
+            assert_eq!(
+                bus.claim_replica_id("f".into(), u2, Some(1)).await.unwrap(),
+                2
+            );
+            assert_eq!(
+                bus.claim_replica_id("f".into(), u1, Some(1)).await.unwrap(),
+                1
+            );
+            assert_eq!(bus.claim_replica_id("g".into(), u2, None).await.unwrap(), 1);
+        });
+    }
+}

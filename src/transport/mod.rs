@@ -1,0 +1,260 @@
+//! Transports (DESIGN.md sections 4 and 5): what replicas publish on and subscribe to.
+//!
+//! [`Transport`] is the interface: publish, subscribe (optionally in a queue group),
+//! request/reply, the server's `max_payload`, and replica id claims. Two implementations:
+//! [`NatsTransport`] (async-nats: core subjects, JetStream KV for ids) and [`InProcessBus`]
+//! (no server: several replicas in one program, and fast tests). [`FaultyTransport`] wraps
+//! either and drops messages on purpose, to show that anti-entropy repairs what is lost.
+
+mod bus;
+mod fault;
+mod nats;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use thiserror::Error;
+use tokio::sync::broadcast;
+use uuid::Uuid;
+
+pub use bus::InProcessBus;
+pub use fault::{FaultConfig, FaultyTransport};
+pub use nats::{NatsConfig, NatsTransport, TlsConfig};
+
+use crate::ReplicaId;
+
+/// A message received on a subscription.
+#[derive(Debug, Clone)]
+pub struct Message {
+    /// The subject it was published on.
+    pub subject: String,
+    /// Its payload.
+    pub payload: Bytes,
+    /// Where to send a reply, for requests.
+    pub reply: Option<String>,
+}
+
+/// A stream of received messages; it ends when the subscription does.
+pub type MessageStream = BoxStream<'static, Message>;
+
+/// Connection events a replica reacts to (re-announce) and counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportEvent {
+    /// (Re)connected: what was published meanwhile may be lost.
+    Connected,
+    /// Lost the connection; publishes may vanish until it is back.
+    Disconnected,
+    /// A subscription's buffer overflowed: messages were dropped client-side.
+    SlowConsumer,
+    /// The connection is closed for good.
+    Closed,
+}
+
+/// What can go wrong in a transport.
+#[derive(Debug, Clone, Error)]
+pub enum TransportError {
+    /// Could not connect (or not configured correctly).
+    #[error("connect: {0}")]
+    Connect(String),
+    /// A payload over the server's `max_payload`.
+    #[error("payload of {len} bytes exceeds max_payload {max}")]
+    MaxPayload {
+        /// Its size.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Publish failed.
+    #[error("publish: {0}")]
+    Publish(String),
+    /// Subscribe failed.
+    #[error("subscribe: {0}")]
+    Subscribe(String),
+    /// A request had no reply in time, or no responder.
+    #[error("request: {0}")]
+    Request(String),
+    /// Claiming a replica id failed.
+    #[error("replica id claim: {0}")]
+    Claim(String),
+}
+
+/// The interface replicas use to talk to each other. Futures are `'static` so that an actor can
+/// spawn them without holding any of its state across an `.await`.
+pub trait Transport: Send + Sync + 'static {
+    /// Short name for logs (`nats`, `bus`).
+    fn name(&self) -> &'static str;
+
+    /// Publishes a payload (at most once: it may be lost).
+    fn publish(
+        &self,
+        subject: String,
+        payload: Bytes,
+    ) -> BoxFuture<'static, Result<(), TransportError>>;
+
+    /// Subscribes to a subject (NATS wildcards `*` and `>` allowed); with a queue group, each
+    /// message goes to one member of the group.
+    fn subscribe(
+        &self,
+        subject: String,
+        queue_group: Option<String>,
+    ) -> BoxFuture<'static, Result<MessageStream, TransportError>>;
+
+    /// Sends a request and waits for the first reply.
+    fn request(
+        &self,
+        subject: String,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<Bytes, TransportError>>;
+
+    /// Largest payload the server accepts.
+    fn max_payload(&self) -> usize;
+
+    /// Claims a replica id for `filter` on behalf of `claimant` (DESIGN.md section 4): keeps
+    /// `preferred` if it is free or already this claimant's, else the lowest free id (1 and up).
+    fn claim_replica_id(
+        &self,
+        filter: String,
+        claimant: Uuid,
+        preferred: Option<ReplicaId>,
+    ) -> BoxFuture<'static, Result<ReplicaId, TransportError>>;
+
+    /// Connection events from now on.
+    fn events(&self) -> broadcast::Receiver<TransportEvent>;
+
+    /// Whether the connection is up now.
+    fn is_connected(&self) -> bool;
+
+    /// Waits until what was published so far has been handed to the server.
+    fn flush(&self) -> BoxFuture<'static, Result<(), TransportError>>;
+}
+
+/// The subjects of one filter (DESIGN.md section 5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subjects {
+    /// `<prefix>.<filter>.delta`
+    pub delta: String,
+    /// `<prefix>.<filter>.state`
+    pub state: String,
+    /// `<prefix>.<filter>.*`: one subscription for delta and state, so that a sender's messages
+    /// arrive in the order it sent them and sequence gaps mean losses.
+    pub replication: String,
+    /// `<prefix>.<filter>.api.*`
+    pub api: String,
+    /// `<prefix>.<filter>.api`, the API's queue group.
+    pub api_queue: String,
+}
+
+impl Subjects {
+    /// The subjects of `filter` under `prefix`.
+    ///
+    /// ```
+    /// let s = crpf::transport::Subjects::new("crpf", "users");
+    /// assert_eq!(s.delta, "crpf.users.delta");
+    /// assert_eq!(s.api_subject("add"), "crpf.users.api.add");
+    /// ```
+    pub fn new(prefix: &str, filter: &str) -> Self {
+        let base = format!("{prefix}.{filter}");
+        Subjects {
+            delta: format!("{base}.delta"),
+            state: format!("{base}.state"),
+            replication: format!("{base}.*"),
+            api: format!("{base}.api.*"),
+            api_queue: format!("{base}.api"),
+        }
+    }
+
+    /// `<prefix>.<filter>.api.<op>`.
+    pub fn api_subject(&self, op: &str) -> String {
+        format!("{}.{op}", self.api_queue)
+    }
+}
+
+/// Whether `s` is a valid single subject token (filter names, prefixes' parts).
+pub fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Rate limit for repeated warnings (rejects, slow consumers): each key passes at most once per
+/// period, and says how many were suppressed since the last time it passed.
+#[derive(Debug)]
+pub(crate) struct LogLimiter {
+    period: Duration,
+    last: std::sync::Mutex<std::collections::HashMap<&'static str, (std::time::Instant, u64)>>,
+}
+
+impl LogLimiter {
+    pub(crate) fn new(period: Duration) -> Self {
+        LogLimiter {
+            period,
+            last: Default::default(),
+        }
+    }
+
+    /// `Some(suppressed)` if a message for `key` may be logged now.
+    pub(crate) fn allow(&self, key: &'static str) -> Option<u64> {
+        let now = std::time::Instant::now();
+        let mut last = self.last.lock().expect("log limiter lock");
+        match last.get_mut(key) {
+            Some((at, suppressed)) if now.duration_since(*at) < self.period => {
+                *suppressed += 1;
+                None
+            }
+            Some((at, suppressed)) => {
+                *at = now;
+                Some(std::mem::take(suppressed))
+            }
+            None => {
+                last.insert(key, (now, 0));
+                Some(0)
+            }
+        }
+    }
+}
+
+/// Whether a NATS subject with wildcards matches a concrete subject.
+pub(crate) fn subject_matches(pattern: &str, subject: &str) -> bool {
+    let mut p = pattern.split('.');
+    let mut s = subject.split('.');
+    loop {
+        match (p.next(), s.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards() {
+        assert!(subject_matches("a.b.*", "a.b.c"));
+        assert!(!subject_matches("a.b.*", "a.b.c.d"));
+        assert!(subject_matches("a.>", "a.b.c.d"));
+        assert!(!subject_matches("a.>", "a"));
+        assert!(subject_matches("a.b", "a.b"));
+        assert!(!subject_matches("a.b", "a.c"));
+        assert!(is_token("users_1-x") && !is_token("a.b") && !is_token("") && !is_token("a*"));
+    }
+
+    #[test]
+    fn log_limiter_suppresses_and_counts() {
+        let l = LogLimiter::new(Duration::from_secs(3600));
+        assert_eq!(l.allow("a"), Some(0));
+        assert_eq!(l.allow("a"), None);
+        assert_eq!(l.allow("b"), Some(0));
+        let l = LogLimiter::new(Duration::ZERO);
+        assert_eq!(l.allow("a"), Some(0));
+        assert_eq!(l.allow("a"), Some(0));
+    }
+}

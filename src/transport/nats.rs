@@ -1,0 +1,418 @@
+//! The NATS transport: core subjects for replication and the request API, JetStream KV for
+//! replica ids.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{OnceCell, broadcast};
+use uuid::Uuid;
+
+use super::{Message, MessageStream, Transport, TransportError, TransportEvent};
+use crate::ReplicaId;
+
+/// TLS settings (rustls; the server certificate is always verified).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Require TLS even if the server does not ask for it.
+    pub required: bool,
+    /// PEM file of extra root certificates (a private CA).
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate, for servers that verify clients.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of the client certificate.
+    pub key_file: Option<PathBuf>,
+}
+
+/// How to reach NATS. Every field has a default, so a TOML section may name only what differs.
+///
+/// ```
+/// let cfg: crpf::transport::NatsConfig =
+///     serde_json::from_str(r#"{"servers": ["nats://10.0.0.1:4222", "nats://10.0.0.2:4222"],
+///                              "user": "svc", "password": "secret"}"#).unwrap();
+/// assert_eq!(cfg.servers.len(), 2);
+/// assert_eq!(cfg.ping_interval_ms, 60_000);
+/// assert_eq!(cfg.kv_bucket, "crpf_replicas");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NatsConfig {
+    /// Server URLs of the cluster (any of them; the client learns the others).
+    pub servers: Vec<String>,
+    /// Token authentication.
+    pub token: Option<String>,
+    /// User of user/password authentication.
+    pub user: Option<String>,
+    /// Password of user/password authentication.
+    pub password: Option<String>,
+    /// NKey seed (`SU...`) authentication.
+    pub nkey_seed: Option<String>,
+    /// A `.creds` file (JWT and NKey seed) for decentralized authentication.
+    pub creds_file: Option<PathBuf>,
+    /// TLS settings.
+    pub tls: Option<TlsConfig>,
+    /// Connection name shown by the server's monitoring.
+    pub name: Option<String>,
+    /// Interval of client pings, which detect a dead connection (async-nats: 60 s).
+    pub ping_interval_ms: u64,
+    /// Timeout of one connection attempt.
+    pub connection_timeout_ms: u64,
+    /// Timeout of requests (replica id claims, API requests made through this transport).
+    pub request_timeout_ms: u64,
+    /// Keep retrying if no server answers at start, instead of failing (async-nats: off).
+    pub retry_on_initial_connect: bool,
+    /// Reconnect attempts before giving up; `None`: forever.
+    pub max_reconnects: Option<usize>,
+    /// Messages a subscription buffers client-side before it drops them (async-nats: 65,536).
+    pub subscription_capacity: usize,
+    /// The JetStream KV bucket of replica id claims.
+    pub kv_bucket: String,
+    /// Replicas of that bucket's stream in a JetStream cluster (1 on a single server).
+    pub kv_replicas: usize,
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        NatsConfig {
+            servers: vec!["nats://127.0.0.1:4222".into()],
+            token: None,
+            user: None,
+            password: None,
+            nkey_seed: None,
+            creds_file: None,
+            tls: None,
+            name: None,
+            ping_interval_ms: 60_000,
+            connection_timeout_ms: 5_000,
+            request_timeout_ms: 5_000,
+            retry_on_initial_connect: false,
+            max_reconnects: None,
+            subscription_capacity: 65_536,
+            kv_bucket: "crpf_replicas".into(),
+            kv_replicas: 1,
+        }
+    }
+}
+
+impl NatsConfig {
+    /// Defaults, with these server URLs.
+    pub fn with_servers<I: IntoIterator<Item = S>, S: Into<String>>(servers: I) -> Self {
+        NatsConfig {
+            servers: servers.into_iter().map(Into::into).collect(),
+            ..Self::default()
+        }
+    }
+
+    async fn options(
+        &self,
+        events: broadcast::Sender<TransportEvent>,
+    ) -> Result<async_nats::ConnectOptions, TransportError> {
+        let mut o = match &self.creds_file {
+            Some(path) => async_nats::ConnectOptions::with_credentials_file(path)
+                .await
+                .map_err(|e| TransportError::Connect(format!("creds file {path:?}: {e}")))?,
+            None => async_nats::ConnectOptions::new(),
+        };
+        if let Some(t) = &self.token {
+            o = o.token(t.clone());
+        }
+        match (&self.user, &self.password) {
+            (Some(u), Some(p)) => o = o.user_and_password(u.clone(), p.clone()),
+            (None, None) => {}
+            _ => {
+                return Err(TransportError::Connect(
+                    "user and password go together".into(),
+                ));
+            }
+        }
+        if let Some(seed) = &self.nkey_seed {
+            o = o.nkey(seed.clone());
+        }
+        if let Some(tls) = &self.tls {
+            o = o.require_tls(tls.required);
+            if let Some(ca) = &tls.ca_file {
+                o = o.add_root_certificates(ca.clone());
+            }
+            match (&tls.cert_file, &tls.key_file) {
+                (Some(c), Some(k)) => o = o.add_client_certificate(c.clone(), k.clone()),
+                (None, None) => {}
+                _ => {
+                    return Err(TransportError::Connect(
+                        "tls cert_file and key_file go together".into(),
+                    ));
+                }
+            }
+        }
+        if let Some(n) = &self.name {
+            o = o.name(n);
+        }
+        if self.retry_on_initial_connect {
+            o = o.retry_on_initial_connect();
+        }
+        let log = super::LogLimiter::new(Duration::from_secs(10));
+        o = o
+            .ping_interval(Duration::from_millis(self.ping_interval_ms.max(1)))
+            .connection_timeout(Duration::from_millis(self.connection_timeout_ms.max(1)))
+            .request_timeout(Some(Duration::from_millis(self.request_timeout_ms.max(1))))
+            .subscription_capacity(self.subscription_capacity.max(1))
+            .max_reconnects(self.max_reconnects)
+            .event_callback(move |ev| {
+                let mapped = match &ev {
+                    async_nats::Event::Connected => Some(TransportEvent::Connected),
+                    async_nats::Event::Disconnected => Some(TransportEvent::Disconnected),
+                    async_nats::Event::SlowConsumer(_) => Some(TransportEvent::SlowConsumer),
+                    async_nats::Event::Closed => Some(TransportEvent::Closed),
+                    _ => None,
+                };
+                match mapped {
+                    Some(TransportEvent::SlowConsumer) => {
+                        if let Some(n) = log.allow("slow_consumer") {
+                            tracing::warn!(
+                                suppressed = n,
+                                "NATS slow consumer: messages dropped client-side"
+                            );
+                        }
+                    }
+                    _ => tracing::info!(event = %ev, "NATS connection event"),
+                }
+                if let Some(m) = mapped {
+                    let _ = events.send(m);
+                }
+                futures::future::ready(())
+            });
+        Ok(o)
+    }
+}
+
+/// The NATS transport. Connect once and share it (it is `Clone`; the async-nats client is).
+///
+/// The replication subjects use core NATS (at most once; anti-entropy repairs losses); replica
+/// ids are claimed in the JetStream KV bucket [`NatsConfig::kv_bucket`] with an atomic create
+/// of `<filter>.<id>` holding the claimant's uuid.
+#[derive(Clone)]
+pub struct NatsTransport {
+    client: async_nats::Client,
+    cfg: Arc<NatsConfig>,
+    events: broadcast::Sender<TransportEvent>,
+    kv: Arc<OnceCell<kv::Store>>,
+}
+
+impl std::fmt::Debug for NatsTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsTransport")
+            .field("servers", &self.cfg.servers)
+            .field("state", &self.client.connection_state())
+            .finish()
+    }
+}
+
+impl NatsTransport {
+    /// Connects (inside a tokio runtime, e.g. the actix System's).
+    pub async fn connect(cfg: NatsConfig) -> Result<Self, TransportError> {
+        if cfg.servers.is_empty() {
+            return Err(TransportError::Connect("no server URL configured".into()));
+        }
+        let events = broadcast::channel(256).0;
+        let opts = cfg.options(events.clone()).await?;
+        let addrs: Vec<async_nats::ServerAddr> = cfg
+            .servers
+            .iter()
+            .map(|s| s.parse())
+            .collect::<Result<_, _>>()
+            .map_err(|e| TransportError::Connect(format!("server URL: {e}")))?;
+        let client = opts
+            .connect(addrs)
+            .await
+            .map_err(|e| TransportError::Connect(e.to_string()))?;
+        Ok(NatsTransport {
+            client,
+            cfg: Arc::new(cfg),
+            events,
+            kv: Arc::new(OnceCell::new()),
+        })
+    }
+
+    /// The underlying client (to publish or subscribe outside crpf).
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    async fn store(&self) -> Result<kv::Store, TransportError> {
+        let store = self
+            .kv
+            .get_or_try_init(|| async {
+                let js = async_nats::jetstream::new(self.client.clone());
+                match js.get_key_value(self.cfg.kv_bucket.clone()).await {
+                    Ok(s) => Ok(s),
+                    Err(_) => js
+                        .create_key_value(kv::Config {
+                            bucket: self.cfg.kv_bucket.clone(),
+                            description: "crpf replica id claims".into(),
+                            history: 1,
+                            num_replicas: self.cfg.kv_replicas.max(1),
+                            ..Default::default()
+                        })
+                        .await
+                        .map_err(|e| TransportError::Claim(format!("KV bucket: {e}"))),
+                }
+            })
+            .await?;
+        Ok(store.clone())
+    }
+
+    async fn claim(
+        &self,
+        filter: String,
+        claimant: Uuid,
+        preferred: Option<ReplicaId>,
+    ) -> Result<ReplicaId, TransportError> {
+        let store = self.store().await?;
+        let value = Bytes::from(claimant.to_string());
+        let key = |id: ReplicaId| format!("{filter}.{id}");
+        let err = |e: &dyn std::fmt::Display| TransportError::Claim(e.to_string());
+        if let Some(p) = preferred.filter(|&p| p != 0) {
+            match store.create(key(p), value.clone()).await {
+                Ok(_) => return Ok(p),
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                    let holder = store.get(key(p)).await.map_err(|e| err(&e))?;
+                    if holder.as_ref() == Some(&value) {
+                        return Ok(p);
+                    }
+                }
+                Err(e) => return Err(err(&e)),
+            }
+        }
+        let mut used: HashSet<ReplicaId> = HashSet::new();
+        let prefix = format!("{filter}.");
+        let mut keys = store.keys().await.map_err(|e| err(&e))?;
+        while let Some(k) = keys.next().await {
+            let k = k.map_err(|e| err(&e))?;
+            if let Some(id) = k.strip_prefix(&prefix).and_then(|s| s.parse().ok()) {
+                used.insert(id);
+            }
+        }
+        for id in (1..=ReplicaId::MAX).filter(|id| !used.contains(id)) {
+            match store.create(key(id), value.clone()).await {
+                Ok(_) => return Ok(id),
+                // Claimed concurrently by another replica: try the next.
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(err(&e)),
+            }
+        }
+        Err(TransportError::Claim("every replica id is taken".into()))
+    }
+}
+
+fn convert(m: async_nats::Message) -> Message {
+    Message {
+        subject: m.subject.to_string(),
+        payload: m.payload,
+        reply: m.reply.map(|r| r.to_string()),
+    }
+}
+
+impl Transport for NatsTransport {
+    fn name(&self) -> &'static str {
+        "nats"
+    }
+
+    fn publish(
+        &self,
+        subject: String,
+        payload: Bytes,
+    ) -> BoxFuture<'static, Result<(), TransportError>> {
+        let max = self.max_payload();
+        let client = self.client.clone();
+        async move {
+            if payload.len() > max {
+                return Err(TransportError::MaxPayload {
+                    len: payload.len(),
+                    max,
+                });
+            }
+            client
+                .publish(subject, payload)
+                .await
+                .map_err(|e| TransportError::Publish(e.to_string()))
+        }
+        .boxed()
+    }
+
+    fn subscribe(
+        &self,
+        subject: String,
+        queue_group: Option<String>,
+    ) -> BoxFuture<'static, Result<MessageStream, TransportError>> {
+        let client = self.client.clone();
+        async move {
+            let sub = match queue_group {
+                Some(q) => client.queue_subscribe(subject, q).await,
+                None => client.subscribe(subject).await,
+            }
+            .map_err(|e| TransportError::Subscribe(e.to_string()))?;
+            Ok(sub.map(convert).boxed())
+        }
+        .boxed()
+    }
+
+    fn request(
+        &self,
+        subject: String,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<Bytes, TransportError>> {
+        let client = self.client.clone();
+        async move {
+            match tokio::time::timeout(timeout, client.request(subject, payload)).await {
+                Ok(Ok(m)) => Ok(m.payload),
+                Ok(Err(e)) => Err(TransportError::Request(e.to_string())),
+                Err(_) => Err(TransportError::Request("timed out".into())),
+            }
+        }
+        .boxed()
+    }
+
+    fn max_payload(&self) -> usize {
+        match self.client.server_info().max_payload {
+            // Not connected yet (retry_on_initial_connect): the server default.
+            0 => 1 << 20,
+            n => n,
+        }
+    }
+
+    fn claim_replica_id(
+        &self,
+        filter: String,
+        claimant: Uuid,
+        preferred: Option<ReplicaId>,
+    ) -> BoxFuture<'static, Result<ReplicaId, TransportError>> {
+        let this = self.clone();
+        async move { this.claim(filter, claimant, preferred).await }.boxed()
+    }
+
+    fn events(&self) -> broadcast::Receiver<TransportEvent> {
+        self.events.subscribe()
+    }
+
+    fn is_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    fn flush(&self) -> BoxFuture<'static, Result<(), TransportError>> {
+        let client = self.client.clone();
+        async move {
+            client
+                .flush()
+                .await
+                .map_err(|e| TransportError::Publish(e.to_string()))
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,460 @@
+//! Replicas on the in-process bus: convergence, loss repair, bad input, durability, the API.
+
+mod replica_common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use crpf::replica::durable::{HWM_FILE, SNAPSHOT_FILE};
+use crpf::replica::{AnyFilter, Replica, ReplicaError, ReplicaHandle};
+use crpf::transport::{FaultConfig, FaultyTransport, InProcessBus, Subjects, Transport};
+use crpf::wire::{Body, Envelope, FilterKind};
+use replica_common::*;
+use uuid::Uuid;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn start_n(
+    n: usize,
+    cfg: &crpf::replica::ReplicaConfig,
+    t: Arc<dyn Transport>,
+) -> Vec<ReplicaHandle> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        v.push(Replica::start(cfg.clone(), t.clone()).await.unwrap());
+    }
+    v
+}
+
+async fn stop(handles: &[ReplicaHandle]) {
+    for h in handles {
+        h.shutdown().await.unwrap();
+    }
+}
+
+#[actix::test]
+async fn three_or_replicas_converge_under_concurrent_adds_and_removes() {
+    let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+    let cfg = cfg("orset", FilterKind::OrCuckoo, 20_000, 0.001);
+    let hs = start_n(3, &cfg, bus).await;
+    let ids: std::collections::BTreeSet<_> = hs.iter().map(|h| h.identity().replica).collect();
+    assert_eq!(ids.len(), 3, "distinct replica ids");
+    let (a, b, c) = futures::join!(
+        workload(&hs[0], "a", 1, 1500),
+        workload(&hs[1], "b", 2, 1500),
+        workload(&hs[2], "c", 3, 1500)
+    );
+    let mut log = a;
+    log.extend(b);
+    log.extend(c);
+    assert!(converged(&hs, WAIT).await, "replicas did not converge");
+    check_or_semantics(&hs, &log);
+    for h in &hs {
+        let s = h.stats().await.unwrap();
+        assert!(s.deltas_sent > 0 && s.deltas_merged > 0, "{s:?}");
+        assert!(s.rejects.is_empty(), "{s:?}");
+    }
+    stop(&hs).await;
+}
+
+#[actix::test]
+async fn every_kind_replicates() {
+    for kind in FilterKind::ALL {
+        let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+        let hs = start_n(2, &cfg("k", kind, 2_000, 0.01), bus).await;
+        for i in 0..500u32 {
+            hs[(i % 2) as usize]
+                .add(i.to_le_bytes().to_vec())
+                .await
+                .unwrap();
+        }
+        assert!(converged(&hs, WAIT).await, "{kind}");
+        for h in &hs {
+            assert!((0..500u32).all(|i| h.contains(&i.to_le_bytes())), "{kind}");
+        }
+        if !kind.removable() {
+            assert!(matches!(
+                hs[0].remove(b"x".to_vec()).await,
+                Err(ReplicaError::NotRemovable(_))
+            ));
+        }
+        stop(&hs).await;
+    }
+}
+
+#[actix::test]
+async fn anti_entropy_repairs_lost_deltas() {
+    let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+    // Every replica loses 40% of the deltas it publishes; states travel intact.
+    let faulty: Vec<FaultyTransport> = (0..3)
+        .map(|i| {
+            FaultyTransport::new(
+                bus.clone(),
+                FaultConfig {
+                    drop_delta: 0.4,
+                    drop_state: 0.0,
+                    seed: i,
+                },
+            )
+        })
+        .collect();
+    let mut cfg = cfg("lossy", FilterKind::ScOrCuckoo, 500, 0.01);
+    cfg.delta_max_updates = 8;
+    let mut hs = Vec::new();
+    for f in &faulty {
+        hs.push(
+            Replica::start(cfg.clone(), Arc::new(f.clone()))
+                .await
+                .unwrap(),
+        );
+    }
+    let (a, b, c) = futures::join!(
+        workload(&hs[0], "a", 11, 800),
+        workload(&hs[1], "b", 12, 800),
+        workload(&hs[2], "c", 13, 800)
+    );
+    let mut log = a;
+    log.extend(b);
+    log.extend(c);
+    assert!(converged(&hs, WAIT).await, "anti-entropy did not repair");
+    check_or_semantics(&hs, &log);
+    let dropped: u64 = faulty.iter().map(|f| f.dropped()).sum();
+    assert!(dropped > 10, "the fault injector dropped {dropped} deltas");
+    let mut gaps = 0;
+    let mut merged_states = 0;
+    for h in &hs {
+        let s = h.stats().await.unwrap();
+        gaps += s.sequence_gaps;
+        merged_states += s.states_merged;
+    }
+    assert!(
+        gaps > 0 && merged_states > 0,
+        "gaps {gaps}, states merged {merged_states}"
+    );
+    stop(&hs).await;
+}
+
+#[actix::test]
+async fn late_starter_and_healed_partition_converge() {
+    let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+    let cfg = cfg("late", FilterKind::GBloom, 10_000, 0.01);
+    let a = Replica::start(cfg.clone(), bus.clone()).await.unwrap();
+    for i in 0..1000u32 {
+        a.add(i.to_le_bytes().to_vec()).await.unwrap();
+    }
+    a.flush().await.unwrap();
+    // B starts after A's deltas are gone: it catches up from A's state before it is ready.
+    let b = Replica::start(cfg.clone(), bus.clone()).await.unwrap();
+    assert!(b.wait_ready(WAIT).await);
+    assert!(converged(&[a.clone(), b.clone()], WAIT).await);
+
+    // C is cut off while everyone adds, then heals.
+    let cut = FaultyTransport::new(bus.clone(), FaultConfig::default());
+    let c = Replica::start(cfg, Arc::new(cut.clone())).await.unwrap();
+    assert!(c.wait_ready(WAIT).await);
+    cut.set_partitioned(true);
+    for i in 1000..1500u32 {
+        a.add(i.to_le_bytes().to_vec()).await.unwrap();
+        c.add((i + 10_000).to_le_bytes().to_vec()).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!c.contains(&1400u32.to_le_bytes()) || !a.contains(&11_400u32.to_le_bytes()));
+    cut.set_partitioned(false);
+    let all = [a.clone(), b.clone(), c.clone()];
+    assert!(converged(&all, WAIT).await, "partition did not heal");
+    assert!(
+        all.iter()
+            .all(|h| h.contains(&11_400u32.to_le_bytes()) && h.contains(&1400u32.to_le_bytes()))
+    );
+    stop(&all).await;
+}
+
+#[actix::test]
+async fn bad_input_is_rejected_counted_and_harmless() {
+    let bus = Arc::new(InProcessBus::new());
+    let t: Arc<dyn Transport> = bus.clone();
+    let mut cfg = cfg("strict", FilterKind::OrCuckoo, 1000, 0.01);
+    cfg.max_message_bytes = 64 << 10;
+    let h = Replica::start(cfg.clone(), t.clone()).await.unwrap();
+    h.add(b"kept".to_vec()).await.unwrap();
+    assert!(h.wait_ready(WAIT).await);
+    let before = h.snapshot();
+    let subjects = Subjects::new("crpf", "strict");
+    let me = h.snapshot();
+    let env =
+        |kind, digest, body| Envelope::new("strict", kind, digest, Uuid::new_v4(), 9, 1, body);
+    let good_delta = {
+        let mut other = AnyFilter::new(&cfg.filter, 9).unwrap();
+        other.track_deltas(true);
+        other.add(b"x").unwrap();
+        other.take_delta().unwrap()
+    };
+    let digest = me.params_digest();
+    let mut v2 = env(
+        FilterKind::OrCuckoo,
+        digest,
+        Body::Delta(good_delta.clone()),
+    )
+    .encode();
+    v2[4] = 99;
+    let valid = env(
+        FilterKind::OrCuckoo,
+        digest,
+        Body::Delta(good_delta.clone()),
+    )
+    .encode();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("malformed", b"garbage bytes".to_vec()),
+        ("malformed", vec![0xff; 100]),
+        ("version", v2),
+        ("truncated", valid[..valid.len() - 3].to_vec()),
+        (
+            "kind",
+            env(FilterKind::GBloom, digest, Body::Delta(good_delta.clone())).encode(),
+        ),
+        (
+            "params",
+            env(
+                FilterKind::OrCuckoo,
+                digest ^ 1,
+                Body::Delta(good_delta.clone()),
+            )
+            .encode(),
+        ),
+        (
+            "filter",
+            Envelope::new(
+                "other",
+                FilterKind::OrCuckoo,
+                digest,
+                Uuid::new_v4(),
+                9,
+                1,
+                Body::StateRequest { target: None },
+            )
+            .encode(),
+        ),
+        ("oversized", {
+            let mut b = valid.clone();
+            b.resize(70 << 10, 0);
+            b
+        }),
+        // Decodes as an envelope, but the delta inside is garbage.
+        (
+            "malformed",
+            env(FilterKind::OrCuckoo, digest, Body::Delta(vec![0x13, 0x37])).encode(),
+        ),
+        // A state chunk whose bytes do not match its checksum.
+        (
+            "chunk",
+            env(
+                FilterKind::OrCuckoo,
+                digest,
+                Body::StateChunk(crpf::wire::StateChunk {
+                    transfer: 1,
+                    index: 0,
+                    count: 1,
+                    total_len: 3,
+                    checksum: 0,
+                    data: vec![1, 2, 3],
+                }),
+            )
+            .encode(),
+        ),
+    ];
+    let mut expected = std::collections::BTreeMap::new();
+    for (reason, bytes) in &cases {
+        for subject in [&subjects.delta, &subjects.state] {
+            t.publish(subject.clone(), Bytes::from(bytes.clone()))
+                .await
+                .unwrap();
+            *expected.entry(reason.to_string()).or_insert(0u64) += 1;
+        }
+    }
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let s = h.stats().await.unwrap();
+        if s.rejects == expected {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rejects {:?}, expected {expected:?}",
+            s.rejects
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        h.snapshot().equivalent(&before),
+        "bad input changed the state"
+    );
+    // Still serving, and a valid message still merges.
+    assert!(h.add(b"after".to_vec()).await.is_ok());
+    t.publish(subjects.delta.clone(), Bytes::from(valid))
+        .await
+        .unwrap();
+    assert!(h.wait_until(WAIT, |f| f.contains(b"x")).await);
+    // Items the API refuses.
+    assert!(matches!(
+        h.add(Vec::new()).await,
+        Err(ReplicaError::InvalidItem(_))
+    ));
+    assert!(matches!(
+        h.add(vec![1; 5000]).await,
+        Err(ReplicaError::InvalidItem(_))
+    ));
+    h.shutdown().await.unwrap();
+}
+
+#[actix::test]
+async fn request_api_answers_json() {
+    let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+    let hs = start_n(
+        2,
+        &cfg("api", FilterKind::OrCuckoo, 1000, 0.01),
+        bus.clone(),
+    )
+    .await;
+    for h in &hs {
+        assert!(h.wait_ready(WAIT).await);
+    }
+    let s = Subjects::new("crpf", "api");
+    let req = |op: &str, item: &[u8]| {
+        bus.request(
+            s.api_subject(op),
+            Bytes::copy_from_slice(item),
+            Duration::from_secs(5),
+        )
+    };
+    let json = |b: Bytes| serde_json::from_slice::<serde_json::Value>(&b).unwrap();
+    assert_eq!(
+        json(req("add", b"k").await.unwrap()),
+        serde_json::json!({"added": true})
+    );
+    assert!(converged(&hs, WAIT).await);
+    assert_eq!(
+        json(req("contains", b"k").await.unwrap()),
+        serde_json::json!({"contains": true})
+    );
+    assert_eq!(
+        json(req("remove", b"k").await.unwrap()),
+        serde_json::json!({"removed": true})
+    );
+    assert!(converged(&hs, WAIT).await);
+    assert_eq!(
+        json(req("contains", b"k").await.unwrap()),
+        serde_json::json!({"contains": false})
+    );
+    assert_eq!(
+        json(req("remove", b"k").await.unwrap()),
+        serde_json::json!({"removed": false})
+    );
+    let stats = json(req("stats", b"").await.unwrap());
+    assert_eq!(stats["filter"], "api");
+    assert_eq!(stats["kind"], "or_cuckoo");
+    assert!(stats["capacity"].as_u64().unwrap() >= 1000);
+    for (item, _) in [(&b""[..], "empty"), (&[7u8; 5000][..], "max_item_bytes")] {
+        let e = json(req("add", item).await.unwrap());
+        assert!(e["error"].as_str().is_some(), "{e}");
+    }
+    let e = json(req("frobnicate", b"x").await.unwrap());
+    assert!(e["error"].as_str().unwrap().contains("unknown operation"));
+    stop(&hs).await;
+}
+
+#[actix::test]
+async fn big_states_replicate_in_chunks() {
+    // 1 MiB max_payload, like a default NATS server; the state is over 8 MiB.
+    let bus: Arc<dyn Transport> = Arc::new(InProcessBus::with_limits(1 << 20, 65_536));
+    let cfg = cfg("big", FilterKind::GBloom, 7_500_000, 0.01);
+    let a = Replica::start(cfg.clone(), bus.clone()).await.unwrap();
+    assert!(a.snapshot().encode_state().len() >= 8 << 20);
+    for i in 0..2000u32 {
+        a.add(i.to_le_bytes().to_vec()).await.unwrap();
+    }
+    a.flush().await.unwrap();
+    let b = Replica::start(cfg, bus).await.unwrap();
+    assert!(converged(&[a.clone(), b.clone()], WAIT).await);
+    let s = b.stats().await.unwrap();
+    assert!(s.states_merged >= 1, "{s:?}");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[actix::test]
+async fn restart_from_data_dir_keeps_identity_and_never_reuses_tags() {
+    let dir = tempfile::tempdir().unwrap();
+    let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+    let mut cfg = cfg("durable", FilterKind::OrCuckoo, 5000, 0.01);
+    cfg.data_dir = Some(dir.path().join("r1"));
+    cfg.tag_reserve_block = 100;
+    let h = Replica::start(cfg.clone(), bus.clone()).await.unwrap();
+    let id = h.identity();
+    let mut dots = Vec::new();
+    for i in 0..250u32 {
+        dots.push(h.add(i.to_le_bytes().to_vec()).await.unwrap().unwrap());
+    }
+    // A snapshot now, then more adds that only the reservation file knows about.
+    h.persist().await.unwrap();
+    for i in 250..300u32 {
+        dots.push(h.add(i.to_le_bytes().to_vec()).await.unwrap().unwrap());
+    }
+    // Simulate a crash: stop the actor without the final snapshot, by restoring the older
+    // snapshot file after a clean shutdown.
+    let snap = std::fs::read(dir.path().join("r1").join(SNAPSHOT_FILE)).unwrap();
+    h.shutdown().await.unwrap();
+    std::fs::write(dir.path().join("r1").join(SNAPSHOT_FILE), &snap).unwrap();
+
+    let h = Replica::start(cfg.clone(), bus.clone()).await.unwrap();
+    assert_eq!(h.identity(), id, "restored identity");
+    assert!((0..250u32).all(|i| h.contains(&i.to_le_bytes())));
+    let max_before = dots.iter().map(|d| d.counter).max().unwrap();
+    let next = h.add(b"after restart".to_vec()).await.unwrap().unwrap();
+    assert_eq!(next.replica, id.replica);
+    assert!(
+        next.counter > max_before,
+        "tag {next:?} at or below {max_before}"
+    );
+    h.shutdown().await.unwrap();
+
+    // A damaged snapshot is never loaded: the replica starts afresh under a new id.
+    let path = dir.path().join("r1").join(SNAPSHOT_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = bytes.len();
+    bytes[n / 2] ^= 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+    let h = Replica::start(cfg.clone(), bus.clone()).await.unwrap();
+    assert_ne!(h.identity().replica, id.replica);
+    assert_ne!(h.identity().uuid, id.uuid);
+    assert!(h.snapshot().dots().is_empty(), "a fresh state");
+    h.shutdown().await.unwrap();
+
+    // A snapshot without its reservation file keeps the state but issues tags under a new id.
+    let h = Replica::start(cfg.clone(), bus.clone()).await.unwrap();
+    let id2 = h.identity();
+    h.add(b"y".to_vec()).await.unwrap();
+    h.shutdown().await.unwrap();
+    std::fs::remove_file(dir.path().join("r1").join(HWM_FILE)).unwrap();
+    let h = Replica::start(cfg, bus).await.unwrap();
+    assert!(h.contains(b"y"));
+    assert_ne!(h.identity().replica, id2.replica);
+    h.shutdown().await.unwrap();
+}
+
+#[actix::test]
+async fn a_snapshot_of_another_filter_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+    let mut cfg = cfg("one", FilterKind::GBloom, 1000, 0.01);
+    cfg.data_dir = Some(dir.path().to_path_buf());
+    Replica::start(cfg.clone(), bus.clone())
+        .await
+        .unwrap()
+        .shutdown()
+        .await
+        .unwrap();
+    cfg.filter.capacity = 2000;
+    let err = Replica::start(cfg, bus).await.unwrap_err();
+    assert!(matches!(err, ReplicaError::Durable(_)), "{err}");
+}

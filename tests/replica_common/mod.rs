@@ -1,0 +1,116 @@
+//! Helpers shared by the replica tests (in-process bus and NATS).
+#![allow(dead_code)]
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use crpf::Dot;
+use crpf::replica::{AnyFilter, ReplicaConfig, ReplicaHandle};
+use crpf::wire::FilterKind;
+
+/// Fast timers for tests.
+pub fn cfg(name: &str, kind: FilterKind, capacity: u64, fpr: f64) -> ReplicaConfig {
+    ReplicaConfig::for_kind(name, kind, capacity, fpr).fast()
+}
+
+/// The join of every replica's state.
+pub fn merge_all(handles: &[ReplicaHandle]) -> AnyFilter {
+    let mut all = handles[0].snapshot();
+    for h in &handles[1..] {
+        all.merge(&h.snapshot()).expect("same parameters");
+    }
+    all
+}
+
+/// Waits until every replica is equivalent to the join of all; `false` on timeout.
+pub async fn converged(handles: &[ReplicaHandle], timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let all = merge_all(handles);
+        if handles.iter().all(|h| h.read(|f| f.equivalent(&all))) {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What a workload did: the tag of every add with its item, and the tags removes took out.
+#[derive(Default, Debug, Clone)]
+pub struct Log {
+    pub adds: Vec<(Vec<u8>, Dot)>,
+    pub removed: BTreeSet<Dot>,
+}
+
+impl Log {
+    pub fn extend(&mut self, other: Log) {
+        self.adds.extend(other.adds);
+        self.removed.extend(other.removed);
+    }
+}
+
+/// Random adds (of `prefix`-named items and of items shared by every workload) and removes of
+/// items this replica has seen, `ops` in all.
+pub async fn workload(h: &ReplicaHandle, prefix: &str, seed: u64, ops: usize) -> Log {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut log = Log::default();
+    for i in 0..ops {
+        let item = if rng.bool() {
+            format!("{prefix}-{i}").into_bytes()
+        } else {
+            format!("shared-{}", rng.usize(..ops / 4 + 1)).into_bytes()
+        };
+        if rng.f64() < 0.3 {
+            if let Some(dot) = h.remove_dot(item).await.expect("remove") {
+                log.removed.insert(dot);
+            }
+        } else {
+            let dot = h
+                .add(item.clone())
+                .await
+                .expect("add")
+                .expect("OR kinds tag adds");
+            log.adds.push((item, dot));
+        }
+        if i % 16 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    log
+}
+
+/// Checks the observed-remove semantics on converged replicas: the live tags are exactly the
+/// tags added and not removed, no tag was issued twice, and an element with a live add is
+/// contained everywhere.
+pub fn check_or_semantics(handles: &[ReplicaHandle], log: &Log) {
+    let mut seen = BTreeSet::new();
+    for (_, dot) in &log.adds {
+        assert!(seen.insert(*dot), "tag {dot:?} issued twice");
+    }
+    let expected: BTreeSet<Dot> = log
+        .adds
+        .iter()
+        .map(|(_, d)| *d)
+        .filter(|d| !log.removed.contains(d))
+        .collect();
+    let mut live_items: HashMap<&[u8], usize> = HashMap::new();
+    for (item, dot) in &log.adds {
+        if !log.removed.contains(dot) {
+            *live_items.entry(item).or_default() += 1;
+        }
+    }
+    for h in handles {
+        let dots: BTreeSet<Dot> = h.read(|f| f.dots()).into_iter().collect();
+        assert_eq!(dots, expected, "replica {} live tags", h.identity().replica);
+        for item in live_items.keys() {
+            assert!(
+                h.contains(item),
+                "replica {} lost {:?}",
+                h.identity().replica,
+                item
+            );
+        }
+    }
+}
