@@ -14,4 +14,12 @@ if [ ! -x "$tools/nats/bin/nats-server" ]; then
 fi
 export CRPF_NATS_SERVER="$tools/nats/bin/nats-server"
 
+# A plain NATS client in another language, for the request API test (PyPI nats-py).
+if [ ! -d "$tools/py/nats" ]; then
+  echo "installing nats-py into .tools/py" >&2
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+    --target "$tools/py" nats-py
+fi
+export CRPF_PYTHONPATH="$tools/py"
+
 cargo test --release "$@"

@@ -248,23 +248,43 @@ impl NatsTransport {
         let store = self
             .kv
             .get_or_try_init(|| async {
-                let js = async_nats::jetstream::new(self.client.clone());
-                match js.get_key_value(self.cfg.kv_bucket.clone()).await {
-                    Ok(s) => Ok(s),
-                    Err(_) => js
-                        .create_key_value(kv::Config {
-                            bucket: self.cfg.kv_bucket.clone(),
-                            description: "crpf replica id claims".into(),
-                            history: 1,
-                            num_replicas: self.cfg.kv_replicas.max(1),
-                            ..Default::default()
-                        })
-                        .await
-                        .map_err(|e| TransportError::Claim(format!("KV bucket: {e}"))),
+                // JetStream may still be starting (a cluster electing its meta leader): retry
+                // for a while before giving up.
+                let deadline = tokio::time::Instant::now()
+                    + Duration::from_millis(self.cfg.request_timeout_ms.max(1) * 3)
+                        .max(Duration::from_secs(10));
+                let mut wait = Duration::from_millis(100);
+                loop {
+                    match self.open_store().await {
+                        Ok(s) => return Ok(s),
+                        Err(e) if tokio::time::Instant::now() + wait < deadline => {
+                            tracing::debug!(error = %e, "KV bucket not available yet, retrying");
+                            tokio::time::sleep(wait).await;
+                            wait = (wait * 2).min(Duration::from_secs(1));
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
             })
             .await?;
         Ok(store.clone())
+    }
+
+    async fn open_store(&self) -> Result<kv::Store, TransportError> {
+        let js = async_nats::jetstream::new(self.client.clone());
+        match js.get_key_value(self.cfg.kv_bucket.clone()).await {
+            Ok(s) => Ok(s),
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: self.cfg.kv_bucket.clone(),
+                    description: "crpf replica id claims".into(),
+                    history: 1,
+                    num_replicas: self.cfg.kv_replicas.max(1),
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| TransportError::Claim(format!("KV bucket: {e}"))),
+        }
     }
 
     async fn claim(

@@ -1,0 +1,543 @@
+//! Replicas over real `nats-server` processes: convergence, replica ids in JetStream KV, loss
+//! repair, states over `max_payload`, the request API from plain clients, a 3-node cluster
+//! losing a server, and a replica process killed with SIGKILL and restarted from its data
+//! directory.
+
+mod nats_harness;
+mod replica_common;
+
+use std::collections::BTreeSet;
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::mpsc as std_mpsc;
+use std::time::{Duration, Instant};
+
+use crpf::Dot;
+use crpf::replica::{Replica, ReplicaConfig, ReplicaHandle};
+use crpf::transport::{FaultConfig, FaultyTransport, NatsConfig, NatsTransport, Transport};
+use crpf::wire::FilterKind;
+use nats_harness::NatsServer;
+use replica_common::*;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn connect(url: &str) -> Arc<dyn Transport> {
+    Arc::new(
+        NatsTransport::connect(NatsConfig::with_servers([url]))
+            .await
+            .expect("connect to nats-server"),
+    )
+}
+
+async fn stop(handles: &[ReplicaHandle]) {
+    for h in handles {
+        h.shutdown().await.unwrap();
+    }
+}
+
+#[actix::test]
+async fn three_replicas_converge_over_nats_with_ids_from_kv() {
+    let server = NatsServer::start();
+    let cfg = cfg("orset", FilterKind::OrCuckoo, 20_000, 0.001);
+    let mut hs = Vec::new();
+    for _ in 0..3 {
+        hs.push(
+            Replica::start(cfg.clone(), connect(&server.url()).await)
+                .await
+                .unwrap(),
+        );
+    }
+    let (a, b, c) = futures::join!(
+        workload(&hs[0], "a", 1, 1500),
+        workload(&hs[1], "b", 2, 1500),
+        workload(&hs[2], "c", 3, 1500)
+    );
+    let mut log = a;
+    log.extend(b);
+    log.extend(c);
+    assert!(converged(&hs, WAIT).await, "replicas did not converge");
+    check_or_semantics(&hs, &log);
+
+    // Each replica id is claimed in the KV bucket under `<filter>.<id>` by its uuid.
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let kv = async_nats::jetstream::new(client)
+        .get_key_value("crpf_replicas")
+        .await
+        .unwrap();
+    let mut ids = BTreeSet::new();
+    for h in &hs {
+        let id = h.identity();
+        assert!(
+            ids.insert(id.replica),
+            "replica id {} claimed twice",
+            id.replica
+        );
+        let holder = kv
+            .get(format!("orset.{}", id.replica))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(holder, id.uuid.to_string().as_bytes());
+    }
+    stop(&hs).await;
+}
+
+#[actix::test]
+async fn lost_deltas_over_nats_are_repaired_by_anti_entropy() {
+    let server = NatsServer::start();
+    let mut cfg = cfg("lossy", FilterKind::OrCuckoo, 20_000, 0.001);
+    cfg.delta_max_updates = 8;
+    let mut hs = Vec::new();
+    let mut faulty = Vec::new();
+    for seed in 0..3 {
+        let f = FaultyTransport::new(
+            connect(&server.url()).await,
+            FaultConfig {
+                drop_delta: 0.3,
+                drop_state: 0.0,
+                seed,
+            },
+        );
+        hs.push(
+            Replica::start(cfg.clone(), Arc::new(f.clone()))
+                .await
+                .unwrap(),
+        );
+        faulty.push(f);
+    }
+    let (a, b, c) = futures::join!(
+        workload(&hs[0], "a", 4, 600),
+        workload(&hs[1], "b", 5, 600),
+        workload(&hs[2], "c", 6, 600)
+    );
+    let mut log = a;
+    log.extend(b);
+    log.extend(c);
+    assert!(
+        converged(&hs, WAIT).await,
+        "anti-entropy did not repair the losses"
+    );
+    check_or_semantics(&hs, &log);
+    assert!(faulty.iter().map(|f| f.dropped()).sum::<u64>() > 10);
+    stop(&hs).await;
+}
+
+#[actix::test]
+async fn an_8_mib_state_replicates_through_a_1_mib_max_payload() {
+    let server = NatsServer::start();
+    let a_t = connect(&server.url()).await;
+    assert_eq!(a_t.max_payload(), 1 << 20, "server default max_payload");
+    let cfg = cfg("big", FilterKind::GBloom, 7_500_000, 0.01);
+    let a = Replica::start(cfg.clone(), a_t).await.unwrap();
+    assert!(a.snapshot().encode_state().len() >= 8 << 20);
+    for i in 0..5000u32 {
+        a.add(i.to_le_bytes().to_vec()).await.unwrap();
+    }
+    a.flush().await.unwrap();
+    // A late replica gets all of it through the chunked state transfer.
+    let b = Replica::start(cfg, connect(&server.url()).await)
+        .await
+        .unwrap();
+    assert!(b.wait_ready(WAIT).await);
+    assert!(converged(&[a.clone(), b.clone()], WAIT).await);
+    assert!((0..5000u32).all(|i| b.contains(&i.to_le_bytes())));
+    let s = b.stats().await.unwrap();
+    assert!(s.states_merged >= 1 && s.rejects.is_empty(), "{s:?}");
+    stop(&[a, b]).await;
+}
+
+#[actix::test]
+async fn request_api_from_plain_clients() {
+    let server = NatsServer::start();
+    let cfg = cfg("api", FilterKind::OrCuckoo, 1000, 0.01);
+    let mut hs = Vec::new();
+    for _ in 0..2 {
+        let h = Replica::start(cfg.clone(), connect(&server.url()).await)
+            .await
+            .unwrap();
+        assert!(h.wait_ready(WAIT).await);
+        hs.push(h);
+    }
+    // A raw async-nats client: no crpf code between it and the replicas.
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let req = |op: &'static str, item: &'static [u8]| {
+        let client = client.clone();
+        async move {
+            let r = client
+                .request(format!("crpf.api.api.{op}"), item.into())
+                .await
+                .unwrap();
+            serde_json::from_slice::<serde_json::Value>(&r.payload).unwrap()
+        }
+    };
+    use serde_json::json;
+    for _ in 0..3 {
+        assert_eq!(req("add", b"k").await, json!({"added": true}));
+    }
+    assert!(converged(&hs, WAIT).await);
+    assert_eq!(req("contains", b"k").await, json!({"contains": true}));
+    assert_eq!(req("remove", b"k").await, json!({"removed": true}));
+    assert!(
+        req("add", b"").await["error"]
+            .as_str()
+            .unwrap()
+            .contains("empty")
+    );
+    let big: &'static [u8] = Box::leak(vec![1u8; 10_000].into_boxed_slice());
+    assert!(
+        req("add", big).await["error"]
+            .as_str()
+            .unwrap()
+            .contains("max_item_bytes")
+    );
+    let stats = req("stats", b"").await;
+    assert_eq!(stats["filter"], "api");
+    assert!(stats["ready"].as_bool().unwrap());
+    stop(&hs).await;
+
+    // The same API from Python (PyPI nats-py).
+    let h = Replica::start(
+        cfg_named("pyapi", FilterKind::GBloom),
+        connect(&server.url()).await,
+    )
+    .await
+    .unwrap();
+    assert!(h.wait_ready(WAIT).await);
+    // Off the actix thread: the replica must keep running while the client waits.
+    let url = server.url();
+    let out = tokio::task::spawn_blocking(move || python(&url, "pyapi"))
+        .await
+        .unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            r#"add {"added":true}"#,
+            r#"contains {"contains":true}"#,
+            r#"contains_other {"contains":false}"#,
+            r#"remove {"error":"a g_bloom filter does not support remove"}"#,
+            r#"empty {"error":"invalid request: empty item"}"#,
+        ],
+        "{out}"
+    );
+    assert!(h.contains(b"py-item"));
+    h.shutdown().await.unwrap();
+}
+
+fn cfg_named(name: &str, kind: FilterKind) -> ReplicaConfig {
+    cfg(name, kind, 1000, 0.01)
+}
+
+/// Runs a nats-py client against the API and returns what it printed.
+fn python(url: &str, filter: &str) -> String {
+    let pythonpath = std::env::var("CRPF_PYTHONPATH")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/.tools/py").to_string());
+    assert!(
+        Path::new(&pythonpath).join("nats").exists(),
+        "nats-py not found in {pythonpath}: run scripts/test.sh (it installs the PyPI package \
+         nats-py into .tools/py) or set CRPF_PYTHONPATH"
+    );
+    let script = r#"
+import asyncio, sys, nats
+async def main():
+    nc = await nats.connect(sys.argv[1])
+    base = "crpf." + sys.argv[2] + ".api."
+    for label, op, item in [("add", "add", b"py-item"), ("contains", "contains", b"py-item"),
+                            ("contains_other", "contains", b"never-added"),
+                            ("remove", "remove", b"py-item"), ("empty", "add", b"")]:
+        r = await nc.request(base + op, item, timeout=10)
+        print(label, r.data.decode(), flush=True)
+    await nc.close()
+asyncio.run(main())
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, url, filter])
+        .env("PYTHONPATH", &pythonpath)
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "python client failed after printing {:?}: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[actix::test]
+async fn replicas_on_a_3_node_cluster_converge_after_a_server_dies() {
+    let mut servers = NatsServer::cluster(3);
+    let cfg = cfg("clustered", FilterKind::OrCuckoo, 20_000, 0.001);
+    let mut hs = Vec::new();
+    for s in &servers {
+        // Each replica knows only its own server; the client learns the others from it.
+        let mut nc = NatsConfig::with_servers([s.url()]);
+        nc.kv_replicas = 3;
+        let t = NatsTransport::connect(nc).await.unwrap();
+        hs.push(Replica::start(cfg.clone(), Arc::new(t)).await.unwrap());
+    }
+    let (a, b, c) = futures::join!(
+        workload(&hs[0], "a", 21, 600),
+        workload(&hs[1], "b", 22, 600),
+        workload(&hs[2], "c", 23, 600)
+    );
+    let mut log = a;
+    log.extend(b);
+    log.extend(c);
+    // Mid-run, the server of replica 1 dies; everyone keeps working.
+    servers[1].kill();
+    let (a, b, c) = futures::join!(
+        workload(&hs[0], "a2", 24, 600),
+        workload(&hs[1], "b2", 25, 600),
+        workload(&hs[2], "c2", 26, 600)
+    );
+    log.extend(a);
+    log.extend(b);
+    log.extend(c);
+    assert!(
+        converged(&hs, WAIT).await,
+        "replicas did not converge after the server died"
+    );
+    check_or_semantics(&hs, &log);
+    stop(&hs).await;
+}
+
+// ---- kill -9 of a replica process --------------------------------------------------------
+
+/// A replica in a child process: this test binary, re-run with `CRPF_CHILD_NATS` set, runs
+/// [`child_replica_process`] as a replica that adds items until it is killed.
+struct ChildReplica {
+    child: Child,
+    lines: std_mpsc::Receiver<String>,
+    tags: Vec<(String, u64)>,
+}
+
+impl ChildReplica {
+    fn spawn(url: &str, dir: &Path, prefix: &str) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "child_replica_process",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("CRPF_CHILD_NATS", url)
+            .env("CRPF_CHILD_DIR", dir)
+            .env("CRPF_CHILD_PREFIX", prefix)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std_mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        ChildReplica {
+            child,
+            lines,
+            tags: Vec::new(),
+        }
+    }
+
+    /// Reads what the child printed so far; returns its `READY` line's fields once seen.
+    fn drain(&mut self) -> Option<(u16, BTreeSet<u64>)> {
+        let mut ready = None;
+        while let Ok(line) = self.lines.try_recv() {
+            // libtest prints `test child_replica_process ... ` with no newline before the
+            // child's first line.
+            let line = match line.find("READY ") {
+                Some(i) => &line[i..],
+                None => &line[..],
+            };
+            let mut f = line.split_whitespace();
+            match f.next() {
+                Some("TAG") => {
+                    let item = f.next().unwrap().to_string();
+                    self.tags.push((item, f.next().unwrap().parse().unwrap()));
+                }
+                Some("READY") => {
+                    let id = f.next().unwrap().parse().unwrap();
+                    let restored = f
+                        .next()
+                        .unwrap_or("")
+                        .split(',')
+                        .filter(|s| !s.is_empty())
+                        .map(|s| s.parse().unwrap())
+                        .collect();
+                    ready = Some((id, restored));
+                }
+                _ => {}
+            }
+        }
+        ready
+    }
+
+    async fn wait_ready(&mut self) -> (u16, BTreeSet<u64>) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(r) = self.drain() {
+                return r;
+            }
+            assert!(Instant::now() < deadline, "child replica never got ready");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// SIGKILL, by pid.
+    async fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        // Whatever it printed before dying.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.drain();
+    }
+}
+
+impl Drop for ChildReplica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn crash_cfg() -> ReplicaConfig {
+    cfg("crash", FilterKind::OrCuckoo, 50_000, 0.001)
+}
+
+/// Entry point of the child replica process; does nothing in a normal test run.
+#[test]
+fn child_replica_process() {
+    let Ok(url) = std::env::var("CRPF_CHILD_NATS") else {
+        return;
+    };
+    let dir = std::env::var("CRPF_CHILD_DIR").unwrap();
+    let prefix = std::env::var("CRPF_CHILD_PREFIX").unwrap();
+    actix::System::new().block_on(async move {
+        let mut cfg = crash_cfg();
+        cfg.data_dir = Some(dir.into());
+        cfg.snapshot_interval_ms = 200;
+        cfg.tag_reserve_block = 50;
+        // Catch up from a peer for real rather than time out.
+        cfg.catch_up_timeout_ms = 30_000;
+        let h = Replica::start(cfg, connect(&url).await).await.unwrap();
+        assert!(h.wait_ready(WAIT).await);
+        let id = h.identity().replica;
+        let restored: Vec<String> = h
+            .read(|f| f.dots())
+            .into_iter()
+            .filter(|d| d.replica == id)
+            .map(|d| d.counter.to_string())
+            .collect();
+        println!("READY {id} {}", restored.join(","));
+        for i in 0.. {
+            let item = format!("{prefix}-{i}");
+            let dot = h.add(item.clone().into_bytes()).await.unwrap().unwrap();
+            println!("TAG {item} {}", dot.counter);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    });
+}
+
+#[actix::test]
+async fn a_replica_killed_with_sigkill_restarts_from_its_data_dir() {
+    let server = NatsServer::start();
+    let a = Replica::start(crash_cfg(), connect(&server.url()).await)
+        .await
+        .unwrap();
+    let b = Replica::start(crash_cfg(), connect(&server.url()).await)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+
+    let mut first = ChildReplica::spawn(&server.url(), dir.path(), "p1");
+    let (id, _) = first.wait_ready().await;
+    // Let a few hundred of its adds reach the others, then kill it mid-run.
+    assert!(
+        a.wait_until(WAIT, |f| f.history().unwrap().max(id) >= 400)
+            .await
+    );
+    first.kill9().await;
+    let pre_crash_tags: BTreeSet<u64> = first.tags.iter().map(|(_, c)| *c).collect();
+    // Everything of it that reached another replica, as seen now (it can only grow).
+    let reached: BTreeSet<u64> = [&a, &b]
+        .iter()
+        .flat_map(|h| h.read(|f| f.dots()))
+        .filter(|d| d.replica == id)
+        .map(|d| d.counter)
+        .collect();
+    assert!(reached.len() >= 400, "{}", reached.len());
+
+    let mut second = ChildReplica::spawn(&server.url(), dir.path(), "p2");
+    let (id2, restored) = second.wait_ready().await;
+    assert_eq!(id2, id, "the restarted replica keeps its replica id");
+    let missing: Vec<_> = reached.difference(&restored).collect();
+    assert!(
+        missing.is_empty(),
+        "adds that had reached another replica are missing after the restart: {missing:?}"
+    );
+    // Let it add again until its new tags reach the others, then kill it too.
+    let floor = reached.iter().max().copied().unwrap_or(0);
+    assert!(
+        a.wait_until(WAIT, |f| f.history().unwrap().max(id) >= floor + 200)
+            .await
+    );
+    second.kill9().await;
+    let post: Vec<u64> = second.tags.iter().map(|(_, c)| *c).collect();
+    assert!(!post.is_empty());
+    let old_max = pre_crash_tags
+        .iter()
+        .chain(&reached)
+        .max()
+        .copied()
+        .unwrap();
+    for c in &post {
+        assert!(
+            *c > old_max && !pre_crash_tags.contains(c) && !reached.contains(c),
+            "tag ({id}, {c}) reused after the restart (pre-crash max {old_max})"
+        );
+    }
+    assert!(converged(&[a.clone(), b.clone()], WAIT).await);
+    let live: BTreeSet<Dot> = a.read(|f| f.dots()).into_iter().collect();
+    let reached_later: Vec<u64> = post
+        .iter()
+        .copied()
+        .filter(|&c| {
+            a.read(|f| {
+                f.history().unwrap().contains(Dot {
+                    replica: id,
+                    counter: c,
+                })
+            })
+        })
+        .collect();
+    assert!(!reached_later.is_empty());
+    for c in reached.iter().chain(&reached_later) {
+        assert!(
+            live.contains(&Dot {
+                replica: id,
+                counter: *c
+            }),
+            "({id}, {c}) lost"
+        );
+    }
+    for (item, c) in first.tags.iter().chain(&second.tags) {
+        if live.contains(&Dot {
+            replica: id,
+            counter: *c,
+        }) {
+            assert!(
+                a.contains(item.as_bytes()) && b.contains(item.as_bytes()),
+                "{item}"
+            );
+        }
+    }
+    stop(&[a, b]).await;
+}
