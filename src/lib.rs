@@ -28,6 +28,8 @@
 //! The layers: [`core`] is pure and synchronous (no I/O).
 
 pub mod core;
+#[cfg(feature = "eval")]
+pub mod eval;
 #[cfg(feature = "node")]
 pub mod replica;
 #[cfg(feature = "node")]
