@@ -51,6 +51,8 @@ pub(crate) struct Counters {
     pub state_pushes: AtomicU64,
     pub states_merged: AtomicU64,
     pub bytes_sent: AtomicU64,
+    pub delta_bytes_sent: AtomicU64,
+    pub state_bytes_sent: AtomicU64,
     pub bytes_received: AtomicU64,
     pub state_bytes: AtomicU64,
 }
@@ -220,7 +222,12 @@ impl Replica {
     /// Queues a frame for the publisher task (which publishes in order).
     fn send(&mut self, subject: String, frame: Vec<u8>, channel: &'static str) {
         self.metrics.traffic("out", channel, frame.len());
-        Counters::bump(&self.shared.counters.bytes_sent, frame.len() as u64);
+        let c = &self.shared.counters;
+        Counters::bump(&c.bytes_sent, frame.len() as u64);
+        match channel {
+            "delta" => Counters::bump(&c.delta_bytes_sent, frame.len() as u64),
+            _ => Counters::bump(&c.state_bytes_sent, frame.len() as u64),
+        }
         let _ = self
             .outbound
             .send(Outbound::Publish(subject, frame.into(), channel));
@@ -393,7 +400,8 @@ impl Replica {
                     peer.mismatches += 1;
                     // A mismatch that persists is not just updates in flight: a loss our
                     // sequence numbers cannot see (e.g. from a replica that has left since).
-                    if peer.mismatches >= 3 || !ready || self.changed_since_push {
+                    // (Our own lost deltas show as sequence gaps at the peer, which asks.)
+                    if peer.mismatches >= 3 || !ready {
                         peer.mismatches = 0;
                         self.schedule_push(ctx);
                     }
@@ -672,6 +680,8 @@ impl Replica {
             state_pushes: c.state_pushes.load(Ordering::Relaxed),
             states_merged: c.states_merged.load(Ordering::Relaxed),
             bytes_sent: c.bytes_sent.load(Ordering::Relaxed),
+            delta_bytes_sent: c.delta_bytes_sent.load(Ordering::Relaxed),
+            state_bytes_sent: c.state_bytes_sent.load(Ordering::Relaxed),
             bytes_received: c.bytes_received.load(Ordering::Relaxed),
             state_bytes: c.state_bytes.load(Ordering::Relaxed),
         }

@@ -10,9 +10,9 @@
 //! - **Anti-entropy** on `.state`. Every envelope carries a per-sender sequence number; a gap
 //!   means lost messages, and the receiver asks that peer for its full state. Every
 //!   `anti_entropy_interval_ms` each replica also publishes a digest that is equal for
-//!   equivalent states; a replica whose digest keeps differing from a peer's, or that has
-//!   local changes not yet in a full-state push, pushes its full state, in chunks below the
-//!   server's `max_payload`. A starting or reconnecting replica asks everyone for their state.
+//!   equivalent states; a replica whose digest differs from a peer's three times in a row
+//!   (not just updates in flight, then) pushes its full state, in chunks below the server's
+//!   `max_payload`. A starting or reconnecting replica asks everyone for their state.
 //! - **Readiness**: a replica is ready once it merged a peer's state, saw a ready peer with
 //!   its own digest, or waited `catch_up_timeout_ms` (it may be alone). Only then does it join
 //!   the request API's queue group.
@@ -136,6 +136,10 @@ pub struct ReplicaStats {
     pub states_merged: u64,
     /// Replication bytes published.
     pub bytes_sent: u64,
+    /// Of which on the delta subject.
+    pub delta_bytes_sent: u64,
+    /// Of which on the state subject (digests, requests, full states).
+    pub state_bytes_sent: u64,
     /// Replication bytes received.
     pub bytes_received: u64,
     /// Size of the encoded state at its last encoding.

@@ -76,7 +76,7 @@ pub async fn workload(h: &ReplicaHandle, prefix: &str, seed: u64, ops: usize) ->
                 .expect("OR kinds tag adds");
             log.adds.push((item, dot));
         }
-        if i % 16 == 0 {
+        if i.is_multiple_of(16) {
             tokio::task::yield_now().await;
         }
     }
