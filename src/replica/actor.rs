@@ -117,6 +117,7 @@ pub struct Replica {
     push_scheduled: bool,
     encoding: bool,
     changed_since_push: bool,
+    last_catch_up_request: Option<Instant>,
     data: Option<DataDir>,
     reserved: u64,
     dirty: bool,
@@ -168,6 +169,7 @@ impl Replica {
             push_scheduled: false,
             encoding: false,
             changed_since_push: false,
+            last_catch_up_request: None,
             data: s.data,
             reserved: s.reserved,
             dirty: false,
@@ -877,9 +879,34 @@ impl Replica {
                 .counter(m::STATE_TRANSFERS, &[("outcome", "expired")])
                 .increment(expired as u64);
         }
-        if !self.ready && self.started.elapsed() >= ReplicaConfig::ms(self.cfg.catch_up_timeout_ms)
+        self.catch_up(ctx);
+    }
+
+    /// Readiness without a peer's state: a replica that heard no peer within
+    /// `catch_up_timeout_ms` is alone and ready; one that hears peers keeps asking for their
+    /// state, up to ten timeouts.
+    fn catch_up(&mut self, ctx: &mut Context<Self>) {
+        if self.ready {
+            return;
+        }
+        let timeout = ReplicaConfig::ms(self.cfg.catch_up_timeout_ms);
+        let waited = self.started.elapsed();
+        if waited < timeout {
+            return;
+        }
+        if self.peers.is_empty() {
+            self.become_ready(ctx, "no peer heard within catch_up_timeout: alone");
+        } else if waited >= timeout * 10 {
+            self.become_ready(
+                ctx,
+                "peers heard but no state merged within 10 catch_up_timeouts",
+            );
+        } else if self
+            .last_catch_up_request
+            .is_none_or(|t| t.elapsed() >= timeout)
         {
-            self.become_ready(ctx, "no peer state within catch_up_timeout (alone?)");
+            self.last_catch_up_request = Some(Instant::now());
+            self.request_state(None);
         }
     }
 

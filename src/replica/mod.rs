@@ -13,9 +13,10 @@
 //!   equivalent states; a replica whose digest differs from a peer's three times in a row
 //!   (not just updates in flight, then) pushes its full state, in chunks below the server's
 //!   `max_payload`. A starting or reconnecting replica asks everyone for their state.
-//! - **Readiness**: a replica is ready once it merged a peer's state, saw a ready peer with
-//!   its own digest, or waited `catch_up_timeout_ms` (it may be alone). Only then does it join
-//!   the request API's queue group.
+//! - **Readiness**: a replica is ready once it merged a peer's state, or saw a ready peer with
+//!   its own digest, or heard no peer at all within `catch_up_timeout_ms` (it is alone); one
+//!   that hears peers keeps asking for their state, for up to ten timeouts. Only then does it
+//!   join the request API's queue group.
 //! - **Durability** (see [`durable`]): snapshots, and tag reservations written before tags are
 //!   issued, so that no tag is ever issued twice.
 //!
