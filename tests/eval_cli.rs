@@ -214,14 +214,15 @@ fn eval_size_quick_outputs_are_sane() {
             "size.csv lacks {col}: {header:?}"
         );
     }
-    // Table 6.1: 2 workloads x 3 structures; Table 6.2: 6 workloads x 2 structures.
-    assert_eq!(rows.len(), 6 + 12);
+    // Table 6.1: 2 workloads x 3 structures; Table 6.2: 6 workloads x 2 structures; the
+    // scalable filters: 2 workloads x 3 kinds x 2 designs.
+    assert_eq!(rows.len(), 6 + 12 + 12);
     let md = std::fs::read_to_string(size_dir.join("size.md")).unwrap();
     assert_eq!(
         md.lines()
             .filter(|l| l.starts_with("| ") && !l.starts_with("| Workload"))
             .count(),
-        18
+        30
     );
 
     let row = |workload: &str, crdt: &str| -> &Row {
@@ -251,6 +252,14 @@ fn eval_size_quick_outputs_are_sane() {
         // Load factors: the sets hold every element, the cuckoo filters nearly all.
         assert_eq!(f(row(&w, "GSet"), "load_factor"), 1.0);
         assert!(f(row(&w, "GCF 4"), "load_factor") > 0.9);
+    }
+    // Scalable filters: every element accepted, in a few sub-filters.
+    for crdt in ["ScGBF 5", "ScGCF 4", "ScORCF 4"] {
+        for design in ["thesis", "per-writer"] {
+            let r = row("100% add, 50-50 split", &format!("{crdt} ({design})"));
+            assert_eq!(f(r, "failed_adds"), 0.0, "{r:?}");
+            assert!(f(r, "serialized_bpe") < 4.0, "{r:?}");
+        }
     }
     // The 80% and 51% add workloads leave 60% and 2% of the operations as elements.
     let lf = f(row("80% add, all local", "ORSet"), "load_factor");

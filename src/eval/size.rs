@@ -16,32 +16,33 @@ use serde_bytes::ByteArray;
 use super::error::EvalError;
 use super::fpr::write_csv;
 use super::par::{progress_bar, run_jobs};
-use super::variant::Config;
+use super::variant::{Config, Design, Kind, Variant, variants};
 use super::workload::Keys;
-use crate::{FilterError, GBloom, GCuckoo, Lattice, Membership, OrCuckoo, Removable};
+use crate::{
+    FilterError, GBloom, GCuckoo, Lattice, Membership, OrCuckoo, Removable, ScGBloom, ScGCuckoo,
+    ScOrCuckoo, WriterScGBloom, WriterScGCuckoo, WriterScOrCuckoo,
+};
 
 /// A 16-byte key as the sets store it: CBOR encodes it as a 16-byte string (17 bytes), where a
 /// `[u8; 16]` would be an array of 16 integers.
 type Key = ByteArray<16>;
 
 /// The data structures compared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Structure {
     /// GBF 5.
-    #[serde(rename = "GBF 5")]
     Gbf,
     /// GCF 4.
-    #[serde(rename = "GCF 4")]
     Gcf,
     /// `crdts::GSet`.
-    #[serde(rename = "GSet")]
     GSet,
     /// ORCF 4.
-    #[serde(rename = "ORCF 4")]
     Orcf,
     /// `crdts::Orswot`, the ORSet.
-    #[serde(rename = "ORSet")]
     OrSet,
+    /// A scalable filter (not in the thesis's tables): the memory cost of the per-writer
+    /// design against the thesis's.
+    Scalable(Variant),
 }
 
 impl Structure {
@@ -53,6 +54,15 @@ impl Structure {
             Structure::GSet => "GSet",
             Structure::Orcf => "ORCF 4",
             Structure::OrSet => "ORSet",
+            Structure::Scalable(v) => match (v.kind, v.design) {
+                (Kind::ScGbf, Design::Thesis) => "ScGBF 5 (thesis)",
+                (Kind::ScGbf, _) => "ScGBF 5 (per-writer)",
+                (Kind::ScGcf, Design::Thesis) => "ScGCF 4 (thesis)",
+                (Kind::ScGcf, _) => "ScGCF 4 (per-writer)",
+                (Kind::ScOrcf, Design::Thesis) => "ScORCF 4 (thesis)",
+                (Kind::ScOrcf, _) => "ScORCF 4 (per-writer)",
+                _ => "non-scalable",
+            },
         }
     }
 }
@@ -60,7 +70,7 @@ impl Structure {
 /// One row of Table 6.1 or 6.2: a structure under a workload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Case {
-    /// 1 for Table 6.1, 2 for Table 6.2.
+    /// 1 for Table 6.1, 2 for Table 6.2, 3 for the scalable filters (not in the thesis).
     pub table: u8,
     /// Share of adds in the workload, in percent (the rest are removes of contained elements).
     pub add_percent: u8,
@@ -71,7 +81,8 @@ pub struct Case {
 }
 
 impl Case {
-    /// The rows of Tables 6.1 and 6.2, in the thesis's order.
+    /// The rows of Tables 6.1 and 6.2, in the thesis's order, then those of the scalable
+    /// filters (thesis design against per-writer design, 100% add).
     pub fn thesis() -> Vec<Case> {
         let mut v = Vec::new();
         for split in [false, true] {
@@ -94,6 +105,16 @@ impl Case {
                         structure,
                     });
                 }
+            }
+        }
+        for split in [false, true] {
+            for variant in variants(&[Kind::ScGbf, Kind::ScGcf, Kind::ScOrcf]) {
+                v.push(Case {
+                    table: 3,
+                    add_percent: 100,
+                    split,
+                    structure: Structure::Scalable(variant),
+                });
             }
         }
         v
@@ -343,6 +364,30 @@ impl Subject for OrCuckoo {
     }
 }
 
+/// A grow-only use of any filter (the scalable rows are 100%-add workloads).
+struct AddOnly<F>(F);
+
+impl<F: Membership + Lattice + Serialize> Subject for AddOnly<F> {
+    fn add(&mut self, key: &Key) -> bool {
+        filter_add(&mut self.0, key)
+    }
+    fn remove(&mut self, _: &Key) -> Result<(), EvalError> {
+        Err(grow_only("the scalable rows"))
+    }
+    fn join(&mut self, other: &Self) -> Result<(), EvalError> {
+        Ok(self.0.merge(&other.0)?)
+    }
+    fn to_cbor(&self) -> Result<Vec<u8>, EvalError> {
+        Ok(serde_cbor::to_vec(&self.0)?)
+    }
+    fn entries(&self, _: u64) -> f64 {
+        self.0.cardinality()
+    }
+    fn load(&self, _: u64, _: u64) -> f64 {
+        self.0.load_factor()
+    }
+}
+
 impl Subject for GSet<Key> {
     fn add(&mut self, key: &Key) -> bool {
         self.insert(*key);
@@ -472,6 +517,40 @@ pub fn run_case(case: &Case, ops: u64, seed: u64) -> Result<SizeOutcome, EvalErr
             run_subject(|r| Ok(OrCuckoo::new(p, r as u16)?), case, ops, seed)
         }
         Structure::GSet => run_subject(|_| Ok(GSet::<Key>::new()), case, ops, seed),
+        Structure::Scalable(v) => {
+            let p = config.scalable(hash_seed)?;
+            let r = |w: u8| w as u16;
+            match (v.kind, v.design) {
+                (Kind::ScGbf, Design::Thesis) => {
+                    run_subject(|_| Ok(AddOnly(ScGBloom::new(p)?)), case, ops, seed)
+                }
+                (Kind::ScGcf, Design::Thesis) => {
+                    run_subject(|_| Ok(AddOnly(ScGCuckoo::new(p)?)), case, ops, seed)
+                }
+                (Kind::ScOrcf, Design::Thesis) => {
+                    run_subject(|w| Ok(AddOnly(ScOrCuckoo::new(p, r(w))?)), case, ops, seed)
+                }
+                (Kind::ScGbf, _) => run_subject(
+                    |w| Ok(AddOnly(WriterScGBloom::new(p, r(w))?)),
+                    case,
+                    ops,
+                    seed,
+                ),
+                (Kind::ScGcf, _) => run_subject(
+                    |w| Ok(AddOnly(WriterScGCuckoo::new(p, r(w))?)),
+                    case,
+                    ops,
+                    seed,
+                ),
+                (Kind::ScOrcf, _) => run_subject(
+                    |w| Ok(AddOnly(WriterScOrCuckoo::new(p, r(w))?)),
+                    case,
+                    ops,
+                    seed,
+                ),
+                _ => Err(EvalError::Options(format!("{v} is not scalable"))),
+            }
+        }
         Structure::OrSet => run_subject(
             |actor| {
                 Ok(OrSet {
@@ -505,6 +584,10 @@ pub fn markdown(rows: &[SizeRow]) -> String {
     for (table, caption) in [
         (1, "Table 6.1: grow-only filters and grow-only sets"),
         (2, "Table 6.2: observed-remove filters and sets"),
+        (
+            3,
+            "Scalable filters, thesis design against per-writer design (not in the thesis)",
+        ),
     ] {
         let rows: Vec<&SizeRow> = rows.iter().filter(|r| r.table == table).collect();
         if rows.is_empty() {
@@ -517,9 +600,11 @@ pub fn markdown(rows: &[SizeRow]) -> String {
             "**{caption}** ({ops} operations, mean of {reps} runs; \"thesis\" columns from the \
              thesis; MB = 10^6 bytes, BPE = bytes per element)\n"
         );
-        md.push_str(
-            "| Workload | CRDT | Load factor (thesis) | Serialized MB (thesis) | Serialized BPE \
-             (thesis) | Compressed MB (thesis) | Compressed BPE (thesis) |\n",
+        let t = if table == 3 { "" } else { " (thesis)" };
+        let _ = writeln!(
+            md,
+            "| Workload | CRDT | Load factor{t} | Serialized MB{t} | Serialized BPE{t} | \
+             Compressed MB{t} | Compressed BPE{t} |"
         );
         md.push_str("|---|---|---|---|---|---|---|\n");
         let fmt_t = |v: Option<f64>, pct: bool| match v {
