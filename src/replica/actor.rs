@@ -38,6 +38,8 @@ pub(crate) struct Shared {
     pub identity: Identity,
     pub ready: watch::Sender<bool>,
     pub counters: Counters,
+    /// Bound on the bytes waiting in the inbound buffer.
+    pub inbound_max_bytes: u64,
 }
 
 /// Counters reported by `stats` (the metrics facade has no read side).
@@ -55,6 +57,8 @@ pub(crate) struct Counters {
     pub state_bytes_sent: AtomicU64,
     pub bytes_received: AtomicU64,
     pub state_bytes: AtomicU64,
+    /// Bytes of messages waiting in the inbound buffer.
+    pub inbound_bytes: AtomicU64,
 }
 
 impl Counters {
@@ -71,6 +75,17 @@ pub(crate) enum Inbound {
     Api(Message),
     /// A connection event.
     Event(TransportEvent),
+}
+
+impl Inbound {
+    /// Bytes it holds, for the inbound buffer's byte bound.
+    fn size(&self) -> u64 {
+        match self {
+            Inbound::Replication(_, len) => *len as u64,
+            Inbound::Api(m) => m.payload.len() as u64,
+            Inbound::Event(_) => 0,
+        }
+    }
 }
 
 /// What the publisher task sends, in order.
@@ -247,7 +262,7 @@ impl Replica {
             // The naive protocol: every change is followed by a full-state broadcast.
             self.write().take_delta();
             if self.changed_since_push {
-                self.push_state(ctx);
+                self.schedule_push(ctx);
             }
             return;
         }
@@ -372,11 +387,10 @@ impl Replica {
         });
         peer.replica = env.replica;
         peer.last_seen = Instant::now();
-        let mut gap = 0;
-        if env.seq > peer.last_seq + 1 {
-            gap = env.seq - peer.last_seq - 1;
-        }
-        peer.last_seq = peer.last_seq.max(env.seq);
+        // One publisher's messages arrive in order on one subscription, so a jump means lost
+        // messages, and a step back means the peer restarted (its count starts over).
+        let gap = env.seq.saturating_sub(peer.last_seq + 1);
+        peer.last_seq = env.seq;
         if gap > 0 {
             // Messages of this peer were lost: ask it for its state rather than wait for the
             // next anti-entropy round.
@@ -976,10 +990,21 @@ async fn forward_stream(
             let Some(msg) = msg else { break };
             backoff = Duration::from_millis(50);
             if let Some(item) = convert(msg) {
-                match tx.try_send(item) {
+                // Bounded in messages by the channel, and in bytes here: a flood of large
+                // chunks must not pile up in memory while the actor is busy.
+                let size = item.size();
+                let c = &shared.counters;
+                let queued = c.inbound_bytes.fetch_add(size, Ordering::AcqRel);
+                let result = if queued + size > shared.inbound_max_bytes {
+                    Err(mpsc::error::TrySendError::Full(item))
+                } else {
+                    tx.try_send(item)
+                };
+                match result {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(_)) => {
-                        Counters::bump(&shared.counters.dropped, 1);
+                        c.inbound_bytes.fetch_sub(size, Ordering::AcqRel);
+                        Counters::bump(&c.dropped, 1);
                         metrics.dropped.increment(1);
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => return,
@@ -1107,6 +1132,10 @@ impl Actor for Replica {
 
 impl StreamHandler<Inbound> for Replica {
     fn handle(&mut self, item: Inbound, ctx: &mut Context<Self>) {
+        self.shared
+            .counters
+            .inbound_bytes
+            .fetch_sub(item.size(), Ordering::AcqRel);
         match item {
             Inbound::Replication(env, len) => self.on_replication(env, len, ctx),
             Inbound::Api(msg) => self.on_api(msg, ctx),

@@ -77,6 +77,10 @@ pub struct ReplicaConfig {
     /// counted (`crpf_dropped_messages_total`), and anti-entropy repairs the loss.
     #[serde(default = "d::inbound_buffer")]
     pub inbound_buffer: usize,
+    /// Bytes the inbound buffer may hold (chunks of states are large); more are dropped and
+    /// counted like a full buffer.
+    #[serde(default = "d::inbound_max_bytes")]
+    pub inbound_max_bytes: u64,
     /// Serve the request API (`<prefix>.<filter>.api.*`) once ready.
     #[serde(default = "d::yes")]
     pub serve_api: bool,
@@ -114,7 +118,7 @@ mod d {
         8 << 20
     }
     pub fn max_state_bytes() -> u64 {
-        1 << 30
+        256 << 20
     }
     pub fn chunk_bytes() -> usize {
         512 << 10
@@ -124,6 +128,9 @@ mod d {
     }
     pub fn inbound_buffer() -> usize {
         65_536
+    }
+    pub fn inbound_max_bytes() -> u64 {
+        256 << 20
     }
     pub fn yes() -> bool {
         true
@@ -154,6 +161,7 @@ impl ReplicaConfig {
             chunk_bytes: d::chunk_bytes(),
             max_item_bytes: d::max_item_bytes(),
             inbound_buffer: d::inbound_buffer(),
+            inbound_max_bytes: d::inbound_max_bytes(),
             serve_api: true,
             metrics_interval_ms: d::metrics_interval_ms(),
         }
@@ -203,6 +211,9 @@ impl ReplicaConfig {
             if v == 0 {
                 return Err(format!("{name} must be positive"));
             }
+        }
+        if self.inbound_max_bytes < self.max_message_bytes as u64 {
+            return Err("inbound_max_bytes must be at least max_message_bytes".into());
         }
         if self.max_message_bytes < 1024 {
             return Err("max_message_bytes must be at least 1024".into());

@@ -218,6 +218,7 @@ impl Replica {
             identity,
             ready: watch::channel(false).0,
             counters: Counters::default(),
+            inbound_max_bytes: cfg.inbound_max_bytes,
         });
         tracing::info!(
             filter = %cfg.name, kind = %shared.kind, replica, %uuid,

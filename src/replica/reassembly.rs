@@ -1,6 +1,6 @@
 //! Reassembly of full states sent in chunks.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
@@ -14,11 +14,14 @@ struct Partial {
     count: u32,
     total_len: u64,
     checksum: u64,
-    chunks: Vec<Option<Vec<u8>>>,
-    received: u32,
+    /// Chunks by index, allocated as they come (a header cannot make us allocate).
+    chunks: BTreeMap<u32, Vec<u8>>,
     bytes: u64,
     started: Instant,
 }
+
+/// Transfers reassembled at once.
+pub(crate) const MAX_TRANSFERS: usize = 16;
 
 /// Outcome of adding a chunk.
 #[derive(Debug)]
@@ -30,7 +33,8 @@ pub(crate) enum Progress {
 }
 
 /// Transfers in progress, at most one per sender (a newer transfer replaces an older one,
-/// whose remaining chunks are then ignored), each bounded by `max_state_bytes`.
+/// whose remaining chunks are then ignored), each bounded by `max_state_bytes`, at most
+/// [`MAX_TRANSFERS`] at once (the oldest is abandoned for a new one).
 pub(crate) struct Reassembly {
     partial: HashMap<Uuid, Partial>,
     /// Last transfer completed per sender: late duplicates of its chunks are ignored.
@@ -76,6 +80,15 @@ impl Reassembly {
                 if c.count as u64 > c.total_len.max(1) {
                     return Err(WireError::Chunk("more chunks than bytes".into()));
                 }
+                if !self.partial.contains_key(&sender) && self.partial.len() >= MAX_TRANSFERS {
+                    let oldest = self
+                        .partial
+                        .iter()
+                        .min_by_key(|(_, p)| p.started)
+                        .map(|(s, _)| *s)
+                        .expect("not empty");
+                    self.partial.remove(&oldest);
+                }
                 self.partial.insert(
                     sender,
                     Partial {
@@ -83,8 +96,7 @@ impl Reassembly {
                         count: c.count,
                         total_len: c.total_len,
                         checksum: c.checksum,
-                        chunks: vec![None; c.count as usize],
-                        received: 0,
+                        chunks: BTreeMap::new(),
                         bytes: 0,
                         started: Instant::now(),
                     },
@@ -98,8 +110,7 @@ impl Reassembly {
                 "chunk header differs from its transfer".into(),
             ));
         }
-        let slot = &mut p.chunks[c.index as usize];
-        if slot.is_some() {
+        if p.chunks.contains_key(&c.index) {
             return Ok(Progress::Pending); // a duplicate
         }
         p.bytes += c.data.len() as u64;
@@ -107,15 +118,14 @@ impl Reassembly {
             self.partial.remove(&sender);
             return Err(WireError::Chunk("chunks longer than their state".into()));
         }
-        *slot = Some(c.data);
-        p.received += 1;
-        if p.received < p.count {
+        p.chunks.insert(c.index, c.data);
+        if p.chunks.len() < p.count as usize {
             return Ok(Progress::Pending);
         }
         let p = self.partial.remove(&sender).expect("present");
         let mut state = Vec::with_capacity(p.total_len as usize);
-        for chunk in p.chunks {
-            state.extend_from_slice(&chunk.expect("all received"));
+        for chunk in p.chunks.into_values() {
+            state.extend_from_slice(&chunk);
         }
         let state = finish(p.total_len, p.checksum, state)?;
         self.done.insert(sender, p.transfer);
@@ -195,5 +205,22 @@ mod tests {
         r.add(s, chunk_state(&state, 4, 1000).remove(0)).unwrap();
         assert!(r.add(s, chunk_state(&state, 3, 1000).remove(1)).is_err());
         assert_eq!(r.expire(), 1);
+        // A header claiming a billion chunks allocates nothing, and transfers are bounded.
+        let mut r = Reassembly::new(u64::MAX, Duration::from_secs(60));
+        for i in 0..(MAX_TRANSFERS as u128 + 5) {
+            let c = StateChunk {
+                transfer: 1,
+                index: 0,
+                count: 1 << 30,
+                total_len: 1 << 40,
+                checksum: 0,
+                data: vec![0; 10],
+            };
+            assert!(matches!(
+                r.add(Uuid::from_u128(i), c),
+                Ok(Progress::Pending)
+            ));
+        }
+        assert_eq!(r.in_progress(), MAX_TRANSFERS);
     }
 }
