@@ -186,6 +186,27 @@ fn eval_fpr_quick_outputs_are_sane() {
         );
         assert!(svg.contains("50-50 split"), "{kind}: SVG without legend");
     }
+
+    // The figures can be redrawn from the CSV alone.
+    let replot = dir.path().join("replot");
+    let status = Command::new(env!("CARGO_BIN_EXE_crpf"))
+        .args(["eval", "plot", "--data"])
+        .arg(fpr_dir.join("fpr.csv"))
+        .arg("--out")
+        .arg(&replot)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(
+        std::fs::read(replot.join("checks.csv")).unwrap(),
+        std::fs::read(fpr_dir.join("checks.csv")).unwrap()
+    );
+    assert!(
+        std::fs::metadata(replot.join("fig-6.1f-scorcf.png"))
+            .unwrap()
+            .len()
+            > 10_000
+    );
 }
 
 #[test]

@@ -25,6 +25,19 @@ pub enum EvalCommand {
     Fpr(FprArgs),
     /// Tables 6.1 and 6.2: serialized and compressed size against set CRDTs.
     Size(SizeArgs),
+    /// Redraws the Figure 6.1 panels and target checks from an `fpr.csv` (no rerun).
+    Plot(PlotArgs),
+}
+
+/// `crpf eval plot`.
+#[derive(Debug, Clone, Args)]
+pub struct PlotArgs {
+    /// The `fpr.csv` of an `eval fpr` run.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Where the figures and `checks.csv` go.
+    #[arg(long)]
+    pub out: PathBuf,
 }
 
 /// Options shared by the experiments.
@@ -167,6 +180,28 @@ impl SizeArgs {
     }
 }
 
+/// Prints how many points met their targets, and the ones that did not.
+fn print_checks(checks: &[fpr::CheckRow]) {
+    let graded: Vec<_> = checks
+        .iter()
+        .filter(|c| c.target != fpr::Target::None)
+        .collect();
+    let passed = graded.iter().filter(|c| c.pass).count();
+    let strict = graded.iter().filter(|c| c.strict).count();
+    println!(
+        "targets: {passed}/{} points met (with 3-sigma sampling allowance), {strict}/{} \
+         without it",
+        graded.len(),
+        graded.len()
+    );
+    for c in graded.iter().filter(|c| !c.pass) {
+        println!(
+            "  missed: {} {} {} interval {:?}: fpr {:.5} vs {:?} {:.5}",
+            c.kind, c.design, c.split, c.interval, c.fpr, c.target, c.limit
+        );
+    }
+}
+
 /// Runs `crpf eval ...` and prints a summary and where the outputs went.
 pub fn run(args: &EvalArgs) -> Result<(), EvalError> {
     match &args.command {
@@ -179,25 +214,14 @@ pub fn run(args: &EvalArgs) -> Result<(), EvalError> {
                 report.points.len(),
                 started.elapsed().as_secs_f64()
             );
-            let graded: Vec<_> = report
-                .checks
-                .iter()
-                .filter(|c| c.target != fpr::Target::None)
-                .collect();
-            let passed = graded.iter().filter(|c| c.pass).count();
-            let strict = graded.iter().filter(|c| c.strict).count();
-            println!(
-                "targets: {passed}/{} points met (with 3-sigma sampling allowance), {strict}/{} \
-                 without it",
-                graded.len(),
-                graded.len()
-            );
-            for c in graded.iter().filter(|c| !c.pass) {
-                println!(
-                    "  missed: {} {} {} interval {:?}: fpr {:.5} vs {:?} {:.5}",
-                    c.kind, c.design, c.split, c.interval, c.fpr, c.target, c.limit
-                );
+            print_checks(&report.checks);
+            for f in &report.files {
+                println!("wrote {}", f.display());
             }
+        }
+        EvalCommand::Plot(a) => {
+            let report = fpr::replot(&a.data, &a.out)?;
+            print_checks(&report.checks);
             for f in &report.files {
                 println!("wrote {}", f.display());
             }
