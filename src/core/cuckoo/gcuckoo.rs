@@ -83,6 +83,7 @@ impl GCuckoo {
     /// Every entry as `(lower of its two candidate buckets, fingerprint)`, sorted, without
     /// duplicates: the same for every placement, so equivalent states give the same list
     /// (the replica layer digests it for anti-entropy).
+    #[cfg(feature = "node")]
     pub(crate) fn canonical_entries(&self) -> Vec<(u64, u16)> {
         let mut v = Vec::with_capacity(self.table.len());
         self.table.for_each(|b, e| {
