@@ -1,0 +1,447 @@
+//! Criterion benchmarks: crpf filters side by side with `fastbloom`, `bloomfilter` and
+//! `cuckoofilter` on the same keys, plus the merge of two half-filled replicas of every type.
+//!
+//! `cargo bench --bench filters` (see BENCHMARKS.md).
+
+mod common;
+
+use std::hash::DefaultHasher;
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::measurement::{Measurement, ValueFormatter, WallTime};
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use crpf::{
+    CuckooParams, GBloom, GCuckoo, Lattice, Membership, OrCuckoo, ScGBloom, ScGCuckoo, ScOrCuckoo,
+};
+use xxhash_rust::xxh3::{Xxh3DefaultBuilder, xxh3_64};
+
+use common::{CUCKOO_FPR, FRESH_SEED, KEY_SEED, MAIN_FPR, N, keys};
+
+/// Wall-clock time (criterion's default) unless `CRPF_BENCH_CLOCK=thread-cpu`, which measures
+/// the benchmark thread's CPU time instead, so that time the thread spends descheduled on a
+/// shared machine is not counted.
+struct Clock {
+    thread_cpu: bool,
+}
+
+static WALL: WallTime = WallTime;
+
+impl Clock {
+    fn from_env() -> Self {
+        let thread_cpu = std::env::var("CRPF_BENCH_CLOCK").is_ok_and(|v| v == "thread-cpu");
+        if thread_cpu {
+            eprintln!("measuring thread CPU time (CRPF_BENCH_CLOCK=thread-cpu)");
+        }
+        Clock { thread_cpu }
+    }
+
+    fn now_ns(&self) -> u64 {
+        if self.thread_cpu {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: `ts` is a valid, writable timespec.
+            let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+            assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+            ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+        } else {
+            static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+            EPOCH
+                .get_or_init(std::time::Instant::now)
+                .elapsed()
+                .as_nanos() as u64
+        }
+    }
+}
+
+impl Measurement for Clock {
+    type Intermediate = u64;
+    type Value = Duration;
+
+    fn start(&self) -> u64 {
+        self.now_ns()
+    }
+    fn end(&self, start: u64) -> Duration {
+        Duration::from_nanos(self.now_ns() - start)
+    }
+    fn add(&self, a: &Duration, b: &Duration) -> Duration {
+        *a + *b
+    }
+    fn zero(&self) -> Duration {
+        Duration::ZERO
+    }
+    fn to_f64(&self, v: &Duration) -> f64 {
+        v.as_nanos() as f64
+    }
+    fn formatter(&self) -> &dyn ValueFormatter {
+        WALL.formatter()
+    }
+}
+
+type Crit = Criterion<Clock>;
+
+/// The thesis / `cuckoofilter::with_capacity(2^20)` geometry: 2^18 buckets of 4 slots, 8-bit
+/// fingerprints, 500 kicks.
+fn thesis_cuckoo() -> CuckooParams {
+    CuckooParams {
+        buckets: 1 << 18,
+        bucket_size: 4,
+        fingerprint_bits: 8,
+        max_kicks: 500,
+        seed: 42,
+    }
+}
+
+/// Keys inserted in the cuckoo add/contains benchmarks: 95% of the 2^20 slots, the load a
+/// 4-slot cuckoo table reaches reliably.
+const CUCKOO_FILL: usize = N * 95 / 100;
+
+fn bloom(c: &mut Crit) {
+    let keys = keys(N, KEY_SEED);
+    let fresh = keys_fresh();
+
+    let mk_gbloom = || GBloom::with_capacity(N as u64, MAIN_FPR).unwrap();
+    let mk_fast = || fastbloom::BloomFilter::with_false_pos(MAIN_FPR).expected_items(N);
+    let mk_fast_xxh3 = || {
+        fastbloom::BloomFilter::with_false_pos(MAIN_FPR)
+            .hasher(Xxh3DefaultBuilder::new())
+            .expected_items(N)
+    };
+    let mk_bf =
+        || bloomfilter::Bloom::<[u8]>::new_for_fp_rate_with_seed(N, MAIN_FPR, &[7; 32]).unwrap();
+
+    {
+        let p = *mk_gbloom().params();
+        let f = mk_fast();
+        let b = mk_bf();
+        eprintln!(
+            "bloom sizing at fpr {MAIN_FPR}: GBloom m={} k={}; fastbloom m={} k={}; bloomfilter m={} k={}",
+            p.bits,
+            p.hashes,
+            f.num_bits(),
+            f.num_hashes(),
+            b.len(),
+            b.number_of_hash_functions()
+        );
+    }
+
+    let mut g = c.benchmark_group("bloom_add");
+    g.throughput(Throughput::Elements(N as u64));
+    g.bench_function("GBloom", |bch| {
+        bch.iter_batched(
+            mk_gbloom,
+            |mut f| {
+                for k in &keys {
+                    f.add(k).unwrap();
+                }
+                f
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("fastbloom_default", |bch| {
+        bch.iter_batched(
+            mk_fast,
+            |mut f| {
+                for k in &keys {
+                    f.insert(&k[..]);
+                }
+                f
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("fastbloom_xxh3_hasher", |bch| {
+        bch.iter_batched(
+            mk_fast_xxh3,
+            |mut f| {
+                for k in &keys {
+                    f.insert(&k[..]);
+                }
+                f
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("fastbloom_xxh3_prehashed", |bch| {
+        bch.iter_batched(
+            mk_fast,
+            |mut f| {
+                for k in &keys {
+                    f.insert_hash(xxh3_64(k));
+                }
+                f
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("bloomfilter", |bch| {
+        bch.iter_batched(
+            mk_bf,
+            |mut f| {
+                for k in &keys {
+                    f.set(&k[..]);
+                }
+                f
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+
+    // Filled filters for the queries.
+    let mut gb = mk_gbloom();
+    let mut fb = mk_fast();
+    let mut fx = mk_fast_xxh3();
+    let mut fp = mk_fast();
+    let mut bf = mk_bf();
+    for k in &keys {
+        gb.add(k).unwrap();
+        fb.insert(&k[..]);
+        fx.insert(&k[..]);
+        fp.insert_hash(xxh3_64(k));
+        bf.set(&k[..]);
+    }
+
+    for (group, set) in [
+        ("bloom_contains_hit", &keys),
+        ("bloom_contains_miss", &fresh),
+    ] {
+        let mut g = c.benchmark_group(group);
+        g.throughput(Throughput::Elements(N as u64));
+        g.bench_function("GBloom", |b| {
+            b.iter(|| set.iter().filter(|k| gb.contains(&k[..])).count())
+        });
+        g.bench_function("fastbloom_default", |b| {
+            b.iter(|| set.iter().filter(|k| fb.contains(&k[..])).count())
+        });
+        g.bench_function("fastbloom_xxh3_hasher", |b| {
+            b.iter(|| set.iter().filter(|k| fx.contains(&k[..])).count())
+        });
+        g.bench_function("fastbloom_xxh3_prehashed", |b| {
+            b.iter(|| {
+                set.iter()
+                    .filter(|k| fp.contains_hash(xxh3_64(&k[..])))
+                    .count()
+            })
+        });
+        g.bench_function("bloomfilter", |b| {
+            b.iter(|| set.iter().filter(|k| bf.check(&k[..])).count())
+        });
+        g.finish();
+    }
+}
+
+fn keys_fresh() -> Vec<[u8; 16]> {
+    keys(N, FRESH_SEED)
+}
+
+type CrateCuckoo = cuckoofilter::CuckooFilter<DefaultHasher>;
+
+fn cuckoo(c: &mut Crit) {
+    let keys = keys(N, KEY_SEED);
+    let fresh = keys_fresh();
+    let fill = &keys[..CUCKOO_FILL];
+
+    let mk_gc = || GCuckoo::new(thesis_cuckoo()).unwrap();
+    let mk_cf = || CrateCuckoo::with_capacity(N);
+
+    let mut g = c.benchmark_group("cuckoo_add");
+    g.throughput(Throughput::Elements(CUCKOO_FILL as u64));
+    g.bench_function("GCuckoo", |b| {
+        b.iter_batched(
+            mk_gc,
+            |mut f| {
+                let mut failed = 0usize;
+                for k in fill {
+                    failed += f.add(k).is_err() as usize;
+                }
+                (f, black_box(failed))
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("cuckoofilter", |b| {
+        b.iter_batched(
+            mk_cf,
+            |mut f| {
+                let mut failed = 0usize;
+                for k in fill {
+                    failed += f.add(&k[..]).is_err() as usize;
+                }
+                (f, black_box(failed))
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.throughput(Throughput::Elements(N as u64));
+    g.bench_function("GCuckoo_with_capacity_all_keys", |b| {
+        b.iter_batched(
+            || GCuckoo::with_capacity(N as u64, CUCKOO_FPR).unwrap(),
+            |mut f| {
+                let mut failed = 0usize;
+                for k in &keys {
+                    failed += f.add(k).is_err() as usize;
+                }
+                (f, black_box(failed))
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+
+    let mut gc = mk_gc();
+    let mut cf = mk_cf();
+    let (mut gfail, mut cfail) = (0, 0);
+    for k in fill {
+        gfail += gc.add(k).is_err() as usize;
+        cfail += cf.add(&k[..]).is_err() as usize;
+    }
+    eprintln!(
+        "cuckoo fill of {CUCKOO_FILL} keys into 2^20 slots: GCuckoo {gfail} failed, cuckoofilter {cfail} failed"
+    );
+
+    for (group, set) in [
+        ("cuckoo_contains_hit", fill),
+        ("cuckoo_contains_miss", &fresh[..]),
+    ] {
+        let mut g = c.benchmark_group(group);
+        g.throughput(Throughput::Elements(set.len() as u64));
+        g.bench_function("GCuckoo", |b| {
+            b.iter(|| set.iter().filter(|k| gc.contains(&k[..])).count())
+        });
+        g.bench_function("cuckoofilter", |b| {
+            b.iter(|| set.iter().filter(|k| cf.contains(&k[..])).count())
+        });
+        g.finish();
+    }
+}
+
+/// Two replicas with 2^19 keys each (a 50-50 split of the 2^20 keys).
+fn replicas<F: Membership>(mut make: impl FnMut(u16) -> F, keys: &[[u8; 16]]) -> (F, F) {
+    let (a_keys, b_keys) = keys.split_at(keys.len() / 2);
+    let mut a = make(1);
+    let mut b = make(2);
+    for k in a_keys {
+        a.add(k).unwrap();
+    }
+    for k in b_keys {
+        b.add(k).unwrap();
+    }
+    (a, b)
+}
+
+fn bench_merge<F: Lattice + Clone>(
+    g: &mut criterion::BenchmarkGroup<'_, Clock>,
+    name: &str,
+    (a, b): &(F, F),
+) {
+    g.bench_function(name, |bch| {
+        bch.iter_batched(
+            || a.clone(),
+            |mut x| {
+                x.merge(b).unwrap();
+                x
+            },
+            BatchSize::LargeInput,
+        )
+    });
+}
+
+fn merge(c: &mut Crit) {
+    let keys = keys(N, KEY_SEED);
+    let n = N as u64;
+
+    let gbloom = replicas(|_| GBloom::with_capacity(n, MAIN_FPR).unwrap(), &keys);
+    let words = gbloom.0.params().bits.div_ceil(64) as usize;
+
+    let mut g = c.benchmark_group("merge");
+    bench_merge(&mut g, "GBloom", &gbloom);
+
+    // The floor for a Bloom merge: OR of two word arrays of the GBloom's size.
+    let mut rng = fastrand::Rng::with_seed(3);
+    let wa: Vec<u64> = (0..words).map(|_| rng.u64(..)).collect();
+    let wb: Vec<u64> = (0..words).map(|_| rng.u64(..)).collect();
+    g.bench_function("or_loop_vec_u64", |bch| {
+        bch.iter_batched(
+            || wa.clone(),
+            |mut x| {
+                for (a, b) in x.iter_mut().zip(black_box(&wb)) {
+                    *a |= *b;
+                }
+                x
+            },
+            BatchSize::LargeInput,
+        )
+    });
+
+    let base = fastbloom::BloomFilter::with_false_pos(MAIN_FPR).expected_items(N);
+    let (fa, fb) = {
+        let (mut a, mut b) = (base.clone(), base.clone());
+        let (ka, kb) = keys.split_at(N / 2);
+        ka.iter().for_each(|k| {
+            a.insert(&k[..]);
+        });
+        kb.iter().for_each(|k| {
+            b.insert(&k[..]);
+        });
+        (a, b)
+    };
+    g.bench_function("fastbloom_union", |bch| {
+        bch.iter_batched(
+            || fa.clone(),
+            |mut x| {
+                x.union(&fb);
+                x
+            },
+            BatchSize::LargeInput,
+        )
+    });
+
+    bench_merge(
+        &mut g,
+        "GCuckoo",
+        &replicas(|_| GCuckoo::with_capacity(n, MAIN_FPR).unwrap(), &keys),
+    );
+    bench_merge(
+        &mut g,
+        "OrCuckoo",
+        &replicas(|r| OrCuckoo::with_capacity(n, MAIN_FPR, r).unwrap(), &keys),
+    );
+    bench_merge(
+        &mut g,
+        "ScGBloom",
+        &replicas(|_| ScGBloom::with_capacity(n, MAIN_FPR).unwrap(), &keys),
+    );
+    bench_merge(
+        &mut g,
+        "ScGCuckoo",
+        &replicas(|_| ScGCuckoo::with_capacity(n, MAIN_FPR).unwrap(), &keys),
+    );
+    bench_merge(
+        &mut g,
+        "ScOrCuckoo",
+        &replicas(
+            |r| ScOrCuckoo::with_capacity(n, MAIN_FPR, r).unwrap(),
+            &keys,
+        ),
+    );
+    g.finish();
+}
+
+fn config() -> Crit {
+    Criterion::default()
+        .with_measurement(Clock::from_env())
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = bloom, cuckoo, merge
+}
+criterion_main!(benches);
