@@ -301,6 +301,12 @@ async fn replicas_on_a_3_node_cluster_converge_after_a_server_dies() {
         "replicas did not converge after the server died"
     );
     check_or_semantics(&hs, &log);
+    // Replica 1 lost its server and came back through another one.
+    let s1 = hs[1].stats().await.unwrap();
+    assert!(
+        s1.disconnects >= 1 && s1.reconnects >= 1 && s1.connected,
+        "{s1:?}"
+    );
     stop(&hs).await;
 }
 

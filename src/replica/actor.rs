@@ -59,6 +59,8 @@ pub(crate) struct Counters {
     pub state_bytes: AtomicU64,
     /// Bytes of messages waiting in the inbound buffer.
     pub inbound_bytes: AtomicU64,
+    pub disconnects: AtomicU64,
+    pub reconnects: AtomicU64,
 }
 
 impl Counters {
@@ -553,6 +555,7 @@ impl Replica {
         match ev {
             TransportEvent::Connected => {
                 self.metrics.connected.set(1.0);
+                Counters::bump(&self.shared.counters.reconnects, 1);
                 // Publishes made while disconnected may be lost: re-announce, ask for the
                 // peers' states and push ours.
                 self.request_state(None);
@@ -561,6 +564,7 @@ impl Replica {
             }
             TransportEvent::Disconnected => {
                 self.metrics.connected.set(0.0);
+                Counters::bump(&self.shared.counters.disconnects, 1);
                 self.metrics.counter(m::DISCONNECTS, &[]).increment(1);
             }
             TransportEvent::SlowConsumer => {
@@ -690,6 +694,8 @@ impl Replica {
                 .map(|(k, v)| (k.to_string(), *v))
                 .collect(),
             dropped: c.dropped.load(Ordering::Relaxed),
+            disconnects: c.disconnects.load(Ordering::Relaxed),
+            reconnects: c.reconnects.load(Ordering::Relaxed),
             sequence_gaps: c.sequence_gaps.load(Ordering::Relaxed),
             deltas_sent: c.deltas_sent.load(Ordering::Relaxed),
             deltas_merged: c.deltas_merged.load(Ordering::Relaxed),

@@ -125,6 +125,10 @@ pub struct ReplicaStats {
     pub rejects: BTreeMap<String, u64>,
     /// Messages dropped because the inbound buffer was full.
     pub dropped: u64,
+    /// Transport disconnections since the start.
+    pub disconnects: u64,
+    /// Transport reconnections since the start (each re-announces the replica).
+    pub reconnects: u64,
     /// Messages of peers that never arrived.
     pub sequence_gaps: u64,
     /// Deltas published.
