@@ -28,6 +28,8 @@
 //! The layers: [`core`] is pure and synchronous (no I/O).
 
 pub mod core;
+#[cfg(feature = "node")]
+pub mod node;
 #[cfg(feature = "eval")]
 pub mod eval;
 #[cfg(feature = "node")]

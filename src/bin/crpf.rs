@@ -17,28 +17,45 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Runs the replicas a configuration declares, over NATS or an in-process bus, with a
+    /// Prometheus exporter, until SIGINT/SIGTERM (final snapshots, NATS drained).
+    Node(crpf::node::NodeArgs),
+    /// Runs a few replicas in one process, drives a workload, and shows convergence and FPR
+    /// live (no server needed; `--nats URL` for a real one).
+    Demo(crpf::node::DemoArgs),
+    /// Prints what a replica's snapshot holds.
+    Inspect(crpf::node::InspectArgs),
     /// Runs the thesis's experiments (Figure 6.1, Tables 6.1 and 6.2).
     Eval(crpf::eval::EvalArgs),
 }
 
 fn main() -> ExitCode {
-    // Logs go to stderr (RUST_LOG, default warn) so that stdout keeps the summaries.
+    let cli = Cli::parse();
+    // Logs go to stderr (RUST_LOG; by default info for a node, warn otherwise) so that stdout
+    // keeps the summaries.
+    let default_level = if matches!(cli.command, Command::Node(_)) {
+        "info"
+    } else {
+        "warn"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
-    let result = match &cli.command {
-        Command::Eval(args) => crpf::eval::run(args),
+    let result: Result<(), Box<dyn std::error::Error>> = match &cli.command {
+        Command::Node(args) => crpf::node::run_node(args).map_err(Into::into),
+        Command::Demo(args) => crpf::node::run_demo(args).map_err(Into::into),
+        Command::Inspect(args) => crpf::node::run_inspect(args).map_err(Into::into),
+        Command::Eval(args) => crpf::eval::run(args).map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // The error chain, one cause per line.
             eprintln!("error: {e}");
-            let mut source = std::error::Error::source(&e);
+            let mut source = e.source();
             while let Some(s) = source {
                 eprintln!("  caused by: {s}");
                 source = s.source();

@@ -1,0 +1,136 @@
+//! The node layer (DESIGN.md section 1, layer 5): configuration, the Prometheus exporter, and
+//! the `crpf` subcommands that run replicas (`node`, `demo`) or read their snapshots
+//! (`inspect`).
+
+mod config;
+mod demo;
+pub mod exporter;
+mod inspect;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+use thiserror::Error;
+
+pub use config::{ConfigError, NodeConfig, NodeSection};
+pub use demo::{DemoArgs, run_demo};
+pub use inspect::{InspectArgs, run_inspect};
+
+use crate::replica::{Replica, ReplicaError, ReplicaHandle};
+use crate::transport::{InProcessBus, NatsTransport, Transport, TransportError};
+
+/// What can stop a node.
+#[derive(Debug, Error)]
+pub enum NodeError {
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The metrics exporter could not start (e.g. its address is taken).
+    #[error("metrics exporter: {0}")]
+    Exporter(#[from] metrics_exporter_prometheus::BuildError),
+    /// NATS could not be reached or used.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// A replica failed to start or stop.
+    #[error(transparent)]
+    Replica(#[from] ReplicaError),
+    /// A snapshot could not be read.
+    #[error(transparent)]
+    Durable(#[from] crate::replica::DurableError),
+    /// Anything else worth a non-zero exit.
+    #[error("{0}")]
+    Failed(String),
+    /// Local I/O.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// `crpf node`: runs the replicas a configuration declares until SIGINT or SIGTERM.
+#[derive(Debug, Clone, Args)]
+pub struct NodeArgs {
+    /// The node's TOML configuration (see configs/); `CRPF_<SECTION>__<FIELD>` variables
+    /// override its values.
+    #[arg(long, short, env = "CRPF_CONFIG")]
+    pub config: PathBuf,
+}
+
+/// Runs an async body on an actix System over a multi-threaded Tokio runtime (actors need a
+/// System; `spawn_local` panics under a plain Tokio runtime, DESIGN.md section 7).
+pub(crate) fn block_on_system<F: Future<Output = Result<(), NodeError>>>(
+    body: F,
+) -> Result<(), NodeError> {
+    actix::System::with_tokio_rt(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a Tokio runtime")
+    })
+    .block_on(body)
+}
+
+/// Connects to NATS if configured, else returns an in-process bus.
+pub(crate) async fn connect(
+    nats: Option<&crate::transport::NatsConfig>,
+) -> Result<(Arc<dyn Transport>, Option<Arc<NatsTransport>>), NodeError> {
+    Ok(match nats {
+        Some(cfg) => {
+            let t = Arc::new(NatsTransport::connect(cfg.clone()).await?);
+            (t.clone() as Arc<dyn Transport>, Some(t))
+        }
+        None => (Arc::new(InProcessBus::new()) as Arc<dyn Transport>, None),
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub(crate) async fn shutdown_signal() -> Result<&'static str, NodeError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    })
+}
+
+/// Stops replicas (each takes a final snapshot) and drains the NATS connection, so that what
+/// was published reaches the server.
+pub(crate) async fn stop(
+    replicas: Vec<ReplicaHandle>,
+    nats: Option<Arc<NatsTransport>>,
+) -> Result<(), NodeError> {
+    let mut first_error = None;
+    for r in replicas {
+        if let Err(e) = r.shutdown().await {
+            tracing::error!(filter = r.name(), error = %e, "replica did not stop cleanly");
+            first_error.get_or_insert(e);
+        }
+    }
+    if let Some(nats) = nats
+        && let Err(e) = nats.client().drain().await
+    {
+        tracing::warn!(error = %e, "NATS drain failed");
+    }
+    first_error.map_or(Ok(()), |e| Err(e.into()))
+}
+
+/// `crpf node`.
+pub fn run_node(args: &NodeArgs) -> Result<(), NodeError> {
+    let cfg = NodeConfig::load(&args.config)?;
+    exporter::install(cfg.node.metrics_addr)?;
+    tracing::info!(metrics = %cfg.node.metrics_addr, filters = cfg.filters.len(), "crpf node starting");
+    block_on_system(async move {
+        let (transport, nats) = connect(cfg.nats.as_ref()).await?;
+        let mut replicas = Vec::with_capacity(cfg.filters.len());
+        for f in cfg.filters {
+            let handle = Replica::start(f, transport.clone()).await?;
+            let id = handle.identity();
+            tracing::info!(filter = handle.name(), replica = id.replica, uuid = %id.uuid, "replica started");
+            replicas.push(handle);
+        }
+        let signal = shutdown_signal().await?;
+        tracing::info!(signal, "shutting down: final snapshots, draining NATS");
+        stop(replicas, nats).await
+    })
+}
