@@ -22,4 +22,18 @@ if [ ! -d "$tools/py/nats" ]; then
 fi
 export CRPF_PYTHONPATH="$tools/py"
 
+# Prometheus for tests/stack_prometheus.rs: Debian's package, unpacked project-locally.
+if [ ! -x "$tools/prometheus/usr/bin/prometheus" ]; then
+  echo "installing prometheus (Debian package, unpacked) into .tools/prometheus" >&2
+  deb_dir="$(mktemp -d)"
+  if ! (cd "$deb_dir" && apt-get download prometheus >/dev/null 2>&1); then
+    apt-get update >/dev/null
+    (cd "$deb_dir" && apt-get download prometheus >/dev/null)
+  fi
+  mkdir -p "$tools/prometheus"
+  dpkg-deb -x "$deb_dir"/prometheus_*.deb "$tools/prometheus"
+  rm -rf "$deb_dir"
+fi
+export CRPF_PROMETHEUS="$tools/prometheus/usr/bin/prometheus"
+
 cargo test --release "$@"
