@@ -86,16 +86,32 @@ impl GBloom {
     /// Sets the item's bits; returns how many were newly set.
     #[inline]
     fn set_hash(&mut self, h: ItemHash) -> u64 {
+        let (bits, hashes) = (self.params.bits, self.params.hashes);
+        let words = &mut self.words;
         let mut newly = 0;
-        for i in 0..self.params.hashes {
-            let idx = bloom_index(h, i, self.params.bits);
-            let word = &mut self.words[(idx >> 6) as usize];
-            let mask = 1u64 << (idx & 63);
-            let was_clear = *word & mask == 0;
-            newly += was_clear as u64;
-            *word |= mask;
-            if was_clear && let Some(pending) = &mut self.pending {
-                pending.push(idx);
+        // Two loops, so that the common untracked case stays branch-free: a data-dependent
+        // branch on "was the bit clear" would serialize the cache-missing word loads.
+        match &mut self.pending {
+            None => {
+                for i in 0..hashes {
+                    let idx = bloom_index(h, i, bits);
+                    let word = &mut words[(idx >> 6) as usize];
+                    let mask = 1u64 << (idx & 63);
+                    newly += (*word & mask == 0) as u64;
+                    *word |= mask;
+                }
+            }
+            Some(pending) => {
+                for i in 0..hashes {
+                    let idx = bloom_index(h, i, bits);
+                    let word = &mut words[(idx >> 6) as usize];
+                    let mask = 1u64 << (idx & 63);
+                    if *word & mask == 0 {
+                        newly += 1;
+                        pending.push(idx);
+                    }
+                    *word |= mask;
+                }
             }
         }
         let ones = self.ones.get_mut();

@@ -144,7 +144,23 @@ impl<P: Payload> Table<P> {
     /// Whether either candidate bucket of `(b, fp)` holds `fp`.
     #[inline(always)]
     pub fn contains_fp(&self, b: usize, fp: u16) -> bool {
-        self.bucket_has_fp(b, fp) || self.bucket_has_fp(self.alt(b, fp), fp)
+        let a = self.alt(b, fp);
+        if self.c == 4 {
+            // Both buckets tested branch-free, so that the two loads overlap instead of
+            // waiting on an unpredictable early exit; overflow only where flagged.
+            let hit = has_lane(self.bucket_word(b), fp) | has_lane(self.bucket_word(a), fp);
+            return hit
+                || (self.has_overflow(b) && self.overflow[&b].iter().any(|e| e.fp == fp))
+                || (self.has_overflow(a) && self.overflow[&a].iter().any(|e| e.fp == fp));
+        }
+        self.bucket_has_fp(b, fp) || self.bucket_has_fp(a, fp)
+    }
+
+    /// The four 16-bit slots of a 4-slot bucket as one word.
+    #[inline(always)]
+    fn bucket_word(&self, b: usize) -> u64 {
+        let s = &self.fps[b * 4..b * 4 + 4];
+        u64::from(s[0]) | u64::from(s[1]) << 16 | u64::from(s[2]) << 32 | u64::from(s[3]) << 48
     }
 
     /// The entries of bucket `b`, main slots first.
@@ -490,6 +506,16 @@ impl<P: Payload> Table<P> {
     }
 }
 
+/// Whether any 16-bit lane of `word` equals `fp` (the SWAR zero-lane test on `word ^ fp…fp`;
+/// exact, since it only asks whether some lane is zero). Empty slots are 0 and `fp` never is.
+#[inline(always)]
+fn has_lane(word: u64, fp: u16) -> bool {
+    const ONES: u64 = 0x0001_0001_0001_0001;
+    const HIGHS: u64 = 0x8000_8000_8000_8000;
+    let x = word ^ (fp as u64).wrapping_mul(ONES);
+    x.wrapping_sub(ONES) & !x & HIGHS != 0
+}
+
 /// The packed serialized form of a table (see [`Table::to_repr`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct TableRepr {
@@ -520,6 +546,21 @@ mod tests {
         t.for_each(|b, e| v.push((b, e)));
         v.sort_by_key(|(b, e)| (*b, e.fp, e.payload));
         v
+    }
+
+    #[test]
+    fn lane_test_matches_a_scan() {
+        let mut rng = fastrand::Rng::with_seed(4);
+        for _ in 0..100_000 {
+            let lanes: [u16; 4] =
+                std::array::from_fn(|_| if rng.bool() { 0 } else { rng.u16(1..=6) });
+            let word = lanes.iter().rev().fold(0u64, |w, &l| w << 16 | l as u64);
+            let fp = rng.u16(1..=6);
+            assert_eq!(has_lane(word, fp), lanes.contains(&fp), "{lanes:?} {fp}");
+        }
+        assert!(
+            has_lane(0xFFFF_0000_0000_0000, 0xFFFF) && !has_lane(0xFFFE_0000_0000_0000, 0xFFFF)
+        );
     }
 
     #[test]
