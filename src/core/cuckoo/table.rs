@@ -44,7 +44,11 @@ pub(crate) struct Table<P: Payload> {
     params: CuckooParams,
     buckets: usize,
     c: usize,
-    fps: Vec<u16>,
+    /// Low byte of each slot's fingerprint (0 = empty slot).
+    fp_lo: Vec<u8>,
+    /// High byte, only for fingerprints over 8 bits: 8-bit fingerprints take one byte per slot,
+    /// so the default table is half the size and stays in cache longer.
+    fp_hi: Vec<u8>,
     payloads: Vec<P>,
     overflow: BTreeMap<usize, Vec<Entry<P>>>,
     /// One bit per bucket: has overflow entries. Keeps the query fast path off the map.
@@ -66,7 +70,12 @@ impl<P: Payload> Table<P> {
             params,
             buckets,
             c,
-            fps: vec![0; buckets * c],
+            fp_lo: vec![0; buckets * c],
+            fp_hi: if params.fingerprint_bits > 8 {
+                vec![0; buckets * c]
+            } else {
+                Vec::new()
+            },
             payloads: vec![P::default(); buckets * c],
             overflow: BTreeMap::new(),
             overflow_flags: vec![0; buckets.div_ceil(64)],
@@ -111,18 +120,32 @@ impl<P: Payload> Table<P> {
         }
     }
     #[inline(always)]
-    fn main(&self, b: usize) -> &[u16] {
-        &self.fps[b * self.c..(b + 1) * self.c]
+    fn fp_at(&self, slot: usize) -> u16 {
+        let lo = self.fp_lo[slot] as u16;
+        if self.fp_hi.is_empty() {
+            lo
+        } else {
+            lo | (self.fp_hi[slot] as u16) << 8
+        }
+    }
+    #[inline(always)]
+    fn set_fp(&mut self, slot: usize, fp: u16) {
+        self.fp_lo[slot] = fp as u8;
+        if !self.fp_hi.is_empty() {
+            self.fp_hi[slot] = (fp >> 8) as u8;
+        }
     }
     #[inline(always)]
     fn get(&self, slot: usize) -> Entry<P> {
         Entry {
-            fp: self.fps[slot],
+            fp: self.fp_at(slot),
             payload: self.payloads[slot],
         }
     }
     fn main_count(&self, b: usize) -> usize {
-        self.main(b).iter().position(|&f| f == 0).unwrap_or(self.c)
+        (0..self.c)
+            .position(|k| self.fp_at(b * self.c + k) == 0)
+            .unwrap_or(self.c)
     }
     /// Entries in bucket `b`, overflow included.
     pub fn occupancy(&self, b: usize) -> usize {
@@ -137,7 +160,7 @@ impl<P: Payload> Table<P> {
     /// Whether bucket `b` holds fingerprint `fp`.
     #[inline(always)]
     pub fn bucket_has_fp(&self, b: usize, fp: u16) -> bool {
-        self.main(b).contains(&fp)
+        (0..self.c).any(|k| self.fp_at(b * self.c + k) == fp)
             || (self.has_overflow(b) && self.overflow[&b].iter().any(|e| e.fp == fp))
     }
 
@@ -148,7 +171,11 @@ impl<P: Payload> Table<P> {
         if self.c == 4 {
             // Both buckets tested branch-free, so that the two loads overlap instead of
             // waiting on an unpredictable early exit; overflow only where flagged.
-            let hit = has_lane(self.bucket_word(b), fp) | has_lane(self.bucket_word(a), fp);
+            let hit = if self.fp_hi.is_empty() {
+                has_byte(self.bucket_bytes(b), fp as u8) | has_byte(self.bucket_bytes(a), fp as u8)
+            } else {
+                has_lane(self.bucket_word(b), fp) | has_lane(self.bucket_word(a), fp)
+            };
             return hit
                 || (self.has_overflow(b) && self.overflow[&b].iter().any(|e| e.fp == fp))
                 || (self.has_overflow(a) && self.overflow[&a].iter().any(|e| e.fp == fp));
@@ -156,11 +183,17 @@ impl<P: Payload> Table<P> {
         self.bucket_has_fp(b, fp) || self.bucket_has_fp(a, fp)
     }
 
-    /// The four 16-bit slots of a 4-slot bucket as one word.
+    /// The four fingerprints of a 4-slot bucket as 16-bit lanes of one word.
     #[inline(always)]
     fn bucket_word(&self, b: usize) -> u64 {
-        let s = &self.fps[b * 4..b * 4 + 4];
-        u64::from(s[0]) | u64::from(s[1]) << 16 | u64::from(s[2]) << 32 | u64::from(s[3]) << 48
+        (0..4).fold(0, |w, k| w | u64::from(self.fp_at(b * 4 + k)) << (16 * k))
+    }
+
+    /// The four 8-bit fingerprints of a 4-slot bucket as one word.
+    #[inline(always)]
+    fn bucket_bytes(&self, b: usize) -> u32 {
+        let s = &self.fp_lo[b * 4..b * 4 + 4];
+        u32::from_le_bytes([s[0], s[1], s[2], s[3]])
     }
 
     /// The entries of bucket `b`, main slots first.
@@ -187,7 +220,7 @@ impl<P: Payload> Table<P> {
         for b in 0..self.buckets {
             for k in 0..self.c {
                 let slot = b * self.c + k;
-                if self.fps[slot] == 0 {
+                if self.fp_at(slot) == 0 {
                     break;
                 }
                 f(b, self.get(slot));
@@ -207,7 +240,7 @@ impl<P: Payload> Table<P> {
                 old: self.get(slot),
             });
         }
-        self.fps[slot] = e.fp;
+        self.set_fp(slot, e.fp);
         self.payloads[slot] = e.payload;
     }
 
@@ -357,7 +390,7 @@ impl<P: Payload> Table<P> {
         for undo in log.into_iter().rev() {
             match undo {
                 Undo::Slot { slot, old } => {
-                    self.fps[slot] = old.fp;
+                    self.set_fp(slot, old.fp);
                     self.payloads[slot] = old.payload;
                 }
                 Undo::Overflow { bucket, old } => {
@@ -403,7 +436,7 @@ impl<P: Payload> Table<P> {
             prev = b;
         }
         TableRepr {
-            fps: pack(self.fps.iter().map(|&f| f as u64), l),
+            fps: pack((0..self.slots()).map(|s| self.fp_at(s) as u64), l),
             overflow_gaps: gaps,
             overflow_counts: counts,
             overflow_fps: pack(self.overflow.values().flatten().map(|e| e.fp as u64), l),
@@ -438,12 +471,11 @@ impl<P: Payload> Table<P> {
             .ok_or_else(|| FilterError::malformed("overflow count out of range"))?;
         let over = unpack(&repr.overflow_fps, l, over_total as usize)?;
         for (slot, &fp) in main.iter().enumerate() {
-            t.fps[slot] = fp as u16;
+            t.set_fp(slot, fp as u16);
         }
         for b in 0..t.buckets {
-            let m = t.main(b);
-            let n = m.iter().position(|&f| f == 0).unwrap_or(t.c);
-            if m[n..].iter().any(|&f| f != 0) {
+            let n = t.main_count(b);
+            if (n..t.c).any(|k| t.fp_at(b * t.c + k) != 0) {
                 return Err(FilterError::malformed(format!(
                     "bucket {b} has a hole in its slots"
                 )));
@@ -492,8 +524,8 @@ impl<P: Payload> Table<P> {
             ));
         }
         let mut it = payloads.into_iter();
-        for slot in 0..t.fps.len() {
-            if t.fps[slot] != 0 {
+        for slot in 0..t.slots() {
+            if t.fp_at(slot) != 0 {
                 t.payloads[slot] = it.next().expect("counted");
             }
         }
@@ -513,6 +545,15 @@ fn has_lane(word: u64, fp: u16) -> bool {
     const ONES: u64 = 0x0001_0001_0001_0001;
     const HIGHS: u64 = 0x8000_8000_8000_8000;
     let x = word ^ (fp as u64).wrapping_mul(ONES);
+    x.wrapping_sub(ONES) & !x & HIGHS != 0
+}
+
+/// Whether any byte of `word` equals `fp` (the same test on 8-bit lanes).
+#[inline(always)]
+fn has_byte(word: u32, fp: u8) -> bool {
+    const ONES: u32 = 0x0101_0101;
+    const HIGHS: u32 = 0x8080_8080;
+    let x = word ^ (fp as u32).wrapping_mul(ONES);
     x.wrapping_sub(ONES) & !x & HIGHS != 0
 }
 
@@ -561,6 +602,22 @@ mod tests {
         assert!(
             has_lane(0xFFFF_0000_0000_0000, 0xFFFF) && !has_lane(0xFFFE_0000_0000_0000, 0xFFFF)
         );
+    }
+
+    #[test]
+    fn byte_test_matches_a_scan() {
+        let mut rng = fastrand::Rng::with_seed(5);
+        for _ in 0..100_000 {
+            let lanes: [u8; 4] =
+                std::array::from_fn(|_| if rng.bool() { 0 } else { rng.u8(1..=6) });
+            let fp = rng.u8(1..=6);
+            assert_eq!(
+                has_byte(u32::from_le_bytes(lanes), fp),
+                lanes.contains(&fp),
+                "{lanes:?} {fp}"
+            );
+        }
+        assert!(has_byte(0xFF00_0000, 0xFF) && !has_byte(0x7F00_0000, 0xFF));
     }
 
     #[test]
