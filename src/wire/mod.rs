@@ -531,3 +531,32 @@ mod tests {
         assert!("bloom".parse::<FilterKind>().is_err());
     }
 }
+
+#[cfg(test)]
+mod golden {
+    use super::*;
+
+    /// Pins wire format version 1: a change here breaks replicas of older releases.
+    #[test]
+    fn envelope_bytes_are_stable() {
+        let env = Envelope::new(
+            "users",
+            FilterKind::ScOrCuckoo,
+            0x0123_4567_89ab_cdef,
+            Uuid::from_u128(0x00112233_4455_6677_8899_aabbccddeeff),
+            7,
+            42,
+            Body::Digest {
+                digest: 0xfeed,
+                ready: true,
+            },
+        );
+        let hex: String = env.encode().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, GOLDEN);
+    }
+
+    /// `crpf`, version 1, then a 7-field packed map: name, kind (variant 5), parameter digest,
+    /// 16 uuid bytes, replica 7, seq 42, body `{1: {0: 0xfeed, 1: true}}` (variant `Digest`).
+    const GOLDEN: &str = "6372706601a7006575736572730105021b0123456789abcdef035000112233445566\
+                          778899aabbccddeeff040705182a06a101a20019feed01f5";
+}
