@@ -28,10 +28,10 @@
 //! The layers: [`core`] is pure and synchronous (no I/O).
 
 pub mod core;
-#[cfg(feature = "node")]
-pub mod node;
 #[cfg(feature = "eval")]
 pub mod eval;
+#[cfg(feature = "node")]
+pub mod node;
 #[cfg(feature = "node")]
 pub mod replica;
 #[cfg(feature = "node")]
