@@ -234,6 +234,14 @@ impl CuckooParams {
         1.0 - (1.0 - 1.0 / fp_space).powf(2.0 * self.bucket_size as f64 * load)
     }
 
+    /// Eq. 3.7's first-order form `2cᾱ / (2^l - 1)`: the expected number of matching entries.
+    /// Exact for a table that holds at most one entry per bucket pair and fingerprint (GCF,
+    /// whose adds skip contained items), where a query matches at most one entry.
+    pub fn fpr_at_load_unique(&self, load: f64) -> f64 {
+        let fp_space = ((1u64 << self.fingerprint_bits) - 1) as f64;
+        (2.0 * self.bucket_size as f64 * load / fp_space).min(1.0)
+    }
+
     /// A stable digest of the parameters and hash version.
     pub fn digest(&self) -> u64 {
         let mut b = Vec::with_capacity(40);
