@@ -1,0 +1,804 @@
+//! The observability stack as real processes on free loopback ports: a three-server NATS
+//! cluster with JetStream, three `crpf node` processes from generated configs, and Prometheus
+//! (Debian's package, installed into `.tools/prometheus` by `scripts/test.sh`) scraping them
+//! every second. Every PromQL expression of the Grafana dashboards must return data, the scraped
+//! gauges must agree with the `stats` API, SIGTERM must leave loadable snapshots; and the
+//! `crpf` command line: config errors name their field, `crpf demo` runs to completion while
+//! its exporter answers.
+#![cfg(all(feature = "node", feature = "eval"))]
+
+mod nats_harness;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nats_harness::{NatsServer, free_port};
+use serde_json::Value;
+
+const CRPF: &str = env!("CARGO_BIN_EXE_crpf");
+const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
+
+/// What `$__rate_interval` and `$__range` become in the dashboard's expressions.
+const RATE_INTERVAL: &str = "30s";
+const RANGE: &str = "5m";
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+
+/// A child process killed (by its pid) and reaped when dropped; its output goes to a log file
+/// that failures print.
+struct Proc {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Proc {
+        let out = std::fs::File::create(&log).expect("create log file");
+        let err = out.try_clone().unwrap();
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err));
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("start {name}: {e}"));
+        Proc {
+            name: name.into(),
+            child: Some(child),
+            log,
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let from = lines.len().saturating_sub(40);
+        format!(
+            "--- {} ({}) ---\n{}",
+            self.name,
+            self.log.display(),
+            lines[from..].join("\n")
+        )
+    }
+
+    /// Panics (with the log) if the process exited.
+    fn assert_running(&mut self) {
+        if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+            panic!("{} exited with {status}\n{}", self.name, self.log_tail());
+        }
+    }
+
+    /// Waits for the process to exit; None at the deadline.
+    fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut().unwrap();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// `crpf <args>` without inherited `CRPF_*__*` overrides or `RUST_LOG`.
+fn crpf(args: &[&str]) -> Command {
+    let mut cmd = Command::new(CRPF);
+    cmd.args(args).env_remove("RUST_LOG");
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("CRPF_") && k.to_string_lossy().contains("__") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// Prometheus: `$CRPF_PROMETHEUS`, else `.tools/prometheus/usr/bin/prometheus`. Never skips.
+fn prometheus_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("CRPF_PROMETHEUS").map(PathBuf::from) {
+        assert!(p.exists(), "CRPF_PROMETHEUS={p:?} does not exist");
+        return p;
+    }
+    let p = Path::new(MANIFEST_DIR).join(".tools/prometheus/usr/bin/prometheus");
+    assert!(
+        p.exists(),
+        "prometheus not found at {}: run scripts/test.sh (it unpacks Debian's prometheus package \
+         into .tools/prometheus) or set CRPF_PROMETHEUS to a prometheus binary",
+        p.display()
+    );
+    p
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP (HTTP/1.0 with a known length or until EOF: no client crate needed)
+
+fn http_get(addr: &str, path: &str) -> Result<(u16, String), String> {
+    let sock: std::net::SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+    let mut s = TcpStream::connect_timeout(&sock, Duration::from_secs(2))
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)
+        .map_err(|e| format!("read {addr}{path}: {e}"))?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP header from {addr}{path}"))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("bad status line from {addr}{path}: {head:?}"))?;
+    Ok((code, body.to_string()))
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Polls `f` until it returns Some or the deadline passes (then panics with `what` and the last
+/// error `f` reported).
+fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(e) if Instant::now() > deadline => panic!("timed out waiting for {what}: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prometheus
+
+struct Prometheus {
+    proc: Proc,
+    addr: String,
+}
+
+impl Prometheus {
+    fn start(dir: &Path, targets: &[String]) -> Prometheus {
+        let bin = prometheus_binary();
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let targets = targets
+            .iter()
+            .map(|t| format!("\"{t}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let cfg = dir.join("prometheus.yml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+                 scrape_configs:\n  - job_name: crpf\n    static_configs:\n      - targets: [{targets}]\n"
+            ),
+        )
+        .unwrap();
+        let data = dir.join("prometheus-data");
+        let mut cmd = Command::new(bin);
+        cmd.arg(format!("--config.file={}", cfg.display()))
+            .arg(format!("--storage.tsdb.path={}", data.display()))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg("--log.level=warn");
+        let mut prom = Prometheus {
+            proc: Proc::spawn("prometheus", cmd, dir.join("prometheus.log")),
+            addr,
+        };
+        wait_for("prometheus to be ready", Duration::from_secs(30), || {
+            prom.proc.assert_running();
+            match http_get(&prom.addr, "/-/ready")? {
+                (200, _) => Ok(()),
+                (c, b) => Err(format!("{c}: {b}")),
+            }
+        });
+        prom
+    }
+
+    /// The result vector of an instant query (an error for a failed query).
+    fn query(&self, expr: &str) -> Result<Vec<Value>, String> {
+        let (code, body) = http_get(
+            &self.addr,
+            &format!("/api/v1/query?query={}", urlencode(expr)),
+        )?;
+        let v: Value = serde_json::from_str(&body).map_err(|e| format!("{code}: {e}: {body}"))?;
+        if v["status"] != "success" {
+            return Err(format!("query failed ({code}): {body}"));
+        }
+        Ok(v["data"]["result"].as_array().cloned().unwrap_or_default())
+    }
+
+    fn label_values(&self, label: &str, matcher: &str) -> Result<Vec<String>, String> {
+        let (_, body) = http_get(
+            &self.addr,
+            &format!(
+                "/api/v1/label/{label}/values?match[]={}",
+                urlencode(matcher)
+            ),
+        )?;
+        let v: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
+        Ok(v["data"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// The value of the single series an instant query returns.
+    fn scalar(&self, expr: &str) -> Result<f64, String> {
+        let r = self.query(expr)?;
+        if r.len() != 1 {
+            return Err(format!("{expr}: {} series: {r:?}", r.len()));
+        }
+        r[0]["value"][1]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("{expr}: bad sample {:?}", r[0]))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The dashboard
+
+struct Dashboard {
+    file: PathBuf,
+    json: Value,
+}
+
+fn dashboards() -> Vec<Dashboard> {
+    let dir = Path::new(MANIFEST_DIR).join("grafana/dashboards");
+    let mut out: Vec<Dashboard> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .map(|file| {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let json = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{}: not JSON: {e}", file.display()));
+            Dashboard { file, json }
+        })
+        .collect();
+    out.sort_by(|a, b| a.file.cmp(&b.file));
+    assert!(!out.is_empty(), "no dashboards in {}", dir.display());
+    out
+}
+
+fn walk<'a>(v: &'a Value, f: &mut impl FnMut(&'a serde_json::Map<String, Value>)) {
+    match v {
+        Value::Object(m) => {
+            f(m);
+            m.values().for_each(|x| walk(x, f));
+        }
+        Value::Array(a) => a.iter().for_each(|x| walk(x, f)),
+        _ => {}
+    }
+}
+
+/// Every `expr` of the dashboard, in order.
+fn exprs(d: &Dashboard) -> Vec<String> {
+    let mut out = Vec::new();
+    walk(&d.json, &mut |m| {
+        if let Some(Value::String(e)) = m.get("expr") {
+            out.push(e.clone());
+        }
+    });
+    out
+}
+
+/// Substitutes the template variables: query variables (filter, replica) become `.*` (the
+/// "All" value), constants their value, Grafana's intervals fixed durations.
+fn substitute(d: &Dashboard, expr: &str) -> String {
+    let mut vars: BTreeMap<String, String> = BTreeMap::new();
+    for v in d.json["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let name = v["name"].as_str().unwrap().to_string();
+        let value = match v["type"].as_str() {
+            Some("constant") => v["query"].as_str().unwrap().to_string(),
+            _ => v["allValue"].as_str().unwrap_or(".*").to_string(),
+        };
+        vars.insert(name, value);
+    }
+    vars.insert("__rate_interval".into(), RATE_INTERVAL.into());
+    vars.insert("__interval".into(), "5s".into());
+    vars.insert("__range".into(), RANGE.into());
+    let mut out = expr.to_string();
+    // Longest names first, so that `$filter_x` is not cut by `$filter`.
+    let mut names: Vec<&String> = vars.keys().collect();
+    names.sort_by_key(|n| std::cmp::Reverse(n.len()));
+    for n in names {
+        out = out
+            .replace(&format!("${{{n}}}"), &vars[n])
+            .replace(&format!("${n}"), &vars[n]);
+    }
+    assert!(
+        !out.contains('$'),
+        "{}: unknown template variable in {expr:?} (after substitution: {out:?})",
+        d.file.display()
+    );
+    out
+}
+
+/// The metric names src/replica/metrics.rs declares (its `"crpf_..."` string literals).
+fn known_metrics() -> std::collections::BTreeSet<String> {
+    let src =
+        std::fs::read_to_string(Path::new(MANIFEST_DIR).join("src/replica/metrics.rs")).unwrap();
+    src.match_indices("\"crpf_")
+        .filter_map(|(i, _)| src[i + 1..].split('"').next())
+        .map(String::from)
+        .collect()
+}
+
+/// The `crpf_...` identifiers of a PromQL expression.
+fn metric_names(expr: &str) -> Vec<String> {
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("crpf_"))
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn dashboards_use_the_provisioned_datasource() {
+    let prov = std::fs::read_to_string(
+        Path::new(MANIFEST_DIR).join("grafana/provisioning/datasources/prometheus.yml"),
+    )
+    .unwrap();
+    let uid = prov
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("uid:"))
+        .expect("the provisioned datasource has a fixed uid")
+        .trim()
+        .to_string();
+    let dash_prov = std::fs::read_to_string(
+        Path::new(MANIFEST_DIR).join("grafana/provisioning/dashboards/crpf.yml"),
+    )
+    .unwrap();
+    assert!(dash_prov.contains("path: /var/lib/grafana/dashboards"));
+    for d in dashboards() {
+        let mut bad = Vec::new();
+        let mut n = 0;
+        walk(&d.json, &mut |m| {
+            if let Some(ds) = m.get("datasource") {
+                if ds["type"] == "prometheus" || ds.is_string() {
+                    n += 1;
+                    if ds["uid"].as_str() != Some(uid.as_str()) {
+                        bad.push(ds.clone());
+                    }
+                }
+            }
+        });
+        assert!(n > 0, "{}: no prometheus datasource", d.file.display());
+        assert!(
+            bad.is_empty(),
+            "{}: datasources other than uid {uid}: {bad:?}",
+            d.file.display()
+        );
+        assert!(!exprs(&d).is_empty());
+        // Every metric a query names is one the replicas record (src/replica/metrics.rs), so
+        // that the `or 0 * ...` fallbacks of never-fired counters cannot hide a typo.
+        let known = known_metrics();
+        for e in exprs(&d) {
+            for name in metric_names(&e) {
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .unwrap_or(&name);
+                assert!(
+                    known.contains(&name) || known.contains(base),
+                    "{}: {name} in {e:?} is not a metric of src/replica/metrics.rs",
+                    d.file.display()
+                );
+            }
+        }
+        // Every target of every panel has a query.
+        for p in d.json["panels"].as_array().unwrap() {
+            for t in p["targets"].as_array().into_iter().flatten() {
+                assert!(
+                    t["expr"].is_string(),
+                    "{}: target without expr: {t}",
+                    d.file.display()
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The stack
+
+struct Node {
+    proc: Proc,
+    metrics: String,
+    data_dir: PathBuf,
+}
+
+const FILTERS: &[(&str, &str)] = &[("sessions", "or_cuckoo"), ("seen_urls", "g_bloom")];
+
+fn node_toml(metrics: &str, data_dir: &Path, nats_url: &str, i: usize) -> String {
+    let mut s = format!(
+        "[node]\nmetrics_addr = \"{metrics}\"\ndata_dir = \"{}\"\nlog = \"warn\"\n\n\
+         [nats]\nservers = [\"{nats_url}\"]\nretry_on_initial_connect = true\nname = \"stack-node{i}\"\n",
+        data_dir.display()
+    );
+    for (name, kind) in FILTERS {
+        s += &format!(
+            "\n[[filters]]\nname = \"{name}\"\n\
+             filter = {{ kind = \"{kind}\", capacity = 20000, fpr = 0.01 }}\n\
+             delta_interval_ms = 50\nanti_entropy_interval_ms = 500\nmin_push_interval_ms = 200\n\
+             catch_up_timeout_ms = 1000\nsnapshot_interval_ms = 300\nmetrics_interval_ms = 100\n"
+        );
+    }
+    s
+}
+
+fn start_node(dir: &Path, i: usize, nats_url: &str) -> Node {
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let data_dir = dir.join(format!("node{i}"));
+    let cfg = dir.join(format!("node{i}.toml"));
+    std::fs::write(&cfg, node_toml(&metrics, &data_dir, nats_url, i)).unwrap();
+    let cmd = crpf(&["node", "--config", cfg.to_str().unwrap()]);
+    Node {
+        proc: Proc::spawn(&format!("node{i}"), cmd, dir.join(format!("node{i}.log"))),
+        metrics,
+        data_dir,
+    }
+}
+
+async fn request(client: &async_nats::Client, subject: String, item: &[u8]) -> Value {
+    let reply = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.request(subject.clone(), item.to_vec().into()),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{subject}: no reply within 10 s"))
+    .unwrap_or_else(|e| panic!("{subject}: {e}"));
+    serde_json::from_slice(&reply.payload)
+        .unwrap_or_else(|e| panic!("{subject}: reply is not JSON: {e}"))
+}
+
+fn figure(stats: &Value, name: &str) -> f64 {
+    stats
+        .get(name)
+        .or_else(|| stats.get("figures").and_then(|f| f.get(name)))
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("stats without {name}: {stats}"))
+}
+
+fn replica_label(stats: &Value) -> String {
+    match &stats["replica"] {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        v => panic!("stats without a replica id: {v} in {stats}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stack_serves_every_dashboard_query_and_gauges_match_stats() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = NatsServer::cluster(3);
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| start_node(dir.path(), i, &servers[i].url()))
+        .collect();
+
+    // Every exporter answers.
+    for n in nodes.iter_mut() {
+        let addr = n.metrics.clone();
+        wait_for(
+            &format!("{} /metrics", n.proc.name),
+            Duration::from_secs(30),
+            || {
+                n.proc.assert_running();
+                match http_get(&addr, "/metrics")? {
+                    (200, body) if body.contains("crpf_ready") => Ok(()),
+                    (c, _) => Err(format!("status {c}, no crpf_ready yet")),
+                }
+            },
+        );
+    }
+    let targets: Vec<String> = nodes.iter().map(|n| n.metrics.clone()).collect();
+    let prom = Prometheus::start(dir.path(), &targets);
+
+    // The request API, from a plain NATS client, once the replicas serve it.
+    let client = async_nats::connect(servers[0].url()).await.unwrap();
+    for (name, _) in FILTERS {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let subject = format!("crpf.{name}.api.stats");
+            match tokio::time::timeout(
+                Duration::from_secs(2),
+                client.request(subject, Vec::new().into()),
+            )
+            .await
+            {
+                Ok(Ok(_)) => break,
+                _ if Instant::now() > deadline => {
+                    for n in &nodes {
+                        eprintln!("{}", n.proc.log_tail());
+                    }
+                    panic!("crpf.{name}.api.stats never answered");
+                }
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
+    // Adds (both filters) and removes (the OR cuckoo filter).
+    for i in 0..300 {
+        let item = format!("item-{i}");
+        for (name, _) in FILTERS {
+            let r = request(&client, format!("crpf.{name}.api.add"), item.as_bytes()).await;
+            assert!(r.get("added").is_some(), "add {item} to {name}: {r}");
+        }
+    }
+    for i in 0..100 {
+        let item = format!("item-{i}");
+        let r = request(&client, "crpf.sessions.api.remove".into(), item.as_bytes()).await;
+        assert_eq!(r["removed"], true, "remove {item}: {r}");
+    }
+    let r = request(&client, "crpf.seen_urls.api.contains".into(), b"item-7").await;
+    assert_eq!(r["contains"], true, "{r}");
+    // Garbage on the replication subject: every replica rejects it (rejects by reason).
+    for _ in 0..3 {
+        client
+            .publish(
+                "crpf.sessions.delta",
+                b"not a crpf envelope".to_vec().into(),
+            )
+            .await
+            .unwrap();
+    }
+    client.flush().await.unwrap();
+
+    // The dashboard's template variables have values.
+    let prom = &prom;
+    tokio::task::block_in_place(|| {
+        wait_for(
+            "label values of filter and replica",
+            Duration::from_secs(20),
+            || {
+                let filters = prom.label_values("filter", "crpf_estimated_fpr")?;
+                let replicas = prom.label_values("replica", "crpf_estimated_fpr")?;
+                if filters.len() == FILTERS.len() && replicas.len() >= 3 {
+                    Ok(())
+                } else {
+                    Err(format!("filters {filters:?}, replicas {replicas:?}"))
+                }
+            },
+        )
+    });
+
+    // Every expression of every dashboard returns data.
+    let mut results: Vec<(String, String, usize)> = Vec::new();
+    for d in dashboards() {
+        for e in exprs(&d) {
+            let q = substitute(&d, &e);
+            results.push((e, q, 0));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let mut errors = Vec::new();
+        for (_, q, n) in results.iter_mut().filter(|r| r.2 == 0) {
+            match tokio::task::block_in_place(|| prom.query(q)) {
+                Ok(r) => *n = r.len(),
+                Err(e) => errors.push(e),
+            }
+        }
+        assert!(errors.is_empty(), "PromQL errors: {errors:#?}");
+        if results.iter().all(|r| r.2 > 0) {
+            break;
+        }
+        if Instant::now() > deadline {
+            let empty: Vec<&String> = results.iter().filter(|r| r.2 == 0).map(|r| &r.1).collect();
+            panic!("dashboard expressions without data: {empty:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for (e, _, n) in &results {
+        eprintln!("dashboard query ok ({n} series): {e}");
+    }
+
+    // The scraped gauges agree with the stats API of the same replica (adds stopped; a replica
+    // that answers may still merge its peers' last deltas, so retry until both settle).
+    for (name, _) in FILTERS {
+        let mut last;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let stats = request(&client, format!("crpf.{name}.api.stats"), b"").await;
+            let replica = replica_label(&stats);
+            let sel = format!("{{filter=\"{name}\",replica=\"{replica}\"}}");
+            let (fpr, load) = (
+                figure(&stats, "estimated_fpr"),
+                figure(&stats, "load_factor"),
+            );
+            let scraped = tokio::task::block_in_place(|| {
+                Ok::<_, String>((
+                    prom.scalar(&format!("crpf_estimated_fpr{sel}"))?,
+                    prom.scalar(&format!("crpf_load_factor{sel}"))?,
+                ))
+            });
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 + 0.01 * a.abs().max(b.abs());
+            match scraped {
+                Ok((sf, sl)) if close(fpr, sf) && close(load, sl) && load > 0.0 => break,
+                Ok((sf, sl)) => {
+                    last = format!(
+                        "{name} r{replica}: stats fpr {fpr} load {load}, scraped fpr {sf} load {sl}"
+                    )
+                }
+                Err(e) => last = e,
+            }
+            assert!(
+                Instant::now() < deadline,
+                "gauges never matched stats: {last}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    drop(client);
+
+    // SIGTERM: the node exits cleanly and leaves snapshots `crpf inspect` loads.
+    let n = &mut nodes[0];
+    assert_eq!(unsafe { libc::kill(n.proc.pid(), libc::SIGTERM) }, 0);
+    let status = n
+        .proc
+        .wait_exit(Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("node0 ignored SIGTERM\n{}", n.proc.log_tail()));
+    assert!(
+        status.success(),
+        "node0 exited with {status} on SIGTERM\n{}",
+        n.proc.log_tail()
+    );
+    for (name, _) in FILTERS {
+        let path = n.data_dir.join(name);
+        let out = crpf(&["inspect", path.to_str().unwrap()]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "crpf inspect {} failed: {}{}",
+            path.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command line
+
+/// Runs `crpf node` with a config (and env overrides), expecting a quick non-zero exit whose
+/// output names `field`.
+fn config_error(toml: &str, env: &[(&str, &str)], field: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(&cfg, toml).unwrap();
+    let mut cmd = crpf(&["node", "--config", cfg.to_str().unwrap()]);
+    cmd.envs(env.iter().copied());
+    let mut p = Proc::spawn("crpf node (bad config)", cmd, dir.path().join("out.log"));
+    let status = p
+        .wait_exit(Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("crpf node kept running with a bad config:\n{toml}"));
+    let out = std::fs::read_to_string(&p.log).unwrap();
+    assert!(
+        !status.success(),
+        "crpf node accepted a bad config:\n{toml}\n{out}"
+    );
+    assert!(
+        out.contains(field),
+        "the error does not name `{field}`:\n{out}\nconfig:\n{toml}"
+    );
+}
+
+#[test]
+fn config_errors_exit_nonzero_naming_the_field() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let filter =
+        "[[filters]]\nname = \"f\"\nfilter = { kind = \"g_bloom\", capacity = 1000, fpr = 0.01 }\n";
+    // Unknown field.
+    config_error(
+        &format!("[node]\nmetrics_addr = \"{addr}\"\nmetrics_adress = \"x\"\n{filter}"),
+        &[],
+        "metrics_adress",
+    );
+    // Unknown field in a filter.
+    config_error(
+        &format!("[node]\nmetrics_addr = \"{addr}\"\n{filter}delta_intervall_ms = 5\n"),
+        &[],
+        "delta_intervall_ms",
+    );
+    // Missing required value.
+    config_error(
+        &format!("[node]\nmetrics_addr = \"{addr}\"\n[[filters]]\nname = \"f\"\n"),
+        &[],
+        "`filter`",
+    );
+    config_error(
+        &format!(
+            "[node]\nmetrics_addr = \"{addr}\"\n[[filters]]\n\
+             filter = {{ kind = \"g_bloom\", capacity = 1000, fpr = 0.01 }}\n"
+        ),
+        &[],
+        "`name`",
+    );
+    // Bad address, in the file and from the environment.
+    config_error(
+        &format!("[node]\nmetrics_addr = \"not-an-address\"\n{filter}"),
+        &[],
+        "metrics_addr",
+    );
+    config_error(
+        &format!("[node]\nmetrics_addr = \"{addr}\"\n{filter}"),
+        &[("CRPF_NODE__METRICS_ADDR", "999.1.2.3:x")],
+        "metrics_addr",
+    );
+}
+
+#[test]
+fn demo_runs_to_completion_and_exports_metrics_meanwhile() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let cmd = crpf(&[
+        "demo",
+        "--duration",
+        "3",
+        "--metrics-addr",
+        &addr,
+        "--capacity",
+        "20000",
+        "--rate",
+        "200",
+    ]);
+    let mut p = Proc::spawn("crpf demo", cmd, dir.path().join("demo.log"));
+    // The exporter answers while the demo runs.
+    let body = wait_for("the demo's /metrics", Duration::from_secs(30), || {
+        p.assert_running();
+        match http_get(&addr, "/metrics")? {
+            (200, b) if b.contains("crpf_estimated_fpr") => Ok(b),
+            (c, _) => Err(format!("status {c}, no crpf_estimated_fpr yet")),
+        }
+    });
+    assert!(body.contains("filter=\"demo\""), "{body}");
+    let status = p
+        .wait_exit(Duration::from_secs(90))
+        .unwrap_or_else(|| panic!("crpf demo --duration 3 did not finish\n{}", p.log_tail()));
+    assert!(
+        status.success(),
+        "crpf demo failed: {status}\n{}",
+        p.log_tail()
+    );
+}
