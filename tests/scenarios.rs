@@ -258,7 +258,7 @@ fn writer_partitioned_scalable_filters_hold_the_bound_unsynced() {
         thesis > 0.01 && est > 0.01,
         "the thesis design should overshoot here: {thesis}"
     );
-    let writer = |w| (WriterScGBloom::new(params, w).unwrap());
+    let writer = |w| WriterScGBloom::new(params, w).unwrap();
     let results = [
         (
             "WriterScGBloom",
