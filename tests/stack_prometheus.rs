@@ -603,6 +603,40 @@ async fn stack_serves_every_dashboard_query_and_gauges_match_stats() {
             },
         )
     });
+    // ... and so do the dashboards' own variable queries, `label_values(<selector>, <label>)`.
+    for d in dashboards() {
+        for v in d.json["templating"]["list"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if v["type"] != "query" {
+                continue;
+            }
+            let q = v["query"]
+                .as_str()
+                .or_else(|| v["query"]["query"].as_str())
+                .unwrap_or_else(|| panic!("{}: variable without a query: {v}", d.file.display()));
+            let inner = q
+                .strip_prefix("label_values(")
+                .and_then(|r| r.strip_suffix(')'))
+                .unwrap_or_else(|| panic!("{}: not a label_values query: {q}", d.file.display()));
+            let (selector, label) = inner.rsplit_once(',').unwrap();
+            let selector = substitute(&d, selector.trim());
+            let label = label.trim().to_string();
+            let values = tokio::task::block_in_place(|| {
+                wait_for(
+                    &format!("values of {q}"),
+                    Duration::from_secs(20),
+                    || match prom.label_values(&label, &selector)? {
+                        v if v.is_empty() => Err("none".into()),
+                        v => Ok(v),
+                    },
+                )
+            });
+            eprintln!("dashboard variable ok: {q} = {values:?}");
+        }
+    }
 
     // Every expression of every dashboard returns data.
     let mut results: Vec<(String, String, usize)> = Vec::new();
