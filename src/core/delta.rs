@@ -61,13 +61,18 @@ pub struct CuckooDelta {
     pub entries: Vec<(u64, u16)>,
 }
 
-/// Delta of an [`crate::OrCuckoo`]: the entries local adds inserted, and a causal context with
-/// their dots and the dots of entries local removes deleted (a dot cloud, not contiguous).
+/// Delta of an [`crate::OrCuckoo`]: the entries local adds inserted, the entries local removes
+/// deleted, and a causal context of exactly their dots (a dot cloud, not contiguous). Joining it
+/// touches only the entries it lists, and gives the same state as the lattice join of
+/// `(entries, context)` would.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OrCuckooDelta {
     /// `(bucket, fingerprint, tag)` of added entries that are still live.
     pub entries: Vec<(u64, u16, Dot)>,
-    /// Dots of every add and remove the delta covers.
+    /// `(bucket, fingerprint, tag)` of entries removed, so that a receiver finds them without
+    /// scanning its table.
+    pub removed: Vec<(u64, u16, Dot)>,
+    /// Exactly the dots of `entries` and `removed`.
     pub context: CausalContext,
 }
 
@@ -83,7 +88,9 @@ pub struct ScalableDelta<D> {
 pub struct ScOrCuckooDelta {
     /// `(sub-filter index, bucket, fingerprint, tag)` of added entries that are still live.
     pub entries: Vec<(u32, u64, u16, Dot)>,
-    /// Dots of every add and remove the delta covers.
+    /// `(sub-filter index, bucket, fingerprint, tag)` of entries removed.
+    pub removed: Vec<(u32, u64, u16, Dot)>,
+    /// Exactly the dots of `entries` and `removed`.
     pub context: CausalContext,
 }
 

@@ -10,7 +10,7 @@ pub use orcuckoo::OrCuckoo;
 /// ORCF table logic shared with the scalable ORCF.
 pub(crate) mod orcuckoo_parts {
     pub(crate) use super::orcuckoo::{
-        PackedTags, SparseEntries, check_tags, merge_tables, pack_tags, remove_random,
-        sparse_entries, table_le, unpack_tags,
+        PackedTags, PendingOr, check_listed_dots, check_tags, merge_tables, pack_tags,
+        remove_random, table_le, unpack_tags,
     };
 }

@@ -10,7 +10,7 @@ use crate::core::causal::{CausalContext, Dot, MAX_COUNTER, ReplicaId};
 use crate::core::codec::{bits_for, pack, unpack};
 use crate::core::delta::{DeltaState, OrCuckooDelta};
 use crate::core::error::FilterError;
-use crate::core::hash::{alt_index, cuckoo_position, hash_item};
+use crate::core::hash::{cuckoo_position, hash_item};
 use crate::core::lattice::{Lattice, Membership, Removable};
 use crate::core::params::CuckooParams;
 
@@ -42,28 +42,86 @@ pub struct OrCuckoo {
     /// Highest timestamp this replica may have issued; it never issues one at or below it.
     clock: u64,
     /// Local updates since the last `take_delta`, while tracking.
-    pending: Option<PendingOr>,
+    pending: Option<PendingOr<(u64, u16)>>,
 }
 
-/// A delta being accumulated: live added entries by tag, and the dots of adds and removes.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct PendingOr {
-    pub entries: HashMap<u64, (u64, u16)>,
+/// A delta being accumulated, keyed by tag: live added entries, removed entries, and the
+/// context of their dots. `L` locates an entry: `(bucket, fp)`, plus the sub-filter for ScORCF.
+#[derive(Debug, Clone)]
+pub(crate) struct PendingOr<L> {
+    pub entries: HashMap<u64, L>,
+    pub removed: HashMap<u64, L>,
     pub context: CausalContext,
 }
 
-impl PendingOr {
-    pub fn added(&mut self, dot: Dot, bucket: usize, fp: u16) {
-        self.entries.insert(dot.pack(), (bucket as u64, fp));
+impl<L> Default for PendingOr<L> {
+    fn default() -> Self {
+        Self {
+            entries: HashMap::new(),
+            removed: HashMap::new(),
+            context: CausalContext::new(),
+        }
+    }
+}
+
+impl<L: Copy> PendingOr<L> {
+    pub fn added(&mut self, dot: Dot, at: L) {
+        self.entries.insert(dot.pack(), at);
         self.context.insert(dot);
     }
-    pub fn removed(&mut self, dot: Dot) {
+    pub fn removed(&mut self, dot: Dot, at: L) {
         self.entries.remove(&dot.pack());
+        self.removed.insert(dot.pack(), at);
         self.context.insert(dot);
     }
     pub fn len(&self) -> usize {
-        self.context.dot_count() as usize
+        self.entries.len() + self.removed.len()
     }
+    /// The accumulated lists, sorted by tag, and the context; `None` if nothing changed.
+    pub fn take(&mut self) -> Option<(Vec<(L, Dot)>, Vec<(L, Dot)>, CausalContext)> {
+        if self.context.is_empty() {
+            return None;
+        }
+        let PendingOr {
+            entries,
+            removed,
+            context,
+        } = std::mem::take(self);
+        let sorted = |m: HashMap<u64, L>| {
+            let mut v: Vec<(L, Dot)> = m.into_iter().map(|(t, at)| (at, Dot::unpack(t))).collect();
+            v.sort_unstable_by_key(|e| e.1);
+            v
+        };
+        Some((sorted(entries), sorted(removed), context))
+    }
+}
+
+/// Checks the dots a delta lists (each with whether its location fits the parameters): each
+/// fits and is in the context, none is listed twice, and the context holds no other dot, so
+/// that joining the delta needs to touch only the entries it lists.
+pub(crate) fn check_listed_dots(
+    listed: impl Iterator<Item = (bool, Dot)>,
+    context: &CausalContext,
+) -> Result<(), FilterError> {
+    let mut dots = Vec::new();
+    for (fits, dot) in listed {
+        if !fits || dot.counter == 0 || !context.contains(dot) {
+            return Err(FilterError::malformed(format!(
+                "delta entry {dot:?} does not fit"
+            )));
+        }
+        dots.push(dot);
+    }
+    dots.sort_unstable();
+    if dots.windows(2).any(|w| w[0] == w[1]) {
+        return Err(FilterError::malformed("a tag is listed twice in the delta"));
+    }
+    if context.dot_count() != dots.len() as u64 {
+        return Err(FilterError::malformed(
+            "the delta's context holds dots it lists no entry for",
+        ));
+    }
+    Ok(())
 }
 
 impl OrCuckoo {
@@ -184,7 +242,7 @@ impl OrCuckoo {
         self.history.insert(dot);
         self.clock = counter;
         if let Some(pending) = &mut self.pending {
-            pending.added(dot, b, fp);
+            pending.added(dot, (b as u64, fp));
         }
         Ok(dot)
     }
@@ -194,7 +252,7 @@ impl OrCuckoo {
         let (b, fp) = self.position(item);
         let dot = remove_random(&mut self.table, b, fp)?;
         if let Some(pending) = &mut self.pending {
-            pending.removed(dot);
+            pending.removed(dot, (b as u64, fp));
         }
         Some(dot)
     }
@@ -240,76 +298,19 @@ pub(crate) fn remove_random(table: &mut Table<u64>, b: usize, fp: u16) -> Option
 /// The table part of the ORCF merge (Eq. 3.12-3.15). `theirs` is `None` where the other
 /// side has no such table (a series padded with a bottom sub-filter). `mine_history` must be
 /// our history before the merge; the caller unions the histories afterwards.
-/// Read access to the tagged entries of a full table or of a delta.
-pub(crate) trait TaggedEntries {
-    /// Whether an entry equal to `e` sits at bucket `b` or its alternate.
-    fn holds(&self, b: usize, e: Entry<u64>) -> bool;
-    fn each(&self, f: impl FnMut(usize, Entry<u64>));
-}
-
-impl TaggedEntries for Table<u64> {
-    fn holds(&self, b: usize, e: Entry<u64>) -> bool {
-        self.has_exact_either(b, e)
-    }
-    fn each(&self, f: impl FnMut(usize, Entry<u64>)) {
-        self.for_each(f)
-    }
-}
-
-/// The entries of a delta, indexed by tag (tags are unique).
-pub(crate) struct SparseEntries {
-    pub by_tag: HashMap<u64, (usize, u16)>,
-    pub buckets: usize,
-}
-
-impl TaggedEntries for SparseEntries {
-    fn holds(&self, b: usize, e: Entry<u64>) -> bool {
-        self.by_tag.get(&e.payload).is_some_and(|&(bucket, fp)| {
-            fp == e.fp && (bucket == b || bucket == alt_index(b, fp, self.buckets))
-        })
-    }
-    fn each(&self, mut f: impl FnMut(usize, Entry<u64>)) {
-        for (&tag, &(b, fp)) in &self.by_tag {
-            f(b, Entry { fp, payload: tag });
-        }
-    }
-}
-
-/// Checks a delta's entries against the parameters and its own context, and indexes them.
-pub(crate) fn sparse_entries<'a>(
-    params: &CuckooParams,
-    entries: impl Iterator<Item = (u64, u16, Dot)> + 'a,
-    context: &CausalContext,
-) -> Result<SparseEntries, FilterError> {
-    let mut by_tag = HashMap::new();
-    for (b, fp, dot) in entries {
-        if !params.holds_entry(b, fp) || dot.counter == 0 || !context.contains(dot) {
-            return Err(FilterError::malformed(format!(
-                "delta entry {:?} does not fit",
-                (b, fp, dot)
-            )));
-        }
-        if by_tag.insert(dot.pack(), (b as usize, fp)).is_some() {
-            return Err(FilterError::malformed("duplicate tag in delta"));
-        }
-    }
-    Ok(SparseEntries {
-        by_tag,
-        buckets: params.buckets as usize,
-    })
-}
-
-pub(crate) fn merge_tables<T: TaggedEntries>(
+pub(crate) fn merge_tables(
     mine: &mut Table<u64>,
     mine_history: &CausalContext,
-    theirs: Option<&T>,
+    theirs: Option<&Table<u64>>,
     their_history: &CausalContext,
 ) {
     // Entries we hold whose tags the other side observed and no longer holds were removed
     // there (Eq. 3.13 excludes them); entries both hold, possibly displaced, stay (S1, S4).
     let mut removed = Vec::new();
     mine.for_each(|b, e| {
-        if their_history.contains_tag(e.payload) && !theirs.is_some_and(|t| t.holds(b, e)) {
+        if their_history.contains_tag(e.payload)
+            && !theirs.is_some_and(|t| t.has_exact_either(b, e))
+        {
             removed.push((b, e));
         }
     });
@@ -319,7 +320,7 @@ pub(crate) fn merge_tables<T: TaggedEntries>(
     // Entries new to us (Eq. 3.14).
     if let Some(theirs) = theirs {
         let mut fresh = Vec::new();
-        theirs.each(|b, e| {
+        theirs.for_each(|b, e| {
             if !mine_history.contains_tag(e.payload) {
                 fresh.push((b, e));
             }
@@ -424,17 +425,14 @@ impl DeltaState for OrCuckoo {
     }
 
     fn take_delta(&mut self) -> Option<OrCuckooDelta> {
-        let pending = self.pending.as_mut()?;
-        if pending.context.is_empty() {
-            return None;
-        }
-        let PendingOr { entries, context } = std::mem::take(pending);
-        let mut entries: Vec<(u64, u16, Dot)> = entries
-            .into_iter()
-            .map(|(tag, (b, fp))| (b, fp, Dot::unpack(tag)))
-            .collect();
-        entries.sort_unstable_by_key(|e| e.2);
-        Some(OrCuckooDelta { entries, context })
+        let (entries, removed, context) = self.pending.as_mut()?.take()?;
+        let flat =
+            |v: Vec<((u64, u16), Dot)>| v.into_iter().map(|((b, fp), d)| (b, fp, d)).collect();
+        Some(OrCuckooDelta {
+            entries: flat(entries),
+            removed: flat(removed),
+            context,
+        })
     }
 
     fn pending_delta_len(&self) -> usize {
@@ -442,17 +440,38 @@ impl DeltaState for OrCuckoo {
     }
 
     fn check_delta(&self, delta: &OrCuckooDelta) -> Result<(), FilterError> {
-        sparse_entries(self.params(), delta.entries.iter().copied(), &delta.context).map(|_| ())
+        let p = self.params();
+        let listed = delta.entries.iter().chain(&delta.removed);
+        check_listed_dots(
+            listed.map(|&(b, fp, d)| (p.holds_entry(b, fp), d)),
+            &delta.context,
+        )
     }
 
+    /// Removes the listed removed entries, places the listed entries not yet observed, and
+    /// unions the context: the lattice join, touching only what the delta lists.
     fn merge_delta(&mut self, delta: &OrCuckooDelta) -> Result<(), FilterError> {
-        let sparse = sparse_entries(self.params(), delta.entries.iter().copied(), &delta.context)?;
-        merge_tables(
-            &mut self.table,
-            &self.history,
-            Some(&sparse),
-            &delta.context,
-        );
+        self.check_delta(delta)?;
+        for &(b, fp, dot) in &delta.removed {
+            self.table.remove_exact(
+                b as usize,
+                Entry {
+                    fp,
+                    payload: dot.pack(),
+                },
+            );
+        }
+        for &(b, fp, dot) in &delta.entries {
+            if !self.history.contains(dot) {
+                self.table.place_merged(
+                    b as usize,
+                    Entry {
+                        fp,
+                        payload: dot.pack(),
+                    },
+                );
+            }
+        }
         self.history.union(&delta.context);
         Ok(())
     }

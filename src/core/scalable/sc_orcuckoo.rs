@@ -1,6 +1,5 @@
 //! ScORCF: the scalable observed-remove cuckoo filter (thesis Spec. 8).
 
-use std::collections::HashMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -9,7 +8,7 @@ use super::params::ScalableParams;
 use super::series::{compound, load};
 use crate::core::causal::{CausalContext, Dot, MAX_COUNTER, ReplicaId};
 use crate::core::cuckoo::orcuckoo_parts::{
-    PackedTags, SparseEntries, check_tags, merge_tables, pack_tags, remove_random, sparse_entries,
+    PackedTags, PendingOr, check_listed_dots, check_tags, merge_tables, pack_tags, remove_random,
     table_le, unpack_tags,
 };
 use crate::core::cuckoo::table::{Entry, Table, TableRepr};
@@ -44,27 +43,8 @@ pub struct ScOrCuckoo {
     replica: ReplicaId,
     clock: u64,
     /// Local updates since the last `take_delta`, while tracking.
-    pending: Option<ScPending>,
-}
-
-/// A delta being accumulated: live added entries by tag with their sub-filter, and the dots of
-/// adds and removes.
-#[derive(Debug, Clone, Default)]
-struct ScPending {
-    entries: HashMap<u64, (u32, u64, u16)>,
-    context: CausalContext,
-}
-
-impl ScPending {
-    fn added(&mut self, dot: Dot, sub: usize, bucket: usize, fp: u16) {
-        self.entries
-            .insert(dot.pack(), (sub as u32, bucket as u64, fp));
-        self.context.insert(dot);
-    }
-    fn removed(&mut self, dot: Dot) {
-        self.entries.remove(&dot.pack());
-        self.context.insert(dot);
-    }
+    /// Local updates since the last `take_delta`, located by (sub-filter, bucket, fp).
+    pending: Option<PendingOr<(u32, u64, u16)>>,
 }
 
 impl ScOrCuckoo {
@@ -211,7 +191,7 @@ impl ScOrCuckoo {
             }
         };
         if let Some(pending) = &mut self.pending {
-            pending.added(dot, sub, b, fp);
+            pending.added(dot, (sub as u32, b as u64, fp));
         }
         self.history.insert(dot);
         self.clock = counter;
@@ -232,7 +212,7 @@ impl ScOrCuckoo {
         let dot = remove_random(&mut self.subs[i], b, fp)?;
         self.shrink();
         if let Some(pending) = &mut self.pending {
-            pending.removed(dot);
+            pending.removed(dot, (i as u32, b as u64, fp));
         }
         Some(dot)
     }
@@ -339,89 +319,78 @@ impl DeltaState for ScOrCuckoo {
     type Delta = ScOrCuckooDelta;
 
     fn track_deltas(&mut self, on: bool) {
-        self.pending = on.then(ScPending::default);
+        self.pending = on.then(PendingOr::default);
     }
 
     fn take_delta(&mut self) -> Option<ScOrCuckooDelta> {
-        let pending = self.pending.as_mut()?;
-        if pending.context.is_empty() {
-            return None;
-        }
-        let ScPending { entries, context } = std::mem::take(pending);
-        let mut entries: Vec<(u32, u64, u16, Dot)> = entries
-            .into_iter()
-            .map(|(tag, (s, b, fp))| (s, b, fp, Dot::unpack(tag)))
-            .collect();
-        entries.sort_unstable_by_key(|e| e.3);
-        Some(ScOrCuckooDelta { entries, context })
+        let (entries, removed, context) = self.pending.as_mut()?.take()?;
+        let flat = |v: Vec<((u32, u64, u16), Dot)>| {
+            v.into_iter().map(|((s, b, fp), d)| (s, b, fp, d)).collect()
+        };
+        Some(ScOrCuckooDelta {
+            entries: flat(entries),
+            removed: flat(removed),
+            context,
+        })
     }
 
     fn pending_delta_len(&self) -> usize {
-        self.pending
-            .as_ref()
-            .map_or(0, |p| p.context.dot_count() as usize)
+        self.pending.as_ref().map_or(0, PendingOr::len)
     }
 
+    /// Every listed entry must fit the sub-filter it names, and name none more than
+    /// `MAX_SUBS_AHEAD` past our last one (a receiver further behind catches up by
+    /// anti-entropy, so that a forged index cannot make it allocate absurd sub-filters).
     fn check_delta(&self, delta: &ScOrCuckooDelta) -> Result<(), FilterError> {
-        self.delta_by_sub(delta).map(|_| ())
+        let known = self.subs.len() + MAX_SUBS_AHEAD;
+        let fits = |s: u32, b: u64, fp: u16| {
+            (s as usize) < known
+                && self
+                    .params
+                    .cuckoo(s as usize)
+                    .is_ok_and(|p| p.holds_entry(b, fp))
+        };
+        let listed = delta.entries.iter().chain(&delta.removed);
+        check_listed_dots(
+            listed.map(|&(s, b, fp, d)| (fits(s, b, fp), d)),
+            &delta.context,
+        )
     }
 
+    /// Removes the listed removed entries, places the listed entries not yet observed (adding
+    /// sub-filters as needed), and unions the context: touching only what the delta lists.
     fn merge_delta(&mut self, delta: &ScOrCuckooDelta) -> Result<(), FilterError> {
-        let by_sub = self.delta_by_sub(delta)?;
-        for (i, sparse) in by_sub.iter().enumerate() {
-            if i == self.subs.len() {
-                let t = self.new_sub(i)?;
+        self.check_delta(delta)?;
+        for &(s, b, fp, dot) in &delta.removed {
+            if let Some(t) = self.subs.get_mut(s as usize) {
+                t.remove_exact(
+                    b as usize,
+                    Entry {
+                        fp,
+                        payload: dot.pack(),
+                    },
+                );
+            }
+        }
+        for &(s, b, fp, dot) in &delta.entries {
+            if self.history.contains(dot) {
+                continue;
+            }
+            while self.subs.len() <= s as usize {
+                let t = self.new_sub(self.subs.len())?;
                 self.subs.push(t);
             }
-            merge_tables(
-                &mut self.subs[i],
-                &self.history,
-                Some(sparse),
-                &delta.context,
+            self.subs[s as usize].place_merged(
+                b as usize,
+                Entry {
+                    fp,
+                    payload: dot.pack(),
+                },
             );
-        }
-        // Sub-filters the delta has no entries for still lose entries it removed.
-        let empty = SparseEntries {
-            by_tag: HashMap::new(),
-            buckets: 1,
-        };
-        for t in self.subs.iter_mut().skip(by_sub.len()) {
-            merge_tables(t, &self.history, Some(&empty), &delta.context);
         }
         self.history.union(&delta.context);
         self.shrink();
         Ok(())
-    }
-}
-
-impl ScOrCuckoo {
-    /// Validates a delta and splits its entries by sub-filter.
-    fn delta_by_sub(&self, delta: &ScOrCuckooDelta) -> Result<Vec<SparseEntries>, FilterError> {
-        let top = delta
-            .entries
-            .iter()
-            .map(|e| e.0 as usize + 1)
-            .max()
-            .unwrap_or(0);
-        if top > self.subs.len() + MAX_SUBS_AHEAD {
-            return Err(FilterError::malformed(format!(
-                "delta for sub-filter {} too far ahead of {}",
-                top - 1,
-                self.subs.len()
-            )));
-        }
-        let mut tags: Vec<Dot> = delta.entries.iter().map(|e| e.3).collect();
-        tags.sort_unstable();
-        if tags.windows(2).any(|w| w[0] == w[1]) {
-            return Err(FilterError::malformed("duplicate tag in delta"));
-        }
-        (0..top)
-            .map(|i| {
-                let p = self.params.cuckoo(i)?;
-                let mine = delta.entries.iter().filter(|e| e.0 as usize == i);
-                sparse_entries(&p, mine.map(|e| (e.1, e.2, e.3)), &delta.context)
-            })
-            .collect()
     }
 }
 
