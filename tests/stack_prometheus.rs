@@ -395,12 +395,12 @@ fn dashboards_use_the_provisioned_datasource() {
         let mut bad = Vec::new();
         let mut n = 0;
         walk(&d.json, &mut |m| {
-            if let Some(ds) = m.get("datasource") {
-                if ds["type"] == "prometheus" || ds.is_string() {
-                    n += 1;
-                    if ds["uid"].as_str() != Some(uid.as_str()) {
-                        bad.push(ds.clone());
-                    }
+            if let Some(ds) = m.get("datasource")
+                && (ds["type"] == "prometheus" || ds.is_string())
+            {
+                n += 1;
+                if ds["uid"].as_str() != Some(uid.as_str()) {
+                    bad.push(ds.clone());
                 }
             }
         });
