@@ -78,7 +78,7 @@ impl<L: Copy> PendingOr<L> {
         self.entries.len() + self.removed.len()
     }
     /// The accumulated lists, sorted by tag, and the context; `None` if nothing changed.
-    pub fn take(&mut self) -> Option<(Vec<(L, Dot)>, Vec<(L, Dot)>, CausalContext)> {
+    pub fn take(&mut self) -> Option<TakenDelta<L>> {
         if self.context.is_empty() {
             return None;
         }
@@ -92,8 +92,19 @@ impl<L: Copy> PendingOr<L> {
             v.sort_unstable_by_key(|e| e.1);
             v
         };
-        Some((sorted(entries), sorted(removed), context))
+        Some(TakenDelta {
+            entries: sorted(entries),
+            removed: sorted(removed),
+            context,
+        })
     }
+}
+
+/// A delta taken out of [`PendingOr`]: located entries added and removed, and their dots.
+pub(crate) struct TakenDelta<L> {
+    pub entries: Vec<(L, Dot)>,
+    pub removed: Vec<(L, Dot)>,
+    pub context: CausalContext,
 }
 
 /// Checks the dots a delta lists (each with whether its location fits the parameters): each
@@ -425,13 +436,13 @@ impl DeltaState for OrCuckoo {
     }
 
     fn take_delta(&mut self) -> Option<OrCuckooDelta> {
-        let (entries, removed, context) = self.pending.as_mut()?.take()?;
+        let taken = self.pending.as_mut()?.take()?;
         let flat =
             |v: Vec<((u64, u16), Dot)>| v.into_iter().map(|((b, fp), d)| (b, fp, d)).collect();
         Some(OrCuckooDelta {
-            entries: flat(entries),
-            removed: flat(removed),
-            context,
+            entries: flat(taken.entries),
+            removed: flat(taken.removed),
+            context: taken.context,
         })
     }
 

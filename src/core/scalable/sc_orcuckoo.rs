@@ -323,14 +323,14 @@ impl DeltaState for ScOrCuckoo {
     }
 
     fn take_delta(&mut self) -> Option<ScOrCuckooDelta> {
-        let (entries, removed, context) = self.pending.as_mut()?.take()?;
+        let taken = self.pending.as_mut()?.take()?;
         let flat = |v: Vec<((u32, u64, u16), Dot)>| {
             v.into_iter().map(|((s, b, fp), d)| (s, b, fp, d)).collect()
         };
         Some(ScOrCuckooDelta {
-            entries: flat(entries),
-            removed: flat(removed),
-            context,
+            entries: flat(taken.entries),
+            removed: flat(taken.removed),
+            context: taken.context,
         })
     }
 
