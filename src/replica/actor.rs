@@ -162,7 +162,7 @@ impl Replica {
                     params_digest: f.params_digest(),
                     max_bytes: s.cfg.max_message_bytes,
                 },
-                Metrics::new(&s.cfg.name, s.shared.identity.replica),
+                Metrics::new(&s.cfg.name, s.shared.identity.replica, s.cfg.filter.fpr),
             )
         };
         let (inbound_tx, inbound_rx) = mpsc::channel(s.cfg.inbound_buffer);

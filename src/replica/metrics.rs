@@ -10,6 +10,8 @@ use metrics::{Counter, Gauge, Histogram, Label, Unit};
 pub const ESTIMATED_FPR: &str = "crpf_estimated_fpr";
 /// Estimated elements / capacity.
 pub const LOAD_FACTOR: &str = "crpf_load_factor";
+/// Gauge: the configured target FPR (the compounded bound for scalable filters).
+pub const TARGET_FPR: &str = "crpf_target_fpr";
 /// Estimated number of elements.
 pub const CARDINALITY: &str = "crpf_cardinality";
 /// Design capacity or slots.
@@ -72,6 +74,10 @@ pub fn describe() {
             "Estimated false positive rate of the replica's state"
         );
         g!(LOAD_FACTOR, "Estimated elements divided by capacity");
+        g!(
+            TARGET_FPR,
+            "Configured target false positive rate (for scalable filters, the compounded bound)"
+        );
         g!(CARDINALITY, "Estimated number of elements");
         g!(
             CAPACITY,
@@ -151,13 +157,14 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    pub fn new(filter: &str, replica: u16) -> Self {
+    pub fn new(filter: &str, replica: u16, target_fpr: f64) -> Self {
         describe();
         let labels = vec![
             Label::new("filter", filter.to_string()),
             Label::new("replica", replica.to_string()),
         ];
         let l = labels.clone();
+        metrics::gauge!(TARGET_FPR, l.clone()).set(target_fpr);
         Metrics {
             fpr: metrics::gauge!(ESTIMATED_FPR, l.clone()),
             load: metrics::gauge!(LOAD_FACTOR, l.clone()),
