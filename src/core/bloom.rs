@@ -161,17 +161,6 @@ impl GBloom {
         u.merge(other)?;
         Ok(u)
     }
-
-    pub(crate) fn check_compatible(&self, other: &Self) -> Result<(), FilterError> {
-        if self.params == other.params {
-            Ok(())
-        } else {
-            Err(FilterError::Incompatible(format!(
-                "bloom parameters differ: {:?} vs {:?}",
-                self.params, other.params
-            )))
-        }
-    }
 }
 
 impl Clone for GBloom {
@@ -203,7 +192,7 @@ impl fmt::Debug for GBloom {
 
 impl Lattice for GBloom {
     fn merge(&mut self, other: &Self) -> Result<(), FilterError> {
-        self.check_compatible(other)?;
+        FilterError::require_same("bloom", &self.params, &other.params)?;
         for (a, b) in self.words.iter_mut().zip(&other.words) {
             *a |= *b;
         }

@@ -37,4 +37,20 @@ impl FilterError {
     pub(crate) fn malformed(reason: impl Into<String>) -> Self {
         FilterError::Malformed(reason.into())
     }
+
+    /// `Ok` if two states' parameters are equal, else [`FilterError::Incompatible`] naming
+    /// both: the one check every merge makes before it touches `self`.
+    pub(crate) fn require_same<P: PartialEq + std::fmt::Debug>(
+        what: &str,
+        mine: &P,
+        theirs: &P,
+    ) -> Result<(), Self> {
+        if mine == theirs {
+            Ok(())
+        } else {
+            Err(FilterError::Incompatible(format!(
+                "{what} parameters differ: {mine:?} vs {theirs:?}"
+            )))
+        }
+    }
 }

@@ -101,18 +101,6 @@ impl GCuckoo {
             self.table.place_merged(bucket, Entry { fp, payload: () });
         }
     }
-
-    fn check_compatible(&self, other: &Self) -> Result<(), FilterError> {
-        if self.params() == other.params() {
-            Ok(())
-        } else {
-            Err(FilterError::Incompatible(format!(
-                "cuckoo parameters differ: {:?} vs {:?}",
-                self.params(),
-                other.params()
-            )))
-        }
-    }
 }
 
 impl fmt::Debug for GCuckoo {
@@ -127,7 +115,7 @@ impl fmt::Debug for GCuckoo {
 
 impl Lattice for GCuckoo {
     fn merge(&mut self, other: &Self) -> Result<(), FilterError> {
-        self.check_compatible(other)?;
+        FilterError::require_same("cuckoo", self.params(), other.params())?;
         other.table.for_each(|b, e| self.merge_entry(b, e.fp));
         Ok(())
     }

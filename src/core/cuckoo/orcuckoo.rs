@@ -274,18 +274,6 @@ impl OrCuckoo {
         merge_tables(&mut self.table, &self.history, Some(table), history);
         self.history.union(history);
     }
-
-    fn check_compatible(&self, other: &Self) -> Result<(), FilterError> {
-        if self.params() == other.params() {
-            Ok(())
-        } else {
-            Err(FilterError::Incompatible(format!(
-                "cuckoo parameters differ: {:?} vs {:?}",
-                self.params(),
-                other.params()
-            )))
-        }
-    }
 }
 
 /// Removes one random entry with fingerprint `fp` from bucket `b` or its alternate.
@@ -377,7 +365,7 @@ impl fmt::Debug for OrCuckoo {
 impl Lattice for OrCuckoo {
     /// Eq. 3.16: `(S1 ∪ S2 ∪ S3 ∪ S4, H ∪ H')`.
     fn merge(&mut self, other: &Self) -> Result<(), FilterError> {
-        self.check_compatible(other)?;
+        FilterError::require_same("cuckoo", self.params(), other.params())?;
         self.merge_parts(&other.table, &other.history);
         Ok(())
     }

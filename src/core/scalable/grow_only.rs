@@ -119,17 +119,6 @@ impl<F: GrowOnlySub> ScalableGrowOnly<F> {
         self.series.subs.push(next);
         Ok(())
     }
-
-    pub(crate) fn check_compatible(&self, other: &Self) -> Result<(), FilterError> {
-        if self.params == other.params {
-            Ok(())
-        } else {
-            Err(FilterError::Incompatible(format!(
-                "scalable parameters differ: {:?} vs {:?}",
-                self.params, other.params
-            )))
-        }
-    }
 }
 
 impl<F: GrowOnlySub> fmt::Debug for ScalableGrowOnly<F> {
@@ -143,7 +132,7 @@ impl<F: GrowOnlySub> fmt::Debug for ScalableGrowOnly<F> {
 
 impl<F: GrowOnlySub> Lattice for ScalableGrowOnly<F> {
     fn merge(&mut self, other: &Self) -> Result<(), FilterError> {
-        self.check_compatible(other)?;
+        FilterError::require_same("scalable", &self.params, &other.params)?;
         let known = self.series.subs.len();
         self.series.merge(&other.series)?;
         // Sub-filters copied from the other side must not carry its pending deltas.

@@ -202,12 +202,7 @@ impl<F: WriterSeries> Partitioned<F> {
     }
 
     fn check_compatible(&self, other: &Self) -> Result<(), FilterError> {
-        if self.params != other.params {
-            return Err(FilterError::Incompatible(format!(
-                "scalable parameters differ: {:?} vs {:?}",
-                self.params, other.params
-            )));
-        }
+        FilterError::require_same("scalable", &self.params, &other.params)?;
         self.check_parts(other.parts.iter().map(|(w, f)| (*w, f)))
     }
 

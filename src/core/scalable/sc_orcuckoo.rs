@@ -223,17 +223,6 @@ impl ScOrCuckoo {
             self.subs.pop();
         }
     }
-
-    fn check_compatible(&self, other: &Self) -> Result<(), FilterError> {
-        if self.params == other.params {
-            Ok(())
-        } else {
-            Err(FilterError::Incompatible(format!(
-                "scalable parameters differ: {:?} vs {:?}",
-                self.params, other.params
-            )))
-        }
-    }
 }
 
 impl fmt::Debug for ScOrCuckoo {
@@ -253,7 +242,7 @@ impl fmt::Debug for ScOrCuckoo {
 impl Lattice for ScOrCuckoo {
     /// Sub-filter-wise ORCF merge against the shared histories, padding with bottom.
     fn merge(&mut self, other: &Self) -> Result<(), FilterError> {
-        self.check_compatible(other)?;
+        FilterError::require_same("scalable", &self.params, &other.params)?;
         for i in 0..self.subs.len().max(other.subs.len()) {
             if i == self.subs.len() {
                 let t = self.new_sub(i)?;
