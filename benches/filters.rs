@@ -11,12 +11,10 @@ use std::time::Duration;
 
 use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use crpf::{
-    CuckooParams, GBloom, GCuckoo, Lattice, Membership, OrCuckoo, ScGBloom, ScGCuckoo, ScOrCuckoo,
-};
+use crpf::{GBloom, GCuckoo, Lattice, Membership, OrCuckoo, ScGBloom, ScGCuckoo, ScOrCuckoo};
 use xxhash_rust::xxh3::{Xxh3DefaultBuilder, xxh3_64};
 
-use common::{CUCKOO_FPR, FRESH_SEED, KEY_SEED, MAIN_FPR, N, keys};
+use common::{CUCKOO_FPR, FRESH_SEED, KEY_SEED, MAIN_FPR, N, keys, thesis_cuckoo};
 
 /// Wall-clock time (criterion's default) unless `CRPF_BENCH_CLOCK=thread-cpu`, which measures
 /// the benchmark thread's CPU time instead, so that time the thread spends descheduled on a
@@ -81,18 +79,6 @@ impl Measurement for Clock {
 }
 
 type Crit = Criterion<Clock>;
-
-/// The thesis / `cuckoofilter::with_capacity(2^20)` geometry: 2^18 buckets of 4 slots, 8-bit
-/// fingerprints, 500 kicks.
-fn thesis_cuckoo() -> CuckooParams {
-    CuckooParams {
-        buckets: 1 << 18,
-        bucket_size: 4,
-        fingerprint_bits: 8,
-        max_kicks: 500,
-        seed: 42,
-    }
-}
 
 /// Keys inserted in the cuckoo add/contains benchmarks: 95% of the 2^20 slots, the load a
 /// 4-slot cuckoo table reaches reliably.

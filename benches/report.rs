@@ -7,24 +7,10 @@ mod common;
 
 use std::hash::DefaultHasher;
 
-use crpf::{
-    CuckooParams, GBloom, GCuckoo, Lattice, Membership, OrCuckoo, ScGBloom, ScGCuckoo, ScOrCuckoo,
-};
+use crpf::{GBloom, GCuckoo, Lattice, Membership, OrCuckoo, ScGBloom, ScGCuckoo, ScOrCuckoo};
 use serde::Serialize;
 
-use common::{CUCKOO_FPR, FRESH_SEED, KEY_SEED, MAIN_FPR, N, keys};
-
-/// The thesis configuration: 2^18 buckets of 4 slots with 8-bit fingerprints, i.e. 2^20 slots
-/// for the 2^20 keys.
-fn thesis_cuckoo() -> CuckooParams {
-    CuckooParams {
-        buckets: 1 << 18,
-        bucket_size: 4,
-        fingerprint_bits: 8,
-        max_kicks: 500,
-        seed: 42,
-    }
-}
+use common::{CUCKOO_FPR, FRESH_SEED, KEY_SEED, MAIN_FPR, N, keys, thesis_cuckoo};
 
 struct Row {
     ty: &'static str,

@@ -27,3 +27,15 @@ pub fn keys(n: usize, seed: u64) -> Vec<[u8; 16]> {
         })
         .collect()
 }
+
+/// The thesis / `cuckoofilter::with_capacity(2^20)` geometry: 2^18 buckets of 4 slots, 8-bit
+/// fingerprints, 500 kicks, i.e. 2^20 slots for the 2^20 keys.
+pub fn thesis_cuckoo() -> crpf::CuckooParams {
+    crpf::CuckooParams {
+        buckets: 1 << 18,
+        bucket_size: 4,
+        fingerprint_bits: 8,
+        max_kicks: 500,
+        seed: 42,
+    }
+}
