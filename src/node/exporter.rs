@@ -1,18 +1,26 @@
 //! The Prometheus exporter (metrics-exporter-prometheus) behind the `metrics` facade.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
+use metrics_util::MetricKindMask;
 
 use crate::replica::metrics::{MERGE_DURATION, MERGE_DURATION_BUCKETS, describe};
 
+/// How long a gauge may go without being set before its series is dropped.
+pub const GAUGE_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// Installs the global recorder and serves `/metrics` on `addr`. Must run before anything
 /// records (DESIGN.md section 7); histograms get real buckets so they aggregate across
-/// replicas. Outside a Tokio runtime the exporter runs on a thread of its own, so that it keeps
+/// replicas. A gauge not set for [`GAUGE_IDLE_TIMEOUT`] is dropped from the page: replicas
+/// set theirs every `metrics_interval_ms`, so only the series of expired peers end (a page
+/// must not grow with every sender ever heard). Outside a Tokio runtime the exporter runs on a thread of its own, so that it keeps
 /// answering while the replicas are busy.
 pub fn install(addr: SocketAddr) -> Result<(), BuildError> {
     PrometheusBuilder::new()
         .with_http_listener(addr)
+        .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE_TIMEOUT))
         .set_buckets_for_metric(Matcher::Full(MERGE_DURATION.into()), MERGE_DURATION_BUCKETS)?
         .install()?;
     describe();

@@ -11,6 +11,7 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch};
 use uuid::Uuid;
 
+use super::ack::{AckLevel, AckTracker, Resolved, peers_needed};
 use super::config::ReplicaConfig;
 use super::durable::{
     DataDir, DurableError, HWM_FILE, Identity, Reservation, SNAPSHOT_FILE, Snapshot,
@@ -18,6 +19,7 @@ use super::durable::{
 use super::filter::{AnyFilter, FilterStats};
 use super::metrics::{self as m, Metrics};
 use super::reassembly::{Progress, Reassembly};
+use super::wal::WalWriter;
 use super::{ReplicaError, ReplicaHandle, ReplicaStats};
 use crate::transport::{LogLimiter, Message, MessageStream, Subjects, Transport, TransportEvent};
 use crate::wire::{Body, Envelope, Expect, FilterKind, StateChunk, WireError, chunk_state};
@@ -61,6 +63,10 @@ pub(crate) struct Counters {
     pub inbound_bytes: AtomicU64,
     pub disconnects: AtomicU64,
     pub reconnects: AtomicU64,
+    /// Messages dropped because the outbound queue was full.
+    pub outbound_dropped: AtomicU64,
+    /// Request API errors by reason (apart from the wire's `rejects`).
+    pub api_errors: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl Counters {
@@ -96,10 +102,26 @@ enum Outbound {
     Flush(oneshot::Sender<()>),
 }
 
+/// Who gets the answer of an update waiting for its acknowledgement level.
+pub(crate) enum Responder {
+    /// A request of the API: the reply subject and the JSON of a success.
+    Api {
+        reply: Option<String>,
+        body: serde_json::Value,
+    },
+    /// A [`ReplicaHandle`] call.
+    Handle {
+        tx: oneshot::Sender<Result<Option<Dot>, ReplicaError>>,
+        dot: Option<Dot>,
+    },
+}
+
 struct Peer {
     replica: ReplicaId,
     last_seen: Instant,
     last_seq: u64,
+    /// The state digest it last announced.
+    digest: Option<u64>,
     /// Consecutive digests from this peer that differed from ours.
     mismatches: u32,
     last_request: Option<Instant>,
@@ -112,6 +134,8 @@ pub(crate) struct Setup {
     pub transport: Arc<dyn Transport>,
     pub replication: MessageStream,
     pub data: Option<DataDir>,
+    /// The write-ahead log, with a data directory.
+    pub wal: Option<WalWriter>,
     pub reserved: u64,
 }
 
@@ -126,6 +150,8 @@ pub struct Replica {
     metrics: Metrics,
     limiter: Arc<LogLimiter>,
     seq: u64,
+    /// Transfer ids: a random epoch per start in the high half, a counter in the low one,
+    /// so that a restarted replica's transfers are never taken for old ones.
     transfer: u64,
     peers: HashMap<Uuid, Peer>,
     transfers: Reassembly,
@@ -136,6 +162,7 @@ pub struct Replica {
     changed_since_push: bool,
     last_catch_up_request: Option<Instant>,
     data: Option<DataDir>,
+    wal: Option<WalWriter>,
     reserved: u64,
     dirty: bool,
     snapshotting: Arc<AtomicBool>,
@@ -144,10 +171,20 @@ pub struct Replica {
     api_started: bool,
     inbound_tx: mpsc::Sender<Inbound>,
     inbound_rx: Option<mpsc::Receiver<Inbound>>,
-    outbound: mpsc::UnboundedSender<Outbound>,
-    outbound_rx: Option<mpsc::UnboundedReceiver<Outbound>>,
+    outbound: mpsc::Sender<Outbound>,
+    outbound_rx: Option<mpsc::Receiver<Outbound>>,
     replication: Option<MessageStream>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Updates waiting for their acknowledgement level.
+    acks: AckTracker<Responder>,
+    /// Number of the next commit (a commit carries every local update since the last one).
+    next_batch: u64,
+    /// A commit is being written to the log; the next waits for it (group commit).
+    committing: bool,
+    /// A commit was asked for while one was in flight.
+    commit_again: bool,
+    /// A commit is scheduled (replicated updates without a log are batched for a moment).
+    commit_scheduled: bool,
 }
 
 impl Replica {
@@ -166,7 +203,7 @@ impl Replica {
             )
         };
         let (inbound_tx, inbound_rx) = mpsc::channel(s.cfg.inbound_buffer);
-        let (outbound, outbound_rx) = mpsc::unbounded_channel();
+        let (outbound, outbound_rx) = mpsc::channel(s.cfg.outbound_buffer);
         let timeout =
             ReplicaConfig::ms(s.cfg.anti_entropy_interval_ms * 3).max(Duration::from_secs(5));
         Replica {
@@ -179,7 +216,7 @@ impl Replica {
             metrics,
             limiter: Arc::new(LogLimiter::new(Duration::from_secs(10))),
             seq: 0,
-            transfer: 0,
+            transfer: u64::from(fastrand::u32(..)) << 32,
             peers: HashMap::new(),
             digest: None,
             last_push: None,
@@ -188,6 +225,7 @@ impl Replica {
             changed_since_push: false,
             last_catch_up_request: None,
             data: s.data,
+            wal: s.wal,
             reserved: s.reserved,
             dirty: false,
             snapshotting: Arc::new(AtomicBool::new(false)),
@@ -200,6 +238,11 @@ impl Replica {
             outbound_rx: Some(outbound_rx),
             replication: Some(s.replication),
             tasks: Vec::new(),
+            acks: AckTracker::default(),
+            next_batch: 1,
+            committing: false,
+            commit_again: false,
+            commit_scheduled: false,
         }
     }
 
@@ -247,9 +290,21 @@ impl Replica {
             "delta" => Counters::bump(&c.delta_bytes_sent, frame.len() as u64),
             _ => Counters::bump(&c.state_bytes_sent, frame.len() as u64),
         }
-        let _ = self
-            .outbound
-            .send(Outbound::Publish(subject, frame.into(), channel));
+        self.enqueue(Outbound::Publish(subject, frame.into(), channel));
+    }
+
+    /// Hands a message to the publisher task; a full queue drops it and counts.
+    fn enqueue(&self, o: Outbound) {
+        if let Err(mpsc::error::TrySendError::Full(o)) = self.outbound.try_send(o) {
+            let channel = match &o {
+                Outbound::Publish(_, _, channel) => channel,
+                Outbound::Flush(_) => "flush",
+            };
+            Counters::bump(&self.shared.counters.outbound_dropped, 1);
+            self.metrics
+                .counter(m::OUTBOUND_DROPPED, &[("channel", channel)])
+                .increment(1);
+        }
     }
 
     fn publish_state_body(&mut self, body: Body) {
@@ -258,32 +313,146 @@ impl Replica {
         self.send(subject, frame, "state");
     }
 
-    /// Publishes the pending delta, if any.
+    /// Commits the local updates since the last commit: appends their delta to the log (with
+    /// a data directory) and publishes it once durable, answering the updates that waited for
+    /// it. One commit at a time: updates arriving meanwhile go into the next (group commit).
     fn flush_delta(&mut self, ctx: &mut Context<Self>) {
+        if self.committing {
+            self.commit_again = true;
+            return;
+        }
+        let batch = self.next_batch;
+        self.next_batch += 1;
         if self.cfg.full_state_only {
             // The naive protocol: every change is followed by a full-state broadcast.
             self.write().take_delta();
             if self.changed_since_push {
                 self.schedule_push(ctx);
             }
-            return;
+            let r = self.acks.committed(batch, None, 0, Instant::now());
+            return self.answer(r);
         }
         let Some(delta) = self.write().take_delta() else {
-            return;
+            // Nothing changed since the last commit: what the waiting updates rely on is
+            // already as durable and published as it gets.
+            let r = self.acks.committed(batch, None, 0, Instant::now());
+            return self.answer(r);
         };
-        let frame = self.envelope(Body::Delta(delta)).encode();
+        match &self.wal {
+            Some(wal) => {
+                self.committing = true;
+                let done = wal.append(delta.clone());
+                let addr = ctx.address();
+                actix::spawn(async move {
+                    let result = match done.await {
+                        Ok(r) => r.map_err(|e| e.to_string()),
+                        Err(_) => Err("the log writer stopped".to_string()),
+                    };
+                    addr.do_send(Committed {
+                        batch,
+                        delta,
+                        result,
+                    });
+                });
+            }
+            None => self.publish_delta(batch, delta, ctx),
+        }
+    }
+
+    /// Publishes the delta of commit `batch` (durable by now, if there is a log).
+    fn publish_delta(&mut self, batch: u64, delta: Vec<u8>, ctx: &mut Context<Self>) {
+        let confirm = self.acks.wants_confirmation(batch);
+        let body = if confirm {
+            Body::ConfirmedDelta(delta)
+        } else {
+            Body::Delta(delta)
+        };
+        let frame = self.envelope(body).encode();
+        let seq = self.seq;
         if frame.len() > self.transport.max_payload() {
-            // Too big for one message: the full state (chunked) carries it instead.
+            // Too big for one message: the full state (chunked) carries it instead; updates
+            // waiting for peers time out, as their peers never see this delta.
             tracing::debug!(
                 bytes = frame.len(),
                 "delta over max_payload, pushing the state"
             );
             self.schedule_push(ctx);
-            return;
+        } else {
+            Counters::bump(&self.shared.counters.deltas_sent, 1);
+            let subject = self.subjects.delta.clone();
+            self.send(subject, frame, "delta");
         }
-        Counters::bump(&self.shared.counters.deltas_sent, 1);
-        let subject = self.subjects.delta.clone();
-        self.send(subject, frame, "delta");
+        let timeout = ReplicaConfig::ms(self.cfg.replicated_timeout_ms);
+        let needed = peers_needed(self.cfg.replicated_peers, self.live_peers());
+        let r = self
+            .acks
+            .committed(batch, Some(seq), needed, Instant::now() + timeout);
+        self.answer(r);
+        if confirm {
+            ctx.run_later(timeout, |act, _| {
+                let r = act.acks.expire(Instant::now());
+                act.answer(r);
+            });
+        }
+    }
+
+    /// A commit's log append finished.
+    fn committed(&mut self, c: Committed, ctx: &mut Context<Self>) {
+        self.committing = false;
+        if let Err(e) = &c.result {
+            tracing::error!(filter = %self.cfg.name, error = %e, "write-ahead log append failed");
+            let r = self.acks.commit_failed(c.batch, e);
+            self.answer(r);
+        }
+        // Published either way: the updates are applied, and peers may as well have them.
+        self.publish_delta(c.batch, c.delta, ctx);
+        if std::mem::take(&mut self.commit_again) || self.acks.wants_commit(self.next_batch) {
+            self.flush_delta(ctx);
+        }
+    }
+
+    /// Makes sure a commit comes soon for updates that wait for one.
+    fn schedule_commit(&mut self, ctx: &mut Context<Self>) {
+        if self.wal.is_some() {
+            // The log's own pace batches: commit now, or right after the one in flight.
+            return self.flush_delta(ctx);
+        }
+        if !self.commit_scheduled {
+            // No log to pace commits: gather what arrives within a millisecond.
+            self.commit_scheduled = true;
+            ctx.run_later(Duration::from_millis(1), |act, ctx| {
+                act.commit_scheduled = false;
+                act.flush_delta(ctx);
+            });
+        }
+    }
+
+    /// Answers updates whose acknowledgement level was reached, or failed.
+    fn answer(&mut self, r: Resolved<Responder>) {
+        for responder in r.ok {
+            self.respond(responder, Ok(()));
+        }
+        for (responder, failure) in r.failed {
+            let e = ReplicaError::from_ack(failure, self.cfg.replicated_timeout_ms);
+            self.respond(responder, Err(e));
+        }
+    }
+
+    fn respond(&mut self, responder: Responder, result: Result<(), ReplicaError>) {
+        match responder {
+            Responder::Api { reply, body } => self.api_answer(reply, result.map(|()| body)),
+            Responder::Handle { tx, dot } => {
+                let _ = tx.send(result.map(|()| dot));
+            }
+        }
+    }
+
+    fn live_peers(&self) -> usize {
+        let live = ReplicaConfig::ms(self.cfg.anti_entropy_interval_ms * 3);
+        self.peers
+            .values()
+            .filter(|p| p.last_seen.elapsed() < live)
+            .count()
     }
 
     fn send_digest(&mut self) {
@@ -352,7 +521,9 @@ impl Replica {
                     .saturating_sub(ENVELOPE_OVERHEAD),
             )
             .max(1);
-        self.transfer += 1;
+        // The counter wraps within the epoch half (2^32 pushes).
+        self.transfer =
+            (self.transfer & !0xffff_ffff) | (self.transfer.wrapping_add(1) & 0xffff_ffff);
         let transfer = self.transfer;
         let filter = self.read().clone();
         let addr = ctx.address();
@@ -372,7 +543,7 @@ impl Replica {
     // ---- receiving -----------------------------------------------------------------------
 
     fn on_replication(&mut self, env: Envelope, frame_len: usize, ctx: &mut Context<Self>) {
-        let channel = if matches!(env.body, Body::Delta(_)) {
+        let channel = if matches!(env.body, Body::Delta(_) | Body::ConfirmedDelta(_)) {
             "delta"
         } else {
             "state"
@@ -380,18 +551,27 @@ impl Replica {
         self.metrics.traffic("in", channel, frame_len);
         Counters::bump(&self.shared.counters.bytes_received, frame_len as u64);
         let min = ReplicaConfig::ms(self.cfg.min_push_interval_ms);
+        if !self.peers.contains_key(&env.sender) && !self.make_room_for_peer() {
+            return self.reject(&WireError::TooManyPeers(self.cfg.max_peers));
+        }
         let peer = self.peers.entry(env.sender).or_insert(Peer {
             replica: env.replica,
             last_seen: Instant::now(),
             last_seq: env.seq.saturating_sub(1),
+            digest: None,
             mismatches: 0,
             last_request: None,
         });
         peer.replica = env.replica;
         peer.last_seen = Instant::now();
         // One publisher's messages arrive in order on one subscription, so a jump means lost
-        // messages, and a step back means the peer restarted (its count starts over).
-        let gap = env.seq.saturating_sub(peer.last_seq + 1);
+        // messages, and a step back means the peer restarted (its count starts over). A
+        // remote number must not move our counters without bound: a jump beyond
+        // MAX_COUNTED_GAP (a forged `u64::MAX`, say) counts as that many.
+        let gap = env
+            .seq
+            .saturating_sub(peer.last_seq.saturating_add(1))
+            .min(MAX_COUNTED_GAP);
         peer.last_seq = env.seq;
         if gap > 0 {
             // Messages of this peer were lost: ask it for its state rather than wait for the
@@ -405,10 +585,25 @@ impl Replica {
             }
         }
         match env.body {
-            Body::Delta(bytes) => self.merge_delta(&bytes),
+            Body::Delta(bytes) => {
+                self.merge_delta(&bytes);
+            }
+            Body::ConfirmedDelta(bytes) => {
+                if self.merge_delta(&bytes) {
+                    let (target, seq) = (env.sender, env.seq);
+                    self.publish_state_body(Body::Ack { target, seq });
+                }
+            }
+            Body::Ack { target, seq } => {
+                if target == self.uuid() {
+                    let r = self.acks.acked(env.sender, seq);
+                    self.answer(r);
+                }
+            }
             Body::Digest { digest, ready } => {
                 let mine = self.my_digest();
                 let peer = self.peers.get_mut(&env.sender).expect("inserted above");
+                peer.digest = Some(digest);
                 if digest == mine {
                     peer.mismatches = 0;
                     if ready {
@@ -434,7 +629,8 @@ impl Replica {
         }
     }
 
-    fn merge_delta(&mut self, bytes: &[u8]) {
+    /// Merges a peer's delta; whether it was accepted.
+    fn merge_delta(&mut self, bytes: &[u8]) -> bool {
         let t = Instant::now();
         let r = self.write().merge_delta_bytes(bytes);
         self.record_merge("delta", t, r.is_ok());
@@ -442,8 +638,12 @@ impl Replica {
             Ok(()) => {
                 Counters::bump(&self.shared.counters.deltas_merged, 1);
                 self.changed();
+                true
             }
-            Err(e) => self.reject(&e),
+            Err(e) => {
+                self.reject(&e);
+                false
+            }
         }
     }
 
@@ -455,6 +655,61 @@ impl Replica {
         self.metrics
             .histogram(m::MERGE_DURATION, &[("source", source)])
             .record(t.elapsed().as_secs_f64());
+    }
+
+    /// Whether a new sender may be tracked: under the cap, or by evicting the stalest peer
+    /// if it has been silent for three anti-entropy intervals (a live peer is never evicted
+    /// for a newcomer, so forged senders cannot push real peers out).
+    fn make_room_for_peer(&mut self) -> bool {
+        if self.peers.len() < self.cfg.max_peers {
+            return true;
+        }
+        let live = ReplicaConfig::ms(self.cfg.anti_entropy_interval_ms * 3);
+        let stalest = self
+            .peers
+            .iter()
+            .max_by_key(|(_, p)| p.last_seen.elapsed())
+            .filter(|(_, p)| p.last_seen.elapsed() >= live)
+            .map(|(u, _)| *u);
+        match stalest {
+            Some(u) => {
+                self.forget_peer(u);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn forget_peer(&mut self, uuid: Uuid) {
+        self.peers.remove(&uuid);
+        self.transfers.forget(&uuid);
+    }
+
+    /// Forgets peers silent for longer than `peer_expiry_ms`.
+    fn expire_peers(&mut self) {
+        let expiry = ReplicaConfig::ms(self.cfg.peer_expiry_ms);
+        let gone: Vec<Uuid> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.last_seen.elapsed() >= expiry)
+            .map(|(u, _)| *u)
+            .collect();
+        for u in gone {
+            if let Some(p) = self.peers.get(&u) {
+                tracing::info!(filter = %self.cfg.name, peer = p.replica, %u, "peer expired");
+            }
+            self.forget_peer(u);
+        }
+    }
+
+    /// Live peers whose last announced digest equals ours.
+    fn converged_peers(&mut self) -> usize {
+        let mine = self.my_digest();
+        let live = ReplicaConfig::ms(self.cfg.anti_entropy_interval_ms * 3);
+        self.peers
+            .values()
+            .filter(|p| p.last_seen.elapsed() < live && p.digest == Some(mine))
+            .count()
     }
 
     fn on_chunk(
@@ -653,6 +908,32 @@ impl Replica {
         r
     }
 
+    /// Refuses a level this replica cannot give before the update is applied.
+    fn check_level(&self, level: AckLevel) -> Result<(), ReplicaError> {
+        if level == AckLevel::Durable && self.wal.is_none() {
+            return Err(ReplicaError::AckUnavailable(
+                "`durable` needs a data_dir".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Answers an applied local update once it reached `level` (at once if it changed
+    /// nothing: what it relies on is already committed or in the next commit's way).
+    fn settle(
+        &mut self,
+        level: AckLevel,
+        changed: bool,
+        responder: Responder,
+        ctx: &mut Context<Self>,
+    ) {
+        if level == AckLevel::Local || !changed {
+            return self.respond(responder, Ok(()));
+        }
+        self.acks.wait(level, self.next_batch, responder);
+        self.schedule_commit(ctx);
+    }
+
     fn do_contains(&self, item: &[u8]) -> Result<bool, ReplicaError> {
         self.check_item(item)?;
         Ok(self.read().contains(item))
@@ -666,7 +947,9 @@ impl Replica {
         }
     }
 
-    fn stats(&self) -> ReplicaStats {
+    fn stats(&mut self) -> ReplicaStats {
+        let digest = self.my_digest();
+        let converged_peers = self.converged_peers();
         let (figures, pending_delta): (FilterStats, usize) = {
             let f = self.read();
             (f.stats(), f.pending_delta_len())
@@ -685,14 +968,13 @@ impl Replica {
                 .filter(|p| p.last_seen.elapsed() < live)
                 .count(),
             pending_delta,
+            digest: format!("{digest:016x}"),
+            awaiting_ack: self.acks.len(),
+            converged_peers,
             figures,
-            rejects: c
-                .rejects
-                .lock()
-                .expect("counters lock")
-                .iter()
-                .map(|(k, v)| (k.to_string(), *v))
-                .collect(),
+            rejects: by_reason(&c.rejects),
+            api_errors: by_reason(&c.api_errors),
+            outbound_dropped: c.outbound_dropped.load(Ordering::Relaxed),
             dropped: c.dropped.load(Ordering::Relaxed),
             disconnects: c.disconnects.load(Ordering::Relaxed),
             reconnects: c.reconnects.load(Ordering::Relaxed),
@@ -739,33 +1021,74 @@ impl Replica {
         self.metrics.traffic("in", "api", msg.payload.len());
         let op = msg.subject.rsplit('.').next().unwrap_or("");
         let item = &msg.payload[..];
-        let reply = match op {
-            "add" => self.do_add(item, ctx).map(|_| json!({"added": true})),
+        let level = match api_ack_level(&msg) {
+            Ok(l) => l.unwrap_or(self.cfg.default_ack()),
+            Err(e) => return self.api_failed(msg.reply, e),
+        };
+        let update = match op {
+            "add" => self
+                .check_level(level)
+                .and_then(|_| self.do_add(item, ctx))
+                .map(|_| (true, json!({"added": true}))),
             "remove" => self
-                .do_remove(item, ctx)
-                .map(|d| json!({"removed": d.is_some()})),
-            "contains" => self.do_contains(item).map(|c| json!({"contains": c})),
-            "stats" => Ok(serde_json::to_value(self.stats()).expect("stats serialize")),
+                .check_level(level)
+                .and_then(|_| self.do_remove(item, ctx))
+                .map(|d| (d.is_some(), json!({"removed": d.is_some()}))),
+            "contains" => {
+                let r = self.do_contains(item).map(|c| json!({"contains": c}));
+                return self.api_answer(msg.reply, r);
+            }
+            "stats" => {
+                let stats = serde_json::to_value(self.stats()).expect("stats serialize");
+                return self.api_answer(msg.reply, Ok(stats));
+            }
             other => Err(ReplicaError::InvalidItem(format!(
                 "unknown operation `{other}`"
             ))),
         };
-        let body = match reply {
-            Ok(v) => v,
-            Err(e) => {
-                if let ReplicaError::InvalidItem(_) = e {
-                    self.reject(&WireError::Malformed(format!("API request: {e}")));
-                }
-                json!({"error": e.to_string()})
+        match update {
+            Ok((changed, body)) => {
+                let reply = msg.reply;
+                self.settle(level, changed, Responder::Api { reply, body }, ctx);
             }
-        };
-        if let Some(to) = msg.reply {
-            let frame = serde_json::to_vec(&body).expect("JSON serialize");
-            self.metrics.traffic("out", "api", frame.len());
-            let _ = self
-                .outbound
-                .send(Outbound::Publish(to, frame.into(), "api"));
+            Err(e) => self.api_failed(msg.reply, e),
         }
+    }
+
+    fn api_answer(&mut self, reply: Option<String>, r: Result<serde_json::Value, ReplicaError>) {
+        match r {
+            Ok(body) => self.reply(reply, &body),
+            Err(e) => self.api_failed(reply, e),
+        }
+    }
+
+    fn api_failed(&mut self, reply: Option<String>, e: ReplicaError) {
+        self.api_error(&e);
+        self.reply(reply, &serde_json::json!({"error": e.to_string()}));
+    }
+
+    fn reply(&mut self, reply: Option<String>, body: &serde_json::Value) {
+        if let Some(to) = reply {
+            let frame = serde_json::to_vec(body).expect("JSON serialize");
+            self.metrics.traffic("out", "api", frame.len());
+            self.enqueue(Outbound::Publish(to, frame.into(), "api"));
+        }
+    }
+
+    /// Counts a request API error by reason (apart from replication rejects).
+    fn api_error(&self, e: &ReplicaError) {
+        let reason = e.reason();
+        *self
+            .shared
+            .counters
+            .api_errors
+            .lock()
+            .expect("counters lock")
+            .entry(reason)
+            .or_default() += 1;
+        self.metrics
+            .counter(m::API_ERRORS, &[("reason", reason)])
+            .increment(1);
     }
 
     // ---- durability and housekeeping -----------------------------------------------------
@@ -881,6 +1204,13 @@ impl Replica {
             } else {
                 0.0
             });
+        // Gauges set on events only are set again here, so the exporter's idle timeout
+        // (which ends the series of expired peers) never ends theirs.
+        self.metrics.target_fpr.set(self.cfg.filter.fpr);
+        self.metrics.ready.set(if self.ready { 1.0 } else { 0.0 });
+        self.expire_peers();
+        let converged = self.converged_peers();
+        self.metrics.converged.set(converged as f64);
         let live = ReplicaConfig::ms(self.cfg.anti_entropy_interval_ms * 3);
         let mut alive = 0;
         for p in self.peers.values() {
@@ -938,6 +1268,33 @@ impl Replica {
             act.schedule_digest(ctx);
         });
     }
+}
+
+/// The header of an API request that asks for an acknowledgement level.
+pub const ACK_HEADER: &str = "Crpf-Ack";
+
+/// The level an API request asks for in its `Crpf-Ack` header, if any.
+fn api_ack_level(msg: &Message) -> Result<Option<AckLevel>, ReplicaError> {
+    let Some(value) = msg.headers.as_ref().and_then(|h| h.get(ACK_HEADER)) else {
+        return Ok(None);
+    };
+    value
+        .as_str()
+        .parse()
+        .map(Some)
+        .map_err(ReplicaError::InvalidItem)
+}
+
+/// Sequence gaps one message can add to the counters.
+const MAX_COUNTED_GAP: u64 = 1 << 20;
+
+fn by_reason(counts: &Mutex<BTreeMap<&'static str, u64>>) -> BTreeMap<String, u64> {
+    counts
+        .lock()
+        .expect("counters lock")
+        .iter()
+        .map(|(k, v)| (k.to_string(), *v))
+        .collect()
 }
 
 /// Counts and logs (rate-limited) a rejected message.
@@ -1156,16 +1513,27 @@ impl StreamHandler<Inbound> for Replica {
 
 // ---- messages ---------------------------------------------------------------------------
 
-/// Adds an item; OR kinds answer the tag issued.
+/// Adds an item; OR kinds answer the tag issued. Answered once the update reached `ack`
+/// (unset: the replica's default level).
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<Option<Dot>, ReplicaError>")]
-pub struct Add(pub Vec<u8>);
+pub struct Add {
+    /// The item.
+    pub item: Vec<u8>,
+    /// Its acknowledgement level.
+    pub ack: Option<AckLevel>,
+}
 
 /// Removes one occurrence of an item (OR kinds); answers the tag of the entry removed, `None`
-/// if the item was not contained.
+/// if the item was not contained. Answered once the update reached `ack`.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<Option<Dot>, ReplicaError>")]
-pub struct Remove(pub Vec<u8>);
+pub struct Remove {
+    /// The item.
+    pub item: Vec<u8>,
+    /// Its acknowledgement level.
+    pub ack: Option<AckLevel>,
+}
 
 /// Membership test through the mailbox ([`ReplicaHandle::contains`] reads without it).
 #[derive(Debug, Clone, Message)]
@@ -1210,6 +1578,15 @@ struct Encoded {
     chunks: Vec<StateChunk>,
 }
 
+/// A commit's log append finished.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Committed {
+    batch: u64,
+    delta: Vec<u8>,
+    result: Result<(), String>,
+}
+
 #[derive(Message)]
 #[rtype(result = "()")]
 struct Decoded {
@@ -1219,16 +1596,50 @@ struct Decoded {
 }
 
 impl Handler<Add> for Replica {
-    type Result = Result<Option<Dot>, ReplicaError>;
+    type Result = ResponseFuture<Result<Option<Dot>, ReplicaError>>;
     fn handle(&mut self, msg: Add, ctx: &mut Context<Self>) -> Self::Result {
-        self.do_add(&msg.0, ctx)
+        let level = msg.ack.unwrap_or(self.cfg.default_ack());
+        let applied = self
+            .check_level(level)
+            .and_then(|_| self.do_add(&msg.item, ctx));
+        self.settle_handle(level, applied.map(|dot| (true, dot)), ctx)
     }
 }
 
 impl Handler<Remove> for Replica {
-    type Result = Result<Option<Dot>, ReplicaError>;
+    type Result = ResponseFuture<Result<Option<Dot>, ReplicaError>>;
     fn handle(&mut self, msg: Remove, ctx: &mut Context<Self>) -> Self::Result {
-        self.do_remove(&msg.0, ctx)
+        let level = msg.ack.unwrap_or(self.cfg.default_ack());
+        let applied = self
+            .check_level(level)
+            .and_then(|_| self.do_remove(&msg.item, ctx));
+        self.settle_handle(level, applied.map(|dot| (dot.is_some(), dot)), ctx)
+    }
+}
+
+impl Replica {
+    /// The answer of a [`ReplicaHandle`] update, once it reached its level.
+    fn settle_handle(
+        &mut self,
+        level: AckLevel,
+        applied: Result<(bool, Option<Dot>), ReplicaError>,
+        ctx: &mut Context<Self>,
+    ) -> ResponseFuture<Result<Option<Dot>, ReplicaError>> {
+        let (tx, rx) = oneshot::channel();
+        match applied {
+            Ok((changed, dot)) => self.settle(level, changed, Responder::Handle { tx, dot }, ctx),
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+        }
+        Box::pin(async move { rx.await.unwrap_or(Err(ReplicaError::Stopped)) })
+    }
+}
+
+impl Handler<Committed> for Replica {
+    type Result = ();
+    fn handle(&mut self, msg: Committed, ctx: &mut Context<Self>) {
+        self.committed(msg, ctx);
     }
 }
 
@@ -1287,8 +1698,13 @@ impl Handler<Shutdown> for Replica {
     fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) -> Self::Result {
         self.flush_delta(ctx);
         let saved = self.snapshot_now();
+        // The final snapshot holds every update: durable ones are answered, the others
+        // (waiting for peers, or with no snapshot written) fail as stopped.
+        let durable = (saved.is_ok() && self.data.is_some()).then_some(self.next_batch);
+        let r = self.acks.stop(durable);
+        self.answer(r);
         let (done, flushed) = oneshot::channel();
-        let _ = self.outbound.send(Outbound::Flush(done));
+        self.enqueue(Outbound::Flush(done));
         ctx.stop();
         Box::pin(async move {
             let _ = tokio::time::timeout(Duration::from_secs(5), flushed).await;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::ack::AckLevel;
 use super::filter::FilterSpec;
 use crate::transport::is_token;
 use crate::wire::FilterKind;
@@ -87,6 +88,31 @@ pub struct ReplicaConfig {
     /// Interval of the gauges (fpr, load, cardinality, staleness...).
     #[serde(default = "d::metrics_interval_ms")]
     pub metrics_interval_ms: u64,
+    /// Default acknowledgement level of local updates (per request: the API's `Crpf-Ack`
+    /// header, [`super::ReplicaHandle::add_with`]). Unset: `durable` with a data directory,
+    /// `local` without.
+    #[serde(default)]
+    pub ack: Option<AckLevel>,
+    /// Peer acknowledgements a `replicated` update needs; unset: a majority of the live
+    /// replicas, this one included.
+    #[serde(default)]
+    pub replicated_peers: Option<usize>,
+    /// How long a `replicated` update waits for its peers before it is answered with an
+    /// error (it stays applied and durable locally).
+    #[serde(default = "d::replicated_timeout_ms")]
+    pub replicated_timeout_ms: u64,
+    /// Peers (sender uuids) tracked at once; a message of a new sender beyond this is
+    /// rejected (`too_many_peers`) unless a silent peer can be evicted. Bounds what forged
+    /// senders can make a replica remember.
+    #[serde(default = "d::max_peers")]
+    pub max_peers: usize,
+    /// A peer not heard from for this long is forgotten (its staleness series ends).
+    #[serde(default = "d::peer_expiry_ms")]
+    pub peer_expiry_ms: u64,
+    /// Messages waiting to be published; beyond this they are dropped and counted
+    /// (`crpf_outbound_dropped_total`): deltas are repaired by anti-entropy.
+    #[serde(default = "d::outbound_buffer")]
+    pub outbound_buffer: usize,
 }
 
 mod d {
@@ -138,6 +164,18 @@ mod d {
     pub fn metrics_interval_ms() -> u64 {
         1_000
     }
+    pub fn replicated_timeout_ms() -> u64 {
+        5_000
+    }
+    pub fn max_peers() -> usize {
+        256
+    }
+    pub fn peer_expiry_ms() -> u64 {
+        60_000
+    }
+    pub fn outbound_buffer() -> usize {
+        65_536
+    }
 }
 
 impl ReplicaConfig {
@@ -164,6 +202,12 @@ impl ReplicaConfig {
             inbound_max_bytes: d::inbound_max_bytes(),
             serve_api: true,
             metrics_interval_ms: d::metrics_interval_ms(),
+            ack: None,
+            replicated_peers: None,
+            replicated_timeout_ms: d::replicated_timeout_ms(),
+            max_peers: d::max_peers(),
+            peer_expiry_ms: d::peer_expiry_ms(),
+            outbound_buffer: d::outbound_buffer(),
         }
     }
 
@@ -180,6 +224,7 @@ impl ReplicaConfig {
         self.catch_up_timeout_ms = 300;
         self.snapshot_interval_ms = 500;
         self.metrics_interval_ms = 200;
+        self.peer_expiry_ms = 5_000;
         self
     }
 
@@ -207,6 +252,8 @@ impl ReplicaConfig {
             ("chunk_bytes", self.chunk_bytes as u64),
             ("max_item_bytes", self.max_item_bytes as u64),
             ("inbound_buffer", self.inbound_buffer as u64),
+            ("max_peers", self.max_peers as u64),
+            ("outbound_buffer", self.outbound_buffer as u64),
         ] {
             if v == 0 {
                 return Err(format!("{name} must be positive"));
@@ -215,10 +262,28 @@ impl ReplicaConfig {
         if self.inbound_max_bytes < self.max_message_bytes as u64 {
             return Err("inbound_max_bytes must be at least max_message_bytes".into());
         }
+        if self.ack == Some(AckLevel::Durable) && self.data_dir.is_none() {
+            return Err("ack = \"durable\" needs a data_dir".into());
+        }
+        if self.replicated_timeout_ms == 0 {
+            return Err("replicated_timeout_ms must be positive".into());
+        }
+        if self.peer_expiry_ms < self.anti_entropy_interval_ms * 3 {
+            return Err("peer_expiry_ms must be at least three anti_entropy_interval_ms".into());
+        }
         if self.max_message_bytes < 1024 {
             return Err("max_message_bytes must be at least 1024".into());
         }
         Ok(())
+    }
+
+    /// The acknowledgement level of updates that do not ask for one.
+    pub fn default_ack(&self) -> AckLevel {
+        self.ack.unwrap_or(if self.data_dir.is_some() {
+            AckLevel::Durable
+        } else {
+            AckLevel::Local
+        })
     }
 
     pub(crate) fn ms(v: u64) -> Duration {

@@ -58,6 +58,13 @@ pub const SNAPSHOTS: &str = "crpf_snapshots_total";
 pub const TAG_RESERVATIONS: &str = "crpf_tag_reservations_total";
 /// Publishes the transport refused.
 pub const PUBLISH_ERRORS: &str = "crpf_publish_errors_total";
+/// Messages dropped because the outbound queue was full, by `channel`.
+pub const OUTBOUND_DROPPED: &str = "crpf_outbound_dropped_total";
+/// Request API errors (bad requests, refused operations), by `reason`; apart from
+/// [`REJECTS`], which counts replication messages.
+pub const API_ERRORS: &str = "crpf_api_errors_total";
+/// Live peers whose last digest equals this replica's state digest.
+pub const CONVERGED_PEERS: &str = "crpf_converged_peers";
 
 /// Buckets for [`MERGE_DURATION`] (seconds), for the exporter's `set_buckets`.
 pub const MERGE_DURATION_BUCKETS: &[f64] = &[
@@ -137,6 +144,15 @@ pub fn describe() {
         );
         c!(TAG_RESERVATIONS, "Durable reservations of tag timestamps");
         c!(PUBLISH_ERRORS, "Publishes the transport refused");
+        c!(
+            OUTBOUND_DROPPED,
+            "Messages dropped because the outbound queue was full, by channel"
+        );
+        c!(API_ERRORS, "Request API errors, by reason");
+        g!(
+            CONVERGED_PEERS,
+            "Live peers whose last digest equals this replica's state digest"
+        );
     });
 }
 
@@ -153,6 +169,8 @@ pub(crate) struct Metrics {
     pub connected: Gauge,
     pub ready: Gauge,
     pub peers: Gauge,
+    pub converged: Gauge,
+    pub target_fpr: Gauge,
     pub dropped: Counter,
 }
 
@@ -164,8 +182,11 @@ impl Metrics {
             Label::new("replica", replica.to_string()),
         ];
         let l = labels.clone();
-        metrics::gauge!(TARGET_FPR, l.clone()).set(target_fpr);
+        let target = metrics::gauge!(TARGET_FPR, l.clone());
+        target.set(target_fpr);
         Metrics {
+            target_fpr: target,
+            converged: metrics::gauge!(CONVERGED_PEERS, l.clone()),
             fpr: metrics::gauge!(ESTIMATED_FPR, l.clone()),
             load: metrics::gauge!(LOAD_FACTOR, l.clone()),
             cardinality: metrics::gauge!(CARDINALITY, l.clone()),

@@ -41,12 +41,14 @@
 //! }
 //! ```
 
+mod ack;
 mod actor;
 mod config;
 pub mod durable;
 mod filter;
 pub mod metrics;
 mod reassembly;
+pub mod wal;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -58,6 +60,8 @@ use thiserror::Error;
 use tokio::sync::watch;
 use uuid::Uuid;
 
+pub use ack::AckLevel;
+pub use actor::ACK_HEADER;
 pub use actor::{
     Add, Contains, FlushDelta, Merge, Persist, Remove, Replica, Shutdown, Stats, TakeSnapshot,
 };
@@ -90,9 +94,61 @@ pub enum ReplicaError {
     /// The data directory failed; an add that could not reserve its tag is refused.
     #[error(transparent)]
     Durable(#[from] DurableError),
-    /// The actor has stopped.
+    /// The actor has stopped (an update waiting for its acknowledgement level may or may not
+    /// have been applied).
     #[error("the replica has stopped")]
     Stopped,
+    /// The update is applied locally, but the write-ahead log failed: it may be lost in a
+    /// crash (unless replication carried it away first).
+    #[error("applied locally but not durable: {0}")]
+    NotDurable(String),
+    /// The update is applied (and durable, with a data directory), but fewer peers than needed
+    /// confirmed it in time: it will still reach them by replication.
+    #[error(
+        "applied locally but not yet confirmed by enough peers: {acked} of {needed} within {timeout_ms} ms"
+    )]
+    NotReplicated {
+        /// Peers that confirmed.
+        acked: usize,
+        /// Peers needed.
+        needed: usize,
+        /// How long it waited.
+        timeout_ms: u64,
+    },
+    /// The acknowledgement level cannot be given by this replica; nothing was applied.
+    #[error("acknowledgement level unavailable: {0}")]
+    AckUnavailable(String),
+}
+
+impl ReplicaError {
+    /// A short, bounded label for metrics and stats.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ReplicaError::Config(_) => "config",
+            ReplicaError::InvalidItem(_) => "invalid_request",
+            ReplicaError::NotRemovable(_) => "not_removable",
+            ReplicaError::Filter(FilterError::Full { .. }) => "full",
+            ReplicaError::Filter(_) => "filter",
+            ReplicaError::Transport(_) => "transport",
+            ReplicaError::Durable(_) => "durable",
+            ReplicaError::Stopped => "stopped",
+            ReplicaError::NotDurable(_) => "not_durable",
+            ReplicaError::NotReplicated { .. } => "not_replicated",
+            ReplicaError::AckUnavailable(_) => "ack_unavailable",
+        }
+    }
+
+    pub(crate) fn from_ack(failure: ack::AckFailure, timeout_ms: u64) -> Self {
+        match failure {
+            ack::AckFailure::NotDurable(e) => ReplicaError::NotDurable(e),
+            ack::AckFailure::NotReplicated { acked, needed } => ReplicaError::NotReplicated {
+                acked,
+                needed,
+                timeout_ms,
+            },
+            ack::AckFailure::Stopped => ReplicaError::Stopped,
+        }
+    }
 }
 
 impl From<actix::MailboxError> for ReplicaError {
@@ -118,11 +174,21 @@ pub struct ReplicaStats {
     pub peers: usize,
     /// Updates not yet published.
     pub pending_delta: usize,
+    /// Digest of the state (hex), equal on replicas with equivalent states.
+    pub digest: String,
+    /// Local updates waiting for their acknowledgement level.
+    pub awaiting_ack: usize,
+    /// Live peers whose last announced digest equals this one.
+    pub converged_peers: usize,
     /// The filter's figures.
     #[serde(flatten)]
     pub figures: FilterStats,
-    /// Rejected messages by reason.
+    /// Rejected replication messages by reason.
     pub rejects: BTreeMap<String, u64>,
+    /// Request API errors by reason.
+    pub api_errors: BTreeMap<String, u64>,
+    /// Messages dropped because the outbound queue was full.
+    pub outbound_dropped: u64,
     /// Messages dropped because the inbound buffer was full.
     pub dropped: u64,
     /// Transport disconnections since the start.
@@ -234,6 +300,7 @@ impl Replica {
             transport,
             replication,
             data,
+            wal: None,
             reserved,
         };
         let addr = Replica::new(setup).start();
@@ -260,9 +327,22 @@ impl ReplicaHandle {
         self.shared.identity
     }
 
-    /// Adds an item; OR kinds answer the tag they issued.
+    /// Adds an item at the replica's default acknowledgement level; OR kinds answer the tag
+    /// they issued.
     pub async fn add(&self, item: impl Into<Vec<u8>>) -> Result<Option<Dot>, ReplicaError> {
-        self.addr.send(Add(item.into())).await?
+        self.add_with(item, None).await
+    }
+
+    /// Adds an item, answering once the update reached `ack` (unset: the default level).
+    /// On [`ReplicaError::NotDurable`] and [`ReplicaError::NotReplicated`] the item is added
+    /// locally all the same.
+    pub async fn add_with(
+        &self,
+        item: impl Into<Vec<u8>>,
+        ack: impl Into<Option<AckLevel>>,
+    ) -> Result<Option<Dot>, ReplicaError> {
+        let (item, ack) = (item.into(), ack.into());
+        self.addr.send(Add { item, ack }).await?
     }
 
     /// Removes one occurrence of an item (OR kinds); `false` if it was not contained.
@@ -272,7 +352,18 @@ impl ReplicaHandle {
 
     /// Removes one occurrence of an item (OR kinds) and answers the tag of the entry removed.
     pub async fn remove_dot(&self, item: impl Into<Vec<u8>>) -> Result<Option<Dot>, ReplicaError> {
-        self.addr.send(Remove(item.into())).await?
+        self.remove_with(item, None).await
+    }
+
+    /// Removes one occurrence of an item (OR kinds), answering once the update reached `ack`;
+    /// answers the tag of the entry removed.
+    pub async fn remove_with(
+        &self,
+        item: impl Into<Vec<u8>>,
+        ack: impl Into<Option<AckLevel>>,
+    ) -> Result<Option<Dot>, ReplicaError> {
+        let (item, ack) = (item.into(), ack.into());
+        self.addr.send(Remove { item, ack }).await?
     }
 
     /// Membership test, read directly from the state: it never waits behind replication work

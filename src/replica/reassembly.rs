@@ -1,6 +1,6 @@
 //! Reassembly of full states sent in chunks.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
@@ -22,6 +22,10 @@ struct Partial {
 
 /// Transfers reassembled at once.
 pub(crate) const MAX_TRANSFERS: usize = 16;
+/// Senders whose recently completed transfers are remembered (to ignore late duplicates).
+pub(crate) const MAX_REMEMBERED_SENDERS: usize = 1024;
+/// Completed transfer ids remembered per sender.
+const REMEMBERED_PER_SENDER: usize = 8;
 
 /// Outcome of adding a chunk.
 #[derive(Debug)]
@@ -32,13 +36,18 @@ pub(crate) enum Progress {
     Complete(Vec<u8>),
 }
 
-/// Transfers in progress, at most one per sender (a newer transfer replaces an older one,
-/// whose remaining chunks are then ignored), each bounded by `max_state_bytes`, at most
-/// [`MAX_TRANSFERS`] at once (the oldest is abandoned for a new one).
+/// Transfers in progress, at most one per sender (a chunk of another transfer replaces the
+/// unfinished one: one sender's messages arrive in order, so it started a new push), each
+/// bounded by `max_state_bytes`, at most [`MAX_TRANSFERS`] at once (the oldest is abandoned
+/// for a new one).
+///
+/// Transfer ids are only compared for equality, never ordered: a sender's ids start afresh
+/// at every restart, and a forged id (even `u64::MAX`) then blocks nothing but itself.
 pub(crate) struct Reassembly {
     partial: HashMap<Uuid, Partial>,
-    /// Last transfer completed per sender: late duplicates of its chunks are ignored.
-    done: HashMap<Uuid, u64>,
+    /// Transfers recently completed per sender, with when: late duplicates of their chunks
+    /// are ignored. Bounded in senders and ids per sender.
+    done: HashMap<Uuid, (VecDeque<u64>, Instant)>,
     max_state_bytes: u64,
     timeout: Duration,
 }
@@ -61,20 +70,21 @@ impl Reassembly {
                 limit: self.max_state_bytes as usize,
             });
         }
-        if self.done.get(&sender).is_some_and(|&d| d >= c.transfer) {
+        if self
+            .done
+            .get(&sender)
+            .is_some_and(|(ids, _)| ids.contains(&c.transfer))
+        {
             return Ok(Progress::Pending);
         }
         if c.count == 1 {
             self.partial.remove(&sender);
             let state = finish(c.total_len, c.checksum, c.data)?;
-            self.done.insert(sender, c.transfer);
+            self.completed(sender, c.transfer);
             return Ok(Progress::Complete(state));
         }
         let p = match self.partial.get_mut(&sender) {
             Some(p) if p.transfer == c.transfer => p,
-            Some(p) if p.transfer > c.transfer => {
-                return Err(WireError::Chunk("chunk of a superseded transfer".into()));
-            }
             _ => {
                 // The first chunk seen of a new transfer (an older one is abandoned).
                 if c.count as u64 > c.total_len.max(1) {
@@ -128,8 +138,35 @@ impl Reassembly {
             state.extend_from_slice(&chunk);
         }
         let state = finish(p.total_len, p.checksum, state)?;
-        self.done.insert(sender, p.transfer);
+        self.completed(sender, p.transfer);
         Ok(Progress::Complete(state))
+    }
+
+    fn completed(&mut self, sender: Uuid, transfer: u64) {
+        if !self.done.contains_key(&sender) && self.done.len() >= MAX_REMEMBERED_SENDERS {
+            let oldest = self
+                .done
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(s, _)| *s)
+                .expect("not empty");
+            self.done.remove(&oldest);
+        }
+        let (ids, at) = self
+            .done
+            .entry(sender)
+            .or_insert_with(|| (VecDeque::new(), Instant::now()));
+        if ids.len() >= REMEMBERED_PER_SENDER {
+            ids.pop_front();
+        }
+        ids.push_back(transfer);
+        *at = Instant::now();
+    }
+
+    /// Forgets what it knows of a sender (it expired as a peer).
+    pub fn forget(&mut self, sender: &Uuid) {
+        self.partial.remove(sender);
+        self.done.remove(sender);
     }
 
     /// Drops transfers older than the timeout (their missing chunks were lost); returns how
@@ -199,11 +236,11 @@ mod tests {
         let mut small = Reassembly::new(100, Duration::from_secs(60));
         let c = chunk_state(&state, 2, 1000).remove(0);
         assert_eq!(small.add(s, c).unwrap_err().reason(), "oversized");
-        // A newer transfer supersedes an unfinished one.
+        // Another transfer supersedes an unfinished one, whatever its id.
         let mut r = Reassembly::new(1 << 20, Duration::ZERO);
-        r.add(s, chunk_state(&state, 3, 1000).remove(0)).unwrap();
         r.add(s, chunk_state(&state, 4, 1000).remove(0)).unwrap();
-        assert!(r.add(s, chunk_state(&state, 3, 1000).remove(1)).is_err());
+        r.add(s, chunk_state(&state, 3, 1000).remove(0)).unwrap();
+        assert_eq!(r.in_progress(), 1);
         assert_eq!(r.expire(), 1);
         // A header claiming a billion chunks allocates nothing, and transfers are bounded.
         let mut r = Reassembly::new(u64::MAX, Duration::from_secs(60));
@@ -222,5 +259,46 @@ mod tests {
             ));
         }
         assert_eq!(r.in_progress(), MAX_TRANSFERS);
+    }
+
+    /// Finding: a state re-sent with transfer id 2^64-1 made every later (smaller) id of
+    /// that sender look old, disabling its anti-entropy; and a restarted sender's ids were
+    /// ignored until they passed the old ones.
+    #[test]
+    fn a_completed_id_blocks_only_itself() {
+        let state = vec![9u8; 3000];
+        let s = Uuid::from_u128(7);
+        let mut r = Reassembly::new(1 << 20, Duration::from_secs(60));
+        for c in chunk_state(&state, u64::MAX, 1000) {
+            r.add(s, c).unwrap();
+        }
+        // A replay of the same transfer is ignored...
+        for c in chunk_state(&state, u64::MAX, 1000) {
+            assert!(matches!(r.add(s, c).unwrap(), Progress::Pending));
+        }
+        // ...but any other id, smaller or not, completes.
+        let mut complete = 0;
+        for id in [1, 5, 2] {
+            for c in chunk_state(&state, id, 1000) {
+                if let Progress::Complete(st) = r.add(s, c).unwrap() {
+                    assert_eq!(st, state);
+                    complete += 1;
+                }
+            }
+        }
+        assert_eq!(complete, 3);
+    }
+
+    #[test]
+    fn remembered_senders_are_bounded() {
+        let mut r = Reassembly::new(1 << 20, Duration::from_secs(60));
+        for i in 0..(MAX_REMEMBERED_SENDERS as u128 + 100) {
+            for c in chunk_state(b"x", 1, 1000) {
+                r.add(Uuid::from_u128(i), c).unwrap();
+            }
+        }
+        assert_eq!(r.done.len(), MAX_REMEMBERED_SENDERS);
+        r.forget(&Uuid::from_u128(MAX_REMEMBERED_SENDERS as u128 + 99));
+        assert_eq!(r.done.len(), MAX_REMEMBERED_SENDERS - 1);
     }
 }

@@ -145,6 +145,7 @@ impl Transport for InProcessBus {
             subject,
             payload,
             reply: None,
+            headers: None,
         });
         futures::future::ready(r).boxed()
     }
@@ -169,6 +170,7 @@ impl Transport for InProcessBus {
             subject,
             payload,
             reply: Some(inbox),
+            headers: None,
         });
         async move {
             sent?;

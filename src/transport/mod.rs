@@ -34,6 +34,8 @@ pub struct Message {
     pub payload: Bytes,
     /// Where to send a reply, for requests.
     pub reply: Option<String>,
+    /// NATS headers, if it had any (the request API reads `Crpf-Ack`).
+    pub headers: Option<async_nats::HeaderMap>,
 }
 
 /// A stream of received messages; it ends when the subscription does.

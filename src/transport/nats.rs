@@ -335,6 +335,7 @@ fn convert(m: async_nats::Message) -> Message {
         subject: m.subject.to_string(),
         payload: m.payload,
         reply: m.reply.map(|r| r.to_string()),
+        headers: m.headers,
     }
 }
 

@@ -138,6 +138,16 @@ pub enum Body {
     /// One chunk of a full state (the core state type's CBOR), so that states larger than the
     /// server's `max_payload` replicate.
     StateChunk(StateChunk),
+    /// A delta-state whose receivers acknowledge it with an [`Body::Ack`] once merged (it
+    /// carries updates acknowledged at the `replicated` level).
+    ConfirmedDelta(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// A receiver merged the delta of sequence number `seq` from `target`.
+    Ack {
+        /// The sender of the delta.
+        target: Uuid,
+        /// Its envelope's sequence number.
+        seq: u64,
+    },
 }
 
 /// A chunk of a full state transfer.
@@ -216,6 +226,9 @@ pub enum WireError {
     /// A chunk inconsistent with its transfer, or a reassembled state whose checksum differs.
     #[error("bad state chunk: {0}")]
     Chunk(String),
+    /// A message of a new sender while the receiver tracks as many live peers as it may.
+    #[error("a new sender beyond max_peers = {0} live peers")]
+    TooManyPeers(usize),
 }
 
 impl WireError {
@@ -231,6 +244,7 @@ impl WireError {
             WireError::Params { .. } => "params",
             WireError::Incompatible(_) => "incompatible",
             WireError::Chunk(_) => "chunk",
+            WireError::TooManyPeers(_) => "too_many_peers",
         }
     }
 
@@ -278,7 +292,7 @@ impl Envelope {
 
     fn body_len(&self) -> usize {
         match &self.body {
-            Body::Delta(b) => b.len(),
+            Body::Delta(b) | Body::ConfirmedDelta(b) => b.len(),
             Body::StateChunk(c) => c.data.len(),
             _ => 0,
         }

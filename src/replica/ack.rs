@@ -1,0 +1,380 @@
+//! Acknowledgement levels: how much must have happened to a local update before the replica
+//! answers for it (after Akka Distributed Data's `WriteLocal` / `WriteMajority` / `WriteAll`).
+//!
+//! Local updates are committed in *batches*: the delta-state of every update since the last
+//! commit is appended to the write-ahead log (when there is a data directory), fsynced once
+//! for the whole batch (group commit), then published as one delta. [`AckTracker`] keeps the
+//! updates waiting for their level and says which are answered as batches become durable,
+//! their deltas are published, and peers acknowledge them. It does no I/O: the actor feeds it
+//! events and sends the answers.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// How much must have happened to an update before it is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AckLevel {
+    /// Applied in memory. Fastest; a crash before the next commit (every `delta_interval_ms`)
+    /// loses it.
+    Local,
+    /// In the write-ahead log, fsynced, before the answer: survives a crash of the process or
+    /// the machine. Needs a data directory.
+    Durable,
+    /// Durable where there is a data directory, and merged by `replicated_peers` peers (by
+    /// default a majority of the live replicas, this one included) before the answer:
+    /// survives the loss of this replica's disk.
+    Replicated,
+}
+
+impl AckLevel {
+    /// The name used in configuration and in the request API's `Crpf-Ack` header.
+    pub fn name(self) -> &'static str {
+        match self {
+            AckLevel::Local => "local",
+            AckLevel::Durable => "durable",
+            AckLevel::Replicated => "replicated",
+        }
+    }
+}
+
+impl std::fmt::Display for AckLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for AckLevel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        [AckLevel::Local, AckLevel::Durable, AckLevel::Replicated]
+            .into_iter()
+            .find(|l| l.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| format!("unknown ack level `{s}` (local, durable or replicated)"))
+    }
+}
+
+/// Why a waiting update was answered with an error. The update itself stays applied locally:
+/// a CRDT update cannot be taken back, so the error says how far it got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AckFailure {
+    /// The write-ahead log failed.
+    NotDurable(String),
+    /// Too few peers acknowledged in time.
+    NotReplicated {
+        /// Acknowledgements received.
+        acked: usize,
+        /// Acknowledgements needed.
+        needed: usize,
+    },
+    /// The replica stopped first.
+    Stopped,
+}
+
+struct Waiting<R> {
+    level: AckLevel,
+    /// The commit that carries the update.
+    batch: u64,
+    /// Once durable and published (`Replicated` only): the envelope sequence number of its
+    /// delta, the peers that acknowledged it, how many are needed, and until when.
+    published: Option<Published>,
+    responder: R,
+}
+
+struct Published {
+    seq: u64,
+    acked_by: Vec<Uuid>,
+    needed: usize,
+    deadline: Instant,
+}
+
+/// Updates waiting for their acknowledgement level, in commit order.
+pub(crate) struct AckTracker<R> {
+    waiting: VecDeque<Waiting<R>>,
+}
+
+/// What an event resolved: responders to answer with success, and with an error.
+pub(crate) struct Resolved<R> {
+    pub ok: Vec<R>,
+    pub failed: Vec<(R, AckFailure)>,
+}
+
+impl<R> Default for Resolved<R> {
+    fn default() -> Self {
+        Resolved {
+            ok: Vec::new(),
+            failed: Vec::new(),
+        }
+    }
+}
+
+impl<R> Resolved<R> {
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.ok.is_empty() && self.failed.is_empty()
+    }
+}
+
+impl<R> Default for AckTracker<R> {
+    fn default() -> Self {
+        AckTracker {
+            waiting: VecDeque::new(),
+        }
+    }
+}
+
+impl<R> AckTracker<R> {
+    /// An update carried by commit `batch` waits for `level` (not `Local`, which is answered
+    /// at once).
+    pub fn wait(&mut self, level: AckLevel, batch: u64, responder: R) {
+        debug_assert!(level != AckLevel::Local);
+        self.waiting.push_back(Waiting {
+            level,
+            batch,
+            published: None,
+            responder,
+        });
+    }
+
+    /// Updates waiting.
+    pub fn len(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Whether any update waits for a commit not yet made (at or after `batch`).
+    pub fn wants_commit(&self, batch: u64) -> bool {
+        self.waiting
+            .iter()
+            .any(|w| w.published.is_none() && w.batch >= batch)
+    }
+
+    /// Whether commit `batch` carries updates that wait for peers (its delta then asks its
+    /// receivers to acknowledge it).
+    pub fn wants_confirmation(&self, batch: u64) -> bool {
+        self.waiting
+            .iter()
+            .any(|w| w.level == AckLevel::Replicated && w.published.is_none() && w.batch <= batch)
+    }
+
+    /// Commits up to `batch` are durable, and the last of them was published as the delta of
+    /// sequence number `seq` (`None`: nothing was published, the batch held no change).
+    /// `Durable` updates are answered; `Replicated` ones now wait for `needed` peers until
+    /// `deadline` (none needed: answered too).
+    pub fn committed(
+        &mut self,
+        batch: u64,
+        seq: Option<u64>,
+        needed: usize,
+        deadline: Instant,
+    ) -> Resolved<R> {
+        let mut out = Resolved::default();
+        let mut keep = VecDeque::with_capacity(self.waiting.len());
+        for mut w in self.waiting.drain(..) {
+            if w.batch > batch || w.published.is_some() {
+                keep.push_back(w);
+                continue;
+            }
+            match (w.level, seq) {
+                (AckLevel::Replicated, Some(seq)) if needed > 0 => {
+                    w.published = Some(Published {
+                        seq,
+                        acked_by: Vec::new(),
+                        needed,
+                        deadline,
+                    });
+                    keep.push_back(w);
+                }
+                _ => out.ok.push(w.responder),
+            }
+        }
+        self.waiting = keep;
+        out
+    }
+
+    /// Commits up to `batch` could not be made durable: their updates are answered with the
+    /// error.
+    pub fn commit_failed(&mut self, batch: u64, error: &str) -> Resolved<R> {
+        self.resolve_where(
+            |w| w.batch <= batch && w.published.is_none(),
+            |_| AckFailure::NotDurable(error.to_string()),
+        )
+    }
+
+    /// Peer `peer` merged our delta of sequence number `seq`.
+    pub fn acked(&mut self, peer: Uuid, seq: u64) -> Resolved<R> {
+        for w in self.waiting.iter_mut() {
+            if let Some(p) = &mut w.published
+                && p.seq == seq
+                && !p.acked_by.contains(&peer)
+            {
+                p.acked_by.push(peer);
+            }
+        }
+        let mut out = Resolved::default();
+        let mut keep = VecDeque::with_capacity(self.waiting.len());
+        for w in self.waiting.drain(..) {
+            match &w.published {
+                Some(p) if p.acked_by.len() >= p.needed => out.ok.push(w.responder),
+                _ => keep.push_back(w),
+            }
+        }
+        self.waiting = keep;
+        out
+    }
+
+    /// Published updates whose deadline passed are answered with `NotReplicated`.
+    pub fn expire(&mut self, now: Instant) -> Resolved<R> {
+        self.resolve_where(
+            |w| w.published.as_ref().is_some_and(|p| p.deadline <= now),
+            |w| {
+                let p = w.published.as_ref().expect("filtered on published");
+                AckFailure::NotReplicated {
+                    acked: p.acked_by.len(),
+                    needed: p.needed,
+                }
+            },
+        )
+    }
+
+    /// Everything still waiting is answered: `durable_through` is the last commit known
+    /// durable (a final snapshot makes every update durable), the rest fails with `Stopped`.
+    pub fn stop(&mut self, durable_through: Option<u64>) -> Resolved<R> {
+        let mut out = Resolved::default();
+        for w in self.waiting.drain(..) {
+            let durable = durable_through.is_some_and(|b| w.batch <= b);
+            if w.level == AckLevel::Durable && durable {
+                out.ok.push(w.responder);
+            } else {
+                out.failed.push((w.responder, AckFailure::Stopped));
+            }
+        }
+        out
+    }
+
+    fn resolve_where(
+        &mut self,
+        pick: impl Fn(&Waiting<R>) -> bool,
+        why: impl Fn(&Waiting<R>) -> AckFailure,
+    ) -> Resolved<R> {
+        let mut out = Resolved::default();
+        let mut keep = VecDeque::with_capacity(self.waiting.len());
+        for w in self.waiting.drain(..) {
+            if pick(&w) {
+                let e = why(&w);
+                out.failed.push((w.responder, e));
+            } else {
+                keep.push_back(w);
+            }
+        }
+        self.waiting = keep;
+        out
+    }
+}
+
+/// Peer acknowledgements a `Replicated` update needs: `configured`, or else a majority of the
+/// live replicas counting this one (`live_peers + 1` replicas: with 3 replicas, 1 peer).
+pub(crate) fn peers_needed(configured: Option<usize>, live_peers: usize) -> usize {
+    configured.unwrap_or((live_peers + 1) / 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
+    #[test]
+    fn durable_updates_are_answered_when_their_batch_is() {
+        let mut t = AckTracker::default();
+        t.wait(AckLevel::Durable, 1, "a");
+        t.wait(AckLevel::Durable, 2, "b");
+        assert!(t.wants_commit(2));
+        let r = t.committed(1, Some(10), 1, later());
+        assert_eq!(r.ok, vec!["a"]);
+        assert_eq!(t.len(), 1);
+        let r = t.committed(2, None, 1, later());
+        assert_eq!(r.ok, vec!["b"]);
+        assert!(!t.wants_commit(0));
+    }
+
+    #[test]
+    fn replicated_updates_wait_for_distinct_peers() {
+        let mut t = AckTracker::default();
+        t.wait(AckLevel::Replicated, 1, "r");
+        t.wait(AckLevel::Durable, 1, "d");
+        let r = t.committed(1, Some(7), 2, later());
+        assert_eq!(r.ok, vec!["d"]);
+        let (p, q) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        assert!(t.acked(p, 6).is_empty(), "another delta");
+        assert!(t.acked(p, 7).is_empty());
+        assert!(t.acked(p, 7).is_empty(), "the same peer twice counts once");
+        assert_eq!(t.acked(q, 7).ok, vec!["r"]);
+        assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn replicated_without_peers_needed_is_answered_when_durable() {
+        let mut t = AckTracker::default();
+        t.wait(AckLevel::Replicated, 3, "r");
+        assert_eq!(t.committed(3, Some(1), 0, later()).ok, vec!["r"]);
+    }
+
+    #[test]
+    fn failures_say_how_far_the_update_got() {
+        let mut t = AckTracker::default();
+        t.wait(AckLevel::Durable, 1, "d1");
+        t.wait(AckLevel::Durable, 2, "d2");
+        let r = t.commit_failed(1, "disk full");
+        assert_eq!(
+            r.failed,
+            vec![("d1", AckFailure::NotDurable("disk full".into()))]
+        );
+        t.wait(AckLevel::Replicated, 2, "r");
+        let now = Instant::now();
+        assert_eq!(t.committed(2, Some(5), 1, now).ok, vec!["d2"]);
+        t.acked(Uuid::from_u128(9), 4);
+        let r = t.expire(now);
+        assert_eq!(
+            r.failed,
+            vec![(
+                "r",
+                AckFailure::NotReplicated {
+                    acked: 0,
+                    needed: 1
+                }
+            )]
+        );
+    }
+
+    #[test]
+    fn stopping_answers_everything() {
+        let mut t = AckTracker::default();
+        t.wait(AckLevel::Durable, 1, "d");
+        t.wait(AckLevel::Replicated, 1, "r");
+        let r = t.stop(Some(1));
+        assert_eq!(r.ok, vec!["d"]);
+        assert_eq!(r.failed, vec![("r", AckFailure::Stopped)]);
+    }
+
+    #[test]
+    fn majority_counts_this_replica() {
+        assert_eq!(peers_needed(None, 0), 0);
+        assert_eq!(peers_needed(None, 1), 1);
+        assert_eq!(peers_needed(None, 2), 1);
+        assert_eq!(peers_needed(None, 4), 2);
+        assert_eq!(peers_needed(Some(3), 1), 3);
+    }
+
+    #[test]
+    fn levels_parse_by_name() {
+        assert_eq!("Durable".parse::<AckLevel>().unwrap(), AckLevel::Durable);
+        assert!("all".parse::<AckLevel>().is_err());
+    }
+}
