@@ -10,9 +10,8 @@
 //! Defaults: 10000 adds/s for 10 s, `or_cuckoo`, capacity 200000, fpr 0.01. The server binary
 //! is `$CRPF_NATS_SERVER` or `.tools/nats/bin/nats-server`.
 
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,45 +19,7 @@ use crpf::replica::{Replica, ReplicaConfig, ReplicaHandle};
 use crpf::transport::{NatsConfig, NatsTransport};
 use crpf::wire::FilterKind;
 
-struct Server(std::process::Child, #[allow(dead_code)] tempfile::TempDir);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_server() -> (Server, String) {
-    let bin = std::env::var_os("CRPF_NATS_SERVER")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".tools/nats/bin/nats-server")
-        });
-    assert!(
-        bin.exists(),
-        "no nats-server at {bin:?}: run scripts/test.sh --no-run first"
-    );
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = tempfile::tempdir().unwrap();
-    let child = Command::new(bin)
-        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start nats-server");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nats-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (Server(child, dir), format!("nats://127.0.0.1:{port}"))
-}
+use common::{percentile, start_server};
 
 struct Outcome {
     adds: u64,
@@ -73,13 +34,6 @@ struct Outcome {
     state_bytes_per_add: f64,
     state_bytes: u64,
     state_pushes: u64,
-}
-
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
 async fn run(url: &str, name: &str, cfg: ReplicaConfig, rate: u64, secs: u64) -> Outcome {
