@@ -47,6 +47,7 @@ pub mod durable;
 mod filter;
 pub mod metrics;
 mod reassembly;
+pub mod wal;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
