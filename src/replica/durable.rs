@@ -60,6 +60,16 @@ pub enum DurableError {
         /// What the configuration says.
         expected: String,
     },
+    /// A write-ahead log segment written by another replica (see [`crate::replica::wal`]).
+    #[error("{path}: write-ahead log of {found:?}, this replica is {expected:?}")]
+    ForeignLog {
+        /// The segment.
+        path: PathBuf,
+        /// Whose it is.
+        found: Identity,
+        /// Whose it should be.
+        expected: Identity,
+    },
 }
 
 /// Who a replica is: its uuid (the claimant of its id in the KV bucket) and replica id.
