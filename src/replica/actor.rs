@@ -13,13 +13,11 @@ use uuid::Uuid;
 
 use super::ack::{AckLevel, AckTracker, Resolved, peers_needed};
 use super::config::ReplicaConfig;
-use super::durable::{
-    DataDir, DurableError, HWM_FILE, Identity, Reservation, SNAPSHOT_FILE, Snapshot,
-};
+use super::durable::{DataDir, Identity, Reservation, Snapshot};
 use super::filter::{AnyFilter, FilterStats};
 use super::metrics::{self as m, Metrics};
 use super::reassembly::{Progress, Reassembly};
-use super::wal::WalWriter;
+use super::wal::{SegmentId, WalWriter};
 use super::{ReplicaError, ReplicaHandle, ReplicaStats};
 use crate::transport::{LogLimiter, Message, MessageStream, Subjects, Transport, TransportEvent};
 use crate::wire::{Body, Envelope, Expect, FilterKind, StateChunk, WireError, chunk_state};
@@ -166,6 +164,10 @@ pub struct Replica {
     reserved: u64,
     dirty: bool,
     snapshotting: Arc<AtomicBool>,
+    /// Snapshots taken (numbered on the actor's thread) and the newest saved: an older one
+    /// that finishes late must not overwrite a newer one, whose log segments are gone.
+    snapshot_generation: u64,
+    snapshot_saved: Arc<Mutex<u64>>,
     started: Instant,
     ready: bool,
     api_started: bool,
@@ -229,6 +231,8 @@ impl Replica {
             reserved: s.reserved,
             dirty: false,
             snapshotting: Arc::new(AtomicBool::new(false)),
+            snapshot_generation: 0,
+            snapshot_saved: Arc::new(Mutex::new(0)),
             started: Instant::now(),
             ready: false,
             api_started: false,
@@ -344,10 +348,7 @@ impl Replica {
                 let done = wal.append(delta.clone());
                 let addr = ctx.address();
                 actix::spawn(async move {
-                    let result = match done.await {
-                        Ok(r) => r.map_err(|e| e.to_string()),
-                        Err(_) => Err("the log writer stopped".to_string()),
-                    };
+                    let result = done.await.map_err(|e| e.to_string());
                     addr.do_send(Committed {
                         batch,
                         delta,
@@ -1093,24 +1094,26 @@ impl Replica {
 
     // ---- durability and housekeeping -----------------------------------------------------
 
-    fn snapshot_record(&self, filter: &AnyFilter) -> (Snapshot, usize) {
-        let state = filter.encode_state();
-        let len = state.len();
-        (
-            Snapshot {
-                identity: self.shared.identity,
-                filter: self.cfg.name.clone(),
-                kind: self.expect.kind,
-                params_digest: self.expect.params_digest,
-                reserved: self.reserved,
-                state,
-            },
-            len,
-        )
+    /// Takes what a snapshot saves, on the actor's thread: the log is rotated at the same
+    /// moment the state is cloned, so the clone holds every record of the segments up to the
+    /// one it returns (see [`super::wal`]).
+    fn snapshot_source(&mut self) -> SnapshotJob {
+        self.snapshot_generation += 1;
+        let wal_covered = self.wal.as_mut().map(|w| w.rotate());
+        SnapshotJob {
+            filter: self.read().clone(),
+            identity: self.shared.identity,
+            name: self.cfg.name.clone(),
+            kind: self.expect.kind,
+            params_digest: self.expect.params_digest,
+            reserved: self.reserved,
+            wal_covered,
+            generation: self.snapshot_generation,
+        }
     }
 
     /// Writes a snapshot in the background if the state changed since the last one.
-    fn snapshot_async(&mut self) {
+    fn snapshot_async(&mut self, ctx: &mut Context<Self>) {
         let Some(data) = self.data.clone() else {
             return;
         };
@@ -1118,46 +1121,16 @@ impl Replica {
             return;
         }
         self.dirty = false;
-        let filter = self.read().clone();
-        let shared = self.shared.clone();
-        let (cfg_name, kind, digest, reserved) = (
-            self.cfg.name.clone(),
-            self.expect.kind,
-            self.expect.params_digest,
-            self.reserved,
-        );
+        let job = self.snapshot_source();
+        let (shared, saved) = (self.shared.clone(), self.snapshot_saved.clone());
         let busy = self.snapshotting.clone();
-        let metrics = self.metrics.clone();
+        let addr = ctx.address();
         actix::spawn(async move {
-            let r = tokio::task::spawn_blocking(move || {
-                let state = filter.encode_state();
-                shared
-                    .counters
-                    .state_bytes
-                    .store(state.len() as u64, Ordering::Relaxed);
-                data.save_snapshot(&Snapshot {
-                    identity: shared.identity,
-                    filter: cfg_name,
-                    kind,
-                    params_digest: digest,
-                    reserved,
-                    state,
-                })
-            })
-            .await;
+            let r = tokio::task::spawn_blocking(move || job.save(&data, &shared, &saved))
+                .await
+                .unwrap_or_else(|e| Err(ReplicaError::Config(format!("snapshot task: {e}"))));
             busy.store(false, Ordering::Release);
-            let ok = matches!(r, Ok(Ok(())));
-            metrics
-                .counter(
-                    m::SNAPSHOTS,
-                    &[("outcome", if ok { "ok" } else { "error" })],
-                )
-                .increment(1);
-            match r {
-                Ok(Err(e)) => tracing::error!(error = %e, "snapshot failed"),
-                Err(e) => tracing::error!(error = %e, "snapshot task failed"),
-                Ok(Ok(())) => {}
-            }
+            addr.do_send(SnapshotSaved(r));
         });
     }
 
@@ -1166,22 +1139,43 @@ impl Replica {
         let Some(data) = self.data.clone() else {
             return Ok(());
         };
-        let filter = self.read().clone();
-        let (snap, len) = self.snapshot_record(&filter);
-        let r = data.save_snapshot(&snap);
-        self.metrics
-            .counter(
-                m::SNAPSHOTS,
-                &[("outcome", if r.is_ok() { "ok" } else { "error" })],
-            )
-            .increment(1);
-        r?;
-        self.shared
-            .counters
-            .state_bytes
-            .store(len as u64, Ordering::Relaxed);
-        self.dirty = false;
+        let job = self.snapshot_source();
+        let r = job.save(&data, &self.shared, &self.snapshot_saved);
+        let ok = r.is_ok();
+        self.snapshot_saved_now(r)?;
+        if ok {
+            self.dirty = false;
+        }
         Ok(())
+    }
+
+    /// A snapshot was saved (or failed): counts it, and drops the log segments it covers.
+    fn snapshot_saved_now(
+        &mut self,
+        r: Result<Option<SegmentId>, ReplicaError>,
+    ) -> Result<(), ReplicaError> {
+        let outcome = if r.is_ok() { "ok" } else { "error" };
+        self.metrics
+            .counter(m::SNAPSHOTS, &[("outcome", outcome)])
+            .increment(1);
+        match r {
+            Ok(covered) => {
+                if let (Some(wal), Some(k)) = (&self.wal, covered) {
+                    let done = wal.remove_through(k);
+                    actix::spawn(async move {
+                        if let Err(e) = done.await {
+                            tracing::warn!(error = %e, "removing covered log segments failed");
+                        }
+                    });
+                }
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(filter = %self.cfg.name, error = %e, "snapshot failed");
+                self.dirty = true;
+                Err(e)
+            }
+        }
     }
 
     fn housekeeping(&mut self, ctx: &mut Context<Self>) {
@@ -1475,7 +1469,7 @@ impl Actor for Replica {
         if self.data.is_some() {
             ctx.run_interval(
                 ReplicaConfig::ms(self.cfg.snapshot_interval_ms),
-                |act, _| act.snapshot_async(),
+                |act, ctx| act.snapshot_async(ctx),
             );
         }
         self.schedule_digest(ctx);
@@ -1576,6 +1570,64 @@ pub struct FlushDelta;
 struct Encoded {
     len: usize,
     chunks: Vec<StateChunk>,
+}
+
+/// What a snapshot saves, taken on the actor's thread and saved on any.
+struct SnapshotJob {
+    filter: AnyFilter,
+    identity: Identity,
+    name: String,
+    kind: FilterKind,
+    params_digest: u64,
+    reserved: u64,
+    wal_covered: Option<SegmentId>,
+    generation: u64,
+}
+
+impl SnapshotJob {
+    /// Encodes and saves it, unless a newer snapshot was saved meanwhile; answers the log
+    /// segments it covers.
+    fn save(
+        self,
+        data: &DataDir,
+        shared: &Shared,
+        saved: &Mutex<u64>,
+    ) -> Result<Option<SegmentId>, ReplicaError> {
+        let state = self.filter.encode_state();
+        let len = state.len();
+        // Held while saving, so snapshots land in the order they were taken.
+        let mut newest = saved.lock().expect("snapshot lock");
+        if *newest > self.generation {
+            return Ok(None);
+        }
+        data.save_snapshot(&Snapshot {
+            identity: self.identity,
+            filter: self.name,
+            kind: self.kind,
+            params_digest: self.params_digest,
+            reserved: self.reserved,
+            state,
+            wal_covered: self.wal_covered.map(|k| k.0),
+        })?;
+        *newest = self.generation;
+        shared
+            .counters
+            .state_bytes
+            .store(len as u64, Ordering::Relaxed);
+        Ok(self.wal_covered)
+    }
+}
+
+/// A background snapshot finished.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct SnapshotSaved(Result<Option<SegmentId>, ReplicaError>);
+
+impl Handler<SnapshotSaved> for Replica {
+    type Result = ();
+    fn handle(&mut self, msg: SnapshotSaved, _: &mut Context<Self>) {
+        let _ = self.snapshot_saved_now(msg.0);
+    }
 }
 
 /// A commit's log append finished.
@@ -1738,77 +1790,6 @@ impl Handler<Decoded> for Replica {
     fn handle(&mut self, msg: Decoded, ctx: &mut Context<Self>) {
         self.merge_state(msg.result, msg.sender, msg.replica, ctx);
     }
-}
-
-/// Loads what the data directory holds. Returns the restored state, its identity and the
-/// tag floor, or `None` when the state must start afresh (DESIGN.md section 4: a replica
-/// without its durable state claims a new id).
-pub(crate) fn restore(
-    data: &DataDir,
-    cfg: &ReplicaConfig,
-    fresh: &AnyFilter,
-) -> Result<Option<(AnyFilter, Identity, u64, bool)>, DurableError> {
-    let snap = match data.load_snapshot() {
-        Ok(Some(s)) => s,
-        Ok(None) => return Ok(None),
-        Err(e @ DurableError::Corrupt { .. }) => {
-            tracing::warn!(error = %e, "snapshot is damaged: starting afresh under a new replica id");
-            data.quarantine(SNAPSHOT_FILE);
-            return Ok(None);
-        }
-        Err(e) => return Err(e),
-    };
-    if snap.filter != cfg.name
-        || snap.kind != fresh.kind()
-        || snap.params_digest != fresh.params_digest()
-    {
-        return Err(DurableError::Mismatch {
-            path: data.path().join(SNAPSHOT_FILE),
-            found: format!(
-                "{} ({}, params {:#x})",
-                snap.filter, snap.kind, snap.params_digest
-            ),
-            expected: format!(
-                "{} ({}, params {:#x})",
-                cfg.name,
-                fresh.kind(),
-                fresh.params_digest()
-            ),
-        });
-    }
-    let filter = match AnyFilter::decode_state(snap.kind, &snap.state) {
-        Ok(f) => f,
-        Err(e) => {
-            tracing::warn!(error = %e, "snapshot does not decode: starting afresh under a new replica id");
-            data.quarantine(SNAPSHOT_FILE);
-            return Ok(None);
-        }
-    };
-    // Tags issued after the snapshot are known only through the reservation file: without a
-    // trustworthy one, keep the state but issue tags under a new id.
-    let reservation = match data.load_reservation() {
-        Ok(r) => r,
-        Err(e @ DurableError::Corrupt { .. }) => {
-            tracing::warn!(error = %e, "tag reservation is damaged");
-            data.quarantine(HWM_FILE);
-            None
-        }
-        Err(e) => return Err(e),
-    };
-    let trusted = match reservation {
-        Some(r) if r.identity == snap.identity => Some(r.reserved.max(snap.reserved)),
-        _ if !fresh.kind().removable() => Some(0),
-        _ => None,
-    };
-    Ok(Some(match trusted {
-        Some(floor) => (filter, snap.identity, floor, true),
-        None => {
-            tracing::warn!(
-                "no tag reservation for the snapshot: keeping the state, new replica id"
-            );
-            (filter, snap.identity, 0, false)
-        }
-    }))
 }
 
 impl ReplicaHandle {

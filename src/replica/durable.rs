@@ -97,6 +97,10 @@ pub struct Snapshot {
     /// The encoded state.
     #[serde(with = "serde_bytes")]
     pub state: Vec<u8>,
+    /// The last write-ahead log segment whose records the state holds (see
+    /// [`super::wal`]): a restart replays only the later ones.
+    #[serde(default)]
+    pub wal_covered: Option<u64>,
 }
 
 /// The content of `tags.hwm`.

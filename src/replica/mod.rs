@@ -48,6 +48,7 @@ pub mod durable;
 mod filter;
 pub mod metrics;
 mod reassembly;
+mod recovery;
 pub mod wal;
 
 use std::collections::BTreeMap;
@@ -246,14 +247,22 @@ impl Replica {
         cfg.validate().map_err(ReplicaError::Config)?;
         let fresh = AnyFilter::new(&cfg.filter, 0)?;
         let data = cfg.data_dir.as_ref().map(DataDir::open).transpose()?;
-        let restored = match &data {
-            Some(d) => actor::restore(d, &cfg, &fresh)?,
-            None => None,
+        let (restored, replayed) = match &data {
+            Some(d) => {
+                let (restored, replayed) = recovery::restore(d, &cfg, &fresh)?;
+                (restored, Some(replayed))
+            }
+            None => (None, None),
         };
         let (mut filter, uuid, preferred, floor, keep_id) = match restored {
-            Some((f, id, floor, trusted)) => {
-                let uuid = if trusted { id.uuid } else { Uuid::new_v4() };
-                (f, uuid, trusted.then_some(id.replica), floor, trusted)
+            Some(r) => {
+                let uuid = if r.trusted {
+                    r.identity.uuid
+                } else {
+                    Uuid::new_v4()
+                };
+                let preferred = r.trusted.then_some(r.identity.replica);
+                (r.filter, uuid, preferred, r.floor, r.trusted)
             }
             None => (fresh, Uuid::new_v4(), None, 0, false),
         };
@@ -276,9 +285,13 @@ impl Replica {
         let identity = Identity { uuid, replica };
         let reserved = filter.clock().max(floor);
         if let Some(d) = &data {
-            // Record the identity now: its reservation before any tag, and a first snapshot.
+            // Record the identity now: its reservation before any tag, and a first snapshot
+            // (below), which also covers the replayed log.
             d.save_reservation(&durable::Reservation { identity, reserved })?;
         }
+        let wal = replayed
+            .map(|r| wal::WalWriter::start(r, identity))
+            .transpose()?;
         let subjects = Subjects::new(&cfg.prefix, &cfg.name);
         let replication = transport.subscribe(subjects.replication, None).await?;
         let shared = Arc::new(Shared {
@@ -300,7 +313,7 @@ impl Replica {
             transport,
             replication,
             data,
-            wal: None,
+            wal,
             reserved,
         };
         let addr = Replica::new(setup).start();
