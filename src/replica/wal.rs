@@ -173,6 +173,8 @@ pub struct Replayed {
     pub bytes: u64,
     /// Bytes of a torn tail cut off (0 if the log ended cleanly).
     pub torn_bytes: u64,
+    /// Whether a torn tail was cut off (a segment removed or truncated).
+    pub torn: bool,
     dir: PathBuf,
     next: u64,
     limits: WalLimits,
@@ -198,6 +200,7 @@ pub fn replay(
         records: 0,
         bytes: 0,
         torn_bytes: 0,
+        torn: false,
         dir,
         next,
         limits,
@@ -217,7 +220,7 @@ pub fn replay(
         };
         scan.run(&mut out, &mut on_record)?;
     }
-    if out.torn_bytes > 0 {
+    if out.torn {
         sync_dir(&out.dir).map_err(io_err(&out.dir))?;
     }
     Ok(out)
@@ -294,9 +297,10 @@ impl Scan<'_> {
                 tracing::warn!(segment = ?self.path, bytes = file_len, "removing a torn write-ahead log segment");
                 fs::remove_file(self.path).map_err(&io)?;
                 out.torn_bytes += file_len;
+                out.torn = true;
                 return Ok(());
             }
-            return Err(self.corrupt(0, "incomplete segment header"));
+            return Err(self.corrupt(0, "incomplete or blank segment header"));
         }
         self.check_header(&head)?;
 
@@ -321,6 +325,7 @@ impl Scan<'_> {
                     f.set_len(offset).map_err(&io)?;
                     f.sync_all().map_err(&io)?;
                     out.torn_bytes += cut;
+                    out.torn = true;
                     break;
                 }
             }
@@ -1058,8 +1063,9 @@ mod tests {
         // A segment cut inside its header never completed its first commit: it goes.
         for cut in 0..SEGMENT_HEADER {
             let copy = with_last(tmp.path(), &good[..cut]);
-            let (got, _) = read_all(copy.path(), ident(1), None, WalLimits::default()).unwrap();
+            let (got, r) = read_all(copy.path(), ident(1), None, WalLimits::default()).unwrap();
             assert_eq!(got, first3[..2], "header cut at {cut}");
+            assert!(r.torn);
             assert_eq!(segments(copy.path()), [1]);
         }
         // A last frame whose body fails its checksum.
