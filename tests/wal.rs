@@ -77,9 +77,9 @@ fn crash_child() {
                     filter: "crash".into(),
                     kind: FilterKind::GBloom,
                     params_digest: 0,
-                    // The test's stand-in for the snapshot's record of the covered segments.
-                    reserved: through.0,
+                    reserved: 0,
                     state: items.join("\n").into_bytes(),
+                    wal_covered: Some(through.0),
                 })
                 .unwrap();
                 let removed = shared.lock().unwrap().0.remove_through(through);
@@ -166,7 +166,7 @@ fn kill9_loses_no_acknowledged_record() {
                     .lines()
                     .map(str::to_string),
             );
-            SegmentId(s.reserved)
+            SegmentId(s.wal_covered.expect("the snapshot records its segments"))
         });
         let in_snapshot = have.len();
         let mut replayed = 0;

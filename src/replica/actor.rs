@@ -1202,6 +1202,19 @@ impl Replica {
         // (which ends the series of expired peers) never ends theirs.
         self.metrics.target_fpr.set(self.cfg.filter.fpr);
         self.metrics.ready.set(if self.ready { 1.0 } else { 0.0 });
+        if let Some(wal) = &self.wal {
+            let s = wal.stats();
+            for (name, v) in [
+                (m::WAL_APPENDS, &s.appends),
+                (m::WAL_FSYNCS, &s.fsyncs),
+                (m::WAL_BYTES, &s.bytes),
+                (m::WAL_FAILURES, &s.failures),
+            ] {
+                self.metrics
+                    .counter(name, &[])
+                    .absolute(v.load(Ordering::Relaxed));
+            }
+        }
         self.expire_peers();
         let converged = self.converged_peers();
         self.metrics.converged.set(converged as f64);

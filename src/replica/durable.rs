@@ -259,6 +259,7 @@ mod tests {
             params_digest: 3,
             reserved: 100,
             state: vec![7; 1000],
+            wal_covered: Some(3),
         }
     }
 

@@ -63,6 +63,14 @@ pub const OUTBOUND_DROPPED: &str = "crpf_outbound_dropped_total";
 /// Request API errors (bad requests, refused operations), by `reason`; apart from
 /// [`REJECTS`], which counts replication messages.
 pub const API_ERRORS: &str = "crpf_api_errors_total";
+/// Write-ahead log records appended and fsynced.
+pub const WAL_APPENDS: &str = "crpf_wal_appends_total";
+/// Write-ahead log fsyncs (one per group commit).
+pub const WAL_FSYNCS: &str = "crpf_wal_fsyncs_total";
+/// Write-ahead log bytes written.
+pub const WAL_BYTES: &str = "crpf_wal_bytes_total";
+/// Write-ahead log appends and removals that failed.
+pub const WAL_FAILURES: &str = "crpf_wal_failures_total";
 /// Live peers whose last digest equals this replica's state digest.
 pub const CONVERGED_PEERS: &str = "crpf_converged_peers";
 
@@ -149,6 +157,13 @@ pub fn describe() {
             "Messages dropped because the outbound queue was full, by channel"
         );
         c!(API_ERRORS, "Request API errors, by reason");
+        c!(WAL_APPENDS, "Write-ahead log records appended and fsynced");
+        c!(WAL_FSYNCS, "Write-ahead log fsyncs, one per group commit");
+        c!(WAL_BYTES, Unit::Bytes, "Write-ahead log bytes written");
+        c!(
+            WAL_FAILURES,
+            "Write-ahead log appends and removals that failed"
+        );
         g!(
             CONVERGED_PEERS,
             "Live peers whose last digest equals this replica's state digest"
