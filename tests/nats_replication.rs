@@ -226,6 +226,91 @@ async fn request_api_from_plain_clients() {
     h.shutdown().await.unwrap();
 }
 
+/// Only the exact replication subjects feed a replica, each with its own bodies; every API
+/// subject, with or without an operation, gets a reply.
+#[actix::test]
+async fn bogus_subjects_are_not_merged_and_every_api_subject_answers() {
+    use crpf::replica::AnyFilter;
+    use crpf::wire::{Body, Envelope};
+    let server = NatsServer::start();
+    let cfg = cfg_named("exact", FilterKind::OrCuckoo);
+    let h = Replica::start(cfg.clone(), connect(&server.url()).await)
+        .await
+        .unwrap();
+    assert!(h.wait_ready(WAIT).await);
+    let before = h.snapshot();
+    let delta = {
+        let mut other = AnyFilter::new(&cfg.filter, 9).unwrap();
+        other.track_deltas(true);
+        other.add(b"x").unwrap();
+        other.take_delta().unwrap()
+    };
+    let frame = |seq| {
+        Envelope::new(
+            "exact",
+            FilterKind::OrCuckoo,
+            before.params_digest(),
+            uuid::Uuid::new_v4(),
+            9,
+            seq,
+            Body::Delta(delta.clone()),
+        )
+        .encode()
+    };
+    let client = async_nats::connect(server.url()).await.unwrap();
+    for subject in ["crpf.exact.bogus", "crpf.exact.state", "crpf.exact.deltas"] {
+        client.publish(subject, frame(1).into()).await.unwrap();
+    }
+    client.flush().await.unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let s = h.stats().await.unwrap();
+        if s.rejects.get("subject") == Some(&3) {
+            assert_eq!(s.rejects.len(), 1, "{:?}", s.rejects);
+            break;
+        }
+        assert!(Instant::now() < deadline, "rejects {:?}", s.rejects);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        h.snapshot().equivalent(&before),
+        "a delta off the delta subject was merged"
+    );
+
+    let ask = |subject: &'static str| {
+        let client = client.clone();
+        async move {
+            let r = tokio::time::timeout(
+                Duration::from_secs(10),
+                client.request(subject, b"item".to_vec().into()),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{subject}: no reply"))
+            .unwrap_or_else(|e| panic!("{subject}: {e}"));
+            serde_json::from_slice::<serde_json::Value>(&r.payload).unwrap()
+        }
+    };
+    let e = ask("crpf.exact.api").await;
+    assert!(e["error"].as_str().unwrap().contains("no operation"), "{e}");
+    let e = ask("crpf.exact.api.add.more").await;
+    assert!(
+        e["error"].as_str().unwrap().contains("unknown operation"),
+        "{e}"
+    );
+    assert_eq!(
+        ask("crpf.exact.api.add").await,
+        serde_json::json!({"added": true})
+    );
+
+    // The same frame on the delta subject is merged.
+    client
+        .publish("crpf.exact.delta", frame(2).into())
+        .await
+        .unwrap();
+    assert!(h.wait_until(WAIT, |f| f.contains(b"x")).await);
+    h.shutdown().await.unwrap();
+}
+
 fn cfg_named(name: &str, kind: FilterKind) -> ReplicaConfig {
     cfg(name, kind, 1000, 0.01)
 }

@@ -216,6 +216,10 @@ pub enum WireError {
     /// A chunk inconsistent with its transfer, or a reassembled state whose checksum differs.
     #[error("bad state chunk: {0}")]
     Chunk(String),
+    /// Arrived on a subject that does not carry it (a delta on the state subject, a state on
+    /// the delta subject, anything on a subject that is neither).
+    #[error("wrong subject: {0}")]
+    Subject(String),
 }
 
 impl WireError {
@@ -231,6 +235,7 @@ impl WireError {
             WireError::Params { .. } => "params",
             WireError::Incompatible(_) => "incompatible",
             WireError::Chunk(_) => "chunk",
+            WireError::Subject(_) => "subject",
         }
     }
 
