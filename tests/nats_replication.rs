@@ -311,6 +311,60 @@ async fn bogus_subjects_are_not_merged_and_every_api_subject_answers() {
     h.shutdown().await.unwrap();
 }
 
+/// A replica id claim waits out what JetStream may get over, and fails at once on what it
+/// cannot.
+#[actix::test]
+async fn claims_fail_at_once_on_permanent_errors_and_at_the_deadline_on_transient_ones() {
+    // Stream replicas on a server that is not clustered: configuration, not a passing state.
+    let server = NatsServer::start();
+    let mut nc = NatsConfig::with_servers([server.url()]);
+    nc.kv_replicas = 3;
+    assert_eq!(nc.claim_timeout_ms, 300_000);
+    let t = NatsTransport::connect(nc).await.unwrap();
+    let claim = t.claim_replica_id("f".into(), uuid::Uuid::new_v4(), None);
+    let e = tokio::time::timeout(Duration::from_secs(60), claim)
+        .await
+        .expect("a permanent error must not be retried for the whole claim timeout")
+        .unwrap_err()
+        .to_string();
+    eprintln!("permanent: {e}");
+    assert!(e.contains("replicas"), "{e}");
+
+    // No JetStream at all: "no responders", which a starting cluster also answers, so it is
+    // retried until `claim_timeout_ms`, and the error says so.
+    let plain = NatsServer::start_without_jetstream();
+    let mut nc = NatsConfig::with_servers([plain.url()]);
+    nc.claim_timeout_ms = 1_500;
+    let t = NatsTransport::connect(nc).await.unwrap();
+    let e = t
+        .claim_replica_id("f".into(), uuid::Uuid::new_v4(), None)
+        .await
+        .unwrap_err()
+        .to_string();
+    eprintln!("transient until the deadline: {e}");
+    assert!(e.contains("claim_timeout_ms = 1500"), "{e}");
+
+    // A user the server does not let use JetStream's API: its requests just time out, but the
+    // server's permission violation makes the claim fail at once, saying why.
+    let guarded = NatsServer::start_with_config(
+        "authorization { users = [ { user: crpf, password: secret, \
+         permissions: { publish: { deny: [\"$JS.API.>\"] } } } ] }\n",
+    );
+    let mut nc = NatsConfig::with_servers([guarded.url()]);
+    nc.user = Some("crpf".into());
+    nc.password = Some("secret".into());
+    nc.request_timeout_ms = 1_000;
+    let t = NatsTransport::connect(nc).await.unwrap();
+    let claim = t.claim_replica_id("f".into(), uuid::Uuid::new_v4(), None);
+    let e = tokio::time::timeout(Duration::from_secs(60), claim)
+        .await
+        .expect("a permission violation must not be retried for the whole claim timeout")
+        .unwrap_err()
+        .to_string();
+    eprintln!("permission: {e}");
+    assert!(e.contains("Permissions Violation"), "{e}");
+}
+
 fn cfg_named(name: &str, kind: FilterKind) -> ReplicaConfig {
     cfg(name, kind, 1000, 0.01)
 }

@@ -362,17 +362,22 @@ impl NatsTransport {
             if e.retry == Retry::Permanent {
                 return Err(TransportError::Claim(e.to_string()));
             }
-            let delay = delays.next().unwrap_or(Duration::from_secs(2));
-            if started.elapsed() + delay > timeout {
+            let remaining = timeout.saturating_sub(started.elapsed());
+            if remaining.is_zero() {
                 return Err(TransportError::Claim(format!(
-                    "JetStream was not available for {} s (nats.claim_timeout_ms = {}): {e}. \
+                    "JetStream was not available for {:.1} s (nats.claim_timeout_ms = {}): {e}. \
                      Is JetStream enabled on the servers, and do at least kv_replicas = {} of \
                      them run?",
-                    started.elapsed().as_secs(),
+                    started.elapsed().as_secs_f64(),
                     self.cfg.claim_timeout_ms,
                     self.cfg.kv_replicas
                 )));
             }
+            // The last wait ends at the deadline, for one more attempt there.
+            let delay = delays
+                .next()
+                .unwrap_or(Duration::from_secs(2))
+                .min(remaining);
             if let Some(suppressed) = self.log.allow("claim_retry") {
                 tracing::warn!(
                     filter, attempt, suppressed, retry_in_ms = delay.as_millis() as u64,
