@@ -226,6 +226,145 @@ async fn request_api_from_plain_clients() {
     h.shutdown().await.unwrap();
 }
 
+/// Only the exact replication subjects feed a replica, each with its own bodies; every API
+/// subject, with or without an operation, gets a reply.
+#[actix::test]
+async fn bogus_subjects_are_not_merged_and_every_api_subject_answers() {
+    use crpf::replica::AnyFilter;
+    use crpf::wire::{Body, Envelope};
+    let server = NatsServer::start();
+    let cfg = cfg_named("exact", FilterKind::OrCuckoo);
+    let h = Replica::start(cfg.clone(), connect(&server.url()).await)
+        .await
+        .unwrap();
+    assert!(h.wait_ready(WAIT).await);
+    let before = h.snapshot();
+    let delta = {
+        let mut other = AnyFilter::new(&cfg.filter, 9).unwrap();
+        other.track_deltas(true);
+        other.add(b"x").unwrap();
+        other.take_delta().unwrap()
+    };
+    let frame = |seq| {
+        Envelope::new(
+            "exact",
+            FilterKind::OrCuckoo,
+            before.params_digest(),
+            uuid::Uuid::new_v4(),
+            9,
+            seq,
+            Body::Delta(delta.clone()),
+        )
+        .encode()
+    };
+    let client = async_nats::connect(server.url()).await.unwrap();
+    for subject in ["crpf.exact.bogus", "crpf.exact.state", "crpf.exact.deltas"] {
+        client.publish(subject, frame(1).into()).await.unwrap();
+    }
+    client.flush().await.unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let s = h.stats().await.unwrap();
+        if s.rejects.get("subject") == Some(&3) {
+            assert_eq!(s.rejects.len(), 1, "{:?}", s.rejects);
+            break;
+        }
+        assert!(Instant::now() < deadline, "rejects {:?}", s.rejects);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        h.snapshot().equivalent(&before),
+        "a delta off the delta subject was merged"
+    );
+
+    let ask = |subject: &'static str| {
+        let client = client.clone();
+        async move {
+            let r = tokio::time::timeout(
+                Duration::from_secs(10),
+                client.request(subject, b"item".to_vec().into()),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{subject}: no reply"))
+            .unwrap_or_else(|e| panic!("{subject}: {e}"));
+            serde_json::from_slice::<serde_json::Value>(&r.payload).unwrap()
+        }
+    };
+    let e = ask("crpf.exact.api").await;
+    assert!(e["error"].as_str().unwrap().contains("no operation"), "{e}");
+    let e = ask("crpf.exact.api.add.more").await;
+    assert!(
+        e["error"].as_str().unwrap().contains("unknown operation"),
+        "{e}"
+    );
+    assert_eq!(
+        ask("crpf.exact.api.add").await,
+        serde_json::json!({"added": true})
+    );
+
+    // The same frame on the delta subject is merged.
+    client
+        .publish("crpf.exact.delta", frame(2).into())
+        .await
+        .unwrap();
+    assert!(h.wait_until(WAIT, |f| f.contains(b"x")).await);
+    h.shutdown().await.unwrap();
+}
+
+/// A replica id claim waits out what JetStream may get over, and fails at once on what it
+/// cannot.
+#[actix::test]
+async fn claims_fail_at_once_on_permanent_errors_and_at_the_deadline_on_transient_ones() {
+    // Stream replicas on a server that is not clustered: configuration, not a passing state.
+    let server = NatsServer::start();
+    let mut nc = NatsConfig::with_servers([server.url()]);
+    nc.kv_replicas = 3;
+    assert_eq!(nc.claim_timeout_ms, 300_000);
+    let t = NatsTransport::connect(nc).await.unwrap();
+    let claim = t.claim_replica_id("f".into(), uuid::Uuid::new_v4(), None);
+    let e = tokio::time::timeout(Duration::from_secs(60), claim)
+        .await
+        .expect("a permanent error must not be retried for the whole claim timeout")
+        .unwrap_err()
+        .to_string();
+    eprintln!("permanent: {e}");
+    assert!(e.contains("replicas"), "{e}");
+
+    // No JetStream at all: "no responders", which a starting cluster also answers, so it is
+    // retried until `claim_timeout_ms`, and the error says so.
+    let plain = NatsServer::start_without_jetstream();
+    let mut nc = NatsConfig::with_servers([plain.url()]);
+    nc.claim_timeout_ms = 1_500;
+    let t = NatsTransport::connect(nc).await.unwrap();
+    let e = t
+        .claim_replica_id("f".into(), uuid::Uuid::new_v4(), None)
+        .await
+        .unwrap_err()
+        .to_string();
+    eprintln!("transient until the deadline: {e}");
+    assert!(e.contains("claim_timeout_ms = 1500"), "{e}");
+
+    // A user the server does not let use JetStream's API: its requests just time out, but the
+    // server's permission violation makes the claim fail at once, saying why.
+    let guarded = NatsServer::start_with_config(
+        "authorization { users = [ { user: crpf, password: secret, \
+         permissions: { publish: { deny: [\"$JS.API.>\"] } } } ] }\n",
+    );
+    let mut nc = NatsConfig::with_servers([guarded.url()]);
+    nc.user = Some("crpf".into());
+    nc.password = Some("secret".into());
+    nc.request_timeout_ms = 1_000;
+    let t = NatsTransport::connect(nc).await.unwrap();
+    let claim = t.claim_replica_id("f".into(), uuid::Uuid::new_v4(), None);
+    let e = tokio::time::timeout(Duration::from_secs(60), claim)
+        .await
+        .expect("a permission violation must not be retried for the whole claim timeout")
+        .unwrap_err()
+        .to_string();
+    eprintln!("permission: {e}");
+    assert!(e.contains("Permissions Violation"), "{e}");
+}
+
 fn cfg_named(name: &str, kind: FilterKind) -> ReplicaConfig {
     cfg(name, kind, 1000, 0.01)
 }

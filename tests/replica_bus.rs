@@ -263,15 +263,50 @@ async fn bad_input_is_rejected_counted_and_harmless() {
             .encode(),
         ),
     ];
+    // Frames that decode as envelopes are checked against their subject first: a delta body
+    // belongs on `.delta` only, the others on `.state` only.
+    let delta_body = |bytes: &[u8]| {
+        Envelope::decode(
+            bytes,
+            &crpf::wire::Expect {
+                filter: "strict".into(),
+                kind: FilterKind::OrCuckoo,
+                params_digest: digest,
+                max_bytes: 64 << 10,
+            },
+        )
+        .ok()
+        .map(|e| matches!(e.body, Body::Delta(_)))
+    };
     let mut expected = std::collections::BTreeMap::new();
     for (reason, bytes) in &cases {
-        for subject in [&subjects.delta, &subjects.state] {
+        for (subject, is_delta_subject) in [(&subjects.delta, true), (&subjects.state, false)] {
             t.publish(subject.clone(), Bytes::from(bytes.clone()))
                 .await
                 .unwrap();
+            let reason = match delta_body(bytes) {
+                Some(d) if d != is_delta_subject => "subject",
+                _ => reason,
+            };
             *expected.entry(reason.to_string()).or_insert(0u64) += 1;
         }
     }
+    // A valid delta on the state subject, or on a subject that is neither, is not merged.
+    for subject in [
+        subjects.state.clone(),
+        "crpf.strict.bogus".to_string(),
+        "crpf.strict.deltas".to_string(),
+    ] {
+        t.publish(subject, Bytes::from(valid.clone()))
+            .await
+            .unwrap();
+        *expected.entry("subject".to_string()).or_insert(0u64) += 1;
+    }
+    // A request on the bare API subject is the API's to answer, not a replication reject.
+    t.publish(subjects.api_root.clone(), Bytes::from(valid.clone()))
+        .await
+        .unwrap();
+    *expected.entry("malformed".to_string()).or_insert(0u64) += 1;
     let deadline = std::time::Instant::now() + WAIT;
     loop {
         let s = h.stats().await.unwrap();
@@ -360,6 +395,26 @@ async fn request_api_answers_json() {
     }
     let e = json(req("frobnicate", b"x").await.unwrap());
     assert!(e["error"].as_str().unwrap().contains("unknown operation"));
+    // Every API subject gets a reply: no operation, or more tokens after it.
+    let e = json(
+        bus.request(
+            s.api_root.clone(),
+            Bytes::from_static(b"x"),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("a request on the bare API subject is answered"),
+    );
+    assert!(e["error"].as_str().unwrap().contains("no operation"), "{e}");
+    let e = json(
+        req("add.more", b"x")
+            .await
+            .expect("api.add.more is answered"),
+    );
+    assert!(
+        e["error"].as_str().unwrap().contains("unknown operation"),
+        "{e}"
+    );
     stop(&hs).await;
 }
 

@@ -13,13 +13,12 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nats_harness::{NatsServer, free_port};
+use nats_harness::{NatsServer, Proc, crpf, free_port, wait_for};
 use serde_json::Value;
 
-const CRPF: &str = env!("CARGO_BIN_EXE_crpf");
 const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
 
 /// What `$__rate_interval` and `$__range` become in the dashboard's expressions.
@@ -27,90 +26,7 @@ const RATE_INTERVAL: &str = "30s";
 const RANGE: &str = "5m";
 
 // ---------------------------------------------------------------------------------------------
-// Processes
-
-/// A child process killed (by its pid) and reaped when dropped; its output goes to a log file
-/// that failures print.
-struct Proc {
-    name: String,
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Proc {
-        let out = std::fs::File::create(&log).expect("create log file");
-        let err = out.try_clone().unwrap();
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err));
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("start {name}: {e}"));
-        Proc {
-            name: name.into(),
-            child: Some(child),
-            log,
-        }
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.as_ref().expect("running").id() as i32
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        let from = lines.len().saturating_sub(40);
-        format!(
-            "--- {} ({}) ---\n{}",
-            self.name,
-            self.log.display(),
-            lines[from..].join("\n")
-        )
-    }
-
-    /// Panics (with the log) if the process exited.
-    fn assert_running(&mut self) {
-        if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-            panic!("{} exited with {status}\n{}", self.name, self.log_tail());
-        }
-    }
-
-    /// Waits for the process to exit; None at the deadline.
-    fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        let child = self.child.as_mut().unwrap();
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return Some(status);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// `crpf <args>` without inherited `CRPF_*__*` overrides or `RUST_LOG`.
-fn crpf(args: &[&str]) -> Command {
-    let mut cmd = Command::new(CRPF);
-    cmd.args(args).env_remove("RUST_LOG");
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("CRPF_") && k.to_string_lossy().contains("__") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd
-}
+// Processes (`Proc`, `crpf`, `wait_for`: shared with the other real-process tests)
 
 /// Prometheus: `$CRPF_PROMETHEUS`, else `.tools/prometheus/usr/bin/prometheus`. Never skips.
 fn prometheus_binary() -> PathBuf {
@@ -165,19 +81,6 @@ fn urlencode(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
-}
-
-/// Polls `f` until it returns Some or the deadline passes (then panics with `what` and the last
-/// error `f` reported).
-fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match f() {
-            Ok(v) => return v,
-            Err(e) if Instant::now() > deadline => panic!("timed out waiting for {what}: {e}"),
-            Err(_) => std::thread::sleep(Duration::from_millis(200)),
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -709,16 +612,7 @@ async fn stack_serves_every_dashboard_query_and_gauges_match_stats() {
 
     // SIGTERM: the node exits cleanly and leaves snapshots `crpf inspect` loads.
     let n = &mut nodes[0];
-    assert_eq!(unsafe { libc::kill(n.proc.pid(), libc::SIGTERM) }, 0);
-    let status = n
-        .proc
-        .wait_exit(Duration::from_secs(30))
-        .unwrap_or_else(|| panic!("node0 ignored SIGTERM\n{}", n.proc.log_tail()));
-    assert!(
-        status.success(),
-        "node0 exited with {status} on SIGTERM\n{}",
-        n.proc.log_tail()
-    );
+    n.proc.terminate(Duration::from_secs(30));
     for (name, _) in FILTERS {
         let path = n.data_dir.join(name);
         let out = crpf(&["inspect", path.to_str().unwrap()]).output().unwrap();

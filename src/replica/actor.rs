@@ -19,7 +19,9 @@ use super::metrics::{self as m, Metrics};
 use super::reassembly::{Progress, Reassembly};
 use super::wal::{SegmentId, WalWriter};
 use super::{ReplicaError, ReplicaHandle, ReplicaStats};
-use crate::transport::{LogLimiter, Message, MessageStream, Subjects, Transport, TransportEvent};
+use crate::transport::{
+    Channel, LogLimiter, Message, MessageStream, Subjects, Transport, TransportEvent,
+};
 use crate::wire::{Body, Envelope, Expect, FilterKind, StateChunk, WireError, chunk_state};
 use crate::{Dot, ReplicaId};
 
@@ -995,32 +997,36 @@ impl Replica {
     // ---- request API ---------------------------------------------------------------------
 
     fn start_api(&mut self, _ctx: &mut Context<Self>) {
-        let transport = self.transport.clone();
-        let tx = self.inbound_tx.clone();
-        let subject = self.subjects.api.clone();
-        let queue = self.subjects.api_queue.clone();
-        let shared = self.shared.clone();
-        let metrics = self.metrics.clone();
-        self.tasks.push(actix::spawn(async move {
-            let convert = |m| Some(Inbound::Api(m));
-            forward_stream(
-                &mut None,
-                transport,
-                subject,
-                Some(queue),
-                tx,
-                convert,
-                shared,
-                metrics,
-            )
-            .await;
-        }));
+        // `<...>.api` and `<...>.api.>` (one NATS pattern cannot cover both): every request on
+        // an API subject gets a reply, an error one without a known operation.
+        for subject in self.subjects.api_subscriptions() {
+            let transport = self.transport.clone();
+            let tx = self.inbound_tx.clone();
+            let subject = subject.to_string();
+            let queue = self.subjects.api_queue.clone();
+            let shared = self.shared.clone();
+            let metrics = self.metrics.clone();
+            self.tasks.push(actix::spawn(async move {
+                let convert = |m| Some(Inbound::Api(m));
+                forward_stream(
+                    &mut None,
+                    transport,
+                    subject,
+                    Some(queue),
+                    tx,
+                    convert,
+                    shared,
+                    metrics,
+                )
+                .await;
+            }));
+        }
     }
 
     fn on_api(&mut self, msg: Message, ctx: &mut Context<Self>) {
         use serde_json::json;
         self.metrics.traffic("in", "api", msg.payload.len());
-        let op = msg.subject.rsplit('.').next().unwrap_or("");
+        let op = self.subjects.api_op(&msg.subject).unwrap_or("");
         let item = &msg.payload[..];
         let level = match api_ack_level(&msg) {
             Ok(l) => l.unwrap_or(self.cfg.default_ack()),
@@ -1043,8 +1049,12 @@ impl Replica {
                 let stats = serde_json::to_value(self.stats()).expect("stats serialize");
                 return self.api_answer(msg.reply, Ok(stats));
             }
+            "" => Err(ReplicaError::InvalidItem(format!(
+                "no operation: send to {}.<add|remove|contains|stats>",
+                self.subjects.api_root
+            ))),
             other => Err(ReplicaError::InvalidItem(format!(
-                "unknown operation `{other}`"
+                "unknown operation `{other}` (add, remove, contains, stats)"
             ))),
         };
         match update {
@@ -1409,12 +1419,43 @@ impl Actor for Replica {
         let me = self.uuid();
         let limiter = self.limiter.clone();
         let (shared, metrics) = (self.shared.clone(), self.metrics.clone());
-        let convert = move |msg: Message| match Envelope::decode(&msg.payload, &expect) {
-            Ok(env) if env.sender == me => None,
-            Ok(env) => Some(Inbound::Replication(env, msg.payload.len())),
-            Err(e) => {
-                reject(&shared, &metrics, &limiter, &e);
-                None
+        // Only the exact delta and state subjects count, each for its own bodies: the
+        // subscription's wildcard also hears `<filter>.api` requests (answered by the API
+        // subscription) and whatever anyone publishes on `<filter>.<anything>`.
+        let subjects = self.subjects.clone();
+        let convert = move |msg: Message| {
+            let channel = match subjects.channel(&msg.subject) {
+                Some(c @ (Channel::Delta | Channel::State)) => c,
+                Some(Channel::Api) => return None,
+                None => {
+                    let e = WireError::Subject(format!(
+                        "`{}` is not a replication subject",
+                        msg.subject
+                    ));
+                    reject(&shared, &metrics, &limiter, &e);
+                    return None;
+                }
+            };
+            match Envelope::decode(&msg.payload, &expect) {
+                Ok(env) if env.sender == me => None,
+                Ok(env) if (channel == Channel::Delta) != matches!(env.body, Body::Delta(_)) => {
+                    let e = WireError::Subject(format!(
+                        "a {} on `{}`",
+                        if matches!(env.body, Body::Delta(_)) {
+                            "delta"
+                        } else {
+                            "state message"
+                        },
+                        msg.subject
+                    ));
+                    reject(&shared, &metrics, &limiter, &e);
+                    None
+                }
+                Ok(env) => Some(Inbound::Replication(env, msg.payload.len())),
+                Err(e) => {
+                    reject(&shared, &metrics, &limiter, &e);
+                    None
+                }
             }
         };
         let mut initial = self.replication.take();

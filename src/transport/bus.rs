@@ -89,8 +89,9 @@ impl InProcessBus {
         self.inner.dropped.load(Ordering::Relaxed)
     }
 
-    /// Delivers to every plain subscriber and one member per queue group.
-    fn deliver(&self, msg: Message) -> Result<(), TransportError> {
+    /// Delivers to every plain subscriber and one member per queue group, with NATS's subject
+    /// matching (`*` one token, `>` one or more); answers how many subscriptions matched.
+    fn deliver(&self, msg: Message) -> Result<usize, TransportError> {
         if msg.payload.len() > self.inner.max_payload {
             return Err(TransportError::MaxPayload {
                 len: msg.payload.len(),
@@ -114,12 +115,12 @@ impl InProcessBus {
             targets.push(members[*n % members.len()]);
             *n = n.wrapping_add(1);
         }
-        for i in targets {
+        for &i in &targets {
             if st.subs[i].tx.try_send(msg.clone()).is_err() {
                 self.inner.dropped.fetch_add(1, Ordering::Relaxed);
             }
         }
-        Ok(())
+        Ok(targets.len())
     }
 
     fn add_sub(&self, pattern: String, queue: Option<String>) -> MessageStream {
@@ -147,7 +148,7 @@ impl Transport for InProcessBus {
             reply: None,
             headers: None,
         });
-        futures::future::ready(r).boxed()
+        futures::future::ready(r.map(|_| ())).boxed()
     }
 
     fn subscribe(
@@ -173,7 +174,10 @@ impl Transport for InProcessBus {
             headers: None,
         });
         async move {
-            sent?;
+            // Like NATS: a request nobody subscribes to fails at once.
+            if sent? == 0 {
+                return Err(TransportError::Request("no responders".into()));
+            }
             match tokio::time::timeout(timeout, replies.next()).await {
                 Ok(Some(m)) => Ok(m.payload),
                 Ok(None) => Err(TransportError::Request("bus closed".into())),
@@ -292,6 +296,35 @@ mod tests {
                 bus.publish("s.x".into(), too_big).await,
                 Err(TransportError::MaxPayload { .. })
             ));
+        });
+    }
+
+    #[test]
+    fn api_subjects_match_like_nats_and_unheard_requests_fail_fast() {
+        rt().block_on(async {
+            let bus = InProcessBus::new();
+            let s = crate::transport::Subjects::new("crpf", "f");
+            let mut root = bus.subscribe(s.api_root.clone(), None).await.unwrap();
+            let mut ops = bus.subscribe(s.api.clone(), None).await.unwrap();
+            let mut repl = bus.subscribe(s.replication.clone(), None).await.unwrap();
+            for subject in [
+                "crpf.f.api",
+                "crpf.f.api.add",
+                "crpf.f.api.a.b",
+                "crpf.f.delta",
+            ] {
+                bus.publish(subject.into(), Bytes::new()).await.unwrap();
+            }
+            assert_eq!(root.next().await.unwrap().subject, "crpf.f.api");
+            assert_eq!(ops.next().await.unwrap().subject, "crpf.f.api.add");
+            assert_eq!(ops.next().await.unwrap().subject, "crpf.f.api.a.b");
+            // `*` is one token: the replication pattern hears `api` but not `api.add`.
+            assert_eq!(repl.next().await.unwrap().subject, "crpf.f.api");
+            assert_eq!(repl.next().await.unwrap().subject, "crpf.f.delta");
+            let r = bus
+                .request("nobody.here".into(), Bytes::new(), Duration::from_secs(60))
+                .await;
+            assert!(matches!(r, Err(TransportError::Request(m)) if m == "no responders"));
         });
     }
 

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
-use super::{MessageStream, Transport, TransportError, TransportEvent};
+use super::{Channel, MessageStream, Subjects, Transport, TransportError, TransportEvent};
 use crate::ReplicaId;
 
 /// How often a [`FaultyTransport`] loses what it publishes.
@@ -62,12 +62,12 @@ impl FaultyTransport {
     fn lose(&self, subject: &str) -> bool {
         let p = if self.partitioned.load(Ordering::Relaxed) {
             1.0
-        } else if subject.ends_with(".delta") {
-            self.cfg.drop_delta
-        } else if subject.ends_with(".state") {
-            self.cfg.drop_state
         } else {
-            0.0
+            match Subjects::channel_of(subject) {
+                Some(Channel::Delta) => self.cfg.drop_delta,
+                Some(Channel::State) => self.cfg.drop_state,
+                Some(Channel::Api) | None => 0.0,
+            }
         };
         p > 0.0 && self.rng.lock().expect("rng lock").f64() < p
     }

@@ -9,6 +9,7 @@
 mod bus;
 mod fault;
 mod nats;
+mod retry;
 
 use std::time::Duration;
 
@@ -133,44 +134,120 @@ pub trait Transport: Send + Sync + 'static {
     fn flush(&self) -> BoxFuture<'static, Result<(), TransportError>>;
 }
 
-/// The subjects of one filter (DESIGN.md section 5).
+/// What travels on a subject of a filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    /// `<prefix>.<filter>.delta`: delta-states.
+    Delta,
+    /// `<prefix>.<filter>.state`: digests, state requests, full states in chunks.
+    State,
+    /// `<prefix>.<filter>.api` and `<prefix>.<filter>.api.>`: the request API.
+    Api,
+}
+
+/// The subjects of one filter (DESIGN.md section 5). Every subject name is made and recognized
+/// here, so that the replicas, the transports and the fault injector agree on them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subjects {
     /// `<prefix>.<filter>.delta`
     pub delta: String,
     /// `<prefix>.<filter>.state`
     pub state: String,
-    /// `<prefix>.<filter>.*`: one subscription for delta and state, so that a sender's messages
-    /// arrive in the order it sent them and sequence gaps mean losses.
+    /// `<prefix>.<filter>.*`: the pattern of the one replication subscription. One subscription
+    /// rather than two keeps a sender's messages in the order it sent them (a sequence gap then
+    /// means a loss); receivers accept from it only what [`Subjects::channel`] says is `delta`
+    /// or `state`, with an envelope body that belongs there.
     pub replication: String,
-    /// `<prefix>.<filter>.api.*`
+    /// `<prefix>.<filter>.api.>`: the API's operations.
     pub api: String,
+    /// `<prefix>.<filter>.api`: a request without an operation, which gets an error reply;
+    /// also the API's queue group.
+    pub api_root: String,
     /// `<prefix>.<filter>.api`, the API's queue group.
     pub api_queue: String,
 }
 
 impl Subjects {
+    const DELTA: &'static str = "delta";
+    const STATE: &'static str = "state";
+    const API: &'static str = "api";
+
     /// The subjects of `filter` under `prefix`.
     ///
     /// ```
-    /// let s = crpf::transport::Subjects::new("crpf", "users");
+    /// use crpf::transport::{Channel, Subjects};
+    /// let s = Subjects::new("crpf", "users");
     /// assert_eq!(s.delta, "crpf.users.delta");
     /// assert_eq!(s.api_subject("add"), "crpf.users.api.add");
+    /// assert_eq!(s.channel("crpf.users.state"), Some(Channel::State));
+    /// assert_eq!(s.channel("crpf.users.bogus"), None);
+    /// assert_eq!(s.api_op("crpf.users.api.add"), Some("add"));
+    /// assert_eq!(s.api_op("crpf.users.api"), Some(""));
     /// ```
     pub fn new(prefix: &str, filter: &str) -> Self {
         let base = format!("{prefix}.{filter}");
+        let api_root = format!("{base}.{}", Self::API);
         Subjects {
-            delta: format!("{base}.delta"),
-            state: format!("{base}.state"),
+            delta: format!("{base}.{}", Self::DELTA),
+            state: format!("{base}.{}", Self::STATE),
             replication: format!("{base}.*"),
-            api: format!("{base}.api.*"),
-            api_queue: format!("{base}.api"),
+            api: format!("{api_root}.>"),
+            api_queue: api_root.clone(),
+            api_root,
         }
     }
 
     /// `<prefix>.<filter>.api.<op>`.
     pub fn api_subject(&self, op: &str) -> String {
-        format!("{}.{op}", self.api_queue)
+        format!("{}.{op}", self.api_root)
+    }
+
+    /// The subscriptions that together cover every API subject (`<...>.api` itself and
+    /// `<...>.api.>`): a request on any of them gets a reply.
+    pub fn api_subscriptions(&self) -> [&str; 2] {
+        [&self.api_root, &self.api]
+    }
+
+    /// Which of this filter's channels `subject` is exactly; `None` for any other subject
+    /// (`<prefix>.<filter>.bogus`, another filter's).
+    pub fn channel(&self, subject: &str) -> Option<Channel> {
+        if subject == self.delta {
+            Some(Channel::Delta)
+        } else if subject == self.state {
+            Some(Channel::State)
+        } else if self.api_op(subject).is_some() {
+            Some(Channel::Api)
+        } else {
+            None
+        }
+    }
+
+    /// The operation of an API subject of this filter: `Some("add")` for `<...>.api.add`,
+    /// `Some("")` for `<...>.api` itself (no operation), `None` if not an API subject.
+    pub fn api_op<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        let rest = subject.strip_prefix(self.api_root.as_str())?;
+        if rest.is_empty() {
+            Some("")
+        } else {
+            rest.strip_prefix('.')
+        }
+    }
+
+    /// The channel of a subject of any filter under any prefix, by its last two tokens: for
+    /// code that does not know the filter (the fault injector).
+    pub fn channel_of(subject: &str) -> Option<Channel> {
+        let mut tokens = subject.rsplit('.');
+        let last = tokens.next()?;
+        let before = tokens.next();
+        if last == Self::API || before == Some(Self::API) {
+            Some(Channel::Api)
+        } else if last == Self::DELTA {
+            Some(Channel::Delta)
+        } else if last == Self::STATE {
+            Some(Channel::State)
+        } else {
+            None
+        }
     }
 }
 
@@ -247,6 +324,48 @@ mod tests {
         assert!(subject_matches("a.b", "a.b"));
         assert!(!subject_matches("a.b", "a.c"));
         assert!(is_token("users_1-x") && !is_token("a.b") && !is_token("") && !is_token("a*"));
+    }
+
+    #[test]
+    fn subjects_are_exact() {
+        let s = Subjects::new("crpf", "f");
+        assert_eq!(s.channel("crpf.f.delta"), Some(Channel::Delta));
+        assert_eq!(s.channel("crpf.f.state"), Some(Channel::State));
+        assert_eq!(s.channel("crpf.f.api"), Some(Channel::Api));
+        assert_eq!(s.channel("crpf.f.api.add"), Some(Channel::Api));
+        for other in [
+            "crpf.f.bogus",
+            "crpf.g.delta",
+            "crpf.f.delta.x",
+            "crpf.f.apix",
+            "crpf.f",
+        ] {
+            assert_eq!(s.channel(other), None, "{other}");
+        }
+        assert_eq!(s.api_op("crpf.f.api.add.more"), Some("add.more"));
+        assert_eq!(s.api_op("crpf.f.apix"), None);
+        // Every API subject is covered by one of the API subscriptions, and nothing else is.
+        for subject in ["crpf.f.api", "crpf.f.api.add", "crpf.f.api.a.b"] {
+            let hits = s
+                .api_subscriptions()
+                .iter()
+                .filter(|p| subject_matches(p, subject))
+                .count();
+            assert_eq!(hits, 1, "{subject}");
+        }
+        assert!(
+            !s.api_subscriptions()
+                .iter()
+                .any(|p| subject_matches(p, "crpf.f.delta"))
+        );
+        assert!(subject_matches(&s.replication, "crpf.f.delta"));
+        assert!(subject_matches(&s.replication, "crpf.f.state"));
+        // Without knowing the filter (fault injection).
+        assert_eq!(Subjects::channel_of("my.pre.f.delta"), Some(Channel::Delta));
+        assert_eq!(Subjects::channel_of("crpf.f.state"), Some(Channel::State));
+        assert_eq!(Subjects::channel_of("crpf.f.api.delta"), Some(Channel::Api));
+        assert_eq!(Subjects::channel_of("crpf.f.api"), Some(Channel::Api));
+        assert_eq!(Subjects::channel_of("_INBOX.x"), None);
     }
 
     #[test]

@@ -3,17 +3,19 @@
 
 use std::collections::HashSet;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::kv;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 use tokio::sync::{OnceCell, broadcast};
 use uuid::Uuid;
 
+use super::retry::{self, Retry};
 use super::{Message, MessageStream, Transport, TransportError, TransportEvent};
 use crate::ReplicaId;
 
@@ -40,6 +42,7 @@ pub struct TlsConfig {
 /// assert_eq!(cfg.servers.len(), 2);
 /// assert_eq!(cfg.ping_interval_ms, 60_000);
 /// assert_eq!(cfg.kv_bucket, "crpf_replicas");
+/// assert_eq!(cfg.claim_timeout_ms, 300_000);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -76,6 +79,10 @@ pub struct NatsConfig {
     pub kv_bucket: String,
     /// Replicas of that bucket's stream in a JetStream cluster (1 on a single server).
     pub kv_replicas: usize,
+    /// How long opening the KV bucket and claiming a replica id keep retrying while JetStream
+    /// is unavailable (a cluster starting or electing leaders) before the replica gives up.
+    /// Errors that waiting cannot fix (configuration, permissions) fail at once.
+    pub claim_timeout_ms: u64,
 }
 
 impl Default for NatsConfig {
@@ -97,6 +104,7 @@ impl Default for NatsConfig {
             subscription_capacity: 65_536,
             kv_bucket: "crpf_replicas".into(),
             kv_replicas: 1,
+            claim_timeout_ms: 300_000,
         }
     }
 }
@@ -113,6 +121,7 @@ impl NatsConfig {
     async fn options(
         &self,
         events: broadcast::Sender<TransportEvent>,
+        violations: Arc<Mutex<Option<Violation>>>,
     ) -> Result<async_nats::ConnectOptions, TransportError> {
         let mut o = match &self.creds_file {
             Some(path) => async_nats::ConnectOptions::with_credentials_file(path)
@@ -171,6 +180,16 @@ impl NatsConfig {
                     async_nats::Event::Closed => Some(TransportEvent::Closed),
                     _ => None,
                 };
+                if let async_nats::Event::ServerError(async_nats::ServerError::Other(msg)) = &ev
+                    && super::retry::is_claim_permission_violation(msg)
+                {
+                    // The request it refused just times out: remember why, so that a claim
+                    // fails at once instead of retrying what it may never do.
+                    *violations.lock().expect("violations lock") = Some(Violation {
+                        at: Instant::now(),
+                        message: msg.clone(),
+                    });
+                }
                 match mapped {
                     Some(TransportEvent::SlowConsumer) => {
                         if let Some(n) = log.allow("slow_consumer") {
@@ -191,17 +210,47 @@ impl NatsConfig {
     }
 }
 
+/// A permission violation the server reported on a subject a claim uses.
+#[derive(Debug, Clone)]
+struct Violation {
+    at: Instant,
+    message: String,
+}
+
+/// Why one attempt at opening the bucket or claiming an id failed, and whether to retry.
+#[derive(Debug, Error)]
+#[error("{context}: {message}")]
+struct AttemptError {
+    context: &'static str,
+    message: String,
+    retry: Retry,
+}
+
+impl AttemptError {
+    fn of(context: &'static str, e: &(dyn std::error::Error + 'static)) -> Self {
+        AttemptError {
+            context,
+            message: e.to_string(),
+            retry: retry::classify(e),
+        }
+    }
+}
+
 /// The NATS transport. Connect once and share it (it is `Clone`; the async-nats client is).
 ///
 /// The replication subjects use core NATS (at most once; anti-entropy repairs losses); replica
 /// ids are claimed in the JetStream KV bucket [`NatsConfig::kv_bucket`] with an atomic create
-/// of `<filter>.<id>` holding the claimant's uuid.
+/// of `<filter>.<id>` holding the claimant's uuid. Opening the bucket and claiming retry with
+/// exponential backoff while JetStream is unavailable, for up to
+/// [`NatsConfig::claim_timeout_ms`].
 #[derive(Clone)]
 pub struct NatsTransport {
     client: async_nats::Client,
     cfg: Arc<NatsConfig>,
     events: broadcast::Sender<TransportEvent>,
     kv: Arc<OnceCell<kv::Store>>,
+    violations: Arc<Mutex<Option<Violation>>>,
+    log: Arc<super::LogLimiter>,
 }
 
 impl std::fmt::Debug for NatsTransport {
@@ -220,7 +269,8 @@ impl NatsTransport {
             return Err(TransportError::Connect("no server URL configured".into()));
         }
         let events = broadcast::channel(256).0;
-        let opts = cfg.options(events.clone()).await?;
+        let violations = Arc::new(Mutex::new(None));
+        let opts = cfg.options(events.clone(), violations.clone()).await?;
         let addrs: Vec<async_nats::ServerAddr> = cfg
             .servers
             .iter()
@@ -236,6 +286,8 @@ impl NatsTransport {
             cfg: Arc::new(cfg),
             events,
             kv: Arc::new(OnceCell::new()),
+            violations,
+            log: Arc::new(super::LogLimiter::new(Duration::from_secs(5))),
         })
     }
 
@@ -244,76 +296,141 @@ impl NatsTransport {
         &self.client
     }
 
-    async fn store(&self) -> Result<kv::Store, TransportError> {
-        let store = self
-            .kv
-            .get_or_try_init(|| async {
-                // JetStream may still be starting (a cluster electing its meta leader): retry
-                // for a while before giving up.
-                let deadline = tokio::time::Instant::now()
-                    + Duration::from_millis(self.cfg.request_timeout_ms.max(1) * 3)
-                        .max(Duration::from_secs(10));
-                let mut wait = Duration::from_millis(100);
-                loop {
-                    match self.open_store().await {
-                        Ok(s) => return Ok(s),
-                        Err(e) if tokio::time::Instant::now() + wait < deadline => {
-                            tracing::debug!(error = %e, "KV bucket not available yet, retrying");
-                            tokio::time::sleep(wait).await;
-                            wait = (wait * 2).min(Duration::from_secs(1));
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-            })
-            .await?;
+    /// The bucket, opened (or created) once; a failed opening is tried again next time.
+    async fn store(&self) -> Result<kv::Store, AttemptError> {
+        let store = self.kv.get_or_try_init(|| self.open_store()).await?;
         Ok(store.clone())
     }
 
-    async fn open_store(&self) -> Result<kv::Store, TransportError> {
+    async fn open_store(&self) -> Result<kv::Store, AttemptError> {
         let js = async_nats::jetstream::new(self.client.clone());
-        match js.get_key_value(self.cfg.kv_bucket.clone()).await {
-            Ok(s) => Ok(s),
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: self.cfg.kv_bucket.clone(),
-                    description: "crpf replica id claims".into(),
-                    history: 1,
-                    num_replicas: self.cfg.kv_replicas.max(1),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| TransportError::Claim(format!("KV bucket: {e}"))),
+        let bucket = self.cfg.kv_bucket.clone();
+        match js.get_key_value(bucket.clone()).await {
+            Ok(s) => return Ok(s),
+            Err(e) if !bucket_missing(&e) => return Err(AttemptError::of("KV bucket", &e)),
+            Err(_) => {}
         }
+        // Nodes started together all get here: creating with the same configuration is
+        // idempotent on the server, so they all end up with the one bucket.
+        js.create_key_value(kv::Config {
+            bucket,
+            description: "crpf replica id claims".into(),
+            history: 1,
+            num_replicas: self.cfg.kv_replicas.max(1),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| AttemptError::of("creating the KV bucket", &e))
     }
 
+    /// Claims an id, retrying transient failures with backoff until the claim deadline.
     async fn claim(
         &self,
         filter: String,
         claimant: Uuid,
         preferred: Option<ReplicaId>,
     ) -> Result<ReplicaId, TransportError> {
+        let started = Instant::now();
+        let timeout = Duration::from_millis(self.cfg.claim_timeout_ms);
+        let mut delays = retry::backoff();
+        let mut preferred = preferred;
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let e = match self.try_claim(&filter, claimant, &mut preferred).await {
+                Ok(id) => {
+                    if attempt > 1 {
+                        tracing::info!(
+                            filter,
+                            replica = id,
+                            attempts = attempt,
+                            waited_ms = started.elapsed().as_millis() as u64,
+                            "replica id claimed once JetStream answered"
+                        );
+                    }
+                    return Ok(id);
+                }
+                Err(e) => e,
+            };
+            if let Some(v) = self.violation_since(started) {
+                return Err(TransportError::Claim(format!(
+                    "{e}; the server refused it: {} (grant this user publish and subscribe \
+                     permissions on $JS.API.>, $KV.{}.> and _INBOX.>)",
+                    v.message, self.cfg.kv_bucket
+                )));
+            }
+            if e.retry == Retry::Permanent {
+                return Err(TransportError::Claim(e.to_string()));
+            }
+            let remaining = timeout.saturating_sub(started.elapsed());
+            if remaining.is_zero() {
+                return Err(TransportError::Claim(format!(
+                    "JetStream was not available for {:.1} s (nats.claim_timeout_ms = {}): {e}. \
+                     Is JetStream enabled on the servers, and do at least kv_replicas = {} of \
+                     them run?",
+                    started.elapsed().as_secs_f64(),
+                    self.cfg.claim_timeout_ms,
+                    self.cfg.kv_replicas
+                )));
+            }
+            // The last wait ends at the deadline, for one more attempt there.
+            let delay = delays
+                .next()
+                .unwrap_or(Duration::from_secs(2))
+                .min(remaining);
+            if let Some(suppressed) = self.log.allow("claim_retry") {
+                tracing::warn!(
+                    filter, attempt, suppressed, retry_in_ms = delay.as_millis() as u64,
+                    error = %e,
+                    "JetStream not available yet (cluster starting or electing leaders?); \
+                     retrying the replica id claim"
+                );
+            }
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    fn violation_since(&self, t: Instant) -> Option<Violation> {
+        let v = self.violations.lock().expect("violations lock");
+        v.as_ref().filter(|v| v.at >= t).cloned()
+    }
+
+    /// One attempt. An id whose create failed without an answer may have been stored for us:
+    /// it becomes `preferred`, so that the next attempt takes it back instead of leaking it.
+    async fn try_claim(
+        &self,
+        filter: &str,
+        claimant: Uuid,
+        preferred: &mut Option<ReplicaId>,
+    ) -> Result<ReplicaId, AttemptError> {
         let store = self.store().await?;
         let value = Bytes::from(claimant.to_string());
         let key = |id: ReplicaId| format!("{filter}.{id}");
-        let err = |e: &dyn std::fmt::Display| TransportError::Claim(e.to_string());
         if let Some(p) = preferred.filter(|&p| p != 0) {
             match store.create(key(p), value.clone()).await {
                 Ok(_) => return Ok(p),
                 Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
-                    let holder = store.get(key(p)).await.map_err(|e| err(&e))?;
+                    let holder = store
+                        .get(key(p))
+                        .await
+                        .map_err(|e| AttemptError::of("reading a replica id claim", &e))?;
                     if holder.as_ref() == Some(&value) {
                         return Ok(p);
                     }
+                    // Held by another replica: take the lowest free id.
+                    *preferred = None;
                 }
-                Err(e) => return Err(err(&e)),
+                Err(e) => return Err(AttemptError::of("claiming a replica id", &e)),
             }
         }
         let mut used: HashSet<ReplicaId> = HashSet::new();
         let prefix = format!("{filter}.");
-        let mut keys = store.keys().await.map_err(|e| err(&e))?;
+        let listing = |e: &(dyn std::error::Error + 'static)| {
+            AttemptError::of("listing replica id claims", e)
+        };
+        let mut keys = store.keys().await.map_err(|e| listing(&e))?;
         while let Some(k) = keys.next().await {
-            let k = k.map_err(|e| err(&e))?;
+            let k = k.map_err(|e| listing(&e))?;
             if let Some(id) = k.strip_prefix(&prefix).and_then(|s| s.parse().ok()) {
                 used.insert(id);
             }
@@ -323,11 +440,34 @@ impl NatsTransport {
                 Ok(_) => return Ok(id),
                 // Claimed concurrently by another replica: try the next.
                 Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(err(&e)),
+                Err(e) => {
+                    *preferred = Some(id);
+                    return Err(AttemptError::of("claiming a replica id", &e));
+                }
             }
         }
-        Err(TransportError::Claim("every replica id is taken".into()))
+        Err(AttemptError {
+            context: "claiming a replica id",
+            message: "every replica id is taken".into(),
+            retry: Retry::Permanent,
+        })
     }
+}
+
+/// Whether opening the bucket failed because it does not exist (yet): then create it.
+fn bucket_missing(e: &async_nats::jetstream::context::KeyValueError) -> bool {
+    use async_nats::jetstream::context::{GetStreamError, GetStreamErrorKind};
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(g) = err.downcast_ref::<GetStreamError>()
+            && let GetStreamErrorKind::JetStream(j) = g.kind()
+        {
+            return j.error_code() == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND
+                || j.code() == 404;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 fn convert(m: async_nats::Message) -> Message {

@@ -229,6 +229,10 @@ pub enum WireError {
     /// A message of a new sender while the receiver tracks as many live peers as it may.
     #[error("a new sender beyond max_peers = {0} live peers")]
     TooManyPeers(usize),
+    /// Arrived on a subject that does not carry it (a delta on the state subject, a state on
+    /// the delta subject, anything on a subject that is neither).
+    #[error("wrong subject: {0}")]
+    Subject(String),
 }
 
 impl WireError {
@@ -245,6 +249,7 @@ impl WireError {
             WireError::Incompatible(_) => "incompatible",
             WireError::Chunk(_) => "chunk",
             WireError::TooManyPeers(_) => "too_many_peers",
+            WireError::Subject(_) => "subject",
         }
     }
 

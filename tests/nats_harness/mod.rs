@@ -1,5 +1,6 @@
-//! Real `nats-server` processes for the integration tests: JetStream on, a store directory in a
-//! temporary folder, free loopback ports, killed by pid when dropped.
+//! Real processes for the integration tests: `nats-server` (JetStream on, a store directory in a
+//! temporary folder, free loopback ports) and, with the `crpf` binary, `crpf node` and friends.
+//! Every process is killed by its pid and reaped when its handle is dropped.
 #![allow(dead_code)]
 
 use std::net::{TcpListener, TcpStream};
@@ -38,7 +39,12 @@ pub struct NatsServer {
     pub port: u16,
     pub cluster_port: u16,
     pub name: String,
-    _dir: tempfile::TempDir,
+    /// `(cluster port, routes)` of a cluster member, to start it again the same way.
+    cluster: Option<(u16, String)>,
+    jetstream: bool,
+    /// Extra configuration file contents (`-c`), e.g. users and permissions.
+    config: Option<String>,
+    dir: tempfile::TempDir,
 }
 
 impl NatsServer {
@@ -50,6 +56,24 @@ impl NatsServer {
     /// A standalone server with JetStream.
     pub fn start() -> Self {
         Self::spawn("s0", free_port(), None)
+    }
+
+    /// A standalone server with JetStream and a configuration file (`-c`) holding `config`.
+    pub fn start_with_config(config: &str) -> Self {
+        let mut s = Self::new("s0", free_port(), None);
+        s.config = Some(config.to_string());
+        s.launch();
+        s.wait_accepting();
+        s
+    }
+
+    /// A standalone server without JetStream: its JetStream API has no responders.
+    pub fn start_without_jetstream() -> Self {
+        let mut s = Self::new("s0", free_port(), None);
+        s.jetstream = false;
+        s.launch();
+        s.wait_accepting();
+        s
     }
 
     /// A cluster of `n` servers with routes on loopback, JetStream on each.
@@ -67,44 +91,65 @@ impl NatsServer {
             .collect()
     }
 
+    fn new(name: &str, port: u16, cluster: Option<(u16, String)>) -> Self {
+        NatsServer {
+            child: None,
+            port,
+            cluster_port: cluster.as_ref().map_or(0, |c| c.0),
+            name: name.into(),
+            cluster,
+            jetstream: true,
+            config: None,
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
     fn spawn(name: &str, port: u16, cluster: Option<(u16, String)>) -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        let mut s = Self::new(name, port, cluster);
+        s.launch();
+        s.wait_accepting();
+        s
+    }
+
+    /// Starts the process (its ports, store directory and routes are the handle's).
+    fn launch(&mut self) {
         let mut cmd = Command::new(binary());
         cmd.args([
             "-a",
             "127.0.0.1",
             "-p",
-            &port.to_string(),
+            &self.port.to_string(),
             "-n",
-            name,
-            "-js",
-            "-sd",
+            &self.name,
         ])
-        .arg(dir.path())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-        let mut cluster_port = 0;
-        if let Some((c, routes)) = cluster {
-            cluster_port = c;
+        if self.jetstream {
+            cmd.args(["-js", "-sd"]).arg(self.dir.path());
+        }
+        if let Some(config) = &self.config {
+            let path = self.dir.path().join("server.conf");
+            std::fs::write(&path, config).unwrap();
+            cmd.arg("-c").arg(path);
+        }
+        if let Some((c, routes)) = &self.cluster {
             cmd.args([
                 "--cluster_name",
                 "crpf-test",
                 "--cluster",
                 &format!("nats://127.0.0.1:{c}"),
                 "--routes",
-                &routes,
+                routes,
             ]);
         }
-        let child = cmd.spawn().expect("start nats-server");
-        let s = NatsServer {
-            child: Some(child),
-            port,
-            cluster_port,
-            name: name.into(),
-            _dir: dir,
-        };
-        s.wait_accepting();
-        s
+        self.child = Some(cmd.spawn().expect("start nats-server"));
+    }
+
+    /// Starts a killed server again on the same ports with the same JetStream store.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "{} is still running", self.name);
+        self.launch();
+        self.wait_accepting();
     }
 
     fn wait_accepting(&self) {
@@ -131,5 +176,183 @@ impl NatsServer {
 impl Drop for NatsServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// `crpf` processes: the built binary exists only with the features the `crpf` target requires.
+
+// Not every test binary that includes this module uses them.
+#[cfg(all(feature = "node", feature = "eval"))]
+#[allow(unused_imports)]
+pub use procs::*;
+
+#[cfg(all(feature = "node", feature = "eval"))]
+mod procs {
+    use std::path::PathBuf;
+    use std::process::{Child, Command, ExitStatus, Stdio};
+    use std::time::{Duration, Instant};
+
+    /// The `crpf` binary Cargo built for this test.
+    pub const CRPF: &str = env!("CARGO_BIN_EXE_crpf");
+
+    /// The binary the tests run: `$CRPF_BIN` if set (a release build, or the `deps/crpf-<hash>`
+    /// of this checkout when several checkouts share one target directory and its
+    /// `debug/crpf` may be another's), else [`CRPF`].
+    pub fn crpf_bin() -> PathBuf {
+        match std::env::var_os("CRPF_BIN") {
+            Some(p) => {
+                let p = PathBuf::from(p);
+                assert!(p.exists(), "CRPF_BIN={p:?} does not exist");
+                p
+            }
+            None => PathBuf::from(CRPF),
+        }
+    }
+
+    /// A child process killed (by its pid) and reaped when dropped; its output goes to a log
+    /// file that failures print.
+    pub struct Proc {
+        pub name: String,
+        child: Option<Child>,
+        pub log: PathBuf,
+    }
+
+    impl Proc {
+        /// Starts `cmd` with its stdout and stderr in `log` (appended to, so that a restarted
+        /// process keeps the earlier life's lines).
+        pub fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Proc {
+            let out = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .expect("open log file");
+            let err = out.try_clone().unwrap();
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::from(out))
+                .stderr(Stdio::from(err));
+            let child = cmd.spawn().unwrap_or_else(|e| panic!("start {name}: {e}"));
+            Proc {
+                name: name.into(),
+                child: Some(child),
+                log,
+            }
+        }
+
+        pub fn pid(&self) -> i32 {
+            self.child.as_ref().expect("running").id() as i32
+        }
+
+        /// The last 40 lines of the log, headed by the process name.
+        pub fn log_tail(&self) -> String {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let from = lines.len().saturating_sub(40);
+            format!(
+                "--- {} ({}) ---\n{}",
+                self.name,
+                self.log.display(),
+                lines[from..].join("\n")
+            )
+        }
+
+        /// Panics (with the log) if the process exited.
+        pub fn assert_running(&mut self) {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("{} exited with {status}\n{}", self.name, self.log_tail());
+            }
+        }
+
+        /// Waits for the process to exit; None at the deadline.
+        pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+            let deadline = Instant::now() + timeout;
+            let child = self.child.as_mut().unwrap();
+            loop {
+                if let Some(status) = child.try_wait().unwrap() {
+                    return Some(status);
+                }
+                if Instant::now() > deadline {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+
+        /// SIGKILL (`kill -9`) by pid, and reap.
+        pub fn kill9(&mut self) {
+            if let Some(mut c) = self.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+
+        /// SIGTERM by pid: the graceful stop (final snapshots, NATS drained); panics (with the
+        /// log) unless the process then exits with success within `timeout`.
+        pub fn terminate(&mut self, timeout: Duration) {
+            assert_eq!(unsafe { libc::kill(self.pid(), libc::SIGTERM) }, 0);
+            let status = self
+                .wait_exit(timeout)
+                .unwrap_or_else(|| panic!("{} ignored SIGTERM\n{}", self.name, self.log_tail()));
+            assert!(
+                status.success(),
+                "{} exited with {status} on SIGTERM\n{}",
+                self.name,
+                self.log_tail()
+            );
+            self.child = None;
+        }
+    }
+
+    impl Drop for Proc {
+        fn drop(&mut self) {
+            self.kill9();
+        }
+    }
+
+    /// `crpf <args>` without inherited `CRPF_*__*` overrides or `RUST_LOG`.
+    pub fn crpf(args: &[&str]) -> Command {
+        let mut cmd = Command::new(crpf_bin());
+        cmd.args(args).env_remove("RUST_LOG");
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("CRPF_") && k.to_string_lossy().contains("__") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd
+    }
+
+    /// A request to the API of a crpf filter (`crpf.<filter>.api.<op>`) over a plain NATS
+    /// client, with its own timeout; the reply parsed as JSON.
+    pub async fn api_request(
+        client: &async_nats::Client,
+        subject: String,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, String> {
+        let reply = tokio::time::timeout(timeout, client.request(subject.clone(), payload.into()))
+            .await
+            .map_err(|_| format!("{subject}: no reply within {timeout:?}"))?
+            .map_err(|e| format!("{subject}: {e}"))?;
+        serde_json::from_slice(&reply.payload)
+            .map_err(|e| format!("{subject}: reply is not JSON: {e}"))
+    }
+
+    /// Polls `f` until it returns Ok or the deadline passes (then panics with `what` and the
+    /// last error `f` reported).
+    pub fn wait_for<T>(
+        what: &str,
+        timeout: Duration,
+        mut f: impl FnMut() -> Result<T, String>,
+    ) -> T {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match f() {
+                Ok(v) => return v,
+                Err(e) if Instant::now() > deadline => {
+                    panic!("timed out waiting for {what}: {e}")
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
     }
 }
