@@ -20,7 +20,9 @@ use super::metrics::{self as m, Metrics};
 use super::reassembly::{Progress, Reassembly};
 use super::{ReplicaError, ReplicaHandle, ReplicaStats};
 use crate::transport::{LogLimiter, Message, MessageStream, Subjects, Transport, TransportEvent};
-use crate::wire::{Body, Envelope, Expect, FilterKind, StateChunk, WireError, chunk_state};
+use crate::wire::{
+    Body, Envelope, Expect, FilterKind, StateChunk, WireCodec, WireError, chunk_state,
+};
 use crate::{Dot, ReplicaId};
 
 /// States at least this large are encoded and decoded off the actor's thread.
@@ -123,6 +125,8 @@ pub struct Replica {
     transport: Arc<dyn Transport>,
     subjects: Subjects,
     expect: Expect,
+    /// Encodes and decodes (signs and verifies) this replica's frames.
+    codec: WireCodec,
     metrics: Metrics,
     limiter: Arc<LogLimiter>,
     seq: u64,
@@ -165,6 +169,7 @@ impl Replica {
                 Metrics::new(&s.cfg.name, s.shared.identity.replica, s.cfg.filter.fpr),
             )
         };
+        let codec = WireCodec::new(expect.clone(), s.cfg.auth_keys.clone());
         let (inbound_tx, inbound_rx) = mpsc::channel(s.cfg.inbound_buffer);
         let (outbound, outbound_rx) = mpsc::unbounded_channel();
         let timeout =
@@ -176,6 +181,7 @@ impl Replica {
             transport: s.transport,
             subjects,
             expect,
+            codec,
             metrics,
             limiter: Arc::new(LogLimiter::new(Duration::from_secs(10))),
             seq: 0,
@@ -253,7 +259,8 @@ impl Replica {
     }
 
     fn publish_state_body(&mut self, body: Body) {
-        let frame = self.envelope(body).encode();
+        let env = self.envelope(body);
+        let frame = self.codec.encode(&env);
         let subject = self.subjects.state.clone();
         self.send(subject, frame, "state");
     }
@@ -271,7 +278,8 @@ impl Replica {
         let Some(delta) = self.write().take_delta() else {
             return;
         };
-        let frame = self.envelope(Body::Delta(delta)).encode();
+        let env = self.envelope(Body::Delta(delta));
+        let frame = self.codec.encode(&env);
         if frame.len() > self.transport.max_payload() {
             // Too big for one message: the full state (chunked) carries it instead.
             tracing::debug!(
@@ -1041,11 +1049,11 @@ impl Actor for Replica {
         }));
 
         // Replication: decoded and checked before they take a place in the buffer.
-        let expect = self.expect.clone();
+        let codec = self.codec.clone();
         let me = self.uuid();
         let limiter = self.limiter.clone();
         let (shared, metrics) = (self.shared.clone(), self.metrics.clone());
-        let convert = move |msg: Message| match Envelope::decode(&msg.payload, &expect) {
+        let convert = move |msg: Message| match codec.decode(&msg.payload) {
             Ok(env) if env.sender == me => None,
             Ok(env) => Some(Inbound::Replication(env, msg.payload.len())),
             Err(e) => {

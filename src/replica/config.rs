@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::filter::FilterSpec;
 use crate::transport::is_token;
-use crate::wire::FilterKind;
+use crate::wire::{AuthKeys, FilterKind};
 
 /// How one replica of one filter behaves. Only `name` and `filter` have no default.
 ///
@@ -87,6 +87,12 @@ pub struct ReplicaConfig {
     /// Interval of the gauges (fpr, load, cardinality, staleness...).
     #[serde(default = "d::metrics_interval_ms")]
     pub metrics_interval_ms: u64,
+    /// Cluster keys of authenticated envelopes: when set, every frame is signed
+    /// (HMAC-SHA256) with the first key, and frames not signed by one of them are rejected
+    /// (`unsigned`, `bad_signature`). Key material, not a path: never in a file of filters
+    /// (the node fills it from `node.auth_key_file`), never serialized, never logged.
+    #[serde(skip)]
+    pub auth_keys: Option<AuthKeys>,
 }
 
 mod d {
@@ -164,12 +170,19 @@ impl ReplicaConfig {
             inbound_max_bytes: d::inbound_max_bytes(),
             serve_api: true,
             metrics_interval_ms: d::metrics_interval_ms(),
+            auth_keys: None,
         }
     }
 
     /// Defaults for a filter of `kind` sized for `capacity` elements at `fpr`.
     pub fn for_kind(name: impl Into<String>, kind: FilterKind, capacity: u64, fpr: f64) -> Self {
         Self::new(name, FilterSpec::new(kind, capacity, fpr))
+    }
+
+    /// With authenticated envelopes under these keys (see [`ReplicaConfig::auth_keys`]).
+    pub fn with_auth_keys(mut self, keys: AuthKeys) -> Self {
+        self.auth_keys = Some(keys);
+        self
     }
 
     /// Short intervals for tests and demos on one machine.
