@@ -32,6 +32,27 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// How to start one server.
+struct Options {
+    name: String,
+    port: u16,
+    cluster: Option<(u16, String)>,
+    config: Option<PathBuf>,
+    env: Vec<(String, String)>,
+}
+
+impl Options {
+    fn new(name: &str, port: u16) -> Self {
+        Options {
+            name: name.into(),
+            port,
+            cluster: None,
+            config: None,
+            env: Vec::new(),
+        }
+    }
+}
+
 /// One `nats-server` process.
 pub struct NatsServer {
     child: Option<Child>,
@@ -52,6 +73,25 @@ impl NatsServer {
         Self::spawn("s0", free_port(), None)
     }
 
+    /// A standalone server with JetStream and a configuration file (`-c`), with `env` set for
+    /// its `$VARIABLE`s; the port, store directory and log file (see [`NatsServer::log`]) are
+    /// set on the command line, which overrides the file.
+    pub fn with_config(config: &std::path::Path, env: &[(&str, &str)]) -> Self {
+        let mut options = Options::new("s0", free_port());
+        options.config = Some(config.to_path_buf());
+        options.env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Self::spawn_with(options)
+    }
+
+    /// What the server logged so far (servers started with a configuration file log to a
+    /// file; the others log nowhere).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("server.log")).unwrap_or_default()
+    }
+
     /// A cluster of `n` servers with routes on loopback, JetStream on each.
     pub fn cluster(n: usize) -> Vec<Self> {
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
@@ -68,8 +108,29 @@ impl NatsServer {
     }
 
     fn spawn(name: &str, port: u16, cluster: Option<(u16, String)>) -> Self {
+        let mut options = Options::new(name, port);
+        options.cluster = cluster;
+        Self::spawn_with(options)
+    }
+
+    fn spawn_with(o: Options) -> Self {
+        let Options {
+            name,
+            port,
+            cluster,
+            config,
+            env,
+        } = o;
+        let name = name.as_str();
         let dir = tempfile::tempdir().unwrap();
         let mut cmd = Command::new(binary());
+        if let Some(config) = &config {
+            cmd.arg("-c")
+                .arg(config)
+                .arg("-l")
+                .arg(dir.path().join("server.log"))
+                .envs(env);
+        }
         cmd.args([
             "-a",
             "127.0.0.1",
