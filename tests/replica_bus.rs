@@ -208,7 +208,9 @@ async fn bad_input_is_rejected_counted_and_harmless() {
         ("malformed", b"garbage bytes".to_vec()),
         ("malformed", vec![0xff; 100]),
         ("version", v2),
-        ("truncated", valid[..valid.len() - 3].to_vec()),
+        ("truncated", valid[..10].to_vec()),
+        // Cut (or damaged) beyond the header: the checksum no longer matches.
+        ("checksum", valid[..valid.len() - 3].to_vec()),
         (
             "kind",
             env(FilterKind::GBloom, digest, Body::Delta(good_delta.clone())).encode(),

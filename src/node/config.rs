@@ -10,6 +10,7 @@ use thiserror::Error;
 
 use crate::replica::ReplicaConfig;
 use crate::transport::NatsConfig;
+use crate::wire::{AuthKeys, KeyError};
 
 /// A configuration that cannot be used; the message names the offending field.
 #[derive(Debug, Error)]
@@ -69,6 +70,17 @@ pub struct NodeSection {
     /// Log filter (`RUST_LOG` syntax) when `RUST_LOG` is not set.
     #[serde(default = "default_log")]
     pub log: String,
+    /// File of the cluster key (at least 32 bytes; surrounding whitespace is ignored) that
+    /// turns on authenticated envelopes for every filter: frames are signed with it
+    /// (HMAC-SHA256), and frames not signed by an accepted key are rejected. None: frames
+    /// carry a checksum only.
+    #[serde(default)]
+    pub auth_key_file: Option<PathBuf>,
+    /// Files of further keys accepted but not used to sign, for key rotation: add the new
+    /// key here on every node, then make it `auth_key_file` (keeping the old one here), then
+    /// drop the old one.
+    #[serde(default)]
+    pub auth_accepted_key_files: Vec<PathBuf>,
 }
 
 fn default_metrics_addr() -> SocketAddr {
@@ -85,6 +97,8 @@ impl Default for NodeSection {
             metrics_addr: default_metrics_addr(),
             data_dir: None,
             log: default_log(),
+            auth_key_file: None,
+            auth_accepted_key_files: Vec::new(),
         }
     }
 }
@@ -143,7 +157,43 @@ impl NodeConfig {
             .map_err(|e| ConfigError::Load(describe(e)))?;
         cfg.apply_data_dir();
         cfg.validate()?;
+        cfg.apply_auth_keys()?;
         Ok(cfg)
+    }
+
+    /// Reads the key files of `[node]` into every filter's `auth_keys`. Errors name the field
+    /// and the file, never the key.
+    fn apply_auth_keys(&mut self) -> Result<(), ConfigError> {
+        let Some(signing) = &self.node.auth_key_file else {
+            if !self.node.auth_accepted_key_files.is_empty() {
+                return Err(ConfigError::Invalid {
+                    field: "node.auth_accepted_key_files".into(),
+                    reason: "accepted keys need a signing key: set node.auth_key_file".into(),
+                });
+            }
+            return Ok(());
+        };
+        let read = |field: String, path: &Path| {
+            AuthKeys::read_key_file(path).map_err(|e| ConfigError::Invalid {
+                field,
+                reason: match e {
+                    KeyError::Read { .. } => e.to_string(),
+                    _ => format!("{}: {e}", path.display()),
+                },
+            })
+        };
+        let mut keys = vec![read("node.auth_key_file".into(), signing)?];
+        for (i, path) in self.node.auth_accepted_key_files.iter().enumerate() {
+            keys.push(read(format!("node.auth_accepted_key_files[{i}]"), path)?);
+        }
+        let keys = AuthKeys::new(keys).map_err(|e| ConfigError::Invalid {
+            field: "node.auth_key_file".into(),
+            reason: e.to_string(),
+        })?;
+        for f in &mut self.filters {
+            f.auth_keys = Some(keys.clone());
+        }
+        Ok(())
     }
 
     fn apply_data_dir(&mut self) {
@@ -184,5 +234,77 @@ impl NodeConfig {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_keys(node: &str) -> Result<NodeConfig, ConfigError> {
+        NodeConfig::from_toml_str(&format!(
+            "[node]\n{node}\n[[filters]]\nname = \"a\"\nfilter = {{ kind = \"g_bloom\", capacity = 100, fpr = 0.01 }}\n\
+             [[filters]]\nname = \"b\"\nfilter = {{ kind = \"or_cuckoo\", capacity = 100, fpr = 0.01 }}\n"
+        ))
+    }
+
+    fn invalid_field(r: Result<NodeConfig, ConfigError>) -> (String, String) {
+        match r {
+            Err(ConfigError::Invalid { field, reason }) => (field, reason),
+            other => panic!("expected an invalid field, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn key_files_apply_to_every_filter() {
+        let dir = tempfile::tempdir().unwrap();
+        let (k1, k2) = (dir.path().join("k1"), dir.path().join("k2"));
+        std::fs::write(&k1, "first key of forty bytes, give or take..\n").unwrap();
+        std::fs::write(&k2, [7u8; 32]).unwrap();
+        let cfg = with_keys("").unwrap();
+        assert!(cfg.filters.iter().all(|f| f.auth_keys.is_none()));
+
+        let cfg = with_keys(&format!(
+            "auth_key_file = {:?}\nauth_accepted_key_files = [{:?}]",
+            k1, k2
+        ))
+        .unwrap();
+        let keys = cfg.filters[0].auth_keys.clone().expect("keys applied");
+        assert_eq!(keys.len(), 2);
+        assert_eq!(cfg.filters[1].auth_keys, Some(keys.clone()));
+        // The first key signs.
+        let only_first = AuthKeys::new([b"first key of forty bytes, give or take..".to_vec()]);
+        assert!(only_first.unwrap().verify(b"m", &keys.sign(b"m")));
+        // Never shown.
+        assert!(!format!("{cfg:?}").contains("forty"));
+    }
+
+    #[test]
+    fn bad_key_files_name_their_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good");
+        std::fs::write(&good, [1u8; 32]).unwrap();
+        let short = dir.path().join("short");
+        std::fs::write(&short, "0123456789abcdef0123456789abcde\n").unwrap();
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+        let missing = dir.path().join("missing");
+
+        let (field, reason) = invalid_field(with_keys(&format!("auth_key_file = {missing:?}")));
+        assert_eq!(field, "node.auth_key_file");
+        assert!(reason.contains("missing"), "{reason}");
+        let (field, reason) = invalid_field(with_keys(&format!("auth_key_file = {empty:?}")));
+        assert_eq!(field, "node.auth_key_file");
+        assert!(reason.contains("empty"), "{reason}");
+        let (field, reason) = invalid_field(with_keys(&format!("auth_key_file = {short:?}")));
+        assert_eq!(field, "node.auth_key_file");
+        assert!(reason.contains("31 bytes"), "{reason}");
+        assert!(!reason.contains("0123456789"), "the key leaked: {reason}");
+        let (field, _) = invalid_field(with_keys(&format!(
+            "auth_key_file = {good:?}\nauth_accepted_key_files = [{good:?}, {short:?}]"
+        )));
+        assert_eq!(field, "node.auth_accepted_key_files[1]");
+        let (field, _) = invalid_field(with_keys(&format!("auth_accepted_key_files = [{good:?}]")));
+        assert_eq!(field, "node.auth_accepted_key_files");
     }
 }

@@ -22,7 +22,9 @@ use super::{ReplicaError, ReplicaHandle, ReplicaStats};
 use crate::transport::{
     Channel, LogLimiter, Message, MessageStream, Subjects, Transport, TransportEvent,
 };
-use crate::wire::{Body, Envelope, Expect, FilterKind, StateChunk, WireError, chunk_state};
+use crate::wire::{
+    Body, Envelope, Expect, FilterKind, StateChunk, WireCodec, WireError, chunk_state,
+};
 use crate::{Dot, ReplicaId};
 
 /// States at least this large are encoded and decoded off the actor's thread.
@@ -147,6 +149,8 @@ pub struct Replica {
     transport: Arc<dyn Transport>,
     subjects: Subjects,
     expect: Expect,
+    /// Encodes and decodes (signs and verifies) this replica's frames.
+    codec: WireCodec,
     metrics: Metrics,
     limiter: Arc<LogLimiter>,
     seq: u64,
@@ -206,6 +210,7 @@ impl Replica {
                 Metrics::new(&s.cfg.name, s.shared.identity.replica, s.cfg.filter.fpr),
             )
         };
+        let codec = WireCodec::new(expect.clone(), s.cfg.auth_keys.clone());
         let (inbound_tx, inbound_rx) = mpsc::channel(s.cfg.inbound_buffer);
         let (outbound, outbound_rx) = mpsc::channel(s.cfg.outbound_buffer);
         let timeout =
@@ -217,6 +222,7 @@ impl Replica {
             transport: s.transport,
             subjects,
             expect,
+            codec,
             metrics,
             limiter: Arc::new(LogLimiter::new(Duration::from_secs(10))),
             seq: 0,
@@ -314,7 +320,8 @@ impl Replica {
     }
 
     fn publish_state_body(&mut self, body: Body) {
-        let frame = self.envelope(body).encode();
+        let env = self.envelope(body);
+        let frame = self.codec.encode(&env);
         let subject = self.subjects.state.clone();
         self.send(subject, frame, "state");
     }
@@ -370,7 +377,8 @@ impl Replica {
         } else {
             Body::Delta(delta)
         };
-        let frame = self.envelope(body).encode();
+        let env = self.envelope(body);
+        let frame = self.codec.encode(&env);
         let seq = self.seq;
         if frame.len() > self.transport.max_payload() {
             // Too big for one message: the full state (chunked) carries it instead; updates
@@ -1415,7 +1423,7 @@ impl Actor for Replica {
         }));
 
         // Replication: decoded and checked before they take a place in the buffer.
-        let expect = self.expect.clone();
+        let codec = self.codec.clone();
         let me = self.uuid();
         let limiter = self.limiter.clone();
         let (shared, metrics) = (self.shared.clone(), self.metrics.clone());
@@ -1436,12 +1444,12 @@ impl Actor for Replica {
                     return None;
                 }
             };
-            match Envelope::decode(&msg.payload, &expect) {
+            match codec.decode(&msg.payload) {
                 Ok(env) if env.sender == me => None,
-                Ok(env) if (channel == Channel::Delta) != matches!(env.body, Body::Delta(_)) => {
+                Ok(env) if (channel == Channel::Delta) != env.body.is_delta() => {
                     let e = WireError::Subject(format!(
                         "a {} on `{}`",
-                        if matches!(env.body, Body::Delta(_)) {
+                        if env.body.is_delta() {
                             "delta"
                         } else {
                             "state message"

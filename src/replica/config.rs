@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::ack::AckLevel;
 use super::filter::FilterSpec;
 use crate::transport::is_token;
-use crate::wire::FilterKind;
+use crate::wire::{AuthKeys, FilterKind};
 
 /// How one replica of one filter behaves. Only `name` and `filter` have no default.
 ///
@@ -113,6 +113,12 @@ pub struct ReplicaConfig {
     /// (`crpf_outbound_dropped_total`): deltas are repaired by anti-entropy.
     #[serde(default = "d::outbound_buffer")]
     pub outbound_buffer: usize,
+    /// Cluster keys of authenticated envelopes: when set, every frame is signed
+    /// (HMAC-SHA256) with the first key, and frames not signed by one of them are rejected
+    /// (`unsigned`, `bad_signature`). Key material, not a path: never in a file of filters
+    /// (the node fills it from `node.auth_key_file`), never serialized, never logged.
+    #[serde(skip)]
+    pub auth_keys: Option<AuthKeys>,
 }
 
 mod d {
@@ -208,12 +214,19 @@ impl ReplicaConfig {
             max_peers: d::max_peers(),
             peer_expiry_ms: d::peer_expiry_ms(),
             outbound_buffer: d::outbound_buffer(),
+            auth_keys: None,
         }
     }
 
     /// Defaults for a filter of `kind` sized for `capacity` elements at `fpr`.
     pub fn for_kind(name: impl Into<String>, kind: FilterKind, capacity: u64, fpr: f64) -> Self {
         Self::new(name, FilterSpec::new(kind, capacity, fpr))
+    }
+
+    /// With authenticated envelopes under these keys (see [`ReplicaConfig::auth_keys`]).
+    pub fn with_auth_keys(mut self, keys: AuthKeys) -> Self {
+        self.auth_keys = Some(keys);
+        self
     }
 
     /// Short intervals for tests and demos on one machine.

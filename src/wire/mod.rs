@@ -1,23 +1,47 @@
 //! The wire format (DESIGN.md sections 2 and 5): versioned CBOR envelopes carrying delta-states,
 //! anti-entropy digests and chunks of full states between replicas.
 //!
-//! A frame is `b"crpf"`, one version byte, then the CBOR encoding (packed: fields by index) of an
-//! [`Envelope`]. The magic and version come first so that garbage and foreign versions are
-//! rejected before any CBOR is parsed. The filter states and deltas inside a body are the core
-//! types' own serde encodings, also CBOR.
+//! A frame (wire version 2) is, in order:
+//!
+//! | bytes | content |
+//! |---|---|
+//! | 4 | magic `b"crpf"` |
+//! | 1 | version, [`WIRE_VERSION`] |
+//! | 1 | flags: bit 0 ([`FLAG_SIGNED`]) says a MAC follows the envelope; the others are 0 |
+//! | n | the packed CBOR (fields by index) of an [`Envelope`] |
+//! | 32 | if signed: HMAC-SHA256 under a cluster key ([`AuthKeys`]) of every byte before it |
+//! | 8 | xxh3-64 of every byte before it (header, envelope, MAC), little-endian |
+//!
+//! A receiver checks, in this order: size, magic, version (so that garbage and foreign
+//! versions are rejected before anything else is read), the checksum (a frame damaged in
+//! transit is rejected as a whole: a flipped bit in a `g_bloom` delta would otherwise set bits
+//! for ever on every replica), the signature (see [`WireCodec`]), and only then parses the CBOR
+//! and compares the envelope with what it expects ([`Expect`]). The filter states and deltas
+//! inside a body are the core types' own serde encodings, also CBOR.
 //!
 //! ```
-//! use crpf::wire::{Body, Envelope, FilterKind, Expect};
+//! use crpf::wire::{AuthKeys, Body, Envelope, Expect, FilterKind, WireCodec};
 //!
 //! let env = Envelope::new("users", FilterKind::GBloom, 42, uuid::Uuid::nil(), 1, 7,
 //!                         Body::Delta(vec![1, 2, 3]));
-//! let bytes = env.encode();
 //! let expect = Expect { filter: "users".into(), kind: FilterKind::GBloom, params_digest: 42,
 //!                       max_bytes: 1 << 20 };
+//! // Without keys: frames carry a checksum only.
+//! let bytes = env.encode();
 //! assert_eq!(Envelope::decode(&bytes, &expect)?, env);
 //! assert_eq!(Envelope::decode(&bytes[..10], &expect).unwrap_err().reason(), "truncated");
-//! # Ok::<(), crpf::wire::WireError>(())
+//!
+//! // With a cluster key: frames are signed, and unsigned ones are refused.
+//! let keys = AuthKeys::new([b"an example key of at least 32 bytes".to_vec()])?;
+//! let codec = WireCodec::new(expect.clone(), Some(keys));
+//! assert_eq!(codec.decode(&codec.encode(&env))?, env);
+//! assert_eq!(codec.decode(&bytes).unwrap_err().reason(), "unsigned");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+
+mod auth;
+
+pub use auth::{AuthKeys, KeyError, MAC_LEN, MIN_KEY_LEN};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -25,14 +49,26 @@ use thiserror::Error;
 use uuid::Uuid;
 
 /// Version of the frame layout and envelope schema. A change of hashing (DESIGN.md section 3)
-/// changes the parameter digests instead.
-pub const WIRE_VERSION: u8 = 1;
+/// changes the parameter digests instead. Version 1 had neither flags nor checksum.
+pub const WIRE_VERSION: u8 = 2;
 
 /// First bytes of every frame.
 pub const MAGIC: &[u8; 4] = b"crpf";
 
-/// Bytes before the CBOR envelope.
-pub const HEADER_LEN: usize = MAGIC.len() + 1;
+/// Bytes before the CBOR envelope: magic, version, flags.
+pub const HEADER_LEN: usize = MAGIC.len() + 2;
+
+/// Bytes of the trailing xxh3-64 checksum.
+pub const CHECKSUM_LEN: usize = 8;
+
+/// The shortest frame that can be checked: a header and a checksum.
+pub const MIN_FRAME_LEN: usize = HEADER_LEN + CHECKSUM_LEN;
+
+/// Flag bit: an HMAC-SHA256 of [`MAC_LEN`] bytes follows the envelope.
+pub const FLAG_SIGNED: u8 = 1;
+
+/// Position of the flags byte.
+const FLAGS_AT: usize = MAGIC.len() + 1;
 
 /// The six filter types, as named on the wire and in configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -150,6 +186,13 @@ pub enum Body {
     },
 }
 
+impl Body {
+    /// Whether it travels on the delta subject (the rest travel on the state subject).
+    pub fn is_delta(&self) -> bool {
+        matches!(self, Body::Delta(_) | Body::ConfirmedDelta(_))
+    }
+}
+
 /// A chunk of a full state transfer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateChunk {
@@ -201,6 +244,21 @@ pub enum WireError {
     /// A crpf frame of another wire version.
     #[error("wire version {0}, expected {WIRE_VERSION}")]
     Version(u8),
+    /// The frame's checksum does not match its content: damaged in transit (or forged by
+    /// something that does not know the format).
+    #[error("frame checksum {got:#018x}, content hashes to {computed:#018x}")]
+    Checksum {
+        /// The checksum the frame carries.
+        got: u64,
+        /// The checksum of its content.
+        computed: u64,
+    },
+    /// An unsigned frame, and this receiver requires signatures.
+    #[error("unsigned message, and authenticated envelopes are required")]
+    Unsigned,
+    /// A signed frame whose MAC no accepted key verifies (another cluster key, or forged).
+    #[error("signature verified by none of the accepted keys")]
+    BadSignature,
     /// For another filter name.
     #[error("message for filter `{0}`")]
     Filter(String),
@@ -243,6 +301,9 @@ impl WireError {
             WireError::Truncated(_) => "truncated",
             WireError::Malformed(_) => "malformed",
             WireError::Version(_) => "version",
+            WireError::Checksum { .. } => "checksum",
+            WireError::Unsigned => "unsigned",
+            WireError::BadSignature => "bad_signature",
             WireError::Filter(_) => "filter",
             WireError::Kind { .. } => "kind",
             WireError::Params { .. } => "params",
@@ -284,14 +345,25 @@ impl Envelope {
         }
     }
 
-    /// The frame: magic, version, packed CBOR.
+    /// The unsigned frame (see the module docs); [`WireCodec::encode`] signs.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64 + self.body_len());
+        self.frame(None)
+    }
+
+    fn frame(&self, keys: Option<&AuthKeys>) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64 + MAC_LEN + self.body_len());
         out.extend_from_slice(MAGIC);
         out.push(WIRE_VERSION);
+        out.push(if keys.is_some() { FLAG_SIGNED } else { 0 });
         let mut ser = serde_cbor::Serializer::new(&mut out).packed_format();
         self.serialize(&mut ser)
             .expect("CBOR into a Vec cannot fail");
+        if let Some(keys) = keys {
+            let mac = keys.sign(&out);
+            out.extend_from_slice(&mac);
+        }
+        let checksum = xxhash_rust::xxh3::xxh3_64(&out);
+        out.extend_from_slice(&checksum.to_le_bytes());
         out
     }
 
@@ -303,30 +375,71 @@ impl Envelope {
         }
     }
 
-    /// Decodes a frame and checks that it is for the expected filter; never panics.
+    /// Decodes a frame and checks that it is for the expected filter; never panics. A signed
+    /// frame is accepted without checking its signature (its checksum is checked): use a
+    /// [`WireCodec`] with keys to require and verify signatures.
     pub fn decode(bytes: &[u8], expect: &Expect) -> Result<Envelope, WireError> {
+        Self::unframe(bytes, expect, None)
+    }
+
+    fn unframe(
+        bytes: &[u8],
+        expect: &Expect,
+        keys: Option<&AuthKeys>,
+    ) -> Result<Envelope, WireError> {
         if bytes.len() > expect.max_bytes {
             return Err(WireError::Oversized {
                 len: bytes.len(),
                 limit: expect.max_bytes,
             });
         }
-        if bytes.len() < HEADER_LEN {
-            return if MAGIC.starts_with(bytes) {
-                Err(WireError::Truncated(format!("{} bytes", bytes.len())))
-            } else {
-                Err(WireError::Malformed("no crpf magic".into()))
-            };
-        }
-        if &bytes[..MAGIC.len()] != MAGIC {
+        let magic_len = bytes.len().min(MAGIC.len());
+        if bytes[..magic_len] != MAGIC[..magic_len] {
             return Err(WireError::Malformed("no crpf magic".into()));
         }
-        let version = bytes[MAGIC.len()];
-        if version != WIRE_VERSION {
+        // The version before anything else: another version may place its checksum elsewhere.
+        if let Some(&version) = bytes.get(MAGIC.len())
+            && version != WIRE_VERSION
+        {
             return Err(WireError::Version(version));
         }
-        let env: Envelope =
-            serde_cbor::from_slice(&bytes[HEADER_LEN..]).map_err(WireError::from_cbor)?;
+        if bytes.len() < MIN_FRAME_LEN {
+            return Err(WireError::Truncated(format!("{} bytes", bytes.len())));
+        }
+        let (content, sum) = bytes.split_at(bytes.len() - CHECKSUM_LEN);
+        let got = u64::from_le_bytes(sum.try_into().expect("8 bytes"));
+        let computed = xxhash_rust::xxh3::xxh3_64(content);
+        if got != computed {
+            return Err(WireError::Checksum { got, computed });
+        }
+        let flags = content[FLAGS_AT];
+        if flags & !FLAG_SIGNED != 0 {
+            return Err(WireError::Malformed(format!("unknown flags {flags:#04x}")));
+        }
+        let cbor = if flags & FLAG_SIGNED != 0 {
+            let Some(split) = content
+                .len()
+                .checked_sub(MAC_LEN)
+                .filter(|&s| s >= HEADER_LEN)
+            else {
+                return Err(WireError::Truncated("signed frame without its MAC".into()));
+            };
+            let (signed, mac) = content.split_at(split);
+            // Without keys a signed frame is taken on its checksum, as an unsigned one is:
+            // a cluster can turn signatures on one node at a time.
+            if let Some(keys) = keys
+                && !keys.verify(signed, mac)
+            {
+                return Err(WireError::BadSignature);
+            }
+            &signed[HEADER_LEN..]
+        } else {
+            if keys.is_some() {
+                return Err(WireError::Unsigned);
+            }
+            &content[HEADER_LEN..]
+        };
+        let env: Envelope = serde_cbor::from_slice(cbor).map_err(WireError::from_cbor)?;
         if env.filter != expect.filter {
             return Err(WireError::Filter(env.filter));
         }
@@ -346,6 +459,47 @@ impl Envelope {
             c.check()?;
         }
         Ok(env)
+    }
+}
+
+/// What a replica holds to write and read its frames: what it accepts, and its cluster keys if
+/// envelopes are authenticated.
+///
+/// With keys, every frame it encodes is signed with the first key, and it decodes only frames
+/// signed with one of its keys (others are [`WireError::Unsigned`] or
+/// [`WireError::BadSignature`]). Without, it encodes unsigned frames and decodes signed and
+/// unsigned ones alike. The checksum applies either way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WireCodec {
+    expect: Expect,
+    keys: Option<AuthKeys>,
+}
+
+impl WireCodec {
+    /// A codec for `expect`, authenticated if `keys` is given.
+    pub fn new(expect: Expect, keys: Option<AuthKeys>) -> Self {
+        WireCodec { expect, keys }
+    }
+
+    /// What it accepts.
+    pub fn expect(&self) -> &Expect {
+        &self.expect
+    }
+
+    /// Whether frames are signed and signatures required.
+    pub fn authenticated(&self) -> bool {
+        self.keys.is_some()
+    }
+
+    /// The frame of `env`, signed if the codec has keys.
+    pub fn encode(&self, env: &Envelope) -> Vec<u8> {
+        env.frame(self.keys.as_ref())
+    }
+
+    /// Decodes and checks a frame (see [`Envelope::decode`]), verifying its signature if the
+    /// codec has keys; never panics.
+    pub fn decode(&self, bytes: &[u8]) -> Result<Envelope, WireError> {
+        Envelope::unframe(bytes, &self.expect, self.keys.as_ref())
     }
 }
 
@@ -470,10 +624,11 @@ mod tests {
         let reason = |b: &[u8], ex: &Expect| Envelope::decode(b, ex).unwrap_err().reason();
         assert_eq!(reason(b"hello world", &ex), "malformed");
         assert_eq!(reason(b"", &ex), "truncated");
-        assert_eq!(reason(&good[..good.len() - 1], &ex), "truncated");
-        let mut v2 = good.clone();
-        v2[4] = 2;
-        assert_eq!(reason(&v2, &ex), "version");
+        assert_eq!(reason(&good[..MIN_FRAME_LEN - 1], &ex), "truncated");
+        assert_eq!(reason(&good[..good.len() - 1], &ex), "checksum");
+        let mut v1 = good.clone();
+        v1[4] = 1;
+        assert_eq!(reason(&v1, &ex), "version");
         assert_eq!(
             reason(
                 &good,
@@ -539,7 +694,195 @@ mod tests {
             let _ = Envelope::decode(&b, &expect());
             let n = rng.usize(..b.len());
             let _ = Envelope::decode(&b[..n], &expect());
+            // With a valid checksum, so that the damage reaches the CBOR parser.
+            let _ = Envelope::decode(&reseal(&b[..b.len() - CHECKSUM_LEN]), &expect());
+            let _ = Envelope::decode(&reseal(&b[..n.saturating_sub(CHECKSUM_LEN)]), &expect());
         }
+    }
+
+    /// `content` with its checksum appended: what a sender that knows the format (but maybe
+    /// not the key) can produce.
+    fn reseal(content: &[u8]) -> Vec<u8> {
+        let mut b = content.to_vec();
+        b.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(content).to_le_bytes());
+        b
+    }
+
+    fn keys(seeds: &[u8]) -> AuthKeys {
+        AuthKeys::new(seeds.iter().map(|&s| vec![s; MIN_KEY_LEN])).unwrap()
+    }
+
+    fn bodies() -> Vec<Body> {
+        let state: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
+        let mut bodies = vec![
+            Body::Delta(vec![0xff; 10]),
+            Body::Delta(Vec::new()),
+            Body::Digest {
+                digest: 77,
+                ready: false,
+            },
+            Body::StateRequest { target: None },
+        ];
+        bodies.extend(
+            chunk_state(&state, 4, 300)
+                .into_iter()
+                .map(Body::StateChunk),
+        );
+        bodies
+    }
+
+    #[test]
+    fn round_trips_with_and_without_key() {
+        let plain = WireCodec::new(expect(), None);
+        let signed = WireCodec::new(expect(), Some(keys(&[1])));
+        assert!(!plain.authenticated() && signed.authenticated());
+        for b in bodies() {
+            let e = env(b);
+            let (p, s) = (plain.encode(&e), signed.encode(&e));
+            assert_eq!(p, e.encode());
+            assert_eq!(s.len(), p.len() + MAC_LEN);
+            assert_eq!(s[FLAGS_AT], FLAG_SIGNED);
+            assert_eq!(plain.decode(&p).unwrap(), e);
+            assert_eq!(signed.decode(&s).unwrap(), e);
+            // Without keys, signed frames of others decode too (on their checksum).
+            assert_eq!(plain.decode(&s).unwrap(), e);
+            assert_eq!(Envelope::decode(&s, &expect()).unwrap(), e);
+        }
+    }
+
+    #[test]
+    fn any_flipped_bit_is_rejected() {
+        let e = env(Body::Delta(vec![0x5a; 24]));
+        for codec in [
+            WireCodec::new(expect(), None),
+            WireCodec::new(expect(), Some(keys(&[1]))),
+        ] {
+            let good = codec.encode(&e);
+            for i in 0..good.len() {
+                for bit in 0..8 {
+                    let mut b = good.clone();
+                    b[i] ^= 1 << bit;
+                    let want = match i {
+                        0..4 => "malformed",
+                        4 => "version",
+                        _ => "checksum",
+                    };
+                    let got = codec.decode(&b).unwrap_err().reason();
+                    assert_eq!(got, want, "byte {i} bit {bit}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn resealed_tampering_fails_the_signature() {
+        // Someone who recomputes the checksum but has no key: every change of the envelope or
+        // of the MAC is a bad signature, dropping the signed flag makes it unsigned.
+        let codec = WireCodec::new(expect(), Some(keys(&[1])));
+        let good = codec.encode(&env(Body::Delta(vec![0x5a; 24])));
+        let content = &good[..good.len() - CHECKSUM_LEN];
+        for i in HEADER_LEN..content.len() {
+            let mut c = content.to_vec();
+            c[i] ^= 0x10;
+            assert_eq!(
+                codec.decode(&reseal(&c)).unwrap_err().reason(),
+                "bad_signature"
+            );
+        }
+        let mut c = content.to_vec();
+        c[FLAGS_AT] = 0;
+        assert_eq!(codec.decode(&reseal(&c)).unwrap_err().reason(), "unsigned");
+        c[FLAGS_AT] = 0x81;
+        assert_eq!(codec.decode(&reseal(&c)).unwrap_err().reason(), "malformed");
+        // A signed flag on a frame too short to hold a MAC.
+        let mut c = content[..HEADER_LEN + 4].to_vec();
+        c[FLAGS_AT] = FLAG_SIGNED;
+        assert_eq!(codec.decode(&reseal(&c)).unwrap_err().reason(), "truncated");
+    }
+
+    #[test]
+    fn truncated_frames_are_rejected() {
+        for codec in [
+            WireCodec::new(expect(), None),
+            WireCodec::new(expect(), Some(keys(&[1]))),
+        ] {
+            let good = codec.encode(&env(Body::Delta(vec![3; 50])));
+            for n in 0..good.len() {
+                let reason = codec.decode(&good[..n]).unwrap_err().reason();
+                let want = if n < MIN_FRAME_LEN {
+                    "truncated"
+                } else {
+                    "checksum"
+                };
+                assert_eq!(reason, want, "{n} of {} bytes", good.len());
+            }
+        }
+    }
+
+    #[test]
+    fn wrong_key_and_unsigned_frames_are_refused() {
+        let e = env(Body::Digest {
+            digest: 1,
+            ready: true,
+        });
+        let ours = WireCodec::new(expect(), Some(keys(&[1])));
+        let theirs = WireCodec::new(expect(), Some(keys(&[2])));
+        let plain = WireCodec::new(expect(), None);
+        assert_eq!(
+            ours.decode(&theirs.encode(&e)).unwrap_err(),
+            WireError::BadSignature
+        );
+        assert_eq!(
+            ours.decode(&plain.encode(&e)).unwrap_err(),
+            WireError::Unsigned
+        );
+        // The signature is checked before the envelope is even parsed.
+        let elsewhere = WireCodec::new(
+            Expect {
+                filter: "g".into(),
+                ..expect()
+            },
+            Some(keys(&[1])),
+        );
+        assert_eq!(
+            elsewhere.decode(&theirs.encode(&e)).unwrap_err().reason(),
+            "bad_signature"
+        );
+        assert_eq!(
+            elsewhere.decode(&ours.encode(&e)).unwrap_err().reason(),
+            "filter"
+        );
+    }
+
+    #[test]
+    fn keys_rotate_without_a_flag_day() {
+        let e = env(Body::Delta(vec![9; 9]));
+        let before = WireCodec::new(expect(), Some(keys(&[1])));
+        // Step 1: the new key (2) is accepted everywhere, still signing with the old one.
+        let accepting = WireCodec::new(expect(), Some(keys(&[1, 2])));
+        // Step 2: signing with the new key, still accepting the old one.
+        let switched = WireCodec::new(expect(), Some(keys(&[2, 1])));
+        // Step 3: the old key is gone.
+        let after = WireCodec::new(expect(), Some(keys(&[2])));
+        for (from, to) in [
+            (&before, &accepting),
+            (&accepting, &before),
+            (&accepting, &switched),
+            (&switched, &accepting),
+            (&switched, &after),
+            (&after, &switched),
+        ] {
+            assert_eq!(to.decode(&from.encode(&e)).unwrap(), e);
+        }
+        // Steps two apart do not talk: the old key must have been retired everywhere first.
+        assert_eq!(
+            before.decode(&switched.encode(&e)).unwrap_err().reason(),
+            "bad_signature"
+        );
+        assert_eq!(
+            after.decode(&accepting.encode(&e)).unwrap_err().reason(),
+            "bad_signature"
+        );
     }
 
     #[test]
@@ -555,10 +898,8 @@ mod tests {
 mod golden {
     use super::*;
 
-    /// Pins wire format version 1: a change here breaks replicas of older releases.
-    #[test]
-    fn envelope_bytes_are_stable() {
-        let env = Envelope::new(
+    fn golden_env() -> Envelope {
+        Envelope::new(
             "users",
             FilterKind::ScOrCuckoo,
             0x0123_4567_89ab_cdef,
@@ -569,13 +910,68 @@ mod golden {
                 digest: 0xfeed,
                 ready: true,
             },
-        );
-        let hex: String = env.encode().iter().map(|b| format!("{b:02x}")).collect();
-        assert_eq!(hex, GOLDEN);
+        )
     }
 
-    /// `crpf`, version 1, then a 7-field packed map: name, kind (variant 5), parameter digest,
-    /// 16 uuid bytes, replica 7, seq 42, body `{1: {0: 0xfeed, 1: true}}` (variant `Digest`).
-    const GOLDEN: &str = "6372706601a7006575736572730105021b0123456789abcdef035000112233445566\
-                          778899aabbccddeeff040705182a06a101a20019feed01f5";
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn expect() -> Expect {
+        Expect {
+            filter: "users".into(),
+            kind: FilterKind::ScOrCuckoo,
+            params_digest: 0x0123_4567_89ab_cdef,
+            max_bytes: 1 << 10,
+        }
+    }
+
+    /// Pins wire format version 2: a change here breaks replicas of older releases.
+    #[test]
+    fn envelope_bytes_are_stable() {
+        let frame = golden_env().encode();
+        assert_eq!(hex(&frame), GOLDEN);
+        assert_eq!(Envelope::decode(&frame, &expect()).unwrap(), golden_env());
+    }
+
+    /// The signed layout, with the key `[0x42; 32]`.
+    #[test]
+    fn signed_envelope_bytes_are_stable() {
+        let keys = AuthKeys::new([[0x42u8; 32]]).unwrap();
+        let codec = WireCodec::new(expect(), Some(keys));
+        let frame = codec.encode(&golden_env());
+        assert_eq!(hex(&frame), GOLDEN_SIGNED);
+        assert_eq!(codec.decode(&frame).unwrap(), golden_env());
+    }
+
+    /// Frames of version 1 (no flags, no checksum) are refused by their version.
+    #[test]
+    fn version_1_frames_are_refused() {
+        let v1: Vec<u8> = (0..GOLDEN_V1.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&GOLDEN_V1[i..i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(
+            Envelope::decode(&v1, &expect()).unwrap_err(),
+            WireError::Version(1)
+        );
+    }
+
+    /// `crpf`, version 2, flags 0, then a 7-field packed map: name, kind (variant 5),
+    /// parameter digest, 16 uuid bytes, replica 7, seq 42, body `{1: {0: 0xfeed, 1: true}}`
+    /// (variant `Digest`), then the xxh3-64 of all that, little-endian.
+    const GOLDEN: &str = "637270660200a7006575736572730105021b0123456789abcdef035000112233\
+                          445566778899aabbccddeeff040705182a06a101a20019feed01f5\
+                          c826cd97c2d36168";
+
+    /// `crpf`, version 2, flags 1, the same envelope, its HMAC-SHA256 (cross-checked with
+    /// Python's `hmac`), the checksum.
+    const GOLDEN_SIGNED: &str = "637270660201a7006575736572730105021b0123456789abcdef0350001122\
+                                 33445566778899aabbccddeeff040705182a06a101a20019feed01f5\
+                                 b520089431db1272eb484aa45cce41ccf303ef78a8bec3b81f8eb1eaa4ac85d1\
+                                 3eb2d18cc83d2c94";
+
+    /// The same envelope in wire version 1: `crpf`, version 1, the packed map.
+    const GOLDEN_V1: &str = "6372706601a7006575736572730105021b0123456789abcdef035000112233445566\
+                             778899aabbccddeeff040705182a06a101a20019feed01f5";
 }

@@ -44,6 +44,9 @@ pub struct NatsServer {
     jetstream: bool,
     /// Extra configuration file contents (`-c`), e.g. users and permissions.
     config: Option<String>,
+    /// A configuration file of the repository (`-c`), with the environment its `$VARIABLE`s
+    /// read; the server then logs to `server.log` (see [`NatsServer::log`]).
+    config_file: Option<(std::path::PathBuf, Vec<(String, String)>)>,
     dir: tempfile::TempDir,
 }
 
@@ -65,6 +68,27 @@ impl NatsServer {
         s.launch();
         s.wait_accepting();
         s
+    }
+
+    /// A standalone server with JetStream and a configuration file (`-c`), with `env` set for
+    /// its `$VARIABLE`s; the port, store directory and log file (see [`NatsServer::log`]) are
+    /// set on the command line, which overrides the file.
+    pub fn with_config(config: &std::path::Path, env: &[(&str, &str)]) -> Self {
+        let mut s = Self::new("s0", free_port(), None);
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        s.config_file = Some((config.to_path_buf(), env));
+        s.launch();
+        s.wait_accepting();
+        s
+    }
+
+    /// What the server logged so far (servers started with a configuration file log to a
+    /// file; the others log nowhere).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
 
     /// A standalone server without JetStream: its JetStream API has no responders.
@@ -100,6 +124,7 @@ impl NatsServer {
             cluster,
             jetstream: true,
             config: None,
+            config_file: None,
             dir: tempfile::tempdir().unwrap(),
         }
     }
@@ -131,6 +156,13 @@ impl NatsServer {
             let path = self.dir.path().join("server.conf");
             std::fs::write(&path, config).unwrap();
             cmd.arg("-c").arg(path);
+        }
+        if let Some((path, env)) = &self.config_file {
+            cmd.arg("-c")
+                .arg(path)
+                .arg("-l")
+                .arg(self.dir.path().join("server.log"))
+                .envs(env.iter().cloned());
         }
         if let Some((c, routes)) = &self.cluster {
             cmd.args([
