@@ -79,18 +79,13 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let grow = new_size as isize - layout.size() as isize;
-        if new_size > HARD_CAP && !record(new_size as isize) {
-            return std::ptr::null_mut();
+        if ARMED.try_with(Cell::get).unwrap_or(false) {
+            if new_size > HARD_CAP {
+                return std::ptr::null_mut();
+            }
+            let _ = LARGEST.try_with(|m| m.set(m.get().max(new_size)));
         }
-        record(grow);
-        if new_size > layout.size() {
-            let _ = LARGEST.try_with(|m| {
-                if ARMED.try_with(Cell::get).unwrap_or(false) {
-                    m.set(m.get().max(new_size))
-                }
-            });
-        }
+        record(new_size as isize - layout.size() as isize);
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
