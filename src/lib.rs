@@ -40,14 +40,14 @@ pub mod transport;
 pub mod wire;
 
 pub use crate::core::bloom::GBloom;
-pub use crate::core::causal::{CausalContext, Dot, ReplicaId};
+pub use crate::core::causal::{CausalContext, Dot, MAX_COUNTER, ReplicaId};
 pub use crate::core::cuckoo::{GCuckoo, OrCuckoo};
 pub use crate::core::delta::{
-    BloomDelta, CuckooDelta, DeltaState, OrCuckooDelta, ScOrCuckooDelta, ScalableDelta,
+    BloomDelta, CheckRemote, CuckooDelta, DeltaState, OrCuckooDelta, ScOrCuckooDelta, ScalableDelta,
 };
 pub use crate::core::error::FilterError;
 pub use crate::core::lattice::{Lattice, Membership, Removable};
-pub use crate::core::params::{BloomParams, CuckooParams, DEFAULT_SEED};
+pub use crate::core::params::{BloomParams, CuckooParams, DEFAULT_SEED, MAX_FILTER_BYTES};
 pub use crate::core::scalable::{
     GrowOnlySub, Partitioned, PartitionedDelta, ScGBloom, ScGCuckoo, ScOrCuckoo, ScalableGrowOnly,
     ScalableParams, WriterScGBloom, WriterScGCuckoo, WriterScOrCuckoo, WriterSeries, writer_fpr,

@@ -377,6 +377,152 @@ proptest! {
     #[test] fn sc_orcuckoo_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<ScOrCuckoo>(ops, seed, lossy) }
 }
 
+/// Replicas whose adds fail for every reason an add can fail: a full cuckoo table, a series
+/// that cannot grow past its first sub-filter (the second would exceed `MAX_FILTER_BYTES`),
+/// and, for tagged types, replica 3 with six timestamps left.
+trait Cramped: Subject {
+    fn cramped(replica: u16) -> Self;
+    fn clock_of(&self) -> u64 {
+        0
+    }
+}
+
+fn cramped_params() -> ScalableParams {
+    ScalableParams {
+        growth: u32::MAX,
+        ..scalable_params()
+    }
+}
+
+const LAST_TIMESTAMPS: u64 = crpf::MAX_COUNTER - 6;
+
+impl Cramped for GCuckoo {
+    fn cramped(r: u16) -> Self {
+        Self::make(r)
+    }
+}
+impl Cramped for OrCuckoo {
+    fn cramped(r: u16) -> Self {
+        let mut f = Self::make(r);
+        if r == 3 {
+            f.advance_clock(LAST_TIMESTAMPS);
+        }
+        f
+    }
+    fn clock_of(&self) -> u64 {
+        self.clock()
+    }
+}
+impl Cramped for ScGBloom {
+    fn cramped(_: u16) -> Self {
+        ScGBloom::new(cramped_params()).unwrap()
+    }
+}
+impl Cramped for ScGCuckoo {
+    fn cramped(_: u16) -> Self {
+        ScGCuckoo::new(cramped_params()).unwrap()
+    }
+}
+impl Cramped for ScOrCuckoo {
+    fn cramped(r: u16) -> Self {
+        let mut f = ScOrCuckoo::new(cramped_params(), r).unwrap();
+        if r == 3 {
+            f.advance_clock(LAST_TIMESTAMPS);
+        }
+        f
+    }
+    fn clock_of(&self) -> u64 {
+        self.clock()
+    }
+}
+impl Cramped for WriterScGBloom {
+    fn cramped(r: u16) -> Self {
+        WriterScGBloom::new(cramped_params(), r).unwrap()
+    }
+}
+impl Cramped for WriterScGCuckoo {
+    fn cramped(r: u16) -> Self {
+        WriterScGCuckoo::new(cramped_params(), r).unwrap()
+    }
+}
+impl Cramped for WriterScOrCuckoo {
+    fn cramped(r: u16) -> Self {
+        let mut f = WriterScOrCuckoo::new(cramped_params(), r).unwrap();
+        if r == 3 {
+            f.advance_clock(LAST_TIMESTAMPS);
+        }
+        f
+    }
+    fn clock_of(&self) -> u64 {
+        self.clock()
+    }
+}
+
+/// Everything a failed add must leave as it was: the encoded state, the clock, and the
+/// pending delta.
+fn snapshot<S: Cramped>(s: &S) -> (Vec<u8>, u64, usize, Vec<u8>) {
+    let delta = s.clone().take_delta();
+    (
+        serde_cbor::to_vec(s).unwrap(),
+        s.clock_of(),
+        s.pending_delta_len(),
+        serde_cbor::to_vec(&delta).unwrap(),
+    )
+}
+
+/// A failed add changes nothing at all, and no tag is ever issued twice, whatever failed
+/// before (DESIGN.md section 2 and 4).
+fn run_failures<S: Cramped>(ops: Vec<Op>) {
+    let mut reps: Vec<S> = (1..=3).map(S::cramped).collect();
+    reps.iter_mut().for_each(|r| r.track_deltas(true));
+    let mut issued = BTreeSet::new();
+    let mut failures = 0;
+    for op in ops {
+        match op {
+            Op::Add(r, i) => {
+                let before = snapshot(&reps[r]);
+                match reps[r].add_tracked(&item(i)) {
+                    Ok(Some(dot)) => assert!(issued.insert(dot), "tag {dot:?} issued twice"),
+                    Ok(None) => {}
+                    Err(_) => {
+                        failures += 1;
+                        assert_eq!(snapshot(&reps[r]), before, "a failed add changed something");
+                    }
+                }
+            }
+            Op::Remove(r, i) => {
+                let _ = reps[r].remove_tracked(&item(i));
+            }
+            Op::Merge(from, to) => {
+                let src = reps[from].clone();
+                reps[to].merge(&src).unwrap();
+            }
+        }
+    }
+    let _ = failures;
+}
+
+fn cramped_ops() -> impl Strategy<Value = Vec<Op>> {
+    let op = prop_oneof![
+        8 => (0..3usize, 0..UNIVERSE).prop_map(|(r, i)| Op::Add(r, i)),
+        2 => (0..3usize, 0..UNIVERSE).prop_map(|(r, i)| Op::Remove(r, i)),
+        1 => (0..3usize, 0..3usize).prop_map(|(a, b)| Op::Merge(a, b)),
+    ];
+    prop::collection::vec(op, 1..120)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(100))]
+    #[test] fn gcuckoo_failed_adds(ops in cramped_ops()) { run_failures::<GCuckoo>(ops) }
+    #[test] fn orcuckoo_failed_adds(ops in cramped_ops()) { run_failures::<OrCuckoo>(ops) }
+    #[test] fn sc_gbloom_failed_adds(ops in cramped_ops()) { run_failures::<ScGBloom>(ops) }
+    #[test] fn sc_gcuckoo_failed_adds(ops in cramped_ops()) { run_failures::<ScGCuckoo>(ops) }
+    #[test] fn sc_orcuckoo_failed_adds(ops in cramped_ops()) { run_failures::<ScOrCuckoo>(ops) }
+    #[test] fn writer_sc_gbloom_failed_adds(ops in cramped_ops()) { run_failures::<WriterScGBloom>(ops) }
+    #[test] fn writer_sc_gcuckoo_failed_adds(ops in cramped_ops()) { run_failures::<WriterScGCuckoo>(ops) }
+    #[test] fn writer_sc_orcuckoo_failed_adds(ops in cramped_ops()) { run_failures::<WriterScOrCuckoo>(ops) }
+}
+
 #[test]
 fn incompatible_merge_leaves_state_untouched() {
     let mut a = GBloom::with_capacity(100, 0.01).unwrap();

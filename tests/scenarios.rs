@@ -3,8 +3,9 @@
 //! and malformed serialized states.
 
 use crpf::{
-    CuckooParams, FilterError, GBloom, GCuckoo, Lattice, Membership, OrCuckoo, Removable, ScGBloom,
-    ScGCuckoo, ScOrCuckoo, ScalableParams, WriterScGBloom, WriterScGCuckoo, WriterScOrCuckoo,
+    CheckRemote, CuckooParams, DeltaState, Dot, FilterError, GBloom, GCuckoo, Lattice, MAX_COUNTER,
+    Membership, OrCuckoo, Removable, ScGBloom, ScGCuckoo, ScOrCuckoo, ScalableParams,
+    WriterScGBloom, WriterScGCuckoo, WriterScOrCuckoo,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -156,6 +157,49 @@ fn gbloom_fpr_matches_eq_3_1() {
         "Eq. 3.20 {}",
         f.cardinality()
     );
+}
+
+/// At small `m` and large `k` the measured FPR matches `(|S|/m)^k`, the FPR of `k` independent
+/// uniform probes into the filter's actual bits: the probe sequence behaves like independent
+/// probes however few bits there are. (Hash version 1's `h1 + i*h2` measured 54x the estimate
+/// at `with_capacity(100, 1e-6)` and 296x at `with_capacity(20, 1e-6)`.)
+///
+/// The count of false positives among `q` probes is binomial with mean `q * est`; the test
+/// allows 25% of model error on top of five standard deviations of sampling noise (a failure
+/// by noise alone has probability under 1e-6), on both sides.
+#[test]
+fn gbloom_fpr_matches_the_estimate_at_small_m_and_large_k() {
+    for (n, fpr, probes) in [
+        (100u64, 1e-6, 6_000_000usize),
+        (20, 1e-6, 5_000_000),
+        (50, 1e-5, 1_500_000),
+        (10, 1e-3, 200_000),
+        (3, 1e-6, 1_500_000),
+    ] {
+        let mut f = GBloom::with_capacity(n, fpr).unwrap();
+        for k in keys(10 + n, n as usize) {
+            f.add(&k).unwrap();
+        }
+        let est = f.estimated_fpr();
+        let mut rng = fastrand::Rng::with_seed(n ^ 0xf00d);
+        let mut hits = 0u64;
+        let mut probe = [0u8; 16];
+        for _ in 0..probes {
+            rng.fill(&mut probe);
+            hits += f.contains(&probe) as u64;
+        }
+        let mean = est * probes as f64;
+        let slack = 5.0 * mean.sqrt() + 3.0;
+        let (lo, hi) = (0.75 * mean - slack, 1.25 * mean + slack);
+        let p = f.params();
+        assert!(
+            (lo..=hi).contains(&(hits as f64)),
+            "n={n} fpr={fpr} (m={}, k={}): {hits} false positives in {probes} probes, \
+             estimate {est:.3e} expects {mean:.1} (accepted {lo:.1}..={hi:.1})",
+            p.bits,
+            p.hashes
+        );
+    }
 }
 
 #[test]
@@ -420,4 +464,363 @@ fn tampered_orcuckoo_tags_are_rejected() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("history"), "{err}");
+}
+
+// ---------------------------------------------------------------- clocks and own tags
+
+/// The observed-remove types, to run the clock scenarios on each.
+trait Tagged:
+    Lattice + Membership + Removable + CheckRemote + Clone + Serialize + DeserializeOwned
+{
+    fn with_id(id: u16) -> Self;
+    fn clock(&self) -> u64;
+    fn advance_clock(&mut self, floor: u64);
+    /// The tags of the live entries.
+    fn live(&self) -> Vec<Dot>;
+}
+impl Tagged for OrCuckoo {
+    fn with_id(id: u16) -> Self {
+        OrCuckoo::with_capacity(100, 0.01, id).unwrap()
+    }
+    fn clock(&self) -> u64 {
+        OrCuckoo::clock(self)
+    }
+    fn advance_clock(&mut self, floor: u64) {
+        OrCuckoo::advance_clock(self, floor)
+    }
+    fn live(&self) -> Vec<Dot> {
+        self.dots()
+    }
+}
+impl Tagged for ScOrCuckoo {
+    fn with_id(id: u16) -> Self {
+        ScOrCuckoo::with_capacity(100, 0.01, id).unwrap()
+    }
+    fn clock(&self) -> u64 {
+        ScOrCuckoo::clock(self)
+    }
+    fn advance_clock(&mut self, floor: u64) {
+        ScOrCuckoo::advance_clock(self, floor)
+    }
+    fn live(&self) -> Vec<Dot> {
+        self.dots()
+    }
+}
+impl Tagged for WriterScOrCuckoo {
+    fn with_id(id: u16) -> Self {
+        WriterScOrCuckoo::with_capacity(100, 0.01, id).unwrap()
+    }
+    fn clock(&self) -> u64 {
+        WriterScOrCuckoo::clock(self)
+    }
+    fn advance_clock(&mut self, floor: u64) {
+        WriterScOrCuckoo::advance_clock(self, floor)
+    }
+    fn live(&self) -> Vec<Dot> {
+        self.parts().flat_map(|(_, s)| s.dots()).collect()
+    }
+}
+
+fn cbor<T: Serialize>(v: &T) -> Vec<u8> {
+    serde_cbor::to_vec(v).unwrap()
+}
+
+fn clock_is_bounded<F: Tagged>() {
+    // Near the end: the last timestamps are issued, then adds fail and change nothing.
+    let mut a = F::with_id(1);
+    a.advance_clock(MAX_COUNTER - 2);
+    a.add(b"a").unwrap();
+    a.add(b"b").unwrap();
+    assert_eq!(a.clock(), MAX_COUNTER);
+    let mut counters: Vec<u64> = a.live().iter().map(|d| d.counter).collect();
+    counters.sort_unstable();
+    assert_eq!(counters, [MAX_COUNTER - 1, MAX_COUNTER]);
+    let before = cbor(&a);
+    assert_eq!(a.add(b"c"), Err(FilterError::ClockExhausted { replica: 1 }));
+    assert_eq!(cbor(&a), before, "a failed add changed the state");
+    assert!(!a.contains(b"c") || a.live().len() == 2);
+
+    // A floor past the last timestamp clamps: the state still round-trips, adds fail.
+    for floor in [MAX_COUNTER, MAX_COUNTER + 1, u64::MAX] {
+        let mut b = F::with_id(2);
+        b.add(b"x").unwrap();
+        b.advance_clock(floor);
+        assert_eq!(b.clock(), MAX_COUNTER);
+        let back: F = serde_cbor::from_slice(&cbor(&b)).expect("round trip");
+        assert!(back.equivalent(&b) && back.clock() == MAX_COUNTER);
+        let before = cbor(&b);
+        assert!(matches!(
+            b.add(b"y"),
+            Err(FilterError::ClockExhausted { replica: 2 })
+        ));
+        assert_eq!(cbor(&b), before);
+        // Removing still works: it issues no tag.
+        assert!(b.remove(b"x") && !b.contains(b"x"));
+    }
+}
+
+#[test]
+fn clocks_never_pass_max_counter() {
+    clock_is_bounded::<OrCuckoo>();
+    clock_is_bounded::<ScOrCuckoo>();
+    clock_is_bounded::<WriterScOrCuckoo>();
+}
+
+fn own_tags_from_remote_are_rejected<F: Tagged + DeltaState>() {
+    let mut mine = F::with_id(1);
+    mine.add(b"mine").unwrap();
+    // A replica sharing our id (or a forger): its removed entry tagged (1, MAX_COUNTER) is
+    // only in its history.
+    let mut impostor = F::with_id(1);
+    impostor.track_deltas(true);
+    impostor.advance_clock(MAX_COUNTER - 1);
+    impostor.add(b"x").unwrap();
+    assert!(impostor.remove(b"x"));
+    let delta = impostor.take_delta().unwrap();
+    assert_eq!(
+        mine.check_remote(&impostor),
+        Err(FilterError::OwnDotAhead {
+            replica: 1,
+            counter: MAX_COUNTER,
+            clock: 1
+        })
+    );
+    assert!(matches!(
+        mine.check_remote_delta(&delta),
+        Err(FilterError::OwnDotAhead { replica: 1, .. })
+    ));
+    // What the check prevents: merged anyway, the clock is exhausted for good.
+    let mut poisoned = mine.clone();
+    poisoned.merge(&impostor).unwrap();
+    assert_eq!(poisoned.clock(), MAX_COUNTER);
+    assert!(matches!(
+        poisoned.add(b"y"),
+        Err(FilterError::ClockExhausted { .. })
+    ));
+
+    // Legitimate traffic passes: another replica's state and delta, and our own tags coming
+    // back (an older state of ours, or one a peer merged), which are never above our clock.
+    let mut peer = F::with_id(2);
+    peer.track_deltas(true);
+    peer.merge(&mine).unwrap();
+    peer.add(b"peer").unwrap();
+    let peer_delta = peer.take_delta().unwrap();
+    assert!(mine.check_remote(&peer).is_ok());
+    assert!(mine.check_remote_delta(&peer_delta).is_ok());
+    let old = mine.clone();
+    mine.add(b"later").unwrap();
+    assert!(mine.check_remote(&old).is_ok());
+    // A restarted replica restores its floor before merging: its pre-crash tags pass.
+    let mut restarted = F::with_id(1);
+    restarted.advance_clock(1000);
+    assert!(restarted.check_remote(&mine).is_ok());
+}
+
+#[test]
+fn remote_states_carrying_our_own_tags_ahead_of_our_clock_are_rejected() {
+    own_tags_from_remote_are_rejected::<OrCuckoo>();
+    own_tags_from_remote_are_rejected::<ScOrCuckoo>();
+    own_tags_from_remote_are_rejected::<WriterScOrCuckoo>();
+    // Grow-only types carry no tags: nothing to reject.
+    let a = GBloom::with_capacity(10, 0.01).unwrap();
+    assert!(a.check_remote(&a.clone()).is_ok());
+    let w = WriterScGBloom::with_capacity(10, 0.01, 1).unwrap();
+    assert!(w.check_remote(&w.clone()).is_ok());
+}
+
+// ---------------------------------------------------------------- partitioned series
+
+/// The writer's own series survives a failed add even when empty: it holds the history and
+/// clock of the writer's tags, and dropping it made the next add reissue tag (w, 1), which
+/// every replica that saw the first (w, 1) removed treats as removed: the add was lost.
+#[test]
+fn a_failed_partitioned_add_keeps_the_own_series() {
+    let mut a = WriterScOrCuckoo::with_capacity(100, 0.01, 4).unwrap();
+    a.add(b"x").unwrap();
+    assert!(a.remove(b"x"));
+    assert_eq!(a.cardinality(), 0.0);
+    let mut b = WriterScOrCuckoo::with_capacity(100, 0.01, 5).unwrap();
+    b.merge(&a).unwrap(); // b observed (4, 1) and its removal
+    let clock = a.clock();
+    a.advance_clock(MAX_COUNTER);
+    let exhausted = cbor(&a);
+    assert!(matches!(
+        a.add(b"y"),
+        Err(FilterError::ClockExhausted { replica: 4 })
+    ));
+    assert_eq!(cbor(&a), exhausted, "a failed add changed the state");
+
+    // Dropping the series would have reset the clock: the next add would issue (4, 1) again,
+    // which b, having seen (4, 1) removed, would drop on merge.
+    assert!(matches!(
+        a.add(b"y"),
+        Err(FilterError::ClockExhausted { replica: 4 })
+    ));
+    assert_eq!(a.clock(), MAX_COUNTER);
+    assert!(a.clock() > clock);
+    let mut c = WriterScOrCuckoo::with_capacity(100, 0.01, 4).unwrap();
+    c.add(b"x").unwrap();
+    assert!(c.remove(b"x"));
+    c.add(b"y").unwrap();
+    assert_eq!(
+        c.live(),
+        [Dot {
+            replica: 4,
+            counter: 2
+        }]
+    );
+    b.merge(&c).unwrap();
+    assert!(b.contains(b"y"), "the add was lost on merge");
+}
+
+/// A writer's series issues tags as that writer only: a state whose series of writer `w`
+/// carries another replica id, or another replica's tags, is rejected.
+#[test]
+fn writer_series_with_another_replica_id_are_rejected() {
+    let mut a = WriterScOrCuckoo::with_capacity(100, 0.01, 1).unwrap();
+    a.add(b"x").unwrap();
+    let good = serde_cbor::value::to_value(&a).unwrap();
+    let edit = |f: &dyn Fn(&mut serde_cbor::Value)| {
+        let mut v = good.clone();
+        f(&mut v);
+        serde_cbor::from_slice::<WriterScOrCuckoo>(&cbor(&v))
+    };
+    assert!(edit(&|_| {}).is_ok());
+    // parts: [[writer, series], ...]; series fields by name.
+    fn series(
+        v: &mut serde_cbor::Value,
+    ) -> &mut std::collections::BTreeMap<serde_cbor::Value, serde_cbor::Value> {
+        let serde_cbor::Value::Map(m) = v else {
+            panic!()
+        };
+        let serde_cbor::Value::Array(parts) =
+            m.get_mut(&serde_cbor::Value::Text("parts".into())).unwrap()
+        else {
+            panic!()
+        };
+        let serde_cbor::Value::Array(part) = &mut parts[0] else {
+            panic!()
+        };
+        let serde_cbor::Value::Map(s) = &mut part[1] else {
+            panic!()
+        };
+        s
+    }
+    let err = edit(&|v| {
+        series(v).insert(
+            serde_cbor::Value::Text("replica".into()),
+            serde_cbor::Value::Integer(7),
+        );
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("another replica"), "{err}");
+    let err = edit(&|v| {
+        // A history with a tag of replica 7 besides writer 1's.
+        let h = serde_cbor::Value::Array(vec![
+            serde_cbor::Value::Array(vec![
+                serde_cbor::Value::Integer(1),
+                serde_cbor::Value::Array(vec![serde_cbor::Value::Array(vec![
+                    serde_cbor::Value::Integer(1),
+                    serde_cbor::Value::Integer(1),
+                ])]),
+            ]),
+            serde_cbor::Value::Array(vec![
+                serde_cbor::Value::Integer(7),
+                serde_cbor::Value::Array(vec![serde_cbor::Value::Array(vec![
+                    serde_cbor::Value::Integer(1),
+                    serde_cbor::Value::Integer(1),
+                ])]),
+            ]),
+        ]);
+        series(v).insert(serde_cbor::Value::Text("history".into()), h);
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("another replica"), "{err}");
+}
+
+// ---------------------------------------------------------------- memory bounds
+
+#[test]
+fn parameters_are_bounded_by_the_memory_they_take() {
+    let too_big = GBloom::with_capacity(1 << 40, 0.01).unwrap_err();
+    assert!(matches!(too_big, FilterError::TooLarge { .. }), "{too_big}");
+    let p = CuckooParams::with_capacity(1000, 0.01).unwrap();
+    assert!(
+        CuckooParams {
+            max_kicks: CuckooParams::MAX_KICKS + 1,
+            ..p
+        }
+        .validated()
+        .is_err()
+    );
+    assert!(matches!(
+        CuckooParams {
+            buckets: 1 << 32,
+            ..p
+        }
+        .validated(),
+        Err(FilterError::TooLarge { .. })
+    ));
+    let s = ScalableParams::with_capacity(1000, 0.01).unwrap();
+    assert!(
+        ScalableParams {
+            max_kicks: 1 << 31,
+            ..s
+        }
+        .validated()
+        .is_err()
+    );
+    // Every sub-filter, not just the first, is bounded, and together they are too.
+    assert!(matches!(
+        ScalableParams {
+            growth: u32::MAX,
+            ..s
+        }
+        .bloom(1),
+        Err(FilterError::TooLarge { .. })
+    ));
+    assert!(matches!(
+        s.cuckoo(ScalableParams::MAX_SUB_FILTERS),
+        Err(FilterError::TooManySubFilters { .. })
+    ));
+    let last = (0..ScalableParams::MAX_SUB_FILTERS)
+        .take_while(|&i| s.bloom(i).is_ok())
+        .last()
+        .unwrap();
+    let total: u64 = (0..=last).map(|i| s.bloom(i).unwrap().memory_bytes()).sum();
+    assert!(total <= crpf::MAX_FILTER_BYTES && last > 10);
+    assert!(matches!(
+        s.bloom(last + 1),
+        Err(FilterError::TooLarge { needed, .. }) if needed > crpf::MAX_FILTER_BYTES
+    ));
+
+    // A series that reaches its last sub-filter fails its adds, changing nothing.
+    let tiny = ScalableParams {
+        growth: 1,
+        ..ScalableParams::with_capacity(4, 0.1).unwrap()
+    };
+    let mut sc = ScGCuckoo::new(tiny).unwrap();
+    let mut so = ScOrCuckoo::new(tiny, 1).unwrap();
+    let (mut sc_err, mut so_err) = (None, None);
+    for i in 0..2000u32 {
+        let k = i.to_le_bytes();
+        if sc_err.is_none() {
+            let before = cbor(&sc);
+            if let Err(e) = sc.add(&k) {
+                assert_eq!(cbor(&sc), before);
+                sc_err = Some(e);
+            }
+        }
+        if so_err.is_none() {
+            let before = cbor(&so);
+            if let Err(e) = so.add(&k) {
+                assert_eq!(cbor(&so), before);
+                so_err = Some(e);
+            }
+        }
+    }
+    let limit = ScalableParams::MAX_SUB_FILTERS;
+    assert_eq!(sc_err, Some(FilterError::TooManySubFilters { limit }));
+    assert_eq!(so_err, Some(FilterError::TooManySubFilters { limit }));
+    assert_eq!((sc.sub_filters(), so.sub_filters()), (limit, limit));
 }

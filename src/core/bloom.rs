@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use super::delta::{BloomDelta, DeltaState};
+use super::delta::{BloomDelta, CheckRemote, DeltaState};
 use super::error::FilterError;
-use super::hash::{ItemHash, bloom_index, hash_item};
+use super::hash::{BloomProbes, ItemHash, hash_item};
 use super::lattice::{Lattice, Membership};
 use super::params::BloomParams;
 
@@ -77,8 +77,9 @@ impl GBloom {
 
     #[inline]
     fn contains_hash(&self, h: ItemHash) -> bool {
-        (0..self.params.hashes).all(|i| {
-            let idx = bloom_index(h, i, self.params.bits);
+        let mut probes = BloomProbes::new(h, self.params.bits);
+        (0..self.params.hashes).all(|_| {
+            let idx = probes.next_index();
             self.words[(idx >> 6) as usize] & (1 << (idx & 63)) != 0
         })
     }
@@ -86,15 +87,16 @@ impl GBloom {
     /// Sets the item's bits; returns how many were newly set.
     #[inline]
     fn set_hash(&mut self, h: ItemHash) -> u64 {
-        let (bits, hashes) = (self.params.bits, self.params.hashes);
+        let hashes = self.params.hashes;
+        let mut probes = BloomProbes::new(h, self.params.bits);
         let words = &mut self.words;
         let mut newly = 0;
         // Two loops, so that the common untracked case stays branch-free: a data-dependent
         // branch on "was the bit clear" would serialize the cache-missing word loads.
         match &mut self.pending {
             None => {
-                for i in 0..hashes {
-                    let idx = bloom_index(h, i, bits);
+                for _ in 0..hashes {
+                    let idx = probes.next_index();
                     let word = &mut words[(idx >> 6) as usize];
                     let mask = 1u64 << (idx & 63);
                     newly += (*word & mask == 0) as u64;
@@ -102,8 +104,8 @@ impl GBloom {
                 }
             }
             Some(pending) => {
-                for i in 0..hashes {
-                    let idx = bloom_index(h, i, bits);
+                for _ in 0..hashes {
+                    let idx = probes.next_index();
                     let word = &mut words[(idx >> 6) as usize];
                     let mask = 1u64 << (idx & 63);
                     if *word & mask == 0 {
@@ -266,12 +268,7 @@ impl DeltaState for GBloom {
     }
 
     fn check_delta(&self, delta: &BloomDelta) -> Result<(), FilterError> {
-        match delta.bits.iter().find(|&&i| i >= self.params.bits) {
-            Some(bad) => Err(FilterError::malformed(format!(
-                "delta bit {bad} out of range"
-            ))),
-            None => Ok(()),
-        }
+        check_bloom_delta(&self.params, delta)
     }
 
     fn merge_delta(&mut self, delta: &BloomDelta) -> Result<(), FilterError> {
@@ -280,6 +277,29 @@ impl DeltaState for GBloom {
             self.words[(idx >> 6) as usize] |= 1 << (idx & 63);
         }
         *self.ones.get_mut() = UNKNOWN;
+        Ok(())
+    }
+}
+
+/// Whether a delta fits a filter with these parameters (without needing the filter).
+pub(crate) fn check_bloom_delta(
+    params: &BloomParams,
+    delta: &BloomDelta,
+) -> Result<(), FilterError> {
+    match delta.bits.iter().find(|&&i| i >= params.bits) {
+        Some(bad) => Err(FilterError::malformed(format!(
+            "delta bit {bad} out of range"
+        ))),
+        None => Ok(()),
+    }
+}
+
+impl CheckRemote for GBloom {
+    /// Grow-only: no tags, nothing to check.
+    fn check_remote(&self, _other: &Self) -> Result<(), FilterError> {
+        Ok(())
+    }
+    fn check_remote_delta(&self, _delta: &BloomDelta) -> Result<(), FilterError> {
         Ok(())
     }
 }

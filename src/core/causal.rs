@@ -36,6 +36,41 @@ impl Dot {
     }
 }
 
+/// The tag after `clock` for `replica`, or [`FilterError::ClockExhausted`] once `clock` reached
+/// [`MAX_COUNTER`]: checked arithmetic, so that no clock value can wrap a tag to 0.
+pub(crate) fn next_dot(replica: ReplicaId, clock: u64) -> Result<Dot, FilterError> {
+    match clock.checked_add(1).filter(|&c| c <= MAX_COUNTER) {
+        Some(counter) => Ok(Dot { replica, counter }),
+        None => Err(FilterError::ClockExhausted { replica }),
+    }
+}
+
+/// Clamps a requested clock floor to [`MAX_COUNTER`]: a floor past the last timestamp leaves
+/// none to issue, which the clamped clock says just as well (every add then fails with
+/// [`FilterError::ClockExhausted`]), and the clock stays a value a state can carry.
+pub(crate) fn clamp_clock(floor: u64) -> u64 {
+    floor.min(MAX_COUNTER)
+}
+
+/// [`FilterError::OwnDotAhead`] if `highest`, the highest timestamp of `replica`'s dots that a
+/// received state carries, is above `clock`: the check a replica makes on what it receives
+/// before merging it (see [`crate::CheckRemote`]).
+pub(crate) fn check_own_dots(
+    replica: ReplicaId,
+    clock: u64,
+    highest: u64,
+) -> Result<(), FilterError> {
+    if highest > clock {
+        Err(FilterError::OwnDotAhead {
+            replica,
+            counter: highest,
+            clock,
+        })
+    } else {
+        Ok(())
+    }
+}
+
 /// A set of dots (the thesis' causal history `H`, generalised to a dot cloud).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CausalContext {

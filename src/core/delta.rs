@@ -47,6 +47,37 @@ pub trait DeltaState: Lattice {
     fn merge_delta(&mut self, delta: &Self::Delta) -> Result<(), FilterError>;
 }
 
+/// The check a replica makes on every state and delta it receives from another replica, before
+/// merging it.
+///
+/// Only a replica itself issues tags under its id (ids are never shared, and a restarted replica
+/// restores its clock floor before it merges anything), so a received state or delta that
+/// carries a tag of the receiver's own id *above the receiver's clock* is forged or comes from
+/// a replica sharing the id. Merging it would advance the receiver's clock to that tag (a tag
+/// `(r, 2^48 - 1)` would exhaust it for good), or make the receiver's next tags look already
+/// observed, so that their adds vanish on merge. Grow-only types carry no tags: their checks
+/// always pass.
+///
+/// ```
+/// use crpf::{CheckRemote, FilterError, Lattice, Membership, OrCuckoo};
+///
+/// let mine = OrCuckoo::with_capacity(100, 0.01, 1)?;
+/// let mut impostor = OrCuckoo::with_capacity(100, 0.01, 1)?; // same id
+/// impostor.advance_clock(1 << 40);
+/// impostor.add(b"x")?;
+/// assert!(matches!(mine.check_remote(&impostor), Err(FilterError::OwnDotAhead { .. })));
+/// let peer = OrCuckoo::with_capacity(100, 0.01, 2)?;
+/// assert!(mine.check_remote(&peer).is_ok());
+/// # Ok::<(), FilterError>(())
+/// ```
+pub trait CheckRemote: DeltaState {
+    /// `Ok` if a state received from another replica may be merged: it carries no tag of this
+    /// replica's id above this replica's clock; else [`FilterError::OwnDotAhead`].
+    fn check_remote(&self, other: &Self) -> Result<(), FilterError>;
+    /// The same check for a received delta-state.
+    fn check_remote_delta(&self, delta: &Self::Delta) -> Result<(), FilterError>;
+}
+
 /// Delta of a [`crate::GBloom`]: the bits local adds set, ascending.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BloomDelta {

@@ -2,6 +2,8 @@
 
 use thiserror::Error;
 
+use super::causal::ReplicaId;
+
 /// Everything that can go wrong in the pure filter core.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum FilterError {
@@ -25,6 +27,45 @@ pub enum FilterError {
     /// A serialized state that is truncated, tampered with or inconsistent.
     #[error("malformed state: {0}")]
     Malformed(String),
+    /// The replica has issued every timestamp a tag can carry
+    /// ([`crate::core::causal::MAX_COUNTER`]): it can add again only under a new replica id.
+    /// The filter is exactly as it was before the call.
+    #[error("replica {replica} exhausted the timestamps of its version tags")]
+    ClockExhausted {
+        /// The replica id whose timestamps are used up.
+        replica: ReplicaId,
+    },
+    /// A state or delta received from another replica carries a tag of this replica's own id
+    /// above this replica's clock. Only this replica issues tags under its id, so the sender
+    /// shares the id or forged the tag; merging it would push the clock up to that tag (up to
+    /// exhausting it) or make a future tag look already observed. Nothing was merged.
+    #[error(
+        "remote state carries tag ({replica}, {counter}) of this replica, above its clock {clock}"
+    )]
+    OwnDotAhead {
+        /// This replica's id.
+        replica: ReplicaId,
+        /// The highest timestamp of that id the remote state carries.
+        counter: u64,
+        /// This replica's clock.
+        clock: u64,
+    },
+    /// Building the filter, or growing a scalable filter by another sub-filter, would take more
+    /// memory than [`crate::core::params::MAX_FILTER_BYTES`]. Nothing was allocated or changed.
+    #[error("the filter would take {needed} bytes; at most {limit} are allowed")]
+    TooLarge {
+        /// Bytes the filter would take (a scalable filter: all its sub-filters together).
+        needed: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// A scalable filter already has the most sub-filters it may have
+    /// ([`crate::ScalableParams::MAX_SUB_FILTERS`]). Nothing was changed.
+    #[error("a scalable filter has at most {limit} sub-filters")]
+    TooManySubFilters {
+        /// The limit.
+        limit: usize,
+    },
 }
 
 impl FilterError {

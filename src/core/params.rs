@@ -13,6 +13,25 @@ pub const DEFAULT_SEED: u64 = 0x6372_7066_5f76_3031; // "crpf_v01"
 /// Largest fingerprint the cuckoo tables store (fingerprints live in `u16` slots).
 pub const MAX_FINGERPRINT_BITS: u8 = 16;
 
+/// Most memory one filter may take, in bytes: 4 GiB. For a scalable filter this bounds all its
+/// sub-filters together, at every expansion. Constructors and decoders reject parameters that
+/// would take more ([`FilterError::TooLarge`]) before allocating anything, so that a tampered or
+/// absurd parameter set (a few bytes on the wire) cannot make a replica allocate gigabytes; a
+/// scalable filter that reaches the limit fails its adds with that error instead of growing.
+pub const MAX_FILTER_BYTES: u64 = 1 << 32;
+
+/// [`FilterError::TooLarge`] if `needed` bytes exceed [`MAX_FILTER_BYTES`].
+pub(crate) fn check_memory(needed: u64) -> Result<(), FilterError> {
+    if needed > MAX_FILTER_BYTES {
+        Err(FilterError::TooLarge {
+            needed,
+            limit: MAX_FILTER_BYTES,
+        })
+    } else {
+        Ok(())
+    }
+}
+
 /// Load factor a cuckoo table with 4-slot buckets reaches reliably (Fan et al.: ~95%).
 pub const CUCKOO_TARGET_LOAD: f64 = 0.95;
 
@@ -24,6 +43,17 @@ pub(crate) fn check_fpr(fpr: f64) -> Result<(), FilterError> {
             "fpr",
             format!("{fpr} is not in (0, 1)"),
         ))
+    }
+}
+
+pub(crate) fn check_kicks(max_kicks: u32) -> Result<(), FilterError> {
+    if max_kicks > CuckooParams::MAX_KICKS {
+        Err(FilterError::invalid(
+            "max_kicks",
+            format!("{max_kicks} exceeds {}", CuckooParams::MAX_KICKS),
+        ))
+    } else {
+        Ok(())
     }
 }
 
@@ -50,8 +80,8 @@ pub struct BloomParams {
 }
 
 impl BloomParams {
-    /// Largest bit array accepted (2^40 bits = 128 GiB), far past any real filter.
-    pub const MAX_BITS: u64 = 1 << 40;
+    /// Largest bit array accepted: [`MAX_FILTER_BYTES`] of bits.
+    pub const MAX_BITS: u64 = MAX_FILTER_BYTES * 8;
 
     /// Optimal `m` and `k` for `capacity` elements at false positive rate `fpr` (Eq. 2.3, 2.4).
     ///
@@ -82,14 +112,12 @@ impl BloomParams {
         Self { seed, ..self }
     }
 
-    /// Checks the parameters; every constructor goes through here.
+    /// Checks the parameters; every constructor and decoder goes through here.
     pub fn validated(self) -> Result<Self, FilterError> {
-        if self.bits == 0 || self.bits > Self::MAX_BITS {
-            return Err(FilterError::invalid(
-                "bits",
-                format!("{} is not in 1..=2^40", self.bits),
-            ));
+        if self.bits == 0 {
+            return Err(FilterError::invalid("bits", "must be at least 1"));
         }
+        check_memory(self.memory_bytes())?;
         if self.hashes == 0 || self.hashes > 64 {
             return Err(FilterError::invalid(
                 "hashes",
@@ -98,6 +126,11 @@ impl BloomParams {
         }
         check_capacity(self.capacity)?;
         Ok(self)
+    }
+
+    /// Bytes the bit array takes (whole 64-bit words).
+    pub fn memory_bytes(&self) -> u64 {
+        self.bits.div_ceil(64) * 8
     }
 
     /// Theoretical FPR after `n` insertions (Eq. 2.2 / 3.1).
@@ -139,8 +172,11 @@ impl CuckooParams {
     pub const DEFAULT_BUCKET_SIZE: u8 = 4;
     /// Default kick quota.
     pub const DEFAULT_MAX_KICKS: u32 = 500;
-    /// Largest table accepted (2^32 buckets).
+    /// Largest table accepted (2^32 buckets; [`MAX_FILTER_BYTES`] bounds it further).
     pub const MAX_BUCKETS: u64 = 1 << 32;
+    /// Largest kick quota accepted. A failed insertion keeps an undo record per kick (tens of
+    /// bytes), so the quota bounds that memory (2^16 kicks: a few MiB) as well as the time.
+    pub const MAX_KICKS: u32 = 1 << 16;
 
     /// Buckets for `capacity` elements at the target load, and the fingerprint length that
     /// keeps Eq. 2.10 (`2c / 2^l`) at or under `fpr`.
@@ -215,7 +251,18 @@ impl CuckooParams {
                 ),
             ));
         }
+        check_kicks(self.max_kicks)?;
+        check_memory(self.memory_bytes())?;
         Ok(self)
+    }
+
+    /// Bytes a table with these parameters takes at most: the fingerprint (1 or 2 bytes) and
+    /// the 8-byte version tag of every slot, counted whichever filter holds the table (a GCF
+    /// stores no tags), so that one bound serves them all. Overflow entries that merges add
+    /// come on top, in proportion to the states merged rather than to the parameters.
+    pub fn memory_bytes(&self) -> u64 {
+        let fp_bytes = if self.fingerprint_bits > 8 { 2 } else { 1 };
+        self.slots().saturating_mul(fp_bytes + 8)
     }
 
     /// Whether `(bucket, fp)` is an entry a table with these parameters can hold.
@@ -312,5 +359,28 @@ mod tests {
         // GCF 4 at 3.125%: 2*4/2^8.
         let c = CuckooParams::with_capacity(1 << 20, 0.03125).unwrap();
         assert_eq!(c.fingerprint_bits, 8);
+    }
+}
+
+#[cfg(test)]
+mod golden {
+    use super::*;
+    use crate::ScalableParams;
+
+    /// Parameter digests carry the hash version: replicas that hash differently never merge.
+    /// If this fails, the wire format changed.
+    #[test]
+    fn parameter_digests_are_pinned() {
+        let b = BloomParams::with_capacity(1000, 0.01).unwrap();
+        let c = CuckooParams::with_capacity(1000, 0.01).unwrap();
+        let s = ScalableParams::with_capacity(1000, 0.01).unwrap();
+        assert_eq!(
+            [b.digest(), c.digest(), s.digest()],
+            [
+                0xfe19_22bf_b7e5_eb8f,
+                0xbd09_fd71_8509_f033,
+                0xf827_3896_5117_d03a
+            ]
+        );
     }
 }

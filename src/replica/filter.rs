@@ -6,9 +6,9 @@ use xxhash_rust::xxh3::Xxh3;
 
 use crate::wire::{FilterKind, WireError, from_cbor, to_cbor};
 use crate::{
-    BloomParams, CausalContext, CuckooParams, DEFAULT_SEED, DeltaState, Dot, FilterError, GBloom,
-    GCuckoo, Lattice, Membership, OrCuckoo, ReplicaId, ScGBloom, ScGCuckoo, ScOrCuckoo,
-    ScalableParams,
+    BloomParams, CausalContext, CheckRemote, CuckooParams, DEFAULT_SEED, DeltaState, Dot,
+    FilterError, GBloom, GCuckoo, Lattice, Membership, OrCuckoo, ReplicaId, ScGBloom, ScGCuckoo,
+    ScOrCuckoo, ScalableParams,
 };
 
 /// Which filter a replica holds and how it is sized. Every replica of a filter must use the same
@@ -213,10 +213,44 @@ impl AnyFilter {
 
     /// Decodes and joins an encoded delta; a delta that does not decode or fit changes nothing.
     pub fn merge_delta_bytes(&mut self, bytes: &[u8]) -> Result<(), WireError> {
+        self.merge_delta_bytes_checked(bytes, false)
+    }
+
+    /// As [`AnyFilter::merge_delta_bytes`] for a delta received from another replica: first
+    /// rejects one carrying tags of this replica's own id above its clock
+    /// ([`CheckRemote::check_remote_delta`], [`FilterError::OwnDotAhead`], here as
+    /// [`WireError::Incompatible`]).
+    pub fn merge_remote_delta_bytes(&mut self, bytes: &[u8]) -> Result<(), WireError> {
+        self.merge_delta_bytes_checked(bytes, true)
+    }
+
+    fn merge_delta_bytes_checked(&mut self, bytes: &[u8], remote: bool) -> Result<(), WireError> {
         each!(self, f => {
             let d = from_cbor(bytes)?;
+            if remote {
+                f.check_remote_delta(&d).map_err(incompatible)?;
+            }
             f.merge_delta(&d).map_err(incompatible)
         })
+    }
+
+    /// [`CheckRemote::check_remote`] of a state received from another replica, to call before
+    /// merging it: [`FilterError::OwnDotAhead`] if it carries tags of this replica's own id
+    /// above its clock; [`FilterError::Incompatible`] across kinds.
+    pub fn check_remote_state(&self, other: &AnyFilter) -> Result<(), FilterError> {
+        match (self, other) {
+            (AnyFilter::GBloom(a), AnyFilter::GBloom(b)) => a.check_remote(b),
+            (AnyFilter::GCuckoo(a), AnyFilter::GCuckoo(b)) => a.check_remote(b),
+            (AnyFilter::OrCuckoo(a), AnyFilter::OrCuckoo(b)) => a.check_remote(b),
+            (AnyFilter::ScGBloom(a), AnyFilter::ScGBloom(b)) => a.check_remote(b),
+            (AnyFilter::ScGCuckoo(a), AnyFilter::ScGCuckoo(b)) => a.check_remote(b),
+            (AnyFilter::ScOrCuckoo(a), AnyFilter::ScOrCuckoo(b)) => a.check_remote(b),
+            (a, b) => Err(FilterError::Incompatible(format!(
+                "{} state checked against a {} filter",
+                b.kind(),
+                a.kind()
+            ))),
+        }
     }
 
     /// The full state, encoded.
@@ -422,6 +456,41 @@ mod tests {
         }
         assert!(a.equivalent(&b));
         assert_eq!(a.state_digest(), b.state_digest());
+    }
+
+    #[test]
+    fn remote_states_and_deltas_with_our_tags_ahead_are_rejected() {
+        for kind in FilterKind::ALL {
+            let mut mine = AnyFilter::new(&spec(kind), 1).unwrap();
+            mine.add(b"mine").unwrap();
+            let mut impostor = AnyFilter::new(&spec(kind), 1).unwrap();
+            impostor.track_deltas(true);
+            impostor.advance_clock(crate::MAX_COUNTER - 1);
+            impostor.add(b"x").unwrap();
+            let delta = impostor.take_delta().unwrap();
+            let before = mine.clone();
+            if kind.removable() {
+                assert!(matches!(
+                    mine.check_remote_state(&impostor),
+                    Err(FilterError::OwnDotAhead { replica: 1, .. })
+                ));
+                assert!(matches!(
+                    mine.merge_remote_delta_bytes(&delta),
+                    Err(WireError::Incompatible(_))
+                ));
+                assert!(mine.equivalent(&before) && mine.clock() == 1, "{kind}");
+            } else {
+                assert!(mine.check_remote_state(&impostor).is_ok());
+                mine.merge_remote_delta_bytes(&delta).unwrap();
+            }
+            let mut peer = AnyFilter::new(&spec(kind), 2).unwrap();
+            peer.track_deltas(true);
+            peer.add(b"y").unwrap();
+            let delta = peer.take_delta().unwrap();
+            assert!(mine.check_remote_state(&peer).is_ok());
+            mine.merge_remote_delta_bytes(&delta).unwrap();
+            assert!(mine.contains(b"y"));
+        }
     }
 
     #[test]

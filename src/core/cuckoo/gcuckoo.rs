@@ -5,7 +5,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::table::{Entry, Table, TableRepr};
-use crate::core::delta::{CuckooDelta, DeltaState};
+use crate::core::delta::{CheckRemote, CuckooDelta, DeltaState};
 use crate::core::error::FilterError;
 use crate::core::hash::{cuckoo_position, hash_item};
 use crate::core::lattice::{Lattice, Membership};
@@ -192,13 +192,7 @@ impl DeltaState for GCuckoo {
     }
 
     fn check_delta(&self, delta: &CuckooDelta) -> Result<(), FilterError> {
-        let p = self.params();
-        match delta.entries.iter().find(|(b, fp)| !p.holds_entry(*b, *fp)) {
-            Some(bad) => Err(FilterError::malformed(format!(
-                "delta entry {bad:?} out of range"
-            ))),
-            None => Ok(()),
-        }
+        check_cuckoo_delta(self.params(), delta)
     }
 
     fn merge_delta(&mut self, delta: &CuckooDelta) -> Result<(), FilterError> {
@@ -206,6 +200,26 @@ impl DeltaState for GCuckoo {
         for &(b, fp) in &delta.entries {
             self.merge_entry(b as usize, fp);
         }
+        Ok(())
+    }
+}
+
+/// Whether a delta fits a filter with these parameters (without needing the filter).
+pub(crate) fn check_cuckoo_delta(p: &CuckooParams, delta: &CuckooDelta) -> Result<(), FilterError> {
+    match delta.entries.iter().find(|(b, fp)| !p.holds_entry(*b, *fp)) {
+        Some(bad) => Err(FilterError::malformed(format!(
+            "delta entry {bad:?} out of range"
+        ))),
+        None => Ok(()),
+    }
+}
+
+impl CheckRemote for GCuckoo {
+    /// Grow-only: no tags, nothing to check.
+    fn check_remote(&self, _other: &Self) -> Result<(), FilterError> {
+        Ok(())
+    }
+    fn check_remote_delta(&self, _delta: &CuckooDelta) -> Result<(), FilterError> {
         Ok(())
     }
 }

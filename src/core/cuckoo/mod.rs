@@ -5,6 +5,7 @@ mod orcuckoo;
 pub(crate) mod table;
 
 pub use gcuckoo::GCuckoo;
+pub(crate) use gcuckoo::check_cuckoo_delta;
 pub use orcuckoo::OrCuckoo;
 
 /// ORCF table logic shared with the scalable ORCF.

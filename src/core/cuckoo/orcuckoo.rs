@@ -6,9 +6,11 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::table::{Entry, Table, TableRepr};
-use crate::core::causal::{CausalContext, Dot, MAX_COUNTER, ReplicaId};
+use crate::core::causal::{
+    CausalContext, Dot, MAX_COUNTER, ReplicaId, check_own_dots, clamp_clock, next_dot,
+};
 use crate::core::codec::{bits_for, pack, unpack};
-use crate::core::delta::{DeltaState, OrCuckooDelta};
+use crate::core::delta::{CheckRemote, DeltaState, OrCuckooDelta};
 use crate::core::error::FilterError;
 use crate::core::hash::{cuckoo_position, hash_item};
 use crate::core::lattice::{Lattice, Membership, Removable};
@@ -197,9 +199,11 @@ impl OrCuckoo {
     }
 
     /// Guarantees every future tag of this replica has a timestamp above `floor`, e.g. a
-    /// durably reserved high-water mark after a crash.
+    /// durably reserved high-water mark after a crash. A floor at or past
+    /// [`MAX_COUNTER`] leaves no timestamp: the clock stops there and every add fails with
+    /// [`FilterError::ClockExhausted`].
     pub fn advance_clock(&mut self, floor: u64) {
-        self.clock = self.clock.max(floor);
+        self.clock = self.clock.max(clamp_clock(floor));
     }
 
     /// The causal history `H`.
@@ -229,19 +233,10 @@ impl OrCuckoo {
         )
     }
 
-    /// Adds the item under a fresh tag and returns the tag. `Err(Full)` changes nothing.
+    /// Adds the item under a fresh tag and returns the tag. An error (`Full`,
+    /// `ClockExhausted`) changes nothing.
     pub fn add_dot(&mut self, item: &[u8]) -> Result<Dot, FilterError> {
-        let counter = self.clock() + 1;
-        if counter > MAX_COUNTER {
-            return Err(FilterError::invalid(
-                "clock",
-                "replica exhausted its 2^48 timestamps",
-            ));
-        }
-        let dot = Dot {
-            replica: self.replica,
-            counter,
-        };
+        let dot = next_dot(self.replica, self.clock())?;
         let (b, fp) = self.position(item);
         self.table.insert(
             b,
@@ -251,7 +246,7 @@ impl OrCuckoo {
             },
         )?;
         self.history.insert(dot);
-        self.clock = counter;
+        self.clock = dot.counter;
         if let Some(pending) = &mut self.pending {
             pending.added(dot, (b as u64, fp));
         }
@@ -473,6 +468,17 @@ impl DeltaState for OrCuckoo {
         }
         self.history.union(&delta.context);
         Ok(())
+    }
+}
+
+impl CheckRemote for OrCuckoo {
+    fn check_remote(&self, other: &Self) -> Result<(), FilterError> {
+        check_own_dots(self.replica, self.clock(), other.history.max(self.replica))
+    }
+
+    /// A delta's context holds exactly the dots it lists, so checking it covers them all.
+    fn check_remote_delta(&self, delta: &OrCuckooDelta) -> Result<(), FilterError> {
+        check_own_dots(self.replica, self.clock(), delta.context.max(self.replica))
     }
 }
 

@@ -8,9 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use super::params::ScalableParams;
 use super::series::{Series, SubFilter, load};
-use crate::core::bloom::GBloom;
-use crate::core::cuckoo::GCuckoo;
-use crate::core::delta::{DeltaState, MAX_SUBS_AHEAD, ScalableDelta};
+use crate::core::bloom::{GBloom, check_bloom_delta};
+use crate::core::cuckoo::{GCuckoo, check_cuckoo_delta};
+use crate::core::delta::{CheckRemote, DeltaState, MAX_SUBS_AHEAD, ScalableDelta};
 use crate::core::error::FilterError;
 use crate::core::lattice::{Lattice, Membership};
 
@@ -20,6 +20,17 @@ pub trait GrowOnlySub: SubFilter + DeltaState + Serialize + DeserializeOwned + f
     fn build(params: &ScalableParams, index: usize) -> Result<Self, FilterError>;
     #[doc(hidden)]
     fn built_by(&self, params: &ScalableParams, index: usize) -> bool;
+    /// Whether sub-filter `index` can be built, without allocating it.
+    #[doc(hidden)]
+    fn check_build(params: &ScalableParams, index: usize) -> Result<(), FilterError>;
+    /// [`DeltaState::check_delta`] against sub-filter `index` that does not exist yet, without
+    /// allocating it.
+    #[doc(hidden)]
+    fn check_delta_at(
+        params: &ScalableParams,
+        index: usize,
+        delta: &Self::Delta,
+    ) -> Result<(), FilterError>;
 }
 
 impl GrowOnlySub for GBloom {
@@ -29,6 +40,16 @@ impl GrowOnlySub for GBloom {
     fn built_by(&self, params: &ScalableParams, index: usize) -> bool {
         params.bloom(index).is_ok_and(|p| &p == self.params())
     }
+    fn check_build(params: &ScalableParams, index: usize) -> Result<(), FilterError> {
+        params.bloom(index).map(|_| ())
+    }
+    fn check_delta_at(
+        params: &ScalableParams,
+        index: usize,
+        delta: &Self::Delta,
+    ) -> Result<(), FilterError> {
+        check_bloom_delta(&params.bloom(index)?, delta)
+    }
 }
 
 impl GrowOnlySub for GCuckoo {
@@ -37,6 +58,16 @@ impl GrowOnlySub for GCuckoo {
     }
     fn built_by(&self, params: &ScalableParams, index: usize) -> bool {
         params.cuckoo(index).is_ok_and(|p| &p == self.params())
+    }
+    fn check_build(params: &ScalableParams, index: usize) -> Result<(), FilterError> {
+        params.cuckoo(index).map(|_| ())
+    }
+    fn check_delta_at(
+        params: &ScalableParams,
+        index: usize,
+        delta: &Self::Delta,
+    ) -> Result<(), FilterError> {
+        check_cuckoo_delta(&params.cuckoo(index)?, delta)
     }
 }
 
@@ -86,10 +117,10 @@ impl<F: GrowOnlySub> ScalableGrowOnly<F> {
         Self::new(ScalableParams::with_capacity(initial_capacity, fpr)?)
     }
 
-    /// A series with explicit parameters.
+    /// A series with explicit parameters. Its first sub-filter is allocated at the first add.
     pub fn new(params: ScalableParams) -> Result<Self, FilterError> {
         let params = params.validated()?;
-        F::build(&params, 0)?; // fail now, not at the first add
+        F::check_build(&params, 0)?; // fail now, not at the first add
         Ok(Self {
             params,
             series: Series { subs: Vec::new() },
@@ -110,6 +141,20 @@ impl<F: GrowOnlySub> ScalableGrowOnly<F> {
     /// The sub-filters, oldest first.
     pub fn subs(&self) -> &[F] {
         &self.series.subs
+    }
+
+    fn add_expanding(&mut self, item: &[u8]) -> Result<(), FilterError> {
+        if self.series.last_is_full() {
+            self.force_expand()?;
+        }
+        let last = self.series.subs.last_mut().expect("expanded");
+        match last.add(item) {
+            Err(FilterError::Full { .. }) => {
+                self.force_expand()?;
+                self.series.subs.last_mut().expect("expanded").add(item)
+            }
+            other => other,
+        }
     }
 
     /// Spec. 5 *forceExpand*: appends an empty sub-filter.
@@ -153,26 +198,19 @@ impl<F: GrowOnlySub> Membership for ScalableGrowOnly<F> {
     }
 
     /// Specs. 6 and 7: no-op if contained; otherwise add to the last sub-filter, expanding
-    /// first if it is full and again if the insertion fails.
+    /// first if it is full and again if the insertion fails. An error changes nothing.
     fn add(&mut self, item: &[u8]) -> Result<(), FilterError> {
         if self.contains(item) {
             return Ok(());
         }
-        if self.series.last_is_full() {
-            self.force_expand()?;
+        let subs_before = self.series.subs.len();
+        let result = self.add_expanding(item);
+        if result.is_err() {
+            // Failed insertions roll themselves back; only sub-filters this call appended
+            // remain to drop, so that a failed add leaves the filter exactly as it was.
+            self.series.subs.truncate(subs_before);
         }
-        let last = self.series.subs.last_mut().expect("expanded");
-        match last.add(item) {
-            Err(FilterError::Full { .. }) => {
-                self.force_expand()?;
-                let result = self.series.subs.last_mut().expect("expanded").add(item);
-                if result.is_err() {
-                    self.series.subs.pop(); // a failed add leaves the filter as it was
-                }
-                result
-            }
-            other => other,
-        }
+        result
     }
 
     fn cardinality(&self) -> f64 {
@@ -228,7 +266,7 @@ impl<F: GrowOnlySub> DeltaState for ScalableGrowOnly<F> {
             prev = Some(*i);
             match self.series.subs.get(i_us) {
                 Some(f) => f.check_delta(d)?,
-                None => F::build(&self.params, i_us)?.check_delta(d)?,
+                None => F::check_delta_at(&self.params, i_us, d)?,
             }
         }
         Ok(())
@@ -242,6 +280,16 @@ impl<F: GrowOnlySub> DeltaState for ScalableGrowOnly<F> {
             }
             self.series.subs[*i as usize].merge_delta(d)?;
         }
+        Ok(())
+    }
+}
+
+impl<F: GrowOnlySub> CheckRemote for ScalableGrowOnly<F> {
+    /// Grow-only: no tags, nothing to check.
+    fn check_remote(&self, _other: &Self) -> Result<(), FilterError> {
+        Ok(())
+    }
+    fn check_remote_delta(&self, _delta: &Self::Delta) -> Result<(), FilterError> {
         Ok(())
     }
 }
@@ -272,6 +320,7 @@ impl<'de, F: GrowOnlySub> Deserialize<'de> for ScalableGrowOnly<F> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let repr = Repr::<F>::deserialize(d)?;
         let params = repr.params.validated().map_err(serde::de::Error::custom)?;
+        F::check_build(&params, 0).map_err(serde::de::Error::custom)?;
         if let Some(i) = repr
             .subs
             .iter()

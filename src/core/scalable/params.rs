@@ -7,6 +7,7 @@ use crate::core::error::FilterError;
 use crate::core::hash::HASH_VERSION;
 use crate::core::params::{
     BloomParams, CuckooParams, DEFAULT_SEED, MAX_FINGERPRINT_BITS, check_capacity, check_fpr,
+    check_kicks, check_memory,
 };
 
 /// Parameters of a scalable filter: sub-filter `i` holds `initial_capacity * growth^i`
@@ -32,6 +33,11 @@ pub struct ScalableParams {
 }
 
 impl ScalableParams {
+    /// Most sub-filters a series may have. Sub-filter parameters are defined for indexes below
+    /// it only; a full series fails its adds with [`FilterError::TooManySubFilters`]. (With the
+    /// default growth of 2, the last one would hold `2^63` times the first capacity.)
+    pub const MAX_SUB_FILTERS: usize = 64;
+
     /// Defaults for the given first capacity and compounded FPR bound.
     ///
     /// ```
@@ -69,6 +75,7 @@ impl ScalableParams {
         if self.bucket_size == 0 || self.bucket_size > 64 {
             return Err(FilterError::invalid("bucket_size", "must be in 1..=64"));
         }
+        check_kicks(self.max_kicks)?;
         Ok(self)
     }
 
@@ -89,8 +96,45 @@ impl ScalableParams {
         self.seed.wrapping_add(i as u64)
     }
 
-    /// Parameters of Bloom sub-filter `i`.
+    /// Parameters of Bloom sub-filter `i`: an error if `i` is not below
+    /// [`Self::MAX_SUB_FILTERS`], or if sub-filters `0..=i` together would take more than
+    /// [`crate::MAX_FILTER_BYTES`] ([`FilterError::TooLarge`]). Every expansion and every decoded
+    /// sub-filter goes through here, so that a series can never outgrow the bound.
     pub fn bloom(&self, i: usize) -> Result<BloomParams, FilterError> {
+        self.within_bounds(i, Self::bloom_alone, BloomParams::memory_bytes)
+    }
+
+    /// Parameters of cuckoo sub-filter `i`, with the bounds of [`ScalableParams::bloom`]: one
+    /// more fingerprint bit per halving of the FPR, up to the 16 bits the tables store (past
+    /// that the compounded bound no longer holds, and [`crate::Membership::estimated_fpr`] says
+    /// so).
+    pub fn cuckoo(&self, i: usize) -> Result<CuckooParams, FilterError> {
+        self.within_bounds(i, Self::cuckoo_alone, CuckooParams::memory_bytes)
+    }
+
+    /// Sub-filter `i`'s parameters from `alone`, if `i` is below the sub-filter limit and the
+    /// series up to and including it stays within the memory limit.
+    fn within_bounds<P>(
+        &self,
+        i: usize,
+        alone: impl Fn(&Self, usize) -> Result<P, FilterError>,
+        bytes: impl Fn(&P) -> u64,
+    ) -> Result<P, FilterError> {
+        if i >= Self::MAX_SUB_FILTERS {
+            return Err(FilterError::TooManySubFilters {
+                limit: Self::MAX_SUB_FILTERS,
+            });
+        }
+        let mut total = 0u64;
+        for j in 0..i {
+            total = total.saturating_add(bytes(&alone(self, j)?));
+        }
+        let p = alone(self, i)?;
+        check_memory(total.saturating_add(bytes(&p)))?;
+        Ok(p)
+    }
+
+    fn bloom_alone(&self, i: usize) -> Result<BloomParams, FilterError> {
         Ok(BloomParams::with_capacity(
             self.sub_capacity(i),
             self.sub_fpr(i).max(f64::MIN_POSITIVE),
@@ -98,10 +142,7 @@ impl ScalableParams {
         .with_seed(self.sub_seed(i)))
     }
 
-    /// Parameters of cuckoo sub-filter `i`: one more fingerprint bit per halving of the FPR,
-    /// up to the 16 bits the tables store (past that the compounded bound no longer holds, and
-    /// [`crate::Membership::estimated_fpr`] says so).
-    pub fn cuckoo(&self, i: usize) -> Result<CuckooParams, FilterError> {
+    fn cuckoo_alone(&self, i: usize) -> Result<CuckooParams, FilterError> {
         let c = self.bucket_size;
         let bits = (2.0 * c as f64 / self.sub_fpr(i))
             .log2()
@@ -113,12 +154,13 @@ impl ScalableParams {
             fpr_at_bits.min(0.999),
             c,
         )?;
-        Ok(CuckooParams {
+        CuckooParams {
             fingerprint_bits: bits as u8,
             max_kicks: self.max_kicks,
             seed: self.sub_seed(i),
             ..p
-        })
+        }
+        .validated()
     }
 
     /// A stable digest of the parameters and hash version.

@@ -29,8 +29,8 @@ use super::grow_only::{GrowOnlySub, ScalableGrowOnly};
 use super::params::ScalableParams;
 use super::sc_orcuckoo::ScOrCuckoo;
 use super::series::{compound, load};
-use crate::core::causal::ReplicaId;
-use crate::core::delta::DeltaState;
+use crate::core::causal::{ReplicaId, check_own_dots};
+use crate::core::delta::{CheckRemote, DeltaState};
 use crate::core::error::FilterError;
 use crate::core::lattice::{Lattice, Membership, Removable};
 
@@ -48,6 +48,32 @@ pub trait WriterSeries:
     #[doc(hidden)]
     fn remove_item(&mut self, _item: &[u8]) -> bool {
         false
+    }
+    /// Highest timestamp the series' writer may have issued (0 for untagged types).
+    #[doc(hidden)]
+    fn writer_clock(&self) -> u64 {
+        0
+    }
+    #[doc(hidden)]
+    fn advance_writer_clock(&mut self, _floor: u64) {}
+    /// Highest timestamp of `replica`'s tags the series carries (0 for untagged types).
+    #[doc(hidden)]
+    fn max_dot_of(&self, _replica: ReplicaId) -> u64 {
+        0
+    }
+    #[doc(hidden)]
+    fn delta_max_dot_of(_delta: &Self::Delta, _replica: ReplicaId) -> u64 {
+        0
+    }
+    /// Whether the series can be writer `writer`'s: it issues tags as `writer` and holds no
+    /// tag of another replica (only `writer` adds to it).
+    #[doc(hidden)]
+    fn check_writer(&self, _writer: ReplicaId) -> Result<(), FilterError> {
+        Ok(())
+    }
+    #[doc(hidden)]
+    fn check_delta_writer(_delta: &Self::Delta, _writer: ReplicaId) -> Result<(), FilterError> {
+        Ok(())
     }
 }
 
@@ -71,6 +97,34 @@ impl WriterSeries for ScOrCuckoo {
     }
     fn remove_item(&mut self, item: &[u8]) -> bool {
         self.remove(item)
+    }
+    fn writer_clock(&self) -> u64 {
+        self.clock()
+    }
+    fn advance_writer_clock(&mut self, floor: u64) {
+        self.advance_clock(floor);
+    }
+    fn max_dot_of(&self, replica: ReplicaId) -> u64 {
+        self.history().max(replica)
+    }
+    fn delta_max_dot_of(delta: &Self::Delta, replica: ReplicaId) -> u64 {
+        delta.context.max(replica)
+    }
+    fn check_writer(&self, writer: ReplicaId) -> Result<(), FilterError> {
+        if self.replica() != writer || self.history().replicas().any(|r| r != writer) {
+            return Err(FilterError::malformed(format!(
+                "the series of writer {writer} issues or holds tags of another replica"
+            )));
+        }
+        Ok(())
+    }
+    fn check_delta_writer(delta: &Self::Delta, writer: ReplicaId) -> Result<(), FilterError> {
+        if delta.context.replicas().any(|r| r != writer) {
+            return Err(FilterError::malformed(format!(
+                "the delta of writer {writer}'s series holds tags of another replica"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -181,6 +235,36 @@ impl<F: WriterSeries> Partitioned<F> {
         self.writer
     }
 
+    /// Highest timestamp this replica may have issued in its own series (0 for untagged types).
+    pub fn clock(&self) -> u64 {
+        self.parts.get(&self.writer).map_or(0, F::writer_clock)
+    }
+
+    /// Guarantees every future tag of this replica has a timestamp above `floor` (no effect on
+    /// untagged types). A floor at or past [`crate::MAX_COUNTER`] leaves no timestamp: every
+    /// add then fails with [`FilterError::ClockExhausted`].
+    pub fn advance_clock(&mut self, floor: u64) {
+        if F::DEDUPLICATES || floor == 0 {
+            return; // grow-only series issue no tags
+        }
+        if !self.parts.contains_key(&self.writer) {
+            // The floor lives in our own series: start it (empty, so equivalent to none).
+            match self.new_part(self.writer) {
+                Ok(part) => {
+                    self.parts.insert(self.writer, part);
+                }
+                Err(e) => {
+                    // `new` built this very series' parameters, so this cannot happen.
+                    tracing::error!(error = %e, "cannot start the own series to hold the clock");
+                    return;
+                }
+            }
+        }
+        if let Some(own) = self.parts.get_mut(&self.writer) {
+            own.advance_writer_clock(floor);
+        }
+    }
+
     /// The series of each writer seen so far.
     pub fn parts(&self) -> impl Iterator<Item = (ReplicaId, &F)> {
         self.parts.iter().map(|(w, f)| (*w, f))
@@ -219,6 +303,7 @@ impl<F: WriterSeries> Partitioned<F> {
                     "series of writer {w} has foreign parameters"
                 )));
             }
+            f.check_writer(w)?;
         }
         Ok(())
     }
@@ -269,19 +354,23 @@ impl<F: WriterSeries> Membership for Partitioned<F> {
         self.parts.values().any(|f| f.contains(item))
     }
 
-    /// Adds into this writer's own series (grow-only types skip items already contained).
+    /// Adds into this writer's own series (grow-only types skip items already contained). An
+    /// error changes nothing.
     fn add(&mut self, item: &[u8]) -> Result<(), FilterError> {
         if F::DEDUPLICATES && self.contains(item) {
             return Ok(());
         }
-        if !self.parts.contains_key(&self.writer) {
+        let created = !self.parts.contains_key(&self.writer);
+        if created {
             let part = self.new_part(self.writer)?;
             self.parts.insert(self.writer, part);
         }
         let own = self.parts.get_mut(&self.writer).expect("just ensured");
+        // A series' failed add leaves it exactly as it was; drop the series only if this call
+        // created it. (An existing one, even empty, holds the history and clock of our tags.)
         let result = own.add(item);
-        if result.is_err() && own.cardinality() == 0.0 {
-            self.parts.remove(&self.writer); // a failed add leaves the filter as it was
+        if result.is_err() && created {
+            self.parts.remove(&self.writer);
         }
         result
     }
@@ -366,6 +455,7 @@ impl<F: WriterSeries> DeltaState for Partitioned<F> {
             return Err(FilterError::malformed("delta writers out of order"));
         }
         for (w, d) in &delta.parts {
+            F::check_delta_writer(d, *w)?;
             match self.parts.get(w) {
                 Some(f) => f.check_delta(d)?,
                 None => self.new_part(*w)?.check_delta(d)?,
@@ -387,6 +477,23 @@ impl<F: WriterSeries> DeltaState for Partitioned<F> {
                 .merge_delta(d)?;
         }
         Ok(())
+    }
+}
+
+impl<F: WriterSeries> CheckRemote for Partitioned<F> {
+    /// Our tags live only in our own series; every series is checked all the same.
+    fn check_remote(&self, other: &Self) -> Result<(), FilterError> {
+        let parts = other.parts.values();
+        let highest = parts.map(|f| f.max_dot_of(self.writer)).max();
+        check_own_dots(self.writer, self.clock(), highest.unwrap_or(0))
+    }
+
+    fn check_remote_delta(&self, delta: &Self::Delta) -> Result<(), FilterError> {
+        let parts = delta.parts.iter();
+        let highest = parts
+            .map(|(_, d)| F::delta_max_dot_of(d, self.writer))
+            .max();
+        check_own_dots(self.writer, self.clock(), highest.unwrap_or(0))
     }
 }
 

@@ -6,13 +6,15 @@ use serde::{Deserialize, Serialize};
 
 use super::params::ScalableParams;
 use super::series::{compound, load};
-use crate::core::causal::{CausalContext, Dot, MAX_COUNTER, ReplicaId};
+use crate::core::causal::{
+    CausalContext, Dot, MAX_COUNTER, ReplicaId, check_own_dots, clamp_clock, next_dot,
+};
 use crate::core::cuckoo::orcuckoo_parts::{
     PackedTags, PendingOr, check_listed_dots, check_tags, merge_tables, pack_tags, remove_random,
     table_le, unpack_tags,
 };
 use crate::core::cuckoo::table::{Entry, Table, TableRepr};
-use crate::core::delta::{DeltaState, MAX_SUBS_AHEAD, ScOrCuckooDelta};
+use crate::core::delta::{CheckRemote, DeltaState, MAX_SUBS_AHEAD, ScOrCuckooDelta};
 use crate::core::error::FilterError;
 use crate::core::hash::{cuckoo_position, hash_item};
 use crate::core::lattice::{Lattice, Membership, Removable};
@@ -42,7 +44,6 @@ pub struct ScOrCuckoo {
     history: CausalContext,
     replica: ReplicaId,
     clock: u64,
-    /// Local updates since the last `take_delta`, while tracking.
     /// Local updates since the last `take_delta`, located by (sub-filter, bucket, fp).
     pending: Option<PendingOr<(u32, u64, u16)>>,
 }
@@ -96,9 +97,11 @@ impl ScOrCuckoo {
         self.clock.max(self.history.max(self.replica))
     }
 
-    /// Guarantees every future tag of this replica has a timestamp above `floor`.
+    /// Guarantees every future tag of this replica has a timestamp above `floor`. A floor at
+    /// or past [`MAX_COUNTER`] leaves no timestamp: the clock stops there and every add fails
+    /// with [`FilterError::ClockExhausted`].
     pub fn advance_clock(&mut self, floor: u64) {
-        self.clock = self.clock.max(floor);
+        self.clock = self.clock.max(clamp_clock(floor));
     }
 
     /// The shared causal history.
@@ -137,21 +140,33 @@ impl ScOrCuckoo {
         ))
     }
 
-    /// Adds the item under a fresh tag and returns the tag. `Err(Full)` changes nothing.
+    /// Adds the item under a fresh tag and returns the tag. An error (`Full`,
+    /// `ClockExhausted`, `TooLarge`, `TooManySubFilters`) changes nothing.
     pub fn add_dot(&mut self, item: &[u8]) -> Result<Dot, FilterError> {
-        let counter = self.clock() + 1;
-        if counter > MAX_COUNTER {
-            return Err(FilterError::invalid(
-                "clock",
-                "replica exhausted its 2^48 timestamps",
-            ));
+        let dot = next_dot(self.replica, self.clock())?;
+        let subs_before = self.subs.len();
+        match self.place(item, dot) {
+            Ok((sub, b, fp)) => {
+                if let Some(pending) = &mut self.pending {
+                    pending.added(dot, (sub as u32, b as u64, fp));
+                }
+                self.history.insert(dot);
+                self.clock = dot.counter;
+                Ok(dot)
+            }
+            Err(e) => {
+                // Failed insertions roll themselves back; only sub-filters this call appended
+                // remain to drop, so that a failed add leaves the filter exactly as it was.
+                self.subs.truncate(subs_before);
+                Err(e)
+            }
         }
-        let dot = Dot {
-            replica: self.replica,
-            counter,
-        };
-        let expanded = self.subs.last().is_none_or(|t| t.len() >= t.slots());
-        if expanded {
+    }
+
+    /// Inserts the entry of `item` tagged `dot` (Spec. 8, line 8: into the newest sub-filter
+    /// with room that takes it, expanding as needed) and returns where it went.
+    fn place(&mut self, item: &[u8], dot: Dot) -> Result<(usize, usize, u16), FilterError> {
+        if self.subs.last().is_none_or(|t| t.len() >= t.slots()) {
             self.subs.push(self.new_sub(self.subs.len())?);
         }
         let entry_in = |t: &Table<u64>| {
@@ -164,38 +179,19 @@ impl ScOrCuckoo {
                 },
             )
         };
-        // The newest sub-filter with room that takes the entry (Spec. 8, line 8).
-        let mut placed = None;
         for (i, t) in self.subs.iter_mut().enumerate().rev() {
             if t.len() < t.slots() {
                 let (b, e) = entry_in(t);
                 if t.insert(b, e).is_ok() {
-                    placed = Some((i, b, e.fp));
-                    break;
+                    return Ok((i, b, e.fp));
                 }
             }
         }
-        let (sub, b, fp) = match placed {
-            Some(p) => p,
-            None => {
-                let mut t = self.new_sub(self.subs.len())?;
-                let (b, e) = entry_in(&t);
-                if let Err(err) = t.insert(b, e) {
-                    if expanded {
-                        self.subs.pop(); // a failed add leaves the filter as it was
-                    }
-                    return Err(err);
-                }
-                self.subs.push(t);
-                (self.subs.len() - 1, b, e.fp)
-            }
-        };
-        if let Some(pending) = &mut self.pending {
-            pending.added(dot, (sub as u32, b as u64, fp));
-        }
-        self.history.insert(dot);
-        self.clock = counter;
-        Ok(dot)
+        let mut t = self.new_sub(self.subs.len())?;
+        let (b, e) = entry_in(&t);
+        t.insert(b, e)?;
+        self.subs.push(t);
+        Ok((self.subs.len() - 1, b, e.fp))
     }
 
     /// Removes one entry of the item from a random sub-filter holding it and returns its tag.
@@ -243,10 +239,16 @@ impl Lattice for ScOrCuckoo {
     /// Sub-filter-wise ORCF merge against the shared histories, padding with bottom.
     fn merge(&mut self, other: &Self) -> Result<(), FilterError> {
         FilterError::require_same("scalable", &self.params, &other.params)?;
+        // Build the sub-filters we lack before touching anything, so that an error leaves
+        // `self` untouched. (It cannot occur for a state built or decoded with our parameters,
+        // whose sub-filters all passed the same bounds.)
+        let mut fresh = (self.subs.len()..other.subs.len())
+            .map(|i| self.new_sub(i))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter();
         for i in 0..self.subs.len().max(other.subs.len()) {
             if i == self.subs.len() {
-                let t = self.new_sub(i)?;
-                self.subs.push(t);
+                self.subs.push(fresh.next().expect("built above"));
             }
             merge_tables(
                 &mut self.subs[i],
@@ -331,14 +333,16 @@ impl DeltaState for ScOrCuckoo {
     /// `MAX_SUBS_AHEAD` past our last one (a receiver further behind catches up by
     /// anti-entropy, so that a forged index cannot make it allocate absurd sub-filters).
     fn check_delta(&self, delta: &ScOrCuckooDelta) -> Result<(), FilterError> {
-        let known = self.subs.len() + MAX_SUBS_AHEAD;
-        let fits = |s: u32, b: u64, fp: u16| {
-            (s as usize) < known
-                && self
-                    .params
-                    .cuckoo(s as usize)
-                    .is_ok_and(|p| p.holds_entry(b, fp))
-        };
+        // Parameters of every sub-filter the delta may name: ours, then those ahead that are
+        // within bounds.
+        let params: Vec<_> = (self.subs.iter().map(|t| Ok(*t.params())))
+            .chain(
+                (self.subs.len()..self.subs.len() + MAX_SUBS_AHEAD).map(|i| self.params.cuckoo(i)),
+            )
+            .map_while(Result::ok)
+            .collect();
+        let fits =
+            |s: u32, b: u64, fp: u16| params.get(s as usize).is_some_and(|p| p.holds_entry(b, fp));
         let listed = delta.entries.iter().chain(&delta.removed);
         check_listed_dots(
             listed.map(|&(s, b, fp, d)| (fits(s, b, fp), d)),
@@ -380,6 +384,17 @@ impl DeltaState for ScOrCuckoo {
         self.history.union(&delta.context);
         self.shrink();
         Ok(())
+    }
+}
+
+impl CheckRemote for ScOrCuckoo {
+    fn check_remote(&self, other: &Self) -> Result<(), FilterError> {
+        check_own_dots(self.replica, self.clock(), other.history.max(self.replica))
+    }
+
+    /// A delta's context holds exactly the dots it lists, so checking it covers them all.
+    fn check_remote_delta(&self, delta: &ScOrCuckooDelta) -> Result<(), FilterError> {
+        check_own_dots(self.replica, self.clock(), delta.context.max(self.replica))
     }
 }
 
