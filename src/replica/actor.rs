@@ -643,7 +643,7 @@ impl Replica {
     /// Merges a peer's delta; whether it was accepted.
     fn merge_delta(&mut self, bytes: &[u8]) -> bool {
         let t = Instant::now();
-        let r = self.write().merge_delta_bytes(bytes);
+        let r = self.write().merge_remote_delta_bytes(bytes);
         self.record_merge("delta", t, r.is_ok());
         match r {
             Ok(()) => {
@@ -784,6 +784,10 @@ impl Replica {
                 return self.reject(&e);
             }
         };
+        if let Err(e) = self.read().check_remote_state(&other) {
+            self.record_merge("state", Instant::now(), false);
+            return self.reject(&super::filter::remote_error(e));
+        }
         let t = Instant::now();
         let r = self.write().merge(&other);
         self.record_merge("state", t, r.is_ok());

@@ -93,6 +93,15 @@ macro_rules! each {
     };
 }
 
+/// A remote state or delta refused before merging: tags of our own id ahead of our clock
+/// (which would exhaust it) have their own reason.
+pub(crate) fn remote_error(e: FilterError) -> WireError {
+    match e {
+        FilterError::OwnDotAhead { .. } => WireError::OwnTagAhead(e.to_string()),
+        e => incompatible(e),
+    }
+}
+
 fn incompatible(e: FilterError) -> WireError {
     WireError::Incompatible(e.to_string())
 }
@@ -228,7 +237,7 @@ impl AnyFilter {
         each!(self, f => {
             let d = from_cbor(bytes)?;
             if remote {
-                f.check_remote_delta(&d).map_err(incompatible)?;
+                f.check_remote_delta(&d).map_err(remote_error)?;
             }
             f.merge_delta(&d).map_err(incompatible)
         })

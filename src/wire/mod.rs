@@ -284,6 +284,10 @@ pub enum WireError {
     /// A chunk inconsistent with its transfer, or a reassembled state whose checksum differs.
     #[error("bad state chunk: {0}")]
     Chunk(String),
+    /// A state or delta carrying tags of the receiver's own replica id beyond its clock: merged,
+    /// it would push the clock toward exhaustion (only the replica itself issues its tags).
+    #[error("tags of our own replica id ahead of our clock: {0}")]
+    OwnTagAhead(String),
     /// A message of a new sender while the receiver tracks as many live peers as it may.
     #[error("a new sender beyond max_peers = {0} live peers")]
     TooManyPeers(usize),
@@ -310,6 +314,7 @@ impl WireError {
             WireError::Incompatible(_) => "incompatible",
             WireError::Chunk(_) => "chunk",
             WireError::TooManyPeers(_) => "too_many_peers",
+            WireError::OwnTagAhead(_) => "own_tag_ahead",
             WireError::Subject(_) => "subject",
         }
     }
