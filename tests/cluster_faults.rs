@@ -6,9 +6,9 @@
 //! - Concurrent adds and removes over the NATS request API while one node and one NATS server
 //!   are killed with SIGKILL; the node restarts from its data directory, the replicas converge,
 //!   stop gracefully, and every acknowledged add that was not removed must be in each node's
-//!   final snapshot. With today's ack (before anything is durable) a SIGKILL may lose acked
-//!   adds: the test prints how many, and fails on them only once the nodes run with a durable
-//!   ack level ([`ACK_LEVEL`] or `CRPF_TEST_ACK`).
+//!   final snapshot, at the `durable` and at the `replicated` ack level (the first also being
+//!   the node's default with a data directory). `CRPF_TEST_ACK=local` runs the scenario at the
+//!   `local` level instead, to measure what it loses: it then only reports.
 #![cfg(all(feature = "node", feature = "eval"))]
 
 mod nats_harness;
@@ -23,18 +23,13 @@ use serde_json::Value;
 
 const FILTER: &str = "faults";
 
-/// The ack level the nodes' filters are configured with (`ack = "<level>"`), and from which
-/// the test requires that no acknowledged add is lost. `None`: the node's default, which
-/// acknowledges before anything is durable, so losses are only reported. Flip to
-/// `Some("durable")` when that ack level exists; `CRPF_TEST_ACK=durable` does the same for
-/// one run.
-const ACK_LEVEL: Option<&str> = None;
-
-fn ack_level() -> Option<String> {
+/// The ack level the nodes' filters are configured with (`ack = "<level>"`): `level`, or
+/// `$CRPF_TEST_ACK` to measure another one.
+fn ack_level(level: &str) -> String {
     std::env::var("CRPF_TEST_ACK")
         .ok()
         .filter(|s| !s.is_empty())
-        .or_else(|| ACK_LEVEL.map(String::from))
+        .unwrap_or_else(|| level.to_string())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -303,12 +298,21 @@ async fn wait_converged(client: &async_nats::Client, n: usize, timeout: Duration
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acknowledged_adds_survive_sigkill_of_a_node_and_a_server() {
+async fn durable_acks_survive_sigkill_of_a_node_and_a_server() {
+    sigkill_scenario("durable").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_acks_survive_sigkill_of_a_node_and_a_server() {
+    sigkill_scenario("replicated").await;
+}
+
+async fn sigkill_scenario(level: &str) {
     const TASKS: usize = 4;
     const MAX_OPS_PER_TASK: usize = 2_500;
     const LOAD_FOR: Duration = Duration::from_secs(10);
 
-    let ack = ack_level();
+    let ack = Some(ack_level(level));
     let dir = tempfile::tempdir().unwrap();
     let mut servers = NatsServer::cluster(3);
     let urls: Vec<String> = servers.iter().map(NatsServer::url).collect();
@@ -403,8 +407,7 @@ async fn acknowledged_adds_survive_sigkill_of_a_node_and_a_server() {
          missing per replica: {:?}; converged before the stop: {converged}\n\
          request failures: {:?}\n\
          sample of lost: {:?}",
-        ack.as_deref()
-            .unwrap_or("default (acknowledged before durable)"),
+        ack.as_deref().unwrap_or_default(),
         outcome.acked.len(),
         outcome.adds_unacked,
         outcome.removed.len(),
@@ -429,7 +432,7 @@ async fn acknowledged_adds_survive_sigkill_of_a_node_and_a_server() {
         "replicas diverge: missing per replica {:?}",
         missing.iter().map(BTreeSet::len).collect::<Vec<_>>()
     );
-    if ack.is_some() {
+    if ack.as_deref() != Some("local") {
         assert!(
             lost_everywhere.is_empty(),
             "{} acknowledged adds lost with ack = {:?}: {:?}",

@@ -304,11 +304,11 @@ async fn bad_input_is_rejected_counted_and_harmless() {
             .unwrap();
         *expected.entry("subject".to_string()).or_insert(0u64) += 1;
     }
-    // A request on the bare API subject is the API's to answer, not a replication reject.
+    // A request on the bare API subject is the API's to answer (an API error), not a
+    // replication reject.
     t.publish(subjects.api_root.clone(), Bytes::from(valid.clone()))
         .await
         .unwrap();
-    *expected.entry("malformed".to_string()).or_insert(0u64) += 1;
     let deadline = std::time::Instant::now() + WAIT;
     loop {
         let s = h.stats().await.unwrap();
@@ -326,6 +326,11 @@ async fn bad_input_is_rejected_counted_and_harmless() {
         h.snapshot().equivalent(&before),
         "bad input changed the state"
     );
+    wait_for(|| async {
+        let s = h.stats().await.unwrap();
+        s.api_errors.get("invalid_request") == Some(&1)
+    })
+    .await;
     // Still serving, and a valid message still merges.
     assert!(h.add(b"after".to_vec()).await.is_ok());
     t.publish(subjects.delta.clone(), Bytes::from(valid))
@@ -514,4 +519,152 @@ async fn a_snapshot_of_another_filter_is_refused() {
     cfg.filter.capacity = 2000;
     let err = Replica::start(cfg, bus).await.unwrap_err();
     assert!(matches!(err, ReplicaError::Durable(_)), "{err}");
+}
+
+/// Issue 8, finding 5: no single message may poison a replica. Each forged message below is
+/// well-formed (it passes every frame check); what it tries to move is bounded or refused,
+/// and the replica's state and clock stay as they were.
+#[actix::test]
+async fn forged_messages_move_no_clock_sequence_or_transfer_state() {
+    use crpf::wire::chunk_state;
+    let bus = Arc::new(InProcessBus::new());
+    let t: Arc<dyn Transport> = bus.clone();
+    let mut cfg = cfg("poison", FilterKind::OrCuckoo, 1000, 0.01);
+    cfg.max_peers = 8;
+    let h = Replica::start(cfg.clone(), t.clone()).await.unwrap();
+    assert!(h.wait_ready(WAIT).await);
+    h.add(b"kept".to_vec()).await.unwrap();
+    let subjects = Subjects::new("crpf", "poison");
+    let me = h.identity().replica;
+    let digest = h.snapshot().params_digest();
+    let clock = h.read(|f| f.clock());
+    let env = |sender: Uuid, seq: u64, body| {
+        Envelope::new("poison", FilterKind::OrCuckoo, digest, sender, 9, seq, body).encode()
+    };
+    let publish = |subject: &String, frame: Vec<u8>| {
+        let (t, subject) = (t.clone(), subject.clone());
+        async move { t.publish(subject, Bytes::from(frame)).await.unwrap() }
+    };
+    let rejects = |reason: &'static str| {
+        let h = h.clone();
+        async move {
+            h.stats()
+                .await
+                .unwrap()
+                .rejects
+                .get(reason)
+                .copied()
+                .unwrap_or(0)
+        }
+    };
+
+    // 1. A delta whose removed entry carries OUR id with a timestamp near the end of the
+    //    clock (the 193-byte message that stopped all adds forever).
+    let poisoned = {
+        let mut f = AnyFilter::new(&cfg.filter, me).unwrap();
+        f.advance_clock(crpf::MAX_COUNTER - 10);
+        f.track_deltas(true);
+        f.add(b"poison").unwrap();
+        f.remove(b"poison").unwrap();
+        f
+    };
+    let mut poisoned_delta = poisoned.clone();
+    let delta = poisoned_delta.take_delta().unwrap();
+    let forger = Uuid::new_v4();
+    publish(&subjects.delta, env(forger, 1, Body::Delta(delta))).await;
+    // 2. The same as a full state.
+    for (i, c) in chunk_state(&poisoned.encode_state(), 1, 1 << 20)
+        .into_iter()
+        .enumerate()
+    {
+        publish(
+            &subjects.state,
+            env(forger, 2 + i as u64, Body::StateChunk(c)),
+        )
+        .await;
+    }
+    wait_for(|| async { rejects("own_tag_ahead").await == 2 }).await;
+    assert_eq!(
+        h.read(|f| f.clock()),
+        clock,
+        "a remote message moved our clock"
+    );
+    assert!(h.add(b"still adds".to_vec()).await.is_ok());
+
+    // 3. A sequence number of u64::MAX: counted as a bounded gap, no wrap, and the sender's
+    //    next message (its count restarted) is no gap at all.
+    let gaps = h.stats().await.unwrap().sequence_gaps;
+    let seqs = Uuid::new_v4();
+    for seq in [1, u64::MAX, 2] {
+        let body = Body::StateRequest {
+            target: Some(Uuid::nil()),
+        };
+        publish(&subjects.state, env(seqs, seq, body)).await;
+    }
+    wait_for(|| async { h.stats().await.unwrap().sequence_gaps > gaps }).await;
+    let after = h.stats().await.unwrap().sequence_gaps;
+    assert!(
+        after - gaps <= 1 << 20,
+        "one message added {} gaps",
+        after - gaps
+    );
+
+    // 4. A full state with transfer id u64::MAX, then one with transfer id 1 from the same
+    //    sender: both merge (ids are only compared for equality).
+    // One peer's state as it grows (distinct items under one replica id need one filter).
+    let mut peer = AnyFilter::new(&cfg.filter, 77).unwrap();
+    let sender = Uuid::new_v4();
+    for (transfer, seq, item) in [(u64::MAX, 1, b"first".as_slice()), (1, 2, b"second")] {
+        peer.add(item).unwrap();
+        for c in chunk_state(&peer.encode_state(), transfer, 1 << 20) {
+            publish(&subjects.state, env(sender, seq, Body::StateChunk(c))).await;
+        }
+    }
+    assert!(
+        h.wait_until(WAIT, |f| f.contains(b"first") && f.contains(b"second"))
+            .await
+    );
+
+    // 5. A flood of forged senders: at most `max_peers` are tracked, the rest rejected.
+    for _ in 0..40 {
+        let digest_msg = Body::Digest {
+            digest: 1,
+            ready: false,
+        };
+        publish(&subjects.state, env(Uuid::new_v4(), 1, digest_msg)).await;
+    }
+    wait_for(|| async { rejects("too_many_peers").await > 0 }).await;
+    assert!(h.stats().await.unwrap().peers <= 8);
+
+    // 6. Replaying a valid delta changes nothing the first merge did not.
+    let mut other = AnyFilter::new(&cfg.filter, 55).unwrap();
+    other.track_deltas(true);
+    other.add(b"replayed").unwrap();
+    let d = other.take_delta().unwrap();
+    // (From a peer already tracked: the flood above filled every place for new ones.)
+    let replayer = sender;
+    publish(&subjects.delta, env(replayer, 3, Body::Delta(d.clone()))).await;
+    assert!(h.wait_until(WAIT, |f| f.contains(b"replayed")).await);
+    let once = h.snapshot();
+    for seq in 4..7 {
+        publish(&subjects.delta, env(replayer, seq, Body::Delta(d.clone()))).await;
+    }
+    h.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        h.snapshot().equivalent(&once),
+        "a replayed delta changed the state"
+    );
+    h.shutdown().await.unwrap();
+}
+
+async fn wait_for<F: std::future::Future<Output = bool>>(cond: impl Fn() -> F) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while !cond().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "condition not reached"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

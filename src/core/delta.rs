@@ -128,4 +128,4 @@ pub struct ScOrCuckooDelta {
 /// Sub-filters a delta may create beyond the receiver's last one. A receiver further behind
 /// rejects the delta and catches up by anti-entropy, so that a forged index cannot make it
 /// allocate sub-filters of absurd size.
-pub const MAX_SUBS_AHEAD: usize = 2;
+pub const MAX_SUBS_AHEAD: usize = 4;

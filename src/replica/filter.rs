@@ -485,7 +485,7 @@ mod tests {
                 ));
                 assert!(matches!(
                     mine.merge_remote_delta_bytes(&delta),
-                    Err(WireError::Incompatible(_))
+                    Err(WireError::OwnTagAhead(_))
                 ));
                 assert!(mine.equivalent(&before) && mine.clock() == 1, "{kind}");
             } else {
