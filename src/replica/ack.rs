@@ -277,7 +277,7 @@ impl<R> AckTracker<R> {
 /// Peer acknowledgements a `Replicated` update needs: `configured`, or else a majority of the
 /// live replicas counting this one (`live_peers + 1` replicas: with 3 replicas, 1 peer).
 pub(crate) fn peers_needed(configured: Option<usize>, live_peers: usize) -> usize {
-    configured.unwrap_or((live_peers + 1) / 2)
+    configured.unwrap_or(live_peers.div_ceil(2))
 }
 
 #[cfg(test)]

@@ -27,7 +27,12 @@ pub(crate) fn restore(
     cfg: &ReplicaConfig,
     fresh: &AnyFilter,
 ) -> Result<(Option<Restored>, Replayed), DurableError> {
-    let Some((mut filter, snap_identity, reserved, covered)) = load_snapshot(data, cfg, fresh)?
+    let Some(SoundSnapshot {
+        mut filter,
+        identity: snap_identity,
+        reserved,
+        wal_covered: covered,
+    }) = load_snapshot(data, cfg, fresh)?
     else {
         // Without the snapshot the log cannot be trusted to be this state's (nor is it
         // complete: it is truncated at every snapshot): keep it aside for inspection.
@@ -68,12 +73,20 @@ pub(crate) fn restore(
     Ok((Some(restored), replayed))
 }
 
-/// The snapshot's state, identity, reservation and covered log segments, if it is sound.
+/// A snapshot that decoded and belongs to this replica's filter.
+struct SoundSnapshot {
+    filter: AnyFilter,
+    identity: Identity,
+    reserved: u64,
+    wal_covered: Option<SegmentId>,
+}
+
+/// The snapshot, if it is sound.
 fn load_snapshot(
     data: &DataDir,
     cfg: &ReplicaConfig,
     fresh: &AnyFilter,
-) -> Result<Option<(AnyFilter, Identity, u64, Option<SegmentId>)>, DurableError> {
+) -> Result<Option<SoundSnapshot>, DurableError> {
     let snap = match data.load_snapshot() {
         Ok(Some(s)) => s,
         Ok(None) => return Ok(None),
@@ -103,12 +116,12 @@ fn load_snapshot(
         });
     }
     match AnyFilter::decode_state(snap.kind, &snap.state) {
-        Ok(f) => Ok(Some((
-            f,
-            snap.identity,
-            snap.reserved,
-            snap.wal_covered.map(SegmentId),
-        ))),
+        Ok(filter) => Ok(Some(SoundSnapshot {
+            filter,
+            identity: snap.identity,
+            reserved: snap.reserved,
+            wal_covered: snap.wal_covered.map(SegmentId),
+        })),
         Err(e) => {
             tracing::warn!(error = %e, "snapshot does not decode: starting afresh under a new replica id");
             data.quarantine(SNAPSHOT_FILE);
