@@ -659,13 +659,7 @@ impl Replica {
     }
 
     fn record_merge(&self, source: &'static str, t: Instant, ok: bool) {
-        let outcome = if ok { "ok" } else { "rejected" };
-        self.metrics
-            .counter(m::MERGES, &[("source", source), ("outcome", outcome)])
-            .increment(1);
-        self.metrics
-            .histogram(m::MERGE_DURATION, &[("source", source)])
-            .record(t.elapsed().as_secs_f64());
+        self.metrics.merge(source, ok, t.elapsed().as_secs_f64());
     }
 
     /// Whether a new sender may be tracked: under the cap, or by evicting the stalest peer
@@ -864,10 +858,7 @@ impl Replica {
     }
 
     fn op(&self, op: &'static str, ok: bool) {
-        let outcome = if ok { "ok" } else { "error" };
-        self.metrics
-            .counter(m::OPERATIONS, &[("op", op), ("outcome", outcome)])
-            .increment(1);
+        self.metrics.op(op, ok);
     }
 
     /// Reserves tag timestamps durably before one above the reservation is issued.
