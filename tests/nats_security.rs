@@ -128,16 +128,6 @@ async fn start(server: &NatsServer, cfg: ReplicaConfig, t: Arc<dyn Transport>) -
         .unwrap_or_else(|e| panic!("replica start: {e}\nserver log:\n{}", server.log()))
 }
 
-async fn rejects(h: &ReplicaHandle, reason: &str) -> u64 {
-    h.stats()
-        .await
-        .unwrap()
-        .rejects
-        .get(reason)
-        .copied()
-        .unwrap_or(0)
-}
-
 async fn stop(handles: &[ReplicaHandle]) {
     for h in handles {
         h.shutdown().await.unwrap();

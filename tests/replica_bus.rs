@@ -545,18 +545,6 @@ async fn forged_messages_move_no_clock_sequence_or_transfer_state() {
         let (t, subject) = (t.clone(), subject.clone());
         async move { t.publish(subject, Bytes::from(frame)).await.unwrap() }
     };
-    let rejects = |reason: &'static str| {
-        let h = h.clone();
-        async move {
-            h.stats()
-                .await
-                .unwrap()
-                .rejects
-                .get(reason)
-                .copied()
-                .unwrap_or(0)
-        }
-    };
 
     // 1. A delta whose removed entry carries OUR id with a timestamp near the end of the
     //    clock (the 193-byte message that stopped all adds forever).
@@ -583,7 +571,7 @@ async fn forged_messages_move_no_clock_sequence_or_transfer_state() {
         )
         .await;
     }
-    wait_for(|| async { rejects("own_tag_ahead").await == 2 }).await;
+    wait_for(|| async { rejects(&h, "own_tag_ahead").await == 2 }).await;
     assert_eq!(
         h.read(|f| f.clock()),
         clock,
@@ -633,7 +621,7 @@ async fn forged_messages_move_no_clock_sequence_or_transfer_state() {
         };
         publish(&subjects.state, env(Uuid::new_v4(), 1, digest_msg)).await;
     }
-    wait_for(|| async { rejects("too_many_peers").await > 0 }).await;
+    wait_for(|| async { rejects(&h, "too_many_peers").await > 0 }).await;
     assert!(h.stats().await.unwrap().peers <= 8);
 
     // 6. Replaying a valid delta changes nothing the first merge did not.

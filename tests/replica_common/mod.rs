@@ -116,3 +116,14 @@ pub fn check_or_semantics(handles: &[ReplicaHandle], log: &Log) {
         }
     }
 }
+
+/// How many replication messages the replica rejected for `reason`.
+pub async fn rejects(h: &ReplicaHandle, reason: &str) -> u64 {
+    h.stats()
+        .await
+        .unwrap()
+        .rejects
+        .get(reason)
+        .copied()
+        .unwrap_or(0)
+}
