@@ -241,6 +241,27 @@ impl NodeConfig {
 mod tests {
     use super::*;
 
+    /// The commented examples in `configs/` are what users copy: they must load.
+    #[test]
+    fn example_configs_load() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+        for name in [
+            "node.toml",
+            "cluster/node1.toml",
+            "cluster/node2.toml",
+            "cluster/node3.toml",
+        ] {
+            let cfg = NodeConfig::load(&root.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(!cfg.filters.is_empty(), "{name}");
+        }
+        // Its key file lives on the operator's machine: only that field may fail.
+        match NodeConfig::load(&root.join("auth-tls.toml")) {
+            Ok(_) => {}
+            Err(ConfigError::Invalid { field, .. }) => assert_eq!(field, "node.auth_key_file"),
+            Err(e) => panic!("auth-tls.toml: {e}"),
+        }
+    }
+
     fn with_keys(node: &str) -> Result<NodeConfig, ConfigError> {
         NodeConfig::from_toml_str(&format!(
             "[node]\n{node}\n[[filters]]\nname = \"a\"\nfilter = {{ kind = \"g_bloom\", capacity = 100, fpr = 0.01 }}\n\
