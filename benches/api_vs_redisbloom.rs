@@ -873,10 +873,7 @@ async fn run(s: Settings) -> Result<(), BoxError> {
                 });
                 procs.push(p);
             }
-            Err(e) => println!(
-                "RedisBloom: not available ({e}); measuring crpf alone (run \
-                 scripts/install-bench-tools.sh)"
-            ),
+            Err(e) => println!("RedisBloom: not available ({e}); measuring crpf alone"),
         }
     }
     println!(
