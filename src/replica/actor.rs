@@ -468,6 +468,10 @@ impl Replica {
 
     fn send_digest(&mut self) {
         let digest = self.my_digest();
+        // The gauge needs our digest, which encodes the whole state: computed here, where the
+        // anti-entropy round computes it anyway, not at every metrics interval.
+        let converged = self.converged_peers();
+        self.metrics.converged.set(converged as f64);
         let ready = self.ready;
         self.publish_state_body(Body::Digest { digest, ready });
     }
@@ -707,13 +711,18 @@ impl Replica {
         }
     }
 
-    /// Live peers whose last announced digest equals ours.
+    /// Live peers whose last announced digest equals ours. Our digest encodes the whole
+    /// state, so it is only computed when some live peer announced one to compare with.
     fn converged_peers(&mut self) -> usize {
-        let mine = self.my_digest();
         let live = ReplicaConfig::ms(self.cfg.anti_entropy_interval_ms * 3);
+        let is_live = |p: &Peer| p.last_seen.elapsed() < live && p.digest.is_some();
+        if !self.peers.values().any(is_live) {
+            return 0;
+        }
+        let mine = self.my_digest();
         self.peers
             .values()
-            .filter(|p| p.last_seen.elapsed() < live && p.digest == Some(mine))
+            .filter(|p| is_live(p) && p.digest == Some(mine))
             .count()
     }
 
@@ -1229,8 +1238,6 @@ impl Replica {
             }
         }
         self.expire_peers();
-        let converged = self.converged_peers();
-        self.metrics.converged.set(converged as f64);
         let live = ReplicaConfig::ms(self.cfg.anti_entropy_interval_ms * 3);
         let mut alive = 0;
         for p in self.peers.values() {
