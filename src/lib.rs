@@ -30,6 +30,8 @@
 //! `wire` and the typed NATS client `client`.
 
 pub mod api;
+#[cfg(feature = "node")]
+pub mod client;
 pub mod core;
 #[cfg(feature = "eval")]
 pub mod eval;
