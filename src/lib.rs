@@ -25,8 +25,13 @@
 //! # Ok::<(), crpf::FilterError>(())
 //! ```
 //!
-//! The layers: [`core`] is pure and synchronous (no I/O).
+//! The layers: [`core`] is pure and synchronous (no I/O); [`api`] is the request API's
+//! vocabulary and batch framing (pure too); with the `node` feature, `replica`, `transport`,
+//! `wire` and the typed NATS client `client`.
 
+pub mod api;
+#[cfg(feature = "node")]
+pub mod client;
 pub mod core;
 #[cfg(feature = "eval")]
 pub mod eval;

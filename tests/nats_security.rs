@@ -177,6 +177,17 @@ async fn replicas_replicate_and_clients_cannot_publish_replication_traffic() {
     for h in &hs {
         assert!(h.wait_until(WAIT, |f| f.contains(b"via-api")).await);
     }
+    // ...and the API of one chosen replica (its subscription is the replica user's too).
+    let one = subjects.replica_api_subject(hs[1].identity().replica, "contains");
+    let deadline = Instant::now() + WAIT;
+    let reply = loop {
+        match client.request(one.clone(), "via-api".into()).await {
+            Ok(reply) => break reply,
+            Err(e) => assert!(Instant::now() < deadline, "{one}: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(&reply.payload[..], br#"{"contains":true}"#);
     // ...but its publish of a well-formed delta is refused by the server, and so is listening
     // to replication.
     let frame = forged_delta(&cfg, &codec(&cfg, None), b"injected");

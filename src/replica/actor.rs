@@ -27,6 +27,9 @@ use crate::wire::{
 };
 use crate::{Dot, ReplicaId};
 
+/// The request API (`<prefix>.<filter>.api.<op>`, `<...>.replica.<id>.api.<op>`).
+mod request;
+
 /// States at least this large are encoded and decoded off the actor's thread.
 const BLOCKING_THRESHOLD: usize = 256 << 10;
 /// Room left in a frame for the envelope around a chunk.
@@ -101,15 +104,17 @@ impl Inbound {
 /// What the publisher task sends, in order.
 enum Outbound {
     Publish(String, Bytes, &'static str),
+    /// A reply of the request API, with its headers.
+    Reply(String, Bytes, async_nats::HeaderMap),
     Flush(oneshot::Sender<()>),
 }
 
 /// Who gets the answer of an update waiting for its acknowledgement level.
 pub(crate) enum Responder {
-    /// A request of the API: the reply subject and the JSON of a success.
+    /// A request of the API: the reply subject and the reply of a success.
     Api {
         reply: Option<String>,
-        body: serde_json::Value,
+        body: request::ApiReply,
     },
     /// A [`ReplicaHandle`] call.
     Handle {
@@ -310,6 +315,7 @@ impl Replica {
         if let Err(mpsc::error::TrySendError::Full(o)) = self.outbound.try_send(o) {
             let channel = match &o {
                 Outbound::Publish(_, _, channel) => channel,
+                Outbound::Reply(..) => "api",
                 Outbound::Flush(_) => "flush",
             };
             Counters::bump(&self.shared.counters.outbound_dropped, 1);
@@ -892,33 +898,25 @@ impl Replica {
         Ok(())
     }
 
-    fn do_add(
-        &mut self,
-        item: &[u8],
-        ctx: &mut Context<Self>,
-    ) -> Result<Option<Dot>, ReplicaError> {
+    fn do_add(&mut self, item: &[u8]) -> Result<Option<Dot>, ReplicaError> {
         let r = self
             .check_item(item)
             .and_then(|_| self.reserve_tags())
             .and_then(|_| self.write().add(item).map_err(ReplicaError::from));
         self.op("add", r.is_ok());
         if r.is_ok() {
-            self.local_change(ctx);
+            self.local_change();
         }
         r
     }
 
-    fn do_remove(
-        &mut self,
-        item: &[u8],
-        ctx: &mut Context<Self>,
-    ) -> Result<Option<Dot>, ReplicaError> {
+    fn do_remove(&mut self, item: &[u8]) -> Result<Option<Dot>, ReplicaError> {
         let r = self
             .check_item(item)
             .and_then(|_| self.write().remove(item).map_err(ReplicaError::from));
         self.op("remove", r.is_ok());
         if matches!(r, Ok(Some(_))) {
-            self.local_change(ctx);
+            self.local_change();
         }
         r
     }
@@ -943,10 +941,21 @@ impl Replica {
         ctx: &mut Context<Self>,
     ) {
         if level == AckLevel::Local || !changed {
-            return self.respond(responder, Ok(()));
+            self.respond(responder, Ok(()));
+        } else {
+            self.acks.wait(level, self.next_batch, responder);
+            self.schedule_commit(ctx);
         }
-        self.acks.wait(level, self.next_batch, responder);
-        self.schedule_commit(ctx);
+        // Only now, with the update waiting on the next commit: committing before would put
+        // its delta in a commit it does not wait for.
+        self.commit_if_full(ctx);
+    }
+
+    /// Commits when the pending delta holds `delta_max_updates` updates.
+    pub(super) fn commit_if_full(&mut self, ctx: &mut Context<Self>) {
+        if self.read().pending_delta_len() >= self.cfg.delta_max_updates {
+            self.flush_delta(ctx);
+        }
     }
 
     fn do_contains(&self, item: &[u8]) -> Result<bool, ReplicaError> {
@@ -954,12 +963,10 @@ impl Replica {
         Ok(self.read().contains(item))
     }
 
-    fn local_change(&mut self, ctx: &mut Context<Self>) {
+    /// Marks a local update; the commit it may call for comes from [`Replica::settle`].
+    pub(super) fn local_change(&mut self) {
         self.changed();
         self.changed_since_push = true;
-        if self.read().pending_delta_len() >= self.cfg.delta_max_updates {
-            self.flush_delta(ctx);
-        }
     }
 
     fn stats(&mut self) -> ReplicaStats {
@@ -1004,114 +1011,6 @@ impl Replica {
             bytes_received: c.bytes_received.load(Ordering::Relaxed),
             state_bytes: c.state_bytes.load(Ordering::Relaxed),
         }
-    }
-
-    // ---- request API ---------------------------------------------------------------------
-
-    fn start_api(&mut self, _ctx: &mut Context<Self>) {
-        // `<...>.api` and `<...>.api.>` (one NATS pattern cannot cover both): every request on
-        // an API subject gets a reply, an error one without a known operation.
-        for subject in self.subjects.api_subscriptions() {
-            let transport = self.transport.clone();
-            let tx = self.inbound_tx.clone();
-            let subject = subject.to_string();
-            let queue = self.subjects.api_queue.clone();
-            let shared = self.shared.clone();
-            let metrics = self.metrics.clone();
-            self.tasks.push(actix::spawn(async move {
-                let convert = |m| Some(Inbound::Api(m));
-                forward_stream(
-                    &mut None,
-                    transport,
-                    subject,
-                    Some(queue),
-                    tx,
-                    convert,
-                    shared,
-                    metrics,
-                )
-                .await;
-            }));
-        }
-    }
-
-    fn on_api(&mut self, msg: Message, ctx: &mut Context<Self>) {
-        use serde_json::json;
-        self.metrics.traffic("in", "api", msg.payload.len());
-        let op = self.subjects.api_op(&msg.subject).unwrap_or("");
-        let item = &msg.payload[..];
-        let level = match api_ack_level(&msg) {
-            Ok(l) => l.unwrap_or(self.cfg.default_ack()),
-            Err(e) => return self.api_failed(msg.reply, e),
-        };
-        let update = match op {
-            "add" => self
-                .check_level(level)
-                .and_then(|_| self.do_add(item, ctx))
-                .map(|_| (true, json!({"added": true}))),
-            "remove" => self
-                .check_level(level)
-                .and_then(|_| self.do_remove(item, ctx))
-                .map(|d| (d.is_some(), json!({"removed": d.is_some()}))),
-            "contains" => {
-                let r = self.do_contains(item).map(|c| json!({"contains": c}));
-                return self.api_answer(msg.reply, r);
-            }
-            "stats" => {
-                let stats = serde_json::to_value(self.stats()).expect("stats serialize");
-                return self.api_answer(msg.reply, Ok(stats));
-            }
-            "" => Err(ReplicaError::InvalidItem(format!(
-                "no operation: send to {}.<add|remove|contains|stats>",
-                self.subjects.api_root
-            ))),
-            other => Err(ReplicaError::InvalidItem(format!(
-                "unknown operation `{other}` (add, remove, contains, stats)"
-            ))),
-        };
-        match update {
-            Ok((changed, body)) => {
-                let reply = msg.reply;
-                self.settle(level, changed, Responder::Api { reply, body }, ctx);
-            }
-            Err(e) => self.api_failed(msg.reply, e),
-        }
-    }
-
-    fn api_answer(&mut self, reply: Option<String>, r: Result<serde_json::Value, ReplicaError>) {
-        match r {
-            Ok(body) => self.reply(reply, &body),
-            Err(e) => self.api_failed(reply, e),
-        }
-    }
-
-    fn api_failed(&mut self, reply: Option<String>, e: ReplicaError) {
-        self.api_error(&e);
-        self.reply(reply, &serde_json::json!({"error": e.to_string()}));
-    }
-
-    fn reply(&mut self, reply: Option<String>, body: &serde_json::Value) {
-        if let Some(to) = reply {
-            let frame = serde_json::to_vec(body).expect("JSON serialize");
-            self.metrics.traffic("out", "api", frame.len());
-            self.enqueue(Outbound::Publish(to, frame.into(), "api"));
-        }
-    }
-
-    /// Counts a request API error by reason (apart from replication rejects).
-    fn api_error(&self, e: &ReplicaError) {
-        let reason = e.reason();
-        *self
-            .shared
-            .counters
-            .api_errors
-            .lock()
-            .expect("counters lock")
-            .entry(reason)
-            .or_default() += 1;
-        self.metrics
-            .counter(m::API_ERRORS, &[("reason", reason)])
-            .increment(1);
     }
 
     // ---- durability and housekeeping -----------------------------------------------------
@@ -1298,19 +1197,7 @@ impl Replica {
 }
 
 /// The header of an API request that asks for an acknowledgement level.
-pub const ACK_HEADER: &str = "Crpf-Ack";
-
-/// The level an API request asks for in its `Crpf-Ack` header, if any.
-fn api_ack_level(msg: &Message) -> Result<Option<AckLevel>, ReplicaError> {
-    let Some(value) = msg.headers.as_ref().and_then(|h| h.get(ACK_HEADER)) else {
-        return Ok(None);
-    };
-    value
-        .as_str()
-        .parse()
-        .map(Some)
-        .map_err(ReplicaError::InvalidItem)
-}
+pub use crate::api::ACK_HEADER;
 
 /// Sequence gaps one message can add to the counters.
 const MAX_COUNTED_GAP: u64 = 1 << 20;
@@ -1504,20 +1391,28 @@ impl Actor for Replica {
         let (metrics, limiter) = (self.metrics.clone(), self.limiter.clone());
         actix::spawn(async move {
             while let Some(o) = out.recv().await {
-                match o {
+                let (sent, channel) = match o {
                     Outbound::Publish(subject, payload, channel) => {
-                        if let Err(e) = transport.publish(subject, payload).await {
-                            metrics
-                                .counter(m::PUBLISH_ERRORS, &[("channel", channel)])
-                                .increment(1);
-                            if let Some(n) = limiter.allow("publish") {
-                                tracing::warn!(error = %e, suppressed = n, "publish failed; anti-entropy will repair");
-                            }
-                        }
+                        (transport.publish(subject, payload).await, channel)
                     }
+                    Outbound::Reply(subject, payload, headers) => (
+                        transport
+                            .publish_with_headers(subject, headers, payload)
+                            .await,
+                        "api",
+                    ),
                     Outbound::Flush(done) => {
                         let _ = transport.flush().await;
                         let _ = done.send(());
+                        continue;
+                    }
+                };
+                if let Err(e) = sent {
+                    metrics
+                        .counter(m::PUBLISH_ERRORS, &[("channel", channel)])
+                        .increment(1);
+                    if let Some(n) = limiter.allow("publish") {
+                        tracing::warn!(error = %e, suppressed = n, "publish failed; anti-entropy will repair");
                     }
                 }
             }
@@ -1715,9 +1610,7 @@ impl Handler<Add> for Replica {
     type Result = ResponseFuture<Result<Option<Dot>, ReplicaError>>;
     fn handle(&mut self, msg: Add, ctx: &mut Context<Self>) -> Self::Result {
         let level = msg.ack.unwrap_or(self.cfg.default_ack());
-        let applied = self
-            .check_level(level)
-            .and_then(|_| self.do_add(&msg.item, ctx));
+        let applied = self.check_level(level).and_then(|_| self.do_add(&msg.item));
         self.settle_handle(level, applied.map(|dot| (true, dot)), ctx)
     }
 }
@@ -1728,7 +1621,7 @@ impl Handler<Remove> for Replica {
         let level = msg.ack.unwrap_or(self.cfg.default_ack());
         let applied = self
             .check_level(level)
-            .and_then(|_| self.do_remove(&msg.item, ctx));
+            .and_then(|_| self.do_remove(&msg.item));
         self.settle_handle(level, applied.map(|dot| (dot.is_some(), dot)), ctx)
     }
 }

@@ -74,6 +74,10 @@ pub struct ReplicaConfig {
     /// Largest item of an add/remove/contains.
     #[serde(default = "d::max_item_bytes")]
     pub max_item_bytes: usize,
+    /// Most items of one batch request of the API (`madd`, `mremove`, `mcontains`); a larger
+    /// batch is refused whole. A batch is also bounded by the server's `max_payload`.
+    #[serde(default = "d::max_batch_items")]
+    pub max_batch_items: usize,
     /// Messages received but not yet handled that the replica buffers; more are dropped and
     /// counted (`crpf_dropped_messages_total`), and anti-entropy repairs the loss.
     #[serde(default = "d::inbound_buffer")]
@@ -158,6 +162,9 @@ mod d {
     pub fn max_item_bytes() -> usize {
         4_096
     }
+    pub fn max_batch_items() -> usize {
+        crate::api::DEFAULT_MAX_BATCH_ITEMS
+    }
     pub fn inbound_buffer() -> usize {
         65_536
     }
@@ -204,6 +211,7 @@ impl ReplicaConfig {
             max_state_bytes: d::max_state_bytes(),
             chunk_bytes: d::chunk_bytes(),
             max_item_bytes: d::max_item_bytes(),
+            max_batch_items: d::max_batch_items(),
             inbound_buffer: d::inbound_buffer(),
             inbound_max_bytes: d::inbound_max_bytes(),
             serve_api: true,
@@ -264,6 +272,7 @@ impl ReplicaConfig {
             ("delta_max_updates", self.delta_max_updates as u64),
             ("chunk_bytes", self.chunk_bytes as u64),
             ("max_item_bytes", self.max_item_bytes as u64),
+            ("max_batch_items", self.max_batch_items as u64),
             ("inbound_buffer", self.inbound_buffer as u64),
             ("max_peers", self.max_peers as u64),
             ("outbound_buffer", self.outbound_buffer as u64),

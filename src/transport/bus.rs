@@ -151,6 +151,21 @@ impl Transport for InProcessBus {
         futures::future::ready(r.map(|_| ())).boxed()
     }
 
+    fn publish_with_headers(
+        &self,
+        subject: String,
+        headers: async_nats::HeaderMap,
+        payload: Bytes,
+    ) -> BoxFuture<'static, Result<(), TransportError>> {
+        let r = self.deliver(Message {
+            subject,
+            payload,
+            reply: None,
+            headers: Some(headers),
+        });
+        futures::future::ready(r.map(|_| ())).boxed()
+    }
+
     fn subscribe(
         &self,
         subject: String,

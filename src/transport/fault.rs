@@ -90,6 +90,19 @@ impl Transport for FaultyTransport {
         self.inner.publish(subject, payload)
     }
 
+    fn publish_with_headers(
+        &self,
+        subject: String,
+        headers: async_nats::HeaderMap,
+        payload: Bytes,
+    ) -> BoxFuture<'static, Result<(), TransportError>> {
+        if self.lose(&subject) {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return futures::future::ready(Ok(())).boxed();
+        }
+        self.inner.publish_with_headers(subject, headers, payload)
+    }
+
     fn subscribe(
         &self,
         subject: String,

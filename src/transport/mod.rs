@@ -96,6 +96,19 @@ pub trait Transport: Send + Sync + 'static {
         payload: Bytes,
     ) -> BoxFuture<'static, Result<(), TransportError>>;
 
+    /// Publishes a payload with NATS headers (the request API's replies name the replica
+    /// that answered). The default drops the headers: a transport that cannot carry them
+    /// still delivers the payload.
+    fn publish_with_headers(
+        &self,
+        subject: String,
+        headers: async_nats::HeaderMap,
+        payload: Bytes,
+    ) -> BoxFuture<'static, Result<(), TransportError>> {
+        let _ = headers;
+        self.publish(subject, payload)
+    }
+
     /// Subscribes to a subject (NATS wildcards `*` and `>` allowed); with a queue group, each
     /// message goes to one member of the group.
     fn subscribe(
@@ -158,7 +171,8 @@ pub struct Subjects {
     /// means a loss); receivers accept from it only what [`Subjects::channel`] says is `delta`
     /// or `state`, with an envelope body that belongs there.
     pub replication: String,
-    /// `<prefix>.<filter>.api.>`: the API's operations.
+    /// `<prefix>.<filter>.api.>`: the API's operations (any ready replica answers; see
+    /// [`Subjects::replica_api_root`] for one chosen replica).
     pub api: String,
     /// `<prefix>.<filter>.api`: a request without an operation, which gets an error reply;
     /// also the API's queue group.
@@ -171,6 +185,7 @@ impl Subjects {
     const DELTA: &'static str = "delta";
     const STATE: &'static str = "state";
     const API: &'static str = "api";
+    const REPLICA: &'static str = "replica";
 
     /// The subjects of `filter` under `prefix`.
     ///
@@ -183,6 +198,10 @@ impl Subjects {
     /// assert_eq!(s.channel("crpf.users.bogus"), None);
     /// assert_eq!(s.api_op("crpf.users.api.add"), Some("add"));
     /// assert_eq!(s.api_op("crpf.users.api"), Some(""));
+    /// // One chosen replica's API.
+    /// assert_eq!(s.replica_api_subject(3, "stats"), "crpf.users.replica.3.api.stats");
+    /// assert_eq!(s.api_target("crpf.users.replica.3.api.stats"), Some((Some(3), "stats")));
+    /// assert_eq!(s.api_target("crpf.users.api.add"), Some((None, "add")));
     /// ```
     pub fn new(prefix: &str, filter: &str) -> Self {
         let base = format!("{prefix}.{filter}");
@@ -208,6 +227,32 @@ impl Subjects {
         [&self.api_root, &self.api]
     }
 
+    /// `<prefix>.<filter>.replica.<id>.api`: the request API of replica `id` alone (no queue
+    /// group: only that replica subscribes).
+    pub fn replica_api_root(&self, id: ReplicaId) -> String {
+        format!("{}.{}.{id}.{}", self.base(), Self::REPLICA, Self::API)
+    }
+
+    /// `<prefix>.<filter>.replica.<id>.api.<op>`.
+    pub fn replica_api_subject(&self, id: ReplicaId, op: &str) -> String {
+        format!("{}.{op}", self.replica_api_root(id))
+    }
+
+    /// Like [`Subjects::api_subscriptions`], for the API of replica `id` alone.
+    pub fn replica_api_subscriptions(&self, id: ReplicaId) -> [String; 2] {
+        let root = self.replica_api_root(id);
+        let all = format!("{root}.>");
+        [root, all]
+    }
+
+    /// `<prefix>.<filter>`.
+    fn base(&self) -> &str {
+        self.api_root
+            .strip_suffix(Self::API)
+            .and_then(|b| b.strip_suffix('.'))
+            .expect("api_root ends with .api")
+    }
+
     /// Which of this filter's channels `subject` is exactly; `None` for any other subject
     /// (`<prefix>.<filter>.bogus`, another filter's).
     pub fn channel(&self, subject: &str) -> Option<Channel> {
@@ -222,15 +267,39 @@ impl Subjects {
         }
     }
 
-    /// The operation of an API subject of this filter: `Some("add")` for `<...>.api.add`,
-    /// `Some("")` for `<...>.api` itself (no operation), `None` if not an API subject.
+    /// The operation of an API subject of this filter: `Some("add")` for `<...>.api.add`
+    /// and `<...>.replica.<id>.api.add`, `Some("")` for `<...>.api` itself (no operation),
+    /// `None` if not an API subject.
     pub fn api_op<'a>(&self, subject: &'a str) -> Option<&'a str> {
-        let rest = subject.strip_prefix(self.api_root.as_str())?;
-        if rest.is_empty() {
-            Some("")
-        } else {
-            rest.strip_prefix('.')
+        self.api_target(subject).map(|(_, op)| op)
+    }
+
+    /// The replica an API subject of this filter addresses (`None`: any, through the queue
+    /// group) and its operation (`""` for none); `None` if not an API subject.
+    pub fn api_target<'a>(&self, subject: &'a str) -> Option<(Option<ReplicaId>, &'a str)> {
+        fn op_of(rest: &str) -> Option<&str> {
+            if rest.is_empty() {
+                Some("")
+            } else {
+                rest.strip_prefix('.')
+            }
         }
+        if let Some(rest) = subject.strip_prefix(self.api_root.as_str()) {
+            return op_of(rest).map(|op| (None, op));
+        }
+        let rest = subject
+            .strip_prefix(self.base())?
+            .strip_prefix('.')?
+            .strip_prefix(Self::REPLICA)?
+            .strip_prefix('.')?;
+        let (id, rest) = rest.split_once('.')?;
+        // Only the canonical spelling of an id: it is what replicas subscribe to.
+        let id: ReplicaId = id
+            .parse()
+            .ok()
+            .filter(|n: &ReplicaId| n.to_string() == id)?;
+        let op = op_of(rest.strip_prefix(Self::API)?)?;
+        Some((Some(id), op))
     }
 
     /// The channel of a subject of any filter under any prefix, by its last two tokens: for
@@ -343,6 +412,45 @@ mod tests {
             assert_eq!(s.channel(other), None, "{other}");
         }
         assert_eq!(s.api_op("crpf.f.api.add.more"), Some("add.more"));
+        // One replica's API.
+        assert_eq!(s.channel("crpf.f.replica.7.api"), Some(Channel::Api));
+        assert_eq!(s.api_target("crpf.f.replica.7.api"), Some((Some(7), "")));
+        assert_eq!(
+            s.api_target("crpf.f.replica.7.api.madd"),
+            Some((Some(7), "madd"))
+        );
+        for other in [
+            "crpf.f.replica.07.api.add",
+            "crpf.f.replica.x.api.add",
+            "crpf.f.replica.70000.api.add",
+            "crpf.f.replica.7.apix",
+            "crpf.f.replica.7",
+            "crpf.f.replica",
+            "crpf.g.replica.7.api.add",
+        ] {
+            assert_eq!(s.api_target(other), None, "{other}");
+        }
+        let [root, all] = s.replica_api_subscriptions(7);
+        assert_eq!(
+            (root.as_str(), all.as_str()),
+            ("crpf.f.replica.7.api", "crpf.f.replica.7.api.>")
+        );
+        for subject in ["crpf.f.replica.7.api", "crpf.f.replica.7.api.stats"] {
+            let hits = [&root, &all]
+                .iter()
+                .filter(|p| subject_matches(p, subject))
+                .count();
+            assert_eq!(hits, 1, "{subject}");
+            // Neither the shared API subscriptions nor the replication one hear it.
+            assert!(
+                !s.api_subscriptions()
+                    .iter()
+                    .any(|p| subject_matches(p, subject))
+            );
+            assert!(!subject_matches(&s.replication, subject));
+            assert_eq!(Subjects::channel_of(subject), Some(Channel::Api));
+        }
+        assert!(!subject_matches(&all, "crpf.f.replica.8.api.stats"));
         assert_eq!(s.api_op("crpf.f.apix"), None);
         // Every API subject is covered by one of the API subscriptions, and nothing else is.
         for subject in ["crpf.f.api", "crpf.f.api.add", "crpf.f.api.a.b"] {

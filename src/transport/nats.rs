@@ -506,6 +506,29 @@ impl Transport for NatsTransport {
         .boxed()
     }
 
+    fn publish_with_headers(
+        &self,
+        subject: String,
+        headers: async_nats::HeaderMap,
+        payload: Bytes,
+    ) -> BoxFuture<'static, Result<(), TransportError>> {
+        let max = self.max_payload();
+        let client = self.client.clone();
+        async move {
+            if payload.len() > max {
+                return Err(TransportError::MaxPayload {
+                    len: payload.len(),
+                    max,
+                });
+            }
+            client
+                .publish_with_headers(subject, headers, payload)
+                .await
+                .map_err(|e| TransportError::Publish(e.to_string()))
+        }
+        .boxed()
+    }
+
     fn subscribe(
         &self,
         subject: String,

@@ -1,0 +1,147 @@
+//! The request API's vocabulary, shared by replicas and clients: operation names, the header
+//! names, reply formats and the batch framing ([`batch`]). Pure: no I/O, no feature needed, so
+//! that a client in another program can reuse it without the replica machinery.
+//!
+//! A request is a NATS request on `<prefix>.<filter>.api.<op>` (any ready replica answers, in
+//! the queue group `<prefix>.<filter>.api`) or on `<prefix>.<filter>.replica.<id>.api.<op>`
+//! (replica `<id>` answers); see [`crate::transport::Subjects`] and the README's "Subjects".
+
+pub mod batch;
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Request header: the acknowledgement level of an update (`local`, `durable`, `replicated`).
+pub const ACK_HEADER: &str = "Crpf-Ack";
+
+/// Request header of the batch operations: `json` (the default) or `bitmap`, the format of the
+/// reply. A bitmap reply carries this header too, with the value `bitmap`: a reply without it
+/// is JSON (an error reply always is).
+pub const REPLY_HEADER: &str = "Crpf-Reply";
+
+/// Reply header on every reply of the API: the id of the replica that answered.
+pub const REPLICA_HEADER: &str = "Crpf-Replica";
+
+/// Reply header of a bitmap reply to `madd` in which some items could not be added: the first
+/// error (the bitmap says which items).
+pub const ERROR_HEADER: &str = "Crpf-Error";
+
+/// Items a batch holds at most unless configured (`max_batch_items`).
+pub const DEFAULT_MAX_BATCH_ITEMS: usize = 10_000;
+
+/// An operation of the request API: the last token of its subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `add`: payload the item; reply `{"added":true}`.
+    Add,
+    /// `remove` (OR kinds): payload the item; reply `{"removed":bool}`.
+    Remove,
+    /// `contains`: payload the item; reply `{"contains":bool}`.
+    Contains,
+    /// `stats`: payload ignored; reply the replica's figures.
+    Stats,
+    /// `madd`: payload a [`batch`] of items; reply `{"added":N}` or a bitmap.
+    MAdd,
+    /// `mremove` (OR kinds): payload a batch; reply `{"removed":[bool...]}` or a bitmap.
+    MRemove,
+    /// `mcontains`: payload a batch; reply `{"contains":[bool...]}` or a bitmap.
+    MContains,
+}
+
+impl Op {
+    /// Every operation, in the order error messages list them.
+    pub const ALL: [Op; 7] = [
+        Op::Add,
+        Op::Remove,
+        Op::Contains,
+        Op::Stats,
+        Op::MAdd,
+        Op::MRemove,
+        Op::MContains,
+    ];
+
+    /// The subject token.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Add => "add",
+            Op::Remove => "remove",
+            Op::Contains => "contains",
+            Op::Stats => "stats",
+            Op::MAdd => "madd",
+            Op::MRemove => "mremove",
+            Op::MContains => "mcontains",
+        }
+    }
+
+    /// Whether its payload is a batch.
+    pub fn is_batch(self) -> bool {
+        matches!(self, Op::MAdd | Op::MRemove | Op::MContains)
+    }
+
+    /// `add, remove, ...`: for error messages.
+    pub fn list() -> String {
+        Op::ALL.map(Op::name).join(", ")
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Op {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Op::ALL
+            .into_iter()
+            .find(|op| op.name() == s)
+            .ok_or_else(|| format!("unknown operation `{s}` ({})", Op::list()))
+    }
+}
+
+/// The format of a batch operation's reply, chosen by the request's [`REPLY_HEADER`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplyFormat {
+    /// JSON: `{"added":N}`, `{"removed":[true,false]}`, `{"contains":[...]}`.
+    #[default]
+    Json,
+    /// One bit per item, little-endian ([`batch::Bitmap`]): `ceil(n / 8)` bytes.
+    Bitmap,
+}
+
+impl ReplyFormat {
+    /// The header value.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReplyFormat::Json => "json",
+            ReplyFormat::Bitmap => "bitmap",
+        }
+    }
+}
+
+impl FromStr for ReplyFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        [ReplyFormat::Json, ReplyFormat::Bitmap]
+            .into_iter()
+            .find(|f| f.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| format!("unknown {REPLY_HEADER} `{s}` (json or bitmap)"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for op in Op::ALL {
+            assert_eq!(op.name().parse::<Op>(), Ok(op));
+        }
+        assert!("madd.x".parse::<Op>().unwrap_err().contains("mcontains"));
+        assert_eq!(" Bitmap ".parse(), Ok(ReplyFormat::Bitmap));
+        assert_eq!("json".parse(), Ok(ReplyFormat::Json));
+        assert!("cbor".parse::<ReplyFormat>().is_err());
+    }
+}

@@ -1,0 +1,338 @@
+//! The request API of a replica (README, "Subjects"): single operations with the raw item as
+//! payload, batch operations with the framing of [`crate::api::batch`], stats. Requests reach
+//! the actor through its inbound buffer like replication messages; replies leave through the
+//! publisher task, with the header [`REPLICA_HEADER`] naming this replica.
+
+use std::collections::BTreeMap;
+
+use actix::prelude::*;
+use bytes::Bytes;
+use serde_json::json;
+
+use super::{Inbound, Outbound, Replica, Responder, forward_stream};
+use crate::api::batch::{self, Limits};
+use crate::api::{ACK_HEADER, ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
+use crate::replica::ReplicaError;
+use crate::replica::ack::AckLevel;
+use crate::replica::filter::NotRemovable;
+use crate::replica::metrics as m;
+use crate::transport::Message;
+
+/// Longest error text carried in a reply header (the JSON body has no such bound).
+const MAX_ERROR_HEADER: usize = 256;
+
+/// What a request is answered with once it succeeded (an error is always JSON).
+pub(crate) struct ApiReply {
+    payload: Bytes,
+    /// A bitmap rather than JSON: flagged by [`REPLY_HEADER`] in the reply.
+    bitmap: bool,
+    /// The first error of a partly failed `madd`, for [`ERROR_HEADER`].
+    error: Option<String>,
+}
+
+impl ApiReply {
+    fn json(body: &serde_json::Value) -> Self {
+        ApiReply {
+            payload: serde_json::to_vec(body).expect("JSON serialize").into(),
+            bitmap: false,
+            error: None,
+        }
+    }
+
+    fn bitmap(bits: &[bool], error: Option<String>) -> Self {
+        ApiReply {
+            payload: batch::encode_bitmap(bits.iter().copied()).into(),
+            bitmap: true,
+            error,
+        }
+    }
+}
+
+/// What a request came to, when it did not fail outright.
+enum Handled {
+    /// A query: answered at once.
+    Answer(ApiReply),
+    /// An applied update: answered once it reached `level` (see [`Replica::settle`]).
+    Settle {
+        level: AckLevel,
+        changed: bool,
+        body: ApiReply,
+    },
+}
+
+impl Replica {
+    pub(super) fn start_api(&mut self, _ctx: &mut Context<Self>) {
+        // `<...>.api` and `<...>.api.>` (one NATS pattern cannot cover both) in the queue
+        // group, so that one ready replica answers; and the same two under
+        // `<...>.replica.<id>`, without a group, for requests to this replica alone. Every
+        // request on an API subject gets a reply, an error one without a known operation.
+        let queue = self.subjects.api_queue.clone();
+        let shared_subjects = self
+            .subjects
+            .api_subscriptions()
+            .map(|s| (s.to_string(), Some(queue.clone())));
+        let own = self
+            .subjects
+            .replica_api_subscriptions(self.id())
+            .map(|s| (s, None));
+        for (subject, queue) in shared_subjects.into_iter().chain(own) {
+            let transport = self.transport.clone();
+            let tx = self.inbound_tx.clone();
+            let shared = self.shared.clone();
+            let metrics = self.metrics.clone();
+            self.tasks.push(actix::spawn(async move {
+                let convert = |m| Some(Inbound::Api(m));
+                forward_stream(
+                    &mut None, transport, subject, queue, tx, convert, shared, metrics,
+                )
+                .await;
+            }));
+        }
+    }
+
+    pub(super) fn on_api(&mut self, msg: Message, ctx: &mut Context<Self>) {
+        self.metrics.traffic("in", "api", msg.payload.len());
+        let reply = msg.reply.clone();
+        match self.api_request(&msg) {
+            Ok(Handled::Answer(body)) => self.send_reply(reply, body),
+            Ok(Handled::Settle {
+                level,
+                changed,
+                body,
+            }) => self.settle(level, changed, Responder::Api { reply, body }, ctx),
+            Err(e) => self.api_failed(reply, e),
+        }
+    }
+
+    fn api_request(&mut self, msg: &Message) -> Result<Handled, ReplicaError> {
+        let op = match self.subjects.api_op(&msg.subject).unwrap_or("") {
+            "" => {
+                return Err(ReplicaError::InvalidItem(format!(
+                    "no operation: send to {}.<{}>",
+                    self.subjects.api_root,
+                    Op::ALL.map(Op::name).join("|")
+                )));
+            }
+            op => op.parse::<Op>().map_err(ReplicaError::InvalidItem)?,
+        };
+        let level = api_ack_level(msg)?.unwrap_or(self.cfg.default_ack());
+        let item = &msg.payload[..];
+        let settle = |changed, body| Handled::Settle {
+            level,
+            changed,
+            body: ApiReply::json(&body),
+        };
+        Ok(match op {
+            Op::Add => {
+                self.check_level(level)?;
+                self.do_add(item)?;
+                settle(true, json!({"added": true}))
+            }
+            Op::Remove => {
+                self.check_level(level)?;
+                let removed = self.do_remove(item)?.is_some();
+                settle(removed, json!({"removed": removed}))
+            }
+            Op::Contains => Handled::Answer(ApiReply::json(
+                &json!({"contains": self.do_contains(item)?}),
+            )),
+            Op::Stats => {
+                let stats = serde_json::to_value(self.stats()).expect("stats serialize");
+                Handled::Answer(ApiReply::json(&stats))
+            }
+            Op::MAdd | Op::MRemove | Op::MContains => self.api_batch(op, level, msg)?,
+        })
+    }
+
+    /// A batch operation: the whole batch is checked first (framing, limits, the level, the
+    /// kind), so that a refused batch changes nothing; then every item is applied in order
+    /// and the batch is answered as one update (one commit, one acknowledgement).
+    fn api_batch(
+        &mut self,
+        op: Op,
+        level: AckLevel,
+        msg: &Message,
+    ) -> Result<Handled, ReplicaError> {
+        let format = api_reply_format(msg)?;
+        if op != Op::MContains {
+            self.check_level(level)?;
+        }
+        if op == Op::MRemove && !self.expect.kind.removable() {
+            return Err(NotRemovable(self.expect.kind).into());
+        }
+        let limits = Limits::new(self.cfg.max_batch_items, self.cfg.max_item_bytes);
+        let items = batch::decode(&msg.payload, limits)
+            .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
+        let n = items.len() as u64;
+        let reply = |key: &str, bits: &[bool]| match format {
+            ReplyFormat::Json => ApiReply::json(&json!({ key: bits })),
+            ReplyFormat::Bitmap => ApiReply::bitmap(bits, None),
+        };
+        match op {
+            Op::MContains => {
+                let f = self.read();
+                let found: Vec<bool> = items.iter().map(|&i| f.contains(i)).collect();
+                drop(f);
+                Ok(Handled::Answer(reply("contains", &found)))
+            }
+            Op::MRemove => {
+                let mut f = self.write();
+                let removed = items
+                    .iter()
+                    .map(|&i| f.remove(i).map(|d| d.is_some()))
+                    .collect::<Result<Vec<bool>, NotRemovable>>()?;
+                drop(f);
+                self.count_ops("remove", n, 0);
+                let changed = removed.contains(&true);
+                Ok(self.batch_changed(level, changed, reply("removed", &removed)))
+            }
+            Op::MAdd => {
+                let mut added = Vec::with_capacity(items.len());
+                let mut failed = Vec::new();
+                let mut first_error: Option<ReplicaError> = None;
+                let mut reasons: BTreeMap<&'static str, u64> = BTreeMap::new();
+                for (i, &item) in items.iter().enumerate() {
+                    // Each item is all or nothing: a refused add (a full cuckoo table, a tag
+                    // reservation that could not be written) leaves the filter as it was.
+                    let r = self
+                        .reserve_tags()
+                        .and_then(|_| self.write().add(item).map_err(ReplicaError::from));
+                    added.push(r.is_ok());
+                    if let Err(e) = r {
+                        failed.push(i);
+                        *reasons.entry(e.reason()).or_default() += 1;
+                        first_error.get_or_insert(e);
+                    }
+                }
+                let ok = (added.len() - failed.len()) as u64;
+                self.count_ops("add", ok, failed.len() as u64);
+                for (reason, count) in reasons {
+                    self.count_api_errors(reason, count);
+                }
+                let error = first_error.map(|e| e.to_string());
+                let body = match format {
+                    ReplyFormat::Json => {
+                        let mut body = json!({"added": ok});
+                        if let Some(e) = &error {
+                            body["failed"] = json!(failed);
+                            body["error"] = json!(e);
+                        }
+                        ApiReply::json(&body)
+                    }
+                    ReplyFormat::Bitmap => ApiReply::bitmap(&added, error),
+                };
+                Ok(self.batch_changed(level, ok > 0, body))
+            }
+            Op::Add | Op::Remove | Op::Contains | Op::Stats => {
+                unreachable!("not a batch operation")
+            }
+        }
+    }
+
+    /// A batch's change, answered by [`Replica::settle`] like a single update.
+    fn batch_changed(&mut self, level: AckLevel, changed: bool, body: ApiReply) -> Handled {
+        if changed {
+            self.local_change();
+        }
+        Handled::Settle {
+            level,
+            changed,
+            body,
+        }
+    }
+
+    pub(super) fn api_answer(&mut self, reply: Option<String>, r: Result<ApiReply, ReplicaError>) {
+        match r {
+            Ok(body) => self.send_reply(reply, body),
+            Err(e) => self.api_failed(reply, e),
+        }
+    }
+
+    fn api_failed(&mut self, reply: Option<String>, e: ReplicaError) {
+        self.api_error(&e);
+        self.send_reply(reply, ApiReply::json(&json!({"error": e.to_string()})));
+    }
+
+    fn send_reply(&mut self, reply: Option<String>, body: ApiReply) {
+        let Some(to) = reply else { return };
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(REPLICA_HEADER, self.id().to_string());
+        if body.bitmap {
+            headers.insert(REPLY_HEADER, ReplyFormat::Bitmap.name());
+        }
+        if let Some(e) = &body.error {
+            headers.insert(ERROR_HEADER, header_text(e));
+        }
+        self.metrics.traffic("out", "api", body.payload.len());
+        self.enqueue(Outbound::Reply(to, body.payload, headers));
+    }
+
+    /// Counts a request API error by reason (apart from replication rejects).
+    fn api_error(&self, e: &ReplicaError) {
+        self.count_api_errors(e.reason(), 1);
+    }
+
+    fn count_api_errors(&self, reason: &'static str, n: u64) {
+        *self
+            .shared
+            .counters
+            .api_errors
+            .lock()
+            .expect("counters lock")
+            .entry(reason)
+            .or_default() += n;
+        self.metrics
+            .counter(m::API_ERRORS, &[("reason", reason)])
+            .increment(n);
+    }
+
+    /// Counts a batch's item operations (one metric update per batch, not per item).
+    fn count_ops(&self, op: &'static str, ok: u64, failed: u64) {
+        for (outcome, n) in [("ok", ok), ("error", failed)] {
+            if n > 0 {
+                self.metrics
+                    .counter(m::OPERATIONS, &[("op", op), ("outcome", outcome)])
+                    .increment(n);
+            }
+        }
+    }
+}
+
+/// The level an API request asks for in its `Crpf-Ack` header, if any.
+fn api_ack_level(msg: &Message) -> Result<Option<AckLevel>, ReplicaError> {
+    let Some(value) = msg.headers.as_ref().and_then(|h| h.get(ACK_HEADER)) else {
+        return Ok(None);
+    };
+    value
+        .as_str()
+        .parse()
+        .map(Some)
+        .map_err(ReplicaError::InvalidItem)
+}
+
+/// The reply format a batch request asks for in its `Crpf-Reply` header (JSON by default).
+fn api_reply_format(msg: &Message) -> Result<ReplyFormat, ReplicaError> {
+    match msg.headers.as_ref().and_then(|h| h.get(REPLY_HEADER)) {
+        None => Ok(ReplyFormat::Json),
+        Some(v) => v.as_str().parse().map_err(ReplicaError::InvalidItem),
+    }
+}
+
+/// An error message fit for a header value: one line, bounded.
+fn header_text(e: &str) -> String {
+    e.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(MAX_ERROR_HEADER)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_text_is_one_bounded_line() {
+        assert_eq!(header_text("a\r\nb"), "a  b");
+        assert_eq!(header_text(&"x".repeat(1000)).len(), MAX_ERROR_HEADER);
+    }
+}

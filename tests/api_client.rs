@@ -1,0 +1,491 @@
+//! The request API's batch operations, per-replica subjects and the typed client
+//! (`crpf::client`), against a real `nats-server`: batch round trips for `or_cuckoo` and
+//! `g_bloom` in both reply formats, malformed frames and limits from a raw NATS client, partial
+//! failures of `madd`, each replica answering on its own subjects, and batch adds acknowledged
+//! at `durable` (found in the write-ahead log) and `replicated` (merged by the peer).
+
+mod nats_harness;
+mod replica_common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::HeaderMap;
+use crpf::api::batch;
+use crpf::api::{ACK_HEADER, ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
+use crpf::client::{Client, ClientError};
+use crpf::replica::wal::{self, WAL_DIR, WalLimits};
+use crpf::replica::{AckLevel, AnyFilter, Replica, ReplicaConfig, ReplicaHandle};
+use crpf::transport::{NatsConfig, NatsTransport, Transport};
+use crpf::wire::FilterKind;
+use nats_harness::NatsServer;
+use replica_common::cfg;
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn connect(url: &str) -> Arc<dyn Transport> {
+    Arc::new(
+        NatsTransport::connect(NatsConfig::with_servers([url]))
+            .await
+            .expect("connect to nats-server"),
+    )
+}
+
+/// Starts a replica and waits until it answers on its own API subjects and the filter's
+/// (a ready replica subscribes to them then, so the first requests could find nobody).
+async fn start(cfg: ReplicaConfig, url: &str) -> ReplicaHandle {
+    let name = cfg.name.clone();
+    let h = Replica::start(cfg, connect(url).await).await.unwrap();
+    assert!(h.wait_ready(WAIT).await, "replica not ready");
+    let client = Client::new(async_nats::connect(url).await.unwrap(), "crpf", &name)
+        .with_timeout(Duration::from_secs(2));
+    let deadline = Instant::now() + WAIT;
+    for c in [client.replica(h.identity().replica), client] {
+        while let Err(e) = c.stats().await {
+            assert!(Instant::now() < deadline, "the API never answered: {e}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    h
+}
+
+fn items(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+/// A raw request (plain async-nats, no crpf code): the reply.
+async fn raw(
+    nc: &async_nats::Client,
+    subject: String,
+    payload: Vec<u8>,
+    headers: &[(&str, &str)],
+) -> async_nats::Message {
+    let mut h = HeaderMap::new();
+    for (k, v) in headers {
+        h.insert(*k, *v);
+    }
+    let request = async_nats::Request::new()
+        .payload(payload.into())
+        .headers(h)
+        .timeout(Some(Duration::from_secs(10)));
+    nc.send_request(subject.clone(), request)
+        .await
+        .unwrap_or_else(|e| panic!("{subject}: {e}"))
+}
+
+fn header<'a>(m: &'a async_nats::Message, name: &str) -> Option<&'a str> {
+    m.headers.as_ref()?.get(name).map(|v| v.as_str())
+}
+
+fn json_of(m: &async_nats::Message) -> Value {
+    serde_json::from_slice(&m.payload)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&m.payload)))
+}
+
+fn error_of(m: &async_nats::Message) -> String {
+    let v = json_of(m);
+    v["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not an error reply: {v}"))
+        .to_string()
+}
+
+fn frame(len: u32, bytes: &[u8]) -> Vec<u8> {
+    let mut v = len.to_le_bytes().to_vec();
+    v.extend_from_slice(bytes);
+    v
+}
+
+#[actix::test]
+async fn batches_round_trip_through_the_client_for_or_cuckoo_and_g_bloom() {
+    let server = NatsServer::start();
+    let nc = async_nats::connect(server.url()).await.unwrap();
+    for (name, kind) in [("b_or", FilterKind::OrCuckoo), ("b_gb", FilterKind::GBloom)] {
+        let h = start(cfg(name, kind, 20_000, 0.001), &server.url()).await;
+        for format in [ReplyFormat::Bitmap, ReplyFormat::Json] {
+            let client = Client::new(nc.clone(), "crpf", name).with_reply_format(format);
+            let present = items(&format!("{name}-{}", format.name()), 1000);
+            let r = client.madd(&present, None).await.unwrap();
+            assert_eq!(r.added.len(), 1000);
+            assert!(r.all() && r.error.is_none(), "{kind:?} {format:?}: {r:?}");
+            assert!(present.iter().all(|i| h.contains(i.as_bytes())));
+            assert_eq!(
+                client.mcontains(&present).await.unwrap(),
+                vec![true; 1000],
+                "{kind:?} {format:?}"
+            );
+            // Items never added: the replica's own answers, item by item, and few of them
+            // false positives.
+            let absent = items(&format!("absent-{}", format.name()), 1000);
+            let found = client.mcontains(&absent).await.unwrap();
+            let local: Vec<bool> = absent.iter().map(|i| h.contains(i.as_bytes())).collect();
+            assert_eq!(found, local);
+            assert!(found.iter().filter(|f| **f).count() < 50, "{found:?}");
+
+            if kind == FilterKind::OrCuckoo {
+                let (gone, kept) = present.split_at(500);
+                assert_eq!(client.mremove(gone, None).await.unwrap(), vec![true; 500]);
+                assert_eq!(client.mcontains(kept).await.unwrap(), vec![true; 500]);
+                let found = client.mcontains(gone).await.unwrap();
+                let local: Vec<bool> = gone.iter().map(|i| h.contains(i.as_bytes())).collect();
+                assert_eq!(found, local);
+                assert!(found.iter().filter(|f| **f).count() < 25, "{found:?}");
+            } else {
+                match client.mremove(&present[..3], None).await {
+                    Err(ClientError::Server { message, replica }) => {
+                        assert!(message.contains("does not support remove"), "{message}");
+                        assert_eq!(replica, Some(h.identity().replica));
+                    }
+                    other => panic!("mremove on g_bloom: {other:?}"),
+                }
+            }
+        }
+
+        // The single operations through the client.
+        let client = Client::new(nc.clone(), "crpf", name);
+        client.add("single", None).await.unwrap();
+        assert!(client.contains("single").await.unwrap());
+        let stats = client.stats().await.unwrap();
+        assert_eq!(stats.filter, name);
+        assert_eq!(stats.replica, h.identity().replica);
+        if kind == FilterKind::OrCuckoo {
+            assert!(client.remove("single", None).await.unwrap());
+        }
+        assert!(matches!(
+            client.add("", None).await,
+            Err(ClientError::Server { message, .. }) if message.contains("empty item")
+        ));
+
+        // The reply formats on the wire, from a raw client.
+        let subject = format!("crpf.{name}.api.madd");
+        let three = batch::encode(["x1", "x2", "x3"]).unwrap();
+        let m = raw(&nc, subject.clone(), three.clone(), &[]).await;
+        assert_eq!(json_of(&m), json!({"added": 3}));
+        assert_eq!(header(&m, REPLY_HEADER), None);
+        let id = h.identity().replica.to_string();
+        assert_eq!(header(&m, REPLICA_HEADER), Some(id.as_str()));
+        let m = raw(&nc, subject, three.clone(), &[(REPLY_HEADER, "bitmap")]).await;
+        assert_eq!(&m.payload[..], [0b111]);
+        assert_eq!(header(&m, REPLY_HEADER), Some("bitmap"));
+        assert_eq!(header(&m, ERROR_HEADER), None);
+        let m = raw(&nc, format!("crpf.{name}.api.mcontains"), three, &[]).await;
+        assert_eq!(json_of(&m), json!({"contains": [true, true, true]}));
+        // The empty batch.
+        let m = raw(&nc, format!("crpf.{name}.api.mcontains"), vec![], &[]).await;
+        assert_eq!(json_of(&m), json!({"contains": []}));
+        assert!(client.madd(Vec::<&[u8]>::new(), None).await.unwrap().all());
+        h.shutdown().await.unwrap();
+    }
+}
+
+/// Every malformed batch is refused whole, with a JSON error naming what is wrong, and
+/// changes nothing.
+#[actix::test]
+async fn malformed_batches_and_limits_get_error_replies() {
+    let server = NatsServer::start();
+    let mut c = cfg("limits", FilterKind::OrCuckoo, 10_000, 0.01);
+    c.max_batch_items = 8;
+    c.max_item_bytes = 16;
+    let h = start(c, &server.url()).await;
+    let nc = async_nats::connect(server.url()).await.unwrap();
+    // A valid first item, then the defect.
+    let first = frame(10, b"first-item");
+    let with = |defect: Vec<u8>| [first.clone(), defect].concat();
+    let nine: Vec<u8> = batch::encode(items("i", 9)).unwrap();
+    // (operation, payload, request headers, what the error says)
+    type Case<'a> = (Op, Vec<u8>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            Op::MAdd,
+            with(vec![3, 0]),
+            vec![],
+            "item 1: truncated length",
+        ),
+        (
+            Op::MAdd,
+            with(frame(5, b"abc")),
+            vec![],
+            "item 1: truncated item",
+        ),
+        (Op::MAdd, with(frame(0, b"")), vec![], "item 1: empty item"),
+        (
+            Op::MAdd,
+            with(frame(17, &[b'z'; 17])),
+            vec![],
+            "exceeds max_item_bytes 16",
+        ),
+        (
+            Op::MAdd,
+            nine.clone(),
+            vec![],
+            "more than 8 items exceeds max_batch_items",
+        ),
+        (
+            Op::MAdd,
+            first.clone(),
+            vec![(REPLY_HEADER, "cbor")],
+            "unknown Crpf-Reply `cbor`",
+        ),
+        (
+            Op::MAdd,
+            first.clone(),
+            vec![(ACK_HEADER, "forever")],
+            "unknown ack level",
+        ),
+        (
+            Op::MAdd,
+            first.clone(),
+            vec![(ACK_HEADER, "durable")],
+            "`durable` needs a data_dir",
+        ),
+        (Op::MRemove, with(vec![1]), vec![], "truncated length"),
+        (Op::MRemove, nine.clone(), vec![], "max_batch_items"),
+        (Op::MContains, with(frame(9, b"")), vec![], "truncated item"),
+        (Op::MContains, nine, vec![], "max_batch_items"),
+    ];
+    let n = cases.len() as u64;
+    let id = h.identity().replica.to_string();
+    for (op, payload, headers, expected) in cases {
+        let m = raw(&nc, format!("crpf.limits.api.{op}"), payload, &headers).await;
+        let e = error_of(&m);
+        assert!(
+            e.contains(expected),
+            "{op} {headers:?}: `{e}`, not `{expected}`"
+        );
+        // Errors are JSON even when a bitmap was asked for, and name the replica.
+        assert_eq!(header(&m, REPLY_HEADER), None);
+        assert_eq!(header(&m, REPLICA_HEADER), Some(id.as_str()));
+    }
+    assert!(!h.contains(b"first-item"), "a refused batch was applied");
+    let stats = h.stats().await.unwrap();
+    assert_eq!(stats.figures.cardinality, 0.0);
+    assert_eq!(stats.api_errors.get("invalid_request"), Some(&(n - 1)));
+    assert_eq!(stats.api_errors.get("ack_unavailable"), Some(&1));
+
+    // At the limits exactly: accepted.
+    let eight = items("i", 8);
+    let m = raw(
+        &nc,
+        "crpf.limits.api.madd".into(),
+        batch::encode(&eight).unwrap(),
+        &[],
+    )
+    .await;
+    assert_eq!(json_of(&m), json!({"added": 8}));
+    let client = Client::new(nc.clone(), "crpf", "limits");
+    assert!(client.madd([[b'y'; 16]], None).await.unwrap().all());
+    // Through the client, the same refusals are typed.
+    match client.madd([[b'y'; 17]], None).await {
+        Err(ClientError::Server { message, .. }) => {
+            assert!(message.contains("max_item_bytes"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    match client.mcontains(items("j", 9)).await {
+        Err(ClientError::Server { message, .. }) => {
+            assert!(message.contains("max_batch_items"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    h.shutdown().await.unwrap();
+}
+
+/// Items a full cuckoo filter cannot take fail one by one; the reply says which.
+#[actix::test]
+async fn madd_reports_the_items_a_full_filter_refused() {
+    let server = NatsServer::start();
+    let h = start(cfg("tiny", FilterKind::OrCuckoo, 64, 0.01), &server.url()).await;
+    let nc = async_nats::connect(server.url()).await.unwrap();
+    let client = Client::new(nc.clone(), "crpf", "tiny");
+    let batch1 = items("t", 500);
+    let r = client.madd(&batch1, None).await.unwrap();
+    let added = r.count();
+    assert!(
+        added > 0 && added < 500,
+        "{added} of 500 added to a 64-item filter"
+    );
+    assert!(r.error.as_deref().unwrap().contains("full"), "{r:?}");
+    for (item, ok) in batch1.iter().zip(&r.added) {
+        if *ok {
+            assert!(
+                h.contains(item.as_bytes()),
+                "{item} reported added, not contained"
+            );
+        }
+    }
+    // In JSON: the count, the indices that failed, and the first error.
+    let batch2 = items("u", 100);
+    let m = raw(
+        &nc,
+        "crpf.tiny.api.madd".into(),
+        batch::encode(&batch2).unwrap(),
+        &[],
+    )
+    .await;
+    let v = json_of(&m);
+    let failed = v["failed"].as_array().expect("failed indices").len();
+    assert!(failed > 0, "{v}");
+    assert_eq!(v["added"].as_u64().unwrap() as usize + failed, 100, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("full"), "{v}");
+    // Bitmap replies carry the first error in a header.
+    let m = raw(
+        &nc,
+        "crpf.tiny.api.madd".into(),
+        batch::encode(items("v", 100)).unwrap(),
+        &[(REPLY_HEADER, "bitmap")],
+    )
+    .await;
+    assert_eq!(m.payload.len(), 13);
+    assert!(header(&m, ERROR_HEADER).unwrap().contains("full"));
+    let stats = h.stats().await.unwrap();
+    assert!(stats.api_errors["full"] >= (500 - added + failed) as u64);
+    h.shutdown().await.unwrap();
+}
+
+/// Each replica answers `<...>.replica.<id>.api.<op>` itself, from its own state.
+#[actix::test]
+async fn each_replica_answers_on_its_own_subjects() {
+    let server = NatsServer::start();
+    // Nothing leaves a replica unless flushed: no delta interval, no anti-entropy rounds in
+    // the test's time, no commit by size.
+    let mut c = cfg("solo", FilterKind::OrCuckoo, 10_000, 0.01);
+    c.delta_interval_ms = 3_600_000;
+    c.delta_max_updates = 1 << 20;
+    c.anti_entropy_interval_ms = 3_600_000;
+    c.peer_expiry_ms = 3 * 3_600_000;
+    let a = start(c.clone(), &server.url()).await;
+    let b = start(c, &server.url()).await;
+    let (ida, idb) = (a.identity().replica, b.identity().replica);
+    assert_ne!(ida, idb);
+    let nc = async_nats::connect(server.url()).await.unwrap();
+    let client = Client::new(nc.clone(), "crpf", "solo");
+    for (h, id) in [(&a, ida), (&b, idb)] {
+        let s = client.replica(id).stats().await.unwrap();
+        assert_eq!((s.replica, s.uuid), (id, h.identity().uuid));
+        assert_eq!(client.replica(id).target(), Some(id));
+    }
+    let nobody = ida.max(idb) + 10;
+    assert!(matches!(
+        client.replica(nobody).stats().await,
+        Err(ClientError::NoResponders { subject }) if subject == format!("crpf.solo.replica.{nobody}.api.stats")
+    ));
+    // The queue group: one of them.
+    let any = client.stats().await.unwrap().replica;
+    assert!(any == ida || any == idb);
+
+    // An item added on A alone: B does not have it until A publishes.
+    client
+        .replica(ida)
+        .add("only-on-a", Some(AckLevel::Local))
+        .await
+        .unwrap();
+    assert!(client.replica(ida).contains("only-on-a").await.unwrap());
+    let m = raw(
+        &nc,
+        format!("crpf.solo.replica.{idb}.api.contains"),
+        b"only-on-a".to_vec(),
+        &[],
+    )
+    .await;
+    assert_eq!(json_of(&m), json!({"contains": false}));
+    assert_eq!(header(&m, REPLICA_HEADER), Some(idb.to_string().as_str()));
+    let r = client
+        .replica(ida)
+        .madd(["a1", "a2"], Some(AckLevel::Local))
+        .await
+        .unwrap();
+    assert!(r.all());
+    assert_eq!(
+        client.replica(idb).mcontains(["a1", "a2"]).await.unwrap(),
+        [false, false]
+    );
+    a.flush().await.unwrap();
+    let deadline = Instant::now() + WAIT;
+    while client
+        .replica(idb)
+        .mcontains(["only-on-a", "a1", "a2"])
+        .await
+        .unwrap()
+        != [true; 3]
+    {
+        assert!(Instant::now() < deadline, "B never merged A's delta");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The bare per-replica subject gets an error, like the shared one.
+    let m = raw(&nc, format!("crpf.solo.replica.{ida}.api"), vec![], &[]).await;
+    assert!(error_of(&m).contains("no operation"));
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// A `durable` batch is in the write-ahead log when it is answered; a `replicated` one is
+/// merged by the peer.
+#[actix::test]
+async fn acknowledged_batch_adds_are_durable_or_replicated() {
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg("acked", FilterKind::OrCuckoo, 20_000, 0.001);
+    // No snapshot in the test's time: the log alone holds what was acknowledged. No commit
+    // by time or size either: only the acknowledgement level makes one.
+    c.snapshot_interval_ms = 3_600_000;
+    c.delta_interval_ms = 3_600_000;
+    c.delta_max_updates = 1 << 20;
+    let mut durable = c.clone();
+    durable.data_dir = Some(dir.path().join("a"));
+    let a = start(durable.clone(), &server.url()).await;
+    let nc = async_nats::connect(server.url()).await.unwrap();
+    let client = Client::new(nc.clone(), "crpf", "acked").replica(a.identity().replica);
+    let logged = items("d", 3000);
+    let r = client.madd(&logged, Some(AckLevel::Durable)).await.unwrap();
+    assert!(r.all(), "{r:?}");
+    // The log as it is now (a copy: the replica keeps writing its own).
+    let copy = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(dir.path().join("a").join(WAL_DIR)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), copy.path().join(e.file_name())).unwrap();
+    }
+    let mut replayed = AnyFilter::new(&durable.filter, 999).unwrap();
+    let log = wal::replay(
+        copy.path(),
+        a.identity(),
+        None,
+        WalLimits::default(),
+        |record| replayed.merge_delta_bytes(record).unwrap(),
+    )
+    .unwrap();
+    assert!(log.records > 0 && !log.torn, "{log:?}");
+    let missing = logged
+        .iter()
+        .filter(|i| !replayed.contains(i.as_bytes()))
+        .count();
+    assert_eq!(missing, 0, "acknowledged as durable, not in the log");
+
+    // Replicated: B has merged the batch when A answers.
+    let b = start(c, &server.url()).await;
+    let deadline = Instant::now() + WAIT;
+    while a.stats().await.unwrap().peers < 1 {
+        assert!(Instant::now() < deadline, "A never heard B");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let spread = items("r", 2000);
+    let r = client
+        .madd(&spread, Some(AckLevel::Replicated))
+        .await
+        .unwrap();
+    assert!(r.all(), "{r:?}");
+    let missing = spread.iter().filter(|i| !b.contains(i.as_bytes())).count();
+    assert_eq!(
+        missing, 0,
+        "acknowledged as replicated, not merged by the peer"
+    );
+    // `mremove` shares the commit machinery.
+    let removed = client
+        .mremove(&spread[..10], Some(AckLevel::Replicated))
+        .await
+        .unwrap();
+    assert_eq!(removed, [true; 10]);
+    assert_eq!(a.stats().await.unwrap().awaiting_ack, 0);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
