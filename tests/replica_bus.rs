@@ -656,3 +656,34 @@ async fn wait_for<F: std::future::Future<Output = bool>>(cond: impl Fn() -> F) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// A `replicated` update is answered only once peers merged it, even when it fills the pending
+/// delta and so commits at once: with no peer to confirm, it fails with `NotReplicated`
+/// (still applied locally) instead of succeeding unconfirmed.
+#[actix::test]
+async fn replicated_updates_are_never_answered_unconfirmed() {
+    use crpf::replica::AckLevel;
+    let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+    let mut cfg = cfg("confirm", FilterKind::OrCuckoo, 1000, 0.01);
+    cfg.delta_max_updates = 1;
+    cfg.replicated_peers = Some(1);
+    cfg.replicated_timeout_ms = 200;
+    let h = Replica::start(cfg, bus).await.unwrap();
+    assert!(h.wait_ready(WAIT).await);
+    for item in [b"a".as_slice(), b"b", b"c"] {
+        let r = h.add_with(item.to_vec(), AckLevel::Replicated).await;
+        assert!(
+            matches!(
+                r,
+                Err(ReplicaError::NotReplicated {
+                    acked: 0,
+                    needed: 1,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        assert!(h.contains(item), "applied locally all the same");
+    }
+    h.shutdown().await.unwrap();
+}
