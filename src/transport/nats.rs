@@ -479,6 +479,34 @@ fn convert(m: async_nats::Message) -> Message {
     }
 }
 
+impl NatsTransport {
+    /// Publishes with or without headers, refusing a payload over the server's `max_payload`
+    /// before async-nats would.
+    fn publish_checked(
+        &self,
+        subject: String,
+        headers: Option<async_nats::HeaderMap>,
+        payload: Bytes,
+    ) -> BoxFuture<'static, Result<(), TransportError>> {
+        let max = self.max_payload();
+        let client = self.client.clone();
+        async move {
+            if payload.len() > max {
+                return Err(TransportError::MaxPayload {
+                    len: payload.len(),
+                    max,
+                });
+            }
+            let sent = match headers {
+                Some(h) => client.publish_with_headers(subject, h, payload).await,
+                None => client.publish(subject, payload).await,
+            };
+            sent.map_err(|e| TransportError::Publish(e.to_string()))
+        }
+        .boxed()
+    }
+}
+
 impl Transport for NatsTransport {
     fn name(&self) -> &'static str {
         "nats"
@@ -489,21 +517,7 @@ impl Transport for NatsTransport {
         subject: String,
         payload: Bytes,
     ) -> BoxFuture<'static, Result<(), TransportError>> {
-        let max = self.max_payload();
-        let client = self.client.clone();
-        async move {
-            if payload.len() > max {
-                return Err(TransportError::MaxPayload {
-                    len: payload.len(),
-                    max,
-                });
-            }
-            client
-                .publish(subject, payload)
-                .await
-                .map_err(|e| TransportError::Publish(e.to_string()))
-        }
-        .boxed()
+        self.publish_checked(subject, None, payload)
     }
 
     fn publish_with_headers(
@@ -512,21 +526,7 @@ impl Transport for NatsTransport {
         headers: async_nats::HeaderMap,
         payload: Bytes,
     ) -> BoxFuture<'static, Result<(), TransportError>> {
-        let max = self.max_payload();
-        let client = self.client.clone();
-        async move {
-            if payload.len() > max {
-                return Err(TransportError::MaxPayload {
-                    len: payload.len(),
-                    max,
-                });
-            }
-            client
-                .publish_with_headers(subject, headers, payload)
-                .await
-                .map_err(|e| TransportError::Publish(e.to_string()))
-        }
-        .boxed()
+        self.publish_checked(subject, Some(headers), payload)
     }
 
     fn subscribe(
