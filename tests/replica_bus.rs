@@ -687,3 +687,94 @@ async fn replicated_updates_are_never_answered_unconfirmed() {
     }
     h.shutdown().await.unwrap();
 }
+
+/// Pruning: the id of a replica gone for `retire_after_ms` is retired by the others and taken
+/// by a new replica, which issues tags above every tag the old holder may have issued (its
+/// reservation); the old holder, back from its data directory, carries on under another id.
+/// Nothing is lost and no tag is issued twice. A replica whose own id is retired under it
+/// (cut off from the registry) refuses adds.
+#[actix::test]
+async fn gone_replicas_ids_are_retired_and_reused_without_reissuing_a_tag() {
+    use crpf::transport::ClaimRecord;
+    let dir = tempfile::tempdir().unwrap();
+    let bus = Arc::new(InProcessBus::new());
+    let t: Arc<dyn Transport> = bus.clone();
+    let mut cfg = cfg("retire", FilterKind::OrCuckoo, 5000, 0.01);
+    cfg.id_lease_renew_ms = 50;
+    cfg.id_lease_block = 40;
+    cfg.peer_expiry_ms = 1_000;
+    cfg.retire_after_ms = 1_000;
+    let a = Replica::start(cfg.clone(), t.clone()).await.unwrap();
+    let mut b_cfg = cfg.clone();
+    b_cfg.data_dir = Some(dir.path().join("b"));
+    b_cfg.retire_after_ms = 0;
+    let b = Replica::start(b_cfg.clone(), t.clone()).await.unwrap();
+    let b_id = b.identity().replica;
+    let mut dots = Vec::new();
+    // More adds than one reservation holds: the claim is extended as the clock nears its end.
+    for i in 0..150u32 {
+        dots.push(b.add(format!("b{i}")).await.unwrap().unwrap());
+    }
+    assert!(a.wait_until(WAIT, |f| f.contains(b"b149")).await);
+    b.shutdown().await.unwrap();
+    let reserved = match bus.replica_claims("retire".into()).await.unwrap()[..] {
+        [_, b_claim] => b_claim.record.floor(),
+        ref other => panic!("{other:?}"),
+    };
+
+    // a retires b's id once the claim went unrenewed (and b unheard) for retire_after_ms.
+    let claims = || async { bus.replica_claims("retire".into()).await.unwrap() };
+    wait_for(|| async {
+        claims()
+            .await
+            .iter()
+            .any(|e| e.id == b_id && matches!(e.record, ClaimRecord::Retired { .. }))
+    })
+    .await;
+    let floor = claims().await.iter().find(|e| e.id == b_id).unwrap().record.floor();
+    let b_max = dots.iter().map(|d| d.counter).max().unwrap();
+    assert!(floor >= b_max, "floor {floor} below b's tag {b_max}");
+    // Above what b may have issued unseen, too: its whole reservation.
+    assert!(floor >= reserved, "floor {floor} below b's reservation {reserved}");
+    wait_for(|| async { a.stats().await.unwrap().retired_ids == 1 }).await;
+
+    // A new replica takes the retired id and starts above the floor.
+    let c = Replica::start(cfg.clone(), t.clone()).await.unwrap();
+    assert_eq!(c.identity().replica, b_id, "the retired id is reused");
+    for i in 0..50u32 {
+        let dot = c.add(format!("c{i}")).await.unwrap().unwrap();
+        assert!(dot.counter > floor, "{dot:?} at or below the floor {floor}");
+        dots.push(dot);
+    }
+    // b comes back from its data directory: its id is c's now, so it adds under another.
+    let b = Replica::start(b_cfg, t.clone()).await.unwrap();
+    assert_ne!(b.identity().replica, b_id);
+    for i in 150..200u32 {
+        dots.push(b.add(format!("b{i}")).await.unwrap().unwrap());
+    }
+    let hs = [a.clone(), b.clone(), c.clone()];
+    assert!(converged(&hs, WAIT).await, "replicas did not converge");
+    for h in &hs {
+        assert!((0..200).all(|i| h.contains(format!("b{i}").as_bytes())));
+        assert!((0..50).all(|i| h.contains(format!("c{i}").as_bytes())));
+    }
+    let unique: std::collections::HashSet<_> = dots.iter().collect();
+    assert_eq!(unique.len(), dots.len(), "a tag was issued twice");
+
+    // a's id retired under it (as by a replica that could not see a's renewals): a notices
+    // at its next renewal and adds no more; what it has stays readable.
+    let a_id = a.identity().replica;
+    wait_for(|| async {
+        // Compare-and-set: a renewal between the listing and the retirement wins; try again.
+        let entry = claims().await.into_iter().find(|e| e.id == a_id).unwrap();
+        let _ = bus.retire_claim("retire".into(), a_id, entry.revision, 0).await;
+        a.stats().await.unwrap().id_lost
+    })
+    .await;
+    match a.add("after").await {
+        Err(ReplicaError::IdRetired { replica }) => assert_eq!(replica, a_id),
+        other => panic!("expected IdRetired, got {other:?}"),
+    }
+    assert!(a.contains(b"c49"));
+    stop(&hs).await;
+}

@@ -28,6 +28,7 @@ use crate::wire::{
 use crate::{Dot, ReplicaId};
 
 /// The request API (`<prefix>.<filter>.api.<op>`, `<...>.replica.<id>.api.<op>`).
+mod lease;
 mod request;
 
 /// States at least this large are encoded and decoded off the actor's thread.
@@ -144,6 +145,8 @@ pub(crate) struct Setup {
     /// The write-ahead log, with a data directory.
     pub wal: Option<WalWriter>,
     pub reserved: u64,
+    /// The tags the registry confirmed this replica may issue.
+    pub lease_reserved: u64,
 }
 
 /// The replica actor. Start one with [`super::Replica::start`]; talk to it through the
@@ -198,6 +201,8 @@ pub struct Replica {
     commit_again: bool,
     /// A commit is scheduled (replicated updates without a log are batched for a moment).
     commit_scheduled: bool,
+    /// The id claim and the other ids of the filter.
+    lease: lease::Lease,
 }
 
 impl Replica {
@@ -242,6 +247,7 @@ impl Replica {
             data: s.data,
             wal: s.wal,
             reserved: s.reserved,
+            lease: lease::Lease::new(s.lease_reserved),
             dirty: false,
             snapshotting: Arc::new(AtomicBool::new(false)),
             snapshot_generation: 0,
@@ -878,12 +884,13 @@ impl Replica {
 
     /// Reserves tag timestamps durably before one above the reservation is issued.
     fn reserve_tags(&mut self) -> Result<(), ReplicaError> {
-        let Some(data) = &self.data else {
-            return Ok(());
-        };
         if !self.expect.kind.removable() {
             return Ok(());
         }
+        self.check_lease()?;
+        let Some(data) = &self.data else {
+            return Ok(());
+        };
         let clock = self.read().clock();
         if clock < self.reserved {
             return Ok(());
@@ -949,6 +956,7 @@ impl Replica {
         // Only now, with the update waiting on the next commit: committing before would put
         // its delta in a commit it does not wait for.
         self.commit_if_full(ctx);
+        self.extend_lease_if_low(ctx);
     }
 
     /// Commits when the pending delta holds `delta_max_updates` updates.
@@ -993,6 +1001,9 @@ impl Replica {
             digest: format!("{digest:016x}"),
             awaiting_ack: self.acks.len(),
             converged_peers,
+            live_ids: self.lease.live_ids,
+            retired_ids: self.lease.retired_ids,
+            id_lost: self.lease.lost,
             figures,
             rejects: by_reason(&c.rejects),
             api_errors: by_reason(&c.api_errors),
@@ -1425,6 +1436,14 @@ impl Actor for Replica {
             ReplicaConfig::ms(self.cfg.metrics_interval_ms),
             |act, ctx| act.housekeeping(ctx),
         );
+        ctx.run_interval(
+            ReplicaConfig::ms(self.cfg.id_lease_renew_ms),
+            |act, ctx| act.renew_lease(ctx),
+        );
+        self.metrics
+            .gauge(m::ID_LOST, &[])
+            .set(0.0);
+        self.renew_lease(ctx);
         if self.data.is_some() {
             ctx.run_interval(
                 ReplicaConfig::ms(self.cfg.snapshot_interval_ms),

@@ -117,6 +117,20 @@ pub struct ReplicaConfig {
     /// (`crpf_outbound_dropped_total`): deltas are repaired by anti-entropy.
     #[serde(default = "d::outbound_buffer")]
     pub outbound_buffer: usize,
+    /// How often the replica renews its id claim in the registry, and looks there for ids
+    /// to retire. Renewals also extend the tags the claim reserves.
+    #[serde(default = "d::id_lease_renew_ms")]
+    pub id_lease_renew_ms: u64,
+    /// Tag timestamps the id claim reserves ahead of the clock (OR kinds): an add past the
+    /// reservation waits for the registry, so a larger block rides out longer registry
+    /// outages; a retired id is reused above its holder's reservation.
+    #[serde(default = "d::id_lease_block")]
+    pub id_lease_block: u64,
+    /// An id whose claim was not renewed for this long, and whose replica was not heard
+    /// from, is retired by this replica, so that a new replica can take it (above every tag
+    /// its holder may have issued). 0: never retire ids.
+    #[serde(default = "d::retire_after_ms")]
+    pub retire_after_ms: u64,
     /// Cluster keys of authenticated envelopes: when set, every frame is signed
     /// (HMAC-SHA256) with the first key, and frames not signed by one of them are rejected
     /// (`unsigned`, `bad_signature`). Key material, not a path: never in a file of filters
@@ -189,6 +203,15 @@ mod d {
     pub fn outbound_buffer() -> usize {
         65_536
     }
+    pub fn id_lease_renew_ms() -> u64 {
+        10_000
+    }
+    pub fn id_lease_block() -> u64 {
+        1 << 20
+    }
+    pub fn retire_after_ms() -> u64 {
+        3_600_000
+    }
 }
 
 impl ReplicaConfig {
@@ -222,6 +245,9 @@ impl ReplicaConfig {
             max_peers: d::max_peers(),
             peer_expiry_ms: d::peer_expiry_ms(),
             outbound_buffer: d::outbound_buffer(),
+            id_lease_renew_ms: d::id_lease_renew_ms(),
+            id_lease_block: d::id_lease_block(),
+            retire_after_ms: d::retire_after_ms(),
             auth_keys: None,
         }
     }
@@ -246,6 +272,7 @@ impl ReplicaConfig {
         self.snapshot_interval_ms = 500;
         self.metrics_interval_ms = 200;
         self.peer_expiry_ms = 5_000;
+        self.id_lease_renew_ms = 500;
         self
     }
 
@@ -276,6 +303,8 @@ impl ReplicaConfig {
             ("inbound_buffer", self.inbound_buffer as u64),
             ("max_peers", self.max_peers as u64),
             ("outbound_buffer", self.outbound_buffer as u64),
+            ("id_lease_renew_ms", self.id_lease_renew_ms),
+            ("id_lease_block", self.id_lease_block),
         ] {
             if v == 0 {
                 return Err(format!("{name} must be positive"));
@@ -292,6 +321,14 @@ impl ReplicaConfig {
         }
         if self.peer_expiry_ms < self.anti_entropy_interval_ms * 3 {
             return Err("peer_expiry_ms must be at least three anti_entropy_interval_ms".into());
+        }
+        if self.retire_after_ms != 0
+            && self.retire_after_ms < (self.id_lease_renew_ms * 3).max(self.peer_expiry_ms)
+        {
+            return Err(
+                "retire_after_ms must be 0 or at least three id_lease_renew_ms and peer_expiry_ms"
+                    .into(),
+            );
         }
         if self.max_message_bytes < 1024 {
             return Err("max_message_bytes must be at least 1024".into());

@@ -73,6 +73,14 @@ pub const WAL_BYTES: &str = "crpf_wal_bytes_total";
 pub const WAL_FAILURES: &str = "crpf_wal_failures_total";
 /// Live peers whose last digest equals this replica's state digest.
 pub const CONVERGED_PEERS: &str = "crpf_converged_peers";
+/// Ids of the filter in the replica id registry, by `state` (`live`, `retired`).
+pub const REPLICA_IDS: &str = "crpf_replica_ids";
+/// Ids this replica retired (their claims went unrenewed for `retire_after_ms`).
+pub const RETIREMENTS: &str = "crpf_replica_retirements_total";
+/// Renewals of the id claim, and looks at the registry, that failed.
+pub const ID_LEASE_FAILURES: &str = "crpf_id_lease_failures_total";
+/// 1 once this replica's own id was retired under it (it adds no more; restart it).
+pub const ID_LOST: &str = "crpf_replica_id_lost";
 
 /// Buckets for [`MERGE_DURATION`] (seconds), for the exporter's `set_buckets`.
 pub const MERGE_DURATION_BUCKETS: &[f64] = &[
@@ -167,6 +175,19 @@ pub fn describe() {
         g!(
             CONVERGED_PEERS,
             "Live peers whose last digest equals this replica's state digest"
+        );
+        g!(
+            REPLICA_IDS,
+            "Ids of the filter in the replica id registry, by state (live, retired)"
+        );
+        c!(RETIREMENTS, "Replica ids this replica retired");
+        c!(
+            ID_LEASE_FAILURES,
+            "Failed renewals of the id claim and looks at the registry"
+        );
+        g!(
+            ID_LOST,
+            "1 once this replica's id was retired under it (restart it)"
         );
     });
 }

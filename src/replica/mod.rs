@@ -70,7 +70,7 @@ pub use config::ReplicaConfig;
 pub use durable::{DataDir, DurableError, Identity};
 pub use filter::{AnyFilter, FilterSpec, FilterStats, NotRemovable};
 
-use crate::transport::{Subjects, Transport, TransportError};
+use crate::transport::{Renewal, Subjects, Transport, TransportError};
 use crate::{Dot, FilterError, ReplicaId};
 use actor::{Counters, Setup, Shared};
 
@@ -119,6 +119,20 @@ pub enum ReplicaError {
     /// The acknowledgement level cannot be given by this replica; nothing was applied.
     #[error("acknowledgement level unavailable: {0}")]
     AckUnavailable(String),
+    /// The replica's id was retired while it could not renew its claim (a registry outage
+    /// longer than `retire_after_ms`); it issues no tag under it any more. Nothing was
+    /// applied. Restart the replica: it keeps its data and claims another id.
+    #[error(
+        "replica id {replica} was retired while this replica could not renew its claim: restart it to claim a new id"
+    )]
+    IdRetired {
+        /// The lost id.
+        replica: ReplicaId,
+    },
+    /// Every tag the id claim reserves is used and the registry has not confirmed more yet
+    /// (it is unreachable, or slower than the adds). Nothing was applied; retry.
+    #[error("no tag reserved: waiting for the replica id registry to confirm more")]
+    TagsUnreserved,
 }
 
 impl ReplicaError {
@@ -136,6 +150,8 @@ impl ReplicaError {
             ReplicaError::NotDurable(_) => "not_durable",
             ReplicaError::NotReplicated { .. } => "not_replicated",
             ReplicaError::AckUnavailable(_) => "ack_unavailable",
+            ReplicaError::IdRetired { .. } => "id_retired",
+            ReplicaError::TagsUnreserved => "tags_unreserved",
         }
     }
 
@@ -181,6 +197,12 @@ pub struct ReplicaStats {
     pub awaiting_ack: usize,
     /// Live peers whose last announced digest equals this one.
     pub converged_peers: usize,
+    /// Ids of this filter held by running replicas in the registry, at the last look.
+    pub live_ids: usize,
+    /// Ids of this filter retired in the registry (free for new replicas), at the last look.
+    pub retired_ids: usize,
+    /// Whether this replica's own id was retired under it (see [`ReplicaError::IdRetired`]).
+    pub id_lost: bool,
     /// The filter's figures.
     #[serde(flatten)]
     pub figures: FilterStats,
@@ -266,9 +288,10 @@ impl Replica {
             }
             None => (fresh, Uuid::new_v4(), None, 0, false),
         };
-        let replica = transport
+        let claim = transport
             .claim_replica_id(cfg.name.clone(), uuid, preferred)
             .await?;
+        let replica = claim.id;
         if keep_id && Some(replica) == preferred {
             filter.advance_clock(floor);
         } else {
@@ -281,9 +304,21 @@ impl Replica {
             }
             filter.set_replica(replica);
         }
+        // A retired id's earlier holders may have issued every tag up to the floor.
+        filter.advance_clock(claim.floor);
         filter.track_deltas(true);
         let identity = Identity { uuid, replica };
         let reserved = filter.clock().max(floor);
+        // The registry records the tags this replica may issue before it issues any: a
+        // replica that later takes over a retired id starts above them.
+        let lease_reserved = reserved + cfg.id_lease_block;
+        match transport
+            .renew_claim(cfg.name.clone(), replica, uuid, lease_reserved)
+            .await?
+        {
+            Renewal::Held => {}
+            Renewal::Lost => return Err(ReplicaError::IdRetired { replica }),
+        }
         if let Some(d) = &data {
             // Record the identity now: its reservation before any tag, and a first snapshot
             // (below), which also covers the replayed log.
@@ -315,6 +350,7 @@ impl Replica {
             data,
             wal,
             reserved,
+            lease_reserved,
         };
         let addr = Replica::new(setup).start();
         let handle = ReplicaHandle::from_parts(addr, shared);

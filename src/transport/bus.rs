@@ -11,7 +11,11 @@ use futures::{FutureExt, StreamExt};
 use tokio::sync::{broadcast, mpsc};
 use uuid::Uuid;
 
-use super::{Message, MessageStream, Transport, TransportError, TransportEvent, subject_matches};
+use super::registry;
+use super::{
+    Claim, ClaimEntry, ClaimRecord, Message, MessageStream, Renewal, Transport, TransportError,
+    TransportEvent, subject_matches,
+};
 use crate::ReplicaId;
 
 /// A message bus inside one process, with the [`Transport`] interface: the embedded default,
@@ -28,7 +32,7 @@ use crate::ReplicaId;
 /// let mut sub = bus.subscribe("a.*".into(), None).await?;
 /// bus.publish("a.b".into(), "hi".into()).await?;
 /// assert_eq!(sub.next().await.unwrap().payload, "hi");
-/// assert_eq!(bus.claim_replica_id("f".into(), uuid::Uuid::new_v4(), None).await?, 1);
+/// assert_eq!(bus.claim_replica_id("f".into(), uuid::Uuid::new_v4(), None).await?.id, 1);
 /// # Ok::<(), crpf::transport::TransportError>(()) }).unwrap();
 /// ```
 #[derive(Clone)]
@@ -49,8 +53,8 @@ struct BusState {
     subs: Vec<Sub>,
     /// Round-robin position per queue group.
     rr: HashMap<String, usize>,
-    /// `filter -> id -> claimant`.
-    claims: HashMap<String, HashMap<ReplicaId, Uuid>>,
+    /// `filter -> id -> (record, revision)`.
+    claims: HashMap<String, HashMap<ReplicaId, (ClaimRecord, u64)>>,
 }
 
 struct Sub {
@@ -211,23 +215,94 @@ impl Transport for InProcessBus {
         filter: String,
         claimant: Uuid,
         preferred: Option<ReplicaId>,
-    ) -> BoxFuture<'static, Result<ReplicaId, TransportError>> {
+    ) -> BoxFuture<'static, Result<Claim, TransportError>> {
         let mut st = self.inner.state.lock().expect("bus lock");
         let claims = st.claims.entry(filter).or_default();
-        let r = match preferred.filter(|&p| p != 0) {
-            Some(p) if claims.get(&p).is_none_or(|c| *c == claimant) => {
-                claims.insert(p, claimant);
-                Ok(p)
+        let entries: Vec<ClaimEntry> = claims
+            .iter()
+            .map(|(&id, &(record, revision))| ClaimEntry {
+                id,
+                record,
+                revision,
+            })
+            .collect();
+        let r = match registry::pick_id(&entries, claimant, preferred) {
+            Some((id, previous)) => {
+                let floor = previous.map_or(0, |e| e.record.floor());
+                let revision = previous.map_or(0, |e| e.revision) + 1;
+                let record = ClaimRecord::Held {
+                    claimant,
+                    reserved: floor,
+                };
+                claims.insert(id, (record, revision));
+                Ok(Claim { id, floor })
             }
-            _ => match (1..=ReplicaId::MAX).find(|id| !claims.contains_key(id)) {
-                Some(id) => {
-                    claims.insert(id, claimant);
-                    Ok(id)
-                }
-                None => Err(TransportError::Claim("every replica id is taken".into())),
-            },
+            None => Err(TransportError::Claim("every replica id is taken".into())),
         };
         futures::future::ready(r).boxed()
+    }
+
+    fn renew_claim(
+        &self,
+        filter: String,
+        id: ReplicaId,
+        claimant: Uuid,
+        reserved: u64,
+    ) -> BoxFuture<'static, Result<Renewal, TransportError>> {
+        let mut st = self.inner.state.lock().expect("bus lock");
+        let r = match st.claims.entry(filter).or_default().get_mut(&id) {
+            Some((record @ ClaimRecord::Held { .. }, revision)) if record.held_by(claimant) => {
+                *record = ClaimRecord::Held {
+                    claimant,
+                    reserved: reserved.max(record.floor()),
+                };
+                *revision += 1;
+                Renewal::Held
+            }
+            _ => Renewal::Lost,
+        };
+        futures::future::ready(Ok(r)).boxed()
+    }
+
+    fn replica_claims(
+        &self,
+        filter: String,
+    ) -> BoxFuture<'static, Result<Vec<ClaimEntry>, TransportError>> {
+        let st = self.inner.state.lock().expect("bus lock");
+        let mut entries: Vec<ClaimEntry> = st
+            .claims
+            .get(&filter)
+            .into_iter()
+            .flatten()
+            .map(|(&id, &(record, revision))| ClaimEntry {
+                id,
+                record,
+                revision,
+            })
+            .collect();
+        entries.sort_by_key(|e| e.id);
+        futures::future::ready(Ok(entries)).boxed()
+    }
+
+    fn retire_claim(
+        &self,
+        filter: String,
+        id: ReplicaId,
+        revision: u64,
+        floor: u64,
+    ) -> BoxFuture<'static, Result<bool, TransportError>> {
+        let mut st = self.inner.state.lock().expect("bus lock");
+        let r = match st.claims.entry(filter).or_default().get_mut(&id) {
+            Some((record, rev)) if *rev == revision => {
+                *record = ClaimRecord::Retired {
+                    floor: floor.max(record.floor()),
+                };
+                *rev += 1;
+                true
+            }
+            _ => false,
+        };
+        futures::future::ready(Ok(r)).boxed()
     }
 
     fn events(&self) -> broadcast::Receiver<TransportEvent> {
@@ -360,16 +435,45 @@ mod tests {
         rt().block_on(async {
             let bus = InProcessBus::new();
             let (u1, u2) = (Uuid::new_v4(), Uuid::new_v4());
-            assert_eq!(bus.claim_replica_id("f".into(), u1, None).await.unwrap(), 1);
+            let id = |c: Result<Claim, TransportError>| c.unwrap().id;
+            assert_eq!(id(bus.claim_replica_id("f".into(), u1, None).await), 1);
+            assert_eq!(id(bus.claim_replica_id("f".into(), u2, Some(1)).await), 2);
+            assert_eq!(id(bus.claim_replica_id("f".into(), u1, Some(1)).await), 1);
+            assert_eq!(id(bus.claim_replica_id("g".into(), u2, None).await), 1);
+        });
+    }
+
+    #[test]
+    fn retired_ids_are_reused_above_the_holders_reservation() {
+        rt().block_on(async {
+            let bus = InProcessBus::new();
+            let f = || "f".to_string();
+            let (old, new) = (Uuid::new_v4(), Uuid::new_v4());
+            let claim = bus.claim_replica_id(f(), old, None).await.unwrap();
+            assert_eq!(claim, Claim { id: 1, floor: 0 });
+            let renewed = bus.renew_claim(f(), 1, old, 4096).await.unwrap();
+            assert_eq!(renewed, Renewal::Held);
+            let [entry] = bus.replica_claims(f()).await.unwrap()[..] else {
+                panic!("one claim")
+            };
+            // A renewal after the listing makes its revision stale: no retirement.
+            bus.renew_claim(f(), 1, old, 8192).await.unwrap();
+            assert!(!bus.retire_claim(f(), 1, entry.revision, 0).await.unwrap());
+            let [entry] = bus.replica_claims(f()).await.unwrap()[..] else {
+                panic!("one claim")
+            };
+            assert!(bus.retire_claim(f(), 1, entry.revision, 100).await.unwrap());
+            // The floor covers the holder's reservation, not just what the retirer saw.
+            let reused = bus.claim_replica_id(f(), new, None).await.unwrap();
+            assert_eq!(reused, Claim { id: 1, floor: 8192 });
             assert_eq!(
-                bus.claim_replica_id("f".into(), u2, Some(1)).await.unwrap(),
-                2
+                bus.renew_claim(f(), 1, old, 9000).await.unwrap(),
+                Renewal::Lost
             );
             assert_eq!(
-                bus.claim_replica_id("f".into(), u1, Some(1)).await.unwrap(),
-                1
+                bus.renew_claim(f(), 1, new, 9000).await.unwrap(),
+                Renewal::Held
             );
-            assert_eq!(bus.claim_replica_id("g".into(), u2, None).await.unwrap(), 1);
         });
     }
 }

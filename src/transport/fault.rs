@@ -11,7 +11,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
-use super::{Channel, MessageStream, Subjects, Transport, TransportError, TransportEvent};
+use super::{
+    Channel, Claim, ClaimEntry, MessageStream, Renewal, Subjects, Transport, TransportError,
+    TransportEvent,
+};
 use crate::ReplicaId;
 
 /// How often a [`FaultyTransport`] loses what it publishes.
@@ -143,8 +146,35 @@ impl Transport for FaultyTransport {
         filter: String,
         claimant: Uuid,
         preferred: Option<ReplicaId>,
-    ) -> BoxFuture<'static, Result<ReplicaId, TransportError>> {
+    ) -> BoxFuture<'static, Result<Claim, TransportError>> {
         self.inner.claim_replica_id(filter, claimant, preferred)
+    }
+
+    fn renew_claim(
+        &self,
+        filter: String,
+        id: ReplicaId,
+        claimant: Uuid,
+        reserved: u64,
+    ) -> BoxFuture<'static, Result<Renewal, TransportError>> {
+        self.inner.renew_claim(filter, id, claimant, reserved)
+    }
+
+    fn replica_claims(
+        &self,
+        filter: String,
+    ) -> BoxFuture<'static, Result<Vec<ClaimEntry>, TransportError>> {
+        self.inner.replica_claims(filter)
+    }
+
+    fn retire_claim(
+        &self,
+        filter: String,
+        id: ReplicaId,
+        revision: u64,
+        floor: u64,
+    ) -> BoxFuture<'static, Result<bool, TransportError>> {
+        self.inner.retire_claim(filter, id, revision, floor)
     }
 
     fn events(&self) -> broadcast::Receiver<TransportEvent> {

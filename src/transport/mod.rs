@@ -9,6 +9,7 @@
 mod bus;
 mod fault;
 mod nats;
+mod registry;
 mod retry;
 
 use std::time::Duration;
@@ -23,6 +24,7 @@ use uuid::Uuid;
 pub use bus::InProcessBus;
 pub use fault::{FaultConfig, FaultyTransport};
 pub use nats::{NatsConfig, NatsTransport, TlsConfig};
+pub use registry::{Claim, ClaimEntry, ClaimRecord, Renewal};
 
 use crate::ReplicaId;
 
@@ -129,13 +131,42 @@ pub trait Transport: Send + Sync + 'static {
     fn max_payload(&self) -> usize;
 
     /// Claims a replica id for `filter` on behalf of `claimant` (DESIGN.md section 4): keeps
-    /// `preferred` if it is free or already this claimant's, else the lowest free id (1 and up).
+    /// `preferred` if it is free, retired or already this claimant's, else the lowest retired
+    /// id, else the lowest id never used (1 and up). The claimant issues tags above the
+    /// returned [`Claim::floor`] only, and only up to a reservation it records with
+    /// [`Transport::renew_claim`] first.
     fn claim_replica_id(
         &self,
         filter: String,
         claimant: Uuid,
         preferred: Option<ReplicaId>,
-    ) -> BoxFuture<'static, Result<ReplicaId, TransportError>>;
+    ) -> BoxFuture<'static, Result<Claim, TransportError>>;
+
+    /// Renews `claimant`'s claim of `id`, recording that it may issue tags up to `reserved`
+    /// (never lowered). [`Renewal::Lost`] if the claim is no longer the claimant's.
+    fn renew_claim(
+        &self,
+        filter: String,
+        id: ReplicaId,
+        claimant: Uuid,
+        reserved: u64,
+    ) -> BoxFuture<'static, Result<Renewal, TransportError>>;
+
+    /// Every id of `filter` the registry holds a record for.
+    fn replica_claims(
+        &self,
+        filter: String,
+    ) -> BoxFuture<'static, Result<Vec<ClaimEntry>, TransportError>>;
+
+    /// Retires `id` with `floor`, if its record is still at `revision` (compare-and-set: a
+    /// renewal in between wins). Whether it was retired.
+    fn retire_claim(
+        &self,
+        filter: String,
+        id: ReplicaId,
+        revision: u64,
+        floor: u64,
+    ) -> BoxFuture<'static, Result<bool, TransportError>>;
 
     /// Connection events from now on.
     fn events(&self) -> broadcast::Receiver<TransportEvent>;

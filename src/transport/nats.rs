@@ -1,7 +1,6 @@
 //! The NATS transport: core subjects for replication and the request API, JetStream KV for
 //! replica ids.
 
-use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -16,7 +15,11 @@ use tokio::sync::{OnceCell, broadcast};
 use uuid::Uuid;
 
 use super::retry::{self, Retry};
-use super::{Message, MessageStream, Transport, TransportError, TransportEvent};
+use super::registry;
+use super::{
+    Claim, ClaimEntry, ClaimRecord, Message, MessageStream, Renewal, Transport, TransportError,
+    TransportEvent,
+};
 use crate::ReplicaId;
 
 /// TLS settings (rustls; the server certificate is always verified).
@@ -239,8 +242,8 @@ impl AttemptError {
 /// The NATS transport. Connect once and share it (it is `Clone`; the async-nats client is).
 ///
 /// The replication subjects use core NATS (at most once; anti-entropy repairs losses); replica
-/// ids are claimed in the JetStream KV bucket [`NatsConfig::kv_bucket`] with an atomic create
-/// of `<filter>.<id>` holding the claimant's uuid. Opening the bucket and claiming retry with
+/// ids are claimed in the JetStream KV bucket [`NatsConfig::kv_bucket`] as `<filter>.<id>`
+/// holding a [`ClaimRecord`], created atomically or updated by compare-and-set. Opening the bucket and claiming retry with
 /// exponential backoff while JetStream is unavailable, for up to
 /// [`NatsConfig::claim_timeout_ms`].
 #[derive(Clone)]
@@ -329,7 +332,7 @@ impl NatsTransport {
         filter: String,
         claimant: Uuid,
         preferred: Option<ReplicaId>,
-    ) -> Result<ReplicaId, TransportError> {
+    ) -> Result<Claim, TransportError> {
         let started = Instant::now();
         let timeout = Duration::from_millis(self.cfg.claim_timeout_ms);
         let mut delays = retry::backoff();
@@ -338,17 +341,17 @@ impl NatsTransport {
         loop {
             attempt += 1;
             let e = match self.try_claim(&filter, claimant, &mut preferred).await {
-                Ok(id) => {
+                Ok(claim) => {
                     if attempt > 1 {
                         tracing::info!(
                             filter,
-                            replica = id,
+                            replica = claim.id,
                             attempts = attempt,
                             waited_ms = started.elapsed().as_millis() as u64,
                             "replica id claimed once JetStream answered"
                         );
                     }
-                    return Ok(id);
+                    return Ok(claim);
                 }
                 Err(e) => e,
             };
@@ -395,54 +398,52 @@ impl NatsTransport {
         v.as_ref().filter(|v| v.at >= t).cloned()
     }
 
-    /// One attempt. An id whose create failed without an answer may have been stored for us:
-    /// it becomes `preferred`, so that the next attempt takes it back instead of leaking it.
+    /// One attempt. An id whose create or update failed without an answer may have been
+    /// stored for us: it becomes `preferred`, so that the next attempt takes it back instead
+    /// of leaking it.
     async fn try_claim(
         &self,
         filter: &str,
         claimant: Uuid,
         preferred: &mut Option<ReplicaId>,
-    ) -> Result<ReplicaId, AttemptError> {
+    ) -> Result<Claim, AttemptError> {
         let store = self.store().await?;
-        let value = Bytes::from(claimant.to_string());
-        let key = |id: ReplicaId| format!("{filter}.{id}");
-        if let Some(p) = preferred.filter(|&p| p != 0) {
-            match store.create(key(p), value.clone()).await {
-                Ok(_) => return Ok(p),
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
-                    let holder = store
-                        .get(key(p))
-                        .await
-                        .map_err(|e| AttemptError::of("reading a replica id claim", &e))?;
-                    if holder.as_ref() == Some(&value) {
-                        return Ok(p);
-                    }
-                    // Held by another replica: take the lowest free id.
-                    *preferred = None;
+        // Each turn loses at most one race to another claimant; ids are finite.
+        for _ in 0..=ReplicaId::MAX {
+            let entries = list_claims(&store, filter).await?;
+            let Some((id, previous)) = registry::pick_id(&entries, claimant, *preferred) else {
+                break;
+            };
+            let floor = previous.map_or(0, |e| e.record.floor());
+            let value = Bytes::from(
+                ClaimRecord::Held {
+                    claimant,
+                    reserved: floor,
                 }
-                Err(e) => return Err(AttemptError::of("claiming a replica id", &e)),
-            }
-        }
-        let mut used: HashSet<ReplicaId> = HashSet::new();
-        let prefix = format!("{filter}.");
-        let listing = |e: &(dyn std::error::Error + 'static)| {
-            AttemptError::of("listing replica id claims", e)
-        };
-        let mut keys = store.keys().await.map_err(|e| listing(&e))?;
-        while let Some(k) = keys.next().await {
-            let k = k.map_err(|e| listing(&e))?;
-            if let Some(id) = k.strip_prefix(&prefix).and_then(|s| s.parse().ok()) {
-                used.insert(id);
-            }
-        }
-        for id in (1..=ReplicaId::MAX).filter(|id| !used.contains(id)) {
-            match store.create(key(id), value.clone()).await {
-                Ok(_) => return Ok(id),
-                // Claimed concurrently by another replica: try the next.
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => continue,
-                Err(e) => {
+                .encode(),
+            );
+            let key = claim_key(filter, id);
+            let stored = match previous {
+                None => store.create(key, value).await.map_err(|e| {
+                    let lost_race = e.kind() == kv::CreateErrorKind::AlreadyExists;
+                    (lost_race, AttemptError::of("claiming a replica id", &e))
+                }),
+                Some(e) => store.update(key, value, e.revision).await.map_err(|e| {
+                    let lost_race = e.kind() == kv::UpdateErrorKind::WrongLastRevision;
+                    (lost_race, AttemptError::of("claiming a replica id", &e))
+                }),
+            };
+            match stored {
+                Ok(_) => return Ok(Claim { id, floor }),
+                // Claimed or renewed concurrently by another replica: look again.
+                Err((true, _)) => {
+                    if *preferred == Some(id) {
+                        *preferred = None;
+                    }
+                }
+                Err((false, e)) => {
                     *preferred = Some(id);
-                    return Err(AttemptError::of("claiming a replica id", &e));
+                    return Err(e);
                 }
             }
         }
@@ -452,6 +453,115 @@ impl NatsTransport {
             retry: Retry::Permanent,
         })
     }
+
+    async fn renew(
+        &self,
+        filter: &str,
+        id: ReplicaId,
+        claimant: Uuid,
+        reserved: u64,
+    ) -> Result<Renewal, AttemptError> {
+        let store = self.store().await?;
+        let key = claim_key(filter, id);
+        let entry = store
+            .entry(key.clone())
+            .await
+            .map_err(|e| AttemptError::of("reading a replica id claim", &e))?;
+        let Some((record, revision)) = entry.and_then(live_record) else {
+            return Ok(Renewal::Lost);
+        };
+        if !record.held_by(claimant) {
+            return Ok(Renewal::Lost);
+        }
+        let value = ClaimRecord::Held {
+            claimant,
+            reserved: reserved.max(record.floor()),
+        };
+        match store
+            .update(key, Bytes::from(value.encode()), revision)
+            .await
+        {
+            Ok(_) => Ok(Renewal::Held),
+            // Retired between our read and our write.
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(Renewal::Lost),
+            Err(e) => Err(AttemptError::of("renewing a replica id claim", &e)),
+        }
+    }
+
+    async fn retire(
+        &self,
+        filter: &str,
+        id: ReplicaId,
+        revision: u64,
+        floor: u64,
+    ) -> Result<bool, AttemptError> {
+        let store = self.store().await?;
+        let key = claim_key(filter, id);
+        let current = store
+            .entry(key.clone())
+            .await
+            .map_err(|e| AttemptError::of("reading a replica id claim", &e))?
+            .and_then(live_record);
+        let Some((record, rev)) = current.filter(|(_, rev)| *rev == revision) else {
+            return Ok(false);
+        };
+        let value = ClaimRecord::Retired {
+            floor: floor.max(record.floor()),
+        };
+        match store.update(key, Bytes::from(value.encode()), rev).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(false),
+            Err(e) => Err(AttemptError::of("retiring a replica id", &e)),
+        }
+    }
+}
+
+fn claim_key(filter: &str, id: ReplicaId) -> String {
+    format!("{filter}.{id}")
+}
+
+/// A stored claim record and its revision; `None` for a deleted key. A record that does not
+/// decode is taken for a claim by an unknown holder: never picked, never retired.
+fn live_record(entry: kv::Entry) -> Option<(ClaimRecord, u64)> {
+    if entry.operation != kv::Operation::Put {
+        return None;
+    }
+    let record = ClaimRecord::decode(&entry.value).unwrap_or(ClaimRecord::Held {
+        claimant: Uuid::nil(),
+        reserved: crate::MAX_COUNTER,
+    });
+    Some((record, entry.revision))
+}
+
+/// Every claim of `filter` in the bucket.
+async fn list_claims(store: &kv::Store, filter: &str) -> Result<Vec<ClaimEntry>, AttemptError> {
+    let prefix = format!("{filter}.");
+    let listing =
+        |e: &(dyn std::error::Error + 'static)| AttemptError::of("listing replica id claims", e);
+    let mut keys = store.keys().await.map_err(|e| listing(&e))?;
+    let mut ids = Vec::new();
+    while let Some(k) = keys.next().await {
+        let k = k.map_err(|e| listing(&e))?;
+        if let Some(id) = k.strip_prefix(&prefix).and_then(|s| s.parse().ok()) {
+            ids.push(id);
+        }
+    }
+    let mut entries = Vec::with_capacity(ids.len());
+    for id in ids {
+        let entry = store
+            .entry(claim_key(filter, id))
+            .await
+            .map_err(|e| AttemptError::of("reading a replica id claim", &e))?;
+        if let Some((record, revision)) = entry.and_then(live_record) {
+            entries.push(ClaimEntry {
+                id,
+                record,
+                revision,
+            });
+        }
+    }
+    entries.sort_by_key(|e| e.id);
+    Ok(entries)
 }
 
 /// Whether opening the bucket failed because it does not exist (yet): then create it.
@@ -576,9 +686,58 @@ impl Transport for NatsTransport {
         filter: String,
         claimant: Uuid,
         preferred: Option<ReplicaId>,
-    ) -> BoxFuture<'static, Result<ReplicaId, TransportError>> {
+    ) -> BoxFuture<'static, Result<Claim, TransportError>> {
         let this = self.clone();
         async move { this.claim(filter, claimant, preferred).await }.boxed()
+    }
+
+    fn renew_claim(
+        &self,
+        filter: String,
+        id: ReplicaId,
+        claimant: Uuid,
+        reserved: u64,
+    ) -> BoxFuture<'static, Result<Renewal, TransportError>> {
+        let this = self.clone();
+        async move {
+            this.renew(&filter, id, claimant, reserved)
+                .await
+                .map_err(|e| TransportError::Claim(e.to_string()))
+        }
+        .boxed()
+    }
+
+    fn replica_claims(
+        &self,
+        filter: String,
+    ) -> BoxFuture<'static, Result<Vec<ClaimEntry>, TransportError>> {
+        let this = self.clone();
+        async move {
+            let store = this
+                .store()
+                .await
+                .map_err(|e| TransportError::Claim(e.to_string()))?;
+            list_claims(&store, &filter)
+                .await
+                .map_err(|e| TransportError::Claim(e.to_string()))
+        }
+        .boxed()
+    }
+
+    fn retire_claim(
+        &self,
+        filter: String,
+        id: ReplicaId,
+        revision: u64,
+        floor: u64,
+    ) -> BoxFuture<'static, Result<bool, TransportError>> {
+        let this = self.clone();
+        async move {
+            this.retire(&filter, id, revision, floor)
+                .await
+                .map_err(|e| TransportError::Claim(e.to_string()))
+        }
+        .boxed()
     }
 
     fn events(&self) -> broadcast::Receiver<TransportEvent> {

@@ -1,0 +1,185 @@
+//! Replica id claims as leases (DESIGN.md section 4): what the registry holds for each id of a
+//! filter, and how an id is retired and given to a new replica without any tag being issued
+//! twice.
+//!
+//! A replica holds its id by renewing its claim, and may issue tags only up to the reservation
+//! its claim records. An id whose claim nobody renewed for `retire_after` is retired by any
+//! replica that sees that, with a floor at or above every tag its holder could have issued (its
+//! recorded reservation); a later claimant takes the id and issues tags above the floor only.
+//! Its entries and their tags stay where they are; only the id is handed on.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::{MAX_COUNTER, ReplicaId};
+
+/// What the registry holds for one replica id of a filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClaimRecord {
+    /// Held by a running replica, which issues tags up to `reserved` and no further.
+    Held {
+        /// The holder.
+        claimant: Uuid,
+        /// The highest timestamp the holder may issue.
+        reserved: u64,
+    },
+    /// Retired: every tag of this id up to `floor` may have been issued; a new holder issues
+    /// tags above it only.
+    Retired {
+        /// The highest timestamp a previous holder may have issued.
+        floor: u64,
+    },
+}
+
+impl ClaimRecord {
+    /// The record's encoding in the registry (JSON, so that operators can read it with
+    /// `nats kv get`).
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a claim record encodes")
+    }
+
+    /// Decodes a record. A bare uuid is a claim made before claims had reservations: its
+    /// holder's tags are unknown, so it reserves every timestamp and is never retired.
+    pub fn decode(bytes: &[u8]) -> Option<ClaimRecord> {
+        serde_json::from_slice(bytes).ok().or_else(|| {
+            let claimant = std::str::from_utf8(bytes).ok()?.trim().parse().ok()?;
+            Some(ClaimRecord::Held {
+                claimant,
+                reserved: MAX_COUNTER,
+            })
+        })
+    }
+
+    /// Whether `claimant` holds the id.
+    pub fn held_by(&self, claimant: Uuid) -> bool {
+        matches!(self, ClaimRecord::Held { claimant: c, .. } if *c == claimant)
+    }
+
+    /// The timestamp a new holder starts above: the floor of a retired id, 0 for a free one.
+    pub fn floor(&self) -> u64 {
+        match self {
+            ClaimRecord::Held { reserved, .. } => *reserved,
+            ClaimRecord::Retired { floor } => *floor,
+        }
+    }
+
+    /// Whether the holder's reservation is known, so that the id can be retired safely.
+    pub fn retirable(&self) -> bool {
+        matches!(self, ClaimRecord::Held { reserved, .. } if *reserved < MAX_COUNTER)
+    }
+}
+
+/// A replica id and what the registry holds for it, at a revision (for compare-and-set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimEntry {
+    /// The id.
+    pub id: ReplicaId,
+    /// Its record.
+    pub record: ClaimRecord,
+    /// The record's revision: it changes with every renewal.
+    pub revision: u64,
+}
+
+/// A claimed id: the claimant issues tags above `floor` only (0 for an id never used; the
+/// floor of a retired id; the claimant's own reservation when it takes its id back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    /// The id.
+    pub id: ReplicaId,
+    /// The highest timestamp an earlier holder may have issued.
+    pub floor: u64,
+}
+
+/// The outcome of renewing a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// Still ours, with the new reservation recorded.
+    Held,
+    /// No longer ours: the id was retired (and perhaps claimed again) while we were silent.
+    /// The replica must stop issuing tags under it.
+    Lost,
+}
+
+/// The lowest id a claim can take among `entries` (sorted or not): `preferred` if it is free,
+/// retired or already the claimant's, else the lowest retired id, else the lowest id never used.
+/// Retired ids go first, so that the ids in causal contexts stay as few as the replicas that
+/// run at once.
+pub(crate) fn pick_id(
+    entries: &[ClaimEntry],
+    claimant: Uuid,
+    preferred: Option<ReplicaId>,
+) -> Option<(ReplicaId, Option<ClaimEntry>)> {
+    let find = |id: ReplicaId| entries.iter().find(|e| e.id == id).copied();
+    let available = |e: &Option<ClaimEntry>| {
+        e.is_none_or(|e| e.record.held_by(claimant) || matches!(e.record, ClaimRecord::Retired { .. }))
+    };
+    if let Some(p) = preferred.filter(|&p| p != 0) {
+        let e = find(p);
+        if available(&e) {
+            return Some((p, e));
+        }
+    }
+    let retired = entries
+        .iter()
+        .filter(|e| matches!(e.record, ClaimRecord::Retired { .. }))
+        .min_by_key(|e| e.id);
+    if let Some(e) = retired {
+        return Some((e.id, Some(*e)));
+    }
+    (1..=ReplicaId::MAX)
+        .find(|id| find(*id).is_none())
+        .map(|id| (id, None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: ReplicaId, record: ClaimRecord) -> ClaimEntry {
+        ClaimEntry {
+            id,
+            record,
+            revision: 1,
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_bare_uuids_are_never_retirable() {
+        let u = Uuid::new_v4();
+        for r in [
+            ClaimRecord::Held {
+                claimant: u,
+                reserved: 7,
+            },
+            ClaimRecord::Retired { floor: 9 },
+        ] {
+            assert_eq!(ClaimRecord::decode(&r.encode()), Some(r));
+        }
+        let legacy = ClaimRecord::decode(u.to_string().as_bytes()).unwrap();
+        assert!(legacy.held_by(u) && !legacy.retirable());
+        assert_eq!(ClaimRecord::decode(b"garbage"), None);
+    }
+
+    #[test]
+    fn picks_preferred_then_retired_then_never_used() {
+        let (me, other) = (Uuid::new_v4(), Uuid::new_v4());
+        let held = |c| ClaimRecord::Held {
+            claimant: c,
+            reserved: 10,
+        };
+        let entries = [
+            entry(1, held(other)),
+            entry(2, held(me)),
+            entry(3, ClaimRecord::Retired { floor: 50 }),
+            entry(5, ClaimRecord::Retired { floor: 5 }),
+        ];
+        assert_eq!(pick_id(&entries, me, Some(2)).unwrap().0, 2);
+        assert_eq!(pick_id(&entries, me, Some(5)).unwrap().0, 5);
+        assert_eq!(pick_id(&entries, me, Some(4)).unwrap().0, 4);
+        // Held by another: the lowest retired id instead.
+        assert_eq!(pick_id(&entries, me, Some(1)).unwrap().0, 3);
+        let fresh = [entry(1, held(other))];
+        assert_eq!(pick_id(&fresh, me, None), Some((2, None)));
+    }
+}
