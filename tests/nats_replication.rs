@@ -686,3 +686,70 @@ async fn a_replica_killed_with_sigkill_restarts_from_its_data_dir() {
     }
     stop(&[a, b]).await;
 }
+
+/// Pruning over JetStream KV: a replica gone for `retire_after_ms` has its id retired (the
+/// KV record says so, with a floor above the tags its claim reserved), a new replica takes
+/// the id and adds above the floor, and the data of the gone replica stays everywhere.
+#[actix::test]
+async fn a_gone_replicas_id_is_retired_in_kv_and_reused_above_its_reservation() {
+    use crpf::transport::ClaimRecord;
+    let server = NatsServer::start();
+    let mut cfg = cfg("prune", FilterKind::OrCuckoo, 5_000, 0.01);
+    cfg.id_lease_renew_ms = 200;
+    cfg.id_lease_block = 1_000;
+    cfg.peer_expiry_ms = 1_500;
+    cfg.retire_after_ms = 1_500;
+    let registry = connect(&server.url()).await;
+    let a = Replica::start(cfg.clone(), connect(&server.url()).await)
+        .await
+        .unwrap();
+    let b = Replica::start(cfg.clone(), connect(&server.url()).await)
+        .await
+        .unwrap();
+    let b_id = b.identity().replica;
+    let mut b_max = 0;
+    for i in 0..100u32 {
+        b_max = b.add(format!("b{i}")).await.unwrap().unwrap().counter;
+    }
+    assert!(a.wait_until(WAIT, |f| f.contains(b"b99")).await);
+    b.shutdown().await.unwrap();
+    let record = |claims: Vec<crpf::transport::ClaimEntry>| {
+        claims.into_iter().find(|e| e.id == b_id).unwrap().record
+    };
+    let reserved = record(registry.replica_claims("prune".into()).await.unwrap()).floor();
+    assert!(reserved >= b_max + 1, "b's claim reserves {reserved}, b issued {b_max}");
+
+    let deadline = Instant::now() + WAIT;
+    let floor = loop {
+        match record(registry.replica_claims("prune".into()).await.unwrap()) {
+            ClaimRecord::Retired { floor } => break floor,
+            held => assert!(Instant::now() < deadline, "never retired: {held:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(floor >= reserved, "floor {floor} below b's reservation {reserved}");
+
+    let c = Replica::start(cfg.clone(), connect(&server.url()).await)
+        .await
+        .unwrap();
+    assert_eq!(c.identity().replica, b_id, "the retired id is reused");
+    let first = c.add("c0").await.unwrap().unwrap();
+    assert!(first.counter > floor, "{first:?} at or below the floor {floor}");
+    let hs = [a, c];
+    assert!(converged(&hs, WAIT).await, "replicas did not converge");
+    for h in &hs {
+        assert!((0..100).all(|i| h.contains(format!("b{i}").as_bytes())));
+        assert!(h.contains(b"c0"));
+        // Each replica sees the registry at its next renewal.
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let s = h.stats().await.unwrap();
+            if (s.live_ids, s.retired_ids) == (2, 0) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{s:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    stop(&hs).await;
+}
