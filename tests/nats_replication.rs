@@ -60,7 +60,7 @@ async fn three_replicas_converge_over_nats_with_ids_from_kv() {
     assert!(converged(&hs, WAIT).await, "replicas did not converge");
     check_or_semantics(&hs, &log);
 
-    // Each replica id is claimed in the KV bucket under `<filter>.<id>` by its uuid.
+    // Each replica id is claimed in the KV bucket under `<filter>.<id>`, held by its uuid.
     let client = async_nats::connect(server.url()).await.unwrap();
     let kv = async_nats::jetstream::new(client)
         .get_key_value("crpf_replicas")
@@ -79,7 +79,8 @@ async fn three_replicas_converge_over_nats_with_ids_from_kv() {
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(holder, id.uuid.to_string().as_bytes());
+        let record = crpf::transport::ClaimRecord::decode(&holder).unwrap();
+        assert!(record.held_by(id.uuid), "{record:?}");
     }
     stop(&hs).await;
 }
@@ -628,10 +629,16 @@ async fn a_replica_killed_with_sigkill_restarts_from_its_data_dir() {
         missing.is_empty(),
         "adds that had reached another replica are missing after the restart: {missing:?}"
     );
-    // Let it add again until its new tags reach the others, then kill it too.
+    // Let it add again until 200 new tags reach the others, then kill it too. (Counted, not
+    // read off the clock: a restarted replica starts above its claim's old reservation.)
     let floor = reached.iter().max().copied().unwrap_or(0);
     assert!(
-        a.wait_until(WAIT, |f| f.history().unwrap().max(id) >= floor + 200)
+        a.wait_until(WAIT, |f| f
+            .dots()
+            .iter()
+            .filter(|d| d.replica == id && d.counter > floor)
+            .count()
+            >= 200)
             .await
     );
     second.kill9().await;
@@ -717,7 +724,10 @@ async fn a_gone_replicas_id_is_retired_in_kv_and_reused_above_its_reservation() 
         claims.into_iter().find(|e| e.id == b_id).unwrap().record
     };
     let reserved = record(registry.replica_claims("prune".into()).await.unwrap()).floor();
-    assert!(reserved >= b_max + 1, "b's claim reserves {reserved}, b issued {b_max}");
+    assert!(
+        reserved >= b_max + 1,
+        "b's claim reserves {reserved}, b issued {b_max}"
+    );
 
     let deadline = Instant::now() + WAIT;
     let floor = loop {
@@ -727,14 +737,20 @@ async fn a_gone_replicas_id_is_retired_in_kv_and_reused_above_its_reservation() 
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert!(floor >= reserved, "floor {floor} below b's reservation {reserved}");
+    assert!(
+        floor >= reserved,
+        "floor {floor} below b's reservation {reserved}"
+    );
 
     let c = Replica::start(cfg.clone(), connect(&server.url()).await)
         .await
         .unwrap();
     assert_eq!(c.identity().replica, b_id, "the retired id is reused");
     let first = c.add("c0").await.unwrap().unwrap();
-    assert!(first.counter > floor, "{first:?} at or below the floor {floor}");
+    assert!(
+        first.counter > floor,
+        "{first:?} at or below the floor {floor}"
+    );
     let hs = [a, c];
     assert!(converged(&hs, WAIT).await, "replicas did not converge");
     for h in &hs {

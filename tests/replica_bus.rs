@@ -731,11 +731,20 @@ async fn gone_replicas_ids_are_retired_and_reused_without_reissuing_a_tag() {
             .any(|e| e.id == b_id && matches!(e.record, ClaimRecord::Retired { .. }))
     })
     .await;
-    let floor = claims().await.iter().find(|e| e.id == b_id).unwrap().record.floor();
+    let floor = claims()
+        .await
+        .iter()
+        .find(|e| e.id == b_id)
+        .unwrap()
+        .record
+        .floor();
     let b_max = dots.iter().map(|d| d.counter).max().unwrap();
     assert!(floor >= b_max, "floor {floor} below b's tag {b_max}");
     // Above what b may have issued unseen, too: its whole reservation.
-    assert!(floor >= reserved, "floor {floor} below b's reservation {reserved}");
+    assert!(
+        floor >= reserved,
+        "floor {floor} below b's reservation {reserved}"
+    );
     wait_for(|| async { a.stats().await.unwrap().retired_ids == 1 }).await;
 
     // A new replica takes the retired id and starts above the floor.
@@ -767,7 +776,9 @@ async fn gone_replicas_ids_are_retired_and_reused_without_reissuing_a_tag() {
     wait_for(|| async {
         // Compare-and-set: a renewal between the listing and the retirement wins; try again.
         let entry = claims().await.into_iter().find(|e| e.id == a_id).unwrap();
-        let _ = bus.retire_claim("retire".into(), a_id, entry.revision, 0).await;
+        let _ = bus
+            .retire_claim("retire".into(), a_id, entry.revision, 0)
+            .await;
         a.stats().await.unwrap().id_lost
     })
     .await;

@@ -1436,13 +1436,10 @@ impl Actor for Replica {
             ReplicaConfig::ms(self.cfg.metrics_interval_ms),
             |act, ctx| act.housekeeping(ctx),
         );
-        ctx.run_interval(
-            ReplicaConfig::ms(self.cfg.id_lease_renew_ms),
-            |act, ctx| act.renew_lease(ctx),
-        );
-        self.metrics
-            .gauge(m::ID_LOST, &[])
-            .set(0.0);
+        ctx.run_interval(ReplicaConfig::ms(self.cfg.id_lease_renew_ms), |act, ctx| {
+            act.renew_lease(ctx)
+        });
+        self.metrics.gauge(m::ID_LOST, &[]).set(0.0);
         self.renew_lease(ctx);
         if self.data.is_some() {
             ctx.run_interval(

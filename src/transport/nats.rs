@@ -14,8 +14,8 @@ use thiserror::Error;
 use tokio::sync::{OnceCell, broadcast};
 use uuid::Uuid;
 
-use super::retry::{self, Retry};
 use super::registry;
+use super::retry::{self, Retry};
 use super::{
     Claim, ClaimEntry, ClaimRecord, Message, MessageStream, Renewal, Transport, TransportError,
     TransportEvent,

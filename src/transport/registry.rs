@@ -112,7 +112,9 @@ pub(crate) fn pick_id(
 ) -> Option<(ReplicaId, Option<ClaimEntry>)> {
     let find = |id: ReplicaId| entries.iter().find(|e| e.id == id).copied();
     let available = |e: &Option<ClaimEntry>| {
-        e.is_none_or(|e| e.record.held_by(claimant) || matches!(e.record, ClaimRecord::Retired { .. }))
+        e.is_none_or(|e| {
+            e.record.held_by(claimant) || matches!(e.record, ClaimRecord::Retired { .. })
+        })
     };
     if let Some(p) = preferred.filter(|&p| p != 0) {
         let e = find(p);

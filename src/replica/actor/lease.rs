@@ -124,14 +124,17 @@ impl Replica {
             let claims = t.replica_claims(filter).await;
             (renewal, claims)
         };
-        ctx.spawn(work.into_actor(self).map(move |(renewal, claims), act, ctx| {
-            act.lease.busy = false;
-            act.on_renewal(want, renewal);
-            match claims {
-                Ok(claims) => act.retire_stale(&claims, ctx),
-                Err(e) => act.lease_failed("listing claims", &e),
-            }
-        }));
+        ctx.spawn(
+            work.into_actor(self)
+                .map(move |(renewal, claims), act, ctx| {
+                    act.lease.busy = false;
+                    act.on_renewal(want, renewal);
+                    match claims {
+                        Ok(claims) => act.retire_stale(&claims, ctx),
+                        Err(e) => act.lease_failed("listing claims", &e),
+                    }
+                }),
+        );
     }
 
     fn on_renewal(&mut self, want: u64, renewal: Result<Renewal, TransportError>) {
@@ -152,9 +155,7 @@ impl Replica {
     }
 
     fn lease_failed(&self, what: &'static str, e: &TransportError) {
-        self.metrics
-            .counter(m::ID_LEASE_FAILURES, &[])
-            .increment(1);
+        self.metrics.counter(m::ID_LEASE_FAILURES, &[]).increment(1);
         if let Some(suppressed) = self.limiter.allow("lease") {
             tracing::warn!(
                 error = %e, suppressed, "replica id registry: {what} failed; retrying"
@@ -259,6 +260,10 @@ mod tests {
                 .all(|e| e.id == 2)
         );
         // Zero disables retirement.
-        assert!(lease.stale(1, &later, t0 + after * 10, Duration::ZERO).is_empty());
+        assert!(
+            lease
+                .stale(1, &later, t0 + after * 10, Duration::ZERO)
+                .is_empty()
+        );
     }
 }
