@@ -78,6 +78,9 @@ enum Handled {
 
 impl Replica {
     pub(super) fn start_api(&mut self, _ctx: &mut Context<Self>) {
+        // First, so that whatever answers requests can count them on its endpoints; it is
+        // announced ($SRV) after the API's subscriptions.
+        let service = self.new_service();
         // `<...>.api` and `<...>.api.>` (one NATS pattern cannot cover both) in the queue
         // group, so that one ready replica answers; and the same two under
         // `<...>.replica.<id>`, without a group, for requests to this replica alone. Every
@@ -104,12 +107,11 @@ impl Replica {
                 .await;
             }));
         }
-        self.start_service();
+        self.serve_service(service);
     }
 
-    /// Starts the NATS service API: its requests are answered in their subscription tasks,
-    /// from the service's own figures, without the actor.
-    fn start_service(&mut self) {
+    /// The NATS service API's instance of this replica.
+    fn new_service(&mut self) -> Arc<ApiService> {
         let service = Arc::new(ApiService::new(
             &self.subjects,
             &self.cfg.prefix,
@@ -118,6 +120,13 @@ impl Replica {
             self.id(),
             self.uuid(),
         ));
+        self.service = Some(service.clone());
+        service
+    }
+
+    /// Serves the NATS service API: its requests are answered in their subscription tasks,
+    /// from the service's own figures, without the actor.
+    fn serve_service(&mut self, service: Arc<ApiService>) {
         tracing::info!(
             filter = %self.cfg.name,
             replica = self.id(),
@@ -128,9 +137,8 @@ impl Replica {
         for subject in service.subscriptions() {
             let (service, transport) = (service.clone(), self.transport.clone());
             self.tasks
-                .push(actix::spawn(serve_service(service, transport, subject)));
+                .push(actix::spawn(answer_service(service, transport, subject)));
         }
-        self.service = Some(service);
     }
 
     pub(super) fn on_api(&mut self, msg: Message, ctx: &mut Context<Self>) {
@@ -408,7 +416,7 @@ fn service_code(e: &ReplicaError) -> u16 {
 
 /// Answers the service requests of one subscription, resubscribing if it ends, until the
 /// replica stops (which aborts the task).
-async fn serve_service(service: Arc<ApiService>, transport: Arc<dyn Transport>, subject: String) {
+async fn answer_service(service: Arc<ApiService>, transport: Arc<dyn Transport>, subject: String) {
     let mut backoff = Duration::from_millis(50);
     loop {
         match transport.subscribe(subject.clone(), None).await {
