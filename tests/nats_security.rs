@@ -188,6 +188,12 @@ async fn replicas_replicate_and_clients_cannot_publish_replication_traffic() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(&reply.payload[..], br#"{"contains":true}"#);
+    // ...and finds the replicas through the NATS service API (subscribed by the replica user).
+    let ping = format!("$SRV.PING.crpf-{}", cfg.name);
+    let reply = client.request(ping.clone(), "".into()).await;
+    let reply = reply.unwrap_or_else(|e| panic!("{ping}: {e}"));
+    let pong: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+    assert_eq!(pong["type"], "io.nats.micro.v1.ping_response");
     // ...but its publish of a well-formed delta is refused by the server, and so is listening
     // to replication.
     let frame = forged_delta(&cfg, &codec(&cfg, None), b"injected");

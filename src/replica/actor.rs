@@ -191,6 +191,8 @@ pub struct Replica {
     outbound_rx: Option<mpsc::Receiver<Outbound>>,
     replication: Option<MessageStream>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The NATS service API (ADR-32) of the request API, once it is served.
+    service: Option<Arc<super::service::ApiService>>,
     /// Updates waiting for their acknowledgement level.
     acks: AckTracker<Responder>,
     /// Number of the next commit (a commit carries every local update since the last one).
@@ -261,6 +263,7 @@ impl Replica {
             outbound_rx: Some(outbound_rx),
             replication: Some(s.replication),
             tasks: Vec::new(),
+            service: None,
             acks: AckTracker::default(),
             next_batch: 1,
             committing: false,
@@ -463,7 +466,7 @@ impl Replica {
 
     fn respond(&mut self, responder: Responder, result: Result<(), ReplicaError>) {
         match responder {
-            Responder::Api { reply, body } => self.api_answer(reply, result.map(|()| body)),
+            Responder::Api { reply, body } => self.api_answer(reply, body, result),
             Responder::Handle { tx, dot } => {
                 let _ = tx.send(result.map(|()| dot));
             }

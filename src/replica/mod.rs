@@ -49,6 +49,7 @@ mod filter;
 pub mod metrics;
 mod reassembly;
 mod recovery;
+pub mod service;
 pub mod wal;
 
 use std::collections::BTreeMap;

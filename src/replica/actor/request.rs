@@ -1,12 +1,17 @@
 //! The request API of a replica (README, "Subjects"): single operations with the raw item as
 //! payload, batch operations with the framing of [`crate::api::batch`], stats. Requests reach
 //! the actor through its inbound buffer like replication messages; replies leave through the
-//! publisher task, with the header [`REPLICA_HEADER`] naming this replica.
+//! publisher task, with the header [`REPLICA_HEADER`] naming this replica. The replica also
+//! answers the NATS service API for it ([`crate::replica::service`]), which counts what
+//! [`Replica::on_api`] answers.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 use actix::prelude::*;
 use bytes::Bytes;
+use futures::StreamExt;
 use serde_json::json;
 
 use super::{Inbound, Outbound, Replica, Responder, forward_stream};
@@ -16,7 +21,10 @@ use crate::replica::ReplicaError;
 use crate::replica::ack::AckLevel;
 use crate::replica::filter::NotRemovable;
 use crate::replica::metrics as m;
-use crate::transport::Message;
+use crate::replica::service::{
+    ApiService, SERVICE_ERROR_CODE_HEADER, SERVICE_ERROR_HEADER, Served, ServiceError,
+};
+use crate::transport::{Message, Transport};
 
 /// Longest error text carried in a reply header (the JSON body has no such bound).
 const MAX_ERROR_HEADER: usize = 256;
@@ -28,6 +36,10 @@ pub(crate) struct ApiReply {
     bitmap: bool,
     /// The first error of a partly failed `madd`, for [`ERROR_HEADER`].
     error: Option<String>,
+    /// An error answer: for the service API's error headers and counts.
+    failure: Option<ServiceError>,
+    /// The request it answers, counted on its service endpoint once sent.
+    served: Option<Served>,
 }
 
 impl ApiReply {
@@ -36,6 +48,8 @@ impl ApiReply {
             payload: serde_json::to_vec(body).expect("JSON serialize").into(),
             bitmap: false,
             error: None,
+            failure: None,
+            served: None,
         }
     }
 
@@ -44,6 +58,8 @@ impl ApiReply {
             payload: batch::encode_bitmap(bits.iter().copied()).into(),
             bitmap: true,
             error,
+            failure: None,
+            served: None,
         }
     }
 }
@@ -62,6 +78,9 @@ enum Handled {
 
 impl Replica {
     pub(super) fn start_api(&mut self, _ctx: &mut Context<Self>) {
+        // First, so that whatever answers requests can count them on its endpoints; it is
+        // announced ($SRV) after the API's subscriptions.
+        let service = self.new_service();
         // `<...>.api` and `<...>.api.>` (one NATS pattern cannot cover both) in the queue
         // group, so that one ready replica answers; and the same two under
         // `<...>.replica.<id>`, without a group, for requests to this replica alone. Every
@@ -88,19 +107,58 @@ impl Replica {
                 .await;
             }));
         }
+        self.serve_service(service);
+    }
+
+    /// The NATS service API's instance of this replica.
+    fn new_service(&mut self) -> Arc<ApiService> {
+        let service = Arc::new(ApiService::new(
+            &self.subjects,
+            &self.cfg.prefix,
+            &self.cfg.name,
+            self.expect.kind,
+            self.id(),
+            self.uuid(),
+        ));
+        self.service = Some(service.clone());
+        service
+    }
+
+    /// Serves the NATS service API: its requests are answered in their subscription tasks,
+    /// from the service's own figures, without the actor.
+    fn serve_service(&mut self, service: Arc<ApiService>) {
+        tracing::info!(
+            filter = %self.cfg.name,
+            replica = self.id(),
+            service = service.name(),
+            id = service.id(),
+            "serving the NATS service API ($SRV)"
+        );
+        for subject in service.subscriptions() {
+            let (service, transport) = (service.clone(), self.transport.clone());
+            self.tasks
+                .push(actix::spawn(answer_service(service, transport, subject)));
+        }
     }
 
     pub(super) fn on_api(&mut self, msg: Message, ctx: &mut Context<Self>) {
         self.metrics.traffic("in", "api", msg.payload.len());
         let reply = msg.reply.clone();
+        let served = self.service.as_ref().map(|s| s.serve(&msg.subject));
         match self.api_request(&msg) {
-            Ok(Handled::Answer(body)) => self.send_reply(reply, body),
+            Ok(Handled::Answer(mut body)) => {
+                body.served = served;
+                self.send_reply(reply, body)
+            }
             Ok(Handled::Settle {
                 level,
                 changed,
-                body,
-            }) => self.settle(level, changed, Responder::Api { reply, body }, ctx),
-            Err(e) => self.api_failed(reply, e),
+                mut body,
+            }) => {
+                body.served = served;
+                self.settle(level, changed, Responder::Api { reply, body }, ctx)
+            }
+            Err(e) => self.api_failed(reply, served, e),
         }
     }
 
@@ -241,19 +299,36 @@ impl Replica {
         }
     }
 
-    pub(super) fn api_answer(&mut self, reply: Option<String>, r: Result<ApiReply, ReplicaError>) {
-        match r {
-            Ok(body) => self.send_reply(reply, body),
-            Err(e) => self.api_failed(reply, e),
+    /// Answers an update that waited for its acknowledgement level: `body` if it was
+    /// reached, else the error.
+    pub(super) fn api_answer(
+        &mut self,
+        reply: Option<String>,
+        body: ApiReply,
+        result: Result<(), ReplicaError>,
+    ) {
+        match result {
+            Ok(()) => self.send_reply(reply, body),
+            Err(e) => self.api_failed(reply, body.served, e),
         }
     }
 
-    fn api_failed(&mut self, reply: Option<String>, e: ReplicaError) {
+    fn api_failed(&mut self, reply: Option<String>, served: Option<Served>, e: ReplicaError) {
         self.api_error(&e);
-        self.send_reply(reply, ApiReply::json(&json!({"error": e.to_string()})));
+        let mut body = ApiReply::json(&json!({"error": e.to_string()}));
+        body.failure = Some(ServiceError {
+            code: service_code(&e),
+            text: header_text(&e.to_string()),
+        });
+        body.served = served;
+        self.send_reply(reply, body);
     }
 
-    fn send_reply(&mut self, reply: Option<String>, body: ApiReply) {
+    fn send_reply(&mut self, reply: Option<String>, mut body: ApiReply) {
+        // Served even without a reply subject (a request published without one).
+        if let Some(served) = body.served.take() {
+            served.finish(body.failure.as_ref());
+        }
         let Some(to) = reply else { return };
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(REPLICA_HEADER, self.id().to_string());
@@ -262,6 +337,10 @@ impl Replica {
         }
         if let Some(e) = &body.error {
             headers.insert(ERROR_HEADER, header_text(e));
+        }
+        if let Some(f) = &body.failure {
+            headers.insert(SERVICE_ERROR_HEADER, f.text.as_str());
+            headers.insert(SERVICE_ERROR_CODE_HEADER, f.code.to_string());
         }
         self.metrics.traffic("out", "api", body.payload.len());
         self.enqueue(Outbound::Reply(to, body.payload, headers));
@@ -315,6 +394,51 @@ fn api_reply_format(msg: &Message) -> Result<ReplyFormat, ReplicaError> {
     match msg.headers.as_ref().and_then(|h| h.get(REPLY_HEADER)) {
         None => Ok(ReplyFormat::Json),
         Some(v) => v.as_str().parse().map_err(ReplicaError::InvalidItem),
+    }
+}
+
+/// The ADR-32 code of an error answer, HTTP-like: what the request did wrong (400), what the
+/// replica cannot do now (503), what was not confirmed in time (504), a full filter (507), and
+/// the replica's own failures (500).
+fn service_code(e: &ReplicaError) -> u16 {
+    use crate::FilterError;
+    match e {
+        ReplicaError::InvalidItem(_) | ReplicaError::NotRemovable(_) => 400,
+        ReplicaError::Filter(FilterError::Full { .. }) => 507,
+        ReplicaError::AckUnavailable(_) | ReplicaError::Stopped | ReplicaError::Transport(_) => 503,
+        ReplicaError::NotReplicated { .. } => 504,
+        ReplicaError::Config(_)
+        | ReplicaError::Filter(_)
+        | ReplicaError::Durable(_)
+        | ReplicaError::NotDurable(_) => 500,
+    }
+}
+
+/// Answers the service requests of one subscription, resubscribing if it ends, until the
+/// replica stops (which aborts the task).
+async fn answer_service(service: Arc<ApiService>, transport: Arc<dyn Transport>, subject: String) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match transport.subscribe(subject.clone(), None).await {
+            Ok(mut requests) => {
+                backoff = Duration::from_millis(50);
+                while let Some(msg) = requests.next().await {
+                    let (Some(reply), Some(answer)) = (msg.reply, service.answer(&msg.subject))
+                    else {
+                        continue;
+                    };
+                    if let Err(e) = transport.publish(reply, answer).await {
+                        tracing::debug!(error = %e, "service API answer not sent");
+                    }
+                }
+                tracing::warn!(%subject, "service API subscription ended, resubscribing");
+            }
+            Err(e) => {
+                tracing::warn!(%subject, error = %e, "service API subscribe failed, retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
     }
 }
 

@@ -1,0 +1,502 @@
+//! The NATS service API of a replica (NATS ADR-32, "NATS micro"): discovery and monitoring
+//! requests on `$SRV.PING`, `$SRV.INFO` and `$SRV.STATS`, each also as `$SRV.<VERB>.<name>`
+//! and `$SRV.<VERB>.<name>.<id>`, answered with the JSON of the `io.nats.micro.v1` schemas, so
+//! that `nats micro ls|info|stats` and any other micro tooling find the replicas of a filter.
+//!
+//! Every replica that serves the request API is one instance of the service `crpf-<filter>`
+//! (version: the crate's), with a fresh id per start and metadata naming the filter, its kind
+//! and the replica. Its endpoints are the operations of the request API ([`crate::api::Op`])
+//! on their real subjects: `<prefix>.<filter>.api.<op>` in the queue group
+//! `<prefix>.<filter>.api`, named `<op>`, and `<prefix>.<filter>.replica.<id>.api.<op>`
+//! without a queue group, named `replica-<op>`. The replica keeps their statistics itself
+//! (the request API reaches its actor through the [`crate::transport::Transport`], not through
+//! async-nats's service endpoints): a request counts once it is answered, as an error if the
+//! answer is one (it then carries the ADR-32 headers [`SERVICE_ERROR_HEADER`] and
+//! [`SERVICE_ERROR_CODE_HEADER`]); its processing time runs from the moment the replica takes
+//! it up to its answer, waiting for its acknowledgement level included. A request without a
+//! known operation is answered with an error but belongs to no endpoint.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::ReplicaId;
+use crate::api::Op;
+use crate::transport::Subjects;
+use crate::wire::FilterKind;
+
+/// The subject prefix of the service API.
+pub const SERVICE_PREFIX: &str = "$SRV";
+
+/// Reply header of an error answer (ADR-32): the error's text.
+pub const SERVICE_ERROR_HEADER: &str = async_nats::service::NATS_SERVICE_ERROR;
+
+/// Reply header of an error answer (ADR-32): an HTTP-like status code (400: a bad request,
+/// 500: the replica failed, 503: unavailable, 504: not confirmed in time, 507: filter full).
+pub const SERVICE_ERROR_CODE_HEADER: &str = async_nats::service::NATS_SERVICE_ERROR_CODE;
+
+/// `type` of a `PING` answer.
+pub const PING_RESPONSE: &str = "io.nats.micro.v1.ping_response";
+/// `type` of an `INFO` answer.
+pub const INFO_RESPONSE: &str = "io.nats.micro.v1.info_response";
+/// `type` of a `STATS` answer.
+pub const STATS_RESPONSE: &str = "io.nats.micro.v1.stats_response";
+
+/// The service name of the replicas of `filter`: `crpf-<filter>` (filter names are subject
+/// tokens, which are valid service names).
+pub fn service_name(filter: &str) -> String {
+    format!("crpf-{filter}")
+}
+
+/// The answer to `$SRV.PING` (`io.nats.micro.v1.ping_response`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PingResponse {
+    /// [`PING_RESPONSE`].
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The service name, shared by every replica of the filter.
+    pub name: String,
+    /// This instance's id.
+    pub id: String,
+    /// The crate's version.
+    pub version: String,
+    /// `filter`, `kind`, `prefix`, `replica`, `uuid`.
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// The answer to `$SRV.INFO` (`io.nats.micro.v1.info_response`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InfoResponse {
+    /// [`INFO_RESPONSE`].
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The service name.
+    pub name: String,
+    /// This instance's id.
+    pub id: String,
+    /// The crate's version.
+    pub version: String,
+    /// As in [`PingResponse::metadata`].
+    pub metadata: BTreeMap<String, String>,
+    /// What the service is.
+    pub description: String,
+    /// The endpoints.
+    pub endpoints: Vec<EndpointInfo>,
+}
+
+/// An endpoint in an `INFO` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointInfo {
+    /// `<op>` or `replica-<op>`.
+    pub name: String,
+    /// The subject it answers on.
+    pub subject: String,
+    /// Its queue group; empty for the subjects of one replica, which have none.
+    pub queue_group: String,
+    /// `op` (the operation) and `payload` (`item`, `batch` or `none`).
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// The answer to `$SRV.STATS` (`io.nats.micro.v1.stats_response`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatsResponse {
+    /// [`STATS_RESPONSE`].
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The service name.
+    pub name: String,
+    /// This instance's id.
+    pub id: String,
+    /// The crate's version.
+    pub version: String,
+    /// As in [`PingResponse::metadata`].
+    pub metadata: BTreeMap<String, String>,
+    /// When this instance started (RFC 3339, UTC).
+    pub started: String,
+    /// The endpoints' statistics, in the order of [`InfoResponse::endpoints`].
+    pub endpoints: Vec<EndpointStats>,
+}
+
+/// An endpoint's statistics in a `STATS` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointStats {
+    /// As in [`EndpointInfo::name`].
+    pub name: String,
+    /// As in [`EndpointInfo::subject`].
+    pub subject: String,
+    /// As in [`EndpointInfo::queue_group`].
+    pub queue_group: String,
+    /// Requests answered.
+    pub num_requests: u64,
+    /// Of which answered with an error.
+    pub num_errors: u64,
+    /// The last error, `<code>:<text>`; empty if none.
+    pub last_error: String,
+    /// Nanoseconds spent on the requests, in total.
+    pub processing_time: u64,
+    /// Nanoseconds per request.
+    pub average_processing_time: u64,
+}
+
+/// An error answer's ADR-32 code and text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ServiceError {
+    pub code: u16,
+    pub text: String,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    requests: u64,
+    errors: u64,
+    last_error: String,
+    processing: Duration,
+}
+
+#[derive(Debug)]
+struct Endpoint {
+    info: EndpointInfo,
+    counts: Mutex<Counts>,
+}
+
+/// One replica's service instance: its identity, endpoints and their statistics. Shared by
+/// the actor, which counts the requests it answers, and the task answering `$SRV` requests.
+#[derive(Debug)]
+pub(crate) struct ApiService {
+    name: String,
+    id: String,
+    description: String,
+    metadata: BTreeMap<String, String>,
+    started: String,
+    subjects: Subjects,
+    /// [`Op::ALL`] on the filter's subjects, then on this replica's.
+    endpoints: Vec<Endpoint>,
+}
+
+/// A request being served: counted on its endpoint by [`Served::finish`].
+#[derive(Debug)]
+pub(crate) struct Served {
+    service: Arc<ApiService>,
+    endpoint: Option<usize>,
+    since: Instant,
+}
+
+impl Served {
+    /// Counts the request, answered now, with `error` if the answer is one.
+    pub fn finish(self, error: Option<&ServiceError>) {
+        let Some(i) = self.endpoint else { return };
+        let mut c = self.service.endpoints[i]
+            .counts
+            .lock()
+            .expect("service counts lock");
+        c.requests += 1;
+        c.processing += self.since.elapsed();
+        if let Some(e) = error {
+            c.errors += 1;
+            c.last_error = format!("{}:{}", e.code, e.text);
+        }
+    }
+}
+
+/// The verbs of the service API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verb {
+    Ping,
+    Info,
+    Stats,
+}
+
+impl ApiService {
+    /// The service of replica `replica` (uuid `uuid`) of a filter.
+    pub fn new(
+        subjects: &Subjects,
+        prefix: &str,
+        filter: &str,
+        kind: FilterKind,
+        replica: ReplicaId,
+        uuid: Uuid,
+    ) -> Self {
+        let metadata = BTreeMap::from([
+            ("filter".to_string(), filter.to_string()),
+            ("kind".to_string(), kind.name().to_string()),
+            ("prefix".to_string(), prefix.to_string()),
+            ("replica".to_string(), replica.to_string()),
+            ("uuid".to_string(), uuid.to_string()),
+        ]);
+        let endpoint = |name: String, subject: String, queue_group: String, op: Op| Endpoint {
+            info: EndpointInfo {
+                name,
+                subject,
+                queue_group,
+                metadata: BTreeMap::from([
+                    ("op".to_string(), op.name().to_string()),
+                    (
+                        "payload".to_string(),
+                        match op {
+                            Op::Stats => "none",
+                            op if op.is_batch() => "batch",
+                            _ => "item",
+                        }
+                        .to_string(),
+                    ),
+                ]),
+            },
+            counts: Mutex::default(),
+        };
+        let shared = Op::ALL.map(|op| {
+            endpoint(
+                op.name().to_string(),
+                subjects.api_subject(op.name()),
+                subjects.api_queue.clone(),
+                op,
+            )
+        });
+        let own = Op::ALL.map(|op| {
+            endpoint(
+                format!("replica-{}", op.name()),
+                subjects.replica_api_subject(replica, op.name()),
+                String::new(),
+                op,
+            )
+        });
+        let started = time::OffsetDateTime::now_utc()
+            .format(&time::format_description::well_known::Rfc3339)
+            .expect("RFC 3339 formats every UTC time");
+        ApiService {
+            name: service_name(filter),
+            // Unique per instance (ADR-32): a restarted replica is a new instance.
+            id: Uuid::new_v4().simple().to_string(),
+            description: format!(
+                "crpf replicated {} filter `{filter}`, replica {replica}",
+                kind.name()
+            ),
+            metadata,
+            started,
+            subjects: subjects.clone(),
+            endpoints: shared.into_iter().chain(own).collect(),
+        }
+    }
+
+    /// The service name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// This instance's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The subscriptions that hear every service request for this instance: the verbs to all
+    /// services, to this service, and to this instance (each `*` one verb).
+    pub fn subscriptions(&self) -> [String; 3] {
+        [
+            format!("{SERVICE_PREFIX}.*"),
+            format!("{SERVICE_PREFIX}.*.{}", self.name),
+            format!("{SERVICE_PREFIX}.*.{}.{}", self.name, self.id),
+        ]
+    }
+
+    /// Starts counting a request of the request API on `subject` (on no endpoint if it names
+    /// no known operation).
+    pub fn serve(self: &Arc<Self>, subject: &str) -> Served {
+        let endpoint = self.subjects.api_target(subject).and_then(|(replica, op)| {
+            let i = Op::ALL.iter().position(|o| o.name() == op)?;
+            Some(if replica.is_some() {
+                Op::ALL.len() + i
+            } else {
+                i
+            })
+        });
+        Served {
+            service: self.clone(),
+            endpoint,
+            since: Instant::now(),
+        }
+    }
+
+    /// The JSON answer to a service request on `subject`; `None` if it is not one for this
+    /// instance (another service's, an unknown verb).
+    pub fn answer(&self, subject: &str) -> Option<Bytes> {
+        let mut tokens = subject.split('.');
+        if tokens.next() != Some(SERVICE_PREFIX) {
+            return None;
+        }
+        let verb = match tokens.next()? {
+            "PING" => Verb::Ping,
+            "INFO" => Verb::Info,
+            "STATS" => Verb::Stats,
+            _ => return None,
+        };
+        let rest: Vec<&str> = tokens.collect();
+        let mine = match rest[..] {
+            [] => true,
+            [name] => name == self.name,
+            [name, id] => name == self.name && id == self.id,
+            _ => false,
+        };
+        if !mine {
+            return None;
+        }
+        let json = match verb {
+            Verb::Ping => serde_json::to_vec(&self.ping()),
+            Verb::Info => serde_json::to_vec(&self.info()),
+            Verb::Stats => serde_json::to_vec(&self.stats()),
+        };
+        Some(json.expect("service answers serialize").into())
+    }
+
+    fn ping(&self) -> PingResponse {
+        PingResponse {
+            kind: PING_RESPONSE.into(),
+            name: self.name.clone(),
+            id: self.id.clone(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            metadata: self.metadata.clone(),
+        }
+    }
+
+    fn info(&self) -> InfoResponse {
+        InfoResponse {
+            kind: INFO_RESPONSE.into(),
+            name: self.name.clone(),
+            id: self.id.clone(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            metadata: self.metadata.clone(),
+            description: self.description.clone(),
+            endpoints: self.endpoints.iter().map(|e| e.info.clone()).collect(),
+        }
+    }
+
+    fn stats(&self) -> StatsResponse {
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let endpoints = self
+            .endpoints
+            .iter()
+            .map(|e| {
+                let c = e.counts.lock().expect("service counts lock");
+                EndpointStats {
+                    name: e.info.name.clone(),
+                    subject: e.info.subject.clone(),
+                    queue_group: e.info.queue_group.clone(),
+                    num_requests: c.requests,
+                    num_errors: c.errors,
+                    last_error: c.last_error.clone(),
+                    processing_time: nanos(c.processing),
+                    average_processing_time: match c.requests {
+                        0 => 0,
+                        n => nanos(c.processing / u32::try_from(n).unwrap_or(u32::MAX)),
+                    },
+                }
+            })
+            .collect();
+        StatsResponse {
+            kind: STATS_RESPONSE.into(),
+            name: self.name.clone(),
+            id: self.id.clone(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            metadata: self.metadata.clone(),
+            started: self.started.clone(),
+            endpoints,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service() -> Arc<ApiService> {
+        let subjects = Subjects::new("crpf", "users");
+        Arc::new(ApiService::new(
+            &subjects,
+            "crpf",
+            "users",
+            FilterKind::OrCuckoo,
+            3,
+            Uuid::nil(),
+        ))
+    }
+
+    fn json(b: Option<Bytes>) -> serde_json::Value {
+        serde_json::from_slice(&b.expect("an answer")).unwrap()
+    }
+
+    #[test]
+    fn answers_its_verbs_on_all_three_subjects_only() {
+        let s = service();
+        let id = s.id().to_string();
+        for verb in ["PING", "INFO", "STATS"] {
+            for subject in [
+                format!("$SRV.{verb}"),
+                format!("$SRV.{verb}.crpf-users"),
+                format!("$SRV.{verb}.crpf-users.{id}"),
+            ] {
+                let v = json(s.answer(&subject));
+                assert_eq!(
+                    v["type"],
+                    format!("io.nats.micro.v1.{}_response", verb.to_lowercase())
+                );
+                assert_eq!(v["name"], "crpf-users");
+                assert_eq!(v["id"], id.as_str());
+                assert_eq!(v["metadata"]["replica"], "3");
+            }
+            for other in [
+                format!("$SRV.{verb}.crpf-other"),
+                format!("$SRV.{verb}.crpf-users.someone-else"),
+                format!("$SRV.{verb}.crpf-users.{id}.x"),
+            ] {
+                assert_eq!(s.answer(&other), None, "{other}");
+            }
+        }
+        assert_eq!(s.answer("$SRV.SCHEMA"), None);
+        assert_eq!(s.answer("$SRVX.PING"), None);
+        // Each start is a new instance.
+        assert_ne!(service().id(), id);
+    }
+
+    #[test]
+    fn counts_requests_on_their_endpoints() {
+        let s = service();
+        s.serve("crpf.users.api.add").finish(None);
+        s.serve("crpf.users.api.add").finish(Some(&ServiceError {
+            code: 400,
+            text: "bad".into(),
+        }));
+        s.serve("crpf.users.replica.3.api.mcontains").finish(None);
+        // No endpoint: not counted anywhere.
+        s.serve("crpf.users.api.bogus").finish(None);
+        s.serve("crpf.users.api").finish(None);
+        let stats = s.stats();
+        let by_name: BTreeMap<&str, &EndpointStats> = stats
+            .endpoints
+            .iter()
+            .map(|e| (e.name.as_str(), e))
+            .collect();
+        let add = by_name["add"];
+        assert_eq!((add.num_requests, add.num_errors), (2, 1));
+        assert_eq!(add.last_error, "400:bad");
+        assert_eq!(add.subject, "crpf.users.api.add");
+        assert_eq!(add.queue_group, "crpf.users.api");
+        let own = by_name["replica-mcontains"];
+        assert_eq!((own.num_requests, own.num_errors), (1, 0));
+        assert_eq!(own.subject, "crpf.users.replica.3.api.mcontains");
+        assert_eq!(own.queue_group, "");
+        let total: u64 = stats.endpoints.iter().map(|e| e.num_requests).sum();
+        assert_eq!(total, 3);
+        assert_eq!(stats.endpoints.len(), 2 * Op::ALL.len());
+        assert!(
+            time::OffsetDateTime::parse(
+                &stats.started,
+                &time::format_description::well_known::Rfc3339
+            )
+            .is_ok(),
+            "{}",
+            stats.started
+        );
+    }
+}
