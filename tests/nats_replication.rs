@@ -725,7 +725,7 @@ async fn a_gone_replicas_id_is_retired_in_kv_and_reused_above_its_reservation() 
     };
     let reserved = record(registry.replica_claims("prune".into()).await.unwrap()).floor();
     assert!(
-        reserved >= b_max + 1,
+        reserved > b_max,
         "b's claim reserves {reserved}, b issued {b_max}"
     );
 

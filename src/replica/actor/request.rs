@@ -405,7 +405,11 @@ fn service_code(e: &ReplicaError) -> u16 {
     match e {
         ReplicaError::InvalidItem(_) | ReplicaError::NotRemovable(_) => 400,
         ReplicaError::Filter(FilterError::Full { .. }) => 507,
-        ReplicaError::AckUnavailable(_) | ReplicaError::Stopped | ReplicaError::Transport(_) => 503,
+        ReplicaError::AckUnavailable(_)
+        | ReplicaError::Stopped
+        | ReplicaError::Transport(_)
+        | ReplicaError::TagsUnreserved
+        | ReplicaError::IdRetired { .. } => 503,
         ReplicaError::NotReplicated { .. } => 504,
         ReplicaError::Config(_)
         | ReplicaError::Filter(_)
