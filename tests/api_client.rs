@@ -489,3 +489,77 @@ async fn acknowledged_batch_adds_are_durable_or_replicated() {
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+/// Queries are answered off the actor, from the shared state. While one client adds (each
+/// add acknowledged before the next) to a scalable filter that keeps expanding, and a second
+/// replica's deltas are merged meanwhile, concurrent queries of the acknowledged items to the
+/// same replica never miss one: no torn state, and nothing acknowledged but not yet visible.
+#[actix::test]
+async fn queries_off_the_actor_never_miss_an_acknowledged_add() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let server = NatsServer::start();
+    let url = server.url();
+    // A small first sub-filter: the adds below go through several expansions.
+    let c = cfg("reads", FilterKind::ScOrCuckoo, 200, 0.01);
+    let a = start(c.clone(), &url).await;
+    let b = start(c, &url).await;
+    let nc = async_nats::connect(&url).await.unwrap();
+    let client = Client::new(nc, "crpf", "reads").replica(a.identity().replica);
+    let items = items("r", 2_000);
+    let acked = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+
+    let writer = {
+        let (client, items, acked, done) =
+            (client.clone(), items.clone(), acked.clone(), done.clone());
+        async move {
+            for (i, item) in items.iter().enumerate() {
+                client.add(item, None).await.unwrap();
+                acked.store(i + 1, Ordering::Release);
+            }
+            done.store(true, Ordering::Release);
+        }
+    };
+    let other = {
+        let (b, done) = (b.clone(), done.clone());
+        async move {
+            let mut i = 0;
+            while !done.load(Ordering::Acquire) {
+                b.add(format!("other-{i}")).await.unwrap();
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    };
+    let reader = |single: bool| {
+        let (client, items, acked, done) =
+            (client.clone(), items.clone(), acked.clone(), done.clone());
+        async move {
+            let mut queries = 0u32;
+            while !done.load(Ordering::Acquire) {
+                let n = acked.load(Ordering::Acquire);
+                if n == 0 {
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                if single {
+                    let last = &items[n - 1];
+                    assert!(client.contains(last).await.unwrap(), "{last} missed");
+                } else {
+                    let found = client.mcontains(&items[..n]).await.unwrap();
+                    let missed: Vec<_> = (0..n).filter(|&i| !found[i]).collect();
+                    assert!(missed.is_empty(), "acknowledged adds missed: {missed:?}");
+                }
+                queries += 1;
+            }
+            queries
+        }
+    };
+    let ((), (), q1, q2) = futures::join!(writer, other, reader(true), reader(false));
+    assert!(q1 > 0 && q2 > 0, "the readers never ran: {q1} {q2}");
+    let s = a.stats().await.unwrap();
+    // The reads did run across expansions and merges.
+    assert!(s.figures.sub_filters > 1 && s.deltas_merged > 0, "{s:?}");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}

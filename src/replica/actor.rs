@@ -29,6 +29,7 @@ use crate::{Dot, ReplicaId};
 
 /// The request API (`<prefix>.<filter>.api.<op>`, `<...>.replica.<id>.api.<op>`).
 mod lease;
+mod reads;
 mod request;
 
 /// States at least this large are encoded and decoded off the actor's thread.
@@ -100,6 +101,30 @@ impl Inbound {
             Inbound::Event(_) => 0,
         }
     }
+}
+
+/// An item of a single operation: not empty, at most `max_item_bytes`.
+fn check_item(item: &[u8], max_item_bytes: usize) -> Result<(), ReplicaError> {
+    if item.is_empty() {
+        return Err(ReplicaError::InvalidItem("empty item".into()));
+    }
+    if item.len() > max_item_bytes {
+        return Err(ReplicaError::InvalidItem(format!(
+            "item of {} bytes exceeds max_item_bytes {max_item_bytes}",
+            item.len(),
+        )));
+    }
+    Ok(())
+}
+
+/// Where a subscription task sends what it received.
+pub(crate) enum Route {
+    /// To the actor, through the inbound buffer.
+    Actor(Inbound),
+    /// Nowhere: answered, or not for this replica.
+    Drop,
+    /// Answered in the task: publish this reply (subject, headers, payload).
+    Reply(String, async_nats::HeaderMap, Bytes),
 }
 
 /// What the publisher task sends, in order.
@@ -868,17 +893,7 @@ impl Replica {
     // ---- local operations ----------------------------------------------------------------
 
     fn check_item(&self, item: &[u8]) -> Result<(), ReplicaError> {
-        if item.is_empty() {
-            return Err(ReplicaError::InvalidItem("empty item".into()));
-        }
-        if item.len() > self.cfg.max_item_bytes {
-            return Err(ReplicaError::InvalidItem(format!(
-                "item of {} bytes exceeds max_item_bytes {}",
-                item.len(),
-                self.cfg.max_item_bytes
-            )));
-        }
-        Ok(())
+        check_item(item, self.cfg.max_item_bytes)
     }
 
     fn op(&self, op: &'static str, ok: bool) {
@@ -1252,7 +1267,7 @@ async fn forward_stream(
     subject: String,
     queue: Option<String>,
     tx: mpsc::Sender<Inbound>,
-    mut convert: impl FnMut(Message) -> Option<Inbound>,
+    mut route: impl FnMut(Message) -> Route,
     shared: Arc<Shared>,
     metrics: Metrics,
 ) {
@@ -1280,26 +1295,40 @@ async fn forward_stream(
             };
             let Some(msg) = msg else { break };
             backoff = Duration::from_millis(50);
-            if let Some(item) = convert(msg) {
-                // Bounded in messages by the channel, and in bytes here: a flood of large
-                // chunks must not pile up in memory while the actor is busy.
-                let size = item.size();
-                let c = &shared.counters;
-                let queued = c.inbound_bytes.fetch_add(size, Ordering::AcqRel);
-                let result = if queued + size > shared.inbound_max_bytes {
-                    Err(mpsc::error::TrySendError::Full(item))
-                } else {
-                    tx.try_send(item)
-                };
-                match result {
-                    Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        c.inbound_bytes.fetch_sub(size, Ordering::AcqRel);
-                        Counters::bump(&c.dropped, 1);
-                        metrics.dropped.increment(1);
+            let item = match route(msg) {
+                Route::Actor(item) => item,
+                Route::Drop => continue,
+                Route::Reply(to, headers, payload) => {
+                    if transport
+                        .publish_with_headers(to, headers, payload)
+                        .await
+                        .is_err()
+                    {
+                        metrics
+                            .counter(m::PUBLISH_ERRORS, &[("channel", "api")])
+                            .increment(1);
                     }
-                    Err(mpsc::error::TrySendError::Closed(_)) => return,
+                    continue;
                 }
+            };
+            // Bounded in messages by the channel, and in bytes here: a flood of large
+            // chunks must not pile up in memory while the actor is busy.
+            let size = item.size();
+            let c = &shared.counters;
+            let queued = c.inbound_bytes.fetch_add(size, Ordering::AcqRel);
+            let result = if queued + size > shared.inbound_max_bytes {
+                Err(mpsc::error::TrySendError::Full(item))
+            } else {
+                tx.try_send(item)
+            };
+            match result {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    c.inbound_bytes.fetch_sub(size, Ordering::AcqRel);
+                    Counters::bump(&c.dropped, 1);
+                    metrics.dropped.increment(1);
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => return,
             }
         }
         tracing::warn!(%subject, "subscription ended, resubscribing");
@@ -1377,7 +1406,8 @@ impl Actor for Replica {
         );
         let (shared, metrics) = (self.shared.clone(), self.metrics.clone());
         self.tasks.push(actix::spawn(async move {
-            forward_stream(&mut initial, t, subj, None, tx, convert, shared, metrics).await;
+            let route = |m| convert(m).map_or(Route::Drop, Route::Actor);
+            forward_stream(&mut initial, t, subj, None, tx, route, shared, metrics).await;
         }));
 
         // Connection events.

@@ -329,6 +329,16 @@ impl Metrics {
     }
 
     /// Counts a local operation.
+    /// Counts a batch's item operations (one metric update per batch, not per item).
+    pub fn count_ops(&self, op: &'static str, ok: u64, failed: u64) {
+        for (outcome, n) in [("ok", ok), ("error", failed)] {
+            if n > 0 {
+                self.counter(OPERATIONS, &[("op", op), ("outcome", outcome)])
+                    .increment(n);
+            }
+        }
+    }
+
     pub fn op(&self, op: &'static str, ok: bool) {
         match index(&OPS, op) {
             Some(i) => self.hot.ops[i][usize::from(!ok)].increment(1),

@@ -14,13 +14,15 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::json;
 
-use super::{Inbound, Outbound, Replica, Responder, forward_stream};
+use super::reads::Reads;
+use super::{Outbound, Replica, Responder, Shared, forward_stream};
+use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{ACK_HEADER, ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
 use crate::replica::ReplicaError;
 use crate::replica::ack::AckLevel;
 use crate::replica::filter::NotRemovable;
-use crate::replica::metrics as m;
+use crate::replica::metrics::{self as m, Metrics};
 use crate::replica::service::{
     ApiService, SERVICE_ERROR_CODE_HEADER, SERVICE_ERROR_HEADER, Served, ServiceError,
 };
@@ -39,11 +41,11 @@ pub(crate) struct ApiReply {
     /// An error answer: for the service API's error headers and counts.
     failure: Option<ServiceError>,
     /// The request it answers, counted on its service endpoint once sent.
-    served: Option<Served>,
+    pub(super) served: Option<Served>,
 }
 
 impl ApiReply {
-    fn json(body: &serde_json::Value) -> Self {
+    pub(super) fn json(body: &serde_json::Value) -> Self {
         ApiReply {
             payload: serde_json::to_vec(body).expect("JSON serialize").into(),
             bitmap: false,
@@ -53,7 +55,7 @@ impl ApiReply {
         }
     }
 
-    fn bitmap(bits: &[bool], error: Option<String>) -> Self {
+    pub(super) fn bitmap(bits: &[bool], error: Option<String>) -> Self {
         ApiReply {
             payload: batch::encode_bitmap(bits.iter().copied()).into(),
             bitmap: true,
@@ -62,6 +64,59 @@ impl ApiReply {
             served: None,
         }
     }
+}
+
+impl ApiReply {
+    /// Counts the request on its service endpoint, and makes the reply (subject, headers
+    /// naming `replica`, payload) if the request has a reply subject.
+    pub(super) fn finish(
+        mut self,
+        replica: ReplicaId,
+        reply: Option<String>,
+    ) -> Option<(String, async_nats::HeaderMap, Bytes)> {
+        // Served even without a reply subject (a request published without one).
+        if let Some(served) = self.served.take() {
+            served.finish(self.failure.as_ref());
+        }
+        let to = reply?;
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(REPLICA_HEADER, replica.to_string());
+        if self.bitmap {
+            headers.insert(REPLY_HEADER, ReplyFormat::Bitmap.name());
+        }
+        if let Some(e) = &self.error {
+            headers.insert(ERROR_HEADER, header_text(e));
+        }
+        if let Some(f) = &self.failure {
+            headers.insert(SERVICE_ERROR_HEADER, f.text.as_str());
+            headers.insert(SERVICE_ERROR_CODE_HEADER, f.code.to_string());
+        }
+        Some((to, headers, self.payload))
+    }
+}
+
+/// The error answer to a request.
+pub(super) fn failure_reply(e: &ReplicaError) -> ApiReply {
+    let mut body = ApiReply::json(&json!({"error": e.to_string()}));
+    body.failure = Some(ServiceError {
+        code: service_code(e),
+        text: header_text(&e.to_string()),
+    });
+    body
+}
+
+/// Counts request API errors by reason (apart from replication rejects).
+pub(super) fn count_api_errors(shared: &Shared, metrics: &Metrics, reason: &'static str, n: u64) {
+    *shared
+        .counters
+        .api_errors
+        .lock()
+        .expect("counters lock")
+        .entry(reason)
+        .or_default() += n;
+    metrics
+        .counter(m::API_ERRORS, &[("reason", reason)])
+        .increment(n);
 }
 
 /// What a request came to, when it did not fail outright.
@@ -94,15 +149,26 @@ impl Replica {
             .subjects
             .replica_api_subscriptions(self.id())
             .map(|s| (s, None));
+        // Queries are answered in the subscription tasks; updates go to the actor.
+        let reads = Arc::new(Reads {
+            shared: self.shared.clone(),
+            subjects: self.subjects.clone(),
+            metrics: self.metrics.clone(),
+            service: service.clone(),
+            replica: self.id(),
+            max_item_bytes: self.cfg.max_item_bytes,
+            limits: Limits::new(self.cfg.max_batch_items, self.cfg.max_item_bytes),
+        });
         for (subject, queue) in shared_subjects.into_iter().chain(own) {
             let transport = self.transport.clone();
             let tx = self.inbound_tx.clone();
             let shared = self.shared.clone();
             let metrics = self.metrics.clone();
+            let reads = reads.clone();
             self.tasks.push(actix::spawn(async move {
-                let convert = |m| Some(Inbound::Api(m));
+                let route = |m| reads.route(m);
                 forward_stream(
-                    &mut None, transport, subject, queue, tx, convert, shared, metrics,
+                    &mut None, transport, subject, queue, tx, route, shared, metrics,
                 )
                 .await;
             }));
@@ -240,7 +306,7 @@ impl Replica {
                     .map(|&i| f.remove(i).map(|d| d.is_some()))
                     .collect::<Result<Vec<bool>, NotRemovable>>()?;
                 drop(f);
-                self.count_ops("remove", n, 0);
+                self.metrics.count_ops("remove", n, 0);
                 let changed = removed.contains(&true);
                 Ok(self.batch_changed(level, changed, reply("removed", &removed)))
             }
@@ -263,7 +329,7 @@ impl Replica {
                     }
                 }
                 let ok = (added.len() - failed.len()) as u64;
-                self.count_ops("add", ok, failed.len() as u64);
+                self.metrics.count_ops("add", ok, failed.len() as u64);
                 for (reason, count) in reasons {
                     self.count_api_errors(reason, count);
                 }
@@ -315,35 +381,16 @@ impl Replica {
 
     fn api_failed(&mut self, reply: Option<String>, served: Option<Served>, e: ReplicaError) {
         self.api_error(&e);
-        let mut body = ApiReply::json(&json!({"error": e.to_string()}));
-        body.failure = Some(ServiceError {
-            code: service_code(&e),
-            text: header_text(&e.to_string()),
-        });
+        let mut body = failure_reply(&e);
         body.served = served;
         self.send_reply(reply, body);
     }
 
-    fn send_reply(&mut self, reply: Option<String>, mut body: ApiReply) {
-        // Served even without a reply subject (a request published without one).
-        if let Some(served) = body.served.take() {
-            served.finish(body.failure.as_ref());
+    fn send_reply(&mut self, reply: Option<String>, body: ApiReply) {
+        if let Some((to, headers, payload)) = body.finish(self.id(), reply) {
+            self.metrics.traffic("out", "api", payload.len());
+            self.enqueue(Outbound::Reply(to, payload, headers));
         }
-        let Some(to) = reply else { return };
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(REPLICA_HEADER, self.id().to_string());
-        if body.bitmap {
-            headers.insert(REPLY_HEADER, ReplyFormat::Bitmap.name());
-        }
-        if let Some(e) = &body.error {
-            headers.insert(ERROR_HEADER, header_text(e));
-        }
-        if let Some(f) = &body.failure {
-            headers.insert(SERVICE_ERROR_HEADER, f.text.as_str());
-            headers.insert(SERVICE_ERROR_CODE_HEADER, f.code.to_string());
-        }
-        self.metrics.traffic("out", "api", body.payload.len());
-        self.enqueue(Outbound::Reply(to, body.payload, headers));
     }
 
     /// Counts a request API error by reason (apart from replication rejects).
@@ -352,28 +399,7 @@ impl Replica {
     }
 
     fn count_api_errors(&self, reason: &'static str, n: u64) {
-        *self
-            .shared
-            .counters
-            .api_errors
-            .lock()
-            .expect("counters lock")
-            .entry(reason)
-            .or_default() += n;
-        self.metrics
-            .counter(m::API_ERRORS, &[("reason", reason)])
-            .increment(n);
-    }
-
-    /// Counts a batch's item operations (one metric update per batch, not per item).
-    fn count_ops(&self, op: &'static str, ok: u64, failed: u64) {
-        for (outcome, n) in [("ok", ok), ("error", failed)] {
-            if n > 0 {
-                self.metrics
-                    .counter(m::OPERATIONS, &[("op", op), ("outcome", outcome)])
-                    .increment(n);
-            }
-        }
+        count_api_errors(&self.shared, &self.metrics, reason, n);
     }
 }
 
@@ -390,7 +416,7 @@ fn api_ack_level(msg: &Message) -> Result<Option<AckLevel>, ReplicaError> {
 }
 
 /// The reply format a batch request asks for in its `Crpf-Reply` header (JSON by default).
-fn api_reply_format(msg: &Message) -> Result<ReplyFormat, ReplicaError> {
+pub(super) fn api_reply_format(msg: &Message) -> Result<ReplyFormat, ReplicaError> {
     match msg.headers.as_ref().and_then(|h| h.get(REPLY_HEADER)) {
         None => Ok(ReplyFormat::Json),
         Some(v) => v.as_str().parse().map_err(ReplicaError::InvalidItem),

@@ -1,0 +1,94 @@
+//! Queries of the request API (`contains`, `mcontains`) answered off the actor: in the task
+//! of the subscription they arrive on, from the shared state under its read lock, and
+//! published from there. A query thus costs no hand-off to the actor's thread and back and
+//! never waits behind replication work in the mailbox.
+//!
+//! What a query sees: the actor applies every update (an add, a remove, one merged delta or
+//! state) under one write lock, so a query sees each wholly or not at all, never a torn state;
+//! an update acknowledged to a client is applied, so a query sent after the acknowledgement
+//! sees it. The items of one batch update are applied one by one: a concurrent query may see
+//! some of them.
+
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::request::{ApiReply, api_reply_format, count_api_errors, failure_reply};
+use super::{Route, Shared};
+use crate::ReplicaId;
+use crate::api::batch::{self, Limits};
+use crate::api::{Op, ReplyFormat};
+use crate::replica::ReplicaError;
+use crate::replica::metrics::Metrics;
+use crate::replica::service::ApiService;
+use crate::transport::{Message, Subjects};
+
+/// Everything a subscription task needs to answer queries itself.
+pub(crate) struct Reads {
+    pub shared: Arc<Shared>,
+    pub subjects: Subjects,
+    pub metrics: Metrics,
+    pub service: Arc<ApiService>,
+    pub replica: ReplicaId,
+    pub max_item_bytes: usize,
+    pub limits: Limits,
+}
+
+impl Reads {
+    /// Where a request goes: answered here if it is a query, else to the actor.
+    pub fn route(&self, msg: Message) -> Route {
+        let op = self
+            .subjects
+            .api_op(&msg.subject)
+            .and_then(|op| op.parse::<Op>().ok());
+        if !matches!(op, Some(Op::Contains | Op::MContains)) {
+            return Route::Actor(super::Inbound::Api(msg));
+        }
+        self.metrics.traffic("in", "api", msg.payload.len());
+        let served = self.service.serve(&msg.subject);
+        let mut body = match self.query(op == Some(Op::MContains), &msg) {
+            Ok(body) => body,
+            Err(e) => {
+                count_api_errors(&self.shared, &self.metrics, e.reason(), 1);
+                failure_reply(&e)
+            }
+        };
+        body.served = Some(served);
+        match body.finish(self.replica, msg.reply) {
+            Some((to, headers, payload)) => {
+                self.metrics.traffic("out", "api", payload.len());
+                Route::Reply(to, headers, payload)
+            }
+            None => Route::Drop,
+        }
+    }
+
+    fn query(&self, batch: bool, msg: &Message) -> Result<ApiReply, ReplicaError> {
+        if !batch {
+            let item = &msg.payload[..];
+            let r = self.check_item(item).map(|()| self.filter().contains(item));
+            self.metrics.op("contains", r.is_ok());
+            return Ok(ApiReply::json(&json!({ "contains": r? })));
+        }
+        let format = api_reply_format(msg)?;
+        let items = batch::decode(&msg.payload, self.limits)
+            .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
+        let found: Vec<bool> = {
+            let f = self.filter();
+            items.iter().map(|&i| f.contains(i)).collect()
+        };
+        self.metrics.count_ops("contains", found.len() as u64, 0);
+        Ok(match format {
+            ReplyFormat::Json => ApiReply::json(&json!({ "contains": found })),
+            ReplyFormat::Bitmap => ApiReply::bitmap(&found, None),
+        })
+    }
+
+    fn check_item(&self, item: &[u8]) -> Result<(), ReplicaError> {
+        super::check_item(item, self.max_item_bytes)
+    }
+
+    fn filter(&self) -> std::sync::RwLockReadGuard<'_, crate::replica::AnyFilter> {
+        self.shared.filter.read().expect("filter lock poisoned")
+    }
+}
