@@ -81,6 +81,15 @@ pub struct NodeSection {
     /// drop the old one.
     #[serde(default)]
     pub auth_accepted_key_files: Vec<PathBuf>,
+    /// Worker threads of the runtime beside the replicas' thread (the actors run on the main
+    /// thread; the workers run the NATS connection's I/O and blocking work). 0: one thread
+    /// for everything, so that a request never crosses threads inside the node.
+    #[serde(default = "default_io_threads")]
+    pub io_threads: usize,
+}
+
+fn default_io_threads() -> usize {
+    2
 }
 
 fn default_metrics_addr() -> SocketAddr {
@@ -99,6 +108,7 @@ impl Default for NodeSection {
             log: default_log(),
             auth_key_file: None,
             auth_accepted_key_files: Vec::new(),
+            io_threads: default_io_threads(),
         }
     }
 }

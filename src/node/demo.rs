@@ -68,72 +68,75 @@ pub fn run_demo(args: &DemoArgs) -> Result<(), NodeError> {
     }
     exporter::install(args.metrics_addr)?;
     let args = args.clone();
-    block_on_system(async move {
-        let nats = args
-            .nats
-            .as_ref()
-            .map(|url| NatsConfig::with_servers([url.clone()]));
-        let (transport, nats_handle) = connect(nats.as_ref()).await?;
-        let cfg = ReplicaConfig::for_kind(&args.name, args.kind, args.capacity, args.fpr);
-        let mut replicas = Vec::new();
-        for _ in 0..args.replicas {
-            replicas.push(Replica::start(cfg.clone(), transport.clone()).await?);
-        }
-        println!(
-            "crpf demo: {} {:?} replicas over {}, {} adds/s each for {} s; metrics on http://{}/metrics",
-            args.replicas,
-            args.kind,
-            transport.name(),
-            args.rate,
-            args.duration,
-            args.metrics_addr
-        );
-        let removable = matches!(args.kind, FilterKind::OrCuckoo | FilterKind::ScOrCuckoo);
-        let mut work = Workload {
-            live: vec![BTreeSet::new(); args.replicas],
-            next: vec![0; args.replicas],
-            adds: 0,
-            removes: 0,
-        };
-        let per_tick = (args.rate / 10).max(1);
-        let start = Instant::now();
-        let mut last_report = Instant::now();
-        let mut ticker = tokio::time::interval(TICK);
-        while start.elapsed() < Duration::from_secs(args.duration) {
-            ticker.tick().await;
-            drive(&replicas, &mut work, per_tick, removable).await?;
-            if last_report.elapsed() >= Duration::from_secs(1) {
-                last_report = Instant::now();
-                report(start, &replicas, &work).await?;
+    block_on_system(
+        crate::node::config::NodeSection::default().io_threads,
+        async move {
+            let nats = args
+                .nats
+                .as_ref()
+                .map(|url| NatsConfig::with_servers([url.clone()]));
+            let (transport, nats_handle) = connect(nats.as_ref()).await?;
+            let cfg = ReplicaConfig::for_kind(&args.name, args.kind, args.capacity, args.fpr);
+            let mut replicas = Vec::new();
+            for _ in 0..args.replicas {
+                replicas.push(Replica::start(cfg.clone(), transport.clone()).await?);
             }
-        }
-        println!("workload done; waiting for convergence");
-        let deadline = Instant::now() + CONVERGE_WITHIN;
-        while !converged(&replicas) && Instant::now() < deadline {
-            tokio::time::sleep(TICK).await;
-        }
-        let ok = converged(&replicas);
-        report(start, &replicas, &work).await?;
-        let false_negatives = false_negatives(&replicas, &work);
-        println!(
-            "{} after {:.1} s: {} adds, {} removes, {} false negatives",
-            if ok { "converged" } else { "NOT converged" },
-            start.elapsed().as_secs_f64(),
-            work.adds,
-            work.removes,
-            false_negatives
-        );
-        stop(replicas, nats_handle).await?;
-        if !ok {
-            return Err(NodeError::Failed("replicas did not converge".into()));
-        }
-        if false_negatives > 0 && !matches!(args.kind, FilterKind::ScOrCuckoo) {
-            return Err(NodeError::Failed(format!(
-                "{false_negatives} false negatives"
-            )));
-        }
-        Ok(())
-    })
+            println!(
+                "crpf demo: {} {:?} replicas over {}, {} adds/s each for {} s; metrics on http://{}/metrics",
+                args.replicas,
+                args.kind,
+                transport.name(),
+                args.rate,
+                args.duration,
+                args.metrics_addr
+            );
+            let removable = matches!(args.kind, FilterKind::OrCuckoo | FilterKind::ScOrCuckoo);
+            let mut work = Workload {
+                live: vec![BTreeSet::new(); args.replicas],
+                next: vec![0; args.replicas],
+                adds: 0,
+                removes: 0,
+            };
+            let per_tick = (args.rate / 10).max(1);
+            let start = Instant::now();
+            let mut last_report = Instant::now();
+            let mut ticker = tokio::time::interval(TICK);
+            while start.elapsed() < Duration::from_secs(args.duration) {
+                ticker.tick().await;
+                drive(&replicas, &mut work, per_tick, removable).await?;
+                if last_report.elapsed() >= Duration::from_secs(1) {
+                    last_report = Instant::now();
+                    report(start, &replicas, &work).await?;
+                }
+            }
+            println!("workload done; waiting for convergence");
+            let deadline = Instant::now() + CONVERGE_WITHIN;
+            while !converged(&replicas) && Instant::now() < deadline {
+                tokio::time::sleep(TICK).await;
+            }
+            let ok = converged(&replicas);
+            report(start, &replicas, &work).await?;
+            let false_negatives = false_negatives(&replicas, &work);
+            println!(
+                "{} after {:.1} s: {} adds, {} removes, {} false negatives",
+                if ok { "converged" } else { "NOT converged" },
+                start.elapsed().as_secs_f64(),
+                work.adds,
+                work.removes,
+                false_negatives
+            );
+            stop(replicas, nats_handle).await?;
+            if !ok {
+                return Err(NodeError::Failed("replicas did not converge".into()));
+            }
+            if false_negatives > 0 && !matches!(args.kind, FilterKind::ScOrCuckoo) {
+                return Err(NodeError::Failed(format!(
+                    "{false_negatives} false negatives"
+                )));
+            }
+            Ok(())
+        },
+    )
 }
 
 /// One tick of workload: adds on every replica; on observed-remove kinds, each replica also

@@ -55,17 +55,22 @@ pub struct NodeArgs {
     pub config: PathBuf,
 }
 
-/// Runs an async body on an actix System over a multi-threaded Tokio runtime (actors need a
-/// System; `spawn_local` panics under a plain Tokio runtime, DESIGN.md section 7).
+/// Runs an async body on an actix System over a Tokio runtime with `io_threads` workers, or a
+/// single-threaded one for 0 (actors need a System; `spawn_local` panics under a plain Tokio
+/// runtime, DESIGN.md section 7).
 pub(crate) fn block_on_system<F: Future<Output = Result<(), NodeError>>>(
+    io_threads: usize,
     body: F,
 ) -> Result<(), NodeError> {
-    actix::System::with_tokio_rt(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("a Tokio runtime")
+    actix::System::with_tokio_rt(move || {
+        let mut rt = if io_threads == 0 {
+            tokio::runtime::Builder::new_current_thread()
+        } else {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(io_threads);
+            b
+        };
+        rt.enable_all().build().expect("a Tokio runtime")
     })
     .block_on(body)
 }
@@ -120,7 +125,7 @@ pub fn run_node(args: &NodeArgs) -> Result<(), NodeError> {
     let cfg = NodeConfig::load(&args.config)?;
     exporter::install(cfg.node.metrics_addr)?;
     tracing::info!(metrics = %cfg.node.metrics_addr, filters = cfg.filters.len(), "crpf node starting");
-    block_on_system(async move {
+    block_on_system(cfg.node.io_threads, async move {
         let (transport, nats) = connect(cfg.nats.as_ref()).await?;
         let mut replicas = Vec::with_capacity(cfg.filters.len());
         for f in cfg.filters {
