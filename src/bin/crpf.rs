@@ -31,17 +31,21 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Logs go to stderr (RUST_LOG; by default info for a node, warn otherwise) so that stdout
-    // keeps the summaries.
-    let default_level = if matches!(cli.command, Command::Node(_)) {
-        "info"
-    } else {
-        "warn"
+    // Logs go to stderr so that stdout keeps the summaries: RUST_LOG, else a node's `[node]
+    // log` (read here, before the node starts; a config that does not load is reported by the
+    // node itself), else info for a node and warn otherwise.
+    let default_level = match &cli.command {
+        Command::Node(args) => crpf::node::NodeConfig::load(&args.config)
+            .map(|c| c.node.log)
+            .unwrap_or_else(|_| "info".into()),
+        _ => "warn".into(),
     };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        // A loaded config's `log` was validated.
+        EnvFilter::try_new(&default_level).unwrap_or_else(|_| EnvFilter::new("info"))
+    });
     tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
     let result: Result<(), Box<dyn std::error::Error>> = match &cli.command {

@@ -222,6 +222,12 @@ impl NodeConfig {
                 reason: "declare at least one [[filters]] entry".into(),
             });
         }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.node.log) {
+            return Err(ConfigError::Invalid {
+                field: "node.log".into(),
+                reason: format!("not a log filter (RUST_LOG syntax): {e}"),
+            });
+        }
         for (i, f) in self.filters.iter().enumerate() {
             f.validate().map_err(|reason| ConfigError::Invalid {
                 field: format!("filters[{i}]"),
@@ -284,6 +290,17 @@ mod tests {
             Err(ConfigError::Invalid { field, reason }) => (field, reason),
             other => panic!("expected an invalid field, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn log_and_io_threads_are_read_and_a_bad_log_filter_names_its_field() {
+        let cfg = with_keys("log = \"crpf=debug,warn\"\nio_threads = 0").unwrap();
+        assert_eq!(
+            (cfg.node.log.as_str(), cfg.node.io_threads),
+            ("crpf=debug,warn", 0)
+        );
+        let (field, reason) = invalid_field(with_keys("log = \"crpf=[\""));
+        assert_eq!(field, "node.log", "{reason}");
     }
 
     #[test]
