@@ -1,4 +1,4 @@
-//! Stable hashing (DESIGN.md section 3): one seeded xxh3-128 per item. Changing anything here
+//! Stable hashing (docs/DESIGN.md section 3): one seeded xxh3-128 per item. Changing anything here
 //! changes which bits and buckets items map to, so it is a change of wire format version.
 
 use xxhash_rust::xxh3::xxh3_128_with_seed;

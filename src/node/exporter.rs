@@ -12,7 +12,7 @@ use crate::replica::metrics::{MERGE_DURATION, MERGE_DURATION_BUCKETS, describe};
 pub const GAUGE_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Installs the global recorder and serves `/metrics` on `addr`. Must run before anything
-/// records (DESIGN.md section 7); histograms get real buckets so they aggregate across
+/// records (docs/DESIGN.md section 7); histograms get real buckets so they aggregate across
 /// replicas. A gauge not set for [`GAUGE_IDLE_TIMEOUT`] is dropped from the page: replicas
 /// set theirs every `metrics_interval_ms`, so only the series of expired peers end (a page
 /// must not grow with every sender ever heard). Outside a Tokio runtime the exporter runs on a thread of its own, so that it keeps

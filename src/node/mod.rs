@@ -1,4 +1,4 @@
-//! The node layer (DESIGN.md section 1, layer 5): configuration, the Prometheus exporter, and
+//! The node layer (docs/DESIGN.md section 1, layer 5): configuration, the Prometheus exporter, and
 //! the `crpf` subcommands that run replicas (`node`, `demo`) or read their snapshots
 //! (`inspect`).
 
@@ -57,7 +57,7 @@ pub struct NodeArgs {
 
 /// Runs an async body on an actix System over a Tokio runtime with `io_threads` workers, or a
 /// single-threaded one for 0 (actors need a System; `spawn_local` panics under a plain Tokio
-/// runtime, DESIGN.md section 7).
+/// runtime, docs/DESIGN.md section 7).
 pub(crate) fn block_on_system<F: Future<Output = Result<(), NodeError>>>(
     io_threads: usize,
     body: F,

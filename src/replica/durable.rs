@@ -7,7 +7,7 @@
 //!   shutdown;
 //! - `tags.hwm`: the identity and the reserved tag high-water mark, written *before* any tag
 //!   above the previous mark is issued. A restart advances the clock past it, so no tag is
-//!   issued twice (DESIGN.md section 4) even if the snapshot is older than the crash.
+//!   issued twice (docs/DESIGN.md section 4) even if the snapshot is older than the crash.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;

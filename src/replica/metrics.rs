@@ -1,4 +1,4 @@
-//! The replica's metrics (DESIGN.md section 6), recorded through the `metrics` facade with
+//! The replica's metrics (docs/DESIGN.md section 6), recorded through the `metrics` facade with
 //! labels `filter` and `replica`. The exporter is the node's business; install its recorder
 //! before starting replicas, since handles taken before that record nowhere.
 

@@ -1,4 +1,4 @@
-//! Replicas (DESIGN.md sections 1, 4, 5 and 6): an actix actor per filter replica that answers
+//! Replicas (docs/DESIGN.md sections 1, 4, 5 and 6): an actix actor per filter replica that answers
 //! local operations, publishes what it changed as delta-states, merges what its peers publish,
 //! repairs losses by anti-entropy, and keeps its state in an optional data directory.
 //!

@@ -20,7 +20,7 @@ pub(crate) struct Restored {
 }
 
 /// Loads what the data directory holds: the snapshot, then every write-ahead log record it
-/// does not cover. `None` when the state must start afresh (DESIGN.md section 4: a replica
+/// does not cover. `None` when the state must start afresh (docs/DESIGN.md section 4: a replica
 /// without its durable state claims a new id). Answers the replayed log too, for the writer.
 pub(crate) fn restore(
     data: &DataDir,

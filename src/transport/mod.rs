@@ -1,4 +1,4 @@
-//! Transports (DESIGN.md sections 4 and 5): what replicas publish on and subscribe to.
+//! Transports (docs/DESIGN.md sections 4 and 5): what replicas publish on and subscribe to.
 //!
 //! [`Transport`] is the interface: publish, subscribe (optionally in a queue group),
 //! request/reply, the server's `max_payload`, and replica id claims. Two implementations:
@@ -130,7 +130,7 @@ pub trait Transport: Send + Sync + 'static {
     /// Largest payload the server accepts.
     fn max_payload(&self) -> usize;
 
-    /// Claims a replica id for `filter` on behalf of `claimant` (DESIGN.md section 4): keeps
+    /// Claims a replica id for `filter` on behalf of `claimant` (docs/DESIGN.md section 4): keeps
     /// `preferred` if it is free, retired or already this claimant's, else the lowest retired
     /// id, else the lowest id never used (1 and up). The claimant issues tags above the
     /// returned [`Claim::floor`] only, and only up to a reservation it records with
@@ -189,7 +189,7 @@ pub enum Channel {
     Api,
 }
 
-/// The subjects of one filter (DESIGN.md section 5). Every subject name is made and recognized
+/// The subjects of one filter (docs/DESIGN.md section 5). Every subject name is made and recognized
 /// here, so that the replicas, the transports and the fault injector agree on them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subjects {

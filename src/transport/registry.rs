@@ -1,4 +1,4 @@
-//! Replica id claims as leases (DESIGN.md section 4): what the registry holds for each id of a
+//! Replica id claims as leases (docs/DESIGN.md section 4): what the registry holds for each id of a
 //! filter, and how an id is retired and given to a new replica without any tag being issued
 //! twice.
 //!

@@ -1,4 +1,4 @@
-//! The wire format (DESIGN.md sections 2 and 5): versioned CBOR envelopes carrying delta-states,
+//! The wire format (docs/DESIGN.md sections 2 and 5): versioned CBOR envelopes carrying delta-states,
 //! anti-entropy digests and chunks of full states between replicas.
 //!
 //! A frame (wire version 2) is, in order:
@@ -48,7 +48,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use uuid::Uuid;
 
-/// Version of the frame layout and envelope schema. A change of hashing (DESIGN.md section 3)
+/// Version of the frame layout and envelope schema. A change of hashing (docs/DESIGN.md section 3)
 /// changes the parameter digests instead. Version 1 had neither flags nor checksum.
 pub const WIRE_VERSION: u8 = 2;
 
