@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use crpf::Dot;
 use crpf::replica::{Replica, ReplicaConfig, ReplicaHandle};
-use crpf::transport::{FaultConfig, FaultyTransport, NatsConfig, NatsTransport, Transport};
+use crpf::transport::{
+    FaultConfig, FaultyTransport, IdRegistry, NatsConfig, NatsTransport, Transport,
+};
 use crpf::wire::FilterKind;
 use nats_harness::NatsServer;
 use replica_common::*;

@@ -8,7 +8,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use crpf::replica::durable::{HWM_FILE, SNAPSHOT_FILE};
 use crpf::replica::{AnyFilter, Replica, ReplicaError, ReplicaHandle};
-use crpf::transport::{FaultConfig, FaultyTransport, InProcessBus, Subjects, Transport};
+use crpf::transport::{
+    FaultConfig, FaultyTransport, IdRegistry, InProcessBus, Subjects, Transport,
+};
 use crpf::wire::{Body, Envelope, FilterKind};
 use replica_common::*;
 use uuid::Uuid;

@@ -13,8 +13,8 @@ use uuid::Uuid;
 
 use super::registry;
 use super::{
-    Claim, ClaimEntry, ClaimRecord, Message, MessageStream, Renewal, Transport, TransportError,
-    TransportEvent, subject_matches,
+    Bus, Claim, ClaimEntry, ClaimRecord, IdRegistry, Message, MessageStream, Renewal,
+    TransportError, TransportEvent, subject_matches,
 };
 use crate::ReplicaId;
 
@@ -24,7 +24,7 @@ use crate::ReplicaId;
 /// [`InProcessBus::dropped`]). Clones share the bus.
 ///
 /// ```
-/// use crpf::transport::{InProcessBus, Transport};
+/// use crpf::transport::{Bus, IdRegistry, InProcessBus};
 /// use futures::StreamExt;
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -136,7 +136,7 @@ impl InProcessBus {
     }
 }
 
-impl Transport for InProcessBus {
+impl Bus for InProcessBus {
     fn name(&self) -> &'static str {
         "bus"
     }
@@ -210,6 +210,20 @@ impl Transport for InProcessBus {
         self.inner.max_payload
     }
 
+    fn events(&self) -> broadcast::Receiver<TransportEvent> {
+        self.inner.events.subscribe()
+    }
+
+    fn is_connected(&self) -> bool {
+        true
+    }
+
+    fn flush(&self) -> BoxFuture<'static, Result<(), TransportError>> {
+        futures::future::ready(Ok(())).boxed()
+    }
+}
+
+impl IdRegistry for InProcessBus {
     fn claim_replica_id(
         &self,
         filter: String,
@@ -303,18 +317,6 @@ impl Transport for InProcessBus {
             _ => false,
         };
         futures::future::ready(Ok(r)).boxed()
-    }
-
-    fn events(&self) -> broadcast::Receiver<TransportEvent> {
-        self.inner.events.subscribe()
-    }
-
-    fn is_connected(&self) -> bool {
-        true
-    }
-
-    fn flush(&self) -> BoxFuture<'static, Result<(), TransportError>> {
-        futures::future::ready(Ok(())).boxed()
     }
 }
 

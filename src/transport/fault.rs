@@ -12,8 +12,8 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use super::{
-    Channel, Claim, ClaimEntry, MessageStream, Renewal, Subjects, Transport, TransportError,
-    TransportEvent,
+    Bus, Channel, Claim, ClaimEntry, IdRegistry, MessageStream, Renewal, Subjects, Transport,
+    TransportError, TransportEvent,
 };
 use crate::ReplicaId;
 
@@ -76,7 +76,7 @@ impl FaultyTransport {
     }
 }
 
-impl Transport for FaultyTransport {
+impl Bus for FaultyTransport {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
@@ -141,6 +141,20 @@ impl Transport for FaultyTransport {
         self.inner.max_payload()
     }
 
+    fn events(&self) -> broadcast::Receiver<TransportEvent> {
+        self.inner.events()
+    }
+
+    fn is_connected(&self) -> bool {
+        self.inner.is_connected()
+    }
+
+    fn flush(&self) -> BoxFuture<'static, Result<(), TransportError>> {
+        self.inner.flush()
+    }
+}
+
+impl IdRegistry for FaultyTransport {
     fn claim_replica_id(
         &self,
         filter: String,
@@ -175,17 +189,5 @@ impl Transport for FaultyTransport {
         floor: u64,
     ) -> BoxFuture<'static, Result<bool, TransportError>> {
         self.inner.retire_claim(filter, id, revision, floor)
-    }
-
-    fn events(&self) -> broadcast::Receiver<TransportEvent> {
-        self.inner.events()
-    }
-
-    fn is_connected(&self) -> bool {
-        self.inner.is_connected()
-    }
-
-    fn flush(&self) -> BoxFuture<'static, Result<(), TransportError>> {
-        self.inner.flush()
     }
 }

@@ -1,7 +1,8 @@
 //! Transports (docs/DESIGN.md sections 4 and 5): what replicas publish on and subscribe to.
 //!
-//! [`Transport`] is the interface: publish, subscribe (optionally in a queue group),
-//! request/reply, the server's `max_payload`, and replica id claims. Two implementations:
+//! [`Transport`] is what a replica needs: a [`Bus`] (publish, subscribe, optionally in a queue
+//! group, request/reply, the server's `max_payload`, connection events) and an [`IdRegistry`]
+//! (replica id claims as leases, see [`ClaimRecord`]). Two implementations of both:
 //! [`NatsTransport`] (async-nats: core subjects, JetStream KV for ids) and [`InProcessBus`]
 //! (no server: several replicas in one program, and fast tests). [`FaultyTransport`] wraps
 //! either and drops messages on purpose, to show that anti-entropy repairs what is lost.
@@ -85,9 +86,9 @@ pub enum TransportError {
     Claim(String),
 }
 
-/// The interface replicas use to talk to each other. Futures are `'static` so that an actor can
+/// The message bus replicas talk to each other on. Futures are `'static` so that an actor can
 /// spawn them without holding any of its state across an `.await`.
-pub trait Transport: Send + Sync + 'static {
+pub trait Bus: Send + Sync + 'static {
     /// Short name for logs (`nats`, `bus`).
     fn name(&self) -> &'static str;
 
@@ -130,6 +131,19 @@ pub trait Transport: Send + Sync + 'static {
     /// Largest payload the server accepts.
     fn max_payload(&self) -> usize;
 
+    /// Connection events from now on.
+    fn events(&self) -> broadcast::Receiver<TransportEvent>;
+
+    /// Whether the connection is up now.
+    fn is_connected(&self) -> bool;
+
+    /// Waits until what was published so far has been handed to the server.
+    fn flush(&self) -> BoxFuture<'static, Result<(), TransportError>>;
+}
+
+/// The registry of replica ids (docs/DESIGN.md section 4): claims as leases that reserve the tags
+/// their holder may issue, renewed, retired when unrenewed, and reused above their floor.
+pub trait IdRegistry: Send + Sync + 'static {
     /// Claims a replica id for `filter` on behalf of `claimant` (docs/DESIGN.md section 4): keeps
     /// `preferred` if it is free, retired or already this claimant's, else the lowest retired
     /// id, else the lowest id never used (1 and up). The claimant issues tags above the
@@ -167,16 +181,13 @@ pub trait Transport: Send + Sync + 'static {
         revision: u64,
         floor: u64,
     ) -> BoxFuture<'static, Result<bool, TransportError>>;
-
-    /// Connection events from now on.
-    fn events(&self) -> broadcast::Receiver<TransportEvent>;
-
-    /// Whether the connection is up now.
-    fn is_connected(&self) -> bool;
-
-    /// Waits until what was published so far has been handed to the server.
-    fn flush(&self) -> BoxFuture<'static, Result<(), TransportError>>;
 }
+
+/// What a replica needs: a [`Bus`] and an [`IdRegistry`] (NATS has both: core subjects and
+/// JetStream KV).
+pub trait Transport: Bus + IdRegistry {}
+
+impl<T: Bus + IdRegistry + ?Sized> Transport for T {}
 
 /// What travels on a subject of a filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

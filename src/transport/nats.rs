@@ -17,8 +17,8 @@ use uuid::Uuid;
 use super::registry;
 use super::retry::{self, Retry};
 use super::{
-    Claim, ClaimEntry, ClaimRecord, Message, MessageStream, Renewal, Transport, TransportError,
-    TransportEvent,
+    Bus, Claim, ClaimEntry, ClaimRecord, IdRegistry, Message, MessageStream, Renewal,
+    TransportError, TransportEvent,
 };
 use crate::ReplicaId;
 
@@ -617,7 +617,7 @@ impl NatsTransport {
     }
 }
 
-impl Transport for NatsTransport {
+impl Bus for NatsTransport {
     fn name(&self) -> &'static str {
         "nats"
     }
@@ -681,6 +681,27 @@ impl Transport for NatsTransport {
         }
     }
 
+    fn events(&self) -> broadcast::Receiver<TransportEvent> {
+        self.events.subscribe()
+    }
+
+    fn is_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    fn flush(&self) -> BoxFuture<'static, Result<(), TransportError>> {
+        let client = self.client.clone();
+        async move {
+            client
+                .flush()
+                .await
+                .map_err(|e| TransportError::Publish(e.to_string()))
+        }
+        .boxed()
+    }
+}
+
+impl IdRegistry for NatsTransport {
     fn claim_replica_id(
         &self,
         filter: String,
@@ -736,25 +757,6 @@ impl Transport for NatsTransport {
             this.retire(&filter, id, revision, floor)
                 .await
                 .map_err(|e| TransportError::Claim(e.to_string()))
-        }
-        .boxed()
-    }
-
-    fn events(&self) -> broadcast::Receiver<TransportEvent> {
-        self.events.subscribe()
-    }
-
-    fn is_connected(&self) -> bool {
-        self.client.connection_state() == async_nats::connection::State::Connected
-    }
-
-    fn flush(&self) -> BoxFuture<'static, Result<(), TransportError>> {
-        let client = self.client.clone();
-        async move {
-            client
-                .flush()
-                .await
-                .map_err(|e| TransportError::Publish(e.to_string()))
         }
         .boxed()
     }
