@@ -68,7 +68,7 @@ impl Reads {
             let item = &msg.payload[..];
             let r = self.check_item(item).map(|()| self.filter().contains(item));
             self.metrics.op("contains", r.is_ok());
-            return Ok(ApiReply::json(&json!({ "contains": r? })));
+            return Ok(ApiReply::contains(r?));
         }
         let format = api_reply_format(msg)?;
         let items = batch::decode(&msg.payload, self.limits)

@@ -55,6 +55,26 @@ impl ApiReply {
         }
     }
 
+    /// A JSON body known at compile time: the single operations' answers, without serializing.
+    pub(super) fn fixed(body: &'static [u8]) -> Self {
+        ApiReply {
+            payload: Bytes::from_static(body),
+            bitmap: false,
+            error: None,
+            failure: None,
+            served: None,
+        }
+    }
+
+    /// The answer of `contains`.
+    pub(super) fn contains(found: bool) -> Self {
+        Self::fixed(if found {
+            b"{\"contains\":true}"
+        } else {
+            b"{\"contains\":false}"
+        })
+    }
+
     pub(super) fn bitmap(bits: &[bool], error: Option<String>) -> Self {
         ApiReply {
             payload: batch::encode_bitmap(bits.iter().copied()).into(),
@@ -244,22 +264,25 @@ impl Replica {
         let settle = |changed, body| Handled::Settle {
             level,
             changed,
-            body: ApiReply::json(&body),
+            body,
         };
         Ok(match op {
             Op::Add => {
                 self.check_level(level)?;
                 self.do_add(item)?;
-                settle(true, json!({"added": true}))
+                settle(true, ApiReply::fixed(b"{\"added\":true}"))
             }
             Op::Remove => {
                 self.check_level(level)?;
                 let removed = self.do_remove(item)?.is_some();
-                settle(removed, json!({"removed": removed}))
+                let body: &'static [u8] = if removed {
+                    b"{\"removed\":true}"
+                } else {
+                    b"{\"removed\":false}"
+                };
+                settle(removed, ApiReply::fixed(body))
             }
-            Op::Contains => Handled::Answer(ApiReply::json(
-                &json!({"contains": self.do_contains(item)?}),
-            )),
+            Op::Contains => Handled::Answer(ApiReply::contains(self.do_contains(item)?)),
             Op::Stats => {
                 let stats = serde_json::to_value(self.stats()).expect("stats serialize");
                 Handled::Answer(ApiReply::json(&stats))
