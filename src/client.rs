@@ -48,6 +48,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a request can fail with.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ClientError {
     /// NATS could not carry the request (disconnected, payload over `max_payload`...).
     #[error("request on {subject}: {source}")]

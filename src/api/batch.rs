@@ -58,6 +58,7 @@ impl Limits {
 
 /// A malformed batch or bitmap. Item indices count from 0.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum BatchError {
     /// Fewer than four bytes where an item's length starts.
     #[error("batch item {index}: truncated length ({available} of 4 bytes)")]

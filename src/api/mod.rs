@@ -31,6 +31,7 @@ pub const DEFAULT_MAX_BATCH_ITEMS: usize = 10_000;
 
 /// An operation of the request API: the last token of its subject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Op {
     /// `add`: payload the item; reply `{"added":true}`.
     Add,

@@ -6,6 +6,7 @@ use super::causal::ReplicaId;
 
 /// Everything that can go wrong in the pure filter core.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum FilterError {
     /// A cuckoo insertion ran out of kicks. The filter is exactly as it was before the call.
     #[error("filter is full: insertion ran out of {max_kicks} kicks")]

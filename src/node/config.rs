@@ -14,6 +14,7 @@ use crate::wire::{AuthKeys, KeyError};
 
 /// A configuration that cannot be used; the message names the offending field.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The file is unreadable or not TOML, or fields are unknown, missing or mistyped.
     #[error("{0}")]

@@ -22,6 +22,7 @@ use crate::transport::{InProcessBus, NatsTransport, Transport, TransportError};
 
 /// What can stop a node.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum NodeError {
     /// The configuration is unusable.
     #[error(transparent)]

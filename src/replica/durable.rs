@@ -33,6 +33,7 @@ pub const HWM_FILE: &str = "tags.hwm";
 
 /// What can go wrong with the data directory.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum DurableError {
     /// Reading or writing failed.
     #[error("{path}: {source}")]

@@ -65,6 +65,7 @@ pub struct NotRemovable(pub FilterKind);
 /// One of the six filter types.
 #[derive(Debug, Clone)]
 #[allow(clippy::large_enum_variant)]
+#[non_exhaustive]
 pub enum AnyFilter {
     /// GBF
     GBloom(GBloom),

@@ -77,6 +77,7 @@ use actor::{Counters, Setup, Shared};
 
 /// Everything a replica operation can fail with.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ReplicaError {
     /// The configuration is invalid.
     #[error("invalid configuration: {0}")]

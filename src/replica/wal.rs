@@ -113,6 +113,7 @@ impl std::fmt::Display for SegmentId {
 
 /// What an append, or a removal, can fail with.
 #[derive(Debug, Clone, Error)]
+#[non_exhaustive]
 pub enum WalError {
     /// Writing, syncing or removing failed. After a write or sync error the writer is
     /// poisoned and every later append fails with the same error.

@@ -47,6 +47,7 @@ pub type MessageStream = BoxStream<'static, Message>;
 
 /// Connection events a replica reacts to (re-announce) and counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TransportEvent {
     /// (Re)connected: what was published meanwhile may be lost.
     Connected,
@@ -60,6 +61,7 @@ pub enum TransportEvent {
 
 /// What can go wrong in a transport.
 #[derive(Debug, Clone, Error)]
+#[non_exhaustive]
 pub enum TransportError {
     /// Could not connect (or not configured correctly).
     #[error("connect: {0}")]

@@ -17,6 +17,7 @@ pub const MIN_KEY_LEN: usize = 32;
 
 /// Why a key cannot be used. The messages never contain key material.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum KeyError {
     /// The key file cannot be read.
     #[error("cannot read key file {path}: {source}")]

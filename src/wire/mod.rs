@@ -73,6 +73,7 @@ const FLAGS_AT: usize = MAGIC.len() + 1;
 /// The six filter types, as named on the wire and in configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum FilterKind {
     /// [`crate::GBloom`]
     GBloom,
@@ -154,6 +155,7 @@ pub struct Envelope {
 
 /// What an envelope carries.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum Body {
     /// A delta-state (the core delta type's CBOR).
     Delta(#[serde(with = "serde_bytes")] Vec<u8>),
@@ -226,6 +228,7 @@ pub struct Expect {
 
 /// Why a frame or payload was rejected. [`WireError::reason`] is the metrics label.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum WireError {
     /// Larger than the receiver's limit.
     #[error("message of {len} bytes exceeds the limit of {limit}")]
