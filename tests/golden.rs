@@ -1,0 +1,123 @@
+//! Golden vectors of the state, delta and snapshot encodings of every kind a node runs: a
+//! change to any of them breaks replicas and data directories of earlier releases, so it must
+//! show up here (and in CHANGELOG.md). The envelope layout and the hashing have their own
+//! golden vectors (`src/wire/mod.rs`, `src/core/hash.rs`).
+//!
+//! Each vector is the length and the xxh3-64 of the bytes: states are kilobytes, and the
+//! digest pins every byte as well as a hex dump would.
+
+use crpf::replica::durable::{DataDir, Identity, SNAPSHOT_FILE, Snapshot};
+use crpf::replica::{AnyFilter, FilterSpec};
+use crpf::wire::FilterKind;
+use uuid::Uuid;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// A small filter of `kind` (replica 3, the default seed) after adding `apple`, `pear` and
+/// `plum` and, for the kinds that remove, removing `pear`; with the delta of those updates.
+fn sample(kind: FilterKind) -> (AnyFilter, Vec<u8>) {
+    let mut f = AnyFilter::new(&FilterSpec::new(kind, 64, 0.01), 3).unwrap();
+    f.track_deltas(true);
+    for item in [&b"apple"[..], b"pear", b"plum"] {
+        f.add(item).unwrap();
+    }
+    if kind.removable() {
+        assert!(f.remove(b"pear").unwrap().is_some());
+    }
+    let delta = f.take_delta().expect("a delta");
+    (f, delta)
+}
+
+fn pin(bytes: &[u8]) -> (usize, u64) {
+    (bytes.len(), xxh3_64(bytes))
+}
+
+/// (kind, state, delta): lengths and xxh3-64s.
+const GOLDEN: &[(FilterKind, (usize, u64), (usize, u64))] = &[
+    (
+        FilterKind::GBloom,
+        (102, 17193096801069144951),
+        (55, 13620062275646252096),
+    ),
+    (
+        FilterKind::GCuckoo,
+        (119, 5301841320580958890),
+        (17, 9302376672807058780),
+    ),
+    (
+        FilterKind::OrCuckoo,
+        (141, 12405996633455709424),
+        (42, 14401562201747310052),
+    ),
+    (
+        FilterKind::ScGBloom,
+        (154, 9939363148891137876),
+        (68, 10889945321702144915),
+    ),
+    (
+        FilterKind::ScGCuckoo,
+        (168, 17838817604895808093),
+        (22, 1109567346122685805),
+    ),
+    (
+        FilterKind::ScOrCuckoo,
+        (168, 14056288343637900344),
+        (45, 6136826546577144148),
+    ),
+];
+
+#[test]
+fn state_and_delta_encodings_are_stable() {
+    let mut found = Vec::new();
+    for kind in FilterKind::ALL {
+        let (f, delta) = sample(kind);
+        let state = f.encode_state();
+        // What is pinned also decodes to what was encoded.
+        let back = AnyFilter::decode_state(kind, &state).unwrap();
+        assert!(back.equivalent(&f), "{kind}");
+        let mut from_delta = AnyFilter::new(&FilterSpec::new(kind, 64, 0.01), 4).unwrap();
+        from_delta.merge_delta_bytes(&delta).unwrap();
+        assert!(
+            from_delta.equivalent(&f),
+            "{kind}: the delta carries every update"
+        );
+        found.push((kind, pin(&state), pin(&delta)));
+    }
+    for (kind, state, delta) in &found {
+        eprintln!("    (FilterKind::{kind:?}, {state:?}, {delta:?}),");
+    }
+    assert_eq!(
+        found, GOLDEN,
+        "an encoding changed (the found vectors are printed above)"
+    );
+}
+
+#[test]
+fn snapshot_files_are_stable() {
+    let (f, _) = sample(FilterKind::OrCuckoo);
+    let dir = tempfile::tempdir().unwrap();
+    let data = DataDir::open(dir.path().join("golden")).unwrap();
+    let snap = Snapshot {
+        identity: Identity {
+            uuid: Uuid::from_u128(0x00112233_4455_6677_8899_aabbccddeeff),
+            replica: 3,
+        },
+        filter: "users".into(),
+        kind: FilterKind::OrCuckoo,
+        params_digest: f.params_digest(),
+        reserved: 4096,
+        state: f.encode_state(),
+        wal_covered: Some(7),
+    };
+    data.save_snapshot(&snap).unwrap();
+    let bytes = std::fs::read(data.path().join(SNAPSHOT_FILE)).unwrap();
+    assert_eq!(data.load_snapshot().unwrap().as_ref(), Some(&snap));
+    eprintln!("snapshot: {:?}", pin(&bytes));
+    assert_eq!(
+        pin(&bytes),
+        GOLDEN_SNAPSHOT,
+        "the snapshot file format changed"
+    );
+}
+
+/// Length and xxh3-64 of the snapshot file of [`snapshot_files_are_stable`].
+const GOLDEN_SNAPSHOT: (usize, u64) = (217, 9134733920213987079);
