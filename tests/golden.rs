@@ -27,12 +27,15 @@ fn sample(kind: FilterKind) -> (AnyFilter, Vec<u8>) {
     (f, delta)
 }
 
-fn pin(bytes: &[u8]) -> (usize, u64) {
+/// Length and xxh3-64 of some bytes.
+type Pin = (usize, u64);
+
+fn pin(bytes: &[u8]) -> Pin {
     (bytes.len(), xxh3_64(bytes))
 }
 
 /// (kind, state, delta): lengths and xxh3-64s.
-const GOLDEN: &[(FilterKind, (usize, u64), (usize, u64))] = &[
+const GOLDEN: &[(FilterKind, Pin, Pin)] = &[
     (
         FilterKind::GBloom,
         (102, 17193096801069144951),
@@ -120,4 +123,4 @@ fn snapshot_files_are_stable() {
 }
 
 /// Length and xxh3-64 of the snapshot file of [`snapshot_files_are_stable`].
-const GOLDEN_SNAPSHOT: (usize, u64) = (217, 9134733920213987079);
+const GOLDEN_SNAPSHOT: Pin = (217, 9134733920213987079);
