@@ -195,12 +195,12 @@ impl Bus for InProcessBus {
         async move {
             // Like NATS: a request nobody subscribes to fails at once.
             if sent? == 0 {
-                return Err(TransportError::Request("no responders".into()));
+                return Err(TransportError::request("no responders"));
             }
             match tokio::time::timeout(timeout, replies.next()).await {
                 Ok(Some(m)) => Ok(m.payload),
-                Ok(None) => Err(TransportError::Request("bus closed".into())),
-                Err(_) => Err(TransportError::Request("timed out".into())),
+                Ok(None) => Err(TransportError::request("bus closed")),
+                Err(_) => Err(TransportError::request("timed out")),
             }
         }
         .boxed()
@@ -251,7 +251,7 @@ impl IdRegistry for InProcessBus {
                 claims.insert(id, (record, revision));
                 Ok(Claim { id, floor })
             }
-            None => Err(TransportError::Claim("every replica id is taken".into())),
+            None => Err(TransportError::claim("every replica id is taken")),
         };
         futures::future::ready(r).boxed()
     }
@@ -416,7 +416,7 @@ mod tests {
             let r = bus
                 .request("nobody.here".into(), Bytes::new(), Duration::from_secs(60))
                 .await;
-            assert!(matches!(r, Err(TransportError::Request(m)) if m == "no responders"));
+            assert!(matches!(r, Err(TransportError::Request { context, .. }) if context == "no responders"));
         });
     }
 

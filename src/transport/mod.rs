@@ -13,6 +13,7 @@ mod nats;
 mod registry;
 mod retry;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -59,13 +60,29 @@ pub enum TransportEvent {
     Closed,
 }
 
-/// What can go wrong in a transport.
+/// The error under a [`TransportError`], kept whole for the cause chain (the `crpf` binary
+/// prints one cause per line), as async-nats keeps its sources.
+pub type Cause = Arc<dyn std::error::Error + Send + Sync>;
+
+/// `Some` cause of an error.
+pub(crate) fn cause(e: impl std::error::Error + Send + Sync + 'static) -> Option<Cause> {
+    Some(Arc::new(e))
+}
+
+/// What can go wrong in a transport: what was being done (`context`), and the error that
+/// caused it, if another layer raised one (`source`).
 #[derive(Debug, Clone, Error)]
 #[non_exhaustive]
 pub enum TransportError {
     /// Could not connect (or not configured correctly).
-    #[error("connect: {0}")]
-    Connect(String),
+    #[error("connect: {context}")]
+    Connect {
+        /// What failed.
+        context: String,
+        /// Why.
+        #[source]
+        source: Option<Cause>,
+    },
     /// A payload over the server's `max_payload`.
     #[error("payload of {len} bytes exceeds max_payload {max}")]
     MaxPayload {
@@ -75,17 +92,67 @@ pub enum TransportError {
         max: usize,
     },
     /// Publish failed.
-    #[error("publish: {0}")]
-    Publish(String),
+    #[error("publish: {context}")]
+    Publish {
+        /// What failed.
+        context: String,
+        /// Why.
+        #[source]
+        source: Option<Cause>,
+    },
     /// Subscribe failed.
-    #[error("subscribe: {0}")]
-    Subscribe(String),
+    #[error("subscribe: {context}")]
+    Subscribe {
+        /// What failed.
+        context: String,
+        /// Why.
+        #[source]
+        source: Option<Cause>,
+    },
     /// A request had no reply in time, or no responder.
-    #[error("request: {0}")]
-    Request(String),
-    /// Claiming a replica id failed.
-    #[error("replica id claim: {0}")]
-    Claim(String),
+    #[error("request: {context}")]
+    Request {
+        /// What failed.
+        context: String,
+        /// Why.
+        #[source]
+        source: Option<Cause>,
+    },
+    /// Claiming a replica id, or renewing or retiring a claim, failed.
+    #[error("replica id claim: {context}")]
+    Claim {
+        /// What failed.
+        context: String,
+        /// Why.
+        #[source]
+        source: Option<Cause>,
+    },
+}
+
+impl TransportError {
+    /// A [`TransportError::Request`] without a further cause.
+    pub(crate) fn request(context: impl Into<String>) -> Self {
+        TransportError::Request {
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    /// A [`TransportError::Claim`] without a further cause.
+    pub(crate) fn claim(context: impl Into<String>) -> Self {
+        TransportError::Claim {
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    /// A [`TransportError::Connect`] without a further cause.
+    pub(crate) fn connect(context: impl Into<String>) -> Self {
+        TransportError::Connect {
+            context: context.into(),
+            source: None,
+        }
+    }
 }
 
 /// The message bus replicas talk to each other on. Futures are `'static` so that an actor can

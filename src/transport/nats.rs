@@ -14,12 +14,12 @@ use thiserror::Error;
 use tokio::sync::{OnceCell, broadcast};
 use uuid::Uuid;
 
-use super::registry;
 use super::retry::{self, Retry};
 use super::{
     Bus, Claim, ClaimEntry, ClaimRecord, IdRegistry, Message, MessageStream, Renewal,
     TransportError, TransportEvent,
 };
+use super::{cause, registry};
 use crate::ReplicaId;
 
 /// TLS settings (rustls; the server certificate is always verified).
@@ -129,7 +129,10 @@ impl NatsConfig {
         let mut o = match &self.creds_file {
             Some(path) => async_nats::ConnectOptions::with_credentials_file(path)
                 .await
-                .map_err(|e| TransportError::Connect(format!("creds file {path:?}: {e}")))?,
+                .map_err(|e| TransportError::Connect {
+                    context: format!("creds file {path:?}"),
+                    source: cause(e),
+                })?,
             None => async_nats::ConnectOptions::new(),
         };
         if let Some(t) = &self.token {
@@ -139,9 +142,7 @@ impl NatsConfig {
             (Some(u), Some(p)) => o = o.user_and_password(u.clone(), p.clone()),
             (None, None) => {}
             _ => {
-                return Err(TransportError::Connect(
-                    "user and password go together".into(),
-                ));
+                return Err(TransportError::connect("user and password go together"));
             }
         }
         if let Some(seed) = &self.nkey_seed {
@@ -156,8 +157,8 @@ impl NatsConfig {
                 (Some(c), Some(k)) => o = o.add_client_certificate(c.clone(), k.clone()),
                 (None, None) => {}
                 _ => {
-                    return Err(TransportError::Connect(
-                        "tls cert_file and key_file go together".into(),
+                    return Err(TransportError::connect(
+                        "tls cert_file and key_file go together",
                     ));
                 }
             }
@@ -269,7 +270,7 @@ impl NatsTransport {
     /// Connects (inside a tokio runtime, e.g. the actix System's).
     pub async fn connect(cfg: NatsConfig) -> Result<Self, TransportError> {
         if cfg.servers.is_empty() {
-            return Err(TransportError::Connect("no server URL configured".into()));
+            return Err(TransportError::connect("no server URL configured"));
         }
         let events = broadcast::channel(256).0;
         let violations = Arc::new(Mutex::new(None));
@@ -279,11 +280,17 @@ impl NatsTransport {
             .iter()
             .map(|s| s.parse())
             .collect::<Result<_, _>>()
-            .map_err(|e| TransportError::Connect(format!("server URL: {e}")))?;
+            .map_err(|e| TransportError::Connect {
+                context: "server URL".into(),
+                source: cause(e),
+            })?;
         let client = opts
             .connect(addrs)
             .await
-            .map_err(|e| TransportError::Connect(e.to_string()))?;
+            .map_err(|e| TransportError::Connect {
+                context: format!("connecting to {:?}", cfg.servers),
+                source: cause(e),
+            })?;
         Ok(NatsTransport {
             client,
             cfg: Arc::new(cfg),
@@ -356,18 +363,18 @@ impl NatsTransport {
                 Err(e) => e,
             };
             if let Some(v) = self.violation_since(started) {
-                return Err(TransportError::Claim(format!(
+                return Err(TransportError::claim(format!(
                     "{e}; the server refused it: {} (grant this user publish and subscribe \
                      permissions on $JS.API.>, $KV.{}.> and _INBOX.>)",
                     v.message, self.cfg.kv_bucket
                 )));
             }
             if e.retry == Retry::Permanent {
-                return Err(TransportError::Claim(e.to_string()));
+                return Err(TransportError::claim(e.to_string()));
             }
             let remaining = timeout.saturating_sub(started.elapsed());
             if remaining.is_zero() {
-                return Err(TransportError::Claim(format!(
+                return Err(TransportError::claim(format!(
                     "JetStream was not available for {:.1} s (nats.claim_timeout_ms = {}): {e}. \
                      Is JetStream enabled on the servers, and do at least kv_replicas = {} of \
                      them run?",
@@ -611,7 +618,11 @@ impl NatsTransport {
                 Some(h) => client.publish_with_headers(subject, h, payload).await,
                 None => client.publish(subject, payload).await,
             };
-            sent.map_err(|e| TransportError::Publish(e.to_string()))
+            // No subject in the context: it would cost every publish an allocation.
+            sent.map_err(|e| TransportError::Publish {
+                context: "publishing".into(),
+                source: cause(e),
+            })
         }
         .boxed()
     }
@@ -647,10 +658,13 @@ impl Bus for NatsTransport {
         let client = self.client.clone();
         async move {
             let sub = match queue_group {
-                Some(q) => client.queue_subscribe(subject, q).await,
-                None => client.subscribe(subject).await,
+                Some(q) => client.queue_subscribe(subject.clone(), q).await,
+                None => client.subscribe(subject.clone()).await,
             }
-            .map_err(|e| TransportError::Subscribe(e.to_string()))?;
+            .map_err(|e| TransportError::Subscribe {
+                context: format!("to `{subject}`"),
+                source: cause(e),
+            })?;
             Ok(sub.map(convert).boxed())
         }
         .boxed()
@@ -664,10 +678,15 @@ impl Bus for NatsTransport {
     ) -> BoxFuture<'static, Result<Bytes, TransportError>> {
         let client = self.client.clone();
         async move {
-            match tokio::time::timeout(timeout, client.request(subject, payload)).await {
+            match tokio::time::timeout(timeout, client.request(subject.clone(), payload)).await {
                 Ok(Ok(m)) => Ok(m.payload),
-                Ok(Err(e)) => Err(TransportError::Request(e.to_string())),
-                Err(_) => Err(TransportError::Request("timed out".into())),
+                Ok(Err(e)) => Err(TransportError::Request {
+                    context: format!("on `{subject}`"),
+                    source: cause(e),
+                }),
+                Err(_) => Err(TransportError::request(format!(
+                    "on `{subject}`: timed out"
+                ))),
             }
         }
         .boxed()
@@ -692,10 +711,10 @@ impl Bus for NatsTransport {
     fn flush(&self) -> BoxFuture<'static, Result<(), TransportError>> {
         let client = self.client.clone();
         async move {
-            client
-                .flush()
-                .await
-                .map_err(|e| TransportError::Publish(e.to_string()))
+            client.flush().await.map_err(|e| TransportError::Publish {
+                context: "flushing".into(),
+                source: cause(e),
+            })
         }
         .boxed()
     }
@@ -723,7 +742,7 @@ impl IdRegistry for NatsTransport {
         async move {
             this.renew(&filter, id, claimant, reserved)
                 .await
-                .map_err(|e| TransportError::Claim(e.to_string()))
+                .map_err(|e| TransportError::claim(e.to_string()))
         }
         .boxed()
     }
@@ -737,10 +756,10 @@ impl IdRegistry for NatsTransport {
             let store = this
                 .store()
                 .await
-                .map_err(|e| TransportError::Claim(e.to_string()))?;
+                .map_err(|e| TransportError::claim(e.to_string()))?;
             list_claims(&store, &filter)
                 .await
-                .map_err(|e| TransportError::Claim(e.to_string()))
+                .map_err(|e| TransportError::claim(e.to_string()))
         }
         .boxed()
     }
@@ -756,8 +775,29 @@ impl IdRegistry for NatsTransport {
         async move {
             this.retire(&filter, id, revision, floor)
                 .await
-                .map_err(|e| TransportError::Claim(e.to_string()))
+                .map_err(|e| TransportError::claim(e.to_string()))
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failure keeps the error that caused it, for the chain the binary prints.
+    #[test]
+    fn errors_keep_their_cause() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut cfg = NatsConfig::with_servers(["nats://127.0.0.1:1"]);
+        cfg.creds_file = Some("/nonexistent/crpf.creds".into());
+        let e = rt.block_on(NatsTransport::connect(cfg)).unwrap_err();
+        assert!(matches!(e, TransportError::Connect { .. }), "{e}");
+        let cause = std::error::Error::source(&e).expect("the cause is kept");
+        assert!(!cause.to_string().is_empty());
+        assert!(e.to_string().contains("/nonexistent/crpf.creds"), "{e}");
     }
 }
