@@ -634,7 +634,7 @@ mod any_filter {
     }
 
     static CORPORA: LazyLock<Vec<AnyCorpus>> =
-        LazyLock::new(|| FilterKind::ALL.into_iter().map(any_corpus).collect());
+        LazyLock::new(|| FilterKind::ALL.iter().copied().map(any_corpus).collect());
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]

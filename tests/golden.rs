@@ -71,7 +71,7 @@ const GOLDEN: &[(FilterKind, Pin, Pin)] = &[
 #[test]
 fn state_and_delta_encodings_are_stable() {
     let mut found = Vec::new();
-    for kind in FilterKind::ALL {
+    for &kind in FilterKind::ALL {
         let (f, delta) = sample(kind);
         let state = f.encode_state();
         // What is pinned also decodes to what was encoded.

@@ -62,7 +62,7 @@ async fn three_or_replicas_converge_under_concurrent_adds_and_removes() {
 
 #[actix::test]
 async fn every_kind_replicates() {
-    for kind in FilterKind::ALL {
+    for &kind in FilterKind::ALL {
         let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
         let hs = start_n(2, &cfg("k", kind, 2_000, 0.01), bus).await;
         for i in 0..500u32 {

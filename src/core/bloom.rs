@@ -359,3 +359,25 @@ impl TryFrom<GBloomRepr> for GBloom {
         Ok(f)
     }
 }
+
+impl crate::core::kind::ReplicatedFilter for GBloom {
+    const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::GBloom;
+
+    fn from_spec(
+        spec: &crate::core::kind::FilterSpec,
+        _replica: crate::ReplicaId,
+    ) -> Result<Self, FilterError> {
+        GBloom::new(BloomParams::with_capacity(spec.capacity, spec.fpr)?.with_seed(spec.seed()))
+    }
+
+    fn params_digest(&self) -> u64 {
+        self.params.digest()
+    }
+
+    /// The words themselves: equivalent GBloom states are equal bit for bit.
+    fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+        for w in &self.words {
+            h.update(&w.to_le_bytes());
+        }
+    }
+}

@@ -9,6 +9,7 @@ pub mod cuckoo;
 pub mod delta;
 pub mod error;
 pub mod hash;
+pub mod kind;
 pub mod lattice;
 pub mod params;
 pub mod scalable;

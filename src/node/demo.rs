@@ -90,7 +90,7 @@ pub fn run_demo(args: &DemoArgs) -> Result<(), NodeError> {
                 args.duration,
                 args.metrics_addr
             );
-            let removable = matches!(args.kind, FilterKind::OrCuckoo | FilterKind::ScOrCuckoo);
+            let removable = args.kind.removable();
             let mut work = Workload {
                 live: vec![BTreeSet::new(); args.replicas],
                 next: vec![0; args.replicas],

@@ -4,39 +4,10 @@
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::Xxh3;
 
+pub use crate::core::kind::FilterSpec;
+use crate::core::kind::{ObservedRemove, ReplicatedFilter, for_each_filter_kind};
 use crate::wire::{FilterKind, WireError, from_cbor, to_cbor};
-use crate::{
-    BloomParams, CausalContext, CheckRemote, CuckooParams, DEFAULT_SEED, DeltaState, Dot,
-    FilterError, GBloom, GCuckoo, Lattice, Membership, OrCuckoo, ReplicaId, ScGBloom, ScGCuckoo,
-    ScOrCuckoo, ScalableParams,
-};
-
-/// Which filter a replica holds and how it is sized. Every replica of a filter must use the same
-/// spec: the parameter digest on the wire enforces it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FilterSpec {
-    /// The filter type.
-    pub kind: FilterKind,
-    /// Elements the filter holds (scalable kinds: its first sub-filter).
-    pub capacity: u64,
-    /// Target false positive rate (scalable kinds: the compounded bound).
-    pub fpr: f64,
-    /// Hash seed; [`DEFAULT_SEED`] if absent.
-    #[serde(default)]
-    pub seed: Option<u64>,
-}
-
-impl FilterSpec {
-    /// A spec with the default seed.
-    pub fn new(kind: FilterKind, capacity: u64, fpr: f64) -> Self {
-        FilterSpec {
-            kind,
-            capacity,
-            fpr,
-            seed: None,
-        }
-    }
-}
+use crate::{CausalContext, CheckRemote, DeltaState, Dot, FilterError, Lattice, ReplicaId};
 
 /// The statistics of a filter (and the `stats` reply of the request API).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -62,37 +33,175 @@ pub struct FilterStats {
 #[error("a {0} filter does not support remove")]
 pub struct NotRemovable(pub FilterKind);
 
-/// One of the six filter types.
-#[derive(Debug, Clone)]
-#[allow(clippy::large_enum_variant)]
-#[non_exhaustive]
-pub enum AnyFilter {
-    /// GBF
-    GBloom(GBloom),
-    /// GCF
-    GCuckoo(GCuckoo),
-    /// ORCF
-    OrCuckoo(OrCuckoo),
-    /// ScGBF
-    ScGBloom(ScGBloom),
-    /// ScGCF
-    ScGCuckoo(ScGCuckoo),
-    /// ScORCF
-    ScOrCuckoo(ScOrCuckoo),
+/// What [`AnyFilter`] needs of each kind, object-safe: [`ReplicatedFilter`] with deltas and
+/// states as bytes. Implemented once, for every [`ReplicatedFilter`].
+trait DynFilter: Send + Sync {
+    fn contains(&self, item: &[u8]) -> bool;
+    fn add(&mut self, item: &[u8]) -> Result<Option<Dot>, FilterError>;
+    fn figures(&self) -> (f64, u64, f64, f64);
+    fn track_deltas(&mut self, on: bool);
+    fn pending_delta_len(&self) -> usize;
+    fn take_delta_bytes(&mut self) -> Option<Vec<u8>>;
+    fn merge_delta_bytes(&mut self, bytes: &[u8], remote: bool) -> Result<(), WireError>;
+    fn encode_state(&self) -> Vec<u8>;
+    fn params_digest(&self) -> u64;
+    fn digest_state(&self, h: &mut Xxh3);
+    fn sub_filters(&self) -> usize;
+    fn observed_remove(&self) -> Option<&dyn ObservedRemove>;
+    fn observed_remove_mut(&mut self) -> Option<&mut dyn ObservedRemove>;
 }
 
-macro_rules! each {
-    ($self:expr, $f:ident => $e:expr) => {
-        match $self {
-            AnyFilter::GBloom($f) => $e,
-            AnyFilter::GCuckoo($f) => $e,
-            AnyFilter::OrCuckoo($f) => $e,
-            AnyFilter::ScGBloom($f) => $e,
-            AnyFilter::ScGCuckoo($f) => $e,
-            AnyFilter::ScOrCuckoo($f) => $e,
+impl<F: ReplicatedFilter> DynFilter for F {
+    fn contains(&self, item: &[u8]) -> bool {
+        crate::Membership::contains(self, item)
+    }
+    fn add(&mut self, item: &[u8]) -> Result<Option<Dot>, FilterError> {
+        match self.observed_remove_mut() {
+            Some(or) => or.add_dot(item).map(Some),
+            None => crate::Membership::add(self, item).map(|()| None),
+        }
+    }
+    fn figures(&self) -> (f64, u64, f64, f64) {
+        (
+            self.cardinality(),
+            self.capacity(),
+            self.load_factor(),
+            self.estimated_fpr(),
+        )
+    }
+    fn track_deltas(&mut self, on: bool) {
+        DeltaState::track_deltas(self, on)
+    }
+    fn pending_delta_len(&self) -> usize {
+        DeltaState::pending_delta_len(self)
+    }
+    fn take_delta_bytes(&mut self) -> Option<Vec<u8>> {
+        self.take_delta().map(|d| to_cbor(&d))
+    }
+    fn merge_delta_bytes(&mut self, bytes: &[u8], remote: bool) -> Result<(), WireError> {
+        let d = from_cbor(bytes)?;
+        if remote {
+            self.check_remote_delta(&d).map_err(remote_error)?;
+        }
+        self.merge_delta(&d).map_err(incompatible)
+    }
+    fn encode_state(&self) -> Vec<u8> {
+        to_cbor(self)
+    }
+    fn params_digest(&self) -> u64 {
+        ReplicatedFilter::params_digest(self)
+    }
+    fn digest_state(&self, h: &mut Xxh3) {
+        ReplicatedFilter::digest_state(self, h)
+    }
+    fn sub_filters(&self) -> usize {
+        ReplicatedFilter::sub_filters(self)
+    }
+    fn observed_remove(&self) -> Option<&dyn ObservedRemove> {
+        ReplicatedFilter::observed_remove(self)
+    }
+    fn observed_remove_mut(&mut self) -> Option<&mut dyn ObservedRemove> {
+        ReplicatedFilter::observed_remove_mut(self)
+    }
+}
+
+macro_rules! define_any_filter {
+    ($( $(#[$doc:meta])* $variant:ident = $id:literal, $name:literal, $ty:ty; )*) => {
+        /// One of the registered filter kinds behind one type, so that a replica, its wire
+        /// messages and its snapshots handle every kind alike. Generated from the registry
+        /// (`crate::core::kind`).
+        #[derive(Debug, Clone)]
+        #[allow(clippy::large_enum_variant)]
+        #[non_exhaustive]
+        pub enum AnyFilter {
+            $( $(#[$doc])* $variant($ty), )*
+        }
+
+        impl AnyFilter {
+            /// An empty filter built from the spec; OR kinds issue tags as `replica`.
+            ///
+            /// ```
+            /// use crpf::replica::{AnyFilter, FilterSpec};
+            /// use crpf::wire::FilterKind;
+            ///
+            /// let mut f = AnyFilter::new(&FilterSpec::new(FilterKind::OrCuckoo, 1000, 0.01), 1)?;
+            /// let dot = f.add(b"x")?.expect("OR filters tag their adds");
+            /// assert_eq!((dot.replica, dot.counter), (1, 1));
+            /// assert!(f.contains(b"x"));
+            /// # Ok::<(), crpf::FilterError>(())
+            /// ```
+            pub fn new(spec: &FilterSpec, replica: ReplicaId) -> Result<Self, FilterError> {
+                Ok(match spec.kind {
+                    $( FilterKind::$variant => {
+                        AnyFilter::$variant(<$ty as ReplicatedFilter>::from_spec(spec, replica)?)
+                    } )*
+                })
+            }
+
+            /// The filter type.
+            pub fn kind(&self) -> FilterKind {
+                match self {
+                    $( AnyFilter::$variant(_) => FilterKind::$variant, )*
+                }
+            }
+
+            /// Decodes a full state of the given kind (validated by the core: never panics).
+            pub fn decode_state(kind: FilterKind, bytes: &[u8]) -> Result<Self, WireError> {
+                Ok(match kind {
+                    $( FilterKind::$variant => AnyFilter::$variant(from_cbor(bytes)?), )*
+                })
+            }
+
+            /// `self := self ⊔ other`; other kinds or parameters give an error and change
+            /// nothing.
+            pub fn merge(&mut self, other: &AnyFilter) -> Result<(), FilterError> {
+                match (self, other) {
+                    $( (AnyFilter::$variant(a), AnyFilter::$variant(b)) => a.merge(b), )*
+                    (a, b) => Err(FilterError::Incompatible(format!(
+                        "{} state merged into a {} filter",
+                        b.kind(),
+                        a.kind()
+                    ))),
+                }
+            }
+
+            /// `self ≤ other`; `false` across kinds.
+            pub fn le(&self, other: &AnyFilter) -> bool {
+                match (self, other) {
+                    $( (AnyFilter::$variant(a), AnyFilter::$variant(b)) => a.le(b), )*
+                    _ => false,
+                }
+            }
+
+            /// [`CheckRemote::check_remote`] of a state received from another replica, to call
+            /// before merging it: [`FilterError::OwnDotAhead`] if it carries tags of this
+            /// replica's own id above its clock; [`FilterError::Incompatible`] across kinds.
+            pub fn check_remote_state(&self, other: &AnyFilter) -> Result<(), FilterError> {
+                match (self, other) {
+                    $( (AnyFilter::$variant(a), AnyFilter::$variant(b)) => a.check_remote(b), )*
+                    (a, b) => Err(FilterError::Incompatible(format!(
+                        "{} state checked against a {} filter",
+                        b.kind(),
+                        a.kind()
+                    ))),
+                }
+            }
+
+            fn inner(&self) -> &dyn DynFilter {
+                match self {
+                    $( AnyFilter::$variant(f) => f, )*
+                }
+            }
+
+            fn inner_mut(&mut self) -> &mut dyn DynFilter {
+                match self {
+                    $( AnyFilter::$variant(f) => f, )*
+                }
+            }
         }
     };
 }
+for_each_filter_kind!(define_any_filter);
 
 /// A remote state or delta refused before merging: tags of our own id ahead of our clock
 /// (which would exhaust it) have their own reason.
@@ -108,206 +217,75 @@ fn incompatible(e: FilterError) -> WireError {
 }
 
 impl AnyFilter {
-    /// An empty filter built from the spec; OR kinds issue tags as `replica`.
-    ///
-    /// ```
-    /// use crpf::replica::{AnyFilter, FilterSpec};
-    /// use crpf::wire::FilterKind;
-    ///
-    /// let mut f = AnyFilter::new(&FilterSpec::new(FilterKind::OrCuckoo, 1000, 0.01), 1)?;
-    /// let dot = f.add(b"x")?.expect("OR filters tag their adds");
-    /// assert_eq!((dot.replica, dot.counter), (1, 1));
-    /// assert!(f.contains(b"x"));
-    /// # Ok::<(), crpf::FilterError>(())
-    /// ```
-    pub fn new(spec: &FilterSpec, replica: ReplicaId) -> Result<Self, FilterError> {
-        let seed = spec.seed.unwrap_or(DEFAULT_SEED);
-        let bloom =
-            || BloomParams::with_capacity(spec.capacity, spec.fpr).map(|p| p.with_seed(seed));
-        let cuckoo =
-            || CuckooParams::with_capacity(spec.capacity, spec.fpr).map(|p| p.with_seed(seed));
-        let scalable = || {
-            ScalableParams::with_capacity(spec.capacity, spec.fpr)
-                .and_then(|p| ScalableParams { seed, ..p }.validated())
-        };
-        Ok(match spec.kind {
-            FilterKind::GBloom => AnyFilter::GBloom(GBloom::new(bloom()?)?),
-            FilterKind::GCuckoo => AnyFilter::GCuckoo(GCuckoo::new(cuckoo()?)?),
-            FilterKind::OrCuckoo => AnyFilter::OrCuckoo(OrCuckoo::new(cuckoo()?, replica)?),
-            FilterKind::ScGBloom => AnyFilter::ScGBloom(ScGBloom::new(scalable()?)?),
-            FilterKind::ScGCuckoo => AnyFilter::ScGCuckoo(ScGCuckoo::new(scalable()?)?),
-            FilterKind::ScOrCuckoo => AnyFilter::ScOrCuckoo(ScOrCuckoo::new(scalable()?, replica)?),
-        })
-    }
-
-    /// The filter type.
-    pub fn kind(&self) -> FilterKind {
-        match self {
-            AnyFilter::GBloom(_) => FilterKind::GBloom,
-            AnyFilter::GCuckoo(_) => FilterKind::GCuckoo,
-            AnyFilter::OrCuckoo(_) => FilterKind::OrCuckoo,
-            AnyFilter::ScGBloom(_) => FilterKind::ScGBloom,
-            AnyFilter::ScGCuckoo(_) => FilterKind::ScGCuckoo,
-            AnyFilter::ScOrCuckoo(_) => FilterKind::ScOrCuckoo,
-        }
-    }
-
     /// Digest of the parameters (the envelope's `params_digest`).
     pub fn params_digest(&self) -> u64 {
-        match self {
-            AnyFilter::GBloom(f) => f.params().digest(),
-            AnyFilter::GCuckoo(f) => f.params().digest(),
-            AnyFilter::OrCuckoo(f) => f.params().digest(),
-            AnyFilter::ScGBloom(f) => f.params().digest(),
-            AnyFilter::ScGCuckoo(f) => f.params().digest(),
-            AnyFilter::ScOrCuckoo(f) => f.params().digest(),
-        }
+        self.inner().params_digest()
     }
 
     /// Membership test.
     pub fn contains(&self, item: &[u8]) -> bool {
-        each!(self, f => f.contains(item))
+        self.inner().contains(item)
     }
 
     /// Adds the item; OR kinds return the tag they issued.
     pub fn add(&mut self, item: &[u8]) -> Result<Option<Dot>, FilterError> {
-        match self {
-            AnyFilter::OrCuckoo(f) => f.add_dot(item).map(Some),
-            AnyFilter::ScOrCuckoo(f) => f.add_dot(item).map(Some),
-            other => each!(other, f => f.add(item)).map(|_| None),
-        }
+        self.inner_mut().add(item)
     }
 
     /// Removes one occurrence of the item (OR kinds only); `Ok(None)` if it was not contained.
     pub fn remove(&mut self, item: &[u8]) -> Result<Option<Dot>, NotRemovable> {
-        match self {
-            AnyFilter::OrCuckoo(f) => Ok(f.remove_dot(item)),
-            AnyFilter::ScOrCuckoo(f) => Ok(f.remove_dot(item)),
-            other => Err(NotRemovable(other.kind())),
+        let kind = self.kind();
+        match self.inner_mut().observed_remove_mut() {
+            Some(or) => Ok(or.remove_dot(item)),
+            None => Err(NotRemovable(kind)),
         }
     }
 
     /// Current figures.
     pub fn stats(&self) -> FilterStats {
-        let sub_filters = match self {
-            AnyFilter::ScGBloom(f) => f.sub_filters(),
-            AnyFilter::ScGCuckoo(f) => f.sub_filters(),
-            AnyFilter::ScOrCuckoo(f) => f.sub_filters(),
-            _ => 1,
-        };
-        each!(self, f => FilterStats {
+        let (cardinality, capacity, load_factor, estimated_fpr) = self.inner().figures();
+        FilterStats {
             kind: self.kind(),
-            cardinality: f.cardinality(),
-            capacity: f.capacity(),
-            load_factor: f.load_factor(),
-            estimated_fpr: f.estimated_fpr(),
-            sub_filters,
+            cardinality,
+            capacity,
+            load_factor,
+            estimated_fpr,
+            sub_filters: self.inner().sub_filters(),
             clock: self.clock(),
-        })
+        }
     }
 
     /// Starts or stops recording local updates as a delta.
     pub fn track_deltas(&mut self, on: bool) {
-        each!(self, f => f.track_deltas(on))
+        self.inner_mut().track_deltas(on)
     }
 
     /// Number of updates in the pending delta.
     pub fn pending_delta_len(&self) -> usize {
-        each!(self, f => f.pending_delta_len())
+        self.inner().pending_delta_len()
     }
 
     /// The pending delta, encoded, or `None` if nothing changed.
     pub fn take_delta(&mut self) -> Option<Vec<u8>> {
-        each!(self, f => f.take_delta().map(|d| to_cbor(&d)))
+        self.inner_mut().take_delta_bytes()
     }
 
     /// Decodes and joins an encoded delta; a delta that does not decode or fit changes nothing.
     pub fn merge_delta_bytes(&mut self, bytes: &[u8]) -> Result<(), WireError> {
-        self.merge_delta_bytes_checked(bytes, false)
+        self.inner_mut().merge_delta_bytes(bytes, false)
     }
 
     /// As [`AnyFilter::merge_delta_bytes`] for a delta received from another replica: first
     /// rejects one carrying tags of this replica's own id above its clock
     /// ([`CheckRemote::check_remote_delta`], [`FilterError::OwnDotAhead`], here as
-    /// [`WireError::Incompatible`]).
+    /// [`WireError::OwnTagAhead`]).
     pub fn merge_remote_delta_bytes(&mut self, bytes: &[u8]) -> Result<(), WireError> {
-        self.merge_delta_bytes_checked(bytes, true)
-    }
-
-    fn merge_delta_bytes_checked(&mut self, bytes: &[u8], remote: bool) -> Result<(), WireError> {
-        each!(self, f => {
-            let d = from_cbor(bytes)?;
-            if remote {
-                f.check_remote_delta(&d).map_err(remote_error)?;
-            }
-            f.merge_delta(&d).map_err(incompatible)
-        })
-    }
-
-    /// [`CheckRemote::check_remote`] of a state received from another replica, to call before
-    /// merging it: [`FilterError::OwnDotAhead`] if it carries tags of this replica's own id
-    /// above its clock; [`FilterError::Incompatible`] across kinds.
-    pub fn check_remote_state(&self, other: &AnyFilter) -> Result<(), FilterError> {
-        match (self, other) {
-            (AnyFilter::GBloom(a), AnyFilter::GBloom(b)) => a.check_remote(b),
-            (AnyFilter::GCuckoo(a), AnyFilter::GCuckoo(b)) => a.check_remote(b),
-            (AnyFilter::OrCuckoo(a), AnyFilter::OrCuckoo(b)) => a.check_remote(b),
-            (AnyFilter::ScGBloom(a), AnyFilter::ScGBloom(b)) => a.check_remote(b),
-            (AnyFilter::ScGCuckoo(a), AnyFilter::ScGCuckoo(b)) => a.check_remote(b),
-            (AnyFilter::ScOrCuckoo(a), AnyFilter::ScOrCuckoo(b)) => a.check_remote(b),
-            (a, b) => Err(FilterError::Incompatible(format!(
-                "{} state checked against a {} filter",
-                b.kind(),
-                a.kind()
-            ))),
-        }
+        self.inner_mut().merge_delta_bytes(bytes, true)
     }
 
     /// The full state, encoded.
     pub fn encode_state(&self) -> Vec<u8> {
-        each!(self, f => to_cbor(f))
-    }
-
-    /// Decodes a full state of the given kind (validated by the core: never panics).
-    pub fn decode_state(kind: FilterKind, bytes: &[u8]) -> Result<Self, WireError> {
-        Ok(match kind {
-            FilterKind::GBloom => AnyFilter::GBloom(from_cbor(bytes)?),
-            FilterKind::GCuckoo => AnyFilter::GCuckoo(from_cbor(bytes)?),
-            FilterKind::OrCuckoo => AnyFilter::OrCuckoo(from_cbor(bytes)?),
-            FilterKind::ScGBloom => AnyFilter::ScGBloom(from_cbor(bytes)?),
-            FilterKind::ScGCuckoo => AnyFilter::ScGCuckoo(from_cbor(bytes)?),
-            FilterKind::ScOrCuckoo => AnyFilter::ScOrCuckoo(from_cbor(bytes)?),
-        })
-    }
-
-    /// `self := self ⊔ other`; other kinds or parameters give an error and change nothing.
-    pub fn merge(&mut self, other: &AnyFilter) -> Result<(), FilterError> {
-        match (self, other) {
-            (AnyFilter::GBloom(a), AnyFilter::GBloom(b)) => a.merge(b),
-            (AnyFilter::GCuckoo(a), AnyFilter::GCuckoo(b)) => a.merge(b),
-            (AnyFilter::OrCuckoo(a), AnyFilter::OrCuckoo(b)) => a.merge(b),
-            (AnyFilter::ScGBloom(a), AnyFilter::ScGBloom(b)) => a.merge(b),
-            (AnyFilter::ScGCuckoo(a), AnyFilter::ScGCuckoo(b)) => a.merge(b),
-            (AnyFilter::ScOrCuckoo(a), AnyFilter::ScOrCuckoo(b)) => a.merge(b),
-            (a, b) => Err(FilterError::Incompatible(format!(
-                "{} state merged into a {} filter",
-                b.kind(),
-                a.kind()
-            ))),
-        }
-    }
-
-    /// `self ≤ other`; `false` across kinds.
-    pub fn le(&self, other: &AnyFilter) -> bool {
-        match (self, other) {
-            (AnyFilter::GBloom(a), AnyFilter::GBloom(b)) => a.le(b),
-            (AnyFilter::GCuckoo(a), AnyFilter::GCuckoo(b)) => a.le(b),
-            (AnyFilter::OrCuckoo(a), AnyFilter::OrCuckoo(b)) => a.le(b),
-            (AnyFilter::ScGBloom(a), AnyFilter::ScGBloom(b)) => a.le(b),
-            (AnyFilter::ScGCuckoo(a), AnyFilter::ScGCuckoo(b)) => a.le(b),
-            (AnyFilter::ScOrCuckoo(a), AnyFilter::ScOrCuckoo(b)) => a.le(b),
-            _ => false,
-        }
+        self.inner().encode_state()
     }
 
     /// `le` both ways.
@@ -316,105 +294,52 @@ impl AnyFilter {
     }
 
     /// A digest that is equal for equivalent states whatever their layout (cuckoo placements,
-    /// tags' slots), so that anti-entropy can tell replicas that agree from ones that do not.
+    /// tags' slots), so that anti-entropy can tell replicas that agree from ones that do not
+    /// ([`ReplicatedFilter::digest_state`]; nothing is serialized).
     pub fn state_digest(&self) -> u64 {
         let mut h = Xxh3::new();
         h.update(&self.params_digest().to_le_bytes());
-        match self {
-            AnyFilter::GBloom(f) => h.update(&to_cbor(f)),
-            AnyFilter::GCuckoo(f) => digest_cuckoo(&mut h, f),
-            AnyFilter::ScGBloom(f) => {
-                for (i, sub) in f.subs().iter().enumerate().filter(|(_, s)| s.ones() > 0) {
-                    h.update(&(i as u64).to_le_bytes());
-                    h.update(&to_cbor(sub));
-                }
-            }
-            AnyFilter::ScGCuckoo(f) => {
-                for (i, sub) in f.subs().iter().enumerate() {
-                    if sub.cardinality() > 0.0 {
-                        h.update(&(i as u64).to_le_bytes());
-                        digest_cuckoo(&mut h, sub);
-                    }
-                }
-            }
-            AnyFilter::OrCuckoo(_) | AnyFilter::ScOrCuckoo(_) => {
-                // An ORCF state is its history and its live tags (a tag names one entry).
-                let mut dots = self.dots();
-                dots.sort_unstable();
-                for d in dots {
-                    h.update(&d.replica.to_le_bytes());
-                    h.update(&d.counter.to_le_bytes());
-                }
-                h.update(b"history");
-                for (r, (a, b)) in self.history().expect("OR kind").ranges() {
-                    h.update(&r.to_le_bytes());
-                    h.update(&a.to_le_bytes());
-                    h.update(&b.to_le_bytes());
-                }
-            }
-        }
+        self.inner().digest_state(&mut h);
         h.digest()
+    }
+
+    /// The tag API of OR kinds.
+    pub fn observed_remove(&self) -> Option<&dyn ObservedRemove> {
+        self.inner().observed_remove()
     }
 
     /// The replica id tags are issued under (0 for kinds without tags).
     pub fn replica(&self) -> ReplicaId {
-        match self {
-            AnyFilter::OrCuckoo(f) => f.replica(),
-            AnyFilter::ScOrCuckoo(f) => f.replica(),
-            _ => 0,
-        }
+        self.observed_remove().map_or(0, |f| f.replica())
     }
 
     /// Issues future tags under another id (no effect on kinds without tags).
     pub fn set_replica(&mut self, replica: ReplicaId) {
-        match self {
-            AnyFilter::OrCuckoo(f) => f.set_replica(replica),
-            AnyFilter::ScOrCuckoo(f) => f.set_replica(replica),
-            _ => {}
+        if let Some(f) = self.inner_mut().observed_remove_mut() {
+            f.set_replica(replica)
         }
     }
 
     /// Highest timestamp this replica may have issued (0 for kinds without tags).
     pub fn clock(&self) -> u64 {
-        match self {
-            AnyFilter::OrCuckoo(f) => f.clock(),
-            AnyFilter::ScOrCuckoo(f) => f.clock(),
-            _ => 0,
-        }
+        self.observed_remove().map_or(0, |f| f.clock())
     }
 
     /// Never issue a timestamp at or below `floor` (no effect on kinds without tags).
     pub fn advance_clock(&mut self, floor: u64) {
-        match self {
-            AnyFilter::OrCuckoo(f) => f.advance_clock(floor),
-            AnyFilter::ScOrCuckoo(f) => f.advance_clock(floor),
-            _ => {}
+        if let Some(f) = self.inner_mut().observed_remove_mut() {
+            f.advance_clock(floor)
         }
     }
 
     /// Tags of the live entries (empty for kinds without tags).
     pub fn dots(&self) -> Vec<Dot> {
-        match self {
-            AnyFilter::OrCuckoo(f) => f.dots(),
-            AnyFilter::ScOrCuckoo(f) => f.dots(),
-            _ => Vec::new(),
-        }
+        self.observed_remove().map_or_else(Vec::new, |f| f.dots())
     }
 
     /// The causal history of OR kinds.
     pub fn history(&self) -> Option<&CausalContext> {
-        match self {
-            AnyFilter::OrCuckoo(f) => Some(f.history()),
-            AnyFilter::ScOrCuckoo(f) => Some(f.history()),
-            _ => None,
-        }
-    }
-}
-
-fn digest_cuckoo(h: &mut Xxh3, f: &GCuckoo) {
-    for (b, fp) in f.canonical_entries() {
-        h.update(&b.to_le_bytes());
-        h.update(&fp.to_le_bytes());
+        self.observed_remove().map(|f| f.history())
     }
 }
 
@@ -428,7 +353,7 @@ mod tests {
 
     #[test]
     fn every_kind_replicates_by_delta_and_state() {
-        for kind in FilterKind::ALL {
+        for &kind in FilterKind::ALL {
             let mut a = AnyFilter::new(&spec(kind), 1).unwrap();
             let mut b = AnyFilter::new(&spec(kind), 2).unwrap();
             a.track_deltas(true);
@@ -470,7 +395,7 @@ mod tests {
 
     #[test]
     fn remote_states_and_deltas_with_our_tags_ahead_are_rejected() {
-        for kind in FilterKind::ALL {
+        for &kind in FilterKind::ALL {
             let mut mine = AnyFilter::new(&spec(kind), 1).unwrap();
             mine.add(b"mine").unwrap();
             let mut impostor = AnyFilter::new(&spec(kind), 1).unwrap();

@@ -82,8 +82,7 @@ impl GCuckoo {
 
     /// Every entry as `(lower of its two candidate buckets, fingerprint)`, sorted, without
     /// duplicates: the same for every placement, so equivalent states give the same list
-    /// (the replica layer digests it for anti-entropy).
-    #[cfg(feature = "node")]
+    /// (its state digest is made of it).
     pub(crate) fn canonical_entries(&self) -> Vec<(u64, u16)> {
         let mut v = Vec::with_capacity(self.table.len());
         self.table.for_each(|b, e| {
@@ -254,5 +253,28 @@ impl<'de> Deserialize<'de> for GCuckoo {
             table,
             pending: None,
         })
+    }
+}
+
+impl crate::core::kind::ReplicatedFilter for GCuckoo {
+    const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::GCuckoo;
+
+    fn from_spec(
+        spec: &crate::core::kind::FilterSpec,
+        _replica: crate::ReplicaId,
+    ) -> Result<Self, FilterError> {
+        GCuckoo::new(CuckooParams::with_capacity(spec.capacity, spec.fpr)?.with_seed(spec.seed()))
+    }
+
+    fn params_digest(&self) -> u64 {
+        self.params().digest()
+    }
+
+    /// Its entries in canonical order: placements differ between equivalent states.
+    fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+        for (b, fp) in self.canonical_entries() {
+            h.update(&b.to_le_bytes());
+            h.update(&fp.to_le_bytes());
+        }
     }
 }

@@ -609,3 +609,61 @@ impl<'de> Deserialize<'de> for OrCuckoo {
         Ok(OrCuckoo::from_parts(table, r.history, r.replica, r.clock))
     }
 }
+
+impl crate::core::kind::ReplicatedFilter for OrCuckoo {
+    const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::OrCuckoo;
+    const REMOVABLE: bool = true;
+
+    fn from_spec(
+        spec: &crate::core::kind::FilterSpec,
+        replica: ReplicaId,
+    ) -> Result<Self, FilterError> {
+        OrCuckoo::new(
+            CuckooParams::with_capacity(spec.capacity, spec.fpr)?.with_seed(spec.seed()),
+            replica,
+        )
+    }
+
+    fn params_digest(&self) -> u64 {
+        self.params().digest()
+    }
+
+    fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+        crate::core::kind::digest_observed_remove(self, h);
+    }
+
+    fn observed_remove(&self) -> Option<&dyn crate::core::kind::ObservedRemove> {
+        Some(self)
+    }
+
+    fn observed_remove_mut(&mut self) -> Option<&mut dyn crate::core::kind::ObservedRemove> {
+        Some(self)
+    }
+}
+
+impl crate::core::kind::ObservedRemove for OrCuckoo {
+    fn replica(&self) -> ReplicaId {
+        OrCuckoo::replica(self)
+    }
+    fn set_replica(&mut self, replica: ReplicaId) {
+        OrCuckoo::set_replica(self, replica)
+    }
+    fn clock(&self) -> u64 {
+        OrCuckoo::clock(self)
+    }
+    fn advance_clock(&mut self, floor: u64) {
+        OrCuckoo::advance_clock(self, floor)
+    }
+    fn add_dot(&mut self, item: &[u8]) -> Result<Dot, FilterError> {
+        OrCuckoo::add_dot(self, item)
+    }
+    fn remove_dot(&mut self, item: &[u8]) -> Option<Dot> {
+        OrCuckoo::remove_dot(self, item)
+    }
+    fn dots(&self) -> Vec<Dot> {
+        OrCuckoo::dots(self)
+    }
+    fn history(&self) -> &CausalContext {
+        OrCuckoo::history(self)
+    }
+}

@@ -338,3 +338,59 @@ impl<'de, F: GrowOnlySub> Deserialize<'de> for ScalableGrowOnly<F> {
         })
     }
 }
+
+impl crate::core::kind::ReplicatedFilter for ScGBloom {
+    const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::ScGBloom;
+
+    fn from_spec(
+        spec: &crate::core::kind::FilterSpec,
+        _replica: crate::ReplicaId,
+    ) -> Result<Self, FilterError> {
+        ScGBloom::new(crate::core::kind::scalable_params(spec)?)
+    }
+
+    fn params_digest(&self) -> u64 {
+        self.params().digest()
+    }
+
+    /// The sub-filters holding anything, by index: an empty sub-filter equals none.
+    fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+        for (i, sub) in self.subs().iter().enumerate().filter(|(_, s)| s.ones() > 0) {
+            h.update(&(i as u64).to_le_bytes());
+            sub.digest_state(h);
+        }
+    }
+
+    fn sub_filters(&self) -> usize {
+        ScalableGrowOnly::sub_filters(self)
+    }
+}
+
+impl crate::core::kind::ReplicatedFilter for ScGCuckoo {
+    const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::ScGCuckoo;
+
+    fn from_spec(
+        spec: &crate::core::kind::FilterSpec,
+        _replica: crate::ReplicaId,
+    ) -> Result<Self, FilterError> {
+        ScGCuckoo::new(crate::core::kind::scalable_params(spec)?)
+    }
+
+    fn params_digest(&self) -> u64 {
+        self.params().digest()
+    }
+
+    /// The sub-filters holding anything, by index, each canonically.
+    fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+        for (i, sub) in self.subs().iter().enumerate() {
+            if sub.cardinality() > 0.0 {
+                h.update(&(i as u64).to_le_bytes());
+                sub.digest_state(h);
+            }
+        }
+    }
+
+    fn sub_filters(&self) -> usize {
+        ScalableGrowOnly::sub_filters(self)
+    }
+}

@@ -499,3 +499,62 @@ impl<'de> Deserialize<'de> for ScOrCuckoo {
         Ok(f)
     }
 }
+
+impl crate::core::kind::ReplicatedFilter for ScOrCuckoo {
+    const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::ScOrCuckoo;
+    const REMOVABLE: bool = true;
+
+    fn from_spec(
+        spec: &crate::core::kind::FilterSpec,
+        replica: ReplicaId,
+    ) -> Result<Self, FilterError> {
+        ScOrCuckoo::new(crate::core::kind::scalable_params(spec)?, replica)
+    }
+
+    fn params_digest(&self) -> u64 {
+        self.params().digest()
+    }
+
+    fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+        crate::core::kind::digest_observed_remove(self, h);
+    }
+
+    fn sub_filters(&self) -> usize {
+        ScOrCuckoo::sub_filters(self)
+    }
+
+    fn observed_remove(&self) -> Option<&dyn crate::core::kind::ObservedRemove> {
+        Some(self)
+    }
+
+    fn observed_remove_mut(&mut self) -> Option<&mut dyn crate::core::kind::ObservedRemove> {
+        Some(self)
+    }
+}
+
+impl crate::core::kind::ObservedRemove for ScOrCuckoo {
+    fn replica(&self) -> ReplicaId {
+        ScOrCuckoo::replica(self)
+    }
+    fn set_replica(&mut self, replica: ReplicaId) {
+        ScOrCuckoo::set_replica(self, replica)
+    }
+    fn clock(&self) -> u64 {
+        ScOrCuckoo::clock(self)
+    }
+    fn advance_clock(&mut self, floor: u64) {
+        ScOrCuckoo::advance_clock(self, floor)
+    }
+    fn add_dot(&mut self, item: &[u8]) -> Result<Dot, FilterError> {
+        ScOrCuckoo::add_dot(self, item)
+    }
+    fn remove_dot(&mut self, item: &[u8]) -> Option<Dot> {
+        ScOrCuckoo::remove_dot(self, item)
+    }
+    fn dots(&self) -> Vec<Dot> {
+        ScOrCuckoo::dots(self)
+    }
+    fn history(&self) -> &CausalContext {
+        ScOrCuckoo::history(self)
+    }
+}

@@ -1,0 +1,296 @@
+//! The registry of filter kinds: one list ([`for_each_filter_kind`]) from which the
+//! [`FilterKind`] enum here and the replica layer's `AnyFilter` are generated, and the two
+//! traits every listed type implements in its own file: [`ReplicatedFilter`] (what a replica
+//! needs of any filter) and [`ObservedRemove`] (the tag API of the kinds that remove).
+//!
+//! Adding a kind: implement [`ReplicatedFilter`] (and [`ObservedRemove`] if it removes) next to
+//! the type, and add one line to [`for_each_filter_kind`] with a new, never reused wire id.
+
+use serde::de::{DeserializeOwned, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use xxhash_rust::xxh3::Xxh3;
+
+use super::causal::{CausalContext, Dot, ReplicaId};
+use super::delta::CheckRemote;
+use super::error::FilterError;
+use super::lattice::{Lattice, Membership};
+use super::params::DEFAULT_SEED;
+
+/// The registry: calls `$m!` with one line per kind, `Variant = wire id, "config name", type`.
+/// Wire ids are the kind's identity in envelopes and snapshots: never change or reuse one.
+macro_rules! for_each_filter_kind {
+    ($m:ident) => {
+        $m! {
+            /// [`crate::GBloom`]: grow-only Bloom filter (thesis GBF).
+            GBloom = 0, "g_bloom", $crate::core::bloom::GBloom;
+            /// [`crate::GCuckoo`]: grow-only cuckoo filter (GCF).
+            GCuckoo = 1, "g_cuckoo", $crate::core::cuckoo::GCuckoo;
+            /// [`crate::OrCuckoo`]: observed-remove cuckoo filter (ORCF).
+            OrCuckoo = 2, "or_cuckoo", $crate::core::cuckoo::OrCuckoo;
+            /// [`crate::ScGBloom`]: scalable GBF (thesis ScGBF).
+            ScGBloom = 3, "sc_g_bloom", $crate::core::scalable::ScGBloom;
+            /// [`crate::ScGCuckoo`]: scalable GCF (ScGCF).
+            ScGCuckoo = 4, "sc_g_cuckoo", $crate::core::scalable::ScGCuckoo;
+            /// [`crate::ScOrCuckoo`]: scalable ORCF (ScORCF).
+            ScOrCuckoo = 5, "sc_or_cuckoo", $crate::core::scalable::ScOrCuckoo;
+        }
+    };
+}
+// Used by the replica layer (`AnyFilter`), which only the `node` feature builds.
+#[allow(unused_imports)]
+pub(crate) use for_each_filter_kind;
+
+macro_rules! define_filter_kind {
+    ($( $(#[$doc:meta])* $variant:ident = $id:literal, $name:literal, $ty:ty; )*) => {
+        /// The filter types a replica can hold, as named in configuration and identified on
+        /// the wire (see [`FilterKind::wire_id`]).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum FilterKind {
+            $( $(#[$doc])* $variant, )*
+        }
+
+        impl FilterKind {
+            /// Every kind, in wire id order.
+            pub const ALL: &'static [FilterKind] = &[$(FilterKind::$variant),*];
+
+            /// The configuration name (`g_bloom`, `or_cuckoo`, ...).
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( FilterKind::$variant => $name, )*
+                }
+            }
+
+            /// The kind's stable id in envelopes and snapshots.
+            pub fn wire_id(self) -> u8 {
+                match self {
+                    $( FilterKind::$variant => $id, )*
+                }
+            }
+
+            /// The kind of a wire id.
+            pub fn from_wire_id(id: u8) -> Option<FilterKind> {
+                match id {
+                    $( $id => Some(FilterKind::$variant), )*
+                    _ => None,
+                }
+            }
+
+            /// Whether the kind removes (and so carries version tags).
+            pub fn removable(self) -> bool {
+                match self {
+                    $( FilterKind::$variant => <$ty as ReplicatedFilter>::REMOVABLE, )*
+                }
+            }
+        }
+
+        $( const _: () = assert!(matches!(<$ty as ReplicatedFilter>::KIND, FilterKind::$variant)); )*
+    };
+}
+for_each_filter_kind!(define_filter_kind);
+
+impl std::fmt::Display for FilterKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for FilterKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        FilterKind::ALL
+            .iter()
+            .copied()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| format!("unknown filter kind `{s}`"))
+    }
+}
+
+/// By name in human-readable formats (TOML, JSON), by wire id in binary ones (CBOR).
+impl Serialize for FilterKind {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            s.serialize_str(self.name())
+        } else {
+            s.serialize_u8(self.wire_id())
+        }
+    }
+}
+
+/// Accepts a name or a wire id in any format.
+impl<'de> Deserialize<'de> for FilterKind {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KindVisitor;
+        impl Visitor<'_> for KindVisitor {
+            type Value = FilterKind;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a filter kind name or wire id")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<FilterKind, E> {
+                u8::try_from(v)
+                    .ok()
+                    .and_then(FilterKind::from_wire_id)
+                    .ok_or_else(|| E::custom(format!("unknown filter kind id {v}")))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<FilterKind, E> {
+                v.parse().map_err(E::custom)
+            }
+        }
+        if d.is_human_readable() {
+            d.deserialize_str(KindVisitor)
+        } else {
+            d.deserialize_u8(KindVisitor)
+        }
+    }
+}
+
+/// Which filter a replica holds and how it is sized. Every replica of a filter must use the same
+/// spec: the parameter digest on the wire enforces it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FilterSpec {
+    /// The filter type.
+    pub kind: FilterKind,
+    /// Elements the filter holds (scalable kinds: its first sub-filter, or each writer's).
+    pub capacity: u64,
+    /// Target false positive rate (scalable kinds: the compounded bound).
+    pub fpr: f64,
+    /// Hash seed; [`DEFAULT_SEED`] if absent.
+    #[serde(default)]
+    pub seed: Option<u64>,
+}
+
+impl FilterSpec {
+    /// A spec with the default seed.
+    pub fn new(kind: FilterKind, capacity: u64, fpr: f64) -> Self {
+        FilterSpec {
+            kind,
+            capacity,
+            fpr,
+            seed: None,
+        }
+    }
+
+    /// The hash seed.
+    pub fn seed(&self) -> u64 {
+        self.seed.unwrap_or(DEFAULT_SEED)
+    }
+}
+
+/// The parameters of a scalable kind sized by `spec`.
+pub(crate) fn scalable_params(
+    spec: &FilterSpec,
+) -> Result<crate::core::scalable::ScalableParams, FilterError> {
+    let p = crate::core::scalable::ScalableParams::with_capacity(spec.capacity, spec.fpr)?;
+    crate::core::scalable::ScalableParams {
+        seed: spec.seed(),
+        ..p
+    }
+    .validated()
+}
+
+/// What a replica needs of a filter type, implemented once per type (in its own file).
+pub trait ReplicatedFilter:
+    Lattice + Membership + CheckRemote + Clone + Serialize + DeserializeOwned + Send + Sync + 'static
+{
+    /// Its kind in the registry.
+    const KIND: FilterKind;
+    /// Whether it removes: then it implements [`ObservedRemove`] and
+    /// [`ReplicatedFilter::observed_remove`] returns it.
+    const REMOVABLE: bool = false;
+
+    /// An empty filter sized by `spec` (whose kind is [`ReplicatedFilter::KIND`]); kinds
+    /// with tags issue them as `replica`.
+    fn from_spec(spec: &FilterSpec, replica: ReplicaId) -> Result<Self, FilterError>;
+
+    /// Digest of the parameters: replicas exchange state only with equal digests.
+    fn params_digest(&self) -> u64;
+
+    /// Feeds a canonical form of the state to `h`: equal for equivalent states whatever their
+    /// layout (cuckoo placements, which slot holds which tag), so that replicas can tell
+    /// whether they agree by comparing digests.
+    fn digest_state(&self, h: &mut Xxh3);
+
+    /// Sub-filters of a scalable filter (1 otherwise).
+    fn sub_filters(&self) -> usize {
+        1
+    }
+
+    /// The tag API, for the kinds that remove.
+    fn observed_remove(&self) -> Option<&dyn ObservedRemove> {
+        None
+    }
+
+    /// The tag API, mutably.
+    fn observed_remove_mut(&mut self) -> Option<&mut dyn ObservedRemove> {
+        None
+    }
+}
+
+/// The tag API of observed-remove filters (thesis Spec. 4 and 8): adds issue version tags,
+/// removes name the tag they remove, and the causal history records every tag observed.
+pub trait ObservedRemove {
+    /// The replica id tags are issued under.
+    fn replica(&self) -> ReplicaId;
+    /// Issues future tags under another id (its timestamps continue from what it observed).
+    fn set_replica(&mut self, replica: ReplicaId);
+    /// Highest timestamp this replica may have issued.
+    fn clock(&self) -> u64;
+    /// Never issue a timestamp at or below `floor`.
+    fn advance_clock(&mut self, floor: u64);
+    /// Adds the item, returning the tag issued.
+    fn add_dot(&mut self, item: &[u8]) -> Result<Dot, FilterError>;
+    /// Removes one occurrence of the item, returning the tag of the entry removed.
+    fn remove_dot(&mut self, item: &[u8]) -> Option<Dot>;
+    /// Tags of the live entries.
+    fn dots(&self) -> Vec<Dot>;
+    /// Every tag observed, live or removed.
+    fn history(&self) -> &CausalContext;
+}
+
+/// Feeds an observed-remove state to a digest: its live tags (a tag names one entry) and its
+/// history. Shared by the OR kinds' [`ReplicatedFilter::digest_state`].
+pub(crate) fn digest_observed_remove(f: &dyn ObservedRemove, h: &mut Xxh3) {
+    let mut dots = f.dots();
+    dots.sort_unstable();
+    for d in dots {
+        h.update(&d.replica.to_le_bytes());
+        h.update(&d.counter.to_le_bytes());
+    }
+    h.update(b"history");
+    for (r, (a, b)) in f.history().ranges() {
+        h.update(&r.to_le_bytes());
+        h.update(&a.to_le_bytes());
+        h.update(&b.to_le_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_wire_ids_round_trip_and_are_unique() {
+        for (i, k) in FilterKind::ALL.iter().enumerate() {
+            assert_eq!(FilterKind::from_wire_id(k.wire_id()), Some(*k));
+            assert_eq!(k.name().parse::<FilterKind>(), Ok(*k));
+            assert!(
+                FilterKind::ALL[..i]
+                    .iter()
+                    .all(|o| o.wire_id() != k.wire_id())
+            );
+        }
+        assert!("bloom".parse::<FilterKind>().is_err());
+        assert_eq!(FilterKind::from_wire_id(255), None);
+    }
+
+    #[cfg(feature = "node")]
+    #[test]
+    fn serialized_by_name_in_json_and_by_id_in_cbor() {
+        let k = FilterKind::ScOrCuckoo;
+        assert_eq!(serde_json::to_string(&k).unwrap(), "\"sc_or_cuckoo\"");
+        assert_eq!(serde_cbor::ser::to_vec_packed(&k).unwrap(), [0x05]);
+        let back: FilterKind = serde_cbor::from_slice(&[0x05]).unwrap();
+        assert_eq!(back, k);
+        assert!(serde_cbor::from_slice::<FilterKind>(&[0x18, 0xff]).is_err());
+    }
+}
