@@ -352,7 +352,11 @@ struct Node {
     data_dir: PathBuf,
 }
 
-const FILTERS: &[(&str, &str)] = &[("sessions", "or_cuckoo"), ("seen_urls", "g_bloom")];
+const FILTERS: &[(&str, &str)] = &[
+    ("sessions", "or_cuckoo"),
+    ("seen_urls", "g_bloom"),
+    ("tokens", "writer_sc_or_cuckoo"),
+];
 
 fn node_toml(metrics: &str, data_dir: &Path, nats_url: &str, i: usize) -> String {
     let mut s = format!(

@@ -33,6 +33,13 @@ macro_rules! for_each_filter_kind {
             ScGCuckoo = 4, "sc_g_cuckoo", $crate::core::scalable::ScGCuckoo;
             /// [`crate::ScOrCuckoo`]: scalable ORCF (ScORCF).
             ScOrCuckoo = 5, "sc_or_cuckoo", $crate::core::scalable::ScOrCuckoo;
+            /// [`crate::WriterScGBloom`]: scalable GBF with a series per writer, which keeps
+            /// its FPR bound at any sync frequency.
+            WriterScGBloom = 6, "writer_sc_g_bloom", $crate::core::scalable::WriterScGBloom;
+            /// [`crate::WriterScGCuckoo`]: scalable GCF with a series per writer.
+            WriterScGCuckoo = 7, "writer_sc_g_cuckoo", $crate::core::scalable::WriterScGCuckoo;
+            /// [`crate::WriterScOrCuckoo`]: scalable ORCF with a series per writer.
+            WriterScOrCuckoo = 8, "writer_sc_or_cuckoo", $crate::core::scalable::WriterScOrCuckoo;
         }
     };
 }
@@ -243,8 +250,9 @@ pub trait ObservedRemove {
     fn remove_dot(&mut self, item: &[u8]) -> Option<Dot>;
     /// Tags of the live entries.
     fn dots(&self) -> Vec<Dot>;
-    /// Every tag observed, live or removed.
-    fn history(&self) -> &CausalContext;
+    /// Every tag observed, live or removed (borrowed where the filter keeps one history,
+    /// joined where it keeps one per series).
+    fn history(&self) -> std::borrow::Cow<'_, CausalContext>;
 }
 
 /// Feeds an observed-remove state to a digest: its live tags (a tag names one entry) and its

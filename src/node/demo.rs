@@ -129,7 +129,12 @@ pub fn run_demo(args: &DemoArgs) -> Result<(), NodeError> {
             if !ok {
                 return Err(NodeError::Failed("replicas did not converge".into()));
             }
-            if false_negatives > 0 && !matches!(args.kind, FilterKind::ScOrCuckoo) {
+            if false_negatives > 0
+                && !matches!(
+                    args.kind,
+                    FilterKind::ScOrCuckoo | FilterKind::WriterScOrCuckoo
+                )
+            {
                 return Err(NodeError::Failed(format!(
                     "{false_negatives} false negatives"
                 )));

@@ -338,7 +338,7 @@ impl AnyFilter {
     }
 
     /// The causal history of OR kinds.
-    pub fn history(&self) -> Option<&CausalContext> {
+    pub fn history(&self) -> Option<std::borrow::Cow<'_, CausalContext>> {
         self.observed_remove().map(|f| f.history())
     }
 }

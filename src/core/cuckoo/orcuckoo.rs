@@ -663,7 +663,7 @@ impl crate::core::kind::ObservedRemove for OrCuckoo {
     fn dots(&self) -> Vec<Dot> {
         OrCuckoo::dots(self)
     }
-    fn history(&self) -> &CausalContext {
-        OrCuckoo::history(self)
+    fn history(&self) -> std::borrow::Cow<'_, CausalContext> {
+        std::borrow::Cow::Borrowed(OrCuckoo::history(self))
     }
 }

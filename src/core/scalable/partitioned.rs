@@ -539,3 +539,180 @@ impl<'de, F: WriterSeries> Deserialize<'de> for Partitioned<F> {
         Ok(f)
     }
 }
+impl<F: WriterSeries> Partitioned<F> {
+    /// This writer's series, created if missing; `true` if this call created it.
+    fn own_part(&mut self) -> Result<(&mut F, bool), FilterError> {
+        let created = !self.parts.contains_key(&self.writer);
+        if created {
+            let part = self.new_part(self.writer)?;
+            self.parts.insert(self.writer, part);
+        }
+        Ok((
+            self.parts.get_mut(&self.writer).expect("just ensured"),
+            created,
+        ))
+    }
+
+    /// The writers' series by writer, for digests: each part as its own canonical form.
+    fn digest_parts(
+        &self,
+        h: &mut xxhash_rust::xxh3::Xxh3,
+        part: impl Fn(&F, &mut xxhash_rust::xxh3::Xxh3),
+    ) {
+        // An empty series equals none (grow-only series carry no clock).
+        for (w, f) in self.parts.iter().filter(|(_, f)| f.cardinality() > 0.0) {
+            h.update(&w.to_le_bytes());
+            part(f, h);
+        }
+    }
+}
+
+impl crate::core::kind::ReplicatedFilter for WriterScGBloom {
+    const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::WriterScGBloom;
+
+    fn from_spec(
+        spec: &crate::core::kind::FilterSpec,
+        replica: ReplicaId,
+    ) -> Result<Self, FilterError> {
+        Self::new(crate::core::kind::scalable_params(spec)?, replica)
+    }
+
+    fn params_digest(&self) -> u64 {
+        self.params().digest()
+    }
+
+    /// Each writer's series that holds anything, by writer.
+    fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+        self.digest_parts(h, |f, h| f.digest_state(h));
+    }
+
+    fn sub_filters(&self) -> usize {
+        self.parts
+            .values()
+            .map(|f| f.sub_filters())
+            .sum::<usize>()
+            .max(1)
+    }
+}
+
+impl crate::core::kind::ReplicatedFilter for WriterScGCuckoo {
+    const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::WriterScGCuckoo;
+
+    fn from_spec(
+        spec: &crate::core::kind::FilterSpec,
+        replica: ReplicaId,
+    ) -> Result<Self, FilterError> {
+        Self::new(crate::core::kind::scalable_params(spec)?, replica)
+    }
+
+    fn params_digest(&self) -> u64 {
+        self.params().digest()
+    }
+
+    /// Each writer's series that holds anything, by writer.
+    fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+        self.digest_parts(h, |f, h| f.digest_state(h));
+    }
+
+    fn sub_filters(&self) -> usize {
+        self.parts
+            .values()
+            .map(|f| f.sub_filters())
+            .sum::<usize>()
+            .max(1)
+    }
+}
+
+impl crate::core::kind::ReplicatedFilter for WriterScOrCuckoo {
+    const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::WriterScOrCuckoo;
+    const REMOVABLE: bool = true;
+
+    fn from_spec(
+        spec: &crate::core::kind::FilterSpec,
+        replica: ReplicaId,
+    ) -> Result<Self, FilterError> {
+        Self::new(crate::core::kind::scalable_params(spec)?, replica)
+    }
+
+    fn params_digest(&self) -> u64 {
+        self.params().digest()
+    }
+
+    fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+        crate::core::kind::digest_observed_remove(self, h);
+    }
+
+    fn sub_filters(&self) -> usize {
+        self.parts
+            .values()
+            .map(|f| f.sub_filters())
+            .sum::<usize>()
+            .max(1)
+    }
+
+    fn observed_remove(&self) -> Option<&dyn crate::core::kind::ObservedRemove> {
+        Some(self)
+    }
+
+    fn observed_remove_mut(&mut self) -> Option<&mut dyn crate::core::kind::ObservedRemove> {
+        Some(self)
+    }
+}
+
+/// The tag API over the writers' series: adds tag in this writer's own series, removes take a
+/// random series holding the item (as [`Removable::remove`]), and the history joins every
+/// series' history.
+impl crate::core::kind::ObservedRemove for WriterScOrCuckoo {
+    fn replica(&self) -> ReplicaId {
+        self.writer
+    }
+
+    /// Adds from now on into `replica`'s series; the series of the former id stays, as that
+    /// writer's.
+    fn set_replica(&mut self, replica: ReplicaId) {
+        self.writer = replica;
+    }
+
+    fn clock(&self) -> u64 {
+        Partitioned::clock(self)
+    }
+
+    fn advance_clock(&mut self, floor: u64) {
+        Partitioned::advance_clock(self, floor)
+    }
+
+    fn add_dot(&mut self, item: &[u8]) -> Result<crate::Dot, FilterError> {
+        let (own, created) = self.own_part()?;
+        let result = own.add_dot(item);
+        if result.is_err() && created {
+            self.parts.remove(&self.writer);
+        }
+        result
+    }
+
+    fn remove_dot(&mut self, item: &[u8]) -> Option<crate::Dot> {
+        let holding: Vec<ReplicaId> = self
+            .parts
+            .iter()
+            .filter(|(_, f)| f.contains(item))
+            .map(|(w, _)| *w)
+            .collect();
+        if holding.is_empty() {
+            return None;
+        }
+        let w = holding[self.rng.usize(..holding.len())];
+        self.parts.get_mut(&w).expect("listed").remove_dot(item)
+    }
+
+    fn dots(&self) -> Vec<crate::Dot> {
+        self.parts.values().flat_map(|f| f.dots()).collect()
+    }
+
+    fn history(&self) -> std::borrow::Cow<'_, crate::CausalContext> {
+        let mut h = crate::CausalContext::new();
+        for f in self.parts.values() {
+            h.union(f.history());
+        }
+        std::borrow::Cow::Owned(h)
+    }
+}

@@ -554,7 +554,7 @@ impl crate::core::kind::ObservedRemove for ScOrCuckoo {
     fn dots(&self) -> Vec<Dot> {
         ScOrCuckoo::dots(self)
     }
-    fn history(&self) -> &CausalContext {
-        ScOrCuckoo::history(self)
+    fn history(&self) -> std::borrow::Cow<'_, CausalContext> {
+        std::borrow::Cow::Borrowed(ScOrCuckoo::history(self))
     }
 }
