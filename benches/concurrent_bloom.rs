@@ -31,8 +31,8 @@ fn split<K: Sync>(keys: &[K], threads: usize, work: impl Fn(&[K]) + Sync) {
 }
 
 fn concurrent(c: &mut Criterion) {
-    let keys = keys(N, KEY_SEED);
     let fresh = keys(N, FRESH_SEED);
+    let keys = keys(N, KEY_SEED);
     // Queries: half inserted keys, half fresh ones, interleaved.
     let queries: Vec<[u8; 16]> = keys
         .iter()

@@ -641,7 +641,7 @@ mod issue11 {
     /// replica holds exactly the epochs of its model's live window and clock, with no false
     /// negative for a live element; the laws hold on the end states.
     fn run_expiring(ops: Vec<TOp>) {
-        let mut reps: Vec<ExpiringBloom> = (0..3).map(|r| ExpiringBloom::make(r)).collect();
+        let mut reps: Vec<ExpiringBloom> = (0..3).map(ExpiringBloom::make).collect();
         let mut clocks = [0u64; 3];
         let mut models = vec![TModel::default(); 3];
         for op in ops {
@@ -686,7 +686,7 @@ mod issue11 {
     /// anti-entropy, with clocks ticking: all replicas converge to the join of all states.
     fn run_expiring_deltas(ops: Vec<TOp>, seed: u64, lossy: bool) {
         let mut rng = fastrand::Rng::with_seed(seed);
-        let mut reps: Vec<ExpiringBloom> = (0..3).map(|r| ExpiringBloom::make(r)).collect();
+        let mut reps: Vec<ExpiringBloom> = (0..3).map(ExpiringBloom::make).collect();
         reps.iter_mut().for_each(|r| r.track_deltas(true));
         let mut clocks = [0u64; 3];
         let mut in_flight: Vec<(usize, crpf::ExpiringDelta)> = Vec::new();
