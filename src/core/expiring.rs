@@ -639,9 +639,23 @@ mod tests {
         }
     }
 
-    /// Everyone merges everyone's state (after the clock check), in a ring, twice round.
-    fn gossip(reps: &mut [Replica], real: u64) {
+    /// Everyone merges everyone's state (after the clock check), in a ring, twice round; or,
+    /// `via_deltas`, everyone sends its delta to everyone else.
+    fn gossip(reps: &mut [Replica], real: u64, via_deltas: bool) {
         let n = reps.len();
+        if via_deltas {
+            let deltas: Vec<Option<ExpiringDelta>> =
+                reps.iter_mut().map(|r| r.f.take_delta()).collect();
+            for (from, d) in deltas.iter().enumerate() {
+                let Some(d) = d else { continue };
+                for (_, r) in reps.iter_mut().enumerate().filter(|(to, _)| *to != from) {
+                    let now = r.now(real);
+                    r.f.check_remote_delta_at(d, now).unwrap();
+                    r.f.merge_delta(d).unwrap();
+                }
+            }
+            return;
+        }
         for k in 0..2 * n {
             let (from, to) = (k % n, (k + 1) % n);
             let src = reps[from].f.clone();
@@ -654,8 +668,13 @@ mod tests {
     /// Real time advances in steps of a quarter epoch; each replica adds elements at its own
     /// clock, advances on every step, and gossips every step. Each element is checked on every
     /// replica against the stated bounds: contained for `(W - S - 1)` epochs after the add,
-    /// gone `(W + S)` epochs after it.
+    /// gone `(W + S)` epochs after it. Replicated by full states, then by delta-states.
     fn lifetimes(offsets: &[i64], max_skew: u32) {
+        lifetimes_with(offsets, max_skew, false);
+        lifetimes_with(offsets, max_skew, true);
+    }
+
+    fn lifetimes_with(offsets: &[i64], max_skew: u32, via_deltas: bool) {
         let skew_epochs = {
             let (lo, hi) = (offsets.iter().min().unwrap(), offsets.iter().max().unwrap());
             ((hi - lo) as u64).div_ceil(LEN)
@@ -663,9 +682,10 @@ mod tests {
         assert!(skew_epochs <= max_skew as u64);
         let mut reps: Vec<Replica> = offsets
             .iter()
-            .map(|&offset| Replica {
-                f: ExpiringBloom::new(params(max_skew)).unwrap(),
-                offset,
+            .map(|&offset| {
+                let mut f = ExpiringBloom::new(params(max_skew)).unwrap();
+                f.track_deltas(via_deltas);
+                Replica { f, offset }
             })
             .collect();
         let start = 100 * LEN;
@@ -683,7 +703,7 @@ mod tests {
                     next_item += 1;
                 }
             }
-            gossip(&mut reps, real);
+            gossip(&mut reps, real, via_deltas);
             for &(it, at) in &added {
                 let age = real - at;
                 for (ri, r) in reps.iter().enumerate() {
