@@ -12,6 +12,8 @@
 //! | [`ScGBloom`] | ScGBF, Spec. 6 | add | sub-filter-wise |
 //! | [`ScGCuckoo`] | ScGCF, Spec. 7 | add | sub-filter-wise |
 //! | [`ScOrCuckoo`] | ScORCF, Spec. 8 | add, remove | sub-filter-wise, shared history |
+//! | [`ExpiringBloom`] | sliding window (issue 11) | add, time passes | epoch-wise OR, max of clocks |
+//! | [`AtomicGBloom`] | GBF shared by threads | add on `&self` | atomic OR (via its `GBloom` snapshot) |
 //!
 //! ```
 //! use crpf::{GBloom, Lattice, Membership};
@@ -58,3 +60,7 @@ pub use crate::core::scalable::{
     GrowOnlySub, Partitioned, PartitionedDelta, ScGBloom, ScGCuckoo, ScOrCuckoo, ScalableGrowOnly,
     ScalableParams, WriterScGBloom, WriterScGCuckoo, WriterScOrCuckoo, WriterSeries, writer_fpr,
 };
+
+// ---- issue 11: expiring and wait-free concurrent Bloom filters.
+pub use crate::core::atomic_bloom::AtomicGBloom;
+pub use crate::core::expiring::{ExpiringBloom, ExpiringDelta, ExpiringParams};

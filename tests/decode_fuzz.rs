@@ -679,3 +679,141 @@ mod any_filter {
         }
     }
 }
+
+// ---------------------------------------------------------------- issue 11: expiring and
+// atomic Bloom filters.
+
+mod issue11 {
+    use super::*;
+    use crpf::{AtomicGBloom, BloomParams, ExpiringBloom, ExpiringParams};
+
+    impl Target for ExpiringBloom {}
+
+    fn expiring_params() -> ExpiringParams {
+        ExpiringParams {
+            bloom: BloomParams {
+                bits: 150,
+                hashes: 3,
+                seed: 4,
+                capacity: 20,
+            },
+            epoch_len: 10,
+            window: 3,
+            max_skew: 1,
+        }
+    }
+
+    /// Three replicas whose clocks run a little apart, adding and merging over several epochs,
+    /// so that the states hold several epochs and the deltas carry clock moves.
+    static EXPIRING: LazyLock<Corpus<ExpiringBloom>> = LazyLock::new(|| {
+        let mut reps: Vec<ExpiringBloom> = (0..3)
+            .map(|_| ExpiringBloom::new(expiring_params()).unwrap())
+            .collect();
+        reps.iter_mut().for_each(|r| r.track_deltas(true));
+        let (mut states, mut deltas) = (Vec::new(), Vec::new());
+        for round in 0..6u64 {
+            for (r, rep) in reps.iter_mut().enumerate() {
+                let now = round * 7 + r as u64 * 4;
+                for i in 0..8u32 {
+                    rep.add_at(
+                        &(round as u32 * 1000 + r as u32 * 100 + i).to_le_bytes(),
+                        now,
+                    );
+                }
+                if let Some(d) = rep.take_delta() {
+                    deltas.push(serde_cbor::to_vec(&d).unwrap());
+                    deltas.push(serde_cbor::ser::to_vec_packed(&d).unwrap());
+                }
+            }
+            let src = reps[round as usize % 3].clone();
+            reps[(round as usize + 1) % 3].merge(&src).unwrap();
+        }
+        for rep in &reps {
+            states.push(serde_cbor::to_vec(rep).unwrap());
+            states.push(serde_cbor::ser::to_vec_packed(rep).unwrap());
+        }
+        Corpus {
+            states,
+            deltas,
+            receiver: reps.pop().unwrap(),
+        }
+    });
+
+    /// `AtomicGBloom` decodes as a `GBloom`: mutated `GBloom` states, then merged into a
+    /// receiver in place and re-encoded.
+    fn fuzz_atomic(m: Mutation) {
+        let bytes = mutate(&GBLOOM.states, m);
+        let decoded = bounded("atomic decode", || {
+            serde_cbor::from_slice::<AtomicGBloom>(&bytes)
+        });
+        if let Ok(state) = decoded {
+            bounded("atomic merge", || {
+                let receiver = AtomicGBloom::from(GBLOOM.receiver.clone());
+                let snap = state.snapshot();
+                if receiver.merge_from(&snap).is_ok() {
+                    assert!(snap.le(&receiver.snapshot()));
+                }
+                let _ = (state.contains(b"x"), state.approximated_size());
+                let again: AtomicGBloom =
+                    serde_cbor::from_slice(&serde_cbor::to_vec(&state).unwrap()).unwrap();
+                assert_eq!(again.snapshot(), snap);
+            });
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+        #[test] fn expiring_state(m in mutation()) { fuzz_state(&EXPIRING, m) }
+        #[test] fn expiring_delta(m in mutation()) { fuzz_delta(&EXPIRING, m) }
+        #[test] fn atomic_gbloom_state(m in mutation()) { fuzz_atomic(m) }
+    }
+
+    /// A window of absurd memory (each epoch fine, all together over the limit) arrives in a
+    /// few bytes: rejected before anything is allocated. A large valid one allocates nothing
+    /// until an element needs an epoch.
+    #[test]
+    fn expiring_absurd_parameters_allocate_nothing() {
+        let encode = |p: ExpiringParams| {
+            let mut v: Value =
+                serde_cbor::from_slice(&serde_cbor::to_vec(&EXPIRING.receiver).unwrap()).unwrap();
+            if let Value::Map(m) = &mut v {
+                m.insert(
+                    Value::Text("params".into()),
+                    serde_cbor::value::to_value(p).unwrap(),
+                );
+                m.insert(Value::Text("epochs".into()), Value::Array(vec![]));
+            }
+            serde_cbor::to_vec(&v).unwrap()
+        };
+        let huge = ExpiringParams {
+            bloom: BloomParams::with_capacity(1 << 24, 0.001).unwrap(), // 29 MiB an epoch
+            window: ExpiringParams::MAX_WINDOW,
+            ..expiring_params()
+        };
+        let bytes = encode(huge);
+        assert!(
+            bounded("absurd window", || serde_cbor::from_slice::<ExpiringBloom>(
+                &bytes
+            ))
+            .is_err()
+        );
+        assert!(bounded("absurd window", || ExpiringBloom::new(huge)).is_err());
+        let large = ExpiringParams {
+            window: 100,
+            ..huge
+        }; // 2.9 GB when full
+        let bytes = encode(large);
+        bounded("large window", || {
+            serde_cbor::from_slice::<ExpiringBloom>(&bytes)
+        })
+        .unwrap();
+        bounded("large window", || ExpiringBloom::new(large)).unwrap();
+        // Delta epochs outside the window they claim are rejected without allocating.
+        let mut r = EXPIRING.receiver.clone();
+        let far = crpf::ExpiringDelta {
+            newest: u64::MAX,
+            epochs: vec![(0, crpf::BloomDelta { bits: vec![1] })],
+        };
+        assert!(bounded("delta", || r.merge_delta(&far)).is_err());
+    }
+}

@@ -550,3 +550,290 @@ fn incompatible_merge_leaves_state_untouched() {
             .is_err()
     );
 }
+
+// ---------------------------------------------------------------- issue 11: expiring and
+// atomic Bloom filters. The expiring filter runs the generic laws above (all in one epoch) and
+// its own, with replicas whose clocks tick independently; the atomic filter is checked to be
+// bit for bit the `GBloom` it snapshots to, under the same operations, so the GBloom laws
+// carry over.
+
+mod issue11 {
+    use super::*;
+    use crpf::{AtomicGBloom, ExpiringBloom, ExpiringParams};
+
+    const EPOCH: u64 = 10;
+
+    fn expiring_params() -> ExpiringParams {
+        ExpiringParams {
+            bloom: BloomParams {
+                bits: 120,
+                hashes: 3,
+                seed: 5,
+                capacity: 20,
+            },
+            epoch_len: EPOCH,
+            window: 3,
+            max_skew: 1,
+        }
+    }
+
+    impl Subject for ExpiringBloom {
+        fn make(_: u16) -> Self {
+            ExpiringBloom::new(expiring_params()).unwrap()
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum TOp {
+        Add(usize, u16),
+        /// Replica's clock moves forward by this many time units (a quarter epoch to 2.5).
+        Tick(usize, u64),
+        Merge(usize, usize),
+    }
+
+    fn timed_ops() -> impl Strategy<Value = Vec<TOp>> {
+        let op = prop_oneof![
+            5 => (0..3usize, 0..UNIVERSE).prop_map(|(r, i)| TOp::Add(r, i)),
+            2 => (0..3usize, 0..25u64).prop_map(|(r, dt)| TOp::Tick(r, dt)),
+            2 => (0..3usize, 0..3usize).prop_map(|(a, b)| TOp::Merge(a, b)),
+        ];
+        prop::collection::vec(op, 1..80)
+    }
+
+    /// What a replica must hold: its clock and the (epoch, item) pairs of the live window.
+    #[derive(Debug, Clone, Default)]
+    struct TModel {
+        newest: u64,
+        items: BTreeSet<(u64, u16)>,
+    }
+
+    impl TModel {
+        fn raise(&mut self, epoch: u64) {
+            self.newest = self.newest.max(epoch);
+            let low = self.newest.saturating_sub(2);
+            self.items.retain(|(e, _)| *e >= low);
+        }
+        fn merge(&mut self, other: &TModel) {
+            self.items.extend(&other.items);
+            self.raise(other.newest);
+        }
+    }
+
+    /// Idempotence, commutativity, associativity, `le` agreeing with merge, serde round trip.
+    fn lattice_laws<S: Subject>(a: &S, b: &S, c: &S) {
+        assert!(merged(a, a).equivalent(a));
+        assert!(merged(a, b).equivalent(&merged(b, a)));
+        assert!(merged(&merged(a, b), c).equivalent(&merged(a, &merged(b, c))));
+        let ab = merged(a, b);
+        for (x, y) in [(a, b), (b, a), (a, &ab), (&ab, a), (c, &ab)] {
+            assert_eq!(x.le(y), merged(x, y).equivalent(y));
+        }
+        assert!(a.le(&ab) && b.le(&ab));
+        for r in [a, b, c, &ab] {
+            let bytes = serde_cbor::to_vec(r).unwrap();
+            let back: S = serde_cbor::from_slice(&bytes).unwrap();
+            assert!(back.equivalent(r));
+            assert_same_contents(&back, r);
+        }
+    }
+
+    /// Replicas add at their own clocks, tick and merge. Every add and tick inflates; each
+    /// replica holds exactly the epochs of its model's live window and clock, with no false
+    /// negative for a live element; the laws hold on the end states.
+    fn run_expiring(ops: Vec<TOp>) {
+        let mut reps: Vec<ExpiringBloom> = (0..3).map(ExpiringBloom::make).collect();
+        let mut clocks = [0u64; 3];
+        let mut models = vec![TModel::default(); 3];
+        for op in ops {
+            match op {
+                TOp::Add(r, i) => {
+                    let before = reps[r].clone();
+                    reps[r].add_at(&item(i), clocks[r]);
+                    assert!(before.le(&reps[r]), "add must inflate");
+                    models[r].raise(clocks[r] / EPOCH);
+                    let e = models[r].newest;
+                    models[r].items.insert((e, i));
+                }
+                TOp::Tick(r, dt) => {
+                    clocks[r] += dt;
+                    let before = reps[r].clone();
+                    reps[r].advance_to(clocks[r]);
+                    assert!(before.le(&reps[r]), "advancing the clock must inflate");
+                    models[r].raise(clocks[r] / EPOCH);
+                }
+                TOp::Merge(from, to) => {
+                    let (src, dst) = (reps[from].clone(), reps[to].clone());
+                    reps[to].merge(&src).unwrap();
+                    assert!(src.le(&reps[to]) && dst.le(&reps[to]));
+                    let m = models[from].clone();
+                    models[to].merge(&m);
+                }
+            }
+        }
+        for (rep, model) in reps.iter().zip(&models) {
+            assert_eq!(rep.newest_epoch(), model.newest);
+            let epochs: BTreeSet<u64> = rep.live_epochs().map(|(e, _)| e).collect();
+            let live: BTreeSet<u64> = model.items.iter().map(|(e, _)| *e).collect();
+            assert_eq!(epochs, live, "dropped epochs still held, or live ones lost");
+            for (_, i) in &model.items {
+                assert!(rep.contains(&item(*i)), "false negative for live {i}");
+            }
+        }
+        lattice_laws(&reps[0], &reps[1], &reps[2]);
+    }
+
+    /// Delta-states only, late, duplicated, reordered or (lossy) lost then repaired by
+    /// anti-entropy, with clocks ticking: all replicas converge to the join of all states.
+    fn run_expiring_deltas(ops: Vec<TOp>, seed: u64, lossy: bool) {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let mut reps: Vec<ExpiringBloom> = (0..3).map(ExpiringBloom::make).collect();
+        reps.iter_mut().for_each(|r| r.track_deltas(true));
+        let mut clocks = [0u64; 3];
+        let mut in_flight: Vec<(usize, crpf::ExpiringDelta)> = Vec::new();
+        let flush = |from: usize, rep: &mut ExpiringBloom, q: &mut Vec<_>| {
+            if let Some(d) = rep.take_delta() {
+                for to in (0..3).filter(|&t| t != from) {
+                    q.push((to, d.clone()));
+                }
+            }
+        };
+        for op in ops {
+            match op {
+                TOp::Add(r, i) => reps[r].add_at(&item(i), clocks[r]),
+                TOp::Tick(r, dt) => {
+                    clocks[r] += dt;
+                    reps[r].advance_to(clocks[r]);
+                }
+                TOp::Merge(from, _) => {
+                    flush(from, &mut reps[from], &mut in_flight);
+                    if !in_flight.is_empty() {
+                        let (to, d) = in_flight.swap_remove(rng.usize(..in_flight.len()));
+                        let before = reps[to].clone();
+                        reps[to].merge_delta(&d).unwrap();
+                        assert!(before.le(&reps[to]), "a delta must inflate");
+                        if rng.bool() {
+                            in_flight.push((to, d));
+                        }
+                    }
+                }
+            }
+        }
+        for (r, rep) in reps.iter_mut().enumerate() {
+            flush(r, rep, &mut in_flight);
+        }
+        rng.shuffle(&mut in_flight);
+        for (to, d) in in_flight {
+            if !(lossy && rng.u8(..3) == 0) {
+                reps[to].merge_delta(&d).unwrap();
+            }
+        }
+        if lossy {
+            for k in 0..6 {
+                let src = reps[k % 3].clone();
+                reps[(k + 1) % 3].merge(&src).unwrap();
+            }
+        }
+        let mut all = reps[0].clone();
+        all.merge(&reps[1]).unwrap();
+        all.merge(&reps[2]).unwrap();
+        for (r, rep) in reps.iter().enumerate() {
+            assert!(rep.equivalent(&all), "replica {r} did not converge");
+            assert_same_contents(rep, &all);
+        }
+    }
+
+    fn bloom_params() -> BloomParams {
+        BloomParams {
+            bits: 200,
+            hashes: 3,
+            seed: 1,
+            capacity: 40,
+        }
+    }
+
+    /// The same adds and merges on `AtomicGBloom`s (through `&self`) and on `GBloom`s: after
+    /// every step the snapshots are exactly the `GBloom`s, so every `GBloom` law holds of them;
+    /// adds and merges inflate the snapshots; a merged-in state is `≤` the result.
+    fn run_atomic(ops: Vec<Op>) {
+        let atomic: Vec<AtomicGBloom> = (0..3)
+            .map(|_| AtomicGBloom::new(bloom_params()).unwrap())
+            .collect();
+        let mut plain: Vec<GBloom> = (0..3)
+            .map(|_| GBloom::new(bloom_params()).unwrap())
+            .collect();
+        for op in ops {
+            let (r, before) = match op {
+                Op::Add(r, i) | Op::Remove(r, i) => {
+                    let before = atomic[r].snapshot();
+                    assert_eq!(
+                        atomic[r].test_and_add(&item(i)),
+                        plain[r].test_and_add(&item(i))
+                    );
+                    (r, before)
+                }
+                Op::Merge(from, to) => {
+                    let before = atomic[to].snapshot();
+                    let src = atomic[from].snapshot();
+                    atomic[to].merge_from(&src).unwrap();
+                    assert!(src.le(&atomic[to].snapshot()));
+                    let p = plain[from].clone();
+                    plain[to].merge(&p).unwrap();
+                    (to, before)
+                }
+            };
+            assert!(before.le(&atomic[r].snapshot()), "an update must inflate");
+            assert_eq!(atomic[r].snapshot(), plain[r], "differs from GBloom");
+        }
+        let snaps: Vec<GBloom> = atomic.iter().map(AtomicGBloom::snapshot).collect();
+        lattice_laws(&snaps[0], &snaps[1], &snaps[2]);
+        // The intersection is the meet of the bit arrays: below both, above anything below
+        // both, and it keeps every element of both sides.
+        let i = snaps[0].intersect(&snaps[1]).unwrap();
+        assert!(i.le(&snaps[0]) && i.le(&snaps[1]));
+        let both = snaps[2]
+            .intersect(&snaps[0])
+            .unwrap()
+            .intersect(&snaps[1])
+            .unwrap();
+        assert!(both.le(&i));
+        for x in 0..UNIVERSE {
+            if snaps[0].contains(&item(x)) && snaps[1].contains(&item(x)) {
+                assert!(i.contains(&item(x)));
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test] fn expiring_laws(ops in ops()) { run::<ExpiringBloom>(ops) }
+        #[test] fn expiring_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<ExpiringBloom>(ops, seed, lossy) }
+        #[test] fn expiring_timed_laws(ops in timed_ops()) { run_expiring(ops) }
+        #[test] fn expiring_timed_deltas(ops in timed_ops(), seed: u64, lossy: bool) { run_expiring_deltas(ops, seed, lossy) }
+        #[test] fn atomic_gbloom_is_gbloom(ops in ops()) { run_atomic(ops) }
+    }
+
+    #[test]
+    fn expiring_incompatible_merge_leaves_state_untouched() {
+        let mut a = ExpiringBloom::make(1);
+        a.add_at(b"x", 25);
+        let before = a.clone();
+        let b = ExpiringBloom::new(ExpiringParams {
+            window: 4,
+            ..expiring_params()
+        })
+        .unwrap();
+        assert!(matches!(a.merge(&b), Err(FilterError::Incompatible(_))));
+        assert_eq!(
+            serde_cbor::to_vec(&a).unwrap(),
+            serde_cbor::to_vec(&before).unwrap()
+        );
+        let g = GBloom::new(bloom_params().with_seed(2)).unwrap();
+        assert!(
+            AtomicGBloom::new(bloom_params())
+                .unwrap()
+                .merge_from(&g)
+                .is_err()
+        );
+        assert!(GBloom::new(bloom_params()).unwrap().intersect(&g).is_err());
+    }
+}

@@ -67,6 +67,23 @@ pub enum FilterError {
         /// The limit.
         limit: usize,
     },
+
+    // ---- issue 11: expiring filter.
+    /// A state or delta received from another replica has a clock (its newest epoch) more than
+    /// `max_skew` epochs ahead of this replica's clock. Merging it would move the
+    /// low-watermark forward and expire live elements early on every replica, irreversibly;
+    /// see [`crate::ExpiringBloom`]. Nothing was merged.
+    #[error(
+        "remote clock at epoch {remote_epoch} is more than {max_skew} epochs ahead of this replica's epoch {local_epoch}"
+    )]
+    ClockAhead {
+        /// The newest epoch of the received state or delta.
+        remote_epoch: u64,
+        /// This replica's epoch.
+        local_epoch: u64,
+        /// The skew bound of the filter's parameters, in epochs.
+        max_skew: u32,
+    },
 }
 
 impl FilterError {

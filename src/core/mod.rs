@@ -13,3 +13,7 @@ pub mod kind;
 pub mod lattice;
 pub mod params;
 pub mod scalable;
+
+// ---- issue 11: expiring and wait-free concurrent Bloom filters.
+pub mod atomic_bloom;
+pub mod expiring;
