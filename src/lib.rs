@@ -31,6 +31,11 @@
 //! vocabulary and batch framing (pure too); with the `node` feature, `replica`, `transport`,
 //! `wire` and the typed NATS client `client`.
 
+// The README's examples are doctests too (not rendered: the crate docs above are their own).
+#[cfg(all(doctest, feature = "node"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 pub mod api;
 #[cfg(feature = "node")]
 pub mod client;
