@@ -328,7 +328,6 @@ impl Metrics {
         self.counter(BYTES, &extra).increment(bytes as u64);
     }
 
-    /// Counts a local operation.
     /// Counts a batch's item operations (one metric update per batch, not per item).
     pub fn count_ops(&self, op: &'static str, ok: u64, failed: u64) {
         for (outcome, n) in [("ok", ok), ("error", failed)] {
@@ -339,6 +338,7 @@ impl Metrics {
         }
     }
 
+    /// Counts a local operation.
     pub fn op(&self, op: &'static str, ok: bool) {
         match index(&OPS, op) {
             Some(i) => self.hot.ops[i][usize::from(!ok)].increment(1),
