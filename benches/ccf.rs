@@ -44,8 +44,8 @@ fn crate_cf() -> CuckooFilter<DefaultHasher> {
 }
 
 fn bench(c: &mut Criterion) {
-    let keys = keys(N, KEY_SEED);
     let fresh = keys(N, FRESH_SEED);
+    let keys = keys(N, KEY_SEED);
 
     let mut g = c.benchmark_group("ccf_insert");
     g.throughput(Throughput::Elements(N as u64));

@@ -595,7 +595,10 @@ fn counting_items_do_not_collide() {
         }
     }
     assert_eq!(f.slot_count(), added, "two items share a slot key");
-    assert!(added >= COUNT_ITEMS as usize, "the items of `run_counting` were all checked");
+    assert!(
+        added >= COUNT_ITEMS as usize,
+        "the items of `run_counting` were all checked"
+    );
 }
 
 #[derive(Debug, Clone)]
@@ -776,8 +779,8 @@ fn run_counting(ops: Vec<CountOp>, seed: u64, deltas: bool) {
     }
     // Delta-states: once every delta is delivered, each replica is the join of all states.
     if deltas {
-        for r in 0..COUNT_REPLICAS {
-            if let Some(d) = reps[r].take_delta() {
+        for (r, rep) in reps.iter_mut().enumerate() {
+            if let Some(d) = rep.take_delta() {
                 for t in (0..COUNT_REPLICAS).filter(|&t| t != r) {
                     in_flight.push((t, d.clone()));
                 }
@@ -788,7 +791,10 @@ fn run_counting(ops: Vec<CountOp>, seed: u64, deltas: bool) {
             reps[t].merge_delta(&d).unwrap();
         }
         for (r, rep) in reps.iter().enumerate() {
-            assert!(rep.equivalent(&finals[0]), "replica {r}: deltas did not converge");
+            assert!(
+                rep.equivalent(&finals[0]),
+                "replica {r}: deltas did not converge"
+            );
         }
     }
     // Serde round trip of the converged state.

@@ -448,6 +448,10 @@ pub fn run(opts: &CcfOptions) -> Result<CcfReport, EvalError> {
     Ok(CcfReport { rows, space, files })
 }
 
+/// What a line of a panel plots from a row.
+type RowValue = fn(&CcfRow) -> Option<f64>;
+type SpaceValue = fn(&SpaceRow) -> f64;
+
 fn same(a: Config, b: Config) -> bool {
     match (a, b) {
         (Config::Ccf(x), Config::Ccf(y)) => x == y,
@@ -468,7 +472,12 @@ pub fn figure(rows: &[CcfRow], space: &[SpaceRow], dir: &Path) -> Result<Vec<Pat
         move |e: String| EvalError::Plot { path, reason: e }
     };
     draw(SVGBackend::new(&svg, size).into_drawing_area(), rows, space).map_err(err(&svg))?;
-    draw(BitMapBackend::new(&png, size).into_drawing_area(), rows, space).map_err(err(&png))?;
+    draw(
+        BitMapBackend::new(&png, size).into_drawing_area(),
+        rows,
+        space,
+    )
+    .map_err(err(&png))?;
     Ok(vec![svg, png])
 }
 
@@ -566,7 +575,10 @@ fn accuracy_panel<DB: DrawingBackend>(
         .margin(12)
         .x_label_area_size(44)
         .y_label_area_size(64)
-        .build_cartesian_2d(x0..x1, (lo - (1.0 - lo) * 0.1).max(0.0)..1.0 + (1.0 - lo) * 0.05)?;
+        .build_cartesian_2d(
+            x0..x1,
+            (lo - (1.0 - lo) * 0.1).max(0.0)..1.0 + (1.0 - lo) * 0.05,
+        )?;
     chart
         .configure_mesh()
         .x_desc("bits per element")
@@ -574,9 +586,13 @@ fn accuracy_panel<DB: DrawingBackend>(
         .y_label_formatter(&|y| format!("{y:.4}"))
         .label_style(("sans-serif", 14))
         .draw()?;
-    let lines: [(&str, RGBColor, &str, fn(&CcfRow) -> Option<f64>); 3] = [
-        ("ccf", BLUE_600, "CCF query (Alg. 4)", |r| Some(r.accuracy_query)),
-        ("ccf", GREEN_700, "CCF decoding (Alg. 5)", |r| r.accuracy_decoding),
+    let lines: [(&str, RGBColor, &str, RowValue); 3] = [
+        ("ccf", BLUE_600, "CCF query (Alg. 4)", |r| {
+            Some(r.accuracy_query)
+        }),
+        ("ccf", GREEN_700, "CCF decoding (Alg. 5)", |r| {
+            r.accuracy_decoding
+        }),
         ("cbf", ORANGE_700, "CBF query", |r| Some(r.accuracy_query)),
     ];
     for (structure, color, label, y) in lines {
@@ -621,7 +637,7 @@ fn space_panel<DB: DrawingBackend>(
         .x_label_formatter(&|x| format!("{x:.0e}"))
         .label_style(("sans-serif", 14))
         .draw()?;
-    let lines: [(RGBColor, &str, fn(&SpaceRow) -> f64); 2] = [
+    let lines: [(RGBColor, &str, SpaceValue); 2] = [
         (BLUE_600, "CCF: (f + 8) / 0.95, f by Eq. 8", |s| s.ccf_bpe),
         (ORANGE_700, "CBF: 8 ln ε / ln 0.6185", |s| s.cbf_bpe),
     ];
@@ -651,7 +667,10 @@ mod tests {
         let w = workload(1000, 100, 3);
         assert_eq!((w.a.len(), w.b.len()), (1000, 1000));
         let total: u64 = w.a.values().sum();
-        assert!(total > 8_000 && total < 13_000, "cardinality about 10n: {total}");
+        assert!(
+            total > 8_000 && total < 13_000,
+            "cardinality about 10n: {total}"
+        );
         // Perfect identification synchronises: accuracy 1.
         let exact = |x: &Multiset, y: &Multiset| -> Found {
             let send = x

@@ -273,7 +273,8 @@ pub fn run(args: &EvalArgs) -> Result<(), EvalError> {
                     r.fpr,
                     r.fpr_theory,
                     r.accuracy_query,
-                    r.accuracy_decoding.map_or(String::new(), |a| format!("{a:.6}"))
+                    r.accuracy_decoding
+                        .map_or(String::new(), |a| format!("{a:.6}"))
                 );
             }
             for f in &report.files {

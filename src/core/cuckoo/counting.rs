@@ -799,10 +799,14 @@ mod tests {
         assert_eq!(back.entries(), a.entries());
         let mut repr: CountingCuckooRepr = serde_cbor::from_slice(&bytes).unwrap();
         repr.counts[0][0].2 = repr.counts[0][0].1 + 1; // removed > added
-        assert!(serde_cbor::from_slice::<CountingCuckoo>(&serde_cbor::to_vec(&repr).unwrap()).is_err());
+        assert!(
+            serde_cbor::from_slice::<CountingCuckoo>(&serde_cbor::to_vec(&repr).unwrap()).is_err()
+        );
         let mut repr: CountingCuckooRepr = serde_cbor::from_slice(&bytes).unwrap();
         repr.counts.pop();
-        assert!(serde_cbor::from_slice::<CountingCuckoo>(&serde_cbor::to_vec(&repr).unwrap()).is_err());
+        assert!(
+            serde_cbor::from_slice::<CountingCuckoo>(&serde_cbor::to_vec(&repr).unwrap()).is_err()
+        );
     }
 
     #[test]

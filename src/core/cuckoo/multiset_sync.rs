@@ -150,6 +150,8 @@ mod tests {
     use crate::{CuckooParams, Membership};
 
     type Multiset = BTreeMap<u32, u64>;
+    /// `(d_E, d_M)` as sorted `(element, multiplicity)` lists.
+    type Pair = (Vec<(u32, u64)>, Vec<(u32, u64)>);
 
     fn filter(m: &Multiset, params: CuckooParams, replica: u16) -> CountingCuckoo {
         let mut f = CountingCuckoo::new(params, replica).unwrap();
@@ -195,7 +197,7 @@ mod tests {
     }
 
     /// The exact answer: `d_E` of `a` and `d_M` of `b`, sorted.
-    fn truth(a: &Multiset, b: &Multiset) -> (Vec<(u32, u64)>, Vec<(u32, u64)>) {
+    fn truth(a: &Multiset, b: &Multiset) -> Pair {
         let only = a
             .iter()
             .filter(|(x, _)| !b.contains_key(x))
@@ -208,7 +210,7 @@ mod tests {
         (only, more)
     }
 
-    fn decode(d: MultisetDiff<[u8; 4]>) -> (Vec<(u32, u64)>, Vec<(u32, u64)>) {
+    fn decode(d: MultisetDiff<[u8; 4]>) -> Pair {
         let conv = |v: Vec<([u8; 4], u64)>| {
             let mut v: Vec<_> = v
                 .into_iter()
@@ -287,7 +289,10 @@ mod tests {
         for &(x, m) in &want_only {
             if !got_only.contains(&(x, m)) {
                 errors += 1;
-                assert!(b_keys.contains(&key(&fb, x)), "{x} missed without collision");
+                assert!(
+                    b_keys.contains(&key(&fb, x)),
+                    "{x} missed without collision"
+                );
             }
         }
         for &(x, m) in &want_more {
