@@ -693,6 +693,50 @@ mod tests {
         assert!(acc < 0.9 && missed == 600, "{acc} {missed}");
     }
 
+    /// The quick grid runs, writes its CSVs and figure, and shows the paper's findings: the
+    /// CCF's FPR falls with every fingerprint bit and follows Eq. 7, and it synchronises more
+    /// accurately than a CBF with twice the bits per element.
+    #[test]
+    fn quick_run_reproduces_the_comparison() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = CcfOptions {
+            jobs: 2,
+            progress: false,
+            ..CcfOptions::quick(dir.path().to_path_buf())
+        };
+        let report = run(&opts).unwrap();
+        for f in &report.files {
+            assert!(std::fs::metadata(f).unwrap().len() > 0, "{}", f.display());
+        }
+        assert_eq!(report.files.len(), 4);
+        let ccf: Vec<&CcfRow> = report
+            .rows
+            .iter()
+            .filter(|r| r.structure == "ccf")
+            .collect();
+        let cbf: Vec<&CcfRow> = report
+            .rows
+            .iter()
+            .filter(|r| r.structure == "cbf")
+            .collect();
+        assert!(ccf.windows(2).all(|w| w[1].fpr < w[0].fpr), "{ccf:?}");
+        for r in &ccf[..2] {
+            // Eq. 7 within sampling noise where there are enough false positives to see.
+            assert!((r.fpr / r.fpr_theory - 1.0).abs() < 0.25, "{r:?}");
+        }
+        // Every CBF point from 48 bits per element on is beaten by a CCF with under half the
+        // bits (at 16 the two are about even, as in the paper's Fig. 4(a)).
+        for c in cbf.iter().filter(|c| c.bpe >= 48.0) {
+            assert!(
+                ccf.iter()
+                    .any(|r| r.bpe < c.bpe / 2.0 && r.accuracy_query > c.accuracy_query),
+                "{c:?}"
+            );
+        }
+        let best = ccf.last().unwrap();
+        assert!(best.accuracy_query > 0.999 && best.accuracy_decoding.unwrap() > 0.999);
+    }
+
     #[test]
     fn space_table_follows_eq_8() {
         let s = space_table();
