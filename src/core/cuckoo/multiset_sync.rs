@@ -12,8 +12,8 @@
 //! use crpf::CountingCuckoo;
 //! use crpf::core::cuckoo::multiset_sync::{decoding_based, query_based};
 //!
-//! let mut a = CountingCuckoo::with_capacity(100, 0.0001, 1)?;
-//! let mut b = CountingCuckoo::with_capacity(100, 0.0001, 2)?;
+//! let mut a = CountingCuckoo::with_capacity(100, 0.001, 1)?;
+//! let mut b = CountingCuckoo::with_capacity(100, 0.001, 2)?;
 //! let ma: Vec<(&[u8], u64)> = vec![(b"x", 2), (b"y", 1), (b"z", 4)];
 //! let mb: Vec<(&[u8], u64)> = vec![(b"x", 2), (b"y", 3), (b"w", 1)];
 //! for &(e, m) in &ma { a.add_count(e, m)?; }
