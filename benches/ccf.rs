@@ -144,6 +144,7 @@ fn bench(c: &mut Criterion) {
 
 fn config() -> Criterion {
     Criterion::default()
+        .without_plots()
         .sample_size(10)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))
