@@ -54,6 +54,9 @@ pub mod wire;
 pub use crate::core::bloom::GBloom;
 pub use crate::core::causal::{CausalContext, Dot, MAX_COUNTER, ReplicaId};
 pub use crate::core::cuckoo::{GCuckoo, OrCuckoo};
+// Counting cuckoo filter (issue 11).
+pub use crate::core::cuckoo::multiset_sync::MultisetDiff;
+pub use crate::core::cuckoo::{CountingCuckoo, CountingCuckooDelta, SlotCounts};
 pub use crate::core::delta::{
     BloomDelta, CheckRemote, CuckooDelta, DeltaState, OrCuckooDelta, ScOrCuckooDelta, ScalableDelta,
 };

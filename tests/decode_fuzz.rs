@@ -817,3 +817,45 @@ mod issue11 {
         assert!(bounded("delta", || r.merge_delta(&far)).is_err());
     }
 }
+// ---------------------------------------------------------------- counting cuckoo filter (issue 11)
+
+use crpf::CountingCuckoo;
+
+impl Target for CountingCuckoo {
+    fn remove_item(&mut self, item: &[u8]) {
+        self.remove(item);
+    }
+}
+
+/// Every replica adds a few elements twice, so that counters carry several replicas' counts
+/// and removed occurrences.
+static COUNTING: LazyLock<Corpus<CountingCuckoo>> = LazyLock::new(|| {
+    corpus(|r| {
+        let mut f = CountingCuckoo::new(cuckoo_params(), r).unwrap();
+        for i in 0..6u32 {
+            let _ = f.add_count(&i.to_le_bytes(), 1 + u64::from(r));
+        }
+        f
+    })
+});
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test] fn counting_cuckoo_state(m in mutation()) { fuzz_state(&COUNTING, m) }
+    #[test] fn counting_cuckoo_delta(m in mutation()) { fuzz_delta(&COUNTING, m) }
+}
+
+#[test]
+fn counting_cuckoo_absurd_parameters_allocate_nothing() {
+    let p = CuckooParams {
+        max_kicks: 1 << 31,
+        ..cuckoo_params()
+    };
+    assert!(bounded("absurd ccf", || CountingCuckoo::new(p, 1)).is_err());
+    let p = CuckooParams {
+        buckets: 1 << 32,
+        ..cuckoo_params()
+    };
+    assert!(bounded("huge ccf", || CountingCuckoo::new(p, 1)).is_err());
+}

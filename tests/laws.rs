@@ -837,3 +837,264 @@ mod issue11 {
         assert!(GBloom::new(bloom_params()).unwrap().intersect(&g).is_err());
     }
 }
+// ---------------------------------------------------------------- counting cuckoo filter (issue 11)
+
+use crpf::CountingCuckoo;
+
+/// 16-bit fingerprints, so that the `UNIVERSE` items have distinct slot keys (checked by
+/// `counting_items_do_not_collide`) and the model below can be per item; 6 buckets, so that
+/// tables fill, kicks fail and merges overflow buckets.
+fn counting_params() -> CuckooParams {
+    CuckooParams {
+        fingerprint_bits: 16,
+        ..cuckoo_params(4)
+    }
+}
+
+impl Subject for CountingCuckoo {
+    fn make(replica: u16) -> Self {
+        CountingCuckoo::new(counting_params(), replica).unwrap()
+    }
+}
+
+impl Cramped for CountingCuckoo {
+    fn cramped(r: u16) -> Self {
+        Self::make(r)
+    }
+}
+
+#[test]
+fn counting_items_do_not_collide() {
+    // Every item in its own slot: adding each once to a large table gives UNIVERSE slots.
+    let mut f = CountingCuckoo::new(
+        CuckooParams {
+            max_kicks: 500,
+            ..counting_params()
+        },
+        1,
+    )
+    .unwrap();
+    let mut added = 0;
+    for i in 0..UNIVERSE {
+        if f.add(&item(i)).is_ok() {
+            added += 1;
+        }
+    }
+    assert_eq!(f.slot_count(), added, "two items share a slot key");
+    assert!(
+        added >= COUNT_ITEMS as usize,
+        "the items of `run_counting` were all checked"
+    );
+}
+
+#[derive(Debug, Clone)]
+enum CountOp {
+    /// Replica, item, occurrences.
+    Add(usize, u16, u64),
+    /// Replica, item, occurrences.
+    Remove(usize, u16, u64),
+    Merge(usize, usize),
+}
+
+const COUNT_REPLICAS: usize = 4;
+const COUNT_ITEMS: u16 = 12;
+
+fn count_ops() -> impl Strategy<Value = Vec<CountOp>> {
+    let r = 0..COUNT_REPLICAS;
+    let op = prop_oneof![
+        5 => (r.clone(), 0..COUNT_ITEMS, 1..4u64).prop_map(|(r, i, n)| CountOp::Add(r, i, n)),
+        4 => (r.clone(), 0..COUNT_ITEMS, 1..4u64).prop_map(|(r, i, n)| CountOp::Remove(r, i, n)),
+        3 => (r.clone(), r).prop_map(|(a, b)| CountOp::Merge(a, b)),
+    ];
+    prop::collection::vec(op, 1..100)
+}
+
+/// What a replica has observed, by update: `(id, item, occurrences)` of the adds and the
+/// (effective) removes. Unions on merge.
+#[derive(Debug, Clone, Default)]
+struct CountModel {
+    adds: BTreeSet<(u64, u16, u64)>,
+    removes: BTreeSet<(u64, u16, u64)>,
+}
+
+impl CountModel {
+    fn sum(set: &BTreeSet<(u64, u16, u64)>, i: u16) -> u64 {
+        set.iter().filter(|e| e.1 == i).map(|e| e.2).sum()
+    }
+    /// The bounds a replica's multiplicity must keep: every observed add counts (adds are never
+    /// lost) and every observed remove takes at most what it removed (concurrent removes of
+    /// one occurrence count once), so `adds - removes <= count <= adds`.
+    fn check(&self, f: &CountingCuckoo, what: &str) {
+        for i in 0..COUNT_ITEMS {
+            let (a, r) = (Self::sum(&self.adds, i), Self::sum(&self.removes, i));
+            let c = f.count(&item(i));
+            assert!(
+                a.saturating_sub(r) <= c && c <= a,
+                "{what}: item {i} counted {c}, observed {a} added and {r} removed"
+            );
+            if a > r {
+                assert!(f.contains(&item(i)), "{what}: false negative for {i}");
+            }
+        }
+    }
+}
+
+/// Increments and decrements at several replicas, merged (full states, or with `deltas`
+/// delta-states delivered late, twice and out of order) in random orders. Checks at every
+/// step that updates inflate, removes are refused exactly at 0 and the bounds of
+/// [`CountModel::check`] hold; at the end, that the lattice laws hold and that every replica,
+/// whatever the order it merged in, has the same multiplicity of every element, with each
+/// source's adds counted exactly.
+fn run_counting(ops: Vec<CountOp>, seed: u64, deltas: bool) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut reps: Vec<CountingCuckoo> = (0..COUNT_REPLICAS)
+        .map(|r| CountingCuckoo::make(r as u16 + 1))
+        .collect();
+    reps.iter_mut().for_each(|r| r.track_deltas(deltas));
+    let mut models = vec![CountModel::default(); COUNT_REPLICAS];
+    // Successful adds of each item at each replica: the `added` counts every replica must end
+    // up with.
+    let mut added: BTreeMap<(u16, u16), u64> = BTreeMap::new();
+    let mut in_flight: Vec<(usize, crpf::CountingCuckooDelta)> = Vec::new();
+    for (id, op) in ops.into_iter().enumerate() {
+        let id = id as u64;
+        match op {
+            CountOp::Add(r, i, n) => {
+                let before = reps[r].clone();
+                match reps[r].add_count(&item(i), n) {
+                    Ok(m) => {
+                        assert!(before.le(&reps[r]) && !reps[r].le(&before), "add inflates");
+                        assert_eq!(m, before.count(&item(i)) + n);
+                        models[r].adds.insert((id, i, n));
+                        *added.entry((i, r as u16 + 1)).or_default() += n;
+                    }
+                    Err(FilterError::Full { .. }) => {
+                        assert!(before.equivalent(&reps[r]), "failed add changed the state");
+                    }
+                    Err(e) => panic!("unexpected error {e}"),
+                }
+            }
+            CountOp::Remove(r, i, n) => {
+                let before = reps[r].clone();
+                let had = before.count(&item(i));
+                let done = reps[r].remove_count(&item(i), n);
+                assert_eq!(done, n.min(had), "removes what the local view has, no more");
+                assert_eq!(reps[r].count(&item(i)), had - done);
+                assert!(before.le(&reps[r]), "remove inflates");
+                if done > 0 {
+                    models[r].removes.insert((id, i, done));
+                }
+            }
+            CountOp::Merge(from, to) if deltas => {
+                if let Some(d) = reps[from].take_delta() {
+                    for t in (0..COUNT_REPLICAS).filter(|&t| t != from) {
+                        in_flight.push((t, d.clone()));
+                    }
+                }
+                if !in_flight.is_empty() {
+                    let (t, d) = in_flight.swap_remove(rng.usize(..in_flight.len()));
+                    let before = reps[t].clone();
+                    reps[t].merge_delta(&d).unwrap();
+                    assert!(before.le(&reps[t]), "a delta inflates");
+                    if rng.bool() {
+                        in_flight.push((t, d));
+                    }
+                }
+                // A delta carries only part of a state, so the bounds are checked on full
+                // merges; delta-states are checked against them at the end.
+                let _ = to;
+            }
+            CountOp::Merge(from, to) => {
+                let (src, dst) = (reps[from].clone(), reps[to].clone());
+                reps[to].merge(&src).unwrap();
+                assert!(src.le(&reps[to]) && dst.le(&reps[to]), "upper bound");
+                let m = models[from].clone();
+                models[to].adds.extend(m.adds);
+                models[to].removes.extend(m.removes);
+            }
+        }
+        if !deltas {
+            for (r, (rep, model)) in reps.iter().zip(&models).enumerate() {
+                model.check(rep, &format!("replica {r}"));
+            }
+        }
+    }
+    // Lattice laws over the final states, removes included.
+    let [a, b, c, d] = [&reps[0], &reps[1], &reps[2], &reps[3]];
+    let m = |x: &CountingCuckoo, y: &CountingCuckoo| {
+        let mut z = x.clone();
+        z.merge(y).unwrap();
+        z
+    };
+    assert!(m(a, a).equivalent(a));
+    assert!(m(a, b).equivalent(&m(b, a)));
+    assert!(m(&m(a, b), c).equivalent(&m(a, &m(b, c))));
+    let ab = m(a, b);
+    for (x, y) in [(a, b), (b, a), (a, &ab), (&ab, a), (c, &ab), (d, &ab)] {
+        assert_eq!(x.le(y), m(x, y).equivalent(y));
+    }
+    // Convergence: every replica joins the others' full states in its own random order.
+    let finals: Vec<CountingCuckoo> = (0..COUNT_REPLICAS)
+        .map(|r| {
+            let mut order: Vec<usize> = (0..COUNT_REPLICAS).filter(|&o| o != r).collect();
+            rng.shuffle(&mut order);
+            let mut f = reps[r].clone();
+            for o in order {
+                f.merge(&reps[o]).unwrap();
+            }
+            f
+        })
+        .collect();
+    let all_model = models.iter().fold(CountModel::default(), |mut acc, m| {
+        acc.adds.extend(m.adds.iter().copied());
+        acc.removes.extend(m.removes.iter().copied());
+        acc
+    });
+    for (r, f) in finals.iter().enumerate() {
+        assert!(f.equivalent(&finals[0]), "replica {r} did not converge");
+        assert_eq!(f.entries(), finals[0].entries());
+        all_model.check(f, "converged");
+        for i in 0..COUNT_ITEMS {
+            assert_eq!(f.count(&item(i)), finals[0].count(&item(i)));
+            // Every successful add is counted under its replica, exactly once.
+            for (src, p, n) in f.counts(&item(i)) {
+                assert_eq!(p, added.get(&(i, src)).copied().unwrap_or(0));
+                assert!(n <= p, "removed more than added");
+            }
+        }
+    }
+    // Delta-states: once every delta is delivered, each replica is the join of all states.
+    if deltas {
+        for (r, rep) in reps.iter_mut().enumerate() {
+            if let Some(d) = rep.take_delta() {
+                for t in (0..COUNT_REPLICAS).filter(|&t| t != r) {
+                    in_flight.push((t, d.clone()));
+                }
+            }
+        }
+        rng.shuffle(&mut in_flight);
+        for (t, d) in in_flight {
+            reps[t].merge_delta(&d).unwrap();
+        }
+        for (r, rep) in reps.iter().enumerate() {
+            assert!(
+                rep.equivalent(&finals[0]),
+                "replica {r}: deltas did not converge"
+            );
+        }
+    }
+    // Serde round trip of the converged state.
+    let bytes = serde_cbor::to_vec(&finals[0]).unwrap();
+    let back: CountingCuckoo = serde_cbor::from_slice(&bytes).unwrap();
+    assert!(back.equivalent(&finals[0]));
+    assert_eq!(back.entries(), finals[0].entries());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    #[test] fn counting_cuckoo_laws(ops in ops()) { run::<CountingCuckoo>(ops) }
+    #[test] fn counting_cuckoo_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<CountingCuckoo>(ops, seed, lossy) }
+    #[test] fn counting_cuckoo_failed_adds(ops in cramped_ops()) { run_failures::<CountingCuckoo>(ops) }
+    #[test] fn counting_multiplicities_converge(ops in count_ops(), seed: u64) { run_counting(ops, seed, false) }
+    #[test] fn counting_multiplicities_converge_by_deltas(ops in count_ops(), seed: u64) { run_counting(ops, seed, true) }
+}

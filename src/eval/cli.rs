@@ -27,6 +27,41 @@ pub enum EvalCommand {
     Size(SizeArgs),
     /// Redraws the Figure 6.1 panels and target checks from an `fpr.csv` (no rerun).
     Plot(PlotArgs),
+    /// Counting cuckoo filter vs counting Bloom filter: FPR, sync accuracy and space.
+    Ccf(CcfArgs),
+}
+
+/// `crpf eval ccf`.
+#[derive(Debug, Clone, Args)]
+pub struct CcfArgs {
+    /// Options shared by the experiments.
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Elements in each host's root set (default: 64000, or 4000 with --quick).
+    #[arg(long)]
+    pub elements: Option<u64>,
+    /// Skip the figure.
+    #[arg(long)]
+    pub no_plots: bool,
+}
+
+impl CcfArgs {
+    /// The options these arguments describe.
+    pub fn options(&self) -> super::ccf::CcfOptions {
+        let c = &self.common;
+        let mut o = if c.quick {
+            super::ccf::CcfOptions::quick(c.out.clone())
+        } else {
+            super::ccf::CcfOptions::full(c.out.clone())
+        };
+        o.elements = self.elements.unwrap_or(o.elements);
+        o.reps = c.reps.unwrap_or(o.reps);
+        o.seed = c.seed.unwrap_or(o.seed);
+        o.jobs = c.jobs.unwrap_or(o.jobs);
+        o.plots = !self.no_plots;
+        o.progress = !c.no_progress;
+        o
+    }
 }
 
 /// `crpf eval plot`.
@@ -222,6 +257,26 @@ pub fn run(args: &EvalArgs) -> Result<(), EvalError> {
         EvalCommand::Plot(a) => {
             let report = fpr::replot(&a.data, &a.out)?;
             print_checks(&report.checks);
+            for f in &report.files {
+                println!("wrote {}", f.display());
+            }
+        }
+        EvalCommand::Ccf(a) => {
+            let report = super::ccf::run(&a.options())?;
+            println!("structure,parameter,bpe,fpr,fpr_theory,accuracy_query,accuracy_decoding");
+            for r in &report.rows {
+                println!(
+                    "{},{},{:.2},{:.6},{:.6},{:.6},{}",
+                    r.structure,
+                    r.parameter,
+                    r.bpe,
+                    r.fpr,
+                    r.fpr_theory,
+                    r.accuracy_query,
+                    r.accuracy_decoding
+                        .map_or(String::new(), |a| format!("{a:.6}"))
+                );
+            }
             for f in &report.files {
                 println!("wrote {}", f.display());
             }

@@ -5,6 +5,8 @@
 //!   per-writer redesign [`crate::Partitioned`] beside the thesis design).
 //! - [`size`]: Tables 6.1 and 6.2, serialized and gzip-compressed sizes against the set
 //!   CRDTs of the `crdts` crate.
+//! - [`ccf`]: the counting cuckoo filter against a counting Bloom filter ([`cbf`]), after the
+//!   CCF paper's section 6 (`crpf eval ccf`).
 //!
 //! Filter types enter the harness through [`variant::Variant::visit`], one arm per type. Both
 //! experiments are also commands of the `crpf` binary (`crpf eval fpr`, `crpf eval size`,
@@ -18,6 +20,9 @@
 //! # Ok::<(), crpf::eval::EvalError>(())
 //! ```
 
+// Counting cuckoo filter vs counting Bloom filter (issue 11).
+pub mod cbf;
+pub mod ccf;
 pub mod cli;
 mod error;
 pub mod fpr;

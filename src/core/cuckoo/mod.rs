@@ -8,6 +8,11 @@ pub use gcuckoo::GCuckoo;
 pub(crate) use gcuckoo::check_cuckoo_delta;
 pub use orcuckoo::OrCuckoo;
 
+// Counting cuckoo filter (issue 11) and its multiset synchronisation.
+mod counting;
+pub mod multiset_sync;
+pub use counting::{CountingCuckoo, CountingCuckooDelta, SlotCounts};
+
 /// ORCF table logic shared with the scalable ORCF.
 pub(crate) mod orcuckoo_parts {
     pub(crate) use super::orcuckoo::{
