@@ -80,19 +80,24 @@ impl GCuckoo {
         )
     }
 
-    /// Every entry as `(lower of its two candidate buckets, fingerprint)`, sorted, without
-    /// duplicates: the same for every placement, so equivalent states give the same list
-    /// (the replica layer digests it for anti-entropy).
+    /// Calls `f(lower of its two candidate buckets, fingerprint)` once per distinct entry: the
+    /// same set for every placement, so equivalent states give the same calls (the replica
+    /// layer digests them for anti-entropy). Without collecting or sorting them: an entry is
+    /// skipped if an equal one comes earlier in its bucket or sits in its lower alternate
+    /// bucket (whose turn came first), since equal entries can only sit in those two buckets.
     #[cfg(feature = "node")]
-    pub(crate) fn canonical_entries(&self) -> Vec<(u64, u16)> {
-        let mut v = Vec::with_capacity(self.table.len());
-        self.table.for_each(|b, e| {
-            let a = self.table.alt(b, e.fp);
-            v.push((b.min(a) as u64, e.fp));
-        });
-        v.sort_unstable();
-        v.dedup();
-        v
+    pub(crate) fn for_each_canonical(&self, mut f: impl FnMut(u64, u16)) {
+        let t = &self.table;
+        for b in 0..self.params().buckets as usize {
+            for (k, e) in t.bucket_entries(b).enumerate() {
+                let a = t.alt(b, e.fp);
+                let dup = t.bucket_entries(b).take(k).any(|x| x.fp == e.fp)
+                    || (a < b && t.bucket_has_fp(a, e.fp));
+                if !dup {
+                    f(b.min(a) as u64, e.fp);
+                }
+            }
+        }
     }
 
     /// Merges one `(bucket, fingerprint)` entry of another replica (a delta-state entry).

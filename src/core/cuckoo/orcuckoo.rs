@@ -216,6 +216,12 @@ impl OrCuckoo {
         self.table.overflow_len()
     }
 
+    /// Calls `f` with the packed tag ([`Dot::pack`]) of every entry, without collecting them.
+    #[cfg(feature = "node")]
+    pub(crate) fn for_each_tag(&self, mut f: impl FnMut(u64)) {
+        self.table.for_each(|_, e| f(e.payload));
+    }
+
     /// The version tags of every entry.
     pub fn dots(&self) -> Vec<Dot> {
         let mut v = Vec::with_capacity(self.table.len());

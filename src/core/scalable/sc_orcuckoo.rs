@@ -114,6 +114,14 @@ impl ScOrCuckoo {
         self.subs.len()
     }
 
+    /// Calls `f` with the packed tag ([`Dot::pack`]) of every entry, without collecting them.
+    #[cfg(feature = "node")]
+    pub(crate) fn for_each_tag(&self, mut f: impl FnMut(u64)) {
+        for t in &self.subs {
+            t.for_each(|_, e| f(e.payload));
+        }
+    }
+
     /// The version tags of every entry.
     pub fn dots(&self) -> Vec<Dot> {
         let mut v = Vec::new();
