@@ -267,6 +267,16 @@ impl AnyFilter {
         each!(self, f => to_cbor(f))
     }
 
+    /// [`AnyFilter::encode_state`] into a buffer of `capacity` bytes to start with: with the
+    /// size of the last encoding, a large state's buffer is not regrown (each doubling holds
+    /// the old and the new buffer for a moment).
+    pub fn encode_state_sized(&self, capacity: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(capacity);
+        let mut ser = serde_cbor::Serializer::new(&mut out).packed_format();
+        each!(self, f => f.serialize(&mut ser)).expect("CBOR into a Vec cannot fail");
+        out
+    }
+
     /// Decodes a full state of the given kind (validated by the core: never panics).
     pub fn decode_state(kind: FilterKind, bytes: &[u8]) -> Result<Self, WireError> {
         Ok(match kind {
