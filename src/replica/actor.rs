@@ -570,18 +570,27 @@ impl Replica {
         // Room for the state as large as it was last time, so that its buffer is not regrown.
         let last = self.shared.counters.state_bytes.load(Ordering::Relaxed) as usize;
         let capacity = last + last / 16 + 1024;
+        // Bloom kinds are encoded under the read lock, not from a clone: their encoding is a
+        // copy of the bits, about as long as the clone that held the lock before (~130 ms for
+        // a 120 MB GBloom, BENCHMARKS.md "Memory of large states"), and the clone was a
+        // second copy of the whole state. Cuckoo kinds pack fingerprints and tags, ~10x
+        // longer than a clone of their (packed) table: they are still cloned, so that writers
+        // (and readers queued behind a waiting writer) wait for the clone only.
+        let snapshot = match self.shared.kind {
+            FilterKind::GBloom | FilterKind::ScGBloom => None,
+            _ => Some(self.read().clone()),
+        };
         self.encoding = true;
         actix::spawn(async move {
             let encoded = tokio::task::spawn_blocking(move || {
-                // Encoded under the read lock, not from a clone: the clone held a second copy
-                // of the whole state, and taking it held the lock (on the actor's thread)
-                // about as long as encoding does (BENCHMARKS.md, "Memory of large states":
-                // ~30 ms for a 100 MB GBloom). Writers wait meanwhile; readers do not.
-                let state = shared
-                    .filter
-                    .read()
-                    .expect("filter lock poisoned")
-                    .encode_state_sized(capacity);
+                let state = match snapshot {
+                    Some(f) => f.encode_state_sized(capacity),
+                    None => shared
+                        .filter
+                        .read()
+                        .expect("filter lock poisoned")
+                        .encode_state_sized(capacity),
+                };
                 let checksum = xxhash_rust::xxh3::xxh3_64(&state);
                 (Bytes::from(state), checksum)
             })
