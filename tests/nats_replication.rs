@@ -826,3 +826,52 @@ async fn per_writer_kinds_replicate_over_nats_within_their_fpr_bound() {
         stop(&hs).await;
     }
 }
+#[actix::test]
+async fn replicas_sharing_a_nats_connection_hear_each_other_but_not_themselves() {
+    let server = NatsServer::start();
+    shared_transport_without_echo(connect(&server.url()).await, WAIT).await;
+}
+
+/// Publishes `payload` every 50 ms until `s` receives a message, and returns that message: a
+/// subscription on another connection may not be in place at the server yet (a flush does not
+/// wait for the server).
+async fn first_heard(
+    p: &Arc<dyn Transport>,
+    payload: &'static str,
+    s: &mut crpf::transport::MessageStream,
+) -> bytes::Bytes {
+    use futures::StreamExt;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        p.publish("echo.x".into(), payload.into()).await.unwrap();
+        if let Ok(m) = tokio::time::timeout(Duration::from_millis(50), s.next()).await {
+            return m.expect("open").payload;
+        }
+        assert!(Instant::now() < deadline, "nothing heard");
+    }
+}
+
+#[actix::test]
+async fn replication_transports_do_not_echo() {
+    let server = NatsServer::start();
+    let t = connect(&server.url()).await;
+    let r1 = t
+        .replication_transport()
+        .await
+        .unwrap()
+        .expect("NATS has one");
+    let r2 = t
+        .replication_transport()
+        .await
+        .unwrap()
+        .expect("NATS has one");
+    let mut main = t.subscribe("echo.>".into(), None).await.unwrap();
+    let mut s1 = r1.subscribe("echo.>".into(), None).await.unwrap();
+    let mut s2 = r2.subscribe("echo.>".into(), None).await.unwrap();
+    // Another replica channel and the shared connection hear r1...
+    assert_eq!(first_heard(&r1, "one", &mut s2).await, "one");
+    assert_eq!(first_heard(&r1, "one", &mut main).await, "one");
+    // ...but r1 does not: it subscribed before publishing on the same connection, so an echo
+    // of any of its "one"s would come before the shared connection's "two".
+    assert_eq!(first_heard(&t, "two", &mut s1).await, "two");
+}

@@ -791,3 +791,34 @@ async fn gone_replicas_ids_are_retired_and_reused_without_reissuing_a_tag() {
     assert!(a.contains(b"c49"));
     stop(&hs).await;
 }
+
+#[actix::test]
+async fn replicas_sharing_the_bus_hear_each_other_but_not_themselves() {
+    shared_transport_without_echo(Arc::new(InProcessBus::new()), WAIT).await;
+}
+
+#[actix::test]
+async fn replicas_on_a_transport_that_echoes_drop_their_own_messages() {
+    // A transport without a no-echo channel (the fault injector, here with no faults) hands
+    // a replica its own messages back: it drops them by sender and counts them.
+    let bus = InProcessBus::new();
+    let t: Arc<dyn Transport> = Arc::new(FaultyTransport::new(
+        Arc::new(bus),
+        FaultConfig {
+            drop_delta: 0.0,
+            drop_state: 0.0,
+            seed: 1,
+        },
+    ));
+    let mut cfg = cfg("echoes", FilterKind::GBloom, 1_000, 0.01);
+    cfg.full_state_only = true;
+    let h = Replica::start(cfg, t).await.unwrap();
+    h.add(b"x".to_vec()).await.unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    while h.stats().await.unwrap().echoes_received == 0 {
+        assert!(std::time::Instant::now() < deadline, "no echo counted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(h.stats().await.unwrap().bytes_received, 0);
+    h.shutdown().await.unwrap();
+}

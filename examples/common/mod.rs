@@ -49,6 +49,7 @@ pub fn start_server() -> (Server, String) {
 }
 
 /// The `q`-quantile of sorted values.
+#[allow(dead_code)] // not every example reports quantiles
 pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;

@@ -152,6 +152,20 @@ impl GBloom {
         n
     }
 
+    /// The bit array as bytes (little-endian words, truncated to `bits / 8` rounded up): the
+    /// serialized bits and the replica's state digest. Borrowed on little-endian targets, so
+    /// that neither copies a filter of hundreds of megabytes.
+    pub(crate) fn bit_bytes(&self) -> std::borrow::Cow<'_, [u8]> {
+        let len = self.params.bits.div_ceil(8) as usize;
+        if cfg!(target_endian = "little") {
+            std::borrow::Cow::Borrowed(&bytemuck::cast_slice::<u64, u8>(&self.words)[..len])
+        } else {
+            let mut bits: Vec<u8> = self.words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            bits.truncate(len);
+            std::borrow::Cow::Owned(bits)
+        }
+    }
+
     /// Share of bits set, `|S| / m`.
     pub fn fill_ratio(&self) -> f64 {
         self.ones() as f64 / self.params.bits as f64
@@ -419,14 +433,18 @@ struct GBloomRepr {
     bits: Vec<u8>,
 }
 
+/// [`GBloomRepr`] borrowing the bits, so that encoding a large filter does not copy them first.
+#[derive(Serialize)]
+struct GBloomReprRef<'a> {
+    params: BloomParams,
+    bits: &'a serde_bytes::Bytes,
+}
+
 impl Serialize for GBloom {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let len = self.params.bits.div_ceil(8) as usize;
-        let mut bits: Vec<u8> = self.words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        bits.truncate(len);
-        GBloomRepr {
+        GBloomReprRef {
             params: self.params,
-            bits,
+            bits: serde_bytes::Bytes::new(&self.bit_bytes()),
         }
         .serialize(s)
     }
@@ -481,11 +499,9 @@ impl crate::core::kind::ReplicatedFilter for GBloom {
         self.params.digest()
     }
 
-    /// The words themselves: equivalent GBloom states are equal bit for bit.
+    /// The bits themselves, in place: equivalent GBloom states are equal bit for bit.
     fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
-        for w in &self.words {
-            h.update(&w.to_le_bytes());
-        }
+        h.update(&self.bit_bytes());
     }
 }
 

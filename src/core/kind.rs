@@ -250,25 +250,49 @@ pub trait ObservedRemove {
     fn remove_dot(&mut self, item: &[u8]) -> Option<Dot>;
     /// Tags of the live entries.
     fn dots(&self) -> Vec<Dot>;
+    /// Calls `f` with the tag of every live entry, in no particular order, without collecting
+    /// them.
+    fn for_each_dot(&self, f: &mut dyn FnMut(Dot)) {
+        self.dots().into_iter().for_each(f)
+    }
     /// Every tag observed, live or removed (borrowed where the filter keeps one history,
     /// joined where it keeps one per series).
     fn history(&self) -> std::borrow::Cow<'_, CausalContext>;
 }
 
-/// Feeds an observed-remove state to a digest: its live tags (a tag names one entry) and its
-/// history. Shared by the OR kinds' [`ReplicatedFilter::digest_state`].
+/// Feeds an observed-remove state to a digest: its live tags (a tag names one entry), as an
+/// order-free sum, and its history. Shared by the OR kinds' [`ReplicatedFilter::digest_state`].
 pub(crate) fn digest_observed_remove(f: &dyn ObservedRemove, h: &mut Xxh3) {
-    let mut dots = f.dots();
-    dots.sort_unstable();
-    for d in dots {
-        h.update(&d.replica.to_le_bytes());
-        h.update(&d.counter.to_le_bytes());
-    }
+    let mut sum = SetSum::default();
+    f.for_each_dot(&mut |d| sum.add(&d.pack().to_le_bytes()));
+    sum.finish(h);
     h.update(b"history");
     for (r, (a, b)) in f.history().ranges() {
         h.update(&r.to_le_bytes());
         h.update(&a.to_le_bytes());
         h.update(&b.to_le_bytes());
+    }
+}
+
+/// An order-free digest of a multiset: the count and the wrapping sum of each element's
+/// xxh3-128. Equal multisets give equal sums in any order; different ones collide with
+/// probability about 2^-128 (the elements are not chosen against the hash). Lets a state
+/// digest read entries where they lie, without collecting and sorting them.
+#[derive(Default)]
+pub(crate) struct SetSum {
+    count: u64,
+    sum: u128,
+}
+
+impl SetSum {
+    pub(crate) fn add(&mut self, element: &[u8]) {
+        self.count += 1;
+        self.sum = self.sum.wrapping_add(xxhash_rust::xxh3::xxh3_128(element));
+    }
+
+    pub(crate) fn finish(&self, h: &mut Xxh3) {
+        h.update(&self.count.to_le_bytes());
+        h.update(&self.sum.to_le_bytes());
     }
 }
 

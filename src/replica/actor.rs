@@ -23,7 +23,7 @@ use crate::transport::{
     Channel, LogLimiter, Message, MessageStream, Subjects, Transport, TransportEvent,
 };
 use crate::wire::{
-    Body, Envelope, Expect, FilterKind, StateChunk, WireCodec, WireError, chunk_state,
+    Body, Envelope, Expect, FilterKind, StateChunk, WireCodec, WireError, chunk_count, state_chunk,
 };
 use crate::{Dot, ReplicaId};
 
@@ -64,6 +64,8 @@ pub(crate) struct Counters {
     pub bytes_sent: AtomicU64,
     pub delta_bytes_sent: AtomicU64,
     pub state_bytes_sent: AtomicU64,
+    /// Own replication messages the transport delivered back (and that were dropped).
+    pub echoes: AtomicU64,
     pub bytes_received: AtomicU64,
     pub state_bytes: AtomicU64,
     /// Bytes of messages waiting in the inbound buffer.
@@ -130,6 +132,8 @@ pub(crate) enum Route {
 /// What the publisher task sends, in order.
 enum Outbound {
     Publish(String, Bytes, &'static str),
+    /// A full state, framed chunk by chunk as it is published (see [`StatePush`]).
+    State(Box<StatePush>),
     /// A reply of the request API, with its headers.
     Reply(String, Bytes, async_nats::HeaderMap),
     Flush(oneshot::Sender<()>),
@@ -165,6 +169,9 @@ pub(crate) struct Setup {
     pub cfg: ReplicaConfig,
     pub shared: Arc<Shared>,
     pub transport: Arc<dyn Transport>,
+    /// Publishes and subscribes replication (no echo where the transport can): see
+    /// [`Transport::replication_transport`].
+    pub replication_transport: Arc<dyn Transport>,
     pub replication: MessageStream,
     pub data: Option<DataDir>,
     /// The write-ahead log, with a data directory.
@@ -180,6 +187,8 @@ pub struct Replica {
     cfg: ReplicaConfig,
     shared: Arc<Shared>,
     transport: Arc<dyn Transport>,
+    /// Replication's publications and subscription (see [`Setup::replication_transport`]).
+    replication_transport: Arc<dyn Transport>,
     subjects: Subjects,
     expect: Expect,
     /// Encodes and decodes (signs and verifies) this replica's frames.
@@ -257,6 +266,7 @@ impl Replica {
             cfg: s.cfg,
             shared: s.shared,
             transport: s.transport,
+            replication_transport: s.replication_transport,
             subjects,
             expect,
             codec,
@@ -349,6 +359,7 @@ impl Replica {
         if let Err(mpsc::error::TrySendError::Full(o)) = self.outbound.try_send(o) {
             let channel = match &o {
                 Outbound::Publish(_, _, channel) => channel,
+                Outbound::State(_) => "state",
                 Outbound::Reply(..) => "api",
                 Outbound::Flush(_) => "flush",
             };
@@ -580,18 +591,41 @@ impl Replica {
         self.transfer =
             (self.transfer & !0xffff_ffff) | (self.transfer.wrapping_add(1) & 0xffff_ffff);
         let transfer = self.transfer;
-        let filter = self.read().clone();
-        let addr = ctx.address();
+        let (shared, addr) = (self.shared.clone(), ctx.address());
+        // Room for the state as large as it was last time, so that its buffer is not regrown.
+        let last = self.shared.counters.state_bytes.load(Ordering::Relaxed) as usize;
+        let capacity = last + last / 16 + 1024;
+        // Bloom kinds are encoded under the read lock, not from a clone: their encoding is a
+        // copy of the bits, about as long as the clone that held the lock before (~130 ms for
+        // a 120 MB GBloom, BENCHMARKS.md "Memory of large states"), and the clone was a
+        // second copy of the whole state. Cuckoo kinds pack fingerprints and tags, ~10x
+        // longer than a clone of their (packed) table: they are still cloned, so that writers
+        // (and readers queued behind a waiting writer) wait for the clone only.
+        let snapshot = match self.shared.kind {
+            FilterKind::GBloom | FilterKind::ScGBloom => None,
+            _ => Some(self.read().clone()),
+        };
         self.encoding = true;
         actix::spawn(async move {
             let encoded = tokio::task::spawn_blocking(move || {
-                let state = filter.encode_state();
-                (state.len(), chunk_state(&state, transfer, chunk_len))
+                let state = match snapshot {
+                    Some(f) => f.encode_state_sized(capacity),
+                    None => shared
+                        .filter
+                        .read()
+                        .expect("filter lock poisoned")
+                        .encode_state_sized(capacity),
+                };
+                let checksum = xxhash_rust::xxh3::xxh3_64(&state);
+                (Bytes::from(state), checksum)
             })
             .await;
             // A failed encoding (a panic) still ends the push, so later ones are not blocked.
-            let (len, chunks) = encoded.unwrap_or((0, Vec::new()));
-            addr.do_send(Encoded { len, chunks });
+            addr.do_send(Encoded {
+                state: encoded.ok(),
+                transfer,
+                chunk_len,
+            });
         });
     }
 
@@ -1037,6 +1071,7 @@ impl Replica {
             bytes_sent: c.bytes_sent.load(Ordering::Relaxed),
             delta_bytes_sent: c.delta_bytes_sent.load(Ordering::Relaxed),
             state_bytes_sent: c.state_bytes_sent.load(Ordering::Relaxed),
+            echoes_received: c.echoes.load(Ordering::Relaxed),
             bytes_received: c.bytes_received.load(Ordering::Relaxed),
             state_bytes: c.state_bytes.load(Ordering::Relaxed),
         }
@@ -1377,7 +1412,10 @@ impl Actor for Replica {
                 }
             };
             match codec.decode(&msg.payload) {
-                Ok(env) if env.sender == me => None,
+                Ok(env) if env.sender == me => {
+                    Counters::bump(&shared.counters.echoes, 1);
+                    None
+                }
                 Ok(env) if (channel == Channel::Delta) != env.body.is_delta() => {
                     let e = WireError::Subject(format!(
                         "a {} on `{}`",
@@ -1400,7 +1438,7 @@ impl Actor for Replica {
         };
         let mut initial = self.replication.take();
         let (t, subj, tx) = (
-            self.transport.clone(),
+            self.replication_transport.clone(),
             self.subjects.replication.clone(),
             self.inbound_tx.clone(),
         );
@@ -1431,13 +1469,32 @@ impl Actor for Replica {
 
         // The publisher: one task, so frames leave in the order they were queued.
         let mut out = self.outbound_rx.take().expect("started once");
-        let transport = self.transport.clone();
+        let (transport, replication) = (self.transport.clone(), self.replication_transport.clone());
         let (metrics, limiter) = (self.metrics.clone(), self.limiter.clone());
+        let shared = self.shared.clone();
         actix::spawn(async move {
             while let Some(o) = out.recv().await {
                 let (sent, channel) = match o {
                     Outbound::Publish(subject, payload, channel) => {
-                        (transport.publish(subject, payload).await, channel)
+                        (replication.publish(subject, payload).await, channel)
+                    }
+                    Outbound::State(push) => {
+                        let mut sent = Ok(());
+                        for i in 0..push.count() {
+                            let frame = push.frame(i);
+                            metrics.traffic("out", "state", frame.len());
+                            let c = &shared.counters;
+                            Counters::bump(&c.bytes_sent, frame.len() as u64);
+                            Counters::bump(&c.state_bytes_sent, frame.len() as u64);
+                            sent = replication
+                                .publish(push.subject.clone(), frame.into())
+                                .await;
+                            if sent.is_err() {
+                                // The rest would not get through either; anti-entropy repairs.
+                                break;
+                            }
+                        }
+                        (sent, "state")
                     }
                     Outbound::Reply(subject, payload, headers) => (
                         transport
@@ -1446,6 +1503,7 @@ impl Actor for Replica {
                         "api",
                     ),
                     Outbound::Flush(done) => {
+                        let _ = replication.flush().await;
                         let _ = transport.flush().await;
                         let _ = done.send(());
                         continue;
@@ -1576,8 +1634,42 @@ pub struct FlushDelta;
 #[derive(Message)]
 #[rtype(result = "()")]
 struct Encoded {
-    len: usize,
-    chunks: Vec<StateChunk>,
+    /// The encoded state and its xxh3-64; `None` if encoding failed.
+    state: Option<(Bytes, u64)>,
+    transfer: u64,
+    chunk_len: usize,
+}
+
+/// A full state on its way out: one encoded buffer, framed a chunk at a time by the
+/// publisher task, so that a push holds the state about once instead of as the state, its
+/// chunks and their frames together. Its chunks' sequence numbers are reserved when it is
+/// queued, so they stay in order with the messages queued around it.
+struct StatePush {
+    subject: String,
+    state: Bytes,
+    checksum: u64,
+    transfer: u64,
+    chunk_len: usize,
+    /// Sequence number of the first chunk.
+    first_seq: u64,
+    codec: WireCodec,
+    /// The envelope of every chunk but for its sequence number and body.
+    template: Envelope,
+}
+
+impl StatePush {
+    fn count(&self) -> usize {
+        chunk_count(self.state.len(), self.chunk_len)
+    }
+
+    /// The frame of chunk `i`.
+    fn frame(&self, i: usize) -> Vec<u8> {
+        let chunk = state_chunk(&self.state, self.transfer, self.chunk_len, self.checksum, i);
+        let mut env = self.template.clone();
+        env.seq = self.first_seq + i as u64;
+        env.body = Body::StateChunk(chunk);
+        self.codec.encode(&env)
+    }
 }
 
 /// What a snapshot saves, taken on the actor's thread and saved on any.
@@ -1773,21 +1865,31 @@ impl Handler<Shutdown> for Replica {
 
 impl Handler<Encoded> for Replica {
     type Result = ();
-    fn handle(&mut self, msg: Encoded, ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: Encoded, _: &mut Context<Self>) {
         self.encoding = false;
-        if msg.chunks.is_empty() {
+        let Some((state, checksum)) = msg.state else {
             return;
-        }
+        };
         self.shared
             .counters
             .state_bytes
-            .store(msg.len as u64, Ordering::Relaxed);
+            .store(state.len() as u64, Ordering::Relaxed);
         Counters::bump(&self.shared.counters.state_pushes, 1);
         self.metrics.counter(m::STATE_PUSHES, &[]).increment(1);
-        for c in msg.chunks {
-            self.publish_state_body(Body::StateChunk(c));
-        }
-        let _ = ctx;
+        let template = self.envelope(Body::Delta(Vec::new()));
+        let push = StatePush {
+            subject: self.subjects.state.clone(),
+            state,
+            checksum,
+            transfer: msg.transfer,
+            chunk_len: msg.chunk_len,
+            first_seq: template.seq,
+            codec: self.codec.clone(),
+            template,
+        };
+        // `envelope` took the first number; the rest are reserved here.
+        self.seq += push.count() as u64 - 1;
+        self.enqueue(Outbound::State(Box::new(push)));
     }
 }
 

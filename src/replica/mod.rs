@@ -236,8 +236,13 @@ pub struct ReplicaStats {
     pub delta_bytes_sent: u64,
     /// Of which on the state subject (digests, requests, full states).
     pub state_bytes_sent: u64,
-    /// Replication bytes received.
+    /// Replication bytes received (from other replicas).
     pub bytes_received: u64,
+    /// Own replication messages the transport delivered back, dropped unread: 0 over NATS
+    /// and the in-process bus, whose replication connections do not echo
+    /// ([`crate::transport::Transport::replication_transport`]).
+    #[serde(default)]
+    pub echoes_received: u64,
     /// Size of the encoded state at its last encoding.
     pub state_bytes: u64,
 }
@@ -330,7 +335,15 @@ impl Replica {
             .map(|r| wal::WalWriter::start(r, identity))
             .transpose()?;
         let subjects = Subjects::new(&cfg.prefix, &cfg.name);
-        let replication = transport.subscribe(subjects.replication, None).await?;
+        // Replication on a transport that does not echo, where there is one: a replica's own
+        // deltas and full states (hundreds of megabytes) do not come back to it.
+        let replication_transport = transport
+            .replication_transport()
+            .await?
+            .unwrap_or_else(|| transport.clone());
+        let replication = replication_transport
+            .subscribe(subjects.replication, None)
+            .await?;
         let shared = Arc::new(Shared {
             kind: filter.kind(),
             filter: RwLock::new(filter),
@@ -348,6 +361,7 @@ impl Replica {
             cfg,
             shared: shared.clone(),
             transport,
+            replication_transport,
             replication,
             data,
             wal,

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::registry;
 use super::{
-    Bus, Claim, ClaimEntry, ClaimRecord, IdRegistry, Message, MessageStream, Renewal,
+    Bus, Claim, ClaimEntry, ClaimRecord, IdRegistry, Message, MessageStream, Renewal, Transport,
     TransportError, TransportEvent, subject_matches,
 };
 use crate::ReplicaId;
@@ -38,6 +38,9 @@ use crate::ReplicaId;
 #[derive(Clone)]
 pub struct InProcessBus {
     inner: Arc<Inner>,
+    /// Nonzero for a handle made by [`Transport::replication_transport`]: what it publishes
+    /// skips the subscriptions it made (no echo). 0 for the shared handle, which echoes.
+    endpoint: u64,
 }
 
 struct Inner {
@@ -46,6 +49,8 @@ struct Inner {
     max_payload: usize,
     buffer: usize,
     dropped: AtomicU64,
+    /// Last endpoint number handed out.
+    endpoints: AtomicU64,
 }
 
 #[derive(Default)]
@@ -61,6 +66,8 @@ struct Sub {
     pattern: String,
     queue: Option<String>,
     tx: mpsc::Sender<Message>,
+    /// The endpoint of the handle that subscribed (see [`InProcessBus::endpoint`]).
+    endpoint: u64,
 }
 
 impl Default for InProcessBus {
@@ -84,7 +91,9 @@ impl InProcessBus {
                 max_payload,
                 buffer: buffer.max(1),
                 dropped: AtomicU64::new(0),
+                endpoints: AtomicU64::new(0),
             }),
+            endpoint: 0,
         }
     }
 
@@ -107,7 +116,8 @@ impl InProcessBus {
         let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
         let mut targets = Vec::new();
         for (i, s) in st.subs.iter().enumerate() {
-            if subject_matches(&s.pattern, &msg.subject) {
+            let echo = self.endpoint != 0 && s.endpoint == self.endpoint;
+            if !echo && subject_matches(&s.pattern, &msg.subject) {
                 match &s.queue {
                     Some(q) => groups.entry(q.clone()).or_default().push(i),
                     None => targets.push(i),
@@ -130,7 +140,12 @@ impl InProcessBus {
     fn add_sub(&self, pattern: String, queue: Option<String>) -> MessageStream {
         let (tx, rx) = mpsc::channel(self.inner.buffer);
         let mut st = self.inner.state.lock().expect("bus lock");
-        st.subs.push(Sub { pattern, queue, tx });
+        st.subs.push(Sub {
+            pattern,
+            queue,
+            tx,
+            endpoint: self.endpoint,
+        });
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) })
             .boxed()
     }
@@ -220,6 +235,19 @@ impl Bus for InProcessBus {
 
     fn flush(&self) -> BoxFuture<'static, Result<(), TransportError>> {
         futures::future::ready(Ok(())).boxed()
+    }
+
+    /// A handle on the same bus that does not deliver what it publishes to the
+    /// subscriptions made through it (NATS's `no_echo`, for one replica).
+    fn replication_transport(
+        &self,
+    ) -> BoxFuture<'static, Result<Option<Arc<dyn Transport>>, TransportError>> {
+        let endpoint = self.inner.endpoints.fetch_add(1, Ordering::Relaxed) + 1;
+        let t = InProcessBus {
+            inner: self.inner.clone(),
+            endpoint,
+        };
+        futures::future::ready(Ok(Some(Arc::new(t) as Arc<dyn Transport>))).boxed()
     }
 }
 

@@ -208,6 +208,22 @@ pub trait Bus: Send + Sync + 'static {
 
     /// Waits until what was published so far has been handed to the server.
     fn flush(&self) -> BoxFuture<'static, Result<(), TransportError>>;
+
+    /// A transport for one replica's replication traffic that does not deliver what it
+    /// publishes to its own subscriptions ("no echo"), so that a replica does not receive its
+    /// own deltas and full states back; every other subscriber, on this transport or any
+    /// other, still receives them. `None` (the default) if this transport cannot make one:
+    /// the replica then receives its own messages and drops them by their sender.
+    ///
+    /// NATS's `no_echo` is a property of a whole connection, so [`NatsTransport`] opens one
+    /// connection per call: two replicas sharing one transport (one connection) would
+    /// otherwise not hear each other, and requests made on that connection would not reach
+    /// a replica's API subscriptions on it.
+    fn replication_transport(
+        &self,
+    ) -> BoxFuture<'static, Result<Option<Arc<dyn Transport>>, TransportError>> {
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// The registry of replica ids (docs/DESIGN.md section 4): claims as leases that reserve the tags

@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use super::retry::{self, Retry};
 use super::{
-    Bus, Claim, ClaimEntry, ClaimRecord, IdRegistry, Message, MessageStream, Renewal,
+    Bus, Claim, ClaimEntry, ClaimRecord, IdRegistry, Message, MessageStream, Renewal, Transport,
     TransportError, TransportEvent,
 };
 use super::{cause, registry};
@@ -269,12 +269,19 @@ impl std::fmt::Debug for NatsTransport {
 impl NatsTransport {
     /// Connects (inside a tokio runtime, e.g. the actix System's).
     pub async fn connect(cfg: NatsConfig) -> Result<Self, TransportError> {
+        Self::connect_with(cfg, false).await
+    }
+
+    async fn connect_with(cfg: NatsConfig, no_echo: bool) -> Result<Self, TransportError> {
         if cfg.servers.is_empty() {
             return Err(TransportError::connect("no server URL configured"));
         }
         let events = broadcast::channel(256).0;
         let violations = Arc::new(Mutex::new(None));
-        let opts = cfg.options(events.clone(), violations.clone()).await?;
+        let mut opts = cfg.options(events.clone(), violations.clone()).await?;
+        if no_echo {
+            opts = opts.no_echo();
+        }
         let addrs: Vec<async_nats::ServerAddr> = cfg
             .servers
             .iter()
@@ -631,6 +638,21 @@ impl NatsTransport {
 impl Bus for NatsTransport {
     fn name(&self) -> &'static str {
         "nats"
+    }
+
+    /// A new connection with the same settings and `no_echo`, one per replica (see the
+    /// trait): the server then sends a replica's publications to every other connection but
+    /// not back to its own. Its connection name, if one is set, ends in `/replication`.
+    fn replication_transport(
+        &self,
+    ) -> BoxFuture<'static, Result<Option<Arc<dyn Transport>>, TransportError>> {
+        let mut cfg = (*self.cfg).clone();
+        cfg.name = cfg.name.map(|n| format!("{n}/replication"));
+        async move {
+            let t = NatsTransport::connect_with(cfg, true).await?;
+            Ok(Some(Arc::new(t) as Arc<dyn Transport>))
+        }
+        .boxed()
     }
 
     fn publish(

@@ -469,32 +469,37 @@ impl StateChunk {
 
 /// Splits an encoded state into chunks of at most `chunk_len` bytes.
 pub fn chunk_state(state: &[u8], transfer: u64, chunk_len: usize) -> Vec<StateChunk> {
-    let chunk_len = chunk_len.max(1);
     let checksum = xxhash_rust::xxh3::xxh3_64(state);
-    let count = state.len().div_ceil(chunk_len).max(1);
-    let mut chunks: Vec<StateChunk> = state
-        .chunks(chunk_len)
-        .enumerate()
-        .map(|(i, data)| StateChunk {
-            transfer,
-            index: i as u32,
-            count: count as u32,
-            total_len: state.len() as u64,
-            checksum,
-            data: data.to_vec(),
-        })
-        .collect();
-    if chunks.is_empty() {
-        chunks.push(StateChunk {
-            transfer,
-            index: 0,
-            count: 1,
-            total_len: 0,
-            checksum,
-            data: Vec::new(),
-        });
+    (0..chunk_count(state.len(), chunk_len))
+        .map(|i| state_chunk(state, transfer, chunk_len, checksum, i))
+        .collect()
+}
+
+/// Number of chunks [`chunk_state`] splits a state of `len` bytes into (one for an empty state).
+pub fn chunk_count(len: usize, chunk_len: usize) -> usize {
+    len.div_ceil(chunk_len.max(1)).max(1)
+}
+
+/// Chunk `index` of [`chunk_state`], made alone (so that a sender can make them one at a time
+/// from one encoded state); `checksum` is the state's xxh3-64.
+pub fn state_chunk(
+    state: &[u8],
+    transfer: u64,
+    chunk_len: usize,
+    checksum: u64,
+    index: usize,
+) -> StateChunk {
+    let chunk_len = chunk_len.max(1);
+    let start = (index * chunk_len).min(state.len());
+    let end = (start + chunk_len).min(state.len());
+    StateChunk {
+        transfer,
+        index: index as u32,
+        count: chunk_count(state.len(), chunk_len) as u32,
+        total_len: state.len() as u64,
+        checksum,
+        data: state[start..end].to_vec(),
     }
-    chunks
 }
 
 /// CBOR with fields as integer keys (serde_cbor's packed format, which `from_slice` reads
@@ -531,6 +536,21 @@ mod tests {
             11,
             body,
         )
+    }
+
+    #[test]
+    fn chunks_made_one_at_a_time_match_the_split() {
+        for len in [0usize, 1, 299, 300, 301, 1000] {
+            let state: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+            let all = chunk_state(&state, 9, 300);
+            assert_eq!(all.len(), chunk_count(len, 300));
+            let sum = xxhash_rust::xxh3::xxh3_64(&state);
+            for (i, c) in all.iter().enumerate() {
+                assert_eq!(&state_chunk(&state, 9, 300, sum, i), c, "{len} {i}");
+            }
+            let joined: Vec<u8> = all.iter().flat_map(|c| c.data.clone()).collect();
+            assert_eq!(joined, state);
+        }
     }
 
     #[test]

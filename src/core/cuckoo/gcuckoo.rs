@@ -80,18 +80,23 @@ impl GCuckoo {
         )
     }
 
-    /// Every entry as `(lower of its two candidate buckets, fingerprint)`, sorted, without
-    /// duplicates: the same for every placement, so equivalent states give the same list
-    /// (its state digest is made of it).
-    pub(crate) fn canonical_entries(&self) -> Vec<(u64, u16)> {
-        let mut v = Vec::with_capacity(self.table.len());
-        self.table.for_each(|b, e| {
-            let a = self.table.alt(b, e.fp);
-            v.push((b.min(a) as u64, e.fp));
-        });
-        v.sort_unstable();
-        v.dedup();
-        v
+    /// Calls `f(lower of its two candidate buckets, fingerprint)` once per distinct entry: the
+    /// same set for every placement, so equivalent states give the same calls (its state
+    /// digest is made of them). Without collecting or sorting them: an entry is
+    /// skipped if an equal one comes earlier in its bucket or sits in its lower alternate
+    /// bucket (whose turn came first), since equal entries can only sit in those two buckets.
+    pub(crate) fn for_each_canonical(&self, mut f: impl FnMut(u64, u16)) {
+        let t = &self.table;
+        for b in 0..self.params().buckets as usize {
+            for (k, e) in t.bucket_entries(b).enumerate() {
+                let a = t.alt(b, e.fp);
+                let dup = t.bucket_entries(b).take(k).any(|x| x.fp == e.fp)
+                    || (a < b && t.bucket_has_fp(a, e.fp));
+                if !dup {
+                    f(b.min(a) as u64, e.fp);
+                }
+            }
+        }
     }
 
     /// Merges one `(bucket, fingerprint)` entry of another replica (a delta-state entry).
@@ -270,11 +275,16 @@ impl crate::core::kind::ReplicatedFilter for GCuckoo {
         self.params().digest()
     }
 
-    /// Its entries in canonical order: placements differ between equivalent states.
+    /// Its distinct entries, canonically placed, as an order-free sum (nothing collected or
+    /// sorted): placements differ between equivalent states.
     fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
-        for (b, fp) in self.canonical_entries() {
-            h.update(&b.to_le_bytes());
-            h.update(&fp.to_le_bytes());
-        }
+        let mut sum = crate::core::kind::SetSum::default();
+        self.for_each_canonical(|b, fp| {
+            let mut e = [0u8; 10];
+            e[..8].copy_from_slice(&b.to_le_bytes());
+            e[8..].copy_from_slice(&fp.to_le_bytes());
+            sum.add(&e);
+        });
+        sum.finish(h);
     }
 }

@@ -1,5 +1,6 @@
 //! Cuckoo-table filters: GCF and ORCF over one shared table implementation.
 
+mod column;
 mod gcuckoo;
 mod orcuckoo;
 pub(crate) mod table;

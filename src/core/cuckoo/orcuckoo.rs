@@ -216,6 +216,11 @@ impl OrCuckoo {
         self.table.overflow_len()
     }
 
+    /// Calls `f` with the packed tag ([`Dot::pack`]) of every entry, without collecting them.
+    pub(crate) fn for_each_tag(&self, mut f: impl FnMut(u64)) {
+        self.table.for_each(|_, e| f(e.payload));
+    }
+
     /// The version tags of every entry.
     pub fn dots(&self) -> Vec<Dot> {
         let mut v = Vec::with_capacity(self.table.len());
@@ -662,6 +667,9 @@ impl crate::core::kind::ObservedRemove for OrCuckoo {
     }
     fn dots(&self) -> Vec<Dot> {
         OrCuckoo::dots(self)
+    }
+    fn for_each_dot(&self, f: &mut dyn FnMut(Dot)) {
+        self.for_each_tag(|t| f(Dot::unpack(t)))
     }
     fn history(&self) -> std::borrow::Cow<'_, CausalContext> {
         std::borrow::Cow::Borrowed(OrCuckoo::history(self))

@@ -7,15 +7,23 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::column::{Column, NoPayload, TagColumn};
 use crate::core::codec::{pack, unpack};
 use crate::core::error::FilterError;
 use crate::core::hash::alt_index;
 use crate::core::params::CuckooParams;
 
-/// What an entry carries besides its fingerprint: nothing for GCF, a version tag for ORCF.
-pub(crate) trait Payload: Copy + Default + Eq + fmt::Debug + Send + Sync + 'static {}
-impl Payload for () {}
-impl Payload for u64 {}
+/// What an entry carries besides its fingerprint: nothing for GCF, a version tag for ORCF;
+/// and how a table stores it per slot.
+pub(crate) trait Payload: Copy + Default + Eq + fmt::Debug + Send + Sync + 'static {
+    type Column: Column<Self>;
+}
+impl Payload for () {
+    type Column = NoPayload;
+}
+impl Payload for u64 {
+    type Column = TagColumn;
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Entry<P> {
@@ -49,7 +57,8 @@ pub(crate) struct Table<P: Payload> {
     /// High byte, only for fingerprints over 8 bits: 8-bit fingerprints take one byte per slot,
     /// so the default table is half the size and stays in cache longer.
     fp_hi: Vec<u8>,
-    payloads: Vec<P>,
+    /// Payloads of the main slots (bit-packed tags for ORCF).
+    payloads: P::Column,
     overflow: BTreeMap<usize, Vec<Entry<P>>>,
     /// One bit per bucket: has overflow entries. Keeps the query fast path off the map.
     overflow_flags: Vec<u64>,
@@ -76,7 +85,7 @@ impl<P: Payload> Table<P> {
             } else {
                 Vec::new()
             },
-            payloads: vec![P::default(); buckets * c],
+            payloads: P::Column::new(buckets * c),
             overflow: BTreeMap::new(),
             overflow_flags: vec![0; buckets.div_ceil(64)],
             len: 0,
@@ -139,7 +148,7 @@ impl<P: Payload> Table<P> {
     fn get(&self, slot: usize) -> Entry<P> {
         Entry {
             fp: self.fp_at(slot),
-            payload: self.payloads[slot],
+            payload: self.payloads.get(slot),
         }
     }
     fn main_count(&self, b: usize) -> usize {
@@ -241,7 +250,7 @@ impl<P: Payload> Table<P> {
             });
         }
         self.set_fp(slot, e.fp);
-        self.payloads[slot] = e.payload;
+        self.payloads.set(slot, e.payload);
     }
 
     fn log_overflow(&self, b: usize, log: Option<&mut Vec<Undo<P>>>) {
@@ -391,7 +400,7 @@ impl<P: Payload> Table<P> {
             match undo {
                 Undo::Slot { slot, old } => {
                     self.set_fp(slot, old.fp);
-                    self.payloads[slot] = old.payload;
+                    self.payloads.set(slot, old.payload);
                 }
                 Undo::Overflow { bucket, old } => {
                     self.set_overflow_flag(bucket, !old.is_empty());
@@ -526,7 +535,7 @@ impl<P: Payload> Table<P> {
         let mut it = payloads.into_iter();
         for slot in 0..t.slots() {
             if t.fp_at(slot) != 0 {
-                t.payloads[slot] = it.next().expect("counted");
+                t.payloads.set(slot, it.next().expect("counted"));
             }
         }
         for v in t.overflow.values_mut() {

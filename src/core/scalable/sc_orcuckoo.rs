@@ -114,6 +114,13 @@ impl ScOrCuckoo {
         self.subs.len()
     }
 
+    /// Calls `f` with the packed tag ([`Dot::pack`]) of every entry, without collecting them.
+    pub(crate) fn for_each_tag(&self, mut f: impl FnMut(u64)) {
+        for t in &self.subs {
+            t.for_each(|_, e| f(e.payload));
+        }
+    }
+
     /// The version tags of every entry.
     pub fn dots(&self) -> Vec<Dot> {
         let mut v = Vec::new();
@@ -553,6 +560,9 @@ impl crate::core::kind::ObservedRemove for ScOrCuckoo {
     }
     fn dots(&self) -> Vec<Dot> {
         ScOrCuckoo::dots(self)
+    }
+    fn for_each_dot(&self, f: &mut dyn FnMut(Dot)) {
+        self.for_each_tag(|t| f(Dot::unpack(t)))
     }
     fn history(&self) -> std::borrow::Cow<'_, CausalContext> {
         std::borrow::Cow::Borrowed(ScOrCuckoo::history(self))
