@@ -195,7 +195,7 @@ async fn malformed_batches_and_limits_get_error_replies() {
     let nine: Vec<u8> = batch::encode(items("i", 9)).unwrap();
     // (operation, payload, request headers, what the error says)
     type Case<'a> = (Op, Vec<u8>, Vec<(&'a str, &'a str)>, &'a str);
-    let cases: Vec<Case> = vec![
+    let cases: Vec<Case<'_>> = vec![
         (
             Op::MAdd,
             with(vec![3, 0]),

@@ -383,7 +383,7 @@ mod erased {
     use serde::Serialize;
 
     /// Both CBOR layouts of a value, behind a trait object.
-    pub trait Encode {
+    pub(crate) trait Encode {
         fn named(&self) -> Vec<u8>;
         fn packed(&self) -> Vec<u8>;
     }

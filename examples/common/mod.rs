@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A running server, stopped when dropped.
-pub struct Server(std::process::Child, #[allow(dead_code)] tempfile::TempDir);
+pub(crate) struct Server(std::process::Child, #[allow(dead_code)] tempfile::TempDir);
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -17,7 +17,7 @@ impl Drop for Server {
 
 /// Starts `$CRPF_NATS_SERVER` (or `.tools/nats/bin/nats-server`) on a free loopback port;
 /// returns it and its URL.
-pub fn start_server() -> (Server, String) {
+pub(crate) fn start_server() -> (Server, String) {
     let bin = std::env::var_os("CRPF_NATS_SERVER")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -50,7 +50,7 @@ pub fn start_server() -> (Server, String) {
 
 /// The `q`-quantile of sorted values.
 #[allow(dead_code)] // not every example reports quantiles
-pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }

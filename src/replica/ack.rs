@@ -113,7 +113,7 @@ impl<R> Default for Resolved<R> {
 
 impl<R> Resolved<R> {
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.ok.is_empty() && self.failed.is_empty()
     }
 }
@@ -129,7 +129,7 @@ impl<R> Default for AckTracker<R> {
 impl<R> AckTracker<R> {
     /// An update carried by commit `batch` waits for `level` (not `Local`, which is answered
     /// at once).
-    pub fn wait(&mut self, level: AckLevel, batch: u64, responder: R) {
+    pub(super) fn wait(&mut self, level: AckLevel, batch: u64, responder: R) {
         debug_assert!(level != AckLevel::Local);
         self.waiting.push_back(Waiting {
             level,
@@ -140,12 +140,12 @@ impl<R> AckTracker<R> {
     }
 
     /// Updates waiting.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.waiting.len()
     }
 
     /// Whether any update waits for a commit not yet made (at or after `batch`).
-    pub fn wants_commit(&self, batch: u64) -> bool {
+    pub(super) fn wants_commit(&self, batch: u64) -> bool {
         self.waiting
             .iter()
             .any(|w| w.published.is_none() && w.batch >= batch)
@@ -153,7 +153,7 @@ impl<R> AckTracker<R> {
 
     /// Whether commit `batch` carries updates that wait for peers (its delta then asks its
     /// receivers to acknowledge it).
-    pub fn wants_confirmation(&self, batch: u64) -> bool {
+    pub(super) fn wants_confirmation(&self, batch: u64) -> bool {
         self.waiting
             .iter()
             .any(|w| w.level == AckLevel::Replicated && w.published.is_none() && w.batch <= batch)
@@ -163,7 +163,7 @@ impl<R> AckTracker<R> {
     /// sequence number `seq` (`None`: nothing was published, the batch held no change).
     /// `Durable` updates are answered; `Replicated` ones now wait for `needed` peers until
     /// `deadline` (none needed: answered too).
-    pub fn committed(
+    pub(super) fn committed(
         &mut self,
         batch: u64,
         seq: Option<u64>,
@@ -196,7 +196,7 @@ impl<R> AckTracker<R> {
 
     /// Commits up to `batch` could not be made durable: their updates are answered with the
     /// error.
-    pub fn commit_failed(&mut self, batch: u64, error: &str) -> Resolved<R> {
+    pub(super) fn commit_failed(&mut self, batch: u64, error: &str) -> Resolved<R> {
         self.resolve_where(
             |w| w.batch <= batch && w.published.is_none(),
             |_| AckFailure::NotDurable(error.to_string()),
@@ -204,7 +204,7 @@ impl<R> AckTracker<R> {
     }
 
     /// Peer `peer` merged our delta of sequence number `seq`.
-    pub fn acked(&mut self, peer: Uuid, seq: u64) -> Resolved<R> {
+    pub(super) fn acked(&mut self, peer: Uuid, seq: u64) -> Resolved<R> {
         for w in self.waiting.iter_mut() {
             if let Some(p) = &mut w.published
                 && p.seq == seq
@@ -226,7 +226,7 @@ impl<R> AckTracker<R> {
     }
 
     /// Published updates whose deadline passed are answered with `NotReplicated`.
-    pub fn expire(&mut self, now: Instant) -> Resolved<R> {
+    pub(super) fn expire(&mut self, now: Instant) -> Resolved<R> {
         self.resolve_where(
             |w| w.published.as_ref().is_some_and(|p| p.deadline <= now),
             |w| {
@@ -241,7 +241,7 @@ impl<R> AckTracker<R> {
 
     /// Everything still waiting is answered: `durable_through` is the last commit known
     /// durable (a final snapshot makes every update durable), the rest fails with `Stopped`.
-    pub fn stop(&mut self, durable_through: Option<u64>) -> Resolved<R> {
+    pub(super) fn stop(&mut self, durable_through: Option<u64>) -> Resolved<R> {
         let mut out = Resolved::default();
         for w in self.waiting.drain(..) {
             let durable = durable_through.is_some_and(|b| w.batch <= b);

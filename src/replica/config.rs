@@ -140,76 +140,76 @@ pub struct ReplicaConfig {
 }
 
 mod d {
-    pub fn prefix() -> String {
+    pub(super) fn prefix() -> String {
         "crpf".into()
     }
-    pub fn delta_interval_ms() -> u64 {
+    pub(super) fn delta_interval_ms() -> u64 {
         50
     }
-    pub fn delta_max_updates() -> usize {
+    pub(super) fn delta_max_updates() -> usize {
         1024
     }
-    pub fn anti_entropy_interval_ms() -> u64 {
+    pub(super) fn anti_entropy_interval_ms() -> u64 {
         5_000
     }
-    pub fn min_push_interval_ms() -> u64 {
+    pub(super) fn min_push_interval_ms() -> u64 {
         1_000
     }
-    pub fn catch_up_timeout_ms() -> u64 {
+    pub(super) fn catch_up_timeout_ms() -> u64 {
         2_000
     }
-    pub fn snapshot_interval_ms() -> u64 {
+    pub(super) fn snapshot_interval_ms() -> u64 {
         30_000
     }
-    pub fn tag_reserve_block() -> u64 {
+    pub(super) fn tag_reserve_block() -> u64 {
         4_096
     }
-    pub fn max_message_bytes() -> usize {
+    pub(super) fn max_message_bytes() -> usize {
         8 << 20
     }
-    pub fn max_state_bytes() -> u64 {
+    pub(super) fn max_state_bytes() -> u64 {
         256 << 20
     }
-    pub fn chunk_bytes() -> usize {
+    pub(super) fn chunk_bytes() -> usize {
         512 << 10
     }
-    pub fn max_item_bytes() -> usize {
+    pub(super) fn max_item_bytes() -> usize {
         4_096
     }
-    pub fn max_batch_items() -> usize {
+    pub(super) fn max_batch_items() -> usize {
         crate::api::DEFAULT_MAX_BATCH_ITEMS
     }
-    pub fn inbound_buffer() -> usize {
+    pub(super) fn inbound_buffer() -> usize {
         65_536
     }
-    pub fn inbound_max_bytes() -> u64 {
+    pub(super) fn inbound_max_bytes() -> u64 {
         256 << 20
     }
-    pub fn yes() -> bool {
+    pub(super) fn yes() -> bool {
         true
     }
-    pub fn metrics_interval_ms() -> u64 {
+    pub(super) fn metrics_interval_ms() -> u64 {
         1_000
     }
-    pub fn replicated_timeout_ms() -> u64 {
+    pub(super) fn replicated_timeout_ms() -> u64 {
         5_000
     }
-    pub fn max_peers() -> usize {
+    pub(super) fn max_peers() -> usize {
         256
     }
-    pub fn peer_expiry_ms() -> u64 {
+    pub(super) fn peer_expiry_ms() -> u64 {
         60_000
     }
-    pub fn outbound_buffer() -> usize {
+    pub(super) fn outbound_buffer() -> usize {
         65_536
     }
-    pub fn id_lease_renew_ms() -> u64 {
+    pub(super) fn id_lease_renew_ms() -> u64 {
         10_000
     }
-    pub fn id_lease_block() -> u64 {
+    pub(super) fn id_lease_block() -> u64 {
         1 << 20
     }
-    pub fn retire_after_ms() -> u64 {
+    pub(super) fn retire_after_ms() -> u64 {
         3_600_000
     }
 }

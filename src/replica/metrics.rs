@@ -232,7 +232,7 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    pub fn new(filter: &str, replica: u16, target_fpr: f64) -> Self {
+    pub(crate) fn new(filter: &str, replica: u16, target_fpr: f64) -> Self {
         describe();
         let labels = vec![
             Label::new("filter", filter.to_string()),
@@ -303,20 +303,24 @@ impl Metrics {
         l
     }
 
-    pub fn counter(&self, name: &'static str, extra: &[(&'static str, &str)]) -> Counter {
+    pub(crate) fn counter(&self, name: &'static str, extra: &[(&'static str, &str)]) -> Counter {
         metrics::counter!(name, self.with(extra))
     }
 
-    pub fn gauge(&self, name: &'static str, extra: &[(&'static str, &str)]) -> Gauge {
+    pub(crate) fn gauge(&self, name: &'static str, extra: &[(&'static str, &str)]) -> Gauge {
         metrics::gauge!(name, self.with(extra))
     }
 
-    pub fn histogram(&self, name: &'static str, extra: &[(&'static str, &str)]) -> Histogram {
+    pub(crate) fn histogram(
+        &self,
+        name: &'static str,
+        extra: &[(&'static str, &str)],
+    ) -> Histogram {
         metrics::histogram!(name, self.with(extra))
     }
 
     /// Counts a message and its bytes.
-    pub fn traffic(&self, direction: &'static str, channel: &'static str, bytes: usize) {
+    pub(crate) fn traffic(&self, direction: &'static str, channel: &'static str, bytes: usize) {
         if let (Some(d), Some(c)) = (index(&DIRECTIONS, direction), index(&CHANNELS, channel)) {
             let (messages, total) = &self.hot.traffic[d][c];
             messages.increment(1);
@@ -329,7 +333,7 @@ impl Metrics {
     }
 
     /// Counts a batch's item operations (one metric update per batch, not per item).
-    pub fn count_ops(&self, op: &'static str, ok: u64, failed: u64) {
+    pub(crate) fn count_ops(&self, op: &'static str, ok: u64, failed: u64) {
         for (outcome, n) in [("ok", ok), ("error", failed)] {
             if n > 0 {
                 self.counter(OPERATIONS, &[("op", op), ("outcome", outcome)])
@@ -339,7 +343,7 @@ impl Metrics {
     }
 
     /// Counts a local operation.
-    pub fn op(&self, op: &'static str, ok: bool) {
+    pub(crate) fn op(&self, op: &'static str, ok: bool) {
         match index(&OPS, op) {
             Some(i) => self.hot.ops[i][usize::from(!ok)].increment(1),
             None => {
@@ -351,7 +355,7 @@ impl Metrics {
     }
 
     /// Counts a merge and records its duration.
-    pub fn merge(&self, source: &'static str, ok: bool, seconds: f64) {
+    pub(crate) fn merge(&self, source: &'static str, ok: bool, seconds: f64) {
         match index(&MERGE_SOURCES, source) {
             Some(i) => {
                 let (counters, duration) = &self.hot.merges[i];

@@ -53,7 +53,7 @@ pub(crate) struct Reassembly {
 }
 
 impl Reassembly {
-    pub fn new(max_state_bytes: u64, timeout: Duration) -> Self {
+    pub(super) fn new(max_state_bytes: u64, timeout: Duration) -> Self {
         Reassembly {
             partial: HashMap::new(),
             done: HashMap::new(),
@@ -63,7 +63,7 @@ impl Reassembly {
     }
 
     /// Adds a chunk (its header already checked for self-consistency by the wire layer).
-    pub fn add(&mut self, sender: Uuid, c: StateChunk) -> Result<Progress, WireError> {
+    pub(super) fn add(&mut self, sender: Uuid, c: StateChunk) -> Result<Progress, WireError> {
         if c.total_len > self.max_state_bytes {
             return Err(WireError::Oversized {
                 len: c.total_len as usize,
@@ -164,14 +164,14 @@ impl Reassembly {
     }
 
     /// Forgets what it knows of a sender (it expired as a peer).
-    pub fn forget(&mut self, sender: &Uuid) {
+    pub(super) fn forget(&mut self, sender: &Uuid) {
         self.partial.remove(sender);
         self.done.remove(sender);
     }
 
     /// Drops transfers older than the timeout (their missing chunks were lost); returns how
     /// many.
-    pub fn expire(&mut self) -> usize {
+    pub(super) fn expire(&mut self) -> usize {
         let before = self.partial.len();
         let timeout = self.timeout;
         self.partial.retain(|_, p| p.started.elapsed() < timeout);
@@ -180,7 +180,7 @@ impl Reassembly {
 
     /// Transfers in progress.
     #[cfg(test)]
-    pub fn in_progress(&self) -> usize {
+    pub(super) fn in_progress(&self) -> usize {
         self.partial.len()
     }
 }

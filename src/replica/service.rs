@@ -187,7 +187,7 @@ pub(crate) struct Served {
 
 impl Served {
     /// Counts the request, answered now, with `error` if the answer is one.
-    pub fn finish(self, error: Option<&ServiceError>) {
+    pub(crate) fn finish(self, error: Option<&ServiceError>) {
         let Some(i) = self.endpoint else { return };
         let mut c = self.service.endpoints[i]
             .counts
@@ -212,7 +212,7 @@ enum Verb {
 
 impl ApiService {
     /// The service of replica `replica` (uuid `uuid`) of a filter.
-    pub fn new(
+    pub(crate) fn new(
         subjects: &Subjects,
         prefix: &str,
         filter: &str,
@@ -282,18 +282,18 @@ impl ApiService {
     }
 
     /// The service name.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// This instance's id.
-    pub fn id(&self) -> &str {
+    pub(crate) fn id(&self) -> &str {
         &self.id
     }
 
     /// The subscriptions that hear every service request for this instance: the verbs to all
     /// services, to this service, and to this instance (each `*` one verb).
-    pub fn subscriptions(&self) -> [String; 3] {
+    pub(crate) fn subscriptions(&self) -> [String; 3] {
         [
             format!("{SERVICE_PREFIX}.*"),
             format!("{SERVICE_PREFIX}.*.{}", self.name),
@@ -303,7 +303,7 @@ impl ApiService {
 
     /// Starts counting a request of the request API on `subject` (on no endpoint if it names
     /// no known operation).
-    pub fn serve(self: &Arc<Self>, subject: &str) -> Served {
+    pub(crate) fn serve(self: &Arc<Self>, subject: &str) -> Served {
         let endpoint = self.subjects.api_target(subject).and_then(|(replica, op)| {
             let i = Op::ALL.iter().position(|o| o.name() == op)?;
             Some(if replica.is_some() {
@@ -321,7 +321,7 @@ impl ApiService {
 
     /// The JSON answer to a service request on `subject`; `None` if it is not one for this
     /// instance (another service's, an unknown verb).
-    pub fn answer(&self, subject: &str) -> Option<Bytes> {
+    pub(crate) fn answer(&self, subject: &str) -> Option<Bytes> {
         let mut tokens = subject.split('.');
         if tokens.next() != Some(SERVICE_PREFIX) {
             return None;

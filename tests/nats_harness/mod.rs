@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 /// The server binary: `$CRPF_NATS_SERVER`, else `.tools/nats/bin/nats-server` (installed by
 /// `scripts/test.sh`). Panics with instructions if neither exists: these tests never skip.
-pub fn binary() -> PathBuf {
+pub(crate) fn binary() -> PathBuf {
     if let Some(p) = std::env::var_os("CRPF_NATS_SERVER").map(PathBuf::from) {
         assert!(p.exists(), "CRPF_NATS_SERVER={p:?} does not exist");
         return p;
@@ -25,7 +25,7 @@ pub fn binary() -> PathBuf {
 }
 
 /// A free TCP port on the loopback interface.
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -34,7 +34,7 @@ pub fn free_port() -> u16 {
 }
 
 /// One `nats-server` process.
-pub struct NatsServer {
+pub(crate) struct NatsServer {
     child: Option<Child>,
     pub port: u16,
     pub cluster_port: u16,
@@ -52,17 +52,17 @@ pub struct NatsServer {
 
 impl NatsServer {
     /// `nats://127.0.0.1:<port>`.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
     /// A standalone server with JetStream.
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         Self::spawn("s0", free_port(), None)
     }
 
     /// A standalone server with JetStream and a configuration file (`-c`) holding `config`.
-    pub fn start_with_config(config: &str) -> Self {
+    pub(crate) fn start_with_config(config: &str) -> Self {
         let mut s = Self::new("s0", free_port(), None);
         s.config = Some(config.to_string());
         s.launch();
@@ -73,7 +73,7 @@ impl NatsServer {
     /// A standalone server with JetStream and a configuration file (`-c`), with `env` set for
     /// its `$VARIABLE`s; the port, store directory and log file (see [`NatsServer::log`]) are
     /// set on the command line, which overrides the file.
-    pub fn with_config(config: &std::path::Path, env: &[(&str, &str)]) -> Self {
+    pub(crate) fn with_config(config: &std::path::Path, env: &[(&str, &str)]) -> Self {
         let mut s = Self::new("s0", free_port(), None);
         let env = env
             .iter()
@@ -87,12 +87,12 @@ impl NatsServer {
 
     /// What the server logged so far (servers started with a configuration file log to a
     /// file; the others log nowhere).
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
 
     /// A standalone server without JetStream: its JetStream API has no responders.
-    pub fn start_without_jetstream() -> Self {
+    pub(crate) fn start_without_jetstream() -> Self {
         let mut s = Self::new("s0", free_port(), None);
         s.jetstream = false;
         s.launch();
@@ -101,7 +101,7 @@ impl NatsServer {
     }
 
     /// A cluster of `n` servers with routes on loopback, JetStream on each.
-    pub fn cluster(n: usize) -> Vec<Self> {
+    pub(crate) fn cluster(n: usize) -> Vec<Self> {
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
         let routes = ports
             .iter()
@@ -178,7 +178,7 @@ impl NatsServer {
     }
 
     /// Starts a killed server again on the same ports with the same JetStream store.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         assert!(self.child.is_none(), "{} is still running", self.name);
         self.launch();
         self.wait_accepting();
@@ -197,7 +197,7 @@ impl NatsServer {
     }
 
     /// Kills the server with SIGKILL (by its pid) and reaps it.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -217,7 +217,7 @@ impl Drop for NatsServer {
 // Not every test binary that includes this module uses them.
 #[cfg(all(feature = "node", feature = "eval"))]
 #[allow(unused_imports)]
-pub use procs::*;
+pub(crate) use procs::*;
 
 #[cfg(all(feature = "node", feature = "eval"))]
 mod procs {
@@ -226,12 +226,12 @@ mod procs {
     use std::time::{Duration, Instant};
 
     /// The `crpf` binary Cargo built for this test.
-    pub const CRPF: &str = env!("CARGO_BIN_EXE_crpf");
+    pub(crate) const CRPF: &str = env!("CARGO_BIN_EXE_crpf");
 
     /// The binary the tests run: `$CRPF_BIN` if set (a release build, or the `deps/crpf-<hash>`
     /// of this checkout when several checkouts share one target directory and its
     /// `debug/crpf` may be another's), else [`CRPF`].
-    pub fn crpf_bin() -> PathBuf {
+    pub(crate) fn crpf_bin() -> PathBuf {
         match std::env::var_os("CRPF_BIN") {
             Some(p) => {
                 let p = PathBuf::from(p);
@@ -244,7 +244,7 @@ mod procs {
 
     /// A child process killed (by its pid) and reaped when dropped; its output goes to a log
     /// file that failures print.
-    pub struct Proc {
+    pub(crate) struct Proc {
         pub name: String,
         child: Option<Child>,
         pub log: PathBuf,
@@ -253,7 +253,7 @@ mod procs {
     impl Proc {
         /// Starts `cmd` with its stdout and stderr in `log` (appended to, so that a restarted
         /// process keeps the earlier life's lines).
-        pub fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Proc {
+        pub(crate) fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Proc {
             let out = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -271,12 +271,12 @@ mod procs {
             }
         }
 
-        pub fn pid(&self) -> i32 {
+        pub(crate) fn pid(&self) -> i32 {
             self.child.as_ref().expect("running").id() as i32
         }
 
         /// The last 40 lines of the log, headed by the process name.
-        pub fn log_tail(&self) -> String {
+        pub(crate) fn log_tail(&self) -> String {
             let text = std::fs::read_to_string(&self.log).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             let from = lines.len().saturating_sub(40);
@@ -289,14 +289,14 @@ mod procs {
         }
 
         /// Panics (with the log) if the process exited.
-        pub fn assert_running(&mut self) {
+        pub(crate) fn assert_running(&mut self) {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("{} exited with {status}\n{}", self.name, self.log_tail());
             }
         }
 
         /// Waits for the process to exit; None at the deadline.
-        pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        pub(crate) fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
             let deadline = Instant::now() + timeout;
             let child = self.child.as_mut().unwrap();
             loop {
@@ -311,7 +311,7 @@ mod procs {
         }
 
         /// SIGKILL (`kill -9`) by pid, and reap.
-        pub fn kill9(&mut self) {
+        pub(crate) fn kill9(&mut self) {
             if let Some(mut c) = self.child.take() {
                 let _ = c.kill();
                 let _ = c.wait();
@@ -320,7 +320,7 @@ mod procs {
 
         /// SIGTERM by pid: the graceful stop (final snapshots, NATS drained); panics (with the
         /// log) unless the process then exits with success within `timeout`.
-        pub fn terminate(&mut self, timeout: Duration) {
+        pub(crate) fn terminate(&mut self, timeout: Duration) {
             assert_eq!(unsafe { libc::kill(self.pid(), libc::SIGTERM) }, 0);
             let status = self
                 .wait_exit(timeout)
@@ -342,7 +342,7 @@ mod procs {
     }
 
     /// `crpf <args>` without inherited `CRPF_*__*` overrides or `RUST_LOG`.
-    pub fn crpf(args: &[&str]) -> Command {
+    pub(crate) fn crpf(args: &[&str]) -> Command {
         let mut cmd = Command::new(crpf_bin());
         cmd.args(args).env_remove("RUST_LOG");
         for (k, _) in std::env::vars_os() {
@@ -355,7 +355,7 @@ mod procs {
 
     /// A request to the API of a crpf filter (`crpf.<filter>.api.<op>`) over a plain NATS
     /// client, with its own timeout; the reply parsed as JSON.
-    pub async fn api_request(
+    pub(crate) async fn api_request(
         client: &async_nats::Client,
         subject: String,
         payload: Vec<u8>,
@@ -371,7 +371,7 @@ mod procs {
 
     /// Polls `f` until it returns Ok or the deadline passes (then panics with `what` and the
     /// last error `f` reported).
-    pub fn wait_for<T>(
+    pub(crate) fn wait_for<T>(
         what: &str,
         timeout: Duration,
         mut f: impl FnMut() -> Result<T, String>,

@@ -9,12 +9,12 @@ use crpf::replica::{AnyFilter, ReplicaConfig, ReplicaHandle};
 use crpf::wire::FilterKind;
 
 /// Fast timers for tests.
-pub fn cfg(name: &str, kind: FilterKind, capacity: u64, fpr: f64) -> ReplicaConfig {
+pub(crate) fn cfg(name: &str, kind: FilterKind, capacity: u64, fpr: f64) -> ReplicaConfig {
     ReplicaConfig::for_kind(name, kind, capacity, fpr).fast()
 }
 
 /// The join of every replica's state.
-pub fn merge_all(handles: &[ReplicaHandle]) -> AnyFilter {
+pub(crate) fn merge_all(handles: &[ReplicaHandle]) -> AnyFilter {
     let mut all = handles[0].snapshot();
     for h in &handles[1..] {
         all.merge(&h.snapshot()).expect("same parameters");
@@ -23,7 +23,7 @@ pub fn merge_all(handles: &[ReplicaHandle]) -> AnyFilter {
 }
 
 /// Waits until every replica is equivalent to the join of all; `false` on timeout.
-pub async fn converged(handles: &[ReplicaHandle], timeout: Duration) -> bool {
+pub(crate) async fn converged(handles: &[ReplicaHandle], timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
         let all = merge_all(handles);
@@ -39,13 +39,13 @@ pub async fn converged(handles: &[ReplicaHandle], timeout: Duration) -> bool {
 
 /// What a workload did: the tag of every add with its item, and the tags removes took out.
 #[derive(Default, Debug, Clone)]
-pub struct Log {
+pub(crate) struct Log {
     pub adds: Vec<(Vec<u8>, Dot)>,
     pub removed: BTreeSet<Dot>,
 }
 
 impl Log {
-    pub fn extend(&mut self, other: Log) {
+    pub(crate) fn extend(&mut self, other: Log) {
         self.adds.extend(other.adds);
         self.removed.extend(other.removed);
     }
@@ -53,7 +53,7 @@ impl Log {
 
 /// Random adds (of `prefix`-named items and of items shared by every workload) and removes of
 /// items this replica has seen, `ops` in all.
-pub async fn workload(h: &ReplicaHandle, prefix: &str, seed: u64, ops: usize) -> Log {
+pub(crate) async fn workload(h: &ReplicaHandle, prefix: &str, seed: u64, ops: usize) -> Log {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut log = Log::default();
     for i in 0..ops {
@@ -86,7 +86,7 @@ pub async fn workload(h: &ReplicaHandle, prefix: &str, seed: u64, ops: usize) ->
 /// Checks the observed-remove semantics on converged replicas: the live tags are exactly the
 /// tags added and not removed, no tag was issued twice, and an element with a live add is
 /// contained everywhere.
-pub fn check_or_semantics(handles: &[ReplicaHandle], log: &Log) {
+pub(crate) fn check_or_semantics(handles: &[ReplicaHandle], log: &Log) {
     let mut seen = BTreeSet::new();
     for (_, dot) in &log.adds {
         assert!(seen.insert(*dot), "tag {dot:?} issued twice");
@@ -118,7 +118,7 @@ pub fn check_or_semantics(handles: &[ReplicaHandle], log: &Log) {
 }
 
 /// How many replication messages the replica rejected for `reason`.
-pub async fn rejects(h: &ReplicaHandle, reason: &str) -> u64 {
+pub(crate) async fn rejects(h: &ReplicaHandle, reason: &str) -> u64 {
     h.stats()
         .await
         .unwrap()
@@ -131,7 +131,7 @@ pub async fn rejects(h: &ReplicaHandle, reason: &str) -> u64 {
 /// Two replicas of one filter on one shared transport (one NATS connection, one bus), both
 /// pushing full states after every change: each hears the other (they converge, and what
 /// `a` received is exactly what `b` sent) and none of its own messages come back to it.
-pub async fn shared_transport_without_echo(
+pub(crate) async fn shared_transport_without_echo(
     t: std::sync::Arc<dyn crpf::transport::Transport>,
     timeout: Duration,
 ) {

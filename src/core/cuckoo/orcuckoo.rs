@@ -67,20 +67,20 @@ impl<L> Default for PendingOr<L> {
 }
 
 impl<L: Copy> PendingOr<L> {
-    pub fn added(&mut self, dot: Dot, at: L) {
+    pub(crate) fn added(&mut self, dot: Dot, at: L) {
         self.entries.insert(dot.pack(), at);
         self.context.insert(dot);
     }
-    pub fn removed(&mut self, dot: Dot, at: L) {
+    pub(crate) fn removed(&mut self, dot: Dot, at: L) {
         self.entries.remove(&dot.pack());
         self.removed.insert(dot.pack(), at);
         self.context.insert(dot);
     }
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len() + self.removed.len()
     }
     /// The accumulated lists, sorted by tag, and the context; `None` if nothing changed.
-    pub fn take(&mut self) -> Option<TakenDelta<L>> {
+    pub(crate) fn take(&mut self) -> Option<TakenDelta<L>> {
         if self.context.is_empty() {
             return None;
         }

@@ -72,7 +72,7 @@ pub(crate) struct Table<P: Payload> {
 const MERGE_KICKS: i64 = 16;
 
 impl<P: Payload> Table<P> {
-    pub fn new(params: CuckooParams, rng_seed: u64) -> Self {
+    pub(crate) fn new(params: CuckooParams, rng_seed: u64) -> Self {
         let buckets = params.buckets as usize;
         let c = params.bucket_size as usize;
         Self {
@@ -94,26 +94,26 @@ impl<P: Payload> Table<P> {
         }
     }
 
-    pub fn params(&self) -> &CuckooParams {
+    pub(crate) fn params(&self) -> &CuckooParams {
         &self.params
     }
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
-    pub fn overflow_len(&self) -> usize {
+    pub(crate) fn overflow_len(&self) -> usize {
         self.overflow_len
     }
-    pub fn slots(&self) -> usize {
+    pub(crate) fn slots(&self) -> usize {
         self.buckets * self.c
     }
-    pub fn load_factor(&self) -> f64 {
+    pub(crate) fn load_factor(&self) -> f64 {
         self.len as f64 / self.slots() as f64
     }
-    pub fn rng(&mut self) -> &mut fastrand::Rng {
+    pub(crate) fn rng(&mut self) -> &mut fastrand::Rng {
         &mut self.rng
     }
     #[inline(always)]
-    pub fn alt(&self, bucket: usize, fp: u16) -> usize {
+    pub(crate) fn alt(&self, bucket: usize, fp: u16) -> usize {
         alt_index(bucket, fp, self.buckets)
     }
 
@@ -157,7 +157,7 @@ impl<P: Payload> Table<P> {
             .unwrap_or(self.c)
     }
     /// Entries in bucket `b`, overflow included.
-    pub fn occupancy(&self, b: usize) -> usize {
+    pub(crate) fn occupancy(&self, b: usize) -> usize {
         let n = self.main_count(b);
         if n == self.c && self.has_overflow(b) {
             n + self.overflow[&b].len()
@@ -168,14 +168,14 @@ impl<P: Payload> Table<P> {
 
     /// Whether bucket `b` holds fingerprint `fp`.
     #[inline(always)]
-    pub fn bucket_has_fp(&self, b: usize, fp: u16) -> bool {
+    pub(crate) fn bucket_has_fp(&self, b: usize, fp: u16) -> bool {
         (0..self.c).any(|k| self.fp_at(b * self.c + k) == fp)
             || (self.has_overflow(b) && self.overflow[&b].iter().any(|e| e.fp == fp))
     }
 
     /// Whether either candidate bucket of `(b, fp)` holds `fp`.
     #[inline(always)]
-    pub fn contains_fp(&self, b: usize, fp: u16) -> bool {
+    pub(crate) fn contains_fp(&self, b: usize, fp: u16) -> bool {
         let a = self.alt(b, fp);
         if self.c == 4 {
             // Both buckets tested branch-free, so that the two loads overlap instead of
@@ -206,7 +206,7 @@ impl<P: Payload> Table<P> {
     }
 
     /// The entries of bucket `b`, main slots first.
-    pub fn bucket_entries(&self, b: usize) -> impl Iterator<Item = Entry<P>> + '_ {
+    pub(crate) fn bucket_entries(&self, b: usize) -> impl Iterator<Item = Entry<P>> + '_ {
         let main = (0..self.main_count(b)).map(move |k| self.get(b * self.c + k));
         let over = self
             .has_overflow(b)
@@ -215,17 +215,17 @@ impl<P: Payload> Table<P> {
     }
 
     /// Position within bucket `b` of an entry equal to `e`.
-    pub fn find_exact(&self, b: usize, e: Entry<P>) -> Option<usize> {
+    pub(crate) fn find_exact(&self, b: usize, e: Entry<P>) -> Option<usize> {
         self.bucket_entries(b).position(|x| x == e)
     }
 
     /// Whether `e` sits at `b` or at its alternate bucket.
-    pub fn has_exact_either(&self, b: usize, e: Entry<P>) -> bool {
+    pub(crate) fn has_exact_either(&self, b: usize, e: Entry<P>) -> bool {
         self.find_exact(b, e).is_some() || self.find_exact(self.alt(b, e.fp), e).is_some()
     }
 
     /// Calls `f(bucket, entry)` for every entry: main slots in bucket order, then overflow.
-    pub fn for_each(&self, mut f: impl FnMut(usize, Entry<P>)) {
+    pub(crate) fn for_each(&self, mut f: impl FnMut(usize, Entry<P>)) {
         for b in 0..self.buckets {
             for k in 0..self.c {
                 let slot = b * self.c + k;
@@ -293,7 +293,7 @@ impl<P: Payload> Table<P> {
 
     /// Removes and returns the `k`-th entry of bucket `b`, keeping main slots filled from the
     /// front (an overflow entry, if any, moves into the freed main slot).
-    pub fn take(&mut self, b: usize, k: usize) -> Entry<P> {
+    pub(crate) fn take(&mut self, b: usize, k: usize) -> Entry<P> {
         self.take_at(b, k, None)
     }
 
@@ -323,7 +323,7 @@ impl<P: Payload> Table<P> {
     }
 
     /// Removes an entry equal to `e` from bucket `b` or its alternate; `false` if none.
-    pub fn remove_exact(&mut self, b: usize, e: Entry<P>) -> bool {
+    pub(crate) fn remove_exact(&mut self, b: usize, e: Entry<P>) -> bool {
         for bucket in [b, self.alt(b, e.fp)] {
             if let Some(k) = self.find_exact(bucket, e) {
                 self.take(bucket, k);
@@ -335,7 +335,7 @@ impl<P: Payload> Table<P> {
 
     /// Algorithm 1 (*cuckooInsert*): inserts `e` whose primary bucket is `i1`, displacing
     /// entries and smoothing out overflowing buckets. On `Err(Full)` every change is undone.
-    pub fn insert(&mut self, i1: usize, e: Entry<P>) -> Result<(), FilterError> {
+    pub(crate) fn insert(&mut self, i1: usize, e: Entry<P>) -> Result<(), FilterError> {
         let i2 = self.alt(i1, e.fp);
         let (n1, n2) = (self.occupancy(i1), self.occupancy(i2));
         let c = self.c;
@@ -419,7 +419,7 @@ impl<P: Payload> Table<P> {
     /// Places an entry arriving by merge. Any position in its two buckets is equivalent, so
     /// it goes where there is room, tries a few kicks, and only then overflows (a merge must
     /// always succeed, thesis 3.3.2).
-    pub fn place_merged(&mut self, b: usize, e: Entry<P>) {
+    pub(crate) fn place_merged(&mut self, b: usize, e: Entry<P>) {
         let a = self.alt(b, e.fp);
         let (nb, na) = (self.occupancy(b), self.occupancy(a));
         if nb < self.c {
@@ -434,7 +434,7 @@ impl<P: Payload> Table<P> {
     /// Serialized form: main fingerprints packed at `l` bits, overflow buckets as ascending
     /// index gaps with counts and packed fingerprints. Payloads are the owner's business, in
     /// [`Table::for_each`] order.
-    pub fn to_repr(&self) -> TableRepr {
+    pub(crate) fn to_repr(&self) -> TableRepr {
         let l = self.params.fingerprint_bits as u32;
         let mut gaps = Vec::with_capacity(self.overflow.len());
         let mut counts = Vec::with_capacity(self.overflow.len());
@@ -454,7 +454,7 @@ impl<P: Payload> Table<P> {
 
     /// Rebuilds a table from its serialized form and the payloads in `for_each` order,
     /// rejecting anything that could not have come from [`Table::to_repr`].
-    pub fn from_repr(
+    pub(crate) fn from_repr(
         params: CuckooParams,
         repr: &TableRepr,
         payloads: impl FnOnce(usize) -> Result<Vec<P>, FilterError>,

@@ -28,13 +28,13 @@ pub(crate) struct Series<F> {
 }
 
 impl<F: SubFilter> Series<F> {
-    pub fn contains(&self, item: &[u8]) -> bool {
+    pub(crate) fn contains(&self, item: &[u8]) -> bool {
         self.subs.iter().any(|f| f.contains(item))
     }
 
     /// Sub-filter-wise merge; sub-filters past our end are copied (merged into bottom).
     /// Callers check compatibility first, so that an error leaves `self` untouched.
-    pub fn merge(&mut self, other: &Self) -> Result<(), FilterError> {
+    pub(crate) fn merge(&mut self, other: &Self) -> Result<(), FilterError> {
         for (i, theirs) in other.subs.iter().enumerate() {
             match self.subs.get_mut(i) {
                 Some(mine) => mine.merge(theirs)?,
@@ -45,7 +45,7 @@ impl<F: SubFilter> Series<F> {
     }
 
     /// Sub-filter-wise `le`, padding the shorter series with bottom states.
-    pub fn le(&self, other: &Self) -> bool {
+    pub(crate) fn le(&self, other: &Self) -> bool {
         self.subs
             .iter()
             .enumerate()
@@ -55,11 +55,11 @@ impl<F: SubFilter> Series<F> {
             })
     }
 
-    pub fn cardinality(&self) -> f64 {
+    pub(crate) fn cardinality(&self) -> f64 {
         self.subs.iter().map(|f| f.cardinality()).sum()
     }
 
-    pub fn capacity(&self) -> u64 {
+    pub(crate) fn capacity(&self) -> u64 {
         self.subs
             .iter()
             .map(|f| f.capacity())
@@ -67,12 +67,12 @@ impl<F: SubFilter> Series<F> {
     }
 
     /// Eq. 2.12: `1 - Π (1 - ε_i)` over the sub-filters' current estimates.
-    pub fn compounded_fpr(&self) -> f64 {
+    pub(crate) fn compounded_fpr(&self) -> f64 {
         compound(self.subs.iter().map(|f| f.estimated_fpr()))
     }
 
     /// Whether the last sub-filter reached its capacity (Spec. 5 *expand* condition).
-    pub fn last_is_full(&self) -> bool {
+    pub(crate) fn last_is_full(&self) -> bool {
         self.subs
             .last()
             .is_none_or(|f| f.cardinality() >= f.capacity() as f64)

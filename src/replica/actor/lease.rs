@@ -37,7 +37,7 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
-    pub fn new(reserved: u64) -> Self {
+    pub(super) fn new(reserved: u64) -> Self {
         Lease {
             reserved,
             busy: false,

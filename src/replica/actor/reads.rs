@@ -36,7 +36,7 @@ pub(crate) struct Reads {
 
 impl Reads {
     /// Where a request goes: answered here if it is a query, else to the actor.
-    pub fn route(&self, msg: Message) -> Route {
+    pub(super) fn route(&self, msg: Message) -> Route {
         let op = self
             .subjects
             .api_op(&msg.subject)
