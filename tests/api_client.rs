@@ -16,21 +16,12 @@ use crpf::api::{ACK_HEADER, ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, Repl
 use crpf::client::{Client, ClientError};
 use crpf::replica::wal::{self, WAL_DIR, WalLimits};
 use crpf::replica::{AckLevel, AnyFilter, Replica, ReplicaConfig, ReplicaHandle};
-use crpf::transport::{NatsConfig, NatsTransport, Transport};
 use crpf::wire::FilterKind;
 use nats_harness::NatsServer;
-use replica_common::cfg;
+use replica_common::{cfg, connect};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-async fn connect(url: &str) -> Arc<dyn Transport> {
-    Arc::new(
-        NatsTransport::connect(NatsConfig::with_servers([url]))
-            .await
-            .expect("connect to nats-server"),
-    )
-}
 
 /// Starts a replica and waits until it answers on its own API subjects and the filter's
 /// (a ready replica subscribes to them then, so the first requests could find nobody).

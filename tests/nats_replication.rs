@@ -15,7 +15,7 @@ use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
 use crpf::Dot;
-use crpf::replica::{Replica, ReplicaConfig, ReplicaHandle};
+use crpf::replica::{Replica, ReplicaConfig};
 use crpf::transport::{
     FaultConfig, FaultyTransport, IdRegistry, NatsConfig, NatsTransport, Transport,
 };
@@ -24,20 +24,6 @@ use nats_harness::NatsServer;
 use replica_common::*;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-async fn connect(url: &str) -> Arc<dyn Transport> {
-    Arc::new(
-        NatsTransport::connect(NatsConfig::with_servers([url]))
-            .await
-            .expect("connect to nats-server"),
-    )
-}
-
-async fn stop(handles: &[ReplicaHandle]) {
-    for h in handles {
-        h.shutdown().await.unwrap();
-    }
-}
 
 #[actix::test]
 async fn three_replicas_converge_over_nats_with_ids_from_kv() {

@@ -128,12 +128,6 @@ async fn start(server: &NatsServer, cfg: ReplicaConfig, t: Arc<dyn Transport>) -
         .unwrap_or_else(|e| panic!("replica start: {e}\nserver log:\n{}", server.log()))
 }
 
-async fn stop(handles: &[ReplicaHandle]) {
-    for h in handles {
-        h.shutdown().await.unwrap();
-    }
-}
-
 #[actix::test]
 async fn replicas_replicate_and_clients_cannot_publish_replication_traffic() {
     let server = server_with_users();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use crpf::replica::durable::{HWM_FILE, SNAPSHOT_FILE};
-use crpf::replica::{AnyFilter, Replica, ReplicaError, ReplicaHandle};
+use crpf::replica::{AnyFilter, Replica, ReplicaError};
 use crpf::transport::{
     FaultConfig, FaultyTransport, IdRegistry, InProcessBus, Subjects, Transport,
 };
@@ -16,24 +16,6 @@ use replica_common::*;
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-async fn start_n(
-    n: usize,
-    cfg: &crpf::replica::ReplicaConfig,
-    t: Arc<dyn Transport>,
-) -> Vec<ReplicaHandle> {
-    let mut v = Vec::new();
-    for _ in 0..n {
-        v.push(Replica::start(cfg.clone(), t.clone()).await.unwrap());
-    }
-    v
-}
-
-async fn stop(handles: &[ReplicaHandle]) {
-    for h in handles {
-        h.shutdown().await.unwrap();
-    }
-}
 
 #[actix::test]
 async fn three_or_replicas_converge_under_concurrent_adds_and_removes() {

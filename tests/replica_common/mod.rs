@@ -171,3 +171,36 @@ pub(crate) async fn shared_transport_without_echo(
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+/// A transport on a connection of its own to the NATS server at `url`.
+pub(crate) async fn connect(url: &str) -> std::sync::Arc<dyn crpf::transport::Transport> {
+    std::sync::Arc::new(
+        crpf::transport::NatsTransport::connect(crpf::transport::NatsConfig::with_servers([url]))
+            .await
+            .expect("connect to nats-server"),
+    )
+}
+
+/// Starts `n` replicas of `cfg` on one transport.
+pub(crate) async fn start_n(
+    n: usize,
+    cfg: &ReplicaConfig,
+    t: std::sync::Arc<dyn crpf::transport::Transport>,
+) -> Vec<ReplicaHandle> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        v.push(
+            crpf::replica::Replica::start(cfg.clone(), t.clone())
+                .await
+                .unwrap(),
+        );
+    }
+    v
+}
+
+/// Shuts every replica down (final snapshots).
+pub(crate) async fn stop(handles: &[ReplicaHandle]) {
+    for h in handles {
+        h.shutdown().await.unwrap();
+    }
+}
