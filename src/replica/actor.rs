@@ -15,7 +15,7 @@ use super::ack::{AckLevel, AckTracker, Resolved, peers_needed};
 use super::config::ReplicaConfig;
 use super::durable::{DataDir, Identity, Reservation, Snapshot};
 use super::filter::{AnyFilter, FilterStats};
-use super::metrics::{self as m, Metrics};
+use super::metrics::{self as m, Direction, MergeSource, Metrics, OpKind};
 use super::reassembly::{Progress, Reassembly};
 use super::wal::{SegmentId, WalWriter};
 use super::{ReplicaError, ReplicaHandle, ReplicaStats};
@@ -131,7 +131,7 @@ pub(crate) enum Route {
 
 /// What the publisher task sends, in order.
 enum Outbound {
-    Publish(String, Bytes, &'static str),
+    Publish(String, Bytes, Channel),
     /// A full state, framed chunk by chunk as it is published (see [`StatePush`]).
     State(Box<StatePush>),
     /// A reply of the request API, with its headers.
@@ -343,12 +343,12 @@ impl Replica {
     }
 
     /// Queues a frame for the publisher task (which publishes in order).
-    fn send(&mut self, subject: String, frame: Vec<u8>, channel: &'static str) {
-        self.metrics.traffic("out", channel, frame.len());
+    fn send(&mut self, subject: String, frame: Vec<u8>, channel: Channel) {
+        self.metrics.traffic(Direction::Out, channel, frame.len());
         let c = &self.shared.counters;
         Counters::bump(&c.bytes_sent, frame.len() as u64);
         match channel {
-            "delta" => Counters::bump(&c.delta_bytes_sent, frame.len() as u64),
+            Channel::Delta => Counters::bump(&c.delta_bytes_sent, frame.len() as u64),
             _ => Counters::bump(&c.state_bytes_sent, frame.len() as u64),
         }
         self.enqueue(Outbound::Publish(subject, frame.into(), channel));
@@ -358,9 +358,9 @@ impl Replica {
     fn enqueue(&self, o: Outbound) {
         if let Err(mpsc::error::TrySendError::Full(o)) = self.outbound.try_send(o) {
             let channel = match &o {
-                Outbound::Publish(_, _, channel) => channel,
-                Outbound::State(_) => "state",
-                Outbound::Reply(..) => "api",
+                Outbound::Publish(_, _, channel) => m::channel_label(*channel),
+                Outbound::State(_) => m::channel_label(Channel::State),
+                Outbound::Reply(..) => m::channel_label(Channel::Api),
                 Outbound::Flush(_) => "flush",
             };
             Counters::bump(&self.shared.counters.outbound_dropped, 1);
@@ -374,7 +374,7 @@ impl Replica {
         let env = self.envelope(body);
         let frame = self.codec.encode(&env);
         let subject = self.subjects.state.clone();
-        self.send(subject, frame, "state");
+        self.send(subject, frame, Channel::State);
     }
 
     /// Commits the local updates since the last commit: appends their delta to the log (with
@@ -442,7 +442,7 @@ impl Replica {
         } else {
             Counters::bump(&self.shared.counters.deltas_sent, 1);
             let subject = self.subjects.delta.clone();
-            self.send(subject, frame, "delta");
+            self.send(subject, frame, Channel::Delta);
         }
         let timeout = ReplicaConfig::ms(self.cfg.replicated_timeout_ms);
         let needed = peers_needed(self.cfg.replicated_peers, self.live_peers());
@@ -633,11 +633,11 @@ impl Replica {
 
     fn on_replication(&mut self, env: Envelope, frame_len: usize, ctx: &mut Context<Self>) {
         let channel = if matches!(env.body, Body::Delta(_) | Body::ConfirmedDelta(_)) {
-            "delta"
+            Channel::Delta
         } else {
-            "state"
+            Channel::State
         };
-        self.metrics.traffic("in", channel, frame_len);
+        self.metrics.traffic(Direction::In, channel, frame_len);
         Counters::bump(&self.shared.counters.bytes_received, frame_len as u64);
         let min = ReplicaConfig::ms(self.cfg.min_push_interval_ms);
         if !self.peers.contains_key(&env.sender) && !self.make_room_for_peer() {
@@ -722,7 +722,7 @@ impl Replica {
     fn merge_delta(&mut self, bytes: &[u8]) -> bool {
         let t = Instant::now();
         let r = self.write().merge_remote_delta_bytes(bytes);
-        self.record_merge("delta", t, r.is_ok());
+        self.record_merge(MergeSource::Delta, t, r.is_ok());
         match r {
             Ok(()) => {
                 Counters::bump(&self.shared.counters.deltas_merged, 1);
@@ -736,7 +736,7 @@ impl Replica {
         }
     }
 
-    fn record_merge(&self, source: &'static str, t: Instant, ok: bool) {
+    fn record_merge(&self, source: MergeSource, t: Instant, ok: bool) {
         self.metrics.merge(source, ok, t.elapsed().as_secs_f64());
     }
 
@@ -857,17 +857,17 @@ impl Replica {
                 });
             }
             Err(e) => {
-                self.record_merge("state", Instant::now(), false);
+                self.record_merge(MergeSource::State, Instant::now(), false);
                 return self.reject(&e);
             }
         };
         if let Err(e) = self.read().check_remote_state(&other) {
-            self.record_merge("state", Instant::now(), false);
+            self.record_merge(MergeSource::State, Instant::now(), false);
             return self.reject(&super::filter::remote_error(e));
         }
         let t = Instant::now();
         let r = self.write().merge(&other);
-        self.record_merge("state", t, r.is_ok());
+        self.record_merge(MergeSource::State, t, r.is_ok());
         match r {
             Ok(()) => {
                 Counters::bump(&self.shared.counters.states_merged, 1);
@@ -930,7 +930,7 @@ impl Replica {
         check_item(item, self.cfg.max_item_bytes)
     }
 
-    fn op(&self, op: &'static str, ok: bool) {
+    fn op(&self, op: OpKind, ok: bool) {
         self.metrics.op(op, ok);
     }
 
@@ -962,7 +962,7 @@ impl Replica {
             .check_item(item)
             .and_then(|_| self.reserve_tags())
             .and_then(|_| self.write().add(item).map_err(ReplicaError::from));
-        self.op("add", r.is_ok());
+        self.op(OpKind::Add, r.is_ok());
         if r.is_ok() {
             self.local_change();
         }
@@ -973,7 +973,7 @@ impl Replica {
         let r = self
             .check_item(item)
             .and_then(|_| self.write().remove(item).map_err(ReplicaError::from));
-        self.op("remove", r.is_ok());
+        self.op(OpKind::Remove, r.is_ok());
         if matches!(r, Ok(Some(_))) {
             self.local_change();
         }
@@ -1475,14 +1475,15 @@ impl Actor for Replica {
         actix::spawn(async move {
             while let Some(o) = out.recv().await {
                 let (sent, channel) = match o {
-                    Outbound::Publish(subject, payload, channel) => {
-                        (replication.publish(subject, payload).await, channel)
-                    }
+                    Outbound::Publish(subject, payload, channel) => (
+                        replication.publish(subject, payload).await,
+                        m::channel_label(channel),
+                    ),
                     Outbound::State(push) => {
                         let mut sent = Ok(());
                         for i in 0..push.count() {
                             let frame = push.frame(i);
-                            metrics.traffic("out", "state", frame.len());
+                            metrics.traffic(Direction::Out, Channel::State, frame.len());
                             let c = &shared.counters;
                             Counters::bump(&c.bytes_sent, frame.len() as u64);
                             Counters::bump(&c.state_bytes_sent, frame.len() as u64);
@@ -1494,13 +1495,13 @@ impl Actor for Replica {
                                 break;
                             }
                         }
-                        (sent, "state")
+                        (sent, m::channel_label(Channel::State))
                     }
                     Outbound::Reply(subject, payload, headers) => (
                         transport
                             .publish_with_headers(subject, headers, payload)
                             .await,
-                        "api",
+                        m::channel_label(Channel::Api),
                     ),
                     Outbound::Flush(done) => {
                         let _ = replication.flush().await;
@@ -1797,7 +1798,7 @@ impl Handler<Contains> for Replica {
     type Result = Result<bool, ReplicaError>;
     fn handle(&mut self, msg: Contains, _: &mut Context<Self>) -> Self::Result {
         let r = self.do_contains(&msg.0);
-        self.op("contains", r.is_ok());
+        self.op(OpKind::Contains, r.is_ok());
         r
     }
 }
@@ -1821,7 +1822,7 @@ impl Handler<Merge> for Replica {
     fn handle(&mut self, msg: Merge, _: &mut Context<Self>) -> Self::Result {
         let t = Instant::now();
         let r = self.write().merge(&msg.0);
-        self.record_merge("local", t, r.is_ok());
+        self.record_merge(MergeSource::Local, t, r.is_ok());
         r?;
         self.changed();
         self.changed_since_push = true;

@@ -6,6 +6,8 @@ use std::sync::{Arc, Once};
 
 use metrics::{Counter, Gauge, Histogram, Label, Unit};
 
+pub(crate) use crate::transport::Channel;
+
 /// Estimated false positive rate of the current state.
 pub const ESTIMATED_FPR: &str = "crpf_estimated_fpr";
 /// Estimated elements / capacity.
@@ -192,10 +194,80 @@ pub fn describe() {
     });
 }
 
-const DIRECTIONS: [&str; 2] = ["in", "out"];
-const CHANNELS: [&str; 3] = ["delta", "state", "api"];
-const OPS: [&str; 3] = ["add", "remove", "contains"];
-const MERGE_SOURCES: [&str; 3] = ["delta", "state", "local"];
+/// Which way a message went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Direction {
+    In,
+    Out,
+}
+
+/// A local operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OpKind {
+    Add,
+    Remove,
+    Contains,
+}
+
+/// What a merge joined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MergeSource {
+    Delta,
+    State,
+    Local,
+}
+
+impl Direction {
+    const ALL: [Direction; 2] = [Direction::In, Direction::Out];
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Direction::In => "in",
+            Direction::Out => "out",
+        }
+    }
+}
+
+impl OpKind {
+    const ALL: [OpKind; 3] = [OpKind::Add, OpKind::Remove, OpKind::Contains];
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            OpKind::Add => "add",
+            OpKind::Remove => "remove",
+            OpKind::Contains => "contains",
+        }
+    }
+}
+
+impl MergeSource {
+    const ALL: [MergeSource; 3] = [MergeSource::Delta, MergeSource::State, MergeSource::Local];
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            MergeSource::Delta => "delta",
+            MergeSource::State => "state",
+            MergeSource::Local => "local",
+        }
+    }
+}
+
+/// The channels traffic is counted on, in the order of the handles.
+const CHANNELS: [Channel; 3] = [Channel::Delta, Channel::State, Channel::Api];
+
+/// The label of a channel.
+pub(crate) fn channel_label(c: Channel) -> &'static str {
+    match c {
+        Channel::Delta => "delta",
+        Channel::State => "state",
+        Channel::Api => "api",
+    }
+}
+
+fn channel_index(c: Channel) -> usize {
+    match c {
+        Channel::Delta => 0,
+        Channel::State => 1,
+        Channel::Api => 2,
+    }
+}
 
 /// Handles of the metrics recorded per message or operation, registered once: looking a
 /// handle up by its labels on every request cost a third of the actor's time.
@@ -206,10 +278,6 @@ struct Hot {
     ops: Vec<[Counter; 2]>,
     /// `[source][ok, rejected]`, and the duration histogram per source.
     merges: Vec<([Counter; 2], Histogram)>,
-}
-
-fn index(names: &[&str], name: &str) -> Option<usize> {
-    names.iter().position(|n| *n == name)
 }
 
 /// Handles of one replica's metrics, with its labels.
@@ -247,13 +315,14 @@ impl Metrics {
             l
         };
         let hot = Hot {
-            traffic: DIRECTIONS
+            traffic: Direction::ALL
                 .iter()
                 .map(|d| {
                     CHANNELS
                         .iter()
                         .map(|c| {
-                            let l = with(&[("direction", d), ("channel", c)]);
+                            let l =
+                                with(&[("direction", d.label()), ("channel", channel_label(*c))]);
                             (
                                 metrics::counter!(MESSAGES, l.clone()),
                                 metrics::counter!(BYTES, l),
@@ -262,19 +331,21 @@ impl Metrics {
                         .collect()
                 })
                 .collect(),
-            ops: OPS
+            ops: OpKind::ALL
                 .iter()
                 .map(|op| {
-                    ["ok", "error"]
-                        .map(|o| metrics::counter!(OPERATIONS, with(&[("op", op), ("outcome", o)])))
+                    ["ok", "error"].map(|o| {
+                        metrics::counter!(OPERATIONS, with(&[("op", op.label()), ("outcome", o)]))
+                    })
                 })
                 .collect(),
-            merges: MERGE_SOURCES
+            merges: MergeSource::ALL
                 .iter()
                 .map(|s| {
-                    let counters = ["ok", "rejected"]
-                        .map(|o| metrics::counter!(MERGES, with(&[("source", s), ("outcome", o)])));
-                    let h = metrics::histogram!(MERGE_DURATION, with(&[("source", s)]));
+                    let counters = ["ok", "rejected"].map(|o| {
+                        metrics::counter!(MERGES, with(&[("source", s.label()), ("outcome", o)]))
+                    });
+                    let h = metrics::histogram!(MERGE_DURATION, with(&[("source", s.label())]));
                     (counters, h)
                 })
                 .collect(),
@@ -311,64 +382,29 @@ impl Metrics {
         metrics::gauge!(name, self.with(extra))
     }
 
-    pub(crate) fn histogram(
-        &self,
-        name: &'static str,
-        extra: &[(&'static str, &str)],
-    ) -> Histogram {
-        metrics::histogram!(name, self.with(extra))
-    }
-
     /// Counts a message and its bytes.
-    pub(crate) fn traffic(&self, direction: &'static str, channel: &'static str, bytes: usize) {
-        if let (Some(d), Some(c)) = (index(&DIRECTIONS, direction), index(&CHANNELS, channel)) {
-            let (messages, total) = &self.hot.traffic[d][c];
-            messages.increment(1);
-            total.increment(bytes as u64);
-            return;
-        }
-        let extra = [("direction", direction), ("channel", channel)];
-        self.counter(MESSAGES, &extra).increment(1);
-        self.counter(BYTES, &extra).increment(bytes as u64);
+    pub(crate) fn traffic(&self, direction: Direction, channel: Channel, bytes: usize) {
+        let (messages, total) = &self.hot.traffic[direction as usize][channel_index(channel)];
+        messages.increment(1);
+        total.increment(bytes as u64);
     }
 
     /// Counts a batch's item operations (one metric update per batch, not per item).
-    pub(crate) fn count_ops(&self, op: &'static str, ok: u64, failed: u64) {
-        for (outcome, n) in [("ok", ok), ("error", failed)] {
-            if n > 0 {
-                self.counter(OPERATIONS, &[("op", op), ("outcome", outcome)])
-                    .increment(n);
-            }
-        }
+    pub(crate) fn count_ops(&self, op: OpKind, ok: u64, failed: u64) {
+        let [ok_counter, error_counter] = &self.hot.ops[op as usize];
+        ok_counter.increment(ok);
+        error_counter.increment(failed);
     }
 
     /// Counts a local operation.
-    pub(crate) fn op(&self, op: &'static str, ok: bool) {
-        match index(&OPS, op) {
-            Some(i) => self.hot.ops[i][usize::from(!ok)].increment(1),
-            None => {
-                let outcome = if ok { "ok" } else { "error" };
-                self.counter(OPERATIONS, &[("op", op), ("outcome", outcome)])
-                    .increment(1)
-            }
-        }
+    pub(crate) fn op(&self, op: OpKind, ok: bool) {
+        self.hot.ops[op as usize][usize::from(!ok)].increment(1);
     }
 
     /// Counts a merge and records its duration.
-    pub(crate) fn merge(&self, source: &'static str, ok: bool, seconds: f64) {
-        match index(&MERGE_SOURCES, source) {
-            Some(i) => {
-                let (counters, duration) = &self.hot.merges[i];
-                counters[usize::from(!ok)].increment(1);
-                duration.record(seconds);
-            }
-            None => {
-                let outcome = if ok { "ok" } else { "rejected" };
-                self.counter(MERGES, &[("source", source), ("outcome", outcome)])
-                    .increment(1);
-                self.histogram(MERGE_DURATION, &[("source", source)])
-                    .record(seconds);
-            }
-        }
+    pub(crate) fn merge(&self, source: MergeSource, ok: bool, seconds: f64) {
+        let (counters, duration) = &self.hot.merges[source as usize];
+        counters[usize::from(!ok)].increment(1);
+        duration.record(seconds);
     }
 }

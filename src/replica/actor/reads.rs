@@ -19,7 +19,7 @@ use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{Op, ReplyFormat};
 use crate::replica::ReplicaError;
-use crate::replica::metrics::Metrics;
+use crate::replica::metrics::{Channel, Direction, Metrics, OpKind};
 use crate::replica::service::ApiService;
 use crate::transport::{Message, Subjects};
 
@@ -44,7 +44,8 @@ impl Reads {
         if !matches!(op, Some(Op::Contains | Op::MContains)) {
             return Route::Actor(super::Inbound::Api(msg));
         }
-        self.metrics.traffic("in", "api", msg.payload.len());
+        self.metrics
+            .traffic(Direction::In, Channel::Api, msg.payload.len());
         let served = self.service.serve(&msg.subject);
         let mut body = match self.query(op == Some(Op::MContains), &msg) {
             Ok(body) => body,
@@ -56,7 +57,8 @@ impl Reads {
         body.served = Some(served);
         match body.finish(self.replica, msg.reply) {
             Some((to, headers, payload)) => {
-                self.metrics.traffic("out", "api", payload.len());
+                self.metrics
+                    .traffic(Direction::Out, Channel::Api, payload.len());
                 Route::Reply(to, headers, payload)
             }
             None => Route::Drop,
@@ -67,7 +69,7 @@ impl Reads {
         if !batch {
             let item = &msg.payload[..];
             let r = self.check_item(item).map(|()| self.filter().contains(item));
-            self.metrics.op("contains", r.is_ok());
+            self.metrics.op(OpKind::Contains, r.is_ok());
             return Ok(ApiReply::contains(r?));
         }
         let format = api_reply_format(msg)?;
@@ -77,7 +79,8 @@ impl Reads {
             let f = self.filter();
             items.iter().map(|&i| f.contains(i)).collect()
         };
-        self.metrics.count_ops("contains", found.len() as u64, 0);
+        self.metrics
+            .count_ops(OpKind::Contains, found.len() as u64, 0);
         Ok(match format {
             ReplyFormat::Json => ApiReply::json(&json!({ "contains": found })),
             ReplyFormat::Bitmap => ApiReply::bitmap(&found, None),

@@ -22,7 +22,7 @@ use crate::api::{ACK_HEADER, ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, Rep
 use crate::replica::ReplicaError;
 use crate::replica::ack::AckLevel;
 use crate::replica::filter::NotRemovable;
-use crate::replica::metrics::{self as m, Metrics};
+use crate::replica::metrics::{self as m, Channel, Direction, Metrics, OpKind};
 use crate::replica::service::{
     ApiService, SERVICE_ERROR_CODE_HEADER, SERVICE_ERROR_HEADER, Served, ServiceError,
 };
@@ -228,7 +228,8 @@ impl Replica {
     }
 
     pub(super) fn on_api(&mut self, msg: Message, ctx: &mut Context<Self>) {
-        self.metrics.traffic("in", "api", msg.payload.len());
+        self.metrics
+            .traffic(Direction::In, Channel::Api, msg.payload.len());
         let reply = msg.reply.clone();
         let served = self.service.as_ref().map(|s| s.serve(&msg.subject));
         match self.api_request(&msg) {
@@ -329,7 +330,7 @@ impl Replica {
                     .map(|&i| f.remove(i).map(|d| d.is_some()))
                     .collect::<Result<Vec<bool>, NotRemovable>>()?;
                 drop(f);
-                self.metrics.count_ops("remove", n, 0);
+                self.metrics.count_ops(OpKind::Remove, n, 0);
                 let changed = removed.contains(&true);
                 Ok(self.batch_changed(level, changed, reply("removed", &removed)))
             }
@@ -352,7 +353,7 @@ impl Replica {
                     }
                 }
                 let ok = (added.len() - failed.len()) as u64;
-                self.metrics.count_ops("add", ok, failed.len() as u64);
+                self.metrics.count_ops(OpKind::Add, ok, failed.len() as u64);
                 for (reason, count) in reasons {
                     self.count_api_errors(reason, count);
                 }
@@ -411,7 +412,8 @@ impl Replica {
 
     fn send_reply(&mut self, reply: Option<String>, body: ApiReply) {
         if let Some((to, headers, payload)) = body.finish(self.id(), reply) {
-            self.metrics.traffic("out", "api", payload.len());
+            self.metrics
+                .traffic(Direction::Out, Channel::Api, payload.len());
             self.enqueue(Outbound::Reply(to, payload, headers));
         }
     }
