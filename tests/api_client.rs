@@ -15,31 +15,13 @@ use crpf::api::batch;
 use crpf::api::{ACK_HEADER, ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
 use crpf::client::{Client, ClientError};
 use crpf::replica::wal::{self, WAL_DIR, WalLimits};
-use crpf::replica::{AckLevel, AnyFilter, Replica, ReplicaConfig, ReplicaHandle};
+use crpf::replica::{AckLevel, AnyFilter};
 use crpf::wire::FilterKind;
 use nats_harness::NatsServer;
-use replica_common::{cfg, connect};
+use replica_common::{cfg, start_serving as start};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Starts a replica and waits until it answers on its own API subjects and the filter's
-/// (a ready replica subscribes to them then, so the first requests could find nobody).
-async fn start(cfg: ReplicaConfig, url: &str) -> ReplicaHandle {
-    let name = cfg.name.clone();
-    let h = Replica::start(cfg, connect(url).await).await.unwrap();
-    assert!(h.wait_ready(WAIT).await, "replica not ready");
-    let client = Client::new(async_nats::connect(url).await.unwrap(), "crpf", &name)
-        .with_timeout(Duration::from_secs(2));
-    let deadline = Instant::now() + WAIT;
-    for c in [client.replica(h.identity().replica), client] {
-        while let Err(e) = c.stats().await {
-            assert!(Instant::now() < deadline, "the API never answered: {e}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-    h
-}
 
 fn items(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i}")).collect()

@@ -10,48 +10,19 @@ mod nats_harness;
 mod replica_common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::service::{NATS_SERVICE_ERROR, NATS_SERVICE_ERROR_CODE};
 use crpf::api::{Op, REPLICA_HEADER};
-use crpf::client::Client;
 use crpf::replica::service::{InfoResponse, PingResponse, StatsResponse};
-use crpf::replica::{Replica, ReplicaConfig, ReplicaHandle};
-use crpf::transport::{NatsConfig, NatsTransport, Transport};
 use crpf::wire::FilterKind;
 use futures::StreamExt;
 use nats_harness::NatsServer;
-use replica_common::cfg;
+use replica_common::{cfg, start_serving as start};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-async fn connect(url: &str) -> Arc<dyn Transport> {
-    Arc::new(
-        NatsTransport::connect(NatsConfig::with_servers([url]))
-            .await
-            .expect("connect to nats-server"),
-    )
-}
-
-/// Starts a replica and waits until it answers on its own API subjects and the filter's.
-async fn start(cfg: ReplicaConfig, url: &str) -> ReplicaHandle {
-    let name = cfg.name.clone();
-    let h = Replica::start(cfg, connect(url).await).await.unwrap();
-    assert!(h.wait_ready(WAIT).await, "replica not ready");
-    let client = Client::new(async_nats::connect(url).await.unwrap(), "crpf", &name)
-        .with_timeout(Duration::from_secs(2));
-    let deadline = Instant::now() + WAIT;
-    for c in [client.replica(h.identity().replica), client] {
-        while let Err(e) = c.stats().await {
-            assert!(Instant::now() < deadline, "the API never answered: {e}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-    h
-}
 
 /// Publishes a service request on `subject` and gathers answers until `enough` says the ones
 /// so far are all that is expected (or the deadline passes: then they are returned as they

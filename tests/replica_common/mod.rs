@@ -204,3 +204,25 @@ pub(crate) async fn stop(handles: &[ReplicaHandle]) {
         h.shutdown().await.unwrap();
     }
 }
+
+/// Starts a replica on a connection of its own to `url` and waits until it answers on its own
+/// API subjects and the filter's (a ready replica subscribes to them then, so the first
+/// requests could find nobody).
+pub(crate) async fn start_serving(cfg: ReplicaConfig, url: &str) -> ReplicaHandle {
+    let wait = Duration::from_secs(60);
+    let name = cfg.name.clone();
+    let h = crpf::replica::Replica::start(cfg, connect(url).await)
+        .await
+        .unwrap();
+    assert!(h.wait_ready(wait).await, "replica not ready");
+    let client = crpf::client::Client::new(async_nats::connect(url).await.unwrap(), "crpf", &name)
+        .with_timeout(Duration::from_secs(2));
+    let deadline = Instant::now() + wait;
+    for c in [client.replica(h.identity().replica), client] {
+        while let Err(e) = c.stats().await {
+            assert!(Instant::now() < deadline, "the API never answered: {e}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    h
+}

@@ -567,61 +567,40 @@ impl<F: WriterSeries> Partitioned<F> {
     }
 }
 
-impl crate::core::kind::ReplicatedFilter for WriterScGBloom {
-    const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::WriterScGBloom;
+/// The grow-only per-writer kinds: the type alias and the registry's variant share a name.
+macro_rules! writer_grow_only {
+    ($kind:ident) => {
+        impl crate::core::kind::ReplicatedFilter for $kind {
+            const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::$kind;
 
-    fn from_spec(
-        spec: &crate::core::kind::FilterSpec,
-        replica: ReplicaId,
-    ) -> Result<Self, FilterError> {
-        Self::new(crate::core::kind::scalable_params(spec)?, replica)
-    }
+            fn from_spec(
+                spec: &crate::core::kind::FilterSpec,
+                replica: ReplicaId,
+            ) -> Result<Self, FilterError> {
+                Self::new(crate::core::kind::scalable_params(spec)?, replica)
+            }
 
-    fn params_digest(&self) -> u64 {
-        self.params().digest()
-    }
+            fn params_digest(&self) -> u64 {
+                self.params().digest()
+            }
 
-    /// Each writer's series that holds anything, by writer.
-    fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
-        self.digest_parts(h, |f, h| f.digest_state(h));
-    }
+            /// Each writer's series that holds anything, by writer.
+            fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+                self.digest_parts(h, |f, h| f.digest_state(h));
+            }
 
-    fn sub_filters(&self) -> usize {
-        self.parts
-            .values()
-            .map(|f| f.sub_filters())
-            .sum::<usize>()
-            .max(1)
-    }
+            fn sub_filters(&self) -> usize {
+                self.parts
+                    .values()
+                    .map(|f| f.sub_filters())
+                    .sum::<usize>()
+                    .max(1)
+            }
+        }
+    };
 }
-
-impl crate::core::kind::ReplicatedFilter for WriterScGCuckoo {
-    const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::WriterScGCuckoo;
-
-    fn from_spec(
-        spec: &crate::core::kind::FilterSpec,
-        replica: ReplicaId,
-    ) -> Result<Self, FilterError> {
-        Self::new(crate::core::kind::scalable_params(spec)?, replica)
-    }
-
-    fn params_digest(&self) -> u64 {
-        self.params().digest()
-    }
-
-    /// Each writer's series that holds anything, by writer.
-    fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
-        self.digest_parts(h, |f, h| f.digest_state(h));
-    }
-
-    fn sub_filters(&self) -> usize {
-        self.parts
-            .values()
-            .map(|f| f.sub_filters())
-            .sum::<usize>()
-            .max(1)
-    }
-}
+writer_grow_only!(WriterScGBloom);
+writer_grow_only!(WriterScGCuckoo);
 
 impl crate::core::kind::ReplicatedFilter for WriterScOrCuckoo {
     const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::WriterScOrCuckoo;
