@@ -1,8 +1,12 @@
-//! The replica's metrics (docs/DESIGN.md section 6), recorded through the `metrics` facade with
-//! labels `filter` and `replica`. The exporter is the node's business; install its recorder
-//! before starting replicas, since handles taken before that record nowhere.
+//! The replica's telemetry (docs/DESIGN.md section 6): metrics recorded through the `metrics`
+//! facade with labels `filter` and `replica`, and the counts `stats` reads (the facade has no
+//! read side), both updated by one [`Telemetry`] method per event. The exporter is the node's
+//! business; install its recorder before starting replicas, since handles taken before that
+//! record nowhere.
 
-use std::sync::{Arc, Once};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once};
 
 use metrics::{Counter, Gauge, Histogram, Label, Unit};
 
@@ -280,11 +284,63 @@ struct Hot {
     merges: Vec<([Counter; 2], Histogram)>,
 }
 
-/// Handles of one replica's metrics, with its labels.
+/// Counts `stats` reports, kept beside the metrics (the facade has no read side).
+#[derive(Default)]
+pub(crate) struct Counts {
+    pub rejects: Mutex<BTreeMap<&'static str, u64>>,
+    /// Request API errors by reason (apart from the wire's `rejects`).
+    pub api_errors: Mutex<BTreeMap<&'static str, u64>>,
+    pub dropped: AtomicU64,
+    pub sequence_gaps: AtomicU64,
+    pub deltas_sent: AtomicU64,
+    pub deltas_merged: AtomicU64,
+    pub state_pushes: AtomicU64,
+    pub states_merged: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub delta_bytes_sent: AtomicU64,
+    pub state_bytes_sent: AtomicU64,
+    /// Own replication messages the transport delivered back (and that were dropped).
+    pub echoes: AtomicU64,
+    pub bytes_received: AtomicU64,
+    /// Size of the encoded state at its last encoding.
+    pub state_bytes: AtomicU64,
+    pub disconnects: AtomicU64,
+    pub reconnects: AtomicU64,
+    /// Messages dropped because the outbound queue was full.
+    pub outbound_dropped: AtomicU64,
+}
+
+impl Counts {
+    fn bump(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn bump_reason(map: &Mutex<BTreeMap<&'static str, u64>>, reason: &'static str, n: u64) {
+        *map.lock().expect("counts lock").entry(reason).or_default() += n;
+    }
+
+    /// A count by its field, for `stats`.
+    pub(crate) fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    /// Counts by reason, for `stats`.
+    pub(crate) fn by_reason(map: &Mutex<BTreeMap<&'static str, u64>>) -> BTreeMap<String, u64> {
+        map.lock()
+            .expect("counts lock")
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect()
+    }
+}
+
+/// One replica's telemetry: its metric handles (with its labels) and its [`Counts`], updated
+/// together by one method per event. Cheap to clone: the handles and counts are shared.
 #[derive(Clone)]
-pub(crate) struct Metrics {
+pub(crate) struct Telemetry {
     labels: Vec<Label>,
     hot: Arc<Hot>,
+    counts: Arc<Counts>,
     pub fpr: Gauge,
     pub load: Gauge,
     pub cardinality: Gauge,
@@ -296,10 +352,13 @@ pub(crate) struct Metrics {
     pub peers: Gauge,
     pub converged: Gauge,
     pub target_fpr: Gauge,
-    pub dropped: Counter,
+    dropped: Counter,
+    sequence_gaps: Counter,
+    state_pushes: Counter,
+    disconnects: Counter,
 }
 
-impl Metrics {
+impl Telemetry {
     pub(crate) fn new(filter: &str, replica: u16, target_fpr: f64) -> Self {
         describe();
         let labels = vec![
@@ -350,8 +409,12 @@ impl Metrics {
                 })
                 .collect(),
         };
-        Metrics {
+        Telemetry {
             hot: Arc::new(hot),
+            counts: Arc::default(),
+            sequence_gaps: metrics::counter!(SEQUENCE_GAPS, l.clone()),
+            state_pushes: metrics::counter!(STATE_PUSHES, l.clone()),
+            disconnects: metrics::counter!(DISCONNECTS, l.clone()),
             target_fpr: target,
             converged: metrics::gauge!(CONVERGED_PEERS, l.clone()),
             fpr: metrics::gauge!(ESTIMATED_FPR, l.clone()),
@@ -382,11 +445,118 @@ impl Metrics {
         metrics::gauge!(name, self.with(extra))
     }
 
-    /// Counts a message and its bytes.
+    /// What `stats` reads.
+    pub(crate) fn counts(&self) -> &Counts {
+        &self.counts
+    }
+
+    /// Counts a message and its bytes (replication bytes also in [`Counts`]).
     pub(crate) fn traffic(&self, direction: Direction, channel: Channel, bytes: usize) {
         let (messages, total) = &self.hot.traffic[direction as usize][channel_index(channel)];
         messages.increment(1);
         total.increment(bytes as u64);
+        let (c, n) = (&self.counts, bytes as u64);
+        match (direction, channel) {
+            (_, Channel::Api) => {}
+            (Direction::In, _) => Counts::bump(&c.bytes_received, n),
+            (Direction::Out, Channel::Delta) => {
+                Counts::bump(&c.bytes_sent, n);
+                Counts::bump(&c.delta_bytes_sent, n);
+            }
+            (Direction::Out, Channel::State) => {
+                Counts::bump(&c.bytes_sent, n);
+                Counts::bump(&c.state_bytes_sent, n);
+            }
+        }
+    }
+
+    /// A replication message rejected, for `reason`.
+    pub(crate) fn reject(&self, reason: &'static str) {
+        Counts::bump_reason(&self.counts.rejects, reason, 1);
+        self.counter(REJECTS, &[("reason", reason)]).increment(1);
+    }
+
+    /// `n` request API errors for `reason`.
+    pub(crate) fn api_errors(&self, reason: &'static str, n: u64) {
+        Counts::bump_reason(&self.counts.api_errors, reason, n);
+        self.counter(API_ERRORS, &[("reason", reason)]).increment(n);
+    }
+
+    /// `n` messages of a peer lost (a gap in its sequence numbers).
+    pub(crate) fn sequence_gaps(&self, n: u64) {
+        Counts::bump(&self.counts.sequence_gaps, n);
+        self.sequence_gaps.increment(n);
+    }
+
+    /// A message dropped because the inbound buffer was full.
+    pub(crate) fn inbound_dropped(&self) {
+        Counts::bump(&self.counts.dropped, 1);
+        self.dropped.increment(1);
+    }
+
+    /// A message dropped because the outbound queue was full.
+    pub(crate) fn outbound_dropped(&self, channel: &'static str) {
+        Counts::bump(&self.counts.outbound_dropped, 1);
+        self.counter(OUTBOUND_DROPPED, &[("channel", channel)])
+            .increment(1);
+    }
+
+    /// A publish the transport refused.
+    pub(crate) fn publish_error(&self, channel: Channel) {
+        self.counter(PUBLISH_ERRORS, &[("channel", channel_label(channel))])
+            .increment(1);
+    }
+
+    /// An own message the transport delivered back.
+    pub(crate) fn echo(&self) {
+        Counts::bump(&self.counts.echoes, 1);
+    }
+
+    /// A delta published.
+    pub(crate) fn delta_sent(&self) {
+        Counts::bump(&self.counts.deltas_sent, 1);
+    }
+
+    /// A peer's delta merged.
+    pub(crate) fn delta_merged(&self) {
+        Counts::bump(&self.counts.deltas_merged, 1);
+    }
+
+    /// A peer's full state merged.
+    pub(crate) fn state_merged(&self) {
+        Counts::bump(&self.counts.states_merged, 1);
+    }
+
+    /// The full state was encoded (`bytes` long) for a push.
+    pub(crate) fn state_pushed(&self, bytes: usize) {
+        self.state_encoded(bytes);
+        Counts::bump(&self.counts.state_pushes, 1);
+        self.state_pushes.increment(1);
+    }
+
+    /// The full state was encoded, `bytes` long (a push or a snapshot).
+    pub(crate) fn state_encoded(&self, bytes: usize) {
+        self.counts
+            .state_bytes
+            .store(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Size of the state at its last encoding.
+    pub(crate) fn last_state_bytes(&self) -> u64 {
+        Counts::get(&self.counts.state_bytes)
+    }
+
+    /// The transport connected (again).
+    pub(crate) fn connected(&self) {
+        self.connected.set(1.0);
+        Counts::bump(&self.counts.reconnects, 1);
+    }
+
+    /// The transport lost its connection.
+    pub(crate) fn disconnected(&self) {
+        self.connected.set(0.0);
+        Counts::bump(&self.counts.disconnects, 1);
+        self.disconnects.increment(1);
     }
 
     /// Counts a batch's item operations (one metric update per batch, not per item).

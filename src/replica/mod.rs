@@ -43,6 +43,7 @@
 
 mod ack;
 mod actor;
+mod anti_entropy;
 mod config;
 pub mod durable;
 mod filter;
@@ -73,7 +74,7 @@ pub use filter::{AnyFilter, FilterSpec, FilterStats, NotRemovable};
 
 use crate::transport::{Renewal, Subjects, Transport, TransportError};
 use crate::{Dot, FilterError, ReplicaId};
-use actor::{Counters, Setup, Shared};
+use actor::{Setup, Shared};
 
 /// Everything a replica operation can fail with.
 #[derive(Debug, Error)]
@@ -278,8 +279,8 @@ impl Replica {
         let data = cfg.data_dir.as_ref().map(DataDir::open).transpose()?;
         let (restored, replayed) = match &data {
             Some(d) => {
-                let (restored, replayed) = recovery::restore(d, &cfg, &fresh)?;
-                (restored, Some(replayed))
+                let recovered = recovery::restore(d, &cfg, &fresh)?;
+                (recovered.state, Some(recovered.wal))
             }
             None => (None, None),
         };
@@ -350,7 +351,8 @@ impl Replica {
             name: cfg.name.clone(),
             identity,
             ready: watch::channel(false).0,
-            counters: Counters::default(),
+            telemetry: metrics::Telemetry::new(&cfg.name, replica, cfg.filter.fpr),
+            inbound_bytes: Default::default(),
             inbound_max_bytes: cfg.inbound_max_bytes,
         });
         tracing::info!(

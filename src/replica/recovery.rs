@@ -19,6 +19,13 @@ pub(crate) struct Restored {
     pub trusted: bool,
 }
 
+/// What recovery found: the restored state (`None` when it must start afresh) and the
+/// write-ahead log as replayed, for the log writer to continue.
+pub(crate) struct Recovered {
+    pub state: Option<Restored>,
+    pub wal: Replayed,
+}
+
 /// Loads what the data directory holds: the snapshot, then every write-ahead log record it
 /// does not cover. `None` when the state must start afresh (docs/DESIGN.md section 4: a replica
 /// without its durable state claims a new id). Answers the replayed log too, for the writer.
@@ -26,7 +33,7 @@ pub(crate) fn restore(
     data: &DataDir,
     cfg: &ReplicaConfig,
     fresh: &AnyFilter,
-) -> Result<(Option<Restored>, Replayed), DurableError> {
+) -> Result<Recovered, DurableError> {
     let Some(SoundSnapshot {
         mut filter,
         identity: snap_identity,
@@ -42,7 +49,10 @@ pub(crate) fn restore(
             tracing::warn!(to = %to.display(), "write-ahead log without a snapshot moved aside");
         }
         let replayed = wal::replay(&dir, placeholder(), None, WalLimits::default(), |_| {})?;
-        return Ok((None, replayed));
+        return Ok(Recovered {
+            state: None,
+            wal: replayed,
+        });
     };
     let replayed = replay_into(data, &mut filter, snap_identity, covered)?;
     // Tags issued after the snapshot are known only through the reservation file: without a
@@ -70,7 +80,10 @@ pub(crate) fn restore(
         floor: floor.unwrap_or(0),
         trusted: floor.is_some(),
     };
-    Ok((Some(restored), replayed))
+    Ok(Recovered {
+        state: Some(restored),
+        wal: replayed,
+    })
 }
 
 /// A snapshot that decoded and belongs to this replica's filter.

@@ -142,7 +142,7 @@ impl Replica {
             Ok(Renewal::Held) => self.lease.reserved = self.lease.reserved.max(want),
             Ok(Renewal::Lost) => {
                 self.lease.lost = true;
-                self.metrics.gauge(m::ID_LOST, &[]).set(1.0);
+                self.telemetry.gauge(m::ID_LOST, &[]).set(1.0);
                 tracing::error!(
                     filter = %self.cfg.name,
                     replica = self.id(),
@@ -155,7 +155,9 @@ impl Replica {
     }
 
     fn lease_failed(&self, what: &'static str, e: &TransportError) {
-        self.metrics.counter(m::ID_LEASE_FAILURES, &[]).increment(1);
+        self.telemetry
+            .counter(m::ID_LEASE_FAILURES, &[])
+            .increment(1);
         if let Some(suppressed) = self.limiter.allow("lease") {
             tracing::warn!(
                 error = %e, suppressed, "replica id registry: {what} failed; retrying"
@@ -174,15 +176,15 @@ impl Replica {
             ("live", self.lease.live_ids),
             ("retired", self.lease.retired_ids),
         ] {
-            self.metrics
+            self.telemetry
                 .gauge(m::REPLICA_IDS, &[("state", state)])
                 .set(n as f64);
         }
         for e in stale {
             let heard = self
-                .peers
-                .values()
-                .any(|p| p.replica == e.id && p.last_seen.elapsed() < retire_after);
+                .anti_entropy
+                .peers()
+                .any(|(_, p)| p.replica == e.id && p.last_seen.elapsed() < retire_after);
             if heard {
                 continue;
             }
@@ -194,7 +196,7 @@ impl Replica {
             let retire = async move { t.retire_claim(filter, e.id, e.revision, floor).await };
             ctx.spawn(retire.into_actor(self).map(move |r, act, _| match r {
                 Ok(true) => {
-                    act.metrics.counter(m::RETIREMENTS, &[]).increment(1);
+                    act.telemetry.counter(m::RETIREMENTS, &[]).increment(1);
                     tracing::info!(
                         filter = %act.cfg.name, retired = e.id, floor,
                         "retired a replica id whose claim was not renewed"

@@ -13,13 +13,14 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::request::{ApiReply, api_reply_format, count_api_errors, failure_reply};
+use super::local::check_item;
+use super::request::{ApiReply, api_reply_format, failure_reply};
 use super::{Route, Shared};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{Op, ReplyFormat};
 use crate::replica::ReplicaError;
-use crate::replica::metrics::{Channel, Direction, Metrics, OpKind};
+use crate::replica::metrics::{Channel, Direction, OpKind, Telemetry};
 use crate::replica::service::ApiService;
 use crate::transport::{Message, Subjects};
 
@@ -27,7 +28,7 @@ use crate::transport::{Message, Subjects};
 pub(crate) struct Reads {
     pub shared: Arc<Shared>,
     pub subjects: Subjects,
-    pub metrics: Metrics,
+    pub telemetry: Telemetry,
     pub service: Arc<ApiService>,
     pub replica: ReplicaId,
     pub max_item_bytes: usize,
@@ -44,20 +45,20 @@ impl Reads {
         if !matches!(op, Some(Op::Contains | Op::MContains)) {
             return Route::Actor(super::Inbound::Api(msg));
         }
-        self.metrics
+        self.telemetry
             .traffic(Direction::In, Channel::Api, msg.payload.len());
         let served = self.service.serve(&msg.subject);
         let mut body = match self.query(op == Some(Op::MContains), &msg) {
             Ok(body) => body,
             Err(e) => {
-                count_api_errors(&self.shared, &self.metrics, e.reason(), 1);
+                self.telemetry.api_errors(e.reason(), 1);
                 failure_reply(&e)
             }
         };
         body.served = Some(served);
         match body.finish(self.replica, msg.reply) {
             Some((to, headers, payload)) => {
-                self.metrics
+                self.telemetry
                     .traffic(Direction::Out, Channel::Api, payload.len());
                 Route::Reply(to, headers, payload)
             }
@@ -69,7 +70,7 @@ impl Reads {
         if !batch {
             let item = &msg.payload[..];
             let r = self.check_item(item).map(|()| self.filter().contains(item));
-            self.metrics.op(OpKind::Contains, r.is_ok());
+            self.telemetry.op(OpKind::Contains, r.is_ok());
             return Ok(ApiReply::contains(r?));
         }
         let format = api_reply_format(msg)?;
@@ -79,7 +80,7 @@ impl Reads {
             let f = self.filter();
             items.iter().map(|&i| f.contains(i)).collect()
         };
-        self.metrics
+        self.telemetry
             .count_ops(OpKind::Contains, found.len() as u64, 0);
         Ok(match format {
             ReplyFormat::Json => ApiReply::json(&json!({ "contains": found })),
@@ -88,7 +89,7 @@ impl Reads {
     }
 
     fn check_item(&self, item: &[u8]) -> Result<(), ReplicaError> {
-        super::check_item(item, self.max_item_bytes)
+        check_item(item, self.max_item_bytes)
     }
 
     fn filter(&self) -> std::sync::RwLockReadGuard<'_, crate::replica::AnyFilter> {

@@ -14,15 +14,17 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::json;
 
+use super::Replica;
+use super::publish::Responder;
+use super::pump::{Outbound, forward_stream};
 use super::reads::Reads;
-use super::{Outbound, Replica, Responder, Shared, forward_stream};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{ACK_HEADER, ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
 use crate::replica::ReplicaError;
 use crate::replica::ack::AckLevel;
 use crate::replica::filter::NotRemovable;
-use crate::replica::metrics::{self as m, Channel, Direction, Metrics, OpKind};
+use crate::replica::metrics::{Channel, Direction, OpKind};
 use crate::replica::service::{
     ApiService, SERVICE_ERROR_CODE_HEADER, SERVICE_ERROR_HEADER, Served, ServiceError,
 };
@@ -125,20 +127,6 @@ pub(super) fn failure_reply(e: &ReplicaError) -> ApiReply {
     body
 }
 
-/// Counts request API errors by reason (apart from replication rejects).
-pub(super) fn count_api_errors(shared: &Shared, metrics: &Metrics, reason: &'static str, n: u64) {
-    *shared
-        .counters
-        .api_errors
-        .lock()
-        .expect("counters lock")
-        .entry(reason)
-        .or_default() += n;
-    metrics
-        .counter(m::API_ERRORS, &[("reason", reason)])
-        .increment(n);
-}
-
 /// What a request came to, when it did not fail outright.
 enum Handled {
     /// A query: answered at once.
@@ -173,7 +161,7 @@ impl Replica {
         let reads = Arc::new(Reads {
             shared: self.shared.clone(),
             subjects: self.subjects.clone(),
-            metrics: self.metrics.clone(),
+            telemetry: self.telemetry.clone(),
             service: service.clone(),
             replica: self.id(),
             max_item_bytes: self.cfg.max_item_bytes,
@@ -183,15 +171,16 @@ impl Replica {
             let transport = self.transport.clone();
             let tx = self.inbound_tx.clone();
             let shared = self.shared.clone();
-            let metrics = self.metrics.clone();
             let reads = reads.clone();
-            self.tasks.push(actix::spawn(async move {
-                let route = |m| reads.route(m);
-                forward_stream(
-                    &mut None, transport, subject, queue, tx, route, shared, metrics,
-                )
-                .await;
-            }));
+            let route = move |m| reads.route(m);
+            self.tasks.push(actix::spawn(forward_stream(
+                None,
+                transport,
+                (subject, queue),
+                tx,
+                route,
+                shared,
+            )));
         }
         self.serve_service(service);
     }
@@ -228,7 +217,7 @@ impl Replica {
     }
 
     pub(super) fn on_api(&mut self, msg: Message, ctx: &mut Context<Self>) {
-        self.metrics
+        self.telemetry
             .traffic(Direction::In, Channel::Api, msg.payload.len());
         let reply = msg.reply.clone();
         let served = self.service.as_ref().map(|s| s.serve(&msg.subject));
@@ -330,7 +319,7 @@ impl Replica {
                     .map(|&i| f.remove(i).map(|d| d.is_some()))
                     .collect::<Result<Vec<bool>, NotRemovable>>()?;
                 drop(f);
-                self.metrics.count_ops(OpKind::Remove, n, 0);
+                self.telemetry.count_ops(OpKind::Remove, n, 0);
                 let changed = removed.contains(&true);
                 Ok(self.batch_changed(level, changed, reply("removed", &removed)))
             }
@@ -353,7 +342,8 @@ impl Replica {
                     }
                 }
                 let ok = (added.len() - failed.len()) as u64;
-                self.metrics.count_ops(OpKind::Add, ok, failed.len() as u64);
+                self.telemetry
+                    .count_ops(OpKind::Add, ok, failed.len() as u64);
                 for (reason, count) in reasons {
                     self.count_api_errors(reason, count);
                 }
@@ -412,7 +402,7 @@ impl Replica {
 
     fn send_reply(&mut self, reply: Option<String>, body: ApiReply) {
         if let Some((to, headers, payload)) = body.finish(self.id(), reply) {
-            self.metrics
+            self.telemetry
                 .traffic(Direction::Out, Channel::Api, payload.len());
             self.enqueue(Outbound::Reply(to, payload, headers));
         }
@@ -424,7 +414,7 @@ impl Replica {
     }
 
     fn count_api_errors(&self, reason: &'static str, n: u64) {
-        count_api_errors(&self.shared, &self.metrics, reason, n);
+        self.telemetry.api_errors(reason, n);
     }
 }
 

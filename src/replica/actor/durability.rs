@@ -1,0 +1,181 @@
+//! Durability: tag reservations written before a tag above them is issued, and snapshots
+//! (taken on the actor's thread together with a log rotation, saved on another) that truncate
+//! the write-ahead log they cover.
+
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+
+use actix::prelude::*;
+
+use super::{Replica, ReplicaError, Shared};
+use crate::replica::durable::{DataDir, Identity, Reservation, Snapshot};
+use crate::replica::filter::AnyFilter;
+use crate::replica::metrics as m;
+use crate::replica::wal::SegmentId;
+use crate::wire::FilterKind;
+
+impl Replica {
+    /// Reserves tag timestamps durably before one above the reservation is issued.
+    pub(super) fn reserve_tags(&mut self) -> Result<(), ReplicaError> {
+        if !self.expect.kind.removable() {
+            return Ok(());
+        }
+        self.check_lease()?;
+        let Some(data) = &self.data else {
+            return Ok(());
+        };
+        let clock = self.read().clock();
+        if clock < self.reserved {
+            return Ok(());
+        }
+        let reserved = clock + self.cfg.tag_reserve_block;
+        data.save_reservation(&Reservation {
+            identity: self.shared.identity,
+            reserved,
+        })?;
+        self.reserved = reserved;
+        self.telemetry
+            .counter(m::TAG_RESERVATIONS, &[])
+            .increment(1);
+        Ok(())
+    }
+
+    /// Takes what a snapshot saves, on the actor's thread: the log is rotated at the same
+    /// moment the state is cloned, so the clone holds every record of the segments up to the
+    /// one it returns (see [`crate::replica::wal`]).
+    fn snapshot_source(&mut self) -> SnapshotJob {
+        self.snapshot_generation += 1;
+        let wal_covered = self.wal.as_mut().map(|w| w.rotate());
+        SnapshotJob {
+            filter: self.read().clone(),
+            identity: self.shared.identity,
+            name: self.cfg.name.clone(),
+            kind: self.expect.kind,
+            params_digest: self.expect.params_digest,
+            reserved: self.reserved,
+            wal_covered,
+            generation: self.snapshot_generation,
+        }
+    }
+
+    /// Writes a snapshot in the background if the state changed since the last one.
+    pub(super) fn snapshot_async(&mut self, ctx: &mut Context<Self>) {
+        let Some(data) = self.data.clone() else {
+            return;
+        };
+        if !self.dirty || self.snapshotting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.dirty = false;
+        let job = self.snapshot_source();
+        let (shared, saved) = (self.shared.clone(), self.snapshot_saved.clone());
+        let busy = self.snapshotting.clone();
+        let addr = ctx.address();
+        actix::spawn(async move {
+            let r = tokio::task::spawn_blocking(move || job.save(&data, &shared, &saved))
+                .await
+                .unwrap_or_else(|e| Err(ReplicaError::Config(format!("snapshot task: {e}"))));
+            busy.store(false, Ordering::Release);
+            addr.do_send(SnapshotSaved(r));
+        });
+    }
+
+    /// Writes a snapshot now, on the actor's thread (shutdown, explicit requests).
+    pub(super) fn snapshot_now(&mut self) -> Result<(), ReplicaError> {
+        let Some(data) = self.data.clone() else {
+            return Ok(());
+        };
+        let job = self.snapshot_source();
+        let r = job.save(&data, &self.shared, &self.snapshot_saved);
+        let ok = r.is_ok();
+        self.snapshot_saved_now(r)?;
+        if ok {
+            self.dirty = false;
+        }
+        Ok(())
+    }
+
+    /// A snapshot was saved (or failed): counts it, and drops the log segments it covers.
+    fn snapshot_saved_now(
+        &mut self,
+        r: Result<Option<SegmentId>, ReplicaError>,
+    ) -> Result<(), ReplicaError> {
+        let outcome = if r.is_ok() { "ok" } else { "error" };
+        self.telemetry
+            .counter(m::SNAPSHOTS, &[("outcome", outcome)])
+            .increment(1);
+        match r {
+            Ok(covered) => {
+                if let (Some(wal), Some(k)) = (&self.wal, covered) {
+                    let done = wal.remove_through(k);
+                    actix::spawn(async move {
+                        if let Err(e) = done.await {
+                            tracing::warn!(error = %e, "removing covered log segments failed");
+                        }
+                    });
+                }
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(filter = %self.cfg.name, error = %e, "snapshot failed");
+                self.dirty = true;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// What a snapshot saves, taken on the actor's thread and saved on any.
+struct SnapshotJob {
+    filter: AnyFilter,
+    identity: Identity,
+    name: String,
+    kind: FilterKind,
+    params_digest: u64,
+    reserved: u64,
+    wal_covered: Option<SegmentId>,
+    generation: u64,
+}
+
+impl SnapshotJob {
+    /// Encodes and saves it, unless a newer snapshot was saved meanwhile; answers the log
+    /// segments it covers.
+    fn save(
+        self,
+        data: &DataDir,
+        shared: &Shared,
+        saved: &Mutex<u64>,
+    ) -> Result<Option<SegmentId>, ReplicaError> {
+        let state = self.filter.encode_state();
+        let len = state.len();
+        // Held while saving, so snapshots land in the order they were taken.
+        let mut newest = saved.lock().expect("snapshot lock");
+        if *newest > self.generation {
+            return Ok(None);
+        }
+        data.save_snapshot(&Snapshot {
+            identity: self.identity,
+            filter: self.name,
+            kind: self.kind,
+            params_digest: self.params_digest,
+            reserved: self.reserved,
+            state,
+            wal_covered: self.wal_covered.map(|k| k.0),
+        })?;
+        *newest = self.generation;
+        shared.telemetry.state_encoded(len);
+        Ok(self.wal_covered)
+    }
+}
+
+/// A background snapshot finished.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct SnapshotSaved(Result<Option<SegmentId>, ReplicaError>);
+
+impl Handler<SnapshotSaved> for Replica {
+    type Result = ();
+    fn handle(&mut self, msg: SnapshotSaved, _: &mut Context<Self>) {
+        let _ = self.snapshot_saved_now(msg.0);
+    }
+}

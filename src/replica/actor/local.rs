@@ -1,0 +1,284 @@
+//! Local operations: the actor's messages (what a [`ReplicaHandle`] sends), how an update is
+//! checked and applied, and how it is answered once it reached its acknowledgement level.
+
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use tokio::sync::oneshot;
+
+use super::publish::Responder;
+use super::{Replica, ReplicaError, Shared};
+use crate::Dot;
+use crate::replica::ReplicaHandle;
+use crate::replica::ReplicaStats;
+use crate::replica::ack::AckLevel;
+use crate::replica::filter::AnyFilter;
+use crate::replica::metrics::{MergeSource, OpKind};
+
+/// An item of a single operation: not empty, at most `max_item_bytes`.
+pub(super) fn check_item(item: &[u8], max_item_bytes: usize) -> Result<(), ReplicaError> {
+    if item.is_empty() {
+        return Err(ReplicaError::InvalidItem("empty item".into()));
+    }
+    if item.len() > max_item_bytes {
+        return Err(ReplicaError::InvalidItem(format!(
+            "item of {} bytes exceeds max_item_bytes {max_item_bytes}",
+            item.len(),
+        )));
+    }
+    Ok(())
+}
+
+impl Replica {
+    pub(super) fn check_item(&self, item: &[u8]) -> Result<(), ReplicaError> {
+        check_item(item, self.cfg.max_item_bytes)
+    }
+
+    pub(super) fn op(&self, op: OpKind, ok: bool) {
+        self.telemetry.op(op, ok);
+    }
+
+    pub(super) fn do_add(&mut self, item: &[u8]) -> Result<Option<Dot>, ReplicaError> {
+        let r = self
+            .check_item(item)
+            .and_then(|_| self.reserve_tags())
+            .and_then(|_| self.write().add(item).map_err(ReplicaError::from));
+        self.op(OpKind::Add, r.is_ok());
+        if r.is_ok() {
+            self.local_change();
+        }
+        r
+    }
+
+    pub(super) fn do_remove(&mut self, item: &[u8]) -> Result<Option<Dot>, ReplicaError> {
+        let r = self
+            .check_item(item)
+            .and_then(|_| self.write().remove(item).map_err(ReplicaError::from));
+        self.op(OpKind::Remove, r.is_ok());
+        if matches!(r, Ok(Some(_))) {
+            self.local_change();
+        }
+        r
+    }
+
+    pub(super) fn do_contains(&self, item: &[u8]) -> Result<bool, ReplicaError> {
+        self.check_item(item)?;
+        Ok(self.read().contains(item))
+    }
+
+    /// Refuses a level this replica cannot give before the update is applied.
+    pub(super) fn check_level(&self, level: AckLevel) -> Result<(), ReplicaError> {
+        if level == AckLevel::Durable && self.wal.is_none() {
+            return Err(ReplicaError::AckUnavailable(
+                "`durable` needs a data_dir".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Answers an applied local update once it reached `level` (at once if it changed
+    /// nothing: what it relies on is already committed or in the next commit's way).
+    pub(super) fn settle(
+        &mut self,
+        level: AckLevel,
+        changed: bool,
+        responder: Responder,
+        ctx: &mut Context<Self>,
+    ) {
+        if level == AckLevel::Local || !changed {
+            self.respond(responder, Ok(()));
+        } else {
+            self.acks.wait(level, self.next_batch, responder);
+            self.schedule_commit(ctx);
+        }
+        // Only now, with the update waiting on the next commit: committing before would put
+        // its delta in a commit it does not wait for.
+        self.commit_if_full(ctx);
+        self.extend_lease_if_low(ctx);
+    }
+
+    /// Commits when the pending delta holds `delta_max_updates` updates.
+    pub(super) fn commit_if_full(&mut self, ctx: &mut Context<Self>) {
+        if self.read().pending_delta_len() >= self.cfg.delta_max_updates {
+            self.flush_delta(ctx);
+        }
+    }
+
+    /// Marks a local update; the commit it may call for comes from [`Replica::settle`].
+    pub(super) fn local_change(&mut self) {
+        self.changed();
+        self.changed_since_push = true;
+    }
+
+    /// The answer of a [`ReplicaHandle`] update, once it reached its level.
+    fn settle_handle(
+        &mut self,
+        level: AckLevel,
+        applied: Result<(bool, Option<Dot>), ReplicaError>,
+        ctx: &mut Context<Self>,
+    ) -> ResponseFuture<Result<Option<Dot>, ReplicaError>> {
+        let (tx, rx) = oneshot::channel();
+        match applied {
+            Ok((changed, dot)) => self.settle(level, changed, Responder::Handle { tx, dot }, ctx),
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+        }
+        Box::pin(async move { rx.await.unwrap_or(Err(ReplicaError::Stopped)) })
+    }
+}
+
+// ---- messages ---------------------------------------------------------------------------
+
+/// Adds an item; OR kinds answer the tag issued. Answered once the update reached `ack`
+/// (unset: the replica's default level).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Option<Dot>, ReplicaError>")]
+pub struct Add {
+    /// The item.
+    pub item: Vec<u8>,
+    /// Its acknowledgement level.
+    pub ack: Option<AckLevel>,
+}
+
+/// Removes one occurrence of an item (OR kinds); answers the tag of the entry removed, `None`
+/// if the item was not contained. Answered once the update reached `ack`.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<Option<Dot>, ReplicaError>")]
+pub struct Remove {
+    /// The item.
+    pub item: Vec<u8>,
+    /// Its acknowledgement level.
+    pub ack: Option<AckLevel>,
+}
+
+/// Membership test through the mailbox ([`ReplicaHandle::contains`] reads without it).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<bool, ReplicaError>")]
+pub struct Contains(pub Vec<u8>);
+
+/// The replica's figures.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "ReplicaStats")]
+pub struct Stats;
+
+/// A copy of the current state.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "AnyFilter")]
+pub struct TakeSnapshot;
+
+/// Merges a full state from elsewhere (a file, another system).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<(), ReplicaError>")]
+pub struct Merge(pub AnyFilter);
+
+/// Writes a snapshot to the data directory now.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<(), ReplicaError>")]
+pub struct Persist;
+
+/// Publishes what is pending, snapshots, stops the actor, and answers once the transport has
+/// sent everything.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<(), ReplicaError>")]
+pub struct Shutdown;
+
+/// Publishes the pending delta now.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct FlushDelta;
+
+impl Handler<Add> for Replica {
+    type Result = ResponseFuture<Result<Option<Dot>, ReplicaError>>;
+    fn handle(&mut self, msg: Add, ctx: &mut Context<Self>) -> Self::Result {
+        let level = msg.ack.unwrap_or(self.cfg.default_ack());
+        let applied = self.check_level(level).and_then(|_| self.do_add(&msg.item));
+        self.settle_handle(level, applied.map(|dot| (true, dot)), ctx)
+    }
+}
+
+impl Handler<Remove> for Replica {
+    type Result = ResponseFuture<Result<Option<Dot>, ReplicaError>>;
+    fn handle(&mut self, msg: Remove, ctx: &mut Context<Self>) -> Self::Result {
+        let level = msg.ack.unwrap_or(self.cfg.default_ack());
+        let applied = self
+            .check_level(level)
+            .and_then(|_| self.do_remove(&msg.item));
+        self.settle_handle(level, applied.map(|dot| (dot.is_some(), dot)), ctx)
+    }
+}
+
+impl Handler<Contains> for Replica {
+    type Result = Result<bool, ReplicaError>;
+    fn handle(&mut self, msg: Contains, _: &mut Context<Self>) -> Self::Result {
+        let r = self.do_contains(&msg.0);
+        self.op(OpKind::Contains, r.is_ok());
+        r
+    }
+}
+
+impl Handler<Stats> for Replica {
+    type Result = MessageResult<Stats>;
+    fn handle(&mut self, _: Stats, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.stats())
+    }
+}
+
+impl Handler<TakeSnapshot> for Replica {
+    type Result = MessageResult<TakeSnapshot>;
+    fn handle(&mut self, _: TakeSnapshot, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.read().clone())
+    }
+}
+
+impl Handler<Merge> for Replica {
+    type Result = Result<(), ReplicaError>;
+    fn handle(&mut self, msg: Merge, _: &mut Context<Self>) -> Self::Result {
+        let t = Instant::now();
+        let r = self.write().merge(&msg.0);
+        self.record_merge(MergeSource::Local, t, r.is_ok());
+        r?;
+        self.local_change();
+        Ok(())
+    }
+}
+
+impl Handler<Persist> for Replica {
+    type Result = Result<(), ReplicaError>;
+    fn handle(&mut self, _: Persist, _: &mut Context<Self>) -> Self::Result {
+        self.snapshot_now()
+    }
+}
+
+impl Handler<FlushDelta> for Replica {
+    type Result = ();
+    fn handle(&mut self, _: FlushDelta, ctx: &mut Context<Self>) {
+        self.flush_delta(ctx);
+    }
+}
+
+impl Handler<Shutdown> for Replica {
+    type Result = ResponseFuture<Result<(), ReplicaError>>;
+    fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) -> Self::Result {
+        self.flush_delta(ctx);
+        let saved = self.snapshot_now();
+        // The final snapshot holds every update: durable ones are answered, the others
+        // (waiting for peers, or with no snapshot written) fail as stopped.
+        let durable = (saved.is_ok() && self.data.is_some()).then_some(self.next_batch);
+        let r = self.acks.stop(durable);
+        self.answer(r);
+        let (done, flushed) = oneshot::channel();
+        self.enqueue(super::pump::Outbound::Flush(done));
+        ctx.stop();
+        Box::pin(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(5), flushed).await;
+            saved
+        })
+    }
+}
+
+impl ReplicaHandle {
+    pub(crate) fn from_parts(addr: Addr<Replica>, shared: std::sync::Arc<Shared>) -> Self {
+        ReplicaHandle { addr, shared }
+    }
+}

@@ -1,0 +1,401 @@
+//! Publishing and sequencing: envelopes numbered in order, the commit pipeline (local updates
+//! gathered into a delta, appended to the write-ahead log with group commit, published, and the
+//! updates answered at their acknowledgement level), digests, and full-state pushes encoded off
+//! the actor's thread and framed chunk by chunk by the publisher.
+
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+
+use super::pump::Outbound;
+use super::request::ApiReply;
+use super::{Replica, ReplicaError};
+use crate::Dot;
+use crate::replica::ack::{Resolved, peers_needed};
+use crate::replica::config::ReplicaConfig;
+use crate::replica::metrics::{Channel, Direction};
+use crate::wire::{Body, Envelope, FilterKind, WireCodec, chunk_count, state_chunk};
+
+/// Room left in a frame for the envelope around a chunk.
+const ENVELOPE_OVERHEAD: usize = 1024;
+
+/// Who gets the answer of an update waiting for its acknowledgement level.
+pub(crate) enum Responder {
+    /// A request of the API: the reply subject and the reply of a success.
+    Api {
+        reply: Option<String>,
+        body: ApiReply,
+    },
+    /// A [`crate::replica::ReplicaHandle`] call.
+    Handle {
+        tx: oneshot::Sender<Result<Option<Dot>, ReplicaError>>,
+        dot: Option<Dot>,
+    },
+}
+
+impl Replica {
+    pub(super) fn envelope(&mut self, body: Body) -> Envelope {
+        self.seq += 1;
+        Envelope::new(
+            self.cfg.name.clone(),
+            self.expect.kind,
+            self.expect.params_digest,
+            self.uuid(),
+            self.id(),
+            self.seq,
+            body,
+        )
+    }
+
+    /// Queues a frame for the publisher task (which publishes in order).
+    fn send(&mut self, subject: String, frame: Vec<u8>, channel: Channel) {
+        self.telemetry.traffic(Direction::Out, channel, frame.len());
+        self.enqueue(Outbound::Publish(subject, frame.into(), channel));
+    }
+
+    /// Hands a message to the publisher task; a full queue drops it and counts.
+    pub(super) fn enqueue(&self, o: Outbound) {
+        if let Err(mpsc::error::TrySendError::Full(o)) = self.outbound.try_send(o) {
+            self.telemetry.outbound_dropped(o.channel_label());
+        }
+    }
+
+    fn publish_state_body(&mut self, body: Body) {
+        let env = self.envelope(body);
+        let frame = self.codec.encode(&env);
+        let subject = self.subjects.state.clone();
+        self.send(subject, frame, Channel::State);
+    }
+
+    /// Commits the local updates since the last commit: appends their delta to the log (with
+    /// a data directory) and publishes it once durable, answering the updates that waited for
+    /// it. One commit at a time: updates arriving meanwhile go into the next (group commit).
+    pub(super) fn flush_delta(&mut self, ctx: &mut Context<Self>) {
+        if self.committing {
+            self.commit_again = true;
+            return;
+        }
+        let batch = self.next_batch;
+        self.next_batch += 1;
+        if self.cfg.full_state_only {
+            // The naive protocol: every change is followed by a full-state broadcast.
+            self.write().take_delta();
+            if self.changed_since_push {
+                self.schedule_push(ctx);
+            }
+            let r = self.acks.committed(batch, None, 0, Instant::now());
+            return self.answer(r);
+        }
+        let Some(delta) = self.write().take_delta() else {
+            // Nothing changed since the last commit: what the waiting updates rely on is
+            // already as durable and published as it gets.
+            let r = self.acks.committed(batch, None, 0, Instant::now());
+            return self.answer(r);
+        };
+        match &self.wal {
+            Some(wal) => {
+                self.committing = true;
+                let done = wal.append(delta.clone());
+                let addr = ctx.address();
+                actix::spawn(async move {
+                    let result = done.await.map_err(|e| e.to_string());
+                    addr.do_send(Committed {
+                        batch,
+                        delta,
+                        result,
+                    });
+                });
+            }
+            None => self.publish_delta(batch, delta, ctx),
+        }
+    }
+
+    /// Publishes the delta of commit `batch` (durable by now, if there is a log).
+    fn publish_delta(&mut self, batch: u64, delta: Vec<u8>, ctx: &mut Context<Self>) {
+        let confirm = self.acks.wants_confirmation(batch);
+        let body = if confirm {
+            Body::ConfirmedDelta(delta)
+        } else {
+            Body::Delta(delta)
+        };
+        let env = self.envelope(body);
+        let frame = self.codec.encode(&env);
+        let seq = self.seq;
+        if frame.len() > self.transport.max_payload() {
+            // Too big for one message: the full state (chunked) carries it instead; updates
+            // waiting for peers time out, as their peers never see this delta.
+            tracing::debug!(
+                bytes = frame.len(),
+                "delta over max_payload, pushing the state"
+            );
+            self.schedule_push(ctx);
+        } else {
+            self.telemetry.delta_sent();
+            let subject = self.subjects.delta.clone();
+            self.send(subject, frame, Channel::Delta);
+        }
+        let timeout = ReplicaConfig::ms(self.cfg.replicated_timeout_ms);
+        let live = self.anti_entropy.live_peers(Instant::now());
+        let needed = peers_needed(self.cfg.replicated_peers, live);
+        let r = self
+            .acks
+            .committed(batch, Some(seq), needed, Instant::now() + timeout);
+        self.answer(r);
+        if confirm {
+            ctx.run_later(timeout, |act, _| {
+                let r = act.acks.expire(Instant::now());
+                act.answer(r);
+            });
+        }
+    }
+
+    /// A commit's log append finished.
+    fn committed(&mut self, c: Committed, ctx: &mut Context<Self>) {
+        self.committing = false;
+        if let Err(e) = &c.result {
+            tracing::error!(filter = %self.cfg.name, error = %e, "write-ahead log append failed");
+            let r = self.acks.commit_failed(c.batch, e);
+            self.answer(r);
+        }
+        // Published either way: the updates are applied, and peers may as well have them.
+        self.publish_delta(c.batch, c.delta, ctx);
+        if std::mem::take(&mut self.commit_again) || self.acks.wants_commit(self.next_batch) {
+            self.flush_delta(ctx);
+        }
+    }
+
+    /// Makes sure a commit comes soon for updates that wait for one.
+    pub(super) fn schedule_commit(&mut self, ctx: &mut Context<Self>) {
+        if self.wal.is_some() {
+            // The log's own pace batches: commit now, or right after the one in flight.
+            return self.flush_delta(ctx);
+        }
+        if !self.commit_scheduled {
+            // No log to pace commits: gather what arrives within a millisecond.
+            self.commit_scheduled = true;
+            ctx.run_later(Duration::from_millis(1), |act, ctx| {
+                act.commit_scheduled = false;
+                act.flush_delta(ctx);
+            });
+        }
+    }
+
+    /// Answers updates whose acknowledgement level was reached, or failed.
+    pub(super) fn answer(&mut self, r: Resolved<Responder>) {
+        for responder in r.ok {
+            self.respond(responder, Ok(()));
+        }
+        for (responder, failure) in r.failed {
+            let e = ReplicaError::from_ack(failure, self.cfg.replicated_timeout_ms);
+            self.respond(responder, Err(e));
+        }
+    }
+
+    pub(super) fn respond(&mut self, responder: Responder, result: Result<(), ReplicaError>) {
+        match responder {
+            Responder::Api { reply, body } => self.api_answer(reply, body, result),
+            Responder::Handle { tx, dot } => {
+                let _ = tx.send(result.map(|()| dot));
+            }
+        }
+    }
+
+    // ---- anti-entropy messages -----------------------------------------------------------
+
+    /// Announces our digest (and readiness).
+    pub(super) fn send_digest(&mut self) {
+        let digest = self.my_digest();
+        // The gauge needs our digest, which encodes the whole state: computed here, where the
+        // anti-entropy round computes it anyway, not at every metrics interval.
+        let converged = self.converged_peers();
+        self.telemetry.converged.set(converged as f64);
+        let ready = self.anti_entropy.is_ready();
+        self.publish_state_body(Body::Digest { digest, ready });
+    }
+
+    /// Acknowledges a confirmed delta of `target` numbered `seq`.
+    pub(super) fn send_ack(&mut self, target: uuid::Uuid, seq: u64) {
+        self.publish_state_body(Body::Ack { target, seq });
+    }
+
+    pub(super) fn request_state(&mut self, target: Option<uuid::Uuid>) {
+        self.publish_state_body(Body::StateRequest { target });
+    }
+
+    /// Announces the digest every anti-entropy interval, jittered so replicas do not align.
+    pub(super) fn schedule_digest(&mut self, ctx: &mut Context<Self>) {
+        let base = self.cfg.anti_entropy_interval_ms as f64;
+        let jitter = base * (0.75 + 0.5 * fastrand::f64());
+        ctx.run_later(Duration::from_millis(jitter as u64), |act, ctx| {
+            act.send_digest();
+            act.schedule_digest(ctx);
+        });
+    }
+
+    /// Pushes the full state now, or as soon as `min_push_interval` allows (one push serves
+    /// every peer that asked meanwhile).
+    pub(super) fn schedule_push(&mut self, ctx: &mut Context<Self>) {
+        if self.push_scheduled {
+            return;
+        }
+        let min = ReplicaConfig::ms(self.cfg.min_push_interval_ms);
+        let wait = match self.last_push {
+            Some(t) if t.elapsed() < min => min - t.elapsed(),
+            _ => Duration::ZERO,
+        };
+        if wait.is_zero() && !self.encoding {
+            self.push_state(ctx);
+        } else {
+            self.push_scheduled = true;
+            ctx.run_later(wait.max(Duration::from_millis(10)), |act, ctx| {
+                act.push_scheduled = false;
+                if act.encoding {
+                    act.schedule_push(ctx);
+                } else {
+                    act.push_state(ctx);
+                }
+            });
+        }
+    }
+
+    /// Encodes the full state (off the actor's thread) and publishes it in chunks.
+    fn push_state(&mut self, ctx: &mut Context<Self>) {
+        self.last_push = Some(Instant::now());
+        self.changed_since_push = false;
+        self.anti_entropy.pushed();
+        let chunk_len = self
+            .cfg
+            .chunk_bytes
+            .min(
+                self.transport
+                    .max_payload()
+                    .saturating_sub(ENVELOPE_OVERHEAD),
+            )
+            .max(1);
+        // The counter wraps within the epoch half (2^32 pushes).
+        self.transfer =
+            (self.transfer & !0xffff_ffff) | (self.transfer.wrapping_add(1) & 0xffff_ffff);
+        let transfer = self.transfer;
+        let (shared, addr) = (self.shared.clone(), ctx.address());
+        // Room for the state as large as it was last time, so that its buffer is not regrown.
+        let last = self.telemetry.last_state_bytes() as usize;
+        let capacity = last + last / 16 + 1024;
+        // Bloom kinds are encoded under the read lock, not from a clone: their encoding is a
+        // copy of the bits, about as long as the clone that held the lock before (~130 ms for
+        // a 120 MB GBloom, BENCHMARKS.md "Memory of large states"), and the clone was a
+        // second copy of the whole state. Cuckoo kinds pack fingerprints and tags, ~10x
+        // longer than a clone of their (packed) table: they are still cloned, so that writers
+        // (and readers queued behind a waiting writer) wait for the clone only.
+        let snapshot = match self.shared.kind {
+            FilterKind::GBloom | FilterKind::ScGBloom => None,
+            _ => Some(self.read().clone()),
+        };
+        self.encoding = true;
+        actix::spawn(async move {
+            let encoded = tokio::task::spawn_blocking(move || {
+                let state = match snapshot {
+                    Some(f) => f.encode_state_sized(capacity),
+                    None => shared
+                        .filter
+                        .read()
+                        .expect("filter lock poisoned")
+                        .encode_state_sized(capacity),
+                };
+                let checksum = xxhash_rust::xxh3::xxh3_64(&state);
+                (Bytes::from(state), checksum)
+            })
+            .await;
+            // A failed encoding (a panic) still ends the push, so later ones are not blocked.
+            addr.do_send(Encoded {
+                state: encoded.ok(),
+                transfer,
+                chunk_len,
+            });
+        });
+    }
+}
+
+/// A full state encoded for a push.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Encoded {
+    /// The encoded state and its xxh3-64; `None` if encoding failed.
+    state: Option<(Bytes, u64)>,
+    transfer: u64,
+    chunk_len: usize,
+}
+
+impl Handler<Encoded> for Replica {
+    type Result = ();
+    fn handle(&mut self, msg: Encoded, _: &mut Context<Self>) {
+        self.encoding = false;
+        let Some((state, checksum)) = msg.state else {
+            return;
+        };
+        self.telemetry.state_pushed(state.len());
+        let template = self.envelope(Body::Delta(Vec::new()));
+        let push = StatePush {
+            subject: self.subjects.state.clone(),
+            state,
+            checksum,
+            transfer: msg.transfer,
+            chunk_len: msg.chunk_len,
+            first_seq: template.seq,
+            codec: self.codec.clone(),
+            template,
+        };
+        // `envelope` took the first number; the rest are reserved here.
+        self.seq += push.count() as u64 - 1;
+        self.enqueue(Outbound::State(Box::new(push)));
+    }
+}
+
+/// A full state on its way out: one encoded buffer, framed a chunk at a time by the
+/// publisher task, so that a push holds the state about once instead of as the state, its
+/// chunks and their frames together. Its chunks' sequence numbers are reserved when it is
+/// queued, so they stay in order with the messages queued around it.
+pub(super) struct StatePush {
+    pub(super) subject: String,
+    state: Bytes,
+    checksum: u64,
+    transfer: u64,
+    chunk_len: usize,
+    /// Sequence number of the first chunk.
+    first_seq: u64,
+    codec: WireCodec,
+    /// The envelope of every chunk but for its sequence number and body.
+    template: Envelope,
+}
+
+impl StatePush {
+    pub(super) fn count(&self) -> usize {
+        chunk_count(self.state.len(), self.chunk_len)
+    }
+
+    /// The frame of chunk `i`.
+    pub(super) fn frame(&self, i: usize) -> Vec<u8> {
+        let chunk = state_chunk(&self.state, self.transfer, self.chunk_len, self.checksum, i);
+        let mut env = self.template.clone();
+        env.seq = self.first_seq + i as u64;
+        env.body = Body::StateChunk(chunk);
+        self.codec.encode(&env)
+    }
+}
+
+/// A commit's log append finished.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Committed {
+    batch: u64,
+    delta: Vec<u8>,
+    result: Result<(), String>,
+}
+
+impl Handler<Committed> for Replica {
+    type Result = ();
+    fn handle(&mut self, msg: Committed, ctx: &mut Context<Self>) {
+        self.committed(msg, ctx);
+    }
+}

@@ -1,0 +1,264 @@
+//! The streams around the actor: subscriptions forwarded into its bounded inbound buffer
+//! (replication decoded and checked first, so that garbage never takes a place in it), the
+//! transport's connection events, and the one publisher task that sends what the actor queued,
+//! in order.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use super::publish::StatePush;
+use super::{Shared, reject};
+use crate::replica::metrics::{Channel, Direction, channel_label};
+use crate::transport::{LogLimiter, Message, MessageStream, Subjects, Transport, TransportEvent};
+use crate::wire::{Envelope, WireCodec, WireError};
+
+/// What reaches the actor from its subscriptions and the transport.
+pub(crate) enum Inbound {
+    /// A valid replication message from a peer, and the length of its frame.
+    Replication(Envelope, usize),
+    /// A request of the API.
+    Api(Message),
+    /// A connection event.
+    Event(TransportEvent),
+}
+
+impl Inbound {
+    /// Bytes it holds, for the inbound buffer's byte bound.
+    pub(super) fn size(&self) -> u64 {
+        match self {
+            Inbound::Replication(_, len) => *len as u64,
+            Inbound::Api(m) => m.payload.len() as u64,
+            Inbound::Event(_) => 0,
+        }
+    }
+}
+
+/// Where a subscription task sends what it received.
+pub(crate) enum Route {
+    /// To the actor, through the inbound buffer.
+    Actor(Inbound),
+    /// Nowhere: answered, or not for this replica.
+    Drop,
+    /// Answered in the task: publish this reply (subject, headers, payload).
+    Reply(String, async_nats::HeaderMap, Bytes),
+}
+
+/// What the publisher task sends, in order.
+pub(super) enum Outbound {
+    /// A replication frame.
+    Publish(String, Bytes, Channel),
+    /// A full state, framed chunk by chunk as it is published (see [`StatePush`]).
+    State(Box<StatePush>),
+    /// A reply of the request API, with its headers.
+    Reply(String, Bytes, async_nats::HeaderMap),
+    /// Answers once everything queued before it was handed to the transport and flushed.
+    Flush(oneshot::Sender<()>),
+}
+
+impl Outbound {
+    /// The channel label its drop is counted under.
+    pub(super) fn channel_label(&self) -> &'static str {
+        match self {
+            Outbound::Publish(_, _, channel) => channel_label(*channel),
+            Outbound::State(_) => channel_label(Channel::State),
+            Outbound::Reply(..) => channel_label(Channel::Api),
+            Outbound::Flush(_) => "flush",
+        }
+    }
+}
+
+/// Forwards a subscription into the actor's inbound buffer, resubscribing if it ends, until
+/// the actor is gone. A full buffer (in messages or in bytes) drops the message and counts it.
+pub(super) async fn forward_stream(
+    initial: Option<MessageStream>,
+    transport: Arc<dyn Transport>,
+    (subject, queue): (String, Option<String>),
+    tx: mpsc::Sender<Inbound>,
+    mut route: impl FnMut(Message) -> Route,
+    shared: Arc<Shared>,
+) {
+    let mut initial = initial;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let mut stream = match initial.take() {
+            Some(s) => s,
+            None => match transport.subscribe(subject.clone(), queue.clone()).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(%subject, error = %e, "subscribe failed, retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tx.closed() => return,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            },
+        };
+        loop {
+            let msg = tokio::select! {
+                m = stream.next() => m,
+                _ = tx.closed() => return,
+            };
+            let Some(msg) = msg else { break };
+            backoff = Duration::from_millis(50);
+            let item = match route(msg) {
+                Route::Actor(item) => item,
+                Route::Drop => continue,
+                Route::Reply(to, headers, payload) => {
+                    if transport
+                        .publish_with_headers(to, headers, payload)
+                        .await
+                        .is_err()
+                    {
+                        shared.telemetry.publish_error(Channel::Api);
+                    }
+                    continue;
+                }
+            };
+            // Bounded in messages by the channel, and in bytes here: a flood of large
+            // chunks must not pile up in memory while the actor is busy.
+            let size = item.size();
+            let queued = shared.inbound_bytes.fetch_add(size, Ordering::AcqRel);
+            let result = if queued + size > shared.inbound_max_bytes {
+                Err(mpsc::error::TrySendError::Full(item))
+            } else {
+                tx.try_send(item)
+            };
+            match result {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    shared.inbound_bytes.fetch_sub(size, Ordering::AcqRel);
+                    shared.telemetry.inbound_dropped();
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => return,
+            }
+        }
+        tracing::warn!(%subject, "subscription ended, resubscribing");
+    }
+}
+
+/// Turns a message of the replication subscription into an [`Inbound`]: decoded, verified and
+/// checked against its subject; own echoes and anything invalid are dropped (and counted).
+pub(super) fn replication_router(
+    codec: WireCodec,
+    me: Uuid,
+    subjects: Subjects,
+    shared: Arc<Shared>,
+    limiter: Arc<LogLimiter>,
+) -> impl FnMut(Message) -> Route {
+    move |msg: Message| {
+        // Only the exact delta and state subjects count, each for its own bodies: the
+        // subscription's wildcard also hears `<filter>.api` requests (answered by the API
+        // subscription) and whatever anyone publishes on `<filter>.<anything>`.
+        let channel = match subjects.channel(&msg.subject) {
+            Some(c @ (Channel::Delta | Channel::State)) => c,
+            Some(Channel::Api) => return Route::Drop,
+            None => {
+                let e =
+                    WireError::Subject(format!("`{}` is not a replication subject", msg.subject));
+                reject(&shared, &limiter, &e);
+                return Route::Drop;
+            }
+        };
+        match codec.decode(&msg.payload) {
+            Ok(env) if env.sender == me => {
+                shared.telemetry.echo();
+                Route::Drop
+            }
+            Ok(env) if (channel == Channel::Delta) != env.body.is_delta() => {
+                let what = if env.body.is_delta() {
+                    "delta"
+                } else {
+                    "state message"
+                };
+                let e = WireError::Subject(format!("a {what} on `{}`", msg.subject));
+                reject(&shared, &limiter, &e);
+                Route::Drop
+            }
+            Ok(env) => Route::Actor(Inbound::Replication(env, msg.payload.len())),
+            Err(e) => {
+                reject(&shared, &limiter, &e);
+                Route::Drop
+            }
+        }
+    }
+}
+
+/// Forwards the transport's connection events to the actor until it is gone.
+pub(super) async fn forward_events(
+    mut events: tokio::sync::broadcast::Receiver<TransportEvent>,
+    tx: mpsc::Sender<Inbound>,
+) {
+    loop {
+        let ev = tokio::select! {
+            e = events.recv() => e,
+            _ = tx.closed() => return,
+        };
+        match ev {
+            Ok(ev) => {
+                let _ = tx.send(Inbound::Event(ev)).await;
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(_) => return,
+        }
+    }
+}
+
+/// The publisher: one task, so frames leave in the order they were queued. Replication goes
+/// out on `replication` (no echo where the transport can), API replies on `transport`.
+pub(super) async fn publish(
+    mut out: mpsc::Receiver<Outbound>,
+    transport: Arc<dyn Transport>,
+    replication: Arc<dyn Transport>,
+    shared: Arc<Shared>,
+    limiter: Arc<LogLimiter>,
+) {
+    let telemetry = &shared.telemetry;
+    while let Some(o) = out.recv().await {
+        let (sent, channel) = match o {
+            Outbound::Publish(subject, payload, channel) => {
+                (replication.publish(subject, payload).await, channel)
+            }
+            Outbound::State(push) => {
+                let mut sent = Ok(());
+                for i in 0..push.count() {
+                    let frame = push.frame(i);
+                    telemetry.traffic(Direction::Out, Channel::State, frame.len());
+                    sent = replication
+                        .publish(push.subject.clone(), frame.into())
+                        .await;
+                    if sent.is_err() {
+                        // The rest would not get through either; anti-entropy repairs.
+                        break;
+                    }
+                }
+                (sent, Channel::State)
+            }
+            Outbound::Reply(subject, payload, headers) => (
+                transport
+                    .publish_with_headers(subject, headers, payload)
+                    .await,
+                Channel::Api,
+            ),
+            Outbound::Flush(done) => {
+                let _ = replication.flush().await;
+                let _ = transport.flush().await;
+                let _ = done.send(());
+                continue;
+            }
+        };
+        if let Err(e) = sent {
+            telemetry.publish_error(channel);
+            if let Some(n) = limiter.allow("publish") {
+                tracing::warn!(error = %e, suppressed = n, "publish failed; anti-entropy will repair");
+            }
+        }
+    }
+}
