@@ -1,8 +1,42 @@
-//! Bit packing for compact serialized states (fingerprints at their bit width, packed tags).
+//! The binary encoding of states, deltas and snapshots: CBOR with fields as integer keys
+//! (serde_cbor's packed format), one home for the wire envelopes, the replica's snapshots and
+//! write-ahead log, and the evaluation's size figures alike; and the bit packing inside it
+//! (fingerprints at their bit width, packed tags).
 
 use bitstream_io::{BitRead, BitReader, BitWrite, BitWriter, LittleEndian};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use thiserror::Error;
 
 use super::error::FilterError;
+
+/// Why bytes did not decode.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CodecError {
+    /// The input ended early.
+    #[error("truncated: {0}")]
+    Truncated(String),
+    /// The input is not a valid encoding of the type (including values its checks refuse).
+    #[error("malformed: {0}")]
+    Malformed(String),
+}
+
+/// Encodes `value` (packed CBOR, which [`from_cbor`] reads back).
+pub fn to_cbor<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_cbor::ser::to_vec_packed(value).expect("CBOR into a Vec cannot fail")
+}
+
+/// Decodes bytes produced by [`to_cbor`]; truncated input gives [`CodecError::Truncated`].
+pub fn from_cbor<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+    serde_cbor::from_slice(bytes).map_err(|e| {
+        if e.is_eof() {
+            CodecError::Truncated(e.to_string())
+        } else {
+            CodecError::Malformed(e.to_string())
+        }
+    })
+}
 
 /// Packs each value into `bits` bits (values must fit; `bits` may be 0).
 pub(crate) fn pack(values: impl IntoIterator<Item = u64>, bits: u32) -> Vec<u8> {
@@ -64,5 +98,20 @@ mod tests {
         assert_eq!(bits_for(1), 1);
         assert_eq!(bits_for(255), 8);
         assert_eq!(bits_for(256), 9);
+    }
+
+    #[test]
+    fn round_trips_and_tells_truncated_from_malformed() {
+        let v = (7u64, vec![1u8, 2, 3], "x".to_string());
+        let bytes = to_cbor(&v);
+        assert_eq!(from_cbor::<(u64, Vec<u8>, String)>(&bytes), Ok(v));
+        assert!(matches!(
+            from_cbor::<(u64, Vec<u8>, String)>(&bytes[..bytes.len() - 1]),
+            Err(CodecError::Truncated(_))
+        ));
+        assert!(matches!(
+            from_cbor::<u64>(b"\x61x"),
+            Err(CodecError::Malformed(_))
+        ));
     }
 }

@@ -222,6 +222,14 @@ pub trait ReplicatedFilter:
         1
     }
 
+    /// Makes this replica's future updates `replica`'s (called once its id is claimed): the
+    /// OR kinds issue their tags under it, the per-writer kinds add into its series.
+    fn set_writer(&mut self, replica: ReplicaId) {
+        if let Some(f) = self.observed_remove_mut() {
+            f.set_replica(replica)
+        }
+    }
+
     /// The tag API, for the kinds that remove.
     fn observed_remove(&self) -> Option<&dyn ObservedRemove> {
         None

@@ -4,7 +4,7 @@
 
 pub mod bloom;
 pub mod causal;
-pub(crate) mod codec;
+pub mod codec;
 pub mod cuckoo;
 pub mod delta;
 pub mod error;

@@ -19,7 +19,8 @@ use uuid::Uuid;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::ReplicaId;
-use crate::wire::{FilterKind, from_cbor, to_cbor};
+use crate::core::codec::{from_cbor, to_cbor};
+use crate::wire::FilterKind;
 
 const SNAP_MAGIC: &[u8; 8] = b"crpfsnap";
 const HWM_MAGIC: &[u8; 8] = b"crpftags";

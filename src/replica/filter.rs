@@ -50,6 +50,7 @@ trait DynFilter: Send + Sync {
     fn sub_filters(&self) -> usize;
     fn observed_remove(&self) -> Option<&dyn ObservedRemove>;
     fn observed_remove_mut(&mut self) -> Option<&mut dyn ObservedRemove>;
+    fn set_writer(&mut self, replica: ReplicaId);
 }
 
 impl<F: ReplicatedFilter> DynFilter for F {
@@ -110,6 +111,9 @@ impl<F: ReplicatedFilter> DynFilter for F {
     }
     fn observed_remove_mut(&mut self) -> Option<&mut dyn ObservedRemove> {
         ReplicatedFilter::observed_remove_mut(self)
+    }
+    fn set_writer(&mut self, replica: ReplicaId) {
+        ReplicatedFilter::set_writer(self, replica)
     }
 }
 
@@ -328,11 +332,10 @@ impl AnyFilter {
         self.observed_remove().map_or(0, |f| f.replica())
     }
 
-    /// Issues future tags under another id (no effect on kinds without tags).
+    /// Makes future updates `replica`'s: OR kinds issue their tags under it, per-writer kinds
+    /// add into its series (no effect on the other kinds).
     pub fn set_replica(&mut self, replica: ReplicaId) {
-        if let Some(f) = self.inner_mut().observed_remove_mut() {
-            f.set_replica(replica)
-        }
+        self.inner_mut().set_writer(replica)
     }
 
     /// Highest timestamp this replica may have issued (0 for kinds without tags).
@@ -364,6 +367,33 @@ mod tests {
 
     fn spec(kind: FilterKind) -> FilterSpec {
         FilterSpec::new(kind, 200, 0.01)
+    }
+
+    /// A replica starts its filter as writer 0 and takes its id once claimed: every per-writer
+    /// kind must then add into that id's series (the grow-only ones once kept filling
+    /// writer 0's, on every replica, and broke their FPR bound).
+    #[test]
+    fn per_writer_kinds_add_into_the_series_of_the_id_set() {
+        use crate::core::scalable::Partitioned;
+        fn writers<F: crate::core::scalable::WriterSeries>(p: &Partitioned<F>) -> Vec<ReplicaId> {
+            p.parts().map(|(w, _)| w).collect()
+        }
+        for kind in [
+            FilterKind::WriterScGBloom,
+            FilterKind::WriterScGCuckoo,
+            FilterKind::WriterScOrCuckoo,
+        ] {
+            let mut f = AnyFilter::new(&spec(kind), 0).unwrap();
+            f.set_replica(3);
+            f.add(b"x").unwrap();
+            let found = match &f {
+                AnyFilter::WriterScGBloom(p) => writers(p),
+                AnyFilter::WriterScGCuckoo(p) => writers(p),
+                AnyFilter::WriterScOrCuckoo(p) => writers(p),
+                _ => unreachable!(),
+            };
+            assert_eq!(found, vec![3], "{kind}");
+        }
     }
 
     #[test]

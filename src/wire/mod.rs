@@ -46,6 +46,8 @@ pub use auth::{AuthKeys, KeyError, MAC_LEN, MIN_KEY_LEN};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+use crate::core::codec::CodecError;
 use uuid::Uuid;
 
 /// Version of the frame layout and envelope schema. A change of hashing (docs/DESIGN.md section 3)
@@ -261,12 +263,13 @@ impl WireError {
             WireError::Subject(_) => "subject",
         }
     }
+}
 
-    fn from_cbor(e: serde_cbor::Error) -> Self {
-        if e.is_eof() {
-            WireError::Truncated(e.to_string())
-        } else {
-            WireError::Malformed(e.to_string())
+impl From<CodecError> for WireError {
+    fn from(e: CodecError) -> Self {
+        match e {
+            CodecError::Truncated(m) => WireError::Truncated(m),
+            CodecError::Malformed(m) => WireError::Malformed(m),
         }
     }
 }
@@ -387,7 +390,7 @@ impl Envelope {
             }
             &content[HEADER_LEN..]
         };
-        let env: Envelope = serde_cbor::from_slice(cbor).map_err(WireError::from_cbor)?;
+        let env: Envelope = from_cbor(cbor)?;
         if env.filter != expect.filter {
             return Err(WireError::Filter(env.filter));
         }
@@ -502,15 +505,12 @@ pub fn state_chunk(
     }
 }
 
-/// CBOR with fields as integer keys (serde_cbor's packed format, which `from_slice` reads
-/// back): of states, deltas and envelopes.
-pub fn to_cbor<T: Serialize>(value: &T) -> Vec<u8> {
-    serde_cbor::ser::to_vec_packed(value).expect("CBOR into a Vec cannot fail")
-}
+pub use crate::core::codec::to_cbor;
 
-/// Decodes CBOR produced by [`to_cbor`]; truncated input gives [`WireError::Truncated`].
+/// Decodes bytes produced by [`to_cbor`] as a wire message part; truncated input gives
+/// [`WireError::Truncated`].
 pub fn from_cbor<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
-    serde_cbor::from_slice(bytes).map_err(WireError::from_cbor)
+    crate::core::codec::from_cbor(bytes).map_err(WireError::from)
 }
 
 #[cfg(test)]

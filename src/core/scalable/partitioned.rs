@@ -596,6 +596,12 @@ macro_rules! writer_grow_only {
                     .sum::<usize>()
                     .max(1)
             }
+
+            /// Adds from now on into `replica`'s series (without this every replica would
+            /// fill writer 0's series, and the FPR bound would not hold).
+            fn set_writer(&mut self, replica: ReplicaId) {
+                self.writer = replica;
+            }
         }
     };
 }
