@@ -406,12 +406,25 @@ async fn acknowledged_batch_adds_are_durable_or_replicated() {
     c.delta_max_updates = 1 << 20;
     let mut durable = c.clone();
     durable.data_dir = Some(dir.path().join("a"));
+    // A batch far larger than one tag reservation: reserved block by block as it goes.
+    durable.tag_reserve_block = 64;
     let a = start(durable.clone(), &server.url()).await;
     let nc = async_nats::connect(server.url()).await.unwrap();
     let client = Client::new(nc.clone(), "crpf", "acked").replica(a.identity().replica);
     let logged = items("d", 3000);
     let r = client.madd(&logged, Some(AckLevel::Durable)).await.unwrap();
     assert!(r.all(), "{r:?}");
+    let clock = a.read(|f| f.clock());
+    let reserved = crpf::replica::DataDir::open(dir.path().join("a"))
+        .unwrap()
+        .load_reservation()
+        .unwrap()
+        .unwrap()
+        .reserved;
+    assert!(
+        clock >= 3000 && reserved >= clock,
+        "every tag issued was reserved first: clock {clock}, reserved {reserved}"
+    );
     // The log as it is now (a copy: the replica keeps writing its own).
     let copy = tempfile::tempdir().unwrap();
     for e in std::fs::read_dir(dir.path().join("a").join(WAL_DIR)).unwrap() {

@@ -91,8 +91,8 @@ impl GBloom {
         let mut probes = BloomProbes::new(h, self.params.bits);
         let words = &mut self.words;
         let mut newly = 0;
-        // Two loops, so that the common untracked case stays branch-free: a data-dependent
-        // branch on "was the bit clear" would serialize the cache-missing word loads.
+        // No data-dependent branch on "was the bit clear" while loading: it would serialize
+        // the k cache-missing word loads of a large filter.
         match &mut self.pending {
             None => {
                 for _ in 0..hashes {
@@ -104,15 +104,22 @@ impl GBloom {
                 }
             }
             Some(pending) => {
-                for _ in 0..hashes {
+                // Set every bit first, noting which were clear, then record those. Parameters
+                // are validated to at most 64 hashes.
+                let mut probed = [0u64; 64];
+                let mut clear = 0u64;
+                for (j, slot) in probed.iter_mut().enumerate().take(hashes as usize) {
                     let idx = probes.next_index();
+                    *slot = idx;
                     let word = &mut words[(idx >> 6) as usize];
                     let mask = 1u64 << (idx & 63);
-                    if *word & mask == 0 {
-                        newly += 1;
-                        pending.push(idx);
-                    }
+                    clear |= u64::from(*word & mask == 0) << j;
                     *word |= mask;
+                }
+                newly = u64::from(clear.count_ones());
+                while clear != 0 {
+                    pending.push(probed[clear.trailing_zeros() as usize]);
+                    clear &= clear - 1;
                 }
             }
         }

@@ -40,6 +40,20 @@ impl Replica {
         Ok(())
     }
 
+    /// Tags below which adds need no new reservation (see [`Replica::reserve_tags`]): the
+    /// lease's and, with a data directory, the durable one; unbounded for kinds without tags.
+    pub(super) fn tag_limit(&self) -> u64 {
+        if !self.expect.kind.removable() {
+            return u64::MAX;
+        }
+        let durable = if self.data.is_some() {
+            self.reserved
+        } else {
+            u64::MAX
+        };
+        self.lease.reserved.min(durable)
+    }
+
     /// Takes what a snapshot saves, on the actor's thread: the log is rotated at the same
     /// moment the state is cloned, so the clone holds every record of the segments up to the
     /// one it returns (see [`crate::replica::wal`]).
