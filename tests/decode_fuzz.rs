@@ -640,14 +640,14 @@ mod any_filter {
         #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
 
         #[test]
-        fn decode_state_of_every_kind(k in 0..6usize, m in mutation()) {
+        fn decode_state_of_every_kind(k in 0..FilterKind::ALL.len(), m in mutation()) {
             let c = &CORPORA[k];
             let kind = FilterKind::ALL[k];
             let bytes = mutate(&c.states, m);
             let decoded = bounded("AnyFilter::decode_state", || AnyFilter::decode_state(kind, &bytes));
             if let Ok(state) = decoded {
                 bounded("AnyFilter merge", || {
-                    let _ = c.receiver.check_remote_state(&state);
+                    let _ = c.receiver.check_remote_state(&state, 0);
                     let mut r = c.receiver.clone();
                     if r.merge(&state).is_ok() {
                         assert!(state.le(&r) && c.receiver.le(&r));
@@ -660,14 +660,14 @@ mod any_filter {
         }
 
         #[test]
-        fn merge_delta_bytes_of_every_kind(k in 0..6usize, m in mutation(), remote: bool) {
+        fn merge_delta_bytes_of_every_kind(k in 0..FilterKind::ALL.len(), m in mutation(), remote: bool) {
             let c = &CORPORA[k];
             let bytes = mutate(&c.deltas, m);
             bounded("AnyFilter::merge_delta_bytes", || {
                 let mut r = c.receiver.clone();
                 let before = r.clone();
                 let result = if remote {
-                    r.merge_remote_delta_bytes(&bytes)
+                    r.merge_remote_delta_bytes(&bytes, 0)
                 } else {
                     r.merge_delta_bytes(&bytes)
                 };

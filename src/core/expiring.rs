@@ -552,6 +552,77 @@ impl CheckRemote for ExpiringBloom {
     }
 }
 
+/// The expiring filter in a replica: time is the wall clock in milliseconds, the spec's
+/// `capacity` is the elements added per window, and its `fpr` the window's.
+impl crate::core::kind::ReplicatedFilter for ExpiringBloom {
+    const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::ExpiringBloom;
+
+    fn from_spec(
+        spec: &crate::core::kind::FilterSpec,
+        _replica: crate::ReplicaId,
+    ) -> Result<Self, FilterError> {
+        let expiry = spec.expiry.unwrap_or_default();
+        if expiry.epochs == 0 || expiry.window_ms / u64::from(expiry.epochs) == 0 {
+            return Err(FilterError::invalid(
+                "expiry",
+                format!(
+                    "a window of {} ms cannot be cut into {} epochs of at least 1 ms",
+                    expiry.window_ms, expiry.epochs
+                ),
+            ));
+        }
+        let per_epoch = spec.capacity.div_ceil(u64::from(expiry.epochs)).max(1);
+        let mut params = ExpiringParams::with_window(
+            per_epoch,
+            spec.fpr,
+            expiry.epoch_ms(),
+            expiry.epochs,
+            expiry.max_skew_epochs,
+        )?;
+        params.bloom.seed = spec.seed();
+        ExpiringBloom::new(params)
+    }
+
+    fn params_digest(&self) -> u64 {
+        self.params.digest()
+    }
+
+    /// The clock and, per live epoch that holds anything, its bits.
+    fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+        h.update(&self.newest.to_le_bytes());
+        for (e, f) in self.epochs.iter().filter(|(_, f)| f.ones() > 0) {
+            h.update(&e.to_le_bytes());
+            crate::core::kind::ReplicatedFilter::digest_state(f, h);
+        }
+    }
+
+    fn sub_filters(&self) -> usize {
+        self.epochs.len().max(1)
+    }
+
+    fn tick(&mut self, now_ms: u64) -> bool {
+        let before = self.newest;
+        self.advance_to(now_ms);
+        self.newest != before
+    }
+
+    fn contains_as_of(&self, item: &[u8], now_ms: u64) -> bool {
+        self.contains_at(item, now_ms)
+    }
+
+    fn check_remote_as_of(&self, other: &Self, now_ms: u64) -> Result<(), FilterError> {
+        self.check_remote_at(other, now_ms)
+    }
+
+    fn check_remote_delta_as_of(
+        &self,
+        delta: &ExpiringDelta,
+        now_ms: u64,
+    ) -> Result<(), FilterError> {
+        self.check_remote_delta_at(delta, now_ms)
+    }
+}
+
 /// Serialized form: the parameters, the clock, and the live epochs with their filters.
 #[derive(Deserialize)]
 struct Repr {

@@ -40,6 +40,9 @@ macro_rules! for_each_filter_kind {
             WriterScGCuckoo = 7, "writer_sc_g_cuckoo", $crate::core::scalable::WriterScGCuckoo;
             /// [`crate::WriterScOrCuckoo`]: scalable ORCF with a series per writer.
             WriterScOrCuckoo = 8, "writer_sc_or_cuckoo", $crate::core::scalable::WriterScOrCuckoo;
+            /// [`crate::ExpiringBloom`]: sliding-window Bloom filter, elements expire after
+            /// [`FilterSpec::expiry`]'s window.
+            ExpiringBloom = 9, "expiring_bloom", $crate::core::expiring::ExpiringBloom;
         }
     };
 }
@@ -164,6 +167,58 @@ pub struct FilterSpec {
     /// Hash seed; [`DEFAULT_SEED`] if absent.
     #[serde(default)]
     pub seed: Option<u64>,
+    /// The window of `expiring_bloom` ([`ExpirySpec::default`] if absent); no other kind has
+    /// one. `capacity` is then the elements added per window, `fpr` the window's.
+    #[serde(default)]
+    pub expiry: Option<ExpirySpec>,
+}
+
+/// How long the elements of an `expiring_bloom` live, in wall-clock time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpirySpec {
+    /// The window: an element lives between `window_ms·(epochs - 1)/epochs` and `window_ms`
+    /// after its add (time is cut into `epochs` epochs of `window_ms / epochs`).
+    pub window_ms: u64,
+    /// Epochs per window (default 8): more epochs expire more precisely and cost more
+    /// memory per element (each live epoch is its own Bloom filter).
+    #[serde(default = "ExpirySpec::default_epochs")]
+    pub epochs: u32,
+    /// Clock skew between replicas the filter accepts, in epochs (default 1, below
+    /// `epochs`): states and deltas further ahead are refused.
+    #[serde(default = "ExpirySpec::default_max_skew")]
+    pub max_skew_epochs: u32,
+}
+
+impl ExpirySpec {
+    fn default_epochs() -> u32 {
+        8
+    }
+
+    fn default_max_skew() -> u32 {
+        1
+    }
+
+    /// A window of `window_ms` with the default epochs and skew bound.
+    pub fn new(window_ms: u64) -> Self {
+        ExpirySpec {
+            window_ms,
+            epochs: Self::default_epochs(),
+            max_skew_epochs: Self::default_max_skew(),
+        }
+    }
+
+    /// Length of one epoch in milliseconds.
+    pub fn epoch_ms(&self) -> u64 {
+        self.window_ms / u64::from(self.epochs.max(1))
+    }
+}
+
+/// One hour in 8 epochs of 7.5 minutes, clocks at most one epoch (7.5 minutes) apart.
+impl Default for ExpirySpec {
+    fn default() -> Self {
+        Self::new(3_600_000)
+    }
 }
 
 impl FilterSpec {
@@ -174,6 +229,15 @@ impl FilterSpec {
             capacity,
             fpr,
             seed: None,
+            expiry: None,
+        }
+    }
+
+    /// This spec with an expiry window (for `expiring_bloom`).
+    pub fn with_expiry(self, expiry: ExpirySpec) -> Self {
+        FilterSpec {
+            expiry: Some(expiry),
+            ..self
         }
     }
 
@@ -228,6 +292,33 @@ pub trait ReplicatedFilter:
         if let Some(f) = self.observed_remove_mut() {
             f.set_replica(replica)
         }
+    }
+
+    /// Time passed: `now_ms` is the wall clock (milliseconds since the UNIX epoch), which
+    /// the replica passes in (the core reads no clock). Kinds whose elements expire move their
+    /// window; whether the state changed. Default: nothing to do.
+    fn tick(&mut self, _now_ms: u64) -> bool {
+        false
+    }
+
+    /// Membership as of `now_ms` (see [`ReplicatedFilter::tick`]); default `contains`.
+    fn contains_as_of(&self, item: &[u8], _now_ms: u64) -> bool {
+        self.contains(item)
+    }
+
+    /// What [`CheckRemote::check_remote`] cannot check without the time: a kind with a clock
+    /// refuses a state further ahead of `now_ms` than its skew bound. Default: `Ok`.
+    fn check_remote_as_of(&self, _other: &Self, _now_ms: u64) -> Result<(), FilterError> {
+        Ok(())
+    }
+
+    /// [`ReplicatedFilter::check_remote_as_of`] for a delta.
+    fn check_remote_delta_as_of(
+        &self,
+        _delta: &<Self as crate::core::delta::DeltaState>::Delta,
+        _now_ms: u64,
+    ) -> Result<(), FilterError> {
+        Ok(())
     }
 
     /// The tag API, for the kinds that remove.

@@ -30,7 +30,7 @@ use super::filter::{AnyFilter, FilterStats};
 use super::metrics::{self as m, Counts, Direction, MergeSource, Telemetry};
 use super::reassembly::{Progress, Reassembly};
 use super::wal::WalWriter;
-use super::{ReplicaError, ReplicaStats};
+use super::{ReplicaError, ReplicaStats, wall_clock_ms};
 use crate::ReplicaId;
 use crate::transport::{Channel, LogLimiter, MessageStream, Subjects, Transport, TransportEvent};
 use crate::wire::{Body, Envelope, Expect, FilterKind, StateChunk, WireCodec, WireError};
@@ -299,7 +299,7 @@ impl Replica {
     /// Merges a peer's delta; whether it was accepted.
     fn merge_delta(&mut self, bytes: &[u8]) -> bool {
         let t = Instant::now();
-        let r = self.write().merge_remote_delta_bytes(bytes);
+        let r = self.write().merge_remote_delta_bytes(bytes, wall_clock_ms());
         self.record_merge(MergeSource::Delta, t, r.is_ok());
         match r {
             Ok(()) => {
@@ -379,7 +379,7 @@ impl Replica {
                 return self.reject(&e);
             }
         };
-        if let Err(e) = self.read().check_remote_state(&other) {
+        if let Err(e) = self.read().check_remote_state(&other, wall_clock_ms()) {
             self.record_merge(MergeSource::State, Instant::now(), false);
             return self.reject(&super::filter::remote_error(e));
         }
@@ -508,6 +508,11 @@ impl Replica {
     /// Every `metrics_interval_ms`: gauges, time passing for anti-entropy (peer expiry,
     /// catch-up), and partial transfers that timed out.
     fn housekeeping(&mut self, ctx: &mut Context<Self>) {
+        // Time passes for kinds whose elements expire: their window moves (and the move
+        // travels to the peers in the next delta).
+        if self.write().tick(wall_clock_ms()) {
+            self.changed();
+        }
         {
             let f = self.read();
             let s = f.stats();

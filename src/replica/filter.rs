@@ -42,7 +42,8 @@ trait DynFilter: Send + Sync {
     fn track_deltas(&mut self, on: bool);
     fn pending_delta_len(&self) -> usize;
     fn take_delta_bytes(&mut self) -> Option<Vec<u8>>;
-    fn merge_delta_bytes(&mut self, bytes: &[u8], remote: bool) -> Result<(), WireError>;
+    /// `remote`: the time to check a peer's delta at (`None`: a local record, trusted).
+    fn merge_delta_bytes(&mut self, bytes: &[u8], remote: Option<u64>) -> Result<(), WireError>;
     fn encode_state(&self) -> Vec<u8>;
     fn encode_state_sized(&self, capacity: usize) -> Vec<u8>;
     fn params_digest(&self) -> u64;
@@ -51,6 +52,8 @@ trait DynFilter: Send + Sync {
     fn observed_remove(&self) -> Option<&dyn ObservedRemove>;
     fn observed_remove_mut(&mut self) -> Option<&mut dyn ObservedRemove>;
     fn set_writer(&mut self, replica: ReplicaId);
+    fn tick(&mut self, now_ms: u64) -> bool;
+    fn contains_as_of(&self, item: &[u8], now_ms: u64) -> bool;
 }
 
 impl<F: ReplicatedFilter> DynFilter for F {
@@ -80,10 +83,12 @@ impl<F: ReplicatedFilter> DynFilter for F {
     fn take_delta_bytes(&mut self) -> Option<Vec<u8>> {
         self.take_delta().map(|d| to_cbor(&d))
     }
-    fn merge_delta_bytes(&mut self, bytes: &[u8], remote: bool) -> Result<(), WireError> {
+    fn merge_delta_bytes(&mut self, bytes: &[u8], remote: Option<u64>) -> Result<(), WireError> {
         let d = from_cbor(bytes)?;
-        if remote {
+        if let Some(now_ms) = remote {
             self.check_remote_delta(&d).map_err(remote_error)?;
+            self.check_remote_delta_as_of(&d, now_ms)
+                .map_err(remote_error)?;
         }
         self.merge_delta(&d).map_err(incompatible)
     }
@@ -114,6 +119,12 @@ impl<F: ReplicatedFilter> DynFilter for F {
     }
     fn set_writer(&mut self, replica: ReplicaId) {
         ReplicatedFilter::set_writer(self, replica)
+    }
+    fn tick(&mut self, now_ms: u64) -> bool {
+        ReplicatedFilter::tick(self, now_ms)
+    }
+    fn contains_as_of(&self, item: &[u8], now_ms: u64) -> bool {
+        ReplicatedFilter::contains_as_of(self, item, now_ms)
     }
 }
 
@@ -187,10 +198,19 @@ macro_rules! define_any_filter {
 
             /// [`CheckRemote::check_remote`] of a state received from another replica, to call
             /// before merging it: [`FilterError::OwnDotAhead`] if it carries tags of this
-            /// replica's own id above its clock; [`FilterError::Incompatible`] across kinds.
-            pub fn check_remote_state(&self, other: &AnyFilter) -> Result<(), FilterError> {
+            /// replica's own id above its clock; [`FilterError::Incompatible`] across kinds;
+            /// [`FilterError::ClockAhead`] for a kind with a clock whose state is further ahead
+            /// of `now_ms` (the wall clock, ms since the UNIX epoch) than its skew bound.
+            pub fn check_remote_state(
+                &self,
+                other: &AnyFilter,
+                now_ms: u64,
+            ) -> Result<(), FilterError> {
                 match (self, other) {
-                    $( (AnyFilter::$variant(a), AnyFilter::$variant(b)) => a.check_remote(b), )*
+                    $( (AnyFilter::$variant(a), AnyFilter::$variant(b)) => {
+                        a.check_remote(b)?;
+                        a.check_remote_as_of(b, now_ms)
+                    } )*
                     (a, b) => Err(FilterError::Incompatible(format!(
                         "{} state checked against a {} filter",
                         b.kind(),
@@ -220,6 +240,7 @@ for_each_filter_kind!(define_any_filter);
 pub(crate) fn remote_error(e: FilterError) -> WireError {
     match e {
         FilterError::OwnDotAhead { .. } => WireError::OwnTagAhead(e.to_string()),
+        FilterError::ClockAhead { .. } => WireError::ClockAhead(e.to_string()),
         e => incompatible(e),
     }
 }
@@ -284,15 +305,28 @@ impl AnyFilter {
 
     /// Decodes and joins an encoded delta; a delta that does not decode or fit changes nothing.
     pub fn merge_delta_bytes(&mut self, bytes: &[u8]) -> Result<(), WireError> {
-        self.inner_mut().merge_delta_bytes(bytes, false)
+        self.inner_mut().merge_delta_bytes(bytes, None)
     }
 
     /// As [`AnyFilter::merge_delta_bytes`] for a delta received from another replica: first
     /// rejects one carrying tags of this replica's own id above its clock
     /// ([`CheckRemote::check_remote_delta`], [`FilterError::OwnDotAhead`], here as
-    /// [`WireError::OwnTagAhead`]).
-    pub fn merge_remote_delta_bytes(&mut self, bytes: &[u8]) -> Result<(), WireError> {
-        self.inner_mut().merge_delta_bytes(bytes, true)
+    /// [`WireError::OwnTagAhead`]) and, for kinds with a clock, one further ahead of `now_ms`
+    /// than their skew bound ([`WireError::ClockAhead`]).
+    pub fn merge_remote_delta_bytes(&mut self, bytes: &[u8], now_ms: u64) -> Result<(), WireError> {
+        self.inner_mut().merge_delta_bytes(bytes, Some(now_ms))
+    }
+
+    /// Time passed (`now_ms`: the wall clock in milliseconds since the UNIX epoch): kinds whose
+    /// elements expire move their window. Whether the state changed.
+    pub fn tick(&mut self, now_ms: u64) -> bool {
+        self.inner_mut().tick(now_ms)
+    }
+
+    /// Membership as of `now_ms`: for kinds whose elements expire, over the window ending
+    /// then; for the others, [`AnyFilter::contains`].
+    pub fn contains_as_of(&self, item: &[u8], now_ms: u64) -> bool {
+        self.inner().contains_as_of(item, now_ms)
     }
 
     /// The full state, encoded.
@@ -366,7 +400,17 @@ mod tests {
     use super::*;
 
     fn spec(kind: FilterKind) -> FilterSpec {
-        FilterSpec::new(kind, 200, 0.01)
+        let spec = FilterSpec::new(kind, 200, 0.01);
+        if kind == FilterKind::ExpiringBloom {
+            // No time passes here: every add lands in one epoch, so size that one for all.
+            spec.with_expiry(crate::ExpirySpec {
+                epochs: 1,
+                max_skew_epochs: 0,
+                ..Default::default()
+            })
+        } else {
+            spec
+        }
     }
 
     /// A replica starts its filter as writer 0 and takes its id once claimed: every per-writer
@@ -500,24 +544,24 @@ mod tests {
             let before = mine.clone();
             if kind.removable() {
                 assert!(matches!(
-                    mine.check_remote_state(&impostor),
+                    mine.check_remote_state(&impostor, 0),
                     Err(FilterError::OwnDotAhead { replica: 1, .. })
                 ));
                 assert!(matches!(
-                    mine.merge_remote_delta_bytes(&delta),
+                    mine.merge_remote_delta_bytes(&delta, 0),
                     Err(WireError::OwnTagAhead(_))
                 ));
                 assert!(mine.equivalent(&before) && mine.clock() == 1, "{kind}");
             } else {
-                assert!(mine.check_remote_state(&impostor).is_ok());
-                mine.merge_remote_delta_bytes(&delta).unwrap();
+                assert!(mine.check_remote_state(&impostor, 0).is_ok());
+                mine.merge_remote_delta_bytes(&delta, 0).unwrap();
             }
             let mut peer = AnyFilter::new(&spec(kind), 2).unwrap();
             peer.track_deltas(true);
             peer.add(b"y").unwrap();
             let delta = peer.take_delta().unwrap();
-            assert!(mine.check_remote_state(&peer).is_ok());
-            mine.merge_remote_delta_bytes(&delta).unwrap();
+            assert!(mine.check_remote_state(&peer, 0).is_ok());
+            mine.merge_remote_delta_bytes(&delta, 0).unwrap();
             assert!(mine.contains(b"y"));
         }
     }

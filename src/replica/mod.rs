@@ -436,7 +436,7 @@ impl ReplicaHandle {
     /// Membership test, read directly from the state: it never waits behind replication work
     /// queued for the actor (at most behind one merge in progress).
     pub fn contains(&self, item: &[u8]) -> bool {
-        self.read(|f| f.contains(item))
+        self.read(|f| f.contains_as_of(item, wall_clock_ms()))
     }
 
     /// Runs a read-only closure on the current state.
@@ -501,4 +501,12 @@ impl ReplicaHandle {
     pub async fn shutdown(&self) -> Result<(), ReplicaError> {
         self.addr.send(Shutdown).await?
     }
+}
+
+/// The replica's one clock: wall-clock milliseconds since the UNIX epoch, passed to the filters
+/// whose elements expire (the core reads no clock). A clock before 1970 reads as 0.
+pub(crate) fn wall_clock_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -233,6 +233,10 @@ pub enum WireError {
     /// it would push the clock toward exhaustion (only the replica itself issues its tags).
     #[error("tags of our own replica id ahead of our clock: {0}")]
     OwnTagAhead(String),
+    /// A state or delta whose clock is further ahead of the receiver's than the filter's skew
+    /// bound (expiring kinds): merged, it would expire live elements early on every replica.
+    #[error("clock ahead of ours beyond the skew bound: {0}")]
+    ClockAhead(String),
     /// A message of a new sender while the receiver tracks as many live peers as it may.
     #[error("a new sender beyond max_peers = {0} live peers")]
     TooManyPeers(usize),
@@ -260,6 +264,7 @@ impl WireError {
             WireError::Chunk(_) => "chunk",
             WireError::TooManyPeers(_) => "too_many_peers",
             WireError::OwnTagAhead(_) => "own_tag_ahead",
+            WireError::ClockAhead(_) => "clock_ahead",
             WireError::Subject(_) => "subject",
         }
     }

@@ -10,7 +10,7 @@ use super::publish::Responder;
 use super::{Replica, ReplicaError, Shared};
 use crate::Dot;
 use crate::replica::ReplicaHandle;
-use crate::replica::ReplicaStats;
+use crate::replica::{ReplicaStats, wall_clock_ms};
 use crate::replica::ack::AckLevel;
 use crate::replica::filter::AnyFilter;
 use crate::replica::metrics::{MergeSource, OpKind};
@@ -42,7 +42,11 @@ impl Replica {
         let r = self
             .check_item(item)
             .and_then(|_| self.reserve_tags())
-            .and_then(|_| self.write().add(item).map_err(ReplicaError::from));
+            .and_then(|_| {
+                let mut f = self.write();
+                f.tick(wall_clock_ms());
+                f.add(item).map_err(ReplicaError::from)
+            });
         self.op(OpKind::Add, r.is_ok());
         if r.is_ok() {
             self.local_change();
@@ -63,7 +67,7 @@ impl Replica {
 
     pub(super) fn do_contains(&self, item: &[u8]) -> Result<bool, ReplicaError> {
         self.check_item(item)?;
-        Ok(self.read().contains(item))
+        Ok(self.read().contains_as_of(item, wall_clock_ms()))
     }
 
     /// Refuses a level this replica cannot give before the update is applied.

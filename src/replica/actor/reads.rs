@@ -19,7 +19,7 @@ use super::{Route, Shared};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{Op, ReplyFormat};
-use crate::replica::ReplicaError;
+use crate::replica::{ReplicaError, wall_clock_ms};
 use crate::replica::metrics::{Channel, Direction, OpKind, Telemetry};
 use crate::replica::service::ApiService;
 use crate::transport::{Message, Subjects};
@@ -69,7 +69,9 @@ impl Reads {
     fn query(&self, batch: bool, msg: &Message) -> Result<ApiReply, ReplicaError> {
         if !batch {
             let item = &msg.payload[..];
-            let r = self.check_item(item).map(|()| self.filter().contains(item));
+            let r = self
+                .check_item(item)
+                .map(|()| self.filter().contains_as_of(item, wall_clock_ms()));
             self.telemetry.op(OpKind::Contains, r.is_ok());
             return Ok(ApiReply::contains(r?));
         }
@@ -77,8 +79,8 @@ impl Reads {
         let items = batch::decode(&msg.payload, self.limits)
             .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
         let found: Vec<bool> = {
-            let f = self.filter();
-            items.iter().map(|&i| f.contains(i)).collect()
+            let (f, now) = (self.filter(), wall_clock_ms());
+            items.iter().map(|&i| f.contains_as_of(i, now)).collect()
         };
         self.telemetry
             .count_ops(OpKind::Contains, found.len() as u64, 0);

@@ -21,7 +21,7 @@ use super::reads::Reads;
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{ACK_HEADER, ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
-use crate::replica::ReplicaError;
+use crate::replica::{ReplicaError, wall_clock_ms};
 use crate::replica::ack::AckLevel;
 use crate::replica::filter::NotRemovable;
 use crate::replica::metrics::{Channel, Direction, OpKind};
@@ -307,8 +307,8 @@ impl Replica {
         };
         match op {
             Op::MContains => {
-                let f = self.read();
-                let found: Vec<bool> = items.iter().map(|&i| f.contains(i)).collect();
+                let (f, now) = (self.read(), wall_clock_ms());
+                let found: Vec<bool> = items.iter().map(|&i| f.contains_as_of(i, now)).collect();
                 drop(f);
                 Ok(Handled::Answer(reply("contains", &found)))
             }
@@ -346,6 +346,7 @@ impl Replica {
                     }
                     let limit = self.tag_limit();
                     let mut f = self.write();
+                    f.tick(wall_clock_ms());
                     let first = i;
                     while i < items.len() && f.clock() < limit {
                         // Each item is all or nothing: a refused add (a full cuckoo table)
