@@ -861,3 +861,69 @@ async fn replication_transports_do_not_echo() {
     // of any of its "one"s would come before the shared connection's "two".
     assert_eq!(first_heard(&t, "two", &mut s1).await, "two");
 }
+
+/// Issue 11: an expiring filter over a real nats-server. An element added on one replica is
+/// contained on every replica during its window and gone from every replica after it, and
+/// the epochs that left the window are dropped (their memory freed) everywhere.
+#[actix::test]
+async fn expiring_elements_live_for_their_window_on_every_replica() {
+    use crpf::ExpirySpec;
+    let server = NatsServer::start();
+    let mut c = cfg("sessions", FilterKind::ExpiringBloom, 1000, 0.01);
+    // Epochs of two seconds, a window of three: an element lives 4 to 6 s.
+    let expiry = ExpirySpec {
+        window_ms: 6_000,
+        epochs: 3,
+        max_skew_epochs: 1,
+    };
+    c.filter.expiry = Some(expiry);
+    c.metrics_interval_ms = 200;
+    let mut hs = Vec::new();
+    for _ in 0..3 {
+        hs.push(
+            Replica::start(c.clone(), connect(&server.url()).await)
+                .await
+                .unwrap(),
+        );
+    }
+    for h in &hs {
+        assert!(h.wait_ready(WAIT).await);
+    }
+    let added = Instant::now();
+    hs[0].add(b"session-1".to_vec()).await.unwrap();
+    // Contained everywhere within its window (its least lifetime is two epochs).
+    let min_life = Duration::from_millis(expiry.epoch_ms() * u64::from(expiry.epochs - 1));
+    for h in &hs {
+        while !h.contains(b"session-1") {
+            assert!(
+                added.elapsed() < min_life,
+                "not replicated within its window"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    // Gone everywhere once its window has passed, whatever each replica has merged since.
+    tokio::time::sleep(
+        Duration::from_millis(expiry.window_ms + 100).saturating_sub(added.elapsed()),
+    )
+    .await;
+    for h in &hs {
+        assert!(!h.contains(b"session-1"), "contained after its window");
+    }
+    // And the replicas drop the expired epoch (housekeeping moves their windows).
+    for h in &hs {
+        let deadline = Instant::now() + WAIT;
+        while h.stats().await.unwrap().figures.cardinality > 0.0 {
+            assert!(
+                Instant::now() < deadline,
+                "the expired epoch was never dropped"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert!(converged(&hs, WAIT).await);
+    for h in &hs {
+        assert!(h.stats().await.unwrap().rejects.is_empty());
+    }
+    stop(&hs).await;
+}

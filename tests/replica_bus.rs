@@ -804,3 +804,81 @@ async fn replicas_on_a_transport_that_echoes_drop_their_own_messages() {
     assert_eq!(h.stats().await.unwrap().bytes_received, 0);
     h.shutdown().await.unwrap();
 }
+
+/// An expiring filter's clock travels with its states and deltas, and a merged clock moves
+/// every replica's window: one from further ahead than the skew bound (a forged far-future
+/// epoch, or a replica whose clock is wrong) is refused and counted, and expires nothing.
+#[actix::test]
+async fn expiring_states_and_deltas_from_beyond_the_skew_bound_are_refused() {
+    use crpf::ExpirySpec;
+    use crpf::wire::chunk_state;
+    let bus = Arc::new(InProcessBus::new());
+    let t: Arc<dyn Transport> = bus.clone();
+    let mut cfg = cfg("window", FilterKind::ExpiringBloom, 1000, 0.01);
+    // Epochs of a minute, a window of 10: the element below stays for the test's whole run.
+    cfg.filter.expiry = Some(ExpirySpec {
+        window_ms: 600_000,
+        epochs: 10,
+        max_skew_epochs: 1,
+    });
+    let h = Replica::start(cfg.clone(), t.clone()).await.unwrap();
+    assert!(h.wait_ready(WAIT).await);
+    h.add(b"kept".to_vec()).await.unwrap();
+    let subjects = Subjects::new("crpf", "window");
+    let digest = h.snapshot().params_digest();
+    let env = |seq: u64, body| {
+        let sender = Uuid::from_u128(7);
+        Envelope::new(
+            "window",
+            FilterKind::ExpiringBloom,
+            digest,
+            sender,
+            9,
+            seq,
+            body,
+        )
+        .encode()
+    };
+    let publish = |subject: &String, frame: Vec<u8>| {
+        let (t, subject) = (t.clone(), subject.clone());
+        async move { t.publish(subject, Bytes::from(frame)).await.unwrap() }
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    // A peer whose clock is an hour ahead: its window no longer holds "kept"'s epoch.
+    let mut ahead = AnyFilter::new(&cfg.filter, 9).unwrap();
+    ahead.track_deltas(true);
+    ahead.tick(now + 3_600_000);
+    ahead.add(b"from the future").unwrap();
+    let delta = ahead.take_delta().unwrap();
+    publish(&subjects.delta, env(1, Body::Delta(delta))).await;
+    for (i, c) in chunk_state(&ahead.encode_state(), 1, 1 << 20)
+        .into_iter()
+        .enumerate()
+    {
+        publish(&subjects.state, env(2 + i as u64, Body::StateChunk(c))).await;
+    }
+    wait_for(|| async { rejects(&h, "clock_ahead").await == 2 }).await;
+    assert!(
+        h.contains(b"kept"),
+        "a far-ahead clock expired our elements"
+    );
+    assert!(!h.contains(b"from the future"));
+
+    // Within the bound (one epoch ahead): merged, and nothing live expires.
+    let mut near = AnyFilter::new(&cfg.filter, 9).unwrap();
+    near.track_deltas(true);
+    near.tick(now + 60_000);
+    near.add(b"from a minute ahead").unwrap();
+    let delta = near.take_delta().unwrap();
+    publish(&subjects.delta, env(10, Body::Delta(delta))).await;
+    assert!(
+        h.wait_until(WAIT, |f| f.contains(b"from a minute ahead"))
+            .await
+    );
+    assert!(h.contains(b"kept"));
+    assert_eq!(rejects(&h, "clock_ahead").await, 2);
+    h.shutdown().await.unwrap();
+}

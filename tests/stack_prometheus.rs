@@ -356,6 +356,7 @@ const FILTERS: &[(&str, &str)] = &[
     ("sessions", "or_cuckoo"),
     ("seen_urls", "g_bloom"),
     ("tokens", "writer_sc_or_cuckoo"),
+    ("recent", "expiring_bloom"),
 ];
 
 fn node_toml(metrics: &str, data_dir: &Path, nats_url: &str, i: usize) -> String {

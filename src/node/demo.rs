@@ -25,7 +25,8 @@ pub struct DemoArgs {
     /// Number of replicas.
     #[arg(long, default_value_t = 3)]
     pub replicas: usize,
-    /// Filter type: g_bloom, g_cuckoo, or_cuckoo, sc_g_bloom, sc_g_cuckoo, sc_or_cuckoo.
+    /// Filter type: any kind of the README's filter table (`expiring_bloom` with its default
+    /// one-hour window, longer than the run).
     #[arg(long, default_value = "or_cuckoo")]
     pub kind: FilterKind,
     /// Elements the filter is sized for (the first sub-filter's, for scalable ones).

@@ -299,7 +299,9 @@ impl Replica {
     /// Merges a peer's delta; whether it was accepted.
     fn merge_delta(&mut self, bytes: &[u8]) -> bool {
         let t = Instant::now();
-        let r = self.write().merge_remote_delta_bytes(bytes, wall_clock_ms());
+        let r = self
+            .write()
+            .merge_remote_delta_bytes(bytes, wall_clock_ms());
         self.record_merge(MergeSource::Delta, t, r.is_ok());
         match r {
             Ok(()) => {

@@ -290,6 +290,12 @@ impl ReplicaConfig {
                 self.prefix
             ));
         }
+        if self.filter.expiry.is_some() && self.filter.kind != FilterKind::ExpiringBloom {
+            return Err(format!(
+                "filter.expiry is for expiring_bloom only, not {}",
+                self.filter.kind
+            ));
+        }
         for (name, v) in [
             ("delta_interval_ms", self.delta_interval_ms),
             ("anti_entropy_interval_ms", self.anti_entropy_interval_ms),

@@ -10,10 +10,10 @@ use super::publish::Responder;
 use super::{Replica, ReplicaError, Shared};
 use crate::Dot;
 use crate::replica::ReplicaHandle;
-use crate::replica::{ReplicaStats, wall_clock_ms};
 use crate::replica::ack::AckLevel;
 use crate::replica::filter::AnyFilter;
 use crate::replica::metrics::{MergeSource, OpKind};
+use crate::replica::{ReplicaStats, wall_clock_ms};
 
 /// An item of a single operation: not empty, at most `max_item_bytes`.
 pub(super) fn check_item(item: &[u8], max_item_bytes: usize) -> Result<(), ReplicaError> {

@@ -19,9 +19,9 @@ use super::{Route, Shared};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{Op, ReplyFormat};
-use crate::replica::{ReplicaError, wall_clock_ms};
 use crate::replica::metrics::{Channel, Direction, OpKind, Telemetry};
 use crate::replica::service::ApiService;
+use crate::replica::{ReplicaError, wall_clock_ms};
 use crate::transport::{Message, Subjects};
 
 /// Everything a subscription task needs to answer queries itself.

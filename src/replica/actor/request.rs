@@ -21,13 +21,13 @@ use super::reads::Reads;
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{ACK_HEADER, ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
-use crate::replica::{ReplicaError, wall_clock_ms};
 use crate::replica::ack::AckLevel;
 use crate::replica::filter::NotRemovable;
 use crate::replica::metrics::{Channel, Direction, OpKind};
 use crate::replica::service::{
     ApiService, SERVICE_ERROR_CODE_HEADER, SERVICE_ERROR_HEADER, Served, ServiceError,
 };
+use crate::replica::{ReplicaError, wall_clock_ms};
 use crate::transport::{Message, Transport};
 
 /// Longest error text carried in a reply header (the JSON body has no such bound).
