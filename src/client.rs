@@ -222,6 +222,42 @@ impl Client {
         Ok(r.contains)
     }
 
+    /// The multiplicity of an item (counting kinds: `counting_cuckoo`; the others answer an
+    /// error).
+    pub async fn count(&self, item: impl AsRef<[u8]>) -> Result<u64, ClientError> {
+        #[derive(Deserialize)]
+        struct Reply {
+            count: u64,
+        }
+        let r: Reply = self.single(Op::Count, item.as_ref(), None).await?;
+        Ok(r.count)
+    }
+
+    /// The multiplicity of every item, in one request (counting kinds).
+    pub async fn mcount<I>(&self, items: I) -> Result<Vec<u64>, ClientError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<[u8]>,
+    {
+        let op = Op::MCount;
+        let mut payload = Vec::new();
+        let mut n = 0;
+        for item in items {
+            batch::encode_into(&mut payload, n, item.as_ref())?;
+            n += 1;
+        }
+        let reply = self.request(op, payload.into(), None).await?;
+        let value = self.json(op, &reply)?;
+        let counts = value
+            .get("count")
+            .and_then(|v| serde_json::from_value::<Vec<u64>>(v.clone()).ok())
+            .ok_or_else(|| self.bad(op, "no list of counts".into()))?;
+        if counts.len() != n {
+            return Err(self.bad(op, format!("{} counts for {n} items", counts.len())));
+        }
+        Ok(counts)
+    }
+
     /// The answering replica's figures.
     pub async fn stats(&self) -> Result<ReplicaStats, ClientError> {
         self.single(Op::Stats, b"", None).await

@@ -61,7 +61,9 @@ pub use crate::core::delta::{
     BloomDelta, CheckRemote, CuckooDelta, DeltaState, OrCuckooDelta, ScOrCuckooDelta, ScalableDelta,
 };
 pub use crate::core::error::FilterError;
-pub use crate::core::kind::{ExpirySpec, FilterKind, FilterSpec, ObservedRemove, ReplicatedFilter};
+pub use crate::core::kind::{
+    Counted, ExpirySpec, FilterKind, FilterSpec, ObservedRemove, ReplicatedFilter,
+};
 pub use crate::core::lattice::{Lattice, Membership, Removable};
 pub use crate::core::params::{BloomParams, CuckooParams, DEFAULT_SEED, MAX_FILTER_BYTES};
 pub use crate::core::scalable::{

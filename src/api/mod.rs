@@ -47,11 +47,15 @@ pub enum Op {
     MRemove,
     /// `mcontains`: payload a batch; reply `{"contains":[bool...]}` or a bitmap.
     MContains,
+    /// `count` (counting kinds): payload the item; reply `{"count":N}`, its multiplicity.
+    Count,
+    /// `mcount` (counting kinds): payload a batch; reply `{"count":[N...]}` (JSON only).
+    MCount,
 }
 
 impl Op {
     /// Every operation, in the order error messages list them.
-    pub const ALL: [Op; 7] = [
+    pub const ALL: [Op; 9] = [
         Op::Add,
         Op::Remove,
         Op::Contains,
@@ -59,6 +63,8 @@ impl Op {
         Op::MAdd,
         Op::MRemove,
         Op::MContains,
+        Op::Count,
+        Op::MCount,
     ];
 
     /// The subject token.
@@ -71,12 +77,14 @@ impl Op {
             Op::MAdd => "madd",
             Op::MRemove => "mremove",
             Op::MContains => "mcontains",
+            Op::Count => "count",
+            Op::MCount => "mcount",
         }
     }
 
     /// Whether its payload is a batch.
     pub fn is_batch(self) -> bool {
-        matches!(self, Op::MAdd | Op::MRemove | Op::MContains)
+        matches!(self, Op::MAdd | Op::MRemove | Op::MContains | Op::MCount)
     }
 
     /// `add, remove, ...`: for error messages.

@@ -43,6 +43,8 @@ macro_rules! for_each_filter_kind {
             /// [`crate::ExpiringBloom`]: sliding-window Bloom filter, elements expire after
             /// [`FilterSpec::expiry`]'s window.
             ExpiringBloom = 9, "expiring_bloom", $crate::core::expiring::ExpiringBloom;
+            /// [`crate::CountingCuckoo`]: counting cuckoo filter (CCF), a multiset.
+            CountingCuckoo = 10, "counting_cuckoo", $crate::core::cuckoo::CountingCuckoo;
         }
     };
 }
@@ -86,10 +88,33 @@ macro_rules! define_filter_kind {
                 }
             }
 
-            /// Whether the kind removes (and so carries version tags).
+            /// Whether the kind removes: by tags ([`FilterKind::tagged`]) or by counts
+            /// ([`FilterKind::counting`]).
             pub fn removable(self) -> bool {
+                self.tagged() || self.counting()
+            }
+
+            /// Whether the kind issues version tags (the observed-remove kinds), which a
+            /// replica reserves durably and in the id registry before it issues them.
+            pub fn tagged(self) -> bool {
                 match self {
                     $( FilterKind::$variant => <$ty as ReplicatedFilter>::REMOVABLE, )*
+                }
+            }
+
+            /// Whether the kind counts occurrences ([`Counted`]).
+            pub fn counting(self) -> bool {
+                match self {
+                    $( FilterKind::$variant => <$ty as ReplicatedFilter>::COUNTING, )*
+                }
+            }
+
+            /// Whether a replica id of the kind may serve a later run: a restart that keeps
+            /// its id, or a new replica taking over a retired one (see
+            /// [`ReplicatedFilter::REUSES_IDS`]).
+            pub fn reuses_ids(self) -> bool {
+                match self {
+                    $( FilterKind::$variant => <$ty as ReplicatedFilter>::REUSES_IDS, )*
                 }
             }
         }
@@ -268,6 +293,14 @@ pub trait ReplicatedFilter:
     /// Whether it removes: then it implements [`ObservedRemove`] and
     /// [`ReplicatedFilter::observed_remove`] returns it.
     const REMOVABLE: bool = false;
+    /// Whether it counts occurrences: then it implements [`Counted`] and
+    /// [`ReplicatedFilter::counted`] returns it.
+    const COUNTING: bool = false;
+    /// Whether an id may serve a later run of a replica. The tagged kinds continue safely above
+    /// a floor (reservations, retirement floors); a kind whose per-id state a later run could
+    /// not continue (per-id counts, which only that id raises) takes a new id at every start
+    /// and never a retired one.
+    const REUSES_IDS: bool = true;
 
     /// An empty filter sized by `spec` (whose kind is [`ReplicatedFilter::KIND`]); kinds
     /// with tags issue them as `replica`.
@@ -321,6 +354,16 @@ pub trait ReplicatedFilter:
         Ok(())
     }
 
+    /// The counting API, for the kinds that count.
+    fn counted(&self) -> Option<&dyn Counted> {
+        None
+    }
+
+    /// The counting API, mutably.
+    fn counted_mut(&mut self) -> Option<&mut dyn Counted> {
+        None
+    }
+
     /// The tag API, for the kinds that remove.
     fn observed_remove(&self) -> Option<&dyn ObservedRemove> {
         None
@@ -357,6 +400,17 @@ pub trait ObservedRemove {
     /// Every tag observed, live or removed (borrowed where the filter keeps one history,
     /// joined where it keeps one per series).
     fn history(&self) -> std::borrow::Cow<'_, CausalContext>;
+}
+
+/// The API of kinds that count occurrences (a multiset): adds count one more occurrence
+/// ([`crate::Membership::add`]), removes take one that is live, never below zero.
+pub trait Counted {
+    /// The multiplicity of the item (that of every element sharing its slot, for a false
+    /// positive).
+    fn count(&self, item: &[u8]) -> u64;
+    /// Removes one live occurrence of the item and names it (its source replica and its number
+    /// among that source's occurrences of the item); `None`, changing nothing, at multiplicity 0.
+    fn remove_one(&mut self, item: &[u8]) -> Option<Dot>;
 }
 
 /// Feeds an observed-remove state to a digest: its live tags (a tag names one entry), as an

@@ -70,7 +70,7 @@ pub use actor::{
 };
 pub use config::ReplicaConfig;
 pub use durable::{DataDir, DurableError, Identity};
-pub use filter::{AnyFilter, FilterSpec, FilterStats, NotRemovable};
+pub use filter::{AnyFilter, FilterSpec, FilterStats, NotCounting, NotRemovable};
 
 use crate::transport::{Renewal, Subjects, Transport, TransportError};
 use crate::{Dot, FilterError, ReplicaId};
@@ -89,6 +89,9 @@ pub enum ReplicaError {
     /// Remove on a grow-only filter.
     #[error(transparent)]
     NotRemovable(#[from] NotRemovable),
+    /// Count on a filter that does not count occurrences.
+    #[error(transparent)]
+    NotCounting(#[from] NotCounting),
     /// The filter refused (full, incompatible parameters...).
     #[error(transparent)]
     Filter(#[from] FilterError),
@@ -145,6 +148,7 @@ impl ReplicaError {
             ReplicaError::Config(_) => "config",
             ReplicaError::InvalidItem(_) => "invalid_request",
             ReplicaError::NotRemovable(_) => "not_removable",
+            ReplicaError::NotCounting(_) => "not_counting",
             ReplicaError::Filter(FilterError::Full { .. }) => "full",
             ReplicaError::Filter(_) => "filter",
             ReplicaError::Transport(_) => "transport",
@@ -285,7 +289,9 @@ impl Replica {
             None => (None, None),
         };
         let (mut filter, uuid, preferred, floor, keep_id) = match restored {
-            Some(r) => {
+            Some(mut r) => {
+                // A kind whose ids serve one run only keeps its state and takes a new id.
+                r.trusted &= cfg.filter.kind.reuses_ids();
                 let uuid = if r.trusted {
                     r.identity.uuid
                 } else {
@@ -437,6 +443,12 @@ impl ReplicaHandle {
     /// queued for the actor (at most behind one merge in progress).
     pub fn contains(&self, item: &[u8]) -> bool {
         self.read(|f| f.contains_as_of(item, wall_clock_ms()))
+    }
+
+    /// The multiplicity of an item, for the kinds that count (`counting_cuckoo`); read
+    /// without the actor's mailbox, like [`ReplicaHandle::contains`].
+    pub fn count(&self, item: &[u8]) -> Result<u64, ReplicaError> {
+        Ok(self.read(|f| f.count(item))?)
     }
 
     /// Runs a read-only closure on the current state.

@@ -68,7 +68,7 @@ pub(crate) fn restore(
     };
     let floor = match reservation {
         Some(r) if r.identity == snap_identity => Some(r.reserved.max(reserved)),
-        _ if !fresh.kind().removable() => Some(0),
+        _ if !fresh.kind().tagged() => Some(0),
         _ => None,
     };
     if floor.is_none() {

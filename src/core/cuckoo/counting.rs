@@ -376,6 +376,30 @@ impl CountingCuckoo {
         done
     }
 
+    /// Removes one occurrence, as [`CountingCuckoo::remove_count`] with 1 would, and names it:
+    /// its source replica and its number among that source's occurrences at the item's slot.
+    /// `None` (nothing changes) at multiplicity 0.
+    pub fn remove_occurrence(&mut self, item: &[u8]) -> Option<crate::Dot> {
+        let (b, fp) = self.position(item);
+        let i = self.find(b, fp)?;
+        let me = self.replica;
+        let counts = &mut self.slots[i].counts;
+        let start = counts.partition_point(|e| e.0 < me);
+        let len = counts.len();
+        let k = (0..len)
+            .map(|k| (start + k) % len)
+            .find(|&k| counts[k].1 > counts[k].2)?;
+        counts[k].2 += 1;
+        let dot = crate::Dot {
+            replica: counts[k].0,
+            counter: counts[k].2,
+        };
+        if let Some(p) = &mut self.pending {
+            p.insert(i as u64);
+        }
+        Some(dot)
+    }
+
     /// Algorithm 2 (*Delete*): removes every occurrence of the item and returns how many. The
     /// slot keeps its counter (at multiplicity 0) for the merge, see the type's documentation.
     pub fn remove_all(&mut self, item: &[u8]) -> u64 {
@@ -583,6 +607,73 @@ impl CheckRemote for CountingCuckoo {
                 .filter(|(b, fp, _)| p.holds_entry(*b, *fp))
                 .map(|(b, fp, c)| (*b as usize, *fp, c)),
         )
+    }
+}
+
+/// The counting filter in a replica: adds and removes of the request API count occurrences
+/// under the replica's id.
+impl crate::core::kind::ReplicatedFilter for CountingCuckoo {
+    const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::CountingCuckoo;
+    const COUNTING: bool = true;
+    /// Only an id's own replica raises its counts, and a later run could not continue them
+    /// safely: what it restores may lag what peers saw (a full-state push carries updates not
+    /// yet in the write-ahead log), and [`CheckRemote`] would then refuse every peer state.
+    const REUSES_IDS: bool = false;
+
+    fn from_spec(
+        spec: &crate::core::kind::FilterSpec,
+        replica: ReplicaId,
+    ) -> Result<Self, FilterError> {
+        let params = CuckooParams {
+            seed: spec.seed(),
+            ..CuckooParams::with_capacity(spec.capacity, spec.fpr)?
+        };
+        Self::new(params, replica)
+    }
+
+    fn params_digest(&self) -> u64 {
+        self.params().digest()
+    }
+
+    /// Every slot's key with all its per-source counts (not only the multiplicity, so that
+    /// states that would still exchange counts differ), as an order-free sum.
+    fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+        let mut sum = crate::core::kind::SetSum::default();
+        let mut buf = Vec::new();
+        for s in &self.slots {
+            buf.clear();
+            buf.extend_from_slice(&s.bucket.to_le_bytes());
+            buf.extend_from_slice(&s.fp.to_le_bytes());
+            for (r, p, n) in &s.counts {
+                buf.extend_from_slice(&r.to_le_bytes());
+                buf.extend_from_slice(&p.to_le_bytes());
+                buf.extend_from_slice(&n.to_le_bytes());
+            }
+            sum.add(&buf);
+        }
+        sum.finish(h);
+    }
+
+    fn set_writer(&mut self, replica: ReplicaId) {
+        self.replica = replica;
+    }
+
+    fn counted(&self) -> Option<&dyn crate::core::kind::Counted> {
+        Some(self)
+    }
+
+    fn counted_mut(&mut self) -> Option<&mut dyn crate::core::kind::Counted> {
+        Some(self)
+    }
+}
+
+impl crate::core::kind::Counted for CountingCuckoo {
+    fn count(&self, item: &[u8]) -> u64 {
+        CountingCuckoo::count(self, item)
+    }
+
+    fn remove_one(&mut self, item: &[u8]) -> Option<crate::Dot> {
+        self.remove_occurrence(item)
     }
 }
 

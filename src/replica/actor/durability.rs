@@ -17,7 +17,7 @@ use crate::wire::FilterKind;
 impl Replica {
     /// Reserves tag timestamps durably before one above the reservation is issued.
     pub(super) fn reserve_tags(&mut self) -> Result<(), ReplicaError> {
-        if !self.expect.kind.removable() {
+        if !self.expect.kind.tagged() {
             return Ok(());
         }
         self.check_lease()?;
@@ -43,7 +43,7 @@ impl Replica {
     /// Tags below which adds need no new reservation (see [`Replica::reserve_tags`]): the
     /// lease's and, with a data directory, the durable one; unbounded for kinds without tags.
     pub(super) fn tag_limit(&self) -> u64 {
-        if !self.expect.kind.removable() {
+        if !self.expect.kind.tagged() {
             return u64::MAX;
         }
         let durable = if self.data.is_some() {

@@ -91,7 +91,7 @@ impl Replica {
 
     /// Renews the claim at once when half of its reserved tags are used.
     pub(super) fn extend_lease_if_low(&mut self, ctx: &mut Context<Self>) {
-        if self.expect.kind.removable()
+        if self.expect.kind.tagged()
             && !self.lease.busy
             && !self.lease.lost
             && self.read().clock() + self.cfg.id_lease_block / 2 >= self.lease.reserved
@@ -106,7 +106,7 @@ impl Replica {
             return;
         }
         self.lease.busy = true;
-        let want = if self.expect.kind.removable() {
+        let want = if self.expect.kind.tagged() {
             self.lease
                 .reserved
                 .max(self.read().clock() + self.cfg.id_lease_block)
@@ -168,7 +168,12 @@ impl Replica {
     /// Retires the ids whose claims went unrenewed for `retire_after_ms` and whose replicas
     /// were not heard from meanwhile.
     fn retire_stale(&mut self, claims: &[ClaimEntry], ctx: &mut Context<Self>) {
-        let retire_after = ReplicaConfig::ms(self.cfg.retire_after_ms);
+        // A kind whose ids serve one run only never retires one (a retired id is reused).
+        let retire_after = if self.expect.kind.reuses_ids() {
+            ReplicaConfig::ms(self.cfg.retire_after_ms)
+        } else {
+            std::time::Duration::ZERO
+        };
         let stale = self
             .lease
             .stale(self.id(), claims, Instant::now(), retire_after);

@@ -42,13 +42,20 @@ impl Reads {
             .subjects
             .api_op(&msg.subject)
             .and_then(|op| op.parse::<Op>().ok());
-        if !matches!(op, Some(Op::Contains | Op::MContains)) {
+        if !matches!(
+            op,
+            Some(Op::Contains | Op::MContains | Op::Count | Op::MCount)
+        ) {
             return Route::Actor(super::Inbound::Api(msg));
         }
         self.telemetry
             .traffic(Direction::In, Channel::Api, msg.payload.len());
         let served = self.service.serve(&msg.subject);
-        let mut body = match self.query(op == Some(Op::MContains), &msg) {
+        let result = match op {
+            Some(op @ (Op::Count | Op::MCount)) => count_reply(&self.filter(), op, &msg, self.limits, self.max_item_bytes),
+            _ => self.query(op == Some(Op::MContains), &msg),
+        };
+        let mut body = match result {
             Ok(body) => body,
             Err(e) => {
                 self.telemetry.api_errors(e.reason(), 1);
@@ -97,4 +104,32 @@ impl Reads {
     fn filter(&self) -> std::sync::RwLockReadGuard<'_, crate::replica::AnyFilter> {
         self.shared.filter.read().expect("filter lock poisoned")
     }
+}
+
+/// The answer of `count` (`{"count":N}`) or `mcount` (`{"count":[N...]}`, JSON only), from
+/// `f`; [`ReplicaError::NotCounting`] for a kind that does not count.
+pub(super) fn count_reply(
+    f: &crate::replica::AnyFilter,
+    op: Op,
+    msg: &Message,
+    limits: Limits,
+    max_item_bytes: usize,
+) -> Result<ApiReply, ReplicaError> {
+    if op == Op::Count {
+        let item = &msg.payload[..];
+        check_item(item, max_item_bytes)?;
+        return Ok(ApiReply::json(&json!({ "count": f.count(item)? })));
+    }
+    if api_reply_format(msg)? != ReplyFormat::Json {
+        return Err(ReplicaError::InvalidItem(
+            "mcount replies in JSON only (its counts are not bits)".into(),
+        ));
+    }
+    let items = batch::decode(&msg.payload, limits)
+        .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
+    let counts = items
+        .iter()
+        .map(|&i| f.count(i))
+        .collect::<Result<Vec<u64>, _>>()?;
+    Ok(ApiReply::json(&json!({ "count": counts })))
 }

@@ -17,7 +17,7 @@ use serde_json::json;
 use super::Replica;
 use super::publish::Responder;
 use super::pump::{Outbound, forward_stream};
-use super::reads::Reads;
+use super::reads::{Reads, count_reply};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{ACK_HEADER, ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
@@ -278,6 +278,11 @@ impl Replica {
                 Handled::Answer(ApiReply::json(&stats))
             }
             Op::MAdd | Op::MRemove | Op::MContains => self.api_batch(op, level, msg)?,
+            Op::Count | Op::MCount => {
+                let limits = Limits::new(self.cfg.max_batch_items, self.cfg.max_item_bytes);
+                let f = self.read();
+                Handled::Answer(count_reply(&f, op, msg, limits, self.cfg.max_item_bytes)?)
+            }
         })
     }
 
@@ -385,8 +390,8 @@ impl Replica {
                 };
                 Ok(self.batch_changed(level, ok > 0, body))
             }
-            Op::Add | Op::Remove | Op::Contains | Op::Stats => {
-                unreachable!("not a batch operation")
+            Op::Add | Op::Remove | Op::Contains | Op::Stats | Op::Count | Op::MCount => {
+                unreachable!("not a batch operation of the actor")
             }
         }
     }
@@ -468,7 +473,9 @@ pub(super) fn api_reply_format(msg: &Message) -> Result<ReplyFormat, ReplicaErro
 fn service_code(e: &ReplicaError) -> u16 {
     use crate::FilterError;
     match e {
-        ReplicaError::InvalidItem(_) | ReplicaError::NotRemovable(_) => 400,
+        ReplicaError::InvalidItem(_)
+        | ReplicaError::NotRemovable(_)
+        | ReplicaError::NotCounting(_) => 400,
         ReplicaError::Filter(FilterError::Full { .. }) => 507,
         ReplicaError::AckUnavailable(_)
         | ReplicaError::Stopped
