@@ -18,7 +18,7 @@ use crpf::replica::wal::{self, WAL_DIR, WalLimits};
 use crpf::replica::{AckLevel, AnyFilter};
 use crpf::wire::FilterKind;
 use nats_harness::NatsServer;
-use replica_common::{cfg, start_serving as start};
+use replica_common::{cfg, start_serving as start, stop};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -548,4 +548,43 @@ async fn queries_off_the_actor_never_miss_an_acknowledged_add() {
     assert!(s.figures.sub_filters > 1 && s.deltas_merged > 0, "{s:?}");
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
+}
+
+/// `count` and `mcount` answer multiplicities of a counting filter; other kinds answer an
+/// error that says so.
+#[actix::test]
+async fn count_and_mcount_answer_multiplicities() {
+    let server = NatsServer::start();
+    let h = start(
+        cfg("bag", FilterKind::CountingCuckoo, 1000, 0.01),
+        &server.url(),
+    )
+    .await;
+    let nc = async_nats::connect(server.url()).await.unwrap();
+    let client = Client::new(nc.clone(), "crpf", "bag");
+    for _ in 0..3 {
+        client.add("pear", None).await.unwrap();
+    }
+    assert!(client.madd(["pear", "plum"], None).await.unwrap().all());
+    assert!(client.remove("plum", None).await.unwrap());
+    assert!(
+        !client.remove("plum", None).await.unwrap(),
+        "never below zero"
+    );
+    assert_eq!(client.count("pear").await.unwrap(), 4);
+    assert_eq!(
+        client.mcount(["pear", "plum", "fig"]).await.unwrap(),
+        vec![4, 0, 0]
+    );
+    assert_eq!(h.count(b"pear").unwrap(), 4);
+
+    let g = start(cfg("set", FilterKind::GBloom, 1000, 0.01), &server.url()).await;
+    let plain = Client::new(nc, "crpf", "set");
+    match plain.count("pear").await {
+        Err(ClientError::Server { message, .. }) => {
+            assert!(message.contains("does not count"), "{message}")
+        }
+        other => panic!("count on g_bloom: {other:?}"),
+    }
+    stop(&[h, g]).await;
 }

@@ -927,3 +927,82 @@ async fn expiring_elements_live_for_their_window_on_every_replica() {
     }
     stop(&hs).await;
 }
+
+/// Issue 11: a counting filter over a real nats-server. Three replicas increment and decrement
+/// the same elements concurrently; once converged every replica answers the exact
+/// multiplicity of every element, and a decrement never takes a count below zero.
+#[actix::test]
+async fn counting_multiplicities_converge_under_concurrent_increments_and_decrements() {
+    let server = NatsServer::start();
+    let c = cfg("multiset", FilterKind::CountingCuckoo, 10_000, 0.001);
+    let mut hs = Vec::new();
+    for _ in 0..3 {
+        hs.push(
+            Replica::start(c.clone(), connect(&server.url()).await)
+                .await
+                .unwrap(),
+        );
+    }
+    for h in &hs {
+        assert!(h.wait_ready(WAIT).await);
+    }
+    // Replica r adds element e (r + 1) * 3 + e times and removes r + e of them, all at once.
+    let elements = 20u64;
+    let work = |r: usize| {
+        let h = hs[r].clone();
+        async move {
+            for e in 0..elements {
+                let item = format!("element-{e}").into_bytes();
+                for _ in 0..(r as u64 + 1) * 3 + e {
+                    h.add(item.clone()).await.unwrap();
+                }
+                for _ in 0..r as u64 + e {
+                    assert!(h.remove(item.clone()).await.unwrap(), "a live occurrence");
+                }
+            }
+        }
+    };
+    futures::join!(work(0), work(1), work(2));
+    assert!(converged(&hs, WAIT).await, "did not converge");
+    for e in 0..elements {
+        // Each replica removed only occurrences it added itself (its own go first), so none
+        // was removed twice concurrently: the expected count is exact.
+        let expected: u64 = (0..3u64).map(|r| (r + 1) * 3 + e - (r + e)).sum();
+        for h in &hs {
+            assert_eq!(
+                h.count(format!("element-{e}").as_bytes()).unwrap(),
+                expected,
+                "element {e}"
+            );
+        }
+    }
+    // Decrements to zero and beyond, concurrently from every replica: never below zero.
+    let item = b"element-0".to_vec();
+    let total = hs[0].count(&item).unwrap();
+    let drain = |r: usize| {
+        let (h, item) = (hs[r].clone(), item.clone());
+        async move {
+            let mut removed = 0u64;
+            while h.remove(item.clone()).await.unwrap() {
+                removed += 1;
+            }
+            removed
+        }
+    };
+    let (a, b, d) = futures::join!(drain(0), drain(1), drain(2));
+    assert!(
+        a + b + d >= total,
+        "every occurrence was removable somewhere"
+    );
+    assert!(converged(&hs, WAIT).await);
+    for h in &hs {
+        assert_eq!(h.count(&item).unwrap(), 0);
+        assert!(!h.contains(&item));
+        assert!(
+            !h.remove(item.clone()).await.unwrap(),
+            "a remove at zero is refused"
+        );
+        assert!(h.stats().await.unwrap().rejects.is_empty());
+    }
+    stop(&hs).await;
+}

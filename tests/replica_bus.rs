@@ -882,3 +882,55 @@ async fn expiring_states_and_deltas_from_beyond_the_skew_bound_are_refused() {
     assert_eq!(rejects(&h, "clock_ahead").await, 2);
     h.shutdown().await.unwrap();
 }
+
+/// A counting replica's id serves one run: restarted from its data directory it keeps every
+/// count and takes a new id, and its peer's state (which counts under the old id) still
+/// merges, which a kept id would refuse as its own counts running ahead.
+#[actix::test]
+async fn a_restarted_counting_replica_keeps_its_counts_under_a_new_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+    let c = cfg("counts", FilterKind::CountingCuckoo, 1000, 0.01);
+    let peer = Replica::start(c.clone(), bus.clone()).await.unwrap();
+    let mut durable = c.clone();
+    durable.data_dir = Some(dir.path().to_path_buf());
+    let h = Replica::start(durable.clone(), bus.clone()).await.unwrap();
+    for _ in 0..5 {
+        h.add(b"apple".to_vec()).await.unwrap();
+    }
+    assert!(h.remove(b"apple".to_vec()).await.unwrap());
+    let first = h.identity();
+    assert!(converged(&[peer.clone(), h.clone()], WAIT).await);
+    h.shutdown().await.unwrap();
+
+    let h = Replica::start(durable, bus).await.unwrap();
+    assert_ne!(
+        h.identity().replica,
+        first.replica,
+        "a counting id serves one run"
+    );
+    assert_eq!(
+        h.count(b"apple").unwrap(),
+        4,
+        "the counts survive the restart"
+    );
+    h.add(b"apple".to_vec()).await.unwrap();
+    peer.add(b"apple".to_vec()).await.unwrap();
+    assert!(converged(&[peer.clone(), h.clone()], WAIT).await);
+    assert_eq!(
+        (h.count(b"apple").unwrap(), peer.count(b"apple").unwrap()),
+        (6, 6)
+    );
+    assert_eq!(rejects(&h, "own_tag_ahead").await, 0);
+    assert!(matches!(
+        Replica::start(
+            cfg("plain", FilterKind::GBloom, 100, 0.01),
+            Arc::new(InProcessBus::new())
+        )
+        .await
+        .unwrap()
+        .count(b"apple"),
+        Err(ReplicaError::NotCounting(_))
+    ));
+    stop(&[peer, h]).await;
+}

@@ -357,6 +357,7 @@ const FILTERS: &[(&str, &str)] = &[
     ("seen_urls", "g_bloom"),
     ("tokens", "writer_sc_or_cuckoo"),
     ("recent", "expiring_bloom"),
+    ("page_views", "counting_cuckoo"),
 ];
 
 fn node_toml(metrics: &str, data_dir: &Path, nats_url: &str, i: usize) -> String {

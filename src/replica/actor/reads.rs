@@ -52,7 +52,9 @@ impl Reads {
             .traffic(Direction::In, Channel::Api, msg.payload.len());
         let served = self.service.serve(&msg.subject);
         let result = match op {
-            Some(op @ (Op::Count | Op::MCount)) => count_reply(&self.filter(), op, &msg, self.limits, self.max_item_bytes),
+            Some(op @ (Op::Count | Op::MCount)) => {
+                count_reply(&self.filter(), op, &msg, self.limits, self.max_item_bytes)
+            }
             _ => self.query(op == Some(Op::MContains), &msg),
         };
         let mut body = match result {
