@@ -115,7 +115,7 @@ pub enum ReplyFormat {
     /// JSON: `{"added":N}`, `{"removed":[true,false]}`, `{"contains":[...]}`.
     #[default]
     Json,
-    /// One bit per item, little-endian ([`batch::Bitmap`]): `ceil(n / 8)` bytes.
+    /// One bit per item, little-endian ([`batch::encode_bitmap`]): `ceil(n / 8)` bytes.
     Bitmap,
 }
 

@@ -1,10 +1,10 @@
-//! The registry of filter kinds: one list ([`for_each_filter_kind`]) from which the
+//! The registry of filter kinds: one list (`for_each_filter_kind!`) from which the
 //! [`FilterKind`] enum here and the replica layer's `AnyFilter` are generated, and the two
 //! traits every listed type implements in its own file: [`ReplicatedFilter`] (what a replica
 //! needs of any filter) and [`ObservedRemove`] (the tag API of the kinds that remove).
 //!
 //! Adding a kind: implement [`ReplicatedFilter`] (and [`ObservedRemove`] if it removes) next to
-//! the type, and add one line to [`for_each_filter_kind`] with a new, never reused wire id.
+//! the type, and add one line to `for_each_filter_kind!` with a new, never reused wire id.
 
 use serde::de::{DeserializeOwned, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};

@@ -50,11 +50,11 @@ pub struct FprOutcome {
     pub false_positives: u64,
     /// `false_positives / probes`.
     pub fpr: f64,
-    /// The filter's own estimate ([`Membership::estimated_fpr`]).
+    /// The filter's own estimate ([`crate::Membership::estimated_fpr`]).
     pub estimated_fpr: f64,
-    /// [`Membership::load_factor`].
+    /// [`crate::Membership::load_factor`].
     pub load_factor: f64,
-    /// [`Membership::cardinality`].
+    /// [`crate::Membership::cardinality`].
     pub cardinality: f64,
     /// Entries in overflowing buckets.
     pub overflow: usize,

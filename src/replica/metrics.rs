@@ -1,6 +1,6 @@
 //! The replica's telemetry (docs/DESIGN.md section 6): metrics recorded through the `metrics`
 //! facade with labels `filter` and `replica`, and the counts `stats` reads (the facade has no
-//! read side), both updated by one [`Telemetry`] method per event. The exporter is the node's
+//! read side), both updated by one `Telemetry` method per event. The exporter is the node's
 //! business; install its recorder before starting replicas, since handles taken before that
 //! record nowhere.
 

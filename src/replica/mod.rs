@@ -245,7 +245,7 @@ pub struct ReplicaStats {
     pub bytes_received: u64,
     /// Own replication messages the transport delivered back, dropped unread: 0 over NATS
     /// and the in-process bus, whose replication connections do not echo
-    /// ([`crate::transport::Transport::replication_transport`]).
+    /// ([`crate::transport::Bus::replication_transport`]).
     #[serde(default)]
     pub echoes_received: u64,
     /// Size of the encoded state at its last encoding.

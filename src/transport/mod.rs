@@ -233,7 +233,7 @@ pub trait IdRegistry: Send + Sync + 'static {
     /// `preferred` if it is free, retired or already this claimant's, else the lowest retired
     /// id, else the lowest id never used (1 and up). The claimant issues tags above the
     /// returned [`Claim::floor`] only, and only up to a reservation it records with
-    /// [`Transport::renew_claim`] first.
+    /// [`IdRegistry::renew_claim`] first.
     fn claim_replica_id(
         &self,
         filter: String,
