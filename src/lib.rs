@@ -14,6 +14,8 @@
 //! | [`ScOrCuckoo`] | ScORCF, Spec. 8 | add, remove | sub-filter-wise, shared history |
 //! | [`ExpiringBloom`] | sliding window (issue 11) | add, time passes | epoch-wise OR, max of clocks |
 //! | [`AtomicGBloom`] | GBF shared by threads | add on `&self` | atomic OR (via its `GBloom` snapshot) |
+//! | [`SharedGBloom`] | GBF, a replica's `g_bloom` | add; [`BloomReader`]s query without a lock | bitwise OR |
+//! | [`CountingCuckoo`] | CCF (Li, Luo, Guo) | add, remove, count | per-source PN-counters, pointwise max |
 //!
 //! ```
 //! use crpf::{GBloom, Lattice, Membership};
@@ -74,3 +76,4 @@ pub use crate::core::scalable::{
 // ---- issue 11: expiring and wait-free concurrent Bloom filters.
 pub use crate::core::atomic_bloom::AtomicGBloom;
 pub use crate::core::expiring::{ExpiringBloom, ExpiringDelta, ExpiringParams};
+pub use crate::core::shared_bloom::{BloomReader, SharedGBloom};

@@ -71,6 +71,19 @@ impl Subject for GBloom {
     }
 }
 
+/// The replica's `g_bloom` (bits shared with lock-free readers): a GBloom's laws.
+impl Subject for crpf::SharedGBloom {
+    fn make(_: u16) -> Self {
+        crpf::SharedGBloom::new(BloomParams {
+            bits: 200,
+            hashes: 3,
+            seed: 1,
+            capacity: 40,
+        })
+        .unwrap()
+    }
+}
+
 impl Subject for GCuckoo {
     fn make(_: u16) -> Self {
         GCuckoo::new(cuckoo_params(2)).unwrap()
@@ -357,6 +370,7 @@ fn run_deltas<S: Subject>(ops: Vec<Op>, seed: u64, lossy: bool) {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
     #[test] fn gbloom_laws(ops in ops()) { run::<GBloom>(ops) }
+    #[test] fn shared_gbloom_laws(ops in ops()) { run::<crpf::SharedGBloom>(ops) }
     #[test] fn gcuckoo_laws(ops in ops()) { run::<GCuckoo>(ops) }
     #[test] fn orcuckoo_laws(ops in ops()) { run::<OrCuckoo>(ops) }
     #[test] fn sc_gbloom_laws(ops in ops()) { run::<ScGBloom>(ops) }
@@ -364,6 +378,7 @@ proptest! {
     #[test] fn sc_orcuckoo_laws(ops in ops()) { run::<ScOrCuckoo>(ops) }
 
     #[test] fn gbloom_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<GBloom>(ops, seed, lossy) }
+    #[test] fn shared_gbloom_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<crpf::SharedGBloom>(ops, seed, lossy) }
     #[test] fn gcuckoo_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<GCuckoo>(ops, seed, lossy) }
     #[test] fn orcuckoo_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<OrCuckoo>(ops, seed, lossy) }
     #[test] fn sc_gbloom_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<ScGBloom>(ops, seed, lossy) }

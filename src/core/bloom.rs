@@ -173,6 +173,11 @@ impl GBloom {
         }
     }
 
+    /// Feeds the bits, in place, to a state digest: equivalent states are equal bit for bit.
+    pub(crate) fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+        h.update(&self.bit_bytes());
+    }
+
     /// Share of bits set, `|S| / m`.
     pub fn fill_ratio(&self) -> f64 {
         self.ones() as f64 / self.params.bits as f64
@@ -489,26 +494,6 @@ impl TryFrom<GBloomRepr> for GBloom {
         }
         *f.ones.get_mut() = UNKNOWN;
         Ok(f)
-    }
-}
-
-impl crate::core::kind::ReplicatedFilter for GBloom {
-    const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::GBloom;
-
-    fn from_spec(
-        spec: &crate::core::kind::FilterSpec,
-        _replica: crate::ReplicaId,
-    ) -> Result<Self, FilterError> {
-        GBloom::new(BloomParams::with_capacity(spec.capacity, spec.fpr)?.with_seed(spec.seed()))
-    }
-
-    fn params_digest(&self) -> u64 {
-        self.params.digest()
-    }
-
-    /// The bits themselves, in place: equivalent GBloom states are equal bit for bit.
-    fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
-        h.update(&self.bit_bytes());
     }
 }
 

@@ -592,7 +592,7 @@ impl crate::core::kind::ReplicatedFilter for ExpiringBloom {
         h.update(&self.newest.to_le_bytes());
         for (e, f) in self.epochs.iter().filter(|(_, f)| f.ones() > 0) {
             h.update(&e.to_le_bytes());
-            crate::core::kind::ReplicatedFilter::digest_state(f, h);
+            f.digest_state(h);
         }
     }
 

@@ -21,8 +21,9 @@ use super::params::DEFAULT_SEED;
 macro_rules! for_each_filter_kind {
     ($m:ident) => {
         $m! {
-            /// [`crate::GBloom`]: grow-only Bloom filter (thesis GBF).
-            GBloom = 0, "g_bloom", $crate::core::bloom::GBloom;
+            /// [`crate::GBloom`]: grow-only Bloom filter (thesis GBF), held by a replica as a
+            /// [`crate::SharedGBloom`] so that queries read it without a lock.
+            GBloom = 0, "g_bloom", $crate::core::shared_bloom::SharedGBloom;
             /// [`crate::GCuckoo`]: grow-only cuckoo filter (GCF).
             GCuckoo = 1, "g_cuckoo", $crate::core::cuckoo::GCuckoo;
             /// [`crate::OrCuckoo`]: observed-remove cuckoo filter (ORCF).
@@ -352,6 +353,12 @@ pub trait ReplicatedFilter:
         _now_ms: u64,
     ) -> Result<(), FilterError> {
         Ok(())
+    }
+
+    /// A lock-free reader of the state, for the kinds that have one (`g_bloom`): the replica
+    /// answers queries through it without taking the state's lock.
+    fn shared_reader(&self) -> Option<crate::core::shared_bloom::BloomReader> {
+        None
     }
 
     /// The counting API, for the kinds that count.

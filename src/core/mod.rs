@@ -13,6 +13,7 @@ pub mod kind;
 pub mod lattice;
 pub mod params;
 pub mod scalable;
+pub mod shared_bloom;
 
 // ---- issue 11: expiring and wait-free concurrent Bloom filters.
 pub mod atomic_bloom;

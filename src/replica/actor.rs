@@ -57,6 +57,9 @@ pub(crate) struct Shared {
     /// The filter. Only the actor writes it; handles read it without queueing behind
     /// replication work in the mailbox.
     pub filter: RwLock<AnyFilter>,
+    /// Reads the filter's bits without its lock, for the kinds that allow it (`g_bloom`):
+    /// queries never wait for an update or a merge in progress.
+    pub reader: Option<crate::BloomReader>,
     pub name: String,
     pub kind: FilterKind,
     pub identity: Identity,

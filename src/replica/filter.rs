@@ -6,6 +6,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 pub use crate::core::kind::FilterSpec;
 use crate::core::kind::{Counted, ObservedRemove, ReplicatedFilter, for_each_filter_kind};
+use crate::core::shared_bloom::BloomReader;
 use crate::wire::{FilterKind, WireError, from_cbor, to_cbor};
 use crate::{CausalContext, CheckRemote, DeltaState, Dot, FilterError, Lattice, ReplicaId};
 
@@ -57,6 +58,7 @@ trait DynFilter: Send + Sync {
     fn observed_remove(&self) -> Option<&dyn ObservedRemove>;
     fn observed_remove_mut(&mut self) -> Option<&mut dyn ObservedRemove>;
     fn counted(&self) -> Option<&dyn Counted>;
+    fn shared_reader(&self) -> Option<BloomReader>;
     fn counted_mut(&mut self) -> Option<&mut dyn Counted>;
     fn set_writer(&mut self, replica: ReplicaId);
     fn tick(&mut self, now_ms: u64) -> bool;
@@ -126,6 +128,9 @@ impl<F: ReplicatedFilter> DynFilter for F {
     }
     fn counted(&self) -> Option<&dyn Counted> {
         ReplicatedFilter::counted(self)
+    }
+    fn shared_reader(&self) -> Option<BloomReader> {
+        ReplicatedFilter::shared_reader(self)
     }
     fn counted_mut(&mut self) -> Option<&mut dyn Counted> {
         ReplicatedFilter::counted_mut(self)
@@ -291,6 +296,12 @@ impl AnyFilter {
             Some(c) => Ok(c.remove_one(item)),
             None => Err(NotRemovable(kind)),
         }
+    }
+
+    /// A reader that answers `contains` from this state's bits without its lock, for the
+    /// kinds that have one (`g_bloom`): it keeps reading this state as it changes.
+    pub fn shared_reader(&self) -> Option<BloomReader> {
+        self.inner().shared_reader()
     }
 
     /// The multiplicity of the item, for the kinds that count ([`Counted::count`]).

@@ -353,6 +353,7 @@ impl Replica {
             .await?;
         let shared = Arc::new(Shared {
             kind: filter.kind(),
+            reader: filter.shared_reader(),
             filter: RwLock::new(filter),
             name: cfg.name.clone(),
             identity,
@@ -442,7 +443,10 @@ impl ReplicaHandle {
     /// Membership test, read directly from the state: it never waits behind replication work
     /// queued for the actor (at most behind one merge in progress).
     pub fn contains(&self, item: &[u8]) -> bool {
-        self.read(|f| f.contains_as_of(item, wall_clock_ms()))
+        match &self.shared.reader {
+            Some(r) => r.contains(item),
+            None => self.read(|f| f.contains_as_of(item, wall_clock_ms())),
+        }
     }
 
     /// The multiplicity of an item, for the kinds that count (`counting_cuckoo`); read

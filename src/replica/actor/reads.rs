@@ -78,18 +78,20 @@ impl Reads {
     fn query(&self, batch: bool, msg: &Message) -> Result<ApiReply, ReplicaError> {
         if !batch {
             let item = &msg.payload[..];
-            let r = self
-                .check_item(item)
-                .map(|()| self.filter().contains_as_of(item, wall_clock_ms()));
+            let r = self.check_item(item).map(|()| self.contains(item));
             self.telemetry.op(OpKind::Contains, r.is_ok());
             return Ok(ApiReply::contains(r?));
         }
         let format = api_reply_format(msg)?;
         let items = batch::decode(&msg.payload, self.limits)
             .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
-        let found: Vec<bool> = {
-            let (f, now) = (self.filter(), wall_clock_ms());
-            items.iter().map(|&i| f.contains_as_of(i, now)).collect()
+        let found: Vec<bool> = match &self.shared.reader {
+            // Without the lock: the batch never waits for an update or a merge.
+            Some(r) => items.iter().map(|&i| r.contains(i)).collect(),
+            None => {
+                let (f, now) = (self.filter(), wall_clock_ms());
+                items.iter().map(|&i| f.contains_as_of(i, now)).collect()
+            }
         };
         self.telemetry
             .count_ops(OpKind::Contains, found.len() as u64, 0);
@@ -97,6 +99,14 @@ impl Reads {
             ReplyFormat::Json => ApiReply::json(&json!({ "contains": found })),
             ReplyFormat::Bitmap => ApiReply::bitmap(&found, None),
         })
+    }
+
+    /// Membership now: through the lock-free reader where the kind has one.
+    fn contains(&self, item: &[u8]) -> bool {
+        match &self.shared.reader {
+            Some(r) => r.contains(item),
+            None => self.filter().contains_as_of(item, wall_clock_ms()),
+        }
     }
 
     fn check_item(&self, item: &[u8]) -> Result<(), ReplicaError> {

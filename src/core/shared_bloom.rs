@@ -1,0 +1,364 @@
+//! The grow-only Bloom filter as a replica holds it: the bits of an [`AtomicGBloom`], which
+//! [`BloomReader`]s query without any lock while the owner adds and merges.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use serde::{Deserialize, Serialize};
+
+use super::atomic_bloom::AtomicGBloom;
+use super::bloom::{GBloom, check_bloom_delta};
+use super::delta::{BloomDelta, CheckRemote, DeltaState};
+use super::error::FilterError;
+use super::lattice::{Lattice, Membership};
+use super::params::BloomParams;
+
+/// A [`GBloom`] whose bits can be read by other threads while its owner updates it: the
+/// registry's `g_bloom` kind. The owner (`&mut self`) adds, merges and records deltas exactly
+/// as a `GBloom` does, with atomic ORs; [`SharedGBloom::reader`] hands out a [`BloomReader`]
+/// that answers `contains` from the same bits, wait-free, without the owner's lock and
+/// without waiting for it.
+///
+/// It has a `GBloom`'s state, laws and encoding (the bytes are interchangeable); a clone is a
+/// copy with its own bits (readers of the original do not see the copy).
+///
+/// ```
+/// use crpf::{Lattice, Membership, SharedGBloom};
+///
+/// let mut f = SharedGBloom::with_capacity(1000, 0.01)?;
+/// let reader = f.reader();
+/// let t = std::thread::spawn(move || {
+///     // Queries from another thread, while the owner keeps adding.
+///     (0..1000u32).filter(|i| reader.contains(&i.to_le_bytes())).count()
+/// });
+/// for i in 0..1000u32 {
+///     f.add(&i.to_le_bytes())?;
+/// }
+/// assert!(t.join().unwrap() <= 1000);
+/// assert!(f.reader().contains(&999u32.to_le_bytes()));
+/// # Ok::<(), crpf::FilterError>(())
+/// ```
+pub struct SharedGBloom {
+    bits: Arc<AtomicGBloom>,
+    /// Indexes of bits newly set by local adds since the last `take_delta`, while tracking.
+    pending: Option<Vec<u64>>,
+}
+
+/// Queries a [`SharedGBloom`]'s bits from any thread, without a lock: an add that
+/// happened-before the query is contained (the contract of [`AtomicGBloom`]). It cannot
+/// change the filter.
+#[derive(Clone)]
+pub struct BloomReader(Arc<AtomicGBloom>);
+
+impl BloomReader {
+    /// Whether the item may have been added (see [`AtomicGBloom::contains`]).
+    #[inline]
+    pub fn contains(&self, item: &[u8]) -> bool {
+        self.0.contains(item)
+    }
+}
+
+impl fmt::Debug for BloomReader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("BloomReader").field(self.0.params()).finish()
+    }
+}
+
+impl SharedGBloom {
+    /// An empty filter with validated parameters.
+    pub fn new(params: BloomParams) -> Result<Self, FilterError> {
+        Ok(AtomicGBloom::new(params)?.into())
+    }
+
+    /// A filter for `capacity` elements at false positive rate `fpr`, as
+    /// [`GBloom::with_capacity`].
+    pub fn with_capacity(capacity: u64, fpr: f64) -> Result<Self, FilterError> {
+        Self::new(BloomParams::with_capacity(capacity, fpr)?)
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &BloomParams {
+        self.bits.params()
+    }
+
+    /// A reader of these bits for other threads.
+    pub fn reader(&self) -> BloomReader {
+        BloomReader(self.bits.clone())
+    }
+
+    /// The current bits as a [`GBloom`].
+    pub fn snapshot(&self) -> GBloom {
+        self.bits.snapshot()
+    }
+
+    /// ORs `words` (another state's, same parameters) into these bits.
+    fn or_words(&self, words: impl Iterator<Item = u64>) {
+        for (w, o) in self.bits.words().iter().zip(words) {
+            if o != 0 {
+                w.fetch_or(o, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl From<AtomicGBloom> for SharedGBloom {
+    fn from(bits: AtomicGBloom) -> Self {
+        SharedGBloom {
+            bits: Arc::new(bits),
+            pending: None,
+        }
+    }
+}
+
+impl From<GBloom> for SharedGBloom {
+    fn from(g: GBloom) -> Self {
+        AtomicGBloom::from(g).into()
+    }
+}
+
+/// A copy with its own bits and no pending delta (as a `GBloom` clone's pending delta would
+/// be the original's, a copy's is not meant to be published).
+impl Clone for SharedGBloom {
+    fn clone(&self) -> Self {
+        SharedGBloom {
+            bits: Arc::new(AtomicGBloom::clone(&self.bits)),
+            pending: self.pending.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for SharedGBloom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedGBloom")
+            .field("bits", &self.bits)
+            .finish()
+    }
+}
+
+impl Lattice for SharedGBloom {
+    fn merge(&mut self, other: &Self) -> Result<(), FilterError> {
+        FilterError::require_same("bloom", self.params(), other.params())?;
+        self.or_words(other.bits.words().iter().map(|w| w.load(Ordering::Relaxed)));
+        Ok(())
+    }
+
+    fn le(&self, other: &Self) -> bool {
+        self.params() == other.params()
+            && (self.bits.words().iter())
+                .zip(other.bits.words())
+                .all(|(a, b)| {
+                    let a = a.load(Ordering::Relaxed);
+                    a & b.load(Ordering::Relaxed) == a
+                })
+    }
+}
+
+impl Membership for SharedGBloom {
+    fn contains(&self, item: &[u8]) -> bool {
+        self.bits.contains(item)
+    }
+
+    /// Sets the item's bits with atomic ORs, recording the newly set ones while tracking.
+    fn add(&mut self, item: &[u8]) -> Result<(), FilterError> {
+        match &mut self.pending {
+            None => self.bits.add(item),
+            Some(pending) => self.bits.add_recording(item, |idx| pending.push(idx)),
+        }
+        Ok(())
+    }
+
+    fn cardinality(&self) -> f64 {
+        let p = self.params();
+        let m = p.bits as f64;
+        let x = (self.bits.ones() as f64).min(m - 1.0).max(0.0);
+        -(m / p.hashes as f64) * (1.0 - x / m).ln()
+    }
+
+    fn capacity(&self) -> u64 {
+        self.params().capacity
+    }
+
+    fn load_factor(&self) -> f64 {
+        self.cardinality() / self.params().capacity as f64
+    }
+
+    fn estimated_fpr(&self) -> f64 {
+        self.bits.estimated_fpr()
+    }
+}
+
+impl DeltaState for SharedGBloom {
+    type Delta = BloomDelta;
+
+    fn track_deltas(&mut self, on: bool) {
+        self.pending = on.then(Vec::new);
+    }
+
+    fn take_delta(&mut self) -> Option<BloomDelta> {
+        let pending = self.pending.as_mut()?;
+        if pending.is_empty() {
+            return None;
+        }
+        let mut bits = std::mem::take(pending);
+        bits.sort_unstable();
+        bits.dedup();
+        Some(BloomDelta { bits })
+    }
+
+    fn pending_delta_len(&self) -> usize {
+        self.pending.as_ref().map_or(0, Vec::len)
+    }
+
+    fn check_delta(&self, delta: &BloomDelta) -> Result<(), FilterError> {
+        check_bloom_delta(self.params(), delta)
+    }
+
+    fn merge_delta(&mut self, delta: &BloomDelta) -> Result<(), FilterError> {
+        self.check_delta(delta)?;
+        let words = self.bits.words();
+        for &idx in &delta.bits {
+            words[(idx >> 6) as usize].fetch_or(1 << (idx & 63), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+impl CheckRemote for SharedGBloom {
+    /// Grow-only: no tags, nothing to check.
+    fn check_remote(&self, _other: &Self) -> Result<(), FilterError> {
+        Ok(())
+    }
+
+    fn check_remote_delta(&self, _delta: &BloomDelta) -> Result<(), FilterError> {
+        Ok(())
+    }
+}
+
+/// Exactly a [`GBloom`]'s encoding.
+impl Serialize for SharedGBloom {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.bits.serialize(s)
+    }
+}
+
+/// Decoded and validated as a [`GBloom`].
+impl<'de> Deserialize<'de> for SharedGBloom {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        GBloom::deserialize(d).map(Self::from)
+    }
+}
+
+/// The `g_bloom` kind of a replica.
+impl crate::core::kind::ReplicatedFilter for SharedGBloom {
+    const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::GBloom;
+
+    fn from_spec(
+        spec: &crate::core::kind::FilterSpec,
+        _replica: crate::ReplicaId,
+    ) -> Result<Self, FilterError> {
+        Self::new(BloomParams::with_capacity(spec.capacity, spec.fpr)?.with_seed(spec.seed()))
+    }
+
+    fn params_digest(&self) -> u64 {
+        self.params().digest()
+    }
+
+    /// The bits, as a `GBloom`'s digest feeds them (equal states, equal digests).
+    fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+        let len = self.params().bits.div_ceil(8) as usize;
+        let mut fed = 0;
+        for w in self.bits.words() {
+            let bytes = w.load(Ordering::Relaxed).to_le_bytes();
+            let take = (len - fed).min(8);
+            h.update(&bytes[..take]);
+            fed += take;
+        }
+    }
+
+    fn shared_reader(&self) -> Option<BloomReader> {
+        Some(self.reader())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::kind::ReplicatedFilter;
+
+    fn params() -> BloomParams {
+        BloomParams::with_capacity(4000, 0.01).unwrap().with_seed(7)
+    }
+
+    #[test]
+    fn same_bits_deltas_encoding_and_digest_as_a_gbloom() {
+        let mut s = SharedGBloom::new(params()).unwrap();
+        let mut g = GBloom::new(params()).unwrap();
+        s.track_deltas(true);
+        g.track_deltas(true);
+        for i in 0..3000u32 {
+            s.add(&i.to_le_bytes()).unwrap();
+            g.add(&i.to_le_bytes()).unwrap();
+        }
+        assert_eq!(s.snapshot(), g);
+        assert_eq!(s.take_delta(), g.take_delta());
+        assert_eq!(
+            serde_cbor::to_vec(&s).unwrap(),
+            serde_cbor::to_vec(&g).unwrap()
+        );
+        let (mut hs, mut hg) = (
+            xxhash_rust::xxh3::Xxh3::new(),
+            xxhash_rust::xxh3::Xxh3::new(),
+        );
+        s.digest_state(&mut hs);
+        g.digest_state(&mut hg);
+        assert_eq!(hs.digest(), hg.digest());
+        assert_eq!(s.cardinality(), g.cardinality());
+    }
+
+    #[test]
+    fn merge_and_le_are_a_gbloom_s_and_a_clone_has_its_own_bits() {
+        let mut a = SharedGBloom::new(params()).unwrap();
+        let mut b = SharedGBloom::new(params()).unwrap();
+        a.add(b"a").unwrap();
+        b.add(b"b").unwrap();
+        let copy = a.clone();
+        let reader = a.reader();
+        a.merge(&b).unwrap();
+        assert!(b.le(&a) && copy.le(&a) && !a.le(&copy));
+        assert!(reader.contains(b"b"), "the reader sees the merge");
+        assert!(!copy.contains(b"b"), "the copy does not share bits");
+        let mut d = SharedGBloom::new(params()).unwrap();
+        d.track_deltas(true);
+        d.add(b"d").unwrap();
+        let delta = d.take_delta().unwrap();
+        a.merge_delta(&delta).unwrap();
+        assert!(reader.contains(b"d"));
+        let other = SharedGBloom::new(params().with_seed(8)).unwrap();
+        assert!(a.merge(&other).is_err());
+    }
+
+    /// The owner adds on one thread while readers query on others: every add the owner
+    /// published (here through a channel, a happens-before edge) is contained for a reader.
+    #[test]
+    fn readers_see_every_add_that_happened_before_without_a_lock() {
+        let mut f = SharedGBloom::new(BloomParams::with_capacity(100_000, 0.01).unwrap()).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<u32>();
+        let reader = f.reader();
+        let check = std::thread::spawn(move || {
+            let mut seen = 0;
+            for i in rx {
+                assert!(reader.contains(&i.to_le_bytes()), "add {i} not visible");
+                seen += 1;
+            }
+            seen
+        });
+        f.track_deltas(true);
+        for i in 0..50_000u32 {
+            f.add(&i.to_le_bytes()).unwrap();
+            tx.send(i).unwrap();
+        }
+        drop(tx);
+        assert_eq!(check.join().unwrap(), 50_000);
+    }
+}
