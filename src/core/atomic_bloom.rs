@@ -125,29 +125,6 @@ impl AtomicGBloom {
         }
     }
 
-    /// Adds the item and calls `newly_set` with the index of every bit this add set (a bit
-    /// already set is not reported). The words are loaded first, so that their cache misses
-    /// overlap; the atomic ORs that follow find them cached.
-    #[inline]
-    pub(crate) fn add_recording(&self, item: &[u8], mut newly_set: impl FnMut(u64)) {
-        let mut probes = self.probes(item);
-        let mut probed = [0u64; 64];
-        let k = (self.params.hashes as usize).min(64);
-        let mut warm = 0u64;
-        for slot in probed.iter_mut().take(k) {
-            let idx = probes.next_index();
-            *slot = idx;
-            warm ^= self.words[(idx >> 6) as usize].load(ORDER);
-        }
-        std::hint::black_box(warm);
-        for &idx in &probed[..k] {
-            let mask = 1 << (idx & 63);
-            if self.words[(idx >> 6) as usize].fetch_or(mask, ORDER) & mask == 0 {
-                newly_set(idx);
-            }
-        }
-    }
-
     /// The words of the bit array.
     pub(crate) fn words(&self) -> &[AtomicU64] {
         &self.words

@@ -11,6 +11,7 @@ use super::atomic_bloom::AtomicGBloom;
 use super::bloom::{GBloom, check_bloom_delta};
 use super::delta::{BloomDelta, CheckRemote, DeltaState};
 use super::error::FilterError;
+use super::hash::{BloomProbes, hash_item};
 use super::lattice::{Lattice, Membership};
 use super::params::BloomParams;
 
@@ -93,13 +94,49 @@ impl SharedGBloom {
     }
 
     /// ORs `words` (another state's, same parameters) into these bits.
-    fn or_words(&self, words: impl Iterator<Item = u64>) {
+    fn or_words(&mut self, words: impl Iterator<Item = u64>) {
         for (w, o) in self.bits.words().iter().zip(words) {
             if o != 0 {
-                w.fetch_or(o, Ordering::Relaxed);
+                or_word(w, o);
             }
         }
     }
+
+    /// Sets the item's bits; `newly_set` gets the index of each bit that was clear. Every word
+    /// is loaded first, so that the cache misses of a large filter overlap.
+    fn set_bits(&mut self, item: &[u8], mut newly_set: impl FnMut(u64)) {
+        let p = *self.params();
+        let mut probes = BloomProbes::new(hash_item(item, p.seed), p.bits);
+        let words = self.bits.words();
+        let mut probed = [0u64; 64];
+        let k = (p.hashes as usize).min(64);
+        let mut warm = 0u64;
+        for slot in probed.iter_mut().take(k) {
+            let idx = probes.next_index();
+            *slot = idx;
+            warm ^= words[(idx >> 6) as usize].load(Ordering::Relaxed);
+        }
+        std::hint::black_box(warm);
+        for &idx in &probed[..k] {
+            let mask = 1 << (idx & 63);
+            if or_word(&words[(idx >> 6) as usize], mask) & mask == 0 {
+                newly_set(idx);
+            }
+        }
+    }
+}
+
+/// ORs `bits` into a word and answers its value before. A load and a store, not an atomic
+/// read-modify-write (a locked instruction, several times slower): the owner (`&mut
+/// SharedGBloom`) is the only writer, [`BloomReader`]s only load, and both are atomic, so
+/// there is no race and a reader sees the word before or after, never torn.
+#[inline]
+fn or_word(w: &std::sync::atomic::AtomicU64, bits: u64) -> u64 {
+    let old = w.load(Ordering::Relaxed);
+    if old | bits != old {
+        w.store(old | bits, Ordering::Relaxed);
+    }
+    old
 }
 
 impl From<AtomicGBloom> for SharedGBloom {
@@ -161,9 +198,12 @@ impl Membership for SharedGBloom {
 
     /// Sets the item's bits with atomic ORs, recording the newly set ones while tracking.
     fn add(&mut self, item: &[u8]) -> Result<(), FilterError> {
-        match &mut self.pending {
-            None => self.bits.add(item),
-            Some(pending) => self.bits.add_recording(item, |idx| pending.push(idx)),
+        match self.pending.take() {
+            None => self.set_bits(item, |_| {}),
+            Some(mut pending) => {
+                self.set_bits(item, |idx| pending.push(idx));
+                self.pending = Some(pending);
+            }
         }
         Ok(())
     }
@@ -218,7 +258,7 @@ impl DeltaState for SharedGBloom {
         self.check_delta(delta)?;
         let words = self.bits.words();
         for &idx in &delta.bits {
-            words[(idx >> 6) as usize].fetch_or(1 << (idx & 63), Ordering::Relaxed);
+            or_word(&words[(idx >> 6) as usize], 1 << (idx & 63));
         }
         Ok(())
     }
