@@ -878,17 +878,7 @@ async fn expiring_elements_live_for_their_window_on_every_replica() {
     };
     c.filter.expiry = Some(expiry);
     c.metrics_interval_ms = 200;
-    let mut hs = Vec::new();
-    for _ in 0..3 {
-        hs.push(
-            Replica::start(c.clone(), connect(&server.url()).await)
-                .await
-                .unwrap(),
-        );
-    }
-    for h in &hs {
-        assert!(h.wait_ready(WAIT).await);
-    }
+    let hs = start_ready(&c, &server.url(), 3).await;
     let added = Instant::now();
     hs[0].add(b"session-1".to_vec()).await.unwrap();
     // Contained everywhere within its window (its least lifetime is two epochs).
@@ -935,17 +925,7 @@ async fn expiring_elements_live_for_their_window_on_every_replica() {
 async fn counting_multiplicities_converge_under_concurrent_increments_and_decrements() {
     let server = NatsServer::start();
     let c = cfg("multiset", FilterKind::CountingCuckoo, 10_000, 0.001);
-    let mut hs = Vec::new();
-    for _ in 0..3 {
-        hs.push(
-            Replica::start(c.clone(), connect(&server.url()).await)
-                .await
-                .unwrap(),
-        );
-    }
-    for h in &hs {
-        assert!(h.wait_ready(WAIT).await);
-    }
+    let hs = start_ready(&c, &server.url(), 3).await;
     // Replica r adds element e (r + 1) * 3 + e times and removes r + e of them, all at once.
     let elements = 20u64;
     let work = |r: usize| {
@@ -1005,4 +985,24 @@ async fn counting_multiplicities_converge_under_concurrent_increments_and_decrem
         assert!(h.stats().await.unwrap().rejects.is_empty());
     }
     stop(&hs).await;
+}
+
+/// `n` replicas of `cfg`, each on its own connection to `url`, once every one is ready.
+async fn start_ready(
+    cfg: &ReplicaConfig,
+    url: &str,
+    n: usize,
+) -> Vec<crpf::replica::ReplicaHandle> {
+    let mut hs = Vec::new();
+    for _ in 0..n {
+        hs.push(
+            Replica::start(cfg.clone(), connect(url).await)
+                .await
+                .unwrap(),
+        );
+    }
+    for h in &hs {
+        assert!(h.wait_ready(WAIT).await);
+    }
+    hs
 }

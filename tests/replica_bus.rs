@@ -847,12 +847,17 @@ async fn expiring_states_and_deltas_from_beyond_the_skew_bound_are_refused() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64;
+    // A peer's state after one add at `at_ms` on its clock, and its delta.
+    let peer_at = |at_ms: u64, item: &[u8]| {
+        let mut f = AnyFilter::new(&cfg.filter, 9).unwrap();
+        f.track_deltas(true);
+        f.tick(at_ms);
+        f.add(item).unwrap();
+        let delta = f.take_delta().unwrap();
+        (f, delta)
+    };
     // A peer whose clock is an hour ahead: its window no longer holds "kept"'s epoch.
-    let mut ahead = AnyFilter::new(&cfg.filter, 9).unwrap();
-    ahead.track_deltas(true);
-    ahead.tick(now + 3_600_000);
-    ahead.add(b"from the future").unwrap();
-    let delta = ahead.take_delta().unwrap();
+    let (ahead, delta) = peer_at(now + 3_600_000, b"from the future");
     publish(&subjects.delta, env(1, Body::Delta(delta))).await;
     for (i, c) in chunk_state(&ahead.encode_state(), 1, 1 << 20)
         .into_iter()
@@ -868,11 +873,7 @@ async fn expiring_states_and_deltas_from_beyond_the_skew_bound_are_refused() {
     assert!(!h.contains(b"from the future"));
 
     // Within the bound (one epoch ahead): merged, and nothing live expires.
-    let mut near = AnyFilter::new(&cfg.filter, 9).unwrap();
-    near.track_deltas(true);
-    near.tick(now + 60_000);
-    near.add(b"from a minute ahead").unwrap();
-    let delta = near.take_delta().unwrap();
+    let (_, delta) = peer_at(now + 60_000, b"from a minute ahead");
     publish(&subjects.delta, env(10, Body::Delta(delta))).await;
     assert!(
         h.wait_until(WAIT, |f| f.contains(b"from a minute ahead"))

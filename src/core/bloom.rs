@@ -359,9 +359,7 @@ impl Membership for GBloom {
 
     /// Eq. 3.20, `-(m/k) ln(1 - |S|/m)`; a saturated filter reports the value at `|S| = m - 1`.
     fn cardinality(&self) -> f64 {
-        let m = self.params.bits as f64;
-        let x = (self.ones() as f64).min(m - 1.0).max(0.0);
-        -(m / self.params.hashes as f64) * (1.0 - x / m).ln()
+        bloom_cardinality(&self.params, self.ones())
     }
 
     fn capacity(&self) -> u64 {
@@ -386,14 +384,7 @@ impl DeltaState for GBloom {
     }
 
     fn take_delta(&mut self) -> Option<BloomDelta> {
-        let pending = self.pending.as_mut()?;
-        if pending.is_empty() {
-            return None;
-        }
-        let mut bits = std::mem::take(pending);
-        bits.sort_unstable();
-        bits.dedup();
-        Some(BloomDelta { bits })
+        take_bloom_delta(&mut self.pending)
     }
 
     fn pending_delta_len(&self) -> usize {
@@ -412,6 +403,26 @@ impl DeltaState for GBloom {
         *self.ones.get_mut() = UNKNOWN;
         Ok(())
     }
+}
+
+/// The delta of the bits recorded in `pending` (sorted, without repeats), leaving it empty.
+pub(crate) fn take_bloom_delta(pending: &mut Option<Vec<u64>>) -> Option<BloomDelta> {
+    let pending = pending.as_mut()?;
+    if pending.is_empty() {
+        return None;
+    }
+    let mut bits = std::mem::take(pending);
+    bits.sort_unstable();
+    bits.dedup();
+    Some(BloomDelta { bits })
+}
+
+/// Eq. 3.20, `-(m/k) ln(1 - |S|/m)` for `ones = |S|`; a saturated filter reports the value at
+/// `|S| = m - 1`.
+pub(crate) fn bloom_cardinality(params: &BloomParams, ones: u64) -> f64 {
+    let m = params.bits as f64;
+    let x = (ones as f64).min(m - 1.0).max(0.0);
+    -(m / params.hashes as f64) * (1.0 - x / m).ln()
 }
 
 /// Whether a delta fits a filter with these parameters (without needing the filter).

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use serde::{Deserialize, Serialize};
 
 use super::atomic_bloom::AtomicGBloom;
-use super::bloom::{GBloom, check_bloom_delta};
+use super::bloom::{GBloom, bloom_cardinality, check_bloom_delta, take_bloom_delta};
 use super::delta::{BloomDelta, CheckRemote, DeltaState};
 use super::error::FilterError;
 use super::hash::{BloomProbes, hash_item};
@@ -209,10 +209,7 @@ impl Membership for SharedGBloom {
     }
 
     fn cardinality(&self) -> f64 {
-        let p = self.params();
-        let m = p.bits as f64;
-        let x = (self.bits.ones() as f64).min(m - 1.0).max(0.0);
-        -(m / p.hashes as f64) * (1.0 - x / m).ln()
+        bloom_cardinality(self.params(), self.bits.ones())
     }
 
     fn capacity(&self) -> u64 {
@@ -236,14 +233,7 @@ impl DeltaState for SharedGBloom {
     }
 
     fn take_delta(&mut self) -> Option<BloomDelta> {
-        let pending = self.pending.as_mut()?;
-        if pending.is_empty() {
-            return None;
-        }
-        let mut bits = std::mem::take(pending);
-        bits.sort_unstable();
-        bits.dedup();
-        Some(BloomDelta { bits })
+        take_bloom_delta(&mut self.pending)
     }
 
     fn pending_delta_len(&self) -> usize {
