@@ -935,3 +935,65 @@ async fn a_restarted_counting_replica_keeps_its_counts_under_a_new_id() {
     ));
     stop(&[peer, h]).await;
 }
+
+/// A counting delta that carries a count past 2^48 - 1 is refused and counted: merged, it would
+/// leave its source unable to add at that slot. One at the bound merges.
+#[actix::test]
+async fn forged_counts_beyond_the_bound_are_refused() {
+    use crpf::{CountingCuckooDelta, MAX_COUNTER};
+    let bus = Arc::new(InProcessBus::new());
+    let t: Arc<dyn Transport> = bus.clone();
+    let c = cfg("counts", FilterKind::CountingCuckoo, 1000, 0.01);
+    let h = Replica::start(c.clone(), t.clone()).await.unwrap();
+    assert!(h.wait_ready(WAIT).await);
+    h.add(b"kept".to_vec()).await.unwrap();
+    let subjects = Subjects::new("crpf", "counts");
+    let digest = h.snapshot().params_digest();
+    let sender = Uuid::from_u128(7);
+    // The slot of "forged" as a peer with replica id 9 places it.
+    let mut peer = AnyFilter::new(&c.filter, 9).unwrap();
+    peer.track_deltas(true);
+    peer.add(b"forged").unwrap();
+    let real: CountingCuckooDelta = serde_cbor::from_slice(&peer.take_delta().unwrap()).unwrap();
+    let (bucket, fp, _) = real.entries[0].clone();
+    let with_count = |added: u64| CountingCuckooDelta {
+        entries: vec![(bucket, fp, vec![(9, added, 0)])],
+    };
+    for (seq, added) in [(1, MAX_COUNTER + 1), (2, u64::MAX)] {
+        let body = Body::Delta(serde_cbor::to_vec(&with_count(added)).unwrap());
+        let frame = Envelope::new(
+            "counts",
+            FilterKind::CountingCuckoo,
+            digest,
+            sender,
+            9,
+            seq,
+            body,
+        );
+        t.publish(subjects.delta.clone(), Bytes::from(frame.encode()))
+            .await
+            .unwrap();
+    }
+    wait_for(|| async { rejects(&h, "incompatible").await == 2 }).await;
+    assert_eq!(h.count(b"forged").unwrap(), 0);
+    assert_eq!(h.count(b"kept").unwrap(), 1);
+
+    let body = Body::Delta(serde_cbor::to_vec(&with_count(MAX_COUNTER)).unwrap());
+    let frame = Envelope::new(
+        "counts",
+        FilterKind::CountingCuckoo,
+        digest,
+        sender,
+        9,
+        3,
+        body,
+    );
+    t.publish(subjects.delta.clone(), Bytes::from(frame.encode()))
+        .await
+        .unwrap();
+    assert!(
+        h.wait_until(WAIT, |f| f.count(b"forged").ok() == Some(MAX_COUNTER))
+            .await
+    );
+    h.shutdown().await.unwrap();
+}

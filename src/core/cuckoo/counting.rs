@@ -9,7 +9,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::table::{Entry, Table, TableRepr};
-use crate::core::causal::{ReplicaId, check_own_dots};
+use crate::core::causal::{MAX_COUNTER, ReplicaId, check_own_dots};
 use crate::core::delta::{CheckRemote, DeltaState};
 use crate::core::error::FilterError;
 use crate::core::hash::{cuckoo_position, hash_item};
@@ -19,7 +19,10 @@ use crate::core::params::CuckooParams;
 /// The counter of one slot, per source replica: `(replica, added, removed)`, ascending by
 /// replica, where `added` counts the occurrences `replica` added and `removed` how many of
 /// *those* occurrences have been removed, by any replica. Invariant: `1 <= added` and
-/// `removed <= added` for every pair.
+/// `removed <= added` for every pair, and `added <= MAX_COUNTER` (2^48 - 1, the bound of tag
+/// timestamps): a received count above it is refused, so that no forged message can carry a
+/// source's count to where its next add would overflow, and the sum over all 65,535 sources
+/// stays within `u64`.
 pub type SlotCounts = Vec<(ReplicaId, u64, u64)>;
 
 /// A counting cuckoo filter replicated as a CRDT: a cuckoo table of fingerprints whose slots
@@ -110,8 +113,8 @@ pub(crate) struct Slot {
     pub counts: SlotCounts,
 }
 
-/// The multiplicity a counter describes: `Σ (added - removed)` (saturating: only a state
-/// counting more than `u64::MAX` occurrences saturates).
+/// The multiplicity a counter describes: `Σ (added - removed)`. It cannot overflow (at most
+/// 65,535 sources of at most [`MAX_COUNTER`] each); saturating anyway costs nothing.
 pub(crate) fn multiplicity(counts: &SlotCounts) -> u64 {
     counts
         .iter()
@@ -159,9 +162,12 @@ pub(crate) fn check_counts(counts: &SlotCounts) -> Result<(), FilterError> {
             "slot counts not strictly ascending by replica",
         ));
     }
-    if let Some(bad) = counts.iter().find(|&&(_, p, n)| p == 0 || n > p) {
+    if let Some(bad) = counts
+        .iter()
+        .find(|&&(_, p, n)| p == 0 || n > p || p > MAX_COUNTER)
+    {
         return Err(FilterError::malformed(format!(
-            "slot count {bad:?}: needs 1 <= added and removed <= added"
+            "slot count {bad:?}: needs 1 <= added <= 2^48 - 1 and removed <= added"
         )));
     }
     Ok(())
@@ -176,9 +182,17 @@ pub struct CountingCuckooDelta {
 }
 
 /// Why [`CountingCuckoo::add_count`] failed, besides `Full`: the replica's own count of the
-/// slot would pass `u64::MAX`.
+/// slot would pass [`MAX_COUNTER`].
 fn overflow_error() -> FilterError {
-    FilterError::invalid("count", "the slot's count would exceed u64::MAX")
+    FilterError::invalid("count", "the slot's count would exceed 2^48 - 1")
+}
+
+/// `count + n`, if it stays within [`MAX_COUNTER`].
+fn bounded_add(count: u64, n: u64) -> Result<u64, FilterError> {
+    count
+        .checked_add(n)
+        .filter(|&c| c <= MAX_COUNTER)
+        .ok_or_else(overflow_error)
 }
 
 impl CountingCuckoo {
@@ -306,18 +320,20 @@ impl CountingCuckoo {
 
     /// Algorithm 1 (*Insertion*): adds `n` occurrences of the item and returns its new
     /// multiplicity. An error (`Full`: the slot could not be placed within `max_kicks` kicks;
-    /// `InvalidParams`: the count would pass `u64::MAX`) changes nothing.
+    /// `InvalidParams`: this replica's count of the slot would pass [`MAX_COUNTER`], 2^48 - 1)
+    /// changes nothing.
     pub fn add_count(&mut self, item: &[u8], n: u64) -> Result<u64, FilterError> {
         let (b, fp) = self.position(item);
         if n == 0 {
             return Ok(self.count_at(b, fp));
         }
         let me = self.replica;
+        let n = bounded_add(0, n)?;
         let i = match self.find(b, fp) {
             Some(i) => {
                 let counts = &mut self.slots[i].counts;
                 match counts.binary_search_by_key(&me, |e| e.0) {
-                    Ok(k) => counts[k].1 = counts[k].1.checked_add(n).ok_or_else(overflow_error)?,
+                    Ok(k) => counts[k].1 = bounded_add(counts[k].1, n)?,
                     Err(k) => counts.insert(k, (me, n, 0)),
                 }
                 i
@@ -917,9 +933,38 @@ mod tests {
     #[test]
     fn count_overflow_is_refused() {
         let mut a = small(1);
-        a.add_count(b"x", u64::MAX).unwrap();
+        assert!(a.add_count(b"x", MAX_COUNTER + 1).is_err());
+        assert_eq!(a.total(), 0);
+        a.add_count(b"x", MAX_COUNTER).unwrap();
         let before = serde_cbor::to_vec(&a).unwrap();
         assert!(a.add_count(b"x", 1).is_err());
+        assert_eq!(serde_cbor::to_vec(&a).unwrap(), before);
+    }
+
+    /// A forged count past the bound, in a state or a delta, is refused whole: received as it
+    /// is, it would leave its source unable to add at that slot (and saturate sums).
+    #[test]
+    fn forged_counts_beyond_the_bound_are_refused() {
+        let mut a = small(1);
+        a.add_count(b"x", 2).unwrap();
+        let mut repr: CountingCuckooRepr =
+            serde_cbor::from_slice(&serde_cbor::to_vec(&a).unwrap()).unwrap();
+        repr.counts[0][0].1 = MAX_COUNTER + 1;
+        let forged = serde_cbor::to_vec(&repr).unwrap();
+        assert!(serde_cbor::from_slice::<CountingCuckoo>(&forged).is_err());
+        repr.counts[0][0].1 = MAX_COUNTER;
+        let at_bound = serde_cbor::to_vec(&repr).unwrap();
+        assert!(serde_cbor::from_slice::<CountingCuckoo>(&at_bound).is_ok());
+
+        let mut b = small(2);
+        b.track_deltas(true);
+        b.add(b"y").unwrap();
+        let mut delta = b.take_delta().unwrap();
+        let before = serde_cbor::to_vec(&a).unwrap();
+        delta.entries[0].2[0].1 = u64::MAX;
+        delta.entries[0].2[0].2 = 0;
+        assert!(a.check_delta(&delta).is_err());
+        assert!(a.merge_delta(&delta).is_err());
         assert_eq!(serde_cbor::to_vec(&a).unwrap(), before);
     }
 }
