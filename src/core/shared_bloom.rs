@@ -44,6 +44,10 @@ pub struct SharedGBloom {
     bits: Arc<AtomicGBloom>,
     /// Indexes of bits newly set by local adds since the last `take_delta`, while tracking.
     pending: Option<Vec<u64>>,
+    /// How many bits are set. The owner is the only writer, so it counts what it sets instead
+    /// of scanning the words for every figure (a scan of a large filter took 6% of a busy
+    /// replica's CPU, from the gauges alone).
+    ones: u64,
 }
 
 /// Queries a [`SharedGBloom`]'s bits from any thread, without a lock: an add that
@@ -93,11 +97,17 @@ impl SharedGBloom {
         self.bits.snapshot()
     }
 
+    /// How many bits are set.
+    pub fn ones(&self) -> u64 {
+        self.ones
+    }
+
     /// ORs `words` (another state's, same parameters) into these bits.
     fn or_words(&mut self, words: impl Iterator<Item = u64>) {
         for (w, o) in self.bits.words().iter().zip(words) {
             if o != 0 {
-                or_word(w, o);
+                let old = or_word(w, o);
+                self.ones += u64::from((old | o).count_ones() - old.count_ones());
             }
         }
     }
@@ -120,6 +130,7 @@ impl SharedGBloom {
         for &idx in &probed[..k] {
             let mask = 1 << (idx & 63);
             if or_word(&words[(idx >> 6) as usize], mask) & mask == 0 {
+                self.ones += 1;
                 newly_set(idx);
             }
         }
@@ -142,6 +153,7 @@ fn or_word(w: &std::sync::atomic::AtomicU64, bits: u64) -> u64 {
 impl From<AtomicGBloom> for SharedGBloom {
     fn from(bits: AtomicGBloom) -> Self {
         SharedGBloom {
+            ones: bits.ones(),
             bits: Arc::new(bits),
             pending: None,
         }
@@ -161,6 +173,7 @@ impl Clone for SharedGBloom {
         SharedGBloom {
             bits: Arc::new(AtomicGBloom::clone(&self.bits)),
             pending: self.pending.clone(),
+            ones: self.ones,
         }
     }
 }
@@ -209,7 +222,7 @@ impl Membership for SharedGBloom {
     }
 
     fn cardinality(&self) -> f64 {
-        bloom_cardinality(self.params(), self.bits.ones())
+        bloom_cardinality(self.params(), self.ones)
     }
 
     fn capacity(&self) -> u64 {
@@ -220,8 +233,10 @@ impl Membership for SharedGBloom {
         self.cardinality() / self.params().capacity as f64
     }
 
+    /// Eq. 3.1 with the Eq. 3.20 estimate of `Σn`, `(|S|/m)^k`, as [`GBloom`]'s.
     fn estimated_fpr(&self) -> f64 {
-        self.bits.estimated_fpr()
+        let p = self.params();
+        (self.ones as f64 / p.bits as f64).powi(p.hashes as i32)
     }
 }
 
@@ -248,7 +263,10 @@ impl DeltaState for SharedGBloom {
         self.check_delta(delta)?;
         let words = self.bits.words();
         for &idx in &delta.bits {
-            or_word(&words[(idx >> 6) as usize], 1 << (idx & 63));
+            let mask = 1 << (idx & 63);
+            if or_word(&words[(idx >> 6) as usize], mask) & mask == 0 {
+                self.ones += 1;
+            }
         }
         Ok(())
     }
@@ -366,6 +384,32 @@ mod tests {
         assert!(reader.contains(b"d"));
         let other = SharedGBloom::new(params().with_seed(8)).unwrap();
         assert!(a.merge(&other).is_err());
+    }
+
+    /// The kept count of set bits is the scanned one after every way bits get set.
+    #[test]
+    fn the_kept_count_of_set_bits_is_the_scanned_one() {
+        let scanned = |f: &SharedGBloom| f.bits.ones();
+        let mut a = SharedGBloom::new(params()).unwrap();
+        let mut b = SharedGBloom::new(params()).unwrap();
+        b.track_deltas(true);
+        for i in 0..1500u32 {
+            a.add(&i.to_le_bytes()).unwrap();
+            b.add(&(i + 1000).to_le_bytes()).unwrap();
+        }
+        assert_eq!(a.ones(), scanned(&a));
+        let delta = b.take_delta().unwrap();
+        let mut c = a.clone();
+        c.merge_delta(&delta).unwrap();
+        c.merge_delta(&delta).unwrap();
+        assert_eq!(c.ones(), scanned(&c));
+        a.merge(&b).unwrap();
+        a.merge(&b).unwrap();
+        assert_eq!((a.ones(), c.ones()), (scanned(&a), scanned(&a)));
+        let back: SharedGBloom = serde_cbor::from_slice(&serde_cbor::to_vec(&a).unwrap()).unwrap();
+        assert_eq!(back.ones(), scanned(&a));
+        assert_eq!(a.cardinality(), a.snapshot().cardinality());
+        assert_eq!(a.estimated_fpr(), a.snapshot().estimated_fpr());
     }
 
     /// The owner adds on one thread while readers query on others: every add the owner

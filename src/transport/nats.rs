@@ -249,7 +249,9 @@ impl AttemptError {
 /// [`NatsConfig::claim_timeout_ms`].
 #[derive(Clone)]
 pub struct NatsTransport {
-    client: async_nats::Client,
+    /// Behind an `Arc`: every publish takes a clone into its `'static` future, and a client
+    /// clone costs several reference counts, a channel sender and strings.
+    client: Arc<async_nats::Client>,
     cfg: Arc<NatsConfig>,
     events: broadcast::Sender<TransportEvent>,
     kv: Arc<OnceCell<kv::Store>>,
@@ -299,7 +301,7 @@ impl NatsTransport {
                 source: cause(e),
             })?;
         Ok(NatsTransport {
-            client,
+            client: Arc::new(client),
             cfg: Arc::new(cfg),
             events,
             kv: Arc::new(OnceCell::new()),
@@ -320,7 +322,7 @@ impl NatsTransport {
     }
 
     async fn open_store(&self) -> Result<kv::Store, AttemptError> {
-        let js = async_nats::jetstream::new(self.client.clone());
+        let js = async_nats::jetstream::new(async_nats::Client::clone(&self.client));
         let bucket = self.cfg.kv_bucket.clone();
         match js.get_key_value(bucket.clone()).await {
             Ok(s) => return Ok(s),
@@ -714,8 +716,10 @@ impl Bus for NatsTransport {
         .boxed()
     }
 
+    /// The server's limit, from an atomic the client keeps (not `server_info()`, which
+    /// clones the whole INFO, a dozen allocations, at every publish).
     fn max_payload(&self) -> usize {
-        match self.client.server_info().max_payload {
+        match self.client.max_payload() {
             // Not connected yet (retry_on_initial_connect): the server default.
             0 => 1 << 20,
             n => n,
