@@ -956,11 +956,12 @@ async fn forged_counts_beyond_the_bound_are_refused() {
     peer.add(b"forged").unwrap();
     let real: CountingCuckooDelta = serde_cbor::from_slice(&peer.take_delta().unwrap()).unwrap();
     let (bucket, fp, _) = real.entries[0].clone();
-    let with_count = |added: u64| CountingCuckooDelta {
-        entries: vec![(bucket, fp, vec![(9, added, 0)])],
-    };
-    for (seq, added) in [(1, MAX_COUNTER + 1), (2, u64::MAX)] {
-        let body = Body::Delta(serde_cbor::to_vec(&with_count(added)).unwrap());
+    // A delta from replica 9 counting `added` occurrences of "forged", as message `seq`.
+    let publish_count = |seq: u64, added: u64| {
+        let delta = CountingCuckooDelta {
+            entries: vec![(bucket, fp, vec![(9, added, 0)])],
+        };
+        let body = Body::Delta(serde_cbor::to_vec(&delta).unwrap());
         let frame = Envelope::new(
             "counts",
             FilterKind::CountingCuckoo,
@@ -970,27 +971,20 @@ async fn forged_counts_beyond_the_bound_are_refused() {
             seq,
             body,
         );
-        t.publish(subjects.delta.clone(), Bytes::from(frame.encode()))
-            .await
-            .unwrap();
-    }
+        let (t, subject) = (t.clone(), subjects.delta.clone());
+        async move {
+            t.publish(subject, Bytes::from(frame.encode()))
+                .await
+                .unwrap()
+        }
+    };
+    publish_count(1, MAX_COUNTER + 1).await;
+    publish_count(2, u64::MAX).await;
     wait_for(|| async { rejects(&h, "incompatible").await == 2 }).await;
     assert_eq!(h.count(b"forged").unwrap(), 0);
     assert_eq!(h.count(b"kept").unwrap(), 1);
 
-    let body = Body::Delta(serde_cbor::to_vec(&with_count(MAX_COUNTER)).unwrap());
-    let frame = Envelope::new(
-        "counts",
-        FilterKind::CountingCuckoo,
-        digest,
-        sender,
-        9,
-        3,
-        body,
-    );
-    t.publish(subjects.delta.clone(), Bytes::from(frame.encode()))
-        .await
-        .unwrap();
+    publish_count(3, MAX_COUNTER).await;
     assert!(
         h.wait_until(WAIT, |f| f.count(b"forged").ok() == Some(MAX_COUNTER))
             .await
