@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use super::bloom::GBloom;
+use super::bloom::{GBloom, bloom_cardinality, bloom_estimated_fpr};
 use super::error::FilterError;
 use super::hash::{BloomProbes, ItemHash, hash_item};
 use super::lattice::Membership;
@@ -198,7 +198,7 @@ impl AtomicGBloom {
     /// Estimated false positive rate of the current bits, `(|S|/m)^k` (as
     /// [`GBloom`]'s).
     pub fn estimated_fpr(&self) -> f64 {
-        self.fill_ratio().powi(self.params.hashes as i32)
+        bloom_estimated_fpr(&self.params, self.ones())
     }
 }
 
@@ -243,8 +243,9 @@ impl Membership for AtomicGBloom {
         AtomicGBloom::add(self, item);
         Ok(())
     }
+    /// From one count of the bits, without copying them into a snapshot.
     fn cardinality(&self) -> f64 {
-        self.snapshot().cardinality()
+        bloom_cardinality(&self.params, self.ones())
     }
     fn capacity(&self) -> u64 {
         self.params.capacity

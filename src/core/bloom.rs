@@ -372,7 +372,7 @@ impl Membership for GBloom {
 
     /// Eq. 3.1 with the Eq. 3.20 estimate of `Σn`, which simplifies to `(|S|/m)^k`.
     fn estimated_fpr(&self) -> f64 {
-        self.fill_ratio().powi(self.params.hashes as i32)
+        bloom_estimated_fpr(&self.params, self.ones())
     }
 }
 
@@ -423,6 +423,12 @@ pub(crate) fn bloom_cardinality(params: &BloomParams, ones: u64) -> f64 {
     let m = params.bits as f64;
     let x = (ones as f64).min(m - 1.0).max(0.0);
     -(m / params.hashes as f64) * (1.0 - x / m).ln()
+}
+
+/// Eq. 3.1 with the Eq. 3.20 estimate of `Σn`, which simplifies to `(|S|/m)^k` for
+/// `ones = |S|`.
+pub(crate) fn bloom_estimated_fpr(params: &BloomParams, ones: u64) -> f64 {
+    (ones as f64 / params.bits as f64).powi(params.hashes as i32)
 }
 
 /// Whether a delta fits a filter with these parameters (without needing the filter).

@@ -8,7 +8,9 @@ use std::sync::atomic::Ordering;
 use serde::{Deserialize, Serialize};
 
 use super::atomic_bloom::AtomicGBloom;
-use super::bloom::{GBloom, bloom_cardinality, check_bloom_delta, take_bloom_delta};
+use super::bloom::{
+    GBloom, bloom_cardinality, bloom_estimated_fpr, check_bloom_delta, take_bloom_delta,
+};
 use super::delta::{BloomDelta, CheckRemote, DeltaState};
 use super::error::FilterError;
 use super::hash::{BloomProbes, hash_item};
@@ -233,10 +235,8 @@ impl Membership for SharedGBloom {
         self.cardinality() / self.params().capacity as f64
     }
 
-    /// Eq. 3.1 with the Eq. 3.20 estimate of `Σn`, `(|S|/m)^k`, as [`GBloom`]'s.
     fn estimated_fpr(&self) -> f64 {
-        let p = self.params();
-        (self.ones as f64 / p.bits as f64).powi(p.hashes as i32)
+        bloom_estimated_fpr(self.params(), self.ones)
     }
 }
 

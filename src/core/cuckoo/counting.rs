@@ -328,6 +328,7 @@ impl CountingCuckoo {
             return Ok(self.count_at(b, fp));
         }
         let me = self.replica;
+        // A new slot starts at `n`: it must fit the bound by itself.
         let n = bounded_add(0, n)?;
         let i = match self.find(b, fp) {
             Some(i) => {
