@@ -125,6 +125,33 @@ impl AtomicGBloom {
         }
     }
 
+    /// Starts loading the item's words into the cache, without waiting for them: a loop over
+    /// many items that calls it for an item a few places ahead of the one it adds or queries
+    /// overlaps the cache misses of a large filter across items.
+    ///
+    /// ```
+    /// use crpf::AtomicGBloom;
+    ///
+    /// let f = AtomicGBloom::with_capacity(10_000, 0.01)?;
+    /// let items: Vec<[u8; 4]> = (0..100u32).map(u32::to_le_bytes).collect();
+    /// for (i, item) in items.iter().enumerate() {
+    ///     if let Some(ahead) = items.get(i + 4) {
+    ///         f.prefetch(ahead);
+    ///     }
+    ///     f.add(item);
+    /// }
+    /// assert!(f.contains(&7u32.to_le_bytes()));
+    /// # Ok::<(), crpf::FilterError>(())
+    /// ```
+    #[inline]
+    pub fn prefetch(&self, item: &[u8]) {
+        let mut probes = self.probes(item);
+        for _ in 0..self.params.hashes {
+            let idx = probes.next_index();
+            crate::core::prefetch::prefetch(&self.words[(idx >> 6) as usize]);
+        }
+    }
+
     /// The words of the bit array.
     pub(crate) fn words(&self) -> &[AtomicU64] {
         &self.words

@@ -355,6 +355,11 @@ pub trait ReplicatedFilter:
         Ok(())
     }
 
+    /// Starts loading the cache lines `item` will touch, without waiting: batches call it for
+    /// an item a few places ahead so that the cache misses of a large filter overlap across
+    /// items. Only a hint; default nothing.
+    fn prefetch(&self, _item: &[u8]) {}
+
     /// A lock-free reader of the state, for the kinds that have one (`g_bloom`): the replica
     /// answers queries through it without taking the state's lock.
     fn shared_reader(&self) -> Option<crate::core::shared_bloom::BloomReader> {

@@ -12,6 +12,7 @@ pub mod hash;
 pub mod kind;
 pub mod lattice;
 pub mod params;
+pub(crate) mod prefetch;
 pub mod scalable;
 pub mod shared_bloom;
 

@@ -64,6 +64,12 @@ impl BloomReader {
     pub fn contains(&self, item: &[u8]) -> bool {
         self.0.contains(item)
     }
+
+    /// Starts loading the item's words into the cache (see [`AtomicGBloom::prefetch`]).
+    #[inline]
+    pub fn prefetch(&self, item: &[u8]) {
+        self.0.prefetch(item)
+    }
 }
 
 impl fmt::Debug for BloomReader {
@@ -314,18 +320,28 @@ impl crate::core::kind::ReplicatedFilter for SharedGBloom {
 
     /// The bits, as a `GBloom`'s digest feeds them (equal states, equal digests).
     fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+        // Through a buffer of many words: one `update` per word cost a busy replica 6% of
+        // its thread at every digest of a 36 MB filter.
+        const WORDS: usize = 512;
         let len = self.params().bits.div_ceil(8) as usize;
+        let mut buf = [0u8; WORDS * 8];
         let mut fed = 0;
-        for w in self.bits.words() {
-            let bytes = w.load(Ordering::Relaxed).to_le_bytes();
-            let take = (len - fed).min(8);
-            h.update(&bytes[..take]);
+        for chunk in self.bits.words().chunks(WORDS) {
+            for (w, out) in chunk.iter().zip(buf.chunks_exact_mut(8)) {
+                out.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+            }
+            let take = (len - fed).min(chunk.len() * 8);
+            h.update(&buf[..take]);
             fed += take;
         }
     }
 
     fn shared_reader(&self) -> Option<BloomReader> {
         Some(self.reader())
+    }
+
+    fn prefetch(&self, item: &[u8]) {
+        self.bits.prefetch(item)
     }
 }
 

@@ -59,6 +59,7 @@ trait DynFilter: Send + Sync {
     fn observed_remove_mut(&mut self) -> Option<&mut dyn ObservedRemove>;
     fn counted(&self) -> Option<&dyn Counted>;
     fn shared_reader(&self) -> Option<BloomReader>;
+    fn prefetch(&self, item: &[u8]);
     fn counted_mut(&mut self) -> Option<&mut dyn Counted>;
     fn set_writer(&mut self, replica: ReplicaId);
     fn tick(&mut self, now_ms: u64) -> bool;
@@ -131,6 +132,9 @@ impl<F: ReplicatedFilter> DynFilter for F {
     }
     fn shared_reader(&self) -> Option<BloomReader> {
         ReplicatedFilter::shared_reader(self)
+    }
+    fn prefetch(&self, item: &[u8]) {
+        ReplicatedFilter::prefetch(self, item)
     }
     fn counted_mut(&mut self) -> Option<&mut dyn Counted> {
         ReplicatedFilter::counted_mut(self)
@@ -276,6 +280,12 @@ impl AnyFilter {
     /// Membership test.
     pub fn contains(&self, item: &[u8]) -> bool {
         self.inner().contains(item)
+    }
+
+    /// Starts loading the cache lines `item` will touch (a hint for batches, see
+    /// [`ReplicatedFilter::prefetch`]).
+    pub fn prefetch(&self, item: &[u8]) {
+        self.inner().prefetch(item)
     }
 
     /// Adds the item; OR kinds return the tag they issued.

@@ -277,6 +277,11 @@ impl crate::core::kind::ReplicatedFilter for GCuckoo {
 
     /// Its distinct entries, canonically placed, as an order-free sum (nothing collected or
     /// sorted): placements differ between equivalent states.
+    fn prefetch(&self, item: &[u8]) {
+        let (b, fp) = self.position(item);
+        self.table.prefetch(b, fp);
+    }
+
     fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
         let mut sum = crate::core::kind::SetSum::default();
         self.for_each_canonical(|b, fp| {

@@ -633,6 +633,11 @@ impl crate::core::kind::ReplicatedFilter for OrCuckoo {
         self.params().digest()
     }
 
+    fn prefetch(&self, item: &[u8]) {
+        let (b, fp) = self.position(item);
+        self.table.prefetch(b, fp);
+    }
+
     fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
         crate::core::kind::digest_observed_remove(self, h);
     }

@@ -2,6 +2,7 @@
 //! buckets that merges push past `c` entries, and the overflow-aware insertion of Algorithm 1
 //! with an undo log, so that a failed insertion leaves the table exactly as it was.
 
+use crate::core::prefetch::prefetch;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -163,6 +164,21 @@ impl<P: Payload> Table<P> {
             n + self.overflow[&b].len()
         } else {
             n
+        }
+    }
+
+    /// Starts loading the fingerprints of both candidate buckets of `(b, fp)` (a hint for
+    /// batches, see [`crate::core::prefetch`]).
+    #[inline]
+    pub(crate) fn prefetch(&self, b: usize, fp: u16) {
+        for bucket in [b, self.alt(b, fp)] {
+            let slot = bucket * self.c;
+            if let Some(lo) = self.fp_lo.get(slot) {
+                prefetch(lo);
+            }
+            if let Some(hi) = self.fp_hi.get(slot) {
+                prefetch(hi);
+            }
         }
     }
 

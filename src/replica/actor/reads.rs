@@ -19,6 +19,7 @@ use super::{Route, Shared};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{Op, ReplyFormat};
+use crate::core::prefetch::map_prefetched;
 use crate::replica::metrics::{Channel, Direction, OpKind, Telemetry};
 use crate::replica::service::ApiService;
 use crate::replica::{ReplicaError, wall_clock_ms};
@@ -87,10 +88,10 @@ impl Reads {
             .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
         let found: Vec<bool> = match &self.shared.reader {
             // Without the lock: the batch never waits for an update or a merge.
-            Some(r) => items.iter().map(|&i| r.contains(i)).collect(),
+            Some(r) => map_prefetched(&items, |i| r.prefetch(i), |i| r.contains(i)),
             None => {
                 let (f, now) = (self.filter(), wall_clock_ms());
-                items.iter().map(|&i| f.contains_as_of(i, now)).collect()
+                map_prefetched(&items, |i| f.prefetch(i), |i| f.contains_as_of(i, now))
             }
         };
         self.telemetry

@@ -21,6 +21,7 @@ use super::reads::{Reads, count_reply};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{ACK_HEADER, ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
+use crate::core::prefetch::{PREFETCH_AHEAD, map_prefetched};
 use crate::replica::ack::AckLevel;
 use crate::replica::filter::NotRemovable;
 use crate::replica::metrics::{Channel, Direction, OpKind};
@@ -313,7 +314,7 @@ impl Replica {
         match op {
             Op::MContains => {
                 let (f, now) = (self.read(), wall_clock_ms());
-                let found: Vec<bool> = items.iter().map(|&i| f.contains_as_of(i, now)).collect();
+                let found = map_prefetched(&items, |i| f.prefetch(i), |i| f.contains_as_of(i, now));
                 drop(f);
                 Ok(Handled::Answer(reply("contains", &found)))
             }
@@ -354,6 +355,9 @@ impl Replica {
                     f.tick(wall_clock_ms());
                     let first = i;
                     while i < items.len() && f.clock() < limit {
+                        if let Some(ahead) = items.get(i + PREFETCH_AHEAD) {
+                            f.prefetch(ahead);
+                        }
                         // Each item is all or nothing: a refused add (a full cuckoo table)
                         // leaves the filter as it was.
                         match f.add(items[i]) {
