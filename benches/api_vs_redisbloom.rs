@@ -15,6 +15,12 @@
 //!   no explicit pipelining: `BF.ADD` / `BF.EXISTS`, `CF.ADD` / `CF.EXISTS`; batches `BF.MADD` /
 //!   `BF.MEXISTS`, `CF.INSERT` / `CF.MEXISTS`.
 //!
+//! - the NATS floor (`floor` in `CRPF_BENCH_SYSTEMS`): the same requests, on `floor.<f>.api.<op>`
+//!   over the same nats-server, answered by a responder that does nothing but reply (this
+//!   bench's own binary, started again with `CRPF_BENCH_ECHO`): async-nats on a current-thread
+//!   Tokio runtime, replies of the node's shape and header. What crpf cannot beat while its
+//!   API goes through a broker and async-nats: the table sets crpf beside it.
+//!
 //! Reported per case: items/s, p50 / p99 latency of a request, server CPU (utime + stime from
 //! `/proc/<pid>/stat`: nats-server and crpf node together vs redis-server) absolute and per
 //! item, and the ratios crpf / RedisBloom. Without RedisBloom the run says so and measures crpf
@@ -29,7 +35,8 @@
 //! `CRPF_BENCH_WARMUP_SECS` (0.5), `CRPF_BENCH_INFLIGHT` (single-item cases, "1,16,64"),
 //! `CRPF_BENCH_BATCH` (items per batch, 100), `CRPF_BENCH_BATCH_INFLIGHT` ("1,16"),
 //! `CRPF_BENCH_CASES` (comma-separated alternatives; a case runs if its name, e.g. "bloom add"
-//! or "cuckoo mcontains ×100", contains every word of one of them), `CRPF_BENCH_SYSTEMS` ("crpf,redis"), `CRPF_BIN` (the `crpf` binary; default the
+//! or "cuckoo mcontains ×100", contains every word of one of them), `CRPF_BENCH_SYSTEMS` ("crpf,redis,floor"),
+//! `CRPF_BENCH_NODE_IO_THREADS` (the node's `io_threads`; default the node's default), `CRPF_BIN` (the `crpf` binary; default the
 //! one Cargo built for this bench), `CRPF_NATS_SERVER`, `CRPF_REDIS_SERVER`, `CRPF_REDISBLOOM`.
 
 use std::cell::{Cell, RefCell};
@@ -101,7 +108,7 @@ impl Settings {
             batch: numbers("CRPF_BENCH_BATCH", "100")?[0],
             batch_inflight: numbers("CRPF_BENCH_BATCH_INFLIGHT", "1,16")?,
             cases: list(&env_or("CRPF_BENCH_CASES", "")),
-            systems: list(&env_or("CRPF_BENCH_SYSTEMS", "crpf,redis")),
+            systems: list(&env_or("CRPF_BENCH_SYSTEMS", "crpf,redis,floor")),
         })
     }
 
@@ -237,9 +244,12 @@ fn start_node(dir: &Path, nats_port: u16) -> Result<Proc, BoxError> {
     std::fs::write(
         &config,
         format!(
-            "[node]\nmetrics_addr = \"127.0.0.1:{}\"\nlog = \"warn\"\n\n[nats]\nservers = \
+            "[node]\nmetrics_addr = \"127.0.0.1:{}\"\nlog = \"warn\"\n{}\n[nats]\nservers = \
              [\"nats://127.0.0.1:{nats_port}\"]\n\n{}\n{}",
             free_port(),
+            std::env::var("CRPF_BENCH_NODE_IO_THREADS")
+                .map(|v| format!("io_threads = {v}\n"))
+                .unwrap_or_default(),
             filter("bloom", "g_bloom"),
             filter("cuckoo", "g_cuckoo"),
         ),
@@ -388,8 +398,10 @@ impl Keys {
 
 /// Where requests go.
 enum Target {
+    /// A crpf node (`prefix` "crpf") or the NATS floor ("floor").
     Crpf {
         client: async_nats::Client,
+        prefix: &'static str,
     },
     Redis {
         conn: redis::aio::MultiplexedConnection,
@@ -406,8 +418,8 @@ impl Target {
         items: &[[u8; ITEM_LEN]],
     ) -> Result<(), String> {
         match self {
-            Target::Crpf { client } => {
-                let subject = format!("crpf.{}.api.{}", filter.name(), op.name(batch));
+            Target::Crpf { client, prefix } => {
+                let subject = format!("{prefix}.{}.api.{}", filter.name(), op.name(batch));
                 let payload = if batch {
                     frame(items)
                 } else {
@@ -474,7 +486,7 @@ struct Sample {
     p99_us: f64,
     /// Server CPU seconds: nats-server + crpf node, or redis-server.
     server_cpu: f64,
-    /// crpf only: of which nats-server.
+    /// crpf and the floor: of which nats-server.
     nats_cpu: f64,
     /// The load generator's own CPU seconds.
     client_cpu: f64,
@@ -489,7 +501,7 @@ impl Sample {
     }
 }
 
-/// Server pids whose CPU a system is charged with (the first is NATS for crpf).
+/// Server pids whose CPU a system is charged with (the first is NATS for crpf and the floor).
 struct System {
     name: &'static str,
     target: Target,
@@ -571,7 +583,7 @@ async fn run_case(
         p50_us: percentile(&lat, 0.50),
         p99_us: percentile(&lat, 0.99),
         server_cpu: cpu(&sys.pids) - server0,
-        nats_cpu: if sys.name == "crpf" {
+        nats_cpu: if sys.name != "redis" {
             cpu(&sys.pids[..1]) - nats0
         } else {
             0.0
@@ -583,13 +595,13 @@ async fn run_case(
 // ---------------------------------------------------------------------------------------------
 // Setup
 
-async fn crpf_ready(client: &async_nats::Client) -> Result<(), BoxError> {
+async fn crpf_ready(client: &async_nats::Client, prefix: &str) -> Result<(), BoxError> {
     let deadline = Instant::now() + Duration::from_secs(60);
     for f in ["bloom", "cuckoo"] {
         loop {
             let r = tokio::time::timeout(
                 Duration::from_secs(2),
-                client.request(format!("crpf.{f}.api.stats"), Bytes::new()),
+                client.request(format!("{prefix}.{f}.api.stats"), Bytes::new()),
             )
             .await;
             if let Ok(Ok(m)) = r
@@ -601,7 +613,7 @@ async fn crpf_ready(client: &async_nats::Client) -> Result<(), BoxError> {
                 break;
             }
             if Instant::now() > deadline {
-                return Err(format!("crpf filter {f} not ready within 60 s").into());
+                return Err(format!("{prefix} filter {f} not ready within 60 s").into());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -729,6 +741,7 @@ struct Row {
     inflight: usize,
     crpf: Option<Sample>,
     redis: Option<Sample>,
+    floor: Option<Sample>,
 }
 
 fn report(rows: &[Row]) -> String {
@@ -764,6 +777,35 @@ fn report(rows: &[Row]) -> String {
         }
         out.push('\n');
     }
+    if rows.iter().any(|r| r.floor.is_some()) {
+        out.push_str(
+            "\nThe NATS floor: the same requests over the same nats-server, answered by a \
+             responder that only replies. `node` CPU = the server side's CPU minus \
+             nats-server's, per item.\n\n| case | in flight | floor items/s | crpf / floor | \
+             floor p50 µs | floor node CPU µs/item | crpf node CPU µs/item | RB CPU µs/item \
+             |\n|---|---|---|---|---|---|---|---|\n",
+        );
+        let node = |s: &Sample| (s.server_cpu - s.nats_cpu) * 1e6 / s.items.max(1) as f64;
+        for r in rows {
+            let Some(f) = &r.floor else { continue };
+            let crpf = r.crpf.as_ref();
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.case,
+                r.inflight,
+                fmt_num(f.items_per_sec()),
+                fmt_ratio(
+                    crpf.map_or(f64::NAN, Sample::items_per_sec),
+                    f.items_per_sec()
+                ),
+                fmt_num(f.p50_us),
+                fmt_num(node(f)),
+                fmt_num(crpf.map_or(f64::NAN, node)),
+                fmt_num(num(&r.redis, Sample::cpu_us_per_item)),
+            );
+        }
+    }
     out.push_str(
         "\nDetail (CPU in seconds over the measured interval; `of which NATS` is nats-server's \
          part of crpf's server CPU; cores = server CPU / wall time):\n\n",
@@ -773,7 +815,11 @@ fn report(rows: &[Row]) -> String {
          NATS s | server cores | client CPU s |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
-        for (name, s) in [("crpf", &r.crpf), ("RedisBloom", &r.redis)] {
+        for (name, s) in [
+            ("crpf", &r.crpf),
+            ("RedisBloom", &r.redis),
+            ("NATS floor", &r.floor),
+        ] {
             if let Some(s) = s {
                 let _ = writeln!(
                     out,
@@ -785,7 +831,7 @@ fn report(rows: &[Row]) -> String {
                     s.errors,
                     s.secs,
                     s.server_cpu,
-                    if name == "crpf" {
+                    if name != "RedisBloom" {
                         format!("{:.2}", s.nats_cpu)
                     } else {
                         "-".into()
@@ -800,8 +846,64 @@ fn report(rows: &[Row]) -> String {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The NATS floor
+
+/// Set to a NATS URL, the bench's binary runs [`echo_responder`] instead of the bench.
+const ECHO_ROLE: &str = "CRPF_BENCH_ECHO";
+
+/// Answers every request on `floor.>` with what a node would answer, without a filter: one
+/// queue subscription, replies with the one header a node's replies carry (`Crpf-Replica`),
+/// on a current-thread runtime (the cheapest per request that was measured: a runtime of two
+/// workers cost 5.3 µs per request where this costs 3.3).
+fn echo_responder(url: &str) -> Result<(), BoxError> {
+    use futures::StreamExt;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let client = async_nats::connect(url).await?;
+        let mut requests = client
+            .queue_subscribe("floor.>", "floor".to_string())
+            .await?;
+        while let Some(m) = requests.next().await {
+            let Some(reply) = m.reply else { continue };
+            let op = m.subject.rsplit('.').next().unwrap_or("");
+            let body = match op {
+                "stats" => Bytes::from_static(b"{\"ready\":true}"),
+                "add" => Bytes::from_static(b"{\"added\":true}"),
+                "contains" => Bytes::from_static(b"{\"contains\":false}"),
+                "madd" => format!("{{\"added\":{}}}", framed_items(&m.payload)).into(),
+                _ => {
+                    let n = framed_items(&m.payload);
+                    format!("{{\"contains\":[{}]}}", vec!["false"; n].join(",")).into()
+                }
+            };
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Crpf-Replica", "1");
+            client.publish_with_headers(reply, headers, body).await?;
+        }
+        Ok(())
+    })
+}
+
+/// How many items a batch frame holds.
+fn framed_items(mut frame: &[u8]) -> usize {
+    let mut n = 0;
+    while let Some((len, rest)) = frame.split_first_chunk::<4>() {
+        frame = rest
+            .get(u32::from_le_bytes(*len) as usize..)
+            .unwrap_or_default();
+        n += 1;
+    }
+    n
+}
+
+// ---------------------------------------------------------------------------------------------
 
 fn main() -> Result<(), BoxError> {
+    if let Ok(url) = std::env::var(ECHO_ROLE) {
+        return echo_responder(&url);
+    }
     let s = Settings::from_env()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -818,14 +920,24 @@ async fn run(s: Settings) -> Result<(), BoxError> {
     let mut systems = Vec::new();
     let mut procs = Vec::new();
     let mut crpf_batches = false;
-    if s.systems.iter().any(|x| x == "crpf") {
-        let (nats, nats_port) = start_nats(dir.path())?;
+    let wanted = |name: &str| s.systems.iter().any(|x| x == name);
+    // One nats-server for crpf and the floor: its CPU is charged to whichever runs.
+    let nats = if wanted("crpf") || wanted("floor") {
+        let (nats, port) = start_nats(dir.path())?;
+        let pid = nats.pid().to_string();
+        procs.push(nats);
+        Some((pid, port))
+    } else {
+        None
+    };
+    if let (true, Some((nats_pid, nats_port))) = (wanted("crpf"), &nats) {
+        let nats_port = *nats_port;
         let mut node = start_node(dir.path(), nats_port)?;
         let client = async_nats::ConnectOptions::new()
             .request_timeout(Some(REQUEST_TIMEOUT))
             .connect(format!("nats://127.0.0.1:{nats_port}"))
             .await?;
-        if let Err(e) = crpf_ready(&client).await {
+        if let Err(e) = crpf_ready(&client, "crpf").await {
             node.check_running()?;
             return Err(format!("{e}\n{}", node.tail()).into());
         }
@@ -838,20 +950,51 @@ async fn run(s: Settings) -> Result<(), BoxError> {
         println!(
             "crpf: nats-server pid {}, crpf node pid {} ({}), filters g_bloom `bloom` and \
              g_cuckoo `cuckoo`, capacity {CAPACITY}, fpr {FPR}, ack = \"local\", no data_dir",
-            nats.pid(),
+            nats_pid,
             node.pid(),
             crpf_bin()?.display()
         );
         systems.push(System {
             name: "crpf",
-            target: Target::Crpf { client },
-            pids: vec![nats.pid().to_string(), node.pid().to_string()],
+            target: Target::Crpf {
+                client,
+                prefix: "crpf",
+            },
+            pids: vec![nats_pid.clone(), node.pid().to_string()],
             keys: Default::default(),
         });
-        procs.push(nats);
         procs.push(node);
     }
-    if s.systems.iter().any(|x| x == "redis") {
+    if let (true, Some((nats_pid, nats_port))) = (wanted("floor"), &nats) {
+        let url = format!("nats://127.0.0.1:{nats_port}");
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.env(ECHO_ROLE, &url);
+        let mut echo = Proc::spawn("NATS floor responder", cmd, dir.path().join("echo.log"))?;
+        let client = async_nats::ConnectOptions::new()
+            .request_timeout(Some(REQUEST_TIMEOUT))
+            .connect(url)
+            .await?;
+        if let Err(e) = crpf_ready(&client, "floor").await {
+            echo.check_running()?;
+            return Err(format!("{e}\n{}", echo.tail()).into());
+        }
+        println!(
+            "NATS floor: responder pid {} (this bench's binary) on floor.<f>.api.<op>, same \
+             nats-server",
+            echo.pid()
+        );
+        systems.push(System {
+            name: "floor",
+            target: Target::Crpf {
+                client,
+                prefix: "floor",
+            },
+            pids: vec![nats_pid.clone(), echo.pid().to_string()],
+            keys: Default::default(),
+        });
+        procs.push(echo);
+    }
+    if wanted("redis") {
         let started = match start_redis(dir.path()) {
             Ok((p, port)) => match redis_setup(port).await {
                 Ok(conn) => Ok((p, conn)),
@@ -917,9 +1060,10 @@ async fn run(s: Settings) -> Result<(), BoxError> {
             inflight: k,
             crpf: None,
             redis: None,
+            floor: None,
         };
         for sys in &systems {
-            if batch && sys.name == "crpf" && !crpf_batches {
+            if batch && sys.name != "redis" && !crpf_batches {
                 continue;
             }
             let sample = run_case(sys, filter, op, size, k, &s).await;
@@ -938,6 +1082,7 @@ async fn run(s: Settings) -> Result<(), BoxError> {
             }
             match sys.name {
                 "crpf" => row.crpf = Some(sample),
+                "floor" => row.floor = Some(sample),
                 _ => row.redis = Some(sample),
             }
         }
@@ -950,7 +1095,11 @@ async fn run(s: Settings) -> Result<(), BoxError> {
     println!("{}", report(&rows));
     for sys in &systems {
         match &sys.target {
-            Target::Crpf { client } => {
+            // The floor has no filters to describe.
+            Target::Crpf {
+                prefix: "floor", ..
+            } => {}
+            Target::Crpf { client, .. } => {
                 for f in ["bloom", "cuckoo"] {
                     println!("crpf {f}: {}", crpf_cardinality(client, f).await);
                 }

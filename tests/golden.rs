@@ -34,12 +34,14 @@ fn pin(bytes: &[u8]) -> Pin {
     (bytes.len(), xxh3_64(bytes))
 }
 
-/// (kind, state, delta): lengths and xxh3-64s.
+/// (kind, state, delta): lengths and xxh3-64s. The Bloom kinds' deltas changed once without a
+/// format change: their bits come in the order they were set, no longer sorted (the same
+/// lengths; every release merges either order).
 const GOLDEN: &[(FilterKind, Pin, Pin)] = &[
     (
         FilterKind::GBloom,
         (102, 17193096801069144951),
-        (55, 13620062275646252096),
+        (55, 18090780159887840736),
     ),
     (
         FilterKind::GCuckoo,
@@ -54,7 +56,7 @@ const GOLDEN: &[(FilterKind, Pin, Pin)] = &[
     (
         FilterKind::ScGBloom,
         (154, 9939363148891137876),
-        (68, 10889945321702144915),
+        (68, 15376872152480534948),
     ),
     (
         FilterKind::ScGCuckoo,
@@ -69,7 +71,7 @@ const GOLDEN: &[(FilterKind, Pin, Pin)] = &[
     (
         FilterKind::WriterScGBloom,
         (248, 8271937577086941821),
-        (113, 12663014095878027196),
+        (113, 10491904908726633757),
     ),
     (
         FilterKind::WriterScGCuckoo,
@@ -84,7 +86,7 @@ const GOLDEN: &[(FilterKind, Pin, Pin)] = &[
     (
         FilterKind::ExpiringBloom,
         (74, 15448608530499876913),
-        (60, 11748439520595732656),
+        (60, 7216934306152298877),
     ),
     (
         FilterKind::CountingCuckoo,

@@ -6,6 +6,9 @@
 /// How many items ahead of the current one a batch prefetches.
 pub(crate) const PREFETCH_AHEAD: usize = 4;
 
+/// How many bits ahead a merge of a Bloom delta prefetches (one line per bit, not k).
+pub(crate) const BITS_AHEAD: usize = 16;
+
 /// Asks the CPU to start loading the cache line of `target`. Only a hint: it changes nothing
 /// and is a no-op where the architecture has no stable intrinsic for it.
 #[inline(always)]

@@ -83,14 +83,16 @@ pub struct NodeSection {
     #[serde(default)]
     pub auth_accepted_key_files: Vec<PathBuf>,
     /// Worker threads of the runtime beside the replicas' thread (the actors run on the main
-    /// thread; the workers run the NATS connection's I/O and blocking work). 0: one thread
-    /// for everything, so that a request never crosses threads inside the node.
+    /// thread; the workers run the NATS connection's I/O and answer queries). 0: one thread
+    /// for everything, so that a request never crosses threads inside the node. The default,
+    /// 1, keeps the I/O beside the actors without tasks moving between workers: with 2, a
+    /// single `add` cost the node about 40% more CPU (BENCHMARKS.md, request API).
     #[serde(default = "default_io_threads")]
     pub io_threads: usize,
 }
 
 fn default_io_threads() -> usize {
-    2
+    1
 }
 
 fn default_metrics_addr() -> SocketAddr {
