@@ -991,3 +991,38 @@ async fn forged_counts_beyond_the_bound_are_refused() {
     );
     h.shutdown().await.unwrap();
 }
+
+/// A digest is a pass over the whole state (half a second for a `g_cuckoo` of 8.6M entries):
+/// a replica alone announces the last one it computed instead of computing one every
+/// anti-entropy interval while it takes updates; with a peer to compare with, it computes.
+#[actix::test]
+async fn a_lone_replica_does_not_digest_its_state_at_every_interval() {
+    let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+    let mut cfg = cfg("digests", FilterKind::GCuckoo, 10_000, 0.01);
+    cfg.anti_entropy_interval_ms = 20;
+    let a = Replica::start(cfg.clone(), bus.clone()).await.unwrap();
+    let updates = |h: crpf::replica::ReplicaHandle, from: u32| async move {
+        // Updates over about 25 intervals, so that the state always changed since a digest.
+        for i in from..from + 50 {
+            h.add(i.to_le_bytes().to_vec()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    updates(a.clone(), 0).await;
+    let alone = a.stats().await.unwrap().state_digests;
+    // The first announcement, and the one `stats` reports.
+    assert!(
+        alone <= 3,
+        "{alone} digests computed with nobody to compare them"
+    );
+
+    let b = Replica::start(cfg, bus).await.unwrap();
+    updates(a.clone(), 1_000).await;
+    let paired = a.stats().await.unwrap().state_digests - alone;
+    assert!(
+        paired >= 5,
+        "{paired} digests computed over 25 intervals with a peer comparing them"
+    );
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}

@@ -109,6 +109,9 @@ pub struct Replica {
     anti_entropy: AntiEntropy,
     transfers: Reassembly,
     digest: Option<u64>,
+    /// The digest last computed, even if the state changed since: what a replica without
+    /// live peers announces.
+    announced_digest: Option<u64>,
     last_push: Option<Instant>,
     push_scheduled: bool,
     encoding: bool,
@@ -186,6 +189,7 @@ impl Replica {
             transfer: u64::from(fastrand::u32(..)) << 32,
             anti_entropy: AntiEntropy::new(timing, started),
             digest: None,
+            announced_digest: None,
             last_push: None,
             push_scheduled: false,
             encoding: false,
@@ -446,7 +450,9 @@ impl Replica {
             return d;
         }
         let d = self.read().state_digest();
+        self.telemetry.state_digest();
         self.digest = Some(d);
+        self.announced_digest = Some(d);
         d
     }
 
@@ -505,6 +511,7 @@ impl Replica {
             delta_bytes_sent: Counts::get(&c.delta_bytes_sent),
             state_bytes_sent: Counts::get(&c.state_bytes_sent),
             echoes_received: Counts::get(&c.echoes),
+            state_digests: Counts::get(&c.state_digests),
             bytes_received: Counts::get(&c.bytes_received),
             state_bytes: Counts::get(&c.state_bytes),
         }

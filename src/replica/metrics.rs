@@ -301,6 +301,8 @@ pub(crate) struct Counts {
     pub state_bytes_sent: AtomicU64,
     /// Own replication messages the transport delivered back (and that were dropped).
     pub echoes: AtomicU64,
+    /// Digests of the whole state computed.
+    pub state_digests: AtomicU64,
     pub bytes_received: AtomicU64,
     /// Size of the encoded state at its last encoding.
     pub state_bytes: AtomicU64,
@@ -510,6 +512,11 @@ impl Telemetry {
     /// An own message the transport delivered back.
     pub(crate) fn echo(&self) {
         Counts::bump(&self.counts.echoes, 1);
+    }
+
+    /// A digest of the whole state computed.
+    pub(crate) fn state_digest(&self) {
+        Counts::bump(&self.counts.state_digests, 1);
     }
 
     /// A delta published.
