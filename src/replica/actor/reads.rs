@@ -19,11 +19,32 @@ use super::{Route, Shared};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{Op, ReplyFormat};
-use crate::core::prefetch::map_prefetched;
 use crate::replica::metrics::{Channel, Direction, OpKind, Telemetry};
 use crate::replica::service::ApiService;
 use crate::replica::{ReplicaError, wall_clock_ms};
 use crate::transport::{Message, Subjects};
+
+/// How many items ahead of the current one a batch prefetches
+/// ([`crate::core::prefetch::prefetch`]).
+pub(super) const PREFETCH_AHEAD: usize = 4;
+
+/// `answer` of every item, in order, with `prefetch` called for the item
+/// [`PREFETCH_AHEAD`] places ahead of each (and for the first ones before the loop).
+pub(super) fn map_prefetched<T>(
+    items: &[&[u8]],
+    prefetch: impl Fn(&[u8]),
+    mut answer: impl FnMut(&[u8]) -> T,
+) -> Vec<T> {
+    items.iter().take(PREFETCH_AHEAD).for_each(|i| prefetch(i));
+    let mut out = Vec::with_capacity(items.len());
+    for (n, item) in items.iter().enumerate() {
+        if let Some(ahead) = items.get(n + PREFETCH_AHEAD) {
+            prefetch(ahead);
+        }
+        out.push(answer(item));
+    }
+    out
+}
 
 /// Everything a subscription task needs to answer queries itself.
 pub(crate) struct Reads {
@@ -145,4 +166,22 @@ pub(super) fn count_reply(
         .map(|&i| f.count(i))
         .collect::<Result<Vec<u64>, _>>()?;
     Ok(ApiReply::json(&json!({ "count": counts })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    #[test]
+    fn every_item_is_answered_in_order_and_prefetched_once() {
+        let items: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i]).collect();
+        let items: Vec<&[u8]> = items.iter().map(Vec::as_slice).collect();
+        let fetched = RefCell::new(Vec::new());
+        let answers = map_prefetched(&items, |i| fetched.borrow_mut().push(i[0]), |i| i[0] * 2);
+        assert_eq!(answers, (0..10).map(|i| i * 2).collect::<Vec<u8>>());
+        let mut fetched = fetched.into_inner();
+        fetched.sort_unstable();
+        assert_eq!(fetched, (0..10).collect::<Vec<u8>>());
+    }
 }

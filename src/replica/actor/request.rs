@@ -17,11 +17,11 @@ use serde_json::json;
 use super::Replica;
 use super::publish::Responder;
 use super::pump::{Outbound, forward_stream};
-use super::reads::{Reads, count_reply};
+use super::reads::{PREFETCH_AHEAD, Reads, count_reply, map_prefetched};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{ACK_HEADER, ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
-use crate::core::prefetch::{PREFETCH_AHEAD, map_prefetched};
+
 use crate::replica::ack::AckLevel;
 use crate::replica::filter::NotRemovable;
 use crate::replica::metrics::{Channel, Direction, OpKind};
