@@ -992,7 +992,7 @@ async fn forged_counts_beyond_the_bound_are_refused() {
     h.shutdown().await.unwrap();
 }
 
-/// A digest is a pass over the whole state (half a second for a `g_cuckoo` of 8.6M entries):
+/// A digest may be a pass over the whole state (0.14 s for an `or_cuckoo` of 8.6M entries):
 /// a replica alone announces the last one it computed instead of computing one every
 /// anti-entropy interval while it takes updates; with a peer to compare with, it computes.
 #[actix::test]

@@ -443,7 +443,7 @@ pub(crate) fn digest_observed_remove(f: &dyn ObservedRemove, h: &mut Xxh3) {
 /// xxh3-128. Equal multisets give equal sums in any order; different ones collide with
 /// probability about 2^-128 (the elements are not chosen against the hash). Lets a state
 /// digest read entries where they lie, without collecting and sorting them.
-#[derive(Default)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SetSum {
     count: u64,
     sum: u128,
