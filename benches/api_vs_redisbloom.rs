@@ -466,12 +466,9 @@ impl Target {
 
 /// The batch framing of crpf's `madd` / `mcontains`: `u32 LE length | bytes` per item.
 fn frame(items: &[[u8; ITEM_LEN]]) -> Bytes {
-    let mut out = Vec::with_capacity(items.len() * (4 + ITEM_LEN));
-    for i in items {
-        out.extend_from_slice(&(i.len() as u32).to_le_bytes());
-        out.extend_from_slice(i);
-    }
-    out.into()
+    crpf::api::batch::encode(items)
+        .expect("16-byte items fit the framing")
+        .into()
 }
 
 /// What one case measured against one system.
@@ -872,9 +869,9 @@ fn echo_responder(url: &str) -> Result<(), BoxError> {
                 "stats" => Bytes::from_static(b"{\"ready\":true}"),
                 "add" => Bytes::from_static(b"{\"added\":true}"),
                 "contains" => Bytes::from_static(b"{\"contains\":false}"),
-                "madd" => format!("{{\"added\":{}}}", framed_items(&m.payload)).into(),
+                "madd" => format!("{{\"added\":{}}}", framed_items(&m.payload)?).into(),
                 _ => {
-                    let n = framed_items(&m.payload);
+                    let n = framed_items(&m.payload)?;
                     format!("{{\"contains\":[{}]}}", vec!["false"; n].join(",")).into()
                 }
             };
@@ -886,16 +883,28 @@ fn echo_responder(url: &str) -> Result<(), BoxError> {
     })
 }
 
-/// How many items a batch frame holds.
-fn framed_items(mut frame: &[u8]) -> usize {
-    let mut n = 0;
-    while let Some((len, rest)) = frame.split_first_chunk::<4>() {
-        frame = rest
-            .get(u32::from_le_bytes(*len) as usize..)
-            .unwrap_or_default();
-        n += 1;
+/// How many items a batch frame holds (decoded as a node decodes it).
+fn framed_items(frame: &[u8]) -> Result<usize, crpf::api::batch::BatchError> {
+    let limits = crpf::api::batch::Limits::new(usize::MAX, usize::MAX);
+    crpf::api::batch::decode(frame, limits).map(|items| items.len())
+}
+
+/// A client of `url` once the server behind `prefix` answers `stats` as ready; else the
+/// error with the tail of `server`'s log.
+async fn ready_client(
+    url: String,
+    prefix: &str,
+    server: &mut Proc,
+) -> Result<async_nats::Client, BoxError> {
+    let client = async_nats::ConnectOptions::new()
+        .request_timeout(Some(REQUEST_TIMEOUT))
+        .connect(url)
+        .await?;
+    if let Err(e) = crpf_ready(&client, prefix).await {
+        server.check_running()?;
+        return Err(format!("{e}\n{}", server.tail()).into());
     }
-    n
+    Ok(client)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -933,14 +942,8 @@ async fn run(s: Settings) -> Result<(), BoxError> {
     if let (true, Some((nats_pid, nats_port))) = (wanted("crpf"), &nats) {
         let nats_port = *nats_port;
         let mut node = start_node(dir.path(), nats_port)?;
-        let client = async_nats::ConnectOptions::new()
-            .request_timeout(Some(REQUEST_TIMEOUT))
-            .connect(format!("nats://127.0.0.1:{nats_port}"))
-            .await?;
-        if let Err(e) = crpf_ready(&client, "crpf").await {
-            node.check_running()?;
-            return Err(format!("{e}\n{}", node.tail()).into());
-        }
+        let client =
+            ready_client(format!("nats://127.0.0.1:{nats_port}"), "crpf", &mut node).await?;
         match crpf_has_batches(&client).await {
             Ok(()) => crpf_batches = true,
             Err(e) => {
@@ -970,14 +973,7 @@ async fn run(s: Settings) -> Result<(), BoxError> {
         let mut cmd = Command::new(std::env::current_exe()?);
         cmd.env(ECHO_ROLE, &url);
         let mut echo = Proc::spawn("NATS floor responder", cmd, dir.path().join("echo.log"))?;
-        let client = async_nats::ConnectOptions::new()
-            .request_timeout(Some(REQUEST_TIMEOUT))
-            .connect(url)
-            .await?;
-        if let Err(e) = crpf_ready(&client, "floor").await {
-            echo.check_running()?;
-            return Err(format!("{e}\n{}", echo.tail()).into());
-        }
+        let client = ready_client(url, "floor", &mut echo).await?;
         println!(
             "NATS floor: responder pid {} (this bench's binary) on floor.<f>.api.<op>, same \
              nats-server",

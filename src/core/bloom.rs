@@ -1,6 +1,5 @@
 //! GBF: the grow-only Bloom filter (thesis Spec. 2).
 
-use super::prefetch::{BITS_AHEAD, prefetch};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -11,6 +10,7 @@ use super::error::FilterError;
 use super::hash::{BloomProbes, ItemHash, hash_item};
 use super::lattice::{Lattice, Membership};
 use super::params::BloomParams;
+use super::prefetch::{BITS_AHEAD, prefetch};
 
 const UNKNOWN: u64 = u64::MAX;
 

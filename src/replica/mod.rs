@@ -248,8 +248,9 @@ pub struct ReplicaStats {
     /// ([`crate::transport::Bus::replication_transport`]).
     #[serde(default)]
     pub echoes_received: u64,
-    /// Digests of the whole state this replica computed, each a pass over all of it: for
-    /// anti-entropy, when the state changed since the last one and a peer compares it.
+    /// Digests of the whole state this replica computed (a pass over all of it for most kinds;
+    /// `g_cuckoo` keeps its sum): for anti-entropy, when the state changed since the last one
+    /// and a peer compares it.
     #[serde(default)]
     pub state_digests: u64,
     /// Size of the encoded state at its last encoding.

@@ -1,6 +1,5 @@
 //! GCF: the grow-only cuckoo filter (thesis Spec. 3, Algorithm 1).
 
-use crate::core::kind::SetSum;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -9,6 +8,7 @@ use super::table::{Entry, Table, TableRepr};
 use crate::core::delta::{CheckRemote, CuckooDelta, DeltaState};
 use crate::core::error::FilterError;
 use crate::core::hash::{cuckoo_position, hash_item};
+use crate::core::kind::SetSum;
 use crate::core::lattice::{Lattice, Membership};
 use crate::core::params::CuckooParams;
 

@@ -2,7 +2,6 @@
 //! buckets that merges push past `c` entries, and the overflow-aware insertion of Algorithm 1
 //! with an undo log, so that a failed insertion leaves the table exactly as it was.
 
-use crate::core::prefetch::prefetch;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -13,6 +12,7 @@ use crate::core::codec::{pack, unpack};
 use crate::core::error::FilterError;
 use crate::core::hash::alt_index;
 use crate::core::params::CuckooParams;
+use crate::core::prefetch::prefetch;
 
 /// What an entry carries besides its fingerprint: nothing for GCF, a version tag for ORCF;
 /// and how a table stores it per slot.

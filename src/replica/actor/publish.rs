@@ -208,8 +208,8 @@ impl Replica {
     pub(super) fn send_digest(&mut self) {
         // Alone, nobody compares our digest: announce the last one computed instead of
         // passing over the whole state again where the kind's digest is such a pass (0.14 s
-        // of this thread for an `or_cuckoo` of 8.6M entries, every interval). A replica that appears announces its own,
-        // and comparing with it computes ours afresh.
+        // of this thread for an `or_cuckoo` of 8.6M entries, every interval). A replica that
+        // appears announces its own, and comparing with it computes ours afresh.
         let digest = match self.announced_digest {
             Some(d) if self.anti_entropy.live_peers(Instant::now()) == 0 => d,
             _ => self.my_digest(),

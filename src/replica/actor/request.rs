@@ -21,7 +21,6 @@ use super::reads::{PREFETCH_AHEAD, Reads, count_reply, map_prefetched};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{ACK_HEADER, ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
-
 use crate::replica::ack::AckLevel;
 use crate::replica::filter::NotRemovable;
 use crate::replica::metrics::{Channel, Direction, OpKind};
