@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::bloom::{GBloom, bloom_cardinality, bloom_estimated_fpr};
 use super::error::FilterError;
 use super::hash::{BloomProbes, ItemHash, hash_item};
+use super::huge_pages;
 use super::lattice::Membership;
 use super::params::BloomParams;
 
@@ -98,9 +99,7 @@ impl AtomicGBloom {
     /// An empty filter with explicit (validated) parameters.
     pub fn new(params: BloomParams) -> Result<Self, FilterError> {
         let params = params.validated()?;
-        let words = (0..params.bits.div_ceil(64))
-            .map(|_| AtomicU64::new(0))
-            .collect();
+        let words = huge_pages::zeroed_box(params.bits.div_ceil(64) as usize);
         Ok(Self { params, words })
     }
 
@@ -232,7 +231,11 @@ impl AtomicGBloom {
 impl From<GBloom> for AtomicGBloom {
     fn from(g: GBloom) -> Self {
         let params = *g.params();
-        let words = g.words().iter().map(|&w| AtomicU64::new(w)).collect();
+        // Advised while untouched, so that the copy faults in huge pages.
+        let mut words: Box<[AtomicU64]> = huge_pages::zeroed_box(g.words().len());
+        for (to, &from) in words.iter_mut().zip(g.words()) {
+            *to.get_mut() = from;
+        }
         Self { params, words }
     }
 }

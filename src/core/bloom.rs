@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::delta::{BloomDelta, CheckRemote, DeltaState};
 use super::error::FilterError;
 use super::hash::{BloomProbes, ItemHash, hash_item};
+use super::huge_pages;
 use super::lattice::{Lattice, Membership};
 use super::params::BloomParams;
 use super::prefetch::{BITS_AHEAD, prefetch};
@@ -57,7 +58,7 @@ impl GBloom {
     }
 
     fn from_valid(params: BloomParams) -> Self {
-        let words = vec![0u64; params.bits.div_ceil(64) as usize];
+        let words = huge_pages::zeroed_vec(params.bits.div_ceil(64) as usize);
         Self {
             params,
             words,
@@ -290,6 +291,7 @@ impl GBloom {
     /// `bits.div_ceil(64)` words and no bit set past `bits`.
     pub(crate) fn from_words(params: BloomParams, words: Vec<u64>) -> Self {
         debug_assert_eq!(words.len() as u64, params.bits.div_ceil(64));
+        huge_pages::advise(&words);
         Self {
             params,
             words,

@@ -9,6 +9,7 @@ pub mod cuckoo;
 pub mod delta;
 pub mod error;
 pub mod hash;
+pub(crate) mod huge_pages;
 pub mod kind;
 pub mod lattice;
 pub mod params;

@@ -55,7 +55,7 @@ impl TagColumn {
     fn with_widths(slots: usize, counter_bits: u32, replica_bits: u32) -> Self {
         let width = (counter_bits + replica_bits) as usize;
         TagColumn {
-            words: vec![0; (slots * width).div_ceil(64) + 1],
+            words: crate::core::huge_pages::zeroed_vec((slots * width).div_ceil(64) + 1),
             slots,
             counter_bits,
             replica_bits,

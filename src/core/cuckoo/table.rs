@@ -11,6 +11,7 @@ use super::column::{Column, NoPayload, TagColumn};
 use crate::core::codec::{pack, unpack};
 use crate::core::error::FilterError;
 use crate::core::hash::alt_index;
+use crate::core::huge_pages;
 use crate::core::params::CuckooParams;
 use crate::core::prefetch::prefetch;
 
@@ -46,6 +47,16 @@ enum Undo<P> {
     Overflow { bucket: usize, old: Vec<Entry<P>> },
 }
 
+/// The slots' fingerprints: one byte each where they fit in 8 bits (the default table is then
+/// half the size and stays in cache longer), else two. A slot's fingerprint is whole in one
+/// place, so a probe of a bucket loads one cache line (low and high bytes in two arrays
+/// took two: `cuckoo madd` into 10-bit fingerprints spent a third of the actor's time on it).
+#[derive(Clone)]
+enum Fingerprints {
+    Narrow(Vec<u8>),
+    Wide(Vec<u16>),
+}
+
 /// A cuckoo hash table. Main slots of a bucket are filled from the front; a bucket has
 /// overflow entries only while all its main slots are taken.
 #[derive(Clone)]
@@ -53,11 +64,8 @@ pub(crate) struct Table<P: Payload> {
     params: CuckooParams,
     buckets: usize,
     c: usize,
-    /// Low byte of each slot's fingerprint (0 = empty slot).
-    fp_lo: Vec<u8>,
-    /// High byte, only for fingerprints over 8 bits: 8-bit fingerprints take one byte per slot,
-    /// so the default table is half the size and stays in cache longer.
-    fp_hi: Vec<u8>,
+    /// Each slot's fingerprint (0 = empty slot).
+    fps: Fingerprints,
     /// Payloads of the main slots (bit-packed tags for ORCF).
     payloads: P::Column,
     overflow: BTreeMap<usize, Vec<Entry<P>>>,
@@ -80,11 +88,10 @@ impl<P: Payload> Table<P> {
             params,
             buckets,
             c,
-            fp_lo: vec![0; buckets * c],
-            fp_hi: if params.fingerprint_bits > 8 {
-                vec![0; buckets * c]
+            fps: if params.fingerprint_bits > 8 {
+                Fingerprints::Wide(huge_pages::zeroed_vec(buckets * c))
             } else {
-                Vec::new()
+                Fingerprints::Narrow(huge_pages::zeroed_vec(buckets * c))
             },
             payloads: P::Column::new(buckets * c),
             overflow: BTreeMap::new(),
@@ -118,9 +125,12 @@ impl<P: Payload> Table<P> {
         alt_index(bucket, fp, self.buckets)
     }
 
+    /// Whether bucket `b` has overflow entries. Most tables have none at all, and then no flag
+    /// is read: the flags of a large table miss the cache like its buckets (`cuckoo madd`
+    /// into 8M buckets spent a third of its add on them once huge pages took the TLB misses).
     #[inline(always)]
     fn has_overflow(&self, b: usize) -> bool {
-        self.overflow_flags[b >> 6] & (1 << (b & 63)) != 0
+        self.overflow_len != 0 && self.overflow_flags[b >> 6] & (1 << (b & 63)) != 0
     }
     fn set_overflow_flag(&mut self, b: usize, on: bool) {
         if on {
@@ -131,18 +141,16 @@ impl<P: Payload> Table<P> {
     }
     #[inline(always)]
     fn fp_at(&self, slot: usize) -> u16 {
-        let lo = self.fp_lo[slot] as u16;
-        if self.fp_hi.is_empty() {
-            lo
-        } else {
-            lo | (self.fp_hi[slot] as u16) << 8
+        match &self.fps {
+            Fingerprints::Narrow(fps) => fps[slot].into(),
+            Fingerprints::Wide(fps) => fps[slot],
         }
     }
     #[inline(always)]
     fn set_fp(&mut self, slot: usize, fp: u16) {
-        self.fp_lo[slot] = fp as u8;
-        if !self.fp_hi.is_empty() {
-            self.fp_hi[slot] = (fp >> 8) as u8;
+        match &mut self.fps {
+            Fingerprints::Narrow(fps) => fps[slot] = fp as u8,
+            Fingerprints::Wide(fps) => fps[slot] = fp,
         }
     }
     #[inline(always)]
@@ -173,12 +181,10 @@ impl<P: Payload> Table<P> {
     pub(crate) fn prefetch(&self, b: usize, fp: u16) {
         for bucket in [b, self.alt(b, fp)] {
             let slot = bucket * self.c;
-            if let Some(lo) = self.fp_lo.get(slot) {
-                prefetch(lo);
-            }
-            if let Some(hi) = self.fp_hi.get(slot) {
-                prefetch(hi);
-            }
+            match &self.fps {
+                Fingerprints::Narrow(fps) => fps.get(slot).map(prefetch),
+                Fingerprints::Wide(fps) => fps.get(slot).map(prefetch),
+            };
         }
     }
 
@@ -196,29 +202,20 @@ impl<P: Payload> Table<P> {
         if self.c == 4 {
             // Both buckets tested branch-free, so that the two loads overlap instead of
             // waiting on an unpredictable early exit; overflow only where flagged.
-            let hit = if self.fp_hi.is_empty() {
-                has_byte(self.bucket_bytes(b), fp as u8) | has_byte(self.bucket_bytes(a), fp as u8)
-            } else {
-                has_lane(self.bucket_word(b), fp) | has_lane(self.bucket_word(a), fp)
+            let hit = match &self.fps {
+                Fingerprints::Narrow(fps) => {
+                    has_byte(bucket_bytes(fps, b), fp as u8)
+                        | has_byte(bucket_bytes(fps, a), fp as u8)
+                }
+                Fingerprints::Wide(fps) => {
+                    has_lane(bucket_word(fps, b), fp) | has_lane(bucket_word(fps, a), fp)
+                }
             };
             return hit
                 || (self.has_overflow(b) && self.overflow[&b].iter().any(|e| e.fp == fp))
                 || (self.has_overflow(a) && self.overflow[&a].iter().any(|e| e.fp == fp));
         }
         self.bucket_has_fp(b, fp) || self.bucket_has_fp(a, fp)
-    }
-
-    /// The four fingerprints of a 4-slot bucket as 16-bit lanes of one word.
-    #[inline(always)]
-    fn bucket_word(&self, b: usize) -> u64 {
-        (0..4).fold(0, |w, k| w | u64::from(self.fp_at(b * 4 + k)) << (16 * k))
-    }
-
-    /// The four 8-bit fingerprints of a 4-slot bucket as one word.
-    #[inline(always)]
-    fn bucket_bytes(&self, b: usize) -> u32 {
-        let s = &self.fp_lo[b * 4..b * 4 + 4];
-        u32::from_le_bytes([s[0], s[1], s[2], s[3]])
     }
 
     /// The entries of bucket `b`, main slots first.
@@ -571,6 +568,20 @@ fn has_lane(word: u64, fp: u16) -> bool {
     const HIGHS: u64 = 0x8000_8000_8000_8000;
     let x = word ^ (fp as u64).wrapping_mul(ONES);
     x.wrapping_sub(ONES) & !x & HIGHS != 0
+}
+
+/// The four fingerprints of 4-slot bucket `b` as 16-bit lanes of one word.
+#[inline(always)]
+fn bucket_word(fps: &[u16], b: usize) -> u64 {
+    let s = &fps[b * 4..b * 4 + 4];
+    (0..4).fold(0, |w, k| w | u64::from(s[k]) << (16 * k))
+}
+
+/// The four 8-bit fingerprints of 4-slot bucket `b` as one word.
+#[inline(always)]
+fn bucket_bytes(fps: &[u8], b: usize) -> u32 {
+    let s = &fps[b * 4..b * 4 + 4];
+    u32::from_le_bytes([s[0], s[1], s[2], s[3]])
 }
 
 /// Whether any byte of `word` equals `fp` (the same test on 8-bit lanes).

@@ -357,6 +357,12 @@ impl Replica {
                     let mut f = self.write();
                     f.tick(wall_clock_ms());
                     let first = i;
+                    if first == 0 {
+                        items
+                            .iter()
+                            .take(PREFETCH_AHEAD)
+                            .for_each(|i| f.prefetch(i));
+                    }
                     while i < items.len() && f.clock() < limit {
                         if let Some(ahead) = items.get(i + PREFETCH_AHEAD) {
                             f.prefetch(ahead);
