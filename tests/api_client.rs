@@ -476,6 +476,101 @@ async fn acknowledged_batch_adds_are_durable_or_replicated() {
     b.shutdown().await.unwrap();
 }
 
+/// Updates of a kind without version tags are applied in the subscription task that receives
+/// them, not on the actor. What the actor does for them still happens: an update acknowledged
+/// at `durable` is in the write-ahead log, one at `replicated` is merged by the peer, a full
+/// pending delta is committed at once (no periodic commit in the test's time), and the state's
+/// digest covers them.
+#[actix::test]
+async fn updates_applied_off_the_actor_are_committed_logged_replicated_and_digested() {
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg("direct", FilterKind::GCuckoo, 20_000, 0.001);
+    c.snapshot_interval_ms = 3_600_000;
+    c.delta_interval_ms = 3_600_000;
+    c.delta_max_updates = 1_000;
+    let mut durable = c.clone();
+    durable.data_dir = Some(dir.path().join("a"));
+    let a = start(durable.clone(), &server.url()).await;
+    let nc = async_nats::connect(server.url()).await.unwrap();
+    let client = Client::new(nc.clone(), "crpf", "direct").replica(a.identity().replica);
+    let log_holds = |items: &[String]| {
+        let copy = tempfile::tempdir().unwrap();
+        for e in std::fs::read_dir(dir.path().join("a").join(WAL_DIR)).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), copy.path().join(e.file_name())).unwrap();
+        }
+        let mut replayed = AnyFilter::new(&durable.filter, 999).unwrap();
+        let log = wal::replay(
+            copy.path(),
+            a.identity(),
+            None,
+            WalLimits::default(),
+            |record| replayed.merge_delta_bytes(record).unwrap(),
+        )
+        .unwrap();
+        assert!(!log.torn, "{log:?}");
+        items.iter().all(|i| replayed.contains(i.as_bytes()))
+    };
+
+    let logged = items("d", 300);
+    let r = client.madd(&logged, Some(AckLevel::Durable)).await.unwrap();
+    assert!(r.all(), "{r:?}");
+    client
+        .add("d-single", Some(AckLevel::Durable))
+        .await
+        .unwrap();
+    assert!(
+        log_holds(&logged) && log_holds(&["d-single".to_string()]),
+        "acknowledged as durable, not in the log"
+    );
+
+    // At `local` the answer comes at once; a batch that fills the pending delta has the
+    // subscription task ask the actor for a commit, which the log then holds.
+    let full = items("l", 1_500);
+    let r = client.madd(&full, Some(AckLevel::Local)).await.unwrap();
+    assert!(r.all(), "{r:?}");
+    let deadline = Instant::now() + WAIT;
+    while !log_holds(&full) {
+        assert!(
+            Instant::now() < deadline,
+            "a full pending delta was never committed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The digest covers what was applied outside the actor.
+    let before = a.stats().await.unwrap().digest;
+    client.add("after", Some(AckLevel::Local)).await.unwrap();
+    let after = a.stats().await.unwrap().digest;
+    assert_ne!(
+        before, after,
+        "the digest missed an update applied off the actor"
+    );
+
+    let b = start(c, &server.url()).await;
+    let deadline = Instant::now() + WAIT;
+    while a.stats().await.unwrap().peers < 1 {
+        assert!(Instant::now() < deadline, "A never heard B");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let spread = items("r", 500);
+    let r = client
+        .madd(&spread, Some(AckLevel::Replicated))
+        .await
+        .unwrap();
+    assert!(r.all(), "{r:?}");
+    let missing = spread.iter().filter(|i| !b.contains(i.as_bytes())).count();
+    assert_eq!(
+        missing, 0,
+        "acknowledged as replicated, not merged by the peer"
+    );
+    let s = a.stats().await.unwrap();
+    assert_eq!(s.awaiting_ack, 0, "{s:?}");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
 /// Queries are answered off the actor, from the shared state. While one client adds (each
 /// add acknowledged before the next) to a scalable filter that keeps expanding, and a second
 /// replica's deltas are merged meanwhile, concurrent queries of the acknowledged items to the

@@ -8,7 +8,8 @@
 //! - `pump`: the subscriptions into the bounded inbound buffer and the publisher task;
 //! - `local`: local operations and the actor's messages;
 //! - `durability`: tag reservations and snapshots;
-//! - `request` and `reads`: the request API (updates here, queries off the actor);
+//! - `request`, `reads` and `updates`: the request API (queries, and the updates of kinds
+//!   without version tags, off the actor);
 //! - `lease`: the replica id claim and retiring gone replicas' ids.
 //!
 //! Telemetry (metrics and the counts `stats` reads) goes through
@@ -42,6 +43,7 @@ mod publish;
 mod pump;
 mod reads;
 mod request;
+mod updates;
 
 pub use local::{Add, Contains, FlushDelta, Merge, Persist, Remove, Shutdown, Stats, TakeSnapshot};
 pub(crate) use pump::{Inbound, Route};
@@ -54,8 +56,9 @@ const BLOCKING_THRESHOLD: usize = 256 << 10;
 
 /// What one replica shares between its actor, its handle and its inbound tasks.
 pub(crate) struct Shared {
-    /// The filter. Only the actor writes it; handles read it without queueing behind
-    /// replication work in the mailbox.
+    /// The filter. The actor writes it, and so do the API's subscription tasks for the
+    /// updates of kinds without version tags ([`updates`]); handles read it without queueing
+    /// behind replication work in the mailbox.
     pub filter: RwLock<AnyFilter>,
     /// Reads the filter's bits without its lock, for the kinds that allow it (`g_bloom`):
     /// queries never wait for an update or a merge in progress.
@@ -68,6 +71,11 @@ pub(crate) struct Shared {
     /// Bytes of messages waiting in the inbound buffer, and their bound.
     pub inbound_bytes: AtomicU64,
     pub inbound_max_bytes: u64,
+    /// The state changed outside the actor (an update applied in a subscription task) since
+    /// the actor last looked: its digest is stale, and a snapshot and a push are due.
+    pub direct_changes: AtomicBool,
+    /// A commit was asked of the actor because the pending delta is full, and not yet made.
+    pub commit_requested: AtomicBool,
 }
 
 /// Everything a replica needs to start, prepared by [`super::Replica::start`].
@@ -147,6 +155,8 @@ pub struct Replica {
     commit_scheduled: bool,
     /// The id claim and the other ids of the filter.
     lease: lease::Lease,
+    /// Checks and applies the request API's updates (here, or in the subscription tasks).
+    updates: Arc<updates::Updates>,
 }
 
 impl Replica {
@@ -174,7 +184,18 @@ impl Replica {
         let (outbound, outbound_rx) = mpsc::channel(s.cfg.outbound_buffer);
         let timeout =
             ReplicaConfig::ms(s.cfg.anti_entropy_interval_ms * 3).max(Duration::from_secs(5));
+        let updates = Arc::new(updates::Updates {
+            shared: s.shared.clone(),
+            telemetry: s.shared.telemetry.clone(),
+            kind: expect.kind,
+            default_ack: s.cfg.default_ack(),
+            has_wal: s.wal.is_some(),
+            max_item_bytes: s.cfg.max_item_bytes,
+            limits: crate::api::batch::Limits::new(s.cfg.max_batch_items, s.cfg.max_item_bytes),
+            delta_max_updates: s.cfg.delta_max_updates,
+        });
         Replica {
+            updates,
             transfers: Reassembly::new(s.cfg.max_state_bytes, timeout),
             cfg: s.cfg,
             telemetry: s.shared.telemetry.clone(),
@@ -446,6 +467,7 @@ impl Replica {
     // ---- the state's digest --------------------------------------------------------------
 
     fn my_digest(&mut self) -> u64 {
+        self.absorb_direct_changes();
         if let Some(d) = self.digest {
             return d;
         }
@@ -454,6 +476,14 @@ impl Replica {
         self.digest = Some(d);
         self.announced_digest = Some(d);
         d
+    }
+
+    /// Takes in the changes made outside the actor since it last looked
+    /// ([`Shared::direct_changes`]).
+    pub(super) fn absorb_direct_changes(&mut self) {
+        if self.shared.direct_changes.swap(false, Ordering::AcqRel) {
+            self.local_change();
+        }
     }
 
     /// The state changed: its digest is stale, and a snapshot is due.
@@ -678,6 +708,11 @@ impl StreamHandler<Inbound> for Replica {
         match item {
             Inbound::Replication(env, len) => self.on_replication(env, len, ctx),
             Inbound::Api(msg) => self.on_api(msg, ctx),
+            Inbound::Settle(settle) => self.on_settle(*settle, ctx),
+            Inbound::Commit => {
+                self.shared.commit_requested.store(false, Ordering::Release);
+                self.flush_delta(ctx);
+            }
             Inbound::Event(ev) => self.on_event(ev, ctx),
         }
     }

@@ -366,6 +366,8 @@ impl Replica {
             telemetry: metrics::Telemetry::new(&cfg.name, replica, cfg.filter.fpr),
             inbound_bytes: Default::default(),
             inbound_max_bytes: cfg.inbound_max_bytes,
+            direct_changes: Default::default(),
+            commit_requested: Default::default(),
         });
         tracing::info!(
             filter = %cfg.name, kind = %shared.kind, replica, %uuid,

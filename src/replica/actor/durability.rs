@@ -74,6 +74,7 @@ impl Replica {
 
     /// Writes a snapshot in the background if the state changed since the last one.
     pub(super) fn snapshot_async(&mut self, ctx: &mut Context<Self>) {
+        self.absorb_direct_changes();
         let Some(data) = self.data.clone() else {
             return;
         };

@@ -73,6 +73,7 @@ impl Replica {
     /// a data directory) and publishes it once durable, answering the updates that waited for
     /// it. One commit at a time: updates arriving meanwhile go into the next (group commit).
     pub(super) fn flush_delta(&mut self, ctx: &mut Context<Self>) {
+        self.absorb_direct_changes();
         if self.committing {
             self.commit_again = true;
             return;

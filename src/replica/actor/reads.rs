@@ -10,15 +10,20 @@
 //! some of them.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use serde_json::json;
+use tokio::sync::mpsc;
 
 use super::local::check_item;
+use super::pump::{Inbound, Settle};
 use super::request::{ApiReply, api_reply_format, failure_reply};
+use super::updates::Updates;
 use super::{Route, Shared};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{Op, ReplyFormat};
+use crate::replica::ack::AckLevel;
 use crate::replica::metrics::{Channel, Direction, OpKind, Telemetry};
 use crate::replica::service::ApiService;
 use crate::replica::{ReplicaError, wall_clock_ms};
@@ -55,15 +60,25 @@ pub(crate) struct Reads {
     pub replica: ReplicaId,
     pub max_item_bytes: usize,
     pub limits: Limits,
+    /// Applies updates here too, for kinds without version tags ([`super::updates`]).
+    pub updates: Option<Arc<Updates>>,
+    /// The actor's inbound buffer: updates that wait for a commit are answered there.
+    pub to_actor: mpsc::Sender<Inbound>,
 }
 
 impl Reads {
-    /// Where a request goes: answered here if it is a query, else to the actor.
+    /// Where a request goes: answered here if it is a query (or an update applied here), else
+    /// to the actor.
     pub(super) fn route(&self, msg: Message) -> Route {
         let op = self
             .subjects
             .api_op(&msg.subject)
             .and_then(|op| op.parse::<Op>().ok());
+        if let (Some(op), Some(updates)) = (op, &self.updates)
+            && Updates::is_update(op)
+        {
+            return self.update(updates, op, msg);
+        }
         if !matches!(
             op,
             Some(Op::Contains | Op::MContains | Op::Count | Op::MCount)
@@ -87,7 +102,71 @@ impl Reads {
             }
         };
         body.served = Some(served);
-        match body.finish(self.replica, msg.reply) {
+        self.reply(body, msg.reply)
+    }
+
+    /// Applies an update here. One answered at `local` (or that changed nothing) is answered
+    /// here too; one that waits for a commit is handed to the actor, which answers it once
+    /// the commit reached its level.
+    fn update(&self, updates: &Updates, op: Op, msg: Message) -> Route {
+        let level = updates.level(&msg);
+        // A place in the actor's buffer is taken before the update is applied, so that a
+        // full buffer refuses the update whole, as it refuses any request (dropped, counted).
+        let permit = match level {
+            Ok(level) if level != AckLevel::Local => match self.to_actor.try_reserve() {
+                Ok(permit) => Some(permit),
+                Err(mpsc::error::TrySendError::Full(())) => {
+                    self.telemetry.inbound_dropped();
+                    return Route::Drop;
+                }
+                Err(mpsc::error::TrySendError::Closed(())) => return Route::Drop,
+            },
+            _ => None,
+        };
+        self.telemetry
+            .traffic(Direction::In, Channel::Api, msg.payload.len());
+        let served = self.service.serve(&msg.subject);
+        let applied = level.and_then(|level| updates.apply(op, level, &msg, &mut || Ok(u64::MAX)));
+        let mut body = match applied {
+            Ok(mut applied) => {
+                if applied.changed {
+                    updates.note_change();
+                    if let Some(permit) = permit {
+                        applied.body.served = Some(served);
+                        permit.send(Inbound::Settle(Box::new(Settle {
+                            level: applied.level,
+                            reply: msg.reply,
+                            body: applied.body,
+                        })));
+                        return Route::Drop;
+                    }
+                    self.commit_if_due(updates);
+                }
+                applied.body
+            }
+            Err(e) => {
+                self.telemetry.api_errors(e.reason(), 1);
+                failure_reply(&e)
+            }
+        };
+        body.served = Some(served);
+        self.reply(body, msg.reply)
+    }
+
+    /// Asks the actor for a commit once the pending delta is full (once until it commits;
+    /// with its buffer full, the periodic commit comes soon enough).
+    fn commit_if_due(&self, updates: &Updates) {
+        let requested = &self.shared.commit_requested;
+        if updates.commit_due()
+            && !requested.swap(true, Ordering::AcqRel)
+            && self.to_actor.try_send(Inbound::Commit).is_err()
+        {
+            requested.store(false, Ordering::Release);
+        }
+    }
+
+    fn reply(&self, body: ApiReply, reply: Option<String>) -> Route {
+        match body.finish(self.replica, reply) {
             Some((to, headers, payload)) => {
                 self.telemetry
                     .traffic(Direction::Out, Channel::Api, payload.len());

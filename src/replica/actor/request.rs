@@ -5,7 +5,6 @@
 //! answers the NATS service API for it ([`crate::replica::service`]), which counts what
 //! [`Replica::on_api`] answers.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,14 +15,14 @@ use serde_json::json;
 
 use super::Replica;
 use super::publish::Responder;
-use super::pump::{Outbound, forward_stream};
-use super::reads::{PREFETCH_AHEAD, Reads, count_reply, map_prefetched};
+use super::pump::{Outbound, Settle, forward_stream};
+use super::reads::{Reads, count_reply, map_prefetched};
+use super::updates::{Applied, Updates};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
-use crate::api::{ACK_HEADER, ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
+use crate::api::{ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
 use crate::replica::ack::AckLevel;
-use crate::replica::filter::NotRemovable;
-use crate::replica::metrics::{Channel, Direction, OpKind};
+use crate::replica::metrics::{Channel, Direction};
 use crate::replica::service::{
     ApiService, SERVICE_ERROR_CODE_HEADER, SERVICE_ERROR_HEADER, Served, ServiceError,
 };
@@ -166,6 +165,11 @@ impl Replica {
             replica: self.id(),
             max_item_bytes: self.cfg.max_item_bytes,
             limits: Limits::new(self.cfg.max_batch_items, self.cfg.max_item_bytes),
+            updates: self
+                .updates
+                .applied_off_the_actor()
+                .then(|| self.updates.clone()),
+            to_actor: self.inbound_tx.clone(),
         });
         // The subscription tasks run on the runtime's workers (`tokio::spawn`), where the NATS
         // connection's task runs, not on the actors' thread: a query is then answered without
@@ -253,172 +257,63 @@ impl Replica {
             }
             op => op.parse::<Op>().map_err(ReplicaError::InvalidItem)?,
         };
-        let level = api_ack_level(msg)?.unwrap_or(self.cfg.default_ack());
-        let item = &msg.payload[..];
-        let settle = |changed, body| Handled::Settle {
-            level,
-            changed,
-            body,
-        };
         Ok(match op {
-            Op::Add => {
-                self.check_level(level)?;
-                self.do_add(item)?;
-                settle(true, ApiReply::fixed(b"{\"added\":true}"))
-            }
-            Op::Remove => {
-                self.check_level(level)?;
-                let removed = self.do_remove(item)?.is_some();
-                let body: &'static [u8] = if removed {
-                    b"{\"removed\":true}"
-                } else {
-                    b"{\"removed\":false}"
+            op if Updates::is_update(op) => {
+                let updates = self.updates.clone();
+                let level = updates.level(msg)?;
+                let mut reserve = || {
+                    self.reserve_tags()?;
+                    Ok(self.tag_limit())
                 };
-                settle(removed, ApiReply::fixed(body))
+                let Applied {
+                    level,
+                    changed,
+                    body,
+                } = updates.apply(op, level, msg, &mut reserve)?;
+                if changed {
+                    self.local_change();
+                }
+                Handled::Settle {
+                    level,
+                    changed,
+                    body,
+                }
             }
-            Op::Contains => Handled::Answer(ApiReply::contains(self.do_contains(item)?)),
+            Op::Contains => Handled::Answer(ApiReply::contains(self.do_contains(&msg.payload)?)),
+            Op::MContains => {
+                let format = api_reply_format(msg)?;
+                let limits = Limits::new(self.cfg.max_batch_items, self.cfg.max_item_bytes);
+                let items = batch::decode(&msg.payload, limits)
+                    .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
+                let (f, now) = (self.read(), wall_clock_ms());
+                let found = map_prefetched(&items, |i| f.prefetch(i), |i| f.contains_as_of(i, now));
+                drop(f);
+                Handled::Answer(match format {
+                    ReplyFormat::Json => ApiReply::json(&json!({ "contains": found })),
+                    ReplyFormat::Bitmap => ApiReply::bitmap(&found, None),
+                })
+            }
             Op::Stats => {
                 let stats = serde_json::to_value(self.stats()).expect("stats serialize");
                 Handled::Answer(ApiReply::json(&stats))
             }
-            Op::MAdd | Op::MRemove | Op::MContains => self.api_batch(op, level, msg)?,
             Op::Count | Op::MCount => {
                 let limits = Limits::new(self.cfg.max_batch_items, self.cfg.max_item_bytes);
                 let f = self.read();
                 Handled::Answer(count_reply(&f, op, msg, limits, self.cfg.max_item_bytes)?)
             }
+            _ => unreachable!("every operation is handled above"),
         })
     }
 
-    /// A batch operation: the whole batch is checked first (framing, limits, the level, the
-    /// kind), so that a refused batch changes nothing; then every item is applied in order
-    /// and the batch is answered as one update (one commit, one acknowledgement).
-    fn api_batch(
-        &mut self,
-        op: Op,
-        level: AckLevel,
-        msg: &Message,
-    ) -> Result<Handled, ReplicaError> {
-        let format = api_reply_format(msg)?;
-        if op != Op::MContains {
-            self.check_level(level)?;
-        }
-        if op == Op::MRemove && !self.expect.kind.removable() {
-            return Err(NotRemovable(self.expect.kind).into());
-        }
-        let limits = Limits::new(self.cfg.max_batch_items, self.cfg.max_item_bytes);
-        let items = batch::decode(&msg.payload, limits)
-            .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
-        let n = items.len() as u64;
-        let reply = |key: &str, bits: &[bool]| match format {
-            ReplyFormat::Json => ApiReply::json(&json!({ key: bits })),
-            ReplyFormat::Bitmap => ApiReply::bitmap(bits, None),
+    /// An update applied in a subscription task that waits for a commit.
+    pub(super) fn on_settle(&mut self, s: Settle, ctx: &mut Context<Self>) {
+        self.absorb_direct_changes();
+        let responder = Responder::Api {
+            reply: s.reply,
+            body: s.body,
         };
-        match op {
-            Op::MContains => {
-                let (f, now) = (self.read(), wall_clock_ms());
-                let found = map_prefetched(&items, |i| f.prefetch(i), |i| f.contains_as_of(i, now));
-                drop(f);
-                Ok(Handled::Answer(reply("contains", &found)))
-            }
-            Op::MRemove => {
-                let mut f = self.write();
-                let removed = items
-                    .iter()
-                    .map(|&i| f.remove(i).map(|d| d.is_some()))
-                    .collect::<Result<Vec<bool>, NotRemovable>>()?;
-                drop(f);
-                self.telemetry.count_ops(OpKind::Remove, n, 0);
-                let changed = removed.contains(&true);
-                Ok(self.batch_changed(level, changed, reply("removed", &removed)))
-            }
-            Op::MAdd => {
-                let mut added = Vec::with_capacity(items.len());
-                let mut failed = Vec::new();
-                let mut first_error: Option<ReplicaError> = None;
-                let mut reasons: BTreeMap<&'static str, u64> = BTreeMap::new();
-                let mut i = 0;
-                while i < items.len() {
-                    // Tags are reserved before they are issued; then one write lock covers as
-                    // many items as the reservation does (all of them for grow-only kinds):
-                    // a lock per item cost about a tenth of a batch.
-                    let mut refused = |i: usize, e: ReplicaError, added: &mut Vec<bool>| {
-                        added.push(false);
-                        failed.push(i);
-                        *reasons.entry(e.reason()).or_default() += 1;
-                        first_error.get_or_insert(e);
-                    };
-                    if let Err(e) = self.reserve_tags() {
-                        refused(i, e, &mut added);
-                        i += 1;
-                        continue;
-                    }
-                    let limit = self.tag_limit();
-                    let mut f = self.write();
-                    f.tick(wall_clock_ms());
-                    let first = i;
-                    if first == 0 {
-                        items
-                            .iter()
-                            .take(PREFETCH_AHEAD)
-                            .for_each(|i| f.prefetch(i));
-                    }
-                    while i < items.len() && f.clock() < limit {
-                        if let Some(ahead) = items.get(i + PREFETCH_AHEAD) {
-                            f.prefetch(ahead);
-                        }
-                        // Each item is all or nothing: a refused add (a full cuckoo table)
-                        // leaves the filter as it was.
-                        match f.add(items[i]) {
-                            Ok(_) => added.push(true),
-                            Err(e) => refused(i, e.into(), &mut added),
-                        }
-                        i += 1;
-                    }
-                    drop(f);
-                    if i == first {
-                        // A reservation that succeeded leaves room for a tag: never loop
-                        // forever if it somehow did not.
-                        refused(i, ReplicaError::TagsUnreserved, &mut added);
-                        i += 1;
-                    }
-                }
-                let ok = (added.len() - failed.len()) as u64;
-                self.telemetry
-                    .count_ops(OpKind::Add, ok, failed.len() as u64);
-                for (reason, count) in reasons {
-                    self.count_api_errors(reason, count);
-                }
-                let error = first_error.map(|e| e.to_string());
-                let body = match format {
-                    ReplyFormat::Json => {
-                        let mut body = json!({"added": ok});
-                        if let Some(e) = &error {
-                            body["failed"] = json!(failed);
-                            body["error"] = json!(e);
-                        }
-                        ApiReply::json(&body)
-                    }
-                    ReplyFormat::Bitmap => ApiReply::bitmap(&added, error),
-                };
-                Ok(self.batch_changed(level, ok > 0, body))
-            }
-            Op::Add | Op::Remove | Op::Contains | Op::Stats | Op::Count | Op::MCount => {
-                unreachable!("not a batch operation of the actor")
-            }
-        }
-    }
-
-    /// A batch's change, answered by [`Replica::settle`] like a single update.
-    fn batch_changed(&mut self, level: AckLevel, changed: bool, body: ApiReply) -> Handled {
-        if changed {
-            self.local_change();
-        }
-        Handled::Settle {
-            level,
-            changed,
-            body,
-        }
+        self.settle(s.level, true, responder, ctx);
     }
 
     /// Answers an update that waited for its acknowledgement level: `body` if it was
@@ -458,18 +353,6 @@ impl Replica {
     fn count_api_errors(&self, reason: &'static str, n: u64) {
         self.telemetry.api_errors(reason, n);
     }
-}
-
-/// The level an API request asks for in its `Crpf-Ack` header, if any.
-fn api_ack_level(msg: &Message) -> Result<Option<AckLevel>, ReplicaError> {
-    let Some(value) = msg.headers.as_ref().and_then(|h| h.get(ACK_HEADER)) else {
-        return Ok(None);
-    };
-    value
-        .as_str()
-        .parse()
-        .map(Some)
-        .map_err(ReplicaError::InvalidItem)
 }
 
 /// The reply format a batch request asks for in its `Crpf-Reply` header (JSON by default).
