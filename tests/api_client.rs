@@ -15,7 +15,7 @@ use crpf::api::batch;
 use crpf::api::{ACK_HEADER, ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
 use crpf::client::{Client, ClientError};
 use crpf::replica::wal::{self, WAL_DIR, WalLimits};
-use crpf::replica::{AckLevel, AnyFilter};
+use crpf::replica::{AckLevel, AnyFilter, ReplicaConfig, ReplicaHandle};
 use crpf::wire::FilterKind;
 use nats_harness::NatsServer;
 use replica_common::{cfg, start_serving as start, stop};
@@ -68,6 +68,60 @@ fn frame(len: u32, bytes: &[u8]) -> Vec<u8> {
     let mut v = len.to_le_bytes().to_vec();
     v.extend_from_slice(bytes);
     v
+}
+
+/// What replica `a`'s write-ahead log in `data_dir` holds now, replayed from a copy (the
+/// replica keeps writing its own): the state it rebuilds, and how many records it has.
+fn replay_log(
+    data_dir: &std::path::Path,
+    a: &ReplicaHandle,
+    cfg: &ReplicaConfig,
+) -> (AnyFilter, u64) {
+    let copy = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(data_dir.join(WAL_DIR)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), copy.path().join(e.file_name())).unwrap();
+    }
+    let mut replayed = AnyFilter::new(&cfg.filter, 999).unwrap();
+    let log = wal::replay(
+        copy.path(),
+        a.identity(),
+        None,
+        WalLimits::default(),
+        |record| replayed.merge_delta_bytes(record).unwrap(),
+    )
+    .unwrap();
+    assert!(!log.torn, "{log:?}");
+    (replayed, log.records)
+}
+
+/// Starts replica B of `c` beside `a`, and `n` items added through `client` at `replicated`:
+/// once answered, B has merged them all. Answers B and the items.
+async fn replicated_batch(
+    c: ReplicaConfig,
+    url: &str,
+    a: &ReplicaHandle,
+    client: &Client,
+    n: usize,
+) -> (ReplicaHandle, Vec<String>) {
+    let b = start(c, url).await;
+    let deadline = Instant::now() + WAIT;
+    while a.stats().await.unwrap().peers < 1 {
+        assert!(Instant::now() < deadline, "A never heard B");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let spread = items("r", n);
+    let r = client
+        .madd(&spread, Some(AckLevel::Replicated))
+        .await
+        .unwrap();
+    assert!(r.all(), "{r:?}");
+    let missing = spread.iter().filter(|i| !b.contains(i.as_bytes())).count();
+    assert_eq!(
+        missing, 0,
+        "acknowledged as replicated, not merged by the peer"
+    );
+    (b, spread)
 }
 
 #[actix::test]
@@ -425,22 +479,8 @@ async fn acknowledged_batch_adds_are_durable_or_replicated() {
         clock >= 3000 && reserved >= clock,
         "every tag issued was reserved first: clock {clock}, reserved {reserved}"
     );
-    // The log as it is now (a copy: the replica keeps writing its own).
-    let copy = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(dir.path().join("a").join(WAL_DIR)).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), copy.path().join(e.file_name())).unwrap();
-    }
-    let mut replayed = AnyFilter::new(&durable.filter, 999).unwrap();
-    let log = wal::replay(
-        copy.path(),
-        a.identity(),
-        None,
-        WalLimits::default(),
-        |record| replayed.merge_delta_bytes(record).unwrap(),
-    )
-    .unwrap();
-    assert!(log.records > 0 && !log.torn, "{log:?}");
+    let (replayed, records) = replay_log(&dir.path().join("a"), &a, &durable);
+    assert!(records > 0);
     let missing = logged
         .iter()
         .filter(|i| !replayed.contains(i.as_bytes()))
@@ -448,23 +488,7 @@ async fn acknowledged_batch_adds_are_durable_or_replicated() {
     assert_eq!(missing, 0, "acknowledged as durable, not in the log");
 
     // Replicated: B has merged the batch when A answers.
-    let b = start(c, &server.url()).await;
-    let deadline = Instant::now() + WAIT;
-    while a.stats().await.unwrap().peers < 1 {
-        assert!(Instant::now() < deadline, "A never heard B");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let spread = items("r", 2000);
-    let r = client
-        .madd(&spread, Some(AckLevel::Replicated))
-        .await
-        .unwrap();
-    assert!(r.all(), "{r:?}");
-    let missing = spread.iter().filter(|i| !b.contains(i.as_bytes())).count();
-    assert_eq!(
-        missing, 0,
-        "acknowledged as replicated, not merged by the peer"
-    );
+    let (b, spread) = replicated_batch(c, &server.url(), &a, &client, 2000).await;
     // `mremove` shares the commit machinery.
     let removed = client
         .mremove(&spread[..10], Some(AckLevel::Replicated))
@@ -495,21 +519,7 @@ async fn updates_applied_off_the_actor_are_committed_logged_replicated_and_diges
     let nc = async_nats::connect(server.url()).await.unwrap();
     let client = Client::new(nc.clone(), "crpf", "direct").replica(a.identity().replica);
     let log_holds = |items: &[String]| {
-        let copy = tempfile::tempdir().unwrap();
-        for e in std::fs::read_dir(dir.path().join("a").join(WAL_DIR)).unwrap() {
-            let e = e.unwrap();
-            std::fs::copy(e.path(), copy.path().join(e.file_name())).unwrap();
-        }
-        let mut replayed = AnyFilter::new(&durable.filter, 999).unwrap();
-        let log = wal::replay(
-            copy.path(),
-            a.identity(),
-            None,
-            WalLimits::default(),
-            |record| replayed.merge_delta_bytes(record).unwrap(),
-        )
-        .unwrap();
-        assert!(!log.torn, "{log:?}");
+        let (replayed, _) = replay_log(&dir.path().join("a"), &a, &durable);
         items.iter().all(|i| replayed.contains(i.as_bytes()))
     };
 
@@ -548,23 +558,7 @@ async fn updates_applied_off_the_actor_are_committed_logged_replicated_and_diges
         "the digest missed an update applied off the actor"
     );
 
-    let b = start(c, &server.url()).await;
-    let deadline = Instant::now() + WAIT;
-    while a.stats().await.unwrap().peers < 1 {
-        assert!(Instant::now() < deadline, "A never heard B");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let spread = items("r", 500);
-    let r = client
-        .madd(&spread, Some(AckLevel::Replicated))
-        .await
-        .unwrap();
-    assert!(r.all(), "{r:?}");
-    let missing = spread.iter().filter(|i| !b.contains(i.as_bytes())).count();
-    assert_eq!(
-        missing, 0,
-        "acknowledged as replicated, not merged by the peer"
-    );
+    let (b, _) = replicated_batch(c, &server.url(), &a, &client, 500).await;
     let s = a.stats().await.unwrap();
     assert_eq!(s.awaiting_ack, 0, "{s:?}");
     a.shutdown().await.unwrap();
