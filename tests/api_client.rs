@@ -500,11 +500,11 @@ async fn acknowledged_batch_adds_are_durable_or_replicated() {
     b.shutdown().await.unwrap();
 }
 
-/// Updates of a kind without version tags are applied in the subscription task that receives
-/// them, not on the actor. What the actor does for them still happens: an update acknowledged
-/// at `durable` is in the write-ahead log, one at `replicated` is merged by the peer, a full
-/// pending delta is committed at once (no periodic commit in the test's time), and the state's
-/// digest covers them.
+/// Adds at `local` to a grow-only kind are applied in the subscription task that receives them,
+/// not on the actor; adds that wait for a commit go to the actor. What the actor does for them
+/// all still happens: an add acknowledged at `durable` is in the write-ahead log, one at
+/// `replicated` is merged by the peer, a pending delta filled by `local` adds is committed at
+/// once (no periodic commit in the test's time), and the state's digest covers them.
 #[actix::test]
 async fn updates_applied_off_the_actor_are_committed_logged_replicated_and_digested() {
     let server = NatsServer::start();

@@ -19,21 +19,24 @@ pub(crate) fn advise<T>(data: &[T]) {
     }
     #[cfg(target_os = "linux")]
     {
-        const PAGE: usize = 4096;
-        let start = (data.as_ptr() as usize).next_multiple_of(PAGE);
-        let end = (data.as_ptr() as usize + bytes) / PAGE * PAGE;
-        // SAFETY: the range lies within `data`'s live allocation, page-aligned inward.
-        // MADV_HUGEPAGE changes how the range is backed, never what it holds, so no reference
-        // into it is affected. A failure (a kernel without transparent huge pages) only means
-        // the hint is not taken.
+        // SAFETY: `sysconf` only reads a constant. The range lies within `data`'s live
+        // allocation, page-aligned inward. MADV_HUGEPAGE changes how the range is backed,
+        // never what it holds, so no reference into it is affected. A failure (a kernel
+        // without transparent huge pages) only means the hint is not taken.
         unsafe {
+            let page = usize::try_from(libc::sysconf(libc::_SC_PAGESIZE))
+                .ok()
+                .filter(|&p| p > 0)
+                .unwrap_or(4096);
+            let start = (data.as_ptr() as usize).next_multiple_of(page);
+            let end = (data.as_ptr() as usize + bytes) / page * page;
             libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
         }
     }
 }
 
-/// A zeroed vector, on huge pages where it is large (see [`advise`]). Zeroed by the allocator,
-/// so no page is touched before it is first written.
+/// A zeroed vector, on huge pages where it is large (see [`advise`]). Zeroed by the allocator:
+/// fresh pages from the kernel are not touched before they are first written.
 pub(crate) fn zeroed_vec<T: bytemuck::Zeroable + Clone>(len: usize) -> Vec<T> {
     let v = bytemuck::zeroed_vec(len);
     advise(&v);

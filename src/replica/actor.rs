@@ -76,6 +76,8 @@ pub(crate) struct Shared {
     pub direct_changes: AtomicBool,
     /// A commit was asked of the actor because the pending delta is full, and not yet made.
     pub commit_requested: AtomicBool,
+    /// The replica shut down: updates are no longer applied (set under the write lock).
+    pub closed: AtomicBool,
 }
 
 /// Everything a replica needs to start, prepared by [`super::Replica::start`].
@@ -193,6 +195,7 @@ impl Replica {
             max_item_bytes: s.cfg.max_item_bytes,
             limits: crate::api::batch::Limits::new(s.cfg.max_batch_items, s.cfg.max_item_bytes),
             delta_max_updates: s.cfg.delta_max_updates,
+            to_actor: inbound_tx.clone(),
         });
         Replica {
             updates,
@@ -708,7 +711,6 @@ impl StreamHandler<Inbound> for Replica {
         match item {
             Inbound::Replication(env, len) => self.on_replication(env, len, ctx),
             Inbound::Api(msg) => self.on_api(msg, ctx),
-            Inbound::Settle(settle) => self.on_settle(*settle, ctx),
             Inbound::Commit => {
                 self.shared.commit_requested.store(false, Ordering::Release);
                 self.flush_delta(ctx);

@@ -368,6 +368,7 @@ impl Replica {
             inbound_max_bytes: cfg.inbound_max_bytes,
             direct_changes: Default::default(),
             commit_requested: Default::default(),
+            closed: Default::default(),
         });
         tracing::info!(
             filter = %cfg.name, kind = %shared.kind, replica, %uuid,

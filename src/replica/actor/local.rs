@@ -1,6 +1,7 @@
 //! Local operations: the actor's messages (what a [`ReplicaHandle`] sends), how an update is
 //! checked and applied, and how it is answered once it reached its acknowledgement level.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -264,6 +265,12 @@ impl Handler<FlushDelta> for Replica {
 impl Handler<Shutdown> for Replica {
     type Result = ResponseFuture<Result<(), ReplicaError>>;
     fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) -> Self::Result {
+        // Under the write lock: an update applied in a subscription task is either in the
+        // state now, and so in the final commit and snapshot, or refused as stopped.
+        {
+            let _f = self.write();
+            self.shared.closed.store(true, Ordering::Release);
+        }
         self.flush_delta(ctx);
         let saved = self.snapshot_now();
         // The final snapshot holds every update: durable ones are answered, the others

@@ -26,18 +26,9 @@ pub(crate) enum Inbound {
     Api(Message),
     /// A connection event.
     Event(TransportEvent),
-    /// An update applied in a subscription task, to be answered once it reaches its level.
-    Settle(Box<Settle>),
-    /// The pending delta is full: commit it.
+    /// The pending delta, filled by updates applied in the subscription tasks, is full:
+    /// commit it.
     Commit,
-}
-
-/// An update applied outside the actor that waits for a commit ([`Inbound::Settle`]).
-pub(crate) struct Settle {
-    pub level: crate::replica::ack::AckLevel,
-    /// Where the answer goes.
-    pub reply: Option<String>,
-    pub body: super::request::ApiReply,
 }
 
 impl Inbound {
@@ -46,7 +37,7 @@ impl Inbound {
         match self {
             Inbound::Replication(_, len) => *len as u64,
             Inbound::Api(m) => m.payload.len() as u64,
-            Inbound::Event(_) | Inbound::Settle(_) | Inbound::Commit => 0,
+            Inbound::Event(_) | Inbound::Commit => 0,
         }
     }
 }

@@ -3,27 +3,23 @@
 //! published from there. A query thus costs no hand-off to the actor's thread and back and
 //! never waits behind replication work in the mailbox.
 //!
-//! What a query sees: the actor applies every update (an add, a remove, one merged delta or
-//! state) under one write lock, so a query sees each wholly or not at all, never a torn state;
+//! What a query sees: every update (an add, a remove, one merged delta or state) is applied
+//! under one write lock, by the actor or by a subscription task ([`super::updates`]), so a query sees each wholly or not at all, never a torn state;
 //! an update acknowledged to a client is applied, so a query sent after the acknowledgement
 //! sees it. The items of one batch update are applied one by one: a concurrent query may see
 //! some of them.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use serde_json::json;
-use tokio::sync::mpsc;
 
 use super::local::check_item;
-use super::pump::{Inbound, Settle};
 use super::request::{ApiReply, api_reply_format, failure_reply};
-use super::updates::Updates;
+use super::updates::{Lock, Updates};
 use super::{Route, Shared};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{Op, ReplyFormat};
-use crate::replica::ack::AckLevel;
 use crate::replica::metrics::{Channel, Direction, OpKind, Telemetry};
 use crate::replica::service::ApiService;
 use crate::replica::{ReplicaError, wall_clock_ms};
@@ -60,10 +56,8 @@ pub(crate) struct Reads {
     pub replica: ReplicaId,
     pub max_item_bytes: usize,
     pub limits: Limits,
-    /// Applies updates here too, for kinds without version tags ([`super::updates`]).
+    /// Applies some updates here too ([`super::updates`]): for grow-only kinds.
     pub updates: Option<Arc<Updates>>,
-    /// The actor's inbound buffer: updates that wait for a commit are answered there.
-    pub to_actor: mpsc::Sender<Inbound>,
 }
 
 impl Reads {
@@ -105,63 +99,28 @@ impl Reads {
         self.reply(body, msg.reply)
     }
 
-    /// Applies an update here. One answered at `local` (or that changed nothing) is answered
-    /// here too; one that waits for a commit is handed to the actor, which answers it once
-    /// the commit reached its level.
+    /// Applies an update here if it may be ([`Updates::applies_in_task`]) and the filter's
+    /// lock is free; else hands it to the actor, which also answers a malformed one.
     fn update(&self, updates: &Updates, op: Op, msg: Message) -> Route {
-        let level = updates.level(&msg);
-        // A place in the actor's buffer is taken before the update is applied, so that a
-        // full buffer refuses the update whole, as it refuses any request (dropped, counted).
-        let permit = match level {
-            Ok(level) if level != AckLevel::Local => match self.to_actor.try_reserve() {
-                Ok(permit) => Some(permit),
-                Err(mpsc::error::TrySendError::Full(())) => {
-                    self.telemetry.inbound_dropped();
-                    return Route::Drop;
-                }
-                Err(mpsc::error::TrySendError::Closed(())) => return Route::Drop,
-            },
-            _ => None,
-        };
-        self.telemetry
-            .traffic(Direction::In, Channel::Api, msg.payload.len());
-        let served = self.service.serve(&msg.subject);
-        let applied = level.and_then(|level| updates.apply(op, level, &msg, &mut || Ok(u64::MAX)));
-        let mut body = match applied {
-            Ok(mut applied) => {
-                if applied.changed {
-                    updates.note_change();
-                    if let Some(permit) = permit {
-                        applied.body.served = Some(served);
-                        permit.send(Inbound::Settle(Box::new(Settle {
-                            level: applied.level,
-                            reply: msg.reply,
-                            body: applied.body,
-                        })));
-                        return Route::Drop;
+        let to_actor = |msg| Route::Actor(super::Inbound::Api(msg));
+        match updates.level(&msg) {
+            Ok(level) if updates.applies_in_task(op, level) => {
+                let served = self.service.serve(&msg.subject);
+                let mut body = match updates.apply(op, level, &msg, Lock::Try, &mut || Ok(u64::MAX))
+                {
+                    Ok(None) => return to_actor(msg),
+                    Ok(Some(applied)) => applied.body,
+                    Err(e) => {
+                        self.telemetry.api_errors(e.reason(), 1);
+                        failure_reply(&e)
                     }
-                    self.commit_if_due(updates);
-                }
-                applied.body
+                };
+                self.telemetry
+                    .traffic(Direction::In, Channel::Api, msg.payload.len());
+                body.served = Some(served);
+                self.reply(body, msg.reply)
             }
-            Err(e) => {
-                self.telemetry.api_errors(e.reason(), 1);
-                failure_reply(&e)
-            }
-        };
-        body.served = Some(served);
-        self.reply(body, msg.reply)
-    }
-
-    /// Asks the actor for a commit once the pending delta is full (once until it commits;
-    /// with its buffer full, the periodic commit comes soon enough).
-    fn commit_if_due(&self, updates: &Updates) {
-        let requested = &self.shared.commit_requested;
-        if updates.commit_due()
-            && !requested.swap(true, Ordering::AcqRel)
-            && self.to_actor.try_send(Inbound::Commit).is_err()
-        {
-            requested.store(false, Ordering::Release);
+            _ => to_actor(msg),
         }
     }
 

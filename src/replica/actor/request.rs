@@ -1,7 +1,8 @@
 //! The request API of a replica (README, "Subjects"): single operations with the raw item as
-//! payload, batch operations with the framing of [`crate::api::batch`], stats. Requests reach
-//! the actor through its inbound buffer like replication messages; replies leave through the
-//! publisher task, with the header [`REPLICA_HEADER`] naming this replica. The replica also
+//! payload, batch operations with the framing of [`crate::api::batch`], stats. Queries, and adds
+//! at `local` to grow-only kinds, are answered in the subscription tasks ([`super::reads`],
+//! [`super::updates`]); other requests reach the actor through its inbound buffer like
+//! replication messages, and their replies leave through the publisher task, with the header [`REPLICA_HEADER`] naming this replica. The replica also
 //! answers the NATS service API for it ([`crate::replica::service`]), which counts what
 //! [`Replica::on_api`] answers.
 
@@ -15,9 +16,9 @@ use serde_json::json;
 
 use super::Replica;
 use super::publish::Responder;
-use super::pump::{Outbound, Settle, forward_stream};
+use super::pump::{Outbound, forward_stream};
 use super::reads::{Reads, count_reply, map_prefetched};
-use super::updates::{Applied, Updates};
+use super::updates::{Applied, Lock, Updates};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
@@ -156,7 +157,8 @@ impl Replica {
             .subjects
             .replica_api_subscriptions(self.id())
             .map(|s| (s, None));
-        // Queries are answered in the subscription tasks; updates go to the actor.
+        // Queries (and some updates, see `updates`) are answered in the subscription tasks;
+        // the rest go to the actor.
         let reads = Arc::new(Reads {
             shared: self.shared.clone(),
             subjects: self.subjects.clone(),
@@ -165,16 +167,12 @@ impl Replica {
             replica: self.id(),
             max_item_bytes: self.cfg.max_item_bytes,
             limits: Limits::new(self.cfg.max_batch_items, self.cfg.max_item_bytes),
-            updates: self
-                .updates
-                .applied_off_the_actor()
-                .then(|| self.updates.clone()),
-            to_actor: self.inbound_tx.clone(),
+            updates: Some(self.updates.clone()),
         });
         // The subscription tasks run on the runtime's workers (`tokio::spawn`), where the NATS
         // connection's task runs, not on the actors' thread: a query is then answered without
         // a wake-up of another thread on its way in (node CPU per `contains` at 16 in flight
-        // went from about 8 to 5 µs, BENCHMARKS.md). Updates still go to the actor.
+        // went from about 8 to 5 µs, BENCHMARKS.md).
         for (subject, queue) in shared_subjects.into_iter().chain(own) {
             let transport = self.transport.clone();
             let tx = self.inbound_tx.clone();
@@ -269,7 +267,9 @@ impl Replica {
                     level,
                     changed,
                     body,
-                } = updates.apply(op, level, msg, &mut reserve)?;
+                } = updates
+                    .apply(op, level, msg, Lock::Wait, &mut reserve)?
+                    .expect("the actor waits for the lock");
                 if changed {
                     self.local_change();
                 }
@@ -304,16 +304,6 @@ impl Replica {
             }
             _ => unreachable!("every operation is handled above"),
         })
-    }
-
-    /// An update applied in a subscription task that waits for a commit.
-    pub(super) fn on_settle(&mut self, s: Settle, ctx: &mut Context<Self>) {
-        self.absorb_direct_changes();
-        let responder = Responder::Api {
-            reply: s.reply,
-            body: s.body,
-        };
-        self.settle(s.level, true, responder, ctx);
     }
 
     /// Answers an update that waited for its acknowledgement level: `body` if it was

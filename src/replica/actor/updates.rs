@@ -1,25 +1,34 @@
 //! Updates of the request API (`add`, `remove`, `madd`, `mremove`): checked and applied here
-//! for both ways they arrive. A kind without version tags has them applied in the subscription
-//! task that received them, like queries ([`super::reads`]): an update answered at `local`
-//! then costs no hand-off to the actor's thread and back, and only one that waits for a
-//! commit goes on to the actor ([`super::Inbound::Settle`]). A tagged kind's updates must
-//! first reserve tags from the replica's lease, which the actor holds, so they go to the actor.
+//! for both ways they arrive.
 //!
-//! Either way an update (one item) is applied under the filter's write lock, so queries and
-//! merges see it wholly or not at all; the updates of one subscription are applied in the
-//! order they arrive; and the actor learns of changes made outside it
-//! ([`Shared::direct_changes`]) before it digests, snapshots or commits the state.
+//! Adds to a grow-only kind (no removes, no version tags: `g_bloom`, `g_cuckoo`, their
+//! scalable forms, `expiring_bloom`) at `local` are applied in the subscription task that
+//! received them, like queries ([`super::reads`]): no hand-off to the actor's thread and back.
+//! Any order of such adds gives the same state, so applying them beside the actor's own
+//! updates reorders nothing that matters. Everything else goes to the actor: an update that
+//! waits for a commit must be registered there before its delta can be taken (else a commit
+//! could carry it before anyone waits for it), a tagged kind reserves tags from the actor's
+//! lease, and removes must stay in order with adds. A task never waits for the filter's lock
+//! (the NATS connection shares its thread): when the lock is taken, the update goes to the
+//! actor too.
+//!
+//! Either way an update is applied under the filter's write lock, so queries and merges see
+//! it wholly or not at all; the actor learns of changes made outside it
+//! ([`Shared::direct_changes`], set under the lock) before it digests, snapshots or commits
+//! the state; and once the actor shuts down ([`Shared::closed`], set under the lock) no task
+//! applies an update it could no longer save.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLockWriteGuard, TryLockError};
 
 use serde_json::json;
+use tokio::sync::mpsc;
 
-use super::Shared;
 use super::local::check_item;
 use super::reads::PREFETCH_AHEAD;
 use super::request::{ApiReply, api_reply_format};
+use super::{Inbound, Shared};
 use crate::api::batch::{self, Limits};
 use crate::api::{ACK_HEADER, Op, ReplyFormat};
 use crate::replica::ReplicaError;
@@ -29,6 +38,16 @@ use crate::replica::metrics::{OpKind, Telemetry};
 use crate::replica::wall_clock_ms;
 use crate::transport::Message;
 use crate::wire::FilterKind;
+
+/// How an update takes the filter's write lock.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lock {
+    /// Waits for it (the actor).
+    Wait,
+    /// Only if free; else nothing is applied (a subscription task, which then hands the update
+    /// to the actor). Marks the change for the actor under the lock.
+    Try,
+}
 
 /// An applied update: answered with `body` once it reached `level` (at once if it changed
 /// nothing).
@@ -50,6 +69,8 @@ pub(crate) struct Updates {
     pub limits: Limits,
     /// Pending delta entries at which a commit is due (`delta_max_updates`).
     pub delta_max_updates: usize,
+    /// The actor's inbound buffer, for the commit a full pending delta asks for.
+    pub to_actor: mpsc::Sender<Inbound>,
 }
 
 impl Updates {
@@ -58,9 +79,13 @@ impl Updates {
         matches!(op, Op::Add | Op::Remove | Op::MAdd | Op::MRemove)
     }
 
-    /// Whether updates are applied where they arrive: for kinds without version tags.
-    pub(super) fn applied_off_the_actor(&self) -> bool {
-        !self.kind.tagged()
+    /// Whether a subscription task may apply update `op` at `level` itself: adds to a
+    /// grow-only kind, answered at `local`.
+    pub(super) fn applies_in_task(&self, op: Op, level: AckLevel) -> bool {
+        matches!(op, Op::Add | Op::MAdd)
+            && level == AckLevel::Local
+            && !self.kind.tagged()
+            && !self.kind.removable()
     }
 
     /// The level a request asks for (`Crpf-Ack`, else the replica's default), refused if the
@@ -78,45 +103,51 @@ impl Updates {
         Ok(level)
     }
 
-    /// Whether the pending delta is due for a commit.
-    pub(super) fn commit_due(&self) -> bool {
-        self.filter_read().pending_delta_len() >= self.delta_max_updates
-    }
-
     /// Applies update `op` of `msg` at `level`. `reserve` reserves version tags before they
     /// are issued and answers the clock they reach (`u64::MAX` for an untagged kind). A batch
     /// is checked whole first (framing, limits, the kind), so that a refused batch changes
-    /// nothing; its items are then applied in order, each all or nothing.
+    /// nothing; its items are then applied in order, each all or nothing. `Ok(None)`: the lock
+    /// was taken ([`Lock::Try`]) and nothing was applied.
     pub(super) fn apply(
         &self,
         op: Op,
         level: AckLevel,
         msg: &Message,
+        lock: Lock,
         reserve: &mut dyn FnMut() -> Result<u64, ReplicaError>,
-    ) -> Result<Applied, ReplicaError> {
-        let applied = |changed, body| Applied {
-            level,
-            changed,
-            body,
+    ) -> Result<Option<Applied>, ReplicaError> {
+        let applied = |changed, body| {
+            Some(Applied {
+                level,
+                changed,
+                body,
+            })
         };
         match op {
             Op::Add => {
                 let item = &msg.payload[..];
-                let r = check_item(item, self.max_item_bytes)
+                check_item(item, self.max_item_bytes)
                     .and_then(|()| reserve())
-                    .and_then(|_| {
-                        let mut f = self.filter_write();
-                        f.tick(wall_clock_ms());
-                        f.add(item).map_err(ReplicaError::from)
-                    });
+                    .inspect_err(|_| self.telemetry.op(OpKind::Add, false))?;
+                let Some(mut f) = self.filter_write(lock)? else {
+                    return Ok(None);
+                };
+                f.tick(wall_clock_ms());
+                let r = f.add(item).map_err(ReplicaError::from);
+                if r.is_ok() {
+                    self.changed_under(&f, lock);
+                }
+                drop(f);
                 self.telemetry.op(OpKind::Add, r.is_ok());
                 r?;
                 Ok(applied(true, ApiReply::fixed(b"{\"added\":true}")))
             }
             Op::Remove => {
                 let item = &msg.payload[..];
-                let r = check_item(item, self.max_item_bytes)
-                    .and_then(|()| self.filter_write().remove(item).map_err(ReplicaError::from));
+                let r = check_item(item, self.max_item_bytes).and_then(|()| {
+                    let mut f = self.filter_write(Lock::Wait)?.expect("waited for");
+                    f.remove(item).map_err(ReplicaError::from)
+                });
                 self.telemetry.op(OpKind::Remove, r.is_ok());
                 let removed = r?.is_some();
                 let body: &'static [u8] = if removed {
@@ -134,7 +165,10 @@ impl Updates {
                 let items = batch::decode(&msg.payload, self.limits)
                     .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
                 let (changed, body) = if op == Op::MAdd {
-                    self.madd(&items, format, reserve)
+                    let Some(added) = self.madd(&items, format, lock, reserve)? else {
+                        return Ok(None);
+                    };
+                    added
                 } else {
                     self.mremove(&items, format)?
                 };
@@ -149,7 +183,7 @@ impl Updates {
         items: &[&[u8]],
         format: ReplyFormat,
     ) -> Result<(bool, ApiReply), ReplicaError> {
-        let mut f = self.filter_write();
+        let mut f = self.filter_write(Lock::Wait)?.expect("waited for");
         let removed = items
             .iter()
             .map(|&i| f.remove(i).map(|d| d.is_some()))
@@ -165,13 +199,15 @@ impl Updates {
     }
 
     /// A batch add: a refused item (a full cuckoo table, tags not reserved) is reported and
-    /// the others are applied.
+    /// the others are applied. `Ok(None)`: the lock was taken before any item was applied
+    /// ([`Lock::Try`] is only used for untagged kinds, whose batch takes the lock once).
     fn madd(
         &self,
         items: &[&[u8]],
         format: ReplyFormat,
+        lock: Lock,
         reserve: &mut dyn FnMut() -> Result<u64, ReplicaError>,
-    ) -> (bool, ApiReply) {
+    ) -> Result<Option<(bool, ApiReply)>, ReplicaError> {
         let mut added = Vec::with_capacity(items.len());
         let mut failed = Vec::new();
         let mut first_error: Option<ReplicaError> = None;
@@ -195,7 +231,10 @@ impl Updates {
                     continue;
                 }
             };
-            let mut f = self.filter_write();
+            let Some(mut f) = self.filter_write(lock)? else {
+                debug_assert_eq!(i, 0, "a batch of an untagged kind takes the lock once");
+                return Ok(None);
+            };
             f.tick(wall_clock_ms());
             let first = i;
             if first == 0 {
@@ -213,6 +252,9 @@ impl Updates {
                     Err(e) => refused(i, e.into(), &mut added),
                 }
                 i += 1;
+            }
+            if added[first..].contains(&true) {
+                self.changed_under(&f, lock);
             }
             drop(f);
             if i == first {
@@ -240,19 +282,43 @@ impl Updates {
             }
             ReplyFormat::Bitmap => ApiReply::bitmap(&added, error),
         };
-        (ok > 0, body)
+        Ok(Some((ok > 0, body)))
     }
 
-    /// Tells the actor the state changed outside it (after the change is applied).
-    pub(super) fn note_change(&self) {
+    /// Outside the actor ([`Lock::Try`]), tells it the state changed, and asks it for a commit
+    /// once the pending delta is full (once until it commits). Called under the write lock
+    /// `f`, so that the actor never digests the new state as the old one.
+    fn changed_under(&self, f: &AnyFilter, lock: Lock) {
+        if lock == Lock::Wait {
+            return;
+        }
         self.shared.direct_changes.store(true, Ordering::Release);
+        if f.pending_delta_len() >= self.delta_max_updates
+            && !self.shared.commit_requested.swap(true, Ordering::AcqRel)
+            && self.to_actor.try_send(Inbound::Commit).is_err()
+        {
+            // A full buffer: the periodic commit comes soon enough.
+            self.shared.commit_requested.store(false, Ordering::Release);
+        }
     }
 
-    fn filter_write(&self) -> std::sync::RwLockWriteGuard<'_, AnyFilter> {
-        self.shared.filter.write().expect("filter lock poisoned")
-    }
-
-    fn filter_read(&self) -> std::sync::RwLockReadGuard<'_, AnyFilter> {
-        self.shared.filter.read().expect("filter lock poisoned")
+    /// The write lock, or `None` if it is taken and `lock` is [`Lock::Try`];
+    /// [`ReplicaError::Stopped`] once the replica shut down.
+    fn filter_write(
+        &self,
+        lock: Lock,
+    ) -> Result<Option<RwLockWriteGuard<'_, AnyFilter>>, ReplicaError> {
+        let f = match lock {
+            Lock::Wait => self.shared.filter.write().expect("filter lock poisoned"),
+            Lock::Try => match self.shared.filter.try_write() {
+                Ok(f) => f,
+                Err(TryLockError::WouldBlock) => return Ok(None),
+                Err(TryLockError::Poisoned(_)) => panic!("filter lock poisoned"),
+            },
+        };
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(ReplicaError::Stopped);
+        }
+        Ok(Some(f))
     }
 }
