@@ -322,3 +322,136 @@ impl Updates {
         Ok(Some(f))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::RwLock;
+
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::FilterSpec;
+    use crate::replica::durable::Identity;
+
+    fn updates(kind: FilterKind, delta_max_updates: usize) -> (Updates, mpsc::Receiver<Inbound>) {
+        let mut filter = AnyFilter::new(&FilterSpec::new(kind, 1_000, 0.01), 1).unwrap();
+        filter.track_deltas(true);
+        let shared = Arc::new(Shared {
+            kind,
+            reader: filter.shared_reader(),
+            filter: RwLock::new(filter),
+            name: "t".into(),
+            identity: Identity {
+                uuid: uuid::Uuid::new_v4(),
+                replica: 1,
+            },
+            ready: watch::channel(false).0,
+            telemetry: Telemetry::new("t", 1, 0.01),
+            inbound_bytes: Default::default(),
+            inbound_max_bytes: u64::MAX,
+            direct_changes: Default::default(),
+            commit_requested: Default::default(),
+            closed: Default::default(),
+        });
+        let (to_actor, from_tasks) = mpsc::channel(8);
+        let updates = Updates {
+            telemetry: shared.telemetry.clone(),
+            shared,
+            kind,
+            default_ack: AckLevel::Local,
+            has_wal: false,
+            max_item_bytes: 1024,
+            limits: Limits::new(1_000, 1024),
+            delta_max_updates,
+            to_actor,
+        };
+        (updates, from_tasks)
+    }
+
+    fn add(item: &str) -> Message {
+        Message {
+            subject: "crpf.t.api.add".into(),
+            payload: bytes::Bytes::copy_from_slice(item.as_bytes()),
+            reply: None,
+            headers: None,
+        }
+    }
+
+    fn madd(items: &[&str]) -> Message {
+        Message {
+            subject: "crpf.t.api.madd".into(),
+            payload: batch::encode(items).unwrap().into(),
+            ..add("")
+        }
+    }
+
+    fn try_add(u: &Updates, op: Op, msg: &Message) -> Result<Option<Applied>, ReplicaError> {
+        u.apply(op, AckLevel::Local, msg, Lock::Try, &mut || Ok(u64::MAX))
+    }
+
+    fn contains(u: &Updates, item: &str) -> bool {
+        u.shared.filter.read().unwrap().contains(item.as_bytes())
+    }
+
+    #[test]
+    fn only_local_adds_to_grow_only_kinds_are_applied_in_a_task() {
+        let (g, _rx) = updates(FilterKind::GBloom, 1 << 20);
+        assert!(g.applies_in_task(Op::Add, AckLevel::Local));
+        assert!(g.applies_in_task(Op::MAdd, AckLevel::Local));
+        for level in [AckLevel::Durable, AckLevel::Replicated] {
+            assert!(
+                !g.applies_in_task(Op::Add, level),
+                "{level:?} waits for a commit"
+            );
+        }
+        for kind in [FilterKind::OrCuckoo, FilterKind::CountingCuckoo] {
+            let (u, _rx) = updates(kind, 1 << 20);
+            assert!(!u.applies_in_task(Op::Add, AckLevel::Local), "{kind}");
+        }
+    }
+
+    #[test]
+    fn a_task_applies_nothing_while_the_lock_is_taken_and_hands_the_add_on() {
+        let (u, _rx) = updates(FilterKind::GCuckoo, 1 << 20);
+        for (op, msg) in [(Op::Add, add("a")), (Op::MAdd, madd(&["a", "b"]))] {
+            let held = u.shared.filter.write().unwrap();
+            assert!(try_add(&u, op, &msg).unwrap().is_none());
+            drop(held);
+            assert!(!contains(&u, "a") && !contains(&u, "b"));
+            assert!(!u.shared.direct_changes.load(Ordering::Acquire));
+        }
+        // Waiting for it (the actor's way) applies the add.
+        let msg = madd(&["a", "b"]);
+        let applied = u.apply(Op::MAdd, AckLevel::Local, &msg, Lock::Wait, &mut || {
+            Ok(u64::MAX)
+        });
+        assert!(applied.unwrap().unwrap().changed);
+        assert!(contains(&u, "a") && contains(&u, "b"));
+    }
+
+    #[test]
+    fn a_task_marks_its_change_and_asks_once_for_the_commit_of_a_full_delta() {
+        let (u, mut rx) = updates(FilterKind::GBloom, 1);
+        let applied = try_add(&u, Op::Add, &add("a")).unwrap().unwrap();
+        assert!(applied.changed && contains(&u, "a"));
+        assert!(u.shared.direct_changes.load(Ordering::Acquire));
+        assert!(matches!(rx.try_recv(), Ok(Inbound::Commit)));
+        // Asked once until the actor commits (and clears the request).
+        try_add(&u, Op::MAdd, &madd(&["b", "c"])).unwrap().unwrap();
+        assert!(rx.try_recv().is_err());
+        u.shared.commit_requested.store(false, Ordering::Release);
+        try_add(&u, Op::Add, &add("d")).unwrap().unwrap();
+        assert!(matches!(rx.try_recv(), Ok(Inbound::Commit)));
+    }
+
+    #[test]
+    fn after_shutdown_a_task_refuses_adds_as_stopped_and_applies_nothing() {
+        let (u, _rx) = updates(FilterKind::GBloom, 1 << 20);
+        u.shared.closed.store(true, Ordering::Release);
+        for (op, msg) in [(Op::Add, add("a")), (Op::MAdd, madd(&["a"]))] {
+            assert!(matches!(try_add(&u, op, &msg), Err(ReplicaError::Stopped)));
+        }
+        assert!(!contains(&u, "a"));
+        assert!(!u.shared.direct_changes.load(Ordering::Acquire));
+    }
+}
