@@ -8,8 +8,8 @@
 //! - `pump`: the subscriptions into the bounded inbound buffer and the publisher task;
 //! - `local`: local operations and the actor's messages;
 //! - `durability`: tag reservations and snapshots;
-//! - `request`, `reads` and `updates`: the request API (queries, and the updates of kinds
-//!   without version tags, off the actor);
+//! - `request`, `reads` and `updates`: the request API (queries, and `local` adds to
+//!   grow-only kinds, off the actor);
 //! - `lease`: the replica id claim and retiring gone replicas' ids.
 //!
 //! Telemetry (metrics and the counts `stats` reads) goes through
@@ -56,9 +56,9 @@ const BLOCKING_THRESHOLD: usize = 256 << 10;
 
 /// What one replica shares between its actor, its handle and its inbound tasks.
 pub(crate) struct Shared {
-    /// The filter. The actor writes it, and so do the API's subscription tasks for the
-    /// updates of kinds without version tags ([`updates`]); handles read it without queueing
-    /// behind replication work in the mailbox.
+    /// The filter. The actor writes it, and so do the API's subscription tasks for `local`
+    /// adds to grow-only kinds ([`updates`]); handles read it without queueing behind
+    /// replication work in the mailbox.
     pub filter: RwLock<AnyFilter>,
     /// Reads the filter's bits without its lock, for the kinds that allow it (`g_bloom`):
     /// queries never wait for an update or a merge in progress.

@@ -4,8 +4,8 @@
 //! never waits behind replication work in the mailbox.
 //!
 //! What a query sees: every update (an add, a remove, one merged delta or state) is applied
-//! under one write lock, by the actor or by a subscription task ([`super::updates`]), so a query sees each wholly or not at all, never a torn state;
-//! an update acknowledged to a client is applied, so a query sent after the acknowledgement
+//! under one write lock, by the actor or by a subscription task ([`super::updates`]), so a
+//! query sees each wholly or not at all, never a torn state; an update acknowledged to a client is applied, so a query sent after the acknowledgement
 //! sees it. The items of one batch update are applied one by one: a concurrent query may see
 //! some of them.
 
@@ -56,8 +56,8 @@ pub(crate) struct Reads {
     pub replica: ReplicaId,
     pub max_item_bytes: usize,
     pub limits: Limits,
-    /// Applies some updates here too ([`super::updates`]): for grow-only kinds.
-    pub updates: Option<Arc<Updates>>,
+    /// Applies some updates here too ([`Updates::applies_in_task`]).
+    pub updates: Arc<Updates>,
 }
 
 impl Reads {
@@ -68,10 +68,10 @@ impl Reads {
             .subjects
             .api_op(&msg.subject)
             .and_then(|op| op.parse::<Op>().ok());
-        if let (Some(op), Some(updates)) = (op, &self.updates)
+        if let Some(op) = op
             && Updates::is_update(op)
         {
-            return self.update(updates, op, msg);
+            return self.update(op, msg);
         }
         if !matches!(
             op,
@@ -101,7 +101,8 @@ impl Reads {
 
     /// Applies an update here if it may be ([`Updates::applies_in_task`]) and the filter's
     /// lock is free; else hands it to the actor, which also answers a malformed one.
-    fn update(&self, updates: &Updates, op: Op, msg: Message) -> Route {
+    fn update(&self, op: Op, msg: Message) -> Route {
+        let updates = &self.updates;
         let to_actor = |msg| Route::Actor(super::Inbound::Api(msg));
         match updates.level(&msg) {
             Ok(level) if updates.applies_in_task(op, level) => {

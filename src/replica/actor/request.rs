@@ -1,8 +1,9 @@
 //! The request API of a replica (README, "Subjects"): single operations with the raw item as
-//! payload, batch operations with the framing of [`crate::api::batch`], stats. Queries, and adds
-//! at `local` to grow-only kinds, are answered in the subscription tasks ([`super::reads`],
-//! [`super::updates`]); other requests reach the actor through its inbound buffer like
-//! replication messages, and their replies leave through the publisher task, with the header [`REPLICA_HEADER`] naming this replica. The replica also
+//! payload, batch operations with the framing of [`crate::api::batch`], stats. Queries, and
+//! adds at `local` to grow-only kinds, are answered in the subscription tasks
+//! ([`super::reads`], [`super::updates`]); other requests reach the actor through its inbound
+//! buffer like replication messages, and their replies leave through the publisher task. Every
+//! reply carries the header [`REPLICA_HEADER`] naming this replica. The replica also
 //! answers the NATS service API for it ([`crate::replica::service`]), which counts what
 //! [`Replica::on_api`] answers.
 
@@ -167,7 +168,7 @@ impl Replica {
             replica: self.id(),
             max_item_bytes: self.cfg.max_item_bytes,
             limits: Limits::new(self.cfg.max_batch_items, self.cfg.max_item_bytes),
-            updates: Some(self.updates.clone()),
+            updates: self.updates.clone(),
         });
         // The subscription tasks run on the runtime's workers (`tokio::spawn`), where the NATS
         // connection's task runs, not on the actors' thread: a query is then answered without
