@@ -5,9 +5,9 @@
 //!
 //! What a query sees: every update (an add, a remove, one merged delta or state) is applied
 //! under one write lock, by the actor or by a subscription task ([`super::updates`]), so a
-//! query sees each wholly or not at all, never a torn state; an update acknowledged to a client is applied, so a query sent after the acknowledgement
-//! sees it. The items of one batch update are applied one by one: a concurrent query may see
-//! some of them.
+//! query sees each wholly or not at all, never a torn state; an update acknowledged to a
+//! client is applied, so a query sent after the acknowledgement sees it. The items of one
+//! batch update are applied one by one: a concurrent query may see some of them.
 
 use std::sync::Arc;
 
