@@ -188,11 +188,8 @@ impl Replica {
             ReplicaConfig::ms(s.cfg.anti_entropy_interval_ms * 3).max(Duration::from_secs(5));
         let updates = Arc::new(updates::Updates {
             shared: s.shared.clone(),
-            telemetry: s.shared.telemetry.clone(),
-            kind: expect.kind,
             default_ack: s.cfg.default_ack(),
             has_wal: s.wal.is_some(),
-            max_item_bytes: s.cfg.max_item_bytes,
             limits: crate::api::batch::Limits::new(s.cfg.max_batch_items, s.cfg.max_item_bytes),
             delta_max_updates: s.cfg.delta_max_updates,
             to_actor: inbound_tx.clone(),

@@ -73,12 +73,7 @@ impl Replica {
 
     /// Refuses a level this replica cannot give before the update is applied.
     pub(super) fn check_level(&self, level: AckLevel) -> Result<(), ReplicaError> {
-        if level == AckLevel::Durable && self.wal.is_none() {
-            return Err(ReplicaError::AckUnavailable(
-                "`durable` needs a data_dir".into(),
-            ));
-        }
-        Ok(())
+        self.updates.check_level(level)
     }
 
     /// Answers an applied local update once it reached `level` (at once if it changed

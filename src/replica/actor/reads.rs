@@ -86,7 +86,7 @@ impl Reads {
             Some(op @ (Op::Count | Op::MCount)) => {
                 count_reply(&self.filter(), op, &msg, self.limits, self.max_item_bytes)
             }
-            _ => self.query(op == Some(Op::MContains), &msg),
+            _ => query_reply(&self.shared, self.limits, op == Some(Op::MContains), &msg),
         };
         let mut body = match result {
             Ok(body) => body,
@@ -136,47 +136,46 @@ impl Reads {
         }
     }
 
-    fn query(&self, batch: bool, msg: &Message) -> Result<ApiReply, ReplicaError> {
-        if !batch {
-            let item = &msg.payload[..];
-            let r = self.check_item(item).map(|()| self.contains(item));
-            self.telemetry.op(OpKind::Contains, r.is_ok());
-            return Ok(ApiReply::contains(r?));
-        }
-        let format = api_reply_format(msg)?;
-        let items = batch::decode(&msg.payload, self.limits)
-            .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
-        let found: Vec<bool> = match &self.shared.reader {
-            // Without the lock: the batch never waits for an update or a merge.
-            Some(r) => map_prefetched(&items, |i| r.prefetch(i), |i| r.contains(i)),
-            None => {
-                let (f, now) = (self.filter(), wall_clock_ms());
-                map_prefetched(&items, |i| f.prefetch(i), |i| f.contains_as_of(i, now))
-            }
-        };
-        self.telemetry
-            .count_ops(OpKind::Contains, found.len() as u64, 0);
-        Ok(match format {
-            ReplyFormat::Json => ApiReply::json(&json!({ "contains": found })),
-            ReplyFormat::Bitmap => ApiReply::bitmap(&found, None),
-        })
-    }
-
-    /// Membership now: through the lock-free reader where the kind has one.
-    fn contains(&self, item: &[u8]) -> bool {
-        match &self.shared.reader {
-            Some(r) => r.contains(item),
-            None => self.filter().contains_as_of(item, wall_clock_ms()),
-        }
-    }
-
-    fn check_item(&self, item: &[u8]) -> Result<(), ReplicaError> {
-        check_item(item, self.max_item_bytes)
-    }
-
     fn filter(&self) -> std::sync::RwLockReadGuard<'_, crate::replica::AnyFilter> {
         self.shared.filter.read().expect("filter lock poisoned")
     }
+}
+
+/// The answer of `contains` or, for a `batch`, `mcontains`, from the shared state: through
+/// the lock-free reader where the kind has one.
+pub(super) fn query_reply(
+    shared: &Shared,
+    limits: Limits,
+    batch: bool,
+    msg: &Message,
+) -> Result<ApiReply, ReplicaError> {
+    let telemetry = &shared.telemetry;
+    let filter = || shared.filter.read().expect("filter lock poisoned");
+    if !batch {
+        let item = &msg.payload[..];
+        let r = check_item(item, limits.max_item_bytes).map(|()| match &shared.reader {
+            Some(r) => r.contains(item),
+            None => filter().contains_as_of(item, wall_clock_ms()),
+        });
+        telemetry.op(OpKind::Contains, r.is_ok());
+        return Ok(ApiReply::contains(r?));
+    }
+    let format = api_reply_format(msg)?;
+    let items = batch::decode(&msg.payload, limits)
+        .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
+    let found: Vec<bool> = match &shared.reader {
+        // Without the lock: the batch never waits for an update or a merge.
+        Some(r) => map_prefetched(&items, |i| r.prefetch(i), |i| r.contains(i)),
+        None => {
+            let (f, now) = (filter(), wall_clock_ms());
+            map_prefetched(&items, |i| f.prefetch(i), |i| f.contains_as_of(i, now))
+        }
+    };
+    telemetry.count_ops(OpKind::Contains, found.len() as u64, 0);
+    Ok(match format {
+        ReplyFormat::Json => ApiReply::json(&json!({ "contains": found })),
+        ReplyFormat::Bitmap => ApiReply::bitmap(&found, None),
+    })
 }
 
 /// The answer of `count` (`{"count":N}`) or `mcount` (`{"count":[N...]}`, JSON only), from

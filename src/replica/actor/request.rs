@@ -18,17 +18,17 @@ use serde_json::json;
 use super::Replica;
 use super::publish::Responder;
 use super::pump::{Outbound, forward_stream};
-use super::reads::{Reads, count_reply, map_prefetched};
+use super::reads::{Reads, count_reply, query_reply};
 use super::updates::{Applied, Lock, Updates};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
+use crate::replica::ReplicaError;
 use crate::replica::ack::AckLevel;
 use crate::replica::metrics::{Channel, Direction};
 use crate::replica::service::{
     ApiService, SERVICE_ERROR_CODE_HEADER, SERVICE_ERROR_HEADER, Served, ServiceError,
 };
-use crate::replica::{ReplicaError, wall_clock_ms};
 use crate::transport::{Message, Transport};
 
 /// Longest error text carried in a reply header (the JSON body has no such bound).
@@ -280,19 +280,11 @@ impl Replica {
                     body,
                 }
             }
-            Op::Contains => Handled::Answer(ApiReply::contains(self.do_contains(&msg.payload)?)),
-            Op::MContains => {
-                let format = api_reply_format(msg)?;
+            // Queries are answered in the subscription tasks; the same answer here.
+            Op::Contains | Op::MContains => {
                 let limits = Limits::new(self.cfg.max_batch_items, self.cfg.max_item_bytes);
-                let items = batch::decode(&msg.payload, limits)
-                    .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
-                let (f, now) = (self.read(), wall_clock_ms());
-                let found = map_prefetched(&items, |i| f.prefetch(i), |i| f.contains_as_of(i, now));
-                drop(f);
-                Handled::Answer(match format {
-                    ReplyFormat::Json => ApiReply::json(&json!({ "contains": found })),
-                    ReplyFormat::Bitmap => ApiReply::bitmap(&found, None),
-                })
+                let batch = op == Op::MContains;
+                Handled::Answer(query_reply(&self.shared, limits, batch, msg)?)
             }
             Op::Stats => {
                 let stats = serde_json::to_value(self.stats()).expect("stats serialize");

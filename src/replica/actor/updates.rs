@@ -60,12 +60,9 @@ pub(super) struct Applied {
 /// Everything needed to check and apply an update of the request API.
 pub(crate) struct Updates {
     pub shared: Arc<Shared>,
-    pub telemetry: Telemetry,
-    pub kind: FilterKind,
     pub default_ack: AckLevel,
     /// Whether the replica has a write-ahead log (`durable` needs one).
     pub has_wal: bool,
-    pub max_item_bytes: usize,
     pub limits: Limits,
     /// Pending delta entries at which a commit is due (`delta_max_updates`).
     pub delta_max_updates: usize,
@@ -84,8 +81,8 @@ impl Updates {
     pub(super) fn applies_in_task(&self, op: Op, level: AckLevel) -> bool {
         matches!(op, Op::Add | Op::MAdd)
             && level == AckLevel::Local
-            && !self.kind.tagged()
-            && !self.kind.removable()
+            && !self.kind().tagged()
+            && !self.kind().removable()
     }
 
     /// The level a request asks for (`Crpf-Ack`, else the replica's default), refused if the
@@ -95,12 +92,26 @@ impl Updates {
             None => self.default_ack,
             Some(v) => v.as_str().parse().map_err(ReplicaError::InvalidItem)?,
         };
+        self.check_level(level)?;
+        Ok(level)
+    }
+
+    /// Refuses a level this replica cannot give.
+    pub(super) fn check_level(&self, level: AckLevel) -> Result<(), ReplicaError> {
         if level == AckLevel::Durable && !self.has_wal {
             return Err(ReplicaError::AckUnavailable(
                 "`durable` needs a data_dir".into(),
             ));
         }
-        Ok(level)
+        Ok(())
+    }
+
+    fn kind(&self) -> FilterKind {
+        self.shared.kind
+    }
+
+    fn telemetry(&self) -> &Telemetry {
+        &self.shared.telemetry
     }
 
     /// Applies update `op` of `msg` at `level`. `reserve` reserves version tags before they
@@ -126,9 +137,9 @@ impl Updates {
         match op {
             Op::Add => {
                 let item = &msg.payload[..];
-                check_item(item, self.max_item_bytes)
+                check_item(item, self.limits.max_item_bytes)
                     .and_then(|()| reserve())
-                    .inspect_err(|_| self.telemetry.op(OpKind::Add, false))?;
+                    .inspect_err(|_| self.telemetry().op(OpKind::Add, false))?;
                 let Some(mut f) = self.filter_write(lock)? else {
                     return Ok(None);
                 };
@@ -138,17 +149,17 @@ impl Updates {
                     self.changed_under(&f, lock);
                 }
                 drop(f);
-                self.telemetry.op(OpKind::Add, r.is_ok());
+                self.telemetry().op(OpKind::Add, r.is_ok());
                 r?;
                 Ok(applied(true, ApiReply::fixed(b"{\"added\":true}")))
             }
             Op::Remove => {
                 let item = &msg.payload[..];
-                let r = check_item(item, self.max_item_bytes).and_then(|()| {
+                let r = check_item(item, self.limits.max_item_bytes).and_then(|()| {
                     let mut f = self.filter_write(Lock::Wait)?.expect("waited for");
                     f.remove(item).map_err(ReplicaError::from)
                 });
-                self.telemetry.op(OpKind::Remove, r.is_ok());
+                self.telemetry().op(OpKind::Remove, r.is_ok());
                 let removed = r?.is_some();
                 let body: &'static [u8] = if removed {
                     b"{\"removed\":true}"
@@ -159,8 +170,8 @@ impl Updates {
             }
             Op::MAdd | Op::MRemove => {
                 let format = api_reply_format(msg)?;
-                if op == Op::MRemove && !self.kind.removable() {
-                    return Err(NotRemovable(self.kind).into());
+                if op == Op::MRemove && !self.kind().removable() {
+                    return Err(NotRemovable(self.kind()).into());
                 }
                 let items = batch::decode(&msg.payload, self.limits)
                     .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
@@ -189,7 +200,7 @@ impl Updates {
             .map(|&i| f.remove(i).map(|d| d.is_some()))
             .collect::<Result<Vec<bool>, NotRemovable>>()?;
         drop(f);
-        self.telemetry
+        self.telemetry()
             .count_ops(OpKind::Remove, items.len() as u64, 0);
         let body = match format {
             ReplyFormat::Json => ApiReply::json(&json!({ "removed": removed })),
@@ -265,10 +276,10 @@ impl Updates {
             }
         }
         let ok = (added.len() - failed.len()) as u64;
-        self.telemetry
+        self.telemetry()
             .count_ops(OpKind::Add, ok, failed.len() as u64);
         for (reason, count) in reasons {
-            self.telemetry.api_errors(reason, count);
+            self.telemetry().api_errors(reason, count);
         }
         let error = first_error.map(|e| e.to_string());
         let body = match format {
@@ -355,12 +366,9 @@ mod tests {
         });
         let (to_actor, from_tasks) = mpsc::channel(8);
         let updates = Updates {
-            telemetry: shared.telemetry.clone(),
             shared,
-            kind,
             default_ack: AckLevel::Local,
             has_wal: false,
-            max_item_bytes: 1024,
             limits: Limits::new(1_000, 1024),
             delta_max_updates,
             to_actor,
