@@ -15,6 +15,9 @@
 //!   no explicit pipelining: `BF.ADD` / `BF.EXISTS`, `CF.ADD` / `CF.EXISTS`; batches `BF.MADD` /
 //!   `BF.MEXISTS`, `CF.INSERT` / `CF.MEXISTS`.
 //!
+//! - crpf over RESP (`resp`): the same node's Redis-protocol front end ([`crpf::resp`]),
+//!   driven exactly like RedisBloom (same client, same commands), on filters of its own;
+//!
 //! - the NATS floor (`floor` in `CRPF_BENCH_SYSTEMS`): the same requests, on `floor.<f>.api.<op>`
 //!   over the same nats-server, answered by a responder that does nothing but reply (this
 //!   bench's own binary, started again with `CRPF_BENCH_ECHO`): async-nats on a current-thread
@@ -35,7 +38,7 @@
 //! `CRPF_BENCH_WARMUP_SECS` (0.5), `CRPF_BENCH_INFLIGHT` (single-item cases, "1,16,64"),
 //! `CRPF_BENCH_BATCH` (items per batch, 100), `CRPF_BENCH_BATCH_INFLIGHT` ("1,16"),
 //! `CRPF_BENCH_CASES` (comma-separated alternatives; a case runs if its name, e.g. "bloom add"
-//! or "cuckoo mcontains ×100", contains every word of one of them), `CRPF_BENCH_SYSTEMS` ("crpf,redis,floor"),
+//! or "cuckoo mcontains ×100", contains every word of one of them), `CRPF_BENCH_SYSTEMS` ("crpf,resp,redis,floor"),
 //! `CRPF_BENCH_NODE_IO_THREADS` (the node's `io_threads`; default the node's default), `CRPF_BIN` (the `crpf` binary; default the
 //! one Cargo built for this bench), `CRPF_NATS_SERVER`, `CRPF_REDIS_SERVER`, `CRPF_REDISBLOOM`.
 
@@ -108,7 +111,7 @@ impl Settings {
             batch: numbers("CRPF_BENCH_BATCH", "100")?[0],
             batch_inflight: numbers("CRPF_BENCH_BATCH_INFLIGHT", "1,16")?,
             cases: list(&env_or("CRPF_BENCH_CASES", "")),
-            systems: list(&env_or("CRPF_BENCH_SYSTEMS", "crpf,redis,floor")),
+            systems: list(&env_or("CRPF_BENCH_SYSTEMS", "crpf,resp,redis,floor")),
         })
     }
 
@@ -231,7 +234,11 @@ fn crpf_bin() -> Result<PathBuf, BoxError> {
     Ok(p)
 }
 
-fn start_node(dir: &Path, nats_port: u16) -> Result<Proc, BoxError> {
+/// The node's filters served over RESP (`resp` in `CRPF_BENCH_SYSTEMS`) are its own: the
+/// items added over NATS do not fill them.
+const RESP_KEY_PREFIX: &str = "resp_";
+
+fn start_node(dir: &Path, nats_port: u16, resp_port: u16) -> Result<Proc, BoxError> {
     let config = dir.join("node.toml");
     // No data_dir: state in memory only, and `ack = "local"` answers once the item is applied
     // in memory (with a data_dir the default would be `durable`, an fsync per batch).
@@ -245,13 +252,15 @@ fn start_node(dir: &Path, nats_port: u16) -> Result<Proc, BoxError> {
         &config,
         format!(
             "[node]\nmetrics_addr = \"127.0.0.1:{}\"\nlog = \"warn\"\n{}\n[nats]\nservers = \
-             [\"nats://127.0.0.1:{nats_port}\"]\n\n{}\n{}",
+             [\"nats://127.0.0.1:{nats_port}\"]\n\n[resp]\nlisten = \"127.0.0.1:{resp_port}\"\n\n{}\n{}\n{}\n{}",
             free_port(),
             std::env::var("CRPF_BENCH_NODE_IO_THREADS")
                 .map(|v| format!("io_threads = {v}\n"))
                 .unwrap_or_default(),
             filter("bloom", "g_bloom"),
             filter("cuckoo", "g_cuckoo"),
+            filter(&format!("{RESP_KEY_PREFIX}bloom"), "g_bloom"),
+            filter(&format!("{RESP_KEY_PREFIX}cuckoo"), "g_cuckoo"),
         ),
     )?;
     let mut cmd = Command::new(crpf_bin()?);
@@ -403,8 +412,10 @@ enum Target {
         client: async_nats::Client,
         prefix: &'static str,
     },
+    /// RedisBloom, or a crpf node's RESP front end (keys `prefix` + the filter's name).
     Redis {
         conn: redis::aio::MultiplexedConnection,
+        prefix: &'static str,
     },
 }
 
@@ -435,7 +446,7 @@ impl Target {
                 }
                 Ok(())
             }
-            Target::Redis { conn } => {
+            Target::Redis { conn, prefix } => {
                 let command = match (filter, op, batch) {
                     (Filter::Bloom, Op::Add, false) => "BF.ADD",
                     (Filter::Bloom, Op::Contains, false) => "BF.EXISTS",
@@ -447,7 +458,7 @@ impl Target {
                     (Filter::Cuckoo, Op::Contains, true) => "CF.MEXISTS",
                 };
                 let mut cmd = redis::cmd(command);
-                cmd.arg(filter.name());
+                cmd.arg(format!("{prefix}{}", filter.name()));
                 if command == "CF.INSERT" {
                     cmd.arg("ITEMS");
                 }
@@ -580,7 +591,7 @@ async fn run_case(
         p50_us: percentile(&lat, 0.50),
         p99_us: percentile(&lat, 0.99),
         server_cpu: cpu(&sys.pids) - server0,
-        nats_cpu: if sys.name != "redis" {
+        nats_cpu: if sys.name == "crpf" || sys.name == "floor" {
             cpu(&sys.pids[..1]) - nats0
         } else {
             0.0
@@ -662,6 +673,23 @@ async fn redis_setup(port: u16) -> Result<redis::aio::MultiplexedConnection, Str
     Ok(conn)
 }
 
+/// A connection to the node's RESP front end, once it answers.
+async fn resp_connection(port: u16) -> Result<redis::aio::MultiplexedConnection, String> {
+    let client =
+        redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(REQUEST_TIMEOUT));
+    let conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .map_err(|e| format!("RESP front end: {e}"))?;
+    let mut c = conn.clone();
+    redis::cmd("PING")
+        .query_async::<String>(&mut c)
+        .await
+        .map_err(|e| format!("RESP front end: {e}"))?;
+    Ok(conn)
+}
+
 async fn redis_info(conn: &redis::aio::MultiplexedConnection, command: &str) -> String {
     let mut conn = conn.clone();
     match redis::cmd(command)
@@ -739,6 +767,38 @@ struct Row {
     crpf: Option<Sample>,
     redis: Option<Sample>,
     floor: Option<Sample>,
+    /// crpf's RESP front end.
+    resp: Option<Sample>,
+}
+
+/// The table of `system` (crpf over NATS, or over RESP) against RedisBloom.
+fn ratio_table(out: &mut String, rows: &[Row], system: fn(&Row) -> &Option<Sample>) {
+    let num = |s: &Option<Sample>, f: fn(&Sample) -> f64| s.as_ref().map_or(f64::NAN, f);
+    out.push_str(
+        "| case | in flight | crpf items/s | RedisBloom items/s | ratio | crpf p50 µs | RB p50 µs \
+         | ratio | crpf p99 µs | RB p99 µs | ratio | crpf CPU µs/item | RB CPU µs/item | ratio |\n",
+    );
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in rows.iter().filter(|r| system(r).is_some()) {
+        let cells = [
+            (Sample::items_per_sec as fn(&Sample) -> f64),
+            |s: &Sample| s.p50_us,
+            |s: &Sample| s.p99_us,
+            Sample::cpu_us_per_item,
+        ];
+        let _ = write!(out, "| {} | {} |", r.case, r.inflight);
+        for f in cells {
+            let (a, b) = (num(system(r), f), num(&r.redis, f));
+            let _ = write!(
+                out,
+                " {} | {} | {} |",
+                fmt_num(a),
+                fmt_num(b),
+                fmt_ratio(a, b)
+            );
+        }
+        out.push('\n');
+    }
 }
 
 fn report(rows: &[Row]) -> String {
@@ -749,30 +809,16 @@ fn report(rows: &[Row]) -> String {
          latency of one request (a batch for ×N cases); CPU = server CPU (nats-server + crpf \
          node, or redis-server) per item.\n\n",
     );
-    out.push_str(
-        "| case | in flight | crpf items/s | RedisBloom items/s | ratio | crpf p50 µs | RB p50 µs \
-         | ratio | crpf p99 µs | RB p99 µs | ratio | crpf CPU µs/item | RB CPU µs/item | ratio |\n",
-    );
-    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for r in rows {
-        let cells = [
-            (Sample::items_per_sec as fn(&Sample) -> f64),
-            |s: &Sample| s.p50_us,
-            |s: &Sample| s.p99_us,
-            Sample::cpu_us_per_item,
-        ];
-        let _ = write!(out, "| {} | {} |", r.case, r.inflight);
-        for f in cells {
-            let (a, b) = (num(&r.crpf, f), num(&r.redis, f));
-            let _ = write!(
-                out,
-                " {} | {} | {} |",
-                fmt_num(a),
-                fmt_num(b),
-                fmt_ratio(a, b)
-            );
-        }
-        out.push('\n');
+    if rows.iter().any(|r| r.crpf.is_some()) {
+        out.push_str("crpf over NATS (the request API):\n\n");
+        ratio_table(&mut out, rows, |r| &r.crpf);
+    }
+    if rows.iter().any(|r| r.resp.is_some()) {
+        out.push_str(
+            "\ncrpf over RESP (the node's Redis-protocol front end, the same redis-rs client and \
+             commands as RedisBloom; CPU = the crpf node's):\n\n",
+        );
+        ratio_table(&mut out, rows, |r| &r.resp);
     }
     if rows.iter().any(|r| r.floor.is_some()) {
         out.push_str(
@@ -814,6 +860,7 @@ fn report(rows: &[Row]) -> String {
     for r in rows {
         for (name, s) in [
             ("crpf", &r.crpf),
+            ("crpf RESP", &r.resp),
             ("RedisBloom", &r.redis),
             ("NATS floor", &r.floor),
         ] {
@@ -828,7 +875,7 @@ fn report(rows: &[Row]) -> String {
                     s.errors,
                     s.secs,
                     s.server_cpu,
-                    if name != "RedisBloom" {
+                    if name == "crpf" || name == "NATS floor" {
                         format!("{:.2}", s.nats_cpu)
                     } else {
                         "-".into()
@@ -931,7 +978,7 @@ async fn run(s: Settings) -> Result<(), BoxError> {
     let mut crpf_batches = false;
     let wanted = |name: &str| s.systems.iter().any(|x| x == name);
     // One nats-server for crpf and the floor: its CPU is charged to whichever runs.
-    let nats = if wanted("crpf") || wanted("floor") {
+    let nats = if wanted("crpf") || wanted("floor") || wanted("resp") {
         let (nats, port) = start_nats(dir.path())?;
         let pid = nats.pid().to_string();
         procs.push(nats);
@@ -939,9 +986,10 @@ async fn run(s: Settings) -> Result<(), BoxError> {
     } else {
         None
     };
-    if let (true, Some((nats_pid, nats_port))) = (wanted("crpf"), &nats) {
+    if let (true, Some((nats_pid, nats_port))) = (wanted("crpf") || wanted("resp"), &nats) {
         let nats_port = *nats_port;
-        let mut node = start_node(dir.path(), nats_port)?;
+        let resp_port = free_port();
+        let mut node = start_node(dir.path(), nats_port, resp_port)?;
         let client =
             ready_client(format!("nats://127.0.0.1:{nats_port}"), "crpf", &mut node).await?;
         match crpf_has_batches(&client).await {
@@ -957,15 +1005,36 @@ async fn run(s: Settings) -> Result<(), BoxError> {
             node.pid(),
             crpf_bin()?.display()
         );
-        systems.push(System {
-            name: "crpf",
-            target: Target::Crpf {
-                client,
-                prefix: "crpf",
-            },
-            pids: vec![nats_pid.clone(), node.pid().to_string()],
-            keys: Default::default(),
-        });
+        if wanted("crpf") {
+            systems.push(System {
+                name: "crpf",
+                target: Target::Crpf {
+                    client,
+                    prefix: "crpf",
+                },
+                pids: vec![nats_pid.clone(), node.pid().to_string()],
+                keys: Default::default(),
+            });
+        }
+        if wanted("resp") {
+            let conn = resp_connection(resp_port)
+                .await
+                .map_err(|e| format!("{e}\n{}", node.tail()))?;
+            println!(
+                "crpf RESP: the same node on 127.0.0.1:{resp_port}, its own filters \
+                 `{RESP_KEY_PREFIX}bloom` and `{RESP_KEY_PREFIX}cuckoo` (same kinds and sizes), \
+                 one multiplexed redis-rs connection as for RedisBloom"
+            );
+            systems.push(System {
+                name: "resp",
+                target: Target::Redis {
+                    conn,
+                    prefix: RESP_KEY_PREFIX,
+                },
+                pids: vec![node.pid().to_string()],
+                keys: Default::default(),
+            });
+        }
         procs.push(node);
     }
     if let (true, Some((nats_pid, nats_port))) = (wanted("floor"), &nats) {
@@ -1008,7 +1077,7 @@ async fn run(s: Settings) -> Result<(), BoxError> {
                 );
                 systems.push(System {
                     name: "redis",
-                    target: Target::Redis { conn },
+                    target: Target::Redis { conn, prefix: "" },
                     pids: vec![p.pid().to_string()],
                     keys: Default::default(),
                 });
@@ -1057,6 +1126,7 @@ async fn run(s: Settings) -> Result<(), BoxError> {
             crpf: None,
             redis: None,
             floor: None,
+            resp: None,
         };
         for sys in &systems {
             if batch && sys.name != "redis" && !crpf_batches {
@@ -1079,6 +1149,7 @@ async fn run(s: Settings) -> Result<(), BoxError> {
             match sys.name {
                 "crpf" => row.crpf = Some(sample),
                 "floor" => row.floor = Some(sample),
+                "resp" => row.resp = Some(sample),
                 _ => row.redis = Some(sample),
             }
         }
@@ -1100,7 +1171,9 @@ async fn run(s: Settings) -> Result<(), BoxError> {
                     println!("crpf {f}: {}", crpf_cardinality(client, f).await);
                 }
             }
-            Target::Redis { conn } => {
+            // The node's figures are on its NATS side.
+            Target::Redis { prefix, .. } if !prefix.is_empty() => {}
+            Target::Redis { conn, .. } => {
                 println!("RedisBloom bloom: {}", redis_info(conn, "BF.INFO").await);
                 println!("RedisBloom cuckoo: {}", redis_info(conn, "CF.INFO").await);
             }

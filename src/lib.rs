@@ -49,6 +49,8 @@ pub mod node;
 #[cfg(feature = "node")]
 pub mod replica;
 #[cfg(feature = "node")]
+pub mod resp;
+#[cfg(feature = "node")]
 pub mod transport;
 #[cfg(feature = "node")]
 pub mod wire;

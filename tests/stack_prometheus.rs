@@ -10,13 +10,11 @@
 mod nats_harness;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nats_harness::{NatsServer, Proc, crpf, free_port, wait_for};
+use nats_harness::{NatsServer, Proc, crpf, free_port, http_get, wait_for};
 use serde_json::Value;
 
 const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
@@ -45,32 +43,6 @@ fn prometheus_binary() -> PathBuf {
 }
 
 // ---------------------------------------------------------------------------------------------
-// HTTP (HTTP/1.0 with a known length or until EOF: no client crate needed)
-
-fn http_get(addr: &str, path: &str) -> Result<(u16, String), String> {
-    let sock: std::net::SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
-    let mut s = TcpStream::connect_timeout(&sock, Duration::from_secs(2))
-        .map_err(|e| format!("connect {addr}: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf)
-        .map_err(|e| format!("read {addr}{path}: {e}"))?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("no HTTP header from {addr}{path}"))?;
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("bad status line from {addr}{path}: {head:?}"))?;
-    Ok((code, body.to_string()))
-}
 
 fn urlencode(s: &str) -> String {
     s.bytes()

@@ -53,6 +53,10 @@ pub struct NodeConfig {
     /// How to reach NATS; without it the node's replicas talk over an in-process bus.
     #[serde(default)]
     pub nats: Option<NatsConfig>,
+    /// The RESP front end ([`crate::resp`]): the request API over the Redis protocol. None:
+    /// not served.
+    #[serde(default)]
+    pub resp: Option<crate::resp::RespConfig>,
     /// One replica per entry.
     pub filters: Vec<ReplicaConfig>,
 }

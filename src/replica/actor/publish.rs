@@ -25,7 +25,7 @@ const ENVELOPE_OVERHEAD: usize = 1024;
 pub(crate) enum Responder {
     /// A request of the API: the reply subject and the reply of a success.
     Api {
-        reply: Option<String>,
+        reply: Option<super::request::ReplyTo>,
         body: ApiReply,
     },
     /// A [`crate::replica::ReplicaHandle`] call.

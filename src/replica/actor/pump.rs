@@ -22,8 +22,10 @@ use crate::wire::{Envelope, WireCodec, WireError};
 pub(crate) enum Inbound {
     /// A valid replication message from a peer, and the length of its frame.
     Replication(Envelope, usize),
-    /// A request of the API.
+    /// A request of the API, from NATS.
     Api(Message),
+    /// A request of the API made in this process, and where its reply goes.
+    InProcess(Message, oneshot::Sender<super::request::ApiResponse>),
     /// A connection event.
     Event(TransportEvent),
     /// The pending delta, filled by updates applied in the subscription tasks, is full:
@@ -36,7 +38,7 @@ impl Inbound {
     pub(super) fn size(&self) -> u64 {
         match self {
             Inbound::Replication(_, len) => *len as u64,
-            Inbound::Api(m) => m.payload.len() as u64,
+            Inbound::Api(m) | Inbound::InProcess(m, _) => m.payload.len() as u64,
             Inbound::Event(_) | Inbound::Commit => 0,
         }
     }
@@ -125,26 +127,48 @@ pub(super) async fn forward_stream(
                     continue;
                 }
             };
-            // Bounded in messages by the channel, and in bytes here: a flood of large
-            // chunks must not pile up in memory while the actor is busy.
-            let size = item.size();
-            let queued = shared.inbound_bytes.fetch_add(size, Ordering::AcqRel);
-            let result = if queued + size > shared.inbound_max_bytes {
-                Err(mpsc::error::TrySendError::Full(item))
-            } else {
-                tx.try_send(item)
-            };
-            match result {
-                Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    shared.inbound_bytes.fetch_sub(size, Ordering::AcqRel);
-                    shared.telemetry.inbound_dropped();
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => return,
+            if offer(&shared, &tx, item) == Err(Refused::Closed) {
+                return;
             }
         }
         tracing::warn!(%subject, "subscription ended, resubscribing");
     }
+}
+
+/// Why [`offer`] dropped an item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refused {
+    /// The buffer is full (counted).
+    Full,
+    /// The actor is gone.
+    Closed,
+}
+
+/// Puts `item` in the actor's inbound buffer, bounded in messages by the channel and in bytes
+/// here (a flood of large chunks must not pile up in memory while the actor is busy). A full
+/// buffer drops it and counts.
+pub(super) fn offer(
+    shared: &Shared,
+    tx: &mpsc::Sender<Inbound>,
+    item: Inbound,
+) -> Result<(), Refused> {
+    let size = item.size();
+    let queued = shared.inbound_bytes.fetch_add(size, Ordering::AcqRel);
+    let result = if queued + size > shared.inbound_max_bytes {
+        Err(Refused::Full)
+    } else {
+        tx.try_send(item).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => Refused::Full,
+            mpsc::error::TrySendError::Closed(_) => Refused::Closed,
+        })
+    };
+    if let Err(refused) = result {
+        shared.inbound_bytes.fetch_sub(size, Ordering::AcqRel);
+        if refused == Refused::Full {
+            shared.telemetry.inbound_dropped();
+        }
+    }
+    result
 }
 
 /// Turns a message of the replication subscription into an [`Inbound`]: decoded, verified and

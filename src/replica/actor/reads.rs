@@ -11,10 +11,14 @@
 
 use std::sync::Arc;
 
+use async_nats::HeaderMap;
+use bytes::Bytes;
 use serde_json::json;
+use tokio::sync::oneshot;
 
 use super::local::check_item;
-use super::request::{ApiReply, api_reply_format, failure_reply};
+use super::pump::{Refused, offer};
+use super::request::{ApiReply, ApiResponse, ReplyTo, api_reply_format, failure_reply};
 use super::updates::{Lock, Updates};
 use super::{Route, Shared};
 use crate::ReplicaId;
@@ -60,14 +64,82 @@ pub(crate) struct Reads {
     pub updates: Arc<Updates>,
 }
 
+/// What [`Reads::answer`] came to.
+enum Answer {
+    /// Answered here.
+    Here(ApiReply),
+    /// For the actor.
+    Actor,
+}
+
 impl Reads {
-    /// Where a request goes: answered here if it is a query (or an update applied here), else
-    /// to the actor.
+    /// Where a request from NATS goes: answered here if it is a query (or an update applied
+    /// here), else to the actor.
     pub(super) fn route(&self, msg: Message) -> Route {
         let op = self
             .subjects
             .api_op(&msg.subject)
             .and_then(|op| op.parse::<Op>().ok());
+        match self.answer(op, &msg) {
+            Answer::Here(body) => {
+                match body.finish(self.replica, msg.reply.map(ReplyTo::Subject)) {
+                    Some((ReplyTo::Subject(to), headers, payload)) => {
+                        self.telemetry
+                            .traffic(Direction::Out, Channel::Api, payload.len());
+                        Route::Reply(to, headers, payload)
+                    }
+                    _ => Route::Drop,
+                }
+            }
+            Answer::Actor => Route::Actor(super::Inbound::Api(msg)),
+        }
+    }
+
+    /// Answers a request made in this process: here where [`Reads::route`] would (unless
+    /// `queued`), else through the actor's inbound buffer ([`ReplicaError::Busy`] if it is
+    /// full).
+    pub(crate) fn in_process(
+        &self,
+        op: Op,
+        payload: Bytes,
+        headers: Option<HeaderMap>,
+        queued: bool,
+    ) -> PendingResponse {
+        let msg = Message {
+            subject: self.subjects.api_subject(op.name()),
+            payload,
+            reply: None,
+            headers,
+        };
+        let answer = if queued {
+            Answer::Actor
+        } else {
+            self.answer(Some(op), &msg)
+        };
+        match answer {
+            Answer::Here(body) => {
+                let (_, headers, payload) = body
+                    .finish(self.replica, Some(ReplyTo::Subject(String::new())))
+                    .expect("a reply was asked for");
+                PendingResponse::Ready(Some(ApiResponse { headers, payload }))
+            }
+            Answer::Actor => {
+                let (tx, rx) = oneshot::channel();
+                match offer(
+                    &self.shared,
+                    &self.updates.to_actor,
+                    super::Inbound::InProcess(msg, tx),
+                ) {
+                    Ok(()) => PendingResponse::Actor(rx),
+                    Err(Refused::Full) => PendingResponse::Failed(ReplicaError::Busy),
+                    Err(Refused::Closed) => PendingResponse::Failed(ReplicaError::Stopped),
+                }
+            }
+        }
+    }
+
+    /// The answer of a request here, or [`Answer::Actor`] if the actor gives it.
+    fn answer(&self, op: Option<Op>, msg: &Message) -> Answer {
         if let Some(op) = op
             && Updates::is_update(op)
         {
@@ -77,16 +149,16 @@ impl Reads {
             op,
             Some(Op::Contains | Op::MContains | Op::Count | Op::MCount)
         ) {
-            return Route::Actor(super::Inbound::Api(msg));
+            return Answer::Actor;
         }
         self.telemetry
             .traffic(Direction::In, Channel::Api, msg.payload.len());
         let served = self.service.serve(&msg.subject);
         let result = match op {
             Some(op @ (Op::Count | Op::MCount)) => {
-                count_reply(&self.filter(), op, &msg, self.limits, self.max_item_bytes)
+                count_reply(&self.filter(), op, msg, self.limits, self.max_item_bytes)
             }
-            _ => query_reply(&self.shared, self.limits, op == Some(Op::MContains), &msg),
+            _ => query_reply(&self.shared, self.limits, op == Some(Op::MContains), msg),
         };
         let mut body = match result {
             Ok(body) => body,
@@ -96,20 +168,19 @@ impl Reads {
             }
         };
         body.served = Some(served);
-        self.reply(body, msg.reply)
+        Answer::Here(body)
     }
 
     /// Applies an update here if it may be ([`Updates::applies_in_task`]) and the filter's
     /// lock is free; else hands it to the actor, which also answers a malformed one.
-    fn update(&self, op: Op, msg: Message) -> Route {
+    fn update(&self, op: Op, msg: &Message) -> Answer {
         let updates = &self.updates;
-        let to_actor = |msg| Route::Actor(super::Inbound::Api(msg));
-        match updates.level(&msg) {
+        match updates.level(msg) {
             Ok(level) if updates.applies_in_task(op, level) => {
                 let served = self.service.serve(&msg.subject);
-                let mut body = match updates.apply(op, level, &msg, Lock::Try, &mut || Ok(u64::MAX))
+                let mut body = match updates.apply(op, level, msg, Lock::Try, &mut || Ok(u64::MAX))
                 {
-                    Ok(None) => return to_actor(msg),
+                    Ok(None) => return Answer::Actor,
                     Ok(Some(applied)) => applied.body,
                     Err(e) => {
                         self.telemetry.api_errors(e.reason(), 1);
@@ -119,25 +190,57 @@ impl Reads {
                 self.telemetry
                     .traffic(Direction::In, Channel::Api, msg.payload.len());
                 body.served = Some(served);
-                self.reply(body, msg.reply)
+                Answer::Here(body)
             }
-            _ => to_actor(msg),
-        }
-    }
-
-    fn reply(&self, body: ApiReply, reply: Option<String>) -> Route {
-        match body.finish(self.replica, reply) {
-            Some((to, headers, payload)) => {
-                self.telemetry
-                    .traffic(Direction::Out, Channel::Api, payload.len());
-                Route::Reply(to, headers, payload)
-            }
-            None => Route::Drop,
+            _ => Answer::Actor,
         }
     }
 
     fn filter(&self) -> std::sync::RwLockReadGuard<'_, crate::replica::AnyFilter> {
         self.shared.filter.read().expect("filter lock poisoned")
+    }
+}
+
+/// The reply of a request made in this process ([`crate::replica::ReplicaHandle::request`]):
+/// ready at once where a subscription task would have answered it, else the actor's.
+#[must_use = "a future does nothing unless awaited"]
+pub enum PendingResponse {
+    /// Answered already (taken once polled).
+    Ready(Option<ApiResponse>),
+    /// The actor answers.
+    Actor(oneshot::Receiver<ApiResponse>),
+    /// Not taken (taken once polled).
+    Failed(ReplicaError),
+}
+
+impl std::fmt::Debug for PendingResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PendingResponse::Ready(_) => "PendingResponse::Ready",
+            PendingResponse::Actor(_) => "PendingResponse::Actor",
+            PendingResponse::Failed(_) => "PendingResponse::Failed",
+        })
+    }
+}
+
+impl Future for PendingResponse {
+    type Output = Result<ApiResponse, ReplicaError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        use std::task::Poll;
+        match &mut *self {
+            PendingResponse::Ready(r) => Poll::Ready(r.take().ok_or(ReplicaError::Stopped)),
+            // The actor stopped before answering: the request may or may not have applied.
+            PendingResponse::Actor(rx) => std::pin::Pin::new(rx)
+                .poll(cx)
+                .map(|r| r.map_err(|_| ReplicaError::Stopped)),
+            PendingResponse::Failed(e) => {
+                Poll::Ready(Err(std::mem::replace(e, ReplicaError::Stopped)))
+            }
+        }
     }
 }
 

@@ -14,6 +14,7 @@ use actix::prelude::*;
 use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::json;
+use tokio::sync::oneshot;
 
 use super::Replica;
 use super::publish::Responder;
@@ -89,14 +90,47 @@ impl ApiReply {
     }
 }
 
+/// Where the reply of a request goes.
+pub(crate) enum ReplyTo {
+    /// A NATS reply subject.
+    Subject(String),
+    /// The caller of [`crate::replica::ReplicaHandle::request`], in this process.
+    InProcess(oneshot::Sender<ApiResponse>),
+}
+
+/// The reply of a request of the API made in this process
+/// ([`crate::replica::ReplicaHandle::request`]): what a NATS requester would receive.
+#[derive(Debug, Clone)]
+pub struct ApiResponse {
+    /// The reply's headers ([`REPLICA_HEADER`], [`REPLY_HEADER`] for a bitmap,
+    /// [`ERROR_HEADER`], and the service API's error headers on an error reply).
+    pub headers: async_nats::HeaderMap,
+    /// The body: JSON, or a bitmap where the headers say so.
+    pub payload: Bytes,
+}
+
+impl ApiResponse {
+    /// The error of an error reply (the service API's `Nats-Service-Error` header).
+    pub fn error(&self) -> Option<&str> {
+        self.headers.get(SERVICE_ERROR_HEADER).map(|v| v.as_str())
+    }
+
+    /// Whether the body is a bitmap ([`crate::api::batch::decode_bitmap`]) rather than JSON.
+    pub fn is_bitmap(&self) -> bool {
+        self.headers
+            .get(REPLY_HEADER)
+            .is_some_and(|v| v.as_str() == ReplyFormat::Bitmap.name())
+    }
+}
+
 impl ApiReply {
-    /// Counts the request on its service endpoint, and makes the reply (subject, headers
-    /// naming `replica`, payload) if the request has a reply subject.
+    /// Counts the request on its service endpoint, and makes the reply (where to, headers
+    /// naming `replica`, payload) if the request wants one.
     pub(super) fn finish(
         mut self,
         replica: ReplicaId,
-        reply: Option<String>,
-    ) -> Option<(String, async_nats::HeaderMap, Bytes)> {
+        reply: Option<ReplyTo>,
+    ) -> Option<(ReplyTo, async_nats::HeaderMap, Bytes)> {
         // Served even without a reply subject (a request published without one).
         if let Some(served) = self.served.take() {
             served.finish(self.failure.as_ref());
@@ -170,6 +204,8 @@ impl Replica {
             limits: Limits::new(self.cfg.max_batch_items, self.cfg.max_item_bytes),
             updates: self.updates.clone(),
         });
+        // Started once: the cell is empty.
+        let _ = self.shared.api.set(reads.clone());
         // The subscription tasks run on the runtime's workers (`tokio::spawn`), where the NATS
         // connection's task runs, not on the actors' thread: a query is then answered without
         // a wake-up of another thread on its way in (node CPU per `contains` at 16 in flight
@@ -223,10 +259,9 @@ impl Replica {
         }
     }
 
-    pub(super) fn on_api(&mut self, msg: Message, ctx: &mut Context<Self>) {
+    pub(super) fn on_api(&mut self, msg: Message, reply: Option<ReplyTo>, ctx: &mut Context<Self>) {
         self.telemetry
             .traffic(Direction::In, Channel::Api, msg.payload.len());
-        let reply = msg.reply.clone();
         let served = self.service.as_ref().map(|s| s.serve(&msg.subject));
         match self.api_request(&msg) {
             Ok(Handled::Answer(mut body)) => {
@@ -303,7 +338,7 @@ impl Replica {
     /// reached, else the error.
     pub(super) fn api_answer(
         &mut self,
-        reply: Option<String>,
+        reply: Option<ReplyTo>,
         body: ApiReply,
         result: Result<(), ReplicaError>,
     ) {
@@ -313,18 +348,25 @@ impl Replica {
         }
     }
 
-    fn api_failed(&mut self, reply: Option<String>, served: Option<Served>, e: ReplicaError) {
+    fn api_failed(&mut self, reply: Option<ReplyTo>, served: Option<Served>, e: ReplicaError) {
         self.api_error(&e);
         let mut body = failure_reply(&e);
         body.served = served;
         self.send_reply(reply, body);
     }
 
-    fn send_reply(&mut self, reply: Option<String>, body: ApiReply) {
-        if let Some((to, headers, payload)) = body.finish(self.id(), reply) {
-            self.telemetry
-                .traffic(Direction::Out, Channel::Api, payload.len());
-            self.enqueue(Outbound::Reply(to, payload, headers));
+    fn send_reply(&mut self, reply: Option<ReplyTo>, body: ApiReply) {
+        match body.finish(self.id(), reply) {
+            Some((ReplyTo::Subject(to), headers, payload)) => {
+                self.telemetry
+                    .traffic(Direction::Out, Channel::Api, payload.len());
+                self.enqueue(Outbound::Reply(to, payload, headers));
+            }
+            Some((ReplyTo::InProcess(tx), headers, payload)) => {
+                // The caller may have given up waiting: nothing to do then.
+                let _ = tx.send(ApiResponse { headers, payload });
+            }
+            None => {}
         }
     }
 
@@ -360,6 +402,8 @@ fn service_code(e: &ReplicaError) -> u16 {
         | ReplicaError::Stopped
         | ReplicaError::Transport(_)
         | ReplicaError::TagsUnreserved
+        | ReplicaError::Busy
+        | ReplicaError::NotServing
         | ReplicaError::IdRetired { .. } => 503,
         ReplicaError::NotReplicated { .. } => 504,
         ReplicaError::Config(_)

@@ -363,6 +363,7 @@ mod tests {
             direct_changes: Default::default(),
             commit_requested: Default::default(),
             closed: Default::default(),
+            api: Default::default(),
         });
         let (to_actor, from_tasks) = mpsc::channel(8);
         let updates = Updates {

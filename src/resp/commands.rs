@@ -1,0 +1,519 @@
+//! What each RESP command means for a crpf filter, and how the request API's answer reads as
+//! a RESP reply. The key of every filter command is the filter's name; the filters are those
+//! the node's configuration declares (they are not created by commands).
+//!
+//! | Command | Request API | Reply |
+//! |---|---|---|
+//! | `BF.ADD`, `CF.ADD` *key item* | `add` | `1` |
+//! | `BF.MADD` *key item...*; `BF.INSERT`, `CF.INSERT` *key* \[options\] `ITEMS` *item...* | `madd` | an array: `1` per item added, an error where one could not be |
+//! | `BF.EXISTS`, `CF.EXISTS` *key item* | `contains` | `1` or `0` |
+//! | `BF.MEXISTS`, `CF.MEXISTS` *key item...* | `mcontains` | an array of `1` and `0` |
+//! | `CF.DEL` *key item* | `remove` | `1` if an occurrence was removed, else `0` |
+//! | `CRPF.MDEL` *key item...* | `mremove` | an array of `1` and `0` |
+//! | `CF.COUNT` *key item* | `count` | the multiplicity (counting kinds) |
+//! | `CRPF.STATS` *key* | `stats` | the stats JSON as a bulk string |
+//! | `CRPF.ACK` *level* | | `OK`: later updates of this connection wait for `local`, `durable` or `replicated` |
+//!
+//! Unlike RedisBloom, an add answers `1` whether or not the item was there already (a
+//! replicated filter cannot tell "new" from "added elsewhere first"), and the creation
+//! options of `BF.INSERT`/`CF.INSERT` (`CAPACITY`, `ERROR`, `NOCREATE`...) are accepted and
+//! ignored.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::Deserialize;
+
+use crate::api::batch;
+use crate::api::{ACK_HEADER, ERROR_HEADER, Op, REPLY_HEADER, ReplyFormat};
+use crate::replica::{AckLevel, ApiResponse, PendingResponse, ReplicaHandle};
+
+/// A RESP2 reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// `+<text>`.
+    Simple(&'static str),
+    /// `:<n>`.
+    Int(i64),
+    /// `$<len>` and the bytes.
+    Bulk(Bytes),
+    /// `*<n>` and the elements.
+    Array(Vec<Reply>),
+    /// `-<text>`: the text starts with the error's kind (`ERR`, `NOAUTH`...).
+    Error(String),
+}
+
+impl Reply {
+    /// An `ERR` error.
+    pub fn err(text: impl std::fmt::Display) -> Self {
+        Reply::Error(format!("ERR {text}"))
+    }
+
+    /// Appends the reply's RESP2 encoding.
+    pub fn encode(&self, out: &mut BytesMut) {
+        match self {
+            Reply::Simple(s) => line(out, b'+', s.as_bytes()),
+            Reply::Int(0) => out.put_slice(b":0\r\n"),
+            Reply::Int(1) => out.put_slice(b":1\r\n"),
+            Reply::Int(n) => line(out, b':', itoa::Buffer::new().format(*n).as_bytes()),
+            Reply::Bulk(b) => {
+                line(out, b'$', itoa::Buffer::new().format(b.len()).as_bytes());
+                out.put_slice(b);
+                out.put_slice(b"\r\n");
+            }
+            Reply::Array(items) => {
+                line(
+                    out,
+                    b'*',
+                    itoa::Buffer::new().format(items.len()).as_bytes(),
+                );
+                items.iter().for_each(|r| r.encode(out));
+            }
+            // One line: an error text must not end the reply early.
+            Reply::Error(e) => {
+                let text: String = e
+                    .chars()
+                    .map(|c| if c == '\r' || c == '\n' { ' ' } else { c })
+                    .collect();
+                line(out, b'-', text.as_bytes());
+            }
+        }
+    }
+}
+
+fn line(out: &mut BytesMut, kind: u8, body: &[u8]) {
+    out.put_u8(kind);
+    out.put_slice(body);
+    out.put_slice(b"\r\n");
+}
+
+/// How the answer of a request reads as a reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `add`: `1`.
+    Added,
+    /// `contains`: `1` or `0`.
+    Found,
+    /// `remove`: `1` or `0`.
+    Removed,
+    /// `count`: the number.
+    Count,
+    /// A batch of this many items answered as a bitmap: `1` and `0`, or for `madd` an error
+    /// where an item was refused.
+    Bits {
+        /// Items in the batch.
+        items: usize,
+    },
+    /// `stats`: the JSON as a bulk string.
+    Json,
+}
+
+/// A request of the API that a command comes to.
+#[derive(Debug)]
+pub struct Request {
+    /// The operation.
+    pub op: Op,
+    /// Its payload: the item, or a batch.
+    pub payload: Bytes,
+    /// Batches ask for a bitmap; updates carry the connection's level if it chose one.
+    pub bitmap: bool,
+    /// How its answer reads.
+    pub shape: Shape,
+}
+
+/// A command, checked: answered by the connection itself, or a request to a filter.
+#[derive(Debug)]
+pub enum Command {
+    /// Answered at once.
+    Reply(Reply),
+    /// For the filter named by the key.
+    Filter(ReplicaHandle, Request),
+    /// `CRPF.ACK`: the level of this connection's later updates.
+    SetAck(AckLevel),
+    /// `AUTH`, with the password given.
+    Auth(Bytes),
+    /// `QUIT`: answer `OK` and close.
+    Quit,
+}
+
+/// Why a command is refused before it reaches a filter, for the `reason` label of
+/// `crpf_resp_rejected_total`.
+pub(crate) fn rejected_reason(reply: &Reply) -> Option<&'static str> {
+    let Reply::Error(e) = reply else { return None };
+    Some(if e.starts_with("ERR unknown command") {
+        "unknown_command"
+    } else if e.starts_with("ERR wrong number") {
+        "wrong_arity"
+    } else if e.starts_with("ERR no filter") {
+        "unknown_filter"
+    } else if e.starts_with("NOAUTH") || e.starts_with("WRONGPASS") {
+        "auth"
+    } else {
+        "invalid"
+    })
+}
+
+/// What `args` (the command's name first) asks for; `filter` finds a filter by name.
+pub fn command<'a>(
+    args: Vec<Bytes>,
+    filter: impl Fn(&[u8]) -> Option<&'a ReplicaHandle>,
+) -> Command {
+    let Some(name) = args.first() else {
+        // An empty command: Redis answers nothing, but a reply keeps replies and requests
+        // paired for the client.
+        return Command::Reply(Reply::err("empty command"));
+    };
+    let name = String::from_utf8_lossy(name).to_ascii_uppercase();
+    let rest = &args[1..];
+    let arity = |ok: bool| -> Result<(), Command> {
+        if ok {
+            Ok(())
+        } else {
+            Err(Command::Reply(Reply::err(format!(
+                "wrong number of arguments for '{}' command",
+                name.to_ascii_lowercase()
+            ))))
+        }
+    };
+    let on_filter = |op: Op, shape: Shape, payload: Bytes| -> Command {
+        let key = &rest[0];
+        match filter(key) {
+            Some(handle) => Command::Filter(
+                handle.clone(),
+                Request {
+                    op,
+                    payload,
+                    bitmap: matches!(shape, Shape::Bits { .. }),
+                    shape,
+                },
+            ),
+            None => Command::Reply(Reply::err(format!(
+                "no filter named `{}` on this node",
+                String::from_utf8_lossy(key)
+            ))),
+        }
+    };
+    let batch = |op: Op, items: &[Bytes]| -> Command {
+        let mut payload = Vec::with_capacity(items.iter().map(|i| i.len() + 4).sum());
+        for (index, item) in items.iter().enumerate() {
+            if let Err(e) = batch::encode_into(&mut payload, index, item) {
+                return Command::Reply(Reply::err(e));
+            }
+        }
+        let shape = Shape::Bits { items: items.len() };
+        on_filter(op, shape, payload.into())
+    };
+    let checked = (|| -> Result<Command, Command> {
+        Ok(match name.as_str() {
+            "PING" => {
+                arity(rest.len() <= 1)?;
+                match rest.first() {
+                    Some(m) => Command::Reply(Reply::Bulk(m.clone())),
+                    None => Command::Reply(Reply::Simple("PONG")),
+                }
+            }
+            "ECHO" => {
+                arity(rest.len() == 1)?;
+                Command::Reply(Reply::Bulk(rest[0].clone()))
+            }
+            "QUIT" => Command::Quit,
+            "AUTH" => {
+                // `AUTH password` or `AUTH default password` (Redis 6 ACL form).
+                arity(matches!(rest.len(), 1 | 2))?;
+                if rest.len() == 2 && &rest[0][..] != b"default" {
+                    return Ok(Command::Reply(Reply::Error(
+                        "WRONGPASS invalid username-password pair".into(),
+                    )));
+                }
+                Command::Auth(rest[rest.len() - 1].clone())
+            }
+            // Client libraries send these on connecting; nothing in them matters here.
+            "CLIENT" => Command::Reply(Reply::Simple("OK")),
+            "COMMAND" => Command::Reply(Reply::Array(Vec::new())),
+            "SELECT" => {
+                arity(rest.len() == 1)?;
+                if &rest[0][..] == b"0" {
+                    Command::Reply(Reply::Simple("OK"))
+                } else {
+                    Command::Reply(Reply::err("DB index is out of range"))
+                }
+            }
+            "BF.ADD" | "CF.ADD" => {
+                arity(rest.len() == 2)?;
+                on_filter(Op::Add, Shape::Added, rest[1].clone())
+            }
+            "BF.EXISTS" | "CF.EXISTS" => {
+                arity(rest.len() == 2)?;
+                on_filter(Op::Contains, Shape::Found, rest[1].clone())
+            }
+            "CF.DEL" => {
+                arity(rest.len() == 2)?;
+                on_filter(Op::Remove, Shape::Removed, rest[1].clone())
+            }
+            "CF.COUNT" => {
+                arity(rest.len() == 2)?;
+                on_filter(Op::Count, Shape::Count, rest[1].clone())
+            }
+            "BF.MADD" => {
+                arity(rest.len() >= 2)?;
+                batch(Op::MAdd, &rest[1..])
+            }
+            "BF.MEXISTS" | "CF.MEXISTS" => {
+                arity(rest.len() >= 2)?;
+                batch(Op::MContains, &rest[1..])
+            }
+            "CRPF.MDEL" => {
+                arity(rest.len() >= 2)?;
+                batch(Op::MRemove, &rest[1..])
+            }
+            "BF.INSERT" | "CF.INSERT" => {
+                let items = rest
+                    .iter()
+                    .position(|a| a.eq_ignore_ascii_case(b"ITEMS"))
+                    .map(|i| &rest[i + 1..]);
+                arity(!rest.is_empty() && items.is_some_and(|i| !i.is_empty()))?;
+                batch(Op::MAdd, items.unwrap_or_default())
+            }
+            "CRPF.STATS" => {
+                arity(rest.len() == 1)?;
+                on_filter(Op::Stats, Shape::Json, Bytes::new())
+            }
+            "CRPF.ACK" => {
+                arity(rest.len() == 1)?;
+                match String::from_utf8_lossy(&rest[0]).parse::<AckLevel>() {
+                    Ok(level) => Command::SetAck(level),
+                    Err(e) => Command::Reply(Reply::err(e)),
+                }
+            }
+            "BF.RESERVE" | "CF.RESERVE" => Command::Reply(Reply::err(
+                "crpf filters are declared in the node's configuration, not reserved",
+            )),
+            _ => Command::Reply(Reply::err(format!(
+                "unknown command '{}'",
+                name.chars().take(64).collect::<String>()
+            ))),
+        })
+    })();
+    checked.unwrap_or_else(|refused| refused)
+}
+
+/// Sends `request` to `handle`, with the connection's acknowledgement level if it chose one;
+/// through the actor if `queued` ([`ReplicaHandle::request_queued`]).
+pub fn send(
+    handle: &ReplicaHandle,
+    request: &Request,
+    ack: Option<AckLevel>,
+    queued: bool,
+) -> PendingResponse {
+    let mut headers = None::<async_nats::HeaderMap>;
+    if request.bitmap {
+        headers
+            .get_or_insert_default()
+            .insert(REPLY_HEADER, ReplyFormat::Bitmap.name());
+    }
+    if let Some(level) = ack
+        && matches!(request.op, Op::Add | Op::MAdd | Op::Remove | Op::MRemove)
+    {
+        headers
+            .get_or_insert_default()
+            .insert(ACK_HEADER, level.to_string());
+    }
+    let payload = request.payload.clone();
+    if queued {
+        handle.request_queued(request.op, payload, headers)
+    } else {
+        handle.request(request.op, payload, headers)
+    }
+}
+
+/// The reply to a command whose request was answered with `response`.
+pub fn reply(shape: Shape, response: &ApiResponse) -> Reply {
+    if let Some(e) = response.error() {
+        return Reply::err(e);
+    }
+    let body = &response.payload[..];
+    let json = |field: &str| -> Option<serde_json::Value> {
+        #[derive(Deserialize)]
+        struct Object(serde_json::Map<String, serde_json::Value>);
+        serde_json::from_slice::<Object>(body)
+            .ok()
+            .and_then(|mut o| o.0.remove(field))
+    };
+    let flag = |field: &str| json(field).and_then(|v| v.as_bool()).map(i64::from);
+    let unexpected = || {
+        Reply::err(format!(
+            "unexpected answer: {}",
+            String::from_utf8_lossy(body)
+        ))
+    };
+    match shape {
+        Shape::Added => Reply::Int(1),
+        // The answers of single queries are fixed texts: no JSON parse on the hot path.
+        Shape::Found => match body {
+            b"{\"contains\":true}" => Reply::Int(1),
+            b"{\"contains\":false}" => Reply::Int(0),
+            _ => flag("contains").map_or_else(unexpected, Reply::Int),
+        },
+        Shape::Removed => flag("removed").map_or_else(unexpected, Reply::Int),
+        Shape::Count => json("count")
+            .and_then(|v| v.as_i64())
+            .map_or_else(unexpected, Reply::Int),
+        Shape::Json => Reply::Bulk(response.payload.clone()),
+        Shape::Bits { items } => {
+            if !response.is_bitmap() {
+                return unexpected();
+            }
+            let Ok(bits) = batch::decode_bitmap(body, items) else {
+                return unexpected();
+            };
+            // A `madd` that refused some items says why once, for the first.
+            let refused = response.headers.get(ERROR_HEADER).map(Reply::err);
+            Reply::Array(
+                bits.into_iter()
+                    .map(|bit| match (bit, &refused) {
+                        (true, _) => Reply::Int(1),
+                        (false, Some(e)) => e.clone(),
+                        (false, None) => Reply::Int(0),
+                    })
+                    .collect(),
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encoded(r: &Reply) -> String {
+        let mut out = BytesMut::new();
+        r.encode(&mut out);
+        String::from_utf8(out.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn replies_encode_as_resp2() {
+        assert_eq!(encoded(&Reply::Simple("PONG")), "+PONG\r\n");
+        assert_eq!(encoded(&Reply::Int(-42)), ":-42\r\n");
+        assert_eq!(
+            encoded(&Reply::Bulk(Bytes::from_static(b"a\r\nb"))),
+            "$4\r\na\r\nb\r\n"
+        );
+        assert_eq!(
+            encoded(&Reply::Array(vec![
+                Reply::Int(1),
+                Reply::Int(0),
+                Reply::err("no\r\nway")
+            ])),
+            "*3\r\n:1\r\n:0\r\n-ERR no  way\r\n"
+        );
+    }
+
+    fn no_filter(_: &[u8]) -> Option<&'static ReplicaHandle> {
+        None
+    }
+
+    fn words(ws: &[&str]) -> Vec<Bytes> {
+        ws.iter()
+            .map(|w| Bytes::copy_from_slice(w.as_bytes()))
+            .collect()
+    }
+
+    fn refused(ws: &[&str]) -> String {
+        match command(words(ws), no_filter) {
+            Command::Reply(Reply::Error(e)) => e,
+            other => panic!("{ws:?} gave {other:?}"),
+        }
+    }
+
+    #[test]
+    fn commands_are_checked_before_any_filter_sees_them() {
+        assert!(
+            refused(&["bf.add", "k"]).starts_with("ERR wrong number of arguments for 'bf.add'")
+        );
+        assert!(refused(&["CF.INSERT", "k", "CAPACITY", "10"]).starts_with("ERR wrong number"));
+        assert!(refused(&["CF.INSERT", "k", "ITEMS"]).starts_with("ERR wrong number"));
+        assert!(refused(&["BF.ADD", "nope", "x"]).starts_with("ERR no filter named `nope`"));
+        assert!(refused(&["FLUSHALL"]).starts_with("ERR unknown command 'FLUSHALL'"));
+        assert!(refused(&["CRPF.ACK", "eventually"]).starts_with("ERR"));
+        assert!(refused(&["AUTH", "admin", "pw"]).starts_with("WRONGPASS"));
+        assert_eq!(
+            rejected_reason(&Reply::Error(refused(&["BF.ADD", "k"]))),
+            Some("wrong_arity")
+        );
+        assert_eq!(
+            rejected_reason(&Reply::Error(refused(&["X"]))),
+            Some("unknown_command")
+        );
+        assert!(matches!(
+            command(words(&["ping"]), no_filter),
+            Command::Reply(Reply::Simple("PONG"))
+        ));
+        assert!(matches!(
+            command(words(&["CRPF.ACK", "durable"]), no_filter),
+            Command::SetAck(AckLevel::Durable)
+        ));
+        assert!(
+            matches!(command(words(&["AUTH", "default", "pw"]), no_filter), Command::Auth(p) if &p[..] == b"pw")
+        );
+    }
+
+    fn response(payload: &'static [u8], headers: &[(&str, &str)]) -> ApiResponse {
+        let mut h = async_nats::HeaderMap::new();
+        for (k, v) in headers {
+            h.insert(*k, *v);
+        }
+        ApiResponse {
+            headers: h,
+            payload: Bytes::from_static(payload),
+        }
+    }
+
+    #[test]
+    fn answers_read_as_redisbloom_replies() {
+        let none: &[(&str, &str)] = &[];
+        assert_eq!(
+            reply(Shape::Found, &response(b"{\"contains\":true}", none)),
+            Reply::Int(1)
+        );
+        assert_eq!(
+            reply(Shape::Found, &response(b"{ \"contains\" : false }", none)),
+            Reply::Int(0)
+        );
+        assert_eq!(
+            reply(Shape::Removed, &response(b"{\"removed\":true}", none)),
+            Reply::Int(1)
+        );
+        assert_eq!(
+            reply(Shape::Count, &response(b"{\"count\":7}", none)),
+            Reply::Int(7)
+        );
+        let bitmap = [(REPLY_HEADER, "bitmap")];
+        let bits = batch::encode_bitmap([true, false, true]);
+        let bits: &'static [u8] = Box::leak(bits.into_boxed_slice());
+        assert_eq!(
+            reply(Shape::Bits { items: 3 }, &response(bits, &bitmap)),
+            Reply::Array(vec![Reply::Int(1), Reply::Int(0), Reply::Int(1)])
+        );
+        let refused = [(REPLY_HEADER, "bitmap"), (ERROR_HEADER, "filter is full")];
+        assert_eq!(
+            reply(Shape::Bits { items: 3 }, &response(bits, &refused)),
+            Reply::Array(vec![
+                Reply::Int(1),
+                Reply::err("filter is full"),
+                Reply::Int(1)
+            ])
+        );
+        let failed = [(
+            async_nats::service::NATS_SERVICE_ERROR,
+            "invalid request: empty item",
+        )];
+        assert_eq!(
+            reply(Shape::Added, &response(b"{\"error\":\"...\"}", &failed)),
+            Reply::err("invalid request: empty item")
+        );
+        // A bitmap of the wrong length is not taken for an answer.
+        assert!(matches!(
+            reply(Shape::Bits { items: 30 }, &response(bits, &bitmap)),
+            Reply::Error(_)
+        ));
+    }
+}

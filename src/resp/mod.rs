@@ -1,0 +1,439 @@
+//! The RESP front end: the request API over the Redis protocol, straight to the node, without
+//! a broker in between. Any Redis client (`redis-cli`, redis-rs, redis-py...) then talks to
+//! crpf filters with RedisBloom's commands ([`commands`]), and a request costs one hop
+//! instead of the two through nats-server.
+//!
+//! Each command goes through the same path as a NATS request of the API
+//! ([`ReplicaHandle::request`]): queries and `local` adds to grow-only kinds are answered in
+//! the connection's task, everything else by the replica's actor, in order. Replies go back
+//! in the order of the commands, so a client may pipeline; a connection keeps at most
+//! [`RespConfig::max_pipeline`] commands in progress and reads no further until they are
+//! answered.
+//!
+//! Until a replica is ready (caught up after its start, when it also starts answering over
+//! NATS), its commands are answered `-LOADING`, as Redis answers while it loads its data.
+//!
+//! A request that is not RESP, or exceeds [`RespConfig::max_request_bytes`], is answered
+//! with an error and its connection closed (the stream cannot be resynchronised), as Redis
+//! does; it never reaches a filter.
+//!
+//! ```no_run
+//! # async fn demo() -> redis::RedisResult<()> {
+//! // A node with `[resp] listen = "127.0.0.1:6380"` and a filter named `sessions`.
+//! let client = redis::Client::open("redis://127.0.0.1:6380/")?;
+//! let mut con = client.get_multiplexed_async_connection().await?;
+//! let _: i64 = redis::cmd("BF.ADD").arg("sessions").arg("alice").query_async(&mut con).await?;
+//! let found: Vec<i64> = redis::cmd("BF.MEXISTS").arg("sessions").arg("alice").arg("bob")
+//!     .query_async(&mut con).await?;
+//! assert_eq!(found[0], 1);
+//! # Ok(()) }
+//! ```
+
+pub mod commands;
+pub mod parse;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use futures::stream::FuturesOrdered;
+use futures::{FutureExt, StreamExt};
+use metrics::{Counter, Gauge};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+use crate::replica::{AckLevel, PendingResponse, ReplicaError, ReplicaHandle};
+use commands::{Command, Reply, Shape};
+use parse::{ParseLimits, next_command};
+
+/// Connections accepted (counter).
+pub const CONNECTIONS_TOTAL: &str = "crpf_resp_connections_total";
+/// Connections open (gauge).
+pub const CONNECTIONS: &str = "crpf_resp_connections";
+/// Commands refused before reaching a filter, and connections refused or closed for a
+/// protocol error, by `reason`.
+pub const REJECTED: &str = "crpf_resp_rejected_total";
+
+/// The `[resp]` section of a node's configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RespConfig {
+    /// Where to listen (`127.0.0.1:6380`; `0.0.0.0:...` exposes every filter to the
+    /// network: set a password).
+    pub listen: SocketAddr,
+    /// File holding the password clients must give with `AUTH` (surrounding whitespace is
+    /// ignored). None: no authentication.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// Connections open at once; further ones are answered with an error and closed.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Commands of one connection in progress at once (pipelined, or waiting for their
+    /// acknowledgement level).
+    #[serde(default = "default_max_pipeline")]
+    pub max_pipeline: usize,
+    /// Bytes of one command's arguments together.
+    #[serde(default = "default_max_request_bytes")]
+    pub max_request_bytes: usize,
+}
+
+fn default_max_connections() -> usize {
+    1024
+}
+fn default_max_pipeline() -> usize {
+    1024
+}
+fn default_max_request_bytes() -> usize {
+    16 << 20
+}
+
+impl RespConfig {
+    /// The config listening on `listen`, with the defaults.
+    pub fn new(listen: SocketAddr) -> Self {
+        RespConfig {
+            listen,
+            password_file: None,
+            max_connections: default_max_connections(),
+            max_pipeline: default_max_pipeline(),
+            max_request_bytes: default_max_request_bytes(),
+        }
+    }
+}
+
+/// Why the front end could not start.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum RespError {
+    /// The address could not be bound.
+    #[error("RESP listener on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The password file is unreadable or empty.
+    #[error("RESP password file {path}: {reason}")]
+    Password {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// A limit is zero.
+    #[error("invalid configuration: `resp.{0}` must be at least 1")]
+    Zero(&'static str),
+}
+
+/// What every connection shares.
+struct Server {
+    filters: HashMap<Vec<u8>, ReplicaHandle>,
+    limits: ParseLimits,
+    max_pipeline: usize,
+    /// SHA-256 of the password: compared in constant length, never kept in clear.
+    password: Option<[u8; 32]>,
+    open: Gauge,
+    rejected: fn(&'static str) -> Counter,
+}
+
+/// A running front end: where it listens. It stops when the runtime does.
+#[derive(Debug)]
+pub struct RespServer {
+    addr: SocketAddr,
+}
+
+impl RespServer {
+    /// Binds `cfg.listen` and serves `filters` (by name) on the current Tokio runtime.
+    pub async fn start(cfg: &RespConfig, filters: &[ReplicaHandle]) -> Result<Self, RespError> {
+        for (field, value) in [
+            ("max_connections", cfg.max_connections),
+            ("max_pipeline", cfg.max_pipeline),
+            ("max_request_bytes", cfg.max_request_bytes),
+        ] {
+            if value == 0 {
+                return Err(RespError::Zero(field));
+            }
+        }
+        let password = cfg.password_file.as_ref().map(read_password).transpose()?;
+        let listener = TcpListener::bind(cfg.listen)
+            .await
+            .map_err(|source| RespError::Bind {
+                addr: cfg.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| RespError::Bind {
+            addr: cfg.listen,
+            source,
+        })?;
+        describe();
+        // Room for the largest batch a filter takes, its command, key and insert options.
+        let max_batch = filters
+            .iter()
+            .map(|f| f.limits().max_items)
+            .max()
+            .unwrap_or(crate::api::DEFAULT_MAX_BATCH_ITEMS);
+        let server = Arc::new(Server {
+            filters: filters
+                .iter()
+                .map(|f| (f.name().as_bytes().to_vec(), f.clone()))
+                .collect(),
+            limits: ParseLimits {
+                max_args: max_batch + 16,
+                max_request_bytes: cfg.max_request_bytes,
+            },
+            max_pipeline: cfg.max_pipeline,
+            password,
+            open: metrics::gauge!(CONNECTIONS),
+            rejected: |reason| metrics::counter!(REJECTED, "reason" => reason),
+        });
+        let slots = Arc::new(Semaphore::new(cfg.max_connections));
+        tracing::info!(%addr, filters = filters.len(), auth = server.password.is_some(), "serving RESP");
+        tokio::spawn(accept(listener, server, slots));
+        Ok(RespServer { addr })
+    }
+
+    /// The address it listens on (the port chosen, for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+fn read_password(path: &PathBuf) -> Result<[u8; 32], RespError> {
+    let failed = |reason: String| RespError::Password {
+        path: path.clone(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| failed(e.to_string()))?;
+    let password = text.trim();
+    if password.is_empty() {
+        return Err(failed("empty".into()));
+    }
+    Ok(Sha256::digest(password.as_bytes()).into())
+}
+
+fn describe() {
+    metrics::describe_counter!(CONNECTIONS_TOTAL, "RESP connections accepted");
+    metrics::describe_gauge!(CONNECTIONS, "RESP connections open");
+    metrics::describe_counter!(
+        REJECTED,
+        "RESP commands refused before reaching a filter, and connections refused or closed, by reason"
+    );
+}
+
+async fn accept(listener: TcpListener, server: Arc<Server>, slots: Arc<Semaphore>) {
+    let accepted = metrics::counter!(CONNECTIONS_TOTAL);
+    loop {
+        let (mut stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of file descriptors and the like: pause rather than spin.
+                tracing::warn!(error = %e, "RESP accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        accepted.increment(1);
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            (server.rejected)("max_connections").increment(1);
+            let mut out = BytesMut::new();
+            Reply::err("max number of clients reached").encode(&mut out);
+            tokio::spawn(async move {
+                let _ = stream.write_all(&out).await;
+            });
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let server = server.clone();
+        tokio::spawn(async move {
+            server.open.increment(1.0);
+            serve(stream, &server).await;
+            tracing::debug!(%peer, "RESP connection closed");
+            server.open.decrement(1.0);
+            drop(slot);
+        });
+    }
+}
+
+/// A command's reply: ready, or the filter's answer still to come.
+enum Pending {
+    Ready(Option<Reply>),
+    Answer(PendingResponse, Shape),
+}
+
+impl Future for Pending {
+    type Output = Reply;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Reply> {
+        match &mut *self {
+            Pending::Ready(r) => std::task::Poll::Ready(r.take().expect("polled once ready")),
+            Pending::Answer(response, shape) => response.poll_unpin(cx).map(|r| match r {
+                Ok(response) => commands::reply(*shape, &response),
+                // What Redis answers while it loads its data: clients know to retry.
+                Err(e @ ReplicaError::NotServing) => Reply::Error(format!("LOADING {e}")),
+                Err(e) => Reply::err(e),
+            }),
+        }
+    }
+}
+
+/// One connection's state.
+struct Session<'a> {
+    server: &'a Server,
+    authenticated: bool,
+    ack: Option<AckLevel>,
+    /// After `QUIT` or a protocol error: answer what is in progress, then close.
+    closing: bool,
+    /// The filter whose actor has a command of this connection not yet answered. Commands
+    /// run in the order they came, as Redis runs them: until that one is answered, later
+    /// commands to the same filter queue behind it in the actor, and commands to another
+    /// filter wait (see [`Session::handle`]).
+    with_actor: Option<ReplicaHandle>,
+    /// A command waiting for [`Session::with_actor`] to be answered.
+    waiting: Option<(ReplicaHandle, commands::Request)>,
+}
+
+impl Session<'_> {
+    /// The reply to `args`, or `None` if the command waits in [`Session::waiting`].
+    fn handle(&mut self, args: Vec<Bytes>) -> Option<Pending> {
+        let server = self.server;
+        let command = commands::command(args, |name| server.filters.get(name));
+        if let Command::Filter(handle, request) = command {
+            return self.send(handle, request);
+        }
+        Some(self.answer(command))
+    }
+
+    /// Sends a filter's command, in order behind what this connection has with an actor.
+    fn send(&mut self, handle: ReplicaHandle, request: commands::Request) -> Option<Pending> {
+        if !self.authenticated {
+            return Some(self.answer(Command::Reply(Reply::Error(
+                "NOAUTH Authentication required.".into(),
+            ))));
+        }
+        let queued = match &self.with_actor {
+            None => false,
+            Some(h) if h.name() == handle.name() => true,
+            Some(_) => {
+                self.waiting = Some((handle, request));
+                return None;
+            }
+        };
+        let response = commands::send(&handle, &request, self.ack, queued);
+        if matches!(response, PendingResponse::Actor(_)) {
+            self.with_actor = Some(handle);
+        }
+        Some(Pending::Answer(response, request.shape))
+    }
+
+    /// Every command sent is answered: the order needs nothing more. Sends the waiting one.
+    fn all_answered(&mut self) -> Option<Pending> {
+        self.with_actor = None;
+        let (handle, request) = self.waiting.take()?;
+        self.send(handle, request)
+    }
+
+    fn answer(&mut self, command: Command) -> Pending {
+        let server = self.server;
+        let reply = match command {
+            Command::Auth(given) => match &server.password {
+                None => Reply::err("AUTH called without any password configured"),
+                Some(hash) if Sha256::digest(&given)[..] == hash[..] => {
+                    self.authenticated = true;
+                    Reply::Simple("OK")
+                }
+                Some(_) => Reply::Error("WRONGPASS invalid username-password pair".into()),
+            },
+            Command::Quit => {
+                self.closing = true;
+                Reply::Simple("OK")
+            }
+            _ if !self.authenticated => Reply::Error("NOAUTH Authentication required.".into()),
+            Command::Reply(reply) => reply,
+            Command::SetAck(level) => {
+                self.ack = Some(level);
+                Reply::Simple("OK")
+            }
+            Command::Filter(..) => unreachable!("sent by Session::send"),
+        };
+        if let Some(reason) = commands::rejected_reason(&reply) {
+            (server.rejected)(reason).increment(1);
+        }
+        Pending::Ready(Some(reply))
+    }
+}
+
+/// Serves one connection until the client leaves, sends `QUIT`, or breaks the protocol.
+async fn serve(stream: TcpStream, server: &Server) {
+    let (mut rd, mut wr) = stream.into_split();
+    let mut session = Session {
+        server,
+        authenticated: server.password.is_none(),
+        ack: None,
+        closing: false,
+        with_actor: None,
+        waiting: None,
+    };
+    let mut input = BytesMut::with_capacity(16 << 10);
+    let mut output = BytesMut::with_capacity(16 << 10);
+    let mut pending = FuturesOrdered::new();
+    let mut eof = false;
+    loop {
+        if pending.is_empty()
+            && let Some(sent) = session.all_answered()
+        {
+            pending.push_back(sent);
+        }
+        while !session.closing && session.waiting.is_none() && pending.len() < server.max_pipeline {
+            match next_command(&mut input, server.limits) {
+                Ok(Some(args)) => pending.extend(session.handle(args)),
+                Ok(None) => break,
+                Err(e) => {
+                    (server.rejected)("protocol").increment(1);
+                    pending.push_back(Pending::Ready(Some(Reply::err(e))));
+                    session.closing = true;
+                }
+            }
+        }
+        // Everything answered already goes out in one write.
+        while let Some(Some(reply)) = pending.next().now_or_never() {
+            reply.encode(&mut output);
+        }
+        if !output.is_empty() {
+            if wr.write_all(&output).await.is_err() {
+                return;
+            }
+            output.clear();
+        }
+        if pending.is_empty() && session.waiting.is_some() {
+            // The command waiting for the actor's answer can go now.
+            continue;
+        }
+        let reading = !session.closing
+            && !eof
+            && session.waiting.is_none()
+            && pending.len() < server.max_pipeline;
+        if pending.is_empty() && session.waiting.is_none() && !reading {
+            return;
+        }
+        if input.capacity() - input.len() < 4096 {
+            input.reserve(16 << 10);
+        }
+        tokio::select! {
+            read = rd.read_buf(&mut input), if reading => match read {
+                Ok(0) => eof = true,
+                Ok(_) => {}
+                Err(_) => return,
+            },
+            Some(reply) = pending.next(), if !pending.is_empty() => reply.encode(&mut output),
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! The request side of RESP (the Redis protocol): a command is an array of bulk strings
+//! (`*2\r\n$6\r\nBF.ADD\r\n...`), or an inline line of words for people at a terminal
+//! (`PING\r\n`). Only that, not arbitrary RESP: a request never nests, so parsing needs no
+//! recursion, and every length is checked against [`ParseLimits`] before anything is
+//! buffered for it. (`redis-protocol` decodes nested arrays recursively with no depth bound:
+//! a few megabytes of `*1\r\n` would overflow the stack.)
+
+use bytes::{Bytes, BytesMut};
+use thiserror::Error;
+
+/// Bounds on one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParseLimits {
+    /// Arguments of one command, its name included.
+    pub max_args: usize,
+    /// Bytes of one command's arguments together (an inline line included).
+    pub max_request_bytes: usize,
+}
+
+/// A request that is not RESP, or exceeds the limits. The connection cannot be resynchronised
+/// after one: it is answered with the error and closed, as Redis does.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ParseError {
+    /// A length or count line is not a decimal number in range.
+    #[error("Protocol error: invalid {what} length `{line}`")]
+    BadLength {
+        /// Which length: `multibulk` or `bulk`.
+        what: &'static str,
+        /// The line, lossily decoded and cut short.
+        line: String,
+    },
+    /// A byte where `$` or `\r\n` must be.
+    #[error("Protocol error: expected {expected}, got `{got}`")]
+    Unexpected {
+        /// What the protocol needs here.
+        expected: &'static str,
+        /// What came, lossily decoded.
+        got: String,
+    },
+    /// More arguments than [`ParseLimits::max_args`].
+    #[error("Protocol error: {args} arguments exceed the limit of {max}")]
+    TooManyArgs {
+        /// Arguments announced.
+        args: u64,
+        /// The limit.
+        max: usize,
+    },
+    /// A request longer than [`ParseLimits::max_request_bytes`].
+    #[error("Protocol error: request exceeds the limit of {max} bytes")]
+    TooLarge {
+        /// The limit.
+        max: usize,
+    },
+}
+
+/// The arguments of a complete command (start and end in the buffer), and the bytes it took.
+type Spans = (Vec<(usize, usize)>, usize);
+
+/// Longest line of a count or length (`*` or `$`, at most 20 digits, `\r\n`).
+const MAX_LENGTH_LINE: usize = 24;
+
+/// Takes the first complete command off `buf`: its arguments (views into the buffer, not
+/// copies), or `None` if more bytes are needed. An empty command (`*0`, a blank line) gives
+/// an empty vector.
+pub fn next_command(
+    buf: &mut BytesMut,
+    limits: ParseLimits,
+) -> Result<Option<Vec<Bytes>>, ParseError> {
+    let Some(&first) = buf.first() else {
+        return Ok(None);
+    };
+    let spans = if first == b'*' {
+        multibulk(buf, limits)?
+    } else {
+        inline(buf, limits)?
+    };
+    let Some((spans, consumed)) = spans else {
+        return Ok(None);
+    };
+    let request = buf.split_to(consumed).freeze();
+    Ok(Some(
+        spans
+            .into_iter()
+            .map(|(a, b)| request.slice(a..b))
+            .collect(),
+    ))
+}
+
+/// `*<n>\r\n` then `n` times `$<len>\r\n<len bytes>\r\n`: the arguments' spans and the bytes
+/// consumed, once all of it is there.
+fn multibulk(buf: &[u8], limits: ParseLimits) -> Result<Option<Spans>, ParseError> {
+    let Some((count, mut at)) = length_line(buf, 0, "multibulk")? else {
+        return Ok(None);
+    };
+    // Redis takes `*0` and `*-1` as nothing to do.
+    let Ok(count) = u64::try_from(count) else {
+        return Ok(Some((Vec::new(), at)));
+    };
+    if count > limits.max_args as u64 {
+        return Err(ParseError::TooManyArgs {
+            args: count,
+            max: limits.max_args,
+        });
+    }
+    let mut spans = Vec::with_capacity(count as usize);
+    let mut total = 0usize;
+    for _ in 0..count {
+        match buf.get(at) {
+            None => return Ok(None),
+            Some(b'$') => {}
+            Some(&other) => {
+                return Err(ParseError::Unexpected {
+                    expected: "`$`",
+                    got: lossy(&[other]),
+                });
+            }
+        }
+        let Some((len, start)) = length_line(buf, at, "bulk")? else {
+            return Ok(None);
+        };
+        let len = usize::try_from(len).map_err(|_| ParseError::BadLength {
+            what: "bulk",
+            line: len.to_string(),
+        })?;
+        total = total.saturating_add(len);
+        if total > limits.max_request_bytes {
+            return Err(ParseError::TooLarge {
+                max: limits.max_request_bytes,
+            });
+        }
+        let end = start + len;
+        let Some(terminator) = buf.get(end..end + 2) else {
+            return Ok(None);
+        };
+        if terminator != b"\r\n" {
+            return Err(ParseError::Unexpected {
+                expected: "`\\r\\n` after a bulk string",
+                got: lossy(terminator),
+            });
+        }
+        spans.push((start, end));
+        at = end + 2;
+    }
+    Ok(Some((spans, at)))
+}
+
+/// The signed number of a `*<n>\r\n` or `$<n>\r\n` line starting at `at`, and where the line
+/// ends; `None` if the line is not complete yet.
+fn length_line(
+    buf: &[u8],
+    at: usize,
+    what: &'static str,
+) -> Result<Option<(i64, usize)>, ParseError> {
+    let rest = &buf[at + 1..];
+    let window = &rest[..rest.len().min(MAX_LENGTH_LINE)];
+    let Some(cr) = window.iter().position(|&b| b == b'\r') else {
+        if rest.len() >= MAX_LENGTH_LINE {
+            return Err(ParseError::BadLength {
+                what,
+                line: lossy(window),
+            });
+        }
+        return Ok(None);
+    };
+    let bad = || ParseError::BadLength {
+        what,
+        line: lossy(&window[..cr]),
+    };
+    let Some(&next) = rest.get(cr + 1) else {
+        return Ok(None);
+    };
+    if next != b'\n' {
+        return Err(bad());
+    }
+    let number = std::str::from_utf8(&window[..cr])
+        .ok()
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or_else(bad)?;
+    Ok(Some((number, at + 1 + cr + 2)))
+}
+
+/// A line of words separated by spaces, ended by `\n` (a `\r` before it is dropped).
+fn inline(buf: &[u8], limits: ParseLimits) -> Result<Option<Spans>, ParseError> {
+    let window = &buf[..buf.len().min(limits.max_request_bytes + 2)];
+    let Some(newline) = window.iter().position(|&b| b == b'\n') else {
+        if buf.len() > limits.max_request_bytes + 1 {
+            return Err(ParseError::TooLarge {
+                max: limits.max_request_bytes,
+            });
+        }
+        return Ok(None);
+    };
+    let mut spans = Vec::new();
+    let mut start = None;
+    for (i, &b) in buf[..newline].iter().enumerate() {
+        let space = b.is_ascii_whitespace();
+        match (start, space) {
+            (None, false) => start = Some(i),
+            (Some(s), true) => {
+                spans.push((s, i));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(s) = start {
+        spans.push((s, newline));
+    }
+    if spans.len() > limits.max_args {
+        return Err(ParseError::TooManyArgs {
+            args: spans.len() as u64,
+            max: limits.max_args,
+        });
+    }
+    Ok(Some((spans, newline + 1)))
+}
+
+/// Bytes shown in an error: lossily decoded, at most 32 of them.
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(&bytes[..bytes.len().min(32)]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: ParseLimits = ParseLimits {
+        max_args: 8,
+        max_request_bytes: 64,
+    };
+
+    fn parse_all(input: &[u8]) -> Result<Vec<Vec<Vec<u8>>>, ParseError> {
+        let mut buf = BytesMut::from(input);
+        let mut commands = Vec::new();
+        while let Some(c) = next_command(&mut buf, LIMITS)? {
+            commands.push(c.iter().map(|a| a.to_vec()).collect());
+        }
+        assert!(buf.is_empty(), "left over: {buf:?}");
+        Ok(commands)
+    }
+
+    fn args(words: &[&str]) -> Vec<Vec<u8>> {
+        words.iter().map(|w| w.as_bytes().to_vec()).collect()
+    }
+
+    #[test]
+    fn pipelined_multibulk_and_inline_commands_come_out_in_order() {
+        let input = b"*3\r\n$6\r\nBF.ADD\r\n$1\r\nk\r\n$4\r\na\r\nb\r\n\
+                      PING\r\n*0\r\n  BF.EXISTS  k   x \n*1\r\n$0\r\n\r\n";
+        assert_eq!(
+            parse_all(input).unwrap(),
+            vec![
+                args(&["BF.ADD", "k", "a\r\nb"]),
+                args(&["PING"]),
+                vec![],
+                args(&["BF.EXISTS", "k", "x"]),
+                vec![vec![]],
+            ]
+        );
+    }
+
+    #[test]
+    fn every_split_of_a_command_waits_then_parses_the_same() {
+        let input = b"*3\r\n$6\r\nBF.ADD\r\n$1\r\nk\r\n$5\r\nhello\r\nPING\r\n";
+        for cut in 0..input.len() {
+            let mut buf = BytesMut::from(&input[..cut]);
+            let mut got = Vec::new();
+            while let Some(c) = next_command(&mut buf, LIMITS).unwrap() {
+                got.push(c);
+            }
+            buf.extend_from_slice(&input[cut..]);
+            while let Some(c) = next_command(&mut buf, LIMITS).unwrap() {
+                got.push(c);
+            }
+            assert_eq!(got.len(), 2, "cut at {cut}");
+            assert_eq!(got[0][2], Bytes::from_static(b"hello"));
+            assert_eq!(got[1][0], Bytes::from_static(b"PING"));
+        }
+    }
+
+    #[test]
+    fn malformed_requests_are_errors_not_waits() {
+        for bad in [
+            &b"*x\r\n"[..],
+            b"*1\r\n:5\r\n",
+            b"*1\r\n$3\r\nabcd\r\n",
+            b"*1\r\n$-5\r\n",
+            b"*1\r\n$99999999999999999999999\r\n",
+            b"*1\r\n$1\r\r",
+            b"*123456789012345678901234567890",
+        ] {
+            assert!(
+                matches!(
+                    parse_all(bad),
+                    Err(ParseError::BadLength { .. } | ParseError::Unexpected { .. })
+                ),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn limits_are_checked_before_the_bytes_arrive() {
+        // Announced, not sent: refused at once rather than buffered.
+        assert!(matches!(
+            parse_all(b"*9\r\n"),
+            Err(ParseError::TooManyArgs { args: 9, max: 8 })
+        ));
+        assert!(matches!(
+            parse_all(b"*2\r\n$40\r\n0123456789012345678901234567890123456789\r\n$30\r\n"),
+            Err(ParseError::TooLarge { max: 64 })
+        ));
+        assert!(matches!(
+            parse_all(&[b'x'; 100]),
+            Err(ParseError::TooLarge { max: 64 })
+        ));
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_without_recursion() {
+        let nested = b"*1\r\n".repeat(1_000_000);
+        assert!(matches!(
+            parse_all(&nested),
+            Err(ParseError::Unexpected { .. })
+        ));
+    }
+}

@@ -1,0 +1,541 @@
+//! The RESP front end (`[resp]`, `crpf::resp`) of real `crpf node` processes, driven by the
+//! `redis` crate and by raw sockets: RedisBloom's commands round trip on each kind, pipelined
+//! replies come back in order, bad commands get errors, malformed framing closes only its own
+//! connection and poisons nothing, `AUTH`, adds acknowledged at `durable` survive `kill -9`,
+//! and adds over RESP replicate over a real NATS server to a node that serves them over RESP.
+
+mod nats_harness;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nats_harness::{NatsServer, Proc, crpf, free_port, http_get};
+use redis::aio::MultiplexedConnection;
+use redis::{RedisResult, Value};
+
+/// A node and where it serves.
+struct Node {
+    proc: Proc,
+    resp: String,
+    metrics: String,
+}
+
+/// Writes a node config and starts `crpf node` on it. `extra` goes into `[resp]`; `nats`
+/// adds a `[nats]` section; `data_dir` a `[node] data_dir`.
+fn start_node(
+    dir: &Path,
+    name: &str,
+    extra: &str,
+    nats: Option<&str>,
+    data_dir: Option<&Path>,
+) -> Node {
+    let resp = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut toml = format!("[node]\nmetrics_addr = \"{metrics}\"\nlog = \"warn\"\n");
+    if let Some(d) = data_dir {
+        toml += &format!("data_dir = \"{}\"\n", d.display());
+    }
+    if let Some(url) = nats {
+        toml += &format!("\n[nats]\nservers = [\"{url}\"]\n");
+    }
+    toml += &format!("\n[resp]\nlisten = \"{resp}\"\n{extra}\n");
+    for (filter, kind) in [
+        ("bloom", "g_bloom"),
+        ("sessions", "or_cuckoo"),
+        ("views", "counting_cuckoo"),
+    ] {
+        toml += &format!(
+            "\n[[filters]]\nname = \"{filter}\"\nfilter = {{ kind = \"{kind}\", capacity = 10000, \
+             fpr = 0.01 }}\ndelta_interval_ms = 50\nanti_entropy_interval_ms = 500\n\
+             catch_up_timeout_ms = 1000\n"
+        );
+    }
+    let cfg = dir.join(format!("{name}.toml"));
+    std::fs::write(&cfg, toml).unwrap();
+    let mut proc = Proc::spawn(
+        name,
+        crpf(&["node", "--config", cfg.to_str().unwrap()]),
+        dir.join(format!("{name}.log")),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while TcpStream::connect(&resp).is_err() {
+        proc.assert_running();
+        assert!(
+            Instant::now() < deadline,
+            "{name}: RESP not served within 60 s\n{}",
+            proc.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Node {
+        proc,
+        resp,
+        metrics,
+    }
+}
+
+/// A connection (`password`: authenticated on connecting), once every filter of the node
+/// answers.
+async fn connect_with(node: &Node, password: &str) -> MultiplexedConnection {
+    let mut con = redis::Client::open(format!("redis://:{password}@{}/", node.resp))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    wait_ready(&mut con).await;
+    con
+}
+
+async fn connect(node: &Node) -> MultiplexedConnection {
+    connect_with(node, "").await
+}
+
+/// Waits until every filter answers (until it is ready: `LOADING`).
+async fn wait_ready(con: &mut MultiplexedConnection) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for filter in ["bloom", "sessions", "views"] {
+        loop {
+            match run::<String>(con, &["CRPF.STATS", filter]).await {
+                Ok(_) => break,
+                Err(e) => {
+                    assert!(e.to_string().contains("BusyLoading"), "{filter}: {e}");
+                    assert!(Instant::now() < deadline, "{filter} not ready in 60 s: {e}");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+async fn run<T: redis::FromRedisValue>(
+    con: &mut MultiplexedConnection,
+    args: &[&str],
+) -> RedisResult<T> {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query_async(con).await
+}
+
+/// The error text of a command that must fail.
+async fn refused(con: &mut MultiplexedConnection, args: &[&str]) -> String {
+    match run::<Value>(con, args).await {
+        Err(e) => e.to_string(),
+        Ok(v) => panic!("{args:?} answered {v:?}, expected an error"),
+    }
+}
+
+/// Sends raw bytes on a fresh connection and reads until the node closes it.
+fn raw_exchange(node: &Node, bytes: &[u8]) -> String {
+    let mut s = TcpStream::connect(&node.resp).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // The node may answer and close before it has read all of a large request.
+    let _ = s.write_all(bytes);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The value of a metric sample whose line starts with `prefix` (0 if there is none yet).
+fn metric(node: &Node, prefix: &str) -> f64 {
+    let (code, body) = http_get(&node.metrics, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    body.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .map_or(0.0, |v| v.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redisbloom_commands_round_trip_on_every_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), "node", "", None, None);
+    let mut con = connect(&node).await;
+
+    assert_eq!(run::<String>(&mut con, &["PING"]).await.unwrap(), "PONG");
+    // g_bloom
+    assert_eq!(
+        run::<i64>(&mut con, &["BF.ADD", "bloom", "a"])
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        run::<i64>(&mut con, &["BF.EXISTS", "bloom", "a"])
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        run::<i64>(&mut con, &["BF.EXISTS", "bloom", "never"])
+            .await
+            .unwrap(),
+        0
+    );
+    let added: Vec<i64> = run(&mut con, &["BF.MADD", "bloom", "x", "y", "z"])
+        .await
+        .unwrap();
+    assert_eq!(added, [1, 1, 1]);
+    let found: Vec<i64> = run(&mut con, &["BF.MEXISTS", "bloom", "x", "never", "z"])
+        .await
+        .unwrap();
+    assert_eq!(found, [1, 0, 1]);
+    let inserted: Vec<i64> = run(
+        &mut con,
+        &["BF.INSERT", "bloom", "CAPACITY", "5", "ITEMS", "w"],
+    )
+    .await
+    .unwrap();
+    assert_eq!(inserted, [1]);
+    // or_cuckoo: removes
+    let inserted: Vec<i64> = run(
+        &mut con,
+        &[
+            "CF.INSERT",
+            "sessions",
+            "NOCREATE",
+            "ITEMS",
+            "s1",
+            "s2",
+            "s3",
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(inserted, [1, 1, 1]);
+    assert_eq!(
+        run::<i64>(&mut con, &["CF.EXISTS", "sessions", "s1"])
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        run::<i64>(&mut con, &["CF.DEL", "sessions", "s1"])
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        run::<i64>(&mut con, &["CF.EXISTS", "sessions", "s1"])
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        run::<i64>(&mut con, &["CF.DEL", "sessions", "s1"])
+            .await
+            .unwrap(),
+        0
+    );
+    let removed: Vec<i64> = run(&mut con, &["CRPF.MDEL", "sessions", "s2", "never"])
+        .await
+        .unwrap();
+    assert_eq!(removed, [1, 0]);
+    let found: Vec<i64> = run(&mut con, &["CF.MEXISTS", "sessions", "s1", "s2", "s3"])
+        .await
+        .unwrap();
+    assert_eq!(found, [0, 0, 1]);
+    // counting_cuckoo: multiplicities
+    for _ in 0..3 {
+        assert_eq!(
+            run::<i64>(&mut con, &["CF.ADD", "views", "page"])
+                .await
+                .unwrap(),
+            1
+        );
+    }
+    assert_eq!(
+        run::<i64>(&mut con, &["CF.COUNT", "views", "page"])
+            .await
+            .unwrap(),
+        3
+    );
+    assert_eq!(
+        run::<i64>(&mut con, &["CF.COUNT", "views", "other"])
+            .await
+            .unwrap(),
+        0
+    );
+    // stats
+    let stats: String = run(&mut con, &["CRPF.STATS", "bloom"]).await.unwrap();
+    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    assert_eq!(stats["filter"], "bloom", "{stats}");
+    assert!(stats["cardinality"].as_f64().unwrap() >= 5.0, "{stats}");
+
+    // Refused: by the front end, and by the replica (the same errors as over NATS).
+    for (args, expected) in [
+        (&["BF.ADD", "nope", "a"][..], "no filter named `nope`"),
+        (
+            &["BF.ADD", "bloom"],
+            "wrong number of arguments for 'bf.add'",
+        ),
+        (
+            &["BF.EXISTS", "bloom", "a", "b"],
+            "wrong number of arguments",
+        ),
+        (
+            &["CF.INSERT", "sessions", "CAPACITY", "9"],
+            "wrong number of arguments",
+        ),
+        (&["FLUSHALL"], "unknown command 'FLUSHALL'"),
+        (
+            &["BF.RESERVE", "other", "0.01", "100"],
+            "declared in the node's configuration",
+        ),
+        (&["CF.DEL", "bloom", "a"], "remove"),
+        (&["CF.COUNT", "bloom", "a"], "count"),
+        (&["BF.ADD", "bloom", ""], "empty item"),
+        (&["CRPF.ACK", "eventually"], "eventually"),
+        (&["CRPF.ACK", "durable"], "OK"),
+    ] {
+        if expected == "OK" {
+            assert_eq!(run::<String>(&mut con, args).await.unwrap(), "OK");
+            continue;
+        }
+        let e = refused(&mut con, args).await;
+        assert!(e.contains(expected), "{args:?}: {e}");
+    }
+    // `durable` needs a data_dir, which this node has not: the update is refused.
+    let e = refused(&mut con, &["BF.ADD", "bloom", "b"]).await;
+    assert!(e.contains("durable"), "{e}");
+    assert_eq!(
+        run::<String>(&mut con, &["CRPF.ACK", "local"])
+            .await
+            .unwrap(),
+        "OK"
+    );
+
+    // A pipeline of mixed commands: every reply, in order.
+    let mut pipe = redis::pipe();
+    for i in 0..2000 {
+        let item = format!("p{i}");
+        if i % 2 == 0 {
+            pipe.cmd("BF.ADD").arg("bloom").arg(&item);
+        } else {
+            pipe.cmd("BF.EXISTS")
+                .arg("bloom")
+                .arg(format!("p{}", i - 1));
+        }
+    }
+    let replies: Vec<i64> = pipe.query_async(&mut con).await.unwrap();
+    assert_eq!(replies, vec![1; 2000]);
+    // Commands run in order even where an add goes through the actor (always, for a tagged
+    // kind) and the query after it would be answered at once; and a command to another
+    // filter waits for that add rather than overtaking it.
+    let mut pipe = redis::pipe();
+    for i in 0..500 {
+        let item = format!("q{i}");
+        pipe.cmd("CF.ADD").arg("sessions").arg(&item);
+        pipe.cmd("CF.EXISTS").arg("sessions").arg(&item);
+        pipe.cmd("BF.ADD").arg("bloom").arg(&item);
+        pipe.cmd("CF.ADD").arg("views").arg(&item);
+        pipe.cmd("CF.COUNT").arg("views").arg(&item);
+        pipe.cmd("BF.EXISTS").arg("bloom").arg(&item);
+    }
+    let replies: Vec<i64> = pipe.query_async(&mut con).await.unwrap();
+    assert_eq!(replies.len(), 3000);
+    for (i, r) in replies.iter().enumerate() {
+        // A count may also include another item's occurrences with the same fingerprint.
+        let ok = if i % 6 == 4 { *r >= 1 } else { *r == 1 };
+        assert!(ok, "reply {i} (command {} of item q{}): {r}", i % 6, i / 6);
+    }
+    assert!(metric(&node, "crpf_resp_rejected_total{reason=\"unknown_filter\"}") >= 1.0);
+    assert!(metric(&node, "crpf_resp_connections ") >= 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_framing_closes_its_connection_and_poisons_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), "node", "max_request_bytes = 4096", None, None);
+    let mut con = connect(&node).await;
+    let added: Vec<i64> = run(&mut con, &["BF.MADD", "bloom", "kept1", "kept2"])
+        .await
+        .unwrap();
+    assert_eq!(added, [1, 1]);
+
+    let nested = b"*1\r\n".repeat(1 << 20);
+    let too_large = b"*3\r\n$6\r\nBF.ADD\r\n$5\r\nbloom\r\n$100000\r\n".to_vec();
+    for (bad, expected) in [
+        (&b"*2\r\n$x\r\n"[..], "invalid bulk length"),
+        (b"*1\r\n:5\r\n", "expected `$`"),
+        (b"*2\r\n$6\r\nBF.ADD\r\n$5\r\nbloomXX", "expected `\\r\\n`"),
+        (&nested, "expected `$`"),
+        (&too_large, "exceeds the limit of 4096 bytes"),
+        (&b"A".repeat(10_000), "exceeds the limit"),
+    ] {
+        // A command before the bad one is answered; nothing after it is read.
+        let mut request = b"*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n".to_vec();
+        request.extend_from_slice(bad);
+        request.extend_from_slice(b"*3\r\n$6\r\nBF.ADD\r\n$5\r\nbloom\r\n$6\r\nlater!\r\n");
+        let answer = raw_exchange(&node, &request);
+        assert!(
+            answer.starts_with("$2\r\nhi\r\n-ERR Protocol error") && answer.contains(expected),
+            "{:?}: {answer:?}",
+            String::from_utf8_lossy(&bad[..bad.len().min(40)])
+        );
+        assert!(
+            answer.ends_with("\r\n") && answer.matches("\r\n").count() == 3,
+            "{answer:?}"
+        );
+    }
+    // The node runs on; the other connection still works; the filter has what it had, and
+    // none of the items after the bad requests.
+    let found: Vec<i64> = run(
+        &mut con,
+        &["BF.MEXISTS", "bloom", "kept1", "kept2", "later!"],
+    )
+    .await
+    .unwrap();
+    assert_eq!(found, [1, 1, 0]);
+    assert_eq!(
+        metric(&node, "crpf_resp_rejected_total{reason=\"protocol\"}"),
+        6.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_is_required_once_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("password");
+    std::fs::write(&password, "s3cret-pass\n").unwrap();
+    let extra = format!("password_file = \"{}\"", password.display());
+    let node = start_node(dir.path(), "node", &extra, None, None);
+    let mut con = redis::Client::open(format!("redis://{}/", node.resp))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    assert!(
+        refused(&mut con, &["BF.ADD", "bloom", "a"])
+            .await
+            .contains("NOAUTH")
+    );
+    assert!(
+        refused(&mut con, &["AUTH", "wrong"])
+            .await
+            .contains("WRONGPASS")
+    );
+    assert!(
+        refused(&mut con, &["BF.EXISTS", "bloom", "a"])
+            .await
+            .contains("NOAUTH")
+    );
+    assert_eq!(
+        run::<String>(&mut con, &["AUTH", "s3cret-pass"])
+            .await
+            .unwrap(),
+        "OK"
+    );
+    wait_ready(&mut con).await;
+    assert_eq!(
+        run::<i64>(&mut con, &["BF.ADD", "bloom", "a"])
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(metric(&node, "crpf_resp_rejected_total{reason=\"auth\"}") >= 3.0);
+    // The redis URL form authenticates on connecting.
+    let mut authed = connect_with(&node, "s3cret-pass").await;
+    assert_eq!(
+        run::<i64>(&mut authed, &["BF.EXISTS", "bloom", "a"])
+            .await
+            .unwrap(),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_adds_over_resp_survive_kill9() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let items: Vec<String> = (0..200).map(|i| format!("durable-{i}")).collect();
+    let mut node = start_node(dir.path(), "node", "", None, Some(&data));
+    {
+        let mut con = connect(&node).await;
+        assert_eq!(
+            run::<String>(&mut con, &["CRPF.ACK", "durable"])
+                .await
+                .unwrap(),
+            "OK"
+        );
+        let mut args = vec!["BF.MADD", "bloom"];
+        args.extend(items.iter().map(String::as_str));
+        assert_eq!(
+            run::<Vec<i64>>(&mut con, &args).await.unwrap(),
+            vec![1; 200]
+        );
+        for i in &items[..20] {
+            assert_eq!(
+                run::<i64>(&mut con, &["CF.ADD", "sessions", i])
+                    .await
+                    .unwrap(),
+                1
+            );
+        }
+    }
+    node.proc.kill9();
+    let node = start_node(dir.path(), "node-restarted", "", None, Some(&data));
+    let mut con = connect(&node).await;
+    let mut args = vec!["BF.MEXISTS", "bloom"];
+    args.extend(items.iter().map(String::as_str));
+    assert_eq!(
+        run::<Vec<i64>>(&mut con, &args).await.unwrap(),
+        vec![1; 200]
+    );
+    let mut args = vec!["CF.MEXISTS", "sessions"];
+    args.extend(items[..20].iter().map(String::as_str));
+    assert_eq!(run::<Vec<i64>>(&mut con, &args).await.unwrap(), vec![1; 20]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adds_over_resp_replicate_over_nats() {
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let a = start_node(dir.path(), "a", "", Some(&nats.url()), None);
+    let b = start_node(dir.path(), "b", "", Some(&nats.url()), None);
+    let (mut on_a, mut on_b) = (connect(&a).await, connect(&b).await);
+    let items: Vec<String> = (0..100).map(|i| format!("replicated-{i}")).collect();
+    let mut madd = vec!["CF.INSERT", "sessions", "ITEMS"];
+    madd.extend(items.iter().map(String::as_str));
+    assert_eq!(
+        run::<Vec<i64>>(&mut on_a, &madd).await.unwrap(),
+        vec![1; 100]
+    );
+    let mut mexists = vec!["CF.MEXISTS", "sessions"];
+    mexists.extend(items.iter().map(String::as_str));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let found: Vec<i64> = run(&mut on_b, &mexists).await.unwrap();
+        if found == vec![1; 100] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "b has {} of 100 after 30 s",
+            found.iter().sum::<i64>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A remove on b reaches a.
+    assert_eq!(
+        run::<i64>(&mut on_b, &["CF.DEL", "sessions", "replicated-0"])
+            .await
+            .unwrap(),
+        1
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while run::<i64>(&mut on_a, &["CF.EXISTS", "sessions", "replicated-0"])
+        .await
+        .unwrap()
+        == 1
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the remove did not reach a in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
