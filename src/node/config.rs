@@ -224,6 +224,14 @@ impl NodeConfig {
 
     /// Checks what serde cannot: at least one filter, unique names, valid replica settings.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(Err(crate::resp::RespError::Zero(field))) =
+            self.resp.as_ref().map(crate::resp::RespConfig::validate)
+        {
+            return Err(ConfigError::Invalid {
+                field: format!("resp.{field}"),
+                reason: "must be at least 1".into(),
+            });
+        }
         if self.filters.is_empty() {
             return Err(ConfigError::Invalid {
                 field: "filters".into(),
@@ -284,6 +292,27 @@ mod tests {
             Err(ConfigError::Invalid { field, .. }) => assert_eq!(field, "node.auth_key_file"),
             Err(e) => panic!("auth-tls.toml: {e}"),
         }
+    }
+
+    #[test]
+    fn a_resp_section_takes_defaults_and_refuses_zero_limits() {
+        let with_resp = |resp: &str| {
+            NodeConfig::from_toml_str(&format!(
+                "[resp]\n{resp}\n[[filters]]\nname = \"a\"\nfilter = {{ kind = \"g_bloom\", capacity = 100, fpr = 0.01 }}\n"
+            ))
+        };
+        let cfg = with_resp("listen = \"127.0.0.1:6380\"").unwrap();
+        let resp = cfg.resp.unwrap();
+        assert_eq!(
+            resp,
+            crate::resp::RespConfig::new("127.0.0.1:6380".parse().unwrap())
+        );
+        assert_eq!(
+            invalid_field(with_resp("listen = \"127.0.0.1:6380\"\nmax_pipeline = 0")),
+            ("resp.max_pipeline".into(), "must be at least 1".into())
+        );
+        assert!(matches!(with_resp(""), Err(ConfigError::Load(e)) if e.contains("listen")));
+        assert!(NodeConfig::from_toml_str("[[filters]]\nname = \"a\"\nfilter = { kind = \"g_bloom\", capacity = 100, fpr = 0.01 }\n").unwrap().resp.is_none());
     }
 
     fn with_keys(node: &str) -> Result<NodeConfig, ConfigError> {

@@ -22,6 +22,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::Deserialize;
 
+use super::parse::Args;
 use crate::api::batch;
 use crate::api::{ACK_HEADER, ERROR_HEADER, Op, REPLY_HEADER, ReplyFormat};
 use crate::replica::{AckLevel, ApiResponse, PendingResponse, ReplicaHandle};
@@ -152,17 +153,16 @@ pub(crate) fn rejected_reason(reply: &Reply) -> Option<&'static str> {
 }
 
 /// What `args` (the command's name first) asks for; `filter` finds a filter by name.
-pub fn command<'a>(
-    args: Vec<Bytes>,
-    filter: impl Fn(&[u8]) -> Option<&'a ReplicaHandle>,
-) -> Command {
-    let Some(name) = args.first() else {
+pub fn command<'a>(args: &Args, filter: impl Fn(&[u8]) -> Option<&'a ReplicaHandle>) -> Command {
+    if args.is_empty() {
         // An empty command: Redis answers nothing, but a reply keeps replies and requests
         // paired for the client.
         return Command::Reply(Reply::err("empty command"));
-    };
-    let name = String::from_utf8_lossy(name).to_ascii_uppercase();
-    let rest = &args[1..];
+    }
+    let name = String::from_utf8_lossy(args.arg(0)).to_ascii_uppercase();
+    // Arguments after the name.
+    let n = args.len() - 1;
+    let arg = |i: usize| args.arg(i + 1);
     let arity = |ok: bool| -> Result<(), Command> {
         if ok {
             Ok(())
@@ -174,7 +174,7 @@ pub fn command<'a>(
         }
     };
     let on_filter = |op: Op, shape: Shape, payload: Bytes| -> Command {
-        let key = &rest[0];
+        let key = arg(0);
         match filter(key) {
             Some(handle) => Command::Filter(
                 handle.clone(),
@@ -191,94 +191,95 @@ pub fn command<'a>(
             ))),
         }
     };
-    let batch = |op: Op, items: &[Bytes]| -> Command {
-        let mut payload = Vec::with_capacity(items.iter().map(|i| i.len() + 4).sum());
-        for (index, item) in items.iter().enumerate() {
+    // The items from argument `from` (counted after the name) on, in the batch framing.
+    let batch = |op: Op, from: usize| -> Command {
+        let items = args.from(from + 1);
+        let count = items.len();
+        let mut payload = Vec::with_capacity(args.from(from + 1).map(|i| i.len() + 4).sum());
+        for (index, item) in items.enumerate() {
             if let Err(e) = batch::encode_into(&mut payload, index, item) {
                 return Command::Reply(Reply::err(e));
             }
         }
-        let shape = Shape::Bits { items: items.len() };
-        on_filter(op, shape, payload.into())
+        on_filter(op, Shape::Bits { items: count }, payload.into())
     };
+    let single = |i: usize| args.bytes(i + 1);
     let checked = (|| -> Result<Command, Command> {
         Ok(match name.as_str() {
             "PING" => {
-                arity(rest.len() <= 1)?;
-                match rest.first() {
-                    Some(m) => Command::Reply(Reply::Bulk(m.clone())),
-                    None => Command::Reply(Reply::Simple("PONG")),
+                arity(n <= 1)?;
+                match n {
+                    1 => Command::Reply(Reply::Bulk(single(0))),
+                    _ => Command::Reply(Reply::Simple("PONG")),
                 }
             }
             "ECHO" => {
-                arity(rest.len() == 1)?;
-                Command::Reply(Reply::Bulk(rest[0].clone()))
+                arity(n == 1)?;
+                Command::Reply(Reply::Bulk(single(0)))
             }
             "QUIT" => Command::Quit,
             "AUTH" => {
                 // `AUTH password` or `AUTH default password` (Redis 6 ACL form).
-                arity(matches!(rest.len(), 1 | 2))?;
-                if rest.len() == 2 && &rest[0][..] != b"default" {
+                arity(matches!(n, 1 | 2))?;
+                if n == 2 && arg(0) != b"default" {
                     return Ok(Command::Reply(Reply::Error(
                         "WRONGPASS invalid username-password pair".into(),
                     )));
                 }
-                Command::Auth(rest[rest.len() - 1].clone())
+                Command::Auth(single(n - 1))
             }
             // Client libraries send these on connecting; nothing in them matters here.
             "CLIENT" => Command::Reply(Reply::Simple("OK")),
             "COMMAND" => Command::Reply(Reply::Array(Vec::new())),
             "SELECT" => {
-                arity(rest.len() == 1)?;
-                if &rest[0][..] == b"0" {
+                arity(n == 1)?;
+                if arg(0) == b"0" {
                     Command::Reply(Reply::Simple("OK"))
                 } else {
                     Command::Reply(Reply::err("DB index is out of range"))
                 }
             }
             "BF.ADD" | "CF.ADD" => {
-                arity(rest.len() == 2)?;
-                on_filter(Op::Add, Shape::Added, rest[1].clone())
+                arity(n == 2)?;
+                on_filter(Op::Add, Shape::Added, single(1))
             }
             "BF.EXISTS" | "CF.EXISTS" => {
-                arity(rest.len() == 2)?;
-                on_filter(Op::Contains, Shape::Found, rest[1].clone())
+                arity(n == 2)?;
+                on_filter(Op::Contains, Shape::Found, single(1))
             }
             "CF.DEL" => {
-                arity(rest.len() == 2)?;
-                on_filter(Op::Remove, Shape::Removed, rest[1].clone())
+                arity(n == 2)?;
+                on_filter(Op::Remove, Shape::Removed, single(1))
             }
             "CF.COUNT" => {
-                arity(rest.len() == 2)?;
-                on_filter(Op::Count, Shape::Count, rest[1].clone())
+                arity(n == 2)?;
+                on_filter(Op::Count, Shape::Count, single(1))
             }
             "BF.MADD" => {
-                arity(rest.len() >= 2)?;
-                batch(Op::MAdd, &rest[1..])
+                arity(n >= 2)?;
+                batch(Op::MAdd, 1)
             }
             "BF.MEXISTS" | "CF.MEXISTS" => {
-                arity(rest.len() >= 2)?;
-                batch(Op::MContains, &rest[1..])
+                arity(n >= 2)?;
+                batch(Op::MContains, 1)
             }
             "CRPF.MDEL" => {
-                arity(rest.len() >= 2)?;
-                batch(Op::MRemove, &rest[1..])
+                arity(n >= 2)?;
+                batch(Op::MRemove, 1)
             }
             "BF.INSERT" | "CF.INSERT" => {
-                let items = rest
-                    .iter()
-                    .position(|a| a.eq_ignore_ascii_case(b"ITEMS"))
-                    .map(|i| &rest[i + 1..]);
-                arity(!rest.is_empty() && items.is_some_and(|i| !i.is_empty()))?;
-                batch(Op::MAdd, items.unwrap_or_default())
+                // Options (ignored) between the key and `ITEMS`.
+                let items = (1..n).find(|&i| arg(i).eq_ignore_ascii_case(b"ITEMS"));
+                arity(items.is_some_and(|i| i + 1 < n))?;
+                batch(Op::MAdd, items.unwrap_or_default() + 1)
             }
             "CRPF.STATS" => {
-                arity(rest.len() == 1)?;
+                arity(n == 1)?;
                 on_filter(Op::Stats, Shape::Json, Bytes::new())
             }
             "CRPF.ACK" => {
-                arity(rest.len() == 1)?;
-                match String::from_utf8_lossy(&rest[0]).parse::<AckLevel>() {
+                arity(n == 1)?;
+                match String::from_utf8_lossy(arg(0)).parse::<AckLevel>() {
                     Ok(level) => Command::SetAck(level),
                     Err(e) => Command::Reply(Reply::err(e)),
                 }
@@ -411,14 +412,12 @@ mod tests {
         None
     }
 
-    fn words(ws: &[&str]) -> Vec<Bytes> {
-        ws.iter()
-            .map(|w| Bytes::copy_from_slice(w.as_bytes()))
-            .collect()
+    fn words(ws: &[&str]) -> Args {
+        Args::of(ws)
     }
 
     fn refused(ws: &[&str]) -> String {
-        match command(words(ws), no_filter) {
+        match command(&words(ws), no_filter) {
             Command::Reply(Reply::Error(e)) => e,
             other => panic!("{ws:?} gave {other:?}"),
         }
@@ -444,15 +443,15 @@ mod tests {
             Some("unknown_command")
         );
         assert!(matches!(
-            command(words(&["ping"]), no_filter),
+            command(&words(&["ping"]), no_filter),
             Command::Reply(Reply::Simple("PONG"))
         ));
         assert!(matches!(
-            command(words(&["CRPF.ACK", "durable"]), no_filter),
+            command(&words(&["CRPF.ACK", "durable"]), no_filter),
             Command::SetAck(AckLevel::Durable)
         ));
         assert!(
-            matches!(command(words(&["AUTH", "default", "pw"]), no_filter), Command::Auth(p) if &p[..] == b"pw")
+            matches!(command(&words(&["AUTH", "default", "pw"]), no_filter), Command::Auth(p) if &p[..] == b"pw")
         );
     }
 

@@ -37,7 +37,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt};
 use metrics::{Counter, Gauge};
@@ -94,6 +94,20 @@ fn default_max_request_bytes() -> usize {
 }
 
 impl RespConfig {
+    /// Refuses limits of zero (nothing could be served).
+    pub fn validate(&self) -> Result<(), RespError> {
+        for (field, value) in [
+            ("max_connections", self.max_connections),
+            ("max_pipeline", self.max_pipeline),
+            ("max_request_bytes", self.max_request_bytes),
+        ] {
+            if value == 0 {
+                return Err(RespError::Zero(field));
+            }
+        }
+        Ok(())
+    }
+
     /// The config listening on `listen`, with the defaults.
     pub fn new(listen: SocketAddr) -> Self {
         RespConfig {
@@ -151,15 +165,7 @@ pub struct RespServer {
 impl RespServer {
     /// Binds `cfg.listen` and serves `filters` (by name) on the current Tokio runtime.
     pub async fn start(cfg: &RespConfig, filters: &[ReplicaHandle]) -> Result<Self, RespError> {
-        for (field, value) in [
-            ("max_connections", cfg.max_connections),
-            ("max_pipeline", cfg.max_pipeline),
-            ("max_request_bytes", cfg.max_request_bytes),
-        ] {
-            if value == 0 {
-                return Err(RespError::Zero(field));
-            }
-        }
+        cfg.validate()?;
         let password = cfg.password_file.as_ref().map(read_password).transpose()?;
         let listener = TcpListener::bind(cfg.listen)
             .await
@@ -303,7 +309,7 @@ struct Session<'a> {
 
 impl Session<'_> {
     /// The reply to `args`, or `None` if the command waits in [`Session::waiting`].
-    fn handle(&mut self, args: Vec<Bytes>) -> Option<Pending> {
+    fn handle(&mut self, args: &parse::Args) -> Option<Pending> {
         let server = self.server;
         let command = commands::command(args, |name| server.filters.get(name));
         if let Command::Filter(handle, request) = command {
@@ -394,7 +400,7 @@ async fn serve(stream: TcpStream, server: &Server) {
         }
         while !session.closing && session.waiting.is_none() && pending.len() < server.max_pipeline {
             match next_command(&mut input, server.limits) {
-                Ok(Some(args)) => pending.extend(session.handle(args)),
+                Ok(Some(args)) => pending.extend(session.handle(&args)),
                 Ok(None) => break,
                 Err(e) => {
                     (server.rejected)("protocol").increment(1);

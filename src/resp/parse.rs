@@ -60,13 +60,63 @@ type Spans = (Vec<(usize, usize)>, usize);
 /// Longest line of a count or length (`*` or `$`, at most 20 digits, `\r\n`).
 const MAX_LENGTH_LINE: usize = 24;
 
-/// Takes the first complete command off `buf`: its arguments (views into the buffer, not
-/// copies), or `None` if more bytes are needed. An empty command (`*0`, a blank line) gives
-/// an empty vector.
-pub fn next_command(
-    buf: &mut BytesMut,
-    limits: ParseLimits,
-) -> Result<Option<Vec<Bytes>>, ParseError> {
+/// The arguments of one command, the name first: spans of the request's bytes (one buffer,
+/// not a copy or a reference count per argument).
+#[derive(Debug, Clone)]
+pub struct Args {
+    request: Bytes,
+    spans: Vec<(usize, usize)>,
+}
+
+impl Args {
+    /// Arguments, the name included.
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    /// No arguments (an empty command).
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// Argument `i`.
+    pub fn arg(&self, i: usize) -> &[u8] {
+        let (a, b) = self.spans[i];
+        &self.request[a..b]
+    }
+
+    /// Argument `i` as a view of the request's buffer.
+    pub fn bytes(&self, i: usize) -> Bytes {
+        let (a, b) = self.spans[i];
+        self.request.slice(a..b)
+    }
+
+    /// Arguments `from..`.
+    pub fn from(&self, from: usize) -> impl ExactSizeIterator<Item = &[u8]> {
+        self.spans[from.min(self.spans.len())..]
+            .iter()
+            .map(|&(a, b)| &self.request[a..b])
+    }
+
+    /// The arguments of `words`, as a client would send them.
+    pub fn of<T: AsRef<[u8]>>(words: &[T]) -> Self {
+        let mut request = Vec::new();
+        let mut spans = Vec::with_capacity(words.len());
+        for w in words {
+            let start = request.len();
+            request.extend_from_slice(w.as_ref());
+            spans.push((start, request.len()));
+        }
+        Args {
+            request: request.into(),
+            spans,
+        }
+    }
+}
+
+/// Takes the first complete command off `buf`: its arguments, or `None` if more bytes are
+/// needed. An empty command (`*0`, a blank line) has no arguments.
+pub fn next_command(buf: &mut BytesMut, limits: ParseLimits) -> Result<Option<Args>, ParseError> {
     let Some(&first) = buf.first() else {
         return Ok(None);
     };
@@ -79,12 +129,7 @@ pub fn next_command(
         return Ok(None);
     };
     let request = buf.split_to(consumed).freeze();
-    Ok(Some(
-        spans
-            .into_iter()
-            .map(|(a, b)| request.slice(a..b))
-            .collect(),
-    ))
+    Ok(Some(Args { request, spans }))
 }
 
 /// `*<n>\r\n` then `n` times `$<len>\r\n<len bytes>\r\n`: the arguments' spans and the bytes
@@ -173,11 +218,27 @@ fn length_line(
     if next != b'\n' {
         return Err(bad());
     }
-    let number = std::str::from_utf8(&window[..cr])
-        .ok()
-        .and_then(|s| s.parse::<i64>().ok())
-        .ok_or_else(bad)?;
+    let number = decimal(&window[..cr]).ok_or_else(bad)?;
     Ok(Some((number, at + 1 + cr + 2)))
+}
+
+/// A signed decimal number without a `+`, leading spaces or overflow.
+fn decimal(digits: &[u8]) -> Option<i64> {
+    let (negative, digits) = match digits.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, digits),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    let mut n: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(i64::from(d - b'0'))?;
+    }
+    Some(if negative { -n } else { n })
 }
 
 /// A line of words separated by spaces, ended by `\n` (a `\r` before it is dropped).
@@ -234,7 +295,7 @@ mod tests {
         let mut buf = BytesMut::from(input);
         let mut commands = Vec::new();
         while let Some(c) = next_command(&mut buf, LIMITS)? {
-            commands.push(c.iter().map(|a| a.to_vec()).collect());
+            commands.push(c.from(0).map(<[u8]>::to_vec).collect());
         }
         assert!(buf.is_empty(), "left over: {buf:?}");
         Ok(commands)
@@ -274,8 +335,9 @@ mod tests {
                 got.push(c);
             }
             assert_eq!(got.len(), 2, "cut at {cut}");
-            assert_eq!(got[0][2], Bytes::from_static(b"hello"));
-            assert_eq!(got[1][0], Bytes::from_static(b"PING"));
+            assert_eq!(got[0].arg(2), b"hello");
+            assert_eq!(got[0].bytes(2), Bytes::from_static(b"hello"));
+            assert_eq!(got[1].arg(0), b"PING");
         }
     }
 
@@ -287,6 +349,9 @@ mod tests {
             b"*1\r\n$3\r\nabcd\r\n",
             b"*1\r\n$-5\r\n",
             b"*1\r\n$99999999999999999999999\r\n",
+            b"*1\r\n$+5\r\n",
+            b"*1\r\n$ 5\r\n",
+            b"*-\r\n",
             b"*1\r\n$1\r\r",
             b"*123456789012345678901234567890",
         ] {

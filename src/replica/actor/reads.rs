@@ -80,7 +80,7 @@ impl Reads {
             .subjects
             .api_op(&msg.subject)
             .and_then(|op| op.parse::<Op>().ok());
-        match self.answer(op, &msg) {
+        match self.answer(op, &msg, Lock::Try) {
             Answer::Here(body) => {
                 match body.finish(self.replica, msg.reply.map(ReplyTo::Subject)) {
                     Some((ReplyTo::Subject(to), headers, payload)) => {
@@ -114,7 +114,7 @@ impl Reads {
         let answer = if queued {
             Answer::Actor
         } else {
-            self.answer(Some(op), &msg)
+            self.answer(Some(op), &msg, Lock::Block)
         };
         match answer {
             Answer::Here(body) => {
@@ -138,12 +138,13 @@ impl Reads {
         }
     }
 
-    /// The answer of a request here, or [`Answer::Actor`] if the actor gives it.
-    fn answer(&self, op: Option<Op>, msg: &Message) -> Answer {
+    /// The answer of a request here, or [`Answer::Actor`] if the actor gives it; an update
+    /// applied here takes the filter's lock as `lock` says.
+    fn answer(&self, op: Option<Op>, msg: &Message, lock: Lock) -> Answer {
         if let Some(op) = op
             && Updates::is_update(op)
         {
-            return self.update(op, msg);
+            return self.update(op, msg, lock);
         }
         if !matches!(
             op,
@@ -172,14 +173,14 @@ impl Reads {
     }
 
     /// Applies an update here if it may be ([`Updates::applies_in_task`]) and the filter's
-    /// lock is free; else hands it to the actor, which also answers a malformed one.
-    fn update(&self, op: Op, msg: &Message) -> Answer {
+    /// lock is free (or `lock` waits for it); else hands it to the actor, which also answers a
+    /// malformed one.
+    fn update(&self, op: Op, msg: &Message, lock: Lock) -> Answer {
         let updates = &self.updates;
         match updates.level(msg) {
             Ok(level) if updates.applies_in_task(op, level) => {
                 let served = self.service.serve(&msg.subject);
-                let mut body = match updates.apply(op, level, msg, Lock::Try, &mut || Ok(u64::MAX))
-                {
+                let mut body = match updates.apply(op, level, msg, lock, &mut || Ok(u64::MAX)) {
                     Ok(None) => return Answer::Actor,
                     Ok(Some(applied)) => applied.body,
                     Err(e) => {

@@ -47,6 +47,11 @@ pub(super) enum Lock {
     /// Only if free; else nothing is applied (a subscription task, which then hands the update
     /// to the actor). Marks the change for the actor under the lock.
     Try,
+    /// Waits for it, off the actor: a request made in process (the RESP front end), whose
+    /// caller keeps the order of its requests and would otherwise send every later one through
+    /// the actor too. The actor holds the lock only briefly (a commit takes the pending delta;
+    /// a merge is what a query waits for as well). Marks the change like [`Lock::Try`].
+    Block,
 }
 
 /// An applied update: answered with `body` once it reached `level` (at once if it changed
@@ -296,7 +301,7 @@ impl Updates {
         Ok(Some((ok > 0, body)))
     }
 
-    /// Outside the actor ([`Lock::Try`]), tells it the state changed, and asks it for a commit
+    /// Outside the actor ([`Lock::Try`], [`Lock::Block`]), tells it the state changed, and asks it for a commit
     /// once the pending delta is full (once until it commits). Called under the write lock
     /// `f`, so that the actor never digests the new state as the old one.
     fn changed_under(&self, f: &AnyFilter, lock: Lock) {
@@ -320,7 +325,7 @@ impl Updates {
         lock: Lock,
     ) -> Result<Option<RwLockWriteGuard<'_, AnyFilter>>, ReplicaError> {
         let f = match lock {
-            Lock::Wait => self.shared.filter.write().expect("filter lock poisoned"),
+            Lock::Wait | Lock::Block => self.shared.filter.write().expect("filter lock poisoned"),
             Lock::Try => match self.shared.filter.try_write() {
                 Ok(f) => f,
                 Err(TryLockError::WouldBlock) => return Ok(None),
