@@ -397,6 +397,45 @@ async fn malformed_framing_closes_its_connection_and_poisons_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelines_beyond_the_limits_are_answered_whole_and_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    // Four commands in progress at most, and 4 KiB of requests held.
+    let extra = "max_pipeline = 4\nmax_request_bytes = 4096";
+    let node = start_node(dir.path(), "node", extra, None, None);
+    let _ready = connect(&node).await;
+    // 300 commands in one write, then EOF: every one answered, in order, empty commands
+    // not at all (as Redis does), before the node closes.
+    let mut request = Vec::new();
+    let mut expected = String::new();
+    for i in 0..100 {
+        let echo = format!("e{i}");
+        request.extend_from_slice(format!("ECHO {echo}\r\n*0\r\n\r\n").as_bytes());
+        expected += &format!("${}\r\n{echo}\r\n", echo.len());
+        let add = format!("*3\r\n$6\r\nBF.ADD\r\n$5\r\nbloom\r\n$4\r\np{i:03}\r\n");
+        request.extend_from_slice(add.as_bytes());
+        expected += ":1\r\n";
+        request.extend_from_slice(format!("BF.EXISTS bloom p{i:03}\r\n").as_bytes());
+        expected += ":1\r\n";
+    }
+    let mut s = TcpStream::connect(&node.resp).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&request).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert_eq!(answer, expected);
+    // Requests of 3 KiB each: never more than about 4 KiB held, all answered.
+    let mut con = connect(&node).await;
+    let big = "x".repeat(3000);
+    let mut pipe = redis::pipe();
+    for _ in 0..20 {
+        pipe.cmd("ECHO").arg(&big);
+    }
+    let echoed: Vec<String> = pipe.query_async(&mut con).await.unwrap();
+    assert_eq!(echoed, vec![big; 20]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_password_is_required_once_set() {
     let dir = tempfile::tempdir().unwrap();
     let password = dir.path().join("password");

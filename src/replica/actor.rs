@@ -80,6 +80,10 @@ pub(crate) struct Shared {
     pub commit_requested: AtomicBool,
     /// The replica shut down: updates are no longer applied (set under the write lock).
     pub closed: AtomicBool,
+    /// What a batch request may hold (`max_batch_items`, `max_item_bytes`).
+    pub limits: crate::api::batch::Limits,
+    /// Whether the replica serves the request API (`serve_api`), once ready.
+    pub serve_api: bool,
     /// Answers requests of the API made in this process ([`ReplicaHandle::request`]); set
     /// once the API is served.
     pub api: std::sync::OnceLock<Arc<reads::Reads>>,

@@ -383,6 +383,8 @@ impl Replica {
             commit_requested: Default::default(),
             closed: Default::default(),
             api: Default::default(),
+            limits: crate::api::batch::Limits::new(cfg.max_batch_items, cfg.max_item_bytes),
+            serve_api: cfg.serve_api,
         });
         tracing::info!(
             filter = %cfg.name, kind = %shared.kind, replica, %uuid,
@@ -507,10 +509,12 @@ impl ReplicaHandle {
 
     /// What a batch request to this replica may hold (`max_batch_items`, `max_item_bytes`).
     pub fn limits(&self) -> crate::api::batch::Limits {
-        match self.shared.api.get() {
-            Some(api) => api.limits,
-            None => crate::api::batch::Limits::new(crate::api::DEFAULT_MAX_BATCH_ITEMS, usize::MAX),
-        }
+        self.shared.limits
+    }
+
+    /// Whether the replica serves the request API (`serve_api`; from the moment it is ready).
+    pub fn serves_api(&self) -> bool {
+        self.shared.serve_api
     }
 
     /// Membership test, read directly from the state: it never waits behind replication work

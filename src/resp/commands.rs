@@ -187,7 +187,7 @@ pub fn command<'a>(args: &Args, filter: impl Fn(&[u8]) -> Option<&'a ReplicaHand
             ),
             None => Command::Reply(Reply::err(format!(
                 "no filter named `{}` on this node",
-                String::from_utf8_lossy(key)
+                String::from_utf8_lossy(&key[..key.len().min(64)])
             ))),
         }
     };
@@ -203,7 +203,8 @@ pub fn command<'a>(args: &Args, filter: impl Fn(&[u8]) -> Option<&'a ReplicaHand
         }
         on_filter(op, Shape::Bits { items: count }, payload.into())
     };
-    let single = |i: usize| args.bytes(i + 1);
+    // A copy: a view would keep the whole read buffer alive while the request waits.
+    let single = |i: usize| Bytes::copy_from_slice(args.arg(i + 1));
     let checked = (|| -> Result<Command, Command> {
         Ok(match name.as_str() {
             "PING" => {
@@ -229,7 +230,13 @@ pub fn command<'a>(args: &Args, filter: impl Fn(&[u8]) -> Option<&'a ReplicaHand
                 Command::Auth(single(n - 1))
             }
             // Client libraries send these on connecting; nothing in them matters here.
-            "CLIENT" => Command::Reply(Reply::Simple("OK")),
+            "CLIENT"
+                if n >= 1
+                    && (arg(0).eq_ignore_ascii_case(b"SETNAME")
+                        || arg(0).eq_ignore_ascii_case(b"SETINFO")) =>
+            {
+                Command::Reply(Reply::Simple("OK"))
+            }
             "COMMAND" => Command::Reply(Reply::Array(Vec::new())),
             "SELECT" => {
                 arity(n == 1)?;

@@ -50,7 +50,7 @@ use tokio::sync::Semaphore;
 
 use crate::replica::{AckLevel, PendingResponse, ReplicaError, ReplicaHandle};
 use commands::{Command, Reply, Shape};
-use parse::{ParseLimits, next_command};
+use parse::ParseLimits;
 
 /// Connections accepted (counter).
 pub const CONNECTIONS_TOTAL: &str = "crpf_resp_connections_total";
@@ -150,7 +150,8 @@ struct Server {
     filters: HashMap<Vec<u8>, ReplicaHandle>,
     limits: ParseLimits,
     max_pipeline: usize,
-    /// SHA-256 of the password: compared in constant length, never kept in clear.
+    /// SHA-256 of the password, which is not kept in clear (comparing digests tells a
+    /// timing attacker nothing about the password).
     password: Option<[u8; 32]>,
     open: Gauge,
     rejected: fn(&'static str) -> Counter,
@@ -184,9 +185,13 @@ impl RespServer {
             .map(|f| f.limits().max_items)
             .max()
             .unwrap_or(crate::api::DEFAULT_MAX_BATCH_ITEMS);
+        for f in filters.iter().filter(|f| !f.serves_api()) {
+            tracing::info!(filter = f.name(), "not served over RESP: serve_api is off");
+        }
         let server = Arc::new(Server {
             filters: filters
                 .iter()
+                .filter(|f| f.serves_api())
                 .map(|f| (f.name().as_bytes().to_vec(), f.clone()))
                 .collect(),
             limits: ParseLimits {
@@ -266,28 +271,45 @@ async fn accept(listener: TcpListener, server: Arc<Server>, slots: Arc<Semaphore
     }
 }
 
-/// A command's reply: ready, or the filter's answer still to come.
-enum Pending {
+/// Limits on a connection that has not authenticated yet (with a password set): enough for
+/// `AUTH`, little to buffer.
+const UNAUTHENTICATED: ParseLimits = ParseLimits {
+    max_args: 8,
+    max_request_bytes: 16 << 10,
+};
+
+/// A command's reply: ready, or the filter's answer still to come; with the bytes of the
+/// request it answers, which stay held until the reply is sent.
+struct Pending {
+    reply: PendingReply,
+    bytes: usize,
+    /// Sent to the actor ([`Session::with_actor`]).
+    via_actor: bool,
+}
+
+enum PendingReply {
     Ready(Option<Reply>),
     Answer(PendingResponse, Shape),
 }
 
 impl Future for Pending {
-    type Output = Reply;
+    type Output = (Reply, usize, bool);
 
     fn poll(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Reply> {
-        match &mut *self {
-            Pending::Ready(r) => std::task::Poll::Ready(r.take().expect("polled once ready")),
-            Pending::Answer(response, shape) => response.poll_unpin(cx).map(|r| match r {
+    ) -> std::task::Poll<Self::Output> {
+        let (bytes, via_actor) = (self.bytes, self.via_actor);
+        let reply = match &mut self.reply {
+            PendingReply::Ready(r) => std::task::Poll::Ready(r.take().expect("polled once ready")),
+            PendingReply::Answer(response, shape) => response.poll_unpin(cx).map(|r| match r {
                 Ok(response) => commands::reply(*shape, &response),
                 // What Redis answers while it loads its data: clients know to retry.
                 Err(e @ ReplicaError::NotServing) => Reply::Error(format!("LOADING {e}")),
                 Err(e) => Reply::err(e),
             }),
-        }
+        };
+        reply.map(|r| (r, bytes, via_actor))
     }
 }
 
@@ -298,13 +320,14 @@ struct Session<'a> {
     ack: Option<AckLevel>,
     /// After `QUIT` or a protocol error: answer what is in progress, then close.
     closing: bool,
-    /// The filter whose actor has a command of this connection not yet answered. Commands
-    /// run in the order they came, as Redis runs them: until that one is answered, later
-    /// commands to the same filter queue behind it in the actor, and commands to another
-    /// filter wait (see [`Session::handle`]).
-    with_actor: Option<ReplicaHandle>,
-    /// A command waiting for [`Session::with_actor`] to be answered.
-    waiting: Option<(ReplicaHandle, commands::Request)>,
+    /// The filter whose actor has commands of this connection not yet answered, and how many.
+    /// Commands run in the order they came, as Redis runs them: until those are answered,
+    /// later commands to the same filter queue behind them in the actor (a query would
+    /// otherwise be answered at once, before an earlier add), and a command to another filter
+    /// waits in [`Session::waiting`].
+    with_actor: Option<(ReplicaHandle, usize)>,
+    /// A command waiting for [`Session::with_actor`]'s commands to be answered.
+    waiting: Option<(ReplicaHandle, commands::Request, usize)>,
 }
 
 impl Session<'_> {
@@ -313,41 +336,57 @@ impl Session<'_> {
         let server = self.server;
         let command = commands::command(args, |name| server.filters.get(name));
         if let Command::Filter(handle, request) = command {
-            return self.send(handle, request);
+            return self.send(handle, request, args.size());
         }
-        Some(self.answer(command))
+        Some(self.answer(command, args.size()))
     }
 
     /// Sends a filter's command, in order behind what this connection has with an actor.
-    fn send(&mut self, handle: ReplicaHandle, request: commands::Request) -> Option<Pending> {
+    fn send(
+        &mut self,
+        handle: ReplicaHandle,
+        request: commands::Request,
+        bytes: usize,
+    ) -> Option<Pending> {
         if !self.authenticated {
-            return Some(self.answer(Command::Reply(Reply::Error(
-                "NOAUTH Authentication required.".into(),
-            ))));
+            let refused = Reply::Error("NOAUTH Authentication required.".into());
+            return Some(self.answer(Command::Reply(refused), bytes));
         }
         let queued = match &self.with_actor {
             None => false,
-            Some(h) if h.name() == handle.name() => true,
+            Some((h, _)) if h.name() == handle.name() => true,
             Some(_) => {
-                self.waiting = Some((handle, request));
+                self.waiting = Some((handle, request, bytes));
                 return None;
             }
         };
         let response = commands::send(&handle, &request, self.ack, queued);
-        if matches!(response, PendingResponse::Actor(_)) {
-            self.with_actor = Some(handle);
+        let via_actor = matches!(response, PendingResponse::Actor(_));
+        if via_actor {
+            self.with_actor.get_or_insert((handle, 0)).1 += 1;
         }
-        Some(Pending::Answer(response, request.shape))
+        Some(Pending {
+            reply: PendingReply::Answer(response, request.shape),
+            bytes,
+            via_actor,
+        })
     }
 
-    /// Every command sent is answered: the order needs nothing more. Sends the waiting one.
-    fn all_answered(&mut self) -> Option<Pending> {
+    /// A command sent to the actor was answered. Once all are, the order needs nothing
+    /// more: sends the waiting command, if any.
+    fn answered_by_actor(&mut self) -> Option<Pending> {
+        if let Some((_, n)) = &mut self.with_actor {
+            *n -= 1;
+            if *n > 0 {
+                return None;
+            }
+        }
         self.with_actor = None;
-        let (handle, request) = self.waiting.take()?;
-        self.send(handle, request)
+        let (handle, request, bytes) = self.waiting.take()?;
+        self.send(handle, request, bytes)
     }
 
-    fn answer(&mut self, command: Command) -> Pending {
+    fn answer(&mut self, command: Command, bytes: usize) -> Pending {
         let server = self.server;
         let reply = match command {
             Command::Auth(given) => match &server.password {
@@ -373,11 +412,17 @@ impl Session<'_> {
         if let Some(reason) = commands::rejected_reason(&reply) {
             (server.rejected)(reason).increment(1);
         }
-        Pending::Ready(Some(reply))
+        Pending {
+            reply: PendingReply::Ready(Some(reply)),
+            bytes,
+            via_actor: false,
+        }
     }
 }
 
 /// Serves one connection until the client leaves, sends `QUIT`, or breaks the protocol.
+/// Memory is bounded by the commands in progress: at most `max_pipeline` of them, and no
+/// new one parsed while those hold `max_request_bytes` or more.
 async fn serve(stream: TcpStream, server: &Server) {
     let (mut rd, mut wr) = stream.into_split();
     let mut session = Session {
@@ -388,30 +433,54 @@ async fn serve(stream: TcpStream, server: &Server) {
         with_actor: None,
         waiting: None,
     };
+    let mut parser = parse::Parser::default();
     let mut input = BytesMut::with_capacity(16 << 10);
     let mut output = BytesMut::with_capacity(16 << 10);
     let mut pending = FuturesOrdered::new();
+    // Bytes of the requests in `pending` and `waiting`.
+    let mut held = 0usize;
     let mut eof = false;
+    let room = |pending: &FuturesOrdered<Pending>, held: usize| {
+        pending.len() < server.max_pipeline && held < server.limits.max_request_bytes
+    };
     loop {
-        if pending.is_empty()
-            && let Some(sent) = session.all_answered()
-        {
-            pending.push_back(sent);
-        }
-        while !session.closing && session.waiting.is_none() && pending.len() < server.max_pipeline {
-            match next_command(&mut input, server.limits) {
-                Ok(Some(args)) => pending.extend(session.handle(&args)),
+        // Commands already buffered, as far as the limits allow.
+        let mut stopped_for_room = false;
+        while !session.closing && session.waiting.is_none() {
+            if !room(&pending, held) {
+                stopped_for_room = true;
+                break;
+            }
+            let limits = if session.authenticated {
+                server.limits
+            } else {
+                UNAUTHENTICATED
+            };
+            match parser.next_command(&mut input, limits) {
+                // Redis answers nothing to an empty command.
+                Ok(Some(args)) if args.is_empty() => {}
+                Ok(Some(args)) => {
+                    held += args.size();
+                    pending.extend(session.handle(&args));
+                }
                 Ok(None) => break,
                 Err(e) => {
                     (server.rejected)("protocol").increment(1);
-                    pending.push_back(Pending::Ready(Some(Reply::err(e))));
+                    let reply = Reply::err(e);
+                    pending.push_back(session.answer(Command::Reply(reply), 0));
                     session.closing = true;
                 }
             }
         }
         // Everything answered already goes out in one write.
-        while let Some(Some(reply)) = pending.next().now_or_never() {
+        let mut answered = false;
+        while let Some(Some((reply, bytes, via_actor))) = pending.next().now_or_never() {
             reply.encode(&mut output);
+            held -= bytes;
+            answered = true;
+            if via_actor {
+                pending.extend(session.answered_by_actor());
+            }
         }
         if !output.is_empty() {
             if wr.write_all(&output).await.is_err() {
@@ -419,15 +488,15 @@ async fn serve(stream: TcpStream, server: &Server) {
             }
             output.clear();
         }
-        if pending.is_empty() && session.waiting.is_some() {
-            // The command waiting for the actor's answer can go now.
+        if answered && (stopped_for_room || session.waiting.is_none()) {
+            // Room again, or a waiting command sent: parse what is buffered before reading
+            // (or closing) on.
             continue;
         }
-        let reading = !session.closing
-            && !eof
-            && session.waiting.is_none()
-            && pending.len() < server.max_pipeline;
-        if pending.is_empty() && session.waiting.is_none() && !reading {
+        let reading = !session.closing && !eof && session.waiting.is_none() && room(&pending, held);
+        if pending.is_empty() && !reading {
+            // Nothing in progress, nothing more to read: closing, or the client left. (A
+            // waiting command always has the actor's commands before it in `pending`.)
             return;
         }
         if input.capacity() - input.len() < 4096 {
@@ -439,7 +508,13 @@ async fn serve(stream: TcpStream, server: &Server) {
                 Ok(_) => {}
                 Err(_) => return,
             },
-            Some(reply) = pending.next(), if !pending.is_empty() => reply.encode(&mut output),
+            Some((reply, bytes, via_actor)) = pending.next(), if !pending.is_empty() => {
+                reply.encode(&mut output);
+                held -= bytes;
+                if via_actor {
+                    pending.extend(session.answered_by_actor());
+                }
+            }
         }
     }
 }

@@ -5,7 +5,7 @@
 //! buffered for it. (`redis-protocol` decodes nested arrays recursively with no depth bound:
 //! a few megabytes of `*1\r\n` would overflow the stack.)
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use thiserror::Error;
 
 /// Bounds on one request.
@@ -79,6 +79,11 @@ impl Args {
         self.spans.is_empty()
     }
 
+    /// Bytes of the request, framing included.
+    pub fn size(&self) -> usize {
+        self.request.len()
+    }
+
     /// Argument `i`.
     pub fn arg(&self, i: usize) -> &[u8] {
         let (a, b) = self.spans[i];
@@ -114,45 +119,114 @@ impl Args {
     }
 }
 
-/// Takes the first complete command off `buf`: its arguments, or `None` if more bytes are
-/// needed. An empty command (`*0`, a blank line) has no arguments.
-pub fn next_command(buf: &mut BytesMut, limits: ParseLimits) -> Result<Option<Args>, ParseError> {
-    let Some(&first) = buf.first() else {
-        return Ok(None);
-    };
-    let spans = if first == b'*' {
-        multibulk(buf, limits)?
-    } else {
-        inline(buf, limits)?
-    };
-    let Some((spans, consumed)) = spans else {
-        return Ok(None);
-    };
-    let request = buf.split_to(consumed).freeze();
-    Ok(Some(Args { request, spans }))
+/// Longest inline command (Redis's bound too): a line is searched for its end as it arrives.
+pub const MAX_INLINE_BYTES: usize = 64 << 10;
+
+/// Takes commands off a connection's buffer, one at a time. A command that is not complete
+/// yet is resumed where its parse stopped when more bytes arrive, so a request dripping in
+/// byte by byte costs no re-parse of what came before.
+#[derive(Debug, Default)]
+pub struct Parser {
+    partial: Option<Partial>,
 }
 
-/// `*<n>\r\n` then `n` times `$<len>\r\n<len bytes>\r\n`: the arguments' spans and the bytes
-/// consumed, once all of it is there.
-fn multibulk(buf: &[u8], limits: ParseLimits) -> Result<Option<Spans>, ParseError> {
-    let Some((count, mut at)) = length_line(buf, 0, "multibulk")? else {
-        return Ok(None);
-    };
-    // Redis takes `*0` and `*-1` as nothing to do.
-    let Ok(count) = u64::try_from(count) else {
-        return Ok(Some((Vec::new(), at)));
-    };
-    if count > limits.max_args as u64 {
-        return Err(ParseError::TooManyArgs {
-            args: count,
-            max: limits.max_args,
-        });
+/// A command parsed in part: offsets into the (unconsumed) buffer.
+#[derive(Debug)]
+enum Partial {
+    /// A multibulk request: the arguments so far, how many are still to come, where the next
+    /// one starts, and the bytes of the arguments so far.
+    Multibulk {
+        spans: Vec<(usize, usize)>,
+        remaining: u64,
+        at: usize,
+        total: usize,
+    },
+    /// An inline line: no `\n` in the bytes scanned so far.
+    Inline { scanned: usize },
+}
+
+impl Parser {
+    /// Takes the first complete command off `buf`: its arguments, or `None` if more bytes are
+    /// needed. An empty command (`*0`, a blank line) has no arguments. After an error the
+    /// buffer cannot be parsed further (the connection is closed).
+    pub fn next_command(
+        &mut self,
+        buf: &mut BytesMut,
+        limits: ParseLimits,
+    ) -> Result<Option<Args>, ParseError> {
+        let partial = match self.partial.take() {
+            Some(p) => p,
+            None => match buf.first() {
+                None => return Ok(None),
+                Some(b'*') => {
+                    let Some((count, at)) = length_line(buf, 0, "multibulk")? else {
+                        return Ok(None);
+                    };
+                    // Redis takes `*0` and `*-1` as nothing to do.
+                    let Ok(count) = u64::try_from(count) else {
+                        buf.advance(at);
+                        return Ok(Some(Args::of::<&[u8]>(&[])));
+                    };
+                    if count > limits.max_args as u64 {
+                        return Err(ParseError::TooManyArgs {
+                            args: count,
+                            max: limits.max_args,
+                        });
+                    }
+                    Partial::Multibulk {
+                        // Grown as arguments arrive, not as announced.
+                        spans: Vec::with_capacity((count as usize).min(256)),
+                        remaining: count,
+                        at,
+                        total: 0,
+                    }
+                }
+                Some(_) => Partial::Inline { scanned: 0 },
+            },
+        };
+        let done = match partial {
+            Partial::Multibulk {
+                spans,
+                remaining,
+                at,
+                total,
+            } => multibulk(buf, limits, spans, remaining, at, total)?,
+            Partial::Inline { scanned } => inline(buf, limits, scanned)?,
+        };
+        match done {
+            Ok((spans, consumed)) => {
+                let request = buf.split_to(consumed).freeze();
+                Ok(Some(Args { request, spans }))
+            }
+            Err(partial) => {
+                self.partial = Some(partial);
+                Ok(None)
+            }
+        }
     }
-    let mut spans = Vec::with_capacity(count as usize);
-    let mut total = 0usize;
-    for _ in 0..count {
+}
+
+/// The rest of a multibulk request, from argument `at` on (`remaining` to come): the
+/// arguments' spans and the bytes consumed once all of it is there, else where it stopped.
+fn multibulk(
+    buf: &[u8],
+    limits: ParseLimits,
+    mut spans: Vec<(usize, usize)>,
+    mut remaining: u64,
+    mut at: usize,
+    mut total: usize,
+) -> Result<Result<Spans, Partial>, ParseError> {
+    while remaining > 0 {
+        let stop = |spans, at, total| {
+            Ok(Err(Partial::Multibulk {
+                spans,
+                remaining,
+                at,
+                total,
+            }))
+        };
         match buf.get(at) {
-            None => return Ok(None),
+            None => return stop(spans, at, total),
             Some(b'$') => {}
             Some(&other) => {
                 return Err(ParseError::Unexpected {
@@ -162,21 +236,21 @@ fn multibulk(buf: &[u8], limits: ParseLimits) -> Result<Option<Spans>, ParseErro
             }
         }
         let Some((len, start)) = length_line(buf, at, "bulk")? else {
-            return Ok(None);
+            return stop(spans, at, total);
         };
         let len = usize::try_from(len).map_err(|_| ParseError::BadLength {
             what: "bulk",
             line: len.to_string(),
         })?;
-        total = total.saturating_add(len);
-        if total > limits.max_request_bytes {
+        let new_total = total.saturating_add(len);
+        if new_total > limits.max_request_bytes {
             return Err(ParseError::TooLarge {
                 max: limits.max_request_bytes,
             });
         }
         let end = start + len;
         let Some(terminator) = buf.get(end..end + 2) else {
-            return Ok(None);
+            return stop(spans, at, total);
         };
         if terminator != b"\r\n" {
             return Err(ParseError::Unexpected {
@@ -185,9 +259,11 @@ fn multibulk(buf: &[u8], limits: ParseLimits) -> Result<Option<Spans>, ParseErro
             });
         }
         spans.push((start, end));
+        total = new_total;
         at = end + 2;
+        remaining -= 1;
     }
-    Ok(Some((spans, at)))
+    Ok(Ok((spans, at)))
 }
 
 /// The signed number of a `*<n>\r\n` or `$<n>\r\n` line starting at `at`, and where the line
@@ -241,28 +317,42 @@ fn decimal(digits: &[u8]) -> Option<i64> {
     Some(if negative { -n } else { n })
 }
 
-/// A line of words separated by spaces, ended by `\n` (a `\r` before it is dropped).
-fn inline(buf: &[u8], limits: ParseLimits) -> Result<Option<Spans>, ParseError> {
-    let window = &buf[..buf.len().min(limits.max_request_bytes + 2)];
-    let Some(newline) = window.iter().position(|&b| b == b'\n') else {
-        if buf.len() > limits.max_request_bytes + 1 {
-            return Err(ParseError::TooLarge {
-                max: limits.max_request_bytes,
-            });
+/// A line of words separated by spaces, ended by `\n` (a `\r` before it is dropped), at
+/// most [`MAX_INLINE_BYTES`] (and `max_request_bytes`) long; the search for its end resumes
+/// at `scanned`.
+fn inline(
+    buf: &[u8],
+    limits: ParseLimits,
+    scanned: usize,
+) -> Result<Result<Spans, Partial>, ParseError> {
+    let max = MAX_INLINE_BYTES.min(limits.max_request_bytes);
+    let window = &buf[..buf.len().min(max + 1)];
+    let Some(newline) = window[scanned.min(window.len())..]
+        .iter()
+        .position(|&b| b == b'\n')
+        .map(|i| i + scanned)
+    else {
+        if buf.len() > max {
+            return Err(ParseError::TooLarge { max });
         }
-        return Ok(None);
+        return Ok(Err(Partial::Inline { scanned: buf.len() }));
     };
     let mut spans = Vec::new();
     let mut start = None;
     for (i, &b) in buf[..newline].iter().enumerate() {
-        let space = b.is_ascii_whitespace();
-        match (start, space) {
+        match (start, b.is_ascii_whitespace()) {
             (None, false) => start = Some(i),
             (Some(s), true) => {
                 spans.push((s, i));
                 start = None;
             }
-            _ => {}
+            _ => continue,
+        }
+        if spans.len() > limits.max_args {
+            return Err(ParseError::TooManyArgs {
+                args: spans.len() as u64,
+                max: limits.max_args,
+            });
         }
     }
     if let Some(s) = start {
@@ -274,7 +364,7 @@ fn inline(buf: &[u8], limits: ParseLimits) -> Result<Option<Spans>, ParseError> 
             max: limits.max_args,
         });
     }
-    Ok(Some((spans, newline + 1)))
+    Ok(Ok((spans, newline + 1)))
 }
 
 /// Bytes shown in an error: lossily decoded, at most 32 of them.
@@ -294,7 +384,8 @@ mod tests {
     fn parse_all(input: &[u8]) -> Result<Vec<Vec<Vec<u8>>>, ParseError> {
         let mut buf = BytesMut::from(input);
         let mut commands = Vec::new();
-        while let Some(c) = next_command(&mut buf, LIMITS)? {
+        let mut parser = Parser::default();
+        while let Some(c) = parser.next_command(&mut buf, LIMITS)? {
             commands.push(c.from(0).map(<[u8]>::to_vec).collect());
         }
         assert!(buf.is_empty(), "left over: {buf:?}");
@@ -327,11 +418,12 @@ mod tests {
         for cut in 0..input.len() {
             let mut buf = BytesMut::from(&input[..cut]);
             let mut got = Vec::new();
-            while let Some(c) = next_command(&mut buf, LIMITS).unwrap() {
+            let mut parser = Parser::default();
+            while let Some(c) = parser.next_command(&mut buf, LIMITS).unwrap() {
                 got.push(c);
             }
             buf.extend_from_slice(&input[cut..]);
-            while let Some(c) = next_command(&mut buf, LIMITS).unwrap() {
+            while let Some(c) = parser.next_command(&mut buf, LIMITS).unwrap() {
                 got.push(c);
             }
             assert_eq!(got.len(), 2, "cut at {cut}");
@@ -380,6 +472,47 @@ mod tests {
         assert!(matches!(
             parse_all(&[b'x'; 100]),
             Err(ParseError::TooLarge { max: 64 })
+        ));
+    }
+
+    #[test]
+    fn a_request_dripping_in_byte_by_byte_parses_once_complete() {
+        let input = b"*3\r\n$6\r\nBF.ADD\r\n$1\r\nk\r\n$5\r\nhello\r\nECHO hi\r\n";
+        let mut buf = BytesMut::new();
+        let mut parser = Parser::default();
+        let mut got = Vec::new();
+        for &b in input {
+            buf.extend_from_slice(&[b]);
+            while let Some(c) = parser.next_command(&mut buf, LIMITS).unwrap() {
+                got.push(c.from(0).map(<[u8]>::to_vec).collect::<Vec<_>>());
+            }
+        }
+        assert_eq!(
+            got,
+            vec![args(&["BF.ADD", "k", "hello"]), args(&["ECHO", "hi"])]
+        );
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn inline_lines_are_bounded_in_bytes_and_words() {
+        let limits = ParseLimits {
+            max_args: 3,
+            max_request_bytes: 1 << 20,
+        };
+        let mut parser = Parser::default();
+        let mut long = BytesMut::from(&vec![b'a'; MAX_INLINE_BYTES + 1][..]);
+        assert!(matches!(
+            parser.next_command(&mut long, limits),
+            Err(ParseError::TooLarge {
+                max: MAX_INLINE_BYTES
+            })
+        ));
+        let mut parser = Parser::default();
+        let mut words = BytesMut::from(&b"a b c d e f g h\n"[..]);
+        assert!(matches!(
+            parser.next_command(&mut words, limits),
+            Err(ParseError::TooManyArgs { max: 3, .. })
         ));
     }
 

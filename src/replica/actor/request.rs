@@ -201,7 +201,7 @@ impl Replica {
             service: service.clone(),
             replica: self.id(),
             max_item_bytes: self.cfg.max_item_bytes,
-            limits: Limits::new(self.cfg.max_batch_items, self.cfg.max_item_bytes),
+            limits: self.shared.limits,
             updates: self.updates.clone(),
         });
         // Started once: the cell is empty.

@@ -8,9 +8,11 @@
 //! updates reorders nothing that matters. Everything else goes to the actor: an update that
 //! waits for a commit must be registered there before its delta can be taken (else a commit
 //! could carry it before anyone waits for it), a tagged kind reserves tags from the actor's
-//! lease, and removes must stay in order with adds. A task never waits for the filter's lock
-//! (the NATS connection shares its thread): when the lock is taken, the update goes to the
-//! actor too.
+//! lease, and removes must stay in order with adds. A task does not wait for the filter's
+//! lock (the NATS connection shares its thread): when the lock is taken, the update goes to
+//! the actor too. A request made in process (the RESP front end) tries a little longer
+//! ([`Lock::Block`]), so that a commit in progress does not send it, and the requests behind
+//! it that keep its order, through the actor.
 //!
 //! Either way an update is applied under the filter's write lock, so queries and merges see
 //! it wholly or not at all; the actor learns of changes made outside it
@@ -47,12 +49,17 @@ pub(super) enum Lock {
     /// Only if free; else nothing is applied (a subscription task, which then hands the update
     /// to the actor). Marks the change for the actor under the lock.
     Try,
-    /// Waits for it, off the actor: a request made in process (the RESP front end), whose
-    /// caller keeps the order of its requests and would otherwise send every later one through
-    /// the actor too. The actor holds the lock only briefly (a commit takes the pending delta;
-    /// a merge is what a query waits for as well). Marks the change like [`Lock::Try`].
+    /// Waits for it a little ([`BLOCK_WAIT`]), off the actor: a request made in process (the
+    /// RESP front end), whose caller keeps the order of its requests and sends later ones
+    /// through the actor too while one is there. A commit holds the lock for microseconds
+    /// (taking the pending delta), a merge or a full-state encoding for much longer: the
+    /// wait catches the first and hands the update to the actor on the others, never holding
+    /// the I/O worker it runs on. Marks the change like [`Lock::Try`].
     Block,
 }
+
+/// How long [`Lock::Block`] tries for the lock.
+const BLOCK_WAIT: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// An applied update: answered with `body` once it reached `level` (at once if it changed
 /// nothing).
@@ -325,12 +332,22 @@ impl Updates {
         lock: Lock,
     ) -> Result<Option<RwLockWriteGuard<'_, AnyFilter>>, ReplicaError> {
         let f = match lock {
-            Lock::Wait | Lock::Block => self.shared.filter.write().expect("filter lock poisoned"),
-            Lock::Try => match self.shared.filter.try_write() {
-                Ok(f) => f,
-                Err(TryLockError::WouldBlock) => return Ok(None),
-                Err(TryLockError::Poisoned(_)) => panic!("filter lock poisoned"),
-            },
+            Lock::Wait => self.shared.filter.write().expect("filter lock poisoned"),
+            Lock::Try | Lock::Block => {
+                let since = std::time::Instant::now();
+                loop {
+                    match self.shared.filter.try_write() {
+                        Ok(f) => break f,
+                        Err(TryLockError::WouldBlock)
+                            if lock == Lock::Block && since.elapsed() < BLOCK_WAIT =>
+                        {
+                            std::thread::yield_now()
+                        }
+                        Err(TryLockError::WouldBlock) => return Ok(None),
+                        Err(TryLockError::Poisoned(_)) => panic!("filter lock poisoned"),
+                    }
+                }
+            }
         };
         if self.shared.closed.load(Ordering::Acquire) {
             return Err(ReplicaError::Stopped);
@@ -369,6 +386,8 @@ mod tests {
             commit_requested: Default::default(),
             closed: Default::default(),
             api: Default::default(),
+            limits: Limits::new(10, 10),
+            serve_api: true,
         });
         let (to_actor, from_tasks) = mpsc::channel(8);
         let updates = Updates {
