@@ -645,14 +645,19 @@ async fn crpf_has_batches(client: &async_nats::Client) -> Result<(), String> {
     }
 }
 
-async fn redis_setup(port: u16) -> Result<redis::aio::MultiplexedConnection, String> {
+/// One multiplexed connection to a RESP server on `port` (RedisBloom or the node's front end).
+async fn redis_connection(port: u16) -> Result<redis::aio::MultiplexedConnection, String> {
     let client =
         redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
     let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(REQUEST_TIMEOUT));
-    let conn = client
+    client
         .get_multiplexed_async_connection_with_config(&config)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())
+}
+
+async fn redis_setup(port: u16) -> Result<redis::aio::MultiplexedConnection, String> {
+    let conn = redis_connection(port).await?;
     let run = |args: Vec<String>| {
         let mut conn = conn.clone();
         async move {
@@ -675,11 +680,7 @@ async fn redis_setup(port: u16) -> Result<redis::aio::MultiplexedConnection, Str
 
 /// A connection to the node's RESP front end, once it answers.
 async fn resp_connection(port: u16) -> Result<redis::aio::MultiplexedConnection, String> {
-    let client =
-        redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
-    let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(REQUEST_TIMEOUT));
-    let conn = client
-        .get_multiplexed_async_connection_with_config(&config)
+    let conn = redis_connection(port)
         .await
         .map_err(|e| format!("RESP front end: {e}"))?;
     let mut c = conn.clone();

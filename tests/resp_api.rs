@@ -120,6 +120,14 @@ async fn run<T: redis::FromRedisValue>(
     cmd.query_async(con).await
 }
 
+/// Runs a command that must answer the integer `want`.
+async fn expect(con: &mut MultiplexedConnection, args: &[&str], want: i64) {
+    let got: i64 = run(con, args)
+        .await
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert_eq!(got, want, "{args:?}");
+}
+
 /// The error text of a command that must fail.
 async fn refused(con: &mut MultiplexedConnection, args: &[&str]) -> String {
     match run::<Value>(con, args).await {
@@ -157,24 +165,9 @@ async fn redisbloom_commands_round_trip_on_every_kind() {
 
     assert_eq!(run::<String>(&mut con, &["PING"]).await.unwrap(), "PONG");
     // g_bloom
-    assert_eq!(
-        run::<i64>(&mut con, &["BF.ADD", "bloom", "a"])
-            .await
-            .unwrap(),
-        1
-    );
-    assert_eq!(
-        run::<i64>(&mut con, &["BF.EXISTS", "bloom", "a"])
-            .await
-            .unwrap(),
-        1
-    );
-    assert_eq!(
-        run::<i64>(&mut con, &["BF.EXISTS", "bloom", "never"])
-            .await
-            .unwrap(),
-        0
-    );
+    expect(&mut con, &["BF.ADD", "bloom", "a"], 1).await;
+    expect(&mut con, &["BF.EXISTS", "bloom", "a"], 1).await;
+    expect(&mut con, &["BF.EXISTS", "bloom", "never"], 0).await;
     let added: Vec<i64> = run(&mut con, &["BF.MADD", "bloom", "x", "y", "z"])
         .await
         .unwrap();
@@ -206,30 +199,10 @@ async fn redisbloom_commands_round_trip_on_every_kind() {
     .await
     .unwrap();
     assert_eq!(inserted, [1, 1, 1]);
-    assert_eq!(
-        run::<i64>(&mut con, &["CF.EXISTS", "sessions", "s1"])
-            .await
-            .unwrap(),
-        1
-    );
-    assert_eq!(
-        run::<i64>(&mut con, &["CF.DEL", "sessions", "s1"])
-            .await
-            .unwrap(),
-        1
-    );
-    assert_eq!(
-        run::<i64>(&mut con, &["CF.EXISTS", "sessions", "s1"])
-            .await
-            .unwrap(),
-        0
-    );
-    assert_eq!(
-        run::<i64>(&mut con, &["CF.DEL", "sessions", "s1"])
-            .await
-            .unwrap(),
-        0
-    );
+    expect(&mut con, &["CF.EXISTS", "sessions", "s1"], 1).await;
+    expect(&mut con, &["CF.DEL", "sessions", "s1"], 1).await;
+    expect(&mut con, &["CF.EXISTS", "sessions", "s1"], 0).await;
+    expect(&mut con, &["CF.DEL", "sessions", "s1"], 0).await;
     let removed: Vec<i64> = run(&mut con, &["CRPF.MDEL", "sessions", "s2", "never"])
         .await
         .unwrap();
@@ -240,25 +213,10 @@ async fn redisbloom_commands_round_trip_on_every_kind() {
     assert_eq!(found, [0, 0, 1]);
     // counting_cuckoo: multiplicities
     for _ in 0..3 {
-        assert_eq!(
-            run::<i64>(&mut con, &["CF.ADD", "views", "page"])
-                .await
-                .unwrap(),
-            1
-        );
+        expect(&mut con, &["CF.ADD", "views", "page"], 1).await;
     }
-    assert_eq!(
-        run::<i64>(&mut con, &["CF.COUNT", "views", "page"])
-            .await
-            .unwrap(),
-        3
-    );
-    assert_eq!(
-        run::<i64>(&mut con, &["CF.COUNT", "views", "other"])
-            .await
-            .unwrap(),
-        0
-    );
+    expect(&mut con, &["CF.COUNT", "views", "page"], 3).await;
+    expect(&mut con, &["CF.COUNT", "views", "other"], 0).await;
     // stats
     let stats: String = run(&mut con, &["CRPF.STATS", "bloom"]).await.unwrap();
     let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
@@ -469,21 +427,11 @@ async fn a_password_is_required_once_set() {
         "OK"
     );
     wait_ready(&mut con).await;
-    assert_eq!(
-        run::<i64>(&mut con, &["BF.ADD", "bloom", "a"])
-            .await
-            .unwrap(),
-        1
-    );
+    expect(&mut con, &["BF.ADD", "bloom", "a"], 1).await;
     assert!(metric(&node, "crpf_resp_rejected_total{reason=\"auth\"}") >= 3.0);
     // The redis URL form authenticates on connecting.
     let mut authed = connect_with(&node, "s3cret-pass").await;
-    assert_eq!(
-        run::<i64>(&mut authed, &["BF.EXISTS", "bloom", "a"])
-            .await
-            .unwrap(),
-        1
-    );
+    expect(&mut authed, &["BF.EXISTS", "bloom", "a"], 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -507,12 +455,7 @@ async fn durable_adds_over_resp_survive_kill9() {
             vec![1; 200]
         );
         for i in &items[..20] {
-            assert_eq!(
-                run::<i64>(&mut con, &["CF.ADD", "sessions", i])
-                    .await
-                    .unwrap(),
-                1
-            );
+            expect(&mut con, &["CF.ADD", "sessions", i], 1).await;
         }
     }
     node.proc.kill9();
@@ -559,12 +502,7 @@ async fn adds_over_resp_replicate_over_nats() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // A remove on b reaches a.
-    assert_eq!(
-        run::<i64>(&mut on_b, &["CF.DEL", "sessions", "replicated-0"])
-            .await
-            .unwrap(),
-        1
-    );
+    expect(&mut on_b, &["CF.DEL", "sessions", "replicated-0"], 1).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while run::<i64>(&mut on_a, &["CF.EXISTS", "sessions", "replicated-0"])
         .await
