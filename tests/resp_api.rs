@@ -420,6 +420,16 @@ async fn a_password_is_required_once_set() {
             .await
             .contains("NOAUTH")
     );
+    // Before AUTH, only small requests are read: a larger one is a protocol error (not
+    // NOAUTH), and closes the connection.
+    let mut args = vec!["BF.MEXISTS", "bloom"];
+    args.extend(["x"; 20]);
+    let packed = redis::cmd(args[0]).arg(&args[1..]).get_packed_command();
+    let answer = raw_exchange(&node, &packed);
+    assert_eq!(
+        answer, "-ERR Protocol error: 22 arguments exceed the limit of 8\r\n",
+        "{answer:?}"
+    );
     assert_eq!(
         run::<String>(&mut con, &["AUTH", "s3cret-pass"])
             .await

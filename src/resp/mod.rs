@@ -420,6 +420,27 @@ impl Session<'_> {
     }
 }
 
+/// Capacity an idle connection's buffer keeps; a larger one is given back.
+const BUFFER_KEEP: usize = 64 << 10;
+
+/// Closes our side after `QUIT` or a protocol error, then reads and drops what the client is
+/// still sending, for a moment: closing a socket with unread input sends a reset, which can
+/// discard the replies not yet delivered (the error among them).
+async fn linger(rd: &mut tokio::net::tcp::OwnedReadHalf, wr: &mut tokio::net::tcp::OwnedWriteHalf) {
+    let _ = wr.shutdown().await;
+    let mut sink = vec![0u8; 16 << 10];
+    let drain = async {
+        let mut left = 1usize << 20;
+        while left > 0 {
+            match rd.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drain).await;
+}
+
 /// Serves one connection until the client leaves, sends `QUIT`, or breaks the protocol.
 /// Memory is bounded by the commands in progress: at most `max_pipeline` of them, and no
 /// new one parsed while those hold `max_request_bytes` or more.
@@ -466,8 +487,12 @@ async fn serve(stream: TcpStream, server: &Server) {
                 Ok(None) => break,
                 Err(e) => {
                     (server.rejected)("protocol").increment(1);
-                    let reply = Reply::err(e);
-                    pending.push_back(session.answer(Command::Reply(reply), 0));
+                    // Not through `Session::answer`: before `AUTH` it would say NOAUTH.
+                    pending.push_back(Pending {
+                        reply: PendingReply::Ready(Some(Reply::err(e))),
+                        bytes: 0,
+                        via_actor: false,
+                    });
                     session.closing = true;
                 }
             }
@@ -487,6 +512,13 @@ async fn serve(stream: TcpStream, server: &Server) {
                 return;
             }
             output.clear();
+            // An idle connection does not keep what one large reply or request needed.
+            if output.capacity() > BUFFER_KEEP {
+                output = BytesMut::with_capacity(16 << 10);
+            }
+        }
+        if input.is_empty() && input.capacity() > BUFFER_KEEP {
+            input = BytesMut::with_capacity(16 << 10);
         }
         if answered && (stopped_for_room || session.waiting.is_none()) {
             // Room again, or a waiting command sent: parse what is buffered before reading
@@ -497,6 +529,9 @@ async fn serve(stream: TcpStream, server: &Server) {
         if pending.is_empty() && !reading {
             // Nothing in progress, nothing more to read: closing, or the client left. (A
             // waiting command always has the actor's commands before it in `pending`.)
+            if session.closing {
+                linger(&mut rd, &mut wr).await;
+            }
             return;
         }
         if input.capacity() - input.len() < 4096 {
