@@ -82,6 +82,12 @@ impl Op {
         }
     }
 
+    /// Whether it changes the filter (`add`, `remove`, `madd`, `mremove`): it takes an
+    /// acknowledgement level ([`ACK_HEADER`]).
+    pub fn is_update(self) -> bool {
+        matches!(self, Op::Add | Op::Remove | Op::MAdd | Op::MRemove)
+    }
+
     /// Whether its payload is a batch.
     pub fn is_batch(self) -> bool {
         matches!(self, Op::MAdd | Op::MRemove | Op::MContains | Op::MCount)

@@ -199,7 +199,6 @@ impl Replica {
             shared: s.shared.clone(),
             default_ack: s.cfg.default_ack(),
             has_wal: s.wal.is_some(),
-            limits: crate::api::batch::Limits::new(s.cfg.max_batch_items, s.cfg.max_item_bytes),
             delta_max_updates: s.cfg.delta_max_updates,
             to_actor: inbound_tx.clone(),
         });

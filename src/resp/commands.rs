@@ -114,9 +114,7 @@ pub struct Request {
     pub op: Op,
     /// Its payload: the item, or a batch.
     pub payload: Bytes,
-    /// Batches ask for a bitmap; updates carry the connection's level if it chose one.
-    pub bitmap: bool,
-    /// How its answer reads.
+    /// How its answer reads (a batch's as a bitmap).
     pub shape: Shape,
 }
 
@@ -176,15 +174,7 @@ pub fn command<'a>(args: &Args, filter: impl Fn(&[u8]) -> Option<&'a ReplicaHand
     let on_filter = |op: Op, shape: Shape, payload: Bytes| -> Command {
         let key = arg(0);
         match filter(key) {
-            Some(handle) => Command::Filter(
-                handle.clone(),
-                Request {
-                    op,
-                    payload,
-                    bitmap: matches!(shape, Shape::Bits { .. }),
-                    shape,
-                },
-            ),
+            Some(handle) => Command::Filter(handle.clone(), Request { op, payload, shape }),
             None => Command::Reply(Reply::err(format!(
                 "no filter named `{}` on this node",
                 String::from_utf8_lossy(&key[..key.len().min(64)])
@@ -303,8 +293,9 @@ pub fn command<'a>(args: &Args, filter: impl Fn(&[u8]) -> Option<&'a ReplicaHand
     checked.unwrap_or_else(|refused| refused)
 }
 
-/// Sends `request` to `handle`, with the connection's acknowledgement level if it chose one;
-/// through the actor if `queued` ([`ReplicaHandle::request_queued`]).
+/// Sends `request` to `handle`, a batch asking for a bitmap, an update with the connection's
+/// acknowledgement level if it chose one; through the actor if `queued`
+/// ([`ReplicaHandle::request_queued`]).
 pub fn send(
     handle: &ReplicaHandle,
     request: &Request,
@@ -312,13 +303,13 @@ pub fn send(
     queued: bool,
 ) -> PendingResponse {
     let mut headers = None::<async_nats::HeaderMap>;
-    if request.bitmap {
+    if matches!(request.shape, Shape::Bits { .. }) {
         headers
             .get_or_insert_default()
             .insert(REPLY_HEADER, ReplyFormat::Bitmap.name());
     }
     if let Some(level) = ack
-        && matches!(request.op, Op::Add | Op::MAdd | Op::Remove | Op::MRemove)
+        && request.op.is_update()
     {
         headers
             .get_or_insert_default()

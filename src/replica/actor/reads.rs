@@ -24,7 +24,7 @@ use super::{Route, Shared};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{Op, ReplyFormat};
-use crate::replica::metrics::{Channel, Direction, OpKind, Telemetry};
+use crate::replica::metrics::{Channel, Direction, OpKind};
 use crate::replica::service::ApiService;
 use crate::replica::{ReplicaError, wall_clock_ms};
 use crate::transport::{Message, Subjects};
@@ -55,11 +55,8 @@ pub(super) fn map_prefetched<T>(
 pub(crate) struct Reads {
     pub shared: Arc<Shared>,
     pub subjects: Subjects,
-    pub telemetry: Telemetry,
     pub service: Arc<ApiService>,
     pub replica: ReplicaId,
-    pub max_item_bytes: usize,
-    pub limits: Limits,
     /// Applies some updates here too ([`Updates::applies_in_task`]).
     pub updates: Arc<Updates>,
 }
@@ -84,7 +81,8 @@ impl Reads {
             Answer::Here(body) => {
                 match body.finish(self.replica, msg.reply.map(ReplyTo::Subject)) {
                     Some((ReplyTo::Subject(to), headers, payload)) => {
-                        self.telemetry
+                        self.shared
+                            .telemetry
                             .traffic(Direction::Out, Channel::Api, payload.len());
                         Route::Reply(to, headers, payload)
                     }
@@ -142,7 +140,7 @@ impl Reads {
     /// applied here takes the filter's lock as `lock` says.
     fn answer(&self, op: Option<Op>, msg: &Message, lock: Lock) -> Answer {
         if let Some(op) = op
-            && Updates::is_update(op)
+            && op.is_update()
         {
             return self.update(op, msg, lock);
         }
@@ -152,19 +150,20 @@ impl Reads {
         ) {
             return Answer::Actor;
         }
-        self.telemetry
+        self.shared
+            .telemetry
             .traffic(Direction::In, Channel::Api, msg.payload.len());
         let served = self.service.serve(&msg.subject);
         let result = match op {
             Some(op @ (Op::Count | Op::MCount)) => {
-                count_reply(&self.filter(), op, msg, self.limits, self.max_item_bytes)
+                count_reply(&self.filter(), op, msg, self.shared.limits)
             }
-            _ => query_reply(&self.shared, self.limits, op == Some(Op::MContains), msg),
+            _ => query_reply(&self.shared, op == Some(Op::MContains), msg),
         };
         let mut body = match result {
             Ok(body) => body,
             Err(e) => {
-                self.telemetry.api_errors(e.reason(), 1);
+                self.shared.telemetry.api_errors(e.reason(), 1);
                 failure_reply(&e)
             }
         };
@@ -184,11 +183,12 @@ impl Reads {
                     Ok(None) => return Answer::Actor,
                     Ok(Some(applied)) => applied.body,
                     Err(e) => {
-                        self.telemetry.api_errors(e.reason(), 1);
+                        self.shared.telemetry.api_errors(e.reason(), 1);
                         failure_reply(&e)
                     }
                 };
-                self.telemetry
+                self.shared
+                    .telemetry
                     .traffic(Direction::In, Channel::Api, msg.payload.len());
                 body.served = Some(served);
                 Answer::Here(body)
@@ -249,11 +249,10 @@ impl Future for PendingResponse {
 /// the lock-free reader where the kind has one.
 pub(super) fn query_reply(
     shared: &Shared,
-    limits: Limits,
     batch: bool,
     msg: &Message,
 ) -> Result<ApiReply, ReplicaError> {
-    let telemetry = &shared.telemetry;
+    let (telemetry, limits) = (&shared.telemetry, shared.limits);
     let filter = || shared.filter.read().expect("filter lock poisoned");
     if !batch {
         let item = &msg.payload[..];
@@ -289,11 +288,10 @@ pub(super) fn count_reply(
     op: Op,
     msg: &Message,
     limits: Limits,
-    max_item_bytes: usize,
 ) -> Result<ApiReply, ReplicaError> {
     if op == Op::Count {
         let item = &msg.payload[..];
-        check_item(item, max_item_bytes)?;
+        check_item(item, limits.max_item_bytes)?;
         return Ok(ApiReply::json(&json!({ "count": f.count(item)? })));
     }
     if api_reply_format(msg)? != ReplyFormat::Json {

@@ -20,9 +20,9 @@ use super::Replica;
 use super::publish::Responder;
 use super::pump::{Outbound, forward_stream};
 use super::reads::{Reads, count_reply, query_reply};
-use super::updates::{Applied, Lock, Updates};
+use super::updates::{Applied, Lock};
 use crate::ReplicaId;
-use crate::api::batch::{self, Limits};
+use crate::api::batch;
 use crate::api::{ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
 use crate::replica::ReplicaError;
 use crate::replica::ack::AckLevel;
@@ -197,11 +197,8 @@ impl Replica {
         let reads = Arc::new(Reads {
             shared: self.shared.clone(),
             subjects: self.subjects.clone(),
-            telemetry: self.telemetry.clone(),
             service: service.clone(),
             replica: self.id(),
-            max_item_bytes: self.cfg.max_item_bytes,
-            limits: self.shared.limits,
             updates: self.updates.clone(),
         });
         // Started once: the cell is empty.
@@ -292,7 +289,7 @@ impl Replica {
             op => op.parse::<Op>().map_err(ReplicaError::InvalidItem)?,
         };
         Ok(match op {
-            op if Updates::is_update(op) => {
+            op if op.is_update() => {
                 let updates = self.updates.clone();
                 let level = updates.level(msg)?;
                 let mut reserve = || {
@@ -317,18 +314,16 @@ impl Replica {
             }
             // Queries are answered in the subscription tasks; the same answer here.
             Op::Contains | Op::MContains => {
-                let limits = Limits::new(self.cfg.max_batch_items, self.cfg.max_item_bytes);
                 let batch = op == Op::MContains;
-                Handled::Answer(query_reply(&self.shared, limits, batch, msg)?)
+                Handled::Answer(query_reply(&self.shared, batch, msg)?)
             }
             Op::Stats => {
                 let stats = serde_json::to_value(self.stats()).expect("stats serialize");
                 Handled::Answer(ApiReply::json(&stats))
             }
             Op::Count | Op::MCount => {
-                let limits = Limits::new(self.cfg.max_batch_items, self.cfg.max_item_bytes);
                 let f = self.read();
-                Handled::Answer(count_reply(&f, op, msg, limits, self.cfg.max_item_bytes)?)
+                Handled::Answer(count_reply(&f, op, msg, self.shared.limits)?)
             }
             _ => unreachable!("every operation is handled above"),
         })

@@ -31,7 +31,7 @@ use super::local::check_item;
 use super::reads::PREFETCH_AHEAD;
 use super::request::{ApiReply, api_reply_format};
 use super::{Inbound, Shared};
-use crate::api::batch::{self, Limits};
+use crate::api::batch;
 use crate::api::{ACK_HEADER, Op, ReplyFormat};
 use crate::replica::ReplicaError;
 use crate::replica::ack::AckLevel;
@@ -75,7 +75,6 @@ pub(crate) struct Updates {
     pub default_ack: AckLevel,
     /// Whether the replica has a write-ahead log (`durable` needs one).
     pub has_wal: bool,
-    pub limits: Limits,
     /// Pending delta entries at which a commit is due (`delta_max_updates`).
     pub delta_max_updates: usize,
     /// The actor's inbound buffer, for the commit a full pending delta asks for.
@@ -83,11 +82,6 @@ pub(crate) struct Updates {
 }
 
 impl Updates {
-    /// Whether `op` is an update.
-    pub(super) fn is_update(op: Op) -> bool {
-        matches!(op, Op::Add | Op::Remove | Op::MAdd | Op::MRemove)
-    }
-
     /// Whether a subscription task may apply update `op` at `level` itself: adds to a
     /// grow-only kind, answered at `local`.
     pub(super) fn applies_in_task(&self, op: Op, level: AckLevel) -> bool {
@@ -149,7 +143,7 @@ impl Updates {
         match op {
             Op::Add => {
                 let item = &msg.payload[..];
-                check_item(item, self.limits.max_item_bytes)
+                check_item(item, self.shared.limits.max_item_bytes)
                     .and_then(|()| reserve())
                     .inspect_err(|_| self.telemetry().op(OpKind::Add, false))?;
                 let Some(mut f) = self.filter_write(lock)? else {
@@ -167,7 +161,7 @@ impl Updates {
             }
             Op::Remove => {
                 let item = &msg.payload[..];
-                let r = check_item(item, self.limits.max_item_bytes).and_then(|()| {
+                let r = check_item(item, self.shared.limits.max_item_bytes).and_then(|()| {
                     let mut f = self.filter_write(Lock::Wait)?.expect("waited for");
                     f.remove(item).map_err(ReplicaError::from)
                 });
@@ -185,7 +179,7 @@ impl Updates {
                 if op == Op::MRemove && !self.kind().removable() {
                     return Err(NotRemovable(self.kind()).into());
                 }
-                let items = batch::decode(&msg.payload, self.limits)
+                let items = batch::decode(&msg.payload, self.shared.limits)
                     .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
                 let (changed, body) = if op == Op::MAdd {
                     let Some(added) = self.madd(&items, format, lock, reserve)? else {
@@ -364,6 +358,7 @@ mod tests {
 
     use super::*;
     use crate::FilterSpec;
+    use crate::api::batch::Limits;
     use crate::replica::durable::Identity;
 
     fn updates(kind: FilterKind, delta_max_updates: usize) -> (Updates, mpsc::Receiver<Inbound>) {
@@ -386,7 +381,7 @@ mod tests {
             commit_requested: Default::default(),
             closed: Default::default(),
             api: Default::default(),
-            limits: Limits::new(10, 10),
+            limits: Limits::new(1_000, 1024),
             serve_api: true,
         });
         let (to_actor, from_tasks) = mpsc::channel(8);
@@ -394,7 +389,6 @@ mod tests {
             shared,
             default_ack: AckLevel::Local,
             has_wal: false,
-            limits: Limits::new(1_000, 1024),
             delta_max_updates,
             to_actor,
         };
