@@ -2,12 +2,14 @@
 //! both, in one run (issue 9).
 //!
 //! Starts a real `nats-server` (JetStream, for the node's replica id claim), a `crpf node` with a
-//! `g_bloom` and a `g_cuckoo` filter (capacity 10M, fpr 0.01, `ack = "local"`: the answer comes
+//! `g_bloom` and a `g_cuckoo` filter (capacity 30M, fpr 0.01, `ack = "local"`: the answer comes
 //! once the item is in memory, as RedisBloom answers), and Debian's `redis-server` with the
 //! RedisBloom module (`scripts/install-bench-tools.sh`), all on free loopback ports. Each case
-//! runs against crpf and then RedisBloom right after, with the same keys and the same number of
-//! requests in flight, on one single-threaded tokio runtime (so the client takes at most one of
-//! the machine's cores, whichever server it loads):
+//! runs against every system with the same keys and the same number of requests in flight, on
+//! one single-threaded tokio runtime (so the client takes at most one of the machine's cores,
+//! whichever server it loads). The systems take turns: a case's measured time is split into
+//! rounds (`CRPF_BENCH_ROUNDS`), and each round runs every system for its share, so that a
+//! change in the machine's load over the seconds of a case weighs on all of them alike:
 //!
 //! - crpf: `async-nats` requests on `crpf.<f>.api.<op>`, payload the raw item (batches: the
 //!   items framed `u32 LE length | bytes` on `madd` / `mcontains`);
@@ -34,8 +36,9 @@
 //! cargo bench --bench api_vs_redisbloom
 //! ```
 //!
-//! Settings (environment): `CRPF_BENCH_SECS` (measured seconds per case, default 3),
-//! `CRPF_BENCH_WARMUP_SECS` (0.5), `CRPF_BENCH_INFLIGHT` (single-item cases, "1,16,64"),
+//! Settings (environment): `CRPF_BENCH_SECS` (measured seconds per case and system, default 3),
+//! `CRPF_BENCH_ROUNDS` (turns they are split into, 3), `CRPF_BENCH_WARMUP_SECS` (0.5 before a
+//! system's first turn, at most 0.1 before the others), `CRPF_BENCH_INFLIGHT` (single-item cases, "1,16,64"),
 //! `CRPF_BENCH_BATCH` (items per batch, 100), `CRPF_BENCH_BATCH_INFLIGHT` ("1,16"),
 //! `CRPF_BENCH_CASES` (comma-separated alternatives; a case runs if its name, e.g. "bloom add"
 //! or "cuckoo mcontains ×100", contains every word of one of them), `CRPF_BENCH_SYSTEMS` ("crpf,resp,redis,floor"),
@@ -72,6 +75,7 @@ type BoxError = Box<dyn std::error::Error>;
 
 struct Settings {
     secs: f64,
+    rounds: usize,
     warmup_secs: f64,
     inflight: Vec<usize>,
     batch: usize,
@@ -106,6 +110,7 @@ impl Settings {
         };
         Ok(Settings {
             secs: float("CRPF_BENCH_SECS", "3")?,
+            rounds: numbers("CRPF_BENCH_ROUNDS", "3")?[0].max(1),
             warmup_secs: float("CRPF_BENCH_WARMUP_SECS", "0.5")?,
             inflight: numbers("CRPF_BENCH_INFLIGHT", "1,16,64")?,
             batch: numbers("CRPF_BENCH_BATCH", "100")?[0],
@@ -242,10 +247,12 @@ fn start_node(dir: &Path, nats_port: u16, resp_port: u16) -> Result<Proc, BoxErr
     let config = dir.join("node.toml");
     // No data_dir: state in memory only, and `ack = "local"` answers once the item is applied
     // in memory (with a data_dir the default would be `durable`, an fsync per batch).
+    // `CRPF_BENCH_FILTER_TOML`: more settings for every filter, to measure tuning.
+    let extra = std::env::var("CRPF_BENCH_FILTER_TOML").unwrap_or_default();
     let filter = |name: &str, kind: &str| {
         format!(
             "[[filters]]\nname = \"{name}\"\nfilter = {{ kind = \"{kind}\", capacity = {CAPACITY}, \
-             fpr = {FPR} }}\nack = \"local\"\n"
+             fpr = {FPR} }}\nack = \"local\"\n{extra}\n"
         )
     };
     std::fs::write(
@@ -485,6 +492,8 @@ fn frame(items: &[[u8; ITEM_LEN]]) -> Bytes {
 /// What one case measured against one system.
 #[derive(Clone, Default)]
 struct Sample {
+    /// Latencies of the requests, sorted.
+    lat: Vec<u32>,
     requests: u64,
     items: u64,
     errors: u64,
@@ -501,6 +510,22 @@ struct Sample {
 }
 
 impl Sample {
+    /// Adds the figures of another turn of the same case and system.
+    fn absorb(&mut self, turn: Sample) {
+        self.lat.extend(turn.lat);
+        self.lat.sort_unstable();
+        self.p50_us = percentile(&self.lat, 0.50);
+        self.p99_us = percentile(&self.lat, 0.99);
+        self.requests += turn.requests;
+        self.items += turn.items;
+        self.errors += turn.errors;
+        self.first_error = self.first_error.take().or(turn.first_error);
+        self.secs += turn.secs;
+        self.server_cpu += turn.server_cpu;
+        self.nats_cpu += turn.nats_cpu;
+        self.client_cpu += turn.client_cpu;
+    }
+
     fn items_per_sec(&self) -> f64 {
         self.items as f64 / self.secs
     }
@@ -567,29 +592,30 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
     sorted[i] as f64
 }
 
-async fn run_case(
+/// One turn of a case on one system: `warmup` seconds unmeasured, then `secs` measured.
+async fn run_turn(
     sys: &System,
     filter: Filter,
     op: Op,
     batch: usize,
     inflight: usize,
-    s: &Settings,
+    (warmup, secs): (f64, f64),
 ) -> Sample {
-    drive(sys, filter, op, batch, inflight, s.warmup_secs).await;
+    drive(sys, filter, op, batch, inflight, warmup).await;
     let cpu = |pids: &[String]| pids.iter().map(|p| cpu_secs(p)).sum::<f64>();
     let (server0, nats0, client0) = (cpu(&sys.pids), cpu(&sys.pids[..1]), cpu_secs("self"));
     let t = Instant::now();
-    let (lat, requests, errors, first_error) =
-        drive(sys, filter, op, batch, inflight, s.secs).await;
+    let (lat, requests, errors, first_error) = drive(sys, filter, op, batch, inflight, secs).await;
     let secs = t.elapsed().as_secs_f64();
     Sample {
+        p50_us: percentile(&lat, 0.50),
+        p99_us: percentile(&lat, 0.99),
+        lat,
         requests,
         items: requests * batch as u64,
         errors,
         first_error,
         secs,
-        p50_us: percentile(&lat, 0.50),
-        p99_us: percentile(&lat, 0.99),
         server_cpu: cpu(&sys.pids) - server0,
         nats_cpu: if sys.name == "crpf" || sys.name == "floor" {
             cpu(&sys.pids[..1]) - nats0
@@ -1088,9 +1114,11 @@ async fn run(s: Settings) -> Result<(), BoxError> {
         }
     }
     println!(
-        "client: one current-thread tokio runtime; {ITEM_LEN}-byte items; {} s per case after a \
-         {} s warm-up; load average at start {load_start}; {} CPUs\n",
+        "client: one current-thread tokio runtime; {ITEM_LEN}-byte items; {} s per case and \
+         system in {} turns taken in rotation, after a {} s warm-up; load average at start \
+         {load_start}; {} CPUs\n",
         s.secs,
+        s.rounds,
         s.warmup_secs,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
@@ -1129,11 +1157,27 @@ async fn run(s: Settings) -> Result<(), BoxError> {
             floor: None,
             resp: None,
         };
-        for sys in &systems {
-            if batch && sys.name != "redis" && !crpf_batches {
-                continue;
+        let turn_secs = s.secs / s.rounds as f64;
+        let mut samples: Vec<Option<Sample>> = systems.iter().map(|_| None).collect();
+        for round in 0..s.rounds {
+            let warmup = if round == 0 {
+                s.warmup_secs
+            } else {
+                s.warmup_secs.min(0.1)
+            };
+            for (sys, sample) in systems.iter().zip(&mut samples) {
+                if batch && sys.name != "redis" && !crpf_batches {
+                    continue;
+                }
+                let turn = run_turn(sys, filter, op, size, k, (warmup, turn_secs)).await;
+                match sample {
+                    Some(sample) => sample.absorb(turn),
+                    None => *sample = Some(turn),
+                }
             }
-            let sample = run_case(sys, filter, op, size, k, &s).await;
+        }
+        for (sys, sample) in systems.iter().zip(samples) {
+            let Some(sample) = sample else { continue };
             eprintln!(
                 "{case:>18} in flight {k:>2} {:>5}: {:>9.0} items/s, p50 {:>6.0} µs, p99 {:>6.0} \
                  µs, server CPU {:.2} µs/item, errors {}",

@@ -209,6 +209,19 @@ pub fn encode_bitmap(bits: impl IntoIterator<Item = bool>) -> Vec<u8> {
 /// The `items` results of a bitmap; its length must be `ceil(items / 8)` and its unused bits
 /// zero.
 pub fn decode_bitmap(bytes: &[u8], items: usize) -> Result<Vec<bool>, BatchError> {
+    check_bitmap(bytes, items)?;
+    Ok((0..items).map(|i| bitmap_bit(bytes, i)).collect())
+}
+
+/// Result `i` of a bitmap (see [`check_bitmap`]).
+#[inline]
+pub fn bitmap_bit(bytes: &[u8], i: usize) -> bool {
+    bytes[i / 8] >> (i % 8) & 1 == 1
+}
+
+/// Whether `bytes` is a bitmap of `items` results, as [`decode_bitmap`] checks it, without
+/// decoding it.
+pub fn check_bitmap(bytes: &[u8], items: usize) -> Result<(), BatchError> {
     let expected = bitmap_len(items);
     if bytes.len() != expected {
         return Err(BatchError::BitmapLength {
@@ -220,9 +233,7 @@ pub fn decode_bitmap(bytes: &[u8], items: usize) -> Result<Vec<bool>, BatchError
     if !items.is_multiple_of(8) && bytes[expected - 1] >> (items % 8) != 0 {
         return Err(BatchError::BitmapPadding { items });
     }
-    Ok((0..items)
-        .map(|i| bytes[i / 8] >> (i % 8) & 1 == 1)
-        .collect())
+    Ok(())
 }
 
 #[cfg(test)]

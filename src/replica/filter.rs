@@ -39,6 +39,18 @@ pub struct NotRemovable(pub FilterKind);
 #[error("a {0} filter does not count occurrences (counting_cuckoo does)")]
 pub struct NotCounting(pub FilterKind);
 
+/// A delta taken from a filter and not yet encoded. Taking it is a move; encoding a large one
+/// takes tens of microseconds, which the taker spends after releasing the filter's lock, so
+/// that updates and queries waiting on the lock do not wait for it.
+pub struct TakenDelta(Box<dyn FnOnce() -> Vec<u8> + Send>);
+
+impl TakenDelta {
+    /// The delta's wire encoding (what [`AnyFilter::merge_delta_bytes`] takes).
+    pub fn encode(self) -> Vec<u8> {
+        (self.0)()
+    }
+}
+
 /// What [`AnyFilter`] needs of each kind, object-safe: [`ReplicatedFilter`] with deltas and
 /// states as bytes. Implemented once, for every [`ReplicatedFilter`].
 trait DynFilter: Send + Sync {
@@ -47,7 +59,7 @@ trait DynFilter: Send + Sync {
     fn figures(&self) -> (f64, u64, f64, f64);
     fn track_deltas(&mut self, on: bool);
     fn pending_delta_len(&self) -> usize;
-    fn take_delta_bytes(&mut self) -> Option<Vec<u8>>;
+    fn take_delta_unencoded(&mut self) -> Option<TakenDelta>;
     /// `remote`: the time to check a peer's delta at (`None`: a local record, trusted).
     fn merge_delta_bytes(&mut self, bytes: &[u8], remote: Option<u64>) -> Result<(), WireError>;
     fn encode_state(&self) -> Vec<u8>;
@@ -90,8 +102,9 @@ impl<F: ReplicatedFilter> DynFilter for F {
     fn pending_delta_len(&self) -> usize {
         DeltaState::pending_delta_len(self)
     }
-    fn take_delta_bytes(&mut self) -> Option<Vec<u8>> {
-        self.take_delta().map(|d| to_cbor(&d))
+    fn take_delta_unencoded(&mut self) -> Option<TakenDelta> {
+        self.take_delta()
+            .map(|d| TakenDelta(Box::new(move || to_cbor(&d))))
     }
     fn merge_delta_bytes(&mut self, bytes: &[u8], remote: Option<u64>) -> Result<(), WireError> {
         let d = from_cbor(bytes)?;
@@ -348,7 +361,12 @@ impl AnyFilter {
 
     /// The pending delta, encoded, or `None` if nothing changed.
     pub fn take_delta(&mut self) -> Option<Vec<u8>> {
-        self.inner_mut().take_delta_bytes()
+        self.take_delta_unencoded().map(TakenDelta::encode)
+    }
+
+    /// The pending delta, to encode once the filter's lock is released (see [`TakenDelta`]).
+    pub fn take_delta_unencoded(&mut self) -> Option<TakenDelta> {
+        self.inner_mut().take_delta_unencoded()
     }
 
     /// Decodes and joins an encoded delta; a delta that does not decode or fit changes nothing.
@@ -448,7 +466,11 @@ mod tests {
     use super::*;
 
     fn spec(kind: FilterKind) -> FilterSpec {
-        let spec = FilterSpec::new(kind, 200, 0.01);
+        sized_spec(kind, 200, 0.01)
+    }
+
+    fn sized_spec(kind: FilterKind, capacity: u64, fpr: f64) -> FilterSpec {
+        let spec = FilterSpec::new(kind, capacity, fpr);
         if kind == FilterKind::ExpiringBloom {
             // No time passes here: every add lands in one epoch, so size that one for all.
             spec.with_expiry(crate::ExpirySpec {
@@ -512,6 +534,29 @@ mod tests {
             assert_ne!(a.state_digest(), b.state_digest(), "{kind}");
             a.merge(&b).unwrap();
             assert_eq!(a.state_digest(), b.state_digest(), "{kind}");
+        }
+    }
+
+    #[test]
+    fn a_full_default_delta_of_every_kind_fits_one_nats_message() {
+        // A commit is due at `delta_max_updates` entries; one entry more may come with the
+        // last add (a Bloom add sets up to k bits). nats-server's default max_payload is
+        // 1 MiB; the envelope around the delta needs less than 1 KiB.
+        let max =
+            crate::replica::ReplicaConfig::new("f", spec(FilterKind::GBloom)).delta_max_updates;
+        for &kind in FilterKind::ALL {
+            let mut f =
+                AnyFilter::new(&sized_spec(kind, 1_000_000, 0.001), ReplicaId::MAX).unwrap();
+            // Tags as large as a long-lived replica's, each encoded at full width.
+            f.advance_clock(crate::MAX_COUNTER / 2);
+            f.track_deltas(true);
+            let mut i = 0u64;
+            while f.pending_delta_len() < max {
+                f.add(&i.to_le_bytes()).unwrap();
+                i += 1;
+            }
+            let bytes = f.take_delta().unwrap().len();
+            assert!(bytes < (1 << 20) - 1024, "{kind}: {bytes} bytes");
         }
     }
 

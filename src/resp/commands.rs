@@ -38,6 +38,17 @@ pub enum Reply {
     Bulk(Bytes),
     /// `*<n>` and the elements.
     Array(Vec<Reply>),
+    /// `*<n>` of `:1` and `:0` read from a checked bitmap of `n` results
+    /// ([`batch::check_bitmap`]), a `0` as `refused` where given: a batch's answer without a
+    /// `Reply` per item.
+    Bits {
+        /// The results, bit `i` of byte `i / 8` for item `i`.
+        bitmap: Bytes,
+        /// How many.
+        items: usize,
+        /// The reply of an item refused (else `:0`).
+        refused: Option<Box<Reply>>,
+    },
     /// `-<text>`: the text starts with the error's kind (`ERR`, `NOAUTH`...).
     Error(String),
 }
@@ -67,6 +78,20 @@ impl Reply {
                     itoa::Buffer::new().format(items.len()).as_bytes(),
                 );
                 items.iter().for_each(|r| r.encode(out));
+            }
+            Reply::Bits {
+                bitmap,
+                items,
+                refused,
+            } => {
+                line(out, b'*', itoa::Buffer::new().format(*items).as_bytes());
+                for i in 0..*items {
+                    match (batch::bitmap_bit(bitmap, i), refused) {
+                        (true, _) => out.put_slice(b":1\r\n"),
+                        (false, Some(e)) => e.encode(out),
+                        (false, None) => out.put_slice(b":0\r\n"),
+                    }
+                }
             }
             // One line: an error text must not end the reply early.
             Reply::Error(e) => {
@@ -360,20 +385,18 @@ pub fn reply(shape: Shape, response: &ApiResponse) -> Reply {
             if !response.is_bitmap() {
                 return unexpected();
             }
-            let Ok(bits) = batch::decode_bitmap(body, items) else {
+            if batch::check_bitmap(body, items).is_err() {
                 return unexpected();
-            };
-            // A `madd` that refused some items says why once, for the first.
-            let refused = response.headers.get(ERROR_HEADER).map(Reply::err);
-            Reply::Array(
-                bits.into_iter()
-                    .map(|bit| match (bit, &refused) {
-                        (true, _) => Reply::Int(1),
-                        (false, Some(e)) => e.clone(),
-                        (false, None) => Reply::Int(0),
-                    })
-                    .collect(),
-            )
+            }
+            Reply::Bits {
+                bitmap: response.payload.clone(),
+                items,
+                // A `madd` that refused some items says why once, for the first.
+                refused: response
+                    .headers
+                    .get(ERROR_HEADER)
+                    .map(|e| Box::new(Reply::err(e))),
+            }
         }
     }
 }
@@ -486,18 +509,27 @@ mod tests {
         let bitmap = [(REPLY_HEADER, "bitmap")];
         let bits = batch::encode_bitmap([true, false, true]);
         let bits: &'static [u8] = Box::leak(bits.into_boxed_slice());
+        // A batch's answer encodes as the array of its results would.
         assert_eq!(
-            reply(Shape::Bits { items: 3 }, &response(bits, &bitmap)),
-            Reply::Array(vec![Reply::Int(1), Reply::Int(0), Reply::Int(1)])
+            encoded(&reply(Shape::Bits { items: 3 }, &response(bits, &bitmap))),
+            encoded(&Reply::Array(vec![
+                Reply::Int(1),
+                Reply::Int(0),
+                Reply::Int(1)
+            ]))
         );
         let refused = [(REPLY_HEADER, "bitmap"), (ERROR_HEADER, "filter is full")];
         assert_eq!(
-            reply(Shape::Bits { items: 3 }, &response(bits, &refused)),
-            Reply::Array(vec![
+            encoded(&reply(Shape::Bits { items: 3 }, &response(bits, &refused))),
+            encoded(&Reply::Array(vec![
                 Reply::Int(1),
                 Reply::err("filter is full"),
                 Reply::Int(1)
-            ])
+            ]))
+        );
+        assert_eq!(
+            encoded(&reply(Shape::Bits { items: 3 }, &response(bits, &refused))),
+            "*3\r\n:1\r\n-ERR filter is full\r\n:1\r\n"
         );
         let failed = [(
             async_nats::service::NATS_SERVICE_ERROR,

@@ -36,6 +36,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use futures::stream::FuturesOrdered;
@@ -444,6 +445,14 @@ async fn linger(rd: &mut tokio::net::tcp::OwnedReadHalf, wr: &mut tokio::net::tc
 /// Serves one connection until the client leaves, sends `QUIT`, or breaks the protocol.
 /// Memory is bounded by the commands in progress: at most `max_pipeline` of them, and no
 /// new one parsed while those hold `max_request_bytes` or more.
+/// How long a connection handles buffered commands before it writes the replies it has.
+/// Writing them all once the buffer is parsed left the client idle while the node worked
+/// through up to 16 batches, and then the node idle while the client caught up: flushing
+/// every 20 µs of work lets both run at once. Side by side with RedisBloom (BENCHMARKS.md),
+/// single items at 16 in flight went from 0.72-0.85x to 1.0-1.2x, `madd` from 1.0x to about
+/// 1.1x; at 5 µs the extra writes cost more than the overlap gained at 64 in flight.
+const FLUSH_AFTER: Duration = Duration::from_micros(20);
+
 async fn serve(stream: TcpStream, server: &Server) {
     let (mut rd, mut wr) = stream.into_split();
     let mut session = Session {
@@ -467,9 +476,14 @@ async fn serve(stream: TcpStream, server: &Server) {
     loop {
         // Commands already buffered, as far as the limits allow.
         let mut stopped_for_room = false;
+        let parse_start = Instant::now();
         while !session.closing && session.waiting.is_none() {
             if !room(&pending, held) {
                 stopped_for_room = true;
+                break;
+            }
+            if !pending.is_empty() && parse_start.elapsed() > FLUSH_AFTER {
+                // Replies first; the rest of the buffer right after (below).
                 break;
             }
             let limits = if session.authenticated {

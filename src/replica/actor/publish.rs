@@ -15,6 +15,7 @@ use super::{Replica, ReplicaError};
 use crate::Dot;
 use crate::replica::ack::{Resolved, peers_needed};
 use crate::replica::config::ReplicaConfig;
+use crate::replica::filter::TakenDelta;
 use crate::replica::metrics::{Channel, Direction};
 use crate::wire::{Body, Envelope, FilterKind, WireCodec, chunk_count, state_chunk};
 
@@ -89,7 +90,9 @@ impl Replica {
             let r = self.acks.committed(batch, None, 0, Instant::now());
             return self.answer(r);
         }
-        let Some(delta) = self.write().take_delta() else {
+        // Taken under the lock, encoded after it is released.
+        let taken = self.write().take_delta_unencoded();
+        let Some(delta) = taken.map(TakenDelta::encode) else {
             // Nothing changed since the last commit: what the waiting updates rely on is
             // already as durable and published as it gets.
             let r = self.acks.committed(batch, None, 0, Instant::now());
