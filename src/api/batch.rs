@@ -215,7 +215,7 @@ pub fn decode_bitmap(bytes: &[u8], items: usize) -> Result<Vec<bool>, BatchError
 
 /// Result `i` of a bitmap (see [`check_bitmap`]).
 #[inline]
-pub fn bitmap_bit(bytes: &[u8], i: usize) -> bool {
+fn bitmap_bit(bytes: &[u8], i: usize) -> bool {
     bytes[i / 8] >> (i % 8) & 1 == 1
 }
 

@@ -29,6 +29,7 @@ use crate::replica::{AckLevel, ApiResponse, PendingResponse, ReplicaHandle};
 
 /// A RESP2 reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Reply {
     /// `+<text>`.
     Simple(&'static str),
@@ -86,7 +87,9 @@ impl Reply {
             } => {
                 line(out, b'*', itoa::Buffer::new().format(*items).as_bytes());
                 for i in 0..*items {
-                    match (batch::bitmap_bit(bitmap, i), refused) {
+                    // Checked when built from an answer; a short bitmap reads as zeros.
+                    let bit = bitmap.get(i / 8).is_some_and(|b| b >> (i % 8) & 1 == 1);
+                    match (bit, refused) {
                         (true, _) => out.put_slice(b":1\r\n"),
                         (false, Some(e)) => e.encode(out),
                         (false, None) => out.put_slice(b":0\r\n"),

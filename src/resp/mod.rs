@@ -442,9 +442,6 @@ async fn linger(rd: &mut tokio::net::tcp::OwnedReadHalf, wr: &mut tokio::net::tc
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drain).await;
 }
 
-/// Serves one connection until the client leaves, sends `QUIT`, or breaks the protocol.
-/// Memory is bounded by the commands in progress: at most `max_pipeline` of them, and no
-/// new one parsed while those hold `max_request_bytes` or more.
 /// How long a connection handles buffered commands before it writes the replies it has.
 /// Writing them all once the buffer is parsed left the client idle while the node worked
 /// through up to 16 batches, and then the node idle while the client caught up: flushing
@@ -453,6 +450,9 @@ async fn linger(rd: &mut tokio::net::tcp::OwnedReadHalf, wr: &mut tokio::net::tc
 /// 1.1x; at 5 µs the extra writes cost more than the overlap gained at 64 in flight.
 const FLUSH_AFTER: Duration = Duration::from_micros(20);
 
+/// Serves one connection until the client leaves, sends `QUIT`, or breaks the protocol.
+/// Memory is bounded by the commands in progress: at most `max_pipeline` of them, and no
+/// new one parsed while those hold `max_request_bytes` or more.
 async fn serve(stream: TcpStream, server: &Server) {
     let (mut rd, mut wr) = stream.into_split();
     let mut session = Session {
@@ -476,6 +476,7 @@ async fn serve(stream: TcpStream, server: &Server) {
     loop {
         // Commands already buffered, as far as the limits allow.
         let mut stopped_for_room = false;
+        let mut flush_first = false;
         let parse_start = Instant::now();
         while !session.closing && session.waiting.is_none() {
             if !room(&pending, held) {
@@ -484,6 +485,7 @@ async fn serve(stream: TcpStream, server: &Server) {
             }
             if !pending.is_empty() && parse_start.elapsed() > FLUSH_AFTER {
                 // Replies first; the rest of the buffer right after (below).
+                flush_first = true;
                 break;
             }
             let limits = if session.authenticated {
@@ -534,9 +536,11 @@ async fn serve(stream: TcpStream, server: &Server) {
         if input.is_empty() && input.capacity() > BUFFER_KEEP {
             input = BytesMut::with_capacity(16 << 10);
         }
-        if answered && (stopped_for_room || session.waiting.is_none()) {
-            // Room again, or a waiting command sent: parse what is buffered before reading
-            // (or closing) on.
+        if flush_first || (answered && (stopped_for_room || session.waiting.is_none())) {
+            // Room again, a waiting command sent, or the ready replies written: parse what
+            // is buffered before reading (or closing) on. After a flush, whether or not a
+            // reply was ready: the buffered commands must not wait for the first reply
+            // (one waiting for a commit would hold up commands that share its commit).
             continue;
         }
         let reading = !session.closing && !eof && session.waiting.is_none() && room(&pending, held);

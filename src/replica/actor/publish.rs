@@ -83,7 +83,7 @@ impl Replica {
         self.next_batch += 1;
         if self.cfg.full_state_only {
             // The naive protocol: every change is followed by a full-state broadcast.
-            self.write().take_delta();
+            self.write().take_delta_unencoded();
             if self.changed_since_push {
                 self.schedule_push(ctx);
             }
