@@ -15,7 +15,8 @@
 //!   items framed `u32 LE length | bytes` on `madd` / `mcontains`);
 //! - RedisBloom: the `redis` crate, one multiplexed connection (like the one NATS connection),
 //!   no explicit pipelining: `BF.ADD` / `BF.EXISTS`, `CF.ADD` / `CF.EXISTS`; batches `BF.MADD` /
-//!   `BF.MEXISTS`, `CF.INSERT` / `CF.MEXISTS`.
+//!   `BF.MEXISTS`, `CF.INSERT` (`CRPF_BENCH_REDIS_CF_INSERT=CF.INSERTNX` for the set semantics
+//!   of crpf's `g_cuckoo`) / `CF.MEXISTS`.
 //!
 //! - crpf over RESP (`resp`): the same node's Redis-protocol front end ([`crpf::resp`]),
 //!   driven exactly like RedisBloom (same client, same commands), on filters of its own;
@@ -461,12 +462,14 @@ impl Target {
                     (Filter::Bloom, Op::Contains, true) => "BF.MEXISTS",
                     (Filter::Cuckoo, Op::Add, false) => "CF.ADD",
                     (Filter::Cuckoo, Op::Contains, false) => "CF.EXISTS",
+                    // crpf's RESP front end has no CF.INSERTNX: its adds are NX already.
+                    (Filter::Cuckoo, Op::Add, true) if prefix.is_empty() => cf_insert(),
                     (Filter::Cuckoo, Op::Add, true) => "CF.INSERT",
                     (Filter::Cuckoo, Op::Contains, true) => "CF.MEXISTS",
                 };
                 let mut cmd = redis::cmd(command);
                 cmd.arg(format!("{prefix}{}", filter.name()));
-                if command == "CF.INSERT" {
+                if command.starts_with("CF.INSERT") {
                     cmd.arg("ITEMS");
                 }
                 for i in items {
@@ -480,6 +483,20 @@ impl Target {
             }
         }
     }
+}
+
+/// RedisBloom's batch add to a cuckoo filter: `CF.INSERT` by default, as the issue measured;
+/// `CRPF_BENCH_REDIS_CF_INSERT=CF.INSERTNX` for the command with crpf's `g_cuckoo` semantics
+/// (an item already present is not inserted again, which costs a lookup in both buckets).
+fn cf_insert() -> &'static str {
+    static COMMAND: std::sync::LazyLock<&'static str> =
+        std::sync::LazyLock::new(
+            || match std::env::var("CRPF_BENCH_REDIS_CF_INSERT").as_deref() {
+                Ok("CF.INSERTNX") => "CF.INSERTNX",
+                _ => "CF.INSERT",
+            },
+        );
+    &COMMAND
 }
 
 /// The batch framing of crpf's `madd` / `mcontains`: `u32 LE length | bytes` per item.
