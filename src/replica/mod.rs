@@ -71,7 +71,7 @@ pub use actor::{
 };
 pub use config::ReplicaConfig;
 pub use durable::{DataDir, DurableError, Identity};
-pub use filter::{AnyFilter, FilterSpec, FilterStats, NotCounting, NotRemovable};
+pub use filter::{AnyFilter, FilterSpec, FilterStats, NotCounting, NotRemovable, TakenDelta};
 
 use crate::transport::{Renewal, Subjects, Transport, TransportError};
 use crate::{Dot, FilterError, ReplicaId};

@@ -13,9 +13,9 @@ use super::pump::Outbound;
 use super::request::ApiReply;
 use super::{Replica, ReplicaError};
 use crate::Dot;
+use crate::replica::TakenDelta;
 use crate::replica::ack::{Resolved, peers_needed};
 use crate::replica::config::ReplicaConfig;
-use crate::replica::filter::TakenDelta;
 use crate::replica::metrics::{Channel, Direction};
 use crate::wire::{Body, Envelope, FilterKind, WireCodec, chunk_count, state_chunk};
 
