@@ -42,12 +42,13 @@ pub struct GCuckoo {
     digest: SetSum,
 }
 
-/// The element of a digest for one canonical entry.
-fn digest_element(canonical_bucket: u64, fp: u16) -> [u8; 10] {
-    let mut e = [0u8; 10];
-    e[..8].copy_from_slice(&canonical_bucket.to_le_bytes());
-    e[8..].copy_from_slice(&fp.to_le_bytes());
-    e
+/// Adds one canonical entry to a digest. The element is the bucket (u64 LE) and then the
+/// fingerprint (u16 LE), 10 bytes, written as one 16-byte value and hashed through a slice
+/// of it: written as 8 and then 2 bytes, it was read back by the hash as overlapping 8-byte
+/// words that store forwarding could not serve, 15 ns per add instead of 5.
+fn add_to_digest(sum: &mut SetSum, canonical_bucket: u64, fp: u16) {
+    let e = (canonical_bucket as u128 | (fp as u128) << 64).to_le_bytes();
+    sum.add(&e[..10]);
 }
 
 impl GCuckoo {
@@ -78,14 +79,14 @@ impl GCuckoo {
     /// Counts a newly inserted entry in the digest.
     fn inserted(&mut self, bucket: usize, fp: u16) {
         let canonical = bucket.min(self.table.alt(bucket, fp)) as u64;
-        self.digest.add(&digest_element(canonical, fp));
+        add_to_digest(&mut self.digest, canonical, fp);
     }
 
     /// The digest's sum from a pass over every entry (a decoded state's, whose entries may
     /// repeat).
     fn scanned_digest(&self) -> SetSum {
         let mut sum = SetSum::default();
-        self.for_each_canonical(|b, fp| sum.add(&digest_element(b, fp)));
+        self.for_each_canonical(|b, fp| add_to_digest(&mut sum, b, fp));
         sum
     }
 
@@ -325,6 +326,17 @@ impl crate::core::kind::ReplicatedFilter for GCuckoo {
 mod tests {
     use super::*;
     use crate::core::kind::ReplicatedFilter;
+
+    #[test]
+    fn a_digest_element_is_bucket_then_fingerprint_in_ten_bytes() {
+        // Digests are compared between replicas of different builds: the element's bytes
+        // must not change with how they are put together.
+        let mut built = SetSum::default();
+        add_to_digest(&mut built, 0x0807_0605_0403_0201, 0x0a09);
+        let mut spelled = SetSum::default();
+        spelled.add(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(built, spelled);
+    }
 
     fn params() -> CuckooParams {
         // Few buckets, so that adds kick entries around and merges spill into overflow.
