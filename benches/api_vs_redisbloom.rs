@@ -77,6 +77,10 @@ type BoxError = Box<dyn std::error::Error>;
 struct Settings {
     secs: f64,
     rounds: usize,
+    /// RedisBloom's batch add to a cuckoo filter: `CF.INSERT`, as the issue measured, or
+    /// `CF.INSERTNX`, with crpf's `g_cuckoo` semantics (an item already present is not
+    /// inserted again, which costs a lookup in both buckets).
+    redis_cf_insert: &'static str,
     warmup_secs: f64,
     inflight: Vec<usize>,
     batch: usize,
@@ -112,6 +116,16 @@ impl Settings {
         Ok(Settings {
             secs: float("CRPF_BENCH_SECS", "3")?,
             rounds: numbers("CRPF_BENCH_ROUNDS", "3")?[0].max(1),
+            redis_cf_insert: match env_or("CRPF_BENCH_REDIS_CF_INSERT", "CF.INSERT").as_str() {
+                "CF.INSERT" => "CF.INSERT",
+                "CF.INSERTNX" => "CF.INSERTNX",
+                other => {
+                    return Err(format!(
+                        "CRPF_BENCH_REDIS_CF_INSERT: `{other}`: CF.INSERT or CF.INSERTNX"
+                    )
+                    .into());
+                }
+            },
             warmup_secs: float("CRPF_BENCH_WARMUP_SECS", "0.5")?,
             inflight: numbers("CRPF_BENCH_INFLIGHT", "1,16,64")?,
             batch: numbers("CRPF_BENCH_BATCH", "100")?[0],
@@ -420,10 +434,12 @@ enum Target {
         client: async_nats::Client,
         prefix: &'static str,
     },
-    /// RedisBloom, or a crpf node's RESP front end (keys `prefix` + the filter's name).
+    /// RedisBloom, or a crpf node's RESP front end (keys `prefix` + the filter's name), with
+    /// `cf_insert` its batch add to a cuckoo filter.
     Redis {
         conn: redis::aio::MultiplexedConnection,
         prefix: &'static str,
+        cf_insert: &'static str,
     },
 }
 
@@ -454,7 +470,11 @@ impl Target {
                 }
                 Ok(())
             }
-            Target::Redis { conn, prefix } => {
+            Target::Redis {
+                conn,
+                prefix,
+                cf_insert,
+            } => {
                 let command = match (filter, op, batch) {
                     (Filter::Bloom, Op::Add, false) => "BF.ADD",
                     (Filter::Bloom, Op::Contains, false) => "BF.EXISTS",
@@ -462,9 +482,7 @@ impl Target {
                     (Filter::Bloom, Op::Contains, true) => "BF.MEXISTS",
                     (Filter::Cuckoo, Op::Add, false) => "CF.ADD",
                     (Filter::Cuckoo, Op::Contains, false) => "CF.EXISTS",
-                    // crpf's RESP front end has no CF.INSERTNX: its adds are NX already.
-                    (Filter::Cuckoo, Op::Add, true) if prefix.is_empty() => cf_insert(),
-                    (Filter::Cuckoo, Op::Add, true) => "CF.INSERT",
+                    (Filter::Cuckoo, Op::Add, true) => cf_insert,
                     (Filter::Cuckoo, Op::Contains, true) => "CF.MEXISTS",
                 };
                 let mut cmd = redis::cmd(command);
@@ -485,20 +503,6 @@ impl Target {
     }
 }
 
-/// RedisBloom's batch add to a cuckoo filter: `CF.INSERT` by default, as the issue measured;
-/// `CRPF_BENCH_REDIS_CF_INSERT=CF.INSERTNX` for the command with crpf's `g_cuckoo` semantics
-/// (an item already present is not inserted again, which costs a lookup in both buckets).
-fn cf_insert() -> &'static str {
-    static COMMAND: std::sync::LazyLock<&'static str> =
-        std::sync::LazyLock::new(
-            || match std::env::var("CRPF_BENCH_REDIS_CF_INSERT").as_deref() {
-                Ok("CF.INSERTNX") => "CF.INSERTNX",
-                _ => "CF.INSERT",
-            },
-        );
-    &COMMAND
-}
-
 /// The batch framing of crpf's `madd` / `mcontains`: `u32 LE length | bytes` per item.
 fn frame(items: &[[u8; ITEM_LEN]]) -> Bytes {
     crpf::api::batch::encode(items)
@@ -509,7 +513,7 @@ fn frame(items: &[[u8; ITEM_LEN]]) -> Bytes {
 /// What one case measured against one system.
 #[derive(Clone, Default)]
 struct Sample {
-    /// Latencies of the requests, sorted.
+    /// Latencies of the requests, until [`Sample::finish`] takes their percentiles.
     lat: Vec<u32>,
     requests: u64,
     items: u64,
@@ -530,9 +534,6 @@ impl Sample {
     /// Adds the figures of another turn of the same case and system.
     fn absorb(&mut self, turn: Sample) {
         self.lat.extend(turn.lat);
-        self.lat.sort_unstable();
-        self.p50_us = percentile(&self.lat, 0.50);
-        self.p99_us = percentile(&self.lat, 0.99);
         self.requests += turn.requests;
         self.items += turn.items;
         self.errors += turn.errors;
@@ -541,6 +542,15 @@ impl Sample {
         self.server_cpu += turn.server_cpu;
         self.nats_cpu += turn.nats_cpu;
         self.client_cpu += turn.client_cpu;
+    }
+
+    /// Takes the percentiles of the latencies of every turn, and drops them: a full run
+    /// would otherwise keep every latency.
+    fn finish(&mut self) {
+        let mut lat = std::mem::take(&mut self.lat);
+        lat.sort_unstable();
+        self.p50_us = percentile(&lat, 0.50);
+        self.p99_us = percentile(&lat, 0.99);
     }
 
     fn items_per_sec(&self) -> f64 {
@@ -595,8 +605,7 @@ async fn drive(
         }
         lat
     });
-    let mut lat: Vec<u32> = join_all(loops).await.into_iter().flatten().collect();
-    lat.sort_unstable();
+    let lat: Vec<u32> = join_all(loops).await.into_iter().flatten().collect();
     let requests = lat.len() as u64;
     (lat, requests, errors.get(), first_error.into_inner())
 }
@@ -625,9 +634,10 @@ async fn run_turn(
     let (lat, requests, errors, first_error) = drive(sys, filter, op, batch, inflight, secs).await;
     let secs = t.elapsed().as_secs_f64();
     Sample {
-        p50_us: percentile(&lat, 0.50),
-        p99_us: percentile(&lat, 0.99),
         lat,
+        // Taken over every turn by `finish`.
+        p50_us: f64::NAN,
+        p99_us: f64::NAN,
         requests,
         items: requests * batch as u64,
         errors,
@@ -1074,6 +1084,8 @@ async fn run(s: Settings) -> Result<(), BoxError> {
                 target: Target::Redis {
                     conn,
                     prefix: RESP_KEY_PREFIX,
+                    // Its adds are NX already; it has no CF.INSERTNX.
+                    cf_insert: "CF.INSERT",
                 },
                 pids: vec![node.pid().to_string()],
                 keys: Default::default(),
@@ -1121,7 +1133,11 @@ async fn run(s: Settings) -> Result<(), BoxError> {
                 );
                 systems.push(System {
                     name: "redis",
-                    target: Target::Redis { conn, prefix: "" },
+                    target: Target::Redis {
+                        conn,
+                        prefix: "",
+                        cf_insert: s.redis_cf_insert,
+                    },
                     pids: vec![p.pid().to_string()],
                     keys: Default::default(),
                 });
@@ -1195,8 +1211,7 @@ async fn run(s: Settings) -> Result<(), BoxError> {
         }
         for (sys, sample) in systems.iter().zip(samples) {
             let Some(mut sample) = sample else { continue };
-            // The percentiles are taken: a full run would otherwise keep every latency.
-            sample.lat = Vec::new();
+            sample.finish();
             eprintln!(
                 "{case:>18} in flight {k:>2} {:>5}: {:>9.0} items/s, p50 {:>6.0} µs, p99 {:>6.0} \
                  µs, server CPU {:.2} µs/item, errors {}",

@@ -213,10 +213,10 @@ pub fn decode_bitmap(bytes: &[u8], items: usize) -> Result<Vec<bool>, BatchError
     Ok((0..items).map(|i| bitmap_bit(bytes, i)).collect())
 }
 
-/// Result `i` of a bitmap (see [`check_bitmap`]).
+/// Result `i` of a bitmap (see [`check_bitmap`]); `false` past its end.
 #[inline]
-fn bitmap_bit(bytes: &[u8], i: usize) -> bool {
-    bytes[i / 8] >> (i % 8) & 1 == 1
+pub fn bitmap_bit(bytes: &[u8], i: usize) -> bool {
+    bytes.get(i / 8).is_some_and(|b| b >> (i % 8) & 1 == 1)
 }
 
 /// Whether `bytes` is a bitmap of `items` results, as [`decode_bitmap`] checks it, without

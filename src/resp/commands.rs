@@ -88,8 +88,7 @@ impl Reply {
                 line(out, b'*', itoa::Buffer::new().format(*items).as_bytes());
                 for i in 0..*items {
                     // Checked when built from an answer; a short bitmap reads as zeros.
-                    let bit = bitmap.get(i / 8).is_some_and(|b| b >> (i % 8) & 1 == 1);
-                    match (bit, refused) {
+                    match (batch::bitmap_bit(bitmap, i), refused) {
                         (true, _) => out.put_slice(b":1\r\n"),
                         (false, Some(e)) => e.encode(out),
                         (false, None) => out.put_slice(b":0\r\n"),
