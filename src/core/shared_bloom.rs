@@ -348,6 +348,10 @@ impl crate::core::kind::ReplicatedFilter for SharedGBloom {
     fn prefetch(&self, item: &[u8]) {
         self.bits.prefetch(item)
     }
+
+    fn prefetch_ahead(&self) -> usize {
+        crate::core::prefetch::BLOOM_ITEMS_AHEAD
+    }
 }
 
 #[cfg(test)]

@@ -72,6 +72,7 @@ trait DynFilter: Send + Sync {
     fn counted(&self) -> Option<&dyn Counted>;
     fn shared_reader(&self) -> Option<BloomReader>;
     fn prefetch(&self, item: &[u8]);
+    fn prefetch_ahead(&self) -> usize;
     fn counted_mut(&mut self) -> Option<&mut dyn Counted>;
     fn set_writer(&mut self, replica: ReplicaId);
     fn tick(&mut self, now_ms: u64) -> bool;
@@ -148,6 +149,9 @@ impl<F: ReplicatedFilter> DynFilter for F {
     }
     fn prefetch(&self, item: &[u8]) {
         ReplicatedFilter::prefetch(self, item)
+    }
+    fn prefetch_ahead(&self) -> usize {
+        ReplicatedFilter::prefetch_ahead(self)
     }
     fn counted_mut(&mut self) -> Option<&mut dyn Counted> {
         ReplicatedFilter::counted_mut(self)
@@ -299,6 +303,11 @@ impl AnyFilter {
     /// [`ReplicatedFilter::prefetch`]).
     pub fn prefetch(&self, item: &[u8]) {
         self.inner().prefetch(item)
+    }
+
+    /// How many items ahead a batch prefetches ([`ReplicatedFilter::prefetch_ahead`]).
+    pub fn prefetch_ahead(&self) -> usize {
+        self.inner().prefetch_ahead()
     }
 
     /// Adds the item; OR kinds return the tag they issued.

@@ -638,6 +638,10 @@ impl crate::core::kind::ReplicatedFilter for OrCuckoo {
         self.table.prefetch(b, fp);
     }
 
+    fn prefetch_ahead(&self) -> usize {
+        crate::core::prefetch::CUCKOO_ITEMS_AHEAD
+    }
+
     fn digest_state(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
         crate::core::kind::digest_observed_remove(self, h);
     }

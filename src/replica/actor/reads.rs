@@ -29,22 +29,21 @@ use crate::replica::service::ApiService;
 use crate::replica::{ReplicaError, wall_clock_ms};
 use crate::transport::{Message, Subjects};
 
-/// How many items ahead of the current one a batch prefetches
-/// ([`crate::core::prefetch::prefetch`]).
-pub(super) const PREFETCH_AHEAD: usize = 4;
-
-/// `answer` of every item, in order, with `prefetch` called for the item
-/// [`PREFETCH_AHEAD`] places ahead of each (and for the first ones before the loop).
+/// `answer` of every item, in order, with `prefetch` called for the item `ahead` places
+/// ahead of each (and for the first ones before the loop; never if `ahead` is 0).
 pub(super) fn map_prefetched<T>(
     items: &[&[u8]],
+    ahead: usize,
     prefetch: impl Fn(&[u8]),
     mut answer: impl FnMut(&[u8]) -> T,
 ) -> Vec<T> {
-    items.iter().take(PREFETCH_AHEAD).for_each(|i| prefetch(i));
+    items.iter().take(ahead).for_each(|i| prefetch(i));
     let mut out = Vec::with_capacity(items.len());
     for (n, item) in items.iter().enumerate() {
-        if let Some(ahead) = items.get(n + PREFETCH_AHEAD) {
-            prefetch(ahead);
+        if ahead > 0
+            && let Some(next) = items.get(n + ahead)
+        {
+            prefetch(next);
         }
         out.push(answer(item));
     }
@@ -268,10 +267,20 @@ pub(super) fn query_reply(
         .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
     let found: Vec<bool> = match &shared.reader {
         // Without the lock: the batch never waits for an update or a merge.
-        Some(r) => map_prefetched(&items, |i| r.prefetch(i), |i| r.contains(i)),
+        Some(r) => map_prefetched(
+            &items,
+            crate::core::prefetch::BLOOM_ITEMS_AHEAD,
+            |i| r.prefetch(i),
+            |i| r.contains(i),
+        ),
         None => {
             let (f, now) = (filter(), wall_clock_ms());
-            map_prefetched(&items, |i| f.prefetch(i), |i| f.contains_as_of(i, now))
+            map_prefetched(
+                &items,
+                f.prefetch_ahead(),
+                |i| f.prefetch(i),
+                |i| f.contains_as_of(i, now),
+            )
         }
     };
     telemetry.count_ops(OpKind::Contains, found.len() as u64, 0);
@@ -314,14 +323,39 @@ mod tests {
     use std::cell::RefCell;
 
     #[test]
-    fn every_item_is_answered_in_order_and_prefetched_once() {
+    fn every_item_is_answered_in_order_and_prefetched_once_ahead_of_its_turn() {
         let items: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i]).collect();
         let items: Vec<&[u8]> = items.iter().map(Vec::as_slice).collect();
-        let fetched = RefCell::new(Vec::new());
-        let answers = map_prefetched(&items, |i| fetched.borrow_mut().push(i[0]), |i| i[0] * 2);
-        assert_eq!(answers, (0..10).map(|i| i * 2).collect::<Vec<u8>>());
-        let mut fetched = fetched.into_inner();
-        fetched.sort_unstable();
-        assert_eq!(fetched, (0..10).collect::<Vec<u8>>());
+        for ahead in [0, 1, 4, 8, 20] {
+            // Each event: (prefetched, item) or (answered, item).
+            let events = RefCell::new(Vec::new());
+            let answers = map_prefetched(
+                &items,
+                ahead,
+                |i| events.borrow_mut().push((true, i[0])),
+                |i| {
+                    events.borrow_mut().push((false, i[0]));
+                    i[0] * 2
+                },
+            );
+            assert_eq!(answers, (0..10).map(|i| i * 2).collect::<Vec<u8>>());
+            let events = events.into_inner();
+            let prefetched: Vec<u8> = events.iter().filter(|e| e.0).map(|e| e.1).collect();
+            if ahead == 0 {
+                assert!(prefetched.is_empty());
+                continue;
+            }
+            assert_eq!(prefetched, (0..10).collect::<Vec<u8>>(), "ahead {ahead}");
+            for item in 0..10u8 {
+                let at = |p: bool| events.iter().position(|&e| e == (p, item)).unwrap();
+                let answered_before = events[..at(true)].iter().filter(|e| !e.0).count();
+                assert_eq!(
+                    answered_before,
+                    (item as usize).saturating_sub(ahead),
+                    "item {item}, ahead {ahead}"
+                );
+                assert!(at(true) < at(false));
+            }
+        }
     }
 }

@@ -28,7 +28,6 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::local::check_item;
-use super::reads::PREFETCH_AHEAD;
 use super::request::{ApiReply, api_reply_format};
 use super::{Inbound, Shared};
 use crate::api::batch;
@@ -254,15 +253,15 @@ impl Updates {
             };
             f.tick(wall_clock_ms());
             let first = i;
+            let ahead = f.prefetch_ahead();
             if first == 0 {
-                items
-                    .iter()
-                    .take(PREFETCH_AHEAD)
-                    .for_each(|i| f.prefetch(i));
+                items.iter().take(ahead).for_each(|i| f.prefetch(i));
             }
             while i < items.len() && f.clock() < limit {
-                if let Some(ahead) = items.get(i + PREFETCH_AHEAD) {
-                    f.prefetch(ahead);
+                if ahead > 0
+                    && let Some(next) = items.get(i + ahead)
+                {
+                    f.prefetch(next);
                 }
                 match f.add(items[i]) {
                     Ok(_) => added.push(true),
