@@ -449,16 +449,6 @@ async fn linger(rd: &mut tokio::net::tcp::OwnedReadHalf, wr: &mut tokio::net::tc
 /// single items at 16 in flight went from 0.72-0.85x to 1.0-1.2x, `madd` from 1.0x to about
 /// 1.1x; at 5 µs the extra writes cost more than the overlap gained at 64 in flight.
 const FLUSH_AFTER: Duration = Duration::from_micros(20);
-fn flush_after() -> Duration {
-    static V: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::env::var("ZZ_FLUSH_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map(Duration::from_micros)
-            .unwrap_or(FLUSH_AFTER)
-    })
-}
 
 /// Serves one connection until the client leaves, sends `QUIT`, or breaks the protocol.
 /// Memory is bounded by the commands in progress: at most `max_pipeline` of them, and no
@@ -493,7 +483,7 @@ async fn serve(stream: TcpStream, server: &Server) {
                 stopped_for_room = true;
                 break;
             }
-            if !pending.is_empty() && parse_start.elapsed() > flush_after() {
+            if !pending.is_empty() && parse_start.elapsed() > FLUSH_AFTER {
                 // Replies first; the rest of the buffer right after (below).
                 flush_first = true;
                 break;
