@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use crpf::{GBloom, GCuckoo, Lattice, Membership, OrCuckoo, ScGBloom, ScGCuckoo, ScOrCuckoo};
+use crpf::{
+    GBloom, GCuckoo, Lattice, Membership, OrCuckoo, ReplicatedFilter, ScGBloom, ScGCuckoo,
+    ScOrCuckoo,
+};
 use xxhash_rust::xxh3::{Xxh3DefaultBuilder, xxh3_64};
 
 use common::{CUCKOO_FPR, FRESH_SEED, KEY_SEED, MAIN_FPR, N, keys, thesis_cuckoo};
@@ -325,6 +328,113 @@ fn cuckoo(c: &mut Crit) {
     }
 }
 
+/// Capacity of the large table of [`cuckoo_large`]: the API benchmark's, 64 MB of buckets.
+const LARGE_CAPACITY: u64 = 30_000_000;
+/// Keys added to it: a tenth of its capacity, where a node's filter spends most of its life.
+const LARGE_KEYS: usize = 3_000_000;
+/// Items per batch, as in the request API's `madd`/`mcontains` of the API benchmark.
+const BATCH: usize = 100;
+
+/// `op` on every key, a batch at a time, prefetching [`ReplicatedFilter::prefetch_ahead`]
+/// items ahead as the node's batches do (`src/replica/actor/`).
+fn batched(f: &GCuckoo, keys: &[[u8; 16]], mut op: impl FnMut(&[u8])) {
+    let ahead = f.prefetch_ahead();
+    for batch in keys.chunks(BATCH) {
+        batch.iter().take(ahead).for_each(|k| f.prefetch(k));
+        for (i, k) in batch.iter().enumerate() {
+            if let Some(next) = batch.get(i + ahead) {
+                f.prefetch(next);
+            }
+            op(k);
+        }
+    }
+}
+
+/// A table too large for the caches, as a node's filter is: adds into a fresh table, and
+/// lookups (half of them of added keys), one key at a time and in prefetched batches, beside
+/// `cuckoofilter` one key at a time (it has no batch operation).
+fn cuckoo_large(c: &mut Crit) {
+    let added = keys(LARGE_KEYS, KEY_SEED);
+    let lookups: Vec<[u8; 16]> = added
+        .iter()
+        .step_by(2)
+        .chain(keys(LARGE_KEYS / 2, FRESH_SEED).iter())
+        .copied()
+        .collect();
+    let mk_gc = || GCuckoo::with_capacity(LARGE_CAPACITY, MAIN_FPR).unwrap();
+    let mk_cf = || CrateCuckoo::with_capacity(LARGE_CAPACITY as usize);
+
+    let mut g = c.benchmark_group("cuckoo_large_add");
+    g.throughput(Throughput::Elements(LARGE_KEYS as u64));
+    g.bench_function("GCuckoo", |b| {
+        b.iter_batched(
+            mk_gc,
+            |mut f| {
+                for k in &added {
+                    let _ = f.add(k);
+                }
+                f
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("GCuckoo_batches", |b| {
+        b.iter_batched(
+            mk_gc,
+            |mut f| {
+                let ahead = f.prefetch_ahead();
+                for batch in added.chunks(BATCH) {
+                    batch.iter().take(ahead).for_each(|k| f.prefetch(k));
+                    for (i, k) in batch.iter().enumerate() {
+                        if let Some(next) = batch.get(i + ahead) {
+                            f.prefetch(next);
+                        }
+                        let _ = f.add(k);
+                    }
+                }
+                f
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("cuckoofilter", |b| {
+        b.iter_batched(
+            mk_cf,
+            |mut f| {
+                for k in &added {
+                    let _ = f.add(&k[..]);
+                }
+                f
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+
+    let mut gc = mk_gc();
+    let mut cf = mk_cf();
+    for k in &added {
+        gc.add(k).unwrap();
+        cf.add(&k[..]).unwrap();
+    }
+    let mut g = c.benchmark_group("cuckoo_large_contains");
+    g.throughput(Throughput::Elements(lookups.len() as u64));
+    g.bench_function("GCuckoo", |b| {
+        b.iter(|| lookups.iter().filter(|k| gc.contains(&k[..])).count())
+    });
+    g.bench_function("GCuckoo_batches", |b| {
+        b.iter(|| {
+            let mut hits = 0;
+            batched(&gc, &lookups, |k| hits += gc.contains(k) as usize);
+            hits
+        })
+    });
+    g.bench_function("cuckoofilter", |b| {
+        b.iter(|| lookups.iter().filter(|k| cf.contains(&k[..])).count())
+    });
+    g.finish();
+}
+
 /// Two replicas with 2^19 keys each (a 50-50 split of the 2^20 keys).
 fn replicas<F: Membership>(mut make: impl FnMut(u16) -> F, keys: &[[u8; 16]]) -> (F, F) {
     let (a_keys, b_keys) = keys.split_at(keys.len() / 2);
@@ -448,6 +558,6 @@ fn config() -> Crit {
 criterion_group! {
     name = benches;
     config = config();
-    targets = bloom, cuckoo, merge
+    targets = bloom, cuckoo, cuckoo_large, merge
 }
 criterion_main!(benches);
