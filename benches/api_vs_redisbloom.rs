@@ -2,7 +2,7 @@
 //! both, in one run (issue 9).
 //!
 //! Starts a real `nats-server` (JetStream, for the node's replica id claim), a `crpf node` with a
-//! `g_bloom` and a `g_cuckoo` filter (capacity 30M and 60M, fpr 0.01, `ack = "local"`: the answer comes
+//! `g_bloom` and a `g_cuckoo` filter (capacity 30M, fpr 0.01, `ack = "local"`: the answer comes
 //! once the item is in memory, as RedisBloom answers), and Debian's `redis-server` with the
 //! RedisBloom module (`scripts/install-bench-tools.sh`), all on free loopback ports. Each case
 //! runs against every system with the same keys and the same number of requests in flight, on
@@ -56,18 +56,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::future::join_all;
 
-/// Capacity of the Bloom filters, and false positive rate of every filter, on both sides. A
-/// default run adds 10-17M items to each side's `bloom`: the capacity leaves room, because
-/// RedisBloom adds a second, slower layer to a full filter and the comparison would then
-/// measure that.
-const BLOOM_CAPACITY: u64 = 30_000_000;
+/// Capacity and false positive rate of every filter, on both sides. A default run adds about
+/// 10M items to each side's `bloom`: the capacity leaves room, because RedisBloom adds a
+/// second, slower layer to a full filter and the comparison would then measure that.
+const CAPACITY: u64 = 30_000_000;
 const FPR: f64 = 0.01;
-/// Capacity of the cuckoo filters, on both sides. A default run adds 19-24M items to each
-/// side's `cuckoo`. With its defaults (2-slot buckets, 20 kicks), RedisBloom declared a 30M
-/// filter full at about 19M and added a second sub-filter, so its last inserts went into an
-/// empty table while crpf's took them at 20-55% load (BENCHMARKS.md). At 60M both sides stay
-/// in one table.
-const CUCKOO_CAPACITY: u64 = 60_000_000;
 /// Bytes per item.
 const ITEM_LEN: usize = 16;
 /// Seeds of the items added, and of the items looked up but never added.
@@ -271,9 +264,9 @@ fn start_node(dir: &Path, nats_port: u16, resp_port: u16) -> Result<Proc, BoxErr
     // in memory (with a data_dir the default would be `durable`, an fsync per batch).
     // `CRPF_BENCH_FILTER_TOML`: more settings for every filter, to measure tuning.
     let extra = std::env::var("CRPF_BENCH_FILTER_TOML").unwrap_or_default();
-    let filter = |name: &str, kind: &str, capacity: u64| {
+    let filter = |name: &str, kind: &str| {
         format!(
-            "[[filters]]\nname = \"{name}\"\nfilter = {{ kind = \"{kind}\", capacity = {capacity}, \
+            "[[filters]]\nname = \"{name}\"\nfilter = {{ kind = \"{kind}\", capacity = {CAPACITY}, \
              fpr = {FPR} }}\nack = \"local\"\n{extra}\n"
         )
     };
@@ -286,18 +279,10 @@ fn start_node(dir: &Path, nats_port: u16, resp_port: u16) -> Result<Proc, BoxErr
             std::env::var("CRPF_BENCH_NODE_IO_THREADS")
                 .map(|v| format!("io_threads = {v}\n"))
                 .unwrap_or_default(),
-            filter("bloom", "g_bloom", BLOOM_CAPACITY),
-            filter("cuckoo", "g_cuckoo", CUCKOO_CAPACITY),
-            filter(
-                &format!("{RESP_KEY_PREFIX}bloom"),
-                "g_bloom",
-                BLOOM_CAPACITY
-            ),
-            filter(
-                &format!("{RESP_KEY_PREFIX}cuckoo"),
-                "g_cuckoo",
-                CUCKOO_CAPACITY
-            ),
+            filter("bloom", "g_bloom"),
+            filter("cuckoo", "g_cuckoo"),
+            filter(&format!("{RESP_KEY_PREFIX}bloom"), "g_bloom"),
+            filter(&format!("{RESP_KEY_PREFIX}cuckoo"), "g_cuckoo"),
         ),
     )?;
     let mut cmd = Command::new(crpf_bin()?);
@@ -741,8 +726,8 @@ async fn redis_setup(port: u16) -> Result<redis::aio::MultiplexedConnection, Str
     let words = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
     // RedisBloom's defaults otherwise: a non-scaling-in-practice Bloom filter (it would only
     // grow past 10M items) and a cuckoo filter of 2-slot buckets with 8-bit fingerprints.
-    run(words(&format!("BF.RESERVE bloom {FPR} {BLOOM_CAPACITY}"))).await?;
-    run(words(&format!("CF.RESERVE cuckoo {CUCKOO_CAPACITY}"))).await?;
+    run(words(&format!("BF.RESERVE bloom {FPR} {CAPACITY}"))).await?;
+    run(words(&format!("CF.RESERVE cuckoo {CAPACITY}"))).await?;
     Ok(conn)
 }
 
@@ -1069,8 +1054,7 @@ async fn run(s: Settings) -> Result<(), BoxError> {
         }
         println!(
             "crpf: nats-server pid {}, crpf node pid {} ({}), filters g_bloom `bloom` and \
-             g_cuckoo `cuckoo`, capacity {BLOOM_CAPACITY} and {CUCKOO_CAPACITY}, fpr {FPR}, \
-             ack = \"local\", no data_dir",
+             g_cuckoo `cuckoo`, capacity {CAPACITY}, fpr {FPR}, ack = \"local\", no data_dir",
             nats_pid,
             node.pid(),
             crpf_bin()?.display()
@@ -1142,8 +1126,8 @@ async fn run(s: Settings) -> Result<(), BoxError> {
         match started {
             Ok((p, conn)) => {
                 println!(
-                    "RedisBloom: redis-server pid {} with {}, BF.RESERVE bloom {FPR} {BLOOM_CAPACITY}, \
-                     CF.RESERVE cuckoo {CUCKOO_CAPACITY}, one multiplexed connection, no pipelining",
+                    "RedisBloom: redis-server pid {} with {}, BF.RESERVE bloom {FPR} {CAPACITY}, \
+                     CF.RESERVE cuckoo {CAPACITY}, one multiplexed connection, no pipelining",
                     p.pid(),
                     tool("CRPF_REDISBLOOM", ".tools/redis/redisbloom.so").display()
                 );
