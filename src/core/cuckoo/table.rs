@@ -193,8 +193,9 @@ impl<P: Payload> Table<P> {
         }
     }
 
-    /// Starts loading the fingerprints of both candidate buckets of `(b, fp)` (a hint for
-    /// batches, see [`crate::core::prefetch`]).
+    /// Starts loading the fingerprints of the buckets a lookup of `(b, fp)` reads first: the
+    /// home alone while lookups stop there, else both candidate buckets (a hint for batches,
+    /// see [`crate::core::prefetch`]).
     #[inline]
     pub(crate) fn prefetch(&self, b: usize, fp: u16) {
         let (home, other) = home_and_other(b, self.alt(b, fp), fp);
@@ -368,8 +369,12 @@ impl<P: Payload> Table<P> {
     /// Removes and returns the `k`-th entry of bucket `b`, keeping main slots filled from the
     /// front (an overflow entry, if any, moves into the freed main slot).
     pub(crate) fn take(&mut self, b: usize, k: usize) -> Entry<P> {
-        // A bucket that was full may have room now, while entries of its home sit elsewhere.
-        self.homes_kept = false;
+        // A full bucket without overflow has room afterwards, while entries whose home it is
+        // may sit in their other bucket. (One that was not full has no such entries; one
+        // with overflow stays full.)
+        if self.occupancy(b) == self.c {
+            self.homes_kept = false;
+        }
         self.take_at(b, k, None)
     }
 
@@ -766,6 +771,7 @@ mod tests {
                 assert_eq!(snapshot(&t), before);
                 assert_eq!((t.len(), t.overflow_len()), (len, over));
             }
+            assert!(t.homes_kept && t.every_entry_home_or_home_full());
         }
         assert!(failures > 0);
     }
@@ -916,6 +922,23 @@ mod tests {
             }
         });
         let (b, fp, home) = victim.expect("a full table has entries away from home");
+        // Out of a bucket with room (none here is full and without overflow): homes hold.
+        let mut sparse: Table<u64> = Table::new(params(64), 2);
+        for tag in 0..40 {
+            let _ = sparse.insert(
+                tag as usize,
+                Entry {
+                    fp: 1 + tag as u16,
+                    payload: tag,
+                },
+            );
+        }
+        let roomy = (0..64)
+            .find(|&b| (1..4).contains(&sparse.occupancy(b)))
+            .unwrap();
+        sparse.take(roomy, 0);
+        assert!(sparse.homes_kept && sparse.every_entry_home_or_home_full());
+        assert_lookups_exact(&sparse, &mut rng, 8);
         while t.occupancy(home) > 0 {
             t.take(home, 0);
         }
