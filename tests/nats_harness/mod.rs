@@ -60,6 +60,18 @@ pub(crate) fn free_port() -> u16 {
         .port()
 }
 
+/// `attempt`'s value, trying again with fresh ports up to 5 times: `free_port` releases a port
+/// before the server binds it, and another test's server or connection can take it meanwhile
+/// (CI once saw one of three cluster members never start).
+fn with_fresh_ports<T>(what: &str, mut attempt: impl FnMut() -> Option<T>) -> T {
+    for _ in 0..5 {
+        if let Some(started) = attempt() {
+            return started;
+        }
+    }
+    panic!("{what} did not start in 5 tries");
+}
+
 /// One `nats-server` process.
 pub(crate) struct NatsServer {
     child: Option<Child>,
@@ -85,31 +97,33 @@ impl NatsServer {
 
     /// A standalone server with JetStream.
     pub(crate) fn start() -> Self {
-        Self::spawn("s0", free_port(), None)
+        with_fresh_ports("nats-server", || {
+            Self::started(Self::new("s0", free_port(), None))
+        })
     }
 
     /// A standalone server with JetStream and a configuration file (`-c`) holding `config`.
     pub(crate) fn start_with_config(config: &str) -> Self {
-        let mut s = Self::new("s0", free_port(), None);
-        s.config = Some(config.to_string());
-        s.launch();
-        s.wait_accepting();
-        s
+        with_fresh_ports("nats-server", || {
+            let mut s = Self::new("s0", free_port(), None);
+            s.config = Some(config.to_string());
+            Self::started(s)
+        })
     }
 
     /// A standalone server with JetStream and a configuration file (`-c`), with `env` set for
     /// its `$VARIABLE`s; the port, store directory and log file (see [`NatsServer::log`]) are
     /// set on the command line, which overrides the file.
     pub(crate) fn with_config(config: &std::path::Path, env: &[(&str, &str)]) -> Self {
-        let mut s = Self::new("s0", free_port(), None);
-        let env = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        s.config_file = Some((config.to_path_buf(), env));
-        s.launch();
-        s.wait_accepting();
-        s
+        with_fresh_ports("nats-server", || {
+            let mut s = Self::new("s0", free_port(), None);
+            let env = env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            s.config_file = Some((config.to_path_buf(), env));
+            Self::started(s)
+        })
     }
 
     /// What the server logged so far (servers started with a configuration file log to a
@@ -120,26 +134,31 @@ impl NatsServer {
 
     /// A standalone server without JetStream: its JetStream API has no responders.
     pub(crate) fn start_without_jetstream() -> Self {
-        let mut s = Self::new("s0", free_port(), None);
-        s.jetstream = false;
-        s.launch();
-        s.wait_accepting();
-        s
+        with_fresh_ports("nats-server", || {
+            let mut s = Self::new("s0", free_port(), None);
+            s.jetstream = false;
+            Self::started(s)
+        })
     }
 
     /// A cluster of `n` servers with routes on loopback, JetStream on each.
     pub(crate) fn cluster(n: usize) -> Vec<Self> {
-        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
-        let routes = ports
-            .iter()
-            .map(|(_, c)| format!("nats://127.0.0.1:{c}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        ports
-            .iter()
-            .enumerate()
-            .map(|(i, (p, c))| Self::spawn(&format!("s{i}"), *p, Some((*c, routes.clone()))))
-            .collect()
+        with_fresh_ports("nats cluster", || {
+            let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+            let routes = ports
+                .iter()
+                .map(|(_, c)| format!("nats://127.0.0.1:{c}"))
+                .collect::<Vec<_>>()
+                .join(",");
+            // On a failure the servers already started are dropped, which kills them.
+            ports
+                .iter()
+                .enumerate()
+                .map(|(i, (p, c))| {
+                    Self::started(Self::new(&format!("s{i}"), *p, Some((*c, routes.clone()))))
+                })
+                .collect()
+        })
     }
 
     fn new(name: &str, port: u16, cluster: Option<(u16, String)>) -> Self {
@@ -156,11 +175,10 @@ impl NatsServer {
         }
     }
 
-    fn spawn(name: &str, port: u16, cluster: Option<(u16, String)>) -> Self {
-        let mut s = Self::new(name, port, cluster);
+    /// `s` launched, once it accepts connections; `None` if it exited or never accepted.
+    fn started(mut s: Self) -> Option<Self> {
         s.launch();
-        s.wait_accepting();
-        s
+        s.wait_accepting().then_some(s)
     }
 
     /// Starts the process (its ports, store directory and routes are the handle's).
@@ -208,19 +226,27 @@ impl NatsServer {
     pub(crate) fn restart(&mut self) {
         assert!(self.child.is_none(), "{} is still running", self.name);
         self.launch();
-        self.wait_accepting();
+        assert!(
+            self.wait_accepting(),
+            "nats-server {} did not start again",
+            self.name
+        );
     }
 
-    fn wait_accepting(&self) {
+    /// Whether the server accepts connections within 15 s; `false` at once if it exited.
+    fn wait_accepting(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(15);
         while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "nats-server {} did not start",
-                self.name
-            );
+            let exited = self
+                .child
+                .as_mut()
+                .is_some_and(|c| c.try_wait().ok().flatten().is_some());
+            if exited || Instant::now() >= deadline {
+                return false;
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
+        true
     }
 
     /// Kills the server with SIGKILL (by its pid) and reaps it.
