@@ -178,10 +178,15 @@ impl<P: Payload> Table<P> {
             (Fingerprints::Wide(fps), 4) => {
                 (u64::BITS - bucket_word(fps, b).leading_zeros()).div_ceil(16) as usize
             }
-            _ => (0..self.c)
-                .position(|k| self.fp_at(b * self.c + k) == 0)
-                .unwrap_or(self.c),
+            _ => self.count_to_first_empty(b),
         }
+    }
+
+    /// Main slots of bucket `b` before its first empty one, by looking at each.
+    fn count_to_first_empty(&self, b: usize) -> usize {
+        (0..self.c)
+            .position(|k| self.fp_at(b * self.c + k) == 0)
+            .unwrap_or(self.c)
     }
     /// Entries in bucket `b`, overflow included.
     pub(crate) fn occupancy(&self, b: usize) -> usize {
@@ -241,8 +246,14 @@ impl<P: Payload> Table<P> {
     /// Whether bucket `b` holds fingerprint `fp`.
     #[inline(always)]
     pub(crate) fn bucket_has_fp(&self, b: usize, fp: u16) -> bool {
-        (0..self.c).any(|k| self.fp_at(b * self.c + k) == fp)
-            || (self.has_overflow(b) && self.overflow[&b].iter().any(|e| e.fp == fp))
+        self.bucket_main_has_fp(b, fp) || self.overflow_has_fp(b, fp)
+    }
+
+    /// Whether the overflow of bucket `b` holds fingerprint `fp` (no map lookup unless the
+    /// bucket is flagged).
+    #[inline(always)]
+    fn overflow_has_fp(&self, b: usize, fp: u16) -> bool {
+        self.has_overflow(b) && self.overflow[&b].iter().any(|e| e.fp == fp)
     }
 
     /// Whether either candidate bucket of `(b, fp)` holds `fp`.
@@ -258,26 +269,14 @@ impl<P: Payload> Table<P> {
                 // Homes kept: an entry equal to this one outside its home means a full home.
                 return false;
             }
-            return self.bucket_has_fp(other, fp)
-                || (self.has_overflow(home) && self.overflow[&home].iter().any(|e| e.fp == fp));
+            return self.bucket_has_fp(other, fp) || self.overflow_has_fp(home, fp);
         }
-        if self.c == 4 {
-            // Both buckets tested branch-free, so that the two loads overlap instead of
-            // waiting on an unpredictable early exit; overflow only where flagged.
-            let hit = match &self.fps {
-                Fingerprints::Narrow(fps) => {
-                    has_byte(bucket_bytes(fps, b), fp as u8)
-                        | has_byte(bucket_bytes(fps, a), fp as u8)
-                }
-                Fingerprints::Wide(fps) => {
-                    has_lane(bucket_word(fps, b), fp) | has_lane(bucket_word(fps, a), fp)
-                }
-            };
-            return hit
-                || (self.has_overflow(b) && self.overflow[&b].iter().any(|e| e.fp == fp))
-                || (self.has_overflow(a) && self.overflow[&a].iter().any(|e| e.fp == fp));
-        }
-        self.bucket_has_fp(b, fp) || self.bucket_has_fp(a, fp)
+        // Both buckets tested without a branch between them (`|`), so that the two loads
+        // overlap instead of waiting on an unpredictable early exit; overflow only where
+        // flagged.
+        (self.bucket_main_has_fp(b, fp) | self.bucket_main_has_fp(a, fp))
+            || self.overflow_has_fp(b, fp)
+            || self.overflow_has_fp(a, fp)
     }
 
     /// The entries of bucket `b`, main slots first.
@@ -501,14 +500,13 @@ impl<P: Payload> Table<P> {
     /// always succeed, thesis 3.3.2).
     pub(crate) fn place_merged(&mut self, b: usize, e: Entry<P>) {
         let (home, other) = home_and_other(b, self.alt(b, e.fp), e.fp);
-        let (nb, na) = (self.occupancy(home), self.occupancy(other));
-        let (b, a) = (home, other);
-        if nb < self.c {
-            self.push(b, e, None);
-        } else if na < self.c {
-            self.push(a, e, None);
-        } else if !self.kick_insert(b, e, MERGE_KICKS) {
-            self.push(if na < nb { a } else { b }, e, None);
+        let (at_home, at_other) = (self.occupancy(home), self.occupancy(other));
+        if at_home < self.c {
+            self.push(home, e, None);
+        } else if at_other < self.c {
+            self.push(other, e, None);
+        } else if !self.kick_insert(home, e, MERGE_KICKS) {
+            self.push(if at_other < at_home { other } else { home }, e, None);
         }
     }
 
@@ -577,9 +575,7 @@ impl<P: Payload> Table<P> {
         }
         for b in 0..t.buckets {
             // Not `main_count`: it trusts the slots to fill from the front.
-            let n = (0..t.c)
-                .position(|k| t.fp_at(b * t.c + k) == 0)
-                .unwrap_or(t.c);
+            let n = t.count_to_first_empty(b);
             if (n..t.c).any(|k| t.fp_at(b * t.c + k) != 0) {
                 return Err(FilterError::malformed(format!(
                     "bucket {b} has a hole in its slots"
