@@ -215,6 +215,40 @@ async fn request_api_from_plain_clients() {
     h.shutdown().await.unwrap();
 }
 
+/// A replica that `wait_ready` reports ready answers its API at once, on the filter's subjects
+/// and on its own: readiness is published once the server has confirmed the API's
+/// subscriptions (it used to be published just before they were made, and a request sent right
+/// after could meet "no responders").
+#[actix::test]
+async fn a_ready_replica_answers_its_api_at_once() {
+    let server = NatsServer::start();
+    connect(&server.url()).await.round_trip().await.unwrap();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    for round in 0..8 {
+        let name = format!("ready{round}");
+        let h = Replica::start(
+            cfg_named(&name, FilterKind::GBloom),
+            connect(&server.url()).await,
+        )
+        .await
+        .unwrap();
+        assert!(h.wait_ready(WAIT).await);
+        let id = h.identity().replica;
+        for subject in [
+            format!("crpf.{name}.api.stats"),
+            format!("crpf.{name}.replica.{id}.api.stats"),
+        ] {
+            let reply = client
+                .request(subject.clone(), "".into())
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: `{subject}` right after ready: {e}"));
+            let stats: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+            assert_eq!(stats["ready"], true, "`{subject}`: {stats}");
+        }
+        h.shutdown().await.unwrap();
+    }
+}
+
 /// Only the exact replication subjects feed a replica, each with its own bodies; every API
 /// subject, with or without an operation, gets a reply.
 #[actix::test]

@@ -140,6 +140,8 @@ async fn replicas_replicate_and_clients_cannot_publish_replication_traffic() {
         ..cfg.clone()
     };
     let replica_user = || transport(as_user(&url, "crpf-replica", REPLICA_PASSWORD));
+    // The round trip that readiness waits for is within the replica user's permissions.
+    replica_user().await.round_trip().await.unwrap();
     let first = start(&server, cfg.clone(), replica_user().await).await;
     let second = start(&server, durable.clone(), replica_user().await).await;
     // Replica ids were claimed in JetStream KV with the replica user's permissions, and a

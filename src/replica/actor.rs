@@ -436,7 +436,19 @@ impl Replica {
         }
     }
 
+    /// Caught up. A replica that serves the API is ready once the API is subscribed
+    /// ([`Replica::start_api`]).
     fn become_ready(&mut self, ctx: &mut Context<Self>, why: &str) {
+        if self.cfg.serve_api && !self.api_started {
+            self.api_started = true;
+            self.start_api(ctx, why.to_string());
+        } else {
+            self.publish_ready(why);
+        }
+    }
+
+    /// Tells `wait_ready`, the `crpf_ready` gauge and the log that the replica is ready.
+    fn publish_ready(&mut self, why: &str) {
         self.telemetry.ready.set(1.0);
         self.shared.ready.send_replace(true);
         tracing::info!(
@@ -445,10 +457,6 @@ impl Replica {
             after_ms = self.started.elapsed().as_millis() as u64,
             "replica ready: {why}"
         );
-        if self.cfg.serve_api && !self.api_started {
-            self.api_started = true;
-            self.start_api(ctx);
-        }
     }
 
     fn on_event(&mut self, ev: TransportEvent, ctx: &mut Context<Self>) {
@@ -582,7 +590,7 @@ impl Replica {
         // Gauges set on events only are set again here, so the exporter's idle timeout
         // (which ends the series of expired peers) never ends theirs.
         t.target_fpr.set(self.cfg.filter.fpr);
-        t.ready.set(if self.anti_entropy.is_ready() {
+        t.ready.set(if *self.shared.ready.borrow() {
             1.0
         } else {
             0.0

@@ -152,6 +152,10 @@ impl Bus for FaultyTransport {
     fn flush(&self) -> BoxFuture<'static, Result<(), TransportError>> {
         self.inner.flush()
     }
+
+    fn round_trip(&self) -> BoxFuture<'static, Result<(), TransportError>> {
+        self.inner.round_trip()
+    }
 }
 
 impl IdRegistry for FaultyTransport {

@@ -209,6 +209,14 @@ pub trait Bus: Send + Sync + 'static {
     /// Waits until what was published so far has been handed to the server.
     fn flush(&self) -> BoxFuture<'static, Result<(), TransportError>>;
 
+    /// Waits for a round trip to the server: everything sent before it, subscriptions
+    /// included, has then been processed, so other clients of that server find the
+    /// subscriptions ([`Bus::flush`] only hands bytes to the socket). The default is `flush`,
+    /// for a bus that applies a subscription as it is made.
+    fn round_trip(&self) -> BoxFuture<'static, Result<(), TransportError>> {
+        self.flush()
+    }
+
     /// A transport for one replica's replication traffic that does not deliver what it
     /// publishes to its own subscriptions ("no echo"), so that a replica does not receive its
     /// own deltas and full states back; every other subscriber, on this transport or any

@@ -744,6 +744,25 @@ impl Bus for NatsTransport {
         }
         .boxed()
     }
+
+    /// A request to an inbox nobody listens on: the server answers it "no responders" once
+    /// it has processed what this connection sent before (it reads a connection in order).
+    /// Within the permissions a replica needs anyway (`_INBOX.>`).
+    fn round_trip(&self) -> BoxFuture<'static, Result<(), TransportError>> {
+        let client = self.client.clone();
+        async move {
+            let subject = format!("_INBOX.crpf-round-trip.{}", Uuid::new_v4().simple());
+            match client.request(subject, Bytes::new()).await {
+                Ok(_) => Ok(()),
+                Err(e) if e.kind() == async_nats::RequestErrorKind::NoResponders => Ok(()),
+                Err(e) => Err(TransportError::Request {
+                    context: "round trip to the server".into(),
+                    source: cause(e),
+                }),
+            }
+        }
+        .boxed()
+    }
 }
 
 impl IdRegistry for NatsTransport {

@@ -30,7 +30,10 @@ use crate::replica::metrics::{Channel, Direction};
 use crate::replica::service::{
     ApiService, SERVICE_ERROR_CODE_HEADER, SERVICE_ERROR_HEADER, Served, ServiceError,
 };
-use crate::transport::{Message, Transport};
+use crate::transport::{Message, Transport, TransportError};
+
+/// How long readiness waits for the server to confirm the API's subscriptions.
+const SUBSCRIBED_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Longest error text carried in a reply header (the JSON body has no such bound).
 const MAX_ERROR_HEADER: usize = 256;
@@ -175,7 +178,10 @@ enum Handled {
 }
 
 impl Replica {
-    pub(super) fn start_api(&mut self, _ctx: &mut Context<Self>) {
+    /// Serves the request API, then publishes readiness (`why` says what made the replica
+    /// ready): a client that waits for ready, or a probe of `crpf_ready`, must find the API's
+    /// subscriptions in place, not "no responders".
+    pub(super) fn start_api(&mut self, ctx: &mut Context<Self>, why: String) {
         // First, so that whatever answers requests can count them on its endpoints; it is
         // announced ($SRV) after the API's subscriptions.
         let service = self.new_service();
@@ -192,6 +198,7 @@ impl Replica {
             .subjects
             .replica_api_subscriptions(self.id())
             .map(|s| (s, None));
+        let subscriptions: Vec<_> = shared_subjects.into_iter().chain(own).collect();
         // Queries (and some updates, see `updates`) are answered in the subscription tasks;
         // the rest go to the actor.
         let reads = Arc::new(Reads {
@@ -203,26 +210,47 @@ impl Replica {
         });
         // Started once: the cell is empty.
         let _ = self.shared.api.set(reads.clone());
-        // The subscription tasks run on the runtime's workers (`tokio::spawn`), where the NATS
-        // connection's task runs, not on the actors' thread: a query is then answered without
-        // a wake-up of another thread on its way in (node CPU per `contains` at 16 in flight
-        // went from about 8 to 5 µs, BENCHMARKS.md).
-        for (subject, queue) in shared_subjects.into_iter().chain(own) {
-            let transport = self.transport.clone();
-            let tx = self.inbound_tx.clone();
-            let shared = self.shared.clone();
-            let reads = reads.clone();
-            let route = move |m| reads.route(m);
-            self.tasks.push(tokio::spawn(forward_stream(
-                None,
-                transport,
-                (subject, queue),
-                tx,
-                route,
-                shared,
-            )));
-        }
-        self.serve_service(service);
+        let transport = self.transport.clone();
+        let subscribing = async move {
+            let mut streams = Vec::with_capacity(subscriptions.len());
+            for (subject, queue) in subscriptions {
+                // A failed subscription is retried (and logged) by its forwarding task.
+                let stream = transport
+                    .subscribe(subject.clone(), queue.clone())
+                    .await
+                    .ok();
+                streams.push((stream, subject, queue));
+            }
+            // The server has processed the subscriptions once it answers a request sent after
+            // them. Disconnected, nobody could reach the API anyway: ready is not held back.
+            if transport.is_connected()
+                && let Err(e) = tokio::time::timeout(SUBSCRIBED_TIMEOUT, transport.round_trip())
+                    .await
+                    .unwrap_or_else(|_| Err(TransportError::request("timed out")))
+            {
+                tracing::warn!(error = %e, "the API's subscriptions were not confirmed");
+            }
+            streams
+        };
+        ctx.spawn(subscribing.into_actor(self).map(move |streams, act, _ctx| {
+            // The subscription tasks run on the runtime's workers (`tokio::spawn`), where the
+            // NATS connection's task runs, not on the actors' thread: a query is then
+            // answered without a wake-up of another thread on its way in (node CPU per
+            // `contains` at 16 in flight went from about 8 to 5 µs, BENCHMARKS.md).
+            for (stream, subject, queue) in streams {
+                let reads = reads.clone();
+                act.tasks.push(tokio::spawn(forward_stream(
+                    stream,
+                    act.transport.clone(),
+                    (subject, queue),
+                    act.inbound_tx.clone(),
+                    move |m| reads.route(m),
+                    act.shared.clone(),
+                )));
+            }
+            act.serve_service(service);
+            act.publish_ready(&why);
+        }));
     }
 
     /// The NATS service API's instance of this replica.
