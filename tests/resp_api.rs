@@ -415,6 +415,17 @@ async fn a_password_is_required_once_set() {
             .await
             .contains("WRONGPASS")
     );
+    // AUTH's own refusals are answered as such before login, not NOAUTH (as Redis does).
+    assert!(
+        refused(&mut con, &["AUTH", "someone", "s3cret-pass"])
+            .await
+            .contains("WRONGPASS")
+    );
+    assert!(
+        refused(&mut con, &["AUTH", "a", "b", "c"])
+            .await
+            .contains("wrong number of arguments for 'auth' command"),
+    );
     assert!(
         refused(&mut con, &["BF.EXISTS", "bloom", "a"])
             .await
@@ -438,7 +449,8 @@ async fn a_password_is_required_once_set() {
     );
     wait_ready(&mut con).await;
     expect(&mut con, &["BF.ADD", "bloom", "a"], 1).await;
-    assert!(metric(&node, "crpf_resp_rejected_total{reason=\"auth\"}") >= 3.0);
+    assert!(metric(&node, "crpf_resp_rejected_total{reason=\"auth\"}") >= 4.0);
+    assert!(metric(&node, "crpf_resp_rejected_total{reason=\"wrong_arity\"}") >= 1.0);
     // The redis URL form authenticates on connecting.
     let mut authed = connect_with(&node, "s3cret-pass").await;
     expect(&mut authed, &["BF.EXISTS", "bloom", "a"], 1).await;

@@ -156,6 +156,9 @@ pub enum Command {
     SetAck(AckLevel),
     /// `AUTH`, with the password given.
     Auth(Bytes),
+    /// `AUTH` refused before the password is checked (arity, user name): answered as it is
+    /// whether or not the connection is authenticated, as Redis does.
+    AuthRefused(Reply),
     /// `QUIT`: answer `OK` and close.
     Quit,
 }
@@ -238,9 +241,11 @@ pub fn command<'a>(args: &Args, filter: impl Fn(&[u8]) -> Option<&'a ReplicaHand
             "QUIT" => Command::Quit,
             "AUTH" => {
                 // `AUTH password` or `AUTH default password` (Redis 6 ACL form).
-                arity(matches!(n, 1 | 2))?;
+                if let Err(Command::Reply(refused)) = arity(matches!(n, 1 | 2)) {
+                    return Ok(Command::AuthRefused(refused));
+                }
                 if n == 2 && arg(0) != b"default" {
-                    return Ok(Command::Reply(Reply::Error(
+                    return Ok(Command::AuthRefused(Reply::Error(
                         "WRONGPASS invalid username-password pair".into(),
                     )));
                 }
@@ -441,7 +446,7 @@ mod tests {
 
     fn refused(ws: &[&str]) -> String {
         match command(&words(ws), no_filter) {
-            Command::Reply(Reply::Error(e)) => e,
+            Command::Reply(Reply::Error(e)) | Command::AuthRefused(Reply::Error(e)) => e,
             other => panic!("{ws:?} gave {other:?}"),
         }
     }
@@ -457,6 +462,11 @@ mod tests {
         assert!(refused(&["FLUSHALL"]).starts_with("ERR unknown command 'FLUSHALL'"));
         assert!(refused(&["CRPF.ACK", "eventually"]).starts_with("ERR"));
         assert!(refused(&["AUTH", "admin", "pw"]).starts_with("WRONGPASS"));
+        // Answered as they are before login too (not NOAUTH).
+        assert!(matches!(
+            command(&words(&["AUTH", "a", "b", "c"]), no_filter),
+            Command::AuthRefused(Reply::Error(e)) if e.starts_with("ERR wrong number")
+        ));
         assert_eq!(
             rejected_reason(&Reply::Error(refused(&["BF.ADD", "k"]))),
             Some("wrong_arity")

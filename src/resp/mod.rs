@@ -402,6 +402,7 @@ impl Session<'_> {
                 self.closing = true;
                 Reply::Simple("OK")
             }
+            Command::AuthRefused(reply) => reply,
             _ if !self.authenticated => Reply::Error("NOAUTH Authentication required.".into()),
             Command::Reply(reply) => reply,
             Command::SetAck(level) => {
