@@ -86,9 +86,10 @@ pub struct ReplicaConfig {
     #[serde(default = "d::max_batch_items")]
     pub max_batch_items: usize,
     /// Messages received but not yet handled that the replica buffers; more are dropped and
-    /// counted (`crpf_dropped_messages_total`), and anti-entropy repairs the loss. (Requests
-    /// answered in the subscription tasks, queries and `local` adds to grow-only kinds, do
-    /// not pass through it.)
+    /// counted (`crpf_dropped_messages_total`). Anti-entropy repairs a lost replication
+    /// message; a request gets no reply over NATS and [`crate::replica::ReplicaError::Busy`]
+    /// over RESP or in process. (Requests answered in the subscription tasks, queries and
+    /// `local` adds to grow-only kinds, do not pass through it.)
     #[serde(default = "d::inbound_buffer")]
     pub inbound_buffer: usize,
     /// Bytes the inbound buffer may hold (chunks of states are large); more are dropped and
