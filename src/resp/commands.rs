@@ -163,6 +163,9 @@ pub enum Command {
     Quit,
 }
 
+/// Redis's answer to a wrong user name or password.
+pub(crate) const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
+
 /// Why a command is refused before it reaches a filter, for the `reason` label of
 /// `crpf_resp_rejected_total`.
 pub(crate) fn rejected_reason(reply: &Reply) -> Option<&'static str> {
@@ -240,14 +243,16 @@ pub fn command<'a>(args: &Args, filter: impl Fn(&[u8]) -> Option<&'a ReplicaHand
             }
             "QUIT" => Command::Quit,
             "AUTH" => {
-                // `AUTH password` or `AUTH default password` (Redis 6 ACL form).
-                if let Err(Command::Reply(refused)) = arity(matches!(n, 1 | 2)) {
+                // `AUTH password` or `AUTH default password` (Redis 6 ACL form). Refusals are
+                // Redis 7's, word for word.
+                let refused = match n {
+                    0 => Some(Reply::err("wrong number of arguments for 'auth' command")),
+                    3.. => Some(Reply::err("syntax error")),
+                    2 if arg(0) != b"default" => Some(Reply::Error(WRONGPASS.into())),
+                    _ => None,
+                };
+                if let Some(refused) = refused {
                     return Ok(Command::AuthRefused(refused));
-                }
-                if n == 2 && arg(0) != b"default" {
-                    return Ok(Command::AuthRefused(Reply::Error(
-                        "WRONGPASS invalid username-password pair".into(),
-                    )));
                 }
                 Command::Auth(single(n - 1))
             }
@@ -462,11 +467,20 @@ mod tests {
         assert!(refused(&["FLUSHALL"]).starts_with("ERR unknown command 'FLUSHALL'"));
         assert!(refused(&["CRPF.ACK", "eventually"]).starts_with("ERR"));
         assert!(refused(&["AUTH", "admin", "pw"]).starts_with("WRONGPASS"));
-        // Answered as they are before login too (not NOAUTH).
-        assert!(matches!(
-            command(&words(&["AUTH", "a", "b", "c"]), no_filter),
-            Command::AuthRefused(Reply::Error(e)) if e.starts_with("ERR wrong number")
-        ));
+        // Answered as they are before login too (not NOAUTH), with Redis 7's words.
+        for (ws, answer) in [
+            (
+                &["AUTH"][..],
+                "ERR wrong number of arguments for 'auth' command",
+            ),
+            (&["AUTH", "a", "b", "c"], "ERR syntax error"),
+            (&["AUTH", "admin", "pw"], WRONGPASS),
+        ] {
+            assert!(
+                matches!(command(&words(ws), no_filter), Command::AuthRefused(Reply::Error(e)) if e == answer),
+                "{ws:?}"
+            );
+        }
         assert_eq!(
             rejected_reason(&Reply::Error(refused(&["BF.ADD", "k"]))),
             Some("wrong_arity")

@@ -396,7 +396,7 @@ impl Session<'_> {
                     self.authenticated = true;
                     Reply::Simple("OK")
                 }
-                Some(_) => Reply::Error("WRONGPASS invalid username-password pair".into()),
+                Some(_) => Reply::Error(commands::WRONGPASS.into()),
             },
             Command::Quit => {
                 self.closing = true;

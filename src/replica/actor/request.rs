@@ -30,9 +30,10 @@ use crate::replica::metrics::{Channel, Direction};
 use crate::replica::service::{
     ApiService, SERVICE_ERROR_CODE_HEADER, SERVICE_ERROR_HEADER, Served, ServiceError,
 };
-use crate::transport::{Message, Transport, TransportError};
+use crate::transport::{Message, MessageStream, Transport, TransportError};
 
-/// How long readiness waits for the server to confirm the API's subscriptions.
+/// How long readiness waits for each of the API's subscriptions, and then for the server to
+/// confirm them.
 const SUBSCRIBED_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Longest error text carried in a reply header (the JSON body has no such bound).
@@ -210,34 +211,28 @@ impl Replica {
         });
         // Started once: the cell is empty.
         let _ = self.shared.api.set(reads.clone());
+        let service_subjects = service.subscriptions();
         let transport = self.transport.clone();
         let subscribing = async move {
-            let mut streams = Vec::with_capacity(subscriptions.len());
+            let mut api = Vec::with_capacity(subscriptions.len());
             for (subject, queue) in subscriptions {
-                // A failed subscription is retried (and logged) by its forwarding task.
-                let stream = transport
-                    .subscribe(subject.clone(), queue.clone())
-                    .await
-                    .ok();
-                streams.push((stream, subject, queue));
+                let stream = subscribe_now(&transport, &subject, queue.clone()).await;
+                api.push((stream, subject, queue));
             }
-            // The server has processed the subscriptions once it answers a request sent after
-            // them. Disconnected, nobody could reach the API anyway: ready is not held back.
-            if transport.is_connected()
-                && let Err(e) = tokio::time::timeout(SUBSCRIBED_TIMEOUT, transport.round_trip())
-                    .await
-                    .unwrap_or_else(|_| Err(TransportError::request("timed out")))
-            {
-                tracing::warn!(error = %e, "the API's subscriptions were not confirmed");
+            let mut srv = Vec::with_capacity(service_subjects.len());
+            for subject in service_subjects {
+                srv.push((subscribe_now(&transport, &subject, None).await, subject));
             }
-            streams
+            (api, srv)
         };
-        ctx.spawn(subscribing.into_actor(self).map(move |streams, act, _ctx| {
+        ctx.spawn(subscribing.into_actor(self).map(move |(api, srv), act, ctx| {
             // The subscription tasks run on the runtime's workers (`tokio::spawn`), where the
             // NATS connection's task runs, not on the actors' thread: a query is then
             // answered without a wake-up of another thread on its way in (node CPU per
-            // `contains` at 16 in flight went from about 8 to 5 µs, BENCHMARKS.md).
-            for (stream, subject, queue) in streams {
+            // `contains` at 16 in flight went from about 8 to 5 µs, BENCHMARKS.md). They
+            // start before the round trip below, so that requests the server already sends
+            // here are answered at once.
+            for (stream, subject, queue) in api {
                 let reads = reads.clone();
                 act.tasks.push(tokio::spawn(forward_stream(
                     stream,
@@ -248,8 +243,26 @@ impl Replica {
                     act.shared.clone(),
                 )));
             }
-            act.serve_service(service);
-            act.publish_ready(&why);
+            act.serve_service(service, srv);
+            // The server has processed the subscriptions once it answers a request sent after
+            // them. Disconnected, nobody could reach the API anyway: ready is not held back.
+            let transport = act.transport.clone();
+            let confirming = async move {
+                if !transport.is_connected() {
+                    return;
+                }
+                let confirmed = tokio::time::timeout(SUBSCRIBED_TIMEOUT, transport.round_trip())
+                    .await
+                    .unwrap_or_else(|_| Err(TransportError::request("timed out")));
+                if let Err(e) = confirmed {
+                    tracing::warn!(error = %e, "the API's subscriptions were not confirmed");
+                }
+            };
+            ctx.spawn(
+                confirming
+                    .into_actor(act)
+                    .map(move |(), act, _ctx| act.publish_ready(&why)),
+            );
         }));
     }
 
@@ -267,9 +280,14 @@ impl Replica {
         service
     }
 
-    /// Serves the NATS service API: its requests are answered in their subscription tasks,
-    /// from the service's own figures, without the actor.
-    fn serve_service(&mut self, service: Arc<ApiService>) {
+    /// Serves the NATS service API on `subscriptions` (a stream each, or `None` to subscribe
+    /// in its task): its requests are answered in their subscription tasks, from the
+    /// service's own figures, without the actor.
+    fn serve_service(
+        &mut self,
+        service: Arc<ApiService>,
+        subscriptions: Vec<(Option<MessageStream>, String)>,
+    ) {
         tracing::info!(
             filter = %self.cfg.name,
             replica = self.id(),
@@ -277,10 +295,11 @@ impl Replica {
             id = service.id(),
             "serving the NATS service API ($SRV)"
         );
-        for subject in service.subscriptions() {
+        for (stream, subject) in subscriptions {
             let (service, transport) = (service.clone(), self.transport.clone());
-            self.tasks
-                .push(tokio::spawn(answer_service(service, transport, subject)));
+            self.tasks.push(tokio::spawn(answer_service(
+                stream, service, transport, subject,
+            )));
         }
     }
 
@@ -438,10 +457,20 @@ fn service_code(e: &ReplicaError) -> u16 {
 
 /// Answers the service requests of one subscription, resubscribing if it ends, until the
 /// replica stops (which aborts the task).
-async fn answer_service(service: Arc<ApiService>, transport: Arc<dyn Transport>, subject: String) {
+async fn answer_service(
+    initial: Option<MessageStream>,
+    service: Arc<ApiService>,
+    transport: Arc<dyn Transport>,
+    subject: String,
+) {
+    let mut initial = initial;
     let mut backoff = Duration::from_millis(50);
     loop {
-        match transport.subscribe(subject.clone(), None).await {
+        let subscribed = match initial.take() {
+            Some(stream) => Ok(stream),
+            None => transport.subscribe(subject.clone(), None).await,
+        };
+        match subscribed {
             Ok(mut requests) => {
                 backoff = Duration::from_millis(50);
                 while let Some(msg) = requests.next().await {
@@ -461,6 +490,24 @@ async fn answer_service(service: Arc<ApiService>, transport: Arc<dyn Transport>,
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
+    }
+}
+
+/// A subscription made now, or `None` if the transport is disconnected, refuses it or takes
+/// longer than [`SUBSCRIBED_TIMEOUT`]: its task then subscribes again (and logs why). Giving
+/// up on a subscribe is safe, since async-nats sends a subscription whole or not at all.
+async fn subscribe_now(
+    transport: &Arc<dyn Transport>,
+    subject: &str,
+    queue: Option<String>,
+) -> Option<MessageStream> {
+    if !transport.is_connected() {
+        return None;
+    }
+    let subscribing = transport.subscribe(subject.to_string(), queue);
+    match tokio::time::timeout(SUBSCRIBED_TIMEOUT, subscribing).await {
+        Ok(Ok(stream)) => Some(stream),
+        _ => None,
     }
 }
 
