@@ -12,13 +12,12 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use bytes::Bytes;
-use futures::StreamExt;
 use serde_json::json;
 use tokio::sync::oneshot;
 
 use super::Replica;
 use super::publish::Responder;
-use super::pump::{Outbound, forward_stream};
+use super::pump::{Outbound, Route, forward_stream};
 use super::reads::{Reads, count_reply, query_reply};
 use super::updates::{Applied, Lock};
 use crate::ReplicaId;
@@ -296,9 +295,19 @@ impl Replica {
             "serving the NATS service API ($SRV)"
         );
         for (stream, subject) in subscriptions {
-            let (service, transport) = (service.clone(), self.transport.clone());
-            self.tasks.push(tokio::spawn(answer_service(
-                stream, service, transport, subject,
+            let service = service.clone();
+            // Answered in the subscription task, like a query; nothing reaches the actor.
+            let route = move |msg: Message| match (msg.reply, service.answer(&msg.subject)) {
+                (Some(to), Some(answer)) => Route::Reply(to, async_nats::HeaderMap::new(), answer),
+                _ => Route::Drop,
+            };
+            self.tasks.push(tokio::spawn(forward_stream(
+                stream,
+                self.transport.clone(),
+                (subject, None),
+                self.inbound_tx.clone(),
+                route,
+                self.shared.clone(),
             )));
         }
     }
@@ -452,44 +461,6 @@ fn service_code(e: &ReplicaError) -> u16 {
         | ReplicaError::Filter(_)
         | ReplicaError::Durable(_)
         | ReplicaError::NotDurable(_) => 500,
-    }
-}
-
-/// Answers the service requests of one subscription, resubscribing if it ends, until the
-/// replica stops (which aborts the task).
-async fn answer_service(
-    initial: Option<MessageStream>,
-    service: Arc<ApiService>,
-    transport: Arc<dyn Transport>,
-    subject: String,
-) {
-    let mut initial = initial;
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        let subscribed = match initial.take() {
-            Some(stream) => Ok(stream),
-            None => transport.subscribe(subject.clone(), None).await,
-        };
-        match subscribed {
-            Ok(mut requests) => {
-                backoff = Duration::from_millis(50);
-                while let Some(msg) = requests.next().await {
-                    let (Some(reply), Some(answer)) = (msg.reply, service.answer(&msg.subject))
-                    else {
-                        continue;
-                    };
-                    if let Err(e) = transport.publish(reply, answer).await {
-                        tracing::debug!(error = %e, "service API answer not sent");
-                    }
-                }
-                tracing::warn!(%subject, "service API subscription ended, resubscribing");
-            }
-            Err(e) => {
-                tracing::warn!(%subject, error = %e, "service API subscribe failed, retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-            }
-        }
     }
 }
 
