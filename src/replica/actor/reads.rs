@@ -29,22 +29,33 @@ use crate::replica::service::ApiService;
 use crate::replica::{ReplicaError, wall_clock_ms};
 use crate::transport::{Message, Subjects};
 
-/// `answer` of every item, in order, with `prefetch` called for the item `ahead` places
-/// ahead of each (and for the first ones before the loop; never if `ahead` is 0).
+/// Prefetches for a loop about to handle `items[n]`: the item `ahead` places on, and at the
+/// first item also the `ahead` before that one, so that each item is prefetched once, ahead
+/// of its turn. Nothing if `ahead` is 0.
+#[inline(always)]
+pub(super) fn prefetch_items_ahead<T>(items: &[T], n: usize, ahead: usize, prefetch: impl Fn(&T)) {
+    if ahead == 0 {
+        return;
+    }
+    if n == 0 {
+        items.iter().take(ahead).for_each(&prefetch);
+    }
+    if let Some(next) = items.get(n + ahead) {
+        prefetch(next);
+    }
+}
+
+/// `answer` of every item, in order, each prefetched `ahead` items before its turn
+/// ([`prefetch_items_ahead`]).
 pub(super) fn map_prefetched<T>(
     items: &[&[u8]],
     ahead: usize,
     prefetch: impl Fn(&[u8]),
     mut answer: impl FnMut(&[u8]) -> T,
 ) -> Vec<T> {
-    items.iter().take(ahead).for_each(|i| prefetch(i));
     let mut out = Vec::with_capacity(items.len());
     for (n, item) in items.iter().enumerate() {
-        if ahead > 0
-            && let Some(next) = items.get(n + ahead)
-        {
-            prefetch(next);
-        }
+        prefetch_items_ahead(items, n, ahead, |i| prefetch(i));
         out.push(answer(item));
     }
     out

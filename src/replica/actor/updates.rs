@@ -28,6 +28,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::local::check_item;
+use super::reads::prefetch_items_ahead;
 use super::request::{ApiReply, api_reply_format};
 use super::{Inbound, Shared};
 use crate::api::batch;
@@ -254,15 +255,8 @@ impl Updates {
             f.tick(wall_clock_ms());
             let first = i;
             let ahead = f.prefetch_ahead();
-            if first == 0 {
-                items.iter().take(ahead).for_each(|i| f.prefetch(i));
-            }
             while i < items.len() && f.clock() < limit {
-                if ahead > 0
-                    && let Some(next) = items.get(i + ahead)
-                {
-                    f.prefetch(next);
-                }
+                prefetch_items_ahead(items, i, ahead, |i| f.prefetch(i));
                 match f.add(items[i]) {
                     Ok(_) => added.push(true),
                     Err(e) => refused(i, e.into(), &mut added),
