@@ -45,7 +45,13 @@ struct Node {
 impl Node {
     /// Writes the node's config (its own server first in the list, then the others) and starts
     /// it. Nothing waits here: callers start several nodes at the same moment.
-    fn start(dir: &Path, i: usize, servers: &[String], ack: Option<&str>) -> Node {
+    fn start(
+        dir: &Path,
+        i: usize,
+        servers: &[String],
+        ack: Option<&str>,
+        extra_filters: usize,
+    ) -> Node {
         let name = format!("node{i}");
         let data_dir = dir.join(&name);
         let config = dir.join(format!("{name}.toml"));
@@ -68,6 +74,14 @@ impl Node {
             metrics = free_port(),
             data = data_dir.display(),
         );
+        // More filters, each claiming and renewing its own id at every start.
+        let toml = (0..extra_filters).fold(toml, |t, f| {
+            t + &format!(
+                "\n[[filters]]\nname = \"extra{f}\"\n\
+                 filter = {{ kind = \"or_cuckoo\", capacity = 1000, fpr = 0.01 }}\n\
+                 catch_up_timeout_ms = 1000\n"
+            )
+        });
         std::fs::write(&config, toml).unwrap();
         let proc = Self::spawn(&name, &config, dir);
         Node {
@@ -165,7 +179,7 @@ async fn nodes_with_kv_replicas_3_all_start_on_a_fresh_cluster() {
         let urls: Vec<String> = servers.iter().map(NatsServer::url).collect();
         // All three at the same moment, while JetStream is still electing its leaders.
         let mut nodes: Vec<Node> = (0..3)
-            .map(|i| Node::start(dir.path(), i, &urls, None))
+            .map(|i| Node::start(dir.path(), i, &urls, None, 0))
             .collect();
         let started = Instant::now();
         let client = async_nats::connect(urls[0].clone()).await.unwrap();
@@ -182,6 +196,95 @@ async fn nodes_with_kv_replicas_3_all_start_on_a_fresh_cluster() {
         drop(client);
         drop(nodes);
         drop(servers);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Restarts alone after server kills (issue 27, point 1)
+
+/// Single nodes restart from their data directories again and again against a 3-server cluster
+/// with `kv_replicas = 3`, with NATS servers killed and restarted in between, so that the node
+/// often talks to a server whose JetStream replica is still catching up. A node used to exit
+/// with "replica id N was retired" when a read of the registry came from such a lagging
+/// follower although the claim was its own. Every restart must come back ready with the
+/// replica id it had. `CRPF_TEST_RESTARTS` sets the number of restarts (default 9).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_restart_alone_after_server_kills_with_kv_replicas_3() {
+    let restarts: usize = std::env::var("CRPF_TEST_RESTARTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(9);
+    let dir = tempfile::tempdir().unwrap();
+    let mut servers = NatsServer::cluster(3);
+    let urls: Vec<String> = servers.iter().map(NatsServer::url).collect();
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| Node::start(dir.path(), i, &urls, None, 8))
+        .collect();
+    // Server 0 is never killed: the test's own client stays on it.
+    let client = async_nats::connect(urls[0].clone()).await.unwrap();
+    wait_ready(&client, &mut nodes, 3, Duration::from_secs(120)).await;
+    let ids_before: BTreeSet<u64> = stats_by_replica(&client, 24).await.into_keys().collect();
+    let mut failures = Vec::new();
+    for round in 0..restarts {
+        // Nodes 1 and 2 in turn, each first on its own server, which was just killed and
+        // started again (its JetStream replica lags the other two for a while).
+        let k = 1 + round % 2;
+        servers[k].kill();
+        nodes[k].proc.kill9();
+        // Restarted while its own server is down: it claims through another server.
+        nodes[k].restart();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        servers[k].restart();
+        nodes[k].proc.kill9();
+        // And again at once, now on its own server, which is catching up.
+        nodes[k].restart();
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(60);
+        let ready = loop {
+            if let Some(status) = nodes[k].proc.wait_exit(Duration::ZERO) {
+                failures.push(format!(
+                    "round {round}: node{k} exited with {status}: {}",
+                    nodes[k].proc.log_tail()
+                ));
+                nodes[k].restart();
+                break false;
+            }
+            let by = stats_by_replica(&client, 12).await;
+            if by.values().filter(|s| s["ready"] == true).count() == 3 {
+                // The exit came within milliseconds of the first renewal: a node that stays
+                // up a while longer is past it.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if nodes[k].proc.wait_exit(Duration::ZERO).is_none() {
+                    break true;
+                }
+                continue;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: node{k} not ready\n{}",
+                logs(&nodes)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        eprintln!(
+            "round {round}: node{k} restarted alone; ready: {ready} after {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        if !ready {
+            wait_ready(&client, &mut nodes, 3, Duration::from_secs(120)).await;
+        }
+    }
+    let ids_after: BTreeSet<u64> = stats_by_replica(&client, 24).await.into_keys().collect();
+    eprintln!(
+        "{} of {restarts} single-node restarts failed; replica ids before {ids_before:?}, after \
+         {ids_after:?}",
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    // Each node took its own id back from its data directory.
+    assert_eq!(ids_before, ids_after);
+    for n in nodes.iter_mut() {
+        n.proc.terminate(Duration::from_secs(30));
     }
 }
 
@@ -317,7 +420,7 @@ async fn sigkill_scenario(level: &str) {
     let mut servers = NatsServer::cluster(3);
     let urls: Vec<String> = servers.iter().map(NatsServer::url).collect();
     let mut nodes: Vec<Node> = (0..3)
-        .map(|i| Node::start(dir.path(), i, &urls, ack.as_deref()))
+        .map(|i| Node::start(dir.path(), i, &urls, ack.as_deref(), 0))
         .collect();
     // The client talks to server 0, which stays up.
     let client = async_nats::connect(urls[0].clone()).await.unwrap();

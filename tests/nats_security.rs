@@ -115,6 +115,7 @@ fn codec(cfg: &ReplicaConfig, keys: Option<AuthKeys>) -> WireCodec {
             filter: cfg.name.clone(),
             kind: f.kind(),
             params_digest: f.params_digest(),
+            generation: 0,
             max_bytes: cfg.max_message_bytes,
         },
         keys,

@@ -258,6 +258,7 @@ async fn bad_input_is_rejected_counted_and_harmless() {
                 filter: "strict".into(),
                 kind: FilterKind::OrCuckoo,
                 params_digest: digest,
+                generation: 0,
                 max_bytes: 64 << 10,
             },
         )

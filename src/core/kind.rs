@@ -271,6 +271,40 @@ impl FilterSpec {
     pub fn seed(&self) -> u64 {
         self.seed.unwrap_or(DEFAULT_SEED)
     }
+
+    /// Bytes a new filter of this spec takes, computed from its parameters without building
+    /// it: a node checks a filter created at run time against its memory limit before
+    /// allocating anything. Scalable kinds count their first sub-filter (they grow with what
+    /// is added), `expiring_bloom` every epoch of its window; cuckoo kinds count every slot's
+    /// version tag ([`crate::CuckooParams::memory_bytes`]).
+    ///
+    /// ```
+    /// use crpf::{FilterKind, FilterSpec};
+    /// let bloom = FilterSpec::new(FilterKind::GBloom, 1_000, 0.01).memory_bytes().unwrap();
+    /// assert!((1_000..2_000).contains(&bloom)); // 9,586 bits
+    /// assert!(FilterSpec::new(FilterKind::GBloom, 1_000, 2.0).memory_bytes().is_err());
+    /// ```
+    pub fn memory_bytes(&self) -> Result<u64, FilterError> {
+        use crate::core::params::{BloomParams, CuckooParams};
+        let bloom =
+            || BloomParams::with_capacity(self.capacity, self.fpr).map(|p| p.memory_bytes());
+        let cuckoo =
+            || CuckooParams::with_capacity(self.capacity, self.fpr).map(|p| p.memory_bytes());
+        match self.kind {
+            FilterKind::GBloom | FilterKind::ScGBloom | FilterKind::WriterScGBloom => bloom(),
+            FilterKind::ExpiringBloom => {
+                let epochs = self.expiry.unwrap_or_default().epochs.max(1);
+                Ok(bloom()?.saturating_mul(u64::from(epochs)))
+            }
+            FilterKind::GCuckoo
+            | FilterKind::OrCuckoo
+            | FilterKind::ScGCuckoo
+            | FilterKind::ScOrCuckoo
+            | FilterKind::WriterScGCuckoo
+            | FilterKind::WriterScOrCuckoo
+            | FilterKind::CountingCuckoo => cuckoo(),
+        }
+    }
 }
 
 /// The parameters of a scalable kind sized by `spec`.

@@ -57,8 +57,126 @@ pub struct NodeConfig {
     /// not served.
     #[serde(default)]
     pub resp: Option<crate::resp::RespConfig>,
-    /// One replica per entry.
+    /// The filter catalog: filters created and dropped at run time (README, "Filters as
+    /// data").
+    #[serde(default)]
+    pub catalog: CatalogSection,
+    /// One replica per entry: the filters the node holds from its start (generation 0, not
+    /// in the catalog). None is fine: filters then come from the catalog.
+    #[serde(default)]
     pub filters: Vec<ReplicaConfig>,
+    /// The cluster keys read from `node.auth_key_file` and `node.auth_accepted_key_files`,
+    /// for the filters created at run time too.
+    #[serde(skip)]
+    pub auth_keys: Option<AuthKeys>,
+}
+
+/// The `[catalog]` section: filters created and dropped at run time, and what protects a
+/// node from them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CatalogSection {
+    /// Follow the catalog (start and stop replicas of the filters created and dropped in it)
+    /// and serve its request API. Off: the node holds its configured filters only.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Most filters a node hosts from the catalog; a create beyond it is refused.
+    #[serde(default = "default_max_filters")]
+    pub max_filters: usize,
+    /// Largest filter a create may declare, in bytes of its initial state (see
+    /// [`crate::FilterSpec::memory_bytes`]); a larger one is refused (valkey-bloom's
+    /// `bloom-memory-usage-limit`).
+    #[serde(default = "default_max_filter_bytes")]
+    pub max_filter_bytes: u64,
+    /// Replica settings of the filters created at run time, as in a `[[filters]]` entry
+    /// without `name` and `filter` (which the create gives) and `data_dir` (which is
+    /// `<node.data_dir>/<name>.g<generation>`).
+    #[serde(default)]
+    pub defaults: RuntimeFilterDefaults,
+    /// Filters created at run time that get their own metric series (`filter` and `replica`
+    /// labels); the others add up under `filter="_catalog"`, so that the number of series
+    /// does not grow with the number of filters. Configured filters always have their own.
+    #[serde(default)]
+    pub metrics_filters: Vec<String>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_max_filters() -> usize {
+    100_000
+}
+
+fn default_max_filter_bytes() -> u64 {
+    64 << 20
+}
+
+impl Default for CatalogSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_filters: default_max_filters(),
+            max_filter_bytes: default_max_filter_bytes(),
+            defaults: RuntimeFilterDefaults::default(),
+            metrics_filters: Vec::new(),
+        }
+    }
+}
+
+/// Replica settings of filters created at run time; unset fields take the defaults of
+/// [`ReplicaConfig`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeFilterDefaults {
+    /// [`ReplicaConfig::prefix`].
+    pub prefix: Option<String>,
+    /// [`ReplicaConfig::ack`].
+    pub ack: Option<crate::replica::AckLevel>,
+    /// [`ReplicaConfig::delta_interval_ms`].
+    pub delta_interval_ms: Option<u64>,
+    /// [`ReplicaConfig::anti_entropy_interval_ms`].
+    pub anti_entropy_interval_ms: Option<u64>,
+    /// [`ReplicaConfig::min_push_interval_ms`].
+    pub min_push_interval_ms: Option<u64>,
+    /// [`ReplicaConfig::catch_up_timeout_ms`].
+    pub catch_up_timeout_ms: Option<u64>,
+    /// [`ReplicaConfig::snapshot_interval_ms`].
+    pub snapshot_interval_ms: Option<u64>,
+    /// [`ReplicaConfig::metrics_interval_ms`].
+    pub metrics_interval_ms: Option<u64>,
+    /// [`ReplicaConfig::retire_after_ms`].
+    pub retire_after_ms: Option<u64>,
+    /// [`ReplicaConfig::replicated_timeout_ms`].
+    pub replicated_timeout_ms: Option<u64>,
+}
+
+impl RuntimeFilterDefaults {
+    /// The replica configuration of `name` with `spec`, these settings applied.
+    pub fn replica_config(&self, name: &str, spec: crate::FilterSpec) -> ReplicaConfig {
+        let mut c = ReplicaConfig::new(name, spec);
+        if let Some(p) = &self.prefix {
+            c.prefix = p.clone();
+        }
+        c.ack = self.ack.or(c.ack);
+        let set = |field: &mut u64, v: Option<u64>| {
+            if let Some(v) = v {
+                *field = v;
+            }
+        };
+        set(&mut c.delta_interval_ms, self.delta_interval_ms);
+        set(
+            &mut c.anti_entropy_interval_ms,
+            self.anti_entropy_interval_ms,
+        );
+        set(&mut c.min_push_interval_ms, self.min_push_interval_ms);
+        set(&mut c.catch_up_timeout_ms, self.catch_up_timeout_ms);
+        set(&mut c.snapshot_interval_ms, self.snapshot_interval_ms);
+        set(&mut c.metrics_interval_ms, self.metrics_interval_ms);
+        set(&mut c.retire_after_ms, self.retire_after_ms);
+        set(&mut c.replicated_timeout_ms, self.replicated_timeout_ms);
+        c
+    }
 }
 
 /// The `[node]` section.
@@ -211,6 +329,7 @@ impl NodeConfig {
         for f in &mut self.filters {
             f.auth_keys = Some(keys.clone());
         }
+        self.auth_keys = Some(keys);
         Ok(())
     }
 
@@ -222,7 +341,8 @@ impl NodeConfig {
         }
     }
 
-    /// Checks what serde cannot: at least one filter, unique names, valid replica settings.
+    /// Checks what serde cannot: a filter or the catalog, unique names, valid replica
+    /// settings.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if let Some(Err(crate::resp::RespError::Zero(field))) =
             self.resp.as_ref().map(crate::resp::RespConfig::validate)
@@ -232,12 +352,20 @@ impl NodeConfig {
                 reason: "must be at least 1".into(),
             });
         }
-        if self.filters.is_empty() {
+        if self.filters.is_empty() && !self.catalog.enabled {
             return Err(ConfigError::Invalid {
                 field: "filters".into(),
-                reason: "declare at least one [[filters]] entry".into(),
+                reason: "declare at least one [[filters]] entry, or enable [catalog]".into(),
             });
         }
+        let template = self.catalog.defaults.replica_config(
+            "template",
+            crate::FilterSpec::new(crate::FilterKind::GBloom, 1_000, 0.01),
+        );
+        template.validate().map_err(|reason| ConfigError::Invalid {
+            field: "catalog.defaults".into(),
+            reason,
+        })?;
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.node.log) {
             return Err(ConfigError::Invalid {
                 field: "node.log".into(),

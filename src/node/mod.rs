@@ -2,9 +2,11 @@
 //! the `crpf` subcommands that run replicas (`node`, `demo`) or read their snapshots
 //! (`inspect`).
 
+pub mod catalog_api;
 mod config;
 mod demo;
 pub mod exporter;
+mod host;
 mod inspect;
 
 use std::path::PathBuf;
@@ -13,11 +15,12 @@ use std::sync::Arc;
 use clap::Args;
 use thiserror::Error;
 
-pub use config::{ConfigError, NodeConfig, NodeSection};
+pub use config::{CatalogSection, ConfigError, NodeConfig, NodeSection, RuntimeFilterDefaults};
 pub use demo::{DemoArgs, run_demo};
+pub use host::{CATALOG_CHANGES, CATALOG_ERRORS, FILTERS, HostError, HostedFilter, Node};
 pub use inspect::{InspectArgs, run_inspect};
 
-use crate::replica::{Replica, ReplicaError, ReplicaHandle};
+use crate::replica::{ReplicaError, ReplicaHandle};
 use crate::transport::{InProcessBus, NatsTransport, Transport, TransportError};
 
 /// What can stop a node.
@@ -124,25 +127,75 @@ pub(crate) async fn stop(
     first_error.map_or(Ok(()), |e| Err(e.into()))
 }
 
+/// The transport a node's replicas use, and the catalog it follows: over NATS one shared
+/// replication connection for all its replicas and the catalog's KV bucket; without NATS an
+/// in-process bus and its catalog.
+pub(crate) async fn connect_node(
+    nats: Option<&crate::transport::NatsConfig>,
+) -> Result<
+    (
+        Arc<dyn Transport>,
+        Arc<dyn crate::transport::Catalog>,
+        Option<Arc<NatsTransport>>,
+    ),
+    NodeError,
+> {
+    Ok(match nats {
+        Some(cfg) => {
+            let t = Arc::new(
+                NatsTransport::connect(cfg.clone())
+                    .await?
+                    .sharing_replication(),
+            );
+            let catalog = Arc::new(t.catalog());
+            (t.clone() as Arc<dyn Transport>, catalog, Some(t))
+        }
+        None => {
+            let bus = InProcessBus::new();
+            let catalog = Arc::new(bus.catalog());
+            (Arc::new(bus) as Arc<dyn Transport>, catalog, None)
+        }
+    })
+}
+
 /// `crpf node`.
 pub fn run_node(args: &NodeArgs) -> Result<(), NodeError> {
     let cfg = NodeConfig::load(&args.config)?;
     exporter::install(cfg.node.metrics_addr)?;
-    tracing::info!(metrics = %cfg.node.metrics_addr, filters = cfg.filters.len(), "crpf node starting");
+    host::describe();
+    tracing::info!(metrics = %cfg.node.metrics_addr, filters = cfg.filters.len(), catalog = cfg.catalog.enabled, "crpf node starting");
     block_on_system(cfg.node.io_threads, async move {
-        let (transport, nats) = connect(cfg.nats.as_ref()).await?;
-        let mut replicas = Vec::with_capacity(cfg.filters.len());
-        for f in cfg.filters {
-            let handle = Replica::start(f, transport.clone()).await?;
-            let id = handle.identity();
-            tracing::info!(filter = handle.name(), replica = id.replica, uuid = %id.uuid, "replica started");
-            replicas.push(handle);
+        let (transport, catalog, nats) = connect_node(cfg.nats.as_ref()).await?;
+        let resp = cfg.resp.clone();
+        let catalog_prefix = cfg
+            .catalog
+            .defaults
+            .prefix
+            .clone()
+            .unwrap_or_else(|| "crpf".into());
+        let serve_catalog = cfg.catalog.enabled;
+        let max_batch = cfg
+            .filters
+            .iter()
+            .map(|f| f.max_batch_items)
+            .chain([crate::api::DEFAULT_MAX_BATCH_ITEMS])
+            .max()
+            .unwrap_or(crate::api::DEFAULT_MAX_BATCH_ITEMS);
+        let node = Node::start(cfg, transport.clone(), Some(catalog)).await?;
+        if serve_catalog {
+            actix::spawn(catalog_api::serve(node.clone(), transport, catalog_prefix));
         }
-        if let Some(resp) = &cfg.resp {
-            crate::resp::RespServer::start(resp, &replicas).await?;
+        if let Some(resp) = &resp {
+            crate::resp::RespServer::start_with(resp, Arc::new(node.clone()), max_batch).await?;
         }
         let signal = shutdown_signal().await?;
         tracing::info!(signal, "shutting down: final snapshots, draining NATS");
-        stop(replicas, nats).await
+        let stopped = node.shutdown().await;
+        if let Some(nats) = nats
+            && let Err(e) = nats.client().drain().await
+        {
+            tracing::warn!(error = %e, "NATS drain failed");
+        }
+        stopped
     })
 }

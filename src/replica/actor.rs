@@ -179,6 +179,7 @@ impl Replica {
                 filter: s.cfg.name.clone(),
                 kind: f.kind(),
                 params_digest: f.params_digest(),
+                generation: s.cfg.generation,
                 max_bytes: s.cfg.max_message_bytes,
             }
         };

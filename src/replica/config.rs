@@ -147,6 +147,17 @@ pub struct ReplicaConfig {
     /// (the node fills it from `node.auth_key_file`), never serialized, never logged.
     #[serde(skip)]
     pub auth_keys: Option<AuthKeys>,
+    /// The filter's incarnation in the filter catalog ([`crate::transport::CatalogEntry`]),
+    /// set by the node for filters created at run time; 0 for the filters of a configuration
+    /// file. Envelopes, replica id claims and the data directory carry it, so that nothing of
+    /// a dropped filter reaches one created again under its name.
+    #[serde(skip)]
+    pub generation: u64,
+    /// Record the replica's metrics in the node-wide series of filters without their own
+    /// (`filter="_catalog"`): the node sets it for filters created at run time that
+    /// `catalog.metrics_filters` does not name.
+    #[serde(skip)]
+    pub aggregate_metrics: bool,
 }
 
 mod d {
@@ -259,6 +270,19 @@ impl ReplicaConfig {
             id_lease_block: d::id_lease_block(),
             retire_after_ms: d::retire_after_ms(),
             auth_keys: None,
+            generation: 0,
+            aggregate_metrics: false,
+        }
+    }
+
+    /// The name the filter's replica id claims go under in the registry: the filter's name,
+    /// and `<name>.g<generation>` for an incarnation created at run time (a new incarnation
+    /// starts with no claims).
+    pub fn registry_name(&self) -> String {
+        if self.generation == 0 {
+            self.name.clone()
+        } else {
+            format!("{}.g{}", self.name, self.generation)
         }
     }
 

@@ -12,6 +12,9 @@ use metrics::{Counter, Gauge, Histogram, Label, Unit};
 
 pub(crate) use crate::transport::Channel;
 
+/// The `filter` label of the series that filters created at run time without series of
+/// their own add up in (see `catalog.metrics_filters`).
+pub const AGGREGATE_FILTER: &str = "_catalog";
 /// Estimated false positive rate of the current state.
 pub const ESTIMATED_FPR: &str = "crpf_estimated_fpr";
 /// Estimated elements / capacity.
@@ -340,6 +343,8 @@ impl Counts {
 /// together by one method per event. Cheap to clone: the handles and counts are shared.
 #[derive(Clone)]
 pub(crate) struct Telemetry {
+    /// Series shared with other filters ([`Telemetry::new`]).
+    aggregate: bool,
     labels: Vec<Label>,
     hot: Arc<Hot>,
     counts: Arc<Counts>,
@@ -361,14 +366,29 @@ pub(crate) struct Telemetry {
 }
 
 impl Telemetry {
-    pub(crate) fn new(filter: &str, replica: u16, target_fpr: f64) -> Self {
+    /// The telemetry of one replica; with `aggregate`, its series are the node-wide ones of
+    /// filters without their own (`filter="_catalog"`, no replica): counters and histograms
+    /// add up across those filters, and gauges, which would only overwrite each other, are
+    /// not recorded (`stats` still reads every figure).
+    pub(crate) fn new(filter: &str, replica: u16, target_fpr: f64, aggregate: bool) -> Self {
         describe();
-        let labels = vec![
-            Label::new("filter", filter.to_string()),
-            Label::new("replica", replica.to_string()),
-        ];
+        let labels = if aggregate {
+            vec![
+                Label::new("filter", AGGREGATE_FILTER),
+                Label::new("replica", ""),
+            ]
+        } else {
+            vec![
+                Label::new("filter", filter.to_string()),
+                Label::new("replica", replica.to_string()),
+            ]
+        };
         let l = labels.clone();
-        let target = metrics::gauge!(TARGET_FPR, l.clone());
+        let target = if aggregate {
+            Gauge::noop()
+        } else {
+            metrics::gauge!(TARGET_FPR, l.clone())
+        };
         target.set(target_fpr);
         let with = |extra: &[(&'static str, &str)]| {
             let mut l = labels.clone();
@@ -411,23 +431,31 @@ impl Telemetry {
                 })
                 .collect(),
         };
+        let gauge = |name: &'static str| {
+            if aggregate {
+                Gauge::noop()
+            } else {
+                metrics::gauge!(name, l.clone())
+            }
+        };
         Telemetry {
+            aggregate,
             hot: Arc::new(hot),
             counts: Arc::default(),
             sequence_gaps: metrics::counter!(SEQUENCE_GAPS, l.clone()),
             state_pushes: metrics::counter!(STATE_PUSHES, l.clone()),
             disconnects: metrics::counter!(DISCONNECTS, l.clone()),
             target_fpr: target,
-            converged: metrics::gauge!(CONVERGED_PEERS, l.clone()),
-            fpr: metrics::gauge!(ESTIMATED_FPR, l.clone()),
-            load: metrics::gauge!(LOAD_FACTOR, l.clone()),
-            cardinality: metrics::gauge!(CARDINALITY, l.clone()),
-            capacity: metrics::gauge!(CAPACITY, l.clone()),
-            state_bytes: metrics::gauge!(STATE_BYTES, l.clone()),
-            pending: metrics::gauge!(PENDING_DELTA, l.clone()),
-            connected: metrics::gauge!(CONNECTED, l.clone()),
-            ready: metrics::gauge!(READY, l.clone()),
-            peers: metrics::gauge!(PEERS, l.clone()),
+            converged: gauge(CONVERGED_PEERS),
+            fpr: gauge(ESTIMATED_FPR),
+            load: gauge(LOAD_FACTOR),
+            cardinality: gauge(CARDINALITY),
+            capacity: gauge(CAPACITY),
+            state_bytes: gauge(STATE_BYTES),
+            pending: gauge(PENDING_DELTA),
+            connected: gauge(CONNECTED),
+            ready: gauge(READY),
+            peers: gauge(PEERS),
             dropped: metrics::counter!(DROPPED, l),
             labels,
         }
@@ -444,6 +472,9 @@ impl Telemetry {
     }
 
     pub(crate) fn gauge(&self, name: &'static str, extra: &[(&'static str, &str)]) -> Gauge {
+        if self.aggregate {
+            return Gauge::noop();
+        }
         metrics::gauge!(name, self.with(extra))
     }
 

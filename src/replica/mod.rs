@@ -321,7 +321,7 @@ impl Replica {
             None => (fresh, Uuid::new_v4(), None, 0, false),
         };
         let claim = transport
-            .claim_replica_id(cfg.name.clone(), uuid, preferred)
+            .claim_replica_id(cfg.registry_name(), uuid, preferred)
             .await?;
         let replica = claim.id;
         if keep_id && Some(replica) == preferred {
@@ -345,7 +345,7 @@ impl Replica {
         // replica that later takes over a retired id starts above them.
         let lease_reserved = reserved + cfg.id_lease_block;
         match transport
-            .renew_claim(cfg.name.clone(), replica, uuid, lease_reserved)
+            .renew_claim(cfg.registry_name(), replica, uuid, lease_reserved)
             .await?
         {
             Renewal::Held => {}
@@ -376,7 +376,12 @@ impl Replica {
             name: cfg.name.clone(),
             identity,
             ready: watch::channel(false).0,
-            telemetry: metrics::Telemetry::new(&cfg.name, replica, cfg.filter.fpr),
+            telemetry: metrics::Telemetry::new(
+                &cfg.name,
+                replica,
+                cfg.filter.fpr,
+                cfg.aggregate_metrics,
+            ),
             inbound_bytes: Default::default(),
             inbound_max_bytes: cfg.inbound_max_bytes,
             direct_changes: Default::default(),

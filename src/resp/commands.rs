@@ -184,7 +184,7 @@ pub(crate) fn rejected_reason(reply: &Reply) -> Option<&'static str> {
 }
 
 /// What `args` (the command's name first) asks for; `filter` finds a filter by name.
-pub fn command<'a>(args: &Args, filter: impl Fn(&[u8]) -> Option<&'a ReplicaHandle>) -> Command {
+pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> Command {
     if args.is_empty() {
         // An empty command: Redis answers nothing, but a reply keeps replies and requests
         // paired for the client.
@@ -207,7 +207,7 @@ pub fn command<'a>(args: &Args, filter: impl Fn(&[u8]) -> Option<&'a ReplicaHand
     let on_filter = |op: Op, shape: Shape, payload: Bytes| -> Command {
         let key = arg(0);
         match filter(key) {
-            Some(handle) => Command::Filter(handle.clone(), Request { op, payload, shape }),
+            Some(handle) => Command::Filter(handle, Request { op, payload, shape }),
             None => Command::Reply(Reply::err(format!(
                 "no filter named `{}` on this node",
                 String::from_utf8_lossy(&key[..key.len().min(64)])
@@ -441,7 +441,7 @@ mod tests {
         );
     }
 
-    fn no_filter(_: &[u8]) -> Option<&'static ReplicaHandle> {
+    fn no_filter(_: &[u8]) -> Option<ReplicaHandle> {
         None
     }
 

@@ -146,9 +146,29 @@ pub enum RespError {
     Zero(&'static str),
 }
 
+/// Where the front end finds a filter by its key: a fixed set, or a node's filters, which
+/// the filter catalog changes at run time.
+pub trait FilterLookup: Send + Sync + 'static {
+    /// The replica serving `name` over the request API, if any.
+    fn filter(&self, name: &[u8]) -> Option<ReplicaHandle>;
+}
+
+impl FilterLookup for HashMap<Vec<u8>, ReplicaHandle> {
+    fn filter(&self, name: &[u8]) -> Option<ReplicaHandle> {
+        self.get(name).cloned()
+    }
+}
+
+impl FilterLookup for crate::node::Node {
+    fn filter(&self, name: &[u8]) -> Option<ReplicaHandle> {
+        let name = std::str::from_utf8(name).ok()?;
+        crate::node::Node::filter(self, name).filter(ReplicaHandle::serves_api)
+    }
+}
+
 /// What every connection shares.
 struct Server {
-    filters: HashMap<Vec<u8>, ReplicaHandle>,
+    filters: Arc<dyn FilterLookup>,
     limits: ParseLimits,
     max_pipeline: usize,
     /// SHA-256 of the password, which is not kept in clear (comparing digests tells a
@@ -167,6 +187,30 @@ pub struct RespServer {
 impl RespServer {
     /// Binds `cfg.listen` and serves `filters` (by name) on the current Tokio runtime.
     pub async fn start(cfg: &RespConfig, filters: &[ReplicaHandle]) -> Result<Self, RespError> {
+        // Room for the largest batch a filter takes, its command, key and insert options.
+        let max_batch = filters
+            .iter()
+            .map(|f| f.limits().max_items)
+            .max()
+            .unwrap_or(crate::api::DEFAULT_MAX_BATCH_ITEMS);
+        for f in filters.iter().filter(|f| !f.serves_api()) {
+            tracing::info!(filter = f.name(), "not served over RESP: serve_api is off");
+        }
+        let lookup: HashMap<Vec<u8>, ReplicaHandle> = filters
+            .iter()
+            .filter(|f| f.serves_api())
+            .map(|f| (f.name().as_bytes().to_vec(), f.clone()))
+            .collect();
+        Self::start_with(cfg, Arc::new(lookup), max_batch).await
+    }
+
+    /// Binds `cfg.listen` and serves the filters `filters` finds, whose batches hold at most
+    /// `max_batch` items, on the current Tokio runtime.
+    pub async fn start_with(
+        cfg: &RespConfig,
+        filters: Arc<dyn FilterLookup>,
+        max_batch: usize,
+    ) -> Result<Self, RespError> {
         cfg.validate()?;
         let password = cfg.password_file.as_ref().map(read_password).transpose()?;
         let listener = TcpListener::bind(cfg.listen)
@@ -180,21 +224,8 @@ impl RespServer {
             source,
         })?;
         describe();
-        // Room for the largest batch a filter takes, its command, key and insert options.
-        let max_batch = filters
-            .iter()
-            .map(|f| f.limits().max_items)
-            .max()
-            .unwrap_or(crate::api::DEFAULT_MAX_BATCH_ITEMS);
-        for f in filters.iter().filter(|f| !f.serves_api()) {
-            tracing::info!(filter = f.name(), "not served over RESP: serve_api is off");
-        }
         let server = Arc::new(Server {
-            filters: filters
-                .iter()
-                .filter(|f| f.serves_api())
-                .map(|f| (f.name().as_bytes().to_vec(), f.clone()))
-                .collect(),
+            filters,
             limits: ParseLimits {
                 max_args: max_batch + 16,
                 max_request_bytes: cfg.max_request_bytes,
@@ -205,7 +236,7 @@ impl RespServer {
             rejected: |reason| metrics::counter!(REJECTED, "reason" => reason),
         });
         let slots = Arc::new(Semaphore::new(cfg.max_connections));
-        tracing::info!(%addr, filters = filters.len(), auth = server.password.is_some(), "serving RESP");
+        tracing::info!(%addr, auth = server.password.is_some(), "serving RESP");
         tokio::spawn(accept(listener, server, slots));
         Ok(RespServer { addr })
     }
@@ -335,7 +366,7 @@ impl Session<'_> {
     /// The reply to `args`, or `None` if the command waits in [`Session::waiting`].
     fn handle(&mut self, args: &parse::Args) -> Option<Pending> {
         let server = self.server;
-        let command = commands::command(args, |name| server.filters.get(name));
+        let command = commands::command(args, |name| server.filters.filter(name));
         if let Command::Filter(handle, request) = command {
             return self.send(handle, request, args.size());
         }

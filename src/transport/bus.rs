@@ -51,6 +51,8 @@ struct Inner {
     dropped: AtomicU64,
     /// Last endpoint number handed out.
     endpoints: AtomicU64,
+    /// The filter catalog of every node on this bus.
+    catalog: super::MemoryCatalog,
 }
 
 #[derive(Default)]
@@ -82,6 +84,11 @@ impl InProcessBus {
         Self::with_limits(1 << 20, 65_536)
     }
 
+    /// The filter catalog shared by everything on this bus.
+    pub fn catalog(&self) -> super::MemoryCatalog {
+        self.inner.catalog.clone()
+    }
+
     /// A bus with the given payload limit and per-subscription buffer.
     pub fn with_limits(max_payload: usize, buffer: usize) -> Self {
         InProcessBus {
@@ -92,6 +99,7 @@ impl InProcessBus {
                 buffer: buffer.max(1),
                 dropped: AtomicU64::new(0),
                 endpoints: AtomicU64::new(0),
+                catalog: super::MemoryCatalog::new(),
             }),
             endpoint: 0,
         }

@@ -8,7 +8,9 @@
 //! either and drops messages on purpose, to show that anti-entropy repairs what is lost.
 
 mod bus;
+pub mod catalog;
 mod fault;
+mod kv_catalog;
 mod nats;
 mod registry;
 mod retry;
@@ -24,7 +26,9 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 pub use bus::InProcessBus;
+pub use catalog::{Catalog, CatalogChange, CatalogEntry, CatalogError, Created, MemoryCatalog};
 pub use fault::{FaultConfig, FaultyTransport};
+pub use kv_catalog::KvCatalog;
 pub use nats::{NatsConfig, NatsTransport, TlsConfig};
 pub use registry::{Claim, ClaimEntry, ClaimRecord, Renewal};
 

@@ -82,6 +82,9 @@ pub struct NatsConfig {
     pub kv_bucket: String,
     /// Replicas of that bucket's stream in a JetStream cluster (1 on a single server).
     pub kv_replicas: usize,
+    /// The JetStream KV bucket of the filter catalog (filters created at run time; its
+    /// stream has `kv_replicas` replicas too).
+    pub catalog_bucket: String,
     /// How long opening the KV bucket and claiming a replica id keep retrying while JetStream
     /// is unavailable (a cluster starting or electing leaders) before the replica gives up.
     /// Errors that waiting cannot fix (configuration, permissions) fail at once.
@@ -107,6 +110,7 @@ impl Default for NatsConfig {
             subscription_capacity: 65_536,
             kv_bucket: "crpf_replicas".into(),
             kv_replicas: 1,
+            catalog_bucket: "crpf_catalog".into(),
             claim_timeout_ms: 300_000,
         }
     }
@@ -255,6 +259,9 @@ pub struct NatsTransport {
     cfg: Arc<NatsConfig>,
     events: broadcast::Sender<TransportEvent>,
     kv: Arc<OnceCell<kv::Store>>,
+    /// With [`NatsTransport::sharing_replication`]: the one no-echo connection every replica
+    /// made with this handle replicates over.
+    shared_replication: Option<Arc<OnceCell<NatsTransport>>>,
     violations: Arc<Mutex<Option<Violation>>>,
     log: Arc<super::LogLimiter>,
 }
@@ -305,9 +312,31 @@ impl NatsTransport {
             cfg: Arc::new(cfg),
             events,
             kv: Arc::new(OnceCell::new()),
+            shared_replication: None,
             violations,
             log: Arc::new(super::LogLimiter::new(Duration::from_secs(5))),
         })
+    }
+
+    /// This transport, with one replication connection for every replica started with it
+    /// (instead of one each): what a node uses, which holds one replica per filter, so that
+    /// its connections do not grow with its filters. Replicas of one filter that share a
+    /// no-echo connection do not hear each other: start those with separate handles.
+    pub fn sharing_replication(&self) -> Self {
+        NatsTransport {
+            shared_replication: Some(Arc::new(OnceCell::new())),
+            ..self.clone()
+        }
+    }
+
+    /// The filter catalog in the JetStream KV bucket [`NatsConfig::catalog_bucket`], over
+    /// this connection.
+    pub fn catalog(&self) -> super::KvCatalog {
+        super::KvCatalog::new(
+            async_nats::Client::clone(&self.client),
+            self.cfg.catalog_bucket.clone(),
+            self.cfg.kv_replicas.max(1),
+        )
     }
 
     /// The underlying client (to publish or subscribe outside crpf).
@@ -470,6 +499,10 @@ impl NatsTransport {
         })
     }
 
+    /// Renews a claim by compare-and-set on the revision the stream's leader holds. A lost
+    /// race is looked at again on the leader before anything is concluded: our own earlier
+    /// write whose answer was lost changes the revision too, and only a record that is no
+    /// longer ours means the claim is lost.
     async fn renew(
         &self,
         filter: &str,
@@ -479,29 +512,32 @@ impl NatsTransport {
     ) -> Result<Renewal, AttemptError> {
         let store = self.store().await?;
         let key = claim_key(filter, id);
-        let entry = store
-            .entry(key.clone())
-            .await
-            .map_err(|e| AttemptError::of("reading a replica id claim", &e))?;
-        let Some((record, revision)) = entry.and_then(live_record) else {
-            return Ok(Renewal::Lost);
-        };
-        if !record.held_by(claimant) {
-            return Ok(Renewal::Lost);
+        // Each turn loses a race to a write that left the claim ours: one of our own writes.
+        for _ in 0..3 {
+            let Some((record, revision)) = leader_record(&store, &key).await? else {
+                return Ok(Renewal::Lost);
+            };
+            if !record.held_by(claimant) {
+                return Ok(Renewal::Lost);
+            }
+            let value = ClaimRecord::Held {
+                claimant,
+                reserved: reserved.max(record.floor()),
+            };
+            match store
+                .update(key.as_str(), Bytes::from(value.encode()), revision)
+                .await
+            {
+                Ok(_) => return Ok(Renewal::Held),
+                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => continue,
+                Err(e) => return Err(AttemptError::of("renewing a replica id claim", &e)),
+            }
         }
-        let value = ClaimRecord::Held {
-            claimant,
-            reserved: reserved.max(record.floor()),
-        };
-        match store
-            .update(key, Bytes::from(value.encode()), revision)
-            .await
-        {
-            Ok(_) => Ok(Renewal::Held),
-            // Retired between our read and our write.
-            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(Renewal::Lost),
-            Err(e) => Err(AttemptError::of("renewing a replica id claim", &e)),
-        }
+        Err(AttemptError {
+            context: "renewing a replica id claim",
+            message: "the claim's revision kept changing while it stayed ours".into(),
+            retry: Retry::Transient,
+        })
     }
 
     async fn retire(
@@ -513,11 +549,7 @@ impl NatsTransport {
     ) -> Result<bool, AttemptError> {
         let store = self.store().await?;
         let key = claim_key(filter, id);
-        let current = store
-            .entry(key.clone())
-            .await
-            .map_err(|e| AttemptError::of("reading a replica id claim", &e))?
-            .and_then(live_record);
+        let current = leader_record(&store, &key).await?;
         let Some((record, rev)) = current.filter(|(_, rev)| *rev == revision) else {
             return Ok(false);
         };
@@ -536,39 +568,74 @@ fn claim_key(filter: &str, id: ReplicaId) -> String {
     format!("{filter}.{id}")
 }
 
-/// A stored claim record and its revision; `None` for a deleted key. A record that does not
-/// decode is taken for a claim by an unknown holder: never picked, never retired.
-fn live_record(entry: kv::Entry) -> Option<(ClaimRecord, u64)> {
-    if entry.operation != kv::Operation::Put {
-        return None;
-    }
-    let record = ClaimRecord::decode(&entry.value).unwrap_or(ClaimRecord::Held {
-        claimant: Uuid::nil(),
-        reserved: crate::MAX_COUNTER,
-    });
-    Some((record, entry.revision))
+/// The live value of `key` and its revision, as the bucket stream's leader holds it; `None`
+/// for a key never written or deleted.
+///
+/// Not `kv::Store::entry`: that reads with direct gets, which any replica of the bucket may
+/// answer, a follower still catching up after a restart included, so its answer can predate a
+/// write this node already saw acknowledged (its own claim). A renewal that compared against
+/// such a revision lost its race to itself and took the claim for retired (issue 27). The
+/// leader answers with every acknowledged write applied.
+pub(super) async fn leader_get(
+    store: &kv::Store,
+    key: &str,
+) -> Result<Option<(Bytes, u64)>, async_nats::jetstream::stream::LastRawMessageError> {
+    use async_nats::jetstream::stream::LastRawMessageErrorKind;
+    let subject = format!("{}{key}", store.prefix);
+    let message = match store.stream.get_last_raw_message_by_subject(&subject).await {
+        Ok(m) => m,
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let deleted = message
+        .headers
+        .get("KV-Operation")
+        .is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"));
+    Ok((!deleted).then_some((message.payload, message.sequence)))
+}
+
+/// The claim record stored under `key` and its revision, read from the leader
+/// ([`leader_get`]). A record that does not decode is taken for a claim by an unknown holder:
+/// never picked, never retired.
+async fn leader_record(
+    store: &kv::Store,
+    key: &str,
+) -> Result<Option<(ClaimRecord, u64)>, AttemptError> {
+    let found = leader_get(store, key)
+        .await
+        .map_err(|e| AttemptError::of("reading a replica id claim", &e))?;
+    Ok(found.map(|(value, revision)| {
+        let record = ClaimRecord::decode(&value).unwrap_or(ClaimRecord::Held {
+            claimant: Uuid::nil(),
+            reserved: crate::MAX_COUNTER,
+        });
+        (record, revision)
+    }))
 }
 
 /// Every claim of `filter` in the bucket.
 async fn list_claims(store: &kv::Store, filter: &str) -> Result<Vec<ClaimEntry>, AttemptError> {
-    let prefix = format!("{filter}.");
+    // The filter's keys from the stream's subjects (a stream info request, answered by its
+    // leader), not `Store::keys`: that creates a consumer per call, and a node renewing the
+    // claims of a thousand filters ran into JetStream's consumer limit.
+    let prefix = format!("{}{filter}.", store.prefix);
     let listing =
         |e: &(dyn std::error::Error + 'static)| AttemptError::of("listing replica id claims", e);
-    let mut keys = store.keys().await.map_err(|e| listing(&e))?;
+    let mut subjects = store
+        .stream
+        .info_with_subjects(format!("{prefix}*"))
+        .await
+        .map_err(|e| listing(&e))?;
     let mut ids = Vec::new();
-    while let Some(k) = keys.next().await {
-        let k = k.map_err(|e| listing(&e))?;
-        if let Some(id) = k.strip_prefix(&prefix).and_then(|s| s.parse().ok()) {
+    while let Some(subject) = subjects.next().await {
+        let (subject, _) = subject.map_err(|e| listing(&e))?;
+        if let Some(id) = subject.strip_prefix(&prefix).and_then(|s| s.parse().ok()) {
             ids.push(id);
         }
     }
     let mut entries = Vec::with_capacity(ids.len());
     for id in ids {
-        let entry = store
-            .entry(claim_key(filter, id))
-            .await
-            .map_err(|e| AttemptError::of("reading a replica id claim", &e))?;
-        if let Some((record, revision)) = entry.and_then(live_record) {
+        if let Some((record, revision)) = leader_record(store, &claim_key(filter, id)).await? {
             entries.push(ClaimEntry {
                 id,
                 record,
@@ -650,8 +717,15 @@ impl Bus for NatsTransport {
     ) -> BoxFuture<'static, Result<Option<Arc<dyn Transport>>, TransportError>> {
         let mut cfg = (*self.cfg).clone();
         cfg.name = cfg.name.map(|n| format!("{n}/replication"));
+        let shared = self.shared_replication.clone();
         async move {
-            let t = NatsTransport::connect_with(cfg, true).await?;
+            let t = match shared {
+                Some(cell) => cell
+                    .get_or_try_init(|| NatsTransport::connect_with(cfg, true))
+                    .await?
+                    .clone(),
+                None => NatsTransport::connect_with(cfg, true).await?,
+            };
             Ok(Some(Arc::new(t) as Arc<dyn Transport>))
         }
         .boxed()

@@ -25,7 +25,7 @@
 //! let env = Envelope::new("users", FilterKind::GBloom, 42, uuid::Uuid::nil(), 1, 7,
 //!                         Body::Delta(vec![1, 2, 3]));
 //! let expect = Expect { filter: "users".into(), kind: FilterKind::GBloom, params_digest: 42,
-//!                       max_bytes: 1 << 20 };
+//!                       generation: 0, max_bytes: 1 << 20 };
 //! // Without keys: frames carry a checksum only.
 //! let bytes = env.encode();
 //! assert_eq!(Envelope::decode(&bytes, &expect)?, env);
@@ -93,6 +93,15 @@ pub struct Envelope {
     pub seq: u64,
     /// What it carries.
     pub body: Body,
+    /// The filter's incarnation (its generation in the filter catalog): a dropped and
+    /// re-created name is a new filter, and nothing of the old one may merge into it. 0, the
+    /// filters of configuration files, is not encoded, so their frames are as before.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u64,
+}
+
+fn is_zero(g: &u64) -> bool {
+    *g == 0
 }
 
 /// What an envelope carries.
@@ -164,6 +173,8 @@ pub struct Expect {
     pub kind: FilterKind,
     /// Parameter digest.
     pub params_digest: u64,
+    /// The filter's incarnation ([`Envelope::generation`]).
+    pub generation: u64,
     /// Largest frame accepted.
     pub max_bytes: usize,
 }
@@ -223,6 +234,14 @@ pub enum WireError {
         /// Ours.
         expected: u64,
     },
+    /// Of another incarnation of the filter (dropped and created again meanwhile).
+    #[error("message of generation {got} of the filter, this one is generation {expected}")]
+    Generation {
+        /// The message's generation.
+        got: u64,
+        /// Ours.
+        expected: u64,
+    },
     /// A state or delta that decodes but does not fit the filter.
     #[error("incompatible content: {0}")]
     Incompatible(String),
@@ -260,6 +279,7 @@ impl WireError {
             WireError::Filter(_) => "filter",
             WireError::Kind { .. } => "kind",
             WireError::Params { .. } => "params",
+            WireError::Generation { .. } => "generation",
             WireError::Incompatible(_) => "incompatible",
             WireError::Chunk(_) => "chunk",
             WireError::TooManyPeers(_) => "too_many_peers",
@@ -298,7 +318,14 @@ impl Envelope {
             replica,
             seq,
             body,
+            generation: 0,
         }
+    }
+
+    /// The envelope of an incarnation of the filter ([`Envelope::generation`]).
+    pub fn with_generation(mut self, generation: u64) -> Self {
+        self.generation = generation;
+        self
     }
 
     /// The unsigned frame (see the module docs); [`WireCodec::encode`] signs.
@@ -409,6 +436,12 @@ impl Envelope {
             return Err(WireError::Params {
                 got: env.params_digest,
                 expected: expect.params_digest,
+            });
+        }
+        if env.generation != expect.generation {
+            return Err(WireError::Generation {
+                got: env.generation,
+                expected: expect.generation,
             });
         }
         if let Body::StateChunk(c) = &env.body {
@@ -527,6 +560,7 @@ mod tests {
             filter: "f".into(),
             kind: FilterKind::OrCuckoo,
             params_digest: 9,
+            generation: 0,
             max_bytes: 1 << 16,
         }
     }
@@ -641,6 +675,26 @@ mod tests {
                 }
             ),
             "params"
+        );
+        // Another incarnation of the filter, both ways round.
+        assert_eq!(
+            reason(
+                &good,
+                &Expect {
+                    generation: 7,
+                    ..ex.clone()
+                }
+            ),
+            "generation"
+        );
+        assert_eq!(
+            reason(
+                &env(Body::StateRequest { target: None })
+                    .with_generation(7)
+                    .encode(),
+                &ex
+            ),
+            "generation"
         );
         let bad_chunk = env(Body::StateChunk(StateChunk {
             transfer: 1,
@@ -887,6 +941,7 @@ mod golden {
             filter: "users".into(),
             kind: FilterKind::ScOrCuckoo,
             params_digest: 0x0123_4567_89ab_cdef,
+            generation: 0,
             max_bytes: 1 << 10,
         }
     }

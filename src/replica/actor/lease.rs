@@ -115,7 +115,7 @@ impl Replica {
         };
         let (t, filter, id, uuid) = (
             self.transport.clone(),
-            self.cfg.name.clone(),
+            self.cfg.registry_name(),
             self.id(),
             self.uuid(),
         );
@@ -197,7 +197,7 @@ impl Replica {
             // (a reservation is never below them; this is only belt and braces).
             let observed = self.read().history().map_or(0, |h| h.max(e.id));
             let floor = e.record.floor().max(observed);
-            let (t, filter) = (self.transport.clone(), self.cfg.name.clone());
+            let (t, filter) = (self.transport.clone(), self.cfg.registry_name());
             let retire = async move { t.retire_claim(filter, e.id, e.revision, floor).await };
             ctx.spawn(retire.into_actor(self).map(move |r, act, _| match r {
                 Ok(true) => {

@@ -48,6 +48,7 @@ impl Replica {
             self.seq,
             body,
         )
+        .with_generation(self.cfg.generation)
     }
 
     /// Queues a frame for the publisher task (which publishes in order).

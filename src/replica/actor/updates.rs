@@ -367,7 +367,7 @@ mod tests {
                 replica: 1,
             },
             ready: watch::channel(false).0,
-            telemetry: Telemetry::new("t", 1, 0.01),
+            telemetry: Telemetry::new("t", 1, 0.01, false),
             inbound_bytes: Default::default(),
             inbound_max_bytes: u64::MAX,
             direct_changes: Default::default(),

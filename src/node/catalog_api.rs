@@ -1,0 +1,183 @@
+//! The filter catalog's request API over NATS, for any client: `<prefix>.$catalog.create`,
+//! `.drop`, `.list` and `.info`, in the queue group `<prefix>.$catalog` (any node answers).
+//! Requests and replies are JSON, with the request API's error convention (`{"error":"..."}`):
+//!
+//! | subject | request | reply |
+//! |---|---|---|
+//! | `.create` | `{"name":"n","filter":{"kind":"g_bloom","capacity":1000,"fpr":0.01}}` | `{"created":true,"name":"n","generation":7,"filter":{...}}` (`false`: it existed with this spec) |
+//! | `.drop` | `{"name":"n"}` or the bare name | `{"dropped":true,"generation":7}` (`false`: no such filter) |
+//! | `.info` | `{"name":"n"}` or the bare name | the entry: `name`, `filter`, `generation`, `created_ms` |
+//! | `.list` | empty | `{"filters":[entry, ...]}` |
+//!
+//! A create or drop is answered once the answering node has applied it (other nodes follow
+//! within their watcher's delay).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::host::{HostError, Node};
+use crate::FilterSpec;
+use crate::transport::{CatalogEntry, Message, Transport};
+
+/// The catalog API's subjects under `prefix`: `<prefix>.$catalog.<op>`.
+pub fn catalog_subject(prefix: &str, op: &str) -> String {
+    format!("{prefix}.$catalog.{op}")
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateRequest {
+    name: String,
+    filter: FilterSpec,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NameRequest {
+    name: String,
+}
+
+fn entry_json(e: &CatalogEntry) -> Value {
+    json!({
+        "name": e.name,
+        "filter": e.spec,
+        "generation": e.generation,
+        "created_ms": e.created_ms,
+    })
+}
+
+fn error(text: impl std::fmt::Display) -> Value {
+    json!({ "error": text.to_string() })
+}
+
+/// The name a drop or info request names: JSON `{"name":...}` or the bare name.
+fn name_of(payload: &[u8]) -> Result<String, Value> {
+    if payload.first() == Some(&b'{') {
+        serde_json::from_slice::<NameRequest>(payload)
+            .map(|r| r.name)
+            .map_err(|e| error(format!("invalid request: {e}")))
+    } else {
+        std::str::from_utf8(payload)
+            .map(|s| s.trim().to_string())
+            .map_err(|_| error("invalid request: the name is not UTF-8"))
+    }
+}
+
+async fn answer(node: &Node, op: &str, payload: &[u8]) -> Value {
+    let host = |r: Result<Value, HostError>| r.unwrap_or_else(error);
+    match op {
+        "create" => match serde_json::from_slice::<CreateRequest>(payload) {
+            Ok(r) => host(node.create_filter(&r.name, r.filter).await.map(|c| {
+                let mut v = entry_json(&c.entry);
+                v["created"] = c.new.into();
+                v
+            })),
+            Err(e) => error(format!(
+                "invalid request: {e} (expected {{\"name\":...,\"filter\":{{\"kind\":...,\"capacity\":...,\"fpr\":...}}}})"
+            )),
+        },
+        "drop" => match name_of(payload) {
+            Ok(name) => host(node.drop_filter(&name).await.map(|e| match e {
+                Some(e) => json!({ "dropped": true, "generation": e.generation }),
+                None => json!({ "dropped": false }),
+            })),
+            Err(e) => e,
+        },
+        "info" => match name_of(payload) {
+            Ok(name) => match node.filter_info(&name).await {
+                Ok(Some(e)) => entry_json(&e),
+                Ok(None) => error(format!("no filter named `{name}`")),
+                Err(e) => error(e),
+            },
+            Err(e) => e,
+        },
+        "list" => match node.catalog_entries().await {
+            Ok(all) => json!({ "filters": all.iter().map(entry_json).collect::<Vec<_>>() }),
+            Err(e) => error(e),
+        },
+        other => error(format!(
+            "unknown catalog operation `{other}` (create, drop, info, list)"
+        )),
+    }
+}
+
+async fn respond(node: Node, transport: std::sync::Arc<dyn Transport>, m: Message) {
+    let Some(reply) = m.reply else {
+        return;
+    };
+    let op = m.subject.rsplit('.').next().unwrap_or_default().to_string();
+    let value = answer(&node, &op, &m.payload).await;
+    let outcome = if value.get("error").is_some() {
+        "error"
+    } else {
+        "ok"
+    };
+    metrics::counter!(CATALOG_REQUESTS, "op" => op_label(&op), "outcome" => outcome).increment(1);
+    let body = Bytes::from(serde_json::to_vec(&value).expect("JSON encodes"));
+    if let Err(e) = transport.publish(reply, body).await {
+        tracing::debug!(error = %e, "catalog API reply not sent");
+    }
+}
+
+/// A bounded label for the operation.
+fn op_label(op: &str) -> &'static str {
+    match op {
+        "create" => "create",
+        "drop" => "drop",
+        "info" => "info",
+        "list" => "list",
+        _ => "unknown",
+    }
+}
+
+/// Catalog API requests, by `op` and `outcome` (counter).
+pub const CATALOG_REQUESTS: &str = "crpf_catalog_requests_total";
+
+/// Serves the catalog API of `node` on `transport` until the node stops; subscribes again
+/// whenever the subscription ends.
+pub async fn serve(node: Node, transport: std::sync::Arc<dyn Transport>, prefix: String) {
+    metrics::describe_counter!(
+        CATALOG_REQUESTS,
+        "Requests of the filter catalog API, by op and outcome"
+    );
+    let subject = catalog_subject(&prefix, "*");
+    let queue = format!("{prefix}.$catalog");
+    let mut delay = Duration::from_millis(100);
+    while !node.is_stopping() {
+        let mut requests = match transport
+            .subscribe(subject.clone(), Some(queue.clone()))
+            .await
+        {
+            Ok(s) => {
+                delay = Duration::from_millis(100);
+                s
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot subscribe to the catalog API; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        while let Some(m) = requests.next().await {
+            actix::spawn(respond(node.clone(), transport.clone(), m));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_come_bare_or_in_json() {
+        assert_eq!(name_of(b"tenant-7").unwrap(), "tenant-7");
+        assert_eq!(name_of(br#"{"name":"tenant-7"}"#).unwrap(), "tenant-7");
+        let bad = name_of(br#"{"nom":"x"}"#).unwrap_err();
+        assert!(bad["error"].as_str().unwrap().contains("invalid request"));
+    }
+}

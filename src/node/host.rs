@@ -1,0 +1,682 @@
+//! A node's filters: the replicas of the filters its configuration file lists (generation 0)
+//! and of every filter of the filter catalog ([`crate::transport::catalog`]), started and
+//! stopped as the catalog changes, without a restart.
+//!
+//! One task follows the catalog (one watcher, one JetStream consumer over NATS, whatever the
+//! number of filters) and applies its changes, several filters at once but the changes of one
+//! name in order. A create waits until this node hosts the new filter, a drop until it no
+//! longer does; other nodes follow within their watcher's delay.
+//!
+//! What a drop guarantees: the replica stops, then its data directory
+//! (`<data_dir>/<name>.g<generation>`) is removed; a node that was down meanwhile removes it
+//! at its next start. A filter created again under the name is a new generation: its
+//! envelopes, replica id claims and data directory are its own, and its replicas refuse
+//! everything of the old one (`crpf_rejects_total{reason="generation"}`).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use serde::Serialize;
+use thiserror::Error;
+use tokio::sync::watch;
+
+use super::NodeError;
+use super::config::{CatalogSection, NodeConfig};
+use crate::FilterSpec;
+use crate::replica::{Replica, ReplicaConfig, ReplicaHandle};
+use crate::transport::{
+    Catalog, CatalogChange, CatalogEntry, CatalogError, Created, Transport, is_token,
+};
+use crate::wire::AuthKeys;
+
+/// Catalog changes applied at once (replica starts and stops in flight).
+const PARALLEL_CHANGES: usize = 32;
+
+/// How long a create or drop waits for this node to start or stop the replica.
+const HOSTING_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a create or drop was refused or did not complete.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum HostError {
+    /// The name is not a subject token.
+    #[error(
+        "invalid filter name `{0}`: one subject token ([A-Za-z0-9_-], 1 to 64 bytes, not starting with `_`)"
+    )]
+    InvalidName(String),
+    /// The spec or the settings it makes are invalid.
+    #[error("invalid filter: {0}")]
+    InvalidSpec(String),
+    /// The name belongs to a filter of this node's configuration file.
+    #[error("filter `{0}` is declared in this node's configuration file: change it there")]
+    Configured(String),
+    /// `catalog.max_filters` reached.
+    #[error("this node hosts {hosted} filters from the catalog, its limit (catalog.max_filters)")]
+    TooManyFilters {
+        /// Filters hosted.
+        hosted: usize,
+    },
+    /// Larger than `catalog.max_filter_bytes`.
+    #[error("a filter of {bytes} bytes exceeds catalog.max_filter_bytes = {max}")]
+    TooLarge {
+        /// Its initial size.
+        bytes: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// The catalog is off on this node.
+    #[error("the filter catalog is disabled on this node ([catalog] enabled = false)")]
+    Disabled,
+    /// The catalog refused or could not be reached.
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    /// The catalog took the change, but this node did not apply it in time (its replica
+    /// could not start or stop; the node's log says why). The change stands.
+    #[error(
+        "filter `{name}` (generation {generation}) is in the catalog but was not {what} on this node within {HOSTING_TIMEOUT:?}"
+    )]
+    NotApplied {
+        /// The filter.
+        name: String,
+        /// Its generation.
+        generation: u64,
+        /// "started" or "stopped".
+        what: &'static str,
+    },
+}
+
+impl HostError {
+    /// A short, bounded label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            HostError::InvalidName(_) => "invalid_name",
+            HostError::InvalidSpec(_) => "invalid_spec",
+            HostError::Configured(_) => "configured",
+            HostError::TooManyFilters { .. } => "max_filters",
+            HostError::TooLarge { .. } => "max_filter_bytes",
+            HostError::Disabled => "disabled",
+            HostError::Catalog(CatalogError::Exists { .. }) => "exists",
+            HostError::Catalog(_) => "catalog",
+            HostError::NotApplied { .. } => "not_applied",
+        }
+    }
+}
+
+/// A filter this node hosts.
+#[derive(Clone)]
+struct Hosted {
+    generation: u64,
+    spec: FilterSpec,
+    handle: ReplicaHandle,
+}
+
+/// What [`Node::filters`] lists of each filter.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HostedFilter {
+    /// Its name.
+    pub name: String,
+    /// Its spec.
+    pub spec: FilterSpec,
+    /// Its generation (0: from the configuration file).
+    pub generation: u64,
+}
+
+struct Inner {
+    transport: Arc<dyn Transport>,
+    catalog: Option<Arc<dyn Catalog>>,
+    settings: CatalogSection,
+    data_dir: Option<PathBuf>,
+    auth_keys: Option<AuthKeys>,
+    configured: HashSet<String>,
+    hosted: RwLock<HashMap<String, Hosted>>,
+    /// Bumped whenever `hosted` changes, for the creates and drops that wait on it.
+    changes: watch::Sender<u64>,
+    stopping: AtomicBool,
+}
+
+/// A running node's filters. Cheap to clone. Start it inside an actix System.
+///
+/// ```
+/// use std::sync::Arc;
+/// use crpf::node::{Node, NodeConfig};
+/// use crpf::transport::InProcessBus;
+/// use crpf::{FilterKind, FilterSpec};
+///
+/// #[actix::main]
+/// async fn main() {
+///     let bus = InProcessBus::new();
+///     let cfg = NodeConfig::from_toml_str("[catalog]\n").unwrap();
+///     let node = Node::start(cfg, Arc::new(bus.clone()), Some(Arc::new(bus.catalog())))
+///         .await
+///         .unwrap();
+///     let spec = FilterSpec::new(FilterKind::GBloom, 1_000, 0.01);
+///     let created = node.create_filter("tenant-7", spec).await.unwrap();
+///     assert!(created.new && created.entry.generation > 0);
+///     let filter = node.filter("tenant-7").unwrap();
+///     filter.add(b"alice".to_vec()).await.unwrap();
+///     assert!(filter.contains(b"alice"));
+///     node.drop_filter("tenant-7").await.unwrap();
+///     assert!(node.filter("tenant-7").is_none());
+///     node.shutdown().await.unwrap();
+/// }
+/// ```
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("filters", &self.read().len())
+            .finish()
+    }
+}
+
+impl Node {
+    /// Starts the configured filters, removes the data directories of catalog filters dropped
+    /// while the node was down, and follows `catalog` (none, or `[catalog] enabled = false`:
+    /// the configured filters only). Returns once the filters the catalog lists now are
+    /// hosted (or after 60 s, with a warning).
+    pub async fn start(
+        cfg: NodeConfig,
+        transport: Arc<dyn Transport>,
+        catalog: Option<Arc<dyn Catalog>>,
+    ) -> Result<Node, NodeError> {
+        let catalog = catalog.filter(|_| cfg.catalog.enabled);
+        let inner = Arc::new(Inner {
+            transport,
+            catalog,
+            configured: cfg.filters.iter().map(|f| f.name.clone()).collect(),
+            settings: cfg.catalog,
+            data_dir: cfg.node.data_dir,
+            auth_keys: cfg.auth_keys,
+            hosted: RwLock::new(HashMap::new()),
+            changes: watch::channel(0).0,
+            stopping: AtomicBool::new(false),
+        });
+        let node = Node { inner };
+        for f in cfg.filters {
+            let spec = f.filter.clone();
+            let handle = Replica::start(f, node.inner.transport.clone()).await?;
+            let id = handle.identity();
+            tracing::info!(filter = handle.name(), replica = id.replica, uuid = %id.uuid, "replica started");
+            node.insert(handle.name().to_string(), 0, spec, handle);
+        }
+        if let Some(catalog) = node.inner.catalog.clone() {
+            let listed = match catalog.list().await {
+                Ok(listed) => {
+                    node.remove_dropped_dirs(&listed);
+                    listed
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "filter catalog unavailable at start: following it once it answers");
+                    Vec::new()
+                }
+            };
+            actix::spawn(follow(node.inner.clone(), catalog));
+            let all_hosted = |h: &HashMap<String, Hosted>| {
+                listed.iter().all(|e| {
+                    node.inner.configured.contains(&e.name)
+                        || h.get(&e.name).is_some_and(|h| h.generation >= e.generation)
+                })
+            };
+            if !node.wait(Duration::from_secs(60), all_hosted).await {
+                tracing::warn!(
+                    filters = listed.len(),
+                    "not every filter of the catalog started within 60 s; going on"
+                );
+            }
+            tracing::info!(filters = listed.len(), "filter catalog followed");
+        }
+        Ok(node)
+    }
+
+    /// Creates a filter in the catalog (every node of the cluster starts a replica) and
+    /// returns once this node hosts it. Creating a filter that exists with an equal spec
+    /// answers its entry (with [`Created::new`] false); with another spec,
+    /// [`CatalogError::Exists`].
+    pub async fn create_filter(&self, name: &str, spec: FilterSpec) -> Result<Created, HostError> {
+        let catalog = self.inner.catalog.clone().ok_or(HostError::Disabled)?;
+        self.check_create(name, &spec)?;
+        let created = catalog.create(name.to_string(), spec).await?;
+        let generation = created.entry.generation;
+        let hosted = self
+            .wait(HOSTING_TIMEOUT, |h| {
+                h.get(name).is_some_and(|h| h.generation >= generation)
+            })
+            .await;
+        if !hosted {
+            return Err(HostError::NotApplied {
+                name: name.into(),
+                generation,
+                what: "started",
+            });
+        }
+        if created.new {
+            tracing::info!(filter = name, generation, "filter created");
+        }
+        Ok(created)
+    }
+
+    /// Drops a filter from the catalog (every node stops its replica and removes its data)
+    /// and returns once this node no longer hosts it: the entry dropped, `None` if there was
+    /// none.
+    pub async fn drop_filter(&self, name: &str) -> Result<Option<CatalogEntry>, HostError> {
+        let catalog = self.inner.catalog.clone().ok_or(HostError::Disabled)?;
+        if self.inner.configured.contains(name) {
+            return Err(HostError::Configured(name.into()));
+        }
+        let Some(entry) = catalog.drop_filter(name.to_string()).await? else {
+            return Ok(None);
+        };
+        let generation = entry.generation;
+        let gone = self
+            .wait(HOSTING_TIMEOUT, |h| {
+                h.get(name).is_none_or(|h| h.generation > generation)
+            })
+            .await;
+        if !gone {
+            return Err(HostError::NotApplied {
+                name: name.into(),
+                generation,
+                what: "stopped",
+            });
+        }
+        tracing::info!(filter = name, generation, "filter dropped");
+        Ok(Some(entry))
+    }
+
+    /// The catalog entry of `name`, as the catalog has it now.
+    pub async fn filter_info(&self, name: &str) -> Result<Option<CatalogEntry>, HostError> {
+        let catalog = self.inner.catalog.clone().ok_or(HostError::Disabled)?;
+        Ok(catalog.get(name.to_string()).await?)
+    }
+
+    /// Every entry of the catalog, by name (what the whole cluster hosts).
+    pub async fn catalog_entries(&self) -> Result<Vec<CatalogEntry>, HostError> {
+        let catalog = self.inner.catalog.clone().ok_or(HostError::Disabled)?;
+        Ok(catalog.list().await?)
+    }
+
+    /// Whether [`Node::shutdown`] was called.
+    pub fn is_stopping(&self) -> bool {
+        self.inner.stopping.load(Ordering::SeqCst)
+    }
+
+    /// The replica of `name` this node hosts.
+    pub fn filter(&self, name: &str) -> Option<ReplicaHandle> {
+        self.read().get(name).map(|h| h.handle.clone())
+    }
+
+    /// The filters this node hosts, by name.
+    pub fn filters(&self) -> Vec<HostedFilter> {
+        let mut all: Vec<HostedFilter> = self
+            .read()
+            .iter()
+            .map(|(name, h)| HostedFilter {
+                name: name.clone(),
+                spec: h.spec.clone(),
+                generation: h.generation,
+            })
+            .collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    /// How many filters this node hosts.
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    /// Whether it hosts none.
+    pub fn is_empty(&self) -> bool {
+        self.read().is_empty()
+    }
+
+    /// Stops following the catalog and stops every replica (each writes its final
+    /// snapshot).
+    pub async fn shutdown(&self) -> Result<(), NodeError> {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+        let all: Vec<ReplicaHandle> = self
+            .inner
+            .hosted
+            .write()
+            .expect("hosted lock")
+            .drain()
+            .map(|(_, h)| h.handle)
+            .collect();
+        let mut first_error = None;
+        for r in all {
+            if let Err(e) = r.shutdown().await {
+                tracing::error!(filter = r.name(), error = %e, "replica did not stop cleanly");
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Hosted>> {
+        self.inner.hosted.read().expect("hosted lock")
+    }
+
+    fn insert(&self, name: String, generation: u64, spec: FilterSpec, handle: ReplicaHandle) {
+        self.inner.hosted.write().expect("hosted lock").insert(
+            name,
+            Hosted {
+                generation,
+                spec,
+                handle,
+            },
+        );
+        self.inner.changed();
+    }
+
+    /// Refusals that need no catalog: the name, the spec, this node's limits.
+    fn check_create(&self, name: &str, spec: &FilterSpec) -> Result<(), HostError> {
+        if !is_token(name) || name.starts_with('_') {
+            return Err(HostError::InvalidName(name.into()));
+        }
+        if self.inner.configured.contains(name) {
+            return Err(HostError::Configured(name.into()));
+        }
+        self.inner
+            .replica_config(name, spec.clone(), 1)
+            .validate()
+            .map_err(HostError::InvalidSpec)?;
+        let bytes = spec
+            .memory_bytes()
+            .map_err(|e| HostError::InvalidSpec(e.to_string()))?;
+        let max = self.inner.settings.max_filter_bytes;
+        if bytes > max {
+            return Err(HostError::TooLarge { bytes, max });
+        }
+        let hosted = self.read();
+        let from_catalog = hosted.len() - self.inner.configured.len();
+        if !hosted.contains_key(name) && from_catalog >= self.inner.settings.max_filters {
+            return Err(HostError::TooManyFilters {
+                hosted: from_catalog,
+            });
+        }
+        Ok(())
+    }
+
+    /// Waits until `done` holds of the hosted filters; `false` at the deadline.
+    async fn wait(
+        &self,
+        timeout: Duration,
+        done: impl Fn(&HashMap<String, Hosted>) -> bool,
+    ) -> bool {
+        let mut changes = self.inner.changes.subscribe();
+        let waiting = async {
+            loop {
+                if done(&self.read()) {
+                    return;
+                }
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(timeout, waiting).await.is_ok()
+    }
+
+    /// Removes the data directories of catalog filters (`<name>.g<generation>`) that the
+    /// catalog no longer lists: dropped while this node was down.
+    fn remove_dropped_dirs(&self, listed: &[CatalogEntry]) {
+        let Some(base) = &self.inner.data_dir else {
+            return;
+        };
+        let Ok(dirs) = std::fs::read_dir(base) else {
+            return;
+        };
+        let live: HashSet<String> = listed
+            .iter()
+            .map(|e| incarnation_dir(&e.name, e.generation))
+            .collect();
+        for d in dirs.flatten() {
+            let name = d.file_name().to_string_lossy().into_owned();
+            if parse_incarnation_dir(&name).is_some() && !live.contains(&name) {
+                remove_dir(&d.path(), "dropped while this node was down");
+            }
+        }
+    }
+}
+
+/// `<name>.g<generation>`: the data directory of a catalog filter's incarnation.
+fn incarnation_dir(name: &str, generation: u64) -> String {
+    format!("{name}.g{generation}")
+}
+
+/// The name and generation of an incarnation's data directory.
+fn parse_incarnation_dir(dir: &str) -> Option<(&str, u64)> {
+    let (name, generation) = dir.rsplit_once(".g")?;
+    let generation = generation.parse().ok()?;
+    (is_token(name) && generation > 0).then_some((name, generation))
+}
+
+fn remove_dir(path: &Path, why: &str) {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => tracing::info!(dir = %path.display(), why, "removed a dropped filter's data"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(dir = %path.display(), error = %e, "could not remove a dropped filter's data")
+        }
+    }
+}
+
+impl Inner {
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n += 1);
+        metrics::gauge!(FILTERS).set(self.hosted.read().expect("hosted lock").len() as f64);
+    }
+
+    /// The replica configuration of a catalog filter's incarnation.
+    fn replica_config(&self, name: &str, spec: FilterSpec, generation: u64) -> ReplicaConfig {
+        let mut c = self.settings.defaults.replica_config(name, spec);
+        c.generation = generation;
+        c.aggregate_metrics = !self.settings.metrics_filters.iter().any(|f| f == name);
+        c.auth_keys = self.auth_keys.clone();
+        c.data_dir = self
+            .data_dir
+            .as_ref()
+            .map(|d| d.join(incarnation_dir(name, generation)));
+        c
+    }
+
+    /// Hosts the filter of `entry` (stopping an older generation of the name first).
+    async fn host(self: &Arc<Self>, entry: CatalogEntry) {
+        if self.configured.contains(&entry.name) {
+            tracing::warn!(
+                filter = entry.name,
+                "the catalog has a filter of this node's configuration file: the configured one stays"
+            );
+            return;
+        }
+        let current = self
+            .hosted
+            .read()
+            .expect("hosted lock")
+            .get(&entry.name)
+            .cloned();
+        match current {
+            Some(h) if h.generation == entry.generation => return,
+            Some(h) if h.generation > entry.generation => return,
+            Some(_) => self.unhost(&entry.name).await,
+            None => {}
+        }
+        let cfg = self.replica_config(&entry.name, entry.spec.clone(), entry.generation);
+        let mut delay = Duration::from_millis(100);
+        for attempt in 1..=5 {
+            if self.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            match Replica::start(cfg.clone(), self.transport.clone()).await {
+                Ok(handle) => {
+                    self.hosted.write().expect("hosted lock").insert(
+                        entry.name.clone(),
+                        Hosted {
+                            generation: entry.generation,
+                            spec: entry.spec.clone(),
+                            handle,
+                        },
+                    );
+                    self.changed();
+                    metrics::counter!(CATALOG_CHANGES, "change" => "started").increment(1);
+                    return;
+                }
+                Err(e) => {
+                    metrics::counter!(CATALOG_ERRORS, "op" => "start").increment(1);
+                    tracing::warn!(
+                        filter = entry.name, generation = entry.generation, attempt, error = %e,
+                        "could not start a catalog filter's replica"
+                    );
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+            }
+        }
+    }
+
+    /// Stops the replica of `name` and removes its data directory.
+    async fn unhost(self: &Arc<Self>, name: &str) {
+        if self.configured.contains(name) {
+            return;
+        }
+        let Some(h) = self.hosted.write().expect("hosted lock").remove(name) else {
+            return;
+        };
+        self.changed();
+        if let Err(e) = h.handle.shutdown().await {
+            tracing::warn!(filter = name, error = %e, "a dropped filter's replica did not stop cleanly");
+        }
+        if let Some(base) = &self.data_dir {
+            remove_dir(&base.join(incarnation_dir(name, h.generation)), "dropped");
+        }
+        metrics::counter!(CATALOG_CHANGES, "change" => "stopped").increment(1);
+    }
+
+    async fn apply(self: Arc<Self>, change: CatalogChange) -> String {
+        match change {
+            CatalogChange::Put(entry) => {
+                let name = entry.name.clone();
+                self.host(entry).await;
+                name
+            }
+            CatalogChange::Dropped { name } => {
+                self.unhost(&name).await;
+                name
+            }
+        }
+    }
+}
+
+fn change_name(c: &CatalogChange) -> &str {
+    match c {
+        CatalogChange::Put(e) => &e.name,
+        CatalogChange::Dropped { name } => name,
+    }
+}
+
+/// Follows the catalog until the node stops: watches it (again after any error) and applies
+/// its changes, up to [`PARALLEL_CHANGES`] at once, those of one name in order.
+async fn follow(inner: Arc<Inner>, catalog: Arc<dyn Catalog>) {
+    let mut delay = Duration::from_millis(100);
+    while !inner.stopping.load(Ordering::SeqCst) {
+        let mut watch = match catalog.watch().await {
+            Ok(w) => {
+                delay = Duration::from_millis(100);
+                w
+            }
+            Err(e) => {
+                metrics::counter!(CATALOG_ERRORS, "op" => "watch").increment(1);
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "cannot watch the filter catalog");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        // Changes waiting behind one of their name in flight, by name.
+        let mut queued: HashMap<String, VecDeque<CatalogChange>> = HashMap::new();
+        let mut running = FuturesUnordered::new();
+        let mut watching = true;
+        while watching || !running.is_empty() {
+            tokio::select! {
+                next = watch.next(), if watching && running.len() < PARALLEL_CHANGES => {
+                    match next {
+                        Some(Ok(change)) => {
+                            let name = change_name(&change).to_string();
+                            match queued.get_mut(&name) {
+                                Some(q) => q.push_back(change),
+                                None => {
+                                    queued.insert(name, VecDeque::new());
+                                    running.push(inner.clone().apply(change));
+                                }
+                            }
+                        }
+                        Some(Err(e)) => {
+                            metrics::counter!(CATALOG_ERRORS, "op" => "watch").increment(1);
+                            tracing::warn!(error = %e, "filter catalog watch failed; watching again");
+                            watching = false;
+                        }
+                        None => watching = false,
+                    }
+                }
+                Some(name) = running.next(), if !running.is_empty() => {
+                    match queued.get_mut(&name).and_then(VecDeque::pop_front) {
+                        Some(next) => running.push(inner.clone().apply(next)),
+                        None => {
+                            queued.remove(&name);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Filters hosted (gauge).
+pub const FILTERS: &str = "crpf_filters";
+/// Catalog changes applied on this node, by `change` (started, stopped).
+pub const CATALOG_CHANGES: &str = "crpf_catalog_changes_total";
+/// Failures to follow the catalog, by `op` (watch, start).
+pub const CATALOG_ERRORS: &str = "crpf_catalog_errors_total";
+
+/// Describes the node's catalog metrics.
+pub(crate) fn describe() {
+    metrics::describe_gauge!(
+        FILTERS,
+        "Filters this node hosts (configured and from the catalog)"
+    );
+    metrics::describe_counter!(
+        CATALOG_CHANGES,
+        "Filter catalog changes applied on this node, by change (started, stopped)"
+    );
+    metrics::describe_counter!(
+        CATALOG_ERRORS,
+        "Failures to follow the filter catalog, by op (watch, start)"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn incarnation_dirs_round_trip_and_configured_dirs_are_not_taken_for_them() {
+        assert_eq!(incarnation_dir("tenant-7", 42), "tenant-7.g42");
+        assert_eq!(
+            parse_incarnation_dir("tenant-7.g42"),
+            Some(("tenant-7", 42))
+        );
+        assert_eq!(parse_incarnation_dir("a.g1.g2"), None);
+        for configured in ["sessions", "gauges", "x.g0", "x.gx", ".g5"] {
+            assert_eq!(parse_incarnation_dir(configured), None, "{configured}");
+        }
+    }
+}

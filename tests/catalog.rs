@@ -1,0 +1,283 @@
+//! Filters as data (issue 23) on the in-process bus: nodes that follow one filter catalog
+//! create, drop and re-create filters at run time, refuse what their limits forbid, keep a
+//! dropped incarnation's traffic out of a new one, and catch up with the catalog at start.
+//! (Over a real nats-server and `crpf node` processes: tests/catalog_nats.rs.)
+#![cfg(feature = "node")]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crpf::node::{HostError, Node, NodeConfig};
+use crpf::transport::{Bus, CatalogError, InProcessBus, Message};
+use crpf::{FilterKind, FilterSpec};
+use futures::StreamExt;
+
+/// A node config following the catalog with fast replica timers (and `extra` TOML).
+fn config(extra: &str) -> NodeConfig {
+    NodeConfig::from_toml_str(&format!(
+        "[catalog]\n{extra}\n[catalog.defaults]\ndelta_interval_ms = 10\n\
+         anti_entropy_interval_ms = 300\nmin_push_interval_ms = 100\ncatch_up_timeout_ms = 300\n\
+         snapshot_interval_ms = 500\nmetrics_interval_ms = 200\n"
+    ))
+    .unwrap()
+}
+
+async fn node(bus: &InProcessBus, cfg: NodeConfig) -> Node {
+    Node::start(cfg, Arc::new(bus.clone()), Some(Arc::new(bus.catalog())))
+        .await
+        .unwrap()
+}
+
+fn bloom(capacity: u64) -> FilterSpec {
+    FilterSpec::new(FilterKind::GBloom, capacity, 0.01)
+}
+
+/// Polls `cond` every 5 ms; `false` after `timeout`.
+async fn eventually(timeout: Duration, cond: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    true
+}
+
+#[actix::test]
+async fn a_filter_created_on_one_node_serves_on_the_other_and_a_drop_stops_both() {
+    let bus = InProcessBus::new();
+    let (a, b) = (node(&bus, config("")).await, node(&bus, config("")).await);
+    let created = a.create_filter("tenant-1", bloom(1_000)).await.unwrap();
+    assert!(created.new);
+    // Idempotent with the same spec.
+    let again = b.create_filter("tenant-1", bloom(1_000)).await.unwrap();
+    assert!(!again.new);
+    assert_eq!(again.entry.generation, created.entry.generation);
+    assert!(eventually(Duration::from_secs(5), || b.filter("tenant-1").is_some()).await);
+    a.filter("tenant-1")
+        .unwrap()
+        .add(b"alice".to_vec())
+        .await
+        .unwrap();
+    let on_b = b.filter("tenant-1").unwrap();
+    assert!(
+        on_b.wait_until(Duration::from_secs(5), |f| f.contains(b"alice"))
+            .await
+    );
+    assert_eq!(a.filters().len(), 1);
+    assert_eq!(a.catalog_entries().await.unwrap().len(), 1);
+
+    let dropped = b.drop_filter("tenant-1").await.unwrap().unwrap();
+    assert_eq!(dropped.generation, created.entry.generation);
+    assert!(b.filter("tenant-1").is_none());
+    assert!(eventually(Duration::from_secs(5), || a.filter("tenant-1").is_none()).await);
+    assert_eq!(b.drop_filter("tenant-1").await.unwrap(), None);
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[actix::test]
+async fn concurrent_creates_with_different_specs_have_one_winner_everywhere() {
+    let bus = InProcessBus::new();
+    let (a, b) = (node(&bus, config("")).await, node(&bus, config("")).await);
+    for round in 0..10 {
+        let name = format!("race-{round}");
+        let (ra, rb) = futures::join!(
+            a.create_filter(&name, bloom(1_000)),
+            b.create_filter(&name, bloom(2_000))
+        );
+        let (winner, loser) = match (ra, rb) {
+            (Ok(w), Err(l)) | (Err(l), Ok(w)) => (w, l),
+            other => panic!("round {round}: exactly one create must win: {other:?}"),
+        };
+        match &loser {
+            HostError::Catalog(CatalogError::Exists { existing, .. }) => {
+                assert_eq!(existing, &winner.entry.spec)
+            }
+            other => panic!("round {round}: the loser must be told the existing spec: {other}"),
+        }
+        assert!(
+            loser.to_string().contains("exists with another spec"),
+            "{loser}"
+        );
+        for n in [&a, &b] {
+            assert!(eventually(Duration::from_secs(5), || n.filter(&name).is_some()).await);
+            let spec = n
+                .filters()
+                .into_iter()
+                .find(|f| f.name == name)
+                .unwrap()
+                .spec;
+            assert_eq!(spec, winner.entry.spec);
+        }
+    }
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+#[actix::test]
+async fn a_re_created_filter_takes_nothing_of_its_old_incarnation() {
+    let bus = InProcessBus::new();
+    let a = node(&bus, config("")).await;
+    // Everything the first incarnation's replicas publish, to replay later.
+    let mut recorded = bus.subscribe("crpf.reused.>".into(), None).await.unwrap();
+    let old = a.create_filter("reused", bloom(1_000)).await.unwrap();
+    let first = a.filter("reused").unwrap();
+    for i in 0..200 {
+        first.add(format!("old-{i}").into_bytes()).await.unwrap();
+    }
+    first.flush().await.unwrap();
+    a.drop_filter("reused").await.unwrap();
+    let mut frames: Vec<Message> = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(200), recorded.next()).await
+    {
+        frames.push(m);
+    }
+    assert!(!frames.is_empty(), "the old incarnation published nothing");
+
+    let new = a.create_filter("reused", bloom(1_000)).await.unwrap();
+    assert!(new.entry.generation > old.entry.generation);
+    let second = a.filter("reused").unwrap();
+    assert!(!second.contains(b"old-0"));
+    // The old incarnation's deltas and states, replayed onto the new one's subjects.
+    for m in &frames {
+        bus.publish(m.subject.clone(), m.payload.clone())
+            .await
+            .unwrap();
+    }
+    let rejected = async {
+        loop {
+            let stats = second.stats().await.unwrap();
+            if stats.rejects.get("generation").copied().unwrap_or(0) >= frames.len() as u64 {
+                return stats;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let stats = tokio::time::timeout(Duration::from_secs(5), rejected)
+        .await
+        .expect("every replayed frame is refused as another generation's");
+    assert_eq!(stats.figures.cardinality.round(), 0.0);
+    assert!((0..200).all(|i| !second.contains(format!("old-{i}").as_bytes())));
+    a.shutdown().await.unwrap();
+}
+
+#[actix::test]
+async fn limits_are_refused_with_clear_errors_and_nothing_created() {
+    let bus = InProcessBus::new();
+    let cfg = config("max_filters = 2\nmax_filter_bytes = 100000");
+    let mut cfg = cfg;
+    cfg.filters = NodeConfig::from_toml_str(
+        "[[filters]]\nname = \"fixed\"\nfilter = { kind = \"g_bloom\", capacity = 100, fpr = 0.01 }\n",
+    )
+    .unwrap()
+    .filters;
+    let a = node(&bus, cfg).await;
+    fn refused<T: std::fmt::Debug>(r: Result<T, HostError>) -> HostError {
+        r.unwrap_err()
+    }
+    for bad in ["", "a.b", "a b", "_hidden", &"x".repeat(65), "$catalog"] {
+        let e = refused(a.create_filter(bad, bloom(100)).await);
+        assert!(matches!(e, HostError::InvalidName(_)), "{bad:?}: {e}");
+    }
+    let e = refused(a.create_filter("fixed", bloom(100)).await);
+    assert!(e.to_string().contains("configuration file"), "{e}");
+    let e = refused(a.drop_filter("fixed").await);
+    assert!(matches!(e, HostError::Configured(_)), "{e}");
+    // 10M elements at 1% is 12 MB, over the 100 kB limit; a bad fpr is refused as such.
+    let e = refused(a.create_filter("huge", bloom(10_000_000)).await);
+    assert!(
+        matches!(e, HostError::TooLarge { max: 100_000, .. })
+            && e.to_string().contains("max_filter_bytes"),
+        "{e}"
+    );
+    let e = refused(
+        a.create_filter("bad-fpr", FilterSpec::new(FilterKind::GBloom, 100, 1.5))
+            .await,
+    );
+    assert!(matches!(e, HostError::InvalidSpec(_)), "{e}");
+    a.create_filter("one", bloom(100)).await.unwrap();
+    a.create_filter("two", bloom(100)).await.unwrap();
+    let e = refused(a.create_filter("three", bloom(100)).await);
+    assert!(
+        matches!(e, HostError::TooManyFilters { hosted: 2 })
+            && e.to_string().contains("max_filters"),
+        "{e}"
+    );
+    // An existing one is not refused by the count.
+    a.create_filter("two", bloom(100)).await.unwrap();
+    let names: Vec<String> = a.filters().into_iter().map(|f| f.name).collect();
+    assert_eq!(names, ["fixed", "one", "two"]);
+    assert_eq!(a.catalog_entries().await.unwrap().len(), 2);
+    a.shutdown().await.unwrap();
+}
+
+#[actix::test]
+async fn a_restarted_node_keeps_its_filters_and_catches_up_with_drops_and_creates() {
+    let bus = InProcessBus::new();
+    let data = tempfile::tempdir().unwrap();
+    let with_data = || {
+        let mut c = config("");
+        c.node.data_dir = Some(data.path().to_path_buf());
+        c
+    };
+    let a = node(&bus, with_data()).await;
+    let kept = a.create_filter("kept", bloom(1_000)).await.unwrap();
+    let gone = a.create_filter("gone", bloom(1_000)).await.unwrap();
+    a.filter("kept")
+        .unwrap()
+        .add(b"durable".to_vec())
+        .await
+        .unwrap();
+    let gone_dir = data.path().join(format!("gone.g{}", gone.entry.generation));
+    assert!(gone_dir.is_dir());
+    a.shutdown().await.unwrap();
+
+    // Unchanged catalog: the filter comes back with its state, from its data directory.
+    let a = node(&bus, with_data()).await;
+    assert!(a.filter("kept").unwrap().contains(b"durable"));
+    a.shutdown().await.unwrap();
+
+    // Changed while the node was down (another node is up meanwhile).
+    let other = node(&bus, config("")).await;
+    other.drop_filter("gone").await.unwrap();
+    other.create_filter("new", bloom(1_000)).await.unwrap();
+    other.shutdown().await.unwrap();
+    let a = node(&bus, with_data()).await;
+    assert!(a.filter("gone").is_none());
+    assert!(!gone_dir.exists(), "a dropped filter's data stays behind");
+    assert!(a.filter("new").is_some());
+    let still = a.filter("kept").unwrap();
+    assert!(still.contains(b"durable"));
+    assert_eq!(
+        a.filters()
+            .iter()
+            .find(|f| f.name == "kept")
+            .unwrap()
+            .generation,
+        kept.entry.generation
+    );
+    a.shutdown().await.unwrap();
+}
+
+#[actix::test]
+async fn a_thousand_filters_come_and_go() {
+    let bus = InProcessBus::new();
+    let a = node(&bus, config("")).await;
+    let started = Instant::now();
+    for i in 0..1_000 {
+        a.create_filter(&format!("t{i}"), bloom(100)).await.unwrap();
+    }
+    eprintln!(
+        "1,000 filters created in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(a.len(), 1_000);
+    a.filter("t999").unwrap().add(b"x".to_vec()).await.unwrap();
+    for i in 0..1_000 {
+        a.drop_filter(&format!("t{i}")).await.unwrap().unwrap();
+    }
+    assert!(a.is_empty());
+    a.shutdown().await.unwrap();
+}
