@@ -543,3 +543,56 @@ async fn adds_over_resp_replicate_over_nats() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Issue 27, point 5: Redis's `timeout` closes connections idle that long, so idle clients
+/// cannot hold every slot, and `maxclients` is the slots' name in Redis's words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_after_timeout_and_maxclients_bounds_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(
+        dir.path(),
+        "idle",
+        "timeout = 1\nmaxclients = 3",
+        None,
+        None,
+    );
+    let ping = |s: &mut TcpStream| -> std::io::Result<String> {
+        s.write_all(b"PING\r\n")?;
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+    };
+    let open = || {
+        let s = TcpStream::connect(&node.resp).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    };
+    let (mut idle, mut busy) = (open(), open());
+    assert_eq!(ping(&mut idle).unwrap(), "+PONG\r\n");
+    // A client that keeps talking stays; one that says nothing for over a second is closed.
+    for _ in 0..6 {
+        assert_eq!(ping(&mut busy).unwrap(), "+PONG\r\n");
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    let mut buf = [0u8; 16];
+    assert_eq!(
+        idle.read(&mut buf).unwrap(),
+        0,
+        "the idle connection was closed"
+    );
+    // maxclients = 3: with `busy` and two more open, a fourth is refused.
+    let (mut a, mut b) = (open(), open());
+    assert_eq!(ping(&mut a).unwrap(), "+PONG\r\n");
+    assert_eq!(ping(&mut b).unwrap(), "+PONG\r\n");
+    let mut refused = open();
+    let n = refused.read(&mut buf).unwrap_or(0);
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).contains("max number of clients"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    // Once idle ones are closed, their slots serve new clients.
+    std::thread::sleep(Duration::from_millis(2_500));
+    let mut later = open();
+    assert_eq!(ping(&mut later).unwrap(), "+PONG\r\n");
+}

@@ -134,6 +134,9 @@ struct Inner {
     auth_keys: Option<AuthKeys>,
     configured: HashSet<String>,
     hosted: RwLock<HashMap<String, Hosted>>,
+    /// The catalog as this node's watcher has seen it (what `list` answers without asking
+    /// JetStream).
+    view: RwLock<std::collections::BTreeMap<String, CatalogEntry>>,
     /// Bumped whenever `hosted` changes, for the creates and drops that wait on it.
     changes: watch::Sender<u64>,
     stopping: AtomicBool,
@@ -197,6 +200,7 @@ impl Node {
             data_dir: cfg.node.data_dir,
             auth_keys: cfg.auth_keys,
             hosted: RwLock::new(HashMap::new()),
+            view: RwLock::new(Default::default()),
             changes: watch::channel(0).0,
             stopping: AtomicBool::new(false),
         });
@@ -212,6 +216,8 @@ impl Node {
             let listed = match catalog.list().await {
                 Ok(listed) => {
                     node.remove_dropped_dirs(&listed);
+                    *node.inner.view.write().expect("view lock") =
+                        listed.iter().map(|e| (e.name.clone(), e.clone())).collect();
                     listed
                 }
                 Err(e) => {
@@ -238,7 +244,7 @@ impl Node {
     }
 
     /// Creates a filter in the catalog (every node of the cluster starts a replica) and
-    /// returns once this node hosts it. Creating a filter that exists with an equal spec
+    /// returns once this node's replica serves it. Creating a filter that exists with an equal spec
     /// answers its entry (with [`Created::new`] false); with another spec,
     /// [`CatalogError::Exists`].
     pub async fn create_filter(&self, name: &str, spec: FilterSpec) -> Result<Created, HostError> {
@@ -251,7 +257,13 @@ impl Node {
                 h.get(name).is_some_and(|h| h.generation >= generation)
             })
             .await;
-        if !hosted {
+        // Hosted and serving: a request right after the answer finds the filter here.
+        let serving = hosted
+            && match self.filter(name) {
+                Some(h) => h.wait_ready(HOSTING_TIMEOUT).await,
+                None => false,
+            };
+        if !serving {
             return Err(HostError::NotApplied {
                 name: name.into(),
                 generation,
@@ -298,10 +310,20 @@ impl Node {
         Ok(catalog.get(name.to_string()).await?)
     }
 
-    /// Every entry of the catalog, by name (what the whole cluster hosts).
+    /// Every entry of the catalog, by name (what the whole cluster hosts), as this node's
+    /// watcher has seen it: a change made elsewhere shows here within the watcher's delay.
     pub async fn catalog_entries(&self) -> Result<Vec<CatalogEntry>, HostError> {
-        let catalog = self.inner.catalog.clone().ok_or(HostError::Disabled)?;
-        Ok(catalog.list().await?)
+        if self.inner.catalog.is_none() {
+            return Err(HostError::Disabled);
+        }
+        Ok(self
+            .inner
+            .view
+            .read()
+            .expect("view lock")
+            .values()
+            .cloned()
+            .collect())
     }
 
     /// Whether [`Node::shutdown`] was called.
@@ -471,6 +493,19 @@ fn remove_dir(path: &Path, why: &str) {
 }
 
 impl Inner {
+    /// Keeps this node's view of the catalog.
+    fn saw(&self, change: &CatalogChange) {
+        let mut view = self.view.write().expect("view lock");
+        match change {
+            CatalogChange::Put(e) => {
+                view.insert(e.name.clone(), e.clone());
+            }
+            CatalogChange::Dropped { name } => {
+                view.remove(name);
+            }
+        }
+    }
+
     fn changed(&self) {
         self.changes.send_modify(|n| *n += 1);
         metrics::gauge!(FILTERS).set(self.hosted.read().expect("hosted lock").len() as f64);
@@ -510,7 +545,9 @@ impl Inner {
             Some(_) => self.unhost(&entry.name).await,
             None => {}
         }
-        let cfg = self.replica_config(&entry.name, entry.spec.clone(), entry.generation);
+        let mut cfg = self.replica_config(&entry.name, entry.spec.clone(), entry.generation);
+        let age_ms = crate::transport::catalog::now_ms().saturating_sub(entry.created_ms);
+        cfg.new_incarnation = age_ms < cfg.catch_up_timeout_ms;
         let mut delay = Duration::from_millis(100);
         for attempt in 1..=5 {
             if self.stopping.load(Ordering::SeqCst) {
@@ -610,6 +647,7 @@ async fn follow(inner: Arc<Inner>, catalog: Arc<dyn Catalog>) {
                 next = watch.next(), if watching && running.len() < PARALLEL_CHANGES => {
                     match next {
                         Some(Ok(change)) => {
+                            inner.saw(&change);
                             let name = change_name(&change).to_string();
                             match queued.get_mut(&name) {
                                 Some(q) => q.push_back(change),

@@ -78,6 +78,9 @@ pub(crate) struct Shared {
     pub direct_changes: AtomicBool,
     /// A commit was asked of the actor because the pending delta is full, and not yet made.
     pub commit_requested: AtomicBool,
+    /// A flush of the pending delta is scheduled (or asked of the actor): an idle replica
+    /// has no timer running for its deltas, and a change arms one ([`Shared::want_flush`]).
+    pub flush_scheduled: AtomicBool,
     /// The replica shut down: updates are no longer applied (set under the write lock).
     pub closed: AtomicBool,
     /// What a batch request may hold (`max_batch_items`, `max_item_bytes`).
@@ -87,6 +90,19 @@ pub(crate) struct Shared {
     /// Answers requests of the API made in this process ([`ReplicaHandle::request`]); set
     /// once the API is served.
     pub api: std::sync::OnceLock<Arc<reads::Reads>>,
+}
+
+impl Shared {
+    /// The state changed: unless a flush is already scheduled, asks the actor for one
+    /// ([`Inbound::Wake`]). A full inbound buffer drops the request; the housekeeping tick
+    /// then notices the pending delta.
+    pub(crate) fn want_flush(&self, to_actor: &mpsc::Sender<Inbound>) {
+        if !self.flush_scheduled.swap(true, Ordering::AcqRel)
+            && to_actor.try_send(Inbound::Wake).is_err()
+        {
+            self.flush_scheduled.store(false, Ordering::Release);
+        }
+    }
 }
 
 /// Everything a replica needs to start, prepared by [`super::Replica::start`].
@@ -132,6 +148,12 @@ pub struct Replica {
     /// live peers announces.
     announced_digest: Option<u64>,
     last_push: Option<Instant>,
+    /// The replacement of a failed log writer, if one is under way.
+    wal_recovery: durability::WalRecovery,
+    /// The scheduled flush of the pending delta, if any: none while nothing changed.
+    flush_timer: Option<SpawnHandle>,
+    /// When the pending delta was last flushed.
+    last_flush: Option<Instant>,
     push_scheduled: bool,
     encoding: bool,
     changed_since_push: bool,
@@ -221,6 +243,9 @@ impl Replica {
             digest: None,
             announced_digest: None,
             last_push: None,
+            flush_timer: None,
+            last_flush: None,
+            wal_recovery: Default::default(),
             push_scheduled: false,
             encoding: false,
             changed_since_push: false,
@@ -499,7 +524,8 @@ impl Replica {
     /// ([`Shared::direct_changes`]).
     pub(super) fn absorb_direct_changes(&mut self) {
         if self.shared.direct_changes.swap(false, Ordering::AcqRel) {
-            self.local_change();
+            // Their flush was asked for when they were made.
+            self.mark_local_change();
         }
     }
 
@@ -570,7 +596,14 @@ impl Replica {
         // Time passes for kinds whose elements expire: their window moves (and the move
         // travels to the peers in the next delta).
         if self.write().tick(wall_clock_ms()) {
-            self.changed();
+            self.local_change();
+        }
+        // A flush whose request found the inbound buffer full.
+        if self.flush_timer.is_none()
+            && (self.read().pending_delta_len() > 0
+                || self.shared.direct_changes.load(Ordering::Acquire))
+        {
+            self.schedule_flush(ctx);
         }
         {
             let f = self.read();
@@ -597,6 +630,8 @@ impl Replica {
             0.0
         });
         if let Some(wal) = &self.wal {
+            let ok = !self.wal_recovery.is_pending();
+            t.gauge(m::DURABLE_OK, &[]).set(if ok { 1.0 } else { 0.0 });
             let s = wal.stats();
             for (name, v) in [
                 (m::WAL_APPENDS, &s.appends),
@@ -684,9 +719,6 @@ impl Actor for Replica {
             self.limiter.clone(),
         ));
 
-        ctx.run_interval(ReplicaConfig::ms(self.cfg.delta_interval_ms), |act, ctx| {
-            act.flush_delta(ctx)
-        });
         ctx.run_interval(
             ReplicaConfig::ms(self.cfg.metrics_interval_ms),
             |act, ctx| act.housekeeping(ctx),
@@ -703,6 +735,12 @@ impl Actor for Replica {
             );
         }
         self.schedule_digest(ctx);
+        if self.cfg.new_incarnation {
+            let actions = self
+                .anti_entropy
+                .ready_now("a filter created a moment ago: nothing to catch up");
+            self.carry_out(actions, ctx);
+        }
         // Catch up: ask every peer for its state, and tell them ours.
         self.request_state(None);
         self.send_digest();
@@ -735,6 +773,7 @@ impl StreamHandler<Inbound> for Replica {
                 self.shared.commit_requested.store(false, Ordering::Release);
                 self.flush_delta(ctx);
             }
+            Inbound::Wake => self.schedule_flush(ctx),
             Inbound::Event(ev) => self.on_event(ev, ctx),
         }
     }

@@ -236,6 +236,12 @@ impl AntiEntropy {
         }
     }
 
+    /// Ready at once, without catching up: there is nothing to catch up with (a filter
+    /// incarnation created a moment ago).
+    pub(crate) fn ready_now(&mut self, why: &'static str) -> Vec<Action> {
+        self.become_ready(why)
+    }
+
     fn become_ready(&mut self, why: &'static str) -> Vec<Action> {
         if std::mem::replace(&mut self.ready, true) {
             Vec::new()

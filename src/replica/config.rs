@@ -158,6 +158,12 @@ pub struct ReplicaConfig {
     /// `catalog.metrics_filters` does not name.
     #[serde(skip)]
     pub aggregate_metrics: bool,
+    /// The filter was created a moment ago (the node sets it for a catalog filter created
+    /// less than `catch_up_timeout_ms` before its replica starts): there is no state to catch
+    /// up with, so the replica is ready, and serves its API, at once; the first updates of
+    /// its peers reach it by replication.
+    #[serde(skip)]
+    pub new_incarnation: bool,
 }
 
 mod d {
@@ -272,6 +278,7 @@ impl ReplicaConfig {
             auth_keys: None,
             generation: 0,
             aggregate_metrics: false,
+            new_incarnation: false,
         }
     }
 

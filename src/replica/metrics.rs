@@ -80,6 +80,9 @@ pub const WAL_FSYNCS: &str = "crpf_wal_fsyncs_total";
 pub const WAL_BYTES: &str = "crpf_wal_bytes_total";
 /// Write-ahead log appends and removals that failed.
 pub const WAL_FAILURES: &str = "crpf_wal_failures_total";
+/// 1 while the write-ahead log takes durable updates, 0 from a failed append (a full disk)
+/// until a new writer replaced the failed one (replicas with a data directory).
+pub const DURABLE_OK: &str = "crpf_durable_ok";
 /// Live peers whose last digest equals this replica's state digest.
 pub const CONVERGED_PEERS: &str = "crpf_converged_peers";
 /// Ids of the filter in the replica id registry, by `state` (`live`, `retired`).
@@ -180,6 +183,10 @@ pub fn describe() {
         c!(
             WAL_FAILURES,
             "Write-ahead log appends and removals that failed"
+        );
+        g!(
+            DURABLE_OK,
+            "1 while the write-ahead log takes durable updates, 0 after a failed append until a new writer replaced it"
         );
         g!(
             CONVERGED_PEERS,

@@ -386,6 +386,7 @@ impl Replica {
             inbound_max_bytes: cfg.inbound_max_bytes,
             direct_changes: Default::default(),
             commit_requested: Default::default(),
+            flush_scheduled: Default::default(),
             closed: Default::default(),
             api: Default::default(),
             limits: crate::api::batch::Limits::new(cfg.max_batch_items, cfg.max_item_bytes),

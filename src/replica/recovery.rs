@@ -170,6 +170,15 @@ fn replay_into(
         }
         Err(e) => return Err(e),
     };
+    if replayed.damaged_regions > 0 {
+        tracing::warn!(
+            records = replayed.records,
+            damaged_regions = replayed.damaged_regions,
+            damaged_bytes = replayed.damaged_bytes,
+            "write-ahead log replayed past damage: the records in the damaged bytes are lost, \
+             every intact record after them was kept"
+        );
+    }
     if replayed.records > 0 || replayed.torn_bytes > 0 {
         tracing::info!(
             records = replayed.records,

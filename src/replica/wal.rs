@@ -176,6 +176,11 @@ pub struct Replayed {
     pub torn_bytes: u64,
     /// Whether a torn tail was cut off (a segment removed or truncated).
     pub torn: bool,
+    /// Damaged regions skipped (a frame or segment header that fails its checksum, not at
+    /// the torn tail): the replay went on at the next frame that checks.
+    pub damaged_regions: u64,
+    /// Their bytes.
+    pub damaged_bytes: u64,
     dir: PathBuf,
     next: u64,
     limits: WalLimits,
@@ -202,6 +207,8 @@ pub fn replay(
         bytes: 0,
         torn_bytes: 0,
         torn: false,
+        damaged_regions: 0,
+        damaged_bytes: 0,
         dir,
         next,
         limits,
@@ -303,12 +310,43 @@ impl Scan<'_> {
             }
             return Err(self.corrupt(0, "incomplete or blank segment header"));
         }
-        self.check_header(&head)?;
+        match self.check_header(&head) {
+            Ok(()) => {}
+            // A header that fails its own checksum is damage, not another replica's log
+            // (whose header checks, and is refused as foreign): its frames are checksummed
+            // records of this directory's log, kept.
+            Err(e @ DurableError::Corrupt { .. }) if header_damaged(&head) => {
+                tracing::warn!(segment = ?self.path, error = %e, "damaged write-ahead log segment header: skipping it, keeping the frames after it");
+                out.damaged_regions += 1;
+                out.damaged_bytes += SEGMENT_HEADER as u64;
+            }
+            Err(e) => return Err(e),
+        }
 
         let mut offset = SEGMENT_HEADER as u64;
         let mut body = Vec::new();
         while offset < file_len {
-            match self.frame(&mut r, offset, file_len, &mut body)? {
+            let step = match self.frame(&mut r, offset, file_len, &mut body) {
+                Err(DurableError::Corrupt { reason, .. }) => {
+                    // Damage in the middle: go on at the next frame that checks.
+                    let next = self.next_sound_frame(offset + 1, file_len)?;
+                    let to = next.unwrap_or(file_len);
+                    tracing::warn!(
+                        segment = ?self.path, offset, skipped = to - offset, reason,
+                        "damaged write-ahead log frame: skipped to the next frame that checks"
+                    );
+                    out.damaged_regions += 1;
+                    out.damaged_bytes += to - offset;
+                    offset = to;
+                    let mut file = File::open(self.path).map_err(&io)?;
+                    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(offset))
+                        .map_err(&io)?;
+                    r = BufReader::with_capacity(1 << 16, file);
+                    continue;
+                }
+                other => other?,
+            };
+            match step {
                 Step::Frame(end) => {
                     self.records(&body, offset, out, on_record)?;
                     offset = end;
@@ -385,6 +423,33 @@ impl Scan<'_> {
             };
         }
         Ok(Step::Frame(end))
+    }
+
+    /// The offset of the first frame at or after `from` whose header and body check (the
+    /// frame header's own checksum finds candidates; 1 in 2^32 of random bytes pass it, and
+    /// the body checksum settles those); `None` if there is none before the end.
+    fn next_sound_frame(&self, from: u64, file_len: u64) -> Result<Option<u64>, DurableError> {
+        let io = io_err(self.path);
+        let mut file = File::open(self.path).map_err(&io)?;
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(from)).map_err(&io)?;
+        let mut rest = Vec::with_capacity((file_len - from) as usize);
+        file.read_to_end(&mut rest).map_err(&io)?;
+        for at in 0..rest.len().saturating_sub(FRAME_HEADER - 1) {
+            let fh = &rest[at..at + FRAME_HEADER];
+            if is_zero(fh) || frame_check(&fh[..12]) != fh[12..] {
+                continue;
+            }
+            let len = u32::from_le_bytes(fh[..4].try_into().expect("4 bytes")) as usize;
+            let sum = u64::from_le_bytes(fh[4..12].try_into().expect("8 bytes"));
+            let body = at + FRAME_HEADER;
+            if len == 0 || len > self.limits.max_frame() || body + len > rest.len() {
+                continue;
+            }
+            if xxh3_64(&rest[body..body + len]) == sum {
+                return Ok(Some(from + at as u64));
+            }
+        }
+        Ok(None)
     }
 
     fn check_header(&self, h: &[u8; SEGMENT_HEADER]) -> Result<(), DurableError> {
@@ -490,6 +555,7 @@ pub struct WalWriter {
     current: u64,
     limits: WalLimits,
     dir: PathBuf,
+    identity: Identity,
     stats: Arc<WalStats>,
     thread: Option<JoinHandle<()>>,
 }
@@ -498,13 +564,43 @@ impl WalWriter {
     /// Starts the writer on a replayed log; its segments will carry `identity`. The first
     /// segment is created at the first append.
     pub fn start(replayed: Replayed, identity: Identity) -> Result<WalWriter, DurableError> {
-        let (tx, rx) = mpsc::channel();
-        let stats = Arc::new(WalStats::default());
-        let log = Log {
-            dir: replayed.dir.clone(),
+        Self::spawn(
+            replayed.dir,
             identity,
-            limits: replayed.limits,
-            current: replayed.next,
+            replayed.limits,
+            replayed.next,
+            Arc::new(WalStats::default()),
+        )
+    }
+
+    /// A writer to replace this one after it failed (a full disk, say; a failed writer never
+    /// writes again): it appends to segments after every one this writer used, and counts
+    /// in the same [`WalStats`]. Save a snapshot that covers this writer's segments first
+    /// (rotate, snapshot, then reopen): the failed segment may end in a partial frame, which
+    /// a replay only forgives at the very end of the log.
+    pub fn reopen(&self) -> Result<WalWriter, DurableError> {
+        Self::spawn(
+            self.dir.clone(),
+            self.identity,
+            self.limits,
+            self.current + 1,
+            self.stats.clone(),
+        )
+    }
+
+    fn spawn(
+        dir: PathBuf,
+        identity: Identity,
+        limits: WalLimits,
+        first: u64,
+        stats: Arc<WalStats>,
+    ) -> Result<WalWriter, DurableError> {
+        let (tx, rx) = mpsc::channel();
+        let log = Log {
+            dir: dir.clone(),
+            identity,
+            limits,
+            current: first,
             file: None,
             stats: stats.clone(),
             failed: None,
@@ -512,12 +608,13 @@ impl WalWriter {
         let thread = std::thread::Builder::new()
             .name("crpf-wal".into())
             .spawn(move || log.run(rx))
-            .map_err(io_err(&replayed.dir))?;
+            .map_err(io_err(&dir))?;
         Ok(WalWriter {
             tx,
-            current: replayed.next,
-            limits: replayed.limits,
-            dir: replayed.dir,
+            current: first,
+            limits,
+            dir,
+            identity,
             stats,
             thread: Some(thread),
         })
@@ -788,6 +885,13 @@ fn segment_header(identity: Identity, id: u64) -> [u8; SEGMENT_HEADER] {
 }
 
 /// The frame header's own checksum, of its first 12 bytes.
+/// Whether a segment header fails its own checksum (damage), as opposed to a sound header
+/// that names another segment or identity.
+fn header_damaged(h: &[u8; SEGMENT_HEADER]) -> bool {
+    let (content, sum) = h.split_at(SEGMENT_HEADER - 8);
+    xxh3_64(content).to_le_bytes() != sum
+}
+
 fn frame_check(head: &[u8]) -> [u8; 4] {
     (xxh3_64(head) as u32).to_le_bytes()
 }
@@ -1010,14 +1114,13 @@ mod tests {
         w.close();
         let (got, _) = read_all(tmp.path(), ident(1), None, limits).unwrap();
         assert_eq!(got.len(), 51);
-        // Replaying with a smaller limit than the writer's is corruption, not an allocation.
+        // Replaying with a smaller limit than the writer's takes the larger frames for
+        // damage (skipped), never for an allocation.
         let small = WalLimits {
             max_record_bytes: 500,
         };
-        assert!(matches!(
-            read_all(tmp.path(), ident(1), None, small),
-            Err(DurableError::Corrupt { .. })
-        ));
+        let (got, r) = read_all(tmp.path(), ident(1), None, small).unwrap();
+        assert!(got.len() < 51 && r.damaged_regions > 0);
     }
 
     /// Copies the log with the last segment replaced by `last`.
@@ -1086,18 +1189,28 @@ mod tests {
         assert_eq!(r.torn_bytes, 3000);
     }
 
+    /// Issue 27, point 3: a damaged frame or segment header before the tail loses only the
+    /// records it touches; every intact, checksummed record after it is replayed.
     #[test]
-    fn damage_before_the_tail_is_an_error() {
+    fn damage_before_the_tail_loses_only_what_it_touches() {
         let tmp = tempfile::tempdir().unwrap();
         two_segments(tmp.path());
         let seg1 = fs::read(tmp.path().join(segment_name(1))).unwrap();
         let seg2 = fs::read(tmp.path().join(segment_name(2))).unwrap();
-        let first_frame = FRAME_HEADER + RECORD_HEADER + record(2).len();
+        let frame = |k: usize| FRAME_HEADER + RECORD_HEADER + record(k).len();
+        let all: Vec<_> = (0..4).map(record).collect();
+        let without = |k: usize| -> Vec<Vec<u8>> {
+            all.iter()
+                .enumerate()
+                .filter(|(i, _)| *i != k)
+                .map(|(_, r)| r.clone())
+                .collect()
+        };
         // Every byte of the first segment (header and its last frame included), and every
-        // byte of the last segment but its last frame.
+        // byte of the last segment but its last frame (a flip there is a torn tail).
         let cases = (0..seg1.len())
             .map(|i| (1, i))
-            .chain((0..SEGMENT_HEADER + first_frame).map(|i| (2, i)));
+            .chain((0..SEGMENT_HEADER + frame(2)).map(|i| (2, i)));
         for (seg, i) in cases {
             let copy = tempfile::tempdir().unwrap();
             for (id, bytes) in [(1, &seg1), (2, &seg2)] {
@@ -1107,20 +1220,24 @@ mod tests {
                 }
                 fs::write(copy.path().join(segment_name(id)), b).unwrap();
             }
-            let r = read_all(copy.path(), ident(1), None, WalLimits::default());
-            assert!(
-                matches!(r, Err(DurableError::Corrupt { .. })),
-                "segment {seg} byte {i}: {r:?}"
-            );
+            let (got, r) = read_all(copy.path(), ident(1), None, WalLimits::default())
+                .unwrap_or_else(|e| panic!("segment {seg} byte {i}: {e}"));
+            let expected = match (seg, i) {
+                (_, i) if i < SEGMENT_HEADER => all.clone(),
+                (1, i) if i < SEGMENT_HEADER + frame(0) => without(0),
+                (1, _) => without(1),
+                _ => without(2),
+            };
+            assert_eq!(got, expected, "segment {seg} byte {i}");
+            assert_eq!(r.damaged_regions, 1, "segment {seg} byte {i}");
         }
-        // A torn tail in a segment that is not the last is damage too.
+        // A torn tail in a segment that is not the last is damage too: its frame is lost.
         let copy = tempfile::tempdir().unwrap();
         fs::write(copy.path().join(segment_name(1)), &seg1[..seg1.len() - 1]).unwrap();
         fs::write(copy.path().join(segment_name(2)), &seg2).unwrap();
-        assert!(matches!(
-            read_all(copy.path(), ident(1), None, WalLimits::default()),
-            Err(DurableError::Corrupt { .. })
-        ));
+        let (got, r) = read_all(copy.path(), ident(1), None, WalLimits::default()).unwrap();
+        assert_eq!(got, without(1));
+        assert_eq!(r.damaged_bytes, (frame(1) - 1) as u64);
         // A huge claimed length is refused before anything is allocated.
         let mut huge = seg2[..SEGMENT_HEADER].to_vec();
         let mut fh = [0u8; FRAME_HEADER];
@@ -1128,11 +1245,34 @@ mod tests {
         let check = frame_check(&fh[..12]);
         fh[12..].copy_from_slice(&check);
         huge.extend_from_slice(&fh);
+        huge.extend_from_slice(&seg2[SEGMENT_HEADER..]);
         let copy = with_last(tmp.path(), &huge);
-        assert!(matches!(
-            read_all(copy.path(), ident(1), None, WalLimits::default()),
-            Err(DurableError::Corrupt { .. })
-        ));
+        let (got, r) = read_all(copy.path(), ident(1), None, WalLimits::default()).unwrap();
+        assert_eq!(got, all, "the frames after the bad length are kept");
+        assert_eq!(r.damaged_bytes, FRAME_HEADER as u64);
+        // 4 bytes flipped in the middle of a long log: only the frames they touch are lost.
+        let long = tempfile::tempdir().unwrap();
+        let w = writer(long.path(), WalLimits::default());
+        for i in 0..300 {
+            w.append(record(i)).wait().unwrap();
+        }
+        w.close();
+        let seg = long.path().join(segment_name(1));
+        let mut bytes = fs::read(&seg).unwrap();
+        let mid = bytes.len() / 2;
+        for b in &mut bytes[mid..mid + 4] {
+            *b ^= 0xff;
+        }
+        fs::write(&seg, bytes).unwrap();
+        let (got, r) = read_all(long.path(), ident(1), None, WalLimits::default()).unwrap();
+        assert!(
+            got.len() >= 298 && got.len() < 300,
+            "{} of 300 records kept",
+            got.len()
+        );
+        assert!(got.iter().all(|g| (0..300).any(|i| record(i) == *g)));
+        assert_eq!(got.last(), Some(&record(299)));
+        assert_eq!(r.damaged_regions, 1);
     }
 
     #[test]

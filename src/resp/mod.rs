@@ -72,9 +72,14 @@ pub struct RespConfig {
     /// ignored). None: no authentication.
     #[serde(default)]
     pub password_file: Option<PathBuf>,
-    /// Connections open at once; further ones are answered with an error and closed.
-    #[serde(default = "default_max_connections")]
+    /// Connections open at once; further ones are answered with an error and closed
+    /// (`maxclients` in Redis's words, accepted as an alias).
+    #[serde(default = "default_max_connections", alias = "maxclients")]
     pub max_connections: usize,
+    /// Close a connection idle this many seconds, with nothing in progress, as Redis's
+    /// `timeout` does (counted in `crpf_resp_rejected_total{reason="idle_timeout"}`). 0: never.
+    #[serde(default)]
+    pub timeout: u64,
     /// Commands of one connection in progress at once (pipelined, or waiting for their
     /// acknowledgement level).
     #[serde(default = "default_max_pipeline")]
@@ -115,6 +120,7 @@ impl RespConfig {
             listen,
             password_file: None,
             max_connections: default_max_connections(),
+            timeout: 0,
             max_pipeline: default_max_pipeline(),
             max_request_bytes: default_max_request_bytes(),
         }
@@ -171,6 +177,8 @@ struct Server {
     filters: Arc<dyn FilterLookup>,
     limits: ParseLimits,
     max_pipeline: usize,
+    /// `timeout`: how long a connection may be idle.
+    idle_timeout: Option<Duration>,
     /// SHA-256 of the password, which is not kept in clear (comparing digests tells a
     /// timing attacker nothing about the password).
     password: Option<[u8; 32]>,
@@ -231,6 +239,7 @@ impl RespServer {
                 max_request_bytes: cfg.max_request_bytes,
             },
             max_pipeline: cfg.max_pipeline,
+            idle_timeout: (cfg.timeout > 0).then(|| Duration::from_secs(cfg.timeout)),
             password,
             open: metrics::gauge!(CONNECTIONS),
             rejected: |reason| metrics::counter!(REJECTED, "reason" => reason),
@@ -505,6 +514,12 @@ async fn serve(stream: TcpStream, server: &Server) {
     let room = |pending: &FuturesOrdered<Pending>, held: usize| {
         pending.len() < server.max_pipeline && held < server.limits.max_request_bytes
     };
+    // The idle deadline: one timer per connection, moved on only when it fires (a read
+    // just records the time), so the busy path registers no timer.
+    let idle_timeout = server.idle_timeout.unwrap_or(Duration::MAX);
+    let mut last_read = Instant::now();
+    let idle = tokio::time::sleep(idle_timeout.min(Duration::from_secs(86_400 * 365)));
+    tokio::pin!(idle);
     loop {
         // Commands already buffered, as far as the limits allow.
         let mut stopped_for_room = false;
@@ -590,9 +605,19 @@ async fn serve(stream: TcpStream, server: &Server) {
         tokio::select! {
             read = rd.read_buf(&mut input), if reading => match read {
                 Ok(0) => eof = true,
-                Ok(_) => {}
+                Ok(_) => last_read = Instant::now(),
                 Err(_) => return,
             },
+            () = &mut idle, if server.idle_timeout.is_some() => {
+                let due = last_read + idle_timeout;
+                if Instant::now() >= due && pending.is_empty() && session.waiting.is_none() {
+                    (server.rejected)("idle_timeout").increment(1);
+                    return;
+                }
+                // Not idle long enough (or busy): look again when it could be.
+                let next = due.max(Instant::now() + Duration::from_millis(100));
+                idle.as_mut().reset(tokio::time::Instant::from_std(next));
+            }
             Some((reply, bytes, via_actor)) = pending.next(), if !pending.is_empty() => {
                 reply.encode(&mut output);
                 held -= bytes;

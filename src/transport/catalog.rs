@@ -147,7 +147,7 @@ pub trait Catalog: Send + Sync + 'static {
 }
 
 /// Milliseconds since the UNIX epoch.
-pub(crate) fn now_ms() -> u64 {
+pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

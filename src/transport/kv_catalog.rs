@@ -171,11 +171,13 @@ impl KvCatalog {
     /// Every live entry: a watch read until it has delivered what existed when it began.
     async fn list_entries(&self) -> Result<Vec<CatalogEntry>, CatalogError> {
         let store = self.store().await?;
+        // A fresh look (`Store::status` answers the info cached when the bucket was opened):
+        // a watch of an empty bucket would wait for its first entry.
         let empty = store
-            .status()
+            .stream
+            .get_info()
             .await
             .map_err(|e| unavailable("reading the catalog", e))?
-            .info
             .state
             .messages
             == 0;

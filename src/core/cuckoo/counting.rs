@@ -62,10 +62,21 @@ pub type SlotCounts = Vec<(ReplicaId, u64, u64)>;
 /// they count once: from a multiplicity of 1, two concurrent removes give 0, not -1. This is
 /// the observed-remove semantics of [`crate::OrCuckoo`] (a remove deletes an occurrence it
 /// observed; concurrent removes of one occurrence are one remove), at the cost of a counter
-/// per source instead of a tag per occurrence. Removes of different occurrences all count, and
-/// a replica takes its own occurrences first, then the other sources from the next replica id
-/// on, so that replicas removing concurrently mostly take different occurrences. An add
-/// concurrent with a remove creates an occurrence the remove did not observe: the add wins.
+/// per source instead of a tag per occurrence. Which occurrence a remove takes is one rule
+/// every replica applies alike: the next live occurrence of the **lowest source id** that has
+/// one. Replicas that remove concurrently from one view therefore take the same occurrence.
+/// (Taking one's own occurrences first, as this type once did, let two replicas that each
+/// removed one occurrence of an element `x` take two different occurrences, and when another
+/// element `y` shared the slot (same key), one of them was `y`'s: `y` then read 0 though it
+/// was never removed, a false negative. With one rule, a slot never reads below the true
+/// multiplicity of what it holds; concurrent removes of *different* elements sharing a slot
+/// may count once, so a colliding element can read above its own, like a false positive.
+/// The rule needs the removers to agree on the slot's live sources: a replica that removes
+/// `x` right after an add of a colliding `y` that no peer has merged yet can still take
+/// `y`'s occurrence while a peer takes `x`'s; without a tag per occurrence, as
+/// [`crate::OrCuckoo`] keeps, no rule can tell them apart.)
+/// Sequential removes all count. An add concurrent with a remove creates an occurrence the
+/// remove did not observe: the add wins.
 /// Merge is a pointwise maximum, so it is idempotent, commutative and associative, and
 /// replicas that have seen the same updates have the same state and the same multiplicities.
 ///
@@ -365,21 +376,18 @@ impl CountingCuckoo {
 
     /// Removes up to `n` occurrences of the item and returns how many it removed: at most its
     /// multiplicity in this replica's view, so nothing is removed from an item counted 0 (a
-    /// decrement below zero is refused). Own occurrences go first, then those of the other
-    /// sources from the next replica id on (see the type's documentation).
+    /// decrement below zero is refused). Occurrences go in the order every replica uses: the
+    /// lowest source id first (see the type's documentation).
     pub fn remove_count(&mut self, item: &[u8], n: u64) -> u64 {
         let (b, fp) = self.position(item);
         let Some(i) = self.find(b, fp) else { return 0 };
-        let me = self.replica;
         let counts = &mut self.slots[i].counts;
-        let start = counts.partition_point(|e| e.0 < me);
-        let len = counts.len();
         let mut left = n;
-        for k in (0..len).map(|k| (start + k) % len) {
+        // Counts are ascending by source.
+        for e in counts.iter_mut() {
             if left == 0 {
                 break;
             }
-            let e = &mut counts[k];
             let take = (e.1 - e.2).min(left);
             e.2 += take;
             left -= take;
@@ -399,13 +407,9 @@ impl CountingCuckoo {
     pub fn remove_occurrence(&mut self, item: &[u8]) -> Option<crate::Dot> {
         let (b, fp) = self.position(item);
         let i = self.find(b, fp)?;
-        let me = self.replica;
         let counts = &mut self.slots[i].counts;
-        let start = counts.partition_point(|e| e.0 < me);
-        let len = counts.len();
-        let k = (0..len)
-            .map(|k| (start + k) % len)
-            .find(|&k| counts[k].1 > counts[k].2)?;
+        // The rule of remove_count: the lowest source with a live occurrence.
+        let k = counts.iter().position(|e| e.1 > e.2)?;
         counts[k].2 += 1;
         let dot = crate::Dot {
             replica: counts[k].0,
@@ -867,31 +871,165 @@ mod tests {
     }
 
     #[test]
-    fn removes_of_different_sources_all_count() {
+    fn concurrent_removes_of_one_element_take_the_same_occurrence() {
         let mut a = small(1);
         let mut b = small(2);
         a.add_count(b"x", 1).unwrap();
         b.add_count(b"x", 1).unwrap();
         a.merge(&b).unwrap();
         b.merge(&a).unwrap();
-        // Each takes its own occurrence first.
+        // One rule for both: the lowest source's occurrence, so they count once...
         assert!(a.remove(b"x") && b.remove(b"x"));
         a.merge(&b).unwrap();
-        assert_eq!(a.count(b"x"), 0);
-        assert_eq!(a.counts(b"x"), vec![(1, 1, 1), (2, 1, 1)]);
+        assert_eq!(a.counts(b"x"), vec![(1, 1, 1), (2, 1, 0)]);
+        assert_eq!(a.count(b"x"), 1);
+        // ...and sequential removes all count.
+        b.merge(&a).unwrap();
+        assert!(b.remove(b"x"));
+        assert_eq!(b.count(b"x"), 0);
+        assert!(!b.remove(b"x"));
     }
 
     #[test]
-    fn a_replica_removes_others_occurrences_after_its_own() {
-        let mut a = small(1);
-        let mut b = small(2);
+    fn removes_take_the_lowest_source_first_whoever_removes() {
+        let mut a = small(2);
+        let mut b = small(1);
         b.add_count(b"x", 3).unwrap();
         a.merge(&b).unwrap();
         a.add_count(b"x", 1).unwrap();
         assert_eq!(a.remove_count(b"x", 2), 2);
-        assert_eq!(a.counts(b"x"), vec![(1, 1, 1), (2, 3, 1)]);
-        assert_eq!(a.remove_count(b"x", 10), 2);
+        assert_eq!(a.counts(b"x"), vec![(1, 3, 2), (2, 1, 0)]);
+        assert_eq!(
+            a.remove_occurrence(b"x"),
+            Some(crate::Dot {
+                replica: 1,
+                counter: 3
+            })
+        );
+        assert_eq!(a.remove_count(b"x", 10), 1);
         assert_eq!(a.count(b"x"), 0);
+    }
+
+    /// A table where collisions are common: 8 buckets of 4 slots, 4-bit fingerprints.
+    fn tiny(replica: ReplicaId) -> CountingCuckoo {
+        CountingCuckoo::new(
+            CuckooParams {
+                buckets: 8,
+                bucket_size: 4,
+                fingerprint_bits: 4,
+                max_kicks: 30,
+                seed: 5,
+            },
+            replica,
+        )
+        .unwrap()
+    }
+
+    /// Issue 27, point 6: `y` and `x` share a slot; replica 1 adds `y`, replica 2 adds `x`,
+    /// they merge, then each removes `x` once, concurrently. With "own source first" each
+    /// took its own occurrence and `y` read 0 after the merge, though it was never removed.
+    #[test]
+    fn a_colliding_element_never_reads_below_its_multiplicity_after_concurrent_removes() {
+        let probe = tiny(1);
+        let items: Vec<Vec<u8>> = (0u32..2000).map(|i| i.to_le_bytes().to_vec()).collect();
+        let (x, y) = items
+            .iter()
+            .enumerate()
+            .find_map(|(i, x)| {
+                let kx = {
+                    let (b, fp) = probe.position(x);
+                    probe.key(b, fp)
+                };
+                items[i + 1..].iter().find_map(|y| {
+                    let (b, fp) = probe.position(y);
+                    (probe.key(b, fp) == kx).then_some((x.clone(), y.clone()))
+                })
+            })
+            .expect("two items sharing a slot");
+        let mut r1 = tiny(1);
+        let mut r2 = tiny(2);
+        r1.add(&y).unwrap();
+        r2.add(&x).unwrap();
+        r1.merge(&r2).unwrap();
+        r2.merge(&r1).unwrap();
+        assert!(r1.remove(&x) && r2.remove(&x));
+        r1.merge(&r2).unwrap();
+        r2.merge(&r1).unwrap();
+        // The truth: y once, x none; they share the slot, which reads their sum.
+        assert_eq!((r1.count(&y), r2.count(&y)), (1, 1));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+        /// Against an exact model of the multiset under observed-remove semantics: every add
+        /// is an occurrence with its own id; a remove takes one occurrence of the element the
+        /// remover has seen live (the one of the lowest source, then the oldest), and
+        /// concurrent removes of one occurrence count once. In rounds, each replica makes at
+        /// most one update from the state all share, then they all merge, on a table where
+        /// collisions are frequent: no element ever reads below its true multiplicity.
+        #[test]
+        fn no_element_reads_below_its_true_multiplicity(
+            rounds in proptest::collection::vec(
+                proptest::collection::vec(proptest::option::of((0u8..3, 0u8..12)), 3),
+                1..40,
+            )
+        ) {
+            use std::collections::BTreeSet;
+            // Occurrences (source, seq, element) every replica has seen, and those removed.
+            type Occ = (ReplicaId, u64, u8);
+            let mut filters: Vec<CountingCuckoo> = (1..=3).map(tiny).collect();
+            let (mut seen, mut removed) = (BTreeSet::<Occ>::new(), BTreeSet::<Occ>::new());
+            let mut next_seq = [0u64; 3];
+            for round in rounds {
+                let (mut added_now, mut removed_now) = (Vec::new(), Vec::new());
+                for (r, op) in round.into_iter().enumerate() {
+                    match op {
+                        Some((0 | 1, e)) => {
+                            if filters[r].add(&[e]).is_ok() {
+                                next_seq[r] += 1;
+                                added_now.push((r as ReplicaId + 1, next_seq[r], e));
+                            }
+                        }
+                        // A remove of an element the remover has seen live (removing what
+                        // was never added takes a colliding element's occurrence: a false
+                        // positive no filter can tell).
+                        Some((_, e)) => {
+                            if let Some(o) =
+                                seen.iter().find(|o| o.2 == e && !removed.contains(o))
+                            {
+                                proptest::prop_assert!(filters[r].remove(&[e]));
+                                removed_now.push(*o);
+                            }
+                        }
+                        None => {}
+                    }
+                }
+                seen.extend(added_now);
+                removed.extend(removed_now);
+                let joined = filters.iter().skip(1).fold(filters[0].clone(), |mut j, f| {
+                    j.merge(f).unwrap();
+                    j
+                });
+                for f in &mut filters {
+                    f.merge(&joined).unwrap();
+                }
+                for el in 0u8..12 {
+                    let truth = seen
+                        .iter()
+                        .filter(|o| o.2 == el && !removed.contains(o))
+                        .count() as u64;
+                    for (i, f) in filters.iter().enumerate() {
+                        proptest::prop_assert!(
+                            f.count(&[el]) >= truth,
+                            "replica {} element {el}: count {} below its multiplicity {truth}",
+                            i + 1,
+                            f.count(&[el])
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -54,6 +54,58 @@ impl Replica {
         self.lease.reserved.min(durable)
     }
 
+    /// A log append failed: the writer never writes again (after a failed fsync the file's
+    /// state is unknown). Durable updates fail until [`Replica::recover_wal`] replaces it,
+    /// tried with backoff; the error is logged at most once per period.
+    pub(super) fn wal_failed(&mut self, e: &str, ctx: &mut Context<Self>) {
+        self.telemetry.gauge(m::DURABLE_OK, &[]).set(0.0);
+        if let Some(suppressed) = self.limiter.allow("wal") {
+            tracing::error!(
+                filter = %self.cfg.name, error = %e, suppressed,
+                "write-ahead log append failed: durable updates fail until the log recovers \
+                 (retrying with backoff)"
+            );
+        }
+        if !self.wal_recovery.pending {
+            self.wal_recovery.pending = true;
+            let delay = self.wal_recovery.delay;
+            ctx.run_later(delay, |act, ctx| act.recover_wal(ctx));
+        }
+    }
+
+    /// Replaces a failed log writer once the disk takes writes again: a snapshot that covers
+    /// every segment the failed writer used (the last one may end in a partial frame), then a
+    /// writer on new segments after them. Until then, tried again with a doubling delay (up
+    /// to 5 s).
+    fn recover_wal(&mut self, ctx: &mut Context<Self>) {
+        let retry = |act: &mut Self, ctx: &mut Context<Self>| {
+            act.wal_recovery.delay = (act.wal_recovery.delay * 2).min(WalRecovery::MAX_DELAY);
+            let delay = act.wal_recovery.delay;
+            ctx.run_later(delay, |act, ctx| act.recover_wal(ctx));
+        };
+        if self.snapshotting.load(Ordering::Acquire) {
+            return retry(self, ctx);
+        }
+        if self.snapshot_now().is_err() {
+            return retry(self, ctx);
+        }
+        let reopened = self.wal.as_ref().map(|w| w.reopen());
+        match reopened {
+            Some(Ok(writer)) => {
+                // The failed writer's thread ends once it has no sender.
+                self.wal = Some(writer);
+                self.wal_recovery = WalRecovery::default();
+                self.telemetry.gauge(m::DURABLE_OK, &[]).set(1.0);
+                tracing::info!(filter = %self.cfg.name, "write-ahead log recovered: durable updates are taken again");
+            }
+            Some(Err(e)) => {
+                tracing::warn!(filter = %self.cfg.name, error = %e, "write-ahead log: cannot start a new writer yet");
+                retry(self, ctx)
+            }
+            None => self.wal_recovery = WalRecovery::default(),
+        }
+    }
+
     /// Takes what a snapshot saves, on the actor's thread: the log is rotated at the same
     /// moment the state is cloned, so the clone holds every record of the segments up to the
     /// one it returns (see [`crate::replica::wal`]).
@@ -192,5 +244,32 @@ impl Handler<SnapshotSaved> for Replica {
     type Result = ();
     fn handle(&mut self, msg: SnapshotSaved, _: &mut Context<Self>) {
         let _ = self.snapshot_saved_now(msg.0);
+    }
+}
+
+/// The replacement of a failed log writer ([`Replica::recover_wal`]).
+pub(super) struct WalRecovery {
+    /// A recovery is scheduled.
+    pending: bool,
+    /// The delay before the next attempt.
+    delay: std::time::Duration,
+}
+
+impl WalRecovery {
+    /// Whether the log failed and is not yet replaced.
+    pub(super) fn is_pending(&self) -> bool {
+        self.pending
+    }
+
+    const FIRST_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
+    const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(5);
+}
+
+impl Default for WalRecovery {
+    fn default() -> Self {
+        WalRecovery {
+            pending: false,
+            delay: Self::FIRST_DELAY,
+        }
     }
 }

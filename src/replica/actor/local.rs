@@ -106,6 +106,13 @@ impl Replica {
 
     /// Marks a local update; the commit it may call for comes from [`Replica::settle`].
     pub(super) fn local_change(&mut self) {
+        self.mark_local_change();
+        self.shared.want_flush(&self.inbound_tx);
+    }
+
+    /// A local change whose flush is already asked for (made outside the actor, see
+    /// [`Replica::absorb_direct_changes`]).
+    pub(super) fn mark_local_change(&mut self) {
         self.changed();
         self.changed_since_push = true;
     }

@@ -3,6 +3,7 @@
 //! updates answered at their acknowledgement level), digests, and full-state pushes encoded off
 //! the actor's thread and framed chunk by chunk by the publisher.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -74,7 +75,26 @@ impl Replica {
     /// Commits the local updates since the last commit: appends their delta to the log (with
     /// a data directory) and publishes it once durable, answering the updates that waited for
     /// it. One commit at a time: updates arriving meanwhile go into the next (group commit).
+    /// Schedules a flush of the pending delta, unless one is: at once if the last flush is
+    /// `delta_interval_ms` old or more (an add on an idle link travels at once), else when
+    /// it will be (updates that come faster share deltas).
+    pub(super) fn schedule_flush(&mut self, ctx: &mut Context<Self>) {
+        if self.flush_timer.is_some() {
+            return;
+        }
+        let interval = ReplicaConfig::ms(self.cfg.delta_interval_ms);
+        let delay = self.last_flush.map_or(Duration::ZERO, |t| {
+            (t + interval).saturating_duration_since(Instant::now())
+        });
+        self.flush_timer = Some(ctx.run_later(delay, |act, ctx| {
+            act.flush_timer = None;
+            act.shared.flush_scheduled.store(false, Ordering::Release);
+            act.flush_delta(ctx);
+        }));
+    }
+
     pub(super) fn flush_delta(&mut self, ctx: &mut Context<Self>) {
+        self.last_flush = Some(Instant::now());
         self.absorb_direct_changes();
         if self.committing {
             self.commit_again = true;
@@ -160,9 +180,9 @@ impl Replica {
     fn committed(&mut self, c: Committed, ctx: &mut Context<Self>) {
         self.committing = false;
         if let Err(e) = &c.result {
-            tracing::error!(filter = %self.cfg.name, error = %e, "write-ahead log append failed");
             let r = self.acks.commit_failed(c.batch, e);
             self.answer(r);
+            self.wal_failed(e, ctx);
         }
         // Published either way: the updates are applied, and peers may as well have them.
         self.publish_delta(c.batch, c.delta, ctx);

@@ -31,6 +31,8 @@ pub(crate) enum Inbound {
     /// The pending delta, filled by updates applied in the subscription tasks, is full:
     /// commit it.
     Commit,
+    /// The state changed and no flush is scheduled: schedule one ([`super::Shared::want_flush`]).
+    Wake,
 }
 
 impl Inbound {
@@ -39,7 +41,7 @@ impl Inbound {
         match self {
             Inbound::Replication(_, len) => *len as u64,
             Inbound::Api(m) | Inbound::InProcess(m, _) => m.payload.len() as u64,
-            Inbound::Event(_) | Inbound::Commit => 0,
+            Inbound::Event(_) | Inbound::Commit | Inbound::Wake => 0,
         }
     }
 }

@@ -303,6 +303,7 @@ impl Updates {
             return;
         }
         self.shared.direct_changes.store(true, Ordering::Release);
+        self.shared.want_flush(&self.to_actor);
         if f.pending_delta_len() >= self.delta_max_updates
             && !self.shared.commit_requested.swap(true, Ordering::AcqRel)
             && self.to_actor.try_send(Inbound::Commit).is_err()
@@ -372,6 +373,7 @@ mod tests {
             inbound_max_bytes: u64::MAX,
             direct_changes: Default::default(),
             commit_requested: Default::default(),
+            flush_scheduled: Default::default(),
             closed: Default::default(),
             api: Default::default(),
             limits: Limits::new(1_000, 1024),
@@ -450,18 +452,25 @@ mod tests {
     }
 
     #[test]
-    fn a_task_marks_its_change_and_asks_once_for_the_commit_of_a_full_delta() {
+    fn a_task_marks_its_change_and_asks_once_for_a_flush_and_the_commit_of_a_full_delta() {
         let (u, mut rx) = updates(FilterKind::GBloom, 1);
         let applied = try_add(&u, Op::Add, &add("a")).unwrap().unwrap();
         assert!(applied.changed && contains(&u, "a"));
         assert!(u.shared.direct_changes.load(Ordering::Acquire));
+        // A flush, since none was scheduled, and a commit, since the delta is full.
+        assert!(matches!(rx.try_recv(), Ok(Inbound::Wake)));
         assert!(matches!(rx.try_recv(), Ok(Inbound::Commit)));
-        // Asked once until the actor commits (and clears the request).
+        // Each asked once until the actor acts (and clears the request).
         try_add(&u, Op::MAdd, &madd(&["b", "c"])).unwrap().unwrap();
         assert!(rx.try_recv().is_err());
         u.shared.commit_requested.store(false, Ordering::Release);
         try_add(&u, Op::Add, &add("d")).unwrap().unwrap();
         assert!(matches!(rx.try_recv(), Ok(Inbound::Commit)));
+        assert!(rx.try_recv().is_err(), "the flush is still scheduled");
+        u.shared.flush_scheduled.store(false, Ordering::Release);
+        u.shared.commit_requested.store(false, Ordering::Release);
+        try_add(&u, Op::Add, &add("e")).unwrap().unwrap();
+        assert!(matches!(rx.try_recv(), Ok(Inbound::Wake)));
     }
 
     #[test]

@@ -1,0 +1,171 @@
+//! Creates (and optionally drops) many filters through the catalog API of running nodes
+//! (`crpf.$catalog.create`, README "Filters as data") and reports the rate; with more than
+//! one server URL, also how long a created filter takes to answer `contains` on a node
+//! behind another server (issue 23's benchmark; BENCHMARKS.md gives the commands).
+//!
+//! ```text
+//! cargo run --release --example many_filters -- --nats nats://127.0.0.1:4222 --count 10000
+//! ```
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Parser;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use serde_json::{Value, json};
+
+#[derive(Parser)]
+struct Args {
+    /// Server URLs; creates go to the first, visibility is checked through the others.
+    #[arg(long, default_value = "nats://127.0.0.1:4222", value_delimiter = ',')]
+    nats: Vec<String>,
+    /// Filters to create.
+    #[arg(long, default_value_t = 1_000)]
+    count: usize,
+    /// Creates in flight at once.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Capacity of each filter (g_bloom, 1%).
+    #[arg(long, default_value_t = 1_000)]
+    capacity: u64,
+    /// Name prefix.
+    #[arg(long, default_value = "f")]
+    prefix: String,
+    /// Drop them all afterwards (and report that rate too).
+    #[arg(long)]
+    drop: bool,
+    /// Filters whose cross-node visibility is timed (created one at a time).
+    #[arg(long, default_value_t = 0)]
+    visibility_samples: usize,
+    /// Only wait (up to 10 minutes) until a node answers the catalog API, then exit.
+    #[arg(long)]
+    wait_api: bool,
+}
+
+async fn request(nats: &async_nats::Client, op: &str, body: Value) -> Value {
+    let reply = nats
+        .request(
+            format!("crpf.$catalog.{op}"),
+            Bytes::from(serde_json::to_vec(&body).unwrap()),
+        )
+        .await
+        .expect("catalog request");
+    serde_json::from_slice(&reply.payload).expect("JSON reply")
+}
+
+async fn run_all(
+    nats: &async_nats::Client,
+    op: &'static str,
+    names: &[String],
+    concurrency: usize,
+    body: impl Fn(&str) -> Value,
+) -> f64 {
+    let started = Instant::now();
+    let mut in_flight = FuturesUnordered::new();
+    let mut next = 0;
+    let mut errors = 0;
+    while next < names.len() || !in_flight.is_empty() {
+        while next < names.len() && in_flight.len() < concurrency {
+            in_flight.push(request(nats, op, body(&names[next])));
+            next += 1;
+        }
+        if let Some(reply) = in_flight.next().await
+            && reply.get("error").is_some()
+        {
+            errors += 1;
+            if errors <= 3 {
+                eprintln!("{op}: {reply}");
+            }
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "{op}: {} filters in {secs:.2} s = {:.0} filters/s ({errors} errors)",
+        names.len(),
+        names.len() as f64 / secs
+    );
+    secs
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let mut opts = async_nats::ConnectOptions::new();
+    opts = opts.request_timeout(Some(Duration::from_secs(60)));
+    let nats = opts.connect(args.nats[0].as_str()).await.expect("connect");
+    if args.wait_api {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        while Instant::now() < deadline {
+            let listed = tokio::time::timeout(
+                Duration::from_secs(2),
+                nats.request("crpf.$catalog.list", Bytes::new()),
+            )
+            .await;
+            if listed.is_ok_and(|r| r.is_ok_and(|m| m.payload.starts_with(b"{\"filters\""))) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("no node answered the catalog API within 10 minutes");
+    }
+    let capacity = args.capacity;
+    let spec = move || json!({"kind": "g_bloom", "capacity": capacity, "fpr": 0.01});
+    let names: Vec<String> = (0..args.count)
+        .map(|i| format!("{}{i}", args.prefix))
+        .collect();
+    run_all(
+        &nats,
+        "create",
+        &names,
+        args.concurrency,
+        |n| json!({"name": n, "filter": spec()}),
+    )
+    .await;
+
+    if args.visibility_samples > 0 && args.nats.len() > 1 {
+        let far = async_nats::connect(args.nats[1].as_str())
+            .await
+            .expect("connect");
+        let mut ms = Vec::new();
+        for i in 0..args.visibility_samples {
+            let name = format!("{}vis{i}", args.prefix);
+            let started = Instant::now();
+            request(&nats, "create", json!({"name": name, "filter": spec()})).await;
+            // The filter answers on a node behind the other server once its replica serves.
+            loop {
+                let r = far
+                    .request(
+                        format!("crpf.{name}.api.contains"),
+                        Bytes::from_static(b"x"),
+                    )
+                    .await;
+                if r.is_ok_and(|m| m.payload.starts_with(b"{\"contains\"")) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            ms.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        ms.sort_by(f64::total_cmp);
+        let pct = |p: f64| ms[((ms.len() - 1) as f64 * p).round() as usize];
+        println!(
+            "created -> contains through another server: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} samples)",
+            pct(0.5),
+            pct(0.99),
+            pct(1.0),
+            ms.len()
+        );
+    }
+
+    if args.drop {
+        run_all(
+            &nats,
+            "drop",
+            &names,
+            args.concurrency,
+            |n| json!({"name": n}),
+        )
+        .await;
+    }
+}

@@ -1,0 +1,347 @@
+//! Filters as data (issue 23) across `crpf node` processes over real nats-servers: filters
+//! created and dropped through the catalog's NATS API reach every node of a 3-server
+//! cluster, conflicting creates have one winner, and a node that was down catches up.
+//! Each node is checked through its own RESP port, so the answer is that node's.
+#![cfg(all(feature = "node", feature = "eval"))]
+
+mod nats_harness;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nats_harness::{NatsServer, Proc, api_request, crpf, free_port};
+use serde_json::{Value, json};
+
+struct Node {
+    proc: Proc,
+    name: String,
+    config: PathBuf,
+    data_dir: PathBuf,
+    resp: String,
+}
+
+impl Node {
+    /// A node on `servers` (its own first), following the catalog, with RESP and a data
+    /// directory.
+    fn start(dir: &Path, i: usize, servers: &[String]) -> Node {
+        let name = format!("node{i}");
+        let data_dir = dir.join(&name);
+        let config = dir.join(format!("{name}.toml"));
+        let resp = format!("127.0.0.1:{}", free_port());
+        let own = &servers[i % servers.len()];
+        let list = std::iter::once(own)
+            .chain(servers.iter().filter(|s| *s != own))
+            .map(|s| format!("\"{s}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let kv_replicas = servers.len().min(3);
+        std::fs::write(
+            &config,
+            format!(
+                "[node]\nmetrics_addr = \"127.0.0.1:{metrics}\"\ndata_dir = \"{data}\"\nlog = \"warn\"\n\n\
+                 [nats]\nservers = [{list}]\nretry_on_initial_connect = true\nkv_replicas = {kv_replicas}\n\n\
+                 [resp]\nlisten = \"{resp}\"\n\n\
+                 [catalog]\n[catalog.defaults]\ndelta_interval_ms = 10\nanti_entropy_interval_ms = 500\n\
+                 min_push_interval_ms = 100\ncatch_up_timeout_ms = 300\n",
+                metrics = free_port(),
+                data = data_dir.display(),
+            ),
+        )
+        .unwrap();
+        let proc = Self::spawn(&name, &config, dir);
+        Node {
+            proc,
+            name,
+            config,
+            data_dir,
+            resp,
+        }
+    }
+
+    fn spawn(name: &str, config: &Path, dir: &Path) -> Proc {
+        let cmd = crpf(&["node", "--config", config.to_str().unwrap()]);
+        Proc::spawn(name, cmd, dir.join(format!("{name}.log")))
+    }
+
+    fn restart(&mut self) {
+        let dir = self.config.parent().unwrap().to_path_buf();
+        self.proc = Self::spawn(&self.name, &self.config, &dir);
+    }
+
+    /// One RESP command to this node (a fresh connection), its reply or error text.
+    fn resp(&self, args: &[&str]) -> Result<redis::Value, String> {
+        let client = redis::Client::open(format!("redis://{}/", self.resp)).unwrap();
+        let mut con = client
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .map_err(|e| e.to_string())?;
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut con).map_err(|e| e.to_string())
+    }
+
+    /// Whether this node answers `BF.EXISTS filter item` with 1.
+    fn has(&self, filter: &str, item: &str) -> bool {
+        matches!(
+            self.resp(&["BF.EXISTS", filter, item]),
+            Ok(redis::Value::Int(1))
+        )
+    }
+
+    /// Whether this node refuses `filter` as unknown.
+    fn refuses(&self, filter: &str) -> bool {
+        matches!(self.resp(&["BF.EXISTS", filter, "x"]), Err(e) if e.contains("no filter named"))
+    }
+
+    /// Waits until this node's RESP port answers (and its process runs).
+    fn wait_serving(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.resp(&["PING"]).is_err() {
+            self.proc.assert_running();
+            assert!(
+                Instant::now() < deadline,
+                "{}: not serving\n{}",
+                self.name,
+                self.proc.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A catalog request; asked again if unanswered (a request the server handed to a node that
+/// was just killed, before it noticed, is lost, as with any NATS request).
+async fn catalog(client: &async_nats::Client, op: &str, body: Value) -> Value {
+    let mut last = String::new();
+    for _ in 0..3 {
+        match api_request(
+            client,
+            format!("crpf.$catalog.{op}"),
+            serde_json::to_vec(&body).unwrap(),
+            Duration::from_secs(5),
+        )
+        .await
+        {
+            Ok(v) => return v,
+            Err(e) => last = e,
+        }
+    }
+    panic!("catalog {op}: {last}")
+}
+
+fn bloom(capacity: u64) -> Value {
+    json!({"kind": "g_bloom", "capacity": capacity, "fpr": 0.01})
+}
+
+/// Polls `cond` every millisecond: how long it took, or `None` after `timeout`.
+fn time_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
+    let started = Instant::now();
+    while !cond() {
+        if started.elapsed() > timeout {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Some(started.elapsed())
+}
+
+fn percentile(ms: &mut [f64], p: f64) -> f64 {
+    ms.sort_by(f64::total_cmp);
+    ms[((ms.len() - 1) as f64 * p).round() as usize]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_and_drops_reach_every_node_of_a_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = NatsServer::cluster(3);
+    let urls: Vec<String> = servers.iter().map(NatsServer::url).collect();
+    let mut nodes: Vec<Node> = (0..3).map(|i| Node::start(dir.path(), i, &urls)).collect();
+    for n in &mut nodes {
+        n.wait_serving();
+    }
+    let client = async_nats::connect(urls[0].clone()).await.unwrap();
+    let (mut seen, mut refused) = (Vec::new(), Vec::new());
+    for i in 0..12 {
+        let name = format!("tenant-{i}");
+        let created = catalog(
+            &client,
+            "create",
+            json!({"name": name, "filter": bloom(1000)}),
+        )
+        .await;
+        assert_eq!(created["created"], true, "{created}");
+        assert!(created["generation"].as_u64().unwrap() > 0);
+        // The node that answered hosts it already; an add through any node once it serves.
+        let adder = &nodes[i % 3];
+        time_until(Duration::from_secs(30), || {
+            matches!(
+                adder.resp(&["BF.ADD", &name, "alice"]),
+                Ok(redis::Value::Int(_))
+            )
+        })
+        .unwrap_or_else(|| panic!("{name}: no add through {}", adder.name));
+        for n in &nodes {
+            let took = time_until(Duration::from_secs(30), || n.has(&name, "alice"))
+                .unwrap_or_else(|| {
+                    panic!("{name}: never visible on {}\n{}", n.name, n.proc.log_tail())
+                });
+            seen.push(took.as_secs_f64() * 1e3);
+        }
+    }
+    let listed = catalog(&client, "list", json!({})).await;
+    assert_eq!(listed["filters"].as_array().unwrap().len(), 12, "{listed}");
+    let info = catalog(&client, "info", json!({"name": "tenant-3"})).await;
+    assert_eq!(info["filter"]["capacity"], 1000, "{info}");
+    for i in 0..6 {
+        let name = format!("tenant-{i}");
+        let dropped = catalog(&client, "drop", json!({"name": name})).await;
+        assert_eq!(dropped["dropped"], true, "{dropped}");
+        for n in &nodes {
+            let took = time_until(Duration::from_secs(30), || n.refuses(&name))
+                .unwrap_or_else(|| panic!("{name}: still served by {} after its drop", n.name));
+            refused.push(took.as_secs_f64() * 1e3);
+        }
+    }
+    let again = catalog(&client, "drop", json!({"name": "tenant-0"})).await;
+    assert_eq!(again["dropped"], false, "{again}");
+    let missing = catalog(&client, "info", json!({"name": "tenant-0"})).await;
+    assert!(
+        missing["error"]
+            .as_str()
+            .unwrap()
+            .contains("no filter named"),
+        "{missing}"
+    );
+    // The survivors still answer everywhere.
+    for n in &nodes {
+        assert!(n.has("tenant-11", "alice"), "{}", n.name);
+    }
+    eprintln!(
+        "visible on every node after the add: p50 {:.1} ms, max {:.1} ms; refused everywhere \
+         after the drop answered: p50 {:.1} ms, max {:.1} ms",
+        percentile(&mut seen, 0.5),
+        percentile(&mut seen, 1.0),
+        percentile(&mut refused, 0.5),
+        percentile(&mut refused, 1.0),
+    );
+    for n in nodes.iter_mut() {
+        n.proc.terminate(Duration::from_secs(30));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_conflicting_creates_have_one_winner() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = NatsServer::start();
+    let urls = vec![server.url()];
+    let mut nodes: Vec<Node> = (0..2).map(|i| Node::start(dir.path(), i, &urls)).collect();
+    for n in &mut nodes {
+        n.wait_serving();
+    }
+    let (a, b) = (
+        async_nats::connect(server.url()).await.unwrap(),
+        async_nats::connect(server.url()).await.unwrap(),
+    );
+    for round in 0..8 {
+        let name = format!("race-{round}");
+        let (ra, rb) = tokio::join!(
+            catalog(&a, "create", json!({"name": name, "filter": bloom(1000)})),
+            catalog(&b, "create", json!({"name": name, "filter": bloom(2000)}))
+        );
+        let won: Vec<&Value> = [&ra, &rb]
+            .into_iter()
+            .filter(|r| r["created"] == true)
+            .collect();
+        let lost: Vec<&Value> = [&ra, &rb]
+            .into_iter()
+            .filter(|r| {
+                r["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("exists with another spec"))
+            })
+            .collect();
+        assert_eq!((won.len(), lost.len()), (1, 1), "{ra} / {rb}");
+        let capacity = won[0]["filter"]["capacity"].as_u64().unwrap();
+        // The loser is told what exists.
+        assert!(
+            lost[0]["error"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("\"capacity\":{capacity}"))
+        );
+        let info = catalog(&a, "info", json!({"name": name})).await;
+        assert_eq!(info["filter"]["capacity"].as_u64(), Some(capacity));
+    }
+    for n in nodes.iter_mut() {
+        n.proc.terminate(Duration::from_secs(30));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_down_during_creates_and_drops_catches_up_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = NatsServer::start();
+    let urls = vec![server.url()];
+    let mut nodes: Vec<Node> = (0..2).map(|i| Node::start(dir.path(), i, &urls)).collect();
+    for n in &mut nodes {
+        n.wait_serving();
+    }
+    let client = async_nats::connect(server.url()).await.unwrap();
+    for name in ["kept", "gone"] {
+        catalog(
+            &client,
+            "create",
+            json!({"name": name, "filter": bloom(1000)}),
+        )
+        .await;
+    }
+    time_until(Duration::from_secs(30), || {
+        matches!(
+            nodes[1].resp(&["BF.ADD", "kept", "durable"]),
+            Ok(redis::Value::Int(_))
+        )
+    })
+    .expect("an add on node1");
+    assert!(
+        time_until(Duration::from_secs(30), || nodes[1]
+            .data_dir
+            .read_dir()
+            .is_ok_and(|d| {
+                d.flatten()
+                    .any(|e| e.file_name().to_string_lossy().starts_with("gone.g"))
+            }))
+        .is_some()
+    );
+    nodes[1].proc.kill9();
+    catalog(&client, "drop", json!({"name": "gone"})).await;
+    catalog(
+        &client,
+        "create",
+        json!({"name": "born", "filter": bloom(1000)}),
+    )
+    .await;
+    // Node 0 carries on meanwhile.
+    assert!(nodes[0].refuses("gone"));
+    nodes[1].restart();
+    nodes[1].wait_serving();
+    let n1 = &nodes[1];
+    assert!(
+        time_until(Duration::from_secs(30), || n1.refuses("gone")
+            && !n1.refuses("born"))
+        .is_some()
+    );
+    assert!(time_until(Duration::from_secs(30), || n1.has("kept", "durable")).is_some());
+    let dirs: Vec<String> = n1
+        .data_dir
+        .read_dir()
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!dirs.iter().any(|d| d.starts_with("gone.g")), "{dirs:?}");
+    assert!(dirs.iter().any(|d| d.starts_with("born.g")), "{dirs:?}");
+    for n in nodes.iter_mut() {
+        n.proc.terminate(Duration::from_secs(30));
+    }
+}

@@ -1,0 +1,156 @@
+//! 10,000 filters on one `crpf node` over a real nats-server (issue 23; the 100,000 figure is
+//! in BENCHMARKS.md): all are created through the catalog API, every one serves, and the
+//! node's NATS connections and JetStream consumers do not grow with them.
+#![cfg(all(feature = "node", feature = "eval"))]
+
+mod nats_harness;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use nats_harness::{NatsServer, Proc, crpf, free_port, http_get};
+use serde_json::{Value, json};
+
+const FILTERS: usize = 10_000;
+
+async fn request(client: &async_nats::Client, subject: String, body: Vec<u8>) -> Value {
+    let reply = tokio::time::timeout(
+        Duration::from_secs(60),
+        client.request(subject.clone(), body.into()),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{subject}: no reply within 60 s"));
+    match reply {
+        Ok(reply) => serde_json::from_slice(&reply.payload).expect("JSON"),
+        Err(e) => json!({ "error": format!("{subject}: {e}") }),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_filters_on_one_node() {
+    let monitor = free_port();
+    let server = NatsServer::start_with_config(&format!("http: \"127.0.0.1:{monitor}\"\n"));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("node.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[node]\nmetrics_addr = \"127.0.0.1:{}\"\nlog = \"warn\"\n\n[nats]\nservers = [\"{}\"]\n\n[catalog]\n",
+            free_port(),
+            server.url()
+        ),
+    )
+    .unwrap();
+    let mut node = Proc::spawn(
+        "node",
+        crpf(&["node", "--config", config.to_str().unwrap()]),
+        dir.path().join("node.log"),
+    );
+    let client = async_nats::ConnectOptions::new()
+        .request_timeout(Some(Duration::from_secs(60)))
+        .connect(server.url())
+        .await
+        .unwrap();
+    // The node serves the catalog API once it follows the catalog.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        node.assert_running();
+        if let Ok(Ok(r)) = tokio::time::timeout(
+            Duration::from_secs(2),
+            client.request("crpf.$catalog.list", Bytes::new()),
+        )
+        .await
+            && r.payload.starts_with(b"{\"filters\"")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no catalog API\n{}",
+            node.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let started = Instant::now();
+    let mut in_flight = FuturesUnordered::new();
+    let mut errors = Vec::new();
+    for i in 0..FILTERS {
+        let body = json!({"name": format!("t{i}"), "filter": {"kind": "g_bloom", "capacity": 1000, "fpr": 0.01}});
+        in_flight.push(request(
+            &client,
+            "crpf.$catalog.create".into(),
+            serde_json::to_vec(&body).unwrap(),
+        ));
+        if in_flight.len() >= 64
+            && let Some(r) = in_flight.next().await
+            && r["created"] != true
+        {
+            errors.push(r);
+        }
+    }
+    while let Some(r) = in_flight.next().await {
+        if r["created"] != true {
+            errors.push(r);
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "{FILTERS} filters created in {secs:.1} s ({:.0}/s)",
+        FILTERS as f64 / secs
+    );
+    assert!(
+        errors.is_empty(),
+        "{} failed creates: {:?}\n{}",
+        errors.len(),
+        &errors[..errors.len().min(3)],
+        node.log_tail()
+    );
+    node.assert_running();
+
+    // Every one of them serves its request API.
+    for i in (0..FILTERS).step_by(997) {
+        let added = request(&client, format!("crpf.t{i}.api.add"), b"x".to_vec()).await;
+        assert_eq!(added["added"], true, "t{i}: {added}");
+        let found = request(&client, format!("crpf.t{i}.api.contains"), b"x".to_vec()).await;
+        assert_eq!(found["contains"], true, "t{i}: {found}");
+    }
+    // The list, a page (1,000 by default) at a time.
+    let (mut listed, mut after) = (0, None::<String>);
+    loop {
+        let body = match &after {
+            Some(a) => serde_json::to_vec(&json!({ "after": a })).unwrap(),
+            None => Vec::new(),
+        };
+        let page = request(&client, "crpf.$catalog.list".into(), body).await;
+        let filters = page["filters"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{page}"));
+        listed += filters.len();
+        after = filters
+            .last()
+            .map(|f| f["name"].as_str().unwrap().to_string());
+        if page["more"] != true {
+            break;
+        }
+    }
+    assert_eq!(listed, FILTERS);
+
+    // Per node, not per filter: its connections (this test's client is the third) and its
+    // JetStream consumers (the catalog watcher).
+    let (_, connz) = http_get(&format!("127.0.0.1:{monitor}"), "/connz").unwrap();
+    let connz: Value = serde_json::from_str(&connz).unwrap();
+    let account = async_nats::jetstream::new(client.clone())
+        .query_account()
+        .await
+        .unwrap();
+    eprintln!(
+        "NATS connections: {}, JetStream consumers: {}",
+        connz["num_connections"], account.consumers
+    );
+    assert_eq!(connz["num_connections"], 3, "{connz}");
+    assert!(account.consumers <= 2, "{} consumers", account.consumers);
+    node.terminate(Duration::from_secs(120));
+}
