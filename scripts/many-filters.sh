@@ -53,7 +53,8 @@ measure() {
   a=$(ticks "$node_pid"); b=$(ticks "$nats_pid")
   sleep 10
   c=$(ticks "$node_pid"); d=$(ticks "$nats_pid")
-  echo "idle CPU over 10 s: node $(( (c - a) * 100 / hz / 10 ))% of a core, nats-server $(( (d - b) * 100 / hz / 10 ))%"
+  awk -v n=$((c - a)) -v s=$((d - b)) -v hz="$hz" \
+    'BEGIN { printf "idle CPU over 10 s: node %.1f%% of a core, nats-server %.1f%%\n", n * 100 / hz / 10, s * 100 / hz / 10 }'
   echo "node RSS: $(( $(awk '/VmRSS/ {print $2}' "/proc/$node_pid/status") / 1024 )) MiB, threads: $(awk '/Threads/ {print $2}' "/proc/$node_pid/status")"
   echo "NATS connections: $(curl -s "http://127.0.0.1:$monitor/connz" | grep -o '"num_connections": [0-9]*' | grep -o '[0-9]*$'), subscriptions: $(curl -s "http://127.0.0.1:$monitor/varz" | grep -o '"subscriptions": [0-9]*' | grep -o '[0-9]*$'), JetStream consumers: $(curl -s "http://127.0.0.1:$monitor/jsz" | grep -o '"consumers": [0-9]*' | head -1 | grep -o '[0-9]*$')"
 }

@@ -9,7 +9,7 @@ mod nats_harness;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nats_harness::{NatsServer, Proc, api_request, crpf, free_port};
+use nats_harness::{NatsServer, Proc, api_request, free_port, spawn_node};
 use serde_json::{Value, json};
 
 struct Node {
@@ -48,7 +48,7 @@ impl Node {
             ),
         )
         .unwrap();
-        let proc = Self::spawn(&name, &config, dir);
+        let proc = spawn_node(&name, &config, dir);
         Node {
             proc,
             name,
@@ -58,14 +58,9 @@ impl Node {
         }
     }
 
-    fn spawn(name: &str, config: &Path, dir: &Path) -> Proc {
-        let cmd = crpf(&["node", "--config", config.to_str().unwrap()]);
-        Proc::spawn(name, cmd, dir.join(format!("{name}.log")))
-    }
-
     fn restart(&mut self) {
         let dir = self.config.parent().unwrap().to_path_buf();
-        self.proc = Self::spawn(&self.name, &self.config, &dir);
+        self.proc = spawn_node(&self.name, &self.config, &dir);
     }
 
     /// One RESP command to this node (a fresh connection), its reply or error text.
@@ -112,6 +107,15 @@ impl Node {
 
 /// A catalog request; asked again if unanswered (a request the server handed to a node that
 /// was just killed, before it noticed, is lost, as with any NATS request).
+/// `n` nodes started at once, once every one serves.
+fn serving_nodes(dir: &Path, n: usize, servers: &[String]) -> Vec<Node> {
+    let mut nodes: Vec<Node> = (0..n).map(|i| Node::start(dir, i, servers)).collect();
+    for node in &mut nodes {
+        node.wait_serving();
+    }
+    nodes
+}
+
 async fn catalog(client: &async_nats::Client, op: &str, body: Value) -> Value {
     let mut last = String::new();
     for _ in 0..3 {
@@ -156,10 +160,7 @@ async fn creates_and_drops_reach_every_node_of_a_cluster() {
     let dir = tempfile::tempdir().unwrap();
     let servers = NatsServer::cluster(3);
     let urls: Vec<String> = servers.iter().map(NatsServer::url).collect();
-    let mut nodes: Vec<Node> = (0..3).map(|i| Node::start(dir.path(), i, &urls)).collect();
-    for n in &mut nodes {
-        n.wait_serving();
-    }
+    let mut nodes = serving_nodes(dir.path(), 3, &urls);
     let client = async_nats::connect(urls[0].clone()).await.unwrap();
     let (mut seen, mut refused) = (Vec::new(), Vec::new());
     for i in 0..12 {
@@ -235,10 +236,7 @@ async fn concurrent_conflicting_creates_have_one_winner() {
     let dir = tempfile::tempdir().unwrap();
     let server = NatsServer::start();
     let urls = vec![server.url()];
-    let mut nodes: Vec<Node> = (0..2).map(|i| Node::start(dir.path(), i, &urls)).collect();
-    for n in &mut nodes {
-        n.wait_serving();
-    }
+    let mut nodes = serving_nodes(dir.path(), 2, &urls);
     let (a, b) = (
         async_nats::connect(server.url()).await.unwrap(),
         async_nats::connect(server.url()).await.unwrap(),
@@ -283,10 +281,7 @@ async fn a_node_down_during_creates_and_drops_catches_up_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let server = NatsServer::start();
     let urls = vec![server.url()];
-    let mut nodes: Vec<Node> = (0..2).map(|i| Node::start(dir.path(), i, &urls)).collect();
-    for n in &mut nodes {
-        n.wait_serving();
-    }
+    let mut nodes = serving_nodes(dir.path(), 2, &urls);
     let client = async_nats::connect(server.url()).await.unwrap();
     for name in ["kept", "gone"] {
         catalog(

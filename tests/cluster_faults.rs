@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crpf::replica::{AnyFilter, DataDir};
-use nats_harness::{NatsServer, Proc, api_request, crpf, free_port};
+use nats_harness::{NatsServer, Proc, api_request, crpf, free_port, spawn_node};
 use serde_json::Value;
 
 const FILTER: &str = "faults";
@@ -83,7 +83,7 @@ impl Node {
             )
         });
         std::fs::write(&config, toml).unwrap();
-        let proc = Self::spawn(&name, &config, dir);
+        let proc = spawn_node(&name, &config, dir);
         Node {
             proc,
             name,
@@ -92,15 +92,10 @@ impl Node {
         }
     }
 
-    fn spawn(name: &str, config: &Path, dir: &Path) -> Proc {
-        let cmd = crpf(&["node", "--config", config.to_str().unwrap()]);
-        Proc::spawn(name, cmd, dir.join(format!("{name}.log")))
-    }
-
     /// Starts the node again with the same config and data directory (its log goes on).
     fn restart(&mut self) {
         let dir = self.config.parent().unwrap().to_path_buf();
-        self.proc = Self::spawn(&self.name, &self.config, &dir);
+        self.proc = spawn_node(&self.name, &self.config, &dir);
     }
 }
 
@@ -218,7 +213,7 @@ async fn nodes_restart_alone_after_server_kills_with_kv_replicas_3() {
     let mut servers = NatsServer::cluster(3);
     let urls: Vec<String> = servers.iter().map(NatsServer::url).collect();
     let mut nodes: Vec<Node> = (0..3)
-        .map(|i| Node::start(dir.path(), i, &urls, None, 8))
+        .map(|i| Node::start(dir.path(), i, &urls, None, 3))
         .collect();
     // Server 0 is never killed: the test's own client stays on it.
     let client = async_nats::connect(urls[0].clone()).await.unwrap();

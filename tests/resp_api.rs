@@ -574,7 +574,7 @@ async fn idle_connections_are_closed_after_timeout_and_maxclients_bounds_them() 
         assert_eq!(ping(&mut busy).unwrap(), "+PONG\r\n");
         std::thread::sleep(Duration::from_millis(400));
     }
-    let mut buf = [0u8; 16];
+    let mut buf = [0u8; 64];
     assert_eq!(
         idle.read(&mut buf).unwrap(),
         0,

@@ -95,15 +95,30 @@ pub(crate) async fn connect(
     })
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub(crate) async fn shutdown_signal() -> Result<&'static str, NodeError> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    })
+/// SIGINT and SIGTERM, caught from the moment this is made: one that arrives while the node is
+/// still starting (claiming ids, following the catalog) waits for [`ShutdownSignals::recv`]
+/// instead of killing the process before its final snapshots.
+pub(crate) struct ShutdownSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    pub(crate) fn install() -> Result<Self, NodeError> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(ShutdownSignals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// Resolves on SIGINT or SIGTERM (at once for one caught earlier).
+    pub(crate) async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
 }
 
 /// Stops replicas (each takes a final snapshot) and drains the NATS connection, so that what
@@ -165,6 +180,7 @@ pub fn run_node(args: &NodeArgs) -> Result<(), NodeError> {
     host::describe();
     tracing::info!(metrics = %cfg.node.metrics_addr, filters = cfg.filters.len(), catalog = cfg.catalog.enabled, "crpf node starting");
     block_on_system(cfg.node.io_threads, async move {
+        let mut signals = ShutdownSignals::install()?;
         let (transport, catalog, nats) = connect_node(cfg.nats.as_ref()).await?;
         let resp = cfg.resp.clone();
         let catalog_prefix = cfg
@@ -188,7 +204,7 @@ pub fn run_node(args: &NodeArgs) -> Result<(), NodeError> {
         if let Some(resp) = &resp {
             crate::resp::RespServer::start_with(resp, Arc::new(node.clone()), max_batch).await?;
         }
-        let signal = shutdown_signal().await?;
+        let signal = signals.recv().await;
         tracing::info!(signal, "shutting down: final snapshots, draining NATS");
         let stopped = node.shutdown().await;
         if let Some(nats) = nats

@@ -274,7 +274,7 @@ pub(crate) use procs::*;
 
 #[cfg(all(feature = "node", feature = "eval"))]
 mod procs {
-    use std::path::PathBuf;
+    use std::path::{Path, PathBuf};
     use std::process::{Child, Command, ExitStatus, Stdio};
     use std::time::{Duration, Instant};
 
@@ -392,6 +392,13 @@ mod procs {
         fn drop(&mut self) {
             self.kill9();
         }
+    }
+
+    /// `crpf node --config <config>`, logging to `<dir>/<name>.log` (appended to, so a
+    /// restarted node's log goes on).
+    pub(crate) fn spawn_node(name: &str, config: &Path, dir: &Path) -> Proc {
+        let cmd = crpf(&["node", "--config", config.to_str().unwrap()]);
+        Proc::spawn(name, cmd, dir.join(format!("{name}.log")))
     }
 
     /// `crpf <args>` without inherited `CRPF_*__*` overrides or `RUST_LOG`.

@@ -984,25 +984,20 @@ mod tests {
             for round in rounds {
                 let (mut added_now, mut removed_now) = (Vec::new(), Vec::new());
                 for (r, op) in round.into_iter().enumerate() {
-                    match op {
-                        Some((0 | 1, e)) => {
-                            if filters[r].add(&[e]).is_ok() {
-                                next_seq[r] += 1;
-                                added_now.push((r as ReplicaId + 1, next_seq[r], e));
-                            }
-                        }
+                    let Some((op, e)) = op else { continue };
+                    if op >= 2 {
                         // A remove of an element the remover has seen live (removing what
                         // was never added takes a colliding element's occurrence: a false
                         // positive no filter can tell).
-                        Some((_, e)) => {
-                            if let Some(o) =
-                                seen.iter().find(|o| o.2 == e && !removed.contains(o))
-                            {
-                                proptest::prop_assert!(filters[r].remove(&[e]));
-                                removed_now.push(*o);
-                            }
+                        if let Some(o) = seen.iter().find(|o| o.2 == e && !removed.contains(o)) {
+                            proptest::prop_assert!(filters[r].remove(&[e]));
+                            removed_now.push(*o);
                         }
-                        None => {}
+                        continue;
+                    }
+                    if filters[r].add(&[e]).is_ok() {
+                        next_seq[r] += 1;
+                        added_now.push((r as ReplicaId + 1, next_seq[r], e));
                     }
                 }
                 seen.extend(added_now);
