@@ -210,7 +210,14 @@ impl Node {
             let handle = Replica::start(f, node.inner.transport.clone()).await?;
             let id = handle.identity();
             tracing::info!(filter = handle.name(), replica = id.replica, uuid = %id.uuid, "replica started");
-            node.insert(handle.name().to_string(), 0, spec, handle);
+            node.inner.insert(
+                handle.name().to_string(),
+                Hosted {
+                    generation: 0,
+                    spec,
+                    handle,
+                },
+            );
         }
         if let Some(catalog) = node.inner.catalog.clone() {
             let listed = match catalog.list().await {
@@ -364,39 +371,23 @@ impl Node {
     /// Stops following the catalog and stops every replica (each writes its final
     /// snapshot).
     pub async fn shutdown(&self) -> Result<(), NodeError> {
+        super::stop(self.stop_following(), None).await
+    }
+
+    /// Stops following the catalog and hands over every replica, to be stopped.
+    pub(crate) fn stop_following(&self) -> Vec<ReplicaHandle> {
         self.inner.stopping.store(true, Ordering::SeqCst);
-        let all: Vec<ReplicaHandle> = self
-            .inner
+        self.inner
             .hosted
             .write()
             .expect("hosted lock")
             .drain()
             .map(|(_, h)| h.handle)
-            .collect();
-        let mut first_error = None;
-        for r in all {
-            if let Err(e) = r.shutdown().await {
-                tracing::error!(filter = r.name(), error = %e, "replica did not stop cleanly");
-                first_error.get_or_insert(e);
-            }
-        }
-        first_error.map_or(Ok(()), |e| Err(e.into()))
+            .collect()
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Hosted>> {
         self.inner.hosted.read().expect("hosted lock")
-    }
-
-    fn insert(&self, name: String, generation: u64, spec: FilterSpec, handle: ReplicaHandle) {
-        self.inner.hosted.write().expect("hosted lock").insert(
-            name,
-            Hosted {
-                generation,
-                spec,
-                handle,
-            },
-        );
-        self.inner.changed();
     }
 
     /// Refusals that need no catalog: the name, the spec, this node's limits.
@@ -493,6 +484,14 @@ fn remove_dir(path: &Path, why: &str) {
 }
 
 impl Inner {
+    fn insert(&self, name: String, hosted: Hosted) {
+        self.hosted
+            .write()
+            .expect("hosted lock")
+            .insert(name, hosted);
+        self.changed();
+    }
+
     /// Keeps this node's view of the catalog.
     fn saw(&self, change: &CatalogChange) {
         let mut view = self.view.write().expect("view lock");
@@ -555,7 +554,7 @@ impl Inner {
             }
             match Replica::start(cfg.clone(), self.transport.clone()).await {
                 Ok(handle) => {
-                    self.hosted.write().expect("hosted lock").insert(
+                    self.insert(
                         entry.name.clone(),
                         Hosted {
                             generation: entry.generation,
@@ -563,7 +562,6 @@ impl Inner {
                             handle,
                         },
                     );
-                    self.changed();
                     metrics::counter!(CATALOG_CHANGES, "change" => "started").increment(1);
                     return;
                 }

@@ -206,12 +206,6 @@ pub fn run_node(args: &NodeArgs) -> Result<(), NodeError> {
         }
         let signal = signals.recv().await;
         tracing::info!(signal, "shutting down: final snapshots, draining NATS");
-        let stopped = node.shutdown().await;
-        if let Some(nats) = nats
-            && let Err(e) = nats.client().drain().await
-        {
-            tracing::warn!(error = %e, "NATS drain failed");
-        }
-        stopped
+        stop(node.stop_following(), nats).await
     })
 }
