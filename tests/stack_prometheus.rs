@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nats_harness::{NatsServer, Proc, crpf, free_port, http_get, wait_for};
+use nats_harness::{NatsServer, Proc, cluster_key_line, crpf, free_port, http_get, wait_for};
 use serde_json::Value;
 
 const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
@@ -334,9 +334,10 @@ const FILTERS: &[(&str, &str)] = &[
 
 fn node_toml(metrics: &str, data_dir: &Path, nats_url: &str, i: usize) -> String {
     let mut s = format!(
-        "[node]\nmetrics_addr = \"{metrics}\"\ndata_dir = \"{}\"\nlog = \"warn\"\n\n\
+        "[node]\nmetrics_addr = \"{metrics}\"\ndata_dir = \"{}\"\nlog = \"warn\"\n{}\n\
          [nats]\nservers = [\"{nats_url}\"]\nretry_on_initial_connect = true\nname = \"stack-node{i}\"\n",
-        data_dir.display()
+        data_dir.display(),
+        cluster_key_line()
     );
     for (name, kind) in FILTERS {
         s += &format!(
