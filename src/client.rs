@@ -29,6 +29,8 @@
 //! # }
 //! ```
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::{HeaderMap, RequestErrorKind};
@@ -45,6 +47,12 @@ use crate::transport::Subjects;
 
 /// How long a request waits for its reply unless [`Client::with_timeout`] says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Attempts a read makes unless [`Client::with_read_attempts`] says otherwise.
+pub const DEFAULT_READ_ATTEMPTS: u32 = 3;
+
+/// Replicas remembered as having answered, for reads sent again after a timeout.
+const REMEMBERED_REPLICAS: usize = 16;
 
 /// What a request can fail with.
 #[derive(Debug, Error)]
@@ -126,6 +134,9 @@ pub struct Client {
     replica: Option<ReplicaId>,
     timeout: Duration,
     format: ReplyFormat,
+    read_attempts: u32,
+    /// Replicas that answered, the latest first (shared by clones).
+    answered: Arc<Mutex<VecDeque<ReplicaId>>>,
 }
 
 impl Client {
@@ -138,6 +149,8 @@ impl Client {
             replica: None,
             timeout: DEFAULT_TIMEOUT,
             format: ReplyFormat::Bitmap,
+            read_attempts: DEFAULT_READ_ATTEMPTS,
+            answered: Arc::default(),
         }
     }
 
@@ -165,6 +178,19 @@ impl Client {
     /// How long each request waits for its reply.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Attempts of a read (`contains`, `mcontains`, `count`, `mcount`, `stats`) sent to any
+    /// replica (default [`DEFAULT_READ_ATTEMPTS`]): each waits `timeout / attempts`, and
+    /// after a timeout the read goes again, at once, to any replica and to every replica that
+    /// answered this client lately; the first answer wins. So a replica that stopped
+    /// answering (stopped, overloaded, cut off: NATS keeps routing to it until its connection
+    /// drops) costs a read one attempt, not its answer. Reads are safe to repeat; updates are
+    /// never sent twice. 1: no second attempt. A client of one replica ([`Client::replica`])
+    /// makes one attempt.
+    pub fn with_read_attempts(mut self, attempts: u32) -> Self {
+        self.read_attempts = attempts.max(1);
         self
     }
 
@@ -246,7 +272,7 @@ impl Client {
             batch::encode_into(&mut payload, n, item.as_ref())?;
             n += 1;
         }
-        let reply = self.request(op, payload.into(), None).await?;
+        let reply = self.read(op, payload.into(), None).await?;
         let value = self.json(op, &reply)?;
         let counts = value
             .get("count")
@@ -303,24 +329,80 @@ impl Client {
         payload: Bytes,
         headers: Option<HeaderMap>,
     ) -> Result<async_nats::Message, ClientError> {
-        let subject = self.subject(op);
+        self.send(self.subject(op), payload, headers, self.timeout)
+            .await
+    }
+
+    /// A read: sent again after a timeout (see [`Client::with_read_attempts`]).
+    async fn read(
+        &self,
+        op: Op,
+        payload: Bytes,
+        headers: Option<HeaderMap>,
+    ) -> Result<async_nats::Message, ClientError> {
+        if self.replica.is_some() || self.read_attempts <= 1 {
+            return self.request(op, payload, headers).await;
+        }
+        let wait = self.timeout / self.read_attempts;
+        let any = self.subject(op);
+        for attempt in 1..=self.read_attempts {
+            // The first attempt goes to any replica; after a timeout (which replica took it is
+            // unknown), to every replica that answered lately as well, at once.
+            let mut subjects = vec![any.clone()];
+            if attempt > 1 {
+                let answered = self.answered.lock().expect("client lock").clone();
+                subjects.extend(
+                    answered
+                        .into_iter()
+                        .map(|id| self.subjects.replica_api_subject(id, op.name())),
+                );
+            }
+            let sends = subjects
+                .into_iter()
+                .map(|s| Box::pin(self.send(s, payload.clone(), headers.clone(), wait)));
+            match futures::future::select_ok(sends).await {
+                Ok((reply, _)) => return Ok(reply),
+                Err(ClientError::Timeout { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(ClientError::Timeout {
+            subject: any,
+            timeout: self.timeout,
+        })
+    }
+
+    async fn send(
+        &self,
+        subject: String,
+        payload: Bytes,
+        headers: Option<HeaderMap>,
+        timeout: Duration,
+    ) -> Result<async_nats::Message, ClientError> {
         let mut request = async_nats::Request::new()
             .payload(payload)
-            .timeout(Some(self.timeout));
+            .timeout(Some(timeout));
         if let Some(h) = headers {
             request = request.headers(h);
         }
-        self.nats
+        let reply = self
+            .nats
             .send_request(subject.clone(), request)
             .await
             .map_err(|source| match source.kind() {
-                RequestErrorKind::TimedOut => ClientError::Timeout {
-                    subject,
-                    timeout: self.timeout,
-                },
+                RequestErrorKind::TimedOut => ClientError::Timeout { subject, timeout },
                 RequestErrorKind::NoResponders => ClientError::NoResponders { subject },
                 _ => ClientError::Transport { subject, source },
-            })
+            })?;
+        if let Some(id) = header(&reply, REPLICA_HEADER).and_then(|r| r.parse::<ReplicaId>().ok()) {
+            let mut answered = self.answered.lock().expect("client lock");
+            if answered.front() != Some(&id) {
+                answered.retain(|r| *r != id);
+                answered.push_front(id);
+                answered.truncate(REMEMBERED_REPLICAS);
+            }
+        }
+        Ok(reply)
     }
 
     async fn single<T: DeserializeOwned>(
@@ -329,9 +411,12 @@ impl Client {
         item: &[u8],
         ack: Option<AckLevel>,
     ) -> Result<T, ClientError> {
-        let reply = self
-            .request(op, Bytes::copy_from_slice(item), ack_headers(ack))
-            .await?;
+        let payload = Bytes::copy_from_slice(item);
+        let reply = if op.is_update() {
+            self.request(op, payload, ack_headers(ack)).await?
+        } else {
+            self.read(op, payload, ack_headers(ack)).await?
+        };
         let value = self.json(op, &reply)?;
         serde_json::from_value(value).map_err(|e| self.bad(op, format!("{e}")))
     }
@@ -356,7 +441,11 @@ impl Client {
         if self.format == ReplyFormat::Bitmap {
             headers.insert(REPLY_HEADER, ReplyFormat::Bitmap.name());
         }
-        let reply = self.request(op, payload.into(), Some(headers)).await?;
+        let reply = if op.is_update() {
+            self.request(op, payload.into(), Some(headers)).await?
+        } else {
+            self.read(op, payload.into(), Some(headers)).await?
+        };
         if header(&reply, REPLY_HEADER) == Some(ReplyFormat::Bitmap.name()) {
             let bits =
                 batch::decode_bitmap(&reply.payload, n).map_err(|e| self.bad(op, e.to_string()))?;

@@ -677,3 +677,86 @@ async fn count_and_mcount_answer_multiplicities() {
     }
     stop(&[h, g]).await;
 }
+
+/// Issue 27, point 5: a replica that stops answering (SIGSTOP: its NATS connection stays up,
+/// so the queue group keeps routing to it) costs a read one attempt, not its answer.
+#[actix::test]
+async fn reads_go_around_a_stopped_replica() {
+    use nats_harness::{cluster_key_line, free_port, spawn_node};
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = Vec::new();
+    for i in 0..2 {
+        let config = dir.path().join(format!("node{i}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "[node]\nmetrics_addr = \"127.0.0.1:{}\"\nlog = \"warn\"\n{}\n\
+                 [nats]\nservers = [\"{}\"]\n\n[catalog]\nenabled = false\n\n\
+                 [[filters]]\nname = \"reads\"\n\
+                 filter = {{ kind = \"g_bloom\", capacity = 10000, fpr = 0.001 }}\n\
+                 delta_interval_ms = 20\nanti_entropy_interval_ms = 300\ncatch_up_timeout_ms = 500\n",
+                free_port(),
+                cluster_key_line(),
+                server.url()
+            ),
+        )
+        .unwrap();
+        nodes.push(spawn_node(&format!("node{i}"), &config, dir.path()));
+    }
+    let nc = async_nats::connect(server.url()).await.unwrap();
+    let client = Client::new(nc, "crpf", "reads").with_timeout(Duration::from_secs(3));
+    // Both replicas ready, and known to the client (it learns them from their answers).
+    let deadline = Instant::now() + WAIT;
+    let mut seen = std::collections::BTreeSet::new();
+    while seen.len() < 2 {
+        assert!(Instant::now() < deadline, "replicas answering: {seen:?}");
+        if let Ok(s) = client.stats().await
+            && s.ready
+        {
+            seen.insert(s.replica);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    client.add("present", None).await.unwrap();
+    for id in &seen {
+        let one = client.replica(*id);
+        let deadline = Instant::now() + WAIT;
+        while !one.contains("present").await.unwrap() {
+            assert!(Instant::now() < deadline, "replica {id} never merged the add");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    assert_eq!(unsafe { libc::kill(nodes[1].pid(), libc::SIGSTOP) }, 0);
+    let reads = 20;
+    let mut answered = 0;
+    for _ in 0..reads {
+        if client.contains("present").await.unwrap() {
+            answered += 1;
+        }
+    }
+    // Without the second attempt, the stopped replica takes its share of the reads.
+    let single = client
+        .clone()
+        .with_timeout(Duration::from_millis(300))
+        .with_read_attempts(1);
+    let mut timed_out = 0;
+    for _ in 0..reads {
+        match single.contains("present").await {
+            Ok(true) => {}
+            Err(ClientError::Timeout { .. }) => timed_out += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(unsafe { libc::kill(nodes[1].pid(), libc::SIGCONT) }, 0);
+    assert_eq!(answered, reads, "reads with retries that found the item");
+    assert!(
+        timed_out > 0,
+        "no read went to the stopped replica: the check above proves nothing"
+    );
+    println!("{reads} of {reads} reads answered with retries; {timed_out} of {reads} timed out without");
+    for mut n in nodes {
+        n.terminate(Duration::from_secs(20));
+    }
+}
