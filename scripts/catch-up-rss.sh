@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Memory of a catch-up: node A holds a g_bloom of ~24 MB (capacity 20M, 1M items added over
+# RESP), node B joins over NATS and catches up with one full-state transfer; prints A's RSS
+# and B's settled RSS and peak (VmHWM). Needs `scripts/test.sh` run once (.tools/nats) and
+# `cargo build --release`. BENCHMARKS.md, "Catch-up memory".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+W="$(mktemp -d)"
+trap 'kill ${A:-} ${B:-} ${NATS:-} 2>/dev/null || true; rm -rf "$W"' EXIT
+target/release/crpf keygen --out $W/cluster.key 2>/dev/null
+.tools/nats/bin/nats-server -js -sd $W/js -a 127.0.0.1 -p 14222 >$W/nats.log 2>&1 & NATS=$!
+sleep 1
+for n in a b; do
+  port=$([ $n = a ] && echo 16391 || echo 16392); mport=$([ $n = a ] && echo 19471 || echo 19472)
+  cat > $W/$n.toml <<T
+[node]
+metrics_addr = "127.0.0.1:$mport"
+log = "warn"
+auth_key_file = "$W/cluster.key"
+[nats]
+servers = ["nats://127.0.0.1:14222"]
+[resp]
+listen = "127.0.0.1:$port"
+[catalog]
+enabled = false
+[[filters]]
+name = "big"
+filter = { kind = "g_bloom", capacity = 20000000, fpr = 0.01 }
+T
+done
+target/release/crpf node --config $W/a.toml 2>$W/a.log & A=$!
+sleep 4
+python3 - <<'P'
+import socket
+def cmd(*args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+s = socket.create_connection(("127.0.0.1", 16391), timeout=60)
+for r in range(100):
+    s.sendall(cmd(b"BF.MADD", b"big", *[b"k-%d-%d" % (r, i) for i in range(10000)]))
+    buf = b""
+    while buf.count(b"\r\n") < 10001:
+        buf += s.recv(1 << 20)
+P
+echo "A: $(grep VmRSS /proc/$A/status)"
+target/release/crpf node --config $W/b.toml 2>$W/b.log & B=$!
+for i in $(seq 1 60); do
+  sleep 1
+  if python3 -c "
+import socket,sys
+try:
+    s=socket.create_connection(('127.0.0.1',16392),timeout=2); s.sendall(b'*3\r\n\$9\r\nBF.EXISTS\r\n\$3\r\nbig\r\n\$7\r\nk-0-123\r\n'); sys.exit(0 if s.recv(100).startswith(b':1') else 1)
+except Exception: sys.exit(1)
+"; then break; fi
+done
+echo "B ready after ${i}s"
+sleep 10
+echo "B settled: $(grep VmRSS /proc/$B/status) HWM: $(grep VmHWM /proc/$B/status)"
