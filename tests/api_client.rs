@@ -723,7 +723,10 @@ async fn reads_go_around_a_stopped_replica() {
         let one = client.replica(*id);
         let deadline = Instant::now() + WAIT;
         while !one.contains("present").await.unwrap() {
-            assert!(Instant::now() < deadline, "replica {id} never merged the add");
+            assert!(
+                Instant::now() < deadline,
+                "replica {id} never merged the add"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -755,7 +758,9 @@ async fn reads_go_around_a_stopped_replica() {
         timed_out > 0,
         "no read went to the stopped replica: the check above proves nothing"
     );
-    println!("{reads} of {reads} reads answered with retries; {timed_out} of {reads} timed out without");
+    println!(
+        "{reads} of {reads} reads answered with retries; {timed_out} of {reads} timed out without"
+    );
     for mut n in nodes {
         n.terminate(Duration::from_secs(20));
     }

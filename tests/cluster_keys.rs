@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use crpf::FilterKind;
 use crpf::replica::{AnyFilter, FilterSpec};
 use crpf::wire::{AuthKeys, Body, Envelope, Expect, WireCodec};
-use crpf::FilterKind;
 use nats_harness::{NatsServer, Proc, crpf, free_port, http_get, spawn_node};
 use redis::aio::MultiplexedConnection;
 
@@ -26,7 +26,11 @@ fn keygen(dir: &Path, name: &str) -> PathBuf {
     let out = crpf(&["keygen", "--out", path.to_str().unwrap()])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     path
 }
 
@@ -123,7 +127,13 @@ impl Node {
             ),
         )
         .unwrap();
-        let name = self.config.file_stem().unwrap().to_str().unwrap().to_string();
+        let name = self
+            .config
+            .file_stem()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
         self.proc = Some(spawn_node(&name, &self.config, dir));
     }
 
@@ -155,8 +165,7 @@ impl Node {
         let (_, body) = http_get(&self.metrics, "/metrics").unwrap();
         body.lines()
             .filter(|l| {
-                l.starts_with("crpf_rejects_total{")
-                    && l.contains(&format!("reason=\"{reason}\""))
+                l.starts_with("crpf_rejects_total{") && l.contains(&format!("reason=\"{reason}\""))
             })
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>() as u64
@@ -248,13 +257,19 @@ async fn keys_rotate_node_by_node_without_an_outage() {
     );
     let client = async_nats::connect(&url).await.unwrap();
     client
-        .publish(format!("crpf.{FILTER}.delta"), Bytes::from(codec.encode(&env)))
+        .publish(
+            format!("crpf.{FILTER}.delta"),
+            Bytes::from(codec.encode(&env)),
+        )
         .await
         .unwrap();
     client.flush().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while nodes.iter().any(|n| n.rejects("bad_signature") == 0) {
-        assert!(Instant::now() < deadline, "the old key's frame was not refused");
+        assert!(
+            Instant::now() < deadline,
+            "the old key's frame was not refused"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for n in &mut nodes {

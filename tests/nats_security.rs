@@ -307,6 +307,79 @@ async fn authenticated_envelopes_reject_unsigned_and_wrongly_signed_frames() {
         assert!(!h.contains(b"unsigned") && !h.contains(b"wrong-key"));
     }
 
+    // Every attack of issue 27 point 4, unsigned, from the replica user: a delta setting many
+    // bits (its items, merged, would all read present), forged senders (digests) to fill the
+    // peer slots, a sequence gap of u64::MAX, state requests. None moves any state or counter
+    // but `unsigned`.
+    let probes: Vec<Vec<u8>> = (0..8_000u32).map(|i| i.to_le_bytes().to_vec()).collect();
+    let present = |h: &ReplicaHandle| probes.iter().filter(|p| h.contains(p)).count();
+    let before: Vec<_> = futures::future::join_all(hs.iter().map(|h| h.stats()))
+        .await
+        .into_iter()
+        .map(|s| s.unwrap())
+        .collect();
+    let unsigned = codec(&cfg, None);
+    let saturated = {
+        let mut f = AnyFilter::new(&cfg.filter, 77).unwrap();
+        f.track_deltas(true);
+        for p in &probes {
+            f.add(p).unwrap();
+        }
+        f.take_delta().unwrap()
+    };
+    let frame = |sender: Uuid, seq: u64, body: Body| {
+        let env = Envelope::new(
+            cfg.name.clone(),
+            hs[0].snapshot().kind(),
+            hs[0].snapshot().params_digest(),
+            sender,
+            77,
+            seq,
+            body,
+        );
+        unsigned.encode(&env)
+    };
+    let forger = Uuid::new_v4();
+    let mut frames = vec![
+        (
+            subjects.delta.clone(),
+            frame(forger, 1, Body::Delta(saturated)),
+        ),
+        (
+            subjects.state.clone(),
+            frame(forger, u64::MAX, Body::StateRequest { target: None }),
+        ),
+    ];
+    for _ in 0..300 {
+        let digest = Body::Digest {
+            digest: 1,
+            ready: true,
+        };
+        frames.push((subjects.state.clone(), frame(Uuid::new_v4(), 1, digest)));
+    }
+    let sent = frames.len() as u64;
+    for (subject, f) in frames {
+        peer.publish(subject, f.into()).await.unwrap();
+    }
+    peer.flush().await.unwrap();
+    for (h, b) in hs.iter().zip(&before) {
+        let deadline = Instant::now() + WAIT;
+        while rejects(h, "unsigned").await < b.rejects["unsigned"] + sent {
+            assert!(Instant::now() < deadline, "{:?}", h.stats().await.unwrap());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let after = h.stats().await.unwrap();
+        assert!(present(h) < 10, "the forged delta's items read present");
+        assert!(
+            after.peers <= b.peers,
+            "{} peers, {} before",
+            after.peers,
+            b.peers
+        );
+        assert_eq!(after.sequence_gaps, b.sequence_gaps);
+        assert_eq!(after.rejects.len(), b.rejects.len(), "{:?}", after.rejects);
+    }
+
     // A replica of another cluster key: both sides reject each other's frames.
     let t = transport(as_user(&url, "crpf-replica", REPLICA_PASSWORD)).await;
     let mut other_cfg = cfg.clone();
