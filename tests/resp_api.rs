@@ -460,6 +460,126 @@ async fn a_password_is_required_once_set() {
     // The redis URL form authenticates on connecting.
     let mut authed = connect_with(&node, "s3cret-pass").await;
     expect(&mut authed, &["BF.EXISTS", "bloom", "a"], 1).await;
+    // HELLO before login: only with AUTH, as redis-py 8 and go-redis send it.
+    let packed = |ws: &[&str]| redis::cmd(ws[0]).arg(&ws[1..]).get_packed_command();
+    let mut talk = packed(&["HELLO", "3"]);
+    talk.extend(packed(&["HELLO", "3", "AUTH", "default", "wrong"]));
+    talk.extend(packed(&[
+        "HELLO",
+        "3",
+        "AUTH",
+        "default",
+        "s3cret-pass",
+        "SETNAME",
+        "me",
+    ]));
+    talk.extend(packed(&["BF.EXISTS", "bloom", "a"]));
+    talk.extend(packed(&["QUIT"]));
+    let answer = raw_exchange(&node, &talk);
+    in_order(
+        &answer,
+        &[
+            "-NOAUTH HELLO must be called with the client already authenticated",
+            "-WRONGPASS",
+            "%8\r\n$6\r\nserver\r\n$5\r\nredis\r\n",
+            "$5\r\nproto\r\n:3\r\n",
+            "#t\r\n+OK\r\n",
+        ],
+    );
+}
+
+/// `needles` occur in `haystack` in this order.
+fn in_order(haystack: &str, needles: &[&str]) {
+    let mut at = 0;
+    for n in needles {
+        match haystack[at..].find(n) {
+            Some(i) => at += i + n.len(),
+            None => panic!("{n:?} not found after byte {at} of {haystack:?}"),
+        }
+    }
+}
+
+/// Issue 24, points 1 and 2: RESP3 after `HELLO 3` (booleans where RedisBloom sends them),
+/// and `MULTI`/`EXEC` as redis-py's default pipeline sends them: the queued commands run at
+/// `EXEC`, their replies in one array; a refused command aborts the transaction before
+/// anything runs; `WATCH` is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resp3_and_transactions_work_as_redis_clients_use_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), "node", "", None, None);
+    wait_ready(&mut connect(&node).await).await;
+    let packed = |ws: &[&str]| redis::cmd(ws[0]).arg(&ws[1..]).get_packed_command();
+    let script: &[(&[&str], &str)] = &[
+        (
+            &["HELLO", "3", "SETNAME", "resp3"],
+            "%8\r\n$6\r\nserver\r\n$5\r\nredis\r\n",
+        ),
+        (&[], "$5\r\nproto\r\n:3\r\n"),
+        (&["BF.ADD", "bloom", "r3"], "#t\r\n"),
+        (&["BF.EXISTS", "bloom", "r3"], "#t\r\n"),
+        (&["BF.EXISTS", "bloom", "never3"], "#f\r\n"),
+        (
+            &["BF.MEXISTS", "bloom", "r3", "never3"],
+            "*2\r\n#t\r\n#f\r\n",
+        ),
+        (&["CF.COUNT", "views", "none"], ":0\r\n"),
+        (&["MULTI"], "+OK\r\n"),
+        (&["BF.ADD", "bloom", "t1"], "+QUEUED\r\n"),
+        (&["BF.EXISTS", "bloom", "t1"], "+QUEUED\r\n"),
+        (&["CF.ADD", "views", "v"], "+QUEUED\r\n"),
+        (&["CF.COUNT", "views", "v"], "+QUEUED\r\n"),
+        (&["PING"], "+QUEUED\r\n"),
+        (&["EXEC"], "*5\r\n#t\r\n#t\r\n#t\r\n:1\r\n+PONG\r\n"),
+        (&["MULTI"], "+OK\r\n"),
+        (&["BF.ADD", "bloom", "t2"], "+QUEUED\r\n"),
+        (
+            &["BF.ADD", "bloom"],
+            "-ERR wrong number of arguments for 'bf.add' command\r\n",
+        ),
+        (&["MULTI"], "-ERR MULTI calls can not be nested\r\n"),
+        (
+            &["EXEC"],
+            "-EXECABORT Transaction discarded because of previous errors.\r\n",
+        ),
+        (&["BF.EXISTS", "bloom", "t2"], "#f\r\n"),
+        (&["MULTI"], "+OK\r\n"),
+        (&["BF.ADD", "bloom", "t3"], "+QUEUED\r\n"),
+        (&["DISCARD"], "+OK\r\n"),
+        (&["BF.EXISTS", "bloom", "t3"], "#f\r\n"),
+        (&["EXEC"], "-ERR EXEC without MULTI\r\n"),
+        (&["WATCH", "bloom"], "-ERR WATCH is not supported"),
+        (&["HELLO", "4"], "-NOPROTO unsupported protocol version\r\n"),
+        (&["HELLO", "2"], "*16\r\n$6\r\nserver\r\n"),
+        (&[], "$5\r\nproto\r\n:2\r\n"),
+        (&["BF.EXISTS", "bloom", "r3"], ":1\r\n"),
+        (&["QUIT"], "+OK\r\n"),
+    ];
+    let mut talk = Vec::new();
+    for (ws, _) in script {
+        if !ws.is_empty() {
+            talk.extend(packed(ws));
+        }
+    }
+    let answer = raw_exchange(&node, &talk);
+    in_order(&answer, &script.iter().map(|(_, a)| *a).collect::<Vec<_>>());
+    // The transaction's add happened; the aborted and discarded ones did not.
+    let mut con = connect(&node).await;
+    expect(&mut con, &["BF.EXISTS", "bloom", "t1"], 1).await;
+    expect(&mut con, &["BF.EXISTS", "bloom", "t2"], 0).await;
+    expect(&mut con, &["BF.EXISTS", "bloom", "t3"], 0).await;
+    // redis-rs's atomic pipeline (MULTI/EXEC) over RESP2.
+    let (a, b): (i64, i64) = redis::pipe()
+        .atomic()
+        .cmd("BF.ADD")
+        .arg("bloom")
+        .arg("p1")
+        .cmd("BF.EXISTS")
+        .arg("bloom")
+        .arg("p1")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!((a, b), (1, 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,6 +13,15 @@
 //! | `CF.COUNT` *key item* | `count` | the multiplicity (counting kinds) |
 //! | `CRPF.STATS` *key* | `stats` | the stats JSON as a bulk string |
 //! | `CRPF.ACK` *level* | | `OK`: later updates of this connection wait for `local`, `durable` or `replicated` |
+//! | `HELLO` \[`2`\|`3` \[`AUTH default` *password*\] \[`SETNAME` *name*\]\] | | the server map; RESP3 after `HELLO 3` |
+//! | `MULTI`, then commands, then `EXEC` or `DISCARD` | each queued command's | `QUEUED` each, then one array of their replies |
+//!
+//! In RESP3 the `1`/`0` of adds, queries and removes are booleans (`#t`/`#f`), as RedisBloom
+//! sends them; counts stay integers. `EXEC` runs its commands one after the other, each
+//! through its filter's actor, while the connection runs nothing else; a command refused while
+//! queueing (arity, unknown filter) aborts the transaction (`EXECABORT`) before anything runs.
+//! `WATCH` is refused: a filter changes through replication at any moment, so a watched key
+//! could never be trusted.
 //!
 //! Unlike RedisBloom, an add answers `1` whether or not the item was there already (a
 //! replicated filter cannot tell "new" from "added elsewhere first"), and the creation
@@ -27,7 +36,17 @@ use crate::api::batch;
 use crate::api::{ACK_HEADER, ERROR_HEADER, Op, REPLY_HEADER, ReplyFormat};
 use crate::replica::{AckLevel, ApiResponse, PendingResponse, ReplicaHandle};
 
-/// A RESP2 reply.
+/// The protocol a connection speaks: RESP2 until `HELLO 3`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    /// RESP2: booleans as `:1`/`:0`, maps as flat arrays, null as `$-1`.
+    #[default]
+    Resp2,
+    /// RESP3 (`HELLO 3`): `#t`/`#f`, `%` maps, `_` null.
+    Resp3,
+}
+
+/// A reply, in either protocol ([`Reply::encode_as`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Reply {
@@ -35,6 +54,13 @@ pub enum Reply {
     Simple(&'static str),
     /// `:<n>`.
     Int(i64),
+    /// A boolean: RESP3 `#t`/`#f`, RESP2 `:1`/`:0` (RedisBloom's replies to adds and
+    /// queries).
+    Bool(bool),
+    /// RESP3 `%<n>` and the pairs; RESP2 a flat array of keys and values.
+    Map(Vec<(Reply, Reply)>),
+    /// RESP3 `_`; RESP2 `$-1`.
+    Null,
     /// `$<len>` and the bytes.
     Bulk(Bytes),
     /// `*<n>` and the elements.
@@ -62,11 +88,37 @@ impl Reply {
 
     /// Appends the reply's RESP2 encoding.
     pub fn encode(&self, out: &mut BytesMut) {
+        self.encode_as(out, Protocol::Resp2)
+    }
+
+    /// Appends the reply's encoding in `protocol`.
+    pub fn encode_as(&self, out: &mut BytesMut, protocol: Protocol) {
+        let resp3 = protocol == Protocol::Resp3;
         match self {
             Reply::Simple(s) => line(out, b'+', s.as_bytes()),
             Reply::Int(0) => out.put_slice(b":0\r\n"),
             Reply::Int(1) => out.put_slice(b":1\r\n"),
             Reply::Int(n) => line(out, b':', itoa::Buffer::new().format(*n).as_bytes()),
+            Reply::Bool(b) => out.put_slice(match (resp3, b) {
+                (true, true) => b"#t\r\n",
+                (true, false) => b"#f\r\n",
+                (false, true) => b":1\r\n",
+                (false, false) => b":0\r\n",
+            }),
+            Reply::Null if resp3 => out.put_slice(b"_\r\n"),
+            Reply::Null => out.put_slice(b"$-1\r\n"),
+            Reply::Map(pairs) => {
+                let (kind, n) = if resp3 {
+                    (b'%', pairs.len())
+                } else {
+                    (b'*', 2 * pairs.len())
+                };
+                line(out, kind, itoa::Buffer::new().format(n).as_bytes());
+                for (k, v) in pairs {
+                    k.encode_as(out, protocol);
+                    v.encode_as(out, protocol);
+                }
+            }
             Reply::Bulk(b) => {
                 line(out, b'$', itoa::Buffer::new().format(b.len()).as_bytes());
                 out.put_slice(b);
@@ -78,7 +130,7 @@ impl Reply {
                     b'*',
                     itoa::Buffer::new().format(items.len()).as_bytes(),
                 );
-                items.iter().for_each(|r| r.encode(out));
+                items.iter().for_each(|r| r.encode_as(out, protocol));
             }
             Reply::Bits {
                 bitmap,
@@ -89,9 +141,9 @@ impl Reply {
                 for i in 0..*items {
                     // Checked when built from an answer; a short bitmap reads as zeros.
                     match (batch::bitmap_bit(bitmap, i), refused) {
-                        (true, _) => out.put_slice(b":1\r\n"),
-                        (false, Some(e)) => e.encode(out),
-                        (false, None) => out.put_slice(b":0\r\n"),
+                        (true, _) => Reply::Bool(true).encode_as(out, protocol),
+                        (false, Some(e)) => e.encode_as(out, protocol),
+                        (false, None) => Reply::Bool(false).encode_as(out, protocol),
                     }
                 }
             }
@@ -161,6 +213,19 @@ pub enum Command {
     AuthRefused(Reply),
     /// `QUIT`: answer `OK` and close.
     Quit,
+    /// `HELLO [protover] [AUTH default password] [SETNAME name]`, checked.
+    Hello {
+        /// The protocol asked for, if any.
+        protocol: Option<Protocol>,
+        /// The password given with `AUTH`, if any.
+        password: Option<Bytes>,
+    },
+    /// `MULTI`: queue the next commands until `EXEC` or `DISCARD`.
+    Multi,
+    /// `EXEC`: run the queued commands, their replies in one array.
+    Exec,
+    /// `DISCARD`: drop the queued commands.
+    Discard,
 }
 
 /// Redis's answer to a wrong user name or password.
@@ -265,6 +330,30 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                 Command::Reply(Reply::Simple("OK"))
             }
             "COMMAND" => Command::Reply(Reply::Array(Vec::new())),
+            "HELLO" => match hello(args) {
+                Ok(hello) => hello,
+                // Answered as they are, authenticated or not, as Redis does.
+                Err(refused) => Command::AuthRefused(refused),
+            },
+            "MULTI" => {
+                arity(n == 0)?;
+                Command::Multi
+            }
+            "EXEC" => {
+                arity(n == 0)?;
+                Command::Exec
+            }
+            "DISCARD" => {
+                arity(n == 0)?;
+                Command::Discard
+            }
+            // Optimistic locking cannot hold: a filter changes by replication at any moment.
+            // Refused, so that no client believes its transaction was guarded.
+            "WATCH" => Command::Reply(Reply::err(
+                "WATCH is not supported: a crpf filter changes through replication at any \
+                 moment, so no key can be watched",
+            )),
+            "UNWATCH" => Command::Reply(Reply::Simple("OK")),
             "SELECT" => {
                 arity(n == 1)?;
                 if arg(0) == b"0" {
@@ -330,6 +419,48 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
     checked.unwrap_or_else(|refused| refused)
 }
 
+/// `HELLO [protover [AUTH username password] [SETNAME clientname]]`, with Redis 7's refusals.
+fn hello(args: &Args) -> Result<Command, Reply> {
+    let n = args.len() - 1;
+    let arg = |i: usize| args.arg(i + 1);
+    let mut protocol = None;
+    let mut password = None;
+    let mut i = 0;
+    if n >= 1 {
+        protocol = Some(match arg(0) {
+            b"2" => Protocol::Resp2,
+            b"3" => Protocol::Resp3,
+            v if std::str::from_utf8(v).is_ok_and(|v| v.parse::<i64>().is_ok()) => {
+                return Err(Reply::Error("NOPROTO unsupported protocol version".into()));
+            }
+            _ => {
+                return Err(Reply::err(
+                    "Protocol version is not an integer or out of range",
+                ));
+            }
+        });
+        i = 1;
+    }
+    while i < n {
+        let option = String::from_utf8_lossy(arg(i)).to_string();
+        if option.eq_ignore_ascii_case("AUTH") && i + 2 < n {
+            if arg(i + 1) != b"default" {
+                return Err(Reply::Error(WRONGPASS.into()));
+            }
+            password = Some(Bytes::copy_from_slice(arg(i + 2)));
+            i += 3;
+        } else if option.eq_ignore_ascii_case("SETNAME") && i + 1 < n {
+            i += 2;
+        } else {
+            return Err(Reply::err(format!(
+                "Syntax error in HELLO option '{}'",
+                option.chars().take(64).collect::<String>()
+            )));
+        }
+    }
+    Ok(Command::Hello { protocol, password })
+}
+
 /// Sends `request` to `handle`, a batch asking for a bitmap, an update with the connection's
 /// acknowledgement level if it chose one; through the actor if `queued`
 /// ([`ReplicaHandle::request_queued`]).
@@ -373,7 +504,7 @@ pub fn reply(shape: Shape, response: &ApiResponse) -> Reply {
             .ok()
             .and_then(|mut o| o.0.remove(field))
     };
-    let flag = |field: &str| json(field).and_then(|v| v.as_bool()).map(i64::from);
+    let flag = |field: &str| json(field).and_then(|v| v.as_bool());
     let unexpected = || {
         Reply::err(format!(
             "unexpected answer: {}",
@@ -381,14 +512,14 @@ pub fn reply(shape: Shape, response: &ApiResponse) -> Reply {
         ))
     };
     match shape {
-        Shape::Added => Reply::Int(1),
+        Shape::Added => Reply::Bool(true),
         // The answers of single queries are fixed texts: no JSON parse on the hot path.
         Shape::Found => match body {
-            b"{\"contains\":true}" => Reply::Int(1),
-            b"{\"contains\":false}" => Reply::Int(0),
-            _ => flag("contains").map_or_else(unexpected, Reply::Int),
+            b"{\"contains\":true}" => Reply::Bool(true),
+            b"{\"contains\":false}" => Reply::Bool(false),
+            _ => flag("contains").map_or_else(unexpected, Reply::Bool),
         },
-        Shape::Removed => flag("removed").map_or_else(unexpected, Reply::Int),
+        Shape::Removed => flag("removed").map_or_else(unexpected, Reply::Bool),
         Shape::Count => json("count")
             .and_then(|v| v.as_i64())
             .map_or_else(unexpected, Reply::Int),
@@ -438,6 +569,32 @@ mod tests {
                 Reply::err("no\r\nway")
             ])),
             "*3\r\n:1\r\n:0\r\n-ERR no  way\r\n"
+        );
+    }
+
+    #[test]
+    fn resp3_has_booleans_maps_and_null_and_resp2_their_old_forms() {
+        let reply = Reply::Array(vec![
+            Reply::Bool(true),
+            Reply::Bool(false),
+            Reply::Map(vec![(
+                Reply::Bulk(Bytes::from_static(b"proto")),
+                Reply::Int(3),
+            )]),
+            Reply::Null,
+        ]);
+        let as_ = |p| {
+            let mut out = BytesMut::new();
+            reply.encode_as(&mut out, p);
+            String::from_utf8(out.to_vec()).unwrap()
+        };
+        assert_eq!(
+            as_(Protocol::Resp3),
+            "*4\r\n#t\r\n#f\r\n%1\r\n$5\r\nproto\r\n:3\r\n_\r\n"
+        );
+        assert_eq!(
+            as_(Protocol::Resp2),
+            "*4\r\n:1\r\n:0\r\n*2\r\n$5\r\nproto\r\n:3\r\n$-1\r\n"
         );
     }
 
@@ -518,15 +675,15 @@ mod tests {
         let none: &[(&str, &str)] = &[];
         assert_eq!(
             reply(Shape::Found, &response(b"{\"contains\":true}", none)),
-            Reply::Int(1)
+            Reply::Bool(true)
         );
         assert_eq!(
             reply(Shape::Found, &response(b"{ \"contains\" : false }", none)),
-            Reply::Int(0)
+            Reply::Bool(false)
         );
         assert_eq!(
             reply(Shape::Removed, &response(b"{\"removed\":true}", none)),
-            Reply::Int(1)
+            Reply::Bool(true)
         );
         assert_eq!(
             reply(Shape::Count, &response(b"{\"count\":7}", none)),

@@ -50,7 +50,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use crate::replica::{AckLevel, PendingResponse, ReplicaError, ReplicaHandle};
-use commands::{Command, Reply, Shape};
+use commands::{Command, Protocol, Reply, Shape};
 use parse::ParseLimits;
 
 /// Connections accepted (counter).
@@ -184,6 +184,8 @@ struct Server {
     password: Option<[u8; 32]>,
     open: Gauge,
     rejected: fn(&'static str) -> Counter,
+    /// The next connection's id.
+    next_id: std::sync::atomic::AtomicU64,
 }
 
 /// A running front end: where it listens. It stops when the runtime does.
@@ -242,6 +244,7 @@ impl RespServer {
             idle_timeout: (cfg.timeout > 0).then(|| Duration::from_secs(cfg.timeout)),
             password,
             open: metrics::gauge!(CONNECTIONS),
+            next_id: std::sync::atomic::AtomicU64::new(1),
             rejected: |reason| metrics::counter!(REJECTED, "reason" => reason),
         });
         let slots = Arc::new(Semaphore::new(cfg.max_connections));
@@ -320,38 +323,80 @@ const UNAUTHENTICATED: ParseLimits = ParseLimits {
 };
 
 /// A command's reply: ready, or the filter's answer still to come; with the bytes of the
-/// request it answers, which stay held until the reply is sent.
+/// request it answers, which stay held until the reply is sent, and the protocol to encode
+/// it in (the one in force when the command came: `HELLO`'s own reply is in the new one).
 struct Pending {
     reply: PendingReply,
     bytes: usize,
+    kind: Kind,
+    protocol: Protocol,
+}
+
+/// What the connection must do once a reply is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Nothing.
+    Plain,
     /// Sent to the actor ([`Session::with_actor`]).
-    via_actor: bool,
+    Actor,
+    /// An `EXEC`: the commands after it may go on.
+    Exec,
 }
 
 enum PendingReply {
     Ready(Option<Reply>),
     Answer(PendingResponse, Shape),
+    Exec(futures::future::BoxFuture<'static, Reply>),
+}
+
+/// The reply to a filter's answer.
+fn answer_reply(answer: Result<crate::replica::ApiResponse, ReplicaError>, shape: Shape) -> Reply {
+    match answer {
+        Ok(response) => commands::reply(shape, &response),
+        // What Redis answers while it loads its data: clients know to retry.
+        Err(e @ ReplicaError::NotServing) => Reply::Error(format!("LOADING {e}")),
+        Err(e) => Reply::err(e),
+    }
 }
 
 impl Future for Pending {
-    type Output = (Reply, usize, bool);
+    type Output = (Reply, usize, Kind, Protocol);
 
     fn poll(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        let (bytes, via_actor) = (self.bytes, self.via_actor);
+        let (bytes, kind, protocol) = (self.bytes, self.kind, self.protocol);
         let reply = match &mut self.reply {
             PendingReply::Ready(r) => std::task::Poll::Ready(r.take().expect("polled once ready")),
-            PendingReply::Answer(response, shape) => response.poll_unpin(cx).map(|r| match r {
-                Ok(response) => commands::reply(*shape, &response),
-                // What Redis answers while it loads its data: clients know to retry.
-                Err(e @ ReplicaError::NotServing) => Reply::Error(format!("LOADING {e}")),
-                Err(e) => Reply::err(e),
-            }),
+            PendingReply::Answer(response, shape) => {
+                let shape = *shape;
+                response.poll_unpin(cx).map(|r| answer_reply(r, shape))
+            }
+            PendingReply::Exec(f) => f.poll_unpin(cx),
         };
-        reply.map(|r| (r, bytes, via_actor))
+        reply.map(|r| (r, bytes, kind, protocol))
     }
+}
+
+/// A command waiting for the actor's commands of this connection to be answered.
+enum Waiting {
+    Request(ReplicaHandle, commands::Request, usize),
+    Exec(Vec<Command>, usize),
+}
+
+/// The commands queued since `MULTI`.
+#[derive(Default)]
+struct Multi {
+    queued: Vec<Command>,
+    /// A command was refused while queueing: `EXEC` runs nothing (`EXECABORT`), as Redis.
+    aborted: bool,
+}
+
+/// One step of an `EXEC`.
+enum Step {
+    Ready(Reply),
+    Send(ReplicaHandle, commands::Request, Option<AckLevel>),
 }
 
 /// One connection's state.
@@ -368,18 +413,164 @@ struct Session<'a> {
     /// waits in [`Session::waiting`].
     with_actor: Option<(ReplicaHandle, usize)>,
     /// A command waiting for [`Session::with_actor`]'s commands to be answered.
-    waiting: Option<(ReplicaHandle, commands::Request, usize)>,
+    waiting: Option<Waiting>,
+    /// The protocol: RESP2 until `HELLO 3`.
+    protocol: Protocol,
+    /// The connection's id (`HELLO`'s `id`).
+    id: u64,
+    /// Commands queued since `MULTI`.
+    multi: Option<Multi>,
+    /// An `EXEC` is running: later commands wait for it, as they would in Redis.
+    exec_running: bool,
 }
 
 impl Session<'_> {
+    /// Whether commands must wait before being parsed further.
+    fn blocked(&self) -> bool {
+        self.waiting.is_some() || self.exec_running
+    }
+
     /// The reply to `args`, or `None` if the command waits in [`Session::waiting`].
     fn handle(&mut self, args: &parse::Args) -> Option<Pending> {
         let server = self.server;
         let command = commands::command(args, |name| server.filters.filter(name));
-        if let Command::Filter(handle, request) = command {
-            return self.send(handle, request, args.size());
+        let bytes = args.size();
+        if self.multi.is_some() {
+            return self.queue(command, bytes);
         }
-        Some(self.answer(command, args.size()))
+        match command {
+            Command::Filter(handle, request) => self.send(handle, request, bytes),
+            Command::Multi if self.authenticated => {
+                self.multi = Some(Multi::default());
+                Some(self.ready(Reply::Simple("OK"), bytes))
+            }
+            Command::Exec if self.authenticated => {
+                Some(self.ready(Reply::err("EXEC without MULTI"), bytes))
+            }
+            Command::Discard if self.authenticated => {
+                Some(self.ready(Reply::err("DISCARD without MULTI"), bytes))
+            }
+            command => Some(self.answer(command, bytes)),
+        }
+    }
+
+    /// A command after `MULTI`: queued (`+QUEUED`), or `EXEC`, `DISCARD`, or refused (which
+    /// aborts the transaction).
+    fn queue(&mut self, command: Command, bytes: usize) -> Option<Pending> {
+        let multi = self.multi.as_mut().expect("in MULTI");
+        let reply = match command {
+            Command::Exec => {
+                let multi = self.multi.take().expect("in MULTI");
+                if multi.aborted {
+                    Reply::Error(
+                        "EXECABORT Transaction discarded because of previous errors.".into(),
+                    )
+                } else {
+                    return self.exec(multi.queued, bytes);
+                }
+            }
+            Command::Discard => {
+                self.multi = None;
+                Reply::Simple("OK")
+            }
+            Command::Multi => Reply::err("MULTI calls can not be nested"),
+            Command::Quit => return Some(self.answer(Command::Quit, bytes)),
+            Command::Reply(refused @ Reply::Error(_)) => {
+                multi.aborted = true;
+                refused
+            }
+            Command::Auth(_) | Command::AuthRefused(_) | Command::Hello { .. } => {
+                multi.aborted = true;
+                Reply::err("Command not allowed inside a transaction")
+            }
+            queued => {
+                multi.queued.push(queued);
+                Reply::Simple("QUEUED")
+            }
+        };
+        Some(self.ready(reply, bytes))
+    }
+
+    /// Runs an `EXEC`'s commands once this connection's earlier commands with an actor are
+    /// answered.
+    fn exec(&mut self, queued: Vec<Command>, bytes: usize) -> Option<Pending> {
+        if self.with_actor.is_some() {
+            self.waiting = Some(Waiting::Exec(queued, bytes));
+            return None;
+        }
+        Some(self.start_exec(queued, bytes))
+    }
+
+    /// The commands of an `EXEC`, one after the other, each through its filter's actor (in
+    /// order behind anything before it), their replies in one array. Nothing else of this
+    /// connection runs meanwhile.
+    fn start_exec(&mut self, queued: Vec<Command>, bytes: usize) -> Pending {
+        let mut steps = Vec::with_capacity(queued.len());
+        for command in queued {
+            steps.push(match command {
+                Command::Filter(handle, request) => Step::Send(handle, request, self.ack),
+                Command::SetAck(level) => {
+                    self.ack = Some(level);
+                    Step::Ready(Reply::Simple("OK"))
+                }
+                Command::Reply(reply) => Step::Ready(reply),
+                // Only the commands above are queued.
+                _ => Step::Ready(Reply::err("not allowed inside a transaction")),
+            });
+        }
+        self.exec_running = true;
+        let run = async move {
+            let mut replies = Vec::with_capacity(steps.len());
+            for step in steps {
+                replies.push(match step {
+                    Step::Ready(reply) => reply,
+                    Step::Send(handle, request, ack) => {
+                        let answer = commands::send(&handle, &request, ack, true).await;
+                        answer_reply(answer, request.shape)
+                    }
+                });
+            }
+            Reply::Array(replies)
+        };
+        Pending {
+            reply: PendingReply::Exec(run.boxed()),
+            bytes,
+            kind: Kind::Exec,
+            protocol: self.protocol,
+        }
+    }
+
+    /// A reply answered at once, counted if it refuses.
+    fn ready(&self, reply: Reply, bytes: usize) -> Pending {
+        if let Some(reason) = commands::rejected_reason(&reply) {
+            (self.server.rejected)(reason).increment(1);
+        }
+        Pending {
+            reply: PendingReply::Ready(Some(reply)),
+            bytes,
+            kind: Kind::Plain,
+            protocol: self.protocol,
+        }
+    }
+
+    /// `HELLO`'s reply: who answers, in the protocol now in force.
+    fn hello_reply(&self) -> Reply {
+        let text = |s: &str| Reply::Bulk(bytes::Bytes::copy_from_slice(s.as_bytes()));
+        let proto = match self.protocol {
+            Protocol::Resp2 => 2,
+            Protocol::Resp3 => 3,
+        };
+        Reply::Map(vec![
+            // Redis's name: clients check the server they reached speaks its protocol.
+            (text("server"), text("redis")),
+            (text("version"), text("7.2.0")),
+            (text("proto"), Reply::Int(proto)),
+            (text("id"), Reply::Int(self.id as i64)),
+            (text("mode"), text("standalone")),
+            (text("role"), text("master")),
+            (text("modules"), Reply::Array(Vec::new())),
+            (text("crpf"), text(env!("CARGO_PKG_VERSION"))),
+        ])
     }
 
     /// Sends a filter's command, in order behind what this connection has with an actor.
@@ -397,7 +588,7 @@ impl Session<'_> {
             None => false,
             Some((h, _)) if h.name() == handle.name() => true,
             Some(_) => {
-                self.waiting = Some((handle, request, bytes));
+                self.waiting = Some(Waiting::Request(handle, request, bytes));
                 return None;
             }
         };
@@ -409,8 +600,21 @@ impl Session<'_> {
         Some(Pending {
             reply: PendingReply::Answer(response, request.shape),
             bytes,
-            via_actor,
+            kind: if via_actor { Kind::Actor } else { Kind::Plain },
+            protocol: self.protocol,
         })
+    }
+
+    /// A reply of `kind` was sent: what may go on now.
+    fn sent(&mut self, kind: Kind) -> Option<Pending> {
+        match kind {
+            Kind::Plain => None,
+            Kind::Actor => self.answered_by_actor(),
+            Kind::Exec => {
+                self.exec_running = false;
+                None
+            }
+        }
     }
 
     /// A command sent to the actor was answered. Once all are, the order needs nothing
@@ -423,8 +627,10 @@ impl Session<'_> {
             }
         }
         self.with_actor = None;
-        let (handle, request, bytes) = self.waiting.take()?;
-        self.send(handle, request, bytes)
+        match self.waiting.take()? {
+            Waiting::Request(handle, request, bytes) => self.send(handle, request, bytes),
+            Waiting::Exec(queued, bytes) => Some(self.start_exec(queued, bytes)),
+        }
     }
 
     fn answer(&mut self, command: Command, bytes: usize) -> Pending {
@@ -443,22 +649,46 @@ impl Session<'_> {
                 Reply::Simple("OK")
             }
             Command::AuthRefused(reply) => reply,
+            Command::Hello { protocol, password } => {
+                let refused = match (&password, &server.password) {
+                    // Redis's default user without a password takes any.
+                    (Some(_), None) => None,
+                    (Some(given), Some(hash)) if Sha256::digest(given)[..] == hash[..] => {
+                        self.authenticated = true;
+                        None
+                    }
+                    (Some(_), Some(_)) => Some(Reply::Error(commands::WRONGPASS.into())),
+                    (None, _) if !self.authenticated => Some(Reply::Error(
+                        "NOAUTH HELLO must be called with the client already authenticated, \
+                         otherwise the HELLO <proto> AUTH <user> <pass> option can be used to \
+                         authenticate the client and select the RESP protocol version at the \
+                         same time"
+                            .into(),
+                    )),
+                    (None, _) => None,
+                };
+                match refused {
+                    Some(reply) => reply,
+                    None => {
+                        if let Some(p) = protocol {
+                            self.protocol = p;
+                        }
+                        self.hello_reply()
+                    }
+                }
+            }
             _ if !self.authenticated => Reply::Error("NOAUTH Authentication required.".into()),
             Command::Reply(reply) => reply,
             Command::SetAck(level) => {
                 self.ack = Some(level);
                 Reply::Simple("OK")
             }
+            Command::Multi | Command::Exec | Command::Discard => {
+                unreachable!("answered by Session::handle")
+            }
             Command::Filter(..) => unreachable!("sent by Session::send"),
         };
-        if let Some(reason) = commands::rejected_reason(&reply) {
-            (server.rejected)(reason).increment(1);
-        }
-        Pending {
-            reply: PendingReply::Ready(Some(reply)),
-            bytes,
-            via_actor: false,
-        }
+        self.ready(reply, bytes)
     }
 }
 
@@ -503,6 +733,12 @@ async fn serve(stream: TcpStream, server: &Server) {
         closing: false,
         with_actor: None,
         waiting: None,
+        protocol: Protocol::Resp2,
+        id: server
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        multi: None,
+        exec_running: false,
     };
     let mut parser = parse::Parser::default();
     let mut input = BytesMut::with_capacity(16 << 10);
@@ -525,7 +761,7 @@ async fn serve(stream: TcpStream, server: &Server) {
         let mut stopped_for_room = false;
         let mut flush_first = false;
         let parse_start = Instant::now();
-        while !session.closing && session.waiting.is_none() {
+        while !session.closing && !session.blocked() {
             if !room(&pending, held) {
                 stopped_for_room = true;
                 break;
@@ -554,7 +790,8 @@ async fn serve(stream: TcpStream, server: &Server) {
                     pending.push_back(Pending {
                         reply: PendingReply::Ready(Some(Reply::err(e))),
                         bytes: 0,
-                        via_actor: false,
+                        kind: Kind::Plain,
+                        protocol: session.protocol,
                     });
                     session.closing = true;
                 }
@@ -562,13 +799,11 @@ async fn serve(stream: TcpStream, server: &Server) {
         }
         // Everything answered already goes out in one write.
         let mut answered = false;
-        while let Some(Some((reply, bytes, via_actor))) = pending.next().now_or_never() {
-            reply.encode(&mut output);
+        while let Some(Some((reply, bytes, kind, protocol))) = pending.next().now_or_never() {
+            reply.encode_as(&mut output, protocol);
             held -= bytes;
             answered = true;
-            if via_actor {
-                pending.extend(session.answered_by_actor());
-            }
+            pending.extend(session.sent(kind));
         }
         if !output.is_empty() {
             if wr.write_all(&output).await.is_err() {
@@ -583,14 +818,14 @@ async fn serve(stream: TcpStream, server: &Server) {
         if input.is_empty() && input.capacity() > BUFFER_KEEP {
             input = BytesMut::with_capacity(16 << 10);
         }
-        if flush_first || (answered && (stopped_for_room || session.waiting.is_none())) {
+        if flush_first || (answered && (stopped_for_room || !session.blocked())) {
             // Room again, a waiting command sent, or the ready replies written: parse what
             // is buffered before reading (or closing) on. After a flush, whether or not a
             // reply was ready: the buffered commands must not wait for the first reply
             // (one waiting for a commit would hold up commands that share its commit).
             continue;
         }
-        let reading = !session.closing && !eof && session.waiting.is_none() && room(&pending, held);
+        let reading = !session.closing && !eof && !session.blocked() && room(&pending, held);
         if pending.is_empty() && !reading {
             // Nothing in progress, nothing more to read: closing, or the client left. (A
             // waiting command always has the actor's commands before it in `pending`.)
@@ -610,7 +845,7 @@ async fn serve(stream: TcpStream, server: &Server) {
             },
             () = &mut idle, if server.idle_timeout.is_some() => {
                 let due = last_read + idle_timeout;
-                if Instant::now() >= due && pending.is_empty() && session.waiting.is_none() {
+                if Instant::now() >= due && pending.is_empty() && !session.blocked() {
                     (server.rejected)("idle_timeout").increment(1);
                     return;
                 }
@@ -618,12 +853,10 @@ async fn serve(stream: TcpStream, server: &Server) {
                 let next = due.max(Instant::now() + Duration::from_millis(100));
                 idle.as_mut().reset(tokio::time::Instant::from_std(next));
             }
-            Some((reply, bytes, via_actor)) = pending.next(), if !pending.is_empty() => {
-                reply.encode(&mut output);
+            Some((reply, bytes, kind, protocol)) = pending.next(), if !pending.is_empty() => {
+                reply.encode_as(&mut output, protocol);
                 held -= bytes;
-                if via_actor {
-                    pending.extend(session.answered_by_actor());
-                }
+                pending.extend(session.sent(kind));
             }
         }
     }
