@@ -31,8 +31,8 @@ pub enum NodeError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// The metrics exporter could not start (e.g. its address is taken).
-    #[error("metrics exporter: {0}")]
-    Exporter(#[from] metrics_exporter_prometheus::BuildError),
+    #[error(transparent)]
+    Exporter(#[from] exporter::ExporterError),
     /// NATS could not be reached or used.
     #[error(transparent)]
     Transport(#[from] TransportError),
@@ -89,6 +89,7 @@ pub(crate) async fn connect(
     Ok(match nats {
         Some(cfg) => {
             let t = Arc::new(NatsTransport::connect(cfg.clone()).await?);
+            t.require_jetstream().await?;
             (t.clone() as Arc<dyn Transport>, Some(t))
         }
         None => (Arc::new(InProcessBus::new()) as Arc<dyn Transport>, None),
@@ -162,6 +163,7 @@ pub(crate) async fn connect_node(
                     .await?
                     .sharing_replication(),
             );
+            t.require_jetstream().await?;
             let catalog = Arc::new(t.catalog());
             (t.clone() as Arc<dyn Transport>, catalog, Some(t))
         }
@@ -176,7 +178,10 @@ pub(crate) async fn connect_node(
 /// `crpf node`.
 pub fn run_node(args: &NodeArgs) -> Result<(), NodeError> {
     let cfg = NodeConfig::load(&args.config)?;
-    exporter::install(cfg.node.metrics_addr)?;
+    exporter::install(
+        cfg.node.metrics_addr,
+        "`node.metrics_addr` (or CRPF_NODE__METRICS_ADDR)",
+    )?;
     host::describe();
     tracing::info!(metrics = %cfg.node.metrics_addr, filters = cfg.filters.len(), catalog = cfg.catalog.enabled, "crpf node starting");
     block_on_system(cfg.node.io_threads, async move {
