@@ -24,8 +24,8 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --home-dir /var/lib/crpf --shell /usr/sbin/nologin crpf \
- && mkdir -p /var/lib/crpf /etc/crpf \
- && chown crpf:crpf /var/lib/crpf
+ && mkdir -p /var/lib/crpf /etc/crpf/keys \
+ && chown crpf:crpf /var/lib/crpf /etc/crpf/keys
 COPY --from=build /usr/local/bin/crpf /usr/local/bin/crpf
 COPY configs /etc/crpf/examples
 USER crpf

@@ -22,8 +22,10 @@ trap cleanup EXIT
 
 "$nats_server" -js -sd "$work/js" -a 127.0.0.1 -p "$port" -m "$monitor" >"$work/nats.log" 2>&1 &
 nats_pid=$!
+target/release/crpf keygen --out "$work/cluster.key" 2>/dev/null
 {
   echo "[node]"
+  echo "auth_key_file = \"$work/cluster.key\""
   echo "metrics_addr = \"127.0.0.1:$metrics\""
   echo "log = \"warn\""
   [ "$with_data" = "--data" ] && echo "data_dir = \"$work/data\""

@@ -11,7 +11,7 @@
 #   scripts/stack.sh stop      stop everything (SIGTERM by pid, SIGKILL after 15 s)
 #   scripts/stack.sh status    what runs
 #
-# Pid files, logs and data live in $CRPF_STACK_DIR (default .tools/stack). CRPF_BIN picks the
+# Pid files, logs, data and the cluster key (cluster.key, made once) live in $CRPF_STACK_DIR (default .tools/stack). CRPF_BIN picks the
 # crpf binary (default: cargo build --release, honouring CARGO_TARGET_DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -84,6 +84,8 @@ start() {
   crpf="$(crpf_bin)"
   [ -x "$crpf" ] || { echo "no crpf binary at $crpf" >&2; exit 1; }
   mkdir -p "$pids" "$run/logs" "$run/data"
+  # The stack's cluster key, made once: the nodes refuse to join NATS without one.
+  "$crpf" keygen --out "$run/cluster.key" --if-missing 2>/dev/null
 
   local routes="nats://127.0.0.1:6222,nats://127.0.0.1:6223,nats://127.0.0.1:6224"
   for i in 1 2 3; do
@@ -94,7 +96,7 @@ start() {
   for i in 1 2 3; do wait_port "$((4221 + i))" "nats$i"; done
 
   for i in 1 2 3; do
-    CRPF_NODE__DATA_DIR="$run/data/node$i" \
+    CRPF_NODE__DATA_DIR="$run/data/node$i" CRPF_NODE__AUTH_KEY_FILE="$run/cluster.key" \
       spawn "node$i" "$crpf" node --config "$root/configs/cluster/node$i.toml"
   done
   for i in 1 2 3; do wait_port "$((9464 + i))" "node$i"; done

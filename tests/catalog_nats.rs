@@ -9,7 +9,7 @@ mod nats_harness;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nats_harness::{NatsServer, Proc, api_request, free_port, spawn_node};
+use nats_harness::{NatsServer, Proc, api_request, cluster_key_line, free_port, spawn_node};
 use serde_json::{Value, json};
 
 struct Node {
@@ -38,13 +38,14 @@ impl Node {
         std::fs::write(
             &config,
             format!(
-                "[node]\nmetrics_addr = \"127.0.0.1:{metrics}\"\ndata_dir = \"{data}\"\nlog = \"warn\"\n\n\
+                "[node]\nmetrics_addr = \"127.0.0.1:{metrics}\"\ndata_dir = \"{data}\"\nlog = \"warn\"\n{key}\n\
                  [nats]\nservers = [{list}]\nretry_on_initial_connect = true\nkv_replicas = {kv_replicas}\n\n\
                  [resp]\nlisten = \"{resp}\"\n\n\
                  [catalog]\n[catalog.defaults]\ndelta_interval_ms = 10\nanti_entropy_interval_ms = 500\n\
                  min_push_interval_ms = 100\ncatch_up_timeout_ms = 300\n",
                 metrics = free_port(),
                 data = data_dir.display(),
+                key = cluster_key_line(),
             ),
         )
         .unwrap();

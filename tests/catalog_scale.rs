@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use nats_harness::{NatsServer, Proc, crpf, free_port, http_get};
+use nats_harness::{NatsServer, Proc, cluster_key_line, crpf, free_port, http_get};
 use serde_json::{Value, json};
 
 const FILTERS: usize = 10_000;
@@ -37,8 +37,9 @@ async fn ten_thousand_filters_on_one_node() {
     std::fs::write(
         &config,
         format!(
-            "[node]\nmetrics_addr = \"127.0.0.1:{}\"\nlog = \"warn\"\n\n[nats]\nservers = [\"{}\"]\n\n[catalog]\n",
+            "[node]\nmetrics_addr = \"127.0.0.1:{}\"\nlog = \"warn\"\n{}\n[nats]\nservers = [\"{}\"]\n\n[catalog]\n",
             free_port(),
+            cluster_key_line(),
             server.url()
         ),
     )

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crpf::replica::{AnyFilter, DataDir};
-use nats_harness::{NatsServer, Proc, api_request, crpf, free_port, spawn_node};
+use nats_harness::{NatsServer, Proc, api_request, cluster_key_line, crpf, free_port, spawn_node};
 use serde_json::Value;
 
 const FILTER: &str = "faults";
@@ -64,7 +64,7 @@ impl Node {
             .join(", ");
         let ack = ack.map(|a| format!("ack = \"{a}\"\n")).unwrap_or_default();
         let toml = format!(
-            "[node]\nmetrics_addr = \"127.0.0.1:{metrics}\"\ndata_dir = \"{data}\"\nlog = \"warn\"\n\n\
+            "[node]\nmetrics_addr = \"127.0.0.1:{metrics}\"\ndata_dir = \"{data}\"\nlog = \"warn\"\n{key}\n\
              [nats]\nservers = [{servers}]\nretry_on_initial_connect = true\nname = \"fault-{name}\"\n\
              kv_replicas = 3\nrequest_timeout_ms = 2000\nping_interval_ms = 2000\n\n\
              [[filters]]\nname = \"{FILTER}\"\n\
@@ -73,6 +73,7 @@ impl Node {
              catch_up_timeout_ms = 1000\nsnapshot_interval_ms = 500\nmetrics_interval_ms = 500\n{ack}",
             metrics = free_port(),
             data = data_dir.display(),
+            key = cluster_key_line(),
         );
         // More filters, each claiming and renewing its own id at every start.
         let toml = (0..extra_filters).fold(toml, |t, f| {

@@ -261,6 +261,19 @@ async fn bogus_subjects_are_not_merged_and_every_api_subject_answers() {
         .await
         .unwrap();
     assert!(h.wait_ready(WAIT).await);
+    // The frame comes from a replica of id 9, as the registry records it (tags of ids it
+    // does not hold are refused).
+    let registry = connect(&server.url()).await;
+    let claimant = uuid::Uuid::new_v4();
+    let claim = registry
+        .claim_replica_id("exact".into(), claimant, Some(9))
+        .await
+        .unwrap();
+    assert_eq!(claim.id, 9);
+    registry
+        .renew_claim("exact".into(), 9, claimant, 1 << 20)
+        .await
+        .unwrap();
     let before = h.snapshot();
     let delta = {
         let mut other = AnyFilter::new(&cfg.filter, 9).unwrap();

@@ -163,6 +163,8 @@ async fn bad_input_is_rejected_counted_and_harmless() {
     let h = Replica::start(cfg.clone(), t.clone()).await.unwrap();
     h.add(b"kept".to_vec()).await.unwrap();
     assert!(h.wait_ready(WAIT).await);
+    // The valid delta below comes from a replica of id 9, as the registry records it.
+    hold_id(&bus, "strict", 9, 1 << 20).await;
     let before = h.snapshot();
     let subjects = Subjects::new("crpf", "strict");
     let me = h.snapshot();
@@ -584,7 +586,12 @@ async fn forged_messages_move_no_clock_sequence_or_transfer_state() {
 
     // 4. A full state with transfer id u64::MAX, then one with transfer id 1 from the same
     //    sender: both merge (ids are only compared for equality).
-    // One peer's state as it grows (distinct items under one replica id need one filter).
+    // One peer's state as it grows (distinct items under one replica id need one filter),
+    // under ids the registry holds (tags of ids it does not are refused: see
+    // `forged_tags_are_held_against_the_registry`).
+    for id in [55, 77] {
+        hold_id(&bus, "poison", id, 1 << 20).await;
+    }
     let mut peer = AnyFilter::new(&cfg.filter, 77).unwrap();
     let sender = Uuid::new_v4();
     for (transfer, seq, item) in [(u64::MAX, 1, b"first".as_slice()), (1, 2, b"second")] {
@@ -629,6 +636,110 @@ async fn forged_messages_move_no_clock_sequence_or_transfer_state() {
         "a replayed delta changed the state"
     );
     h.shutdown().await.unwrap();
+}
+
+/// Claims `id` of `filter` in the bus's registry for a replica that is not running, with
+/// tags reserved up to `reserved`.
+async fn hold_id(bus: &InProcessBus, filter: &str, id: u16, reserved: u64) {
+    let claimant = Uuid::new_v4();
+    let claim = bus
+        .claim_replica_id(filter.into(), claimant, Some(id))
+        .await
+        .unwrap();
+    assert_eq!(claim.id, id, "id {id} is taken");
+    bus.renew_claim(filter.into(), id, claimant, reserved)
+        .await
+        .unwrap();
+}
+
+/// Issue 27, point 4, without a cluster key: a forged tag of an id above what the registry
+/// reserves for it (or of an id it does not hold) is merged by no replica, so the id's
+/// holder never sees it in an honest peer's state; a forged tag of an id within its
+/// reservation merges everywhere, and its holder moves its clock past it instead of refusing
+/// its peers' states. The replicas stay converged and their adds keep arriving.
+#[actix::test]
+async fn forged_tags_are_held_against_the_registry() {
+    let bus = Arc::new(InProcessBus::new());
+    let t: Arc<dyn Transport> = bus.clone();
+    let cfg = cfg("tags", FilterKind::OrCuckoo, 1000, 0.01);
+    let mut hs = Vec::new();
+    for i in 0..3 {
+        let h = Replica::start(cfg.clone(), t.clone()).await.unwrap();
+        assert!(h.wait_ready(WAIT).await);
+        h.add(format!("item{i}").into_bytes()).await.unwrap();
+        hs.push(h);
+    }
+    assert!(converged(&hs, WAIT).await);
+    let victim = &hs[2];
+    let victim_id = victim.identity().replica;
+    let digest = victim.snapshot().params_digest();
+    let forger = Uuid::new_v4();
+    let publish = |seq: u64, delta: Vec<u8>| {
+        let t = t.clone();
+        async move {
+            let env = Envelope::new(
+                "tags",
+                FilterKind::OrCuckoo,
+                digest,
+                forger,
+                9,
+                seq,
+                Body::Delta(delta),
+            );
+            t.publish(
+                Subjects::new("crpf", "tags").delta,
+                Bytes::from(env.encode()),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let forged = |id: u16, clock: u64, item: &[u8]| {
+        let mut f = AnyFilter::new(&cfg.filter, id).unwrap();
+        f.advance_clock(clock);
+        f.track_deltas(true);
+        f.add(item).unwrap();
+        f.take_delta().unwrap()
+    };
+
+    // 1. Near the end of the victim's clock (the attack that split the replicas for good):
+    //    refused by its peers after a fresh look at the registry, by the victim as its own.
+    publish(1, forged(victim_id, crpf::MAX_COUNTER - 10, b"high")).await;
+    // 2. Of an id nobody holds.
+    publish(2, forged(4000, 5, b"nobody's")).await;
+    for h in &hs[..2] {
+        wait_for(|| async { rejects(h, "tag_unreserved").await == 2 }).await;
+    }
+    wait_for(|| async { rejects(victim, "own_tag_ahead").await == 1 }).await;
+    wait_for(|| async { rejects(victim, "tag_unreserved").await == 1 }).await;
+    for h in &hs {
+        assert!(!h.contains(b"high") && !h.contains(b"nobody's"));
+    }
+
+    // 3. Just above the victim's clock, within its reservation: merged everywhere; the
+    //    victim's clock moves past it, and its next adds still arrive.
+    let clock = victim.read(|f| f.clock());
+    publish(3, forged(victim_id, clock + 3, b"low")).await;
+    for h in &hs {
+        assert!(h.wait_until(WAIT, |f| f.contains(b"low")).await);
+    }
+    assert!(victim.read(|f| f.clock()) >= clock + 4);
+    victim.add(b"after".to_vec()).await.unwrap();
+    victim.remove(b"item2".to_vec()).await.unwrap();
+    for h in &hs {
+        assert!(
+            h.wait_until(WAIT, |f| f.contains(b"after") && !f.contains(b"item2"))
+                .await
+        );
+    }
+    assert!(converged(&hs, WAIT).await);
+    for h in &hs {
+        assert_eq!(
+            rejects(h, "own_tag_ahead").await,
+            u64::from(h.identity().replica == victim_id)
+        );
+    }
+    stop(&hs).await;
 }
 
 async fn wait_for<F: std::future::Future<Output = bool>>(cond: impl Fn() -> F) {

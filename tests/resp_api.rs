@@ -11,7 +11,7 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use nats_harness::{NatsServer, Proc, crpf, free_port, http_get};
+use nats_harness::{NatsServer, Proc, cluster_key_line, crpf, free_port, http_get};
 use redis::aio::MultiplexedConnection;
 use redis::{RedisResult, Value};
 
@@ -38,6 +38,7 @@ fn start_node(
         toml += &format!("data_dir = \"{}\"\n", d.display());
     }
     if let Some(url) = nats {
+        toml += &cluster_key_line();
         toml += &format!("\n[nats]\nservers = [\"{url}\"]\n");
     }
     toml += &format!("\n[resp]\nlisten = \"{resp}\"\n{extra}\n");

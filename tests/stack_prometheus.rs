@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nats_harness::{NatsServer, Proc, crpf, free_port, http_get, wait_for};
+use nats_harness::{NatsServer, Proc, cluster_key_line, crpf, free_port, http_get, wait_for};
 use serde_json::Value;
 
 const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
@@ -340,10 +340,11 @@ const FILTERS: &[(&str, &str)] = &[
 
 fn node_toml(metrics: &str, resp: &str, data_dir: &Path, nats_url: &str, i: usize) -> String {
     let mut s = format!(
-        "[node]\nmetrics_addr = \"{metrics}\"\ndata_dir = \"{}\"\nlog = \"warn\"\n\n\
+        "[node]\nmetrics_addr = \"{metrics}\"\ndata_dir = \"{}\"\nlog = \"warn\"\n{}\n\
          [nats]\nservers = [\"{nats_url}\"]\nretry_on_initial_connect = true\nname = \"stack-node{i}\"\n\n\
          [resp]\nlisten = \"{resp}\"\n",
-        data_dir.display()
+        data_dir.display(),
+        cluster_key_line()
     );
     for (name, kind) in FILTERS {
         s += &format!(
@@ -739,8 +740,9 @@ fn a_server_without_jetstream_is_refused_at_once_naming_js() {
         std::fs::write(
             &cfg,
             format!(
-                "[node]\nmetrics_addr = \"127.0.0.1:{}\"\n[nats]\nservers = [\"{}\"]\n{extra}{filters}",
+                "[node]\nmetrics_addr = \"127.0.0.1:{}\"\n{}[nats]\nservers = [\"{}\"]\n{extra}{filters}",
                 free_port(),
+                cluster_key_line(),
                 plain.url()
             ),
         )

@@ -26,6 +26,8 @@ enum Command {
     Demo(crpf::node::DemoArgs),
     /// Prints what a replica's snapshot holds.
     Inspect(crpf::node::InspectArgs),
+    /// Writes a new cluster key (`node.auth_key_file`; the same file on every node).
+    Keygen(crpf::node::KeygenArgs),
     /// Runs the thesis's experiments (Figure 6.1, Tables 6.1 and 6.2).
     Eval(crpf::eval::EvalArgs),
 }
@@ -55,6 +57,7 @@ fn main() -> ExitCode {
         Command::Node(args) => crpf::node::run_node(args).map_err(Into::into),
         Command::Demo(args) => crpf::node::run_demo(args).map_err(Into::into),
         Command::Inspect(args) => crpf::node::run_inspect(args).map_err(Into::into),
+        Command::Keygen(args) => crpf::node::run_keygen(args).map_err(Into::into),
         Command::Eval(args) => crpf::eval::run(args).map_err(Into::into),
     };
     match result {

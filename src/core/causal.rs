@@ -127,6 +127,13 @@ impl CausalContext {
             })
     }
 
+    /// Each replica id observed, with its highest counter.
+    pub fn maxima(&self) -> impl Iterator<Item = (ReplicaId, u64)> + '_ {
+        self.per_replica
+            .iter()
+            .filter_map(|(r, s)| s.last().map(|range| (*r, *range.end())))
+    }
+
     /// Highest counter observed from `replica` (0 if none).
     pub fn max(&self, replica: ReplicaId) -> u64 {
         self.per_replica

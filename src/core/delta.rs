@@ -76,6 +76,12 @@ pub trait CheckRemote: DeltaState {
     fn check_remote(&self, other: &Self) -> Result<(), FilterError>;
     /// The same check for a received delta-state.
     fn check_remote_delta(&self, delta: &Self::Delta) -> Result<(), FilterError>;
+    /// Each replica id whose tags a received delta carries, with its highest timestamp (none
+    /// for types without tags): what a receiver holds against the timestamps each id's holder
+    /// may have issued (its reservation in the id registry, docs/DESIGN.md section 4).
+    fn delta_tag_maxima(&self, _delta: &Self::Delta) -> Vec<(crate::ReplicaId, u64)> {
+        Vec::new()
+    }
 }
 
 /// Delta of a [`crate::GBloom`]: the bits local adds set, ascending.

@@ -204,6 +204,11 @@ pub struct NodeSection {
     /// drop the old one.
     #[serde(default)]
     pub auth_accepted_key_files: Vec<PathBuf>,
+    /// Join a NATS cluster without a cluster key: anyone who can publish on the filters'
+    /// subjects can then change their state (README, "Security"). Off: a node with `[nats]`
+    /// and no `auth_key_file` refuses to start. The in-process bus needs no key.
+    #[serde(default)]
+    pub allow_unauthenticated: bool,
     /// Worker threads of the runtime beside the replicas' thread (the actors run on the main
     /// thread; the workers run the NATS connection's I/O and answer queries). 0: one thread
     /// for everything, so that a request never crosses threads inside the node. The default,
@@ -234,6 +239,7 @@ impl Default for NodeSection {
             log: default_log(),
             auth_key_file: None,
             auth_accepted_key_files: Vec::new(),
+            allow_unauthenticated: false,
             io_threads: default_io_threads(),
         }
     }
@@ -393,6 +399,20 @@ impl NodeConfig {
                     .into(),
             });
         }
+        if self.nats.is_some()
+            && self.node.auth_key_file.is_none()
+            && !self.node.allow_unauthenticated
+        {
+            return Err(ConfigError::Invalid {
+                field: "node.auth_key_file".into(),
+                reason: "a node that joins a NATS cluster needs a cluster key, or anyone who \
+                         can publish there can change its filters: run `crpf keygen --out \
+                         cluster.key` once, give every node that file as node.auth_key_file \
+                         (CRPF_NODE__AUTH_KEY_FILE); or set node.allow_unauthenticated = true \
+                         to accept unsigned frames"
+                    .into(),
+            });
+        }
         Ok(())
     }
 }
@@ -411,8 +431,20 @@ mod tests {
             "cluster/node2.toml",
             "cluster/node3.toml",
         ] {
-            let cfg = NodeConfig::load(&root.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            // The cluster's key is made on the operator's machine (`crpf keygen`): here, one
+            // made for the test stands in for the file the example names.
+            let dir = tempfile::tempdir().unwrap();
+            let key = dir.path().join("cluster.key");
+            std::fs::write(&key, crate::node::new_key_text().unwrap()).unwrap();
+            let text = std::fs::read_to_string(root.join(name)).unwrap();
+            let text = text.replace("\"./data/cluster.key\"", &format!("{key:?}"));
+            let cfg = NodeConfig::from_toml_str(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(!cfg.filters.is_empty(), "{name}");
+            assert_eq!(
+                cfg.nats.is_some(),
+                cfg.auth_keys.is_some(),
+                "{name}: an example that joins NATS uses a cluster key"
+            );
         }
         // Its key file lives on the operator's machine: only that field may fail.
         match NodeConfig::load(&root.join("auth-tls.toml")) {
@@ -490,6 +522,30 @@ mod tests {
         assert!(only_first.unwrap().verify(b"m", &keys.sign(b"m")));
         // Never shown.
         assert!(!format!("{cfg:?}").contains("forty"));
+    }
+
+    #[test]
+    fn joining_nats_without_a_key_is_refused_unless_allowed() {
+        let with_nats = |node: &str| {
+            NodeConfig::from_toml_str(&format!(
+                "[node]\n{node}\n[nats]\nservers = [\"nats://127.0.0.1:4222\"]\n\
+                 [[filters]]\nname = \"a\"\nfilter = {{ kind = \"g_bloom\", capacity = 100, fpr = 0.01 }}\n"
+            ))
+        };
+        let (field, reason) = invalid_field(with_nats(""));
+        assert_eq!(field, "node.auth_key_file");
+        for hint in ["crpf keygen", "allow_unauthenticated = true"] {
+            assert!(reason.contains(hint), "{reason}");
+        }
+        let open = with_nats("allow_unauthenticated = true").unwrap();
+        assert!(open.auth_keys.is_none());
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("k");
+        std::fs::write(&key, crate::node::new_key_text().unwrap()).unwrap();
+        let keyed = with_nats(&format!("auth_key_file = {key:?}")).unwrap();
+        assert!(keyed.filters[0].auth_keys.is_some());
+        // The in-process bus needs no key.
+        assert!(with_keys("").unwrap().auth_keys.is_none());
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod demo;
 pub mod exporter;
 mod host;
 mod inspect;
+mod keygen;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,6 +20,7 @@ pub use config::{CatalogSection, ConfigError, NodeConfig, NodeSection, RuntimeFi
 pub use demo::{DemoArgs, run_demo};
 pub use host::{CATALOG_CHANGES, CATALOG_ERRORS, FILTERS, HostError, HostedFilter, Node};
 pub use inspect::{InspectArgs, run_inspect};
+pub use keygen::{KeygenArgs, KeygenError, new_key_text, run_keygen};
 
 use crate::replica::{ReplicaError, ReplicaHandle};
 use crate::transport::{InProcessBus, NatsTransport, Transport, TransportError};

@@ -43,6 +43,7 @@ mod publish;
 mod pump;
 mod reads;
 mod request;
+mod unreserved;
 mod updates;
 
 pub use local::{Add, Contains, FlushDelta, Merge, Persist, Remove, Shutdown, Stats, TakeSnapshot};
@@ -188,6 +189,8 @@ pub struct Replica {
     commit_scheduled: bool,
     /// The id claim and the other ids of the filter.
     lease: lease::Lease,
+    /// The other ids' reservations as last seen, and frames waiting for the next look.
+    registry_view: unreserved::RegistryView,
     /// Checks and applies the request API's updates (here, or in the subscription tasks).
     updates: Arc<updates::Updates>,
 }
@@ -253,6 +256,7 @@ impl Replica {
             wal: s.wal,
             reserved: s.reserved,
             lease: lease::Lease::new(s.lease_reserved),
+            registry_view: Default::default(),
             dirty: false,
             snapshotting: Arc::new(AtomicBool::new(false)),
             snapshot_generation: 0,
@@ -315,10 +319,12 @@ impl Replica {
         }
         match env.body {
             Body::Delta(bytes) => {
-                self.merge_delta(&bytes);
+                self.merge_delta_checked(&bytes, true, None, ctx);
             }
             Body::ConfirmedDelta(bytes) => {
-                if self.merge_delta(&bytes) {
+                // A held delta is acknowledged once merged.
+                let ack_to = Some((env.sender, env.seq));
+                if self.merge_delta_checked(&bytes, true, ack_to, ctx) {
                     self.send_ack(env.sender, env.seq);
                 }
             }
@@ -358,26 +364,6 @@ impl Replica {
         }
     }
 
-    /// Merges a peer's delta; whether it was accepted.
-    fn merge_delta(&mut self, bytes: &[u8]) -> bool {
-        let t = Instant::now();
-        let r = self
-            .write()
-            .merge_remote_delta_bytes(bytes, wall_clock_ms());
-        self.record_merge(MergeSource::Delta, t, r.is_ok());
-        match r {
-            Ok(()) => {
-                self.telemetry.delta_merged();
-                self.changed();
-                true
-            }
-            Err(e) => {
-                self.reject(&e);
-                false
-            }
-        }
-    }
-
     fn record_merge(&self, source: MergeSource, t: Instant, ok: bool) {
         self.telemetry.merge(source, ok, t.elapsed().as_secs_f64());
     }
@@ -404,9 +390,10 @@ impl Replica {
             .counter(m::STATE_TRANSFERS, &[("outcome", "complete")])
             .increment(1);
         let kind = self.expect.kind;
-        if state.len() < BLOCKING_THRESHOLD {
+        let len = state.len();
+        if len < BLOCKING_THRESHOLD {
             let result = AnyFilter::decode_state(kind, &state);
-            self.merge_state(result, sender, replica, ctx);
+            self.merge_state(result, sender, replica, len, ctx);
         } else {
             let addr = ctx.address();
             actix::spawn(async move {
@@ -418,6 +405,7 @@ impl Replica {
                     result,
                     sender,
                     replica,
+                    len,
                 });
             });
         }
@@ -428,6 +416,7 @@ impl Replica {
         result: Result<AnyFilter, WireError>,
         sender: Uuid,
         replica: ReplicaId,
+        len: usize,
         ctx: &mut Context<Self>,
     ) {
         let other = match result {
@@ -443,12 +432,59 @@ impl Replica {
                 return self.reject(&e);
             }
         };
-        if let Err(e) = self.read().check_remote_state(&other, wall_clock_ms()) {
-            self.record_merge(MergeSource::State, Instant::now(), false);
-            return self.reject(&super::filter::remote_error(e));
-        }
+        self.merge_state_checked(other, sender, replica, len, true, ctx);
+    }
+
+    /// Merges a peer's full state of the right kind and parameters, holding it for a fresh
+    /// look at the registry if its tags are above the view and `may_hold`; whether it was
+    /// merged now.
+    fn merge_state_checked(
+        &mut self,
+        other: AnyFilter,
+        sender: Uuid,
+        replica: ReplicaId,
+        len: usize,
+        may_hold: bool,
+        ctx: &mut Context<Self>,
+    ) -> bool {
+        let checked = self.with_tag_bounds(|bounds| {
+            let f = self.read();
+            match bounds {
+                Some(b) => f.check_remote_state_within(&other, wall_clock_ms(), b),
+                None => f
+                    .check_remote_state(&other, wall_clock_ms())
+                    .map(|()| None)
+                    .map_err(super::filter::remote_error),
+            }
+        });
+        let adopt = match checked {
+            Ok(adopt) => adopt,
+            Err(e) => {
+                if may_hold && matches!(e, WireError::TagUnreserved { .. }) {
+                    let frame = unreserved::HeldFrame::State {
+                        state: Box::new(other),
+                        sender,
+                        replica,
+                        len,
+                    };
+                    if self.hold(frame, ctx) {
+                        return false;
+                    }
+                }
+                self.record_merge(MergeSource::State, Instant::now(), false);
+                self.reject(&e);
+                return false;
+            }
+        };
         let t = Instant::now();
-        let r = self.write().merge(&other);
+        let r = {
+            let mut f = self.write();
+            // A forged tag of our own id within our reservation: our clock moves past it.
+            if let Some(clock) = adopt {
+                f.advance_clock(clock);
+            }
+            f.merge(&other)
+        };
         self.record_merge(MergeSource::State, t, r.is_ok());
         match r {
             Ok(()) => {
@@ -457,8 +493,12 @@ impl Replica {
                 tracing::debug!(peer = replica, %sender, "merged a peer's full state");
                 let actions = self.anti_entropy.state_merged();
                 self.carry_out(actions, ctx);
+                true
             }
-            Err(e) => self.reject(&WireError::Incompatible(e.to_string())),
+            Err(e) => {
+                self.reject(&WireError::Incompatible(e.to_string()));
+                false
+            }
         }
     }
 
@@ -790,11 +830,13 @@ struct Decoded {
     result: Result<AnyFilter, WireError>,
     sender: Uuid,
     replica: ReplicaId,
+    /// Bytes of the encoded state.
+    len: usize,
 }
 
 impl Handler<Decoded> for Replica {
     type Result = ();
     fn handle(&mut self, msg: Decoded, ctx: &mut Context<Self>) {
-        self.merge_state(msg.result, msg.sender, msg.replica, ctx);
+        self.merge_state(msg.result, msg.sender, msg.replica, msg.len, ctx);
     }
 }

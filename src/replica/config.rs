@@ -141,6 +141,12 @@ pub struct ReplicaConfig {
     /// its holder may have issued). 0: never retire ids.
     #[serde(default = "d::retire_after_ms")]
     pub retire_after_ms: u64,
+    /// Refuse received tags (OR kinds) of an id above what the id registry reserves for it
+    /// (`tag_unreserved`): no replica issued them. Defence in depth where frames are not
+    /// signed. Turn it off only to recover a cluster whose registry bucket was lost while
+    /// states still carry the tags of ids no longer recorded there.
+    #[serde(default = "d::check_tag_reservations")]
+    pub check_tag_reservations: bool,
     /// Cluster keys of authenticated envelopes: when set, every frame is signed
     /// (HMAC-SHA256) with the first key, and frames not signed by one of them are rejected
     /// (`unsigned`, `bad_signature`). Key material, not a path: never in a file of filters
@@ -236,6 +242,9 @@ mod d {
     pub(super) fn id_lease_block() -> u64 {
         1 << 20
     }
+    pub(super) fn check_tag_reservations() -> bool {
+        true
+    }
     pub(super) fn retire_after_ms() -> u64 {
         3_600_000
     }
@@ -275,6 +284,7 @@ impl ReplicaConfig {
             id_lease_renew_ms: d::id_lease_renew_ms(),
             id_lease_block: d::id_lease_block(),
             retire_after_ms: d::retire_after_ms(),
+            check_tag_reservations: d::check_tag_reservations(),
             auth_keys: None,
             generation: 0,
             aggregate_metrics: false,

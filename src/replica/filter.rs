@@ -60,8 +60,12 @@ trait DynFilter: Send + Sync {
     fn track_deltas(&mut self, on: bool);
     fn pending_delta_len(&self) -> usize;
     fn take_delta_unencoded(&mut self) -> Option<TakenDelta>;
-    /// `remote`: the time to check a peer's delta at (`None`: a local record, trusted).
-    fn merge_delta_bytes(&mut self, bytes: &[u8], remote: Option<u64>) -> Result<(), WireError>;
+    /// `remote`: how to check a peer's delta (`None`: a local record, trusted).
+    fn merge_delta_bytes(
+        &mut self,
+        bytes: &[u8],
+        remote: Option<Remote<'_>>,
+    ) -> Result<(), WireError>;
     fn encode_state(&self) -> Vec<u8>;
     fn encode_state_sized(&self, capacity: usize) -> Vec<u8>;
     fn params_digest(&self) -> u64;
@@ -107,12 +111,29 @@ impl<F: ReplicatedFilter> DynFilter for F {
         self.take_delta()
             .map(|d| TakenDelta(Box::new(move || to_cbor(&d))))
     }
-    fn merge_delta_bytes(&mut self, bytes: &[u8], remote: Option<u64>) -> Result<(), WireError> {
+    fn merge_delta_bytes(
+        &mut self,
+        bytes: &[u8],
+        remote: Option<Remote<'_>>,
+    ) -> Result<(), WireError> {
         let d = from_cbor(bytes)?;
-        if let Some(now_ms) = remote {
-            self.check_remote_delta(&d).map_err(remote_error)?;
-            self.check_remote_delta_as_of(&d, now_ms)
-                .map_err(remote_error)?;
+        let Some(remote) = remote else {
+            return self.merge_delta(&d).map_err(incompatible);
+        };
+        let maxima = self.delta_tag_maxima(&d);
+        let adopt = match (remote.bounds, self.observed_remove()) {
+            (Some(bounds), Some(or)) => bounds.check(or.replica(), or.clock(), &maxima)?,
+            _ => {
+                self.check_remote_delta(&d).map_err(remote_error)?;
+                None
+            }
+        };
+        self.check_remote_delta_as_of(&d, remote.now_ms)
+            .map_err(remote_error)?;
+        // Nothing changes unless the whole merge will.
+        self.check_delta(&d).map_err(incompatible)?;
+        if let (Some(clock), Some(or)) = (adopt, self.observed_remove_mut()) {
+            or.advance_clock(clock);
         }
         self.merge_delta(&d).map_err(incompatible)
     }
@@ -258,6 +279,24 @@ macro_rules! define_any_filter {
                 }
             }
 
+            /// The clock-skew half of [`AnyFilter::check_remote_state`].
+            fn check_remote_skew(
+                &self,
+                other: &AnyFilter,
+                now_ms: u64,
+            ) -> Result<(), FilterError> {
+                match (self, other) {
+                    $( (AnyFilter::$variant(a), AnyFilter::$variant(b)) => {
+                        a.check_remote_as_of(b, now_ms)
+                    } )*
+                    (a, b) => Err(FilterError::Incompatible(format!(
+                        "{} state checked against a {} filter",
+                        b.kind(),
+                        a.kind()
+                    ))),
+                }
+            }
+
             fn inner(&self) -> &dyn DynFilter {
                 match self {
                     $( AnyFilter::$variant(f) => f, )*
@@ -273,6 +312,68 @@ macro_rules! define_any_filter {
     };
 }
 for_each_filter_kind!(define_any_filter);
+
+/// How a replica checks a peer's state or delta before merging it.
+#[derive(Clone, Copy)]
+pub(crate) struct Remote<'a> {
+    /// The wall clock (ms since the UNIX epoch), for kinds whose elements expire.
+    pub(crate) now_ms: u64,
+    /// What the id registry reserves for each replica id; `None`: tags are checked against
+    /// this replica's own clock only ([`CheckRemote`]).
+    pub(crate) bounds: Option<TagBounds<'a>>,
+}
+
+/// The highest timestamp each replica id's holder may have issued, as the id registry records
+/// it (docs/DESIGN.md section 4): the defence of the observed-remove kinds against forged tags
+/// when frames are not signed.
+///
+/// - A tag of another id above that id's reservation (or of an id without a record) was
+///   issued by no replica: [`WireError::TagUnreserved`], nothing merged. Merged, it would
+///   make the id's holder refuse every state that carries it, for good.
+/// - A tag of our own id above our clock but within our own reservation can only be forged
+///   (a restarted replica resumes above its reservation): our clock moves past it, so that
+///   the state merges and none of our tags is issued twice. Above our reservation:
+///   [`WireError::OwnTagAhead`].
+#[derive(Clone, Copy)]
+pub struct TagBounds<'a> {
+    /// The reservation the registry confirmed for this replica's own id.
+    pub own_reserved: u64,
+    /// The reservation (or retirement floor) of another id; `None`: no record of it.
+    pub reserved: &'a dyn Fn(ReplicaId) -> Option<u64>,
+}
+
+impl TagBounds<'_> {
+    /// Checks `maxima` (each id's highest timestamp in what was received) for a replica of
+    /// id `own` at `clock`: the clock to advance to before merging, if any.
+    pub fn check(
+        &self,
+        own: ReplicaId,
+        clock: u64,
+        maxima: &[(ReplicaId, u64)],
+    ) -> Result<Option<u64>, WireError> {
+        let mut adopt = None;
+        for &(id, counter) in maxima {
+            if id == own {
+                if counter > clock {
+                    if counter > self.own_reserved {
+                        return Err(WireError::OwnTagAhead(format!(
+                            "tag ({id}, {counter}) above this replica's clock {clock} and \
+                             reservation {}",
+                            self.own_reserved
+                        )));
+                    }
+                    adopt = Some(counter);
+                }
+            } else if (self.reserved)(id).is_none_or(|r| counter > r) {
+                return Err(WireError::TagUnreserved {
+                    replica: id,
+                    counter,
+                });
+            }
+        }
+        Ok(adopt)
+    }
+}
 
 /// A remote state or delta refused before merging: tags of our own id ahead of our clock
 /// (which would exhaust it) have their own reason.
@@ -378,6 +479,45 @@ impl AnyFilter {
         self.inner_mut().take_delta_unencoded()
     }
 
+    /// As [`AnyFilter::merge_remote_delta_bytes`], checking the delta's tags against the id
+    /// registry's reservations ([`TagBounds`]) instead of this replica's clock alone.
+    pub fn merge_remote_delta_bytes_within(
+        &mut self,
+        bytes: &[u8],
+        now_ms: u64,
+        bounds: TagBounds<'_>,
+    ) -> Result<(), WireError> {
+        self.inner_mut().merge_delta_bytes(
+            bytes,
+            Some(Remote {
+                now_ms,
+                bounds: Some(bounds),
+            }),
+        )
+    }
+
+    /// As [`AnyFilter::check_remote_state`], checking the state's tags against the id
+    /// registry's reservations ([`TagBounds`]): the clock to advance to before merging it,
+    /// if any.
+    pub fn check_remote_state_within(
+        &self,
+        other: &AnyFilter,
+        now_ms: u64,
+        bounds: TagBounds<'_>,
+    ) -> Result<Option<u64>, WireError> {
+        let (Some(mine), Some(theirs)) = (self.observed_remove(), other.observed_remove()) else {
+            self.check_remote_state(other, now_ms)
+                .map_err(remote_error)?;
+            return Ok(None);
+        };
+        let maxima: Vec<_> = theirs.history().maxima().collect();
+        let adopt = bounds.check(mine.replica(), mine.clock(), &maxima)?;
+        // The own-id check is the one above; the kind's clock-skew check remains.
+        self.check_remote_skew(other, now_ms)
+            .map_err(remote_error)?;
+        Ok(adopt)
+    }
+
     /// Decodes and joins an encoded delta; a delta that does not decode or fit changes nothing.
     pub fn merge_delta_bytes(&mut self, bytes: &[u8]) -> Result<(), WireError> {
         self.inner_mut().merge_delta_bytes(bytes, None)
@@ -389,7 +529,13 @@ impl AnyFilter {
     /// [`WireError::OwnTagAhead`]) and, for kinds with a clock, one further ahead of `now_ms`
     /// than their skew bound ([`WireError::ClockAhead`]).
     pub fn merge_remote_delta_bytes(&mut self, bytes: &[u8], now_ms: u64) -> Result<(), WireError> {
-        self.inner_mut().merge_delta_bytes(bytes, Some(now_ms))
+        self.inner_mut().merge_delta_bytes(
+            bytes,
+            Some(Remote {
+                now_ms,
+                bounds: None,
+            }),
+        )
     }
 
     /// Time passed (`now_ms`: the wall clock in milliseconds since the UNIX epoch): kinds whose
@@ -669,6 +815,74 @@ mod tests {
             mine.merge_remote_delta_bytes(&delta, 0).unwrap();
             assert!(mine.contains(b"y"));
         }
+    }
+
+    #[test]
+    fn tags_are_held_against_the_registrys_reservations() {
+        let reserved = |id: ReplicaId| match id {
+            2 => Some(100),
+            3 => Some(0),
+            _ => None,
+        };
+        let bounds = TagBounds {
+            own_reserved: 50,
+            reserved: &reserved,
+        };
+        // Ours at or below our clock, others within their reservations: nothing to do.
+        assert_eq!(bounds.check(1, 10, &[(1, 10), (2, 100)]).unwrap(), None);
+        // Ours above our clock within our reservation: the clock moves past it.
+        assert_eq!(bounds.check(1, 10, &[(1, 42), (2, 7)]).unwrap(), Some(42));
+        assert!(matches!(
+            bounds.check(1, 10, &[(1, 51)]),
+            Err(WireError::OwnTagAhead(_))
+        ));
+        for maxima in [[(2, 101)], [(3, 1)], [(9, 1)]] {
+            assert!(matches!(
+                bounds.check(1, 10, &maxima),
+                Err(WireError::TagUnreserved { .. })
+            ));
+        }
+
+        // Through a filter: a delta above its id's reservation changes nothing.
+        let or_spec = spec(FilterKind::OrCuckoo);
+        let mut mine = AnyFilter::new(&or_spec, 1).unwrap();
+        let mut peer = AnyFilter::new(&or_spec, 2).unwrap();
+        peer.track_deltas(true);
+        peer.advance_clock(100);
+        peer.add(b"x").unwrap();
+        let delta = peer.take_delta().unwrap();
+        let before = mine.clone();
+        assert!(matches!(
+            mine.merge_remote_delta_bytes_within(&delta, 0, bounds),
+            Err(WireError::TagUnreserved {
+                replica: 2,
+                counter: 101
+            })
+        ));
+        assert!(mine.equivalent(&before));
+        // Our own id just above our clock: merged, and our clock moved past it.
+        let mut forged = AnyFilter::new(&or_spec, 1).unwrap();
+        forged.track_deltas(true);
+        forged.advance_clock(30);
+        forged.add(b"y").unwrap();
+        let delta = forged.take_delta().unwrap();
+        mine.merge_remote_delta_bytes_within(&delta, 0, bounds)
+            .unwrap();
+        assert!(mine.contains(b"y") && mine.clock() == 31);
+        assert_eq!(
+            mine.check_remote_state_within(&forged, 0, bounds).unwrap(),
+            None
+        );
+        // Untagged kinds carry nothing to check.
+        let mut bloom = AnyFilter::new(&spec(FilterKind::GBloom), 1).unwrap();
+        let mut other = AnyFilter::new(&spec(FilterKind::GBloom), 7).unwrap();
+        other.track_deltas(true);
+        other.add(b"z").unwrap();
+        let d = other.take_delta().unwrap();
+        bloom
+            .merge_remote_delta_bytes_within(&d, 0, bounds)
+            .unwrap();
+        assert!(bloom.contains(b"z"));
     }
 
     #[test]

@@ -89,6 +89,9 @@ pub const CONVERGED_PEERS: &str = "crpf_converged_peers";
 pub const REPLICA_IDS: &str = "crpf_replica_ids";
 /// Ids this replica retired (their claims went unrenewed for `retire_after_ms`).
 pub const RETIREMENTS: &str = "crpf_replica_retirements_total";
+/// Frames held for a fresh look at the id registry (their tags were above the reservations
+/// last seen), and what became of them: `held`, then `merged` or `refused`.
+pub const HELD_FRAMES: &str = "crpf_registry_held_frames_total";
 /// Renewals of the id claim, and looks at the registry, that failed.
 pub const ID_LEASE_FAILURES: &str = "crpf_id_lease_failures_total";
 /// 1 once this replica's own id was retired under it (it adds no more; restart it).
@@ -197,6 +200,10 @@ pub fn describe() {
             "Ids of the filter in the replica id registry, by state (live, retired)"
         );
         c!(RETIREMENTS, "Replica ids this replica retired");
+        c!(
+            HELD_FRAMES,
+            "Frames held for a fresh look at the id registry, by outcome (held, merged, refused)"
+        );
         c!(
             ID_LEASE_FAILURES,
             "Failed renewals of the id claim and looks at the registry"

@@ -71,7 +71,9 @@ pub use actor::{
 };
 pub use config::ReplicaConfig;
 pub use durable::{DataDir, DurableError, Identity};
-pub use filter::{AnyFilter, FilterSpec, FilterStats, NotCounting, NotRemovable, TakenDelta};
+pub use filter::{
+    AnyFilter, FilterSpec, FilterStats, NotCounting, NotRemovable, TagBounds, TakenDelta,
+};
 
 use crate::transport::{Renewal, Subjects, Transport, TransportError};
 use crate::{Dot, FilterError, ReplicaId};

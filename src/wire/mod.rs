@@ -252,6 +252,18 @@ pub enum WireError {
     /// it would push the clock toward exhaustion (only the replica itself issues its tags).
     #[error("tags of our own replica id ahead of our clock: {0}")]
     OwnTagAhead(String),
+    /// A state or delta carrying a tag of another replica id above every timestamp the id
+    /// registry reserves for that id: no replica issued it (forged, or a registry that lost its
+    /// records). Held back first while the receiver reads the registry again.
+    #[error(
+        "tag ({replica}, {counter}) above what the id registry reserves for replica id {replica}"
+    )]
+    TagUnreserved {
+        /// The id.
+        replica: crate::ReplicaId,
+        /// The tag's timestamp.
+        counter: u64,
+    },
     /// A state or delta whose clock is further ahead of the receiver's than the filter's skew
     /// bound (expiring kinds): merged, it would expire live elements early on every replica.
     #[error("clock ahead of ours beyond the skew bound: {0}")]
@@ -284,6 +296,7 @@ impl WireError {
             WireError::Chunk(_) => "chunk",
             WireError::TooManyPeers(_) => "too_many_peers",
             WireError::OwnTagAhead(_) => "own_tag_ahead",
+            WireError::TagUnreserved { .. } => "tag_unreserved",
             WireError::ClockAhead(_) => "clock_ahead",
             WireError::Subject(_) => "subject",
         }

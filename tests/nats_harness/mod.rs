@@ -394,6 +394,19 @@ mod procs {
         }
     }
 
+    /// `auth_key_file = "<file>"`, a line of `[node]`: the cluster key of the nodes a test
+    /// starts (nodes refuse to join NATS without one), made once per test binary.
+    pub(crate) fn cluster_key_line() -> String {
+        static KEY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+        let path = KEY.get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap().keep();
+            let path = dir.join("cluster.key");
+            std::fs::write(&path, crpf::node::new_key_text().unwrap()).unwrap();
+            path
+        });
+        format!("auth_key_file = \"{}\"\n", path.display())
+    }
+
     /// `crpf node --config <config>`, logging to `<dir>/<name>.log` (appended to, so a
     /// restarted node's log goes on).
     pub(crate) fn spawn_node(name: &str, config: &Path, dir: &Path) -> Proc {

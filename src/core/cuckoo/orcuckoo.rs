@@ -485,6 +485,10 @@ impl CheckRemote for OrCuckoo {
     fn check_remote_delta(&self, delta: &OrCuckooDelta) -> Result<(), FilterError> {
         check_own_dots(self.replica, self.clock(), delta.context.max(self.replica))
     }
+
+    fn delta_tag_maxima(&self, delta: &OrCuckooDelta) -> Vec<(ReplicaId, u64)> {
+        delta.context.maxima().collect()
+    }
 }
 
 /// Tags are packed as an index into the list of replicas present plus a counter, each at the

@@ -65,6 +65,11 @@ pub trait WriterSeries:
     fn delta_max_dot_of(_delta: &Self::Delta, _replica: ReplicaId) -> u64 {
         0
     }
+    /// Each replica id whose tags a delta of the series carries, with its highest timestamp.
+    #[doc(hidden)]
+    fn delta_tag_maxima(_delta: &Self::Delta) -> Vec<(ReplicaId, u64)> {
+        Vec::new()
+    }
     /// Whether the series can be writer `writer`'s: it issues tags as `writer` and holds no
     /// tag of another replica (only `writer` adds to it).
     #[doc(hidden)]
@@ -109,6 +114,9 @@ impl WriterSeries for ScOrCuckoo {
     }
     fn delta_max_dot_of(delta: &Self::Delta, replica: ReplicaId) -> u64 {
         delta.context.max(replica)
+    }
+    fn delta_tag_maxima(delta: &Self::Delta) -> Vec<(ReplicaId, u64)> {
+        delta.context.maxima().collect()
     }
     fn check_writer(&self, writer: ReplicaId) -> Result<(), FilterError> {
         if self.replica() != writer || self.history().replicas().any(|r| r != writer) {
@@ -494,6 +502,15 @@ impl<F: WriterSeries> CheckRemote for Partitioned<F> {
             .map(|(_, d)| F::delta_max_dot_of(d, self.writer))
             .max();
         check_own_dots(self.writer, self.clock(), highest.unwrap_or(0))
+    }
+
+    fn delta_tag_maxima(&self, delta: &Self::Delta) -> Vec<(ReplicaId, u64)> {
+        let mut maxima = std::collections::BTreeMap::new();
+        for (id, max) in delta.parts.iter().flat_map(|(_, d)| F::delta_tag_maxima(d)) {
+            let m = maxima.entry(id).or_insert(0);
+            *m = max.max(*m);
+        }
+        maxima.into_iter().collect()
     }
 }
 

@@ -403,6 +403,10 @@ impl CheckRemote for ScOrCuckoo {
     fn check_remote_delta(&self, delta: &ScOrCuckooDelta) -> Result<(), FilterError> {
         check_own_dots(self.replica, self.clock(), delta.context.max(self.replica))
     }
+
+    fn delta_tag_maxima(&self, delta: &ScOrCuckooDelta) -> Vec<(ReplicaId, u64)> {
+        delta.context.maxima().collect()
+    }
 }
 
 impl Removable for ScOrCuckoo {

@@ -121,16 +121,20 @@ impl Replica {
         );
         let work = async move {
             let renewal = t.renew_claim(filter.clone(), id, uuid, want).await;
+            let started = Instant::now();
             let claims = t.replica_claims(filter).await;
-            (renewal, claims)
+            (renewal, claims, started)
         };
         ctx.spawn(
             work.into_actor(self)
-                .map(move |(renewal, claims), act, ctx| {
+                .map(move |(renewal, claims, started), act, ctx| {
                     act.lease.busy = false;
                     act.on_renewal(want, renewal);
                     match claims {
-                        Ok(claims) => act.retire_stale(&claims, ctx),
+                        Ok(claims) => {
+                            act.registry_view.note(&claims, started);
+                            act.retire_stale(&claims, ctx)
+                        }
                         Err(e) => act.lease_failed("listing claims", &e),
                     }
                 }),
@@ -154,7 +158,7 @@ impl Replica {
         }
     }
 
-    fn lease_failed(&self, what: &'static str, e: &TransportError) {
+    pub(super) fn lease_failed(&self, what: &'static str, e: &TransportError) {
         self.telemetry
             .counter(m::ID_LEASE_FAILURES, &[])
             .increment(1);

@@ -1,0 +1,225 @@
+//! Frames whose tags this replica cannot yet place in the id registry: held until it reads the
+//! registry again, then merged or refused (`tag_unreserved`).
+//!
+//! A replica's view of the other ids' reservations is as old as its last look at the registry
+//! (every renewal). A replica that claimed its id since, or extended its reservation, sends
+//! tags above that view quite honestly: refusing them at once would cost a full-state repair
+//! each time. So a frame above the view waits for one fresh look (at most one every
+//! [`MIN_LOOK_INTERVAL`]); only what is still above the registry then was issued by nobody.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use uuid::Uuid;
+
+use super::{Replica, wall_clock_ms};
+use crate::ReplicaId;
+use crate::replica::filter::{AnyFilter, TagBounds};
+use crate::replica::metrics as m;
+use crate::transport::ClaimEntry;
+use crate::wire::WireError;
+
+/// Most frames held at once; beyond, a frame above the view is refused at once (anti-entropy
+/// brings an honest peer's updates again).
+const MAX_HELD_FRAMES: usize = 256;
+/// Most bytes of held deltas and states at once.
+const MAX_HELD_BYTES: usize = 64 << 20;
+/// Looks at the registry for held frames are at least this far apart, so that a sender of
+/// forged tags costs the registry at most a few reads a second.
+const MIN_LOOK_INTERVAL: Duration = Duration::from_millis(200);
+
+/// A frame waiting for a look at the registry.
+pub(super) enum HeldFrame {
+    Delta {
+        bytes: Vec<u8>,
+        /// The sender and sequence number to acknowledge once merged (a confirmed delta).
+        ack_to: Option<(Uuid, u64)>,
+    },
+    State {
+        state: Box<AnyFilter>,
+        sender: Uuid,
+        replica: ReplicaId,
+        len: usize,
+    },
+}
+
+/// The registry as this replica last saw it, and the frames waiting for its next look.
+#[derive(Default)]
+pub(crate) struct RegistryView {
+    /// Each other id's reservation (held) or floor (retired).
+    reserved: HashMap<ReplicaId, u64>,
+    /// When the look that gave `reserved` started.
+    looked_at: Option<Instant>,
+    held: Vec<(Instant, HeldFrame)>,
+    held_bytes: usize,
+    looking: bool,
+    look_scheduled: bool,
+}
+
+impl RegistryView {
+    /// Records a look at the registry that started at `started`.
+    pub(super) fn note(&mut self, claims: &[ClaimEntry], started: Instant) {
+        self.reserved = claims.iter().map(|e| (e.id, e.record.floor())).collect();
+        self.looked_at = Some(started);
+    }
+
+    /// The reservation of `id`, if the registry holds a record of it.
+    pub(super) fn reserved(&self, id: ReplicaId) -> Option<u64> {
+        self.reserved.get(&id).copied()
+    }
+}
+
+impl Replica {
+    /// The bounds this replica holds received tags against: `None` when the check is off.
+    pub(super) fn with_tag_bounds<T>(&self, f: impl FnOnce(Option<TagBounds<'_>>) -> T) -> T {
+        if !self.cfg.check_tag_reservations || !self.expect.kind.tagged() {
+            return f(None);
+        }
+        let view = &self.registry_view;
+        let lookup = |id| view.reserved(id);
+        f(Some(TagBounds {
+            own_reserved: self.lease.reserved,
+            reserved: &lookup,
+        }))
+    }
+
+    /// Holds a frame refused for a tag above the registry as last seen, if there is room and
+    /// the view predates the frame; whether it was held (else the caller refuses it).
+    pub(super) fn hold(&mut self, frame: HeldFrame, ctx: &mut Context<Self>) -> bool {
+        let len = match &frame {
+            HeldFrame::Delta { bytes, .. } => bytes.len(),
+            HeldFrame::State { len, .. } => *len,
+        };
+        let v = &mut self.registry_view;
+        if v.held.len() >= MAX_HELD_FRAMES || v.held_bytes + len > MAX_HELD_BYTES {
+            return false;
+        }
+        v.held_bytes += len;
+        v.held.push((Instant::now(), frame));
+        self.telemetry
+            .counter(m::HELD_FRAMES, &[("outcome", "held")])
+            .increment(1);
+        self.look_for_held(ctx);
+        true
+    }
+
+    /// Starts a look at the registry for the held frames, or schedules one if the last was
+    /// too recent.
+    fn look_for_held(&mut self, ctx: &mut Context<Self>) {
+        let v = &mut self.registry_view;
+        if v.looking || v.look_scheduled || v.held.is_empty() {
+            return;
+        }
+        let wait = v.looked_at.map_or(Duration::ZERO, |t| {
+            MIN_LOOK_INTERVAL.saturating_sub(t.elapsed())
+        });
+        if !wait.is_zero() {
+            v.look_scheduled = true;
+            ctx.run_later(wait, |act, ctx| {
+                act.registry_view.look_scheduled = false;
+                act.look_for_held(ctx);
+            });
+            return;
+        }
+        v.looking = true;
+        let started = Instant::now();
+        let (t, filter) = (self.transport.clone(), self.cfg.registry_name());
+        let look = async move { t.replica_claims(filter).await };
+        ctx.spawn(look.into_actor(self).map(move |claims, act, ctx| {
+            act.registry_view.looking = false;
+            match claims {
+                Ok(claims) => {
+                    act.registry_view.note(&claims, started);
+                    act.replay_held(started, ctx);
+                }
+                Err(e) => {
+                    act.lease_failed("reading the registry for held frames", &e);
+                    // Try again later; the frames wait (bounded).
+                    act.registry_view.looked_at = Some(Instant::now());
+                }
+            }
+            act.look_for_held(ctx);
+        }));
+    }
+
+    /// Merges or refuses the frames held before the look that started at `started`; later
+    /// ones wait for the next look.
+    fn replay_held(&mut self, started: Instant, ctx: &mut Context<Self>) {
+        let v = &mut self.registry_view;
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut v.held)
+            .into_iter()
+            .partition(|(at, _)| *at <= started);
+        v.held = later;
+        for (_, frame) in due {
+            let len = match &frame {
+                HeldFrame::Delta { bytes, .. } => bytes.len(),
+                HeldFrame::State { len, .. } => *len,
+            };
+            self.registry_view.held_bytes -= len;
+            let merged = match frame {
+                HeldFrame::Delta { bytes, ack_to } => {
+                    let merged = self.merge_delta_checked(&bytes, false, ack_to, ctx);
+                    if merged && let Some((sender, seq)) = ack_to {
+                        self.send_ack(sender, seq);
+                    }
+                    merged
+                }
+                HeldFrame::State {
+                    state,
+                    sender,
+                    replica,
+                    len,
+                } => self.merge_state_checked(*state, sender, replica, len, false, ctx),
+            };
+            let outcome = if merged { "merged" } else { "refused" };
+            self.telemetry
+                .counter(m::HELD_FRAMES, &[("outcome", outcome)])
+                .increment(1);
+        }
+    }
+
+    /// Merges a peer's delta, holding it for a fresh look at the registry if its tags are
+    /// above the view and `may_hold`; whether it was merged now.
+    pub(super) fn merge_delta_checked(
+        &mut self,
+        bytes: &[u8],
+        may_hold: bool,
+        ack_to: Option<(Uuid, u64)>,
+        ctx: &mut Context<Self>,
+    ) -> bool {
+        let t = Instant::now();
+        let r = self.with_tag_bounds(|bounds| {
+            let mut f = self.write();
+            match bounds {
+                Some(b) => f.merge_remote_delta_bytes_within(bytes, wall_clock_ms(), b),
+                None => f.merge_remote_delta_bytes(bytes, wall_clock_ms()),
+            }
+        });
+        match r {
+            Ok(()) => {
+                self.record_merge(crate::replica::metrics::MergeSource::Delta, t, true);
+                self.telemetry.delta_merged();
+                self.changed();
+                true
+            }
+            Err(WireError::TagUnreserved { .. })
+                if may_hold
+                    && self.hold(
+                        HeldFrame::Delta {
+                            bytes: bytes.to_vec(),
+                            ack_to,
+                        },
+                        ctx,
+                    ) =>
+            {
+                false
+            }
+            Err(e) => {
+                self.record_merge(crate::replica::metrics::MergeSource::Delta, t, false);
+                self.reject(&e);
+                false
+            }
+        }
+    }
+}
