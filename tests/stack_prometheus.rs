@@ -231,14 +231,19 @@ fn substitute(d: &Dashboard, expr: &str) -> String {
     out
 }
 
-/// The metric names src/replica/metrics.rs declares (its `"crpf_..."` string literals).
+/// The metric names src/replica/metrics.rs and the RESP front end (src/resp/mod.rs) declare
+/// (their `"crpf_..."` string literals).
 fn known_metrics() -> std::collections::BTreeSet<String> {
-    let src =
-        std::fs::read_to_string(Path::new(MANIFEST_DIR).join("src/replica/metrics.rs")).unwrap();
-    src.match_indices("\"crpf_")
-        .filter_map(|(i, _)| src[i + 1..].split('"').next())
-        .map(String::from)
-        .collect()
+    let mut known = std::collections::BTreeSet::new();
+    for file in ["src/replica/metrics.rs", "src/resp/mod.rs"] {
+        let src = std::fs::read_to_string(Path::new(MANIFEST_DIR).join(file)).unwrap();
+        known.extend(
+            src.match_indices("\"crpf_")
+                .filter_map(|(i, _)| src[i + 1..].split('"').next())
+                .map(String::from),
+        );
+    }
+    known
 }
 
 /// The `crpf_...` identifiers of a PromQL expression.
@@ -297,7 +302,7 @@ fn dashboards_use_the_provisioned_datasource() {
                     .unwrap_or(&name);
                 assert!(
                     known.contains(&name) || known.contains(base),
-                    "{}: {name} in {e:?} is not a metric of src/replica/metrics.rs",
+                    "{}: {name} in {e:?} is not a metric of src/replica/metrics.rs or src/resp",
                     d.file.display()
                 );
             }
@@ -321,6 +326,7 @@ fn dashboards_use_the_provisioned_datasource() {
 struct Node {
     proc: Proc,
     metrics: String,
+    resp: String,
     data_dir: PathBuf,
 }
 
@@ -332,10 +338,11 @@ const FILTERS: &[(&str, &str)] = &[
     ("page_views", "counting_cuckoo"),
 ];
 
-fn node_toml(metrics: &str, data_dir: &Path, nats_url: &str, i: usize) -> String {
+fn node_toml(metrics: &str, resp: &str, data_dir: &Path, nats_url: &str, i: usize) -> String {
     let mut s = format!(
         "[node]\nmetrics_addr = \"{metrics}\"\ndata_dir = \"{}\"\nlog = \"warn\"\n{}\n\
-         [nats]\nservers = [\"{nats_url}\"]\nretry_on_initial_connect = true\nname = \"stack-node{i}\"\n",
+         [nats]\nservers = [\"{nats_url}\"]\nretry_on_initial_connect = true\nname = \"stack-node{i}\"\n\n\
+         [resp]\nlisten = \"{resp}\"\n",
         data_dir.display(),
         cluster_key_line()
     );
@@ -352,14 +359,68 @@ fn node_toml(metrics: &str, data_dir: &Path, nats_url: &str, i: usize) -> String
 
 fn start_node(dir: &Path, i: usize, nats_url: &str) -> Node {
     let metrics = format!("127.0.0.1:{}", free_port());
+    let resp = format!("127.0.0.1:{}", free_port());
     let data_dir = dir.join(format!("node{i}"));
     let cfg = dir.join(format!("node{i}.toml"));
-    std::fs::write(&cfg, node_toml(&metrics, &data_dir, nats_url, i)).unwrap();
+    std::fs::write(&cfg, node_toml(&metrics, &resp, &data_dir, nats_url, i)).unwrap();
     let cmd = crpf(&["node", "--config", cfg.to_str().unwrap()]);
     Node {
         proc: Proc::spawn(&format!("node{i}"), cmd, dir.join(format!("node{i}.log"))),
         metrics,
+        resp,
         data_dir,
+    }
+}
+
+/// Sends RESP commands (each a list of arguments) on `conn` and reads one reply line each.
+fn resp_commands(conn: &mut std::net::TcpStream, commands: &[&[&str]]) -> Vec<String> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut out = Vec::new();
+    for args in commands {
+        let mut req = format!("*{}\r\n", args.len());
+        for a in *args {
+            req += &format!("${}\r\n{a}\r\n", a.len());
+        }
+        conn.write_all(req.as_bytes()).unwrap();
+        let mut line = String::new();
+        BufReader::new(&mut *conn).read_line(&mut line).unwrap();
+        out.push(line.trim_end().to_string());
+    }
+    out
+}
+
+/// Every expression of every dashboard returns data within 40 s; `check` may demand more of
+/// a result (the substituted expression, its series). The results, by expression.
+async fn every_query_returns_data(
+    prom: &Prometheus,
+    check: impl Fn(&str, &[Value]) -> bool,
+) -> Vec<(String, String, usize)> {
+    let mut results: Vec<(String, String, usize)> = Vec::new();
+    for d in dashboards() {
+        for e in exprs(&d) {
+            let q = substitute(&d, &e);
+            results.push((e, q, 0));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let mut errors = Vec::new();
+        for (_, q, n) in results.iter_mut().filter(|r| r.2 == 0) {
+            match tokio::task::block_in_place(|| prom.query(q)) {
+                Ok(r) if !r.is_empty() && check(q, &r) => *n = r.len(),
+                Ok(_) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+        assert!(errors.is_empty(), "PromQL errors: {errors:#?}");
+        if results.iter().all(|r| r.2 > 0) {
+            return results;
+        }
+        if Instant::now() > deadline {
+            let empty: Vec<&String> = results.iter().filter(|r| r.2 == 0).map(|r| &r.1).collect();
+            panic!("dashboard expressions without data: {empty:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
@@ -456,17 +517,27 @@ async fn stack_serves_every_dashboard_query_and_gauges_match_stats() {
     }
     let r = request(&client, "crpf.seen_urls.api.contains".into(), b"item-7").await;
     assert_eq!(r["contains"], true, "{r}");
-    // Garbage on the replication subject: every replica rejects it (rejects by reason).
-    for _ in 0..3 {
-        client
-            .publish(
-                "crpf.sessions.delta",
-                b"not a crpf envelope".to_vec().into(),
-            )
-            .await
+    // RESP commands on every node, over connections left open.
+    let mut resp: Vec<std::net::TcpStream> = Vec::new();
+    for n in &nodes {
+        let mut conn = wait_for(
+            &format!("RESP on {}", n.resp),
+            Duration::from_secs(30),
+            || std::net::TcpStream::connect(&n.resp).map_err(|e| e.to_string()),
+        );
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
+        let replies = resp_commands(
+            &mut conn,
+            &[
+                &["BF.ADD", "seen_urls", "resp-item"],
+                &["BF.EXISTS", "seen_urls", "resp-item"],
+                &["PING"],
+            ],
+        );
+        assert_eq!(replies, [":1", ":1", "+PONG"], "{}", n.resp);
+        resp.push(conn);
     }
-    client.flush().await.unwrap();
 
     // The dashboard's template variables have values.
     let prom = &prom;
@@ -520,36 +591,42 @@ async fn stack_serves_every_dashboard_query_and_gauges_match_stats() {
         }
     }
 
-    // Every expression of every dashboard returns data.
-    let mut results: Vec<(String, String, usize)> = Vec::new();
-    for d in dashboards() {
-        for e in exprs(&d) {
-            let q = substitute(&d, &e);
-            results.push((e, q, 0));
-        }
-    }
-    let deadline = Instant::now() + Duration::from_secs(40);
-    loop {
-        let mut errors = Vec::new();
-        for (_, q, n) in results.iter_mut().filter(|r| r.2 == 0) {
-            match tokio::task::block_in_place(|| prom.query(q)) {
-                Ok(r) => *n = r.len(),
-                Err(e) => errors.push(e),
-            }
-        }
-        assert!(errors.is_empty(), "PromQL errors: {errors:#?}");
-        if results.iter().all(|r| r.2 > 0) {
-            break;
-        }
-        if Instant::now() > deadline {
-            let empty: Vec<&String> = results.iter().filter(|r| r.2 == 0).map(|r| &r.1).collect();
-            panic!("dashboard expressions without data: {empty:#?}");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    // Every panel shows data under this load, where nothing failed: counters that only
+    // failures create (rejects, errors) must fall back to 0, not "No data".
+    let results = every_query_returns_data(prom, |_, _| true).await;
     for (e, _, n) in &results {
         eprintln!("dashboard query ok ({n} series): {e}");
     }
+
+    // Failures of each kind a panel breaks down by reason: garbage on the replication subject
+    // (every replica rejects it), an API request the filter refuses, an unknown RESP command.
+    // Those panels then show the reasons themselves, not only their 0 fallback.
+    for _ in 0..3 {
+        client
+            .publish(
+                "crpf.sessions.delta",
+                b"not a crpf envelope".to_vec().into(),
+            )
+            .await
+            .unwrap();
+    }
+    client.flush().await.unwrap();
+    let r = request(&client, "crpf.seen_urls.api.remove".into(), b"item-7").await;
+    assert!(r.get("error").is_some(), "remove on a g_bloom: {r}");
+    for conn in resp.iter_mut() {
+        let replies = resp_commands(conn, &[&["NO.SUCH.COMMAND"]]);
+        assert!(
+            replies[0].starts_with("-ERR unknown command"),
+            "{replies:?}"
+        );
+    }
+    let by_reason = |q: &str, r: &[Value]| {
+        !q.contains("reason)") || r.iter().any(|s| s["metric"]["reason"].is_string())
+    };
+    let results = every_query_returns_data(prom, by_reason).await;
+    let reasons = results.iter().filter(|r| r.1.contains("reason)")).count();
+    assert!(reasons >= 3, "panels by reason: {results:#?}");
+    drop(resp);
 
     // The scraped gauges agree with the stats API of the same replica (adds stopped; a replica
     // that answers may still merge its peers' last deltas, so retry until both settle).
@@ -616,19 +693,104 @@ fn config_error(toml: &str, env: &[(&str, &str)], field: &str) {
     std::fs::write(&cfg, toml).unwrap();
     let mut cmd = crpf(&["node", "--config", cfg.to_str().unwrap()]);
     cmd.envs(env.iter().copied());
-    let mut p = Proc::spawn("crpf node (bad config)", cmd, dir.path().join("out.log"));
+    fails_naming(cmd, &[field]);
+}
+
+/// Runs `cmd`, expecting a non-zero exit (within 30 s, a hang guard) whose output names every
+/// one of `names`; the output.
+fn fails_naming(cmd: Command, names: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let what = format!("{cmd:?}");
+    let mut p = Proc::spawn("crpf", cmd, dir.path().join("out.log"));
     let status = p
-        .wait_exit(Duration::from_secs(20))
-        .unwrap_or_else(|| panic!("crpf node kept running with a bad config:\n{toml}"));
+        .wait_exit(Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("{what} kept running\n{}", p.log_tail()));
     let out = std::fs::read_to_string(&p.log).unwrap();
-    assert!(
-        !status.success(),
-        "crpf node accepted a bad config:\n{toml}\n{out}"
+    assert!(!status.success(), "{what} succeeded:\n{out}");
+    for name in names {
+        assert!(
+            out.contains(name),
+            "the error of {what} does not name `{name}`:\n{out}"
+        );
+    }
+    out
+}
+
+/// A node or demo pointed at a server without JetStream stops at once (not after the 5 min
+/// claim timeout), saying how to start the server.
+#[test]
+fn a_server_without_jetstream_is_refused_at_once_naming_js() {
+    let plain = NatsServer::start_without_jetstream();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    fails_naming(
+        crpf(&["demo", "--nats", &plain.url(), "--metrics-addr", &metrics]),
+        &["nats-server -js"],
     );
-    assert!(
-        out.contains(field),
-        "the error does not name `{field}`:\n{out}\nconfig:\n{toml}"
+    let dir = tempfile::tempdir().unwrap();
+    let filter =
+        "[[filters]]\nname = \"f\"\nfilter = { kind = \"g_bloom\", capacity = 1000, fpr = 0.01 }\n";
+    // Connected at start: refused by the check at connect, even with no filter of its own (a
+    // node serving only the catalog's). Connecting in the background
+    // (`retry_on_initial_connect`): refused at its first replica id claim.
+    for (name, extra, filters) in [
+        ("catalog-only", "", ""),
+        ("retrying", "retry_on_initial_connect = true\n", filter),
+    ] {
+        let cfg = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[node]\nmetrics_addr = \"127.0.0.1:{}\"\n{}[nats]\nservers = [\"{}\"]\n{extra}{filters}",
+                free_port(),
+                cluster_key_line(),
+                plain.url()
+            ),
+        )
+        .unwrap();
+        fails_naming(
+            crpf(&["node", "--config", cfg.to_str().unwrap()]),
+            &["nats-server -js"],
+        );
+    }
+}
+
+/// A port already taken (a node runs, and the demo wants the same metrics port) is named,
+/// with the option or field that moves it.
+#[test]
+fn a_taken_port_is_named_with_the_setting_that_moves_it() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = fails_naming(
+        crpf(&["demo", "--metrics-addr", &addr, "--duration", "1"]),
+        &[&addr, "--metrics-addr"],
     );
+    // Said once, not repeated as its own cause.
+    let once = |out: &str| assert_eq!(out.matches("Address already in use").count(), 1, "{out}");
+    once(&out);
+    let dir = tempfile::tempdir().unwrap();
+    let filter =
+        "[[filters]]\nname = \"f\"\nfilter = { kind = \"g_bloom\", capacity = 1000, fpr = 0.01 }\n";
+    let free = format!("127.0.0.1:{}", free_port());
+    for (name, toml, setting) in [
+        (
+            "metrics",
+            format!("[node]\nmetrics_addr = \"{addr}\"\n{filter}"),
+            "node.metrics_addr",
+        ),
+        (
+            "resp",
+            format!("[node]\nmetrics_addr = \"{free}\"\n[resp]\nlisten = \"{addr}\"\n{filter}"),
+            "resp.listen",
+        ),
+    ] {
+        let cfg = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&cfg, toml).unwrap();
+        once(&fails_naming(
+            crpf(&["node", "--config", cfg.to_str().unwrap()]),
+            &[&addr, setting],
+        ));
+    }
+    drop(taken);
 }
 
 #[test]
@@ -675,11 +837,12 @@ fn config_errors_exit_nonzero_naming_the_field() {
     );
 }
 
+/// ... and logs, to a file here, without the terminal's colour codes.
 #[test]
 fn demo_runs_to_completion_and_exports_metrics_meanwhile() {
     let dir = tempfile::tempdir().unwrap();
     let addr = format!("127.0.0.1:{}", free_port());
-    let cmd = crpf(&[
+    let mut cmd = crpf(&[
         "demo",
         "--duration",
         "3",
@@ -690,6 +853,7 @@ fn demo_runs_to_completion_and_exports_metrics_meanwhile() {
         "--rate",
         "200",
     ]);
+    cmd.env("RUST_LOG", "info");
     let mut p = Proc::spawn("crpf demo", cmd, dir.path().join("demo.log"));
     // The exporter answers while the demo runs.
     let body = wait_for("the demo's /metrics", Duration::from_secs(30), || {
@@ -707,5 +871,11 @@ fn demo_runs_to_completion_and_exports_metrics_meanwhile() {
         status.success(),
         "crpf demo failed: {status}\n{}",
         p.log_tail()
+    );
+    let log = std::fs::read_to_string(&p.log).unwrap();
+    assert!(log.contains(" INFO "), "no log line:\n{log}");
+    assert!(
+        !log.contains('\x1b'),
+        "colour codes in a log file:\n{log:?}"
     );
 }

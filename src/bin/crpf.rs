@@ -2,6 +2,7 @@
 //! that implements it (`crpf::eval::cli` for `eval`), so that adding one (`node`, `demo`,
 //! `inspect`) is a variant here and an arm in `main`.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -46,9 +47,11 @@ fn main() -> ExitCode {
         // A loaded config's `log` was validated.
         EnvFilter::try_new(&default_level).unwrap_or_else(|_| EnvFilter::new("info"))
     });
+    // Colours only on a terminal: escape codes make a log file or a pipe hard to read.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let result: Result<(), Box<dyn std::error::Error>> = match &cli.command {
         Command::Node(args) => crpf::node::run_node(args).map_err(Into::into),
@@ -60,11 +63,17 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // The error chain, one cause per line.
-            eprintln!("error: {e}");
+            // The error chain, one cause per line (a cause the line above already quotes is
+            // not repeated).
+            let mut above = e.to_string();
+            eprintln!("error: {above}");
             let mut source = e.source();
             while let Some(s) = source {
-                eprintln!("  caused by: {s}");
+                let line = s.to_string();
+                if !above.contains(&line) {
+                    eprintln!("  caused by: {line}");
+                }
+                above = line;
                 source = s.source();
             }
             ExitCode::FAILURE

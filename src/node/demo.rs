@@ -67,7 +67,7 @@ pub fn run_demo(args: &DemoArgs) -> Result<(), NodeError> {
     if args.replicas == 0 {
         return Err(NodeError::Failed("--replicas must be at least 1".into()));
     }
-    exporter::install(args.metrics_addr)?;
+    exporter::install(args.metrics_addr, "--metrics-addr")?;
     let args = args.clone();
     block_on_system(
         crate::node::config::NodeSection::default().io_threads,

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
 use metrics_util::MetricKindMask;
+use thiserror::Error;
 
 use crate::replica::metrics::{MERGE_DURATION, MERGE_DURATION_BUCKETS, describe};
 
@@ -17,12 +18,44 @@ pub const GAUGE_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// set theirs every `metrics_interval_ms`, so only the series of expired peers end (a page
 /// must not grow with every sender ever heard). Outside a Tokio runtime the exporter runs on a thread of its own, so that it keeps
 /// answering while the replicas are busy.
-pub fn install(addr: SocketAddr) -> Result<(), BuildError> {
+///
+/// `setting` names where the address comes from (`--metrics-addr`, `node.metrics_addr`): a
+/// taken port is the common failure (a node already runs), and the error says what to change.
+pub fn install(addr: SocketAddr, setting: &'static str) -> Result<(), ExporterError> {
     PrometheusBuilder::new()
         .with_http_listener(addr)
         .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE_TIMEOUT))
         .set_buckets_for_metric(Matcher::Full(MERGE_DURATION.into()), MERGE_DURATION_BUCKETS)?
-        .install()?;
+        .install()
+        .map_err(|e| match e {
+            BuildError::FailedToCreateHTTPListener(reason) => ExporterError::Listen {
+                addr,
+                reason,
+                setting,
+            },
+            e => ExporterError::Build(e),
+        })?;
     describe();
     Ok(())
+}
+
+/// Why the exporter did not start.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ExporterError {
+    /// Its address could not be bound (taken, or not an address of this host).
+    #[error(
+        "metrics exporter cannot listen on {addr}: {reason}; set another address with {setting}"
+    )]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// What the listener said.
+        reason: String,
+        /// The option or configuration field that sets the address.
+        setting: &'static str,
+    },
+    /// Any other failure to build or install it.
+    #[error("metrics exporter: {0}")]
+    Build(#[from] BuildError),
 }

@@ -33,8 +33,8 @@ pub enum NodeError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// The metrics exporter could not start (e.g. its address is taken).
-    #[error("metrics exporter: {0}")]
-    Exporter(#[from] metrics_exporter_prometheus::BuildError),
+    #[error(transparent)]
+    Exporter(#[from] exporter::ExporterError),
     /// NATS could not be reached or used.
     #[error(transparent)]
     Transport(#[from] TransportError),
@@ -91,6 +91,7 @@ pub(crate) async fn connect(
     Ok(match nats {
         Some(cfg) => {
             let t = Arc::new(NatsTransport::connect(cfg.clone()).await?);
+            t.require_jetstream().await?;
             (t.clone() as Arc<dyn Transport>, Some(t))
         }
         None => (Arc::new(InProcessBus::new()) as Arc<dyn Transport>, None),
@@ -164,6 +165,7 @@ pub(crate) async fn connect_node(
                     .await?
                     .sharing_replication(),
             );
+            t.require_jetstream().await?;
             let catalog = Arc::new(t.catalog());
             (t.clone() as Arc<dyn Transport>, catalog, Some(t))
         }
@@ -195,7 +197,10 @@ fn give_large_buffers_back() {
 pub fn run_node(args: &NodeArgs) -> Result<(), NodeError> {
     let cfg = NodeConfig::load(&args.config)?;
     give_large_buffers_back();
-    exporter::install(cfg.node.metrics_addr)?;
+    exporter::install(
+        cfg.node.metrics_addr,
+        "`node.metrics_addr` (or CRPF_NODE__METRICS_ADDR)",
+    )?;
     host::describe();
     tracing::info!(metrics = %cfg.node.metrics_addr, filters = cfg.filters.len(), catalog = cfg.catalog.enabled, "crpf node starting");
     block_on_system(cfg.node.io_threads, async move {

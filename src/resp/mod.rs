@@ -57,6 +57,8 @@ use parse::ParseLimits;
 pub const CONNECTIONS_TOTAL: &str = "crpf_resp_connections_total";
 /// Connections open (gauge).
 pub const CONNECTIONS: &str = "crpf_resp_connections";
+/// Commands received, answered or refused (counter).
+pub const COMMANDS_TOTAL: &str = "crpf_resp_commands_total";
 /// Commands refused before reaching a filter, and connections refused or closed for a
 /// protocol error, by `reason`.
 pub const REJECTED: &str = "crpf_resp_rejected_total";
@@ -132,7 +134,9 @@ impl RespConfig {
 #[non_exhaustive]
 pub enum RespError {
     /// The address could not be bound.
-    #[error("RESP listener on {addr}: {source}")]
+    #[error(
+        "RESP listener cannot listen on {addr}: {source}; set another address with `resp.listen`"
+    )]
     Bind {
         /// The address.
         addr: SocketAddr,
@@ -183,6 +187,7 @@ struct Server {
     /// timing attacker nothing about the password).
     password: Option<[u8; 32]>,
     open: Gauge,
+    commands: Counter,
     rejected: fn(&'static str) -> Counter,
     /// The next connection's id.
     next_id: std::sync::atomic::AtomicU64,
@@ -245,6 +250,7 @@ impl RespServer {
             password,
             open: metrics::gauge!(CONNECTIONS),
             next_id: std::sync::atomic::AtomicU64::new(1),
+            commands: metrics::counter!(COMMANDS_TOTAL),
             rejected: |reason| metrics::counter!(REJECTED, "reason" => reason),
         });
         let slots = Arc::new(Semaphore::new(cfg.max_connections));
@@ -275,16 +281,31 @@ fn read_password(path: &PathBuf) -> Result<[u8; 32], RespError> {
 fn describe() {
     metrics::describe_counter!(CONNECTIONS_TOTAL, "RESP connections accepted");
     metrics::describe_gauge!(CONNECTIONS, "RESP connections open");
+    metrics::describe_counter!(COMMANDS_TOTAL, "RESP commands received");
     metrics::describe_counter!(
         REJECTED,
         "RESP commands refused before reaching a filter, and connections refused or closed, by reason"
     );
 }
 
+/// How often the open-connections gauge is touched even if no connection came or went: the
+/// exporter drops a gauge not updated for 5 minutes (`GAUGE_IDLE_TIMEOUT`), after which the
+/// handle `Server::open` holds would update a series no longer on the page.
+const OPEN_REFRESH: Duration = Duration::from_secs(60);
+
 async fn accept(listener: TcpListener, server: Arc<Server>, slots: Arc<Semaphore>) {
     let accepted = metrics::counter!(CONNECTIONS_TOTAL);
+    let mut refresh = tokio::time::interval(OPEN_REFRESH);
     loop {
-        let (mut stream, peer) = match listener.accept().await {
+        let next = tokio::select! {
+            next = listener.accept() => next,
+            _ = refresh.tick() => {
+                // An update that changes nothing but the gauge's last-updated mark.
+                server.open.increment(0.0);
+                continue;
+            }
+        };
+        let (mut stream, peer) = match next {
             Ok(c) => c,
             Err(e) => {
                 // Out of file descriptors and the like: pause rather than spin.
@@ -780,6 +801,7 @@ async fn serve(stream: TcpStream, server: &Server) {
                 // Redis answers nothing to an empty command.
                 Ok(Some(args)) if args.is_empty() => {}
                 Ok(Some(args)) => {
+                    server.commands.increment(1);
                     held += args.size();
                     pending.extend(session.handle(&args));
                 }

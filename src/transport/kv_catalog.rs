@@ -74,7 +74,11 @@ impl KvCatalog {
                     ..Default::default()
                 })
                 .await
-                .map_err(|e| unavailable("opening the catalog bucket", e))
+                .map_err(|e| match super::nats::no_jetstream(&self.client) {
+                    // Not a passing state: say what fixes it.
+                    Some(missing) => unavailable("opening the catalog bucket", missing),
+                    None => unavailable("opening the catalog bucket", e),
+                })
             })
             .await
             .cloned()

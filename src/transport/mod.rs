@@ -131,6 +131,17 @@ pub enum TransportError {
         #[source]
         source: Option<Cause>,
     },
+    /// The server runs without JetStream, which replica ids and the filter catalog need:
+    /// waiting cannot fix that.
+    #[error(
+        "the NATS server {server} runs without JetStream, where crpf keeps replica ids and the \
+         filter catalog: start it with `nats-server -js` (or a `jetstream {{}}` block in its \
+         configuration file)"
+    )]
+    NoJetStream {
+        /// The server's name and address, as it announced them.
+        server: String,
+    },
 }
 
 impl TransportError {

@@ -218,6 +218,14 @@ impl NatsConfig {
     }
 }
 
+/// [`TransportError::NoJetStream`] if `client`'s server announced it runs without JetStream.
+pub(crate) fn no_jetstream(client: &async_nats::Client) -> Option<TransportError> {
+    let info = client.try_server_info()?;
+    (!info.jetstream).then(|| TransportError::NoJetStream {
+        server: format!("{} ({}:{})", info.server_name, info.host, info.port),
+    })
+}
+
 /// A permission violation the server reported on a subject a claim uses.
 #[derive(Debug, Clone)]
 struct Violation {
@@ -339,6 +347,30 @@ impl NatsTransport {
         )
     }
 
+    /// Fails, naming the fix, if the server this client is connected to runs without
+    /// JetStream and no server of its cluster answers JetStream's API for it (a cluster may
+    /// mix servers with and without JetStream). Not connected yet (with
+    /// `retry_on_initial_connect`): nothing to tell; a replica id claim tells later.
+    pub async fn require_jetstream(&self) -> Result<(), TransportError> {
+        let Some(missing) = self.jetstream_missing() else {
+            return Ok(());
+        };
+        let js = async_nats::jetstream::new(async_nats::Client::clone(&self.client));
+        match js.query_account().await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                tracing::debug!(error = %e, "JetStream account info refused");
+                Err(missing)
+            }
+        }
+    }
+
+    /// [`TransportError::NoJetStream`] if the connected server announced it runs without
+    /// JetStream (its INFO at connect says so).
+    pub(crate) fn jetstream_missing(&self) -> Option<TransportError> {
+        no_jetstream(&self.client)
+    }
+
     /// The underlying client (to publish or subscribe outside crpf).
     pub fn client(&self) -> &async_nats::Client {
         &self.client
@@ -400,6 +432,11 @@ impl NatsTransport {
                 }
                 Err(e) => e,
             };
+            // "No responders" from a server without JetStream looks like a cluster still
+            // electing leaders, but the server's INFO tells the two apart: no waiting.
+            if let Some(missing) = self.jetstream_missing() {
+                return Err(missing);
+            }
             if let Some(v) = self.violation_since(started) {
                 return Err(TransportError::claim(format!(
                     "{e}; the server refused it: {} (grant this user publish and subscribe \
