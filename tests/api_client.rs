@@ -401,7 +401,19 @@ async fn each_replica_answers_on_its_own_subjects() {
     let any = client.stats().await.unwrap().replica;
     assert!(any == ida || any == idb);
 
-    // An item added on A alone: B does not have it until A publishes.
+    // An update on an idle link is published at once; later ones wait for the (hour-long)
+    // delta interval. So after a first add has reached B...
+    client
+        .replica(ida)
+        .add("first", Some(AckLevel::Local))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while !client.replica(idb).contains("first").await.unwrap() {
+        assert!(Instant::now() < deadline, "B never merged A's first delta");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ...an item added on A alone: B does not have it until A publishes.
     client
         .replica(ida)
         .add("only-on-a", Some(AckLevel::Local))

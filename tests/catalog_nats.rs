@@ -118,8 +118,15 @@ fn serving_nodes(dir: &Path, n: usize, servers: &[String]) -> Vec<Node> {
 }
 
 async fn catalog(client: &async_nats::Client, op: &str, body: Value) -> Value {
+    catalog_tries(client, op, body).await.0
+}
+
+/// A catalog request, sent again (up to 3 times) when it times out: the answer and how many
+/// were sent. (A create or drop sent again after its first went through answers
+/// `created`/`dropped` false: both are idempotent.)
+async fn catalog_tries(client: &async_nats::Client, op: &str, body: Value) -> (Value, usize) {
     let mut last = String::new();
-    for _ in 0..3 {
+    for tries in 1..=3 {
         match api_request(
             client,
             format!("crpf.$catalog.{op}"),
@@ -128,7 +135,7 @@ async fn catalog(client: &async_nats::Client, op: &str, body: Value) -> Value {
         )
         .await
         {
-            Ok(v) => return v,
+            Ok(v) => return (v, tries),
             Err(e) => last = e,
         }
     }
@@ -166,13 +173,13 @@ async fn creates_and_drops_reach_every_node_of_a_cluster() {
     let (mut seen, mut refused) = (Vec::new(), Vec::new());
     for i in 0..12 {
         let name = format!("tenant-{i}");
-        let created = catalog(
+        let (created, tries) = catalog_tries(
             &client,
             "create",
             json!({"name": name, "filter": bloom(1000)}),
         )
         .await;
-        assert_eq!(created["created"], true, "{created}");
+        assert!(created["created"] == true || tries > 1, "{created}");
         assert!(created["generation"].as_u64().unwrap() > 0);
         // The node that answered hosts it already; an add through any node once it serves.
         let adder = &nodes[i % 3];
@@ -197,8 +204,8 @@ async fn creates_and_drops_reach_every_node_of_a_cluster() {
     assert_eq!(info["filter"]["capacity"], 1000, "{info}");
     for i in 0..6 {
         let name = format!("tenant-{i}");
-        let dropped = catalog(&client, "drop", json!({"name": name})).await;
-        assert_eq!(dropped["dropped"], true, "{dropped}");
+        let (dropped, tries) = catalog_tries(&client, "drop", json!({"name": name})).await;
+        assert!(dropped["dropped"] == true || tries > 1, "{dropped}");
         for n in &nodes {
             let took = time_until(Duration::from_secs(30), || n.refuses(&name))
                 .unwrap_or_else(|| panic!("{name}: still served by {} after its drop", n.name));

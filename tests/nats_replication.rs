@@ -208,6 +208,9 @@ async fn request_api_from_plain_clients() {
             r#"contains_other {"contains":false}"#,
             r#"remove {"error":"a g_bloom filter does not support remove"}"#,
             r#"empty {"error":"invalid request: empty item"}"#,
+            "ping crpf-pyapi",
+            "info crpf-pyapi",
+            "stats crpf-pyapi",
         ],
         "{out}"
     );
@@ -450,6 +453,13 @@ async def main():
                             ("remove", "remove", b"py-item"), ("empty", "add", b"")]:
         r = await nc.request(base + op, item, timeout=10)
         print(label, r.data.decode(), flush=True)
+    # The NATS service API, parsed by nats-py's own micro types (issue 24).
+    import json
+    from nats.micro.service import ServiceInfo, ServicePing, ServiceStats
+    for verb, kind in [("PING", ServicePing), ("INFO", ServiceInfo), ("STATS", ServiceStats)]:
+        r = await nc.request("$SRV." + verb + ".crpf-" + sys.argv[2], b"", timeout=10)
+        parsed = kind.from_dict(json.loads(r.data))
+        print(verb.lower(), parsed.name, flush=True)
     await nc.close()
 asyncio.run(main())
 "#;

@@ -140,6 +140,10 @@ pub struct EndpointStats {
     pub processing_time: u64,
     /// Nanoseconds per request.
     pub average_processing_time: u64,
+    /// The endpoint's own statistics: none (`null`). Present because micro clients (nats-py)
+    /// read the key.
+    #[serde(default)]
+    pub data: serde_json::Value,
 }
 
 /// An error answer's ADR-32 code and text.
@@ -263,9 +267,7 @@ impl ApiService {
                 op,
             )
         });
-        let started = time::OffsetDateTime::now_utc()
-            .format(&time::format_description::well_known::Rfc3339)
-            .expect("RFC 3339 formats every UTC time");
+        let started = started_text(time::OffsetDateTime::now_utc());
         ApiService {
             name: service_name(filter),
             // Unique per instance (ADR-32): a restarted replica is a new instance.
@@ -391,6 +393,7 @@ impl ApiService {
                         0 => 0,
                         n => nanos(c.processing / u32::try_from(n).unwrap_or(u32::MAX)),
                     },
+                    data: serde_json::Value::Null,
                 }
             })
             .collect();
@@ -406,9 +409,29 @@ impl ApiService {
     }
 }
 
+/// `started` as micro clients parse it: RFC 3339 in UTC with exactly six fractional digits
+/// (nats-py reads it with `%Y-%m-%dT%H:%M:%S.%fZ`, which takes at most six, and needs them).
+fn started_text(t: time::OffsetDateTime) -> String {
+    let format = time::format_description::parse(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z",
+    )
+    .expect("a valid format description");
+    t.to_offset(time::UtcOffset::UTC)
+        .format(&format)
+        .expect("every UTC time formats")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn started_has_six_fractional_digits() {
+        let t = time::OffsetDateTime::from_unix_timestamp_nanos(1_700_000_000_123_456_789).unwrap();
+        assert_eq!(started_text(t), "2023-11-14T22:13:20.123456Z");
+        let whole = time::OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        assert_eq!(started_text(whole), "2023-11-14T22:13:20.000000Z");
+    }
 
     fn service() -> Arc<ApiService> {
         let subjects = Subjects::new("crpf", "users");
