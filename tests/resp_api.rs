@@ -218,6 +218,14 @@ async fn redisbloom_commands_round_trip_on_every_kind() {
     }
     expect(&mut con, &["CF.COUNT", "views", "page"], 3).await;
     expect(&mut con, &["CF.COUNT", "views", "other"], 0).await;
+    // Queries of a key that does not exist answer "not there", as RedisBloom's do.
+    expect(&mut con, &["BF.EXISTS", "nope", "a"], 0).await;
+    expect(&mut con, &["CF.EXISTS", "nope", "a"], 0).await;
+    expect(&mut con, &["CF.COUNT", "nope", "a"], 0).await;
+    let none: Vec<i64> = run(&mut con, &["BF.MEXISTS", "nope", "a", "b"])
+        .await
+        .unwrap();
+    assert_eq!(none, [0, 0]);
     // stats
     let stats: String = run(&mut con, &["CRPF.STATS", "bloom"]).await.unwrap();
     let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
@@ -227,6 +235,19 @@ async fn redisbloom_commands_round_trip_on_every_kind() {
     // Refused: by the front end, and by the replica (the same errors as over NATS).
     for (args, expected) in [
         (&["BF.ADD", "nope", "a"][..], "no filter named `nope`"),
+        // RedisBloom's families: BF on a cuckoo key, CF on a Bloom key.
+        (
+            &["BF.ADD", "sessions", "a"],
+            "Operation against a key holding the wrong kind",
+        ),
+        (
+            &["CF.ADD", "bloom", "a"],
+            "Operation against a key holding the wrong kind",
+        ),
+        (
+            &["CF.EXISTS", "bloom", "a"],
+            "Operation against a key holding the wrong kind",
+        ),
         (
             &["BF.ADD", "bloom"],
             "wrong number of arguments for 'bf.add'",
@@ -244,8 +265,11 @@ async fn redisbloom_commands_round_trip_on_every_kind() {
             &["BF.RESERVE", "other", "0.01", "100"],
             "declared in the node's configuration",
         ),
-        (&["CF.DEL", "bloom", "a"], "remove"),
-        (&["CF.COUNT", "bloom", "a"], "count"),
+        (
+            &["CF.DEL", "bloom", "a"],
+            "Operation against a key holding the wrong kind",
+        ),
+        (&["CF.COUNT", "sessions", "a"], "count"),
         (&["BF.ADD", "bloom", ""], "empty item"),
         (&["CRPF.ACK", "eventually"], "eventually"),
         (&["CRPF.ACK", "durable"], "OK"),

@@ -428,6 +428,11 @@ impl ReplicaHandle {
         &self.shared.name
     }
 
+    /// The filter's kind.
+    pub fn kind(&self) -> crate::FilterKind {
+        self.shared.kind
+    }
+
     /// The replica's uuid and id.
     pub fn identity(&self) -> Identity {
         self.shared.identity

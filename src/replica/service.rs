@@ -412,7 +412,7 @@ impl ApiService {
 /// `started` as micro clients parse it: RFC 3339 in UTC with exactly six fractional digits
 /// (nats-py reads it with `%Y-%m-%dT%H:%M:%S.%fZ`, which takes at most six, and needs them).
 fn started_text(t: time::OffsetDateTime) -> String {
-    let format = time::format_description::parse(
+    let format = time::format_description::parse_borrowed::<1>(
         "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z",
     )
     .expect("a valid format description");

@@ -23,6 +23,9 @@
 //! `WATCH` is refused: a filter changes through replication at any moment, so a watched key
 //! could never be trusted.
 //!
+//! As in RedisBloom, a `BF.*` command on a cuckoo kind (or `CF.*` on a Bloom kind) answers
+//! `WRONGTYPE`, and the queries of a key that does not exist answer `0`.
+//!
 //! Unlike RedisBloom, an add answers `1` whether or not the item was there already (a
 //! replicated filter cannot tell "new" from "added elsewhere first"), and the creation
 //! options of `BF.INSERT`/`CF.INSERT` (`CAPACITY`, `ERROR`, `NOCREATE`...) are accepted and
@@ -228,6 +231,19 @@ pub enum Command {
     Discard,
 }
 
+/// Redis's answer to a command on a key of another type.
+pub(crate) const WRONGTYPE: &str =
+    "WRONGTYPE Operation against a key holding the wrong kind of value";
+
+/// Whether `kind` answers RedisBloom's `BF.*` commands (else its `CF.*` ones).
+fn is_bloom(kind: crate::FilterKind) -> bool {
+    use crate::FilterKind as K;
+    matches!(
+        kind,
+        K::GBloom | K::ScGBloom | K::WriterScGBloom | K::ExpiringBloom
+    )
+}
+
 /// Redis's answer to a wrong user name or password.
 pub(crate) const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
 
@@ -269,10 +285,31 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
             ))))
         }
     };
+    // RedisBloom's families: a BF command on a cuckoo key (or a CF command on a Bloom key) is
+    // WRONGTYPE; queries of a missing key answer "not there", as RedisBloom's do.
+    let family = if name.starts_with("BF.") {
+        Some(true)
+    } else if name.starts_with("CF.") {
+        Some(false)
+    } else {
+        None
+    };
     let on_filter = |op: Op, shape: Shape, payload: Bytes| -> Command {
         let key = arg(0);
         match filter(key) {
+            Some(handle) if family.is_some_and(|bloom| bloom != is_bloom(handle.kind())) => {
+                Command::Reply(Reply::Error(WRONGTYPE.into()))
+            }
             Some(handle) => Command::Filter(handle, Request { op, payload, shape }),
+            None if family.is_some() && matches!(op, Op::Contains | Op::Count) => {
+                Command::Reply(match op {
+                    Op::Count => Reply::Int(0),
+                    _ => Reply::Bool(false),
+                })
+            }
+            None if family.is_some() && op == Op::MContains => {
+                Command::Reply(Reply::Array(vec![Reply::Bool(false); args.len() - 2]))
+            }
             None => Command::Reply(Reply::err(format!(
                 "no filter named `{}` on this node",
                 String::from_utf8_lossy(&key[..key.len().min(64)])
