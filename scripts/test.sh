@@ -41,12 +41,13 @@ if [ -z "${CRPF_NATS_SERVER:-}" ]; then
   export CRPF_NATS_SERVER="$tools/nats/bin/nats-server"
 fi
 
-# A plain NATS client in another language, for the request API test (PyPI nats-py).
+# Clients in another language: a plain NATS client for the request API test (PyPI nats-py)
+# and redis-py with its defaults (RESP3, MULTI/EXEC pipelines) for the RESP test.
 if [ -z "${CRPF_PYTHONPATH:-}" ]; then
-  if [ ! -d "$tools/py/nats" ]; then
-    echo "installing nats-py into .tools/py" >&2
+  if [ ! -d "$tools/py/nats" ] || [ ! -d "$tools/py/redis" ]; then
+    echo "installing nats-py and redis-py into .tools/py" >&2
     python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-      --target "$tools/py" nats-py
+      --upgrade --target "$tools/py" nats-py "redis>=8"
   fi
   export CRPF_PYTHONPATH="$tools/py"
 fi

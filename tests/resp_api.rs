@@ -741,3 +741,78 @@ async fn idle_connections_are_closed_after_timeout_and_maxclients_bounds_them() 
     let mut later = open();
     assert_eq!(ping(&mut later).unwrap(), "+PONG\r\n");
 }
+
+/// Issue 24: redis-py 8 with its defaults (`HELLO 3` on connecting, RESP3 replies, pipelines
+/// wrapped in MULTI/EXEC) and its own Bloom and cuckoo commands. redis-py comes with
+/// scripts/test.sh (PyPI `redis`, into .tools/py) or `CRPF_PYTHONPATH`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_py_works_with_its_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), "node", "", None, None);
+    wait_ready(&mut connect(&node).await).await;
+    let pythonpath = std::env::var("CRPF_PYTHONPATH")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/.tools/py").to_string());
+    assert!(
+        Path::new(&pythonpath).join("redis").exists(),
+        "redis-py not found in {pythonpath}: run scripts/test.sh (it installs the PyPI package \
+         redis into .tools/py) or set CRPF_PYTHONPATH"
+    );
+    let script = r#"
+import sys, redis
+host, port = sys.argv[1].rsplit(":", 1)
+r = redis.Redis(host=host, port=int(port))
+print("proto", r.execute_command("HELLO")[b"proto"])
+print("ping", r.ping())
+bf, cf = r.bf(), r.cf()
+print("bf.add", bf.add("bloom", "py1"))
+print("bf.exists", bf.exists("bloom", "py1"), bf.exists("bloom", "py-never"))
+print("bf.mexists", bf.mexists("bloom", "py1", "py-never"))
+print("bf.madd", bf.madd("bloom", "py3", "py4"))
+print("cf.add", cf.add("sessions", "s-py"))
+print("cf.exists", cf.exists("sessions", "s-py"))
+print("cf.del", cf.delete("sessions", "s-py"))
+print("cf.count", cf.count("views", "v-py"))
+p = r.pipeline()
+p.execute_command("BF.ADD", "bloom", "py2")
+p.execute_command("BF.EXISTS", "bloom", "py2")
+print("pipeline", p.execute())
+try:
+    bf.add("sessions", "x")
+except redis.ResponseError as e:
+    print("wrongtype", e)
+"#;
+    let resp = node.resp.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .args(["-c", script, &resp])
+            .env("PYTHONPATH", &pythonpath)
+            .output()
+            .expect("run python3")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "redis-py failed after printing {stdout:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.lines().collect::<Vec<_>>(),
+        [
+            "proto 3",
+            "ping True",
+            "bf.add True",
+            "bf.exists True False",
+            "bf.mexists [True, False]",
+            "bf.madd [True, True]",
+            "cf.add True",
+            "cf.exists True",
+            "cf.del True",
+            "cf.count 0",
+            "pipeline [True, True]",
+            "wrongtype WRONGTYPE Operation against a key holding the wrong kind of value",
+        ],
+        "{stdout}"
+    );
+}
