@@ -261,10 +261,8 @@ async fn redisbloom_commands_round_trip_on_every_kind() {
             "wrong number of arguments",
         ),
         (&["FLUSHALL"], "unknown command 'FLUSHALL'"),
-        (
-            &["BF.RESERVE", "other", "0.01", "100"],
-            "declared in the node's configuration",
-        ),
+        // A configured filter's key exists already.
+        (&["BF.RESERVE", "bloom", "0.01", "100"], "item exists"),
         (
             &["CF.DEL", "bloom", "a"],
             "Operation against a key holding the wrong kind",
@@ -815,4 +813,121 @@ except redis.ResponseError as e:
         ],
         "{stdout}"
     );
+}
+
+/// Issue 24 on the filter catalog: `BF.RESERVE` / `CF.RESERVE` create filters (their options
+/// mapped onto crpf kinds, or refused), the key commands see them, `DEL` drops them, and a
+/// key created again starts empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_filters_reserved_listed_and_deleted_by_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), "node", "", None, None);
+    let mut con = connect(&node).await;
+    let ok = |args: &'static [&'static str]| args;
+    for args in [
+        ok(&["BF.RESERVE", "tenant1", "0.01", "1000", "NONSCALING"]),
+        ok(&["BF.RESERVE", "tenant2", "0.001", "500"]),
+        ok(&["CF.RESERVE", "t3", "1000"]),
+        ok(&[
+            "CF.RESERVE",
+            "t4",
+            "1000",
+            "EXPANSION",
+            "2",
+            "BUCKETSIZE",
+            "4",
+        ]),
+    ] {
+        assert_eq!(
+            run::<String>(&mut con, args).await.unwrap(),
+            "OK",
+            "{args:?}"
+        );
+    }
+    for (args, expected) in [
+        (
+            &["BF.RESERVE", "tenant1", "0.01", "1000"][..],
+            "item exists",
+        ),
+        (&["BF.RESERVE", "x", "abc", "100"], "bad error rate"),
+        (
+            &["BF.RESERVE", "x", "1.5", "100"],
+            "error rate must be in the range",
+        ),
+        (
+            &["BF.RESERVE", "x", "0.01", "0"],
+            "capacity must be in the range",
+        ),
+        (
+            &["BF.RESERVE", "x", "0.01", "100", "EXPANSION"],
+            "no expansion",
+        ),
+        (
+            &["BF.RESERVE", "x", "0.01", "100", "EXPANSION", "4"],
+            "grow by 2",
+        ),
+        (
+            &["CF.RESERVE", "x", "100", "BUCKETSIZE", "2"],
+            "buckets of 4",
+        ),
+        // RedisBloom's text, without an error code.
+        (&["CF.RESERVE", "x", "0"], "capacity"),
+        (
+            &["BF.RESERVE", "bad name", "0.01", "100"],
+            "invalid filter name",
+        ),
+        (&["DEL", "bloom"], "declared in this node's configuration"),
+    ] {
+        let e = refused(&mut con, args).await;
+        assert!(e.contains(expected), "{args:?}: {e}");
+    }
+    expect(&mut con, &["BF.ADD", "tenant1", "a"], 1).await;
+    expect(&mut con, &["BF.ADD", "tenant2", "a"], 1).await;
+    expect(&mut con, &["BF.EXISTS", "tenant1", "a"], 1).await;
+    expect(&mut con, &["CF.ADD", "t3", "x"], 1).await;
+    expect(&mut con, &["CF.DEL", "t3", "x"], 1).await;
+    expect(&mut con, &["CF.ADD", "t4", "x"], 1).await;
+    assert!(
+        refused(&mut con, &["BF.ADD", "t3", "x"])
+            .await
+            .contains("wrong kind")
+    );
+    for (key, t) in [
+        ("tenant1", "MBbloom--"),
+        ("t3", "MBbloomCF"),
+        ("nope", "none"),
+    ] {
+        assert_eq!(run::<String>(&mut con, &["TYPE", key]).await.unwrap(), t);
+    }
+    expect(&mut con, &["EXISTS", "tenant1", "t3", "nope", "t3"], 3).await;
+    // The configured bloom, sessions and views, and the four reserved.
+    expect(&mut con, &["DBSIZE"], 7).await;
+    let keys: Vec<String> = run(&mut con, &["KEYS", "t*"]).await.unwrap();
+    assert_eq!(keys, ["t3", "t4", "tenant1", "tenant2"]);
+    let (cursor, keys): (String, Vec<String>) = run(
+        &mut con,
+        &["SCAN", "0", "MATCH", "tenant[12]", "COUNT", "10"],
+    )
+    .await
+    .unwrap();
+    assert_eq!((cursor.as_str(), keys.len()), ("0", 2));
+    let stats: String = run(&mut con, &["CRPF.STATS", "tenant2"]).await.unwrap();
+    assert!(stats.contains("writer_sc_g_bloom"), "{stats}");
+
+    expect(&mut con, &["DEL", "tenant1", "t3", "nope"], 2).await;
+    expect(&mut con, &["EXISTS", "tenant1", "t3"], 0).await;
+    expect(&mut con, &["BF.EXISTS", "tenant1", "a"], 0).await;
+    // Created again: a new incarnation, empty.
+    assert_eq!(
+        run::<String>(
+            &mut con,
+            &["BF.RESERVE", "tenant1", "0.01", "1000", "NONSCALING"]
+        )
+        .await
+        .unwrap(),
+        "OK"
+    );
+    expect(&mut con, &["BF.EXISTS", "tenant1", "a"], 0).await;
+    expect(&mut con, &["UNLINK", "tenant1", "tenant2", "t4"], 3).await;
+    expect(&mut con, &["DBSIZE"], 3).await;
 }

@@ -1,6 +1,7 @@
 //! What each RESP command means for a crpf filter, and how the request API's answer reads as
-//! a RESP reply. The key of every filter command is the filter's name; the filters are those
-//! the node's configuration declares (they are not created by commands).
+//! a RESP reply. The key of every filter command is the filter's name: a filter of the node's
+//! configuration, or of its filter catalog, which `BF.RESERVE`/`CF.RESERVE` and `DEL` change
+//! ([`KeyCommand`]).
 //!
 //! | Command | Request API | Reply |
 //! |---|---|---|
@@ -229,6 +230,36 @@ pub enum Command {
     Exec,
     /// `DISCARD`: drop the queued commands.
     Discard,
+    /// A command on the keys themselves: the filters the node hosts.
+    Key(KeyCommand),
+}
+
+/// Commands on keys (filters), answered with the node's filter catalog
+/// ([`super::FilterLookup`]).
+#[derive(Debug)]
+pub enum KeyCommand {
+    /// `BF.RESERVE` / `CF.RESERVE`: create a filter of this spec.
+    Reserve {
+        /// The key.
+        name: String,
+        /// What it becomes.
+        spec: crate::FilterSpec,
+    },
+    /// `DEL` / `UNLINK`: drop these filters; the reply counts those dropped.
+    Delete(Vec<String>),
+    /// `EXISTS`: how many of these keys exist (a key named twice counts twice).
+    Exists(Vec<Vec<u8>>),
+    /// `TYPE`: RedisBloom's type name of the key, or `none`.
+    Type(Vec<u8>),
+    /// `DBSIZE`: how many filters.
+    DbSize,
+    /// `KEYS pattern`, `SCAN cursor [MATCH pattern]`: the names matching a glob pattern.
+    Keys {
+        /// The pattern (`*` for `SCAN` without `MATCH`).
+        pattern: Vec<u8>,
+        /// Answer as `SCAN` does: cursor `0` and the names.
+        scan: bool,
+    },
 }
 
 /// Redis's answer to a command on a key of another type.
@@ -444,9 +475,80 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                     Err(e) => Command::Reply(Reply::err(e)),
                 }
             }
-            "BF.RESERVE" | "CF.RESERVE" => Command::Reply(Reply::err(
-                "crpf filters are declared in the node's configuration, not reserved",
-            )),
+            "BF.RESERVE" => {
+                arity((3..=6).contains(&n))?;
+                match bf_reserve(args) {
+                    Ok(spec) => Command::Key(KeyCommand::Reserve {
+                        name: String::from_utf8_lossy(arg(0)).into_owned(),
+                        spec,
+                    }),
+                    Err(refused) => Command::Reply(refused),
+                }
+            }
+            "CF.RESERVE" => {
+                arity(n >= 2 && n.is_multiple_of(2) && n <= 8)?;
+                match cf_reserve(args) {
+                    Ok(spec) => Command::Key(KeyCommand::Reserve {
+                        name: String::from_utf8_lossy(arg(0)).into_owned(),
+                        spec,
+                    }),
+                    Err(refused) => Command::Reply(refused),
+                }
+            }
+            "DEL" | "UNLINK" => {
+                arity(n >= 1)?;
+                Command::Key(KeyCommand::Delete(
+                    args.from(1)
+                        .map(|k| String::from_utf8_lossy(k).into_owned())
+                        .collect(),
+                ))
+            }
+            "EXISTS" => {
+                arity(n >= 1)?;
+                Command::Key(KeyCommand::Exists(
+                    args.from(1).map(<[u8]>::to_vec).collect(),
+                ))
+            }
+            "TYPE" => {
+                arity(n == 1)?;
+                Command::Key(KeyCommand::Type(arg(0).to_vec()))
+            }
+            "DBSIZE" => {
+                arity(n == 0)?;
+                Command::Key(KeyCommand::DbSize)
+            }
+            "KEYS" => {
+                arity(n == 1)?;
+                Command::Key(KeyCommand::Keys {
+                    pattern: arg(0).to_vec(),
+                    scan: false,
+                })
+            }
+            // One pass: every name at once, cursor 0 (a client iterating gets all of them in
+            // its first call, which SCAN's contract allows).
+            "SCAN" => {
+                arity(n >= 1)?;
+                let mut pattern = b"*".to_vec();
+                let mut i = 1;
+                while i < n {
+                    let option = arg(i);
+                    if i + 1 < n && option.eq_ignore_ascii_case(b"MATCH") {
+                        pattern = arg(i + 1).to_vec();
+                    } else if i + 1 < n
+                        && (option.eq_ignore_ascii_case(b"COUNT")
+                            || option.eq_ignore_ascii_case(b"TYPE"))
+                    {
+                        // A hint, and a type filter of which every key here is one of two.
+                    } else {
+                        return Err(Command::Reply(Reply::err("syntax error")));
+                    }
+                    i += 2;
+                }
+                Command::Key(KeyCommand::Keys {
+                    pattern,
+                    scan: true,
+                })
+            }
             _ => Command::Reply(Reply::err(format!(
                 "unknown command '{}'",
                 name.chars().take(64).collect::<String>()
@@ -454,6 +556,177 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
         })
     })();
     checked.unwrap_or_else(|refused| refused)
+}
+
+/// The crpf kind and spec of `BF.RESERVE key error_rate capacity [EXPANSION e] [NONSCALING]`,
+/// with RedisBloom's refusals: a non-scaling filter is a `g_bloom`; a scaling one the
+/// scalable kind whose FPR bound holds however rarely replicas sync (`writer_sc_g_bloom`).
+fn bf_reserve(args: &Args) -> Result<crate::FilterSpec, Reply> {
+    let n = args.len() - 1;
+    let arg = |i: usize| args.arg(i + 1);
+    let text = |i: usize| std::str::from_utf8(arg(i)).unwrap_or("");
+    let fpr: f64 = text(1).parse().map_err(|_| Reply::err("bad error rate"))?;
+    if !(fpr > 0.0 && fpr < 1.0) {
+        return Err(Reply::err(
+            "error rate must be in the range (0.000000, 1.000000)",
+        ));
+    }
+    let capacity: u64 = text(2).parse().map_err(|_| Reply::err("bad capacity"))?;
+    if capacity == 0 {
+        return Err(Reply::err("capacity must be in the range [1, 1073741824]"));
+    }
+    let (mut nonscaling, mut expansion) = (false, None);
+    let mut i = 3;
+    while i < n {
+        if arg(i).eq_ignore_ascii_case(b"NONSCALING") {
+            nonscaling = true;
+            i += 1;
+        } else if arg(i).eq_ignore_ascii_case(b"EXPANSION") {
+            let e: u64 = match i + 1 < n {
+                true => text(i + 1)
+                    .parse()
+                    .map_err(|_| Reply::err("bad expansion"))?,
+                false => return Err(Reply::err("no expansion")),
+            };
+            expansion = Some(e);
+            i += 2;
+        } else {
+            return Err(Reply::err("syntax error"));
+        }
+    }
+    let scaling = match expansion {
+        Some(0) => false,
+        Some(_) if nonscaling => {
+            return Err(Reply::Error("Nonscaling filters cannot expand".into()));
+        }
+        Some(SCALING_GROWTH) | None => !nonscaling,
+        Some(_) => return Err(expansion_refused()),
+    };
+    let kind = if scaling {
+        crate::FilterKind::WriterScGBloom
+    } else {
+        crate::FilterKind::GBloom
+    };
+    Ok(crate::FilterSpec::new(kind, capacity, fpr))
+}
+
+/// Each sub-filter of crpf's scalable kinds is this many times its predecessor's size.
+const SCALING_GROWTH: u64 = 2;
+
+fn expansion_refused() -> Reply {
+    Reply::err(format!(
+        "crpf's scalable filters grow by {SCALING_GROWTH}: EXPANSION {SCALING_GROWTH} (or 0: \
+         not scaling) only"
+    ))
+}
+
+/// The false positive rate of filters created by `CF.RESERVE`, which gives none.
+const CF_RESERVE_FPR: f64 = 0.01;
+
+/// The crpf kind and spec of `CF.RESERVE key capacity [BUCKETSIZE b] [MAXITERATIONS m]
+/// [EXPANSION e]`: an `or_cuckoo` (removes as RedisBloom's `CF.DEL`), or with `EXPANSION 2`
+/// its scalable kind `writer_sc_or_cuckoo`; bucket size and kicks are crpf's (4 and its
+/// default), other values refused.
+fn cf_reserve(args: &Args) -> Result<crate::FilterSpec, Reply> {
+    let n = args.len() - 1;
+    let arg = |i: usize| args.arg(i + 1);
+    let text = |i: usize| std::str::from_utf8(arg(i)).unwrap_or("");
+    let capacity: u64 = text(1)
+        .parse()
+        .ok()
+        .filter(|c| *c > 0)
+        .ok_or_else(|| Reply::Error("Bad capacity".into()))?;
+    let mut scaling = false;
+    // Options come in pairs after the capacity (the arity checked that).
+    let mut i = 2;
+    while i < n {
+        let value = text(i + 1);
+        if arg(i).eq_ignore_ascii_case(b"BUCKETSIZE") {
+            let b: u64 = value
+                .parse()
+                .map_err(|_| Reply::Error("Couldn't parse BUCKETSIZE".into()))?;
+            if b != u64::from(crate::CuckooParams::DEFAULT_BUCKET_SIZE) {
+                return Err(Reply::err(format!(
+                    "crpf's cuckoo filters have buckets of {}: BUCKETSIZE {0} only",
+                    crate::CuckooParams::DEFAULT_BUCKET_SIZE
+                )));
+            }
+        } else if arg(i).eq_ignore_ascii_case(b"MAXITERATIONS") {
+            let m: u64 = value
+                .parse()
+                .map_err(|_| Reply::Error("Couldn't parse MAXITERATIONS".into()))?;
+            if m != u64::from(crate::CuckooParams::DEFAULT_MAX_KICKS) {
+                return Err(Reply::err(format!(
+                    "crpf's cuckoo filters kick at most {} times: MAXITERATIONS {0} only",
+                    crate::CuckooParams::DEFAULT_MAX_KICKS
+                )));
+            }
+        } else if arg(i).eq_ignore_ascii_case(b"EXPANSION") {
+            let e: u64 = value
+                .parse()
+                .map_err(|_| Reply::Error("Couldn't parse EXPANSION".into()))?;
+            match e {
+                0 => scaling = false,
+                SCALING_GROWTH => scaling = true,
+                _ => return Err(expansion_refused()),
+            }
+        } else {
+            return Err(Reply::err("syntax error"));
+        }
+        i += 2;
+    }
+    let kind = if scaling {
+        crate::FilterKind::WriterScOrCuckoo
+    } else {
+        crate::FilterKind::OrCuckoo
+    };
+    Ok(crate::FilterSpec::new(kind, capacity, CF_RESERVE_FPR))
+}
+
+/// Whether `name` matches the glob `pattern` (Redis's `KEYS`: `*`, `?`, `[...]`, `\`).
+pub fn glob_match(pattern: &[u8], name: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => name.is_empty(),
+        Some((b'*', rest)) => (0..=name.len()).any(|i| glob_match(rest, &name[i..])),
+        Some((b'?', rest)) => !name.is_empty() && glob_match(rest, &name[1..]),
+        Some((b'[', rest)) => {
+            let Some(end) = rest.iter().position(|&c| c == b']') else {
+                return name.first() == Some(&b'[') && glob_match(rest, &name[1..]);
+            };
+            let Some((&c, tail)) = name.split_first() else {
+                return false;
+            };
+            let (negate, set) = match &rest[..end] {
+                [b'^', set @ ..] => (true, set),
+                set => (false, set),
+            };
+            let mut hit = false;
+            let mut j = 0;
+            while j < set.len() {
+                if j + 2 < set.len() && set[j + 1] == b'-' {
+                    hit |= (set[j]..=set[j + 2]).contains(&c);
+                    j += 3;
+                } else {
+                    hit |= set[j] == c;
+                    j += 1;
+                }
+            }
+            hit != negate && glob_match(&rest[end + 1..], tail)
+        }
+        Some((b'\\', [escaped, rest @ ..])) => {
+            name.first() == Some(escaped) && glob_match(rest, &name[1..])
+        }
+        Some((&c, rest)) => name.first() == Some(&c) && glob_match(rest, &name[1..]),
+    }
+}
+
+/// RedisBloom's type name of a filter kind (`TYPE`).
+pub fn type_name(kind: crate::FilterKind) -> &'static str {
+    if is_bloom(kind) {
+        "MBbloom--"
+    } else {
+        "MBbloomCF"
+    }
 }
 
 /// `HELLO [protover [AUTH username password] [SETNAME clientname]]`, with Redis 7's refusals.
@@ -633,6 +906,76 @@ mod tests {
             as_(Protocol::Resp2),
             "*4\r\n:1\r\n:0\r\n*2\r\n$5\r\nproto\r\n:3\r\n$-1\r\n"
         );
+    }
+
+    #[test]
+    fn globs_match_as_redis_keys_does() {
+        for (pattern, name, hit) in [
+            ("*", "anything", true),
+            ("t*", "tenant1", true),
+            ("t*", "bloom", false),
+            ("tenant?", "tenant1", true),
+            ("tenant?", "tenant12", false),
+            ("tenant[12]", "tenant2", true),
+            ("tenant[^12]", "tenant2", false),
+            ("tenant[a-c]", "tenantb", true),
+            ("a\\*", "a*", true),
+            ("a\\*", "ab", false),
+            ("", "", true),
+        ] {
+            assert_eq!(
+                glob_match(pattern.as_bytes(), name.as_bytes()),
+                hit,
+                "{pattern} {name}"
+            );
+        }
+    }
+
+    #[test]
+    fn reserve_options_map_onto_crpf_kinds() {
+        let spec = |ws: &[&str]| match command(&words(ws), no_filter) {
+            Command::Key(KeyCommand::Reserve { spec, .. }) => spec,
+            other => panic!("{ws:?} gave {other:?}"),
+        };
+        use crate::FilterKind as K;
+        for (ws, kind) in [
+            (&["BF.RESERVE", "k", "0.01", "100"][..], K::WriterScGBloom),
+            (&["BF.RESERVE", "k", "0.01", "100", "NONSCALING"], K::GBloom),
+            (
+                &["BF.RESERVE", "k", "0.01", "100", "EXPANSION", "0"],
+                K::GBloom,
+            ),
+            (
+                &["BF.RESERVE", "k", "0.01", "100", "EXPANSION", "2"],
+                K::WriterScGBloom,
+            ),
+            (&["CF.RESERVE", "k", "100"], K::OrCuckoo),
+            (
+                &["CF.RESERVE", "k", "100", "EXPANSION", "2"],
+                K::WriterScOrCuckoo,
+            ),
+            (
+                &["CF.RESERVE", "k", "100", "MAXITERATIONS", "500"],
+                K::OrCuckoo,
+            ),
+        ] {
+            let s = spec(ws);
+            assert_eq!((s.kind, s.capacity), (kind, 100), "{ws:?}");
+        }
+        let nonscaling_expanding = [
+            "BF.RESERVE",
+            "k",
+            "0.01",
+            "100",
+            "NONSCALING",
+            "EXPANSION",
+            "2",
+        ];
+        assert_eq!(
+            refused(&nonscaling_expanding),
+            "Nonscaling filters cannot expand"
+        );
+        assert!(refused(&["CF.RESERVE", "k", "100", "MAXITERATIONS", "20"]).contains("500"));
     }
 
     fn no_filter(_: &[u8]) -> Option<ReplicaHandle> {

@@ -39,6 +39,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt};
 use metrics::{Counter, Gauge};
@@ -161,11 +162,45 @@ pub enum RespError {
 pub trait FilterLookup: Send + Sync + 'static {
     /// The replica serving `name` over the request API, if any.
     fn filter(&self, name: &[u8]) -> Option<ReplicaHandle>;
+
+    /// The names of the filters served, sorted (`KEYS`, `SCAN`, `DBSIZE`).
+    fn names(&self) -> Vec<String>;
+
+    /// Creates filter `name` of `spec` and waits until it serves (`BF.RESERVE`,
+    /// `CF.RESERVE`): whether this call created it. `Err`: the error reply's text.
+    fn create(
+        &self,
+        name: String,
+        spec: crate::FilterSpec,
+    ) -> BoxFuture<'static, Result<bool, String>> {
+        let _ = (name, spec);
+        Box::pin(async { Err(FIXED_FILTERS.to_string()) })
+    }
+
+    /// Drops filter `name` (`DEL`, `UNLINK`): whether it existed. `Err`: the error reply's
+    /// text.
+    fn drop_filter(&self, name: String) -> BoxFuture<'static, Result<bool, String>> {
+        let _ = name;
+        Box::pin(async { Err(FIXED_FILTERS.to_string()) })
+    }
 }
+
+/// The refusal of a lookup without a catalog.
+const FIXED_FILTERS: &str =
+    "ERR this front end serves a fixed set of filters: they are not created or dropped by commands";
 
 impl FilterLookup for HashMap<Vec<u8>, ReplicaHandle> {
     fn filter(&self, name: &[u8]) -> Option<ReplicaHandle> {
         self.get(name).cloned()
+    }
+
+    fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .keys()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .collect();
+        names.sort();
+        names
     }
 }
 
@@ -173,6 +208,43 @@ impl FilterLookup for crate::node::Node {
     fn filter(&self, name: &[u8]) -> Option<ReplicaHandle> {
         let name = std::str::from_utf8(name).ok()?;
         crate::node::Node::filter(self, name).filter(ReplicaHandle::serves_api)
+    }
+
+    fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.filters().into_iter().map(|f| f.name).collect();
+        names.sort();
+        names
+    }
+
+    fn create(
+        &self,
+        name: String,
+        spec: crate::FilterSpec,
+    ) -> BoxFuture<'static, Result<bool, String>> {
+        let node = self.clone();
+        Box::pin(async move {
+            match node.create_filter(&name, spec).await {
+                Ok(created) => Ok(created.new),
+                // RedisBloom's answer for a key that exists, whatever it holds.
+                Err(
+                    crate::node::HostError::Catalog(crate::transport::CatalogError::Exists {
+                        ..
+                    })
+                    | crate::node::HostError::Configured(_),
+                ) => Err("ERR item exists".into()),
+                Err(e) => Err(format!("ERR {e}")),
+            }
+        })
+    }
+
+    fn drop_filter(&self, name: String) -> BoxFuture<'static, Result<bool, String>> {
+        let node = self.clone();
+        Box::pin(async move {
+            match crate::node::Node::drop_filter(&node, &name).await {
+                Ok(dropped) => Ok(dropped.is_some()),
+                Err(e) => Err(format!("ERR {e}")),
+            }
+        })
     }
 }
 
@@ -500,7 +572,10 @@ impl Session<'_> {
                 multi.aborted = true;
                 refused
             }
-            Command::Auth(_) | Command::AuthRefused(_) | Command::Hello { .. } => {
+            Command::Auth(_)
+            | Command::AuthRefused(_)
+            | Command::Hello { .. }
+            | Command::Key(_) => {
                 multi.aborted = true;
                 Reply::err("Command not allowed inside a transaction")
             }
@@ -555,6 +630,78 @@ impl Session<'_> {
         };
         Pending {
             reply: PendingReply::Exec(run.boxed()),
+            bytes,
+            kind: Kind::Exec,
+            protocol: self.protocol,
+        }
+    }
+
+    /// A command on the keys: answered from the filters this node serves, or (creating and
+    /// dropping filters) once the catalog has done it, the commands after it waiting.
+    fn key_command(&mut self, key: commands::KeyCommand, bytes: usize) -> Pending {
+        use commands::KeyCommand as K;
+        let lookup = self.server.filters.clone();
+        let text = |s: String| Reply::Bulk(bytes::Bytes::from(s));
+        let reply = match key {
+            K::Reserve { name, spec } => {
+                let create = lookup.create(name, spec);
+                return self.barrier(bytes, async move {
+                    match create.await {
+                        Ok(true) => Reply::Simple("OK"),
+                        Ok(false) => Reply::err("item exists"),
+                        Err(e) => Reply::Error(e),
+                    }
+                });
+            }
+            K::Delete(names) => {
+                return self.barrier(bytes, async move {
+                    let mut dropped = 0;
+                    for name in names {
+                        match lookup.drop_filter(name).await {
+                            Ok(true) => dropped += 1,
+                            Ok(false) => {}
+                            Err(e) => return Reply::Error(e),
+                        }
+                    }
+                    Reply::Int(dropped)
+                });
+            }
+            K::Exists(keys) => {
+                Reply::Int(keys.iter().filter(|k| lookup.filter(k).is_some()).count() as i64)
+            }
+            K::Type(key) => Reply::Simple(
+                lookup
+                    .filter(&key)
+                    .map_or("none", |h| commands::type_name(h.kind())),
+            ),
+            K::DbSize => Reply::Int(lookup.names().len() as i64),
+            K::Keys { pattern, scan } => {
+                let names: Vec<Reply> = lookup
+                    .names()
+                    .into_iter()
+                    .filter(|n| commands::glob_match(&pattern, n.as_bytes()))
+                    .map(text)
+                    .collect();
+                if scan {
+                    Reply::Array(vec![text("0".into()), Reply::Array(names)])
+                } else {
+                    Reply::Array(names)
+                }
+            }
+        };
+        self.ready(reply, bytes)
+    }
+
+    /// A reply that takes a while, during which this connection runs nothing else (the
+    /// commands after a `BF.RESERVE` find its filter).
+    fn barrier(
+        &mut self,
+        bytes: usize,
+        reply: impl Future<Output = Reply> + Send + 'static,
+    ) -> Pending {
+        self.exec_running = true;
+        Pending {
+            reply: PendingReply::Exec(reply.boxed()),
             bytes,
             kind: Kind::Exec,
             protocol: self.protocol,
@@ -704,6 +851,7 @@ impl Session<'_> {
                 self.ack = Some(level);
                 Reply::Simple("OK")
             }
+            Command::Key(key) => return self.key_command(key, bytes),
             Command::Multi | Command::Exec | Command::Discard => {
                 unreachable!("answered by Session::handle")
             }
