@@ -85,9 +85,10 @@ impl Node {
         )
     }
 
-    /// Whether this node refuses `filter` as unknown.
+    /// Whether this node no longer has `filter` (`EXISTS` 0, and an add refused as unknown).
     fn refuses(&self, filter: &str) -> bool {
-        matches!(self.resp(&["BF.EXISTS", filter, "x"]), Err(e) if e.contains("no filter named"))
+        matches!(self.resp(&["EXISTS", filter]), Ok(redis::Value::Int(0)))
+            && matches!(self.resp(&["BF.ADD", filter, "x"]), Err(e) if e.contains("no filter named"))
     }
 
     /// Waits until this node's RESP port answers (and its process runs).

@@ -267,16 +267,11 @@ macro_rules! define_any_filter {
                 now_ms: u64,
             ) -> Result<(), FilterError> {
                 match (self, other) {
-                    $( (AnyFilter::$variant(a), AnyFilter::$variant(b)) => {
-                        a.check_remote(b)?;
-                        a.check_remote_as_of(b, now_ms)
-                    } )*
-                    (a, b) => Err(FilterError::Incompatible(format!(
-                        "{} state checked against a {} filter",
-                        b.kind(),
-                        a.kind()
-                    ))),
+                    $( (AnyFilter::$variant(a), AnyFilter::$variant(b)) => a.check_remote(b)?, )*
+                    // Refused as incompatible below.
+                    _ => {}
                 }
+                self.check_remote_skew(other, now_ms)
             }
 
             /// The clock-skew half of [`AnyFilter::check_remote_state`].

@@ -641,26 +641,25 @@ fn cf_reserve(args: &Args) -> Result<crate::FilterSpec, Reply> {
     let mut i = 2;
     while i < n {
         let value = text(i + 1);
+        // crpf's bucket size and kick limit are fixed: only their own values pass.
+        let fixed = |option: &str, fixed: u64, what: &str| -> Result<(), Reply> {
+            let v: u64 = value
+                .parse()
+                .map_err(|_| Reply::Error(format!("Couldn't parse {option}")))?;
+            if v == fixed {
+                Ok(())
+            } else {
+                Err(Reply::err(format!(
+                    "crpf's cuckoo filters {what} {fixed}: {option} {fixed} only"
+                )))
+            }
+        };
         if arg(i).eq_ignore_ascii_case(b"BUCKETSIZE") {
-            let b: u64 = value
-                .parse()
-                .map_err(|_| Reply::Error("Couldn't parse BUCKETSIZE".into()))?;
-            if b != u64::from(crate::CuckooParams::DEFAULT_BUCKET_SIZE) {
-                return Err(Reply::err(format!(
-                    "crpf's cuckoo filters have buckets of {}: BUCKETSIZE {0} only",
-                    crate::CuckooParams::DEFAULT_BUCKET_SIZE
-                )));
-            }
+            let size = crate::CuckooParams::DEFAULT_BUCKET_SIZE;
+            fixed("BUCKETSIZE", size.into(), "have buckets of")?;
         } else if arg(i).eq_ignore_ascii_case(b"MAXITERATIONS") {
-            let m: u64 = value
-                .parse()
-                .map_err(|_| Reply::Error("Couldn't parse MAXITERATIONS".into()))?;
-            if m != u64::from(crate::CuckooParams::DEFAULT_MAX_KICKS) {
-                return Err(Reply::err(format!(
-                    "crpf's cuckoo filters kick at most {} times: MAXITERATIONS {0} only",
-                    crate::CuckooParams::DEFAULT_MAX_KICKS
-                )));
-            }
+            let kicks = crate::CuckooParams::DEFAULT_MAX_KICKS;
+            fixed("MAXITERATIONS", kicks.into(), "kick at most")?;
         } else if arg(i).eq_ignore_ascii_case(b"EXPANSION") {
             let e: u64 = value
                 .parse()
