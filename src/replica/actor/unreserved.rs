@@ -58,10 +58,15 @@ pub(crate) struct RegistryView {
 }
 
 impl RegistryView {
-    /// Records a look at the registry that started at `started`.
+    /// Records a look at the registry that started at `started`. Reservations and floors
+    /// only grow and records are never removed, so a look that finishes after a later one
+    /// (the renewal's and a held frame's) cannot lower what is known.
     pub(super) fn note(&mut self, claims: &[ClaimEntry], started: Instant) {
-        self.reserved = claims.iter().map(|e| (e.id, e.record.floor())).collect();
-        self.looked_at = Some(started);
+        for e in claims {
+            let known = self.reserved.entry(e.id).or_insert(0);
+            *known = (*known).max(e.record.floor());
+        }
+        self.looked_at = self.looked_at.max(Some(started));
     }
 
     /// The reservation of `id`, if the registry holds a record of it.
@@ -221,5 +226,53 @@ impl Replica {
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::transport::ClaimRecord;
+
+    fn held(id: ReplicaId, reserved: u64) -> ClaimEntry {
+        ClaimEntry {
+            id,
+            record: ClaimRecord::Held {
+                claimant: Uuid::new_v4(),
+                reserved,
+            },
+            revision: reserved,
+        }
+    }
+
+    #[test]
+    fn a_late_look_never_lowers_what_is_known() {
+        let mut view = RegistryView::default();
+        let (t0, t1) = (Instant::now(), Instant::now() + Duration::from_secs(1));
+        view.note(&[held(1, 100), held(2, 50)], t1);
+        // An older look finishing later.
+        view.note(
+            &[
+                held(1, 40),
+                ClaimEntry {
+                    id: 3,
+                    record: ClaimRecord::Retired { floor: 7 },
+                    revision: 1,
+                },
+            ],
+            t0,
+        );
+        assert_eq!(
+            (
+                view.reserved(1),
+                view.reserved(2),
+                view.reserved(3),
+                view.reserved(4)
+            ),
+            (Some(100), Some(50), Some(7), None)
+        );
+        assert_eq!(view.looked_at, Some(t1));
     }
 }
