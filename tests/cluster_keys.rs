@@ -147,12 +147,7 @@ impl Node {
                 .await
             {
                 let mut c = c;
-                let ready: redis::RedisResult<i64> = redis::cmd("BF.EXISTS")
-                    .arg(FILTER)
-                    .arg("probe")
-                    .query_async(&mut c)
-                    .await;
-                if ready.is_ok() {
+                if bf(&mut c, "BF.EXISTS", "probe").await.is_ok() {
                     return c;
                 }
             }
@@ -172,26 +167,24 @@ impl Node {
     }
 }
 
+/// `<command> rot <item>` (`BF.ADD`, `BF.EXISTS`): its integer answer.
+async fn bf(con: &mut MultiplexedConnection, command: &str, item: &str) -> redis::RedisResult<i64> {
+    redis::cmd(command)
+        .arg(FILTER)
+        .arg(item)
+        .query_async(con)
+        .await
+}
+
 /// Adds `item` on `nodes[from]` and waits until every node has it.
 async fn spreads(nodes: &mut [Node], from: usize, item: &str) {
     let mut con = nodes[from].connect().await;
-    let _: i64 = redis::cmd("BF.ADD")
-        .arg(FILTER)
-        .arg(item)
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    bf(&mut con, "BF.ADD", item).await.unwrap();
     for (i, n) in nodes.iter_mut().enumerate() {
         let mut con = n.connect().await;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let has: i64 = redis::cmd("BF.EXISTS")
-                .arg(FILTER)
-                .arg(item)
-                .query_async(&mut con)
-                .await
-                .unwrap();
-            if has == 1 {
+            if bf(&mut con, "BF.EXISTS", item).await.unwrap() == 1 {
                 break;
             }
             assert!(
@@ -274,13 +267,8 @@ async fn keys_rotate_node_by_node_without_an_outage() {
     }
     for n in &mut nodes {
         let mut con = n.connect().await;
-        let has: i64 = redis::cmd("BF.EXISTS")
-            .arg(FILTER)
-            .arg("signed with the old key")
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        assert_eq!(has, 0);
+        let has = bf(&mut con, "BF.EXISTS", "signed with the old key").await;
+        assert_eq!(has.unwrap(), 0);
         n.proc.take().unwrap().terminate(Duration::from_secs(20));
     }
 }
