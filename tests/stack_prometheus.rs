@@ -519,12 +519,13 @@ async fn stack_serves_every_dashboard_query_and_gauges_match_stats() {
     assert_eq!(r["contains"], true, "{r}");
     // RESP commands on every node, over connections left open.
     let mut resp: Vec<std::net::TcpStream> = Vec::new();
-    for n in &nodes {
-        let mut conn = wait_for(
-            &format!("RESP on {}", n.resp),
-            Duration::from_secs(30),
-            || std::net::TcpStream::connect(&n.resp).map_err(|e| e.to_string()),
-        );
+    for n in nodes.iter_mut() {
+        let addr = n.resp.clone();
+        let mut conn = wait_for(&format!("RESP on {addr}"), Duration::from_secs(60), || {
+            n.proc.assert_running();
+            std::net::TcpStream::connect(&addr)
+                .map_err(|e| format!("{e}\n{}", n.proc.log_tail()))
+        });
         conn.set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
         let replies = resp_commands(

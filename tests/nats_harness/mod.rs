@@ -51,13 +51,31 @@ pub(crate) fn http_get(addr: &str, path: &str) -> Result<(u16, String), String> 
     Ok((code, body.to_string()))
 }
 
-/// A free TCP port on the loopback interface.
+/// A free TCP port on the loopback interface, below Linux's ephemeral range (32768-60999)
+/// and never the same one twice in this test process. A port the kernel picked (`bind` to
+/// port 0) comes from the ephemeral range, so an outgoing connection of any process could
+/// take it between the probe and the server's own bind: CI once saw a node's RESP port go
+/// that way.
 pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    const FIRST: u16 = 20_000;
+    const SPAN: u16 = 12_000;
+    // Start where the process id points, so test binaries run one after another (or two
+    // checkouts side by side) rarely walk the same ports.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let _ = NEXT.compare_exchange(
+        0,
+        1 + (std::process::id() % u32::from(SPAN)) as u16,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..SPAN {
+        let port = FIRST + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {FIRST}..{}", FIRST + SPAN);
 }
 
 /// `attempt`'s value, trying again with fresh ports up to 5 times: `free_port` releases a port
