@@ -523,8 +523,7 @@ async fn stack_serves_every_dashboard_query_and_gauges_match_stats() {
         let addr = n.resp.clone();
         let mut conn = wait_for(&format!("RESP on {addr}"), Duration::from_secs(60), || {
             n.proc.assert_running();
-            std::net::TcpStream::connect(&addr)
-                .map_err(|e| format!("{e}\n{}", n.proc.log_tail()))
+            std::net::TcpStream::connect(&addr).map_err(|e| format!("{e}\n{}", n.proc.log_tail()))
         });
         conn.set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();

@@ -26,6 +26,15 @@ pub const REPLICA_HEADER: &str = "Crpf-Replica";
 /// error (the bitmap says which items).
 pub const ERROR_HEADER: &str = "Crpf-Error";
 
+/// Request header of `add` and `madd`: `report-new` or `if-absent` ([`AddMode`]); absent,
+/// every item is added and the reply does not say whether it was there before.
+pub const ADD_MODE_HEADER: &str = "Crpf-Add-Mode";
+
+/// Reply header of a bitmap reply to `madd` with an [`AddMode`] in which some items could not
+/// be added: their indexes, comma-separated (the bitmap's zeros then also mean "already
+/// there").
+pub const FAILED_HEADER: &str = "Crpf-Failed";
+
 /// Items a batch holds at most unless configured (`max_batch_items`).
 pub const DEFAULT_MAX_BATCH_ITEMS: usize = 10_000;
 
@@ -145,6 +154,45 @@ impl FromStr for ReplyFormat {
     }
 }
 
+/// What an `add` or `madd` answers beyond "applied", chosen by [`ADD_MODE_HEADER`]. Whether
+/// an item is new is judged by this replica alone, under its write lock: two replicas adding
+/// one new item at the same moment may both call it new.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AddMode {
+    /// Add; the reply says only that it was applied (`{"added":true}`).
+    #[default]
+    Always,
+    /// Add, and say whether the item was absent before (`{"added":true,"new":bool}`, a
+    /// batch's bitmap bit = new): RedisBloom's `BF.ADD` answer, for the dedup idiom
+    /// `if BF.ADD key item: process(item)`.
+    ReportNew,
+    /// Add only an item absent before (`{"added":bool,"new":bool}`, equal): `CF.ADDNX`.
+    IfAbsent,
+}
+
+impl AddMode {
+    /// The header value.
+    pub fn name(self) -> &'static str {
+        match self {
+            AddMode::Always => "always",
+            AddMode::ReportNew => "report-new",
+            AddMode::IfAbsent => "if-absent",
+        }
+    }
+}
+
+impl FromStr for AddMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        [AddMode::Always, AddMode::ReportNew, AddMode::IfAbsent]
+            .into_iter()
+            .find(|m| m.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| {
+                format!("unknown {ADD_MODE_HEADER} `{s}` (always, report-new or if-absent)")
+            })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,5 +206,12 @@ mod tests {
         assert_eq!(" Bitmap ".parse(), Ok(ReplyFormat::Bitmap));
         assert_eq!("json".parse(), Ok(ReplyFormat::Json));
         assert!("cbor".parse::<ReplyFormat>().is_err());
+        assert_eq!("If-Absent".parse(), Ok(AddMode::IfAbsent));
+        assert!(
+            "maybe"
+                .parse::<AddMode>()
+                .unwrap_err()
+                .contains("report-new")
+        );
     }
 }

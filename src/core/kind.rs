@@ -443,6 +443,9 @@ pub trait ObservedRemove {
     fn add_dot(&mut self, item: &[u8]) -> Result<Dot, FilterError>;
     /// Removes one occurrence of the item, returning the tag of the entry removed.
     fn remove_dot(&mut self, item: &[u8]) -> Option<Dot>;
+    /// Live entries matching the item (its fingerprint where it may sit): how many times it
+    /// was added and not removed, plus any other item sharing them (RedisBloom's `CF.COUNT`).
+    fn occurrences(&self, item: &[u8]) -> u64;
     /// Tags of the live entries.
     fn dots(&self) -> Vec<Dot>;
     /// Calls `f` with the tag of every live entry, in no particular order, without collecting

@@ -432,10 +432,16 @@ impl AnyFilter {
         self.inner().shared_reader()
     }
 
-    /// The multiplicity of the item, for the kinds that count ([`Counted::count`]).
+    /// The multiplicity of the item: for the kinds that count, [`Counted::count`]; for the
+    /// observed-remove kinds, the live entries matching it
+    /// ([`crate::core::kind::ObservedRemove::occurrences`]).
     pub fn count(&self, item: &[u8]) -> Result<u64, NotCounting> {
-        match self.inner().counted() {
-            Some(c) => Ok(c.count(item)),
+        let inner = self.inner();
+        if let Some(c) = inner.counted() {
+            return Ok(c.count(item));
+        }
+        match inner.observed_remove() {
+            Some(or) => Ok(or.occurrences(item)),
             None => Err(NotCounting(self.kind())),
         }
     }

@@ -36,8 +36,13 @@ use bytes::{BufMut, Bytes, BytesMut};
 use serde::Deserialize;
 
 use super::parse::Args;
+use super::redisbloom::{self, is_bloom};
 use crate::api::batch;
-use crate::api::{ACK_HEADER, ERROR_HEADER, Op, REPLY_HEADER, ReplyFormat};
+use crate::api::{
+    ACK_HEADER, ADD_MODE_HEADER, AddMode, ERROR_HEADER, FAILED_HEADER, Op, REPLY_HEADER,
+    ReplyFormat,
+};
+use crate::replica::service::SERVICE_ERROR_CODE_HEADER;
 use crate::replica::{AckLevel, ApiResponse, PendingResponse, ReplicaHandle};
 
 /// The protocol a connection speaks: RESP2 until `HELLO 3`.
@@ -82,6 +87,20 @@ pub enum Reply {
     },
     /// `-<text>`: the text starts with the error's kind (`ERR`, `NOAUTH`...).
     Error(String),
+    /// Text for people: RESP3 a verbatim string (`=`, format `txt`), RESP2 a bulk string
+    /// (`INFO`).
+    Text(Bytes),
+    /// RESP3 a map of this one field, RESP2 an array of its value: RedisBloom's
+    /// `BF.INFO key field`.
+    FieldOrValue(Box<Reply>, Box<Reply>),
+    /// RESP2 the integer, RESP3 the boolean: RedisBloom's answer for an item `CF.INSERT`
+    /// could not add (`-1` / `false`).
+    IntOrBool {
+        /// The RESP2 integer.
+        resp2: i64,
+        /// The RESP3 boolean.
+        resp3: bool,
+    },
 }
 
 impl Reply {
@@ -151,6 +170,28 @@ impl Reply {
                     }
                 }
             }
+            Reply::Text(b) if resp3 => {
+                line(
+                    out,
+                    b'=',
+                    itoa::Buffer::new().format(b.len() + 4).as_bytes(),
+                );
+                out.put_slice(b"txt:");
+                out.put_slice(b);
+                out.put_slice(b"\r\n");
+            }
+            Reply::Text(b) => Reply::Bulk(b.clone()).encode_as(out, protocol),
+            Reply::FieldOrValue(field, value) if resp3 => {
+                out.put_slice(b"%1\r\n");
+                field.encode_as(out, protocol);
+                value.encode_as(out, protocol);
+            }
+            Reply::FieldOrValue(_, value) => {
+                out.put_slice(b"*1\r\n");
+                value.encode_as(out, protocol);
+            }
+            Reply::IntOrBool { resp3: b, .. } if resp3 => Reply::Bool(*b).encode_as(out, protocol),
+            Reply::IntOrBool { resp2: n, .. } => Reply::Int(*n).encode_as(out, protocol),
             // One line: an error text must not end the reply early.
             Reply::Error(e) => {
                 let text: String = e
@@ -174,6 +215,8 @@ fn line(out: &mut BytesMut, kind: u8, body: &[u8]) {
 pub enum Shape {
     /// `add`: `1`.
     Added,
+    /// `add` with an [`AddMode`]: whether the item was new (and, with `if-absent`, added).
+    New,
     /// `contains`: `1` or `0`.
     Found,
     /// `remove`: `1` or `0`.
@@ -188,6 +231,24 @@ pub enum Shape {
     },
     /// `stats`: the JSON as a bulk string.
     Json,
+    /// A batch add of RedisBloom's, answered as its command does.
+    Inserted {
+        /// Items in the batch.
+        items: usize,
+        /// Which command's answer.
+        answer: Inserted,
+    },
+}
+
+/// How the answer of a batch add reads, by RedisBloom command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inserted {
+    /// `BF.MADD`, `BF.INSERT`: per item whether it was new, an error where it was refused.
+    Bloom,
+    /// `CF.INSERT`: `1` per item added, `-1` (RESP3 `false`) where the filter was full.
+    Cuckoo,
+    /// `CF.INSERTNX`: integers in both protocols, `1` added, `0` already there, `-1` full.
+    CuckooNx,
 }
 
 /// A request of the API that a command comes to.
@@ -199,6 +260,8 @@ pub struct Request {
     pub payload: Bytes,
     /// How its answer reads (a batch's as a bitmap).
     pub shape: Shape,
+    /// What an add answers beyond "applied" ([`ADD_MODE_HEADER`]).
+    pub mode: AddMode,
 }
 
 /// A command, checked: answered by the connection itself, or a request to a filter.
@@ -223,6 +286,8 @@ pub enum Command {
         protocol: Option<Protocol>,
         /// The password given with `AUTH`, if any.
         password: Option<Bytes>,
+        /// The name given with `SETNAME`, if any.
+        name: Option<Bytes>,
     },
     /// `MULTI`: queue the next commands until `EXEC` or `DISCARD`.
     Multi,
@@ -232,6 +297,14 @@ pub enum Command {
     Discard,
     /// A command on the keys themselves: the filters the node hosts.
     Key(KeyCommand),
+    /// `CLIENT ID`: the connection's id.
+    ClientId,
+    /// `CLIENT SETNAME name`.
+    ClientSetName(Bytes),
+    /// `CLIENT GETNAME`.
+    ClientGetName,
+    /// `INFO [section...]`: the sections asked for (lower case), none for the default ones.
+    Info(Vec<String>),
 }
 
 /// Commands on keys (filters), answered with the node's filter catalog
@@ -245,35 +318,44 @@ pub enum KeyCommand {
         /// What it becomes.
         spec: crate::FilterSpec,
     },
+    /// The first add to a key that does not exist: create it of `spec`, then send
+    /// `request` to it.
+    Create {
+        /// The key.
+        name: String,
+        /// What it becomes.
+        spec: crate::FilterSpec,
+        /// The command's family: `BF.*` (else `CF.*`), for `WRONGTYPE` should another
+        /// connection have created the key as the other family first.
+        bloom: bool,
+        /// The add.
+        request: Box<Request>,
+    },
     /// `DEL` / `UNLINK`: drop these filters; the reply counts those dropped.
     Delete(Vec<String>),
+    /// `FLUSHDB` / `FLUSHALL`: drop every filter.
+    FlushAll,
     /// `EXISTS`: how many of these keys exist (a key named twice counts twice).
     Exists(Vec<Vec<u8>>),
     /// `TYPE`: RedisBloom's type name of the key, or `none`.
     Type(Vec<u8>),
     /// `DBSIZE`: how many filters.
     DbSize,
-    /// `KEYS pattern`, `SCAN cursor [MATCH pattern]`: the names matching a glob pattern.
+    /// `KEYS pattern`, `SCAN cursor [MATCH pattern] [TYPE type]`: the names matching a glob
+    /// pattern.
     Keys {
         /// The pattern (`*` for `SCAN` without `MATCH`).
         pattern: Vec<u8>,
         /// Answer as `SCAN` does: cursor `0` and the names.
         scan: bool,
+        /// Only keys of this type (`SCAN ... TYPE`).
+        kind: Option<Vec<u8>>,
     },
 }
 
 /// Redis's answer to a command on a key of another type.
 pub(crate) const WRONGTYPE: &str =
     "WRONGTYPE Operation against a key holding the wrong kind of value";
-
-/// Whether `kind` answers RedisBloom's `BF.*` commands (else its `CF.*` ones).
-fn is_bloom(kind: crate::FilterKind) -> bool {
-    use crate::FilterKind as K;
-    matches!(
-        kind,
-        K::GBloom | K::ScGBloom | K::WriterScGBloom | K::ExpiringBloom
-    )
-}
 
 /// Redis's answer to a wrong user name or password.
 pub(crate) const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
@@ -306,16 +388,13 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
     // Arguments after the name.
     let n = args.len() - 1;
     let arg = |i: usize| args.arg(i + 1);
-    let arity = |ok: bool| -> Result<(), Command> {
-        if ok {
-            Ok(())
-        } else {
-            Err(Command::Reply(Reply::err(format!(
-                "wrong number of arguments for '{}' command",
-                name.to_ascii_lowercase()
-            ))))
-        }
+    let wrong_arity = || {
+        Command::Reply(Reply::err(format!(
+            "wrong number of arguments for '{}' command",
+            name.to_ascii_lowercase()
+        )))
     };
+    let arity = |ok: bool| -> Result<(), Command> { if ok { Ok(()) } else { Err(wrong_arity()) } };
     // RedisBloom's families: a BF command on a cuckoo key (or a CF command on a Bloom key) is
     // WRONGTYPE; queries of a missing key answer "not there", as RedisBloom's do.
     let family = if name.starts_with("BF.") {
@@ -325,42 +404,89 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
     } else {
         None
     };
-    let on_filter = |op: Op, shape: Shape, payload: Bytes| -> Command {
-        let key = arg(0);
-        match filter(key) {
+    let key_name = || String::from_utf8_lossy(arg(0)).into_owned();
+    // The key's filter, checked against the command's family; Err: the reply to a key that
+    // exists with the wrong type; Ok(None): no such key.
+    let existing = || -> Result<Option<ReplicaHandle>, Command> {
+        match filter(arg(0)) {
             Some(handle) if family.is_some_and(|bloom| bloom != is_bloom(handle.kind())) => {
-                Command::Reply(Reply::Error(WRONGTYPE.into()))
+                Err(Command::Reply(Reply::Error(WRONGTYPE.into())))
             }
-            Some(handle) => Command::Filter(handle, Request { op, payload, shape }),
-            None if family.is_some() && matches!(op, Op::Contains | Op::Count) => {
-                Command::Reply(match op {
-                    Op::Count => Reply::Int(0),
-                    _ => Reply::Bool(false),
-                })
-            }
-            None if family.is_some() && op == Op::MContains => {
-                Command::Reply(Reply::Array(vec![Reply::Bool(false); args.len() - 2]))
-            }
-            None => Command::Reply(Reply::err(format!(
-                "no filter named `{}` on this node",
-                String::from_utf8_lossy(&key[..key.len().min(64)])
-            ))),
+            found => Ok(found),
         }
     };
+    // A request for the key's filter; `create`: the spec of the key if the command creates
+    // it.
+    let on_filter = |request: Request, create: Option<crate::FilterSpec>| -> Command {
+        let query = matches!(request.op, Op::Contains | Op::MContains | Op::Count);
+        match existing() {
+            Ok(Some(handle)) => return Command::Filter(handle, request),
+            Ok(None) => {}
+            // RedisBloom's queries read a key of the other family as a missing one, and so
+            // does `CF.DEL`; its adds answer WRONGTYPE.
+            Err(_) if query || request.op == Op::Remove => {}
+            Err(wrong) => return wrong,
+        }
+        if let Some(spec) = create {
+            return Command::Key(KeyCommand::Create {
+                name: key_name(),
+                spec,
+                bloom: family == Some(true),
+                request: Box::new(request),
+            });
+        }
+        Command::Reply(match (family, request.op) {
+            (Some(_), Op::Count) => Reply::Int(0),
+            (Some(_), Op::Contains) => Reply::Bool(false),
+            (Some(_), Op::MContains) => Reply::Array(vec![Reply::Bool(false); n - 1]),
+            (Some(_), Op::Remove) => Reply::Error("Not found".into()),
+            // `NOCREATE`.
+            (Some(_), _) => Reply::err("not found"),
+            (None, _) => {
+                let key = arg(0);
+                Reply::err(format!(
+                    "no filter named `{}` on this node",
+                    String::from_utf8_lossy(&key[..key.len().min(64)])
+                ))
+            }
+        })
+    };
     // The items from argument `from` (counted after the name) on, in the batch framing.
-    let batch = |op: Op, from: usize| -> Command {
+    let batch = |from: usize| -> Result<Bytes, Command> {
         let items = args.from(from + 1);
-        let count = items.len();
         let mut payload = Vec::with_capacity(args.from(from + 1).map(|i| i.len() + 4).sum());
         for (index, item) in items.enumerate() {
-            if let Err(e) = batch::encode_into(&mut payload, index, item) {
-                return Command::Reply(Reply::err(e));
-            }
+            batch::encode_into(&mut payload, index, item)
+                .map_err(|e| Command::Reply(Reply::err(e)))?;
         }
-        on_filter(op, Shape::Bits { items: count }, payload.into())
+        Ok(payload.into())
+    };
+    let request = |op: Op, payload: Bytes, shape: Shape, mode: AddMode| Request {
+        op,
+        payload,
+        shape,
+        mode,
+    };
+    let bits = |from: usize| Shape::Bits { items: n - from };
+    let inserted = |from: usize, answer: Inserted| Shape::Inserted {
+        items: n - from,
+        answer,
     };
     // A copy: a view would keep the whole read buffer alive while the request waits.
     let single = |i: usize| Bytes::copy_from_slice(args.arg(i + 1));
+    let reserve = |spec: Result<crate::FilterSpec, Reply>| match spec {
+        Ok(spec) => Command::Key(KeyCommand::Reserve {
+            name: key_name(),
+            spec,
+        }),
+        Err(refused) => Command::Reply(refused),
+    };
+    // An insert's options; Err: their refusal.
+    let insert_options = |parsed: Result<redisbloom::Insert, redisbloom::Refused>| match parsed {
+        Ok(insert) => Ok(insert),
+        Err(redisbloom::Refused::Arity) => Err(wrong_arity()),
+        Err(redisbloom::Refused::Reply(reply)) => Err(Command::Reply(reply)),
+    };
     let checked = (|| -> Result<Command, Command> {
         Ok(match name.as_str() {
             "PING" => {
@@ -389,15 +515,55 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                 }
                 Command::Auth(single(n - 1))
             }
-            // Client libraries send these on connecting; nothing in them matters here.
-            "CLIENT"
-                if n >= 1
-                    && (arg(0).eq_ignore_ascii_case(b"SETNAME")
-                        || arg(0).eq_ignore_ascii_case(b"SETINFO")) =>
-            {
-                Command::Reply(Reply::Simple("OK"))
+            "CLIENT" => {
+                arity(n >= 1)?;
+                let sub = arg(0).to_ascii_uppercase();
+                match sub.as_slice() {
+                    b"ID" => {
+                        arity(n == 1)?;
+                        Command::ClientId
+                    }
+                    // Client libraries send these on connecting; nothing in them matters here.
+                    b"SETNAME" => {
+                        arity(n == 2)?;
+                        Command::ClientSetName(single(1))
+                    }
+                    b"SETINFO" | b"NO-EVICT" | b"NO-TOUCH" | b"REPLY" => {
+                        Command::Reply(Reply::Simple("OK"))
+                    }
+                    b"GETNAME" => Command::ClientGetName,
+                    _ => Command::Reply(Reply::err(format!(
+                        "unknown subcommand '{}'. Try CLIENT HELP.",
+                        String::from_utf8_lossy(&sub[..sub.len().min(64)])
+                    ))),
+                }
             }
-            "COMMAND" => Command::Reply(Reply::Array(Vec::new())),
+            "COMMAND" => Command::Reply(super::introspect::command(args)),
+            "INFO" => Command::Info(
+                args.from(1)
+                    .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase())
+                    .collect(),
+            ),
+            "MEMORY" => {
+                arity(n >= 1)?;
+                if !arg(0).eq_ignore_ascii_case(b"USAGE") {
+                    return Err(Command::Reply(Reply::err(format!(
+                        "unknown subcommand '{}'. Try MEMORY HELP.",
+                        String::from_utf8_lossy(&arg(0)[..arg(0).len().min(64)])
+                    ))));
+                }
+                // `SAMPLES n` is a hint for aggregate types; a filter is measured whole.
+                if n != 2 && n != 4 {
+                    return Err(Command::Reply(Reply::err(
+                        "wrong number of arguments for 'memory|usage' command",
+                    )));
+                }
+                let key = args.arg(2);
+                Command::Reply(match filter(key) {
+                    Some(handle) => Reply::Int(redisbloom::memory_usage(&handle) as i64),
+                    None => Reply::Null,
+                })
+            }
             "HELLO" => match hello(args) {
                 Ok(hello) => hello,
                 // Answered as they are, authenticated or not, as Redis does.
@@ -430,43 +596,120 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                     Command::Reply(Reply::err("DB index is out of range"))
                 }
             }
-            "BF.ADD" | "CF.ADD" => {
+            "BF.ADD" => {
                 arity(n == 2)?;
-                on_filter(Op::Add, Shape::Added, single(1))
+                let add = request(Op::Add, single(1), Shape::New, AddMode::ReportNew);
+                on_filter(add, Some(redisbloom::bf_default()))
+            }
+            "CF.ADD" | "CF.ADDNX" => {
+                arity(n == 2)?;
+                let add = if name == "CF.ADD" {
+                    request(Op::Add, single(1), Shape::Added, AddMode::Always)
+                } else {
+                    request(Op::Add, single(1), Shape::New, AddMode::IfAbsent)
+                };
+                on_filter(add, Some(redisbloom::cf_default()))
             }
             "BF.EXISTS" | "CF.EXISTS" => {
                 arity(n == 2)?;
-                on_filter(Op::Contains, Shape::Found, single(1))
+                let query = request(Op::Contains, single(1), Shape::Found, AddMode::Always);
+                on_filter(query, None)
             }
             "CF.DEL" => {
                 arity(n == 2)?;
-                on_filter(Op::Remove, Shape::Removed, single(1))
+                let remove = request(Op::Remove, single(1), Shape::Removed, AddMode::Always);
+                on_filter(remove, None)
             }
             "CF.COUNT" => {
                 arity(n == 2)?;
-                on_filter(Op::Count, Shape::Count, single(1))
+                on_filter(
+                    request(Op::Count, single(1), Shape::Count, AddMode::Always),
+                    None,
+                )
             }
             "BF.MADD" => {
                 arity(n >= 2)?;
-                batch(Op::MAdd, 1)
+                let add = request(
+                    Op::MAdd,
+                    batch(1)?,
+                    inserted(1, Inserted::Bloom),
+                    AddMode::ReportNew,
+                );
+                on_filter(add, Some(redisbloom::bf_default()))
             }
             "BF.MEXISTS" | "CF.MEXISTS" => {
                 arity(n >= 2)?;
-                batch(Op::MContains, 1)
+                let query = request(Op::MContains, batch(1)?, bits(1), AddMode::Always);
+                on_filter(query, None)
             }
             "CRPF.MDEL" => {
                 arity(n >= 2)?;
-                batch(Op::MRemove, 1)
+                let remove = request(Op::MRemove, batch(1)?, bits(1), AddMode::Always);
+                on_filter(remove, None)
             }
-            "BF.INSERT" | "CF.INSERT" => {
-                // Options (ignored) between the key and `ITEMS`.
-                let items = (1..n).find(|&i| arg(i).eq_ignore_ascii_case(b"ITEMS"));
-                arity(items.is_some_and(|i| i + 1 < n))?;
-                batch(Op::MAdd, items.unwrap_or_default() + 1)
+            "BF.INSERT" => {
+                arity(n >= 3)?;
+                let insert = insert_options(redisbloom::bf_insert(args))?;
+                let from = insert.items_from;
+                let add = request(
+                    Op::MAdd,
+                    batch(from)?,
+                    inserted(from, Inserted::Bloom),
+                    AddMode::ReportNew,
+                );
+                on_filter(add, insert.create)
+            }
+            "CF.INSERT" | "CF.INSERTNX" => {
+                arity(n >= 3)?;
+                let insert = insert_options(redisbloom::cf_insert(args))?;
+                let from = insert.items_from;
+                let (answer, mode) = if name == "CF.INSERT" {
+                    (Inserted::Cuckoo, AddMode::Always)
+                } else {
+                    (Inserted::CuckooNx, AddMode::IfAbsent)
+                };
+                let add = request(Op::MAdd, batch(from)?, inserted(from, answer), mode);
+                on_filter(add, insert.create)
+            }
+            "BF.CARD" => {
+                arity(n == 1)?;
+                Command::Reply(match existing()? {
+                    Some(handle) => redisbloom::bf_card(&handle),
+                    None => Reply::Int(0),
+                })
+            }
+            "BF.INFO" => {
+                arity(n == 1 || n == 2)?;
+                let field = match n {
+                    2 => Some(redisbloom::BfField::parse(arg(1)).ok_or_else(|| {
+                        Command::Reply(Reply::Error("Invalid information value".into()))
+                    })?),
+                    _ => None,
+                };
+                Command::Reply(match existing()? {
+                    Some(handle) => redisbloom::bf_info(&handle, field),
+                    None => Reply::err("not found"),
+                })
+            }
+            "CF.INFO" => {
+                arity(n == 1)?;
+                Command::Reply(match existing()? {
+                    Some(handle) => redisbloom::cf_info(&handle),
+                    None => Reply::err("not found"),
+                })
+            }
+            // crpf's cuckoo filters keep no deleted slots to compact.
+            "CF.COMPACT" => {
+                arity(n == 1)?;
+                Command::Reply(match existing() {
+                    Ok(Some(_)) => Reply::Simple("OK"),
+                    _ => Reply::Error("Cuckoo filter was not found".into()),
+                })
             }
             "CRPF.STATS" => {
                 arity(n == 1)?;
-                on_filter(Op::Stats, Shape::Json, Bytes::new())
+                let stats = request(Op::Stats, Bytes::new(), Shape::Json, AddMode::Always);
+                on_filter(stats, None)
             }
             "CRPF.ACK" => {
                 arity(n == 1)?;
@@ -477,23 +720,15 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
             }
             "BF.RESERVE" => {
                 arity((3..=6).contains(&n))?;
-                match bf_reserve(args) {
-                    Ok(spec) => Command::Key(KeyCommand::Reserve {
-                        name: String::from_utf8_lossy(arg(0)).into_owned(),
-                        spec,
-                    }),
-                    Err(refused) => Command::Reply(refused),
-                }
+                reserve(redisbloom::bf_reserve(args))
             }
             "CF.RESERVE" => {
                 arity(n >= 2 && n.is_multiple_of(2) && n <= 8)?;
-                match cf_reserve(args) {
-                    Ok(spec) => Command::Key(KeyCommand::Reserve {
-                        name: String::from_utf8_lossy(arg(0)).into_owned(),
-                        spec,
-                    }),
-                    Err(refused) => Command::Reply(refused),
-                }
+                reserve(redisbloom::cf_reserve(args))
+            }
+            "CRPF.RESERVE" => {
+                arity(n >= 4)?;
+                reserve(redisbloom::crpf_reserve(args))
             }
             "DEL" | "UNLINK" => {
                 arity(n >= 1)?;
@@ -502,6 +737,16 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                         .map(|k| String::from_utf8_lossy(k).into_owned())
                         .collect(),
                 ))
+            }
+            "FLUSHDB" | "FLUSHALL" => {
+                if n > 1
+                    || n == 1
+                        && !arg(0).eq_ignore_ascii_case(b"ASYNC")
+                        && !arg(0).eq_ignore_ascii_case(b"SYNC")
+                {
+                    return Err(Command::Reply(Reply::err("syntax error")));
+                }
+                Command::Key(KeyCommand::FlushAll)
             }
             "EXISTS" => {
                 arity(n >= 1)?;
@@ -522,23 +767,40 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                 Command::Key(KeyCommand::Keys {
                     pattern: arg(0).to_vec(),
                     scan: false,
+                    kind: None,
                 })
             }
             // One pass: every name at once, cursor 0 (a client iterating gets all of them in
             // its first call, which SCAN's contract allows).
             "SCAN" => {
                 arity(n >= 1)?;
+                if !std::str::from_utf8(arg(0)).is_ok_and(|c| c.parse::<u64>().is_ok()) {
+                    return Err(Command::Reply(Reply::err("invalid cursor")));
+                }
                 let mut pattern = b"*".to_vec();
+                let mut kind = None;
                 let mut i = 1;
                 while i < n {
                     let option = arg(i);
-                    if i + 1 < n && option.eq_ignore_ascii_case(b"MATCH") {
+                    if i + 1 >= n {
+                        return Err(Command::Reply(Reply::err("syntax error")));
+                    } else if option.eq_ignore_ascii_case(b"MATCH") {
                         pattern = arg(i + 1).to_vec();
-                    } else if i + 1 < n
-                        && (option.eq_ignore_ascii_case(b"COUNT")
-                            || option.eq_ignore_ascii_case(b"TYPE"))
-                    {
-                        // A hint, and a type filter of which every key here is one of two.
+                    } else if option.eq_ignore_ascii_case(b"COUNT") {
+                        // A hint; every key comes in one call anyway.
+                        match std::str::from_utf8(arg(i + 1)).map(str::parse::<i64>) {
+                            Ok(Ok(c)) if c >= 1 => {}
+                            Ok(Ok(_)) => {
+                                return Err(Command::Reply(Reply::err("syntax error")));
+                            }
+                            _ => {
+                                return Err(Command::Reply(Reply::err(
+                                    "value is not an integer or out of range",
+                                )));
+                            }
+                        }
+                    } else if option.eq_ignore_ascii_case(b"TYPE") {
+                        kind = Some(arg(i + 1).to_vec());
                     } else {
                         return Err(Command::Reply(Reply::err("syntax error")));
                     }
@@ -547,6 +809,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                 Command::Key(KeyCommand::Keys {
                     pattern,
                     scan: true,
+                    kind,
                 })
             }
             _ => Command::Reply(Reply::err(format!(
@@ -556,130 +819,6 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
         })
     })();
     checked.unwrap_or_else(|refused| refused)
-}
-
-/// The crpf kind and spec of `BF.RESERVE key error_rate capacity [EXPANSION e] [NONSCALING]`,
-/// with RedisBloom's refusals: a non-scaling filter is a `g_bloom`; a scaling one the
-/// scalable kind whose FPR bound holds however rarely replicas sync (`writer_sc_g_bloom`).
-fn bf_reserve(args: &Args) -> Result<crate::FilterSpec, Reply> {
-    let n = args.len() - 1;
-    let arg = |i: usize| args.arg(i + 1);
-    let text = |i: usize| std::str::from_utf8(arg(i)).unwrap_or("");
-    let fpr: f64 = text(1).parse().map_err(|_| Reply::err("bad error rate"))?;
-    if !(fpr > 0.0 && fpr < 1.0) {
-        return Err(Reply::err(
-            "error rate must be in the range (0.000000, 1.000000)",
-        ));
-    }
-    let capacity: u64 = text(2).parse().map_err(|_| Reply::err("bad capacity"))?;
-    if capacity == 0 {
-        return Err(Reply::err("capacity must be in the range [1, 1073741824]"));
-    }
-    let (mut nonscaling, mut expansion) = (false, None);
-    let mut i = 3;
-    while i < n {
-        if arg(i).eq_ignore_ascii_case(b"NONSCALING") {
-            nonscaling = true;
-            i += 1;
-        } else if arg(i).eq_ignore_ascii_case(b"EXPANSION") {
-            let e: u64 = match i + 1 < n {
-                true => text(i + 1)
-                    .parse()
-                    .map_err(|_| Reply::err("bad expansion"))?,
-                false => return Err(Reply::err("no expansion")),
-            };
-            expansion = Some(e);
-            i += 2;
-        } else {
-            return Err(Reply::err("syntax error"));
-        }
-    }
-    let scaling = match expansion {
-        Some(0) => false,
-        Some(_) if nonscaling => {
-            return Err(Reply::Error("Nonscaling filters cannot expand".into()));
-        }
-        Some(SCALING_GROWTH) | None => !nonscaling,
-        Some(_) => return Err(expansion_refused()),
-    };
-    let kind = if scaling {
-        crate::FilterKind::WriterScGBloom
-    } else {
-        crate::FilterKind::GBloom
-    };
-    Ok(crate::FilterSpec::new(kind, capacity, fpr))
-}
-
-/// Each sub-filter of crpf's scalable kinds is this many times its predecessor's size.
-const SCALING_GROWTH: u64 = 2;
-
-fn expansion_refused() -> Reply {
-    Reply::err(format!(
-        "crpf's scalable filters grow by {SCALING_GROWTH}: EXPANSION {SCALING_GROWTH} (or 0: \
-         not scaling) only"
-    ))
-}
-
-/// The false positive rate of filters created by `CF.RESERVE`, which gives none.
-const CF_RESERVE_FPR: f64 = 0.01;
-
-/// The crpf kind and spec of `CF.RESERVE key capacity [BUCKETSIZE b] [MAXITERATIONS m]
-/// [EXPANSION e]`: an `or_cuckoo` (removes as RedisBloom's `CF.DEL`), or with `EXPANSION 2`
-/// its scalable kind `writer_sc_or_cuckoo`; bucket size and kicks are crpf's (4 and its
-/// default), other values refused.
-fn cf_reserve(args: &Args) -> Result<crate::FilterSpec, Reply> {
-    let n = args.len() - 1;
-    let arg = |i: usize| args.arg(i + 1);
-    let text = |i: usize| std::str::from_utf8(arg(i)).unwrap_or("");
-    let capacity: u64 = text(1)
-        .parse()
-        .ok()
-        .filter(|c| *c > 0)
-        .ok_or_else(|| Reply::Error("Bad capacity".into()))?;
-    let mut scaling = false;
-    // Options come in pairs after the capacity (the arity checked that).
-    let mut i = 2;
-    while i < n {
-        let value = text(i + 1);
-        // crpf's bucket size and kick limit are fixed: only their own values pass.
-        let fixed = |option: &str, fixed: u64, what: &str| -> Result<(), Reply> {
-            let v: u64 = value
-                .parse()
-                .map_err(|_| Reply::Error(format!("Couldn't parse {option}")))?;
-            if v == fixed {
-                Ok(())
-            } else {
-                Err(Reply::err(format!(
-                    "crpf's cuckoo filters {what} {fixed}: {option} {fixed} only"
-                )))
-            }
-        };
-        if arg(i).eq_ignore_ascii_case(b"BUCKETSIZE") {
-            let size = crate::CuckooParams::DEFAULT_BUCKET_SIZE;
-            fixed("BUCKETSIZE", size.into(), "have buckets of")?;
-        } else if arg(i).eq_ignore_ascii_case(b"MAXITERATIONS") {
-            let kicks = crate::CuckooParams::DEFAULT_MAX_KICKS;
-            fixed("MAXITERATIONS", kicks.into(), "kick at most")?;
-        } else if arg(i).eq_ignore_ascii_case(b"EXPANSION") {
-            let e: u64 = value
-                .parse()
-                .map_err(|_| Reply::Error("Couldn't parse EXPANSION".into()))?;
-            match e {
-                0 => scaling = false,
-                SCALING_GROWTH => scaling = true,
-                _ => return Err(expansion_refused()),
-            }
-        } else {
-            return Err(Reply::err("syntax error"));
-        }
-        i += 2;
-    }
-    let kind = if scaling {
-        crate::FilterKind::WriterScOrCuckoo
-    } else {
-        crate::FilterKind::OrCuckoo
-    };
-    Ok(crate::FilterSpec::new(kind, capacity, CF_RESERVE_FPR))
 }
 
 /// Whether `name` matches the glob `pattern` (Redis's `KEYS`: `*`, `?`, `[...]`, `\`).
@@ -719,21 +858,13 @@ pub fn glob_match(pattern: &[u8], name: &[u8]) -> bool {
     }
 }
 
-/// RedisBloom's type name of a filter kind (`TYPE`).
-pub fn type_name(kind: crate::FilterKind) -> &'static str {
-    if is_bloom(kind) {
-        "MBbloom--"
-    } else {
-        "MBbloomCF"
-    }
-}
-
 /// `HELLO [protover [AUTH username password] [SETNAME clientname]]`, with Redis 7's refusals.
 fn hello(args: &Args) -> Result<Command, Reply> {
     let n = args.len() - 1;
     let arg = |i: usize| args.arg(i + 1);
     let mut protocol = None;
     let mut password = None;
+    let mut name = None;
     let mut i = 0;
     if n >= 1 {
         protocol = Some(match arg(0) {
@@ -759,6 +890,7 @@ fn hello(args: &Args) -> Result<Command, Reply> {
             password = Some(Bytes::copy_from_slice(arg(i + 2)));
             i += 3;
         } else if option.eq_ignore_ascii_case("SETNAME") && i + 1 < n {
+            name = Some(Bytes::copy_from_slice(arg(i + 1)));
             i += 2;
         } else {
             return Err(Reply::err(format!(
@@ -767,7 +899,11 @@ fn hello(args: &Args) -> Result<Command, Reply> {
             )));
         }
     }
-    Ok(Command::Hello { protocol, password })
+    Ok(Command::Hello {
+        protocol,
+        password,
+        name,
+    })
 }
 
 /// Sends `request` to `handle`, a batch asking for a bitmap, an update with the connection's
@@ -780,10 +916,15 @@ pub fn send(
     queued: bool,
 ) -> PendingResponse {
     let mut headers = None::<async_nats::HeaderMap>;
-    if matches!(request.shape, Shape::Bits { .. }) {
+    if matches!(request.shape, Shape::Bits { .. } | Shape::Inserted { .. }) {
         headers
             .get_or_insert_default()
             .insert(REPLY_HEADER, ReplyFormat::Bitmap.name());
+    }
+    if request.mode != AddMode::Always {
+        headers
+            .get_or_insert_default()
+            .insert(ADD_MODE_HEADER, request.mode.name());
     }
     if let Some(level) = ack
         && request.op.is_update()
@@ -800,9 +941,75 @@ pub fn send(
     }
 }
 
+/// The ADR-32 code of a full filter's refusal.
+const FULL_CODE: &str = "507";
+
+/// A batch add's answer, as `answer`'s command gives it: the bitmap's bits are "new" (or
+/// "added" for `CF.INSERT`), the refused items named by [`FAILED_HEADER`] (or, for
+/// `CF.INSERT`, the zeros when [`ERROR_HEADER`] is there).
+fn inserted(answer: Inserted, response: &ApiResponse, items: usize) -> Reply {
+    let bitmap = response.payload.clone();
+    let error = response.headers.get(ERROR_HEADER).map(|e| e.as_str());
+    let failed: Vec<usize> = response
+        .headers
+        .get(FAILED_HEADER)
+        .map(|list| {
+            list.as_str()
+                .split(',')
+                .filter_map(|i| i.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let bit = |i| batch::bitmap_bit(&bitmap, i);
+    match answer {
+        Inserted::Cuckoo => Reply::Bits {
+            bitmap: bitmap.clone(),
+            items,
+            refused: error.map(|_| {
+                Box::new(Reply::IntOrBool {
+                    resp2: -1,
+                    resp3: false,
+                })
+            }),
+        },
+        Inserted::Bloom if failed.is_empty() => Reply::Bits {
+            bitmap: bitmap.clone(),
+            items,
+            refused: None,
+        },
+        Inserted::Bloom => {
+            let refused = Reply::err(error.unwrap_or("item refused"));
+            Reply::Array(
+                (0..items)
+                    .map(|i| match failed.binary_search(&i) {
+                        Ok(_) => refused.clone(),
+                        Err(_) => Reply::Bool(bit(i)),
+                    })
+                    .collect(),
+            )
+        }
+        Inserted::CuckooNx => Reply::Array(
+            (0..items)
+                .map(|i| match failed.binary_search(&i) {
+                    Ok(_) => Reply::Int(-1),
+                    Err(_) => Reply::Int(i64::from(bit(i))),
+                })
+                .collect(),
+        ),
+    }
+}
+
 /// The reply to a command whose request was answered with `response`.
 pub fn reply(shape: Shape, response: &ApiResponse) -> Reply {
     if let Some(e) = response.error() {
+        // RedisBloom's answer to an add into a full cuckoo filter.
+        let full = response
+            .headers
+            .get(SERVICE_ERROR_CODE_HEADER)
+            .is_some_and(|code| code.as_str() == FULL_CODE);
+        if full && matches!(shape, Shape::Added | Shape::New) {
+            return Reply::Error("Filter is full".into());
+        }
         return Reply::err(e);
     }
     let body = &response.payload[..];
@@ -828,6 +1035,13 @@ pub fn reply(shape: Shape, response: &ApiResponse) -> Reply {
             b"{\"contains\":false}" => Reply::Bool(false),
             _ => flag("contains").map_or_else(unexpected, Reply::Bool),
         },
+        Shape::New => match body {
+            b"{\"added\":true,\"new\":true}" => Reply::Bool(true),
+            b"{\"added\":true,\"new\":false}" | b"{\"added\":false,\"new\":false}" => {
+                Reply::Bool(false)
+            }
+            _ => flag("new").map_or_else(unexpected, Reply::Bool),
+        },
         Shape::Removed => flag("removed").map_or_else(unexpected, Reply::Bool),
         Shape::Count => json("count")
             .and_then(|v| v.as_i64())
@@ -849,6 +1063,12 @@ pub fn reply(shape: Shape, response: &ApiResponse) -> Reply {
                     .get(ERROR_HEADER)
                     .map(|e| Box::new(Reply::err(e))),
             }
+        }
+        Shape::Inserted { items, answer } => {
+            if !response.is_bitmap() || batch::check_bitmap(body, items).is_err() {
+                return unexpected();
+            }
+            inserted(answer, response, items)
         }
     }
 }
@@ -941,21 +1161,18 @@ mod tests {
             (&["BF.RESERVE", "k", "0.01", "100"][..], K::WriterScGBloom),
             (&["BF.RESERVE", "k", "0.01", "100", "NONSCALING"], K::GBloom),
             (
-                &["BF.RESERVE", "k", "0.01", "100", "EXPANSION", "0"],
-                K::GBloom,
-            ),
-            (
                 &["BF.RESERVE", "k", "0.01", "100", "EXPANSION", "2"],
                 K::WriterScGBloom,
             ),
-            (&["CF.RESERVE", "k", "100"], K::OrCuckoo),
+            (&["CF.RESERVE", "k", "100"], K::WriterScOrCuckoo),
+            (&["CF.RESERVE", "k", "100", "EXPANSION", "0"], K::OrCuckoo),
             (
                 &["CF.RESERVE", "k", "100", "EXPANSION", "2"],
                 K::WriterScOrCuckoo,
             ),
             (
                 &["CF.RESERVE", "k", "100", "MAXITERATIONS", "500"],
-                K::OrCuckoo,
+                K::WriterScOrCuckoo,
             ),
         ] {
             let s = spec(ws);
@@ -999,8 +1216,63 @@ mod tests {
         );
         assert!(refused(&["CF.INSERT", "k", "CAPACITY", "10"]).starts_with("ERR wrong number"));
         assert!(refused(&["CF.INSERT", "k", "ITEMS"]).starts_with("ERR wrong number"));
-        assert!(refused(&["BF.ADD", "nope", "x"]).starts_with("ERR no filter named `nope`"));
-        assert!(refused(&["FLUSHALL"]).starts_with("ERR unknown command 'FLUSHALL'"));
+        assert!(refused(&["CRPF.MDEL", "nope", "x"]).starts_with("ERR no filter named `nope`"));
+        assert!(refused(&["FLUSHALL", "NOW"]).starts_with("ERR syntax error"));
+        assert_eq!(refused(&["CF.DEL", "nope", "x"]), "Not found");
+        assert_eq!(refused(&["BF.INFO", "nope"]), "ERR not found");
+        assert_eq!(
+            refused(&["BF.INSERT", "nope", "NOCREATE", "ITEMS", "x"]),
+            "ERR not found"
+        );
+        // The first add to a key creates it, with RedisBloom's defaults mapped onto crpf.
+        for (ws, kind, mode) in [
+            (
+                &["BF.ADD", "new", "x"][..],
+                crate::FilterKind::WriterScGBloom,
+                AddMode::ReportNew,
+            ),
+            (
+                &["BF.MADD", "new", "x", "y"],
+                crate::FilterKind::WriterScGBloom,
+                AddMode::ReportNew,
+            ),
+            (
+                &["CF.ADD", "new", "x"],
+                crate::FilterKind::WriterScOrCuckoo,
+                AddMode::Always,
+            ),
+            (
+                &["CF.ADDNX", "new", "x"],
+                crate::FilterKind::WriterScOrCuckoo,
+                AddMode::IfAbsent,
+            ),
+            (
+                &["CF.INSERTNX", "new", "ITEMS", "x"],
+                crate::FilterKind::WriterScOrCuckoo,
+                AddMode::IfAbsent,
+            ),
+            (
+                &["BF.INSERT", "new", "NONSCALING", "ITEMS", "x"],
+                crate::FilterKind::GBloom,
+                AddMode::ReportNew,
+            ),
+        ] {
+            match command(&words(ws), no_filter) {
+                Command::Key(KeyCommand::Create {
+                    name,
+                    spec,
+                    request,
+                    ..
+                }) => {
+                    assert_eq!(
+                        (name.as_str(), spec.kind, request.mode),
+                        ("new", kind, mode),
+                        "{ws:?}"
+                    );
+                }
+                other => panic!("{ws:?} gave {other:?}"),
+            }
+        }
         assert!(refused(&["CRPF.ACK", "eventually"]).starts_with("ERR"));
         assert!(refused(&["AUTH", "admin", "pw"]).starts_with("WRONGPASS"));
         // Answered as they are before login too (not NOAUTH), with Redis 7's words.

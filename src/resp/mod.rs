@@ -30,7 +30,9 @@
 //! ```
 
 pub mod commands;
+mod introspect;
 pub mod parse;
+pub mod redisbloom;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -231,7 +233,7 @@ impl FilterLookup for crate::node::Node {
                         ..
                     })
                     | crate::node::HostError::Configured(_),
-                ) => Err("ERR item exists".into()),
+                ) => Err(redisbloom::EXISTS.into()),
                 Err(e) => Err(format!("ERR {e}")),
             }
         })
@@ -263,6 +265,12 @@ struct Server {
     rejected: fn(&'static str) -> Counter,
     /// The next connection's id.
     next_id: std::sync::atomic::AtomicU64,
+    /// Open connections (`INFO clients`).
+    connections: std::sync::atomic::AtomicUsize,
+    max_connections: usize,
+    /// Where it listens and since when (`INFO server`).
+    addr: SocketAddr,
+    started: Instant,
 }
 
 /// A running front end: where it listens. It stops when the runtime does.
@@ -322,6 +330,10 @@ impl RespServer {
             password,
             open: metrics::gauge!(CONNECTIONS),
             next_id: std::sync::atomic::AtomicU64::new(1),
+            connections: Default::default(),
+            max_connections: cfg.max_connections,
+            addr,
+            started: Instant::now(),
             commands: metrics::counter!(COMMANDS_TOTAL),
             rejected: |reason| metrics::counter!(REJECTED, "reason" => reason),
         });
@@ -400,8 +412,14 @@ async fn accept(listener: TcpListener, server: Arc<Server>, slots: Arc<Semaphore
         let server = server.clone();
         tokio::spawn(async move {
             server.open.increment(1.0);
+            server
+                .connections
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             serve(stream, &server).await;
             tracing::debug!(%peer, "RESP connection closed");
+            server
+                .connections
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             server.open.decrement(1.0);
             drop(slot);
         });
@@ -452,6 +470,110 @@ fn answer_reply(answer: Result<crate::replica::ApiResponse, ReplicaError>, shape
     }
 }
 
+/// A command on the keys, answered from the filters `lookup` finds, creating and dropping
+/// them through its catalog; `ack`: the connection's level, for the add of a key created by
+/// it.
+async fn run_key(
+    lookup: Arc<dyn FilterLookup>,
+    key: commands::KeyCommand,
+    ack: Option<AckLevel>,
+) -> Reply {
+    use commands::KeyCommand as K;
+    let text = |s: String| Reply::Bulk(bytes::Bytes::from(s));
+    match key {
+        K::Reserve { name, spec } => {
+            let bloom = redisbloom::is_bloom(spec.kind);
+            match lookup.create(name.clone(), spec).await {
+                Ok(true) => Reply::Simple("OK"),
+                // A key of the other family is RedisBloom's WRONGTYPE.
+                Ok(false) | Err(_)
+                    if lookup
+                        .filter(name.as_bytes())
+                        .is_some_and(|h| redisbloom::is_bloom(h.kind()) != bloom) =>
+                {
+                    Reply::Error(commands::WRONGTYPE.into())
+                }
+                Ok(false) => Reply::Error(redisbloom::EXISTS.into()),
+                Err(e) => Reply::Error(e),
+            }
+        }
+        K::Create {
+            name,
+            spec,
+            bloom,
+            request,
+        } => {
+            match lookup.create(name.clone(), spec).await {
+                // Created by this command, or by another client meanwhile.
+                Ok(_) => {}
+                Err(e) if e == redisbloom::EXISTS => {}
+                Err(e) => return Reply::Error(e),
+            }
+            let Some(handle) = lookup.filter(name.as_bytes()) else {
+                return Reply::err("could not create filter");
+            };
+            if redisbloom::is_bloom(handle.kind()) != bloom {
+                return Reply::Error(commands::WRONGTYPE.into());
+            }
+            let answer = commands::send(&handle, &request, ack, true).await;
+            answer_reply(answer, request.shape)
+        }
+        K::Delete(names) => {
+            let mut dropped = 0;
+            for name in names {
+                match lookup.drop_filter(name).await {
+                    Ok(true) => dropped += 1,
+                    Ok(false) => {}
+                    Err(e) => return Reply::Error(e),
+                }
+            }
+            Reply::Int(dropped)
+        }
+        K::FlushAll => {
+            for name in lookup.names() {
+                if let Err(e) = lookup.drop_filter(name).await {
+                    return Reply::Error(e);
+                }
+            }
+            Reply::Simple("OK")
+        }
+        K::Exists(keys) => {
+            Reply::Int(keys.iter().filter(|k| lookup.filter(k).is_some()).count() as i64)
+        }
+        K::Type(key) => Reply::Simple(
+            lookup
+                .filter(&key)
+                .map_or("none", |h| redisbloom::type_name(h.kind())),
+        ),
+        K::DbSize => Reply::Int(lookup.names().len() as i64),
+        K::Keys {
+            pattern,
+            scan,
+            kind,
+        } => {
+            let of_kind = |name: &str| match &kind {
+                None => true,
+                Some(kind) => lookup.filter(name.as_bytes()).is_some_and(|h| {
+                    redisbloom::type_name(h.kind())
+                        .as_bytes()
+                        .eq_ignore_ascii_case(kind)
+                }),
+            };
+            let names: Vec<Reply> = lookup
+                .names()
+                .into_iter()
+                .filter(|n| commands::glob_match(&pattern, n.as_bytes()) && of_kind(n))
+                .map(text)
+                .collect();
+            if scan {
+                Reply::Array(vec![text("0".into()), Reply::Array(names)])
+            } else {
+                Reply::Array(names)
+            }
+        }
+    }
+}
+
 impl Future for Pending {
     type Output = (Reply, usize, Kind, Protocol);
 
@@ -475,7 +597,18 @@ impl Future for Pending {
 /// A command waiting for the actor's commands of this connection to be answered.
 enum Waiting {
     Request(ReplicaHandle, commands::Request, usize),
-    Exec(Vec<Command>, usize),
+    /// Commands run one after the other: an `EXEC`'s (replies in one array), or one key
+    /// command (its reply alone).
+    Exec(Vec<Command>, usize, Replies),
+}
+
+/// How the replies of commands run one after the other go out.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Replies {
+    /// In one array (`EXEC`).
+    Array,
+    /// The only command's reply as it is.
+    Single,
 }
 
 /// The commands queued since `MULTI`.
@@ -490,6 +623,7 @@ struct Multi {
 enum Step {
     Ready(Reply),
     Send(ReplicaHandle, commands::Request, Option<AckLevel>),
+    Key(commands::KeyCommand, Option<AckLevel>),
 }
 
 /// One connection's state.
@@ -511,6 +645,8 @@ struct Session<'a> {
     protocol: Protocol,
     /// The connection's id (`HELLO`'s `id`).
     id: u64,
+    /// Its name (`CLIENT SETNAME`, `HELLO ... SETNAME`).
+    name: Option<bytes::Bytes>,
     /// Commands queued since `MULTI`.
     multi: Option<Multi>,
     /// An `EXEC` is running: later commands wait for it, as they would in Redis.
@@ -543,6 +679,9 @@ impl Session<'_> {
             Command::Discard if self.authenticated => {
                 Some(self.ready(Reply::err("DISCARD without MULTI"), bytes))
             }
+            Command::Key(key) if self.authenticated => {
+                self.exec(vec![Command::Key(key)], bytes, Replies::Single)
+            }
             command => Some(self.answer(command, bytes)),
         }
     }
@@ -559,7 +698,7 @@ impl Session<'_> {
                         "EXECABORT Transaction discarded because of previous errors.".into(),
                     )
                 } else {
-                    return self.exec(multi.queued, bytes);
+                    return self.exec(multi.queued, bytes, Replies::Array);
                 }
             }
             Command::Discard => {
@@ -572,10 +711,7 @@ impl Session<'_> {
                 multi.aborted = true;
                 refused
             }
-            Command::Auth(_)
-            | Command::AuthRefused(_)
-            | Command::Hello { .. }
-            | Command::Key(_) => {
+            Command::Auth(_) | Command::AuthRefused(_) | Command::Hello { .. } => {
                 multi.aborted = true;
                 Reply::err("Command not allowed inside a transaction")
             }
@@ -587,47 +723,63 @@ impl Session<'_> {
         Some(self.ready(reply, bytes))
     }
 
-    /// Runs an `EXEC`'s commands once this connection's earlier commands with an actor are
-    /// answered.
-    fn exec(&mut self, queued: Vec<Command>, bytes: usize) -> Option<Pending> {
+    /// Runs an `EXEC`'s commands (or one key command) once this connection's earlier
+    /// commands with an actor are answered.
+    fn exec(&mut self, queued: Vec<Command>, bytes: usize, replies: Replies) -> Option<Pending> {
         if self.with_actor.is_some() {
-            self.waiting = Some(Waiting::Exec(queued, bytes));
+            self.waiting = Some(Waiting::Exec(queued, bytes, replies));
             return None;
         }
-        Some(self.start_exec(queued, bytes))
+        Some(self.start_exec(queued, bytes, replies))
     }
 
-    /// The commands of an `EXEC`, one after the other, each through its filter's actor (in
-    /// order behind anything before it), their replies in one array. Nothing else of this
-    /// connection runs meanwhile.
-    fn start_exec(&mut self, queued: Vec<Command>, bytes: usize) -> Pending {
+    /// Commands one after the other, each through its filter's actor (in order behind
+    /// anything before it) or the catalog, their replies in one array (or the only one's
+    /// alone). Nothing else of this connection runs meanwhile: the commands after a
+    /// `BF.RESERVE` find its filter.
+    fn start_exec(&mut self, queued: Vec<Command>, bytes: usize, replies: Replies) -> Pending {
         let mut steps = Vec::with_capacity(queued.len());
         for command in queued {
             steps.push(match command {
                 Command::Filter(handle, request) => Step::Send(handle, request, self.ack),
+                Command::Key(key) => Step::Key(key, self.ack),
                 Command::SetAck(level) => {
                     self.ack = Some(level);
                     Step::Ready(Reply::Simple("OK"))
                 }
                 Command::Reply(reply) => Step::Ready(reply),
+                Command::ClientId => Step::Ready(Reply::Int(self.id as i64)),
+                Command::ClientSetName(name) => {
+                    self.name = Some(name);
+                    Step::Ready(Reply::Simple("OK"))
+                }
+                Command::ClientGetName => {
+                    Step::Ready(self.name.clone().map_or(Reply::Null, Reply::Bulk))
+                }
+                Command::Info(sections) => Step::Ready(self.info(&sections)),
                 // Only the commands above are queued.
                 _ => Step::Ready(Reply::err("not allowed inside a transaction")),
             });
         }
-        self.exec_running = true;
+        let lookup = self.server.filters.clone();
         let run = async move {
-            let mut replies = Vec::with_capacity(steps.len());
+            let mut out = Vec::with_capacity(steps.len());
             for step in steps {
-                replies.push(match step {
+                out.push(match step {
                     Step::Ready(reply) => reply,
                     Step::Send(handle, request, ack) => {
                         let answer = commands::send(&handle, &request, ack, true).await;
                         answer_reply(answer, request.shape)
                     }
+                    Step::Key(key, ack) => run_key(lookup.clone(), key, ack).await,
                 });
             }
-            Reply::Array(replies)
+            match replies {
+                Replies::Array => Reply::Array(out),
+                Replies::Single => out.pop().unwrap_or(Reply::Null),
+            }
         };
+        self.exec_running = true;
         Pending {
             reply: PendingReply::Exec(run.boxed()),
             bytes,
@@ -636,76 +788,21 @@ impl Session<'_> {
         }
     }
 
-    /// A command on the keys: answered from the filters this node serves, or (creating and
-    /// dropping filters) once the catalog has done it, the commands after it waiting.
-    fn key_command(&mut self, key: commands::KeyCommand, bytes: usize) -> Pending {
-        use commands::KeyCommand as K;
-        let lookup = self.server.filters.clone();
-        let text = |s: String| Reply::Bulk(bytes::Bytes::from(s));
-        let reply = match key {
-            K::Reserve { name, spec } => {
-                let create = lookup.create(name, spec);
-                return self.barrier(bytes, async move {
-                    match create.await {
-                        Ok(true) => Reply::Simple("OK"),
-                        Ok(false) => Reply::err("item exists"),
-                        Err(e) => Reply::Error(e),
-                    }
-                });
-            }
-            K::Delete(names) => {
-                return self.barrier(bytes, async move {
-                    let mut dropped = 0;
-                    for name in names {
-                        match lookup.drop_filter(name).await {
-                            Ok(true) => dropped += 1,
-                            Ok(false) => {}
-                            Err(e) => return Reply::Error(e),
-                        }
-                    }
-                    Reply::Int(dropped)
-                });
-            }
-            K::Exists(keys) => {
-                Reply::Int(keys.iter().filter(|k| lookup.filter(k).is_some()).count() as i64)
-            }
-            K::Type(key) => Reply::Simple(
-                lookup
-                    .filter(&key)
-                    .map_or("none", |h| commands::type_name(h.kind())),
-            ),
-            K::DbSize => Reply::Int(lookup.names().len() as i64),
-            K::Keys { pattern, scan } => {
-                let names: Vec<Reply> = lookup
-                    .names()
-                    .into_iter()
-                    .filter(|n| commands::glob_match(&pattern, n.as_bytes()))
-                    .map(text)
-                    .collect();
-                if scan {
-                    Reply::Array(vec![text("0".into()), Reply::Array(names)])
-                } else {
-                    Reply::Array(names)
-                }
-            }
-        };
-        self.ready(reply, bytes)
-    }
-
-    /// A reply that takes a while, during which this connection runs nothing else (the
-    /// commands after a `BF.RESERVE` find its filter).
-    fn barrier(
-        &mut self,
-        bytes: usize,
-        reply: impl Future<Output = Reply> + Send + 'static,
-    ) -> Pending {
-        self.exec_running = true;
-        Pending {
-            reply: PendingReply::Exec(reply.boxed()),
-            bytes,
-            kind: Kind::Exec,
-            protocol: self.protocol,
-        }
+    /// `INFO`'s reply.
+    fn info(&self, sections: &[String]) -> Reply {
+        let server = self.server;
+        introspect::info_text(
+            sections,
+            &introspect::Facts {
+                port: server.addr.port(),
+                started: server.started,
+                clients: server
+                    .connections
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                max_clients: server.max_connections,
+                keys: server.filters.names().len(),
+            },
+        )
     }
 
     /// A reply answered at once, counted if it refuses.
@@ -797,7 +894,7 @@ impl Session<'_> {
         self.with_actor = None;
         match self.waiting.take()? {
             Waiting::Request(handle, request, bytes) => self.send(handle, request, bytes),
-            Waiting::Exec(queued, bytes) => Some(self.start_exec(queued, bytes)),
+            Waiting::Exec(queued, bytes, replies) => Some(self.start_exec(queued, bytes, replies)),
         }
     }
 
@@ -817,7 +914,11 @@ impl Session<'_> {
                 Reply::Simple("OK")
             }
             Command::AuthRefused(reply) => reply,
-            Command::Hello { protocol, password } => {
+            Command::Hello {
+                protocol,
+                password,
+                name,
+            } => {
                 let refused = match (&password, &server.password) {
                     // Redis's default user without a password takes any.
                     (Some(_), None) => None,
@@ -841,6 +942,9 @@ impl Session<'_> {
                         if let Some(p) = protocol {
                             self.protocol = p;
                         }
+                        if name.is_some() {
+                            self.name = name;
+                        }
                         self.hello_reply()
                     }
                 }
@@ -851,7 +955,14 @@ impl Session<'_> {
                 self.ack = Some(level);
                 Reply::Simple("OK")
             }
-            Command::Key(key) => return self.key_command(key, bytes),
+            Command::Key(_) => unreachable!("run by Session::handle"),
+            Command::ClientId => Reply::Int(self.id as i64),
+            Command::ClientSetName(name) => {
+                self.name = Some(name);
+                Reply::Simple("OK")
+            }
+            Command::ClientGetName => self.name.clone().map_or(Reply::Null, Reply::Bulk),
+            Command::Info(sections) => self.info(&sections),
             Command::Multi | Command::Exec | Command::Discard => {
                 unreachable!("answered by Session::handle")
             }
@@ -906,6 +1017,7 @@ async fn serve(stream: TcpStream, server: &Server) {
         id: server
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        name: None,
         multi: None,
         exec_running: false,
     };

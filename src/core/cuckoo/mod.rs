@@ -17,7 +17,7 @@ pub use counting::{CountingCuckoo, CountingCuckooDelta, SlotCounts};
 /// ORCF table logic shared with the scalable ORCF.
 pub(crate) mod orcuckoo_parts {
     pub(crate) use super::orcuckoo::{
-        PackedTags, PendingOr, check_listed_dots, check_tags, merge_tables, pack_tags,
-        remove_random, table_le, unpack_tags,
+        PackedTags, PendingOr, check_listed_dots, check_tags, count_matching, merge_tables,
+        pack_tags, remove_random, table_le, unpack_tags,
     };
 }

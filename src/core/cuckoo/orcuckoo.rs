@@ -258,6 +258,12 @@ impl OrCuckoo {
         Ok(dot)
     }
 
+    /// Live entries matching the item ([`crate::core::kind::ObservedRemove::occurrences`]).
+    pub fn occurrences(&self, item: &[u8]) -> u64 {
+        let (b, fp) = self.position(item);
+        count_matching(&self.table, b, fp)
+    }
+
     /// Removes one random entry matching the item (Spec. 4 *remove*) and returns its tag.
     pub fn remove_dot(&mut self, item: &[u8]) -> Option<Dot> {
         let (b, fp) = self.position(item);
@@ -274,6 +280,13 @@ impl OrCuckoo {
         merge_tables(&mut self.table, &self.history, Some(table), history);
         self.history.union(history);
     }
+}
+
+/// Entries with fingerprint `fp` in bucket `b` and its alternate.
+pub(crate) fn count_matching(table: &Table<u64>, b: usize, fp: u16) -> u64 {
+    let a = table.alt(b, fp);
+    let in_bucket = |bucket| table.bucket_entries(bucket).filter(|e| e.fp == fp).count() as u64;
+    in_bucket(b) + if a == b { 0 } else { in_bucket(a) }
 }
 
 /// Removes one random entry with fingerprint `fp` from bucket `b` or its alternate.
@@ -677,6 +690,9 @@ impl crate::core::kind::ObservedRemove for OrCuckoo {
     }
     fn remove_dot(&mut self, item: &[u8]) -> Option<Dot> {
         OrCuckoo::remove_dot(self, item)
+    }
+    fn occurrences(&self, item: &[u8]) -> u64 {
+        OrCuckoo::occurrences(self, item)
     }
     fn dots(&self) -> Vec<Dot> {
         OrCuckoo::dots(self)

@@ -706,6 +706,10 @@ impl crate::core::kind::ObservedRemove for WriterScOrCuckoo {
         self.parts.get_mut(&w).expect("listed").remove_dot(item)
     }
 
+    fn occurrences(&self, item: &[u8]) -> u64 {
+        self.parts.values().map(|f| f.occurrences(item)).sum()
+    }
+
     fn dots(&self) -> Vec<crate::Dot> {
         self.parts.values().flat_map(|f| f.dots()).collect()
     }

@@ -562,6 +562,15 @@ impl crate::core::kind::ObservedRemove for ScOrCuckoo {
     fn remove_dot(&mut self, item: &[u8]) -> Option<Dot> {
         ScOrCuckoo::remove_dot(self, item)
     }
+    fn occurrences(&self, item: &[u8]) -> u64 {
+        self.subs
+            .iter()
+            .map(|t| {
+                let (b, fp) = Self::position(t, item);
+                crate::core::cuckoo::orcuckoo_parts::count_matching(t, b, fp)
+            })
+            .sum()
+    }
     fn dots(&self) -> Vec<Dot> {
         ScOrCuckoo::dots(self)
     }

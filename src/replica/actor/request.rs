@@ -22,7 +22,7 @@ use super::reads::{Reads, count_reply, query_reply};
 use super::updates::{Applied, Lock};
 use crate::ReplicaId;
 use crate::api::batch;
-use crate::api::{ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
+use crate::api::{ERROR_HEADER, FAILED_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
 use crate::replica::ReplicaError;
 use crate::replica::ack::AckLevel;
 use crate::replica::metrics::{Channel, Direction};
@@ -45,6 +45,9 @@ pub(crate) struct ApiReply {
     bitmap: bool,
     /// The first error of a partly failed `madd`, for [`ERROR_HEADER`].
     error: Option<String>,
+    /// The refused items of a `madd` whose bitmap says which items were new, for
+    /// [`FAILED_HEADER`].
+    failed: Option<String>,
     /// An error answer: for the service API's error headers and counts.
     failure: Option<ServiceError>,
     /// The request it answers, counted on its service endpoint once sent.
@@ -57,6 +60,7 @@ impl ApiReply {
             payload: serde_json::to_vec(body).expect("JSON serialize").into(),
             bitmap: false,
             error: None,
+            failed: None,
             failure: None,
             served: None,
         }
@@ -68,6 +72,7 @@ impl ApiReply {
             payload: Bytes::from_static(body),
             bitmap: false,
             error: None,
+            failed: None,
             failure: None,
             served: None,
         }
@@ -82,11 +87,21 @@ impl ApiReply {
         })
     }
 
+    /// Names the refused items of a batch (none: no header).
+    pub(super) fn with_failed(mut self, failed: &[usize]) -> Self {
+        if !failed.is_empty() {
+            let list: Vec<String> = failed.iter().map(usize::to_string).collect();
+            self.failed = Some(list.join(","));
+        }
+        self
+    }
+
     pub(super) fn bitmap(bits: &[bool], error: Option<String>) -> Self {
         ApiReply {
             payload: batch::encode_bitmap(bits.iter().copied()).into(),
             bitmap: true,
             error,
+            failed: None,
             failure: None,
             served: None,
         }
@@ -146,6 +161,9 @@ impl ApiReply {
         }
         if let Some(e) = &self.error {
             headers.insert(ERROR_HEADER, header_text(e));
+        }
+        if let Some(failed) = &self.failed {
+            headers.insert(FAILED_HEADER, failed.as_str());
         }
         if let Some(f) = &self.failure {
             headers.insert(SERVICE_ERROR_HEADER, f.text.as_str());

@@ -32,7 +32,7 @@ use super::reads::prefetch_items_ahead;
 use super::request::{ApiReply, api_reply_format};
 use super::{Inbound, Shared};
 use crate::api::batch;
-use crate::api::{ACK_HEADER, Op, ReplyFormat};
+use crate::api::{ACK_HEADER, ADD_MODE_HEADER, AddMode, Op, ReplyFormat};
 use crate::replica::ReplicaError;
 use crate::replica::ack::AckLevel;
 use crate::replica::filter::{AnyFilter, NotRemovable};
@@ -143,21 +143,40 @@ impl Updates {
         match op {
             Op::Add => {
                 let item = &msg.payload[..];
-                check_item(item, self.shared.limits.max_item_bytes)
-                    .and_then(|()| reserve())
+                let mode = add_mode(msg)
+                    .and_then(|mode| {
+                        check_item(item, self.shared.limits.max_item_bytes).map(|()| mode)
+                    })
+                    .and_then(|mode| reserve().map(|_| mode))
                     .inspect_err(|_| self.telemetry().op(OpKind::Add, false))?;
                 let Some(mut f) = self.filter_write(lock)? else {
                     return Ok(None);
                 };
                 f.tick(wall_clock_ms());
-                let r = f.add(item).map_err(ReplicaError::from);
-                if r.is_ok() {
+                // Judged under the write lock: of two adds of one new item on this replica,
+                // exactly one is told it was new.
+                let new = mode != AddMode::Always && !f.contains(item);
+                let skip = mode == AddMode::IfAbsent && !new;
+                let r = if skip {
+                    Ok(None)
+                } else {
+                    f.add(item).map_err(ReplicaError::from)
+                };
+                if r.is_ok() && !skip {
                     self.changed_under(&f, lock);
                 }
                 drop(f);
                 self.telemetry().op(OpKind::Add, r.is_ok());
                 r?;
-                Ok(applied(true, ApiReply::fixed(b"{\"added\":true}")))
+                let body: &'static [u8] = match (mode, new) {
+                    (AddMode::Always, _) => b"{\"added\":true}",
+                    (AddMode::ReportNew, true) | (AddMode::IfAbsent, true) => {
+                        b"{\"added\":true,\"new\":true}"
+                    }
+                    (AddMode::ReportNew, false) => b"{\"added\":true,\"new\":false}",
+                    (AddMode::IfAbsent, false) => b"{\"added\":false,\"new\":false}",
+                };
+                Ok(applied(!skip, ApiReply::fixed(body)))
             }
             Op::Remove => {
                 let item = &msg.payload[..];
@@ -182,7 +201,8 @@ impl Updates {
                 let items = batch::decode(&msg.payload, self.shared.limits)
                     .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
                 let (changed, body) = if op == Op::MAdd {
-                    let Some(added) = self.madd(&items, format, lock, reserve)? else {
+                    let mode = add_mode(msg)?;
+                    let Some(added) = self.madd(&items, format, mode, lock, reserve)? else {
                         return Ok(None);
                     };
                     added
@@ -218,14 +238,27 @@ impl Updates {
     /// A batch add: a refused item (a full cuckoo table, tags not reserved) is reported and
     /// the others are applied. `Ok(None)`: the lock was taken before any item was applied
     /// ([`Lock::Try`] is only used for untagged kinds, whose batch takes the lock once).
+    /// With an [`AddMode`] other than `Always`, the bitmap's bits say which items were new
+    /// (the refused ones are listed in [`FAILED_HEADER`]), the JSON's `new` array likewise.
     fn madd(
         &self,
         items: &[&[u8]],
         format: ReplyFormat,
+        mode: AddMode,
         lock: Lock,
         reserve: &mut dyn FnMut() -> Result<u64, ReplicaError>,
     ) -> Result<Option<(bool, ApiReply)>, ReplicaError> {
         let mut added = Vec::with_capacity(items.len());
+        // Which items were absent before their add (with a mode); refused items stay false.
+        let mut new_items = vec![
+            false;
+            if mode == AddMode::Always {
+                0
+            } else {
+                items.len()
+            }
+        ];
+        let mut applied_any = false;
         let mut failed = Vec::new();
         let mut first_error: Option<ReplicaError> = None;
         let mut reasons: BTreeMap<&'static str, u64> = BTreeMap::new();
@@ -255,15 +288,29 @@ impl Updates {
             f.tick(wall_clock_ms());
             let first = i;
             let ahead = f.prefetch_ahead();
+            let mut changed = false;
             while i < items.len() && f.clock() < limit {
                 prefetch_items_ahead(items, i, ahead, |i| f.prefetch(i));
+                let new = mode != AddMode::Always && !f.contains(items[i]);
+                if mode == AddMode::IfAbsent && !new {
+                    added.push(true);
+                    i += 1;
+                    continue;
+                }
                 match f.add(items[i]) {
-                    Ok(_) => added.push(true),
+                    Ok(_) => {
+                        added.push(true);
+                        changed = true;
+                        if new {
+                            new_items[i] = true;
+                        }
+                    }
                     Err(e) => refused(i, e.into(), &mut added),
                 }
                 i += 1;
             }
-            if added[first..].contains(&true) {
+            if changed {
+                applied_any = true;
                 self.changed_under(&f, lock);
             }
             drop(f);
@@ -284,15 +331,20 @@ impl Updates {
         let body = match format {
             ReplyFormat::Json => {
                 let mut body = json!({"added": ok});
+                if mode != AddMode::Always {
+                    body["new"] = json!(new_items);
+                }
                 if let Some(e) = &error {
                     body["failed"] = json!(failed);
                     body["error"] = json!(e);
                 }
                 ApiReply::json(&body)
             }
-            ReplyFormat::Bitmap => ApiReply::bitmap(&added, error),
+            ReplyFormat::Bitmap if mode == AddMode::Always => ApiReply::bitmap(&added, error),
+            // Zeros mean "already there" too: the refused items are named.
+            ReplyFormat::Bitmap => ApiReply::bitmap(&new_items, error).with_failed(&failed),
         };
-        Ok(Some((ok > 0, body)))
+        Ok(Some((applied_any, body)))
     }
 
     /// Outside the actor ([`Lock::Try`], [`Lock::Block`]), tells it the state changed, and asks it for a commit
@@ -341,6 +393,15 @@ impl Updates {
             return Err(ReplicaError::Stopped);
         }
         Ok(Some(f))
+    }
+}
+
+/// The [`AddMode`] an `add` or `madd` asks for in its [`ADD_MODE_HEADER`] (`always` by
+/// default).
+fn add_mode(msg: &Message) -> Result<AddMode, ReplicaError> {
+    match msg.headers.as_ref().and_then(|h| h.get(ADD_MODE_HEADER)) {
+        None => Ok(AddMode::Always),
+        Some(v) => v.as_str().parse().map_err(ReplicaError::InvalidItem),
     }
 }
 
@@ -413,6 +474,116 @@ mod tests {
 
     fn contains(u: &Updates, item: &str) -> bool {
         u.shared.filter.read().unwrap().contains(item.as_bytes())
+    }
+
+    /// The reply of an applied update: its headers and body.
+    fn reply_of(applied: Applied) -> (async_nats::HeaderMap, bytes::Bytes) {
+        let to = super::super::request::ReplyTo::InProcess(tokio::sync::oneshot::channel().0);
+        let (_, headers, payload) = applied.body.finish(1, Some(to)).unwrap();
+        (headers, payload)
+    }
+
+    fn with_mode(mut msg: Message, mode: AddMode) -> Message {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(ADD_MODE_HEADER, mode.name());
+        msg.headers = Some(headers);
+        msg
+    }
+
+    #[test]
+    fn add_modes_say_which_items_were_new_and_if_absent_adds_only_those() {
+        for kind in [
+            FilterKind::GBloom,
+            FilterKind::GCuckoo,
+            FilterKind::OrCuckoo,
+        ] {
+            let (u, _rx) = updates(kind, 1 << 20);
+            let apply = |op, msg: &Message| {
+                u.apply(op, AckLevel::Local, msg, Lock::Wait, &mut || Ok(u64::MAX))
+                    .unwrap()
+                    .unwrap()
+            };
+            let body = |op, msg: Message| {
+                let applied = apply(op, &msg);
+                (applied.changed, reply_of(applied).1)
+            };
+            let report = |item| with_mode(add(item), AddMode::ReportNew);
+            let if_absent = |item| with_mode(add(item), AddMode::IfAbsent);
+            assert_eq!(body(Op::Add, add("a")).1, &b"{\"added\":true}"[..]);
+            assert_eq!(
+                body(Op::Add, report("x")),
+                (
+                    true,
+                    bytes::Bytes::from_static(b"{\"added\":true,\"new\":true}")
+                ),
+                "{kind}"
+            );
+            assert_eq!(
+                body(Op::Add, report("x")).1,
+                &b"{\"added\":true,\"new\":false}"[..]
+            );
+            assert_eq!(
+                body(Op::Add, if_absent("y")).1,
+                &b"{\"added\":true,\"new\":true}"[..]
+            );
+            let pending = u.shared.filter.read().unwrap().pending_delta_len();
+            assert_eq!(
+                body(Op::Add, if_absent("y")),
+                (
+                    false,
+                    bytes::Bytes::from_static(b"{\"added\":false,\"new\":false}")
+                ),
+                "{kind}: an item present is not added again"
+            );
+            assert_eq!(u.shared.filter.read().unwrap().pending_delta_len(), pending);
+            assert!(body(Op::Add, with_mode(add("z"), AddMode::Always)).0);
+            assert!(matches!(
+                u.apply(
+                    Op::Add,
+                    AckLevel::Local,
+                    &with_mode(add("q"), AddMode::Always),
+                    Lock::Wait,
+                    &mut || Ok(u64::MAX)
+                ),
+                Ok(Some(_))
+            ));
+            let mut bad = add("w");
+            bad.headers = Some(async_nats::HeaderMap::new());
+            bad.headers
+                .as_mut()
+                .unwrap()
+                .insert(ADD_MODE_HEADER, "maybe");
+            assert!(matches!(
+                u.apply(Op::Add, AckLevel::Local, &bad, Lock::Wait, &mut || Ok(
+                    u64::MAX
+                )),
+                Err(ReplicaError::InvalidItem(_))
+            ));
+            assert!(!contains(&u, "w"), "{kind}: a refused add changes nothing");
+
+            // Batches: JSON lists which were new; the bitmap's bits are those.
+            let (_, json) = body(
+                Op::MAdd,
+                with_mode(madd(&["x", "n1", "n1"]), AddMode::ReportNew),
+            );
+            let json: serde_json::Value = serde_json::from_slice(&json).unwrap();
+            assert_eq!(
+                json,
+                serde_json::json!({"added": 3, "new": [false, true, false]})
+            );
+            let mut bits = with_mode(madd(&["n2", "y", "n2", "n3"]), AddMode::IfAbsent);
+            bits.headers
+                .as_mut()
+                .unwrap()
+                .insert(crate::api::REPLY_HEADER, ReplyFormat::Bitmap.name());
+            let (headers, bitmap) = reply_of(apply(Op::MAdd, &bits));
+            assert_eq!(
+                batch::decode_bitmap(&bitmap, 4).unwrap(),
+                [true, false, false, true],
+                "{kind}"
+            );
+            assert!(headers.get(crate::api::FAILED_HEADER).is_none());
+        }
     }
 
     #[test]

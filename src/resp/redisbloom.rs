@@ -1,0 +1,701 @@
+//! RedisBloom's grammar mapped onto crpf: the creation options of `BF.RESERVE`, `CF.RESERVE`,
+//! `BF.INSERT`, `CF.INSERT` and `CRPF.RESERVE` as [`FilterSpec`]s, the defaults of a key
+//! created by its first add, and the replies of `BF.INFO`, `CF.INFO` and `BF.CARD`, with
+//! RedisBloom's texts where it refuses.
+//!
+//! A non-scaling Bloom filter is a `g_bloom`; a scaling one the scalable kind whose FPR bound
+//! holds however rarely replicas sync (`writer_sc_g_bloom`). A cuckoo filter is an
+//! `or_cuckoo` (removes as `CF.DEL` expects), scaling (`writer_sc_or_cuckoo`) unless
+//! `EXPANSION 0`: RedisBloom's cuckoo filters grow by default too.
+
+use super::commands::Reply;
+use super::parse::Args;
+use crate::replica::ReplicaHandle;
+use crate::{CuckooParams, FilterKind, FilterSpec};
+
+/// RedisBloom's answer to creating a key that exists.
+pub const EXISTS: &str = "ERR item exists";
+
+/// `BF.ADD`'s defaults for a key it creates (RedisBloom's `ERROR_RATE`, `INITIAL_SIZE`).
+pub const BF_DEFAULT_CAPACITY: u64 = 100;
+/// See [`BF_DEFAULT_CAPACITY`].
+pub const BF_DEFAULT_ERROR_RATE: f64 = 0.01;
+/// `CF.ADD`'s default capacity for a key it creates (RedisBloom's `cf-initial-size`).
+pub const CF_DEFAULT_CAPACITY: u64 = 1024;
+/// The false positive rate of cuckoo filters made by `CF.*`, which give none.
+pub const CF_FPR: f64 = 0.01;
+/// Largest capacity RedisBloom accepts (2^30).
+pub const MAX_CAPACITY: u64 = 1 << 30;
+/// Each sub-filter of crpf's scalable kinds is this many times its predecessor's size.
+pub const SCALING_GROWTH: u64 = 2;
+
+/// Whether `kind` answers RedisBloom's `BF.*` commands (else its `CF.*` ones).
+pub fn is_bloom(kind: FilterKind) -> bool {
+    matches!(
+        kind,
+        FilterKind::GBloom
+            | FilterKind::ScGBloom
+            | FilterKind::WriterScGBloom
+            | FilterKind::ExpiringBloom
+    )
+}
+
+/// RedisBloom's type name of a filter kind (`TYPE`).
+pub fn type_name(kind: FilterKind) -> &'static str {
+    if is_bloom(kind) {
+        "MBbloom--"
+    } else {
+        "MBbloomCF"
+    }
+}
+
+/// Whether the kind grows as items come (RedisBloom's "expansion").
+fn scaling(kind: FilterKind) -> bool {
+    matches!(
+        kind,
+        FilterKind::ScGBloom
+            | FilterKind::WriterScGBloom
+            | FilterKind::ScGCuckoo
+            | FilterKind::ScOrCuckoo
+            | FilterKind::WriterScGCuckoo
+            | FilterKind::WriterScOrCuckoo
+    )
+}
+
+/// The spec of a Bloom key created by its first add.
+pub fn bf_default() -> FilterSpec {
+    FilterSpec::new(
+        FilterKind::WriterScGBloom,
+        BF_DEFAULT_CAPACITY,
+        BF_DEFAULT_ERROR_RATE,
+    )
+}
+
+/// The spec of a cuckoo key created by its first add.
+pub fn cf_default() -> FilterSpec {
+    cf_spec(CF_DEFAULT_CAPACITY, true)
+}
+
+fn cf_spec(capacity: u64, scaling: bool) -> FilterSpec {
+    let kind = if scaling {
+        FilterKind::WriterScOrCuckoo
+    } else {
+        FilterKind::OrCuckoo
+    };
+    FilterSpec::new(kind, capacity, CF_FPR)
+}
+
+fn bf_spec(capacity: u64, fpr: f64, scaling: bool) -> FilterSpec {
+    let kind = if scaling {
+        FilterKind::WriterScGBloom
+    } else {
+        FilterKind::GBloom
+    };
+    FilterSpec::new(kind, capacity, fpr)
+}
+
+fn expansion_refused() -> Reply {
+    Reply::err(format!(
+        "crpf's scalable filters grow by {SCALING_GROWTH}: EXPANSION {SCALING_GROWTH} (or 0: \
+         not scaling) only"
+    ))
+}
+
+/// Argument `i` (counted after the command's name) as text; not UTF-8 reads as empty, which
+/// no number parses from.
+fn text(args: &Args, i: usize) -> &str {
+    std::str::from_utf8(args.arg(i + 1)).unwrap_or("")
+}
+
+/// An integer as Redis reads one (`string2ll`): an optional `-` and digits without a
+/// leading zero, within i64, nothing else.
+fn integer(s: &str) -> Option<i64> {
+    let digits = s.strip_prefix('-').unwrap_or(s);
+    let canonical = (digits == "0" && s == "0") || !digits.starts_with('0');
+    if digits.is_empty() || !canonical || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// A float as Redis reads one (`strtod`): `inf` is a number, an overflow or NaN is not.
+fn float(s: &str) -> Option<f64> {
+    let f = s.parse::<f64>().ok().filter(|f| !f.is_nan())?;
+    let named_infinity = s
+        .trim_start_matches(['-', '+'])
+        .to_ascii_lowercase()
+        .starts_with("inf");
+    (f.is_finite() || named_infinity).then_some(f)
+}
+
+/// `BF.RESERVE key error_rate capacity [EXPANSION e] [NONSCALING]` (arity checked).
+pub fn bf_reserve(args: &Args) -> Result<FilterSpec, Reply> {
+    let n = args.len() - 1;
+    let arg = |i: usize| args.arg(i + 1);
+    let fpr = float(text(args, 1)).ok_or_else(|| Reply::err("bad error rate"))?;
+    if !(fpr > 0.0 && fpr < 1.0) {
+        // RedisBloom 2.8's text, its trailing space included.
+        return Err(Reply::err("(0 < error rate range < 1) "));
+    }
+    let capacity = integer(text(args, 2)).ok_or_else(|| Reply::err("bad capacity"))?;
+    if capacity < 1 {
+        return Err(Reply::err("(capacity should be larger than 0)"));
+    }
+    if capacity > MAX_CAPACITY as i64 {
+        return Err(Reply::err(format!(
+            "capacity must be in the range [1, {MAX_CAPACITY}]"
+        )));
+    }
+    let (mut nonscaling, mut expansion) = (false, None);
+    let mut i = 3;
+    while i < n {
+        if arg(i).eq_ignore_ascii_case(b"NONSCALING") {
+            nonscaling = true;
+            i += 1;
+        } else if arg(i).eq_ignore_ascii_case(b"EXPANSION") {
+            if i + 1 >= n {
+                return Err(Reply::err("no expansion"));
+            }
+            expansion =
+                Some(integer(text(args, i + 1)).ok_or_else(|| Reply::err("bad expansion"))?);
+            i += 2;
+        } else {
+            return Err(Reply::err("syntax error"));
+        }
+    }
+    let scaling = match expansion {
+        Some(e) if e < 1 => {
+            return Err(Reply::err("expansion should be greater or equal to 1"));
+        }
+        Some(_) if nonscaling => {
+            return Err(Reply::Error("Nonscaling filters cannot expand".into()));
+        }
+        Some(e) if e as u64 == SCALING_GROWTH => !nonscaling,
+        None => !nonscaling,
+        Some(_) => return Err(expansion_refused()),
+    };
+    Ok(bf_spec(capacity as u64, fpr, scaling))
+}
+
+/// `CF.RESERVE key capacity [BUCKETSIZE b] [MAXITERATIONS m] [EXPANSION e]` (arity
+/// checked): bucket size and kicks are crpf's (4 and its default), other values refused.
+pub fn cf_reserve(args: &Args) -> Result<FilterSpec, Reply> {
+    let n = args.len() - 1;
+    let arg = |i: usize| args.arg(i + 1);
+    let capacity = integer(text(args, 1)).ok_or_else(|| Reply::Error("Bad capacity".into()))?;
+    let mut scaling = true;
+    // Options come in pairs after the capacity (the arity checked that).
+    let mut i = 2;
+    while i < n {
+        let value = text(args, i + 1);
+        // crpf's bucket size and kick limit are fixed: only their own values pass.
+        let fixed = |option: &str, fixed: u64, what: &str| -> Result<(), Reply> {
+            let v =
+                integer(value).ok_or_else(|| Reply::Error(format!("Couldn't parse {option}")))?;
+            if v == fixed as i64 {
+                Ok(())
+            } else {
+                Err(Reply::err(format!(
+                    "crpf's cuckoo filters {what} {fixed}: {option} {fixed} only"
+                )))
+            }
+        };
+        // RedisBloom's range of each option, checked before crpf's fixed value.
+        let within = |option: &str, min: i64, max: i64| -> Result<(), Reply> {
+            match integer(value) {
+                None => Err(Reply::Error(format!("Couldn't parse {option}"))),
+                Some(v) if !(min..=max).contains(&v) => Err(Reply::Error(format!(
+                    "{option}: value must be an integer between {min} and {max}, inclusive."
+                ))),
+                Some(_) => Ok(()),
+            }
+        };
+        if arg(i).eq_ignore_ascii_case(b"BUCKETSIZE") {
+            within("BUCKETSIZE", 1, 255)?;
+            let size = CuckooParams::DEFAULT_BUCKET_SIZE;
+            fixed("BUCKETSIZE", size.into(), "have buckets of")?;
+        } else if arg(i).eq_ignore_ascii_case(b"MAXITERATIONS") {
+            within("MAXITERATIONS", 1, 65535)?;
+            let kicks = CuckooParams::DEFAULT_MAX_KICKS;
+            fixed("MAXITERATIONS", kicks.into(), "kick at most")?;
+        } else if arg(i).eq_ignore_ascii_case(b"EXPANSION") {
+            within("EXPANSION", 0, 32768)?;
+            let e =
+                integer(value).ok_or_else(|| Reply::Error("Couldn't parse EXPANSION".into()))?;
+            scaling = match e {
+                0 => false,
+                e if e as u64 == SCALING_GROWTH => true,
+                _ => return Err(expansion_refused()),
+            };
+        } else {
+            return Err(Reply::err("syntax error"));
+        }
+        i += 2;
+    }
+    check_cf_capacity(capacity)?;
+    Ok(cf_spec(capacity as u64, scaling))
+}
+
+/// RedisBloom's least cuckoo capacity: two buckets of its default size (2).
+const CF_MIN_CAPACITY: i64 = 4;
+
+fn check_cf_capacity(capacity: i64) -> Result<(), Reply> {
+    if capacity < CF_MIN_CAPACITY {
+        Err(Reply::Error(
+            "Capacity must be at least (BucketSize * 2)".into(),
+        ))
+    } else if capacity > MAX_CAPACITY as i64 {
+        Err(Reply::Error(format!(
+            "Capacity must be in the range [2 * BUCKETSIZE, {MAX_CAPACITY}]"
+        )))
+    } else {
+        Ok(())
+    }
+}
+
+/// What `BF.INSERT` / `CF.INSERT` ask for besides their items.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Insert {
+    /// The spec of the key if the insert creates it; `None`: `NOCREATE`.
+    pub create: Option<FilterSpec>,
+    /// The first item, counted after the command's name.
+    pub items_from: usize,
+}
+
+/// Why an insert's options were refused: an error reply, or the wrong number of arguments.
+#[derive(Debug)]
+pub enum Refused {
+    /// The reply.
+    Reply(Reply),
+    /// Answered as the command's wrong arity.
+    Arity,
+}
+
+/// `BF.INSERT key [CAPACITY c] [ERROR e] [EXPANSION x] [NOCREATE] [NONSCALING] ITEMS item...`.
+pub fn bf_insert(args: &Args) -> Result<Insert, Refused> {
+    let n = args.len() - 1;
+    let (mut capacity, mut fpr) = (BF_DEFAULT_CAPACITY, BF_DEFAULT_ERROR_RATE);
+    let (mut create, mut nonscaling, mut expansion) = (true, false, SCALING_GROWTH as i64);
+    let mut i = 1;
+    let value = |i: usize| {
+        if i + 1 < n {
+            Ok(text(args, i + 1))
+        } else {
+            Err(Refused::Arity)
+        }
+    };
+    let refused = |text: &str| Refused::Reply(Reply::Error(text.into()));
+    loop {
+        if i >= n {
+            return Err(Refused::Arity);
+        }
+        let option = args.arg(i + 1).to_ascii_uppercase();
+        match option.as_slice() {
+            b"ITEMS" => break,
+            b"CAPACITY" => {
+                let c = integer(value(i)?)
+                    .filter(|c| *c <= MAX_CAPACITY as i64)
+                    .ok_or_else(|| refused("Bad capacity"))?;
+                if c < 1 {
+                    return Err(refused("Bad argument received"));
+                }
+                capacity = c as u64;
+                i += 2;
+            }
+            b"ERROR" => {
+                fpr = float(value(i)?)
+                    .filter(|e| e.is_finite())
+                    .ok_or_else(|| refused("Bad error rate"))?;
+                if !(fpr > 0.0 && fpr < 1.0) {
+                    return Err(refused("Bad argument received"));
+                }
+                i += 2;
+            }
+            b"EXPANSION" => {
+                expansion = integer(value(i)?)
+                    .filter(|e| *e <= 32768)
+                    .ok_or_else(|| refused("Bad expansion"))?;
+                if expansion < 0 {
+                    return Err(refused("Bad argument received"));
+                }
+                i += 2;
+            }
+            b"NOCREATE" => {
+                create = false;
+                i += 1;
+            }
+            b"NONSCALING" => {
+                nonscaling = true;
+                i += 1;
+            }
+            _ => return Err(refused("Unknown argument received")),
+        }
+    }
+    if i + 1 >= n {
+        return Err(Refused::Arity);
+    }
+    let scaling = !nonscaling && expansion != 0;
+    if scaling && expansion as u64 != SCALING_GROWTH {
+        return Err(Refused::Reply(expansion_refused()));
+    }
+    Ok(Insert {
+        create: create.then(|| bf_spec(capacity, fpr, scaling)),
+        items_from: i + 1,
+    })
+}
+
+/// `CF.INSERT` / `CF.INSERTNX key [CAPACITY c] [NOCREATE] ITEMS item...`.
+pub fn cf_insert(args: &Args) -> Result<Insert, Refused> {
+    let n = args.len() - 1;
+    let mut capacity = CF_DEFAULT_CAPACITY as i64;
+    let mut create = true;
+    let mut i = 1;
+    loop {
+        if i >= n {
+            return Err(Refused::Arity);
+        }
+        let option = args.arg(i + 1).to_ascii_uppercase();
+        match option.as_slice() {
+            b"ITEMS" => break,
+            b"CAPACITY" => {
+                if i + 1 >= n {
+                    return Err(Refused::Arity);
+                }
+                capacity = integer(text(args, i + 1))
+                    .ok_or_else(|| Refused::Reply(Reply::Error("Bad capacity".into())))?;
+                check_cf_capacity(capacity).map_err(Refused::Reply)?;
+                i += 2;
+            }
+            b"NOCREATE" => {
+                create = false;
+                i += 1;
+            }
+            _ => {
+                return Err(Refused::Reply(Reply::Error(
+                    "Unknown argument received".into(),
+                )));
+            }
+        }
+    }
+    if i + 1 >= n {
+        return Err(Refused::Arity);
+    }
+    Ok(Insert {
+        create: create.then(|| cf_spec(capacity as u64, true)),
+        items_from: i + 1,
+    })
+}
+
+/// `CRPF.RESERVE key kind capacity fpr [WINDOW ms] [EPOCHS n] [SEED s]`: any crpf kind,
+/// those RedisBloom lacks among them (`expiring_bloom`, `counting_cuckoo`, the per-writer
+/// and plain scalable kinds).
+pub fn crpf_reserve(args: &Args) -> Result<FilterSpec, Reply> {
+    let n = args.len() - 1;
+    let kind: FilterKind = text(args, 1).parse().map_err(|e: String| {
+        let kinds: Vec<&str> = FilterKind::ALL.iter().map(|k| k.name()).collect();
+        Reply::err(format!("{e} (one of {})", kinds.join(", ")))
+    })?;
+    let capacity = integer(text(args, 2))
+        .filter(|c| *c >= 1)
+        .ok_or_else(|| Reply::err("bad capacity: a positive integer"))?;
+    let fpr = float(text(args, 3))
+        .filter(|e| *e > 0.0 && *e < 1.0)
+        .ok_or_else(|| Reply::err("bad false positive rate: a number in (0, 1)"))?;
+    let mut spec = FilterSpec::new(kind, capacity as u64, fpr);
+    let mut expiry = crate::ExpirySpec::default();
+    let mut timed = false;
+    let mut i = 4;
+    while i < n {
+        let option = args.arg(i + 1).to_ascii_uppercase();
+        let Some(value) = (i + 1 < n).then(|| text(args, i + 1)) else {
+            return Err(Reply::err("syntax error"));
+        };
+        let number = |what: &str| {
+            integer(value)
+                .filter(|v| *v >= 0)
+                .ok_or_else(|| Reply::err(format!("bad {what}: a non-negative integer")))
+        };
+        match option.as_slice() {
+            b"WINDOW" => {
+                expiry.window_ms = number("WINDOW")? as u64;
+                timed = true;
+            }
+            b"EPOCHS" => {
+                expiry.epochs =
+                    u32::try_from(number("EPOCHS")?).map_err(|_| Reply::err("bad EPOCHS"))?;
+                timed = true;
+            }
+            b"SEED" => spec.seed = Some(number("SEED")? as u64),
+            _ => return Err(Reply::err("syntax error")),
+        }
+        i += 2;
+    }
+    if timed && kind != FilterKind::ExpiringBloom {
+        return Err(Reply::err("WINDOW and EPOCHS are for expiring_bloom only"));
+    }
+    if kind == FilterKind::ExpiringBloom {
+        spec.expiry = Some(expiry);
+    }
+    spec.memory_bytes().map_err(Reply::err)?;
+    Ok(spec)
+}
+
+/// The fields of `BF.INFO key [field]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BfField {
+    /// `CAPACITY`.
+    Capacity,
+    /// `SIZE`: bytes.
+    Size,
+    /// `FILTERS`: sub-filters.
+    Filters,
+    /// `ITEMS`: the estimated number of items.
+    Items,
+    /// `EXPANSION`.
+    Expansion,
+}
+
+impl BfField {
+    const ALL: [BfField; 5] = [
+        BfField::Capacity,
+        BfField::Size,
+        BfField::Filters,
+        BfField::Items,
+        BfField::Expansion,
+    ];
+
+    /// The field named by `BF.INFO`'s argument.
+    pub fn parse(name: &[u8]) -> Option<Self> {
+        let name = name.to_ascii_uppercase();
+        BfField::ALL
+            .into_iter()
+            .find(|f| f.argument().as_bytes() == name.as_slice())
+    }
+
+    fn argument(self) -> &'static str {
+        match self {
+            BfField::Capacity => "CAPACITY",
+            BfField::Size => "SIZE",
+            BfField::Filters => "FILTERS",
+            BfField::Items => "ITEMS",
+            BfField::Expansion => "EXPANSION",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            BfField::Capacity => "Capacity",
+            BfField::Size => "Size",
+            BfField::Filters => "Number of filters",
+            BfField::Items => "Number of items inserted",
+            BfField::Expansion => "Expansion rate",
+        }
+    }
+}
+
+/// A filter's figures for the `*.INFO` replies, read from the replica directly.
+struct Figures {
+    capacity: u64,
+    bytes: u64,
+    filters: u64,
+    items: u64,
+    scaling: bool,
+}
+
+fn figures(handle: &ReplicaHandle) -> Figures {
+    handle.read(|f| {
+        let stats = f.stats();
+        Figures {
+            capacity: stats.capacity,
+            bytes: f.encode_state().len() as u64,
+            filters: stats.sub_filters as u64,
+            items: stats.cardinality.round().max(0.0) as u64,
+            scaling: scaling(stats.kind),
+        }
+    })
+}
+
+/// Bytes the filter's state takes (`MEMORY USAGE`): its encoding's length.
+pub fn memory_usage(handle: &ReplicaHandle) -> u64 {
+    handle.read(|f| f.encode_state().len() as u64)
+}
+
+/// `BF.CARD`: the estimated number of items (RedisBloom counts the adds that were new, which
+/// replicas cannot agree on; the estimate from the bits is the same on every replica once
+/// they converge).
+pub fn bf_card(handle: &ReplicaHandle) -> Reply {
+    Reply::Int(figures(handle).items as i64)
+}
+
+/// `BF.INFO key [field]`.
+pub fn bf_info(handle: &ReplicaHandle, field: Option<BfField>) -> Reply {
+    let f = figures(handle);
+    let value = |field| match field {
+        BfField::Capacity => Reply::Int(f.capacity as i64),
+        BfField::Size => Reply::Int(f.bytes as i64),
+        BfField::Filters => Reply::Int(f.filters as i64),
+        BfField::Items => Reply::Int(f.items as i64),
+        BfField::Expansion if f.scaling => Reply::Int(SCALING_GROWTH as i64),
+        BfField::Expansion => Reply::Null,
+    };
+    match field {
+        // One field: RESP3 a map of one, RESP2 the bare value (as RedisBloom).
+        Some(field) => Reply::FieldOrValue(
+            Box::new(Reply::Simple(field.label())),
+            Box::new(value(field)),
+        ),
+        None => Reply::Map(
+            BfField::ALL
+                .into_iter()
+                .map(|field| (Reply::Simple(field.label()), value(field)))
+                .collect(),
+        ),
+    }
+}
+
+/// `CF.INFO key`.
+pub fn cf_info(handle: &ReplicaHandle) -> Reply {
+    let f = figures(handle);
+    let bucket = u64::from(CuckooParams::DEFAULT_BUCKET_SIZE);
+    let expansion = if f.scaling { SCALING_GROWTH } else { 0 };
+    let pairs = [
+        ("Size", f.bytes),
+        ("Number of buckets", f.capacity / bucket),
+        ("Number of filters", f.filters),
+        ("Number of items inserted", f.items),
+        // Not kept: a remove anywhere in the cluster is not counted here.
+        ("Number of items deleted", 0),
+        ("Bucket size", bucket),
+        ("Expansion rate", expansion),
+        ("Max iterations", u64::from(CuckooParams::DEFAULT_MAX_KICKS)),
+    ];
+    Reply::Map(
+        pairs
+            .into_iter()
+            .map(|(k, v)| (Reply::Simple(k), Reply::Int(v as i64)))
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(ws: &[&str]) -> Args {
+        Args::of(ws)
+    }
+
+    #[test]
+    fn insert_options_make_the_spec_of_a_new_key() {
+        let bf = |ws: &[&str]| bf_insert(&args(ws));
+        let i = bf(&[
+            "BF.INSERT",
+            "k",
+            "CAPACITY",
+            "500",
+            "ERROR",
+            "0.001",
+            "ITEMS",
+            "a",
+        ])
+        .unwrap();
+        let spec = i.create.unwrap();
+        assert_eq!(
+            (spec.kind, spec.capacity, spec.fpr, i.items_from),
+            (FilterKind::WriterScGBloom, 500, 0.001, 6)
+        );
+        let i = bf(&["BF.INSERT", "k", "NONSCALING", "ITEMS", "a", "b"]).unwrap();
+        assert_eq!(i.create.unwrap().kind, FilterKind::GBloom);
+        let i = bf(&["BF.INSERT", "k", "EXPANSION", "0", "ITEMS", "a"]).unwrap();
+        assert_eq!(i.create.unwrap().kind, FilterKind::GBloom);
+        assert_eq!(
+            bf(&["BF.INSERT", "k", "NOCREATE", "ITEMS", "a"])
+                .unwrap()
+                .create,
+            None
+        );
+        assert!(matches!(
+            bf(&["BF.INSERT", "k", "ITEMS"]),
+            Err(Refused::Arity)
+        ));
+        assert!(matches!(
+            bf(&["BF.INSERT", "k", "CAPACITY"]),
+            Err(Refused::Arity)
+        ));
+        for (ws, text) in [
+            (
+                &["BF.INSERT", "k", "CAPACITY", "0", "ITEMS", "a"][..],
+                "Bad argument received",
+            ),
+            (
+                &["BF.INSERT", "k", "CAPACITY", "x", "ITEMS", "a"],
+                "Bad capacity",
+            ),
+            (
+                &["BF.INSERT", "k", "ERROR", "1", "ITEMS", "a"],
+                "Bad argument received",
+            ),
+            (
+                &["BF.INSERT", "k", "ERROR", "nan", "ITEMS", "a"],
+                "Bad error rate",
+            ),
+            (
+                &["BF.INSERT", "k", "FOO", "ITEMS", "a"],
+                "Unknown argument received",
+            ),
+        ] {
+            match bf(ws) {
+                Err(Refused::Reply(Reply::Error(e))) => assert_eq!(e, text, "{ws:?}"),
+                other => panic!("{ws:?}: {other:?}"),
+            }
+        }
+        let i = cf_insert(&args(&["CF.INSERT", "k", "CAPACITY", "5000", "ITEMS", "a"])).unwrap();
+        let spec = i.create.unwrap();
+        assert_eq!(
+            (spec.kind, spec.capacity),
+            (FilterKind::WriterScOrCuckoo, 5000)
+        );
+        assert!(matches!(
+            cf_insert(&args(&["CF.INSERT", "k", "CAPACITY", "1", "ITEMS", "a"])),
+            Err(Refused::Reply(_))
+        ));
+    }
+
+    #[test]
+    fn crpf_reserve_takes_every_kind_and_the_window_of_expiring_ones() {
+        let spec = crpf_reserve(&args(&[
+            "CRPF.RESERVE",
+            "k",
+            "expiring_bloom",
+            "1000",
+            "0.01",
+            "WINDOW",
+            "60000",
+            "EPOCHS",
+            "6",
+        ]))
+        .unwrap();
+        assert_eq!(spec.kind, FilterKind::ExpiringBloom);
+        assert_eq!(spec.expiry.unwrap().window_ms, 60_000);
+        assert_eq!(spec.expiry.unwrap().epochs, 6);
+        for kind in FilterKind::ALL {
+            if *kind == FilterKind::ExpiringBloom {
+                continue;
+            }
+            let spec =
+                crpf_reserve(&args(&["CRPF.RESERVE", "k", kind.name(), "100", "0.01"])).unwrap();
+            assert_eq!(spec.kind, *kind);
+        }
+        let refused = |ws: &[&str]| match crpf_reserve(&args(ws)) {
+            Err(Reply::Error(e)) => e,
+            other => panic!("{ws:?}: {other:?}"),
+        };
+        assert!(refused(&["CRPF.RESERVE", "k", "bloom", "100", "0.01"]).contains("g_bloom"));
+        assert!(refused(&["CRPF.RESERVE", "k", "g_bloom", "0", "0.01"]).contains("capacity"));
+        assert!(refused(&["CRPF.RESERVE", "k", "g_bloom", "10", "1.5"]).contains("rate"));
+        assert!(
+            refused(&["CRPF.RESERVE", "k", "g_bloom", "10", "0.1", "WINDOW", "5"])
+                .contains("expiring_bloom only")
+        );
+    }
+}
