@@ -887,6 +887,30 @@ mod tests {
     }
 
     #[test]
+    fn the_or_kinds_count_the_entries_an_item_has_and_the_grow_only_ones_refuse() {
+        for kind in [
+            FilterKind::OrCuckoo,
+            FilterKind::ScOrCuckoo,
+            FilterKind::WriterScOrCuckoo,
+        ] {
+            let mut f = AnyFilter::new(&FilterSpec::new(kind, 1_000, 0.001), 1).unwrap();
+            assert_eq!(f.count(b"x").unwrap(), 0, "{kind}");
+            f.add(b"x").unwrap();
+            f.add(b"x").unwrap();
+            f.add(b"y").unwrap();
+            assert_eq!(f.count(b"x").unwrap(), 2, "{kind}");
+            f.remove(b"x").unwrap();
+            assert_eq!(f.count(b"x").unwrap(), 1, "{kind}");
+            // A replica that merged it counts the same.
+            let mut other = AnyFilter::new(&FilterSpec::new(kind, 1_000, 0.001), 2).unwrap();
+            other.merge(&f).unwrap();
+            assert_eq!(other.count(b"x").unwrap(), 1, "{kind}");
+        }
+        let g = AnyFilter::new(&FilterSpec::new(FilterKind::GBloom, 1_000, 0.01), 1).unwrap();
+        assert!(g.count(b"x").is_err());
+    }
+
+    #[test]
     fn bad_input_changes_nothing() {
         let mut a = AnyFilter::new(&spec(FilterKind::OrCuckoo), 1).unwrap();
         a.add(b"x").unwrap();

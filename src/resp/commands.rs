@@ -5,32 +5,30 @@
 //!
 //! | Command | Request API | Reply |
 //! |---|---|---|
-//! | `BF.ADD`, `CF.ADD` *key item* | `add` | `1` |
-//! | `BF.MADD` *key item...*; `BF.INSERT`, `CF.INSERT` *key* \[options\] `ITEMS` *item...* | `madd` | an array: `1` per item added, an error where one could not be |
+//! | `BF.ADD` *key item* | `add`, mode `report-new` | `1` if the item was new to this replica, else `0` |
+//! | `CF.ADD` / `CF.ADDNX` *key item* | `add` / mode `if-absent` | `1` / `1` if added, `0` if it was there |
+//! | `BF.MADD` *key item...*; `BF.INSERT`, `CF.INSERT`, `CF.INSERTNX` *key* \[options\] `ITEMS` *item...* | `madd` | an array as RedisBloom's ([`Inserted`]) |
 //! | `BF.EXISTS`, `CF.EXISTS` *key item* | `contains` | `1` or `0` |
 //! | `BF.MEXISTS`, `CF.MEXISTS` *key item...* | `mcontains` | an array of `1` and `0` |
 //! | `CF.DEL` *key item* | `remove` | `1` if an occurrence was removed, else `0` |
 //! | `CRPF.MDEL` *key item...* | `mremove` | an array of `1` and `0` |
-//! | `CF.COUNT` *key item* | `count` | the multiplicity (counting kinds) |
+//! | `CF.COUNT` *key item* | `count` | the multiplicity, or the entries matching (OR kinds) |
 //! | `CRPF.STATS` *key* | `stats` | the stats JSON as a bulk string |
+//! | `BF.INFO`, `BF.CARD`, `CF.INFO`, `MEMORY USAGE` | (the replica's state, read directly) | [`super::redisbloom`] |
 //! | `CRPF.ACK` *level* | | `OK`: later updates of this connection wait for `local`, `durable` or `replicated` |
 //! | `HELLO` \[`2`\|`3` \[`AUTH default` *password*\] \[`SETNAME` *name*\]\] | | the server map; RESP3 after `HELLO 3` |
 //! | `MULTI`, then commands, then `EXEC` or `DISCARD` | each queued command's | `QUEUED` each, then one array of their replies |
 //!
 //! In RESP3 the `1`/`0` of adds, queries and removes are booleans (`#t`/`#f`), as RedisBloom
 //! sends them; counts stay integers. `EXEC` runs its commands one after the other, each
-//! through its filter's actor, while the connection runs nothing else; a command refused while
-//! queueing (arity, unknown filter) aborts the transaction (`EXECABORT`) before anything runs.
-//! `WATCH` is refused: a filter changes through replication at any moment, so a watched key
-//! could never be trusted.
+//! through its filter's actor or the catalog, while the connection runs nothing else; a
+//! command refused while queueing (arity, unknown filter) aborts the transaction
+//! (`EXECABORT`) before anything runs. `WATCH` is refused: a filter changes through
+//! replication at any moment, so a watched key could never be trusted.
 //!
-//! As in RedisBloom, a `BF.*` command on a cuckoo kind (or `CF.*` on a Bloom kind) answers
-//! `WRONGTYPE`, and the queries of a key that does not exist answer `0`.
-//!
-//! Unlike RedisBloom, an add answers `1` whether or not the item was there already (a
-//! replicated filter cannot tell "new" from "added elsewhere first"), and the creation
-//! options of `BF.INSERT`/`CF.INSERT` (`CAPACITY`, `ERROR`, `NOCREATE`...) are accepted and
-//! ignored.
+//! As in RedisBloom, an add of the other family (`BF.ADD` on a cuckoo key) answers
+//! `WRONGTYPE`, queries of a missing key (or one of the other family) answer `0`, and the
+//! first add to a missing key creates it ([`KeyCommand::Create`]).
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::Deserialize;

@@ -529,13 +529,15 @@ async fn run_key(
             }
             Reply::Int(dropped)
         }
+        // Every filter that can go goes; the first refusal (a configured filter) is the reply.
         K::FlushAll => {
+            let mut refused = None;
             for name in lookup.names() {
                 if let Err(e) = lookup.drop_filter(name).await {
-                    return Reply::Error(e);
+                    refused.get_or_insert(e);
                 }
             }
-            Reply::Simple("OK")
+            refused.map_or(Reply::Simple("OK"), Reply::Error)
         }
         K::Exists(keys) => {
             Reply::Int(keys.iter().filter(|k| lookup.filter(k).is_some()).count() as i64)
