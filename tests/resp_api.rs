@@ -925,3 +925,149 @@ async fn keys_are_filters_reserved_listed_and_deleted_by_commands() {
     expect(&mut con, &["UNLINK", "tenant1", "tenant2", "t4"], 3).await;
     expect(&mut con, &["DBSIZE"], 3).await;
 }
+
+/// A key's dump, as `BF.SCANDUMP` (or `CF.SCANDUMP`) gives it: the (iterator, data) pairs.
+async fn scandump(
+    con: &mut MultiplexedConnection,
+    command: &str,
+    key: &str,
+) -> Vec<(i64, Vec<u8>)> {
+    let mut chunks = Vec::new();
+    let mut iter = 0i64;
+    loop {
+        let (next, data): (i64, Vec<u8>) = redis::cmd(command)
+            .arg(key)
+            .arg(iter)
+            .query_async(con)
+            .await
+            .unwrap_or_else(|e| panic!("{command} {key} {iter}: {e}"));
+        if next == 0 {
+            return chunks;
+        }
+        chunks.push((next, data));
+        iter = next;
+    }
+}
+
+async fn loadchunk(
+    con: &mut MultiplexedConnection,
+    command: &str,
+    key: &str,
+    (iter, data): &(i64, Vec<u8>),
+) -> RedisResult<String> {
+    redis::cmd(command)
+        .arg(key)
+        .arg(*iter)
+        .arg(data.as_slice())
+        .query_async(con)
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn scandump_and_loadchunk_restore_bloom_keys_and_refuse_what_would_break() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), "node", "", None, None);
+    let mut con = connect(&node).await;
+    let items: Vec<String> = (0..200).map(|i| format!("item-{i}")).collect();
+    for reserve in [
+        &["BF.RESERVE", "small", "0.01", "1000"][..],
+        // About 5.4 MB of bits: more than one chunk.
+        &["BF.RESERVE", "big", "0.001", "3000000", "NONSCALING"],
+    ] {
+        let key = reserve[1];
+        assert_eq!(run::<String>(&mut con, reserve).await.unwrap(), "OK");
+        let mut madd = vec!["BF.MADD", key];
+        madd.extend(items.iter().map(String::as_str));
+        run::<Vec<i64>>(&mut con, &madd).await.unwrap();
+        let chunks = scandump(&mut con, "BF.SCANDUMP", key).await;
+        assert!(chunks.len() >= 2, "{key}: a header and the state");
+        if key == "big" {
+            assert!(chunks.len() >= 3, "big spans chunks: {}", chunks.len());
+        }
+        let copy = format!("{key}-copy");
+        for chunk in &chunks {
+            assert_eq!(
+                loadchunk(&mut con, "BF.LOADCHUNK", &copy, chunk)
+                    .await
+                    .unwrap(),
+                "OK"
+            );
+        }
+        for item in &items {
+            expect(&mut con, &["BF.EXISTS", &copy, item], 1).await;
+        }
+        let t: String = run(&mut con, &["TYPE", &copy]).await.unwrap();
+        assert_eq!(t, "MBbloom--");
+        // Loading into a key that moved on merges: nothing of either is lost.
+        expect(&mut con, &["BF.ADD", &copy, "later"], 1).await;
+        for chunk in &chunks {
+            loadchunk(&mut con, "BF.LOADCHUNK", &copy, chunk)
+                .await
+                .unwrap();
+        }
+        expect(&mut con, &["BF.EXISTS", &copy, "later"], 1).await;
+        expect(&mut con, &["BF.EXISTS", &copy, "item-7"], 1).await;
+    }
+
+    // A damaged chunk loads nothing, and creates no key.
+    let mut chunks = scandump(&mut con, "BF.SCANDUMP", "small").await;
+    let last = chunks.last_mut().unwrap();
+    let mid = last.1.len() / 2;
+    last.1[mid] ^= 0x40;
+    for chunk in &chunks[..chunks.len() - 1] {
+        loadchunk(&mut con, "BF.LOADCHUNK", "damaged", chunk)
+            .await
+            .unwrap();
+    }
+    let e = loadchunk(&mut con, "BF.LOADCHUNK", "damaged", chunks.last().unwrap())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("checksum"), "{e}");
+    expect(&mut con, &["EXISTS", "damaged"], 0).await;
+    // Out of order: refused, and the load abandoned.
+    let chunks = scandump(&mut con, "BF.SCANDUMP", "big").await;
+    loadchunk(&mut con, "BF.LOADCHUNK", "shuffled", &chunks[0])
+        .await
+        .unwrap();
+    let e = loadchunk(&mut con, "BF.LOADCHUNK", "shuffled", &chunks[2])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("out of order"), "{e}");
+    expect(&mut con, &["EXISTS", "shuffled"], 0).await;
+    // Into a key of another shape: refused, the key unchanged.
+    run::<String>(
+        &mut con,
+        &["BF.RESERVE", "other", "0.01", "50", "NONSCALING"],
+    )
+    .await
+    .unwrap();
+    let small = scandump(&mut con, "BF.SCANDUMP", "small").await;
+    let mut last = Ok(String::new());
+    for chunk in &small {
+        last = loadchunk(&mut con, "BF.LOADCHUNK", "other", chunk).await;
+    }
+    let e = last.unwrap_err().to_string();
+    assert!(e.contains("does not fit"), "{e}");
+    expect(&mut con, &["BF.EXISTS", "other", "item-1"], 0).await;
+
+    // Cuckoo dumps are taken, but their version tags would collide here: not loaded.
+    run::<String>(&mut con, &["CF.RESERVE", "c", "1000"])
+        .await
+        .unwrap();
+    expect(&mut con, &["CF.ADD", "c", "a"], 1).await;
+    let dump = scandump(&mut con, "CF.SCANDUMP", "c").await;
+    let e = loadchunk(&mut con, "CF.LOADCHUNK", "c2", &dump[0])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not loaded"), "{e}");
+    expect(&mut con, &["EXISTS", "c2"], 0).await;
+    // An iterator from nowhere.
+    let e = run::<Value>(&mut con, &["BF.SCANDUMP", "small", "12345678"])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("start again at iterator 0"), "{e}");
+}

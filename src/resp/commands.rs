@@ -333,6 +333,24 @@ pub enum KeyCommand {
     Delete(Vec<String>),
     /// `FLUSHDB` / `FLUSHALL`: drop every filter.
     FlushAll,
+    /// `BF.SCANDUMP` / `CF.SCANDUMP key iterator` ([`super::dump`]).
+    ScanDump {
+        /// The key.
+        name: String,
+        /// The iterator: 0 to start.
+        iter: i64,
+    },
+    /// `BF.LOADCHUNK` / `CF.LOADCHUNK key iterator data` ([`super::dump`]).
+    LoadChunk {
+        /// The key.
+        name: String,
+        /// The iterator `SCANDUMP` gave with the data.
+        iter: i64,
+        /// The data.
+        data: Bytes,
+        /// The command's family: `BF.*` (else `CF.*`).
+        bloom: bool,
+    },
     /// `EXISTS`: how many of these keys exist (a key named twice counts twice).
     Exists(Vec<Vec<u8>>),
     /// `TYPE`: RedisBloom's type name of the key, or `none`.
@@ -694,6 +712,51 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                 Command::Reply(match existing()? {
                     Some(handle) => redisbloom::cf_info(&handle),
                     None => Reply::err("not found"),
+                })
+            }
+            "BF.SCANDUMP" | "CF.SCANDUMP" => {
+                arity(n == 2)?;
+                let iter = std::str::from_utf8(arg(1))
+                    .ok()
+                    .and_then(|i| i.parse::<i64>().ok())
+                    .filter(|i| *i >= 0);
+                let Some(iter) = iter else {
+                    return Err(Command::Reply(Reply::Error(
+                        if family == Some(true) {
+                            "Second argument must be numeric"
+                        } else {
+                            "Invalid position"
+                        }
+                        .into(),
+                    )));
+                };
+                match existing()? {
+                    Some(_) => Command::Key(KeyCommand::ScanDump {
+                        name: key_name(),
+                        iter,
+                    }),
+                    None => Command::Reply(Reply::err("not found")),
+                }
+            }
+            "BF.LOADCHUNK" | "CF.LOADCHUNK" => {
+                arity(n == 3)?;
+                let iter = std::str::from_utf8(arg(1))
+                    .ok()
+                    .and_then(|i| i.parse::<i64>().ok())
+                    .filter(|i| *i > 0);
+                let Some(iter) = iter else {
+                    return Err(Command::Reply(if family == Some(true) {
+                        Reply::err("Second argument must be numeric")
+                    } else {
+                        Reply::Error("Invalid position".into())
+                    }));
+                };
+                existing()?;
+                Command::Key(KeyCommand::LoadChunk {
+                    name: key_name(),
+                    iter,
+                    data: single(2),
+                    bloom: family == Some(true),
                 })
             }
             // crpf's cuckoo filters keep no deleted slots to compact.

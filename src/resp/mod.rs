@@ -30,6 +30,7 @@
 //! ```
 
 pub mod commands;
+pub mod dump;
 mod introspect;
 pub mod parse;
 pub mod redisbloom;
@@ -179,6 +180,12 @@ pub trait FilterLookup: Send + Sync + 'static {
         Box::pin(async { Err(FIXED_FILTERS.to_string()) })
     }
 
+    /// The spec of filter `name`, if known (`SCANDUMP` puts it in the dump's header).
+    fn spec(&self, name: &str) -> Option<crate::FilterSpec> {
+        let _ = name;
+        None
+    }
+
     /// Drops filter `name` (`DEL`, `UNLINK`): whether it existed. `Err`: the error reply's
     /// text.
     fn drop_filter(&self, name: String) -> BoxFuture<'static, Result<bool, String>> {
@@ -216,6 +223,13 @@ impl FilterLookup for crate::node::Node {
         let mut names: Vec<String> = self.filters().into_iter().map(|f| f.name).collect();
         names.sort();
         names
+    }
+
+    fn spec(&self, name: &str) -> Option<crate::FilterSpec> {
+        self.filters()
+            .into_iter()
+            .find(|f| f.name == name)
+            .map(|f| f.spec)
     }
 
     fn create(
@@ -268,6 +282,8 @@ struct Server {
     /// Open connections (`INFO clients`).
     connections: std::sync::atomic::AtomicUsize,
     max_connections: usize,
+    /// Dumps and loads in progress (`SCANDUMP`, `LOADCHUNK`).
+    dumps: Arc<dump::Dumps>,
     /// Where it listens and since when (`INFO server`).
     addr: SocketAddr,
     started: Instant,
@@ -331,6 +347,7 @@ impl RespServer {
             open: metrics::gauge!(CONNECTIONS),
             next_id: std::sync::atomic::AtomicU64::new(1),
             connections: Default::default(),
+            dumps: Default::default(),
             max_connections: cfg.max_connections,
             addr,
             started: Instant::now(),
@@ -475,6 +492,7 @@ fn answer_reply(answer: Result<crate::replica::ApiResponse, ReplicaError>, shape
 /// it.
 async fn run_key(
     lookup: Arc<dyn FilterLookup>,
+    dumps: &dump::Dumps,
     key: commands::KeyCommand,
     ack: Option<AckLevel>,
 ) -> Reply {
@@ -539,6 +557,29 @@ async fn run_key(
             }
             refused.map_or(Reply::Simple("OK"), Reply::Error)
         }
+        K::ScanDump { name, iter } => {
+            let (Some(handle), Some(spec)) = (lookup.filter(name.as_bytes()), lookup.spec(&name))
+            else {
+                return Reply::err("not found");
+            };
+            dumps.scan(&name, &handle, spec, iter)
+        }
+        K::LoadChunk {
+            name,
+            iter,
+            data,
+            bloom,
+        } => {
+            let (spec, state) = match dumps.load(&name, iter, &data) {
+                Ok(Some(loaded)) => loaded,
+                Ok(None) => return Reply::Simple("OK"),
+                Err(refused) => return refused,
+            };
+            if redisbloom::is_bloom(spec.kind) != bloom {
+                return Reply::Error(commands::WRONGTYPE.into());
+            }
+            restore(&*lookup, name, spec, state).await
+        }
         K::Exists(keys) => {
             Reply::Int(keys.iter().filter(|k| lookup.filter(k).is_some()).count() as i64)
         }
@@ -573,6 +614,40 @@ async fn run_key(
                 Reply::Array(names)
             }
         }
+    }
+}
+
+/// Merges a loaded dump into filter `name`, created of `spec` if it does not exist, and
+/// snapshots it.
+async fn restore(
+    lookup: &dyn FilterLookup,
+    name: String,
+    spec: crate::FilterSpec,
+    state: crate::replica::AnyFilter,
+) -> Reply {
+    if lookup.filter(name.as_bytes()).is_none() {
+        match lookup.create(name.clone(), spec).await {
+            Ok(_) => {}
+            Err(e) if e == redisbloom::EXISTS => {}
+            Err(e) => return Reply::Error(e),
+        }
+    }
+    let Some(handle) = lookup.filter(name.as_bytes()) else {
+        return Reply::err("could not create filter");
+    };
+    if !dump::restorable(handle.kind()) {
+        return dump::not_restorable(handle.kind());
+    }
+    let now = crate::replica::wall_clock_ms();
+    if let Err(e) = handle.read(|f| f.check_remote_state(&state, now)) {
+        return Reply::err(format!("the dump does not fit `{name}`: {e}"));
+    }
+    if let Err(e) = handle.merge(state).await {
+        return Reply::err(format!("the dump does not fit `{name}`: {e}"));
+    }
+    match handle.persist().await {
+        Ok(()) => Reply::Simple("OK"),
+        Err(e) => Reply::err(format!("loaded, but not saved: {e}")),
     }
 }
 
@@ -764,6 +839,7 @@ impl Session<'_> {
             });
         }
         let lookup = self.server.filters.clone();
+        let dumps = self.server.dumps.clone();
         let run = async move {
             let mut out = Vec::with_capacity(steps.len());
             for step in steps {
@@ -773,7 +849,7 @@ impl Session<'_> {
                         let answer = commands::send(&handle, &request, ack, true).await;
                         answer_reply(answer, request.shape)
                     }
-                    Step::Key(key, ack) => run_key(lookup.clone(), key, ack).await,
+                    Step::Key(key, ack) => run_key(lookup.clone(), &dumps, key, ack).await,
                 });
             }
             match replies {

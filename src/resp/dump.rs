@@ -1,0 +1,295 @@
+//! `BF.SCANDUMP`/`CF.SCANDUMP` and `BF.LOADCHUNK`/`CF.LOADCHUNK`: a filter's state dumped
+//! in chunks and restored, in crpf's own encoding (not RedisBloom's).
+//!
+//! `SCANDUMP key 0` encodes the state once and keeps it for the next calls, so that the
+//! chunks of one dump are of one state even while the filter changes; it answers a header
+//! (magic, version, the filter's spec, the state's length and xxh3-64) and an iterator.
+//! Each `SCANDUMP key <iterator>` answers the next chunk and iterator, `[0, ""]` at the end.
+//! `LOADCHUNK key <iterator> <data>`, given the pairs in order, checks the header, the
+//! order of the chunks, the length and the checksum, then merges the state into the key's
+//! filter, creating it with the dumped spec if it does not exist: a restore is a CRDT merge,
+//! so loading into a filter that has moved on loses nothing of either.
+//!
+//! Only the kinds without version tags or per-replica counts are restored (the Bloom kinds,
+//! `g_cuckoo` and its scalable forms): a dumped `or_cuckoo` carries the tags of the replicas
+//! that issued them, which this cluster's replicas would issue again for other items.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::commands::Reply;
+use crate::replica::{AnyFilter, ReplicaHandle};
+use crate::{FilterKind, FilterSpec};
+
+/// What starts a header chunk.
+const MAGIC: &[u8; 8] = b"CRPFDUMP";
+const VERSION: u8 = 1;
+/// Bytes of state per chunk.
+pub const CHUNK_BYTES: usize = 4 << 20;
+/// Dumps (and loads) in progress at once; the oldest gives way.
+const MAX_IN_PROGRESS: usize = 8;
+/// A dump or load not continued for this long is dropped.
+const IDLE: Duration = Duration::from_secs(300);
+/// Largest state a load accepts (a dump of a larger one can still be taken).
+const MAX_LOAD_BYTES: u64 = 1 << 30;
+/// Iterator bits of the chunk number; the dump's id above them.
+const CHUNK_BITS: u32 = 20;
+
+/// The header's fields after the magic and version.
+#[derive(Serialize, Deserialize)]
+struct Header {
+    spec: FilterSpec,
+    len: u64,
+    xxh3: u64,
+}
+
+struct Dump {
+    key: String,
+    state: Bytes,
+    used: Instant,
+}
+
+struct Load {
+    spec: FilterSpec,
+    len: u64,
+    xxh3: u64,
+    /// The iterator the next chunk comes with.
+    next: i64,
+    buf: Vec<u8>,
+    used: Instant,
+}
+
+/// The dumps and loads in progress on a front end.
+#[derive(Default)]
+pub struct Dumps {
+    inner: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: u32,
+    dumps: HashMap<u32, Dump>,
+    loads: HashMap<String, Load>,
+}
+
+impl State {
+    fn expire(&mut self) {
+        self.dumps.retain(|_, d| d.used.elapsed() < IDLE);
+        self.loads.retain(|_, l| l.used.elapsed() < IDLE);
+        while self.dumps.len() >= MAX_IN_PROGRESS {
+            let oldest = self
+                .dumps
+                .iter()
+                .min_by_key(|(_, d)| d.used)
+                .map(|(id, _)| *id);
+            oldest.map(|id| self.dumps.remove(&id));
+        }
+        while self.loads.len() >= MAX_IN_PROGRESS {
+            let oldest = self
+                .loads
+                .iter()
+                .min_by_key(|(_, l)| l.used)
+                .map(|(k, _)| k.clone());
+            oldest.map(|k| self.loads.remove(&k));
+        }
+    }
+}
+
+fn iterator(id: u32, chunk: i64) -> i64 {
+    (i64::from(id) << CHUNK_BITS) | chunk
+}
+
+/// Whether a dump of `kind` can be loaded ([module docs](self)).
+pub fn restorable(kind: FilterKind) -> bool {
+    !kind.tagged() && !kind.counting()
+}
+
+impl Dumps {
+    /// `SCANDUMP key iterator` on `handle`'s filter, whose spec is `spec`.
+    pub fn scan(&self, key: &str, handle: &ReplicaHandle, spec: FilterSpec, iter: i64) -> Reply {
+        let mut st = self.inner.lock().expect("dumps lock poisoned");
+        st.expire();
+        let pair = |iter: i64, data: Bytes| Reply::Array(vec![Reply::Int(iter), Reply::Bulk(data)]);
+        if iter == 0 {
+            let state = Bytes::from(handle.read(AnyFilter::encode_state));
+            let header = Header {
+                spec,
+                len: state.len() as u64,
+                xxh3: xxh3_64(&state),
+            };
+            let mut head = MAGIC.to_vec();
+            head.push(VERSION);
+            head.extend(serde_json::to_vec(&header).expect("a spec serializes"));
+            // Ids from 1 below 2^31: an iterator stays a positive i64.
+            st.next_id = st.next_id % ((1 << 31) - 1) + 1;
+            let id = st.next_id;
+            st.dumps.insert(
+                id,
+                Dump {
+                    key: key.to_string(),
+                    state,
+                    used: Instant::now(),
+                },
+            );
+            return pair(iterator(id, 1), Bytes::from(head));
+        }
+        let id = u32::try_from(iter >> CHUNK_BITS).unwrap_or(0);
+        let chunk = iter & ((1 << CHUNK_BITS) - 1);
+        let Some(dump) = st.dumps.get_mut(&id).filter(|d| d.key == key && iter > 0) else {
+            return Reply::err("no such dump in progress: start again at iterator 0");
+        };
+        dump.used = Instant::now();
+        // Chunk n (from 1) answers the state's part n - 1.
+        let from = (chunk as usize - 1).saturating_mul(CHUNK_BYTES);
+        if from >= dump.state.len() {
+            st.dumps.remove(&id);
+            return pair(0, Bytes::new());
+        }
+        let to = (from + CHUNK_BYTES).min(dump.state.len());
+        pair(iterator(id, chunk + 1), dump.state.slice(from..to))
+    }
+
+    /// `LOADCHUNK key iterator data`: `Ok(None)` while chunks are missing, `Ok(Some)` the
+    /// spec and the whole state once the last one came and checked.
+    pub fn load(
+        &self,
+        key: &str,
+        iter: i64,
+        data: &[u8],
+    ) -> Result<Option<(FilterSpec, AnyFilter)>, Reply> {
+        let mut st = self.inner.lock().expect("dumps lock poisoned");
+        st.expire();
+        if let Some(rest) = data.strip_prefix(MAGIC.as_slice()) {
+            let header = match rest.split_first() {
+                Some((&VERSION, json)) => serde_json::from_slice::<Header>(json)
+                    .map_err(|e| Reply::err(format!("bad dump header: {e}")))?,
+                _ => return Err(Reply::err("bad dump header: unknown version")),
+            };
+            if !restorable(header.spec.kind) {
+                return Err(not_restorable(header.spec.kind));
+            }
+            if header.len > MAX_LOAD_BYTES {
+                return Err(Reply::err(format!(
+                    "a dump of {} bytes exceeds the {MAX_LOAD_BYTES} a load takes",
+                    header.len
+                )));
+            }
+            st.loads.insert(
+                key.to_string(),
+                Load {
+                    spec: header.spec,
+                    len: header.len,
+                    xxh3: header.xxh3,
+                    next: iter + 1,
+                    buf: Vec::new(),
+                    used: Instant::now(),
+                },
+            );
+            return Ok(None);
+        }
+        let Some(load) = st.loads.get_mut(key) else {
+            return Err(Reply::err(
+                "no load in progress for this key: send the dump's header chunk first",
+            ));
+        };
+        if iter != load.next {
+            let expected = load.next;
+            st.loads.remove(key);
+            return Err(Reply::err(format!(
+                "chunk out of order: iterator {iter}, expected {expected}; the load is abandoned"
+            )));
+        }
+        if load.buf.len() as u64 + data.len() as u64 > load.len {
+            st.loads.remove(key);
+            return Err(Reply::err(
+                "the dump's chunks are longer than its header says",
+            ));
+        }
+        load.buf.extend_from_slice(data);
+        load.next += 1;
+        load.used = Instant::now();
+        if (load.buf.len() as u64) < load.len {
+            return Ok(None);
+        }
+        let load = st.loads.remove(key).expect("present");
+        drop(st);
+        if xxh3_64(&load.buf) != load.xxh3 {
+            return Err(Reply::err(
+                "the dump's checksum does not match: nothing loaded",
+            ));
+        }
+        let state = AnyFilter::decode_state(load.spec.kind, &load.buf)
+            .map_err(|e| Reply::err(format!("the dump does not decode: {e}")))?;
+        Ok(Some((load.spec, state)))
+    }
+}
+
+/// Why a kind's dump is not loaded.
+pub fn not_restorable(kind: FilterKind) -> Reply {
+    Reply::err(format!(
+        "a {kind} dump is not loaded: its version tags (or per-replica counts) belong to the \
+         replicas that made it and would collide with this cluster's; only the kinds without \
+         them are restored (g_bloom, sc_g_bloom, writer_sc_g_bloom, expiring_bloom, g_cuckoo \
+         and its scalable forms)"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_untagged_kinds_without_counts_are_restorable() {
+        assert!(restorable(FilterKind::GBloom));
+        assert!(restorable(FilterKind::WriterScGBloom));
+        assert!(restorable(FilterKind::GCuckoo));
+        assert!(!restorable(FilterKind::OrCuckoo));
+        assert!(!restorable(FilterKind::WriterScOrCuckoo));
+        assert!(!restorable(FilterKind::CountingCuckoo));
+    }
+
+    #[test]
+    fn loads_check_order_length_and_checksum() {
+        let dumps = Dumps::default();
+        let mut f = AnyFilter::new(&FilterSpec::new(FilterKind::GBloom, 1000, 0.01), 1).unwrap();
+        f.add(b"x").unwrap();
+        let state = f.encode_state();
+        let header = |len: u64, xxh3: u64| {
+            let mut h = MAGIC.to_vec();
+            h.push(VERSION);
+            h.extend(
+                serde_json::to_vec(&Header {
+                    spec: FilterSpec::new(FilterKind::GBloom, 1000, 0.01),
+                    len,
+                    xxh3,
+                })
+                .unwrap(),
+            );
+            h
+        };
+        let good = header(state.len() as u64, xxh3_64(&state));
+        assert!(dumps.load("k", 5, &good).unwrap().is_none());
+        let (half, rest) = state.split_at(state.len() / 2);
+        assert!(dumps.load("k", 6, half).unwrap().is_none());
+        let (spec, loaded) = dumps.load("k", 7, rest).unwrap().unwrap();
+        assert_eq!(spec.kind, FilterKind::GBloom);
+        assert!(loaded.contains(b"x"));
+        // Out of order: abandoned.
+        dumps.load("k", 5, &good).unwrap();
+        assert!(dumps.load("k", 7, half).is_err());
+        assert!(
+            dumps.load("k", 6, half).is_err(),
+            "no load in progress any more"
+        );
+        // A wrong checksum loads nothing.
+        dumps.load("k", 5, &header(state.len() as u64, 1)).unwrap();
+        assert!(dumps.load("k", 6, &state).is_err());
+        // A chunk without a header.
+        assert!(dumps.load("other", 2, &state).is_err());
+    }
+}
