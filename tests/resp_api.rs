@@ -517,8 +517,9 @@ fn in_order(haystack: &str, needles: &[&str]) {
 
 /// Issue 24, points 1 and 2: RESP3 after `HELLO 3` (booleans where RedisBloom sends them),
 /// and `MULTI`/`EXEC` as redis-py's default pipeline sends them: the queued commands run at
-/// `EXEC`, their replies in one array; a refused command aborts the transaction before
-/// anything runs; `WATCH` is refused.
+/// `EXEC`, their replies in one array; a refused RedisBloom command answers its error in that
+/// array, any other refused command aborts the transaction before anything runs; `WATCH` is
+/// refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resp3_and_transactions_work_as_redis_clients_use_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -546,18 +547,29 @@ async fn resp3_and_transactions_work_as_redis_clients_use_them() {
         (&["CF.COUNT", "views", "v"], "+QUEUED\r\n"),
         (&["PING"], "+QUEUED\r\n"),
         (&["EXEC"], "*5\r\n#t\r\n#t\r\n#t\r\n:1\r\n+PONG\r\n"),
+        // A RedisBloom command's refusal is queued and answered in EXEC's array (Redis
+        // queues a module's commands; they refuse when they run).
         (&["MULTI"], "+OK\r\n"),
         (&["BF.ADD", "bloom", "t2"], "+QUEUED\r\n"),
+        (&["BF.ADD", "bloom"], "+QUEUED\r\n"),
         (
-            &["BF.ADD", "bloom"],
-            "-ERR wrong number of arguments for 'bf.add' command\r\n",
+            &["EXEC"],
+            "*2\r\n#t\r\n-ERR wrong number of arguments for 'bf.add' command\r\n",
+        ),
+        (&["BF.EXISTS", "bloom", "t2"], "#t\r\n"),
+        // Any other refused command aborts the transaction before anything runs.
+        (&["MULTI"], "+OK\r\n"),
+        (&["BF.ADD", "bloom", "t4"], "+QUEUED\r\n"),
+        (
+            &["PING", "a", "b"],
+            "-ERR wrong number of arguments for 'ping' command\r\n",
         ),
         (&["MULTI"], "-ERR MULTI calls can not be nested\r\n"),
         (
             &["EXEC"],
             "-EXECABORT Transaction discarded because of previous errors.\r\n",
         ),
-        (&["BF.EXISTS", "bloom", "t2"], "#f\r\n"),
+        (&["BF.EXISTS", "bloom", "t4"], "#f\r\n"),
         (&["MULTI"], "+OK\r\n"),
         (&["BF.ADD", "bloom", "t3"], "+QUEUED\r\n"),
         (&["DISCARD"], "+OK\r\n"),
@@ -581,8 +593,9 @@ async fn resp3_and_transactions_work_as_redis_clients_use_them() {
     // The transaction's add happened; the aborted and discarded ones did not.
     let mut con = connect(&node).await;
     expect(&mut con, &["BF.EXISTS", "bloom", "t1"], 1).await;
-    expect(&mut con, &["BF.EXISTS", "bloom", "t2"], 0).await;
+    expect(&mut con, &["BF.EXISTS", "bloom", "t2"], 1).await;
     expect(&mut con, &["BF.EXISTS", "bloom", "t3"], 0).await;
+    expect(&mut con, &["BF.EXISTS", "bloom", "t4"], 0).await;
     // redis-rs's atomic pipeline (MULTI/EXEC) over RESP2.
     let (a, b): (i64, i64) = redis::pipe()
         .atomic()

@@ -271,8 +271,8 @@ pub enum Command {
     Filter(ReplicaHandle, Request),
     /// `CRPF.ACK`: the level of this connection's later updates.
     SetAck(AckLevel),
-    /// `AUTH`, with the password given.
-    Auth(Bytes),
+    /// `AUTH`, with the password given, and whether a user name (`default`) came with it.
+    Auth(Bytes, bool),
     /// `AUTH` refused before the password is checked (arity, user name): answered as it is
     /// whether or not the connection is authenticated, as Redis does.
     AuthRefused(Reply),
@@ -529,7 +529,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                 if let Some(refused) = refused {
                     return Ok(Command::AuthRefused(refused));
                 }
-                Command::Auth(single(n - 1))
+                Command::Auth(single(n - 1), n == 2)
             }
             "CLIENT" => {
                 arity(n >= 1)?;
@@ -555,6 +555,33 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                 }
             }
             "COMMAND" => Command::Reply(super::introspect::command(args)),
+            // Tools (redis-benchmark, redis-cli) read settings at start; none is Redis's here,
+            // and none is set over RESP (the node's configuration file holds them).
+            "CONFIG" => {
+                arity(n >= 1)?;
+                if arg(0).eq_ignore_ascii_case(b"GET") {
+                    arity(n >= 2)?;
+                    // The two that tools ask about: crpf keeps no RDB file and no AOF (its
+                    // durability is the filters' `ack` and write-ahead log).
+                    const KNOWN: [(&str, &str); 2] = [("save", ""), ("appendonly", "no")];
+                    let text = |s: &str| Reply::Bulk(Bytes::copy_from_slice(s.as_bytes()));
+                    Command::Reply(Reply::Map(
+                        KNOWN
+                            .iter()
+                            .filter(|(k, _)| {
+                                args.from(2)
+                                    .any(|p| glob_match(&p.to_ascii_lowercase(), k.as_bytes()))
+                            })
+                            .map(|(k, v)| (text(k), text(v)))
+                            .collect(),
+                    ))
+                } else {
+                    Command::Reply(Reply::err(
+                        "CONFIG SET/RESETSTAT/REWRITE are not supported: crpf's settings live in \
+                         the node's configuration file",
+                    ))
+                }
+            }
             "INFO" => Command::Info(
                 args.from(1)
                     .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase())
@@ -590,7 +617,14 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                 Command::Multi
             }
             "EXEC" => {
-                arity(n == 0)?;
+                if n != 0 {
+                    // Redis discards the transaction, if any, and says so.
+                    return Ok(Command::Reply(Reply::Error(
+                        "EXECABORT Transaction discarded because of: wrong number of arguments \
+                         for 'exec' command"
+                            .into(),
+                    )));
+                }
                 Command::Exec
             }
             "DISCARD" => {
@@ -606,10 +640,10 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
             "UNWATCH" => Command::Reply(Reply::Simple("OK")),
             "SELECT" => {
                 arity(n == 1)?;
-                if arg(0) == b"0" {
-                    Command::Reply(Reply::Simple("OK"))
-                } else {
-                    Command::Reply(Reply::err("DB index is out of range"))
+                match std::str::from_utf8(arg(0)).map(str::parse::<i32>) {
+                    Ok(Ok(0)) => Command::Reply(Reply::Simple("OK")),
+                    Ok(Ok(_)) => Command::Reply(Reply::err("DB index is out of range")),
+                    _ => Command::Reply(Reply::err("value is not an integer or out of range")),
                 }
             }
             "BF.ADD" => {
@@ -716,21 +750,36 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
             }
             "BF.SCANDUMP" | "CF.SCANDUMP" => {
                 arity(n == 2)?;
+                let bloom = family == Some(true);
                 let iter = std::str::from_utf8(arg(1))
                     .ok()
-                    .and_then(|i| i.parse::<i64>().ok())
-                    .filter(|i| *i >= 0);
-                let Some(iter) = iter else {
-                    return Err(Command::Reply(Reply::Error(
-                        if family == Some(true) {
-                            "Second argument must be numeric"
-                        } else {
-                            "Invalid position"
-                        }
-                        .into(),
-                    )));
+                    .and_then(|i| i.parse::<i64>().ok());
+                // RedisBloom's order: a Bloom dump looks at the key first, a cuckoo dump at
+                // the position; a negative Bloom iterator is past the end.
+                let key = if bloom { Some(existing()?) } else { None };
+                let iter = match iter {
+                    Some(i) if i < 0 && bloom && key.as_ref().is_some_and(Option::is_some) => {
+                        return Ok(Command::Reply(Reply::Array(vec![
+                            Reply::Int(0),
+                            Reply::Bulk(Bytes::new()),
+                        ])));
+                    }
+                    Some(i) if i >= 0 || bloom => i,
+                    _ if bloom && key.as_ref().is_some_and(Option::is_none) => {
+                        return Ok(Command::Reply(Reply::err("not found")));
+                    }
+                    _ => {
+                        return Err(Command::Reply(Reply::Error(
+                            if bloom {
+                                "Second argument must be numeric"
+                            } else {
+                                "Invalid position"
+                            }
+                            .into(),
+                        )));
+                    }
                 };
-                match existing()? {
+                match key.map_or_else(existing, Ok)? {
                     Some(_) => Command::Key(KeyCommand::ScanDump {
                         name: key_name(),
                         iter,
@@ -743,7 +792,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                 let iter = std::str::from_utf8(arg(1))
                     .ok()
                     .and_then(|i| i.parse::<i64>().ok())
-                    .filter(|i| *i > 0);
+                    .filter(|i| *i != 0 || family == Some(true));
                 let Some(iter) = iter else {
                     return Err(Command::Reply(if family == Some(true) {
                         Reply::err("Second argument must be numeric")
@@ -873,13 +922,26 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                     kind,
                 })
             }
-            _ => Command::Reply(Reply::err(format!(
-                "unknown command '{}'",
-                name.chars().take(64).collect::<String>()
-            ))),
+            _ => Command::Reply(Reply::err(unknown_command(args))),
         })
     })();
     checked.unwrap_or_else(|refused| refused)
+}
+
+/// Redis 7's text for an unknown command: its name as given and the start of its arguments.
+fn unknown_command(args: &Args) -> String {
+    let clip = |b: &[u8], n: usize| String::from_utf8_lossy(&b[..b.len().min(n)]).into_owned();
+    let mut listed = String::new();
+    for a in args.from(1) {
+        if listed.len() >= 128 {
+            break;
+        }
+        listed += &format!("'{}' ", clip(a, 128 - listed.len()));
+    }
+    format!(
+        "unknown command '{}', with args beginning with: {listed}",
+        clip(args.arg(0), 128)
+    )
 }
 
 /// Whether `name` matches the glob `pattern` (Redis's `KEYS`: `*`, `?`, `[...]`, `\`).
@@ -1367,7 +1429,7 @@ mod tests {
             Command::SetAck(AckLevel::Durable)
         ));
         assert!(
-            matches!(command(&words(&["AUTH", "default", "pw"]), no_filter), Command::Auth(p) if &p[..] == b"pw")
+            matches!(command(&words(&["AUTH", "default", "pw"]), no_filter), Command::Auth(p, true) if &p[..] == b"pw")
         );
     }
 

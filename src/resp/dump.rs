@@ -104,12 +104,24 @@ fn iterator(id: u32, chunk: i64) -> i64 {
     (i64::from(id) << CHUNK_BITS) | chunk
 }
 
+/// Whether `data` is a dump's header chunk.
+pub fn is_header(data: &[u8]) -> bool {
+    data.starts_with(MAGIC)
+}
+
 /// Whether a dump of `kind` can be loaded ([module docs](self)).
 pub fn restorable(kind: FilterKind) -> bool {
     !kind.tagged() && !kind.counting()
 }
 
 impl Dumps {
+    /// Whether a load into `key` is in progress.
+    pub fn loading(&self, key: &str) -> bool {
+        let mut st = self.inner.lock().expect("dumps lock poisoned");
+        st.expire();
+        st.loads.contains_key(key)
+    }
+
     /// `SCANDUMP key iterator` on `handle`'s filter, whose spec is `spec`.
     pub fn scan(&self, key: &str, handle: &ReplicaHandle, spec: FilterSpec, iter: i64) -> Reply {
         let mut st = self.inner.lock().expect("dumps lock poisoned");

@@ -46,6 +46,7 @@ const COMMANDS: &[Spec] = &[
     spec("hello", -1, ADMIN, NONE),
     spec("client", -2, ADMIN, NONE),
     spec("command", -1, ADMIN, NONE),
+    spec("config", -2, ADMIN, NONE),
     spec("info", -1, ADMIN, NONE),
     spec("memory", -2, READ, (2, 2, 1)),
     spec("select", 2, ADMIN, NONE),

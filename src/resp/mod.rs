@@ -570,6 +570,17 @@ async fn run_key(
             data,
             bloom,
         } => {
+            if !dump::is_header(&data) && !dumps.loading(&name) {
+                // Not a chunk of a dump being loaded: RedisBloom's answers to data it cannot
+                // read.
+                return if lookup.filter(name.as_bytes()).is_none() && iter != 1 {
+                    Reply::err("not found")
+                } else if bloom {
+                    Reply::err("received bad data")
+                } else {
+                    Reply::Error("Invalid header".into())
+                };
+            }
             let (spec, state) = match dumps.load(&name, iter, &data) {
                 Ok(Some(loaded)) => loaded,
                 Ok(None) => return Reply::Simple("OK"),
@@ -696,6 +707,17 @@ struct Multi {
     aborted: bool,
 }
 
+/// What a command is, for queueing it after `MULTI`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Queued {
+    /// A RedisBloom command (`BF.*`, `CF.*`).
+    Module,
+    /// `EXEC` itself.
+    Exec,
+    /// Any other.
+    Command,
+}
+
 /// One step of an `EXEC`.
 enum Step {
     Ready(Reply),
@@ -742,7 +764,18 @@ impl Session<'_> {
         let command = commands::command(args, |name| server.filters.filter(name));
         let bytes = args.size();
         if self.multi.is_some() {
-            return self.queue(command, bytes);
+            let name = args.arg(0);
+            let family = |prefix: &[u8]| {
+                name.len() > prefix.len() && name[..prefix.len()].eq_ignore_ascii_case(prefix)
+            };
+            let queued_as = if family(b"BF.") || family(b"CF.") {
+                Queued::Module
+            } else if name.eq_ignore_ascii_case(b"EXEC") {
+                Queued::Exec
+            } else {
+                Queued::Command
+            };
+            return self.queue(command, bytes, queued_as);
         }
         match command {
             Command::Filter(handle, request) => self.send(handle, request, bytes),
@@ -764,10 +797,20 @@ impl Session<'_> {
     }
 
     /// A command after `MULTI`: queued (`+QUEUED`), or `EXEC`, `DISCARD`, or refused (which
-    /// aborts the transaction).
-    fn queue(&mut self, command: Command, bytes: usize) -> Option<Pending> {
+    /// aborts the transaction). A RedisBloom command's refusal is queued as its reply, as
+    /// Redis queues a module's commands and they refuse when `EXEC` runs them.
+    fn queue(&mut self, command: Command, bytes: usize, queued_as: Queued) -> Option<Pending> {
         let multi = self.multi.as_mut().expect("in MULTI");
         let reply = match command {
+            // `EXEC` refused (its arity): the transaction is discarded.
+            Command::Reply(refused @ Reply::Error(_)) if queued_as == Queued::Exec => {
+                self.multi = None;
+                refused
+            }
+            Command::Reply(refused @ Reply::Error(_)) if queued_as == Queued::Module => {
+                multi.queued.push(Command::Reply(refused));
+                Reply::Simple("QUEUED")
+            }
             Command::Exec => {
                 let multi = self.multi.take().expect("in MULTI");
                 if multi.aborted {
@@ -788,7 +831,7 @@ impl Session<'_> {
                 multi.aborted = true;
                 refused
             }
-            Command::Auth(_) | Command::AuthRefused(_) | Command::Hello { .. } => {
+            Command::Auth(..) | Command::AuthRefused(_) | Command::Hello { .. } => {
                 multi.aborted = true;
                 Reply::err("Command not allowed inside a transaction")
             }
@@ -979,8 +1022,13 @@ impl Session<'_> {
     fn answer(&mut self, command: Command, bytes: usize) -> Pending {
         let server = self.server;
         let reply = match command {
-            Command::Auth(given) => match &server.password {
-                None => Reply::err("AUTH called without any password configured"),
+            Command::Auth(given, user) => match &server.password {
+                // Redis's default user without a password takes any, named.
+                None if user => Reply::Simple("OK"),
+                None => Reply::err(
+                    "AUTH <password> called without any password configured for the default \
+                     user. Are you sure your configuration is correct?",
+                ),
                 Some(hash) if Sha256::digest(&given)[..] == hash[..] => {
                     self.authenticated = true;
                     Reply::Simple("OK")

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Redis's own load generator, redis-benchmark, against a crpf node's RESP front end and against
+# redis-server with RedisBloom, one after the other, with the server as the bottleneck
+# (-c 16 -P 16 by default). Prints requests/s and the server's CPU per request for each, and
+# the ratios crpf / RedisBloom. Needs scripts/install-bench-tools.sh (redis-server,
+# redis-benchmark, redisbloom.so) and a release build (cargo build --release).
+#
+#   scripts/resp-vs-redisbloom.sh                 # defaults below
+#   CLIENTS=1 PIPELINE=16 REQUESTS=1000000 ROUNDS=3 scripts/resp-vs-redisbloom.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root="$PWD"
+redis="$root/.tools/redis"
+bench="$redis/root/usr/bin/redis-benchmark"
+export LD_LIBRARY_PATH="$redis/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+crpf="${CRPF_BIN:-$root/target/release/crpf}"
+CLIENTS="${CLIENTS:-16}"
+PIPELINE="${PIPELINE:-16}"
+REQUESTS="${REQUESTS:-2000000}"
+ROUNDS="${ROUNDS:-3}"
+for f in "$bench" "$redis/bin/redis-server" "$redis/redisbloom.so" "$crpf"; do
+  [ -e "$f" ] || { echo "missing $f (scripts/install-bench-tools.sh; cargo build --release)" >&2; exit 1; }
+done
+
+work="$(mktemp -d)"
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+redis_port="$(free_port)"
+crpf_port="$(free_port)"
+metrics_port="$(free_port)"
+
+"$redis/bin/redis-server" --port "$redis_port" --save '' --appendonly no \
+  --loadmodule "$redis/redisbloom.so" --dir "$work" >"$work/redis.log" 2>&1 &
+redis_pid=$!
+cat >"$work/node.toml" <<EOF
+[node]
+metrics_addr = "127.0.0.1:$metrics_port"
+[resp]
+listen = "127.0.0.1:$crpf_port"
+[[filters]]
+name = "bloom"
+filter = { kind = "g_bloom", capacity = 30_000_000, fpr = 0.01 }
+ack = "local"
+[[filters]]
+name = "cuckoo"
+filter = { kind = "g_cuckoo", capacity = 30_000_000, fpr = 0.01 }
+ack = "local"
+EOF
+"$crpf" node --config "$work/node.toml" >"$work/node.log" 2>&1 &
+crpf_pid=$!
+
+cli() { "$redis/root/usr/bin/redis-cli" -p "$1" "${@:2}" >/dev/null; }
+for _ in $(seq 100); do
+  cli "$redis_port" PING 2>/dev/null && cli "$crpf_port" PING 2>/dev/null && break
+  sleep 0.1
+done
+# The node answers PING at once, its filters once they are ready.
+for _ in $(seq 300); do
+  "$redis/root/usr/bin/redis-cli" -p "$crpf_port" BF.EXISTS bloom x 2>/dev/null | grep -q '^0$' && break
+  sleep 0.1
+done
+cli "$redis_port" BF.RESERVE bloom 0.01 30000000
+cli "$redis_port" CF.RESERVE cuckoo 30000000
+
+# utime + stime of a process, in clock ticks.
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+hz="$(getconf CLK_TCK)"
+
+# One measurement: prints "requests/s cpu_us_per_request".
+measure() {
+  local port=$1 pid=$2
+  shift 2
+  local before after rps
+  before="$(ticks "$pid")"
+  rps="$("$bench" -p "$port" -c "$CLIENTS" -P "$PIPELINE" -n "$REQUESTS" -r 100000000 -q "$@" \
+    | tr '\r' '\n' | awk '/requests per second/ {for (i = 1; i <= NF; i++) if ($(i+1) ~ /^requests/) print $i}' | tail -1)"
+  after="$(ticks "$pid")"
+  python3 -c "import sys; rps=float('$rps'); cpu=($after-$before)/$hz; print(f'{rps:.0f} {cpu / $REQUESTS * 1e6:.2f}')"
+}
+
+printf '%-12s %5s %14s %14s %10s %12s %12s %10s\n' command round "crpf req/s" "redis req/s" ratio "crpf us/req" "redis us/req" "cpu ratio"
+for cmd in "BF.ADD bloom __rand_int__" "BF.EXISTS bloom __rand_int__" "CF.ADD cuckoo __rand_int__" "CF.EXISTS cuckoo __rand_int__"; do
+  for round in $(seq "$ROUNDS"); do
+    # shellcheck disable=SC2086
+    read -r c_rps c_cpu < <(measure "$crpf_port" "$crpf_pid" $cmd)
+    # shellcheck disable=SC2086
+    read -r r_rps r_cpu < <(measure "$redis_port" "$redis_pid" $cmd)
+    python3 - "$cmd" "$round" "$c_rps" "$r_rps" "$c_cpu" "$r_cpu" <<'EOF'
+import sys
+cmd, rnd, c, r, cc, rc = sys.argv[1].split()[0], sys.argv[2], *map(float, sys.argv[3:])
+print(f"{cmd:<12} {rnd:>5} {c:>14.0f} {r:>14.0f} {c / r:>10.2f} {cc:>12.2f} {rc:>12.2f} {cc / rc:>10.2f}")
+EOF
+  done
+done
