@@ -273,7 +273,9 @@ fn start_node(dir: &Path, nats_port: u16, resp_port: u16) -> Result<Proc, BoxErr
     std::fs::write(
         &config,
         format!(
-            "[node]\nmetrics_addr = \"127.0.0.1:{}\"\nlog = \"warn\"\n{}\n[nats]\nservers = \
+            // Unsigned frames, as in the runs recorded before nodes over NATS required a
+            // cluster key: one node on loopback, nothing to authenticate against.
+            "[node]\nmetrics_addr = \"127.0.0.1:{}\"\nlog = \"warn\"\nallow_unauthenticated = true\n{}\n[nats]\nservers = \
              [\"nats://127.0.0.1:{nats_port}\"]\n\n[resp]\nlisten = \"127.0.0.1:{resp_port}\"\n\n{}\n{}\n{}\n{}",
             free_port(),
             std::env::var("CRPF_BENCH_NODE_IO_THREADS")

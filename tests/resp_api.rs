@@ -785,6 +785,29 @@ try:
     bf.add("sessions", "x")
 except redis.ResponseError as e:
     print("wrongtype", e)
+print("bf.add again", bf.add("bloom", "py1"))
+print("created", bf.add("py-new", "a"), r.type("py-new"))
+info = bf.info("py-new")
+print("bf.info", info.capacity, info.insertedNum, info.filterNum)
+print("bf.card", bf.card("py-new"))
+print("cf.addnx", cf.addnx("cf-new", "x"), cf.addnx("cf-new", "x"))
+print("cf.insertnx", cf.insertnx("cf-new", ["x", "y"]))
+print("cf.info", cf.info("cf-new").bucketSize)
+chunks, it = [], 0
+while True:
+    it, data = bf.scandump("py-new", it)
+    if it == 0:
+        break
+    chunks.append((it, data))
+for it, data in chunks:
+    bf.loadchunk("py-copy", it, data)
+print("restored", bf.exists("py-copy", "a"), bf.exists("py-copy", "b"))
+p = r.pipeline(transaction=False)
+p.bf().add("bloom", "py5")
+p.bf().exists("bloom", "py5")
+print("plain pipeline", p.execute())
+print("keys", sorted(r.scan_iter(match="py-*")))
+print("flushed", r.delete("py-new", "py-copy"), r.exists("py-new"))
 "#;
     let resp = node.resp.clone();
     let out = tokio::task::spawn_blocking(move || {
@@ -817,6 +840,17 @@ except redis.ResponseError as e:
             "cf.count 0",
             "pipeline [True, True]",
             "wrongtype WRONGTYPE Operation against a key holding the wrong kind of value",
+            "bf.add again False",
+            "created True b'MBbloom--'",
+            "bf.info 100 1 1",
+            "bf.card 1",
+            "cf.addnx True False",
+            "cf.insertnx [0, 1]",
+            "cf.info 4",
+            "restored True False",
+            "plain pipeline [True, True]",
+            "keys [b'py-copy', b'py-new']",
+            "flushed 2 0",
         ],
         "{stdout}"
     );
