@@ -6,7 +6,8 @@
 # redis-benchmark, redisbloom.so) and a release build (cargo build --release).
 #
 #   scripts/resp-vs-redisbloom.sh                 # defaults below
-#   CLIENTS=1 PIPELINE=16 REQUESTS=1000000 ROUNDS=3 scripts/resp-vs-redisbloom.sh
+#   CLIENTS=1 PIPELINE=16 REQUESTS=1000000 ROUNDS=3 COMMANDS=BF.ADD,CF.ADD scripts/resp-vs-redisbloom.sh
+#   CRPF_BIN=<another crpf binary> scripts/resp-vs-redisbloom.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
@@ -79,7 +80,12 @@ measure() {
 }
 
 printf '%-12s %5s %14s %14s %10s %12s %12s %10s\n' command round "crpf req/s" "redis req/s" ratio "crpf us/req" "redis us/req" "cpu ratio"
-for cmd in "BF.ADD bloom __rand_int__" "BF.EXISTS bloom __rand_int__" "CF.ADD cuckoo __rand_int__" "CF.EXISTS cuckoo __rand_int__"; do
+IFS=',' read -r -a commands <<<"${COMMANDS:-BF.ADD,BF.EXISTS,CF.ADD,CF.EXISTS}"
+for name in "${commands[@]}"; do
+  case "$name" in
+    BF.*) cmd="$name bloom __rand_int__" ;;
+    *) cmd="$name cuckoo __rand_int__" ;;
+  esac
   for round in $(seq "$ROUNDS"); do
     # shellcheck disable=SC2086
     read -r c_rps c_cpu < <(measure "$crpf_port" "$crpf_pid" $cmd)

@@ -360,6 +360,11 @@ impl Membership for GBloom {
         Ok(())
     }
 
+    /// New exactly when one of its bits was clear (so `contains` was false).
+    fn add_new(&mut self, item: &[u8]) -> Result<bool, FilterError> {
+        Ok(self.set_hash(self.hash(item)) > 0)
+    }
+
     /// Eq. 3.20, `-(m/k) ln(1 - |S|/m)`; a saturated filter reports the value at `|S| = m - 1`.
     fn cardinality(&self) -> f64 {
         bloom_cardinality(&self.params, self.ones())

@@ -27,6 +27,13 @@ pub trait Membership {
     fn contains(&self, item: &[u8]) -> bool;
     /// Adds the item. On error the filter is exactly as it was before the call.
     fn add(&mut self, item: &[u8]) -> Result<(), FilterError>;
+    /// Adds the item and says whether it was absent before (`contains` was false): RedisBloom's
+    /// "new" answer. A Bloom filter tells it from the bits it had to set, in the same pass.
+    fn add_new(&mut self, item: &[u8]) -> Result<bool, FilterError> {
+        let new = !self.contains(item);
+        self.add(item)?;
+        Ok(new)
+    }
     /// Estimated number of elements (Eq. 3.20 for Bloom filters, entries for cuckoo filters).
     fn cardinality(&self) -> f64;
     /// Number of elements the filter is designed for (Bloom) or slots it has (cuckoo).

@@ -56,6 +56,7 @@ impl TakenDelta {
 trait DynFilter: Send + Sync {
     fn contains(&self, item: &[u8]) -> bool;
     fn add(&mut self, item: &[u8]) -> Result<Option<Dot>, FilterError>;
+    fn add_new(&mut self, item: &[u8]) -> Result<bool, FilterError>;
     fn figures(&self) -> (f64, u64, f64, f64);
     fn track_deltas(&mut self, on: bool);
     fn pending_delta_len(&self) -> usize;
@@ -91,6 +92,15 @@ impl<F: ReplicatedFilter> DynFilter for F {
         match self.observed_remove_mut() {
             Some(or) => or.add_dot(item).map(Some),
             None => crate::Membership::add(self, item).map(|()| None),
+        }
+    }
+    fn add_new(&mut self, item: &[u8]) -> Result<bool, FilterError> {
+        match self.observed_remove_mut() {
+            None => crate::Membership::add_new(self, item),
+            Some(_) => {
+                let new = !crate::Membership::contains(self, item);
+                DynFilter::add(self, item).map(|_| new)
+            }
         }
     }
     fn figures(&self) -> (f64, u64, f64, f64) {
@@ -409,6 +419,12 @@ impl AnyFilter {
     /// Adds the item; OR kinds return the tag they issued.
     pub fn add(&mut self, item: &[u8]) -> Result<Option<Dot>, FilterError> {
         self.inner_mut().add(item)
+    }
+
+    /// Adds the item and says whether it was absent before ([`crate::Membership::add_new`]);
+    /// the OR kinds issue a tag as [`AnyFilter::add`] does.
+    pub fn add_new(&mut self, item: &[u8]) -> Result<bool, FilterError> {
+        self.inner_mut().add_new(item)
     }
 
     /// Removes one occurrence of the item (the kinds that remove); `Ok(None)` if it was not
@@ -884,6 +900,27 @@ mod tests {
             .merge_remote_delta_bytes_within(&d, 0, bounds)
             .unwrap();
         assert!(bloom.contains(b"z"));
+    }
+
+    #[test]
+    fn add_new_is_true_exactly_when_the_item_was_not_contained() {
+        for kind in FilterKind::ALL {
+            let mut spec = FilterSpec::new(*kind, 200, 0.05);
+            if *kind == FilterKind::ExpiringBloom {
+                spec.expiry = Some(crate::ExpirySpec::default());
+            }
+            let mut f = AnyFilter::new(&spec, 1).unwrap();
+            for i in 0..300u32 {
+                // Items come back: some are contained already, some collide (false positives).
+                let item = (i % 170).to_le_bytes();
+                let before = f.contains(&item);
+                match f.add_new(&item) {
+                    Ok(new) => assert_eq!(new, !before, "{kind}, item {i}"),
+                    Err(_) => assert_eq!(f.contains(&item), before, "{kind}: a refused add"),
+                }
+                assert!(f.contains(&item) || before, "{kind}");
+            }
+        }
     }
 
     #[test]

@@ -521,14 +521,9 @@ async fn run_key(
             bloom,
             request,
         } => {
-            match lookup.create(name.clone(), spec).await {
-                // Created by this command, or by another client meanwhile.
-                Ok(_) => {}
-                Err(e) if e == redisbloom::EXISTS => {}
-                Err(e) => return Reply::Error(e),
-            }
-            let Some(handle) = lookup.filter(name.as_bytes()) else {
-                return Reply::err("could not create filter");
+            let handle = match created(&*lookup, &name, spec).await {
+                Ok(handle) => handle,
+                Err(refused) => return refused,
             };
             if redisbloom::is_bloom(handle.kind()) != bloom {
                 return Reply::Error(commands::WRONGTYPE.into());
@@ -628,6 +623,25 @@ async fn run_key(
     }
 }
 
+/// Filter `name`, created of `spec` first if it does not exist (by this call, or by another
+/// client meanwhile).
+async fn created(
+    lookup: &dyn FilterLookup,
+    name: &str,
+    spec: crate::FilterSpec,
+) -> Result<ReplicaHandle, Reply> {
+    if lookup.filter(name.as_bytes()).is_none() {
+        match lookup.create(name.to_string(), spec).await {
+            Ok(_) => {}
+            Err(e) if e == redisbloom::EXISTS => {}
+            Err(e) => return Err(Reply::Error(e)),
+        }
+    }
+    lookup
+        .filter(name.as_bytes())
+        .ok_or_else(|| Reply::err("could not create filter"))
+}
+
 /// Merges a loaded dump into filter `name`, created of `spec` if it does not exist, and
 /// snapshots it.
 async fn restore(
@@ -636,15 +650,9 @@ async fn restore(
     spec: crate::FilterSpec,
     state: crate::replica::AnyFilter,
 ) -> Reply {
-    if lookup.filter(name.as_bytes()).is_none() {
-        match lookup.create(name.clone(), spec).await {
-            Ok(_) => {}
-            Err(e) if e == redisbloom::EXISTS => {}
-            Err(e) => return Reply::Error(e),
-        }
-    }
-    let Some(handle) = lookup.filter(name.as_bytes()) else {
-        return Reply::err("could not create filter");
+    let handle = match created(lookup, &name, spec).await {
+        Ok(handle) => handle,
+        Err(refused) => return refused,
     };
     if !dump::restorable(handle.kind()) {
         return dump::not_restorable(handle.kind());

@@ -155,13 +155,17 @@ impl Updates {
                 f.tick(wall_clock_ms());
                 // Judged under the write lock: of two adds of one new item on this replica,
                 // exactly one is told it was new.
-                let new = mode != AddMode::Always && !f.contains(item);
-                let skip = mode == AddMode::IfAbsent && !new;
-                let r = if skip {
-                    Ok(None)
-                } else {
-                    f.add(item).map_err(ReplicaError::from)
+                let (r, new, skip) = match mode {
+                    AddMode::Always => (f.add(item).map(|_| ()), false, false),
+                    // One pass where the kind can (a Bloom filter's bits tell it).
+                    AddMode::ReportNew => match f.add_new(item) {
+                        Ok(new) => (Ok(()), new, false),
+                        Err(e) => (Err(e), false, false),
+                    },
+                    AddMode::IfAbsent if f.contains(item) => (Ok(()), false, true),
+                    AddMode::IfAbsent => (f.add(item).map(|_| ()), true, false),
                 };
+                let r = r.map_err(ReplicaError::from);
                 if r.is_ok() && !skip {
                     self.changed_under(&f, lock);
                 }
@@ -291,14 +295,18 @@ impl Updates {
             let mut changed = false;
             while i < items.len() && f.clock() < limit {
                 prefetch_items_ahead(items, i, ahead, |i| f.prefetch(i));
-                let new = mode != AddMode::Always && !f.contains(items[i]);
-                if mode == AddMode::IfAbsent && !new {
-                    added.push(true);
-                    i += 1;
-                    continue;
-                }
-                match f.add(items[i]) {
-                    Ok(_) => {
+                let outcome = match mode {
+                    AddMode::Always => f.add(items[i]).map(|_| false),
+                    AddMode::ReportNew => f.add_new(items[i]),
+                    AddMode::IfAbsent if f.contains(items[i]) => {
+                        added.push(true);
+                        i += 1;
+                        continue;
+                    }
+                    AddMode::IfAbsent => f.add(items[i]).map(|_| true),
+                };
+                match outcome {
+                    Ok(new) => {
                         added.push(true);
                         changed = true;
                         if new {
