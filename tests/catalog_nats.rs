@@ -85,10 +85,14 @@ impl Node {
         )
     }
 
-    /// Whether this node no longer has `filter` (`EXISTS` 0, and an add refused as unknown).
+    /// Whether this node no longer has `filter` (`EXISTS` 0, and an add that must not create
+    /// the key refused as unknown; a plain `BF.ADD` would create it again, as RedisBloom's).
     fn refuses(&self, filter: &str) -> bool {
         matches!(self.resp(&["EXISTS", filter]), Ok(redis::Value::Int(0)))
-            && matches!(self.resp(&["BF.ADD", filter, "x"]), Err(e) if e.contains("no filter named"))
+            && matches!(
+                self.resp(&["BF.INSERT", filter, "NOCREATE", "ITEMS", "x"]),
+                Err(e) if e.contains("not found")
+            )
     }
 
     /// Waits until this node's RESP port answers (and its process runs).
