@@ -527,11 +527,13 @@ async fn stack_serves_every_dashboard_query_and_gauges_match_stats() {
         });
         conn.set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
+        // An item of each node's own: one another node added would answer 0 (not new).
+        let item = format!("resp-item-{addr}");
         let replies = resp_commands(
             &mut conn,
             &[
-                &["BF.ADD", "seen_urls", "resp-item"],
-                &["BF.EXISTS", "seen_urls", "resp-item"],
+                &["BF.ADD", "seen_urls", &item],
+                &["BF.EXISTS", "seen_urls", &item],
                 &["PING"],
             ],
         );
