@@ -427,6 +427,15 @@ async fn a_password_is_required_once_set() {
             .await
             .contains("NOAUTH")
     );
+    // Nothing but logging in is even parsed before AUTH: no pattern matched, no state read.
+    for args in [
+        &["CONFIG", "GET", "*********************x"][..],
+        &["BF.CARD", "bloom"],
+        &["KEYS", "*"],
+        &["INFO"],
+    ] {
+        assert!(refused(&mut con, args).await.contains("NOAUTH"), "{args:?}");
+    }
     assert!(
         refused(&mut con, &["AUTH", "wrong"])
             .await
@@ -1117,4 +1126,44 @@ async fn scandump_and_loadchunk_restore_bloom_keys_and_refuse_what_would_break()
         .unwrap_err()
         .to_string();
     assert!(e.contains("start again at iterator 0"), "{e}");
+}
+
+/// Reads of a key's figures (`CF.INFO`, `BF.CARD`) take their turn among the connection's
+/// commands: after the adds pipelined before them, and inside `EXEC` when it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_of_figures_come_after_the_updates_before_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), "node", "", None, None);
+    wait_ready(&mut connect(&node).await).await;
+    let packed = |ws: &[&str]| redis::cmd(ws[0]).arg(&ws[1..]).get_packed_command();
+    let mut talk = Vec::new();
+    for ws in [
+        &["CF.RESERVE", "ordered", "1000"][..],
+        &["CF.ADD", "ordered", "x"],
+        &["CF.INFO", "ordered"],
+        &["MULTI"],
+        &["CF.ADD", "ordered", "y"],
+        &["CF.INFO", "ordered"],
+        &["EXEC"],
+        &["BF.ADD", "b", "1"],
+        &["BF.ADD", "b", "2"],
+        &["BF.CARD", "b"],
+        &["QUIT"],
+    ] {
+        talk.extend(packed(ws));
+    }
+    let answer = raw_exchange(&node, &talk);
+    in_order(
+        &answer,
+        &[
+            "+OK\r\n",
+            ":1\r\n",
+            "+Number of items inserted\r\n:1\r\n",
+            "+OK\r\n",
+            "+QUEUED\r\n+QUEUED\r\n",
+            "*2\r\n:1\r\n*16\r\n",
+            "+Number of items inserted\r\n:2\r\n",
+            ":1\r\n:1\r\n:2\r\n",
+        ],
+    );
 }

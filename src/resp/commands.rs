@@ -333,6 +333,16 @@ pub enum KeyCommand {
     Delete(Vec<String>),
     /// `FLUSHDB` / `FLUSHALL`: drop every filter.
     FlushAll,
+    /// A read of a key's figures, when its turn comes (after the connection's updates before
+    /// it, and inside `EXEC` when `EXEC` runs).
+    Read {
+        /// The key.
+        name: Vec<u8>,
+        /// What is read.
+        read: Read,
+        /// The command's family: `BF.*` (`Some(true)`), `CF.*`, or neither.
+        bloom: Option<bool>,
+    },
     /// `BF.SCANDUMP` / `CF.SCANDUMP key iterator` ([`super::dump`]).
     ScanDump {
         /// The key.
@@ -367,6 +377,21 @@ pub enum KeyCommand {
         /// Only keys of this type (`SCAN ... TYPE`).
         kind: Option<Vec<u8>>,
     },
+}
+
+/// What [`KeyCommand::Read`] reads.
+#[derive(Debug, Clone, Copy)]
+pub enum Read {
+    /// `BF.CARD`.
+    Card,
+    /// `BF.INFO` and a field, if one.
+    BfInfo(Option<redisbloom::BfField>),
+    /// `CF.INFO`.
+    CfInfo,
+    /// `CF.COMPACT` (nothing to compact: `OK` for a cuckoo key).
+    Compact,
+    /// `MEMORY USAGE`.
+    Memory,
 }
 
 /// Redis's answer to a command on a key of another type.
@@ -444,6 +469,11 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
             Err(wrong) => return wrong,
         }
         if let Some(spec) = create {
+            // Refused before the key is made: an add the replica would refuse must not leave
+            // a new key behind (options never have empty values that got this far).
+            if args.from(2).any(<[u8]>::is_empty) {
+                return Command::Reply(Reply::err("invalid request: empty item"));
+            }
             return Command::Key(KeyCommand::Create {
                 name: key_name(),
                 spec,
@@ -502,6 +532,14 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
         Ok(insert) => Ok(insert),
         Err(redisbloom::Refused::Arity) => Err(wrong_arity()),
         Err(redisbloom::Refused::Reply(reply)) => Err(Command::Reply(reply)),
+    };
+    // A read of the key's figures, at its turn among this connection's commands.
+    let read = |read: Read| {
+        Command::Key(KeyCommand::Read {
+            name: arg(0).to_vec(),
+            read,
+            bloom: family,
+        })
     };
     let checked = (|| -> Result<Command, Command> {
         Ok(match name.as_str() {
@@ -601,10 +639,10 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                         "wrong number of arguments for 'memory|usage' command",
                     )));
                 }
-                let key = args.arg(2);
-                Command::Reply(match filter(key) {
-                    Some(handle) => Reply::Int(redisbloom::memory_usage(&handle) as i64),
-                    None => Reply::Null,
+                Command::Key(KeyCommand::Read {
+                    name: args.arg(2).to_vec(),
+                    read: Read::Memory,
+                    bloom: None,
                 })
             }
             "HELLO" => match hello(args) {
@@ -723,10 +761,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
             }
             "BF.CARD" => {
                 arity(n == 1)?;
-                Command::Reply(match existing()? {
-                    Some(handle) => redisbloom::bf_card(&handle),
-                    None => Reply::Int(0),
-                })
+                read(Read::Card)
             }
             "BF.INFO" => {
                 arity(n == 1 || n == 2)?;
@@ -736,17 +771,11 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                     })?),
                     _ => None,
                 };
-                Command::Reply(match existing()? {
-                    Some(handle) => redisbloom::bf_info(&handle, field),
-                    None => Reply::err("not found"),
-                })
+                read(Read::BfInfo(field))
             }
             "CF.INFO" => {
                 arity(n == 1)?;
-                Command::Reply(match existing()? {
-                    Some(handle) => redisbloom::cf_info(&handle),
-                    None => Reply::err("not found"),
-                })
+                read(Read::CfInfo)
             }
             "BF.SCANDUMP" | "CF.SCANDUMP" => {
                 arity(n == 2)?;
@@ -811,10 +840,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
             // crpf's cuckoo filters keep no deleted slots to compact.
             "CF.COMPACT" => {
                 arity(n == 1)?;
-                Command::Reply(match existing() {
-                    Ok(Some(_)) => Reply::Simple("OK"),
-                    _ => Reply::Error("Cuckoo filter was not found".into()),
-                })
+                read(Read::Compact)
             }
             "CRPF.STATS" => {
                 arity(n == 1)?;
@@ -946,16 +972,47 @@ fn unknown_command(args: &Args) -> String {
 
 /// Whether `name` matches the glob `pattern` (Redis's `KEYS`: `*`, `?`, `[...]`, `\`).
 pub fn glob_match(pattern: &[u8], name: &[u8]) -> bool {
-    match pattern.split_first() {
-        None => name.is_empty(),
-        Some((b'*', rest)) => (0..=name.len()).any(|i| glob_match(rest, &name[i..])),
-        Some((b'?', rest)) => !name.is_empty() && glob_match(rest, &name[1..]),
-        Some((b'[', rest)) => {
-            let Some(end) = rest.iter().position(|&c| c == b']') else {
-                return name.first() == Some(&b'[') && glob_match(rest, &name[1..]);
-            };
-            let Some((&c, tail)) = name.split_first() else {
-                return false;
+    // Iterative, with the last `*` as the only backtracking point: O(pattern x name) steps
+    // and no recursion, so a client's pattern of many `*` can neither hang a worker nor
+    // overflow its stack.
+    let (mut p, mut n) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        if let Some((matched, next)) = glob_step(pattern, p, name[n]) {
+            if matched {
+                p = next;
+                n += 1;
+                continue;
+            }
+        } else if pattern.get(p) == Some(&b'*') {
+            star = Some((p, n));
+            p += 1;
+            continue;
+        }
+        match star {
+            // The last `*` takes one more byte of the name.
+            Some((sp, sn)) => {
+                star = Some((sp, sn + 1));
+                p = sp + 1;
+                n = sn + 1;
+            }
+            None => return false,
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
+}
+
+/// One element of `pattern` at `p` against byte `c`: whether it matches and where the
+/// pattern goes on; `None` at the end of the pattern or at a `*`.
+fn glob_step(pattern: &[u8], p: usize, c: u8) -> Option<(bool, usize)> {
+    match pattern.get(p)? {
+        b'*' => None,
+        b'?' => Some((true, p + 1)),
+        b'[' => {
+            let rest = &pattern[p + 1..];
+            let Some(end) = rest.iter().position(|&b| b == b']') else {
+                // No closing bracket: a literal `[`.
+                return Some((c == b'[', p + 1));
             };
             let (negate, set) = match &rest[..end] {
                 [b'^', set @ ..] => (true, set),
@@ -972,12 +1029,10 @@ pub fn glob_match(pattern: &[u8], name: &[u8]) -> bool {
                     j += 1;
                 }
             }
-            hit != negate && glob_match(&rest[end + 1..], tail)
+            Some((hit != negate, p + 1 + end + 1))
         }
-        Some((b'\\', [escaped, rest @ ..])) => {
-            name.first() == Some(escaped) && glob_match(rest, &name[1..])
-        }
-        Some((&c, rest)) => name.first() == Some(&c) && glob_match(rest, &name[1..]),
+        b'\\' if p + 1 < pattern.len() => Some((pattern[p + 1] == c, p + 2)),
+        &literal => Some((literal == c, p + 1)),
     }
 }
 
@@ -1251,6 +1306,17 @@ mod tests {
     }
 
     #[test]
+    fn many_stars_cost_linear_work_not_exponential() {
+        // Recursion tried every split of the name for every star: this took ~10^16 steps.
+        let pattern = format!("{}x", "*".repeat(200_000));
+        assert!(!glob_match(
+            pattern.as_bytes(),
+            "appendonly".repeat(20).as_bytes()
+        ));
+        assert!(glob_match(pattern.as_bytes(), b"x"));
+    }
+
+    #[test]
     fn globs_match_as_redis_keys_does() {
         for (pattern, name, hit) in [
             ("*", "anything", true),
@@ -1264,6 +1330,18 @@ mod tests {
             ("a\\*", "a*", true),
             ("a\\*", "ab", false),
             ("", "", true),
+            ("", "x", false),
+            ("*", "", true),
+            ("**", "ab", true),
+            ("a*", "a", true),
+            ("*x", "", false),
+            ("*a*b*c", "xxaybzzc", true),
+            ("*a*b*c", "xxaybzzcd", false),
+            ("t*n*1", "tenant1", true),
+            ("[ab", "[ab", true),
+            ("[ab", "a", false),
+            ("*[0-9]", "key7", true),
+            ("?*?", "a", false),
         ] {
             assert_eq!(
                 glob_match(pattern.as_bytes(), name.as_bytes()),
@@ -1342,7 +1420,16 @@ mod tests {
         assert!(refused(&["CRPF.MDEL", "nope", "x"]).starts_with("ERR no filter named `nope`"));
         assert!(refused(&["FLUSHALL", "NOW"]).starts_with("ERR syntax error"));
         assert_eq!(refused(&["CF.DEL", "nope", "x"]), "Not found");
-        assert_eq!(refused(&["BF.INFO", "nope"]), "ERR not found");
+        // Read when its turn comes (KeyCommand::Read), not when parsed.
+        assert!(matches!(
+            command(&words(&["BF.INFO", "nope"]), no_filter),
+            Command::Key(KeyCommand::Read { .. })
+        ));
+        assert_eq!(
+            refused(&["BF.ADD", "new", ""]),
+            "ERR invalid request: empty item",
+            "refused before the key is made"
+        );
         assert_eq!(
             refused(&["BF.INSERT", "nope", "NOCREATE", "ITEMS", "x"]),
             "ERR not found"

@@ -35,7 +35,8 @@ pub const CHUNK_BYTES: usize = 4 << 20;
 const MAX_IN_PROGRESS: usize = 8;
 /// A dump or load not continued for this long is dropped.
 const IDLE: Duration = Duration::from_secs(300);
-/// Largest state a load accepts (a dump of a larger one can still be taken).
+/// Largest state a load accepts (a dump of a larger one can still be taken), and the most
+/// the loads in progress together may announce.
 const MAX_LOAD_BYTES: u64 = 1 << 30;
 /// Iterator bits of the chunk number; the dump's id above them.
 const CHUNK_BITS: u32 = 20;
@@ -78,9 +79,15 @@ struct State {
 }
 
 impl State {
+    /// Drops what was not continued for [`IDLE`].
     fn expire(&mut self) {
         self.dumps.retain(|_, d| d.used.elapsed() < IDLE);
         self.loads.retain(|_, l| l.used.elapsed() < IDLE);
+    }
+
+    /// Room for one more dump or load: the least recently used gives way.
+    fn make_room(&mut self) {
+        self.expire();
         while self.dumps.len() >= MAX_IN_PROGRESS {
             let oldest = self
                 .dumps
@@ -124,11 +131,12 @@ impl Dumps {
 
     /// `SCANDUMP key iterator` on `handle`'s filter, whose spec is `spec`.
     pub fn scan(&self, key: &str, handle: &ReplicaHandle, spec: FilterSpec, iter: i64) -> Reply {
-        let mut st = self.inner.lock().expect("dumps lock poisoned");
-        st.expire();
         let pair = |iter: i64, data: Bytes| Reply::Array(vec![Reply::Int(iter), Reply::Bulk(data)]);
         if iter == 0 {
+            // Encoded before the lock: other dumps and loads do not wait for it.
             let state = Bytes::from(handle.read(AnyFilter::encode_state));
+            let mut st = self.inner.lock().expect("dumps lock poisoned");
+            st.make_room();
             let header = Header {
                 spec,
                 len: state.len() as u64,
@@ -150,9 +158,15 @@ impl Dumps {
             );
             return pair(iterator(id, 1), Bytes::from(head));
         }
+        let mut st = self.inner.lock().expect("dumps lock poisoned");
+        st.expire();
         let id = u32::try_from(iter >> CHUNK_BITS).unwrap_or(0);
         let chunk = iter & ((1 << CHUNK_BITS) - 1);
-        let Some(dump) = st.dumps.get_mut(&id).filter(|d| d.key == key && iter > 0) else {
+        let Some(dump) = st
+            .dumps
+            .get_mut(&id)
+            .filter(|d| d.key == key && iter > 0 && chunk > 0)
+        else {
             return Reply::err("no such dump in progress: start again at iterator 0");
         };
         dump.used = Instant::now();
@@ -185,9 +199,13 @@ impl Dumps {
             if !restorable(header.spec.kind) {
                 return Err(not_restorable(header.spec.kind));
             }
-            if header.len > MAX_LOAD_BYTES {
+            st.loads.remove(key);
+            st.make_room();
+            let announced: u64 = st.loads.values().map(|l| l.len).sum();
+            if header.len.saturating_add(announced) > MAX_LOAD_BYTES {
                 return Err(Reply::err(format!(
-                    "a dump of {} bytes exceeds the {MAX_LOAD_BYTES} a load takes",
+                    "a dump of {} bytes exceeds what loads may hold ({MAX_LOAD_BYTES} bytes, \
+                     {announced} of them announced by loads in progress)",
                     header.len
                 )));
             }
@@ -197,7 +215,7 @@ impl Dumps {
                     spec: header.spec,
                     len: header.len,
                     xxh3: header.xxh3,
-                    next: iter + 1,
+                    next: iter.saturating_add(1),
                     buf: Vec::new(),
                     used: Instant::now(),
                 },
@@ -223,7 +241,7 @@ impl Dumps {
             ));
         }
         load.buf.extend_from_slice(data);
-        load.next += 1;
+        load.next = load.next.saturating_add(1);
         load.used = Instant::now();
         if (load.buf.len() as u64) < load.len {
             return Ok(None);
@@ -303,5 +321,8 @@ mod tests {
         assert!(dumps.load("k", 6, &state).is_err());
         // A chunk without a header.
         assert!(dumps.load("other", 2, &state).is_err());
+        // The largest iterator a client could send: no overflow.
+        assert!(dumps.load("k", i64::MAX, &good).unwrap().is_none());
+        assert!(dumps.load("k", i64::MAX, &state).is_ok());
     }
 }

@@ -531,16 +531,19 @@ async fn run_key(
             let answer = commands::send(&handle, &request, ack, true).await;
             answer_reply(answer, request.shape)
         }
+        // Every key that can go goes; a refusal (a configured filter) is the reply.
         K::Delete(names) => {
-            let mut dropped = 0;
+            let (mut dropped, mut refused) = (0, None);
             for name in names {
                 match lookup.drop_filter(name).await {
                     Ok(true) => dropped += 1,
                     Ok(false) => {}
-                    Err(e) => return Reply::Error(e),
+                    Err(e) => {
+                        refused.get_or_insert(e);
+                    }
                 }
             }
-            Reply::Int(dropped)
+            refused.map_or(Reply::Int(dropped), Reply::Error)
         }
         // Every filter that can go goes; the first refusal (a configured filter) is the reply.
         K::FlushAll => {
@@ -585,6 +588,26 @@ async fn run_key(
                 return Reply::Error(commands::WRONGTYPE.into());
             }
             restore(&*lookup, name, spec, state).await
+        }
+        K::Read { name, read, bloom } => {
+            use commands::Read as R;
+            let handle = lookup.filter(&name);
+            let wrong = handle.as_ref().is_some_and(|h| {
+                bloom.is_some_and(|bloom| bloom != redisbloom::is_bloom(h.kind()))
+            });
+            let wrongtype = || Reply::Error(commands::WRONGTYPE.into());
+            match (read, handle) {
+                (R::Compact, Some(_)) if !wrong => Reply::Simple("OK"),
+                (R::Compact, _) => Reply::Error("Cuckoo filter was not found".into()),
+                (R::Memory, Some(h)) => Reply::Int(redisbloom::memory_usage(&h) as i64),
+                (R::Memory, None) => Reply::Null,
+                (_, Some(_)) if wrong => wrongtype(),
+                (R::Card, Some(h)) => redisbloom::bf_card(&h),
+                (R::Card, None) => Reply::Int(0),
+                (R::BfInfo(field), Some(h)) => redisbloom::bf_info(&h, field),
+                (R::CfInfo, Some(h)) => redisbloom::cf_info(&h),
+                (R::BfInfo(_) | R::CfInfo, None) => Reply::err("not found"),
+            }
         }
         K::Exists(keys) => {
             Reply::Int(keys.iter().filter(|k| lookup.filter(k).is_some()).count() as i64)
@@ -711,6 +734,9 @@ enum Replies {
 #[derive(Default)]
 struct Multi {
     queued: Vec<Command>,
+    /// Request bytes of the queued commands: bounded by `max_request_bytes`, as commands in
+    /// progress are (a queued command no longer counts as in progress once `QUEUED` is sent).
+    bytes: usize,
     /// A command was refused while queueing: `EXEC` runs nothing (`EXECABORT`), as Redis.
     aborted: bool,
 }
@@ -769,8 +795,18 @@ impl Session<'_> {
     /// The reply to `args`, or `None` if the command waits in [`Session::waiting`].
     fn handle(&mut self, args: &parse::Args) -> Option<Pending> {
         let server = self.server;
-        let command = commands::command(args, |name| server.filters.filter(name));
         let bytes = args.size();
+        // Before AUTH only what logs in or leaves is even parsed: nothing a command computes
+        // from the filters (INFO, BF.CARD...) or the patterns it matches runs for a stranger.
+        if !self.authenticated {
+            let name = args.arg(0);
+            let allowed = [&b"AUTH"[..], b"HELLO", b"QUIT"];
+            if !allowed.iter().any(|a| name.eq_ignore_ascii_case(a)) {
+                let refused = Reply::Error("NOAUTH Authentication required.".into());
+                return Some(self.ready(refused, bytes));
+            }
+        }
+        let command = commands::command(args, |name| server.filters.filter(name));
         if self.multi.is_some() {
             let name = args.arg(0);
             let family = |prefix: &[u8]| {
@@ -816,6 +852,7 @@ impl Session<'_> {
                 refused
             }
             Command::Reply(refused @ Reply::Error(_)) if queued_as == Queued::Module => {
+                multi.bytes += bytes;
                 multi.queued.push(Command::Reply(refused));
                 Reply::Simple("QUEUED")
             }
@@ -839,11 +876,22 @@ impl Session<'_> {
                 multi.aborted = true;
                 refused
             }
+            Command::Filter(..) | Command::Key(_) | Command::Reply(_) | Command::SetAck(_)
+                if multi.bytes + bytes > self.server.limits.max_request_bytes =>
+            {
+                multi.aborted = true;
+                multi.queued = Vec::new();
+                Reply::err(format!(
+                    "the transaction's commands exceed max_request_bytes ({}): it is discarded",
+                    self.server.limits.max_request_bytes
+                ))
+            }
             Command::Auth(..) | Command::AuthRefused(_) | Command::Hello { .. } => {
                 multi.aborted = true;
                 Reply::err("Command not allowed inside a transaction")
             }
             queued => {
+                multi.bytes += bytes;
                 multi.queued.push(queued);
                 Reply::Simple("QUEUED")
             }

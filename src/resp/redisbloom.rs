@@ -502,12 +502,17 @@ struct Figures {
     scaling: bool,
 }
 
-fn figures(handle: &ReplicaHandle) -> Figures {
+/// `with_bytes`: also the encoded state's length, which takes an encoding of the whole state.
+fn figures(handle: &ReplicaHandle, with_bytes: bool) -> Figures {
     handle.read(|f| {
         let stats = f.stats();
         Figures {
             capacity: stats.capacity,
-            bytes: f.encode_state().len() as u64,
+            bytes: if with_bytes {
+                f.encode_state().len() as u64
+            } else {
+                0
+            },
             filters: stats.sub_filters as u64,
             items: stats.cardinality.round().max(0.0) as u64,
             scaling: scaling(stats.kind),
@@ -524,12 +529,13 @@ pub fn memory_usage(handle: &ReplicaHandle) -> u64 {
 /// replicas cannot agree on; the estimate from the bits is the same on every replica once
 /// they converge).
 pub fn bf_card(handle: &ReplicaHandle) -> Reply {
-    Reply::Int(figures(handle).items as i64)
+    Reply::Int(figures(handle, false).items as i64)
 }
 
 /// `BF.INFO key [field]`.
 pub fn bf_info(handle: &ReplicaHandle, field: Option<BfField>) -> Reply {
-    let f = figures(handle);
+    let with_bytes = matches!(field, None | Some(BfField::Size));
+    let f = figures(handle, with_bytes);
     let value = |field| match field {
         BfField::Capacity => Reply::Int(f.capacity as i64),
         BfField::Size => Reply::Int(f.bytes as i64),
@@ -555,7 +561,7 @@ pub fn bf_info(handle: &ReplicaHandle, field: Option<BfField>) -> Reply {
 
 /// `CF.INFO key`.
 pub fn cf_info(handle: &ReplicaHandle) -> Reply {
-    let f = figures(handle);
+    let f = figures(handle, true);
     let bucket = u64::from(CuckooParams::DEFAULT_BUCKET_SIZE);
     let expansion = if f.scaling { SCALING_GROWTH } else { 0 };
     let pairs = [
