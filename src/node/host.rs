@@ -343,6 +343,11 @@ impl Node {
         self.read().get(name).map(|h| h.handle.clone())
     }
 
+    /// The spec of filter `name`, if this node hosts it.
+    pub fn spec(&self, name: &str) -> Option<FilterSpec> {
+        self.read().get(name).map(|h| h.spec.clone())
+    }
+
     /// The filters this node hosts, by name.
     pub fn filters(&self) -> Vec<HostedFilter> {
         let mut all: Vec<HostedFilter> = self

@@ -180,6 +180,11 @@ pub trait FilterLookup: Send + Sync + 'static {
         Box::pin(async { Err(FIXED_FILTERS.to_string()) })
     }
 
+    /// How many filters are served (`DBSIZE`, `INFO keyspace`).
+    fn filter_count(&self) -> usize {
+        self.names().len()
+    }
+
     /// The spec of filter `name`, if known (`SCANDUMP` puts it in the dump's header).
     fn spec(&self, name: &str) -> Option<crate::FilterSpec> {
         let _ = name;
@@ -225,11 +230,12 @@ impl FilterLookup for crate::node::Node {
         names
     }
 
+    fn filter_count(&self) -> usize {
+        crate::node::Node::len(self)
+    }
+
     fn spec(&self, name: &str) -> Option<crate::FilterSpec> {
-        self.filters()
-            .into_iter()
-            .find(|f| f.name == name)
-            .map(|f| f.spec)
+        crate::node::Node::spec(self, name)
     }
 
     fn create(
@@ -617,7 +623,7 @@ async fn run_key(
                 .filter(&key)
                 .map_or("none", |h| redisbloom::type_name(h.kind())),
         ),
-        K::DbSize => Reply::Int(lookup.names().len() as i64),
+        K::DbSize => Reply::Int(lookup.filter_count() as i64),
         K::Keys {
             pattern,
             scan,
@@ -977,7 +983,7 @@ impl Session<'_> {
                     .connections
                     .load(std::sync::atomic::Ordering::Relaxed),
                 max_clients: server.max_connections,
-                keys: server.filters.names().len(),
+                keys: server.filters.filter_count(),
             },
         )
     }

@@ -271,118 +271,125 @@ pub enum Refused {
     Arity,
 }
 
-/// `BF.INSERT key [CAPACITY c] [ERROR e] [EXPANSION x] [NOCREATE] [NONSCALING] ITEMS item...`.
-pub fn bf_insert(args: &Args) -> Result<Insert, Refused> {
+/// An option of an insert: a flag, or one with the value after it.
+enum InsertOption {
+    Flag,
+    Valued,
+}
+
+/// Walks an insert's options after the key up to `ITEMS`: `option` handles one (its upper
+/// case name and the argument after it, if any) and says whether it took that value. The
+/// index of the first item (counted after the command's name); no `ITEMS`, no item after it,
+/// or a valued option without a value: the wrong number of arguments.
+fn insert_items_from(
+    args: &Args,
+    mut option: impl FnMut(&[u8], Option<&str>) -> Result<InsertOption, Refused>,
+) -> Result<usize, Refused> {
     let n = args.len() - 1;
-    let (mut capacity, mut fpr) = (BF_DEFAULT_CAPACITY, BF_DEFAULT_ERROR_RATE);
-    let (mut create, mut nonscaling, mut expansion) = (true, false, SCALING_GROWTH as i64);
     let mut i = 1;
-    let value = |i: usize| {
-        if i + 1 < n {
-            Ok(text(args, i + 1))
-        } else {
-            Err(Refused::Arity)
-        }
-    };
-    let refused = |text: &str| Refused::Reply(Reply::Error(text.into()));
     loop {
         if i >= n {
             return Err(Refused::Arity);
         }
-        let option = args.arg(i + 1).to_ascii_uppercase();
-        match option.as_slice() {
-            b"ITEMS" => break,
-            b"CAPACITY" => {
-                let c = integer(value(i)?)
-                    .filter(|c| *c <= MAX_CAPACITY as i64)
-                    .ok_or_else(|| refused("Bad capacity"))?;
-                if c < 1 {
-                    return Err(refused("Bad argument received"));
-                }
-                capacity = c as u64;
-                i += 2;
-            }
-            b"ERROR" => {
-                fpr = float(value(i)?)
-                    .filter(|e| e.is_finite())
-                    .ok_or_else(|| refused("Bad error rate"))?;
-                if !(fpr > 0.0 && fpr < 1.0) {
-                    return Err(refused("Bad argument received"));
-                }
-                i += 2;
-            }
-            b"EXPANSION" => {
-                expansion = integer(value(i)?)
-                    .filter(|e| *e <= 32768)
-                    .ok_or_else(|| refused("Bad expansion"))?;
-                if expansion < 0 {
-                    return Err(refused("Bad argument received"));
-                }
-                i += 2;
-            }
-            b"NOCREATE" => {
-                create = false;
-                i += 1;
-            }
-            b"NONSCALING" => {
-                nonscaling = true;
-                i += 1;
-            }
-            _ => return Err(refused("Unknown argument received")),
+        let name = args.arg(i + 1).to_ascii_uppercase();
+        if name == b"ITEMS" {
+            break;
         }
+        let value = (i + 1 < n).then(|| text(args, i + 1));
+        i += match option(&name, value)? {
+            InsertOption::Flag => 1,
+            InsertOption::Valued => 2,
+        };
     }
     if i + 1 >= n {
         return Err(Refused::Arity);
     }
+    Ok(i + 1)
+}
+
+/// RedisBloom's refusal of an insert's option (no `ERR` code).
+fn insert_refused(text: &str) -> Refused {
+    Refused::Reply(Reply::Error(text.into()))
+}
+
+/// `BF.INSERT key [CAPACITY c] [ERROR e] [EXPANSION x] [NOCREATE] [NONSCALING] ITEMS item...`.
+pub fn bf_insert(args: &Args) -> Result<Insert, Refused> {
+    let (mut capacity, mut fpr) = (BF_DEFAULT_CAPACITY, BF_DEFAULT_ERROR_RATE);
+    let (mut create, mut nonscaling, mut expansion) = (true, false, SCALING_GROWTH as i64);
+    let items_from = insert_items_from(args, |option, value| {
+        let value = || value.ok_or(Refused::Arity);
+        Ok(match option {
+            b"CAPACITY" => {
+                let c = integer(value()?)
+                    .filter(|c| *c <= MAX_CAPACITY as i64)
+                    .ok_or_else(|| insert_refused("Bad capacity"))?;
+                if c < 1 {
+                    return Err(insert_refused("Bad argument received"));
+                }
+                capacity = c as u64;
+                InsertOption::Valued
+            }
+            b"ERROR" => {
+                fpr = float(value()?)
+                    .filter(|e| e.is_finite())
+                    .ok_or_else(|| insert_refused("Bad error rate"))?;
+                if !(fpr > 0.0 && fpr < 1.0) {
+                    return Err(insert_refused("Bad argument received"));
+                }
+                InsertOption::Valued
+            }
+            b"EXPANSION" => {
+                expansion = integer(value()?)
+                    .filter(|e| *e <= 32768)
+                    .ok_or_else(|| insert_refused("Bad expansion"))?;
+                if expansion < 0 {
+                    return Err(insert_refused("Bad argument received"));
+                }
+                InsertOption::Valued
+            }
+            b"NOCREATE" => {
+                create = false;
+                InsertOption::Flag
+            }
+            b"NONSCALING" => {
+                nonscaling = true;
+                InsertOption::Flag
+            }
+            _ => return Err(insert_refused("Unknown argument received")),
+        })
+    })?;
     let scaling = !nonscaling && expansion != 0;
     if scaling && expansion as u64 != SCALING_GROWTH {
         return Err(Refused::Reply(expansion_refused()));
     }
     Ok(Insert {
         create: create.then(|| bf_spec(capacity, fpr, scaling)),
-        items_from: i + 1,
+        items_from,
     })
 }
 
 /// `CF.INSERT` / `CF.INSERTNX key [CAPACITY c] [NOCREATE] ITEMS item...`.
 pub fn cf_insert(args: &Args) -> Result<Insert, Refused> {
-    let n = args.len() - 1;
     let mut capacity = CF_DEFAULT_CAPACITY as i64;
     let mut create = true;
-    let mut i = 1;
-    loop {
-        if i >= n {
-            return Err(Refused::Arity);
-        }
-        let option = args.arg(i + 1).to_ascii_uppercase();
-        match option.as_slice() {
-            b"ITEMS" => break,
+    let items_from = insert_items_from(args, |option, value| {
+        Ok(match option {
             b"CAPACITY" => {
-                if i + 1 >= n {
-                    return Err(Refused::Arity);
-                }
-                capacity = integer(text(args, i + 1))
-                    .ok_or_else(|| Refused::Reply(Reply::Error("Bad capacity".into())))?;
+                capacity = integer(value.ok_or(Refused::Arity)?)
+                    .ok_or_else(|| insert_refused("Bad capacity"))?;
                 check_cf_capacity(capacity).map_err(Refused::Reply)?;
-                i += 2;
+                InsertOption::Valued
             }
             b"NOCREATE" => {
                 create = false;
-                i += 1;
+                InsertOption::Flag
             }
-            _ => {
-                return Err(Refused::Reply(Reply::Error(
-                    "Unknown argument received".into(),
-                )));
-            }
-        }
-    }
-    if i + 1 >= n {
-        return Err(Refused::Arity);
-    }
+            _ => return Err(insert_refused("Unknown argument received")),
+        })
+    })?;
     Ok(Insert {
         create: create.then(|| cf_spec(capacity as u64, true)),
-        items_from: i + 1,
+        items_from,
     })
 }
 
