@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use super::NodeError;
 use super::config::{CatalogSection, NodeConfig};
 use crate::FilterSpec;
-use crate::replica::{Replica, ReplicaConfig, ReplicaHandle};
+use crate::replica::{Identity, Replica, ReplicaConfig, ReplicaHandle, SharedId};
 use crate::transport::{
     Catalog, CatalogChange, CatalogEntry, CatalogError, Created, Transport, is_token,
 };
@@ -140,6 +140,9 @@ struct Inner {
     /// Bumped whenever `hosted` changes, for the creates and drops that wait on it.
     changes: watch::Sender<u64>,
     stopping: AtomicBool,
+    /// The replica id the catalog filters share, and the task renewing it.
+    shared_id: Option<Arc<SharedId>>,
+    renewals: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// A running node's filters. Cheap to clone. Start it inside an actix System.
@@ -192,6 +195,19 @@ impl Node {
         catalog: Option<Arc<dyn Catalog>>,
     ) -> Result<Node, NodeError> {
         let catalog = catalog.filter(|_| cfg.catalog.enabled);
+        let (shared_id, renewals) = match &catalog {
+            Some(_) => {
+                let template = lease_template(&cfg.catalog);
+                let id = claim_node_id(cfg.node.data_dir.as_deref(), &transport, &template).await?;
+                let renewals = id.spawn_renewals(
+                    transport.clone(),
+                    ReplicaConfig::ms(template.id_lease_renew_ms),
+                    ReplicaConfig::ms(template.retire_after_ms),
+                );
+                (Some(id), Some(renewals))
+            }
+            None => (None, None),
+        };
         let inner = Arc::new(Inner {
             transport,
             catalog,
@@ -203,6 +219,8 @@ impl Node {
             view: RwLock::new(Default::default()),
             changes: watch::channel(0).0,
             stopping: AtomicBool::new(false),
+            shared_id,
+            renewals: std::sync::Mutex::new(renewals),
         });
         let node = Node { inner };
         for f in cfg.filters {
@@ -382,6 +400,9 @@ impl Node {
     /// Stops following the catalog and hands over every replica, to be stopped.
     pub(crate) fn stop_following(&self) -> Vec<ReplicaHandle> {
         self.inner.stopping.store(true, Ordering::SeqCst);
+        if let Some(r) = self.inner.renewals.lock().expect("renewals lock").take() {
+            r.abort();
+        }
         self.inner
             .hosted
             .write()
@@ -478,6 +499,58 @@ fn parse_incarnation_dir(dir: &str) -> Option<(&str, u64)> {
     (is_token(name) && generation > 0).then_some((name, generation))
 }
 
+/// The settings of the node's shared id: the catalog's replica defaults.
+fn lease_template(settings: &CatalogSection) -> ReplicaConfig {
+    let spec = FilterSpec::new(crate::FilterKind::GBloom, 1_000, 0.01);
+    settings.defaults.replica_config("_node", spec)
+}
+
+/// The file of a node's data directory that keeps its uuid and shared replica id, so that a
+/// restart takes the id back (above its own reservation) instead of leaving one to retire.
+const NODE_ID_FILE: &str = "node-id.json";
+
+/// Claims the node's shared id (see [`SharedId`]): the one its data directory names, if any.
+async fn claim_node_id(
+    data_dir: Option<&Path>,
+    transport: &Arc<dyn Transport>,
+    template: &ReplicaConfig,
+) -> Result<Arc<SharedId>, NodeError> {
+    let path = data_dir.map(|d| d.join(NODE_ID_FILE));
+    let known: Option<Identity> = match &path {
+        Some(p) => match std::fs::read(p) {
+            Ok(bytes) => Some(serde_json::from_slice(&bytes).map_err(|e| {
+                NodeError::Failed(format!("{}: not a node identity: {e}", p.display()))
+            })?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e.into()),
+        },
+        None => None,
+    };
+    let uuid = known.map_or_else(uuid::Uuid::new_v4, |k| k.uuid);
+    let id = SharedId::claim(
+        transport,
+        uuid,
+        known.map(|k| k.replica),
+        template.id_lease_block,
+    )
+    .await?;
+    if let Some(p) = &path {
+        if let Some(dir) = p.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = p.with_extension("json.tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        std::io::Write::write_all(&mut f, &serde_json::to_vec(&id.identity()).expect("encodes"))?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, p)?;
+    }
+    tracing::info!(
+        replica = id.identity().replica, uuid = %uuid, floor = id.floor(),
+        "claimed the node's replica id for its catalog filters"
+    );
+    Ok(id)
+}
+
 fn remove_dir(path: &Path, why: &str) {
     match std::fs::remove_dir_all(path) {
         Ok(()) => tracing::info!(dir = %path.display(), why, "removed a dropped filter's data"),
@@ -557,7 +630,9 @@ impl Inner {
             if self.stopping.load(Ordering::SeqCst) {
                 return;
             }
-            match Replica::start(cfg.clone(), self.transport.clone()).await {
+            let started =
+                Replica::start_with(cfg.clone(), self.transport.clone(), self.shared_id.clone());
+            match started.await {
                 Ok(handle) => {
                     self.insert(
                         entry.name.clone(),

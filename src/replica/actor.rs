@@ -121,6 +121,8 @@ pub(crate) struct Setup {
     pub reserved: u64,
     /// The tags the registry confirmed this replica may issue.
     pub lease_reserved: u64,
+    /// The node's id, when the replica issues its tags under it (see [`super::SharedId`]).
+    pub shared_id: Option<Arc<super::SharedId>>,
 }
 
 /// The replica actor. Start one with [`super::Replica::start`]; talk to it through the
@@ -255,7 +257,7 @@ impl Replica {
             data: s.data,
             wal: s.wal,
             reserved: s.reserved,
-            lease: lease::Lease::new(s.lease_reserved),
+            lease: lease::Lease::new(s.lease_reserved, s.shared_id),
             registry_view: Default::default(),
             dirty: false,
             snapshotting: Arc::new(AtomicBool::new(false)),
@@ -605,9 +607,9 @@ impl Replica {
             digest: format!("{digest:016x}"),
             awaiting_ack: self.acks.len(),
             converged_peers,
-            live_ids: self.lease.live_ids,
-            retired_ids: self.lease.retired_ids,
-            id_lost: self.lease.lost,
+            live_ids: self.lease.id_counts().0,
+            retired_ids: self.lease.id_counts().1,
+            id_lost: self.lease.lost(),
             figures,
             rejects: Counts::by_reason(&c.rejects),
             api_errors: Counts::by_reason(&c.api_errors),
@@ -763,11 +765,15 @@ impl Actor for Replica {
             ReplicaConfig::ms(self.cfg.metrics_interval_ms),
             |act, ctx| act.housekeeping(ctx),
         );
-        ctx.run_interval(ReplicaConfig::ms(self.cfg.id_lease_renew_ms), |act, ctx| {
-            act.renew_lease(ctx)
-        });
-        self.telemetry.gauge(m::ID_LOST, &[]).set(0.0);
-        self.renew_lease(ctx);
+        if self.lease.shared.is_none() {
+            ctx.run_interval(ReplicaConfig::ms(self.cfg.id_lease_renew_ms), |act, ctx| {
+                act.renew_lease(ctx)
+            });
+            self.telemetry.gauge(m::ID_LOST, &[]).set(0.0);
+            self.renew_lease(ctx);
+        }
+        // Under the node's id: its latest listing of the ids is this replica's first view.
+        self.note_shared_listing();
         if self.data.is_some() {
             ctx.run_interval(
                 ReplicaConfig::ms(self.cfg.snapshot_interval_ms),

@@ -51,6 +51,7 @@ pub mod metrics;
 mod reassembly;
 mod recovery;
 pub mod service;
+mod shared_id;
 pub mod wal;
 
 use std::collections::BTreeMap;
@@ -70,6 +71,7 @@ pub use actor::{
     Shutdown, Stats, TakeSnapshot,
 };
 pub use config::ReplicaConfig;
+pub use shared_id::SharedId;
 pub use durable::{DataDir, DurableError, Identity};
 pub use filter::{
     AnyFilter, FilterSpec, FilterStats, NotCounting, NotRemovable, TagBounds, TakenDelta,
@@ -298,7 +300,21 @@ impl Replica {
         cfg: ReplicaConfig,
         transport: Arc<dyn Transport>,
     ) -> Result<ReplicaHandle, ReplicaError> {
+        Self::start_with(cfg, transport, None).await
+    }
+
+    /// [`Replica::start`] under a node's shared id: a kind that may reuse ids issues its tags
+    /// under `shared` (claimed and renewed once for all the node's replicas) instead of
+    /// claiming an id of its own; other kinds claim their own as [`Replica::start`] does.
+    /// Every replica of a filter must take its id the same way (ids of different registry
+    /// namespaces may be equal).
+    pub async fn start_with(
+        cfg: ReplicaConfig,
+        transport: Arc<dyn Transport>,
+        shared: Option<Arc<SharedId>>,
+    ) -> Result<ReplicaHandle, ReplicaError> {
         cfg.validate().map_err(ReplicaError::Config)?;
+        let shared_id = shared.filter(|_| cfg.filter.kind.reuses_ids());
         let fresh = AnyFilter::new(&cfg.filter, 0)?;
         let data = cfg.data_dir.as_ref().map(DataDir::open).transpose()?;
         let (restored, replayed) = match &data {
@@ -322,14 +338,27 @@ impl Replica {
             }
             None => (fresh, Uuid::new_v4(), None, 0, false),
         };
-        let claim = transport
-            .claim_replica_id(cfg.registry_name(), uuid, preferred)
-            .await?;
-        let replica = claim.id;
+        let (uuid, replica, claim_floor) = match &shared_id {
+            Some(s) => {
+                if s.lost() {
+                    return Err(ReplicaError::IdRetired {
+                        replica: s.identity().replica,
+                    });
+                }
+                let id = s.identity();
+                (id.uuid, id.replica, s.floor())
+            }
+            None => {
+                let claim = transport
+                    .claim_replica_id(cfg.registry_name(), uuid, preferred)
+                    .await?;
+                (uuid, claim.id, claim.floor)
+            }
+        };
         if keep_id && Some(replica) == preferred {
             filter.advance_clock(floor);
         } else {
-            if keep_id {
+            if keep_id && shared_id.is_none() {
                 tracing::warn!(
                     preferred,
                     replica,
@@ -338,21 +367,28 @@ impl Replica {
             }
             filter.set_replica(replica);
         }
-        // A retired id's earlier holders may have issued every tag up to the floor.
-        filter.advance_clock(claim.floor);
+        // A retired id's earlier holders may have issued every tag up to the floor (and a
+        // shared id's holder, this node, every tag up to its last reservation).
+        filter.advance_clock(claim_floor);
         filter.track_deltas(true);
         let identity = Identity { uuid, replica };
         let reserved = filter.clock().max(floor);
-        // The registry records the tags this replica may issue before it issues any: a
-        // replica that later takes over a retired id starts above them.
-        let lease_reserved = reserved + cfg.id_lease_block;
-        match transport
-            .renew_claim(cfg.registry_name(), replica, uuid, lease_reserved)
-            .await?
-        {
-            Renewal::Held => {}
-            Renewal::Lost => return Err(ReplicaError::IdRetired { replica }),
-        }
+        let lease_reserved = match &shared_id {
+            Some(s) => s.reserved(),
+            None => {
+                // The registry records the tags this replica may issue before it issues
+                // any: a replica that later takes over a retired id starts above them.
+                let lease_reserved = reserved + cfg.id_lease_block;
+                match transport
+                    .renew_claim(cfg.registry_name(), replica, uuid, lease_reserved)
+                    .await?
+                {
+                    Renewal::Held => {}
+                    Renewal::Lost => return Err(ReplicaError::IdRetired { replica }),
+                }
+                lease_reserved
+            }
+        };
         if let Some(d) = &data {
             // Record the identity now: its reservation before any tag, and a first snapshot
             // (below), which also covers the replayed log.
@@ -408,6 +444,7 @@ impl Replica {
             wal,
             reserved,
             lease_reserved,
+            shared_id,
         };
         let addr = Replica::new(setup).start();
         let handle = ReplicaHandle::from_parts(addr, shared);

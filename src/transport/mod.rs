@@ -12,7 +12,7 @@ pub mod catalog;
 mod fault;
 mod kv_catalog;
 mod nats;
-mod registry;
+pub(crate) mod registry;
 mod retry;
 
 use std::sync::Arc;

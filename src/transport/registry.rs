@@ -134,6 +134,47 @@ pub(crate) fn pick_id(
         .map(|id| (id, None))
 }
 
+/// Which ids of a registry namespace went unrenewed for long enough to retire: the revision
+/// of each other claim as last seen, and since when it has not changed. Shared by a replica's
+/// own lease and a node's shared id ([`crate::replica::SharedId`]).
+#[derive(Debug, Default)]
+pub(crate) struct StaleWatch {
+    seen: std::collections::HashMap<ReplicaId, (u64, std::time::Instant)>,
+    /// Ids held and retired at the last look.
+    pub live_ids: usize,
+    pub retired_ids: usize,
+}
+
+impl StaleWatch {
+    /// Which of `claims` to retire at `now`: held by another claimant than `me`, with a known
+    /// reservation, unchanged for `retire_after` (zero: never). Updates what was seen.
+    pub(crate) fn stale(
+        &mut self,
+        me: ReplicaId,
+        claims: &[ClaimEntry],
+        now: std::time::Instant,
+        retire_after: std::time::Duration,
+    ) -> Vec<ClaimEntry> {
+        self.live_ids = claims
+            .iter()
+            .filter(|e| matches!(e.record, ClaimRecord::Held { .. }))
+            .count();
+        self.retired_ids = claims.len() - self.live_ids;
+        self.seen
+            .retain(|id, _| claims.iter().any(|e| e.id == *id && e.record.retirable()));
+        let mut stale = Vec::new();
+        for e in claims.iter().filter(|e| e.id != me && e.record.retirable()) {
+            let seen = self.seen.entry(e.id).or_insert((e.revision, now));
+            if seen.0 != e.revision {
+                *seen = (e.revision, now);
+            } else if !retire_after.is_zero() && now.duration_since(seen.1) >= retire_after {
+                stale.push(*e);
+            }
+        }
+        stale
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,5 +224,54 @@ mod tests {
         assert_eq!(pick_id(&entries, me, Some(1)).unwrap().0, 3);
         let fresh = [entry(1, held(other))];
         assert_eq!(pick_id(&fresh, me, None), Some((2, None)));
+    }
+
+    #[test]
+    fn only_claims_unchanged_for_retire_after_are_stale() {
+        use std::time::{Duration, Instant};
+        let held = |id, revision| ClaimEntry {
+            id,
+            record: ClaimRecord::Held {
+                claimant: Uuid::new_v4(),
+                reserved: 10,
+            },
+            revision,
+        };
+        let mut watch = StaleWatch::default();
+        let t0 = Instant::now();
+        let after = Duration::from_secs(60);
+        let legacy = ClaimEntry {
+            id: 4,
+            record: ClaimRecord::Held {
+                claimant: Uuid::new_v4(),
+                reserved: crate::MAX_COUNTER,
+            },
+            revision: 1,
+        };
+        let retired = ClaimEntry {
+            id: 5,
+            record: ClaimRecord::Retired { floor: 3 },
+            revision: 2,
+        };
+        let claims = [held(1, 1), held(2, 1), held(3, 1), legacy, retired];
+        assert!(watch.stale(1, &claims, t0, after).is_empty());
+        assert_eq!((watch.live_ids, watch.retired_ids), (4, 1));
+        // Id 3 renews; id 2 does not; id 1 is ours; id 4's reservation is unknown.
+        let later = [held(1, 1), held(2, 1), held(3, 2), legacy, retired];
+        let stale = watch.stale(1, &later, t0 + after, after);
+        assert_eq!(stale.iter().map(|e| e.id).collect::<Vec<_>>(), [2]);
+        // Id 3's clock restarted at its renewal.
+        assert!(
+            watch
+                .stale(1, &later, t0 + after + Duration::from_secs(59), after)
+                .iter()
+                .all(|e| e.id == 2)
+        );
+        // Zero disables retirement.
+        assert!(
+            watch
+                .stale(1, &later, t0 + after * 10, Duration::ZERO)
+                .is_empty()
+        );
     }
 }

@@ -51,7 +51,7 @@ impl Replica {
         } else {
             u64::MAX
         };
-        self.lease.reserved.min(durable)
+        self.lease.reserved().min(durable)
     }
 
     /// A log append failed: the writer never writes again (after a failed fsync the file's

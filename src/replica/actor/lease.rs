@@ -9,81 +9,70 @@
 //! even if the old holder was only cut off from the registry and is still adding. Entries keep
 //! their tags: nothing is rewritten in any state.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
 
 use super::Replica;
-use crate::ReplicaId;
-use crate::replica::ReplicaError;
+use crate::replica::{ReplicaError, SharedId};
 use crate::replica::config::ReplicaConfig;
 use crate::replica::metrics as m;
-use crate::transport::{ClaimEntry, ClaimRecord, Renewal, TransportError};
+use crate::transport::registry::StaleWatch;
+use crate::transport::{ClaimEntry, Renewal, TransportError};
 
 /// What the replica knows of its claim and of the other claims of its filter.
 pub(crate) struct Lease {
-    /// The highest tag timestamp the registry confirmed this replica may issue.
-    pub reserved: u64,
+    /// The highest tag timestamp the registry confirmed this replica may issue (its own
+    /// claim; see [`Lease::reserved`]).
+    reserved: u64,
     /// A renewal (and a look at the registry) is under way.
     busy: bool,
     /// The id was retired under this replica: it issues no more tags.
-    pub lost: bool,
-    /// Other ids' claims: the revision last seen and since when it has not changed.
-    seen: HashMap<ReplicaId, (u64, Instant)>,
-    /// Ids held and retired at the last look.
-    pub live_ids: usize,
-    pub retired_ids: usize,
+    lost: bool,
+    /// Other ids' claims, to retire those gone silent.
+    watch: StaleWatch,
+    /// The node's id, when the replica issues its tags under it: the node renews it.
+    pub shared: Option<Arc<SharedId>>,
 }
 
 impl Lease {
-    pub(super) fn new(reserved: u64) -> Self {
+    pub(super) fn new(reserved: u64, shared: Option<Arc<SharedId>>) -> Self {
         Lease {
             reserved,
             busy: false,
             lost: false,
-            seen: HashMap::new(),
-            live_ids: 0,
-            retired_ids: 0,
+            watch: StaleWatch::default(),
+            shared,
         }
     }
 
-    /// Which of `claims` to retire at `now`: held by another replica, with a known
-    /// reservation, unchanged for `retire_after`. Updates what was seen.
-    fn stale(
-        &mut self,
-        me: ReplicaId,
-        claims: &[ClaimEntry],
-        now: Instant,
-        retire_after: std::time::Duration,
-    ) -> Vec<ClaimEntry> {
-        self.live_ids = claims
-            .iter()
-            .filter(|e| matches!(e.record, ClaimRecord::Held { .. }))
-            .count();
-        self.retired_ids = claims.len() - self.live_ids;
-        self.seen
-            .retain(|id, _| claims.iter().any(|e| e.id == *id && e.record.retirable()));
-        let mut stale = Vec::new();
-        for e in claims.iter().filter(|e| e.id != me && e.record.retirable()) {
-            let seen = self.seen.entry(e.id).or_insert((e.revision, now));
-            if seen.0 != e.revision {
-                *seen = (e.revision, now);
-            } else if !retire_after.is_zero() && now.duration_since(seen.1) >= retire_after {
-                stale.push(*e);
-            }
+    /// The highest tag timestamp the registry confirmed.
+    pub(super) fn reserved(&self) -> u64 {
+        self.shared.as_ref().map_or(self.reserved, |s| s.reserved())
+    }
+
+    /// The id was retired while it could not be renewed.
+    pub(super) fn lost(&self) -> bool {
+        self.shared.as_ref().map_or(self.lost, |s| s.lost())
+    }
+
+    /// Ids of the registry namespace held and retired at the last look.
+    pub(super) fn id_counts(&self) -> (usize, usize) {
+        match &self.shared {
+            Some(s) => s.id_counts(),
+            None => (self.watch.live_ids, self.watch.retired_ids),
         }
-        stale
     }
 }
 
 impl Replica {
     /// Refuses a new tag the registry has not reserved for this replica.
     pub(super) fn check_lease(&self) -> Result<(), ReplicaError> {
-        if self.lease.lost {
+        if self.lease.lost() {
             return Err(ReplicaError::IdRetired { replica: self.id() });
         }
-        if self.read().clock() >= self.lease.reserved {
+        if self.read().clock() >= self.lease.reserved() {
             return Err(ReplicaError::TagsUnreserved);
         }
         Ok(())
@@ -91,6 +80,12 @@ impl Replica {
 
     /// Renews the claim at once when half of its reserved tags are used.
     pub(super) fn extend_lease_if_low(&mut self, ctx: &mut Context<Self>) {
+        if let Some(shared) = &self.lease.shared {
+            if self.expect.kind.tagged() {
+                shared.want(self.read().clock());
+            }
+            return;
+        }
         if self.expect.kind.tagged()
             && !self.lease.busy
             && !self.lease.lost
@@ -102,7 +97,7 @@ impl Replica {
 
     /// Renews the claim (extending its reservation) and looks for ids to retire.
     pub(super) fn renew_lease(&mut self, ctx: &mut Context<Self>) {
-        if self.lease.busy || self.lease.lost {
+        if self.lease.busy || self.lease.lost || self.lease.shared.is_some() {
             return;
         }
         self.lease.busy = true;
@@ -180,11 +175,10 @@ impl Replica {
         };
         let stale = self
             .lease
+            .watch
             .stale(self.id(), claims, Instant::now(), retire_after);
-        for (state, n) in [
-            ("live", self.lease.live_ids),
-            ("retired", self.lease.retired_ids),
-        ] {
+        let (live, retired) = self.lease.id_counts();
+        for (state, n) in [("live", live), ("retired", retired)] {
             self.telemetry
                 .gauge(m::REPLICA_IDS, &[("state", state)])
                 .set(n as f64);
@@ -216,65 +210,5 @@ impl Replica {
                 Err(e) => act.lease_failed("retiring an id", &e),
             }));
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use uuid::Uuid;
-
-    use super::*;
-
-    fn held(id: ReplicaId, revision: u64) -> ClaimEntry {
-        ClaimEntry {
-            id,
-            record: ClaimRecord::Held {
-                claimant: Uuid::new_v4(),
-                reserved: 10,
-            },
-            revision,
-        }
-    }
-
-    #[test]
-    fn only_claims_unchanged_for_retire_after_are_stale() {
-        let mut lease = Lease::new(0);
-        let t0 = Instant::now();
-        let after = Duration::from_secs(60);
-        let legacy = ClaimEntry {
-            id: 4,
-            record: ClaimRecord::Held {
-                claimant: Uuid::new_v4(),
-                reserved: crate::MAX_COUNTER,
-            },
-            revision: 1,
-        };
-        let retired = ClaimEntry {
-            id: 5,
-            record: ClaimRecord::Retired { floor: 3 },
-            revision: 2,
-        };
-        let claims = [held(1, 1), held(2, 1), held(3, 1), legacy, retired];
-        assert!(lease.stale(1, &claims, t0, after).is_empty());
-        assert_eq!((lease.live_ids, lease.retired_ids), (4, 1));
-        // Id 3 renews; id 2 does not; id 1 is ours; id 4's reservation is unknown.
-        let later = [held(1, 1), held(2, 1), held(3, 2), legacy, retired];
-        let stale = lease.stale(1, &later, t0 + after, after);
-        assert_eq!(stale.iter().map(|e| e.id).collect::<Vec<_>>(), [2]);
-        // Id 3's clock restarted at its renewal.
-        assert!(
-            lease
-                .stale(1, &later, t0 + after + Duration::from_secs(59), after)
-                .iter()
-                .all(|e| e.id == 2)
-        );
-        // Zero disables retirement.
-        assert!(
-            lease
-                .stale(1, &later, t0 + after * 10, Duration::ZERO)
-                .is_empty()
-        );
     }
 }

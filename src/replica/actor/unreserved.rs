@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use super::{Replica, wall_clock_ms};
 use crate::ReplicaId;
+use crate::replica::SharedId;
 use crate::replica::filter::{AnyFilter, TagBounds};
 use crate::replica::metrics as m;
 use crate::transport::ClaimEntry;
@@ -62,8 +63,19 @@ impl RegistryView {
     /// only grow and records are never removed, so a look that finishes after a later one
     /// (the renewal's and a held frame's) cannot lower what is known.
     pub(super) fn note(&mut self, claims: &[ClaimEntry], started: Instant) {
+        self.note_as(claims, started, |key| key);
+    }
+
+    /// [`RegistryView::note`] for a namespace whose keys map onto replica ids (a node's
+    /// shared ids, [`crate::replica::SharedId::replica_of`]).
+    pub(super) fn note_as(
+        &mut self,
+        claims: &[ClaimEntry],
+        started: Instant,
+        replica_of: fn(ReplicaId) -> ReplicaId,
+    ) {
         for e in claims {
-            let known = self.reserved.entry(e.id).or_insert(0);
+            let known = self.reserved.entry(replica_of(e.id)).or_insert(0);
             *known = (*known).max(e.record.floor());
         }
         self.looked_at = self.looked_at.max(Some(started));
@@ -84,7 +96,7 @@ impl Replica {
         let view = &self.registry_view;
         let lookup = |id| view.reserved(id);
         f(Some(TagBounds {
-            own_reserved: self.lease.reserved,
+            own_reserved: self.lease.reserved(),
             reserved: &lookup,
         }))
     }
@@ -112,6 +124,14 @@ impl Replica {
     /// Starts a look at the registry for the held frames, or schedules one if the last was
     /// too recent.
     fn look_for_held(&mut self, ctx: &mut Context<Self>) {
+        if self.registry_view.looking || self.registry_view.held.is_empty() {
+            return;
+        }
+        // The node lists its ids at every renewal: a listing newer than this replica's view
+        // places the frames held before it without a look of this replica's own.
+        if let Some(started) = self.note_shared_listing() {
+            self.replay_held(started, ctx);
+        }
         let v = &mut self.registry_view;
         if v.looking || v.look_scheduled || v.held.is_empty() {
             return;
@@ -129,13 +149,18 @@ impl Replica {
         }
         v.looking = true;
         let started = Instant::now();
-        let (t, filter) = (self.transport.clone(), self.cfg.registry_name());
-        let look = async move { t.replica_claims(filter).await };
+        let (namespace, replica_of): (String, fn(ReplicaId) -> ReplicaId) =
+            match &self.lease.shared {
+                Some(_) => (SharedId::NAMESPACE.into(), SharedId::replica_of),
+                None => (self.cfg.registry_name(), |key| key),
+            };
+        let t = self.transport.clone();
+        let look = async move { t.replica_claims(namespace).await };
         ctx.spawn(look.into_actor(self).map(move |claims, act, ctx| {
             act.registry_view.looking = false;
             match claims {
                 Ok(claims) => {
-                    act.registry_view.note(&claims, started);
+                    act.registry_view.note_as(&claims, started, replica_of);
                     act.replay_held(started, ctx);
                 }
                 Err(e) => {
@@ -146,6 +171,18 @@ impl Replica {
             }
             act.look_for_held(ctx);
         }));
+    }
+
+    /// Takes the node's latest listing of its ids into the view, if it is newer than the
+    /// view: when that listing started.
+    pub(super) fn note_shared_listing(&mut self) -> Option<Instant> {
+        let (claims, started) = self.lease.shared.as_ref()?.last_claims()?;
+        if self.registry_view.looked_at >= Some(started) {
+            return None;
+        }
+        self.registry_view
+            .note_as(&claims, started, SharedId::replica_of);
+        Some(started)
     }
 
     /// Merges or refuses the frames held before the look that started at `started`; later
