@@ -203,3 +203,121 @@ fn kill9_loses_no_acknowledged_record() {
         assert!(!again.torn);
     }
 }
+
+const POOL_CHILD_ENV: &str = "CRPF_WAL_POOL_DIR";
+const LOGS: usize = 1000;
+
+/// The threads of this process (entries of `/proc/self/task`).
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+/// The threads named after the pool's (`crpf-wal-N`).
+fn pool_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter(|t| {
+            let comm = std::fs::read_to_string(t.as_ref().unwrap().path().join("comm"));
+            comm.is_ok_and(|c| c.starts_with("crpf-wal-"))
+        })
+        .count()
+}
+
+/// 1,000 open file descriptors at once (a round writes every log's segment before it syncs
+/// them): raise the soft limit where it is lower (1024 on many systems).
+fn raise_open_files() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid rlimit to fill, then to read.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        let want = (4 * LOGS as libc::rlim_t).min(lim.rlim_max);
+        if lim.rlim_cur < want {
+            lim.rlim_cur = want;
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+        }
+    }
+}
+
+#[test]
+#[ignore = "the child process of a_thousand_logs_add_no_threads"]
+fn pool_child() {
+    let Ok(dir) = std::env::var(POOL_CHILD_ENV) else {
+        return;
+    };
+    raise_open_files();
+    let before = threads();
+    let pool = wal::WalPool::global().unwrap();
+    let with_pool = threads();
+    assert_eq!(with_pool, before + pool.threads(), "the pool's threads");
+
+    let dirs: Vec<_> = (0..LOGS)
+        .map(|i| Path::new(&dir).join(i.to_string()).join(WAL_DIR))
+        .collect();
+    let writers: Vec<_> = dirs
+        .iter()
+        .map(|d| {
+            let r = wal::replay(d, identity(), None, limits(), |_| panic!("a new log")).unwrap();
+            WalWriter::start(r, identity()).unwrap()
+        })
+        .collect();
+    assert_eq!(threads(), with_pool, "{LOGS} logs open");
+
+    // Interleaved across the logs: three rounds of one append to each.
+    let mut pending = Vec::new();
+    for round in 0..3 {
+        for (i, w) in writers.iter().enumerate() {
+            pending.push(w.append(format!("{i}|{round}").into_bytes()));
+        }
+    }
+    for p in pending {
+        p.wait().unwrap();
+    }
+    assert_eq!(threads(), with_pool, "{LOGS} logs written");
+    let fsyncs: u64 = writers
+        .iter()
+        .map(|w| w.stats().fsyncs.load(std::sync::atomic::Ordering::Relaxed))
+        .sum();
+    for w in writers {
+        w.close();
+    }
+    assert_eq!(threads(), with_pool, "{LOGS} logs closed");
+    // Named by each thread once it runs: they all served logs by now.
+    assert_eq!(pool_threads(), pool.threads());
+    for (i, d) in dirs.iter().enumerate() {
+        let mut got = Vec::new();
+        let _ = wal::replay(d, identity(), None, limits(), |r| got.push(r.to_vec())).unwrap();
+        let want: Vec<_> = (0..3).map(|r| format!("{i}|{r}").into_bytes()).collect();
+        assert_eq!(got, want, "log {i}");
+    }
+    println!(
+        "POOL OK {} threads for {LOGS} logs, {fsyncs} fsyncs for {} appends",
+        pool.threads(),
+        3 * LOGS
+    );
+}
+
+/// DESIGN.md section 8: threads do not grow with the number of filters. Counted in a child
+/// process of its own, where no other test starts or ends threads meanwhile.
+#[test]
+fn a_thousand_logs_add_no_threads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "pool_child", "--nocapture"])
+        .env(POOL_CHILD_ENV, tmp.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("POOL OK"),
+        "child: {}\n{stdout}\n{stderr}",
+        out.status
+    );
+    eprintln!(
+        "{}",
+        stdout.lines().find(|l| l.contains("POOL OK")).unwrap()
+    );
+}

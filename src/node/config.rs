@@ -217,10 +217,19 @@ pub struct NodeSection {
     /// request API). More workers serve more concurrent batch queries on a larger machine.
     #[serde(default = "default_io_threads")]
     pub io_threads: usize,
+    /// Threads that write and fsync the write-ahead logs of all the node's filters (each log
+    /// served by one of them; a thread's fsyncs of many logs are grouped in one round). Fixed,
+    /// whatever the number of filters; at least 1.
+    #[serde(default = "default_wal_threads")]
+    pub wal_threads: usize,
 }
 
 fn default_io_threads() -> usize {
     1
+}
+
+fn default_wal_threads() -> usize {
+    crate::replica::wal::DEFAULT_WRITER_THREADS
 }
 
 fn default_metrics_addr() -> SocketAddr {
@@ -241,6 +250,7 @@ impl Default for NodeSection {
             auth_accepted_key_files: Vec::new(),
             allow_unauthenticated: false,
             io_threads: default_io_threads(),
+            wal_threads: default_wal_threads(),
         }
     }
 }
@@ -372,6 +382,12 @@ impl NodeConfig {
             field: "catalog.defaults".into(),
             reason,
         })?;
+        if self.node.wal_threads == 0 {
+            return Err(ConfigError::Invalid {
+                field: "node.wal_threads".into(),
+                reason: "must be at least 1".into(),
+            });
+        }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.node.log) {
             return Err(ConfigError::Invalid {
                 field: "node.log".into(),
@@ -498,6 +514,18 @@ mod tests {
         );
         let (field, reason) = invalid_field(with_keys("log = \"crpf=[\""));
         assert_eq!(field, "node.log", "{reason}");
+    }
+
+    #[test]
+    fn wal_threads_default_to_the_pool_size_and_zero_is_refused() {
+        let cfg = with_keys("").unwrap();
+        assert_eq!(
+            cfg.node.wal_threads,
+            crate::replica::wal::DEFAULT_WRITER_THREADS
+        );
+        assert_eq!(with_keys("wal_threads = 3").unwrap().node.wal_threads, 3);
+        let (field, reason) = invalid_field(with_keys("wal_threads = 0"));
+        assert_eq!(field, "node.wal_threads", "{reason}");
     }
 
     #[test]

@@ -194,6 +194,11 @@ impl Node {
         transport: Arc<dyn Transport>,
         catalog: Option<Arc<dyn Catalog>>,
     ) -> Result<Node, NodeError> {
+        // Before the first replica starts its log. The pool is one per process: a second node
+        // in the same process (tests) asking for another size keeps the running one.
+        if let Err(e) = crate::replica::wal::WalPool::configure_global(cfg.node.wal_threads) {
+            tracing::warn!(error = %e, "node.wal_threads not applied");
+        }
         let catalog = catalog.filter(|_| cfg.catalog.enabled);
         let (shared_id, renewals) = match &catalog {
             Some(_) => {

@@ -40,21 +40,25 @@
 //! so it never writes again): every later append fails, and the caller falls back to a
 //! snapshot and a new writer.
 //!
+//! # Threads
+//! A node may hold 100,000 logs (one per filter), so no log has a thread of its own: a
+//! [`WalPool`] of a few threads (by default the process-wide one, [`DEFAULT_WRITER_THREADS`])
+//! serves them all, each log on one thread. A thread's round writes one frame for each of its
+//! logs that has appends queued, then fsyncs each of those logs (a failure stays with its log).
+//!
 //! `okaywal` was not used: it decides itself when to checkpoint (and recycles segment files),
 //! whereas here the actor's snapshot timer decides, and it has no place for our identity
 //! header; its format is also declared unstable.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::future::Future;
 use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, mpsc};
 use std::task::{Context, Poll};
-use std::thread::JoinHandle;
 
 use thiserror::Error;
 use tokio::sync::oneshot;
@@ -132,7 +136,7 @@ pub enum WalError {
         /// The limit.
         max: usize,
     },
-    /// The writer's thread is gone.
+    /// The writer's thread is gone (it panicked).
     #[error("the write-ahead log is closed")]
     Closed,
 }
@@ -537,34 +541,354 @@ impl<T> Future for Pending<T> {
     }
 }
 
+/// Threads of the process-wide pool unless [`WalPool::configure_global`] (the node's
+/// `node.wal_threads`) says otherwise.
+pub const DEFAULT_WRITER_THREADS: usize = 2;
+
+/// What making or configuring a [`WalPool`] can fail with.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum WalPoolError {
+    /// A pool of no threads would never write.
+    #[error("a write-ahead log pool needs at least one thread")]
+    NoThreads,
+    /// The process-wide pool is running with another size (it is sized once, at its start).
+    #[error("the process-wide write-ahead log pool already runs {running} threads ({asked} asked)")]
+    AlreadyStarted {
+        /// Its threads.
+        running: usize,
+        /// The size asked for.
+        asked: usize,
+    },
+    /// The operating system refused a thread.
+    #[error("cannot start a write-ahead log thread: {0}")]
+    Spawn(#[source] io::Error),
+}
+
+/// A fixed set of writer threads shared by many logs (DESIGN.md section 8: threads must not
+/// grow with the number of filters). Each log is served by one thread, so its commands run in
+/// the order they were issued; a thread serves its logs in rounds: it takes everything queued
+/// for all of them, writes each log's frame, then fsyncs each log it wrote to (once per log and
+/// round) and answers that log's appends. Appends from many filters that arrive during one
+/// round's fsyncs share the next round. A log that fails answers its own appends with the
+/// error; the other logs of the round are written and synced as usual.
+///
+/// [`WalWriter::start`] uses one process-wide pool: the threads are a process resource, the
+/// writers are started deep in the replica's start and recovery paths, and one shared pool
+/// keeps every caller's signature as it was. [`WalWriter::start_in`] takes an explicit pool
+/// (tests, embedders that want their own). A pool's threads end once the pool and every writer
+/// on it are gone (never, for the process-wide one).
+#[derive(Clone)]
+pub struct WalPool {
+    inner: Arc<PoolInner>,
+}
+
+impl std::fmt::Debug for WalPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WalPool")
+            .field("threads", &self.threads())
+            .finish()
+    }
+}
+
+/// The process-wide pool: its size until it starts, then the pool.
+struct Global {
+    threads: usize,
+    pool: Option<WalPool>,
+}
+
+static GLOBAL: Mutex<Global> = Mutex::new(Global {
+    threads: DEFAULT_WRITER_THREADS,
+    pool: None,
+});
+
+/// Locks, ignoring poisoning: nothing panics while holding these locks but an allocation.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl WalPool {
+    /// Starts a pool of `threads` writer threads.
+    pub fn new(threads: usize) -> Result<WalPool, WalPoolError> {
+        if threads == 0 {
+            return Err(WalPoolError::NoThreads);
+        }
+        // Built as the threads start, so that a failure stops those already running.
+        let mut inner = PoolInner {
+            workers: Vec::with_capacity(threads),
+        };
+        for i in 0..threads {
+            let worker = Arc::new(Worker::default());
+            let w = worker.clone();
+            std::thread::Builder::new()
+                .name(format!("crpf-wal-{i}"))
+                .spawn(move || w.run())
+                .map_err(WalPoolError::Spawn)?;
+            inner.workers.push(worker);
+        }
+        Ok(WalPool {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The process-wide pool, started at the first call.
+    pub fn global() -> Result<WalPool, WalPoolError> {
+        let mut g = lock(&GLOBAL);
+        if let Some(pool) = &g.pool {
+            return Ok(pool.clone());
+        }
+        let pool = WalPool::new(g.threads)?;
+        tracing::debug!(threads = g.threads, "write-ahead log pool started");
+        g.pool = Some(pool.clone());
+        Ok(pool)
+    }
+
+    /// Sizes the process-wide pool; call it before the first writer starts. Asking again for
+    /// the size it runs with is fine; another size, once it runs, is
+    /// [`WalPoolError::AlreadyStarted`] (and the running pool stays as it is).
+    pub fn configure_global(threads: usize) -> Result<(), WalPoolError> {
+        if threads == 0 {
+            return Err(WalPoolError::NoThreads);
+        }
+        let mut g = lock(&GLOBAL);
+        match &g.pool {
+            Some(pool) if pool.threads() != threads => Err(WalPoolError::AlreadyStarted {
+                running: pool.threads(),
+                asked: threads,
+            }),
+            Some(_) => Ok(()),
+            None => {
+                g.threads = threads;
+                Ok(())
+            }
+        }
+    }
+
+    /// Its threads.
+    pub fn threads(&self) -> usize {
+        self.inner.workers.len()
+    }
+
+    /// The thread for a new log: the one serving the fewest open logs (filters come and go at
+    /// run time, so a round robin over creations would drift), skipping threads that died.
+    fn place(&self) -> Arc<Worker> {
+        let workers = &self.inner.workers;
+        let worker = workers
+            .iter()
+            .filter(|w| !lock(&w.queue).dead)
+            .min_by_key(|w| w.logs.load(Ordering::Relaxed))
+            // All dead: the commands are dropped, and answer `Closed`.
+            .unwrap_or(&workers[0]);
+        worker.logs.fetch_add(1, Ordering::Relaxed);
+        worker.clone()
+    }
+}
+
+struct PoolInner {
+    workers: Vec<Arc<Worker>>,
+}
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        // Every writer held the pool: their closes are queued before this.
+        for w in &self.workers {
+            lock(&w.queue).stop = true;
+            w.wake.notify_one();
+        }
+    }
+}
+
+/// A log's id in its pool thread.
+type LogId = u64;
+
+static NEXT_LOG: AtomicU64 = AtomicU64::new(1);
+
 enum Command {
+    /// A new log's state; always its first command.
+    Open(Box<Log>),
     Append(Vec<u8>, oneshot::Sender<Result<(), WalError>>),
     Rotate(u64),
     RemoveThrough(u64, oneshot::Sender<Result<usize, WalError>>),
+    /// Completes what is queued for the log, then forgets it; answers when done (if asked).
+    Close(Option<mpsc::SyncSender<()>>),
     /// Holds the thread until the sender is dropped (tests: queue appends deterministically).
     #[cfg(test)]
     Hold(mpsc::Receiver<()>),
 }
 
-/// The log's writer: a dedicated thread that writes and fsyncs, with group commit. Commands
-/// run in the order they are issued. Dropping it lets the thread finish the queue on its own;
-/// [`WalWriter::close`] waits for that.
+/// One pool thread: its queue of commands of all its logs.
+#[derive(Default)]
+struct Worker {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    /// Logs placed on this thread and not closed yet.
+    logs: AtomicUsize,
+}
+
+#[derive(Default)]
+struct Queue {
+    commands: VecDeque<(LogId, Command)>,
+    /// The pool is gone: end once the queue is empty.
+    stop: bool,
+    /// The thread panicked: commands are dropped (their completions answer `Closed`).
+    dead: bool,
+}
+
+impl Worker {
+    fn send(&self, log: LogId, cmd: Command) {
+        let mut q = lock(&self.queue);
+        if q.dead {
+            drop(q);
+            drop(cmd);
+            return;
+        }
+        // The thread waits only on an empty queue.
+        let wake = q.commands.is_empty();
+        q.commands.push_back((log, cmd));
+        drop(q);
+        if wake {
+            self.wake.notify_one();
+        }
+    }
+
+    fn run(self: Arc<Self>) {
+        let _dies = DeathGuard(&self);
+        let mut logs: HashMap<LogId, Log> = HashMap::new();
+        let mut round = VecDeque::new();
+        loop {
+            {
+                let mut q = lock(&self.queue);
+                while q.commands.is_empty() && !q.stop {
+                    q = self.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
+                }
+                if q.commands.is_empty() {
+                    return;
+                }
+                // Everything queued now is this round: later commands wait for the next one,
+                // so that a busy log never starves the round's fsyncs.
+                std::mem::swap(&mut round, &mut q.commands);
+            }
+            self.round(&mut logs, &mut round);
+        }
+    }
+
+    /// Runs one round: each log's commands in order, its appends gathered into one frame;
+    /// then every log's frame written before any is synced: the disk gets the round's writes
+    /// together, and a journaling filesystem can commit several logs' in one transaction.
+    fn round(&self, logs: &mut HashMap<LogId, Log>, round: &mut VecDeque<(LogId, Command)>) {
+        // Logs that gathered appends this round (a log may appear twice; the second time its
+        // batch is empty, and is skipped).
+        let mut gathered = Vec::new();
+        while let Some((id, cmd)) = round.pop_front() {
+            match cmd {
+                Command::Open(log) => {
+                    logs.insert(id, *log);
+                }
+                Command::Close(done) => {
+                    if let Some(mut log) = logs.remove(&id) {
+                        log.commit();
+                        self.logs.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    if let Some(done) = done {
+                        let _ = done.send(());
+                    }
+                }
+                Command::Append(record, done) => {
+                    // Every log's commands follow its `Open` on this thread.
+                    let log = logs.get_mut(&id).expect("a log opened on this thread");
+                    if log.batch.waiters.is_empty() {
+                        gathered.push(id);
+                    }
+                    log.gather(record, done);
+                }
+                #[cfg(test)]
+                Command::Hold(rx) => {
+                    logs.get_mut(&id)
+                        .expect("a log opened on this thread")
+                        .commit();
+                    let _ = rx.recv();
+                    // What was queued while held joins this round, as if queued before the
+                    // hold: tests count on one group commit for it.
+                    round.extend(lock(&self.queue).commands.drain(..));
+                }
+                other => logs
+                    .get_mut(&id)
+                    .expect("a log opened on this thread")
+                    .execute(other),
+            }
+        }
+        let written: Vec<_> = gathered
+            .into_iter()
+            .filter_map(|id| Some((id, logs.get_mut(&id)?.write_batch()?)))
+            .collect();
+        for (id, frame) in written {
+            logs.get_mut(&id)
+                .expect("no command ran since the write")
+                .sync_batch(frame);
+        }
+    }
+}
+
+/// Marks a thread that panicked (a bug) as dead, and drops what was queued for it: its
+/// waiters answer `Closed` instead of waiting forever.
+struct DeathGuard<'a>(&'a Worker);
+
+impl Drop for DeathGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let dropped = {
+                let mut q = lock(&self.0.queue);
+                q.dead = true;
+                std::mem::take(&mut q.commands)
+            };
+            tracing::error!(
+                dropped = dropped.len(),
+                "a write-ahead log thread panicked: its logs answer `closed`"
+            );
+        }
+    }
+}
+
+/// The log's writer, on a thread of a [`WalPool`] that writes and fsyncs with group commit
+/// (within the log and across the thread's logs). Commands run in the order they are issued.
+/// Dropping it lets the thread finish the log's queue on its own; [`WalWriter::close`] waits
+/// for that.
 #[derive(Debug)]
 pub struct WalWriter {
-    tx: mpsc::Sender<Command>,
+    log: LogId,
+    pool: WalPool,
+    worker: Arc<Worker>,
     current: u64,
     limits: WalLimits,
     dir: PathBuf,
     identity: Identity,
     stats: Arc<WalStats>,
-    thread: Option<JoinHandle<()>>,
+    closed: bool,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("logs", &self.logs.load(Ordering::Relaxed))
+            .finish()
+    }
 }
 
 impl WalWriter {
-    /// Starts the writer on a replayed log; its segments will carry `identity`. The first
-    /// segment is created at the first append.
+    /// Starts the writer on a replayed log, on the process-wide [`WalPool`]; its segments will
+    /// carry `identity`. The first segment is created at the first append.
     pub fn start(replayed: Replayed, identity: Identity) -> Result<WalWriter, DurableError> {
-        Self::spawn(
+        let pool = WalPool::global().map_err(|e| DurableError::Io {
+            path: replayed.dir.clone(),
+            source: io::Error::other(e),
+        })?;
+        Ok(Self::start_in(&pool, replayed, identity))
+    }
+
+    /// [`WalWriter::start`] on the threads of `pool`.
+    pub fn start_in(pool: &WalPool, replayed: Replayed, identity: Identity) -> WalWriter {
+        Self::open(
+            pool.clone(),
             replayed.dir,
             identity,
             replayed.limits,
@@ -579,23 +903,24 @@ impl WalWriter {
     /// (rotate, snapshot, then reopen): the failed segment may end in a partial frame, which
     /// a replay only forgives at the very end of the log.
     pub fn reopen(&self) -> Result<WalWriter, DurableError> {
-        Self::spawn(
+        Ok(Self::open(
+            self.pool.clone(),
             self.dir.clone(),
             self.identity,
             self.limits,
             self.current + 1,
             self.stats.clone(),
-        )
+        ))
     }
 
-    fn spawn(
+    fn open(
+        pool: WalPool,
         dir: PathBuf,
         identity: Identity,
         limits: WalLimits,
         first: u64,
         stats: Arc<WalStats>,
-    ) -> Result<WalWriter, DurableError> {
-        let (tx, rx) = mpsc::channel();
+    ) -> WalWriter {
         let log = Log {
             dir: dir.clone(),
             identity,
@@ -604,20 +929,22 @@ impl WalWriter {
             file: None,
             stats: stats.clone(),
             failed: None,
+            batch: Batch::default(),
         };
-        let thread = std::thread::Builder::new()
-            .name("crpf-wal".into())
-            .spawn(move || log.run(rx))
-            .map_err(io_err(&dir))?;
-        Ok(WalWriter {
-            tx,
+        let id = NEXT_LOG.fetch_add(1, Ordering::Relaxed);
+        let worker = pool.place();
+        worker.send(id, Command::Open(Box::new(log)));
+        WalWriter {
+            log: id,
+            pool,
+            worker,
             current: first,
             limits,
             dir,
             identity,
             stats,
-            thread: Some(thread),
-        })
+            closed: false,
+        }
     }
 
     /// Appends a record; completes once it is written and fsynced, together with every
@@ -669,20 +996,20 @@ impl WalWriter {
         self.stats.clone()
     }
 
-    /// Completes everything queued, then stops the thread.
+    /// Completes everything queued for this log (the pool's other logs go on), then returns.
     pub fn close(mut self) {
-        let thread = self.thread.take();
-        drop(self);
-        if let Some(t) = thread
-            && t.join().is_err()
-        {
-            tracing::error!("the write-ahead log thread panicked");
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.closed = true;
+        self.send(Command::Close(Some(tx)));
+        // A thread that died dropped the command: nothing more will be written either way.
+        if rx.recv().is_err() {
+            tracing::error!(dir = ?self.dir, "the write-ahead log thread stopped before closing the log");
         }
     }
 
     fn send(&self, cmd: Command) {
-        // A gone thread drops the command, and with it the completion: it answers `Closed`.
-        let _ = self.tx.send(cmd);
+        // A dead thread drops the command, and with it the completion: it answers `Closed`.
+        self.worker.send(self.log, cmd);
     }
 
     #[cfg(test)]
@@ -693,6 +1020,14 @@ impl WalWriter {
     }
 }
 
+impl Drop for WalWriter {
+    fn drop(&mut self) {
+        if !self.closed {
+            self.send(Command::Close(None));
+        }
+    }
+}
+
 /// Appends of one group commit.
 #[derive(Default)]
 struct Batch {
@@ -700,54 +1035,56 @@ struct Batch {
     waiters: Vec<oneshot::Sender<Result<(), WalError>>>,
 }
 
-/// The writer thread's state.
+/// A frame written but not synced yet.
+struct Written {
+    waiters: Vec<oneshot::Sender<Result<(), WalError>>>,
+    /// Its segment was created by this write (the file and the directory need syncing).
+    created: bool,
+    bytes: u64,
+}
+
+/// A log's state, on its pool thread.
 struct Log {
     dir: PathBuf,
     identity: Identity,
     limits: WalLimits,
     current: u64,
+    /// The segment being written and its synced length.
     file: Option<(File, u64)>,
     stats: Arc<WalStats>,
     failed: Option<WalError>,
+    batch: Batch,
 }
 
 impl Log {
-    fn run(mut self, rx: mpsc::Receiver<Command>) {
-        let mut batch = Batch::default();
-        // Blocks for the first command, then drains what is queued: appends that arrived
-        // during the previous fsync share the next one.
-        while let Ok(first) = rx.recv() {
-            let mut next = Some(first);
-            while let Some(cmd) = next {
-                match cmd {
-                    Command::Append(record, done) => {
-                        let add = RECORD_HEADER + record.len();
-                        if !batch.body.is_empty()
-                            && batch.body.len() + add > self.limits.max_frame()
-                        {
-                            self.commit(&mut batch);
-                        }
-                        batch.body.reserve(add);
-                        batch
-                            .body
-                            .extend_from_slice(&(record.len() as u32).to_le_bytes());
-                        batch.body.extend_from_slice(&record);
-                        batch.waiters.push(done);
-                    }
-                    other => {
-                        self.commit(&mut batch);
-                        self.execute(other);
-                    }
-                }
-                next = rx.try_recv().ok();
-            }
-            self.commit(&mut batch);
+    /// Adds an append to the round's frame; a full frame is committed first on its own (one
+    /// frame per fsync, see the module doc).
+    fn gather(&mut self, record: Vec<u8>, done: oneshot::Sender<Result<(), WalError>>) {
+        let add = RECORD_HEADER + record.len();
+        if !self.batch.body.is_empty() && self.batch.body.len() + add > self.limits.max_frame() {
+            self.commit();
+        }
+        let body = &mut self.batch.body;
+        body.reserve(add);
+        body.extend_from_slice(&(record.len() as u32).to_le_bytes());
+        body.extend_from_slice(&record);
+        self.batch.waiters.push(done);
+    }
+
+    /// Writes and syncs the gathered appends now (before another command of this log).
+    fn commit(&mut self) {
+        if let Some(frame) = self.write_batch() {
+            self.sync_batch(frame);
         }
     }
 
     fn execute(&mut self, cmd: Command) {
+        // The commands before this one are complete first.
+        self.commit();
         match cmd {
-            Command::Append(..) => unreachable!("appends are batched"),
+            Command::Open(..) | Command::Close(..) | Command::Append(..) => {
+                unreachable!("handled by the round")
+            }
             Command::Rotate(next) => {
                 // Every frame of the segment was fsynced by its commit.
                 self.file = None;
@@ -762,9 +1099,7 @@ impl Log {
                 let _ = done.send(r);
             }
             #[cfg(test)]
-            Command::Hold(rx) => {
-                let _ = rx.recv();
-            }
+            Command::Hold(..) => unreachable!("handled by the round"),
         }
     }
 
@@ -795,23 +1130,52 @@ impl Log {
         result.map(|()| removed)
     }
 
-    fn commit(&mut self, batch: &mut Batch) {
-        if batch.waiters.is_empty() {
-            return;
+    /// The first half of a group commit: writes the gathered appends as one frame (`None`:
+    /// nothing gathered, or the write failed and its appends were answered).
+    fn write_batch(&mut self) -> Option<Written> {
+        if self.batch.waiters.is_empty() {
+            return None;
         }
-        let waiters = std::mem::take(&mut batch.waiters);
-        let n = waiters.len() as u64;
+        let waiters = std::mem::take(&mut self.batch.waiters);
+        let body = std::mem::take(&mut self.batch.body);
         let r = match &self.failed {
             Some(e) => Err(e.clone()),
-            None => self.write_frame(&batch.body),
+            None => self.write_frame(&body),
         };
-        batch.body.clear();
+        // The buffer's capacity serves the next rounds.
+        self.batch.body = body;
+        self.batch.body.clear();
+        match r {
+            Ok((created, bytes)) => Some(Written {
+                waiters,
+                created,
+                bytes,
+            }),
+            Err(e) => {
+                self.finish(waiters, Err(e));
+                None
+            }
+        }
+    }
+
+    /// The second half: syncs the frame, then answers its appends.
+    fn sync_batch(&mut self, frame: Written) {
+        let r = self.sync_frame(frame.created, frame.bytes);
+        self.finish(frame.waiters, r);
+    }
+
+    fn finish(
+        &mut self,
+        waiters: Vec<oneshot::Sender<Result<(), WalError>>>,
+        r: Result<(), WalError>,
+    ) {
+        let n = waiters.len() as u64;
         match &r {
             Ok(()) => WalStats::add(&self.stats.appends, n),
             Err(e) => {
                 WalStats::add(&self.stats.failures, n);
                 if self.failed.is_none() {
-                    tracing::error!(error = %e, "write-ahead log failed: no more durable appends");
+                    tracing::error!(dir = ?self.dir, error = %e, "write-ahead log failed: no more durable appends");
                     self.failed = Some(e.clone());
                 }
             }
@@ -821,9 +1185,14 @@ impl Log {
         }
     }
 
-    /// Writes one frame and fsyncs it (creating the segment first if needed).
-    fn write_frame(&mut self, body: &[u8]) -> Result<(), WalError> {
-        let path = self.dir.join(segment_name(self.current));
+    fn segment_path(&self) -> PathBuf {
+        self.dir.join(segment_name(self.current))
+    }
+
+    /// Writes one frame, creating the segment first if needed; answers whether it did, and
+    /// the bytes written. [`Log::sync_frame`] must follow before anything else is written.
+    fn write_frame(&mut self, body: &[u8]) -> Result<(bool, u64), WalError> {
+        let path = self.segment_path();
         let wal_io = |e: io::Error| WalError::Io {
             path: path.clone(),
             source: Arc::new(e),
@@ -846,29 +1215,46 @@ impl Log {
         buf.extend_from_slice(&check);
         buf.extend_from_slice(body);
         let (file, len) = self.file.as_mut().expect("opened above");
-        let r = file.write_all(&buf).and_then(|()| {
-            if created {
-                file.sync_all()
-            } else {
-                // The file exists: its data (and size) is what must reach the disk.
-                file.sync_data()
-            }
-        });
-        if let Err(e) = r {
-            // Best effort, so that the unacknowledged frame is not in the way of a later
-            // writer; the writer is poisoned either way.
-            let _ = file.set_len(*len).and_then(|()| file.sync_all());
+        if let Err(e) = file.write_all(&buf) {
+            roll_back(file, *len);
             return Err(wal_io(e));
         }
-        *len += buf.len() as u64;
+        Ok((created, buf.len() as u64))
+    }
+
+    /// Syncs the frame [`Log::write_frame`] wrote.
+    fn sync_frame(&mut self, created: bool, bytes: u64) -> Result<(), WalError> {
+        let path = self.segment_path();
+        let wal_io = |e: io::Error| WalError::Io {
+            path: path.clone(),
+            source: Arc::new(e),
+        };
+        let (file, len) = self.file.as_mut().expect("a frame was written");
+        let r = if created {
+            file.sync_all()
+        } else {
+            // The file exists: its data (and size) is what must reach the disk.
+            file.sync_data()
+        };
+        if let Err(e) = r {
+            roll_back(file, *len);
+            return Err(wal_io(e));
+        }
+        *len += bytes;
         WalStats::add(&self.stats.fsyncs, 1);
-        WalStats::add(&self.stats.bytes, buf.len() as u64);
+        WalStats::add(&self.stats.bytes, bytes);
         if created {
             WalStats::add(&self.stats.segments_created, 1);
             sync_dir(&self.dir).map_err(wal_io)?;
         }
         Ok(())
     }
+}
+
+/// Best effort, so that an unacknowledged frame is not in the way of a later writer; the
+/// writer is poisoned either way.
+fn roll_back(file: &File, len: u64) {
+    let _ = file.set_len(len).and_then(|()| file.sync_all());
 }
 
 fn segment_header(identity: Identity, id: u64) -> [u8; SEGMENT_HEADER] {
@@ -1001,6 +1387,11 @@ mod tests {
     fn writer(dir: &Path, limits: WalLimits) -> WalWriter {
         let (_, r) = read_all(dir, ident(1), None, limits).unwrap();
         WalWriter::start(r, ident(1)).unwrap()
+    }
+
+    fn writer_in(pool: &WalPool, dir: &Path) -> WalWriter {
+        let (_, r) = read_all(dir, ident(1), None, WalLimits::default()).unwrap();
+        WalWriter::start_in(pool, r, ident(1))
     }
 
     fn segments(dir: &Path) -> Vec<u64> {
@@ -1365,5 +1756,156 @@ mod tests {
             assert_eq!(segments(&to), [1, 2]);
             assert!(!dir.exists());
         }
+    }
+
+    #[test]
+    fn a_pool_takes_at_least_one_thread_and_the_global_size_is_set_once() {
+        assert!(matches!(WalPool::new(0), Err(WalPoolError::NoThreads)));
+        assert!(matches!(
+            WalPool::configure_global(0),
+            Err(WalPoolError::NoThreads)
+        ));
+        let running = WalPool::global().unwrap().threads();
+        WalPool::configure_global(running).unwrap();
+        assert!(matches!(
+            WalPool::configure_global(running + 1),
+            Err(WalPoolError::AlreadyStarted { running: r, asked }) if r == running && asked == running + 1
+        ));
+        assert_eq!(WalPool::global().unwrap().threads(), running);
+    }
+
+    /// Logs sharing pool threads, their commands interleaved (with rotations, and rounds made
+    /// large by a hold): each log's records replay in the order they were appended.
+    #[test]
+    fn interleaved_logs_keep_their_order_and_replay() {
+        const LOGS: usize = 40;
+        let pool = WalPool::new(2).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs: Vec<_> = (0..LOGS).map(|i| tmp.path().join(i.to_string())).collect();
+        let mut writers: Vec<_> = dirs.iter().map(|d| writer_in(&pool, d)).collect();
+        let mut expected = vec![Vec::new(); LOGS];
+        let mut pending = Vec::new();
+        let mut rng = fastrand::Rng::with_seed(23);
+        // Both threads held: the first rounds gather appends of many logs.
+        let mut holds = Some([writers[0].hold(), writers[1].hold()]);
+        for n in 0..4000 {
+            if n == 1000 {
+                holds = None;
+            }
+            let i = rng.usize(..LOGS);
+            if rng.u8(..50) == 0 {
+                writers[i].rotate();
+            }
+            let rec = format!("log {i} record {n}").into_bytes();
+            expected[i].push(rec.clone());
+            pending.push(writers[i].append(rec));
+            if holds.is_none() && rng.u8(..200) == 0 {
+                // Wait for one now and then: later appends come in later rounds.
+                let k = rng.usize(..pending.len());
+                pending.swap_remove(k).wait().unwrap();
+            }
+        }
+        for p in pending {
+            p.wait().unwrap();
+        }
+        let mut appends = 0;
+        for w in writers {
+            appends += w.stats().appends.load(Ordering::Relaxed);
+            w.close();
+        }
+        assert_eq!(appends, 4000);
+        for (dir, expected) in dirs.iter().zip(&expected) {
+            assert_eq!(&records_in(dir), expected, "{dir:?}");
+        }
+    }
+
+    /// A log whose segment cannot be created (its directory replaced by a file: refused to
+    /// root too) fails its own appends; another log of the same thread and round succeeds.
+    #[test]
+    fn a_failing_log_does_not_fail_another_of_its_round() {
+        let pool = WalPool::new(1).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let (a_dir, b_dir) = (tmp.path().join("a"), tmp.path().join("b"));
+        let a = writer_in(&pool, &a_dir);
+        let b = writer_in(&pool, &b_dir);
+        fs::remove_dir_all(&a_dir).unwrap();
+        fs::write(&a_dir, b"not a directory").unwrap();
+        let release = a.hold();
+        let (mut pa, mut pb) = (Vec::new(), Vec::new());
+        for i in 0..20 {
+            pa.push(a.append(record(i)));
+            pb.push(b.append(record(i)));
+        }
+        drop(release);
+        for p in pa {
+            assert!(matches!(p.wait(), Err(WalError::Io { .. })));
+        }
+        for p in pb {
+            p.wait().unwrap();
+        }
+        // A stays failed; B goes on.
+        assert!(matches!(
+            a.append(record(20)).wait(),
+            Err(WalError::Io { .. })
+        ));
+        b.append(record(20)).wait().unwrap();
+        let (sa, sb) = (a.stats(), b.stats());
+        assert_eq!(sa.failures.load(Ordering::Relaxed), 21);
+        assert_eq!(sa.appends.load(Ordering::Relaxed), 0);
+        assert_eq!(sb.failures.load(Ordering::Relaxed), 0);
+        assert_eq!(sb.appends.load(Ordering::Relaxed), 21);
+        // The 20 of the shared round in one fsync, then the last one.
+        assert_eq!(sb.fsyncs.load(Ordering::Relaxed), 2);
+        a.close();
+        b.close();
+        assert_eq!(records_in(&b_dir), (0..21).map(record).collect::<Vec<_>>());
+    }
+
+    /// `close` of a log whose thread is busy with another log returns only once every append
+    /// queued before it completed; the other log goes on.
+    #[test]
+    fn closing_a_log_while_another_is_busy_completes_its_queue() {
+        let pool = WalPool::new(1).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let (a_dir, b_dir) = (tmp.path().join("a"), tmp.path().join("b"));
+        let a = writer_in(&pool, &a_dir);
+        let b = writer_in(&pool, &b_dir);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (busy_tx, busy_rx) = mpsc::channel();
+        let busy = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut pending = std::collections::VecDeque::new();
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    pending.push_back(b.append(record(n)));
+                    n += 1;
+                    if n == 100 {
+                        busy_tx.send(()).unwrap();
+                    }
+                    if pending.len() > 64 {
+                        pending.pop_front().unwrap().wait().unwrap();
+                    }
+                }
+                for p in pending {
+                    p.wait().unwrap();
+                }
+                b.close();
+                n
+            })
+        };
+        busy_rx.recv().unwrap();
+        let mut pa: Vec<_> = (0..500).map(|i| a.append(record(i))).collect();
+        a.close();
+        for (i, p) in pa.iter_mut().enumerate() {
+            assert!(
+                matches!(p.0.try_recv(), Ok(Ok(()))),
+                "append {i} not complete when close returned"
+            );
+        }
+        stop.store(true, Ordering::Relaxed);
+        let n = busy.join().unwrap();
+        assert_eq!(records_in(&a_dir), (0..500).map(record).collect::<Vec<_>>());
+        assert_eq!(records_in(&b_dir), (0..n).map(record).collect::<Vec<_>>());
     }
 }

@@ -92,7 +92,7 @@ impl Replica {
         let reopened = self.wal.as_ref().map(|w| w.reopen());
         match reopened {
             Some(Ok(writer)) => {
-                // The failed writer's thread ends once it has no sender.
+                // The failed writer, dropped here, is forgotten by its pool thread.
                 self.wal = Some(writer);
                 self.wal_recovery = WalRecovery::default();
                 self.telemetry.gauge(m::DURABLE_OK, &[]).set(1.0);
