@@ -170,6 +170,8 @@ pub struct Replica {
     snapshot_generation: u64,
     snapshot_saved: Arc<Mutex<u64>>,
     started: Instant,
+    /// When a periodic snapshot was last due.
+    last_snapshot_due: Instant,
     api_started: bool,
     inbound_tx: mpsc::Sender<Inbound>,
     inbound_rx: Option<mpsc::Receiver<Inbound>>,
@@ -264,6 +266,7 @@ impl Replica {
             snapshot_generation: 0,
             snapshot_saved: Arc::new(Mutex::new(0)),
             started,
+            last_snapshot_due: started,
             api_started: false,
             inbound_tx,
             inbound_rx: Some(inbound_rx),
@@ -632,9 +635,50 @@ impl Replica {
         }
     }
 
-    /// Every `metrics_interval_ms`: gauges, time passing for anti-entropy (peer expiry,
-    /// catch-up), and partial transfers that timed out.
+    /// Runs [`Replica::housekeeping`] after [`Replica::housekeeping_delay`], and again.
+    fn schedule_housekeeping(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_later(self.housekeeping_delay(), |act, ctx| {
+            act.housekeeping(ctx);
+            act.schedule_housekeeping(ctx);
+        });
+    }
+
+    /// Every `metrics_interval_ms` while the replica has something to watch; a quiet one
+    /// (its figures go to the node-wide series only, nothing in flight or to snapshot, caught
+    /// up, no window moving) every `anti_entropy_interval_ms`: of 100,000 filters most are quiet, and a
+    /// wake-up each second for each cost a node more than its requests.
+    fn housekeeping_delay(&self) -> Duration {
+        let busy = !self.cfg.aggregate_metrics
+            || self.expect.kind == FilterKind::ExpiringBloom
+            || !self.anti_entropy.is_ready()
+            || self.transfers.in_progress() > 0
+            || self.acks.len() > 0
+            || self.wal_recovery.is_pending()
+            || self.flush_timer.is_some()
+            || (self.data.is_some() && self.dirty)
+            || self.shared.direct_changes.load(Ordering::Acquire)
+            || self.read().pending_delta_len() > 0;
+        let ms = if busy {
+            self.cfg.metrics_interval_ms
+        } else {
+            self.cfg
+                .anti_entropy_interval_ms
+                .max(self.cfg.metrics_interval_ms)
+        };
+        ReplicaConfig::ms(ms)
+    }
+
+    /// Gauges, time passing for anti-entropy (peer expiry, catch-up), and partial transfers
+    /// that timed out (see [`Replica::housekeeping_delay`] for how often).
     fn housekeeping(&mut self, ctx: &mut Context<Self>) {
+        // Snapshots are due every `snapshot_interval_ms` (checked here rather than on a timer
+        // of their own: one wake-up per replica, not two).
+        if self.data.is_some()
+            && self.last_snapshot_due.elapsed() >= ReplicaConfig::ms(self.cfg.snapshot_interval_ms)
+        {
+            self.last_snapshot_due = Instant::now();
+            self.snapshot_async(ctx);
+        }
         // Time passes for kinds whose elements expire: their window moves (and the move
         // travels to the peers in the next delta).
         if self.write().tick(wall_clock_ms()) {
@@ -761,10 +805,7 @@ impl Actor for Replica {
             self.limiter.clone(),
         ));
 
-        ctx.run_interval(
-            ReplicaConfig::ms(self.cfg.metrics_interval_ms),
-            |act, ctx| act.housekeeping(ctx),
-        );
+        self.schedule_housekeeping(ctx);
         if self.lease.shared.is_none() {
             ctx.run_interval(ReplicaConfig::ms(self.cfg.id_lease_renew_ms), |act, ctx| {
                 act.renew_lease(ctx)
@@ -774,12 +815,6 @@ impl Actor for Replica {
         }
         // Under the node's id: its latest listing of the ids is this replica's first view.
         self.note_shared_listing();
-        if self.data.is_some() {
-            ctx.run_interval(
-                ReplicaConfig::ms(self.cfg.snapshot_interval_ms),
-                |act, ctx| act.snapshot_async(ctx),
-            );
-        }
         self.schedule_digest(ctx);
         if self.cfg.new_incarnation {
             let actions = self

@@ -179,7 +179,6 @@ impl Reassembly {
     }
 
     /// Transfers in progress.
-    #[cfg(test)]
     pub(super) fn in_progress(&self) -> usize {
         self.partial.len()
     }
