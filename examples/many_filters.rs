@@ -35,9 +35,15 @@ struct Args {
     /// Drop them all afterwards (and report that rate too).
     #[arg(long)]
     drop: bool,
-    /// Filters whose cross-node visibility is timed (created one at a time).
+    /// Filters whose cross-node visibility is timed (created one at a time, then dropped).
     #[arg(long, default_value_t = 0)]
     visibility_samples: usize,
+    /// Replica ids of the nodes behind the other servers (a node's catalog filters share its
+    /// id, logged at its start): each must answer
+    /// `contains` on its own subject before a create counts as visible, and stop answering
+    /// before a drop counts as done. Empty: any replica, through the other server.
+    #[arg(long, value_delimiter = ',')]
+    far_replicas: Vec<u16>,
     /// Only wait (up to 10 minutes) until a node answers the catalog API, then exit.
     #[arg(long)]
     wait_api: bool,
@@ -127,35 +133,69 @@ async fn main() {
         let far = async_nats::connect(args.nats[1].as_str())
             .await
             .expect("connect");
-        let mut ms = Vec::new();
+        let subjects = |name: &str| -> Vec<String> {
+            if args.far_replicas.is_empty() {
+                vec![format!("crpf.{name}.api.contains")]
+            } else {
+                args.far_replicas
+                    .iter()
+                    .map(|id| format!("crpf.{name}.replica.{id}.api.contains"))
+                    .collect()
+            }
+        };
+        let answers = |subject: String| {
+            let far = far.clone();
+            async move {
+                // Short: a request that reached a replica as it stopped gets no answer.
+                let r = tokio::time::timeout(
+                    Duration::from_millis(250),
+                    far.request(subject, Bytes::from_static(b"x")),
+                )
+                .await;
+                matches!(r, Ok(Ok(m)) if m.payload.starts_with(b"{\"contains\""))
+            }
+        };
+        let (mut created, mut dropped) = (Vec::new(), Vec::new());
         for i in 0..args.visibility_samples {
             let name = format!("{}vis{i}", args.prefix);
             let started = Instant::now();
             request(&nats, "create", json!({"name": name, "filter": spec()})).await;
-            // The filter answers on a node behind the other server once its replica serves.
-            loop {
-                let r = far
-                    .request(
-                        format!("crpf.{name}.api.contains"),
-                        Bytes::from_static(b"x"),
-                    )
-                    .await;
-                if r.is_ok_and(|m| m.payload.starts_with(b"{\"contains\"")) {
-                    break;
+            // Visible once every far replica serves it.
+            for subject in subjects(&name) {
+                while !answers(subject.clone()).await {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                 }
-                tokio::time::sleep(Duration::from_millis(1)).await;
             }
-            ms.push(started.elapsed().as_secs_f64() * 1e3);
+            created.push(started.elapsed().as_secs_f64() * 1e3);
+            let started = Instant::now();
+            request(&nats, "drop", json!({"name": name})).await;
+            // Dropped once no far replica answers any more ("no responders").
+            for subject in subjects(&name) {
+                while answers(subject.clone()).await {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            dropped.push(started.elapsed().as_secs_f64() * 1e3);
         }
-        ms.sort_by(f64::total_cmp);
-        let pct = |p: f64| ms[((ms.len() - 1) as f64 * p).round() as usize];
-        println!(
-            "created -> contains through another server: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} samples)",
-            pct(0.5),
-            pct(0.99),
-            pct(1.0),
-            ms.len()
-        );
+        for (what, ms) in [
+            ("created -> contains answered", &mut created),
+            ("dropped -> no longer answered", &mut dropped),
+        ] {
+            ms.sort_by(f64::total_cmp);
+            let pct = |p: f64| ms[((ms.len() - 1) as f64 * p).round() as usize];
+            println!(
+                "{what} through another server{}: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} samples)",
+                if args.far_replicas.is_empty() {
+                    ""
+                } else {
+                    " by every far replica"
+                },
+                pct(0.5),
+                pct(0.99),
+                pct(1.0),
+                ms.len()
+            );
+        }
     }
 
     if args.drop {

@@ -301,44 +301,46 @@ async fn catalog_filters_issue_tags_under_one_node_id_and_never_twice_after_a_re
     let counts = FilterSpec::new(FilterKind::CountingCuckoo, 1_000, 0.01);
     let counted = a.create_filter("counts", counts).await.unwrap();
     let (k, l) = (a.filter("kept").unwrap(), a.filter("lost").unwrap());
-    // One id for both, counting down from the top; claimed once, in the node namespace.
+    // One id for both, claimed once, in the node namespace.
     assert_eq!(k.identity(), l.identity());
-    assert_eq!(k.identity().replica, u16::MAX);
     let node_ids = bus
         .replica_claims(crpf::replica::SharedId::NAMESPACE.into())
         .await
         .unwrap();
     assert_eq!(node_ids.len(), 1);
-    for (name, generation) in [("kept", kept.entry.generation), ("lost", lost.entry.generation)] {
+    for (name, generation) in [
+        ("kept", kept.entry.generation),
+        ("lost", lost.entry.generation),
+    ] {
         let own = bus.replica_claims(format!("{name}.g{generation}")).await;
         assert!(own.unwrap().is_empty(), "{name} claimed an id of its own");
     }
     // A kind whose ids serve one run only claims its own.
     let c = a.filter("counts").unwrap();
-    assert_ne!(c.identity().replica, k.identity().replica);
+    assert_ne!(c.identity().uuid, k.identity().uuid);
     let own = bus
         .replica_claims(format!("counts.g{}", counted.entry.generation))
         .await
         .unwrap();
     assert_eq!(own.len(), 1);
 
+    let node_id = k.identity().replica;
     let before = k.add(b"x".to_vec()).await.unwrap().unwrap();
     let lost_before = l.add(b"y".to_vec()).await.unwrap().unwrap();
-    assert_eq!(before.replica, u16::MAX);
+    assert_eq!(before.replica, node_id);
     a.shutdown().await.unwrap();
     // One filter's data is lost: it starts empty under the same id.
-    std::fs::remove_dir_all(data.path().join(format!("lost.g{}", lost.entry.generation)))
-        .unwrap();
+    std::fs::remove_dir_all(data.path().join(format!("lost.g{}", lost.entry.generation))).unwrap();
 
     let a = node(&bus, with_data()).await;
     let (k, l) = (a.filter("kept").unwrap(), a.filter("lost").unwrap());
-    assert_eq!(k.identity().replica, u16::MAX, "the node took its id back");
+    assert_eq!(k.identity().replica, node_id, "the node took its id back");
     assert!(k.contains(b"x") && !l.contains(b"y"));
     // Every tag of the restarted node is above every tag issued before, in every filter:
     // the emptied one does not issue its old tags again.
     let after = k.add(b"z".to_vec()).await.unwrap().unwrap();
     let lost_after = l.add(b"y".to_vec()).await.unwrap().unwrap();
-    assert_eq!(after.replica, u16::MAX);
+    assert_eq!(after.replica, node_id);
     assert!(after.counter > before.counter);
     assert!(lost_after.counter > lost_before.counter);
     assert!(k.remove(b"x".to_vec()).await.unwrap() && !k.contains(b"x"));

@@ -16,11 +16,12 @@
 //! recorded before this node claimed the id again; one that restores its own state continues
 //! from it and its saved reservation, which are below that floor too.
 //!
-//! Node ids count down from [`ReplicaId::MAX`] (registry key `_node.ids.1` is replica id
-//! 65535, `.2` is 65534, ...) while a filter's own claims count up from 1, so the ids of the
-//! two namespaces never meet in one state: not when an embedder starts a replica of a catalog
-//! filter with its own claim, nor in the state of an incarnation that a node of an earlier
-//! release hosted under per-filter claims.
+//! Node ids count up from 1 like a filter's own, and stay as few as the nodes that run at
+//! once (retired ids are taken first): the writer series kinds give writer `w` the FPR budget
+//! `fpr / ((w + 1)(w + 2))`, so small ids keep their filters small. The ids of the node
+//! namespace and of a filter's own claims may be equal, so every replica of a catalog filter
+//! must be hosted by a node (the catalog only ever starts them there); a catalog filter is
+//! never a configured one, and configured filters keep their own claims.
 //!
 //! Kinds whose ids serve one run only (`counting_cuckoo`) keep a claim per replica.
 
@@ -43,8 +44,6 @@ use crate::transport::{ClaimEntry, LogLimiter, Renewal, Transport, TransportErro
 #[derive(Debug)]
 pub struct SharedId {
     identity: Identity,
-    /// The id's key in the registry namespace (see [`SharedId::replica_of`]).
-    key: ReplicaId,
     floor: u64,
     block: u64,
     /// The highest tag timestamp the registry confirmed.
@@ -73,11 +72,6 @@ impl SharedId {
     /// subject token without dots; a catalog filter's `<name>.g<generation>`).
     pub const NAMESPACE: &'static str = "_node.ids";
 
-    /// The replica id of registry key `key` (1 and up): counting down from the top.
-    pub fn replica_of(key: ReplicaId) -> ReplicaId {
-        ReplicaId::MAX - key.wrapping_sub(1)
-    }
-
     /// Claims an id for `uuid` (`preferred`: the replica id it held before, if any) and
     /// records a first reservation of `block` tags above its floor.
     pub async fn claim(
@@ -87,25 +81,19 @@ impl SharedId {
         block: u64,
     ) -> Result<Arc<SharedId>, ReplicaError> {
         let ns = Self::NAMESPACE.to_string();
-        let preferred = preferred.map(Self::replica_of); // the map is its own inverse
         let claim = transport
             .claim_replica_id(ns.clone(), uuid, preferred)
             .await?;
         let reserved = claim.floor.saturating_add(block);
         match transport.renew_claim(ns, claim.id, uuid, reserved).await? {
             Renewal::Held => {}
-            Renewal::Lost => {
-                return Err(ReplicaError::IdRetired {
-                    replica: Self::replica_of(claim.id),
-                });
-            }
+            Renewal::Lost => return Err(ReplicaError::IdRetired { replica: claim.id }),
         }
         Ok(Arc::new(SharedId {
             identity: Identity {
                 uuid,
-                replica: Self::replica_of(claim.id),
+                replica: claim.id,
             },
-            key: claim.id,
             floor: claim.floor,
             block,
             reserved: AtomicU64::new(reserved),
@@ -197,8 +185,8 @@ impl SharedId {
     ) {
         let ns = Self::NAMESPACE.to_string();
         let want = self.wanted.load(Ordering::Acquire).max(self.reserved());
-        let (uuid, replica, key) = (self.identity.uuid, self.identity.replica, self.key);
-        match transport.renew_claim(ns.clone(), key, uuid, want).await {
+        let Identity { uuid, replica } = self.identity;
+        match transport.renew_claim(ns.clone(), replica, uuid, want).await {
             Ok(Renewal::Held) => {
                 self.reserved.fetch_max(want, Ordering::AcqRel);
             }
@@ -220,7 +208,7 @@ impl SharedId {
             Ok(c) => c,
             Err(e) => return failed(limiter, "listing node ids", &e),
         };
-        let stale = watch.stale(key, &claims, started, retire_after);
+        let stale = watch.stale(replica, &claims, started, retire_after);
         self.live_ids.store(watch.live_ids, Ordering::Relaxed);
         self.retired_ids.store(watch.retired_ids, Ordering::Relaxed);
         for (state, n) in [("live", watch.live_ids), ("retired", watch.retired_ids)] {
@@ -238,7 +226,7 @@ impl SharedId {
                 Ok(true) => {
                     metrics::counter!(m::RETIREMENTS, "filter" => m::AGGREGATE_FILTER).increment(1);
                     tracing::info!(
-                        retired = Self::replica_of(e.id),
+                        retired = e.id,
                         floor,
                         "retired a node id whose claim was not renewed"
                     );
@@ -287,8 +275,8 @@ mod tests {
             .unwrap();
         assert_eq!(claims.len(), 1);
         assert_eq!(claims[0].record.floor(), 160);
-        assert_eq!(id.identity().replica, SharedId::replica_of(claims[0].id));
-        assert_eq!(id.identity().replica, ReplicaId::MAX);
+        assert_eq!(id.identity().replica, claims[0].id);
+        assert_eq!(id.identity().replica, 1);
         let replica = id.identity().replica;
         // The same uuid takes its id back above everything reserved before.
         drop(id);

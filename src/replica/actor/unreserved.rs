@@ -63,19 +63,8 @@ impl RegistryView {
     /// only grow and records are never removed, so a look that finishes after a later one
     /// (the renewal's and a held frame's) cannot lower what is known.
     pub(super) fn note(&mut self, claims: &[ClaimEntry], started: Instant) {
-        self.note_as(claims, started, |key| key);
-    }
-
-    /// [`RegistryView::note`] for a namespace whose keys map onto replica ids (a node's
-    /// shared ids, [`crate::replica::SharedId::replica_of`]).
-    pub(super) fn note_as(
-        &mut self,
-        claims: &[ClaimEntry],
-        started: Instant,
-        replica_of: fn(ReplicaId) -> ReplicaId,
-    ) {
         for e in claims {
-            let known = self.reserved.entry(replica_of(e.id)).or_insert(0);
+            let known = self.reserved.entry(e.id).or_insert(0);
             *known = (*known).max(e.record.floor());
         }
         self.looked_at = self.looked_at.max(Some(started));
@@ -149,10 +138,9 @@ impl Replica {
         }
         v.looking = true;
         let started = Instant::now();
-        let (namespace, replica_of): (String, fn(ReplicaId) -> ReplicaId) = match &self.lease.shared
-        {
-            Some(_) => (SharedId::NAMESPACE.into(), SharedId::replica_of),
-            None => (self.cfg.registry_name(), |key| key),
+        let namespace = match &self.lease.shared {
+            Some(_) => SharedId::NAMESPACE.into(),
+            None => self.cfg.registry_name(),
         };
         let t = self.transport.clone();
         let look = async move { t.replica_claims(namespace).await };
@@ -160,7 +148,7 @@ impl Replica {
             act.registry_view.looking = false;
             match claims {
                 Ok(claims) => {
-                    act.registry_view.note_as(&claims, started, replica_of);
+                    act.registry_view.note(&claims, started);
                     act.replay_held(started, ctx);
                 }
                 Err(e) => {
@@ -180,8 +168,7 @@ impl Replica {
         if self.registry_view.looked_at >= Some(started) {
             return None;
         }
-        self.registry_view
-            .note_as(&claims, started, SharedId::replica_of);
+        self.registry_view.note(&claims, started);
         Some(started)
     }
 
