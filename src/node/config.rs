@@ -145,8 +145,12 @@ pub struct RuntimeFilterDefaults {
     pub snapshot_interval_ms: Option<u64>,
     /// [`ReplicaConfig::metrics_interval_ms`].
     pub metrics_interval_ms: Option<u64>,
-    /// [`ReplicaConfig::retire_after_ms`].
+    /// [`ReplicaConfig::retire_after_ms`] (also of the node's shared replica id).
     pub retire_after_ms: Option<u64>,
+    /// [`ReplicaConfig::id_lease_renew_ms`]: how often the node renews its shared replica id.
+    pub id_lease_renew_ms: Option<u64>,
+    /// [`ReplicaConfig::id_lease_block`]: tags the node's shared id reserves ahead.
+    pub id_lease_block: Option<u64>,
     /// [`ReplicaConfig::replicated_timeout_ms`].
     pub replicated_timeout_ms: Option<u64>,
 }
@@ -174,6 +178,8 @@ impl RuntimeFilterDefaults {
         set(&mut c.snapshot_interval_ms, self.snapshot_interval_ms);
         set(&mut c.metrics_interval_ms, self.metrics_interval_ms);
         set(&mut c.retire_after_ms, self.retire_after_ms);
+        set(&mut c.id_lease_renew_ms, self.id_lease_renew_ms);
+        set(&mut c.id_lease_block, self.id_lease_block);
         set(&mut c.replicated_timeout_ms, self.replicated_timeout_ms);
         c
     }
