@@ -353,3 +353,46 @@ async fn a_node_down_during_creates_and_drops_catches_up_at_start() {
         n.proc.terminate(Duration::from_secs(30));
     }
 }
+
+/// A node whose server is gone still stops on SIGTERM, with its final snapshots: its
+/// replicas stop together (each waits a few seconds for its last publications, which cannot
+/// go out; one after another, 100 filters took 8 minutes) and the NATS drain is bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stops_on_sigterm_after_its_server_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = NatsServer::start();
+    let urls = vec![server.url()];
+    let mut nodes = serving_nodes(dir.path(), 1, &urls);
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let names: Vec<String> = (0..60).map(|i| format!("f{i}")).collect();
+    for name in &names {
+        catalog(
+            &client,
+            "create",
+            json!({"name": name, "filter": bloom(1000)}),
+        )
+        .await;
+    }
+    assert!(matches!(
+        nodes[0].resp(&["BF.ADD", "f7", "kept"]),
+        Ok(redis::Value::Int(1))
+    ));
+    drop(client);
+    server.kill();
+    // A minute is far beyond the stop's own bounds (5 s for the replicas, 5 s for the drain).
+    nodes[0].proc.terminate(Duration::from_secs(60));
+    let snapshots = names
+        .iter()
+        .filter(|n| {
+            nodes[0].data_dir.read_dir().unwrap().flatten().any(|e| {
+                let dir = e.file_name().to_string_lossy().into_owned();
+                dir.starts_with(&format!("{n}.g")) && e.path().join("state.snap").is_file()
+            })
+        })
+        .count();
+    assert_eq!(
+        snapshots,
+        names.len(),
+        "a replica stopped without its snapshot"
+    );
+}
