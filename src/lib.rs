@@ -66,7 +66,8 @@ pub use crate::core::delta::{
 };
 pub use crate::core::error::FilterError;
 pub use crate::core::kind::{
-    Counted, ExpirySpec, FilterKind, FilterSpec, ObservedRemove, ReplicatedFilter,
+    Counted, ExpirySpec, FilterKind, FilterSpec, ImportRoom, ObservedRemove, Occurrence,
+    ReplicatedFilter,
 };
 pub use crate::core::lattice::{Lattice, Membership, Removable};
 pub use crate::core::params::{BloomParams, CuckooParams, DEFAULT_SEED, MAX_FILTER_BYTES};

@@ -38,6 +38,20 @@ trait Subject: DeltaState + Membership + Clone + Debug + Serialize + Deserialize
     fn live(&self) -> Option<BTreeSet<Dot>> {
         None
     }
+    /// Re-adds every live occurrence of `dump` as this replica's own updates (a `LOADCHUNK`
+    /// of its dump): the tags issued, one per entry in the order of
+    /// [`Subject::listed_dots`], for the types that issue them. `None` for the types without
+    /// tags or counts, whose dumps are merged instead (`Op::Merge` covers that).
+    fn import_from(&mut self, _dump: &Self) -> Option<Result<Vec<Dot>, FilterError>> {
+        None
+    }
+    /// The live tags in the order the type lists its occurrences.
+    fn listed_dots(&self) -> Vec<Dot> {
+        Vec::new()
+    }
+    /// Whether a delta of an import may name a sub-filter too far past a receiver's last one
+    /// for it to take (it catches up by a full state then): the scalable OR types.
+    const DELTAS_MAY_RUN_AHEAD: bool = false;
 }
 
 fn cuckoo_params(seed: u64) -> CuckooParams {
@@ -94,6 +108,12 @@ impl Subject for OrCuckoo {
     fn make(replica: u16) -> Self {
         OrCuckoo::new(cuckoo_params(3), replica).unwrap()
     }
+    fn import_from(&mut self, dump: &Self) -> Option<Result<Vec<Dot>, FilterError>> {
+        Some(self.import(&dump.live_occurrences()))
+    }
+    fn listed_dots(&self) -> Vec<Dot> {
+        self.dots()
+    }
     fn add_tracked(&mut self, it: &[u8]) -> Result<Option<Dot>, FilterError> {
         self.add_dot(it).map(Some)
     }
@@ -121,6 +141,13 @@ impl Subject for ScOrCuckoo {
     fn make(replica: u16) -> Self {
         ScOrCuckoo::new(scalable_params(), replica).unwrap()
     }
+    fn import_from(&mut self, dump: &Self) -> Option<Result<Vec<Dot>, FilterError>> {
+        Some(self.import(&dump.live_occurrences()))
+    }
+    fn listed_dots(&self) -> Vec<Dot> {
+        self.dots()
+    }
+    const DELTAS_MAY_RUN_AHEAD: bool = true;
     fn add_tracked(&mut self, it: &[u8]) -> Result<Option<Dot>, FilterError> {
         self.add_dot(it).map(Some)
     }
@@ -148,6 +175,13 @@ impl Subject for WriterScOrCuckoo {
     fn make(replica: u16) -> Self {
         WriterScOrCuckoo::new(scalable_params(), replica).unwrap()
     }
+    fn import_from(&mut self, dump: &Self) -> Option<Result<Vec<Dot>, FilterError>> {
+        Some(self.import(&dump.live_occurrences()))
+    }
+    fn listed_dots(&self) -> Vec<Dot> {
+        self.parts().flat_map(|(_, f)| f.dots()).collect()
+    }
+    const DELTAS_MAY_RUN_AHEAD: bool = true;
     fn remove_tracked(&mut self, it: &[u8]) -> Option<Option<Dot>> {
         // The partitioned type removes through `Removable`; recover the tag from the change.
         let before: BTreeSet<Dot> = self.live().unwrap();
@@ -170,6 +204,8 @@ enum Op {
     Add(usize, u16),
     Remove(usize, u16),
     Merge(usize, usize),
+    /// Replica `.1` loads a dump of replica `.0`'s state (`Subject::import_from`).
+    Import(usize, usize),
 }
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
@@ -177,6 +213,7 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
         5 => (0..3usize, 0..UNIVERSE).prop_map(|(r, i)| Op::Add(r, i)),
         2 => (0..3usize, 0..UNIVERSE).prop_map(|(r, i)| Op::Remove(r, i)),
         2 => (0..3usize, 0..3usize).prop_map(|(a, b)| Op::Merge(a, b)),
+        1 => (0..3usize, 0..3usize).prop_map(|(a, b)| Op::Import(a, b)),
     ];
     prop::collection::vec(op, 1..80)
 }
@@ -264,6 +301,47 @@ fn run<S: Subject>(ops: Vec<Op>) {
                 let m = models[from].clone();
                 models[to].merge(&m);
             }
+            Op::Import(from, to) => {
+                let (dump, before) = (reps[from].clone(), reps[to].clone());
+                let Some(imported) = reps[to].import_from(&dump) else {
+                    continue;
+                };
+                let tags = match imported {
+                    Ok(tags) => tags,
+                    // Tables this small fill: a dump that does not fit beside what the
+                    // replica holds (its own, loaded into itself) is refused whole.
+                    Err(FilterError::NoRoom { .. }) => {
+                        assert!(
+                            before.equivalent(&reps[to]),
+                            "a failed import changed the state"
+                        );
+                        assert_same_contents(&before, &reps[to]);
+                        continue;
+                    }
+                    Err(e) => panic!("unexpected error {e}"),
+                };
+                assert!(before.le(&reps[to]), "an import must inflate");
+                let m = models[from].clone();
+                let listed = dump.listed_dots();
+                if dump.live().is_none() {
+                    // Counted: the dump's items, as this replica's own counts.
+                    models[to].items.extend(&m.items);
+                    continue;
+                }
+                // Each entry again, as an add of this replica: a fresh tag of its own.
+                assert_eq!(tags.len(), listed.len());
+                for (tag, src) in tags.into_iter().zip(listed) {
+                    assert_eq!(tag.replica, to as u16 + 1, "a tag of another replica");
+                    assert!(
+                        models.iter().all(|m| !m.seen.contains(&tag)),
+                        "tag {tag:?} issued twice"
+                    );
+                    let i = m.live[&src];
+                    models[to].items.insert(i);
+                    models[to].live.insert(tag, i);
+                    models[to].seen.insert(tag);
+                }
+            }
         }
     }
     // No false negatives, and for tagged types exactly the ORSet's live tags.
@@ -319,6 +397,24 @@ fn run_deltas<S: Subject>(ops: Vec<Op>, seed: u64, lossy: bool) {
             }
         }
     };
+    // An import's delta may name a sub-filter too far ahead of a receiver, which refuses it
+    // (changing nothing) until it has caught up; none other may be refused.
+    let mut imported = false;
+    let deliver = |rep: &mut S, d: &S::Delta, imported: bool| -> bool {
+        let before = rep.clone();
+        match rep.merge_delta(d) {
+            Ok(()) => {
+                assert!(before.le(rep), "a delta must inflate");
+                true
+            }
+            Err(e) => {
+                assert!(imported && S::DELTAS_MAY_RUN_AHEAD, "delta refused: {e}");
+                assert!(rep.equivalent(&before), "a refused delta changed the state");
+                false
+            }
+        }
+    };
+    let mut refused = false;
     for op in ops {
         match op {
             Op::Add(r, i) => {
@@ -327,16 +423,17 @@ fn run_deltas<S: Subject>(ops: Vec<Op>, seed: u64, lossy: bool) {
             Op::Remove(r, i) => {
                 let _ = reps[r].remove_tracked(&item(i));
             }
+            Op::Import(from, to) => {
+                let dump = reps[from].clone();
+                imported |= matches!(reps[to].import_from(&dump), Some(Ok(_)));
+            }
             Op::Merge(from, _) => {
                 flush(from, &mut reps[from], &mut in_flight);
                 if !in_flight.is_empty() {
                     let k = rng.usize(..in_flight.len());
                     let (to, d) = in_flight.swap_remove(k);
-                    let before = reps[to].clone();
-                    reps[to].merge_delta(&d).unwrap();
-                    assert!(before.le(&reps[to]), "a delta must inflate");
-                    if rng.bool() {
-                        in_flight.push((to, d)); // delivered again later
+                    if !deliver(&mut reps[to], &d, imported) || rng.bool() {
+                        in_flight.push((to, d)); // delivered (again) later
                     }
                 }
             }
@@ -346,12 +443,21 @@ fn run_deltas<S: Subject>(ops: Vec<Op>, seed: u64, lossy: bool) {
         flush(r, rep, &mut in_flight);
     }
     rng.shuffle(&mut in_flight);
-    for (to, d) in in_flight {
-        if !(lossy && rng.u8(..3) == 0) {
-            reps[to].merge_delta(&d).unwrap();
+    // Rounds until every delta not lost is taken or no more is: a refused one may fit once
+    // the receiver took the others.
+    let mut pending: Vec<(usize, S::Delta)> = in_flight
+        .into_iter()
+        .filter(|_| !(lossy && rng.u8(..3) == 0))
+        .collect();
+    loop {
+        let n = pending.len();
+        pending.retain(|(to, d)| !deliver(&mut reps[*to], d, imported));
+        if pending.is_empty() || pending.len() == n {
+            break;
         }
     }
-    if lossy {
+    refused |= !pending.is_empty();
+    if lossy || refused {
         // Anti-entropy: a ring of full-state merges, twice round.
         for k in 0..6 {
             let src = reps[k % 3].clone();
@@ -512,6 +618,26 @@ fn run_failures<S: Cramped>(ops: Vec<Op>) {
                 let src = reps[from].clone();
                 reps[to].merge(&src).unwrap();
             }
+            Op::Import(from, to) => {
+                let dump = reps[from].clone();
+                let before = snapshot(&reps[to]);
+                match reps[to].import_from(&dump) {
+                    Some(Ok(tags)) => {
+                        for dot in tags {
+                            assert!(issued.insert(dot), "tag {dot:?} issued twice");
+                        }
+                    }
+                    Some(Err(_)) => {
+                        failures += 1;
+                        assert_eq!(
+                            snapshot(&reps[to]),
+                            before,
+                            "a failed import changed something"
+                        );
+                    }
+                    None => {}
+                }
+            }
         }
     }
     let _ = failures;
@@ -522,6 +648,7 @@ fn cramped_ops() -> impl Strategy<Value = Vec<Op>> {
         8 => (0..3usize, 0..UNIVERSE).prop_map(|(r, i)| Op::Add(r, i)),
         2 => (0..3usize, 0..UNIVERSE).prop_map(|(r, i)| Op::Remove(r, i)),
         1 => (0..3usize, 0..3usize).prop_map(|(a, b)| Op::Merge(a, b)),
+        1 => (0..3usize, 0..3usize).prop_map(|(a, b)| Op::Import(a, b)),
     ];
     prop::collection::vec(op, 1..120)
 }
@@ -786,7 +913,8 @@ mod issue11 {
                     );
                     (r, before)
                 }
-                Op::Merge(from, to) => {
+                // A grow-only filter's dump is merged when loaded.
+                Op::Merge(from, to) | Op::Import(from, to) => {
                     let before = atomic[to].snapshot();
                     let src = atomic[from].snapshot();
                     atomic[to].merge_from(&src).unwrap();
@@ -869,6 +997,9 @@ fn counting_params() -> CuckooParams {
 impl Subject for CountingCuckoo {
     fn make(replica: u16) -> Self {
         CountingCuckoo::new(counting_params(), replica).unwrap()
+    }
+    fn import_from(&mut self, dump: &Self) -> Option<Result<Vec<Dot>, FilterError>> {
+        Some(self.import(&dump.live_occurrences()).map(|_| Vec::new()))
     }
 }
 

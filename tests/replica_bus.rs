@@ -1138,3 +1138,115 @@ async fn a_lone_replica_does_not_digest_its_state_at_every_interval() {
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+/// A dump of another cluster's filter (`LOADCHUNK` over RESP) re-added through a replica's
+/// update path: every entry under a fresh tag of the importer's id, reserved in the registry
+/// (past the claim's block: renewed first) and durably; in slices, each logged and published;
+/// a peer merges them and removes one; the log replays to the importer's state.
+#[actix::test]
+async fn an_import_re_adds_a_dump_as_the_importers_own_logged_and_replicated_adds() {
+    use crpf::replica::wal::{self, WAL_DIR, WalLimits};
+    let dir = tempfile::tempdir().unwrap();
+    let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+    let mut c = cfg("imported", FilterKind::WriterScOrCuckoo, 1000, 0.01);
+    c.id_lease_block = 1000;
+    let mut durable = c.clone();
+    durable.data_dir = Some(dir.path().join("a"));
+    durable.tag_reserve_block = 64;
+    // No snapshot in the test's time: the log alone holds the import.
+    durable.snapshot_interval_ms = 3_600_000;
+    let a = Replica::start(durable.clone(), bus.clone()).await.unwrap();
+    let b = Replica::start(c.clone(), bus.clone()).await.unwrap();
+    // Another cluster's two writers (ids 40 and 41), items added once or twice.
+    let mut dump = AnyFilter::new(&c.filter, 40).unwrap();
+    let mut other = AnyFilter::new(&c.filter, 41).unwrap();
+    for i in 0..6000u32 {
+        dump.add(&i.to_le_bytes()).unwrap();
+        other.add(&(i + 100_000).to_le_bytes()).unwrap();
+        if i % 2 == 0 {
+            other.add(&(i + 100_000).to_le_bytes()).unwrap();
+        }
+    }
+    dump.merge(&other).unwrap();
+    let entries = dump.dots().len() as u64;
+    assert_eq!(entries, 15_000, "more than one slice");
+
+    // Another spec is refused, changing nothing.
+    let mut wrong = AnyFilter::new(
+        &cfg("x", FilterKind::WriterScOrCuckoo, 2000, 0.01).filter,
+        40,
+    )
+    .unwrap();
+    wrong.add(b"w").unwrap();
+    assert!(matches!(
+        a.import(&wrong).await,
+        Err(ReplicaError::Filter(crpf::FilterError::Incompatible(_)))
+    ));
+    assert!(a.snapshot().dots().is_empty());
+
+    assert_eq!(a.import(&dump).await.unwrap(), entries);
+    let me = a.identity().replica;
+    let state = a.snapshot();
+    let dots = state.dots();
+    assert_eq!(dots.len() as u64, entries);
+    assert!(
+        dots.iter().all(|d| d.replica == me),
+        "only the importer's tags"
+    );
+    assert!(
+        !state
+            .history()
+            .unwrap()
+            .replicas()
+            .any(|r| r == 40 || r == 41)
+    );
+    for i in (0..6000u32).step_by(7) {
+        let (x, y) = (i.to_le_bytes(), (i + 100_000).to_le_bytes());
+        assert_eq!(state.count(&x).unwrap(), dump.count(&x).unwrap());
+        assert_eq!(state.count(&y).unwrap(), dump.count(&y).unwrap());
+    }
+    // Every tag issued was reserved first, durably.
+    let reserved = crpf::replica::DataDir::open(dir.path().join("a"))
+        .unwrap()
+        .load_reservation()
+        .unwrap()
+        .unwrap()
+        .reserved;
+    assert!(
+        state.clock() == entries && reserved >= entries,
+        "{reserved}"
+    );
+
+    // The log, replayed from the start, rebuilds the import (each slice a record of its own).
+    let copy = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(dir.path().join("a").join(WAL_DIR)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), copy.path().join(e.file_name())).unwrap();
+    }
+    let mut replayed = AnyFilter::new(&c.filter, 999).unwrap();
+    let log = wal::replay(
+        copy.path(),
+        a.identity(),
+        None,
+        WalLimits::default(),
+        |record| replayed.merge_delta_bytes(record).unwrap(),
+    )
+    .unwrap();
+    assert!(log.records > 1, "{log:?}");
+    assert!(replayed.equivalent(&state));
+
+    // The peer merges them, and its remove reaches the importer.
+    assert!(converged(&[a.clone(), b.clone()], WAIT).await);
+    assert!(b.contains(&7u32.to_le_bytes()));
+    assert!(b.remove(7u32.to_le_bytes().to_vec()).await.unwrap());
+    assert!(
+        a.wait_until(WAIT, |f| !f.contains(&7u32.to_le_bytes()))
+            .await
+    );
+    let stats = a.stats().await.unwrap();
+    assert!(stats.deltas_sent > 1, "{stats:?}");
+    assert!(stats.rejects.is_empty(), "{stats:?}");
+    assert!(b.stats().await.unwrap().rejects.is_empty());
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}

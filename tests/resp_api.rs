@@ -1105,27 +1105,185 @@ async fn scandump_and_loadchunk_restore_bloom_keys_and_refuse_what_would_break()
         last = loadchunk(&mut con, "BF.LOADCHUNK", "other", chunk).await;
     }
     let e = last.unwrap_err().to_string();
-    assert!(e.contains("does not fit"), "{e}");
+    assert!(e.contains("does not match `other`"), "{e}");
     expect(&mut con, &["BF.EXISTS", "other", "item-1"], 0).await;
-
-    // Cuckoo dumps are taken, but their version tags would collide here: not loaded.
-    run::<String>(&mut con, &["CF.RESERVE", "c", "1000"])
-        .await
-        .unwrap();
-    expect(&mut con, &["CF.ADD", "c", "a"], 1).await;
-    let dump = scandump(&mut con, "CF.SCANDUMP", "c").await;
-    let e = loadchunk(&mut con, "CF.LOADCHUNK", "c2", &dump[0])
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("not loaded"), "{e}");
-    expect(&mut con, &["EXISTS", "c2"], 0).await;
     // An iterator from nowhere.
     let e = run::<Value>(&mut con, &["BF.SCANDUMP", "small", "12345678"])
         .await
         .unwrap_err()
         .to_string();
     assert!(e.contains("start again at iterator 0"), "{e}");
+}
+
+/// The `CF.COUNT` of each of `items` in `key`.
+async fn counts(con: &mut MultiplexedConnection, key: &str, items: &[String]) -> Vec<i64> {
+    let mut v = Vec::with_capacity(items.len());
+    for item in items {
+        v.push(run(con, &["CF.COUNT", key, item]).await.unwrap());
+    }
+    v
+}
+
+/// A field of a key's `CRPF.STATS`.
+async fn stat(con: &mut MultiplexedConnection, key: &str, field: &str) -> serde_json::Value {
+    let stats: String = run(con, &["CRPF.STATS", key]).await.unwrap();
+    serde_json::from_str::<serde_json::Value>(&stats).unwrap()[field].clone()
+}
+
+/// Loads every chunk of `dump` into `key`: the last reply.
+async fn load(
+    con: &mut MultiplexedConnection,
+    key: &str,
+    dump: &[(i64, Vec<u8>)],
+) -> RedisResult<String> {
+    let mut last = Ok(String::new());
+    for chunk in dump {
+        last = loadchunk(con, "CF.LOADCHUNK", key, chunk).await;
+        if last.is_err() {
+            break;
+        }
+    }
+    last
+}
+
+/// A RedisBloom user's backup and restore of cuckoo keys (`CF.SCANDUMP` loop, then
+/// `CF.LOADCHUNK` loop into a new key): the observed-remove kinds (`writer_sc_or_cuckoo`, what
+/// `CF.RESERVE` makes; `or_cuckoo`) and `counting_cuckoo` come back with the same membership
+/// and `CF.COUNT`, as this replica's own adds (its tags, removable by `CF.DEL`), the original
+/// untouched. Loads into an existing key add to it; a dump of another spec, one that does not
+/// fit beside what the key holds, or a damaged one changes nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn cuckoo_dumps_load_as_the_loading_replicas_own_adds() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), "node", "", None, None);
+    let mut con = connect(&node).await;
+    let items: Vec<String> = (0..150).map(|i| format!("item-{i}")).collect();
+    let keys: [(&str, &[&str], &str); 3] = [
+        // Capacity 100: 300 entries take several sub-filters.
+        ("wsc", &["CF.RESERVE", "wsc", "100"], "writer_sc_or_cuckoo"),
+        (
+            "or",
+            &["CF.RESERVE", "or", "1000", "EXPANSION", "0"],
+            "or_cuckoo",
+        ),
+        (
+            "cnt",
+            &["CRPF.RESERVE", "cnt", "counting_cuckoo", "1000", "0.01"],
+            "counting_cuckoo",
+        ),
+    ];
+    let mut dumps = Vec::new();
+    for (key, reserve, kind) in keys {
+        assert_eq!(run::<String>(&mut con, reserve).await.unwrap(), "OK");
+        // Item i added 1 + i % 3 times.
+        for (i, item) in items.iter().enumerate() {
+            for _ in 0..=(i % 3) {
+                expect(&mut con, &["CF.ADD", key, item], 1).await;
+            }
+        }
+        let stats: String = run(&mut con, &["CRPF.STATS", key]).await.unwrap();
+        assert!(stats.contains(kind), "{stats}");
+        let original = counts(&mut con, key, &items).await;
+        assert!(original.iter().all(|&c| c >= 1));
+        let entries: i64 = original.iter().sum();
+        if key == "wsc" {
+            assert!(stat(&mut con, key, "sub_filters").await.as_u64().unwrap() >= 3);
+        }
+
+        let dump = scandump(&mut con, "CF.SCANDUMP", key).await;
+        let copy = format!("{key}-copy");
+        assert_eq!(load(&mut con, &copy, &dump).await.unwrap(), "OK", "{key}");
+        let t: String = run(&mut con, &["TYPE", &copy]).await.unwrap();
+        assert_eq!(t, "MBbloomCF");
+        let stats: String = run(&mut con, &["CRPF.STATS", &copy]).await.unwrap();
+        assert!(stats.contains(kind), "{key}: the dumped spec: {stats}");
+        assert_eq!(
+            stat(&mut con, &copy, "sub_filters").await,
+            stat(&mut con, key, "sub_filters").await,
+            "{key}"
+        );
+        for item in &items {
+            expect(&mut con, &["CF.EXISTS", &copy, item], 1).await;
+        }
+        assert_eq!(counts(&mut con, &copy, &items).await, original, "{key}");
+        if kind != "counting_cuckoo" {
+            // Every entry under a fresh tag of this replica's: its clock counts them.
+            assert_eq!(stat(&mut con, &copy, "clock").await, entries, "{key}");
+        }
+
+        // Removable on the copy, occurrence by occurrence; the original keeps them.
+        let two = items[1].as_str();
+        assert_eq!(original[1], 2);
+        expect(&mut con, &["CF.DEL", &copy, two], 1).await;
+        expect(&mut con, &["CF.COUNT", &copy, two], 1).await;
+        expect(&mut con, &["CF.DEL", &copy, two], 1).await;
+        expect(&mut con, &["CF.EXISTS", &copy, two], 0).await;
+        expect(&mut con, &["CF.DEL", &copy, two], 0).await;
+        expect(&mut con, &["CF.COUNT", key, two], 2).await;
+        assert_eq!(counts(&mut con, key, &items).await, original, "{key}");
+        dumps.push((key, dump, original));
+    }
+
+    // Into a key that holds items, where they fit: added to them, as CF.ADD would.
+    let (_, or_dump, or_counts) = &dumps[1];
+    expect(&mut con, &["CF.ADD", "or-copy", "later"], 1).await;
+    assert_eq!(load(&mut con, "or-copy", or_dump).await.unwrap(), "OK");
+    let doubled = counts(&mut con, "or-copy", &items).await;
+    for (i, (&now, &was)) in doubled.iter().zip(or_counts).enumerate() {
+        let want = if i == 1 { was } else { 2 * was };
+        assert_eq!(now, want, "{}", items[i]);
+    }
+    expect(&mut con, &["CF.EXISTS", "or-copy", "later"], 1).await;
+    let (_, cnt_dump, cnt_counts) = &dumps[2];
+    assert_eq!(load(&mut con, "cnt-copy", cnt_dump).await.unwrap(), "OK");
+    expect(
+        &mut con,
+        &["CF.COUNT", "cnt-copy", &items[2]],
+        2 * cnt_counts[2],
+    )
+    .await;
+
+    // Refused, each leaving the key as it was.
+    let (_, wsc_dump, _) = &dumps[0];
+    let wsc_copy = counts(&mut con, "wsc-copy", &items).await;
+    // Where it does not fit: the copy's full sub-filters would overflow.
+    let e = load(&mut con, "wsc-copy", wsc_dump)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no room"), "{e}");
+    assert_eq!(counts(&mut con, "wsc-copy", &items).await, wsc_copy);
+    // Of another kind, and of another capacity.
+    let e = load(&mut con, "wsc-copy", or_dump)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("does not match `wsc-copy`"), "{e}");
+    assert_eq!(counts(&mut con, "wsc-copy", &items).await, wsc_copy);
+    assert_eq!(
+        run::<String>(&mut con, &["CF.RESERVE", "small", "500", "EXPANSION", "0"])
+            .await
+            .unwrap(),
+        "OK"
+    );
+    let e = load(&mut con, "small", or_dump)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("does not match `small`"), "{e}");
+    expect(&mut con, &["CF.EXISTS", "small", &items[0]], 0).await;
+    // Damaged: nothing loaded.
+    let mut damaged = or_dump.clone();
+    let last = damaged.last_mut().unwrap();
+    let mid = last.1.len() / 2;
+    last.1[mid] ^= 0x40;
+    let before = counts(&mut con, "or-copy", &items).await;
+    let e = load(&mut con, "or-copy", &damaged)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("checksum"), "{e}");
+    assert_eq!(counts(&mut con, "or-copy", &items).await, before);
 }
 
 /// Reads of a key's figures (`CF.INFO`, `BF.CARD`) take their turn among the connection's

@@ -45,6 +45,23 @@ pub trait DeltaState: Lattice {
     /// Joins a delta-state received from another replica. A delta that does not fit the
     /// parameters gives an error and leaves the state untouched.
     fn merge_delta(&mut self, delta: &Self::Delta) -> Result<(), FilterError>;
+
+    /// Joins a delta-state this replica made itself (a record of its write-ahead log), which
+    /// no one forged: as [`DeltaState::merge_delta`], except that a scalable kind may create
+    /// sub-filters further than [`MAX_SUBS_AHEAD`] past its last one (within its limits).
+    /// A replay starts from an older state than the one the delta was taken from, and an
+    /// import ([`crate::ReplicatedFilter::import_occurrences`]) re-adds entries into the
+    /// sub-filters they came from, however far past the last one. Default:
+    /// [`DeltaState::merge_delta`].
+    fn merge_own_delta(&mut self, delta: &Self::Delta) -> Result<(), FilterError> {
+        self.merge_delta(delta)
+    }
+
+    /// Whether a delta of this replica's own fits ([`DeltaState::merge_own_delta`] fails
+    /// exactly when this does). Default: [`DeltaState::check_delta`].
+    fn check_own_delta(&self, delta: &Self::Delta) -> Result<(), FilterError> {
+        self.check_delta(delta)
+    }
 }
 
 /// The check a replica makes on every state and delta it receives from another replica, before

@@ -68,6 +68,23 @@ pub enum FilterError {
         limit: usize,
     },
 
+    /// An import ([`crate::ReplicatedFilter::import_occurrences`]) would leave a sub-filter
+    /// with more entries than it has room for: its slots, as adds would, or what the dumped
+    /// filter's own sub-filter held, if more ([`crate::ImportRoom`]). Nothing was changed.
+    #[error(
+        "no room: the import would leave sub-filter {sub} of series {series} with {entries} entries, past its room of {room}"
+    )]
+    NoRoom {
+        /// The writer's series (0 for the kinds without series).
+        series: ReplicaId,
+        /// The sub-filter (0 for the kinds without sub-filters).
+        sub: u32,
+        /// Entries it would hold.
+        entries: u64,
+        /// Entries it may hold.
+        room: u64,
+    },
+
     // ---- issue 11: expiring filter.
     /// A state or delta received from another replica has a clock (its newest epoch) more than
     /// `max_skew` epochs ahead of this replica's clock. Merging it would move the

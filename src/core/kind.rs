@@ -426,6 +426,157 @@ pub trait ReplicatedFilter:
     fn observed_remove_mut(&mut self) -> Option<&mut dyn ObservedRemove> {
         None
     }
+
+    /// Every live occurrence of the state, located ([`Occurrence`]): what
+    /// [`ReplicatedFilter::import_occurrences`] re-adds into another filter of the same
+    /// parameters. The observed-remove kinds list one per entry, in the order of
+    /// [`ObservedRemove::dots`]; `counting_cuckoo` one per slot with a positive multiplicity.
+    /// Empty for the other kinds, which have no tags or counts of a replica: a restore merges
+    /// their states instead.
+    fn live_occurrences(&self) -> Vec<Occurrence> {
+        Vec::new()
+    }
+
+    /// Re-adds `occurrences`, located as in a filter of the same parameters (its
+    /// [`ReplicatedFilter::live_occurrences`], a dump's, whole or a part of them), as this
+    /// replica's own updates: each entry of an observed-remove kind under a fresh tag of this
+    /// replica, each counted slot as this replica's own count. The tags and counts of the
+    /// filter they came from belong to other replicas (or another incarnation), so they are
+    /// never merged as they are. Each goes into the sub-filter (and writer's series) it came
+    /// from, placed as an add would be, or, where the kicks run out, overflowing its bucket as
+    /// a merge would; no sub-filter is left with more entries than `room` allows. Answers the
+    /// occurrences added. All or nothing: an error ([`ReplicatedFilter::check_import`]'s,
+    /// [`FilterError::ClockExhausted`]) changes nothing. Kinds without tags or counts refuse
+    /// ([`FilterError::Incompatible`]): merge their states.
+    fn import_occurrences(
+        &mut self,
+        _occurrences: &[Occurrence],
+        _room: &ImportRoom,
+    ) -> Result<u64, FilterError> {
+        Err(not_imported(Self::KIND))
+    }
+
+    /// Whether [`ReplicatedFilter::import_occurrences`] would take `occurrences` now: each
+    /// fits the parameters ([`FilterError::Incompatible`]), no sub-filter would be left past
+    /// its room ([`FilterError::NoRoom`]), no sub-filter past the limits, no count past
+    /// [`crate::MAX_COUNTER`]. Checks a whole dump before its parts are imported one by one.
+    fn check_import(
+        &self,
+        _occurrences: &[Occurrence],
+        _room: &ImportRoom,
+    ) -> Result<(), FilterError> {
+        Err(not_imported(Self::KIND))
+    }
+}
+
+/// The refusal of an import by a kind without tags or counts.
+fn not_imported(kind: FilterKind) -> FilterError {
+    FilterError::Incompatible(format!(
+        "a {kind} filter re-adds no occurrences: merge its states"
+    ))
+}
+
+/// How many entries an import ([`ReplicatedFilter::import_occurrences`]) may leave in each
+/// sub-filter: its slots, as adds would, or, if more, as many as the dumped filter's own
+/// sub-filter held. A state merged from replicas that filled a table concurrently holds more
+/// than its slots; it still loads into an empty filter of its spec, while a dump loaded into
+/// a filter that holds items too must fit beside them, and repeated loads cannot overflow a
+/// table without bound.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImportRoom {
+    held: std::collections::BTreeMap<(ReplicaId, u32), u64>,
+}
+
+impl ImportRoom {
+    /// The room of a dump of `kind` whose live occurrences are `occurrences` (all of them):
+    /// the entries each of its sub-filters held, a counted slot being one entry whatever its
+    /// count.
+    pub fn of(kind: FilterKind, occurrences: &[Occurrence]) -> Self {
+        let mut held = std::collections::BTreeMap::new();
+        for o in occurrences.iter().filter(|o| o.count > 0) {
+            let entries = if kind.counting() { 1 } else { o.count };
+            let h: &mut u64 = held.entry((o.series, o.sub)).or_default();
+            *h = h.saturating_add(entries);
+        }
+        ImportRoom { held }
+    }
+
+    /// Entries sub-filter `sub` of `series`, of `slots` slots, may hold after an import.
+    pub fn of_sub(&self, series: ReplicaId, sub: u32, slots: u64) -> u64 {
+        slots.max(self.held.get(&(series, sub)).copied().unwrap_or(0))
+    }
+
+    /// [`FilterError::NoRoom`] if sub-filter `sub` of `series`, of `slots` slots, would hold
+    /// `entries` entries past its room.
+    pub(crate) fn check(
+        &self,
+        series: ReplicaId,
+        sub: u32,
+        slots: u64,
+        entries: u64,
+    ) -> Result<(), FilterError> {
+        let room = self.of_sub(series, sub, slots);
+        if entries > room {
+            return Err(FilterError::NoRoom {
+                series,
+                sub,
+                entries,
+                room,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One live occurrence of a cuckoo-table filter where it sits, without its item: what a dump
+/// of one filter carries into another of the same parameters
+/// ([`ReplicatedFilter::live_occurrences`], [`ReplicatedFilter::import_occurrences`]). The
+/// same fingerprint in the same bucket pair of the same sub-filter is the same membership and
+/// the same `CF.COUNT` multiplicity as the item gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Occurrence {
+    /// The writer whose series holds it (the per-writer kinds; 0 for the others).
+    pub series: ReplicaId,
+    /// Its sub-filter (the scalable kinds; 0 for the others).
+    pub sub: u32,
+    /// One of its two candidate buckets.
+    pub bucket: u64,
+    /// Its fingerprint.
+    pub fp: u16,
+    /// Occurrences there: 1 for an entry of an observed-remove kind (each has its own tag;
+    /// more re-add that many entries), the multiplicity of a slot of `counting_cuckoo`.
+    pub count: u64,
+}
+
+impl Occurrence {
+    /// The occurrence at `(bucket, fp)` of a filter without series or sub-filters.
+    pub fn at(bucket: u64, fp: u16, count: u64) -> Self {
+        Occurrence {
+            series: 0,
+            sub: 0,
+            bucket,
+            fp,
+            count,
+        }
+    }
+}
+
+/// The tags re-adding `occurrences` issues (their counts' sum), or
+/// [`FilterError::ClockExhausted`] if a replica at `clock` has fewer timestamps left: checked
+/// before anything is placed.
+pub(crate) fn tags_to_issue(
+    occurrences: &[Occurrence],
+    replica: ReplicaId,
+    clock: u64,
+) -> Result<u64, FilterError> {
+    let n = occurrences
+        .iter()
+        .try_fold(0u64, |n, o| n.checked_add(o.count))
+        .ok_or(FilterError::ClockExhausted { replica })?;
+    match clock.checked_add(n) {
+        Some(last) if last <= crate::core::causal::MAX_COUNTER => Ok(n),
+        _ => Err(FilterError::ClockExhausted { replica }),
+    }
 }
 
 /// The tag API of observed-remove filters (thesis Spec. 4 and 8): adds issue version tags,

@@ -46,7 +46,10 @@ mod request;
 mod unreserved;
 mod updates;
 
-pub use local::{Add, Contains, FlushDelta, Merge, Persist, Remove, Shutdown, Stats, TakeSnapshot};
+pub use local::{
+    Add, Contains, FlushDelta, Import, Merge, Persist, Remove, ReserveTags, Shutdown, Stats,
+    TakeSnapshot,
+};
 pub(crate) use pump::{Inbound, Route};
 pub use reads::PendingResponse;
 pub use request::ApiResponse;

@@ -5,7 +5,9 @@ use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::Xxh3;
 
 pub use crate::core::kind::FilterSpec;
-use crate::core::kind::{Counted, ObservedRemove, ReplicatedFilter, for_each_filter_kind};
+use crate::core::kind::{
+    Counted, ImportRoom, ObservedRemove, Occurrence, ReplicatedFilter, for_each_filter_kind,
+};
 use crate::core::shared_bloom::BloomReader;
 use crate::wire::{FilterKind, WireError, from_cbor, to_cbor};
 use crate::{CausalContext, CheckRemote, DeltaState, Dot, FilterError, Lattice, ReplicaId};
@@ -82,6 +84,17 @@ trait DynFilter: Send + Sync {
     fn set_writer(&mut self, replica: ReplicaId);
     fn tick(&mut self, now_ms: u64) -> bool;
     fn contains_as_of(&self, item: &[u8], now_ms: u64) -> bool;
+    fn live_occurrences(&self) -> Vec<Occurrence>;
+    fn import_occurrences(
+        &mut self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<u64, FilterError>;
+    fn check_import(
+        &self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<(), FilterError>;
 }
 
 impl<F: ReplicatedFilter> DynFilter for F {
@@ -128,7 +141,7 @@ impl<F: ReplicatedFilter> DynFilter for F {
     ) -> Result<(), WireError> {
         let d = from_cbor(bytes)?;
         let Some(remote) = remote else {
-            return self.merge_delta(&d).map_err(incompatible);
+            return self.merge_own_delta(&d).map_err(incompatible);
         };
         let maxima = self.delta_tag_maxima(&d);
         let adopt = match (remote.bounds, self.observed_remove()) {
@@ -195,6 +208,23 @@ impl<F: ReplicatedFilter> DynFilter for F {
     }
     fn contains_as_of(&self, item: &[u8], now_ms: u64) -> bool {
         ReplicatedFilter::contains_as_of(self, item, now_ms)
+    }
+    fn live_occurrences(&self) -> Vec<Occurrence> {
+        ReplicatedFilter::live_occurrences(self)
+    }
+    fn import_occurrences(
+        &mut self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<u64, FilterError> {
+        ReplicatedFilter::import_occurrences(self, occurrences, room)
+    }
+    fn check_import(
+        &self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<(), FilterError> {
+        ReplicatedFilter::check_import(self, occurrences, room)
     }
 }
 
@@ -535,7 +565,9 @@ impl AnyFilter {
         Ok(adopt)
     }
 
-    /// Decodes and joins an encoded delta; a delta that does not decode or fit changes nothing.
+    /// Decodes and joins an encoded delta of this replica's own (a record of its write-ahead
+    /// log: [`DeltaState::merge_own_delta`], which trusts its sub-filter indexes); a delta
+    /// that does not decode or fit changes nothing.
     pub fn merge_delta_bytes(&mut self, bytes: &[u8]) -> Result<(), WireError> {
         self.inner_mut().merge_delta_bytes(bytes, None)
     }
@@ -619,6 +651,48 @@ impl AnyFilter {
     pub fn advance_clock(&mut self, floor: u64) {
         if let Some(f) = self.inner_mut().observed_remove_mut() {
             f.advance_clock(floor)
+        }
+    }
+
+    /// Every live occurrence, located: an entry of the observed-remove kinds, a counted slot
+    /// of `counting_cuckoo` ([`ReplicatedFilter::live_occurrences`]); empty for the other
+    /// kinds.
+    pub fn live_occurrences(&self) -> Vec<Occurrence> {
+        self.inner().live_occurrences()
+    }
+
+    /// Re-adds `occurrences` of a filter of the same kind and parameters (a dump's, whole or
+    /// a part, the room of all of it `room`) as this replica's own updates: under fresh tags
+    /// of its own, or as its own counts ([`ReplicatedFilter::import_occurrences`]); the
+    /// occurrences added. All or nothing. The kinds without tags or counts refuse: merge
+    /// their states.
+    pub fn import(
+        &mut self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<u64, FilterError> {
+        self.inner_mut().import_occurrences(occurrences, room)
+    }
+
+    /// Whether [`AnyFilter::import`] would take `occurrences` now, the clock aside
+    /// ([`ReplicatedFilter::check_import`]).
+    pub fn check_import(
+        &self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<(), FilterError> {
+        self.inner().check_import(occurrences, room)
+    }
+
+    /// The tags re-adding `occurrences` into a filter of `kind` issues: one per occurrence
+    /// counted for the tagged kinds, none for the others.
+    pub fn tags_for_import(kind: FilterKind, occurrences: &[Occurrence]) -> u64 {
+        if kind.tagged() {
+            occurrences
+                .iter()
+                .fold(0u64, |n, o| n.saturating_add(o.count))
+        } else {
+            0
         }
     }
 

@@ -67,8 +67,8 @@ use uuid::Uuid;
 pub use ack::AckLevel;
 pub use actor::ACK_HEADER;
 pub use actor::{
-    Add, ApiResponse, Contains, FlushDelta, Merge, PendingResponse, Persist, Remove, Replica,
-    Shutdown, Stats, TakeSnapshot,
+    Add, ApiResponse, Contains, FlushDelta, Import, Merge, PendingResponse, Persist, Remove,
+    Replica, ReserveTags, Shutdown, Stats, TakeSnapshot,
 };
 pub use config::ReplicaConfig;
 pub use durable::{DataDir, DurableError, Identity};
@@ -154,7 +154,23 @@ pub enum ReplicaError {
         "the replica does not serve the request API yet: it is catching up (or serve_api is off)"
     )]
     NotServing,
+    /// An import ([`ReplicaHandle::import`]) stopped part way: the slices answered before
+    /// the one that failed were added (that one too, for the failures that say they were
+    /// applied: not durable, not replicated, stopped).
+    #[error("the import stopped after {imported} of {total} occurrences were added: {cause}")]
+    ImportStopped {
+        /// Occurrences of the slices added before the failure.
+        imported: u64,
+        /// Occurrences the import was to add.
+        total: u64,
+        /// Why the slice failed.
+        cause: Box<ReplicaError>,
+    },
 }
+
+/// Occurrences per slice of an import ([`ReplicaHandle::import`]): the default
+/// `delta_max_updates`, whose delta fits a NATS message and a log record.
+const IMPORT_SLICE: usize = 8192;
 
 impl ReplicaError {
     /// A short, bounded label for metrics and stats.
@@ -164,7 +180,7 @@ impl ReplicaError {
             ReplicaError::InvalidItem(_) => "invalid_request",
             ReplicaError::NotRemovable(_) => "not_removable",
             ReplicaError::NotCounting(_) => "not_counting",
-            ReplicaError::Filter(FilterError::Full { .. }) => "full",
+            ReplicaError::Filter(FilterError::Full { .. } | FilterError::NoRoom { .. }) => "full",
             ReplicaError::Filter(_) => "filter",
             ReplicaError::Transport(_) => "transport",
             ReplicaError::Durable(_) => "durable",
@@ -176,6 +192,7 @@ impl ReplicaError {
             ReplicaError::TagsUnreserved => "tags_unreserved",
             ReplicaError::Busy => "busy",
             ReplicaError::NotServing => "not_serving",
+            ReplicaError::ImportStopped { .. } => "import_stopped",
         }
     }
 
@@ -600,6 +617,84 @@ impl ReplicaHandle {
     /// Merges a full state from elsewhere.
     pub async fn merge(&self, state: AnyFilter) -> Result<(), ReplicaError> {
         self.addr.send(Merge(state)).await?
+    }
+
+    /// Re-adds every live occurrence of `dump`, a state of the same kind and parameters (a
+    /// dump of another filter, or of another incarnation of this one), as this replica's own
+    /// updates: for the observed-remove kinds each entry under a fresh tag of this replica,
+    /// from the range its id claim reserves; for `counting_cuckoo` each counted slot as this
+    /// replica's own count. The dump's tags and counts are never merged as they are: they
+    /// belong to the replicas that made them (merged here, this filter's replicas would
+    /// refuse them as unreserved, or they would collide with tags their owner issues later).
+    /// The occurrences go in the sub-filter (and writer's series) they came from, so the
+    /// filter answers membership and `count` for the dumped items as the dump did, and its
+    /// replicas remove them like any entry. Answers the occurrences added.
+    ///
+    /// The tags needed are reserved first; then the occurrences go through the actor in
+    /// slices of 8192, each one update (logged, published as a delta and acknowledged as
+    /// adds are; `durable` with a write-ahead log, so that no log record outgrows its limit).
+    /// A dump of another kind or parameters, one that does not fit beside what the filter
+    /// holds ([`crate::FilterError::NoRoom`]: a sub-filter is left with no more entries than
+    /// its slots, or than the dump's held), or tags that cannot be reserved, change
+    /// nothing. A slice that fails after others were added ends the import with
+    /// [`ReplicaError::ImportStopped`]. The kinds without tags or counts refuse: merge their
+    /// states ([`ReplicaHandle::merge`]).
+    pub async fn import(&self, dump: &AnyFilter) -> Result<u64, ReplicaError> {
+        let digest = self.read(AnyFilter::params_digest);
+        if dump.kind() != self.kind() || dump.params_digest() != digest {
+            return Err(FilterError::Incompatible(format!(
+                "a {} dump of other parameters imported into a {} filter",
+                dump.kind(),
+                self.kind()
+            ))
+            .into());
+        }
+        if !self.kind().removable() {
+            return Err(FilterError::Incompatible(format!(
+                "a {} filter re-adds no occurrences: merge its states",
+                self.kind()
+            ))
+            .into());
+        }
+        let occurrences = dump.live_occurrences();
+        let room = Arc::new(crate::ImportRoom::of(self.kind(), &occurrences));
+        let total = occurrences
+            .iter()
+            .fold(0u64, |n, o| n.saturating_add(o.count));
+        // The whole dump checked first (each slice is again): a dump that does not fit
+        // changes nothing.
+        self.read(|f| f.check_import(&occurrences, &room))?;
+        let tags = AnyFilter::tags_for_import(self.kind(), &occurrences);
+        self.addr.send(ReserveTags(tags)).await??;
+        let mut imported = 0u64;
+        for slice in occurrences.chunks(IMPORT_SLICE) {
+            let import = Import {
+                occurrences: slice.to_vec(),
+                room: room.clone(),
+                ack: None,
+            };
+            match self.addr.send(import).await.map_err(ReplicaError::from) {
+                Ok(Ok(n)) => imported += n,
+                Ok(Err(e)) | Err(e) => {
+                    let applied = matches!(
+                        e,
+                        ReplicaError::NotDurable(_)
+                            | ReplicaError::NotReplicated { .. }
+                            | ReplicaError::Stopped
+                    );
+                    if imported == 0 && !applied {
+                        return Err(e);
+                    }
+                    return Err(ReplicaError::ImportStopped {
+                        imported,
+                        total,
+                        cause: Box::new(e),
+                    });
+                }
+            }
+        }
+        tracing::debug!(filter = %self.name(), imported, "imported a dump's occurrences");
+        Ok(imported)
     }
 
     /// Writes a snapshot to the data directory now (no-op without one).

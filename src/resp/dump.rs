@@ -6,13 +6,27 @@
 //! (magic, version, the filter's spec, the state's length and xxh3-64) and an iterator.
 //! Each `SCANDUMP key <iterator>` answers the next chunk and iterator, `[0, ""]` at the end.
 //! `LOADCHUNK key <iterator> <data>`, given the pairs in order, checks the header, the
-//! order of the chunks, the length and the checksum, then merges the state into the key's
-//! filter, creating it with the dumped spec if it does not exist: a restore is a CRDT merge,
-//! so loading into a filter that has moved on loses nothing of either.
+//! order of the chunks, the length and the checksum, then loads the state into the key's
+//! filter, creating it with the dumped spec if it does not exist. A key of another kind or
+//! parameters is refused and left as it is.
 //!
-//! Only the kinds without version tags or per-replica counts are restored (the Bloom kinds,
-//! `g_cuckoo` and its scalable forms): a dumped `or_cuckoo` carries the tags of the replicas
-//! that issued them, which this cluster's replicas would issue again for other items.
+//! How a state is loaded depends on its kind:
+//! - The kinds without version tags or per-replica counts (the Bloom kinds, `g_cuckoo` and
+//!   its scalable forms) merge it: a restore is a CRDT merge, so loading into a filter that
+//!   has moved on loses nothing of either.
+//! - The observed-remove kinds (`or_cuckoo`, `sc_or_cuckoo`, `writer_sc_or_cuckoo`, what
+//!   `CF.RESERVE` and `CF.ADD` make) and `counting_cuckoo` re-add every live occurrence of the
+//!   dump (the same fingerprint in the same buckets of the same sub-filter and writer's
+//!   series: the same membership and `CF.COUNT`) as adds of the loading replica, under fresh
+//!   tags from its own reserved range (or as its own counts), through its ordinary update
+//!   path: logged, published as deltas, acknowledged, and removable with `CF.DEL`
+//!   ([`crate::replica::ReplicaHandle::import`]). The dumped tags are never merged as they
+//!   are: they belong to the replicas (or the incarnation) that issued them, whose tags this
+//!   cluster's replicas would refuse as unreserved, or issue again for other items. Loading
+//!   into a key that holds items adds to them, as `CF.ADD` would: a dump loaded twice counts
+//!   its items twice. Where a sub-filter would be left with more entries than its slots (or
+//!   than the dump's held), the load is refused whole (`no room`) and changes nothing: a
+//!   dump always loads into a new key of its spec.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -116,11 +130,6 @@ pub fn is_header(data: &[u8]) -> bool {
     data.starts_with(MAGIC)
 }
 
-/// Whether a dump of `kind` can be loaded ([module docs](self)).
-pub fn restorable(kind: FilterKind) -> bool {
-    !kind.tagged() && !kind.counting()
-}
-
 impl Dumps {
     /// Whether a load into `key` is in progress.
     pub fn loading(&self, key: &str) -> bool {
@@ -196,9 +205,6 @@ impl Dumps {
                     .map_err(|e| Reply::err(format!("bad dump header: {e}")))?,
                 _ => return Err(Reply::err("bad dump header: unknown version")),
             };
-            if !restorable(header.spec.kind) {
-                return Err(not_restorable(header.spec.kind));
-            }
             st.loads.remove(key);
             st.make_room();
             let announced: u64 = st.loads.values().map(|l| l.len).sum();
@@ -259,28 +265,64 @@ impl Dumps {
     }
 }
 
-/// Why a kind's dump is not loaded.
-pub fn not_restorable(kind: FilterKind) -> Reply {
+/// The refusal of a dump into key `name` of another kind or parameters (`theirs`, if known;
+/// else its kind).
+pub fn mismatch(
+    name: &str,
+    dumped: &FilterSpec,
+    theirs: Option<&FilterSpec>,
+    kind: FilterKind,
+) -> Reply {
+    let key = theirs.map_or_else(|| kind.to_string(), describe);
     Reply::err(format!(
-        "a {kind} dump is not loaded: its version tags (or per-replica counts) belong to the \
-         replicas that made it and would collide with this cluster's; only the kinds without \
-         them are restored (g_bloom, sc_g_bloom, writer_sc_g_bloom, expiring_bloom, g_cuckoo \
-         and its scalable forms)"
+        "the dump ({}) does not match `{name}` ({key}): nothing loaded; load it into a new key",
+        describe(dumped)
     ))
+}
+
+/// A spec as a user reads it: kind, capacity, error rate.
+fn describe(spec: &FilterSpec) -> String {
+    format!(
+        "{}, capacity {}, error rate {}",
+        spec.kind, spec.capacity, spec.fpr
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Every kind's dump loads (what is done with it is the key's replica's business:
+    /// `ReplicaHandle::import` for the kinds with tags or counts).
     #[test]
-    fn only_untagged_kinds_without_counts_are_restorable() {
-        assert!(restorable(FilterKind::GBloom));
-        assert!(restorable(FilterKind::WriterScGBloom));
-        assert!(restorable(FilterKind::GCuckoo));
-        assert!(!restorable(FilterKind::OrCuckoo));
-        assert!(!restorable(FilterKind::WriterScOrCuckoo));
-        assert!(!restorable(FilterKind::CountingCuckoo));
+    fn dumps_of_every_kind_load_tagged_and_counted_ones_too() {
+        for kind in [
+            FilterKind::OrCuckoo,
+            FilterKind::WriterScOrCuckoo,
+            FilterKind::CountingCuckoo,
+            FilterKind::GBloom,
+        ] {
+            let spec = FilterSpec::new(kind, 1000, 0.01);
+            let mut f = AnyFilter::new(&spec, 3).unwrap();
+            f.add(b"x").unwrap();
+            f.add(b"x").unwrap();
+            let state = f.encode_state();
+            let mut head = MAGIC.to_vec();
+            head.push(VERSION);
+            let header = Header {
+                spec: spec.clone(),
+                len: state.len() as u64,
+                xxh3: xxh3_64(&state),
+            };
+            head.extend(serde_json::to_vec(&header).unwrap());
+            let dumps = Dumps::default();
+            assert!(dumps.load("k", 1, &head).unwrap().is_none(), "{kind}");
+            let (loaded_spec, loaded) = dumps.load("k", 2, &state).unwrap().unwrap();
+            assert_eq!(loaded_spec, spec);
+            let occurrences = loaded.live_occurrences();
+            let counted: u64 = occurrences.iter().map(|o| o.count).sum();
+            assert_eq!(counted, if kind.removable() { 2 } else { 0 }, "{kind}");
+        }
     }
 
     #[test]

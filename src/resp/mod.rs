@@ -671,27 +671,45 @@ async fn created(
         .ok_or_else(|| Reply::err("could not create filter"))
 }
 
-/// Merges a loaded dump into filter `name`, created of `spec` if it does not exist, and
-/// snapshots it.
+/// Loads a dump into filter `name`, created of `spec` if it does not exist, and snapshots it:
+/// the kinds with tags or counts re-add its occurrences as this replica's own
+/// ([`ReplicaHandle::import`]), the others merge its state. A key of another kind or
+/// parameters is left as it is.
 async fn restore(
     lookup: &dyn FilterLookup,
     name: String,
     spec: crate::FilterSpec,
     state: crate::replica::AnyFilter,
 ) -> Reply {
-    let handle = match created(lookup, &name, spec).await {
+    use crate::replica::AnyFilter;
+    let fits = |h: &ReplicaHandle| {
+        h.kind() == state.kind() && h.read(AnyFilter::params_digest) == state.params_digest()
+    };
+    if let Some(h) = lookup.filter(name.as_bytes())
+        && !fits(&h)
+    {
+        return dump::mismatch(&name, &spec, lookup.spec(&name).as_ref(), h.kind());
+    }
+    let handle = match created(lookup, &name, spec.clone()).await {
         Ok(handle) => handle,
         Err(refused) => return refused,
     };
-    if !dump::restorable(handle.kind()) {
-        return dump::not_restorable(handle.kind());
+    if !fits(&handle) {
+        // Created meanwhile by another client, of another spec.
+        return dump::mismatch(&name, &spec, lookup.spec(&name).as_ref(), handle.kind());
     }
-    let now = crate::replica::wall_clock_ms();
-    if let Err(e) = handle.read(|f| f.check_remote_state(&state, now)) {
-        return Reply::err(format!("the dump does not fit `{name}`: {e}"));
-    }
-    if let Err(e) = handle.merge(state).await {
-        return Reply::err(format!("the dump does not fit `{name}`: {e}"));
+    if state.kind().removable() {
+        if let Err(e) = handle.import(&state).await {
+            return Reply::err(format!("the dump was not loaded into `{name}`: {e}"));
+        }
+    } else {
+        let now = crate::replica::wall_clock_ms();
+        if let Err(e) = handle.read(|f| f.check_remote_state(&state, now)) {
+            return Reply::err(format!("the dump does not fit `{name}`: {e}"));
+        }
+        if let Err(e) = handle.merge(state).await {
+            return Reply::err(format!("the dump does not fit `{name}`: {e}"));
+        }
     }
     match handle.persist().await {
         Ok(()) => Reply::Simple("OK"),

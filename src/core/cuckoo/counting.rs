@@ -13,6 +13,7 @@ use crate::core::causal::{MAX_COUNTER, ReplicaId, check_own_dots};
 use crate::core::delta::{CheckRemote, DeltaState};
 use crate::core::error::FilterError;
 use crate::core::hash::{cuckoo_position, hash_item};
+use crate::core::kind::{FilterKind, ImportRoom, Occurrence};
 use crate::core::lattice::{Lattice, Membership, Removable};
 use crate::core::params::CuckooParams;
 
@@ -374,6 +375,130 @@ impl CountingCuckoo {
         Ok(multiplicity(&self.slots[i].counts))
     }
 
+    /// Every slot with a positive multiplicity, located, with that multiplicity as its count
+    /// ([`crate::ReplicatedFilter::live_occurrences`]).
+    pub fn live_occurrences(&self) -> Vec<Occurrence> {
+        self.slots
+            .iter()
+            .map(|s| Occurrence::at(s.bucket, s.fp, multiplicity(&s.counts)))
+            .filter(|o| o.count > 0)
+            .collect()
+    }
+
+    /// Re-adds `occurrences` (a dump's, located as in a filter of these parameters) as this
+    /// replica's own counts: `count` more occurrences at each slot, as
+    /// [`CountingCuckoo::add_count`] of an item of that slot would add
+    /// ([`crate::ReplicatedFilter::import_occurrences`]). The dumped counts are other
+    /// replicas' (only a replica raises its own), so they are never merged as they are.
+    /// Answers the occurrences added. A new slot is placed as an add would be, or, where that
+    /// runs out of kicks, overflows its bucket as a merge would. All or nothing: a location
+    /// that does not fit ([`FilterError::Incompatible`]), more slots than the table has room
+    /// for ([`FilterError::NoRoom`]: its slots, or what the dump held if more) or a count of
+    /// this replica past [`MAX_COUNTER`] change nothing.
+    ///
+    /// ```
+    /// use crpf::CountingCuckoo;
+    ///
+    /// let mut there = CountingCuckoo::with_capacity(1000, 0.01, 1)?;
+    /// there.add_count(b"x", 3)?;
+    /// let mut here = CountingCuckoo::with_capacity(1000, 0.01, 2)?;
+    /// assert_eq!(here.import(&there.live_occurrences())?, 3);
+    /// assert_eq!(here.count(b"x"), 3);
+    /// assert_eq!(here.counts(b"x"), vec![(2, 3, 0)]); // this replica's own count
+    /// # Ok::<(), crpf::FilterError>(())
+    /// ```
+    pub fn import(&mut self, occurrences: &[Occurrence]) -> Result<u64, FilterError> {
+        let room = ImportRoom::of(FilterKind::CountingCuckoo, occurrences);
+        self.import_part(occurrences, &room)
+    }
+
+    /// [`CountingCuckoo::import`] of a part of a dump, whose room (all of it) is `room`.
+    pub fn import_part(
+        &mut self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<u64, FilterError> {
+        self.check_import(occurrences, room)?;
+        let me = self.replica;
+        let mut added = 0u64;
+        for o in occurrences.iter().filter(|o| o.count > 0) {
+            let (b, fp) = (o.bucket as usize, o.fp);
+            let i = match self.find(b, fp) {
+                Some(i) => {
+                    let counts = &mut self.slots[i].counts;
+                    match counts.binary_search_by_key(&me, |e| e.0) {
+                        Ok(k) => counts[k].1 += o.count,
+                        Err(k) => counts.insert(k, (me, o.count, 0)),
+                    }
+                    i
+                }
+                None => {
+                    let i = self.slots.len();
+                    self.table.place_imported(
+                        b,
+                        Entry {
+                            fp,
+                            payload: i as u64,
+                        },
+                    );
+                    let (bucket, fp) = self.key(b, fp);
+                    self.slots.push(Slot {
+                        bucket,
+                        fp,
+                        counts: vec![(me, o.count, 0)],
+                    });
+                    i
+                }
+            };
+            if let Some(p) = &mut self.pending {
+                p.insert(i as u64);
+            }
+            added = added.saturating_add(o.count);
+        }
+        Ok(added)
+    }
+
+    /// Whether [`CountingCuckoo::import_part`] would take `occurrences` now:
+    /// [`crate::ReplicatedFilter::check_import`].
+    pub fn check_import(
+        &self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<(), FilterError> {
+        let p = *self.params();
+        let live = || occurrences.iter().filter(|o| o.count > 0);
+        if let Some(o) =
+            live().find(|o| o.series != 0 || o.sub != 0 || !p.holds_entry(o.bucket, o.fp))
+        {
+            return Err(FilterError::Incompatible(format!(
+                "occurrence {o:?} does not fit these parameters"
+            )));
+        }
+        // Our count of each slot afterwards, and the slots added.
+        let me = self.replica;
+        let mut totals: std::collections::BTreeMap<(u64, u16), u64> = Default::default();
+        let mut new_slots = 0u64;
+        for o in live() {
+            let key = self.key(o.bucket as usize, o.fp);
+            let total = match totals.get(&key) {
+                Some(&t) => t,
+                None => match self.find(o.bucket as usize, o.fp) {
+                    Some(i) => {
+                        let c = &self.slots[i].counts;
+                        c.binary_search_by_key(&me, |e| e.0).map_or(0, |k| c[k].1)
+                    }
+                    None => {
+                        new_slots += 1;
+                        0
+                    }
+                },
+            };
+            totals.insert(key, bounded_add(total, o.count)?);
+        }
+        let slots = self.table.len() as u64 + new_slots;
+        room.check(0, 0, self.table.slots() as u64, slots)
+    }
+
     /// Removes up to `n` occurrences of the item and returns how many it removed: at most its
     /// multiplicity in this replica's view, so nothing is removed from an item counted 0 (a
     /// decrement below zero is refused). Occurrences go in the order every replica uses: the
@@ -685,6 +810,26 @@ impl crate::core::kind::ReplicatedFilter for CountingCuckoo {
 
     fn counted_mut(&mut self) -> Option<&mut dyn crate::core::kind::Counted> {
         Some(self)
+    }
+
+    fn live_occurrences(&self) -> Vec<Occurrence> {
+        CountingCuckoo::live_occurrences(self)
+    }
+
+    fn import_occurrences(
+        &mut self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<u64, FilterError> {
+        self.import_part(occurrences, room)
+    }
+
+    fn check_import(
+        &self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<(), FilterError> {
+        CountingCuckoo::check_import(self, occurrences, room)
     }
 }
 
@@ -1100,5 +1245,65 @@ mod tests {
         assert!(a.check_delta(&delta).is_err());
         assert!(a.merge_delta(&delta).is_err());
         assert_eq!(serde_cbor::to_vec(&a).unwrap(), before);
+    }
+
+    #[test]
+    fn an_import_adds_the_dumps_multiplicities_as_this_replicas_own_counts() {
+        // Counted by replicas 1 and 2, some removed: the dump's multiplicities are what count.
+        let mut dump = CountingCuckoo::with_capacity(1000, 0.001, 1).unwrap();
+        let mut other = CountingCuckoo::with_capacity(1000, 0.001, 2).unwrap();
+        for i in 0..100u32 {
+            dump.add_count(&i.to_le_bytes(), 1 + u64::from(i % 4))
+                .unwrap();
+            other.add_count(&i.to_le_bytes(), 2).unwrap();
+        }
+        dump.merge(&other).unwrap();
+        assert_eq!(dump.remove_count(&7u32.to_le_bytes(), 100), 6);
+        let mut f = CountingCuckoo::with_capacity(1000, 0.001, 5).unwrap();
+        f.add_count(&3u32.to_le_bytes(), 10).unwrap();
+        f.track_deltas(true);
+        let before = f.clone();
+        let occurrences = dump.live_occurrences();
+        assert_eq!(occurrences.len(), 99, "the emptied slot is not listed");
+        assert_eq!(f.import(&occurrences).unwrap(), dump.total());
+        for i in 0..100u32 {
+            let item = i.to_le_bytes();
+            let mine = if i == 3 { 10 } else { 0 };
+            assert_eq!(f.count(&item), dump.count(&item) + mine, "item {i}");
+            // Only this replica's counts: none of replicas 1 and 2.
+            assert!(f.counts(&item).iter().all(|&(r, _, _)| r == 5));
+        }
+        let delta = f.take_delta().unwrap();
+        let mut replayed = before.clone();
+        replayed.merge_delta(&delta).unwrap();
+        assert!(replayed.equivalent(&f));
+        assert!(before.le(&f) && !f.le(&before), "an import inflates");
+        // Merged with the dump's own replicas, the counts add up: they are different adds.
+        let mut all = f.clone();
+        all.merge(&dump).unwrap();
+        assert_eq!(
+            all.count(&0u32.to_le_bytes()),
+            2 * dump.count(&0u32.to_le_bytes())
+        );
+    }
+
+    #[test]
+    fn a_refused_import_changes_nothing() {
+        let mut dump = small(1);
+        dump.add_count(b"x", 3).unwrap();
+        dump.add_count(b"y", 1).unwrap();
+        let mut f = small(2);
+        f.add_count(b"x", MAX_COUNTER - 2).unwrap();
+        let before = serde_cbor::to_vec(&f).unwrap();
+        // Our count of x's slot would pass the bound.
+        assert!(f.import(&dump.live_occurrences()).is_err());
+        assert_eq!(serde_cbor::to_vec(&f).unwrap(), before);
+        // A location of other parameters.
+        let bad = Occurrence::at(f.params().buckets, 1, 1);
+        assert!(matches!(
+            f.import(&[dump.live_occurrences()[0], bad]),
+            Err(FilterError::Incompatible(_))
+        ));
+        assert_eq!(serde_cbor::to_vec(&f).unwrap(), before);
     }
 }

@@ -13,6 +13,7 @@ use crate::core::codec::{bits_for, pack, unpack};
 use crate::core::delta::{CheckRemote, DeltaState, OrCuckooDelta};
 use crate::core::error::FilterError;
 use crate::core::hash::{cuckoo_position, hash_item};
+use crate::core::kind::{FilterKind, ImportRoom, Occurrence, tags_to_issue};
 use crate::core::lattice::{Lattice, Membership, Removable};
 use crate::core::params::CuckooParams;
 
@@ -256,6 +257,99 @@ impl OrCuckoo {
             pending.added(dot, (b as u64, fp));
         }
         Ok(dot)
+    }
+
+    /// Every entry, located, in the order of [`OrCuckoo::dots`]
+    /// ([`crate::ReplicatedFilter::live_occurrences`]).
+    pub fn live_occurrences(&self) -> Vec<Occurrence> {
+        let mut v = Vec::with_capacity(self.table.len());
+        self.table
+            .for_each(|b, e| v.push(Occurrence::at(b as u64, e.fp, 1)));
+        v
+    }
+
+    /// Re-adds `occurrences` (a dump's, located as in a filter of these parameters) under
+    /// fresh tags of this replica, `count` entries each, and answers the tags, in order
+    /// ([`crate::ReplicatedFilter::import_occurrences`]). All or nothing: a location that does
+    /// not fit ([`FilterError::Incompatible`]), more entries than the table has room for
+    /// ([`FilterError::NoRoom`]: its slots, or what the dump held if more) or too few
+    /// timestamps left ([`FilterError::ClockExhausted`]) change nothing.
+    ///
+    /// ```
+    /// use crpf::{Membership, OrCuckoo, Removable};
+    ///
+    /// let mut there = OrCuckoo::with_capacity(1000, 0.01, 1)?;
+    /// there.add(b"x")?;
+    /// there.add(b"x")?;
+    /// let mut here = OrCuckoo::with_capacity(1000, 0.01, 2)?;
+    /// let tags = here.import(&there.live_occurrences())?;
+    /// assert!(tags.iter().all(|t| t.replica == 2));   // this replica's tags, not replica 1's
+    /// assert_eq!(here.occurrences(b"x"), 2);
+    /// assert!(here.remove(b"x") && here.remove(b"x") && !here.contains(b"x"));
+    /// # Ok::<(), crpf::FilterError>(())
+    /// ```
+    pub fn import(&mut self, occurrences: &[Occurrence]) -> Result<Vec<Dot>, FilterError> {
+        let room = ImportRoom::of(FilterKind::OrCuckoo, occurrences);
+        self.import_part(occurrences, &room)
+    }
+
+    /// [`OrCuckoo::import`] of a part of a dump, whose room (all of it) is `room`.
+    pub fn import_part(
+        &mut self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<Vec<Dot>, FilterError> {
+        self.check_import(occurrences, room)?;
+        let start = self.clock();
+        let n = tags_to_issue(occurrences, self.replica, start)?;
+        let mut dots = Vec::with_capacity(n as usize);
+        let mut counter = start;
+        for o in occurrences {
+            for _ in 0..o.count {
+                counter += 1;
+                let dot = Dot {
+                    replica: self.replica,
+                    counter,
+                };
+                let (b, fp) = (o.bucket as usize, o.fp);
+                self.table.place_imported(
+                    b,
+                    Entry {
+                        fp,
+                        payload: dot.pack(),
+                    },
+                );
+                self.history.insert(dot);
+                if let Some(pending) = &mut self.pending {
+                    pending.added(dot, (o.bucket, fp));
+                }
+                dots.push(dot);
+            }
+        }
+        self.clock = counter;
+        Ok(dots)
+    }
+
+    /// Whether [`OrCuckoo::import_part`] would take `occurrences` now (leaving the clock
+    /// aside): [`crate::ReplicatedFilter::check_import`].
+    pub fn check_import(
+        &self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<(), FilterError> {
+        let p = *self.params();
+        if let Some(o) = occurrences
+            .iter()
+            .find(|o| o.series != 0 || o.sub != 0 || !p.holds_entry(o.bucket, o.fp))
+        {
+            return Err(FilterError::Incompatible(format!(
+                "occurrence {o:?} does not fit these parameters"
+            )));
+        }
+        let entries = occurrences
+            .iter()
+            .fold(self.table.len() as u64, |n, o| n.saturating_add(o.count));
+        room.check(0, 0, self.table.slots() as u64, entries)
     }
 
     /// Live entries matching the item ([`crate::core::kind::ObservedRemove::occurrences`]).
@@ -670,6 +764,27 @@ impl crate::core::kind::ReplicatedFilter for OrCuckoo {
     fn observed_remove_mut(&mut self) -> Option<&mut dyn crate::core::kind::ObservedRemove> {
         Some(self)
     }
+
+    fn live_occurrences(&self) -> Vec<Occurrence> {
+        OrCuckoo::live_occurrences(self)
+    }
+
+    fn import_occurrences(
+        &mut self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<u64, FilterError> {
+        self.import_part(occurrences, room)
+            .map(|dots| dots.len() as u64)
+    }
+
+    fn check_import(
+        &self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<(), FilterError> {
+        OrCuckoo::check_import(self, occurrences, room)
+    }
 }
 
 impl crate::core::kind::ObservedRemove for OrCuckoo {
@@ -702,5 +817,177 @@ impl crate::core::kind::ObservedRemove for OrCuckoo {
     }
     fn history(&self) -> std::borrow::Cow<'_, CausalContext> {
         std::borrow::Cow::Borrowed(OrCuckoo::history(self))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dump of `n` distinct items, item `i` added `1 + i % 3` times, by replica 1.
+    fn dumped(n: u32) -> (OrCuckoo, Vec<(Dot, u32)>) {
+        let mut f = OrCuckoo::with_capacity(1000, 0.001, 1).unwrap();
+        let mut added = Vec::new();
+        for i in 0..n {
+            for _ in 0..=(i % 3) {
+                added.push((f.add_dot(&i.to_le_bytes()).unwrap(), i));
+            }
+        }
+        (f, added)
+    }
+
+    #[test]
+    fn an_import_re_adds_every_entry_under_this_replicas_own_fresh_tags() {
+        let (dump, _) = dumped(200);
+        let mut f = OrCuckoo::with_capacity(1000, 0.001, 7).unwrap();
+        f.add(b"already here").unwrap();
+        let clock = f.clock();
+        let tags = f.import(&dump.live_occurrences()).unwrap();
+        assert_eq!(tags.len(), dump.dots().len());
+        // Fresh tags of replica 7, right above its clock; none of replica 1's.
+        assert!(tags.iter().all(|t| t.replica == 7));
+        let counters: Vec<u64> = tags.iter().map(|t| t.counter).collect();
+        assert_eq!(
+            counters,
+            (clock + 1..=clock + tags.len() as u64).collect::<Vec<_>>()
+        );
+        assert_eq!(f.clock(), clock + tags.len() as u64);
+        assert!(!f.history().replicas().any(|r| r == 1));
+        for i in 0..200u32 {
+            let item = i.to_le_bytes();
+            assert_eq!(f.occurrences(&item), dump.occurrences(&item), "item {i}");
+        }
+        assert!(f.contains(b"already here"));
+        // Removable like any entry: every occurrence, one at a time.
+        let item = 5u32.to_le_bytes();
+        for _ in 0..dump.occurrences(&item) {
+            assert_eq!(f.remove_dot(&item).map(|d| d.replica), Some(7));
+        }
+        assert!(!f.contains(&item) && dump.contains(&item));
+    }
+
+    #[test]
+    fn occurrences_are_listed_in_the_order_of_the_dots() {
+        let (dump, added) = dumped(30);
+        let item_of: HashMap<Dot, u32> = added.into_iter().collect();
+        let occurrences = dump.live_occurrences();
+        for (o, dot) in occurrences.iter().zip(dump.dots()) {
+            let mut one = OrCuckoo::with_capacity(1000, 0.001, 2).unwrap();
+            one.import(std::slice::from_ref(o)).unwrap();
+            assert!(one.contains(&item_of[&dot].to_le_bytes()));
+        }
+        assert_eq!(occurrences.len(), dump.dots().len());
+    }
+
+    #[test]
+    fn an_imports_delta_replays_to_the_same_state() {
+        let (dump, _) = dumped(150);
+        let mut f = OrCuckoo::with_capacity(1000, 0.001, 3).unwrap();
+        f.add(b"x").unwrap();
+        let before = f.clone();
+        f.track_deltas(true);
+        f.import(&dump.live_occurrences()).unwrap();
+        let delta = f.take_delta().unwrap();
+        assert_eq!(delta.entries.len(), dump.dots().len());
+        let mut replayed = before.clone();
+        replayed.merge_delta(&delta).unwrap();
+        assert!(replayed.equivalent(&f));
+        assert!(before.le(&f) && !f.le(&before), "an import inflates");
+        // A peer merges it too: it carries only replica 3's tags.
+        let mut peer = OrCuckoo::with_capacity(1000, 0.001, 4).unwrap();
+        peer.merge(&before).unwrap();
+        peer.merge_delta(&delta).unwrap();
+        assert!(peer.equivalent(&f));
+    }
+
+    #[test]
+    fn a_refused_import_changes_nothing() {
+        let (dump, _) = dumped(50);
+        let occurrences = dump.live_occurrences();
+        let mut f = OrCuckoo::with_capacity(1000, 0.001, 3).unwrap();
+        f.add(b"x").unwrap();
+        let encoded = |f: &OrCuckoo| serde_cbor::to_vec(f).unwrap();
+        let before = encoded(&f);
+        // Of other parameters: a bucket past the table, a fingerprint too wide, a sub-filter.
+        let buckets = f.params().buckets;
+        for bad in [
+            Occurrence::at(buckets, 1, 1),
+            Occurrence::at(0, u16::MAX, 1),
+            Occurrence {
+                sub: 1,
+                ..occurrences[0]
+            },
+        ] {
+            let mut with_bad = occurrences.clone();
+            with_bad.push(bad);
+            assert!(matches!(
+                f.import(&with_bad),
+                Err(FilterError::Incompatible(_))
+            ));
+            assert_eq!(encoded(&f), before);
+        }
+        // Fewer timestamps left than occurrences.
+        f.advance_clock(MAX_COUNTER - 10);
+        let before = encoded(&f);
+        assert!(matches!(
+            f.import(&occurrences),
+            Err(FilterError::ClockExhausted { replica: 3 })
+        ));
+        assert_eq!(encoded(&f), before);
+    }
+
+    #[test]
+    fn a_dump_with_overflowing_buckets_loads_whole_into_an_empty_filter() {
+        // Two replicas filling a small table concurrently: their merge overflows buckets.
+        let p = CuckooParams::with_capacity(100, 0.01).unwrap();
+        let (mut a, mut b) = (OrCuckoo::new(p, 1).unwrap(), OrCuckoo::new(p, 2).unwrap());
+        for i in 0..400u32 {
+            let _ = a.add(&i.to_le_bytes());
+            let _ = b.add(&(i + 1000).to_le_bytes());
+        }
+        a.merge(&b).unwrap();
+        assert!(a.overflow_len() > 0, "the dump overflows");
+        let mut f = OrCuckoo::new(p, 3).unwrap();
+        let tags = f.import(&a.live_occurrences()).unwrap();
+        assert_eq!(tags.len(), a.dots().len());
+        for i in (0..400u32).chain(1000..1400) {
+            let item = i.to_le_bytes();
+            assert_eq!(f.occurrences(&item), a.occurrences(&item));
+        }
+        // Not twice, though: the table would hold more than the dump did, without bound.
+        let before = serde_cbor::to_vec(&f).unwrap();
+        assert!(matches!(
+            f.import(&a.live_occurrences()),
+            Err(FilterError::NoRoom {
+                series: 0,
+                sub: 0,
+                ..
+            })
+        ));
+        assert_eq!(serde_cbor::to_vec(&f).unwrap(), before);
+    }
+
+    #[test]
+    fn a_dump_loads_beside_what_a_filter_holds_while_its_slots_suffice() {
+        let (dump, _) = dumped(100);
+        let mut f = OrCuckoo::with_capacity(1000, 0.001, 3).unwrap();
+        let slots = f.params().slots();
+        // Twice is 400 entries, three times 600: within the slots. Then no more.
+        let mut loads = 0;
+        loop {
+            let before = serde_cbor::to_vec(&f).unwrap();
+            match f.import(&dump.live_occurrences()) {
+                Ok(_) => loads += 1,
+                Err(FilterError::NoRoom { entries, room, .. }) => {
+                    assert_eq!(room, slots);
+                    assert!(entries > slots);
+                    assert_eq!(serde_cbor::to_vec(&f).unwrap(), before);
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(loads, slots / dump.dots().len() as u64);
+        assert_eq!(f.occurrences(&7u32.to_le_bytes()), loads * 2);
     }
 }

@@ -510,6 +510,16 @@ impl<P: Payload> Table<P> {
         }
     }
 
+    /// Places an entry re-added from elsewhere (an import, see
+    /// [`crate::ReplicatedFilter::import_occurrences`]): as an add would (Algorithm 1), and
+    /// where that runs out of kicks, as a merge would ([`Table::place_merged`]): it fitted
+    /// where it came from, so it is never refused.
+    pub(crate) fn place_imported(&mut self, b: usize, e: Entry<P>) {
+        if self.insert(b, e).is_err() {
+            self.place_merged(b, e);
+        }
+    }
+
     /// Whether `homes_kept` holds, from a pass over the entries: a state decoded from the
     /// wire may have been laid out by another policy (Algorithm 1's random choice, or a
     /// replica that removed entries).

@@ -8,7 +8,9 @@
 //! put into the sub-filter it is filling.
 //!
 //! Here each writer adds only into a series of its own, so every series is filled by one
-//! replica and stays within its own scalable bound (Eq. 2.12) however replicas merge. Writer
+//! replica and stays within its own scalable bound (Eq. 2.12) however replicas merge. (An
+//! import of a dump, [`WriterScOrCuckoo::import`], re-adds its entries into the series they
+//! came from under the importer's tags: it brings back what those writers added.) Writer
 //! `w` gets the budget `ε / ((w + 1)(w + 2))`; these sum to at most `ε` over any number of
 //! writers (a telescoping series), so the union of all series stays under `ε`.
 //!
@@ -29,9 +31,10 @@ use super::grow_only::{GrowOnlySub, ScalableGrowOnly};
 use super::params::ScalableParams;
 use super::sc_orcuckoo::ScOrCuckoo;
 use super::series::{compound, load};
-use crate::core::causal::{ReplicaId, check_own_dots};
+use crate::core::causal::{Dot, ReplicaId, check_own_dots};
 use crate::core::delta::{CheckRemote, DeltaState};
 use crate::core::error::FilterError;
+use crate::core::kind::{FilterKind, ImportRoom, Occurrence, tags_to_issue};
 use crate::core::lattice::{Lattice, Membership, Removable};
 
 /// A scalable series that can serve as one writer's partition.
@@ -70,14 +73,11 @@ pub trait WriterSeries:
     fn delta_tag_maxima(_delta: &Self::Delta) -> Vec<(ReplicaId, u64)> {
         Vec::new()
     }
-    /// Whether the series can be writer `writer`'s: it issues tags as `writer` and holds no
-    /// tag of another replica (only `writer` adds to it).
+    /// Whether the series can be writer `writer`'s: it issues tags as `writer`. (Only
+    /// `writer` adds to it, but an import may re-add entries into it under the importer's
+    /// tags: see [`WriterScOrCuckoo::import`].)
     #[doc(hidden)]
     fn check_writer(&self, _writer: ReplicaId) -> Result<(), FilterError> {
-        Ok(())
-    }
-    #[doc(hidden)]
-    fn check_delta_writer(_delta: &Self::Delta, _writer: ReplicaId) -> Result<(), FilterError> {
         Ok(())
     }
 }
@@ -118,18 +118,13 @@ impl WriterSeries for ScOrCuckoo {
     fn delta_tag_maxima(delta: &Self::Delta) -> Vec<(ReplicaId, u64)> {
         delta.context.maxima().collect()
     }
+    /// Another replica's tags are allowed: an import re-adds a dump's entries into the series
+    /// they came from, under the importer's tags ([`WriterScOrCuckoo::import`]).
     fn check_writer(&self, writer: ReplicaId) -> Result<(), FilterError> {
-        if self.replica() != writer || self.history().replicas().any(|r| r != writer) {
+        if self.replica() != writer {
             return Err(FilterError::malformed(format!(
-                "the series of writer {writer} issues or holds tags of another replica"
-            )));
-        }
-        Ok(())
-    }
-    fn check_delta_writer(delta: &Self::Delta, writer: ReplicaId) -> Result<(), FilterError> {
-        if delta.context.replicas().any(|r| r != writer) {
-            return Err(FilterError::malformed(format!(
-                "the delta of writer {writer}'s series holds tags of another replica"
+                "the series of writer {writer} issues tags as {}",
+                self.replica()
             )));
         }
         Ok(())
@@ -341,6 +336,8 @@ impl<F: WriterSeries> Lattice for Partitioned<F> {
                 }
             }
         }
+        let ours = other.parts.iter().filter(|(w, _)| **w != self.writer);
+        self.adopt_own_tags(ours.map(|(_, f)| f.max_dot_of(self.writer)).max());
         Ok(())
     }
 
@@ -463,7 +460,6 @@ impl<F: WriterSeries> DeltaState for Partitioned<F> {
             return Err(FilterError::malformed("delta writers out of order"));
         }
         for (w, d) in &delta.parts {
-            F::check_delta_writer(d, *w)?;
             match self.parts.get(w) {
                 Some(f) => f.check_delta(d)?,
                 None => self.new_part(*w)?.check_delta(d)?,
@@ -474,17 +470,55 @@ impl<F: WriterSeries> DeltaState for Partitioned<F> {
 
     fn merge_delta(&mut self, delta: &Self::Delta) -> Result<(), FilterError> {
         self.check_delta(delta)?;
+        self.join_delta(delta, F::merge_delta)
+    }
+
+    /// Each series joins its part as its own delta ([`DeltaState::merge_own_delta`]).
+    fn merge_own_delta(&mut self, delta: &Self::Delta) -> Result<(), FilterError> {
+        self.check_own_delta(delta)?;
+        self.join_delta(delta, F::merge_own_delta)
+    }
+
+    fn check_own_delta(&self, delta: &Self::Delta) -> Result<(), FilterError> {
+        if delta.parts.windows(2).any(|p| p[0].0 >= p[1].0) {
+            return Err(FilterError::malformed("delta writers out of order"));
+        }
+        for (w, d) in &delta.parts {
+            match self.parts.get(w) {
+                Some(f) => f.check_own_delta(d)?,
+                None => self.new_part(*w)?.check_own_delta(d)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<F: WriterSeries> Partitioned<F> {
+    /// Joins a checked delta, each series' part by `join`.
+    fn join_delta(
+        &mut self,
+        delta: &PartitionedDelta<F::Delta>,
+        join: impl Fn(&mut F, &F::Delta) -> Result<(), FilterError>,
+    ) -> Result<(), FilterError> {
         for (w, d) in &delta.parts {
             if !self.parts.contains_key(w) {
                 let part = self.new_part(*w)?;
                 self.parts.insert(*w, part);
             }
-            self.parts
-                .get_mut(w)
-                .expect("just ensured")
-                .merge_delta(d)?;
+            join(self.parts.get_mut(w).expect("just ensured"), d)?;
         }
+        let ours = delta.parts.iter().filter(|(w, _)| *w != self.writer);
+        self.adopt_own_tags(ours.map(|(_, d)| F::delta_max_dot_of(d, self.writer)).max());
         Ok(())
+    }
+
+    /// Our clock moves past `highest`, the highest of our tags that other writers' series
+    /// hold (an import's, see [`WriterScOrCuckoo::import`]): our own series' history does not
+    /// hold them, and no tag may be issued twice.
+    fn adopt_own_tags(&mut self, highest: Option<u64>) {
+        if let Some(highest) = highest.filter(|&h| h > self.clock()) {
+            self.advance_clock(highest);
+        }
     }
 }
 
@@ -625,6 +659,134 @@ macro_rules! writer_grow_only {
 writer_grow_only!(WriterScGBloom);
 writer_grow_only!(WriterScGCuckoo);
 
+impl WriterScOrCuckoo {
+    /// Every entry, located by writer's series and sub-filter, in the order of
+    /// [`crate::ObservedRemove::dots`] ([`crate::ReplicatedFilter::live_occurrences`]).
+    pub fn live_occurrences(&self) -> Vec<Occurrence> {
+        let mut v = Vec::new();
+        for (w, f) in &self.parts {
+            v.extend(
+                f.live_occurrences()
+                    .into_iter()
+                    .map(|o| Occurrence { series: *w, ..o }),
+            );
+        }
+        v
+    }
+
+    /// Re-adds `occurrences` (a dump's, located as in a filter of these parameters) under
+    /// fresh tags of this replica, `count` entries each, and answers the tags, in order
+    /// ([`crate::ReplicatedFilter::import_occurrences`]). Each goes into the writer's series
+    /// and the sub-filter it came from, which alone its fingerprint fits: the one case where a
+    /// series holds tags of a replica other than its writer (what each writer's series holds
+    /// is still what that writer added, loaded again). Series and sub-filters are added as
+    /// needed. All or nothing: a location that does not fit ([`FilterError::Incompatible`]), a
+    /// sub-filter left past its room ([`FilterError::NoRoom`]: its slots, or what the dump's
+    /// held if more) or past the limits, or too few timestamps left
+    /// ([`FilterError::ClockExhausted`]) change nothing.
+    ///
+    /// ```
+    /// use crpf::{Membership, Removable, ScalableParams, WriterScOrCuckoo};
+    ///
+    /// let params = ScalableParams::with_capacity(100, 0.01)?;
+    /// let mut there = WriterScOrCuckoo::new(params, 0)?;
+    /// for i in 0..300u32 { there.add(&i.to_le_bytes())?; }
+    /// let mut here = WriterScOrCuckoo::new(params, 5)?;
+    /// let tags = here.import(&there.live_occurrences())?;
+    /// assert_eq!(tags.len(), 300);
+    /// assert!(tags.iter().all(|t| t.replica == 5));
+    /// assert!((0..300u32).all(|i| here.contains(&i.to_le_bytes())));
+    /// assert!(here.remove(&7u32.to_le_bytes()) && !here.contains(&7u32.to_le_bytes()));
+    /// # Ok::<(), crpf::FilterError>(())
+    /// ```
+    pub fn import(&mut self, occurrences: &[Occurrence]) -> Result<Vec<Dot>, FilterError> {
+        let room = ImportRoom::of(FilterKind::WriterScOrCuckoo, occurrences);
+        self.import_part(occurrences, &room)
+    }
+
+    /// [`WriterScOrCuckoo::import`] of a part of a dump, whose room (all of it) is `room`.
+    pub fn import_part(
+        &mut self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<Vec<Dot>, FilterError> {
+        // Everything checked, and every series and sub-filter needed built, before anything
+        // changes.
+        let (new_parts, fresh) = self.prepare_import(occurrences, room)?;
+        let start = self.clock();
+        tags_to_issue(occurrences, self.writer, start)?;
+        self.parts.extend(new_parts);
+        for (w, subs) in fresh {
+            self.parts.get_mut(&w).expect("built").append_subs(subs);
+        }
+        let mut dots = Vec::new();
+        let mut counter = start;
+        for o in occurrences.iter().filter(|o| o.count > 0) {
+            let part = self.parts.get_mut(&o.series).expect("built");
+            for _ in 0..o.count {
+                counter += 1;
+                let dot = Dot {
+                    replica: self.writer,
+                    counter,
+                };
+                part.place_occurrence(o, dot);
+                dots.push(dot);
+            }
+        }
+        // Tags placed in other writers' series are not in our own series' history.
+        self.adopt_own_tags(Some(counter));
+        Ok(dots)
+    }
+
+    /// Whether [`WriterScOrCuckoo::import_part`] would take `occurrences` now (leaving the
+    /// clock aside): [`crate::ReplicatedFilter::check_import`].
+    pub fn check_import(
+        &self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<(), FilterError> {
+        self.prepare_import(occurrences, room).map(|_| ())
+    }
+
+    /// The series an import of `occurrences` adds (our own among them: it holds the clock of
+    /// the tags issued) and the sub-filters it adds to each, all checked.
+    #[allow(clippy::type_complexity)]
+    fn prepare_import(
+        &self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<
+        (
+            BTreeMap<ReplicaId, ScOrCuckoo>,
+            Vec<(ReplicaId, Vec<crate::core::cuckoo::table::Table<u64>>)>,
+        ),
+        FilterError,
+    > {
+        let mut by_series: BTreeMap<ReplicaId, Vec<Occurrence>> = BTreeMap::new();
+        for o in occurrences.iter().filter(|o| o.count > 0) {
+            by_series.entry(o.series).or_default().push(*o);
+        }
+        if !by_series.is_empty() {
+            by_series.entry(self.writer).or_default();
+        }
+        let mut new_parts = BTreeMap::new();
+        let mut fresh = Vec::new();
+        for (w, named) in by_series {
+            let subs = match self.parts.get(&w) {
+                Some(part) => part.subs_for(&named, w, room)?,
+                None => {
+                    let part = self.new_part(w)?;
+                    let subs = part.subs_for(&named, w, room)?;
+                    new_parts.insert(w, part);
+                    subs
+                }
+            };
+            fresh.push((w, subs));
+        }
+        Ok((new_parts, fresh))
+    }
+}
+
 impl crate::core::kind::ReplicatedFilter for WriterScOrCuckoo {
     const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::WriterScOrCuckoo;
     const REMOVABLE: bool = true;
@@ -658,6 +820,27 @@ impl crate::core::kind::ReplicatedFilter for WriterScOrCuckoo {
 
     fn observed_remove_mut(&mut self) -> Option<&mut dyn crate::core::kind::ObservedRemove> {
         Some(self)
+    }
+
+    fn live_occurrences(&self) -> Vec<Occurrence> {
+        WriterScOrCuckoo::live_occurrences(self)
+    }
+
+    fn import_occurrences(
+        &mut self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<u64, FilterError> {
+        self.import_part(occurrences, room)
+            .map(|dots| dots.len() as u64)
+    }
+
+    fn check_import(
+        &self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<(), FilterError> {
+        WriterScOrCuckoo::check_import(self, occurrences, room)
     }
 }
 
@@ -720,5 +903,119 @@ impl crate::core::kind::ObservedRemove for WriterScOrCuckoo {
             h.union(f.history());
         }
         std::borrow::Cow::Owned(h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::kind::ObservedRemove;
+
+    fn params() -> ScalableParams {
+        ScalableParams::with_capacity(40, 0.01).unwrap()
+    }
+
+    /// Writers 0 and 1 each added their own items, and merged.
+    fn dumped() -> WriterScOrCuckoo {
+        let mut a = WriterScOrCuckoo::new(params(), 0).unwrap();
+        let mut b = WriterScOrCuckoo::new(params(), 1).unwrap();
+        for i in 0..150u32 {
+            a.add(&i.to_le_bytes()).unwrap();
+            b.add(&(i + 1000).to_le_bytes()).unwrap();
+            b.add(&(i + 1000).to_le_bytes()).unwrap();
+        }
+        a.merge(&b).unwrap();
+        a
+    }
+
+    fn items() -> impl Iterator<Item = [u8; 4]> {
+        (0..150u32).chain(1000..1150).map(u32::to_le_bytes)
+    }
+
+    #[test]
+    fn an_import_goes_into_each_writers_series_under_the_importers_tags() {
+        let dump = dumped();
+        // Writer 7 of another cluster, which holds an item of its own.
+        let mut f = WriterScOrCuckoo::new(params(), 7).unwrap();
+        f.add(b"mine").unwrap();
+        f.track_deltas(true);
+        let before = f.clone();
+        let tags = f.import(&dump.live_occurrences()).unwrap();
+        assert_eq!(tags.len(), 450);
+        assert!(tags.iter().all(|t| t.replica == 7 && t.counter > 1));
+        for item in items() {
+            assert_eq!(f.occurrences(&item), dump.occurrences(&item));
+        }
+        let subs = |f: &WriterScOrCuckoo| -> Vec<(ReplicaId, usize)> {
+            f.parts()
+                .filter(|(w, _)| *w != 7)
+                .map(|(w, p)| (w, p.sub_filters()))
+                .collect()
+        };
+        assert_eq!(subs(&f), subs(&dump));
+        assert!(f.contains(b"mine"));
+        // Writers 0's and 1's series now hold writer 7's tags; its clock covers them.
+        assert_eq!(f.clock(), tags.len() as u64 + 1);
+        let next = f.add_dot(b"after").unwrap();
+        assert!(next.counter > tags.iter().map(|t| t.counter).max().unwrap());
+        // It encodes and decodes, merges into writer 1's replica, and replicates by delta.
+        let back: WriterScOrCuckoo =
+            serde_cbor::from_slice(&serde_cbor::to_vec(&f).unwrap()).unwrap();
+        assert!(back.equivalent(&f));
+        let delta = f.take_delta().unwrap();
+        let mut peer = WriterScOrCuckoo::new(params(), 1).unwrap();
+        peer.merge(&before).unwrap();
+        peer.check_remote_delta(&delta).unwrap();
+        peer.merge_delta(&delta).unwrap();
+        assert!(peer.equivalent(&f));
+        peer.merge(&f).unwrap();
+        // The peer removes an imported occurrence, and the importer takes the remove.
+        assert!(peer.remove(&1000u32.to_le_bytes()));
+        f.merge(&peer).unwrap();
+        assert_eq!(f.occurrences(&1000u32.to_le_bytes()), 1);
+    }
+
+    #[test]
+    fn a_replayed_import_moves_the_clock_past_its_tags() {
+        let dump = dumped();
+        let mut f = WriterScOrCuckoo::new(params(), 5).unwrap();
+        let before = f.clone();
+        f.track_deltas(true);
+        let tags = f.import(&dump.live_occurrences()).unwrap();
+        let delta = f.take_delta().unwrap();
+        // The log's records replayed on the state before: the tags in writers 0's and 1's
+        // series are ours, and are never issued again.
+        let mut replayed = before.clone();
+        replayed.merge_own_delta(&delta).unwrap();
+        assert!(replayed.equivalent(&f));
+        assert_eq!(replayed.clock(), tags.len() as u64);
+        // Likewise a merge of a state that holds them.
+        let mut merged = before;
+        merged.merge(&f).unwrap();
+        assert_eq!(merged.clock(), tags.len() as u64);
+    }
+
+    #[test]
+    fn a_refused_import_changes_nothing() {
+        let dump = dumped();
+        let mut f = WriterScOrCuckoo::new(params(), 2).unwrap();
+        f.add(b"x").unwrap();
+        let encoded = |f: &WriterScOrCuckoo| serde_cbor::to_vec(f).unwrap();
+        let before = encoded(&f);
+        let good = dump.live_occurrences();
+        let mut bad = good.clone();
+        bad.push(Occurrence {
+            bucket: u64::MAX,
+            ..good[0]
+        });
+        assert!(matches!(f.import(&bad), Err(FilterError::Incompatible(_))));
+        assert_eq!(encoded(&f), before);
+        f.advance_clock(crate::MAX_COUNTER - 3);
+        let before = encoded(&f);
+        assert!(matches!(
+            f.import(&good),
+            Err(FilterError::ClockExhausted { .. })
+        ));
+        assert_eq!(encoded(&f), before);
     }
 }

@@ -17,7 +17,9 @@ use crate::core::cuckoo::table::{Entry, Table, TableRepr};
 use crate::core::delta::{CheckRemote, DeltaState, MAX_SUBS_AHEAD, ScOrCuckooDelta};
 use crate::core::error::FilterError;
 use crate::core::hash::{cuckoo_position, hash_item};
+use crate::core::kind::{FilterKind, ImportRoom, Occurrence, tags_to_issue};
 use crate::core::lattice::{Lattice, Membership, Removable};
+use crate::core::params::CuckooParams;
 
 /// A scalable observed-remove cuckoo filter (thesis Spec. 8): a series of ORCF tables sharing
 /// one causal history. An add goes to the newest sub-filter with room; a remove picks a random
@@ -201,6 +203,157 @@ impl ScOrCuckoo {
         Ok((self.subs.len() - 1, b, e.fp))
     }
 
+    /// Every entry, located by sub-filter, in the order of [`ScOrCuckoo::dots`]
+    /// ([`crate::ReplicatedFilter::live_occurrences`]); `series` is 0.
+    pub fn live_occurrences(&self) -> Vec<Occurrence> {
+        let mut v = Vec::new();
+        for (i, t) in self.subs.iter().enumerate() {
+            t.for_each(|b, e| {
+                v.push(Occurrence {
+                    sub: i as u32,
+                    ..Occurrence::at(b as u64, e.fp, 1)
+                })
+            });
+        }
+        v
+    }
+
+    /// Re-adds `occurrences` (a dump's, located as in a series of these parameters: `series`
+    /// 0) under fresh tags of this replica, `count` entries each, each into the sub-filter it
+    /// came from (a sub-filter's fingerprints fit only its own parameters), and answers the
+    /// tags, in order ([`crate::ReplicatedFilter::import_occurrences`]). Sub-filters are added
+    /// as needed. All or nothing: a location that does not fit
+    /// ([`FilterError::Incompatible`]), a sub-filter left past its room
+    /// ([`FilterError::NoRoom`]) or past the limits ([`FilterError::TooManySubFilters`],
+    /// [`FilterError::TooLarge`]), or too few timestamps left
+    /// ([`FilterError::ClockExhausted`]) change nothing.
+    pub fn import(&mut self, occurrences: &[Occurrence]) -> Result<Vec<Dot>, FilterError> {
+        let room = ImportRoom::of(FilterKind::ScOrCuckoo, occurrences);
+        self.import_part(occurrences, &room)
+    }
+
+    /// [`ScOrCuckoo::import`] of a part of a dump, whose room (all of it) is `room`.
+    pub fn import_part(
+        &mut self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<Vec<Dot>, FilterError> {
+        let fresh = self.subs_for(occurrences, 0, room)?;
+        let start = self.clock();
+        tags_to_issue(occurrences, self.replica, start)?;
+        self.subs.extend(fresh);
+        let dots = self.place_occurrences(occurrences, self.replica, start);
+        if let Some(last) = dots.last() {
+            self.clock = last.counter;
+        }
+        Ok(dots)
+    }
+
+    /// Whether [`ScOrCuckoo::import_part`] would take `occurrences` now (leaving the clock
+    /// aside): [`crate::ReplicatedFilter::check_import`].
+    pub fn check_import(
+        &self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<(), FilterError> {
+        self.check_subs(occurrences, 0, room).map(|_| ())
+    }
+
+    /// Checks that `occurrences`, of the series `series` names in a dump (all must), fit this
+    /// series' sub-filters and leave none past its room, and builds those they name past the
+    /// last one (an import adds them): nothing changes, so an error changes nothing.
+    pub(crate) fn subs_for(
+        &self,
+        occurrences: &[Occurrence],
+        series: ReplicaId,
+        room: &ImportRoom,
+    ) -> Result<Vec<Table<u64>>, FilterError> {
+        let subs = self.check_subs(occurrences, series, room)?;
+        (self.subs.len()..subs).map(|i| self.new_sub(i)).collect()
+    }
+
+    /// [`ScOrCuckoo::subs_for`]'s checks: the sub-filters the series will have.
+    fn check_subs(
+        &self,
+        occurrences: &[Occurrence],
+        series: ReplicaId,
+        room: &ImportRoom,
+    ) -> Result<usize, FilterError> {
+        let mut params: Vec<CuckooParams> = self.subs.iter().map(|t| *t.params()).collect();
+        let mut entries: std::collections::BTreeMap<u32, u64> = Default::default();
+        for o in occurrences {
+            if o.series != series {
+                return Err(FilterError::Incompatible(format!(
+                    "occurrence {o:?} names another writer's series than {series}"
+                )));
+            }
+            if o.count == 0 {
+                continue;
+            }
+            let sub = o.sub as usize;
+            while params.len() <= sub {
+                // Checks the sub-filter count and the series' memory bound.
+                params.push(self.params.cuckoo(params.len())?);
+            }
+            if !params[sub].holds_entry(o.bucket, o.fp) {
+                return Err(FilterError::Incompatible(format!(
+                    "occurrence {o:?} does not fit these parameters"
+                )));
+            }
+            let n = entries
+                .entry(o.sub)
+                .or_insert_with(|| self.subs.get(sub).map_or(0, |t| t.len() as u64));
+            *n = n.saturating_add(o.count);
+        }
+        for (sub, n) in entries {
+            room.check(series, sub, params[sub as usize].slots(), n)?;
+        }
+        Ok(params.len())
+    }
+
+    /// Appends sub-filters built by [`ScOrCuckoo::subs_for`].
+    pub(crate) fn append_subs(&mut self, fresh: Vec<Table<u64>>) {
+        self.subs.extend(fresh);
+    }
+
+    /// Places `occurrences`, checked by [`ScOrCuckoo::subs_for`] (whose sub-filters are
+    /// appended), `count` entries each, under the tags `(replica, after + 1)`, `(replica,
+    /// after + 2)`, …, and answers them. Leaves the clock to the caller: the tags may be
+    /// another writer's series' ([`crate::WriterScOrCuckoo`]).
+    pub(crate) fn place_occurrences(
+        &mut self,
+        occurrences: &[Occurrence],
+        replica: ReplicaId,
+        after: u64,
+    ) -> Vec<Dot> {
+        let mut dots = Vec::new();
+        let mut counter = after;
+        for o in occurrences {
+            for _ in 0..o.count {
+                counter += 1;
+                let dot = Dot { replica, counter };
+                self.place_occurrence(o, dot);
+                dots.push(dot);
+            }
+        }
+        dots
+    }
+
+    /// Places one entry of `o` tagged `dot` into its sub-filter, which exists.
+    pub(crate) fn place_occurrence(&mut self, o: &Occurrence, dot: Dot) {
+        self.subs[o.sub as usize].place_imported(
+            o.bucket as usize,
+            Entry {
+                fp: o.fp,
+                payload: dot.pack(),
+            },
+        );
+        self.history.insert(dot);
+        if let Some(pending) = &mut self.pending {
+            pending.added(dot, (o.sub, o.bucket, o.fp));
+        }
+    }
+
     /// Removes one entry of the item from a random sub-filter holding it and returns its tag.
     pub fn remove_dot(&mut self, item: &[u8]) -> Option<Dot> {
         let holding: Vec<usize> = (0..self.subs.len())
@@ -340,12 +493,35 @@ impl DeltaState for ScOrCuckoo {
     /// `MAX_SUBS_AHEAD` past our last one (a receiver further behind catches up by
     /// anti-entropy, so that a forged index cannot make it allocate absurd sub-filters).
     fn check_delta(&self, delta: &ScOrCuckooDelta) -> Result<(), FilterError> {
+        self.check_delta_ahead(delta, MAX_SUBS_AHEAD)
+    }
+
+    /// Removes the listed removed entries, places the listed entries not yet observed (adding
+    /// sub-filters as needed), and unions the context: touching only what the delta lists.
+    fn merge_delta(&mut self, delta: &ScOrCuckooDelta) -> Result<(), FilterError> {
+        self.check_delta(delta)?;
+        self.join_delta(delta)
+    }
+
+    /// Our own delta may name any sub-filter within the series' limits.
+    fn merge_own_delta(&mut self, delta: &ScOrCuckooDelta) -> Result<(), FilterError> {
+        self.check_own_delta(delta)?;
+        self.join_delta(delta)
+    }
+
+    fn check_own_delta(&self, delta: &ScOrCuckooDelta) -> Result<(), FilterError> {
+        self.check_delta_ahead(delta, ScalableParams::MAX_SUB_FILTERS)
+    }
+}
+
+impl ScOrCuckoo {
+    /// [`DeltaState::check_delta`], letting the delta name sub-filters up to `ahead` past our
+    /// last one.
+    fn check_delta_ahead(&self, delta: &ScOrCuckooDelta, ahead: usize) -> Result<(), FilterError> {
         // Parameters of every sub-filter the delta may name: ours, then those ahead that are
         // within bounds.
         let params: Vec<_> = (self.subs.iter().map(|t| Ok(*t.params())))
-            .chain(
-                (self.subs.len()..self.subs.len() + MAX_SUBS_AHEAD).map(|i| self.params.cuckoo(i)),
-            )
+            .chain((self.subs.len()..self.subs.len() + ahead).map(|i| self.params.cuckoo(i)))
             .map_while(Result::ok)
             .collect();
         let fits =
@@ -357,10 +533,8 @@ impl DeltaState for ScOrCuckoo {
         )
     }
 
-    /// Removes the listed removed entries, places the listed entries not yet observed (adding
-    /// sub-filters as needed), and unions the context: touching only what the delta lists.
-    fn merge_delta(&mut self, delta: &ScOrCuckooDelta) -> Result<(), FilterError> {
-        self.check_delta(delta)?;
+    /// The join of a checked delta.
+    fn join_delta(&mut self, delta: &ScOrCuckooDelta) -> Result<(), FilterError> {
         for &(s, b, fp, dot) in &delta.removed {
             if let Some(t) = self.subs.get_mut(s as usize) {
                 t.remove_exact(
@@ -541,6 +715,27 @@ impl crate::core::kind::ReplicatedFilter for ScOrCuckoo {
     fn observed_remove_mut(&mut self) -> Option<&mut dyn crate::core::kind::ObservedRemove> {
         Some(self)
     }
+
+    fn live_occurrences(&self) -> Vec<Occurrence> {
+        ScOrCuckoo::live_occurrences(self)
+    }
+
+    fn import_occurrences(
+        &mut self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<u64, FilterError> {
+        self.import_part(occurrences, room)
+            .map(|dots| dots.len() as u64)
+    }
+
+    fn check_import(
+        &self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<(), FilterError> {
+        ScOrCuckoo::check_import(self, occurrences, room)
+    }
 }
 
 impl crate::core::kind::ObservedRemove for ScOrCuckoo {
@@ -579,5 +774,120 @@ impl crate::core::kind::ObservedRemove for ScOrCuckoo {
     }
     fn history(&self) -> std::borrow::Cow<'_, CausalContext> {
         std::borrow::Cow::Borrowed(ScOrCuckoo::history(self))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries_per_sub(f: &ScOrCuckoo) -> Vec<usize> {
+        f.subs.iter().map(|t| t.len()).collect()
+    }
+
+    #[test]
+    fn an_import_keeps_each_entry_in_its_sub_filter_under_fresh_tags() {
+        let mut dump = ScOrCuckoo::with_capacity(50, 0.01, 1).unwrap();
+        for i in 0..600u32 {
+            dump.add(&i.to_le_bytes()).unwrap();
+            if i % 4 == 0 {
+                dump.add(&i.to_le_bytes()).unwrap();
+            }
+        }
+        assert!(dump.sub_filters() >= 4);
+        let mut f = ScOrCuckoo::with_capacity(50, 0.01, 9).unwrap();
+        f.track_deltas(true);
+        let tags = f.import(&dump.live_occurrences()).unwrap();
+        assert!(tags.iter().all(|t| t.replica == 9));
+        assert_eq!(f.clock(), tags.len() as u64);
+        assert_eq!(entries_per_sub(&f), entries_per_sub(&dump));
+        use crate::core::kind::ObservedRemove;
+        for i in 0..600u32 {
+            let item = i.to_le_bytes();
+            assert_eq!(
+                ObservedRemove::occurrences(&f, &item),
+                ObservedRemove::occurrences(&dump, &item)
+            );
+        }
+        let delta = f.take_delta().unwrap();
+        let mut replayed = ScOrCuckoo::with_capacity(50, 0.01, 9).unwrap();
+        replayed.merge_delta(&delta).unwrap();
+        assert!(replayed.equivalent(&f));
+        assert!(f.remove(&3u32.to_le_bytes()));
+    }
+
+    #[test]
+    fn an_import_past_empty_sub_filters_replays_as_an_own_delta() {
+        // Entries only in sub-filter 5 (the ones before emptied by removes, say).
+        let mut dump = ScOrCuckoo::with_capacity(50, 0.01, 1).unwrap();
+        let far = Occurrence {
+            sub: 5,
+            ..Occurrence::at(3, 1, 2)
+        };
+        dump.import(&[far]).unwrap();
+        assert_eq!(entries_per_sub(&dump), [0, 0, 0, 0, 0, 2]);
+        let mut f = ScOrCuckoo::with_capacity(50, 0.01, 2).unwrap();
+        let before = f.clone();
+        f.track_deltas(true);
+        f.import(&dump.live_occurrences()).unwrap();
+        assert_eq!(entries_per_sub(&f), [0, 0, 0, 0, 0, 2]);
+        let delta = f.take_delta().unwrap();
+        // A peer so far behind refuses it (and catches up by anti-entropy); the replica's own
+        // log replays it.
+        let mut peer = before.clone();
+        assert!(peer.merge_delta(&delta).is_err());
+        assert!(peer.equivalent(&before));
+        let mut replayed = before;
+        replayed.merge_own_delta(&delta).unwrap();
+        assert!(replayed.equivalent(&f));
+    }
+
+    #[test]
+    fn a_refused_import_changes_nothing() {
+        let mut dump = ScOrCuckoo::with_capacity(50, 0.01, 1).unwrap();
+        for i in 0..20u32 {
+            dump.add(&i.to_le_bytes()).unwrap();
+        }
+        let mut f = ScOrCuckoo::with_capacity(50, 0.01, 2).unwrap();
+        f.add(b"x").unwrap();
+        let encoded = |f: &ScOrCuckoo| serde_cbor::to_vec(f).unwrap();
+        let before = encoded(&f);
+        let good = dump.live_occurrences();
+        let past_limit = Occurrence {
+            sub: ScalableParams::MAX_SUB_FILTERS as u32,
+            ..good[0]
+        };
+        let of_a_series = Occurrence {
+            series: 1,
+            ..good[0]
+        };
+        for bad in [past_limit, of_a_series] {
+            let mut occurrences = good.clone();
+            occurrences.push(bad);
+            assert!(f.import(&occurrences).is_err());
+            assert_eq!(encoded(&f), before);
+        }
+        // Past the first sub-filter's room: what the dump holds is loaded thrice at most
+        // beside x, and a failed load changes nothing.
+        let slots = f.subs[0].slots();
+        let mut loads = 0;
+        while f.import(&good).is_ok() {
+            loads += 1;
+        }
+        assert_eq!(loads, (slots - 1) / good.len());
+        let before = encoded(&f);
+        assert!(matches!(
+            f.import(&good),
+            Err(FilterError::NoRoom { sub: 0, .. })
+        ));
+        assert_eq!(encoded(&f), before);
+        let mut g = ScOrCuckoo::with_capacity(50, 0.01, 2).unwrap();
+        g.advance_clock(MAX_COUNTER - 5);
+        let before = encoded(&g);
+        assert!(matches!(
+            g.import(&good),
+            Err(FilterError::ClockExhausted { .. })
+        ));
+        assert_eq!(encoded(&g), before);
     }
 }

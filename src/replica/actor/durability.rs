@@ -40,6 +40,42 @@ impl Replica {
         Ok(())
     }
 
+    /// Reserves `n` more tags at once (a slice of an import, see [`super::local::Import`]):
+    /// refused ([`ReplicaError::TagsUnreserved`]) unless the id claim covers them, and
+    /// reserved durably (with a data directory) in one write. No-op for kinds without tags.
+    pub(super) fn reserve_tags_for(&mut self, n: u64) -> Result<(), ReplicaError> {
+        if !self.expect.kind.tagged() || n == 0 {
+            return Ok(());
+        }
+        if self.lease.lost {
+            return Err(ReplicaError::IdRetired { replica: self.id() });
+        }
+        let clock = self.read().clock();
+        let need = clock.saturating_add(n);
+        if need > crate::MAX_COUNTER {
+            return Err(crate::FilterError::ClockExhausted { replica: self.id() }.into());
+        }
+        if need > self.lease.reserved {
+            return Err(ReplicaError::TagsUnreserved);
+        }
+        let Some(data) = &self.data else {
+            return Ok(());
+        };
+        if need <= self.reserved {
+            return Ok(());
+        }
+        let reserved = need.saturating_add(self.cfg.tag_reserve_block);
+        data.save_reservation(&Reservation {
+            identity: self.shared.identity,
+            reserved,
+        })?;
+        self.reserved = reserved;
+        self.telemetry
+            .counter(m::TAG_RESERVATIONS, &[])
+            .increment(1);
+        Ok(())
+    }
+
     /// Tags below which adds need no new reservation (see [`Replica::reserve_tags`]): the
     /// lease's and, with a data directory, the durable one; unbounded for kinds without tags.
     pub(super) fn tag_limit(&self) -> u64 {

@@ -95,6 +95,32 @@ impl Replica {
         }
     }
 
+    /// Extends the id claim to cover `n` more tags than the clock (an import's), when its
+    /// reservation falls short: the registry's answer, to pass to [`Replica::on_renewal`]
+    /// with the reservation asked for. `None` when nothing needs renewing (no tags, or
+    /// enough reserved). Independent of the periodic renewal: a renewal never lowers a
+    /// reservation, so the two may overlap.
+    pub(super) fn renewal_for(
+        &self,
+        n: u64,
+    ) -> Option<(
+        u64,
+        futures::future::BoxFuture<'static, Result<Renewal, TransportError>>,
+    )> {
+        if !self.expect.kind.tagged() || n == 0 || self.lease.lost {
+            return None;
+        }
+        let need = self.read().clock().saturating_add(n);
+        if need <= self.lease.reserved {
+            return None;
+        }
+        let want = need.saturating_add(self.cfg.id_lease_block);
+        let renewal =
+            self.transport
+                .renew_claim(self.cfg.registry_name(), self.id(), self.uuid(), want);
+        Some((want, renewal))
+    }
+
     /// Renews the claim (extending its reservation) and looks for ids to retire.
     pub(super) fn renew_lease(&mut self, ctx: &mut Context<Self>) {
         if self.lease.busy || self.lease.lost || self.lease.shared.is_some() {
@@ -136,7 +162,7 @@ impl Replica {
         );
     }
 
-    fn on_renewal(&mut self, want: u64, renewal: Result<Renewal, TransportError>) {
+    pub(super) fn on_renewal(&mut self, want: u64, renewal: Result<Renewal, TransportError>) {
         match renewal {
             Ok(Renewal::Held) => self.lease.reserved = self.lease.reserved.max(want),
             Ok(Renewal::Lost) => {

@@ -9,12 +9,12 @@ use tokio::sync::oneshot;
 
 use super::publish::Responder;
 use super::{Replica, ReplicaError, Shared};
-use crate::Dot;
 use crate::replica::ReplicaHandle;
 use crate::replica::ack::AckLevel;
 use crate::replica::filter::AnyFilter;
 use crate::replica::metrics::{MergeSource, OpKind};
 use crate::replica::{ReplicaStats, wall_clock_ms};
+use crate::{Dot, ImportRoom, Occurrence};
 
 /// An item of a single operation: not empty, at most `max_item_bytes`.
 pub(super) fn check_item(item: &[u8], max_item_bytes: usize) -> Result<(), ReplicaError> {
@@ -50,6 +50,31 @@ impl Replica {
             });
         self.op(OpKind::Add, r.is_ok());
         if r.is_ok() {
+            self.local_change();
+        }
+        r
+    }
+
+    /// Applies a slice of an import ([`Import`]): its tags reserved, then all or nothing.
+    pub(super) fn do_import(
+        &mut self,
+        occurrences: &[Occurrence],
+        room: &ImportRoom,
+    ) -> Result<u64, ReplicaError> {
+        let tags = AnyFilter::tags_for_import(self.expect.kind, occurrences);
+        let r = self.reserve_tags_for(tags).and_then(|()| {
+            let mut f = self.write();
+            f.tick(wall_clock_ms());
+            f.import(occurrences, room).map_err(ReplicaError::from)
+        });
+        match &r {
+            Ok(added) => self.telemetry.count_ops(OpKind::Add, *added, 0),
+            Err(e) => {
+                self.op(OpKind::Add, false);
+                tracing::debug!(filter = %self.cfg.name, error = %e, "an import's slice was refused");
+            }
+        }
+        if matches!(r, Ok(added) if added > 0) {
             self.local_change();
         }
         r
@@ -159,6 +184,31 @@ pub struct Remove {
     pub ack: Option<AckLevel>,
 }
 
+/// Reserves this many version tags past the clock, for an import's slices
+/// ([`ReplicaHandle::import`]): renews the id claim first where its reservation falls short,
+/// then reserves durably (with a data directory). No-op for kinds without tags.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<(), ReplicaError>")]
+pub struct ReserveTags(pub u64);
+
+/// Re-adds occurrences of a filter of the same kind and parameters (a slice of a dump's
+/// [`AnyFilter::live_occurrences`]) as this replica's own updates: under fresh tags of its
+/// own (the observed-remove kinds), as its own counts (`counting_cuckoo`); logged, published
+/// and acknowledged as adds are. All or nothing. Answers the occurrences added, once the
+/// update reached `ack`; unset: `durable` with a write-ahead log, else `local`, so that an
+/// import sent in slices goes to the log a slice at a time (the delta of a whole large dump
+/// could exceed a log record).
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<u64, ReplicaError>")]
+pub struct Import {
+    /// The occurrences.
+    pub occurrences: Vec<Occurrence>,
+    /// The room of the whole dump they are part of ([`ImportRoom::of`]).
+    pub room: std::sync::Arc<ImportRoom>,
+    /// Its acknowledgement level.
+    pub ack: Option<AckLevel>,
+}
+
 /// Membership test through the mailbox ([`ReplicaHandle::contains`] reads without it).
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<bool, ReplicaError>")]
@@ -212,6 +262,43 @@ impl Handler<Remove> for Replica {
             .check_level(level)
             .and_then(|_| self.do_remove(&msg.item));
         self.settle_handle(level, applied.map(|dot| (dot.is_some(), dot)), ctx)
+    }
+}
+
+impl Handler<ReserveTags> for Replica {
+    type Result = ResponseActFuture<Self, Result<(), ReplicaError>>;
+    fn handle(&mut self, msg: ReserveTags, _: &mut Context<Self>) -> Self::Result {
+        let n = msg.0;
+        let renewal = self.renewal_for(n);
+        let renewed = async move {
+            match renewal {
+                Some((want, r)) => Some((want, r.await)),
+                None => None,
+            }
+        };
+        Box::pin(renewed.into_actor(self).map(move |renewed, act, _| {
+            if let Some((want, r)) = renewed {
+                act.on_renewal(want, r);
+            }
+            act.reserve_tags_for(n)
+        }))
+    }
+}
+
+impl Handler<Import> for Replica {
+    type Result = ResponseFuture<Result<u64, ReplicaError>>;
+    fn handle(&mut self, msg: Import, ctx: &mut Context<Self>) -> Self::Result {
+        let level = msg.ack.unwrap_or(if self.wal.is_some() {
+            AckLevel::Durable
+        } else {
+            AckLevel::Local
+        });
+        let applied = self
+            .check_level(level)
+            .and_then(|()| self.do_import(&msg.occurrences, &msg.room));
+        let added = *applied.as_ref().unwrap_or(&0);
+        let answer = self.settle_handle(level, applied.map(|n| (n > 0, None)), ctx);
+        Box::pin(async move { answer.await.map(|_| added) })
     }
 }
 

@@ -466,7 +466,7 @@ fn service_code(e: &ReplicaError) -> u16 {
         ReplicaError::InvalidItem(_)
         | ReplicaError::NotRemovable(_)
         | ReplicaError::NotCounting(_) => 400,
-        ReplicaError::Filter(FilterError::Full { .. }) => 507,
+        ReplicaError::Filter(FilterError::Full { .. } | FilterError::NoRoom { .. }) => 507,
         ReplicaError::AckUnavailable(_)
         | ReplicaError::Stopped
         | ReplicaError::Transport(_)
@@ -478,7 +478,8 @@ fn service_code(e: &ReplicaError) -> u16 {
         ReplicaError::Config(_)
         | ReplicaError::Filter(_)
         | ReplicaError::Durable(_)
-        | ReplicaError::NotDurable(_) => 500,
+        | ReplicaError::NotDurable(_)
+        | ReplicaError::ImportStopped { .. } => 500,
     }
 }
 
