@@ -5,9 +5,10 @@
 //!
 //! ```text
 //! scripts/test.sh --no-run   # installs nats-server into .tools/nats
-//! cargo run --release --example replica_bench -- [adds_per_sec] [seconds] [kind] [capacity]
+//! cargo run --release --example replica_bench -- [adds_per_sec] [seconds] [kind] [capacity] [delta_interval_ms]
 //! ```
-//! Defaults: 10000 adds/s for 10 s, `or_cuckoo`, capacity 200000, fpr 0.01. The server binary
+//! Defaults: 10000 adds/s for 10 s, `or_cuckoo`, capacity 200000, fpr 0.01, the replicas'
+//! default `delta_interval_ms`; with a `delta_interval_ms`, the delta protocol only. The server binary
 //! is `$CRPF_NATS_SERVER` or `.tools/nats/bin/nats-server`.
 
 mod common;
@@ -155,6 +156,7 @@ async fn main() {
     let capacity: u64 = args
         .get(3)
         .map_or(200_000, |s| s.parse().expect("capacity"));
+    let delta_interval_ms: Option<u64> = args.get(4).map(|s| s.parse().expect("delta_interval_ms"));
     let (_server, url) = start_server();
     println!(
         "3 replicas, loopback nats-server, {kind} capacity {capacity} fpr 0.01, \
@@ -165,10 +167,17 @@ async fn main() {
         "| protocol | adds | achieved adds/s | latency p50 (ms) | p99 (ms) | max (ms) | samples | wire bytes/add | of which deltas | of which states, digests | state size (bytes) | full-state pushes |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for (label, full) in [("delta-state", false), ("full-state broadcast", true)] {
+    let protocols: &[(&str, bool)] = match delta_interval_ms {
+        Some(_) => &[("delta-state", false)],
+        None => &[("delta-state", false), ("full-state broadcast", true)],
+    };
+    for &(label, full) in protocols {
         let mut cfg =
             ReplicaConfig::for_kind(format!("bench_{}", full as u8), kind, capacity, 0.01);
         cfg.full_state_only = full;
+        if let Some(ms) = delta_interval_ms {
+            cfg.delta_interval_ms = ms;
+        }
         if full {
             // Broadcast the state at every delta interval, not throttled below it.
             cfg.min_push_interval_ms = cfg.delta_interval_ms;

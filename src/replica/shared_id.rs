@@ -57,6 +57,8 @@ pub struct SharedId {
     claims: Mutex<Option<(Arc<Vec<ClaimEntry>>, Instant)>>,
     /// Wakes the renewal task: a replica runs low on tags, or the id is dropped.
     wake: Arc<Notify>,
+    /// The reservation confirmed, for those waiting for more.
+    confirmed: tokio::sync::watch::Sender<u64>,
 }
 
 impl Drop for SharedId {
@@ -103,6 +105,7 @@ impl SharedId {
             retired_ids: AtomicUsize::new(0),
             claims: Mutex::new(None),
             wake: Arc::new(Notify::new()),
+            confirmed: tokio::sync::watch::channel(reserved).0,
         }))
     }
 
@@ -149,6 +152,18 @@ impl SharedId {
         }
     }
 
+    /// Waits (up to `timeout`) until the registry confirmed tags up to `need`, asking the
+    /// renewal task for them (and a block more) at once; whether it did.
+    pub(crate) async fn reserved_at_least(&self, need: u64, timeout: Duration) -> bool {
+        let mut confirmed = self.confirmed.subscribe();
+        self.wanted
+            .fetch_max(need.saturating_add(self.block), Ordering::AcqRel);
+        self.wake.notify_one();
+        tokio::time::timeout(timeout, confirmed.wait_for(|r| *r >= need))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
     /// Renews the claim every `every` (and when a replica runs low on tags), and retires the
     /// ids of the namespace nobody renewed for `retire_after` (zero: never). Ends when every
     /// other reference to the id is gone.
@@ -189,6 +204,11 @@ impl SharedId {
         match transport.renew_claim(ns.clone(), replica, uuid, want).await {
             Ok(Renewal::Held) => {
                 self.reserved.fetch_max(want, Ordering::AcqRel);
+                self.confirmed.send_if_modified(|r| {
+                    let grew = want > *r;
+                    *r = (*r).max(want);
+                    grew
+                });
             }
             Ok(Renewal::Lost) => {
                 self.lost.store(true, Ordering::Release);
@@ -278,6 +298,10 @@ mod tests {
         assert_eq!(id.identity().replica, claims[0].id);
         assert_eq!(id.identity().replica, 1);
         let replica = id.identity().replica;
+        // An import waits for a reservation that covers it.
+        assert!(id.reserved_at_least(500, Duration::from_secs(10)).await);
+        assert!(id.reserved() >= 500);
+        let before_import = id.reserved();
         // The same uuid takes its id back above everything reserved before.
         drop(id);
         renewals.await.unwrap();
@@ -285,7 +309,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(again.identity().replica, replica);
-        assert_eq!(again.floor(), 160);
+        assert_eq!(again.floor(), before_import);
         // Another node gets another id.
         let other = SharedId::claim(&bus, Uuid::new_v4(), None, 100)
             .await

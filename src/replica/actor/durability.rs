@@ -47,7 +47,7 @@ impl Replica {
         if !self.expect.kind.tagged() || n == 0 {
             return Ok(());
         }
-        if self.lease.lost {
+        if self.lease.lost() {
             return Err(ReplicaError::IdRetired { replica: self.id() });
         }
         let clock = self.read().clock();
@@ -55,7 +55,7 @@ impl Replica {
         if need > crate::MAX_COUNTER {
             return Err(crate::FilterError::ClockExhausted { replica: self.id() }.into());
         }
-        if need > self.lease.reserved {
+        if need > self.lease.reserved() {
             return Err(ReplicaError::TagsUnreserved);
         }
         let Some(data) = &self.data else {

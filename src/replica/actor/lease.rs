@@ -21,6 +21,9 @@ use crate::replica::{ReplicaError, SharedId};
 use crate::transport::registry::StaleWatch;
 use crate::transport::{ClaimEntry, Renewal, TransportError};
 
+/// How long an import waits for the node to extend its shared id's reservation.
+const SHARED_RESERVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What the replica knows of its claim and of the other claims of its filter.
 pub(crate) struct Lease {
     /// The highest tag timestamp the registry confirmed this replica may issue (its own
@@ -107,12 +110,27 @@ impl Replica {
         u64,
         futures::future::BoxFuture<'static, Result<Renewal, TransportError>>,
     )> {
-        if !self.expect.kind.tagged() || n == 0 || self.lease.lost {
+        if !self.expect.kind.tagged() || n == 0 || self.lease.lost() {
             return None;
         }
         let need = self.read().clock().saturating_add(n);
-        if need <= self.lease.reserved {
+        if need <= self.lease.reserved() {
             return None;
+        }
+        if let Some(shared) = self.lease.shared.clone() {
+            // The node renews its id; wait for a reservation that covers the import.
+            let renewal = async move {
+                if shared.reserved_at_least(need, SHARED_RESERVE_TIMEOUT).await {
+                    Ok(Renewal::Held)
+                } else if shared.lost() {
+                    Ok(Renewal::Lost)
+                } else {
+                    Err(TransportError::claim(
+                        "the node's shared replica id was not extended in time",
+                    ))
+                }
+            };
+            return Some((need, Box::pin(renewal)));
         }
         let want = need.saturating_add(self.cfg.id_lease_block);
         let renewal =
