@@ -17,27 +17,7 @@ use crate::wire::FilterKind;
 impl Replica {
     /// Reserves tag timestamps durably before one above the reservation is issued.
     pub(super) fn reserve_tags(&mut self) -> Result<(), ReplicaError> {
-        if !self.expect.kind.tagged() {
-            return Ok(());
-        }
-        self.check_lease()?;
-        let Some(data) = &self.data else {
-            return Ok(());
-        };
-        let clock = self.read().clock();
-        if clock < self.reserved {
-            return Ok(());
-        }
-        let reserved = clock + self.cfg.tag_reserve_block;
-        data.save_reservation(&Reservation {
-            identity: self.shared.identity,
-            reserved,
-        })?;
-        self.reserved = reserved;
-        self.telemetry
-            .counter(m::TAG_RESERVATIONS, &[])
-            .increment(1);
-        Ok(())
+        self.reserve_tags_for(1)
     }
 
     /// Reserves `n` more tags at once (a slice of an import, see [`super::local::Import`]):

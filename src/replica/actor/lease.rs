@@ -15,9 +15,9 @@ use std::time::Instant;
 use actix::prelude::*;
 
 use super::Replica;
+use crate::replica::SharedId;
 use crate::replica::config::ReplicaConfig;
 use crate::replica::metrics as m;
-use crate::replica::{ReplicaError, SharedId};
 use crate::transport::registry::StaleWatch;
 use crate::transport::{ClaimEntry, Renewal, TransportError};
 
@@ -70,17 +70,6 @@ impl Lease {
 }
 
 impl Replica {
-    /// Refuses a new tag the registry has not reserved for this replica.
-    pub(super) fn check_lease(&self) -> Result<(), ReplicaError> {
-        if self.lease.lost() {
-            return Err(ReplicaError::IdRetired { replica: self.id() });
-        }
-        if self.read().clock() >= self.lease.reserved() {
-            return Err(ReplicaError::TagsUnreserved);
-        }
-        Ok(())
-    }
-
     /// Renews the claim at once when half of its reserved tags are used.
     pub(super) fn extend_lease_if_low(&mut self, ctx: &mut Context<Self>) {
         if let Some(shared) = &self.lease.shared {
