@@ -122,7 +122,13 @@ impl Replica {
         match &self.wal {
             Some(wal) => {
                 self.committing = true;
-                let done = wal.append(delta.clone());
+                // Only updates that wait for the disk make the commit wait for an fsync; the
+                // others (`logged`, `local`) are synced by the log's periodic sync.
+                let done = if self.acks.wants_sync(batch) {
+                    wal.append(delta.clone())
+                } else {
+                    wal.append_logged(delta.clone())
+                };
                 let addr = ctx.address();
                 actix::spawn(async move {
                     let result = done.await.map_err(|e| e.to_string());
