@@ -21,8 +21,8 @@ pub enum AckLevel {
     /// Applied in memory. Fastest; a crash before the next commit (every `delta_interval_ms`)
     /// loses it.
     Local,
-    /// Applied in memory, answered at once like `Local`, and committed at once: written to
-    /// the write-ahead log without waiting for an fsync, which comes at most
+    /// Applied in memory, answered at once like `Local`, and committed within a millisecond:
+    /// written to the write-ahead log without waiting for an fsync, which comes at most
     /// `fsync_interval_ms` later (Redis's `appendfsync everysec`). A crash of the process
     /// loses only the updates whose commit was not written yet (in flight); a crash of the
     /// machine also those written in the last `fsync_interval_ms`. Needs a data directory.

@@ -86,8 +86,8 @@ impl Replica {
         ctx: &mut Context<Self>,
     ) {
         if level == AckLevel::Logged && changed {
-            // Answered now, committed now: its delta is written to the log (not synced)
-            // right away, or right after the commit in flight.
+            // Answered now, committed within a millisecond (or right after the commit in
+            // flight): its delta is written to the log, not synced.
             let r = match self.wal_recovery.is_pending() {
                 // The log is known to have failed: say so rather than promise it.
                 true => Err(ReplicaError::from_ack(
@@ -97,7 +97,7 @@ impl Replica {
                 false => Ok(()),
             };
             self.respond(responder, r);
-            self.schedule_commit(ctx);
+            self.schedule_logged_commit(ctx);
         } else if level.answered_at_apply() || !changed {
             self.respond(responder, Ok(()));
         } else {

@@ -197,6 +197,18 @@ impl Replica {
         }
     }
 
+    /// A commit within a millisecond for `logged` updates: they do not wait for it, and
+    /// those that arrive meanwhile share its write and its delta.
+    pub(super) fn schedule_logged_commit(&mut self, ctx: &mut Context<Self>) {
+        if !self.commit_scheduled {
+            self.commit_scheduled = true;
+            ctx.run_later(Duration::from_millis(1), |act, ctx| {
+                act.commit_scheduled = false;
+                act.flush_delta(ctx);
+            });
+        }
+    }
+
     /// Makes sure a commit comes soon for updates that wait for one.
     pub(super) fn schedule_commit(&mut self, ctx: &mut Context<Self>) {
         if self.wal.is_some() {
