@@ -5,9 +5,10 @@
 //!
 //! ```text
 //! scripts/test.sh --no-run   # installs nats-server into .tools/nats
-//! cargo run --release --example ack_bench -- [seconds per level] [in flight] [kind]
+//! cargo run --release --example ack_bench -- [seconds per level] [in flight] [kind] [levels]
 //! ```
-//! Defaults: 5 s per level, 16 requests in flight, `or_cuckoo` sized for 2M elements.
+//! Defaults: 5 s per level, 16 requests in flight, `or_cuckoo` sized for 2M elements, every
+//! level (`local,logged,durable,replicated`).
 //! The data directories are in the system's temporary folder: on tmpfs, `durable` costs no
 //! real fsync; point `TMPDIR` at a real disk to measure one.
 
@@ -106,6 +107,10 @@ async fn main() {
     let kind: FilterKind = args
         .get(3)
         .map_or(FilterKind::OrCuckoo, |s| s.parse().expect("kind"));
+    // Levels to run, comma-separated (default: all of them).
+    let levels: Vec<AckLevel> = args.get(4).map_or(AckLevel::ALL.to_vec(), |s| {
+        s.split(',').map(|l| l.parse().expect("level")).collect()
+    });
     let (_server, url) = start_server();
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let hs = start_replicas(&url, kind, &dirs).await;
@@ -115,7 +120,7 @@ async fn main() {
     );
     println!("| level | acked adds/s | p50 ms | p99 ms | errors |");
     println!("|---|---|---|---|---|");
-    for level in [AckLevel::Local, AckLevel::Durable, AckLevel::Replicated] {
+    for level in levels {
         let o = run(&url, level, secs, in_flight).await;
         println!(
             "| {level} | {:.0} | {:.2} | {:.2} | {} |",

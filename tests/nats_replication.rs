@@ -15,7 +15,7 @@ use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
 use crpf::Dot;
-use crpf::replica::{Replica, ReplicaConfig};
+use crpf::replica::{AckLevel, Replica, ReplicaConfig};
 use crpf::transport::{
     FaultConfig, FaultyTransport, IdRegistry, NatsConfig, NatsTransport, Transport,
 };
@@ -527,13 +527,25 @@ async fn replicas_on_a_3_node_cluster_converge_after_a_server_dies() {
 /// [`child_replica_process`] as a replica that adds items until it is killed.
 struct ChildReplica {
     child: Child,
-    lines: std_mpsc::Receiver<String>,
+    /// Lines, and when this process read them.
+    lines: std_mpsc::Receiver<(Instant, String)>,
+    /// Its acknowledged adds (item, tag counter), and when each acknowledgement was read.
     tags: Vec<(String, u64)>,
+    acked_at: Vec<Instant>,
 }
 
 impl ChildReplica {
     fn spawn(url: &str, dir: &Path, prefix: &str) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        Self::spawn_at(url, dir, prefix, None)
+    }
+
+    /// A child whose adds are acknowledged at `level` (see [`child_replica_process`]).
+    fn spawn_at(url: &str, dir: &Path, prefix: &str, level: Option<&str>) -> Self {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        if let Some(level) = level {
+            cmd.env("CRPF_CHILD_ACK", level);
+        }
+        let mut child = cmd
             .args([
                 "--exact",
                 "child_replica_process",
@@ -552,7 +564,7 @@ impl ChildReplica {
         std::thread::spawn(move || {
             for line in std::io::BufReader::new(out).lines() {
                 let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
+                if tx.send((Instant::now(), line)).is_err() {
                     break;
                 }
             }
@@ -561,13 +573,14 @@ impl ChildReplica {
             child,
             lines,
             tags: Vec::new(),
+            acked_at: Vec::new(),
         }
     }
 
     /// Reads what the child printed so far; returns its `READY` line's fields once seen.
     fn drain(&mut self) -> Option<(u16, BTreeSet<u64>)> {
         let mut ready = None;
-        while let Ok(line) = self.lines.try_recv() {
+        while let Ok((at, line)) = self.lines.try_recv() {
             // libtest prints `test child_replica_process ... ` with no newline before the
             // child's first line.
             let line = match line.find("READY ") {
@@ -579,6 +592,7 @@ impl ChildReplica {
                 Some("TAG") => {
                     let item = f.next().unwrap().to_string();
                     self.tags.push((item, f.next().unwrap().parse().unwrap()));
+                    self.acked_at.push(at);
                 }
                 Some("READY") => {
                     let id = f.next().unwrap().parse().unwrap();
@@ -637,6 +651,9 @@ fn child_replica_process() {
     };
     let dir = std::env::var("CRPF_CHILD_DIR").unwrap();
     let prefix = std::env::var("CRPF_CHILD_PREFIX").unwrap();
+    let level: Option<AckLevel> = std::env::var("CRPF_CHILD_ACK")
+        .ok()
+        .map(|l| l.parse().unwrap());
     actix::System::new().block_on(async move {
         let mut cfg = crash_cfg();
         cfg.data_dir = Some(dir.into());
@@ -644,6 +661,13 @@ fn child_replica_process() {
         cfg.tag_reserve_block = 50;
         // The default: peers that answer within 2 s are waited for.
         cfg.catch_up_timeout_ms = 2_000;
+        if level.is_some() {
+            // Only the log can carry the adds across the kill: no snapshot, and no commit
+            // on the delta schedule, within the run.
+            cfg.snapshot_interval_ms = 600_000;
+            cfg.delta_interval_ms = 600_000;
+            cfg.fsync_interval_ms = LOGGED_FSYNC_MS;
+        }
         let h = Replica::start(cfg, connect(&url).await).await.unwrap();
         assert!(h.wait_ready(WAIT).await);
         let id = h.identity().replica;
@@ -656,7 +680,11 @@ fn child_replica_process() {
         println!("READY {id} {}", restored.join(","));
         for i in 0.. {
             let item = format!("{prefix}-{i}");
-            let dot = h.add(item.clone().into_bytes()).await.unwrap().unwrap();
+            let dot = h
+                .add_with(item.clone().into_bytes(), level)
+                .await
+                .unwrap()
+                .unwrap();
             println!("TAG {item} {}", dot.counter);
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -763,6 +791,71 @@ async fn a_replica_killed_with_sigkill_restarts_from_its_data_dir() {
         }
     }
     stop(&[a, b]).await;
+}
+
+/// `fsync_interval_ms` of the child replica at `logged`.
+const LOGGED_FSYNC_MS: u64 = 200;
+
+/// Issue 25: adds acknowledged at `logged` (answered at apply, written to the log at once,
+/// fsynced every `fsync_interval_ms`) that are older than the fsync interval plus a margin
+/// survive a SIGKILL of the replica's process. The child is alone, takes no snapshot and
+/// commits nothing on the delta schedule during the run: only the log can carry them
+/// (`CRPF_TEST_ACK=local` runs it at `local`, which loses them and fails). A SIGKILL keeps the
+/// page cache, so in fact every add whose commit was written survives; the newer ones are
+/// reported, not asserted.
+#[actix::test]
+async fn logged_adds_older_than_the_fsync_interval_survive_sigkill() {
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let level = std::env::var("CRPF_TEST_ACK").unwrap_or_else(|_| "logged".into());
+    let mut first = ChildReplica::spawn_at(&server.url(), dir.path(), "g1", Some(&level));
+    let (id, _) = first.wait_ready().await;
+    let deadline = Instant::now() + WAIT;
+    let started = Instant::now();
+    // Acknowledged this long before the kill: past the fsync interval, with a margin.
+    let window = Duration::from_millis(LOGGED_FSYNC_MS + 1_000);
+    // Over a second of adds older than that, then a kill at a moment the child does not know.
+    let run = window + Duration::from_millis(1_000 + fastrand::u64(..1_000));
+    while first.tags.len() < 300 || started.elapsed() < run {
+        assert!(
+            Instant::now() < deadline,
+            "the child acknowledged too few adds"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        first.drain();
+    }
+    let killed_at = Instant::now();
+    first.kill9().await;
+    let (old, recent): (Vec<_>, Vec<_>) = first
+        .tags
+        .iter()
+        .zip(&first.acked_at)
+        .partition(|(_, at)| **at + window <= killed_at);
+    assert!(!old.is_empty(), "no add older than {window:?}");
+
+    let mut second = ChildReplica::spawn_at(&server.url(), dir.path(), "g2", Some(&level));
+    let (id2, restored) = second.wait_ready().await;
+    assert_eq!(id2, id, "the restarted replica keeps its replica id");
+    let lost: Vec<_> = old
+        .iter()
+        .filter(|((_, c), _)| !restored.contains(c))
+        .map(|((item, _), _)| item)
+        .collect();
+    let recent_kept = recent
+        .iter()
+        .filter(|((_, c), _)| restored.contains(c))
+        .count();
+    eprintln!(
+        "{level}: {} acknowledged: {} older than {window:?} ({} lost), {} newer ({recent_kept} kept)",
+        first.tags.len(),
+        old.len(),
+        lost.len(),
+        recent.len()
+    );
+    assert!(
+        lost.is_empty(),
+        "adds acknowledged at `{level}` more than {window:?} before the kill were lost: {lost:?}"
+    );
 }
 
 /// Pruning over JetStream KV: a replica gone for `retire_after_ms` has its id retired (the

@@ -11,7 +11,7 @@ pub mod batch;
 use std::fmt;
 use std::str::FromStr;
 
-/// Request header: the acknowledgement level of an update (`local`, `durable`, `replicated`).
+/// Request header: the acknowledgement level of an update (`local`, `logged`, `durable`, `replicated`).
 pub const ACK_HEADER: &str = "Crpf-Ack";
 
 /// Request header of the batch operations: `json` (the default) or `bitmap`, the format of the

@@ -153,6 +153,8 @@ pub struct RuntimeFilterDefaults {
     pub id_lease_block: Option<u64>,
     /// [`ReplicaConfig::replicated_timeout_ms`].
     pub replicated_timeout_ms: Option<u64>,
+    /// [`ReplicaConfig::fsync_interval_ms`].
+    pub fsync_interval_ms: Option<u64>,
 }
 
 impl RuntimeFilterDefaults {
@@ -181,6 +183,7 @@ impl RuntimeFilterDefaults {
         set(&mut c.id_lease_renew_ms, self.id_lease_renew_ms);
         set(&mut c.id_lease_block, self.id_lease_block);
         set(&mut c.replicated_timeout_ms, self.replicated_timeout_ms);
+        set(&mut c.fsync_interval_ms, self.fsync_interval_ms);
         c
     }
 }
@@ -380,10 +383,13 @@ impl NodeConfig {
                 reason: "declare at least one [[filters]] entry, or enable [catalog]".into(),
             });
         }
-        let template = self.catalog.defaults.replica_config(
+        let mut template = self.catalog.defaults.replica_config(
             "template",
             crate::FilterSpec::new(crate::FilterKind::GBloom, 1_000, 0.01),
         );
+        // Filters created at run time keep their state under the node's data directory: the
+        // levels that need a log are theirs exactly when there is one.
+        template.data_dir = self.node.data_dir.clone();
         template.validate().map_err(|reason| ConfigError::Invalid {
             field: "catalog.defaults".into(),
             reason,
@@ -442,6 +448,7 @@ impl NodeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::replica::AckLevel;
 
     /// The commented examples in `configs/` are what users copy: they must load.
     #[test]
@@ -509,6 +516,59 @@ mod tests {
             Err(ConfigError::Invalid { field, reason }) => (field, reason),
             other => panic!("expected an invalid field, got {other:?}"),
         }
+    }
+
+    /// Issue 25: `logged` and `fsync_interval_ms` in `[[filters]]` and `[catalog.defaults]`,
+    /// with the default, the range, and the data directory the level needs.
+    #[test]
+    fn logged_level_and_fsync_interval_are_read_and_checked() {
+        let node = |data: &str, filter: &str, defaults: &str| {
+            NodeConfig::from_toml_str(&format!(
+                "[node]\n{data}\n[catalog.defaults]\n{defaults}\n\
+                 [[filters]]\nname = \"a\"\nfilter = {{ kind = \"g_bloom\", capacity = 100, fpr = 0.01 }}\n{filter}\n"
+            ))
+        };
+        let data = "data_dir = \"/var/lib/crpf\"";
+        let cfg = node(data, "", "").unwrap();
+        assert_eq!(cfg.filters[0].fsync_interval_ms, 1_000);
+        assert_eq!(cfg.catalog.defaults.fsync_interval_ms, None);
+
+        let cfg = node(
+            data,
+            "ack = \"logged\"\nfsync_interval_ms = 250",
+            "ack = \"logged\"\nfsync_interval_ms = 2000",
+        )
+        .unwrap();
+        assert_eq!(cfg.filters[0].ack, Some(AckLevel::Logged));
+        assert_eq!(cfg.filters[0].fsync_interval_ms, 250);
+        let runtime = cfg.catalog.defaults.replica_config(
+            "r",
+            crate::FilterSpec::new(crate::FilterKind::GBloom, 100, 0.01),
+        );
+        assert_eq!(
+            (runtime.ack, runtime.fsync_interval_ms),
+            (Some(AckLevel::Logged), 2000)
+        );
+
+        for bad in ["0", "60001"] {
+            let (field, reason) =
+                invalid_field(node(data, &format!("fsync_interval_ms = {bad}"), ""));
+            assert_eq!(field, "filters[0]");
+            assert!(
+                reason.contains("fsync_interval_ms must be 1 to 60000"),
+                "{reason}"
+            );
+            let (field, _) = invalid_field(node(data, "", &format!("fsync_interval_ms = {bad}")));
+            assert_eq!(field, "catalog.defaults");
+        }
+        node(data, "fsync_interval_ms = 60000", "fsync_interval_ms = 1").unwrap();
+        // Without a data directory there is no log to write.
+        let (field, reason) = invalid_field(node("", "ack = \"logged\"", ""));
+        assert_eq!(field, "filters[0]");
+        assert!(reason.contains("needs a data_dir"), "{reason}");
+        let (field, _) = invalid_field(node("", "", "ack = \"logged\""));
+        assert_eq!(field, "catalog.defaults");
+        assert!(node("", "ack = \"eventually\"", "").is_err());
     }
 
     #[test]

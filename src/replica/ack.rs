@@ -21,6 +21,12 @@ pub enum AckLevel {
     /// Applied in memory. Fastest; a crash before the next commit (every `delta_interval_ms`)
     /// loses it.
     Local,
+    /// Applied in memory, answered at once like `Local`, and committed within a millisecond:
+    /// written to the write-ahead log without waiting for an fsync, which comes at most
+    /// `fsync_interval_ms` later (Redis's `appendfsync everysec`). A crash of the process
+    /// loses only the updates whose commit was not written yet (in flight); a crash of the
+    /// machine also those written in the last `fsync_interval_ms`. Needs a data directory.
+    Logged,
     /// In the write-ahead log, fsynced, before the answer: survives a crash of the process or
     /// the machine. Needs a data directory.
     Durable,
@@ -31,10 +37,29 @@ pub enum AckLevel {
 }
 
 impl AckLevel {
+    /// Every level, weakest first.
+    pub const ALL: [AckLevel; 4] = [
+        AckLevel::Local,
+        AckLevel::Logged,
+        AckLevel::Durable,
+        AckLevel::Replicated,
+    ];
+
+    /// Whether its updates are answered when applied (else they wait for a commit).
+    pub fn answered_at_apply(self) -> bool {
+        matches!(self, AckLevel::Local | AckLevel::Logged)
+    }
+
+    /// Whether it needs a write-ahead log (a data directory).
+    pub fn needs_log(self) -> bool {
+        matches!(self, AckLevel::Logged | AckLevel::Durable)
+    }
+
     /// The name used in configuration and in the request API's `Crpf-Ack` header.
     pub fn name(self) -> &'static str {
         match self {
             AckLevel::Local => "local",
+            AckLevel::Logged => "logged",
             AckLevel::Durable => "durable",
             AckLevel::Replicated => "replicated",
         }
@@ -50,10 +75,12 @@ impl std::fmt::Display for AckLevel {
 impl std::str::FromStr for AckLevel {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        [AckLevel::Local, AckLevel::Durable, AckLevel::Replicated]
+        AckLevel::ALL
             .into_iter()
             .find(|l| l.name().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| format!("unknown ack level `{s}` (local, durable or replicated)"))
+            .ok_or_else(|| {
+                format!("unknown ack level `{s}` (local, logged, durable or replicated)")
+            })
     }
 }
 
@@ -127,10 +154,10 @@ impl<R> Default for AckTracker<R> {
 }
 
 impl<R> AckTracker<R> {
-    /// An update carried by commit `batch` waits for `level` (not `Local`, which is answered
-    /// at once).
+    /// An update carried by commit `batch` waits for `level` (not `Local` nor `Logged`,
+    /// which are answered at once).
     pub(super) fn wait(&mut self, level: AckLevel, batch: u64, responder: R) {
-        debug_assert!(level != AckLevel::Local);
+        debug_assert!(!level.answered_at_apply());
         self.waiting.push_back(Waiting {
             level,
             batch,
@@ -149,6 +176,14 @@ impl<R> AckTracker<R> {
         self.waiting
             .iter()
             .any(|w| w.published.is_none() && w.batch >= batch)
+    }
+
+    /// Whether commit `batch` carries updates that wait for an fsync (`Durable`, and
+    /// `Replicated` with a log); else its log append need not wait for one.
+    pub(super) fn wants_sync(&self, batch: u64) -> bool {
+        self.waiting
+            .iter()
+            .any(|w| w.published.is_none() && w.batch <= batch)
     }
 
     /// Whether commit `batch` carries updates that wait for peers (its delta then asks its
@@ -376,5 +411,26 @@ mod tests {
     fn levels_parse_by_name() {
         assert_eq!("Durable".parse::<AckLevel>().unwrap(), AckLevel::Durable);
         assert!("all".parse::<AckLevel>().is_err());
+        for level in AckLevel::ALL {
+            assert_eq!(level.name().parse::<AckLevel>().unwrap(), level);
+            let json = serde_json::to_string(&level).unwrap();
+            assert_eq!(json, format!("\"{}\"", level.name()));
+        }
+        assert_eq!(" logged ".parse::<AckLevel>().unwrap(), AckLevel::Logged);
+        assert!(AckLevel::Logged.answered_at_apply() && AckLevel::Logged.needs_log());
+    }
+
+    #[test]
+    fn only_waiting_updates_make_a_commit_sync() {
+        let mut t = AckTracker::default();
+        assert!(
+            !t.wants_sync(1),
+            "nothing waits: the commit's append need not sync"
+        );
+        t.wait(AckLevel::Durable, 2, "d");
+        assert!(!t.wants_sync(1));
+        assert!(t.wants_sync(2));
+        assert_eq!(t.committed(2, Some(3), 0, later()).ok, vec!["d"]);
+        assert!(!t.wants_sync(3));
     }
 }

@@ -724,6 +724,7 @@ impl Replica {
             let s = wal.stats();
             for (name, v) in [
                 (m::WAL_APPENDS, &s.appends),
+                (m::WAL_LOGGED, &s.logged),
                 (m::WAL_FSYNCS, &s.fsyncs),
                 (m::WAL_BYTES, &s.bytes),
                 (m::WAL_FAILURES, &s.failures),

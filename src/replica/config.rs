@@ -10,6 +10,10 @@ use super::filter::FilterSpec;
 use crate::transport::is_token;
 use crate::wire::{AuthKeys, FilterKind};
 
+/// The largest `fsync_interval_ms`: a minute of acknowledged updates is as much as a crash of
+/// the machine may take at `logged`.
+pub const MAX_FSYNC_INTERVAL_MS: u64 = 60_000;
+
 /// How one replica of one filter behaves. Only `name` and `filter` have no default.
 ///
 /// ```
@@ -107,6 +111,13 @@ pub struct ReplicaConfig {
     /// `local` without.
     #[serde(default)]
     pub ack: Option<AckLevel>,
+    /// With a data directory: the longest a commit written to the write-ahead log without an
+    /// fsync (updates at `logged` and `local`) waits for one; the log is synced at most this
+    /// often, and only when something was written since. A crash of the machine loses at
+    /// most this window of `logged` updates (a crash of the process, none that was written).
+    /// 1 to 60,000 ms; default 1,000 (Redis's `appendfsync everysec`).
+    #[serde(default = "d::fsync_interval_ms")]
+    pub fsync_interval_ms: u64,
     /// Peer acknowledgements a `replicated` update needs; unset: a majority of the live
     /// replicas, this one included.
     #[serde(default)]
@@ -227,6 +238,9 @@ mod d {
     pub(super) fn replicated_timeout_ms() -> u64 {
         5_000
     }
+    pub(super) fn fsync_interval_ms() -> u64 {
+        1_000
+    }
     pub(super) fn max_peers() -> usize {
         256
     }
@@ -278,6 +292,7 @@ impl ReplicaConfig {
             ack: None,
             replicated_peers: None,
             replicated_timeout_ms: d::replicated_timeout_ms(),
+            fsync_interval_ms: d::fsync_interval_ms(),
             max_peers: d::max_peers(),
             peer_expiry_ms: d::peer_expiry_ms(),
             outbound_buffer: d::outbound_buffer(),
@@ -370,8 +385,16 @@ impl ReplicaConfig {
         if self.inbound_max_bytes < self.max_message_bytes as u64 {
             return Err("inbound_max_bytes must be at least max_message_bytes".into());
         }
-        if self.ack == Some(AckLevel::Durable) && self.data_dir.is_none() {
-            return Err("ack = \"durable\" needs a data_dir".into());
+        if let Some(level) = self.ack
+            && level.needs_log()
+            && self.data_dir.is_none()
+        {
+            return Err(format!("ack = \"{level}\" needs a data_dir"));
+        }
+        if !(1..=MAX_FSYNC_INTERVAL_MS).contains(&self.fsync_interval_ms) {
+            return Err(format!(
+                "fsync_interval_ms must be 1 to {MAX_FSYNC_INTERVAL_MS} (it bounds what a crash of the machine loses at `logged`)"
+            ));
         }
         if self.replicated_timeout_ms == 0 {
             return Err("replicated_timeout_ms must be positive".into());

@@ -72,9 +72,13 @@ pub const OUTBOUND_DROPPED: &str = "crpf_outbound_dropped_total";
 /// Request API errors (bad requests, refused operations), by `reason`; apart from
 /// [`REJECTS`], which counts replication messages.
 pub const API_ERRORS: &str = "crpf_api_errors_total";
-/// Write-ahead log records appended and fsynced.
+/// Write-ahead log records appended and fsynced (commits with `durable` or `replicated`
+/// updates).
 pub const WAL_APPENDS: &str = "crpf_wal_appends_total";
-/// Write-ahead log fsyncs (one per group commit).
+/// Write-ahead log records written without waiting for an fsync (commits of `logged` and
+/// `local` updates), synced by the periodic sync.
+pub const WAL_LOGGED: &str = "crpf_wal_logged_appends_total";
+/// Write-ahead log fsyncs (one per group commit with durable updates, one per periodic sync).
 pub const WAL_FSYNCS: &str = "crpf_wal_fsyncs_total";
 /// Write-ahead log bytes written.
 pub const WAL_BYTES: &str = "crpf_wal_bytes_total";
@@ -181,7 +185,14 @@ pub fn describe() {
         );
         c!(API_ERRORS, "Request API errors, by reason");
         c!(WAL_APPENDS, "Write-ahead log records appended and fsynced");
-        c!(WAL_FSYNCS, "Write-ahead log fsyncs, one per group commit");
+        c!(
+            WAL_LOGGED,
+            "Write-ahead log records written without waiting for an fsync"
+        );
+        c!(
+            WAL_FSYNCS,
+            "Write-ahead log fsyncs, one per durable group commit or periodic sync"
+        );
         c!(WAL_BYTES, Unit::Bytes, "Write-ahead log bytes written");
         c!(
             WAL_FAILURES,

@@ -70,7 +70,7 @@ pub use actor::{
     Add, ApiResponse, Contains, FlushDelta, Import, Merge, PendingResponse, Persist, Remove,
     Replica, ReserveTags, Shutdown, Stats, TakeSnapshot,
 };
-pub use config::ReplicaConfig;
+pub use config::{MAX_FSYNC_INTERVAL_MS, ReplicaConfig};
 pub use durable::{DataDir, DurableError, Identity};
 pub use filter::{
     AnyFilter, FilterSpec, FilterStats, NotCounting, NotRemovable, TagBounds, TakenDelta,
@@ -412,7 +412,12 @@ impl Replica {
             d.save_reservation(&durable::Reservation { identity, reserved })?;
         }
         let wal = replayed
-            .map(|r| wal::WalWriter::start(r, identity))
+            .map(|r| {
+                wal::WalWriter::start(r, identity).map(|mut w| {
+                    w.set_sync_interval(ReplicaConfig::ms(cfg.fsync_interval_ms));
+                    w
+                })
+            })
             .transpose()?;
         let subjects = Subjects::new(&cfg.prefix, &cfg.name);
         // Replication on a transport that does not echo, where there is one: a replica's own

@@ -12,12 +12,26 @@
 //!   each `length (u32 LE) | bytes`. The header's own checksum tells a damaged length from a
 //!   torn tail.
 //!
-//! One frame is written per fsync, and the next one only after that fsync succeeded: only the
-//! last frame of the last segment can be torn by a crash, and it holds only records that were
-//! never acknowledged. A frame is therefore the unit of the torn-tail rule: on replay, a last
-//! frame that is incomplete, whose body fails its checksum while ending exactly at the end of
-//! the file, or that is unwritten (zero) space of at most one frame, is cut off; anything else
-//! that does not check is [`DurableError::Corrupt`]. Lengths are checked against
+//! # Synced and written appends
+//! An append is *durable* ([`WalWriter::append`]: the `durable` and `replicated` levels) or
+//! *logged* ([`WalWriter::append_logged`]: `logged` and `local`). A durable frame is written,
+//! then fsynced (with every frame written before it in its log: one log is one ordered stream
+//! of frames, and an fsync covers the whole file) before its append completes and before the
+//! next frame of the log is written. A logged frame is written (to the page cache: it survives
+//! `kill -9` of the process) and its append completes at once; the log is fsynced by the next
+//! durable append, rotation or close, or else by the *periodic sync*: at most
+//! [`WalWriter::set_sync_interval`] after the first frame written since the last fsync, and
+//! never while nothing was written since.
+//!
+//! So a crash of the process tears at most the last frame, and a crash of the machine tears
+//! only frames written since the last fsync, which hold only logged records (acknowledged at a
+//! level that allows losing them) and at most one durable frame (never acknowledged). Both
+//! sit at the end of the last segment (a rotation fsyncs the segment it ends), which is where
+//! the torn-tail rule looks: on replay, a last frame that is incomplete, whose body fails its
+//! checksum while ending exactly at the end of the file, or that is unwritten (zero) space of
+//! at most one frame, is cut off; so is, in the last segment, a stretch that does not check
+//! and after which no frame checks (the image of several unsynced frames, partly written
+//! back); anything else that does not check is [`DurableError::Corrupt`]. Lengths are checked against
 //! [`WalLimits`] before anything is read, so a damaged length never becomes an allocation.
 //! Records replayed before an error are sound (checksummed): the caller can keep what it
 //! merged, move the log aside ([`quarantine`]) and take a snapshot.
@@ -44,13 +58,15 @@
 //! A node may hold 100,000 logs (one per filter), so no log has a thread of its own: a
 //! [`WalPool`] of a few threads (by default the process-wide one, [`DEFAULT_WRITER_THREADS`])
 //! serves them all, each log on one thread. A thread's round writes one frame for each of its
-//! logs that has appends queued, then fsyncs each of those logs (a failure stays with its log).
+//! logs that has appends queued, then fsyncs each of those logs that has a durable append (a
+//! failure stays with its log); between rounds it makes the periodic syncs that are due.
 //!
 //! `okaywal` was not used: it decides itself when to checkpoint (and recycles segment files),
 //! whereas here the actor's snapshot timer decides, and it has no place for our identity
 //! header; its format is also declared unstable.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::future::Future;
 use std::io::{self, BufReader, Read, Write};
@@ -59,6 +75,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, mpsc};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 use tokio::sync::oneshot;
@@ -146,10 +163,14 @@ pub enum WalError {
 pub struct WalStats {
     /// Appends submitted.
     pub submitted: AtomicU64,
-    /// Appends written and fsynced (acknowledged as durable).
+    /// Durable appends written and fsynced (acknowledged as durable).
     pub appends: AtomicU64,
-    /// File fsyncs, one per group commit.
+    /// Logged appends written (fsynced later, by the periodic sync or a durable append).
+    pub logged: AtomicU64,
+    /// File fsyncs: one per group commit with a durable append, one per periodic sync.
     pub fsyncs: AtomicU64,
+    /// Of `fsyncs`, those made by the periodic sync (logged appends only since the last).
+    pub periodic_fsyncs: AtomicU64,
     /// Bytes written (frames and segment headers).
     pub bytes: AtomicU64,
     /// Segments created.
@@ -265,6 +286,9 @@ enum Step {
     Frame(u64),
     /// The torn tail starts here.
     Torn,
+    /// A frame that does not check in a way a torn write can explain (a blank or damaged
+    /// header, a wrong body checksum): the torn tail if nothing after it checks, else damage.
+    Unreadable(String),
 }
 
 /// Reads one segment.
@@ -302,8 +326,17 @@ impl Scan<'_> {
 
         let mut head = [0u8; SEGMENT_HEADER];
         let got = read_up_to(&mut r, &mut head).map_err(&io)?;
-        if got < SEGMENT_HEADER || (is_zero(&head) && self.may_be_torn(0, file_len, SEGMENT_HEADER))
-        {
+        // A blank header with nothing sound after it: created, then lost with every frame
+        // written to it (only logged frames can be more than one).
+        let blank = || -> Result<bool, DurableError> {
+            Ok(is_zero(&head)
+                && (self.may_be_torn(0, file_len, SEGMENT_HEADER)
+                    || (self.last
+                        && self
+                            .next_sound_frame(SEGMENT_HEADER as u64, file_len)?
+                            .is_none())))
+        };
+        if got < SEGMENT_HEADER || blank()? {
             if self.last {
                 // Created, but its first group commit never completed.
                 tracing::warn!(segment = ?self.path, bytes = file_len, "removing a torn write-ahead log segment");
@@ -330,49 +363,55 @@ impl Scan<'_> {
         let mut offset = SEGMENT_HEADER as u64;
         let mut body = Vec::new();
         while offset < file_len {
-            let step = match self.frame(&mut r, offset, file_len, &mut body) {
-                Err(DurableError::Corrupt { reason, .. }) => {
-                    // Damage in the middle: go on at the next frame that checks.
-                    let next = self.next_sound_frame(offset + 1, file_len)?;
-                    let to = next.unwrap_or(file_len);
-                    tracing::warn!(
-                        segment = ?self.path, offset, skipped = to - offset, reason,
-                        "damaged write-ahead log frame: skipped to the next frame that checks"
-                    );
-                    out.damaged_regions += 1;
-                    out.damaged_bytes += to - offset;
-                    offset = to;
-                    let mut file = File::open(self.path).map_err(&io)?;
-                    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(offset))
-                        .map_err(&io)?;
-                    r = BufReader::with_capacity(1 << 16, file);
-                    continue;
-                }
-                other => other?,
-            };
-            match step {
-                Step::Frame(end) => {
+            let (reason, tearable) = match self.frame(&mut r, offset, file_len, &mut body) {
+                Ok(Step::Frame(end)) => {
                     self.records(&body, offset, out, on_record)?;
                     offset = end;
+                    continue;
                 }
-                Step::Torn => {
-                    let cut = file_len - offset;
-                    tracing::warn!(
-                        segment = ?self.path, offset, bytes = cut,
-                        "cutting a torn write-ahead log tail (never acknowledged)"
-                    );
-                    let f = OpenOptions::new()
-                        .write(true)
-                        .open(self.path)
-                        .map_err(&io)?;
-                    f.set_len(offset).map_err(&io)?;
-                    f.sync_all().map_err(&io)?;
-                    out.torn_bytes += cut;
-                    out.torn = true;
-                    break;
-                }
+                Ok(Step::Torn) => return self.cut(offset, file_len, out),
+                Ok(Step::Unreadable(reason)) => (reason, true),
+                Err(DurableError::Corrupt { reason, .. }) => (reason, false),
+                Err(e) => return Err(e),
+            };
+            let next = self.next_sound_frame(offset + 1, file_len)?;
+            if next.is_none() && tearable && self.last {
+                // Frames written since the last fsync (logged appends), partly written back
+                // before the machine crashed: nothing after them checks.
+                return self.cut(offset, file_len, out);
             }
+            // Damage in the middle: go on at the next frame that checks.
+            let to = next.unwrap_or(file_len);
+            tracing::warn!(
+                segment = ?self.path, offset, skipped = to - offset, reason,
+                "damaged write-ahead log frame: skipped to the next frame that checks"
+            );
+            out.damaged_regions += 1;
+            out.damaged_bytes += to - offset;
+            offset = to;
+            let mut file = File::open(self.path).map_err(&io)?;
+            std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(offset)).map_err(&io)?;
+            r = BufReader::with_capacity(1 << 16, file);
         }
+        Ok(())
+    }
+
+    /// Cuts the torn tail off at `offset`.
+    fn cut(&self, offset: u64, file_len: u64, out: &mut Replayed) -> Result<(), DurableError> {
+        let io = io_err(self.path);
+        let cut = file_len - offset;
+        tracing::warn!(
+            segment = ?self.path, offset, bytes = cut,
+            "cutting a torn write-ahead log tail (never acknowledged, or logged and not synced)"
+        );
+        let f = OpenOptions::new()
+            .write(true)
+            .open(self.path)
+            .map_err(&io)?;
+        f.set_len(offset).map_err(&io)?;
+        f.sync_all().map_err(&io)?;
+        out.torn_bytes += cut;
+        out.torn = true;
         Ok(())
     }
 
@@ -404,11 +443,13 @@ impl Scan<'_> {
             return if self.may_be_torn(offset, file_len, 0) {
                 Ok(Step::Torn)
             } else {
-                Err(self.corrupt(offset, "empty frame"))
+                Ok(Step::Unreadable(format!("at byte {offset}: empty frame")))
             };
         }
         if frame_check(&fh[..12]) != fh[12..] {
-            return Err(self.corrupt(offset, "frame header checksum mismatch"));
+            return Ok(Step::Unreadable(format!(
+                "at byte {offset}: frame header checksum mismatch"
+            )));
         }
         if len == 0 || len > self.limits.max_frame() {
             return Err(self.corrupt(offset, format_args!("frame of {len} bytes")));
@@ -423,7 +464,9 @@ impl Scan<'_> {
             return if end == file_len {
                 torn("checksum mismatch")
             } else {
-                Err(self.corrupt(offset, "checksum mismatch"))
+                Ok(Step::Unreadable(format!(
+                    "at byte {offset}: checksum mismatch"
+                )))
             };
         }
         Ok(Step::Frame(end))
@@ -541,6 +584,19 @@ impl<T> Future for Pending<T> {
     }
 }
 
+/// How an append reaches the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    /// Written and fsynced before it completes.
+    Synced,
+    /// Written before it completes; fsynced by the periodic sync, or earlier.
+    Written,
+}
+
+/// The periodic sync's interval unless [`WalWriter::set_sync_interval`] says otherwise (the
+/// default of the replica setting `fsync_interval_ms`).
+pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Threads of the process-wide pool unless [`WalPool::configure_global`] (the node's
 /// `node.wal_threads`) says otherwise.
 pub const DEFAULT_WRITER_THREADS: usize = 2;
@@ -568,8 +624,10 @@ pub enum WalPoolError {
 /// A fixed set of writer threads shared by many logs (DESIGN.md section 8: threads must not
 /// grow with the number of filters). Each log is served by one thread, so its commands run in
 /// the order they were issued; a thread serves its logs in rounds: it takes everything queued
-/// for all of them, writes each log's frame, then fsyncs each log it wrote to (once per log and
-/// round) and answers that log's appends. Appends from many filters that arrive during one
+/// for all of them, writes each log's frame, then fsyncs each log whose frame holds a durable
+/// append (once per log and round) and answers that log's appends; logged appends are answered
+/// once written, and their logs synced by the periodic sync, which the thread makes between
+/// rounds (it sleeps until the next one is due). Appends from many filters that arrive during one
 /// round's fsyncs share the next round. A log that fails answers its own appends with the
 /// error; the other logs of the round are written and synced as usual.
 ///
@@ -706,7 +764,10 @@ static NEXT_LOG: AtomicU64 = AtomicU64::new(1);
 enum Command {
     /// A new log's state; always its first command.
     Open(Box<Log>),
-    Append(Vec<u8>, oneshot::Sender<Result<(), WalError>>),
+    /// A record, and whether its append waits for an fsync (durable) or only for the write.
+    Append(Vec<u8>, Durability, oneshot::Sender<Result<(), WalError>>),
+    /// The longest a logged frame waits for its fsync.
+    SyncInterval(Duration),
     Rotate(u64),
     RemoveThrough(u64, oneshot::Sender<Result<usize, WalError>>),
     /// Completes what is queued for the log, then forgets it; answers when done (if asked).
@@ -755,51 +816,96 @@ impl Worker {
         let _dies = DeathGuard(&self);
         let mut logs: HashMap<LogId, Log> = HashMap::new();
         let mut round = VecDeque::new();
+        // Periodic syncs to make, earliest first. An entry is stale (skipped) unless its log
+        // is still open and still due at that instant: a durable append, a rotation or a
+        // close synced it meanwhile.
+        let mut due: BinaryHeap<Reverse<(Instant, LogId)>> = BinaryHeap::new();
         loop {
             {
                 let mut q = lock(&self.queue);
                 while q.commands.is_empty() && !q.stop {
-                    q = self.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
+                    let Some(Reverse((at, _))) = due.peek() else {
+                        q = self.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
+                        continue;
+                    };
+                    let now = Instant::now();
+                    if *at <= now {
+                        break;
+                    }
+                    q = self
+                        .wake
+                        .wait_timeout(q, *at - now)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
                 }
-                if q.commands.is_empty() {
+                if q.commands.is_empty() && q.stop {
+                    // Every log was closed (and synced) before the pool went.
                     return;
                 }
                 // Everything queued now is this round: later commands wait for the next one,
                 // so that a busy log never starves the round's fsyncs.
                 std::mem::swap(&mut round, &mut q.commands);
             }
-            self.round(&mut logs, &mut round);
+            self.round(&mut logs, &mut round, &mut due);
+            Self::periodic_syncs(&mut logs, &mut due);
+        }
+    }
+
+    /// Syncs the logs whose periodic sync is due.
+    fn periodic_syncs(
+        logs: &mut HashMap<LogId, Log>,
+        due: &mut BinaryHeap<Reverse<(Instant, LogId)>>,
+    ) {
+        let now = Instant::now();
+        while let Some(&Reverse((at, id))) = due.peek() {
+            if at > now {
+                break;
+            }
+            due.pop();
+            if let Some(log) = logs.get_mut(&id)
+                && log.sync_due == Some(at)
+            {
+                log.periodic_sync();
+            }
         }
     }
 
     /// Runs one round: each log's commands in order, its appends gathered into one frame;
     /// then every log's frame written before any is synced: the disk gets the round's writes
     /// together, and a journaling filesystem can commit several logs' in one transaction.
-    fn round(&self, logs: &mut HashMap<LogId, Log>, round: &mut VecDeque<(LogId, Command)>) {
+    fn round(
+        &self,
+        logs: &mut HashMap<LogId, Log>,
+        round: &mut VecDeque<(LogId, Command)>,
+        due: &mut BinaryHeap<Reverse<(Instant, LogId)>>,
+    ) {
         // Logs that gathered appends this round (a log may appear twice; the second time its
         // batch is empty, and is skipped).
         let mut gathered = Vec::new();
+        // Logs with a command this round: those that may have written without syncing.
+        let mut touched = Vec::new();
         while let Some((id, cmd)) = round.pop_front() {
+            touched.push(id);
             match cmd {
                 Command::Open(log) => {
                     logs.insert(id, *log);
                 }
                 Command::Close(done) => {
                     if let Some(mut log) = logs.remove(&id) {
-                        log.commit();
+                        log.close();
                         self.logs.fetch_sub(1, Ordering::Relaxed);
                     }
                     if let Some(done) = done {
                         let _ = done.send(());
                     }
                 }
-                Command::Append(record, done) => {
+                Command::Append(record, durability, done) => {
                     // Every log's commands follow its `Open` on this thread.
                     let log = logs.get_mut(&id).expect("a log opened on this thread");
                     if log.batch.waiters.is_empty() {
                         gathered.push(id);
                     }
-                    log.gather(record, done);
+                    log.gather(record, durability, done);
                 }
                 #[cfg(test)]
                 Command::Hold(rx) => {
@@ -825,6 +931,12 @@ impl Worker {
             logs.get_mut(&id)
                 .expect("no command ran since the write")
                 .sync_batch(frame);
+        }
+        // Logs left with unsynced frames (new ones only: a log already due keeps its time).
+        for id in touched {
+            if let Some(at) = logs.get_mut(&id).and_then(|l| l.newly_due.take()) {
+                due.push(Reverse((at, id)));
+            }
         }
     }
 }
@@ -863,6 +975,7 @@ pub struct WalWriter {
     dir: PathBuf,
     identity: Identity,
     stats: Arc<WalStats>,
+    sync_interval: Duration,
     closed: bool,
 }
 
@@ -894,6 +1007,7 @@ impl WalWriter {
             replayed.limits,
             replayed.next,
             Arc::new(WalStats::default()),
+            DEFAULT_SYNC_INTERVAL,
         )
     }
 
@@ -910,6 +1024,7 @@ impl WalWriter {
             self.limits,
             self.current + 1,
             self.stats.clone(),
+            self.sync_interval,
         ))
     }
 
@@ -920,6 +1035,7 @@ impl WalWriter {
         limits: WalLimits,
         first: u64,
         stats: Arc<WalStats>,
+        sync_interval: Duration,
     ) -> WalWriter {
         let log = Log {
             dir: dir.clone(),
@@ -930,6 +1046,9 @@ impl WalWriter {
             stats: stats.clone(),
             failed: None,
             batch: Batch::default(),
+            sync_interval,
+            sync_due: None,
+            newly_due: None,
         };
         let id = NEXT_LOG.fetch_add(1, Ordering::Relaxed);
         let worker = pool.place();
@@ -943,13 +1062,34 @@ impl WalWriter {
             dir,
             identity,
             stats,
+            sync_interval,
             closed: false,
         }
     }
 
     /// Appends a record; completes once it is written and fsynced, together with every
-    /// other append queued meanwhile (one fsync for all of them).
+    /// other append queued meanwhile (one fsync for all of them) and every logged append
+    /// issued before it (their frames precede it in the same file).
     pub fn append(&self, record: Vec<u8>) -> Pending<()> {
+        self.append_as(record, Durability::Synced)
+    }
+
+    /// Appends a record without waiting for an fsync: completes once it is written (it then
+    /// survives a crash of the process, not yet one of the machine). The log is fsynced at
+    /// most [`WalWriter::set_sync_interval`] later, or earlier by a durable append, a
+    /// rotation or a close.
+    pub fn append_logged(&self, record: Vec<u8>) -> Pending<()> {
+        self.append_as(record, Durability::Written)
+    }
+
+    /// The longest a logged append waits for its fsync ([`DEFAULT_SYNC_INTERVAL`] unless
+    /// set). Applies to frames written from now on; kept by [`WalWriter::reopen`].
+    pub fn set_sync_interval(&mut self, interval: Duration) {
+        self.sync_interval = interval;
+        self.send(Command::SyncInterval(interval));
+    }
+
+    fn append_as(&self, record: Vec<u8>, durability: Durability) -> Pending<()> {
         WalStats::add(&self.stats.submitted, 1);
         let max = self.limits.max_record();
         if record.len() > max {
@@ -960,7 +1100,7 @@ impl WalWriter {
             }));
         }
         let (tx, rx) = oneshot::channel();
-        self.send(Command::Append(record, tx));
+        self.send(Command::Append(record, durability, tx));
         Pending(rx)
     }
 
@@ -1033,14 +1173,27 @@ impl Drop for WalWriter {
 struct Batch {
     body: Vec<u8>,
     waiters: Vec<oneshot::Sender<Result<(), WalError>>>,
+    /// Some append waits for the fsync: the frame is synced in its round.
+    durable: bool,
+    /// Of `waiters`, the logged appends (for the counters).
+    logged: u64,
 }
 
-/// A frame written but not synced yet.
+/// A durable frame written but not synced yet.
 struct Written {
     waiters: Vec<oneshot::Sender<Result<(), WalError>>>,
-    /// Its segment was created by this write (the file and the directory need syncing).
-    created: bool,
-    bytes: u64,
+    logged: u64,
+    /// Where it starts in its segment (a failed sync cuts it off there).
+    start: u64,
+}
+
+/// The segment being written.
+struct Segment {
+    file: File,
+    /// Bytes of complete frames written.
+    written: u64,
+    /// Created, and the directory entry not synced yet.
+    new: bool,
 }
 
 /// A log's state, on its pool thread.
@@ -1049,17 +1202,26 @@ struct Log {
     identity: Identity,
     limits: WalLimits,
     current: u64,
-    /// The segment being written and its synced length.
-    file: Option<(File, u64)>,
+    file: Option<Segment>,
     stats: Arc<WalStats>,
     failed: Option<WalError>,
     batch: Batch,
+    /// The longest a written frame waits for its fsync.
+    sync_interval: Duration,
+    /// When the periodic sync is due: set by the first frame written after an fsync.
+    sync_due: Option<Instant>,
+    /// A due time set since the pool thread last looked (it schedules the sync).
+    newly_due: Option<Instant>,
 }
 
 impl Log {
-    /// Adds an append to the round's frame; a full frame is committed first on its own (one
-    /// frame per fsync, see the module doc).
-    fn gather(&mut self, record: Vec<u8>, done: oneshot::Sender<Result<(), WalError>>) {
+    /// Adds an append to the round's frame; a full frame is committed first on its own.
+    fn gather(
+        &mut self,
+        record: Vec<u8>,
+        durability: Durability,
+        done: oneshot::Sender<Result<(), WalError>>,
+    ) {
         let add = RECORD_HEADER + record.len();
         if !self.batch.body.is_empty() && self.batch.body.len() + add > self.limits.max_frame() {
             self.commit();
@@ -1068,14 +1230,25 @@ impl Log {
         body.reserve(add);
         body.extend_from_slice(&(record.len() as u32).to_le_bytes());
         body.extend_from_slice(&record);
+        match durability {
+            Durability::Synced => self.batch.durable = true,
+            Durability::Written => self.batch.logged += 1,
+        }
         self.batch.waiters.push(done);
     }
 
-    /// Writes and syncs the gathered appends now (before another command of this log).
+    /// Writes (and syncs, if durable) the gathered appends now (before another command of
+    /// this log).
     fn commit(&mut self) {
         if let Some(frame) = self.write_batch() {
             self.sync_batch(frame);
         }
+    }
+
+    /// Completes what was gathered and syncs what was written: the log is closed.
+    fn close(&mut self) {
+        self.commit();
+        self.sync_written();
     }
 
     fn execute(&mut self, cmd: Command) {
@@ -1085,8 +1258,11 @@ impl Log {
             Command::Open(..) | Command::Close(..) | Command::Append(..) => {
                 unreachable!("handled by the round")
             }
+            Command::SyncInterval(interval) => self.sync_interval = interval,
             Command::Rotate(next) => {
-                // Every frame of the segment was fsynced by its commit.
+                // Only the last segment may end in unsynced frames (the torn-tail rule looks
+                // there only): the segment that ends is synced first.
+                self.sync_written();
                 self.file = None;
                 self.current = next;
             }
@@ -1130,14 +1306,18 @@ impl Log {
         result.map(|()| removed)
     }
 
-    /// The first half of a group commit: writes the gathered appends as one frame (`None`:
-    /// nothing gathered, or the write failed and its appends were answered).
+    /// The first half of a group commit: writes the gathered appends as one frame. Answers
+    /// the frame if it waits for its fsync; `None` if nothing was gathered, the write failed
+    /// (its appends were answered), or it holds only logged appends (answered now, and
+    /// synced by the periodic sync).
     fn write_batch(&mut self) -> Option<Written> {
         if self.batch.waiters.is_empty() {
             return None;
         }
         let waiters = std::mem::take(&mut self.batch.waiters);
         let body = std::mem::take(&mut self.batch.body);
+        let durable = std::mem::take(&mut self.batch.durable);
+        let logged = std::mem::take(&mut self.batch.logged);
         let r = match &self.failed {
             Some(e) => Err(e.clone()),
             None => self.write_frame(&body),
@@ -1146,32 +1326,82 @@ impl Log {
         self.batch.body = body;
         self.batch.body.clear();
         match r {
-            Ok((created, bytes)) => Some(Written {
+            Ok(start) if durable => Some(Written {
                 waiters,
-                created,
-                bytes,
+                logged,
+                start,
             }),
+            Ok(_) => {
+                if self.sync_due.is_none() {
+                    let at = Instant::now() + self.sync_interval;
+                    self.sync_due = Some(at);
+                    self.newly_due = Some(at);
+                }
+                self.finish(waiters, logged, Ok(()));
+                None
+            }
             Err(e) => {
-                self.finish(waiters, Err(e));
+                self.finish(waiters, logged, Err(e));
                 None
             }
         }
     }
 
-    /// The second half: syncs the frame, then answers its appends.
+    /// The second half: syncs the frame (and every frame written before it), then answers
+    /// its appends.
     fn sync_batch(&mut self, frame: Written) {
-        let r = self.sync_frame(frame.created, frame.bytes);
-        self.finish(frame.waiters, r);
+        let r = self.sync_file(false);
+        if r.is_err()
+            && let Some(seg) = &mut self.file
+        {
+            // The frame was never acknowledged; the logged frames before it stay.
+            roll_back(&seg.file, frame.start);
+            seg.written = frame.start;
+        }
+        self.finish(frame.waiters, frame.logged, r);
+    }
+
+    /// The periodic sync of the frames written since the last fsync.
+    fn periodic_sync(&mut self) {
+        if self.failed.is_some() {
+            self.sync_due = None;
+            return;
+        }
+        if let Err(e) = self.sync_file(true) {
+            self.poison(e);
+        }
+    }
+
+    /// Syncs frames written and not synced yet, if any (a rotation, a close).
+    fn sync_written(&mut self) {
+        if self.sync_due.is_none() || self.failed.is_some() {
+            return;
+        }
+        if let Err(e) = self.sync_file(false) {
+            self.poison(e);
+        }
+    }
+
+    fn poison(&mut self, e: WalError) {
+        WalStats::add(&self.stats.failures, 1);
+        if self.failed.is_none() {
+            tracing::error!(dir = ?self.dir, error = %e, "write-ahead log failed: no more durable appends");
+            self.failed = Some(e);
+        }
     }
 
     fn finish(
         &mut self,
         waiters: Vec<oneshot::Sender<Result<(), WalError>>>,
+        logged: u64,
         r: Result<(), WalError>,
     ) {
         let n = waiters.len() as u64;
         match &r {
-            Ok(()) => WalStats::add(&self.stats.appends, n),
+            Ok(()) => {
+                WalStats::add(&self.stats.appends, n - logged);
+                WalStats::add(&self.stats.logged, logged);
+            }
             Err(e) => {
                 WalStats::add(&self.stats.failures, n);
                 if self.failed.is_none() {
@@ -1189,23 +1419,27 @@ impl Log {
         self.dir.join(segment_name(self.current))
     }
 
-    /// Writes one frame, creating the segment first if needed; answers whether it did, and
-    /// the bytes written. [`Log::sync_frame`] must follow before anything else is written.
-    fn write_frame(&mut self, body: &[u8]) -> Result<(bool, u64), WalError> {
+    /// Writes one frame, creating the segment first if needed; answers where the frame
+    /// starts. A durable frame's [`Log::sync_file`] follows before anything else is written.
+    fn write_frame(&mut self, body: &[u8]) -> Result<u64, WalError> {
         let path = self.segment_path();
         let wal_io = |e: io::Error| WalError::Io {
             path: path.clone(),
             source: Arc::new(e),
         };
         let mut buf = Vec::with_capacity(SEGMENT_HEADER + FRAME_HEADER + body.len());
-        let created = self.file.is_none();
-        if created {
+        if self.file.is_none() {
             let f = OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .open(&path)
                 .map_err(wal_io)?;
-            self.file = Some((f, 0));
+            WalStats::add(&self.stats.segments_created, 1);
+            self.file = Some(Segment {
+                file: f,
+                written: 0,
+                new: true,
+            });
             buf.extend_from_slice(&segment_header(self.identity, self.current));
         }
         let at = buf.len();
@@ -1214,39 +1448,45 @@ impl Log {
         let check = frame_check(&buf[at..]);
         buf.extend_from_slice(&check);
         buf.extend_from_slice(body);
-        let (file, len) = self.file.as_mut().expect("opened above");
-        if let Err(e) = file.write_all(&buf) {
-            roll_back(file, *len);
+        let seg = self.file.as_mut().expect("opened above");
+        let start = seg.written;
+        if let Err(e) = seg.file.write_all(&buf) {
+            roll_back(&seg.file, start);
             return Err(wal_io(e));
         }
-        Ok((created, buf.len() as u64))
+        seg.written += buf.len() as u64;
+        WalStats::add(&self.stats.bytes, buf.len() as u64);
+        Ok(start)
     }
 
-    /// Syncs the frame [`Log::write_frame`] wrote.
-    fn sync_frame(&mut self, created: bool, bytes: u64) -> Result<(), WalError> {
+    /// Syncs the segment being written (every frame written to it so far), and its directory
+    /// entry if it is new.
+    fn sync_file(&mut self, periodic: bool) -> Result<(), WalError> {
         let path = self.segment_path();
         let wal_io = |e: io::Error| WalError::Io {
             path: path.clone(),
             source: Arc::new(e),
         };
-        let (file, len) = self.file.as_mut().expect("a frame was written");
-        let r = if created {
-            file.sync_all()
+        let Some(seg) = self.file.as_mut() else {
+            self.sync_due = None;
+            return Ok(());
+        };
+        let r = if seg.new {
+            seg.file.sync_all()
         } else {
             // The file exists: its data (and size) is what must reach the disk.
-            file.sync_data()
+            seg.file.sync_data()
         };
-        if let Err(e) = r {
-            roll_back(file, *len);
-            return Err(wal_io(e));
-        }
-        *len += bytes;
+        r.map_err(wal_io)?;
         WalStats::add(&self.stats.fsyncs, 1);
-        WalStats::add(&self.stats.bytes, bytes);
-        if created {
-            WalStats::add(&self.stats.segments_created, 1);
-            sync_dir(&self.dir).map_err(wal_io)?;
+        if periodic {
+            WalStats::add(&self.stats.periodic_fsyncs, 1);
         }
+        if seg.new {
+            sync_dir(&self.dir).map_err(wal_io)?;
+            seg.new = false;
+        }
+        self.sync_due = None;
         Ok(())
     }
 }
@@ -1512,6 +1752,165 @@ mod tests {
         };
         let (got, r) = read_all(tmp.path(), ident(1), None, small).unwrap();
         assert!(got.len() < 51 && r.damaged_regions > 0);
+    }
+
+    fn count(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    /// Issue 25: logged appends complete once written, without an fsync each; the periodic
+    /// sync makes one fsync for what was written, and none while nothing was written since.
+    #[test]
+    fn logged_appends_are_synced_by_the_periodic_sync_not_per_append() {
+        let pool = WalPool::new(1).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let mut w = writer_in(&pool, tmp.path());
+        w.set_sync_interval(Duration::from_secs(3600));
+        for i in 0..50 {
+            w.append_logged(record(i)).wait().unwrap();
+        }
+        let s = w.stats();
+        assert_eq!(count(&s.logged), 50);
+        assert_eq!(count(&s.appends), 0);
+        assert_eq!(count(&s.fsyncs), 0, "no fsync per logged append");
+        // Written: readable (they survive the process) before any fsync.
+        assert_eq!(
+            records_in(tmp.path()),
+            (0..50).map(record).collect::<Vec<_>>()
+        );
+        // A durable append after them: its one fsync covers the whole log, in order.
+        w.append(record(50)).wait().unwrap();
+        assert_eq!((count(&s.appends), count(&s.fsyncs)), (1, 1));
+        assert_eq!(count(&s.periodic_fsyncs), 0);
+        w.close();
+        assert_eq!(
+            records_in(tmp.path()),
+            (0..51).map(record).collect::<Vec<_>>()
+        );
+
+        // A short interval: the periodic sync comes by itself.
+        let tmp = tempfile::tempdir().unwrap();
+        let mut w = writer_in(&pool, tmp.path());
+        w.set_sync_interval(Duration::from_millis(30));
+        for i in 0..20 {
+            w.append_logged(record(i)).wait().unwrap();
+        }
+        let s = w.stats();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while count(&s.periodic_fsyncs) == 0 {
+            assert!(Instant::now() < deadline, "no periodic sync");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let synced = count(&s.fsyncs);
+        assert_eq!(synced, count(&s.periodic_fsyncs), "only periodic syncs");
+        assert!(synced <= 20, "{synced} fsyncs for 20 logged appends");
+        // Nothing written since: no more syncs, however long the log waits.
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(count(&s.fsyncs), synced);
+        // Written again: synced again.
+        w.append_logged(record(20)).wait().unwrap();
+        while count(&s.periodic_fsyncs) == synced {
+            assert!(Instant::now() < deadline, "no second periodic sync");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        w.close();
+        assert_eq!(
+            records_in(tmp.path()),
+            (0..21).map(record).collect::<Vec<_>>()
+        );
+    }
+
+    /// Only the last segment may end in unsynced frames: a rotation syncs the segment it
+    /// ends, and a close syncs what was written.
+    #[test]
+    fn rotation_and_close_sync_logged_frames() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut w = writer(tmp.path(), WalLimits::default());
+        w.set_sync_interval(Duration::from_secs(3600));
+        w.append_logged(record(0)).wait().unwrap();
+        let s = w.stats();
+        w.rotate();
+        // Nothing written since: a second rotation syncs nothing.
+        w.rotate();
+        w.append_logged(record(1)).wait().unwrap();
+        assert_eq!(count(&s.fsyncs), 1);
+        w.close();
+        assert_eq!(count(&s.fsyncs), 2);
+        assert_eq!(count(&s.periodic_fsyncs), 0);
+        assert_eq!(segments(tmp.path()), [1, 3]);
+        assert_eq!(records_in(tmp.path()), [record(0), record(1)]);
+    }
+
+    /// A crash of the machine may leave several unsynced frames at the end of the last
+    /// segment, partly written back: the stretch after which nothing checks is a torn tail
+    /// (cut), however long; the same in an earlier segment is damage (skipped, kept).
+    #[test]
+    fn unsynced_frames_torn_by_a_machine_crash_are_cut() {
+        let tmp = tempfile::tempdir().unwrap();
+        // Frames of at most 404 bytes: the stretch lost is more than one of them.
+        let limits = WalLimits {
+            max_record_bytes: 400,
+        };
+        let mut w = writer(tmp.path(), limits);
+        w.set_sync_interval(Duration::from_secs(3600));
+        for i in 0..10 {
+            w.append_logged(record(i)).wait().unwrap();
+        }
+        w.close();
+        let good = fs::read(tmp.path().join(segment_name(1))).unwrap();
+        let frame = |k: usize| FRAME_HEADER + RECORD_HEADER + record(k).len();
+        let fifth: usize = SEGMENT_HEADER + (0..5).map(frame).sum::<usize>();
+        let five: Vec<_> = (0..5).map(record).collect();
+        // Frames 5 to 9 lost: blank (the size grew, the data never landed), or blank with
+        // a few blocks of them written back.
+        let mut blank = good.clone();
+        blank[fifth..].fill(0);
+        let mut partly = blank.clone();
+        let end = good.len();
+        // Inside frames, none whole (a whole one would be sound, and kept).
+        partly[end - 40..end - 10].copy_from_slice(&good[end - 40..end - 10]);
+        // Frame 5's header landed, its body did not.
+        partly[fifth..fifth + FRAME_HEADER].copy_from_slice(&good[fifth..fifth + FRAME_HEADER]);
+        partly[fifth + 100..fifth + 150].copy_from_slice(&good[fifth + 100..fifth + 150]);
+        for (name, bytes) in [("blank", &blank), ("partly written back", &partly)] {
+            assert!(
+                end - fifth > limits.max_frame() + FRAME_HEADER,
+                "more than a frame lost"
+            );
+            let copy = with_last(tmp.path(), bytes);
+            let (got, r) = read_all(copy.path(), ident(1), None, limits)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(got, five, "{name}");
+            assert!(r.torn, "{name}");
+            assert_eq!(r.torn_bytes, (end - fifth) as u64, "{name}");
+            assert_eq!(r.damaged_regions, 0, "{name}");
+            let len = fs::metadata(copy.path().join(segment_name(1)))
+                .unwrap()
+                .len();
+            assert_eq!(len, fifth as u64, "{name}: cut");
+        }
+        // A segment whose header never landed either: removed.
+        let zeros = vec![0u8; good.len()];
+        let copy = with_last(tmp.path(), &zeros);
+        let (got, r) = read_all(copy.path(), ident(1), None, limits).unwrap();
+        assert!(got.is_empty() && r.torn);
+        assert!(segments(copy.path()).is_empty());
+        // Not the last segment: damage, skipped, and the next segment is replayed.
+        let two = tempfile::tempdir().unwrap();
+        let mut w = writer(two.path(), limits);
+        for i in 0..10 {
+            w.append_logged(record(i)).wait().unwrap();
+        }
+        w.rotate();
+        w.append(b"later".to_vec()).wait().unwrap();
+        w.close();
+        assert_eq!(fs::read(two.path().join(segment_name(1))).unwrap(), good);
+        fs::write(two.path().join(segment_name(1)), &blank).unwrap();
+        let (got, r) = read_all(two.path(), ident(1), None, limits).unwrap();
+        let mut expected = five.clone();
+        expected.push(b"later".to_vec());
+        assert_eq!(got, expected);
+        assert_eq!((r.damaged_regions, r.torn), (1, false));
     }
 
     /// Copies the log with the last segment replaced by `last`.

@@ -15,7 +15,7 @@
 //! | `CF.COUNT` *key item* | `count` | the multiplicity, or the entries matching (OR kinds) |
 //! | `CRPF.STATS` *key* | `stats` | the stats JSON as a bulk string |
 //! | `BF.INFO`, `BF.CARD`, `CF.INFO`, `MEMORY USAGE` | (the replica's state, read directly) | [`super::redisbloom`] |
-//! | `CRPF.ACK` *level* | | `OK`: later updates of this connection wait for `local`, `durable` or `replicated` |
+//! | `CRPF.ACK` *level* | | `OK`: later updates of this connection wait for `local`, `logged`, `durable` or `replicated` (any [`AckLevel`] by name) |
 //! | `HELLO` \[`2`\|`3` \[`AUTH default` *password*\] \[`SETNAME` *name*\]\] | | the server map; RESP3 after `HELLO 3` |
 //! | `MULTI`, then commands, then `EXEC` or `DISCARD` | each queued command's | `QUEUED` each, then one array of their replies |
 //!

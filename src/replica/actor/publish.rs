@@ -122,7 +122,13 @@ impl Replica {
         match &self.wal {
             Some(wal) => {
                 self.committing = true;
-                let done = wal.append(delta.clone());
+                // Only updates that wait for the disk make the commit wait for an fsync; the
+                // others (`logged`, `local`) are synced by the log's periodic sync.
+                let done = if self.acks.wants_sync(batch) {
+                    wal.append(delta.clone())
+                } else {
+                    wal.append_logged(delta.clone())
+                };
                 let addr = ctx.address();
                 actix::spawn(async move {
                     let result = done.await.map_err(|e| e.to_string());
@@ -188,6 +194,18 @@ impl Replica {
         self.publish_delta(c.batch, c.delta, ctx);
         if std::mem::take(&mut self.commit_again) || self.acks.wants_commit(self.next_batch) {
             self.flush_delta(ctx);
+        }
+    }
+
+    /// A commit within a millisecond for `logged` updates: they do not wait for it, and
+    /// those that arrive meanwhile share its write and its delta.
+    pub(super) fn schedule_logged_commit(&mut self, ctx: &mut Context<Self>) {
+        if !self.commit_scheduled {
+            self.commit_scheduled = true;
+            ctx.run_later(Duration::from_millis(1), |act, ctx| {
+                act.commit_scheduled = false;
+                act.flush_delta(ctx);
+            });
         }
     }
 

@@ -104,10 +104,10 @@ impl Updates {
 
     /// Refuses a level this replica cannot give.
     pub(super) fn check_level(&self, level: AckLevel) -> Result<(), ReplicaError> {
-        if level == AckLevel::Durable && !self.has_wal {
-            return Err(ReplicaError::AckUnavailable(
-                "`durable` needs a data_dir".into(),
-            ));
+        if level.needs_log() && !self.has_wal {
+            return Err(ReplicaError::AckUnavailable(format!(
+                "`{level}` needs a data_dir"
+            )));
         }
         Ok(())
     }
