@@ -309,7 +309,10 @@ async fn catalog_filters_issue_tags_under_one_node_id_and_never_twice_after_a_re
         .await
         .unwrap();
     assert_eq!(node_ids.len(), 1);
-    for (name, generation) in [("kept", kept.entry.generation), ("lost", lost.entry.generation)] {
+    for (name, generation) in [
+        ("kept", kept.entry.generation),
+        ("lost", lost.entry.generation),
+    ] {
         let own = bus.replica_claims(format!("{name}.g{generation}")).await;
         assert!(own.unwrap().is_empty(), "{name} claimed an id of its own");
     }
@@ -327,8 +330,7 @@ async fn catalog_filters_issue_tags_under_one_node_id_and_never_twice_after_a_re
     assert_eq!(before.replica, u16::MAX);
     a.shutdown().await.unwrap();
     // One filter's data is lost: it starts empty under the same id.
-    std::fs::remove_dir_all(data.path().join(format!("lost.g{}", lost.entry.generation)))
-        .unwrap();
+    std::fs::remove_dir_all(data.path().join(format!("lost.g{}", lost.entry.generation))).unwrap();
 
     let a = node(&bus, with_data()).await;
     let (k, l) = (a.filter("kept").unwrap(), a.filter("lost").unwrap());

@@ -545,7 +545,10 @@ async fn claim_node_id(
         }
         let tmp = p.with_extension("json.tmp");
         let mut f = std::fs::File::create(&tmp)?;
-        std::io::Write::write_all(&mut f, &serde_json::to_vec(&id.identity()).expect("encodes"))?;
+        std::io::Write::write_all(
+            &mut f,
+            &serde_json::to_vec(&id.identity()).expect("encodes"),
+        )?;
         f.sync_all()?;
         std::fs::rename(&tmp, p)?;
     }

@@ -71,11 +71,11 @@ pub use actor::{
     Shutdown, Stats, TakeSnapshot,
 };
 pub use config::ReplicaConfig;
-pub use shared_id::SharedId;
 pub use durable::{DataDir, DurableError, Identity};
 pub use filter::{
     AnyFilter, FilterSpec, FilterStats, NotCounting, NotRemovable, TagBounds, TakenDelta,
 };
+pub use shared_id::SharedId;
 
 use crate::transport::{Renewal, Subjects, Transport, TransportError};
 use crate::{Dot, FilterError, ReplicaId};

@@ -92,10 +92,7 @@ impl SharedId {
             .claim_replica_id(ns.clone(), uuid, preferred)
             .await?;
         let reserved = claim.floor.saturating_add(block);
-        match transport
-            .renew_claim(ns, claim.id, uuid, reserved)
-            .await?
-        {
+        match transport.renew_claim(ns, claim.id, uuid, reserved).await? {
             Renewal::Held => {}
             Renewal::Lost => {
                 return Err(ReplicaError::IdRetired {
@@ -239,8 +236,7 @@ impl SharedId {
                 .await
             {
                 Ok(true) => {
-                    metrics::counter!(m::RETIREMENTS, "filter" => m::AGGREGATE_FILTER)
-                        .increment(1);
+                    metrics::counter!(m::RETIREMENTS, "filter" => m::AGGREGATE_FILTER).increment(1);
                     tracing::info!(
                         retired = Self::replica_of(e.id),
                         floor,
@@ -303,7 +299,9 @@ mod tests {
         assert_eq!(again.identity().replica, replica);
         assert_eq!(again.floor(), 160);
         // Another node gets another id.
-        let other = SharedId::claim(&bus, Uuid::new_v4(), None, 100).await.unwrap();
+        let other = SharedId::claim(&bus, Uuid::new_v4(), None, 100)
+            .await
+            .unwrap();
         assert_ne!(other.identity().replica, again.identity().replica);
     }
 }

@@ -15,9 +15,9 @@ use std::time::Instant;
 use actix::prelude::*;
 
 use super::Replica;
-use crate::replica::{ReplicaError, SharedId};
 use crate::replica::config::ReplicaConfig;
 use crate::replica::metrics as m;
+use crate::replica::{ReplicaError, SharedId};
 use crate::transport::registry::StaleWatch;
 use crate::transport::{ClaimEntry, Renewal, TransportError};
 

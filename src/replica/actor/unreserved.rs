@@ -149,11 +149,11 @@ impl Replica {
         }
         v.looking = true;
         let started = Instant::now();
-        let (namespace, replica_of): (String, fn(ReplicaId) -> ReplicaId) =
-            match &self.lease.shared {
-                Some(_) => (SharedId::NAMESPACE.into(), SharedId::replica_of),
-                None => (self.cfg.registry_name(), |key| key),
-            };
+        let (namespace, replica_of): (String, fn(ReplicaId) -> ReplicaId) = match &self.lease.shared
+        {
+            Some(_) => (SharedId::NAMESPACE.into(), SharedId::replica_of),
+            None => (self.cfg.registry_name(), |key| key),
+        };
         let t = self.transport.clone();
         let look = async move { t.replica_claims(namespace).await };
         ctx.spawn(look.into_actor(self).map(move |claims, act, ctx| {
