@@ -554,21 +554,18 @@ fn merge(c: &mut Crit) {
 
 /// Keys of the batch-add benchmark: 1M into a table of [`LARGE_CAPACITY`], in batches of
 /// [`BATCH`] as the node's `madd` gets them.
-#[cfg(feature = "node")]
 const BATCH_ADD_KEYS: usize = 1_000_000;
 /// Pending delta entries at which the node commits a delta (`delta_max_updates`' default).
-#[cfg(feature = "node")]
 const DELTA_MAX_UPDATES: usize = 8192;
 /// Keys between the deltas the `*_core` cases take: whole batches, about
 /// [`DELTA_MAX_UPDATES`].
-#[cfg(feature = "node")]
 const DELTA_PART: usize = DELTA_MAX_UPDATES / BATCH * BATCH;
 
 /// The node's `madd` (`src/replica/actor/updates.rs`, add mode `always`) on a replica's
 /// [`crpf::replica::AnyFilter`] that tracks deltas, without the request and the lock around
-/// it: per batch of [`BATCH`], each item prefetched [`crpf::replica::AnyFilter::prefetch_ahead`] items ahead,
-/// the clock checked against the tag reservation and the item added; and the delta taken (not
-/// encoded: the actor encodes it outside the lock) once [`DELTA_MAX_UPDATES`] are pending.
+/// it: per batch of [`BATCH`], each item prefetched `prefetch_ahead()` items ahead, the clock
+/// checked against the tag reservation and the item added; and the delta taken (not encoded:
+/// the actor encodes it outside the lock) once [`DELTA_MAX_UPDATES`] are pending.
 #[cfg(feature = "node")]
 fn madd_into(f: &mut crpf::replica::AnyFilter, keys: &[[u8; 16]]) -> usize {
     // The tag reservation's limit, which `madd` checks the clock against before each add.
@@ -601,40 +598,42 @@ fn madd_into(f: &mut crpf::replica::AnyFilter, keys: &[[u8; 16]]) -> usize {
 
 /// Issue 25, point 5: `or_cuckoo`'s batch adds beside `g_cuckoo`'s, on the same capacity
 /// (the API benchmark's 30M at fpr 0.01), keys and batches, through the replica's path with
-/// delta tracking (`*_madd`) and on the core filter alone (`*_core`, prefetched batches with
-/// delta tracking, a delta taken every [`DELTA_PART`] keys).
+/// delta tracking (`*_madd`, with the `node` feature) and on the core filter alone (`*_core`,
+/// prefetched batches with delta tracking, a delta taken every [`DELTA_PART`] keys).
 ///
 /// Into a filter that already holds [`BATCH_ADD_KEYS`] other keys, as a node's long-lived
 /// filter does: the pages of a fresh table are zeroed by the kernel when first written, which
 /// a fresh filter per iteration would count against its first keys (the ORCF's tag column
 /// doubles what is zeroed).
-#[cfg(feature = "node")]
 fn batch_add(c: &mut Crit) {
-    use crpf::replica::{AnyFilter, FilterSpec};
-    use crpf::wire::FilterKind;
-
     let added = keys(BATCH_ADD_KEYS, KEY_SEED);
     let warm = keys(BATCH_ADD_KEYS, FRESH_SEED);
-    let any = |kind| {
-        let warm = &warm;
-        move || {
-            let mut f =
-                AnyFilter::new(&FilterSpec::new(kind, LARGE_CAPACITY, MAIN_FPR), 1).unwrap();
-            f.track_deltas(true);
-            assert_eq!(madd_into(&mut f, warm), 0);
-            black_box(f.take_delta_unencoded());
-            f
-        }
-    };
     let mut g = c.benchmark_group("or_cuckoo_batch_add");
     g.throughput(Throughput::Elements(BATCH_ADD_KEYS as u64));
-    for (name, kind) in [
-        ("g_cuckoo_madd", FilterKind::GCuckoo),
-        ("or_cuckoo_madd", FilterKind::OrCuckoo),
-    ] {
-        bench_fresh(&mut g, name, any(kind), |f| {
-            assert_eq!(madd_into(f, &added), 0);
-        });
+    #[cfg(feature = "node")]
+    {
+        use crpf::replica::{AnyFilter, FilterSpec};
+        use crpf::wire::FilterKind;
+
+        let any = |kind| {
+            let warm = &warm;
+            move || {
+                let spec = FilterSpec::new(kind, LARGE_CAPACITY, MAIN_FPR);
+                let mut f = AnyFilter::new(&spec, 1).unwrap();
+                f.track_deltas(true);
+                assert_eq!(madd_into(&mut f, warm), 0);
+                black_box(f.take_delta_unencoded());
+                f
+            }
+        };
+        for (name, kind) in [
+            ("g_cuckoo_madd", FilterKind::GCuckoo),
+            ("or_cuckoo_madd", FilterKind::OrCuckoo),
+        ] {
+            bench_fresh(&mut g, name, any(kind), |f| {
+                assert_eq!(madd_into(f, &added), 0);
+            });
+        }
     }
     fn core_adds<F: ReplicatedFilter>(f: &mut F, keys: &[[u8; 16]]) {
         for part in keys.chunks(DELTA_PART) {
@@ -671,9 +670,6 @@ fn batch_add(c: &mut Crit) {
     );
     g.finish();
 }
-
-#[cfg(not(feature = "node"))]
-fn batch_add(_: &mut Crit) {}
 
 fn config() -> Crit {
     Criterion::default()
