@@ -337,13 +337,28 @@ const BATCH: usize = 100;
 
 /// `op` on every key, a batch at a time, prefetching [`ReplicatedFilter::prefetch_ahead`]
 /// items ahead as the node's batches do (`src/replica/actor/`).
-fn batched<F: ReplicatedFilter>(f: &mut F, keys: &[[u8; 16]], mut op: impl FnMut(&mut F, &[u8])) {
+fn batched<F: ReplicatedFilter>(f: &mut F, keys: &[[u8; 16]], op: impl FnMut(&mut F, &[u8])) {
+    batched_with(f, keys, F::prefetch, op)
+}
+
+/// [`batched`] adds: prefetching what an add writes ([`ReplicatedFilter::prefetch_add`]), as
+/// the node's `madd` does.
+fn batched_adds<F: ReplicatedFilter>(f: &mut F, keys: &[[u8; 16]]) {
+    batched_with(f, keys, F::prefetch_add, |f, k| f.add(k).unwrap())
+}
+
+fn batched_with<F: ReplicatedFilter>(
+    f: &mut F,
+    keys: &[[u8; 16]],
+    prefetch: impl Fn(&F, &[u8]),
+    mut op: impl FnMut(&mut F, &[u8]),
+) {
     let ahead = f.prefetch_ahead();
     for batch in keys.chunks(BATCH) {
-        batch.iter().take(ahead).for_each(|k| f.prefetch(k));
+        batch.iter().take(ahead).for_each(|k| prefetch(f, k));
         for (i, k) in batch.iter().enumerate() {
             if let Some(next) = batch.get(i + ahead) {
-                f.prefetch(next);
+                prefetch(f, next);
             }
             op(f, k);
         }
@@ -392,9 +407,7 @@ fn cuckoo_large(c: &mut Crit) {
         })
     });
     bench_fresh(&mut g, "GCuckoo_batches", mk_gc, |f| {
-        batched(f, &added, |f, k| {
-            let _ = f.add(k);
-        })
+        batched_adds(f, &added)
     });
     bench_fresh(&mut g, "cuckoofilter", mk_cf, |f| {
         added.iter().for_each(|k| {
@@ -539,6 +552,125 @@ fn merge(c: &mut Crit) {
     g.finish();
 }
 
+/// Keys of the batch-add benchmark: 1M into a table of [`LARGE_CAPACITY`], in batches of
+/// [`BATCH`] as the node's `madd` gets them.
+const BATCH_ADD_KEYS: usize = 1_000_000;
+/// Pending delta entries at which the node commits a delta (`delta_max_updates`' default).
+const DELTA_MAX_UPDATES: usize = 8192;
+/// Keys between the deltas the `*_core` cases take: whole batches, about
+/// [`DELTA_MAX_UPDATES`].
+const DELTA_PART: usize = DELTA_MAX_UPDATES / BATCH * BATCH;
+
+/// The node's `madd` (`src/replica/actor/updates.rs`, add mode `always`) on a replica's
+/// [`crpf::replica::AnyFilter`] that tracks deltas, without the request and the lock around
+/// it: per batch of [`BATCH`], each item prefetched `prefetch_ahead()` items ahead, the clock
+/// checked against the tag reservation and the item added; and the delta taken (not encoded:
+/// the actor encodes it outside the lock) once [`DELTA_MAX_UPDATES`] are pending.
+#[cfg(feature = "node")]
+fn madd_into(f: &mut crpf::replica::AnyFilter, keys: &[[u8; 16]]) -> usize {
+    // The tag reservation's limit, which `madd` checks the clock against before each add.
+    let limit = black_box(u64::MAX);
+    let mut failed = 0;
+    for batch in keys.chunks(BATCH) {
+        let items: Vec<&[u8]> = batch.iter().map(|k| &k[..]).collect();
+        f.tick(0);
+        let ahead = f.prefetch_ahead();
+        for (i, item) in items.iter().enumerate() {
+            if ahead > 0 {
+                if i == 0 {
+                    items.iter().take(ahead).for_each(|k| f.prefetch_add(k));
+                }
+                if let Some(next) = items.get(i + ahead) {
+                    f.prefetch_add(next);
+                }
+            }
+            if f.clock() >= limit {
+                break;
+            }
+            failed += f.add(item).is_err() as usize;
+        }
+        if f.pending_delta_len() >= DELTA_MAX_UPDATES {
+            black_box(f.take_delta_unencoded());
+        }
+    }
+    failed
+}
+
+/// Issue 25, point 5: `or_cuckoo`'s batch adds beside `g_cuckoo`'s, on the same capacity
+/// (the API benchmark's 30M at fpr 0.01), keys and batches, through the replica's path with
+/// delta tracking (`*_madd`, with the `node` feature) and on the core filter alone (`*_core`,
+/// prefetched batches with delta tracking, a delta taken every [`DELTA_PART`] keys).
+///
+/// Into a filter that already holds [`BATCH_ADD_KEYS`] other keys, as a node's long-lived
+/// filter does: the pages of a fresh table are zeroed by the kernel when first written, which
+/// a fresh filter per iteration would count against its first keys (the ORCF's tag column
+/// doubles what is zeroed).
+fn batch_add(c: &mut Crit) {
+    let added = keys(BATCH_ADD_KEYS, KEY_SEED);
+    let warm = keys(BATCH_ADD_KEYS, FRESH_SEED);
+    let mut g = c.benchmark_group("or_cuckoo_batch_add");
+    g.throughput(Throughput::Elements(BATCH_ADD_KEYS as u64));
+    #[cfg(feature = "node")]
+    {
+        use crpf::replica::{AnyFilter, FilterSpec};
+        use crpf::wire::FilterKind;
+
+        let any = |kind| {
+            let warm = &warm;
+            move || {
+                let spec = FilterSpec::new(kind, LARGE_CAPACITY, MAIN_FPR);
+                let mut f = AnyFilter::new(&spec, 1).unwrap();
+                f.track_deltas(true);
+                assert_eq!(madd_into(&mut f, warm), 0);
+                black_box(f.take_delta_unencoded());
+                f
+            }
+        };
+        for (name, kind) in [
+            ("g_cuckoo_madd", FilterKind::GCuckoo),
+            ("or_cuckoo_madd", FilterKind::OrCuckoo),
+        ] {
+            bench_fresh(&mut g, name, any(kind), |f| {
+                assert_eq!(madd_into(f, &added), 0);
+            });
+        }
+    }
+    fn core_adds<F: ReplicatedFilter>(f: &mut F, keys: &[[u8; 16]]) {
+        for part in keys.chunks(DELTA_PART) {
+            batched_adds(f, part);
+            black_box(f.take_delta());
+        }
+    }
+    fn warmed<F: ReplicatedFilter>(mut f: F, warm: &[[u8; 16]]) -> F {
+        f.track_deltas(true);
+        core_adds(&mut f, warm);
+        f
+    }
+    bench_fresh(
+        &mut g,
+        "g_cuckoo_core",
+        || {
+            warmed(
+                GCuckoo::with_capacity(LARGE_CAPACITY, MAIN_FPR).unwrap(),
+                &warm,
+            )
+        },
+        |f| core_adds(f, &added),
+    );
+    bench_fresh(
+        &mut g,
+        "or_cuckoo_core",
+        || {
+            warmed(
+                OrCuckoo::with_capacity(LARGE_CAPACITY, MAIN_FPR, 1).unwrap(),
+                &warm,
+            )
+        },
+        |f| core_adds(f, &added),
+    );
+    g.finish();
+}
+
 fn config() -> Crit {
     Criterion::default()
         .with_measurement(Clock::from_env())
@@ -550,6 +682,6 @@ fn config() -> Crit {
 criterion_group! {
     name = benches;
     config = config();
-    targets = bloom, cuckoo, cuckoo_large, merge
+    targets = bloom, cuckoo, cuckoo_large, merge, batch_add
 }
 criterion_main!(benches);

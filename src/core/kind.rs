@@ -394,6 +394,13 @@ pub trait ReplicatedFilter:
     /// items. Only a hint; default nothing.
     fn prefetch(&self, _item: &[u8]) {}
 
+    /// [`prefetch`](Self::prefetch) for an add of the item rather than a query: kinds whose
+    /// adds write lines a query does not read (ORCF's tags) load those too. Default
+    /// [`prefetch`](Self::prefetch).
+    fn prefetch_add(&self, item: &[u8]) {
+        self.prefetch(item)
+    }
+
     /// How many places ahead of the current item a batch calls [`prefetch`](Self::prefetch):
     /// what keeps enough cache misses in flight depends on the lines an item touches. 0, the
     /// default, for kinds that do not prefetch.

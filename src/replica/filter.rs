@@ -79,6 +79,7 @@ trait DynFilter: Send + Sync {
     fn counted(&self) -> Option<&dyn Counted>;
     fn shared_reader(&self) -> Option<BloomReader>;
     fn prefetch(&self, item: &[u8]);
+    fn prefetch_add(&self, item: &[u8]);
     fn prefetch_ahead(&self) -> usize;
     fn counted_mut(&mut self) -> Option<&mut dyn Counted>;
     fn set_writer(&mut self, replica: ReplicaId);
@@ -193,6 +194,9 @@ impl<F: ReplicatedFilter> DynFilter for F {
     }
     fn prefetch(&self, item: &[u8]) {
         ReplicatedFilter::prefetch(self, item)
+    }
+    fn prefetch_add(&self, item: &[u8]) {
+        ReplicatedFilter::prefetch_add(self, item)
     }
     fn prefetch_ahead(&self) -> usize {
         ReplicatedFilter::prefetch_ahead(self)
@@ -439,6 +443,11 @@ impl AnyFilter {
     /// [`ReplicatedFilter::prefetch`]).
     pub fn prefetch(&self, item: &[u8]) {
         self.inner().prefetch(item)
+    }
+
+    /// [`AnyFilter::prefetch`] for an add of `item` ([`ReplicatedFilter::prefetch_add`]).
+    pub fn prefetch_add(&self, item: &[u8]) {
+        self.inner().prefetch_add(item)
     }
 
     /// How many items ahead a batch prefetches ([`ReplicatedFilter::prefetch_ahead`]).

@@ -15,6 +15,10 @@ pub(crate) trait Column<P>: Clone + Send + Sync {
     fn new(slots: usize) -> Self;
     fn get(&self, slot: usize) -> P;
     fn set(&mut self, slot: usize, value: P);
+    /// Starts loading the payloads of slots `first..first + n` (a hint, see
+    /// [`crate::core::prefetch`]); nothing where there are none.
+    #[inline(always)]
+    fn prefetch(&self, _first: usize, _n: usize) {}
 }
 
 /// GCF entries carry nothing.
@@ -148,6 +152,22 @@ impl Column<u64> for TagColumn {
         let v = self.read(slot);
         let replica = self.replicas[(v >> self.counter_bits) as usize];
         u64::from(replica) << 48 | (v & mask(self.counter_bits))
+    }
+
+    /// The words holding the slots' bits: their first and last cache lines (a 4-slot
+    /// bucket's tags take 104 bits at 26 per slot, so at most two lines).
+    #[inline(always)]
+    fn prefetch(&self, first: usize, n: usize) {
+        let width = self.width() as usize;
+        let (start, end) = (first * width / 64, ((first + n) * width - 1) / 64);
+        let (Some(a), Some(b)) = (self.words.get(start), self.words.get(end)) else {
+            return;
+        };
+        crate::core::prefetch::prefetch(a);
+        // By address: the allocator aligns the words to 16 bytes, not to a cache line.
+        if (a as *const u64 as usize) >> 6 != (b as *const u64 as usize) >> 6 {
+            crate::core::prefetch::prefetch(b);
+        }
     }
 
     #[inline(always)]

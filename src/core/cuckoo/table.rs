@@ -210,6 +210,20 @@ impl<P: Payload> Table<P> {
         }
     }
 
+    /// [`Table::prefetch`] for an insertion of `(b, fp)`: also the payloads of the slots it
+    /// would write (ORCF's tags sit in an array of their own, and writing one missed the cache
+    /// on almost every add into a large table: a third of an `or_cuckoo` batch add).
+    #[inline]
+    pub(crate) fn prefetch_insert(&self, b: usize, fp: u16) {
+        let (home, other) = home_and_other(b, self.alt(b, fp), fp);
+        self.prefetch_bucket(home);
+        self.payloads.prefetch(home * self.c, self.c);
+        if !self.lookups_stop_at_home() {
+            self.prefetch_bucket(other);
+            self.payloads.prefetch(other * self.c, self.c);
+        }
+    }
+
     /// Whether lookups look at the home bucket first and stop there if it has room. Homes
     /// fill up as the table does: from half full on, the other bucket is needed often enough
     /// that testing both at once, without a branch on the home, is faster.

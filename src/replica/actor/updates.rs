@@ -294,7 +294,7 @@ impl Updates {
             let ahead = f.prefetch_ahead();
             let mut changed = false;
             while i < items.len() && f.clock() < limit {
-                prefetch_items_ahead(items, i, ahead, |i| f.prefetch(i));
+                prefetch_items_ahead(items, i, ahead, |i| f.prefetch_add(i));
                 let outcome = match mode {
                     AddMode::Always => f.add(items[i]).map(|_| false),
                     AddMode::ReportNew => f.add_new(items[i]),
