@@ -374,6 +374,7 @@ impl OrCuckoo {
             }
         }
         self.clock = counter;
+        self.issued = self.issued.max(counter);
         Ok(dots)
     }
 
