@@ -267,6 +267,10 @@ fn run<S: Subject>(ops: Vec<Op>) {
                         assert!(before.le(&reps[r]), "add must inflate");
                         models[r].items.insert(i);
                         if let Some(d) = dot {
+                            assert!(
+                                models.iter().all(|m| !m.seen.contains(&d)),
+                                "tag {d:?} issued twice"
+                            );
                             models[r].live.insert(d, i);
                             models[r].seen.insert(d);
                         }
