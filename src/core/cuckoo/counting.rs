@@ -432,23 +432,7 @@ impl CountingCuckoo {
                     }
                     i
                 }
-                None => {
-                    let i = self.slots.len();
-                    self.table.place_imported(
-                        b,
-                        Entry {
-                            fp,
-                            payload: i as u64,
-                        },
-                    );
-                    let (bucket, fp) = self.key(b, fp);
-                    self.slots.push(Slot {
-                        bucket,
-                        fp,
-                        counts: vec![(me, o.count, 0)],
-                    });
-                    i
-                }
+                None => self.push_slot(b, fp, vec![(me, o.count, 0)], Table::place_imported),
             };
             if let Some(p) = &mut self.pending {
                 p.insert(i as u64);
@@ -552,26 +536,36 @@ impl CountingCuckoo {
         self.remove_count(item, u64::MAX)
     }
 
+    /// Adds a slot new here for `(b, fp)` with `counts`, its entry placed by `place` (as an
+    /// import or a merge places one); its index.
+    fn push_slot(
+        &mut self,
+        b: usize,
+        fp: u16,
+        counts: SlotCounts,
+        place: fn(&mut Table<u64>, usize, Entry<u64>),
+    ) -> usize {
+        let i = self.slots.len();
+        place(
+            &mut self.table,
+            b,
+            Entry {
+                fp,
+                payload: i as u64,
+            },
+        );
+        let (bucket, fp) = self.key(b, fp);
+        self.slots.push(Slot { bucket, fp, counts });
+        i
+    }
+
     /// Joins the counts of slot `(b, fp)` from another state, placing the slot if it is new
     /// here (overflowing a bucket if it must: a merge cannot fail). Returns whether it changed.
     fn join_slot(&mut self, b: usize, fp: u16, counts: &SlotCounts) -> bool {
         match self.find(b, fp) {
             Some(i) => join_counts(&mut self.slots[i].counts, counts),
             None => {
-                let i = self.slots.len();
-                self.table.place_merged(
-                    b,
-                    Entry {
-                        fp,
-                        payload: i as u64,
-                    },
-                );
-                let (bucket, fp) = self.key(b, fp);
-                self.slots.push(Slot {
-                    bucket,
-                    fp,
-                    counts: counts.clone(),
-                });
+                self.push_slot(b, fp, counts.clone(), Table::place_merged);
                 true
             }
         }
