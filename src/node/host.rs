@@ -539,18 +539,10 @@ async fn claim_node_id(
         template.id_lease_block,
     )
     .await?;
-    if let Some(p) = &path {
-        if let Some(dir) = p.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let tmp = p.with_extension("json.tmp");
-        let mut f = std::fs::File::create(&tmp)?;
-        std::io::Write::write_all(
-            &mut f,
-            &serde_json::to_vec(&id.identity()).expect("encodes"),
-        )?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, p)?;
+    if let Some(dir) = data_dir {
+        std::fs::create_dir_all(dir)?;
+        let json = serde_json::to_vec(&id.identity()).expect("an identity encodes");
+        crate::replica::durable::write_atomically(dir, NODE_ID_FILE, &json)?;
     }
     tracing::info!(
         replica = id.identity().replica, uuid = %uuid, floor = id.floor(),

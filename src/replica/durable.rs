@@ -187,28 +187,33 @@ impl DataDir {
     }
 
     fn save(&self, name: &str, magic: &[u8; 8], payload: &[u8]) -> Result<(), DurableError> {
-        let path = self.path.join(name);
-        let tmp = self.path.join(format!("{name}.tmp"));
-        let io = |p: &Path| {
-            let p = p.to_path_buf();
-            move |source| DurableError::Io { path: p, source }
-        };
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .map_err(io(&tmp))?;
-        f.write_all(&frame(magic, payload)).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-        drop(f);
-        fs::rename(&tmp, &path).map_err(io(&path))?;
-        // The rename is durable only once the directory is.
-        File::open(&self.path)
-            .and_then(|d| d.sync_all())
-            .map_err(io(&self.path))?;
-        Ok(())
+        write_atomically(&self.path, name, &frame(magic, payload))
     }
+}
+
+/// Replaces `dir/name` with `bytes` atomically and durably: a temporary file written and
+/// fsynced, renamed over it, and the directory fsynced (the rename is durable only then).
+pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), DurableError> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!("{name}.tmp"));
+    let io = |p: &Path| {
+        let p = p.to_path_buf();
+        move |source| DurableError::Io { path: p, source }
+    };
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(io(&tmp))?;
+    f.write_all(bytes).map_err(io(&tmp))?;
+    f.sync_all().map_err(io(&tmp))?;
+    drop(f);
+    fs::rename(&tmp, &path).map_err(io(&path))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))?;
+    Ok(())
 }
 
 fn frame(magic: &[u8; 8], payload: &[u8]) -> Vec<u8> {
