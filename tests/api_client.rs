@@ -14,11 +14,10 @@ use async_nats::HeaderMap;
 use crpf::api::batch;
 use crpf::api::{ACK_HEADER, ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
 use crpf::client::{Client, ClientError};
-use crpf::replica::wal::{self, WAL_DIR, WalLimits};
-use crpf::replica::{AckLevel, AnyFilter, ReplicaConfig, ReplicaHandle};
+use crpf::replica::{AckLevel, ReplicaConfig, ReplicaHandle};
 use crpf::wire::FilterKind;
 use nats_harness::NatsServer;
-use replica_common::{cfg, start_serving as start, stop};
+use replica_common::{cfg, replay_log, start_serving as start, stop};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -68,31 +67,6 @@ fn frame(len: u32, bytes: &[u8]) -> Vec<u8> {
     let mut v = len.to_le_bytes().to_vec();
     v.extend_from_slice(bytes);
     v
-}
-
-/// What replica `a`'s write-ahead log in `data_dir` holds now, replayed from a copy (the
-/// replica keeps writing its own): the state it rebuilds, and how many records it has.
-fn replay_log(
-    data_dir: &std::path::Path,
-    a: &ReplicaHandle,
-    cfg: &ReplicaConfig,
-) -> (AnyFilter, u64) {
-    let copy = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(data_dir.join(WAL_DIR)).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), copy.path().join(e.file_name())).unwrap();
-    }
-    let mut replayed = AnyFilter::new(&cfg.filter, 999).unwrap();
-    let log = wal::replay(
-        copy.path(),
-        a.identity(),
-        None,
-        WalLimits::default(),
-        |record| replayed.merge_delta_bytes(record).unwrap(),
-    )
-    .unwrap();
-    assert!(!log.torn, "{log:?}");
-    (replayed, log.records)
 }
 
 /// Starts replica B of `c` beside `a`, and `n` items added through `client` at `replicated`:
@@ -491,8 +465,9 @@ async fn acknowledged_batch_adds_are_durable_or_replicated() {
         clock >= 3000 && reserved >= clock,
         "every tag issued was reserved first: clock {clock}, reserved {reserved}"
     );
-    let (replayed, records) = replay_log(&dir.path().join("a"), &a, &durable);
-    assert!(records > 0);
+    let (replayed, log) = replay_log(&dir.path().join("a"), &a, &durable);
+    assert!(!log.torn, "{log:?}");
+    assert!(log.records > 0);
     let missing = logged
         .iter()
         .filter(|i| !replayed.contains(i.as_bytes()))
@@ -531,7 +506,8 @@ async fn updates_applied_off_the_actor_are_committed_logged_replicated_and_diges
     let nc = async_nats::connect(server.url()).await.unwrap();
     let client = Client::new(nc.clone(), "crpf", "direct").replica(a.identity().replica);
     let log_holds = |items: &[String]| {
-        let (replayed, _) = replay_log(&dir.path().join("a"), &a, &durable);
+        let (replayed, log) = replay_log(&dir.path().join("a"), &a, &durable);
+        assert!(!log.torn, "{log:?}");
         items.iter().all(|i| replayed.contains(i.as_bytes()))
     };
 

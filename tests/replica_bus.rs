@@ -1145,7 +1145,6 @@ async fn a_lone_replica_does_not_digest_its_state_at_every_interval() {
 /// a peer merges them and removes one; the log replays to the importer's state.
 #[actix::test]
 async fn an_import_re_adds_a_dump_as_the_importers_own_logged_and_replicated_adds() {
-    use crpf::replica::wal::{self, WAL_DIR, WalLimits};
     let dir = tempfile::tempdir().unwrap();
     let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
     let mut c = cfg("imported", FilterKind::WriterScOrCuckoo, 1000, 0.01);
@@ -1218,20 +1217,7 @@ async fn an_import_re_adds_a_dump_as_the_importers_own_logged_and_replicated_add
     );
 
     // The log, replayed from the start, rebuilds the import (each slice a record of its own).
-    let copy = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(dir.path().join("a").join(WAL_DIR)).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), copy.path().join(e.file_name())).unwrap();
-    }
-    let mut replayed = AnyFilter::new(&c.filter, 999).unwrap();
-    let log = wal::replay(
-        copy.path(),
-        a.identity(),
-        None,
-        WalLimits::default(),
-        |record| replayed.merge_delta_bytes(record).unwrap(),
-    )
-    .unwrap();
+    let (replayed, log) = replay_log(&dir.path().join("a"), &a, &c);
     assert!(log.records > 1, "{log:?}");
     assert!(replayed.equivalent(&state));
 

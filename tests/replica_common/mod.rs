@@ -5,8 +5,32 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use crpf::Dot;
-use crpf::replica::{AnyFilter, ReplicaConfig, ReplicaHandle};
+use crpf::replica::{AnyFilter, ReplicaConfig, ReplicaHandle, wal};
 use crpf::wire::FilterKind;
+
+/// The write-ahead log in `data_dir` (replica `a`'s), replayed from a copy into a fresh
+/// filter of `cfg`'s spec, and what the replay found.
+pub(crate) fn replay_log(
+    data_dir: &std::path::Path,
+    a: &ReplicaHandle,
+    cfg: &ReplicaConfig,
+) -> (AnyFilter, wal::Replayed) {
+    let copy = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(data_dir.join(wal::WAL_DIR)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), copy.path().join(e.file_name())).unwrap();
+    }
+    let mut replayed = AnyFilter::new(&cfg.filter, 999).unwrap();
+    let log = wal::replay(
+        copy.path(),
+        a.identity(),
+        None,
+        wal::WalLimits::default(),
+        |record| replayed.merge_delta_bytes(record).unwrap(),
+    )
+    .unwrap();
+    (replayed, log)
+}
 
 /// Fast timers for tests.
 pub(crate) fn cfg(name: &str, kind: FilterKind, capacity: u64, fpr: f64) -> ReplicaConfig {
