@@ -17,7 +17,7 @@ use crpf::client::{Client, ClientError};
 use crpf::replica::{AckLevel, ReplicaConfig, ReplicaHandle};
 use crpf::wire::FilterKind;
 use nats_harness::NatsServer;
-use replica_common::{cfg, replay_log, start_serving as start, stop};
+use replica_common::{cfg, replay_log, saved_reservation, start_serving as start, stop};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -455,12 +455,7 @@ async fn acknowledged_batch_adds_are_durable_or_replicated() {
     let r = client.madd(&logged, Some(AckLevel::Durable)).await.unwrap();
     assert!(r.all(), "{r:?}");
     let clock = a.read(|f| f.clock());
-    let reserved = crpf::replica::DataDir::open(dir.path().join("a"))
-        .unwrap()
-        .load_reservation()
-        .unwrap()
-        .unwrap()
-        .reserved;
+    let reserved = saved_reservation(&dir.path().join("a"));
     assert!(
         clock >= 3000 && reserved >= clock,
         "every tag issued was reserved first: clock {clock}, reserved {reserved}"

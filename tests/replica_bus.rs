@@ -1205,12 +1205,7 @@ async fn an_import_re_adds_a_dump_as_the_importers_own_logged_and_replicated_add
         assert_eq!(state.count(&y).unwrap(), dump.count(&y).unwrap());
     }
     // Every tag issued was reserved first, durably.
-    let reserved = crpf::replica::DataDir::open(dir.path().join("a"))
-        .unwrap()
-        .load_reservation()
-        .unwrap()
-        .unwrap()
-        .reserved;
+    let reserved = saved_reservation(&dir.path().join("a"));
     assert!(
         state.clock() == entries && reserved >= entries,
         "{reserved}"

@@ -32,6 +32,16 @@ pub(crate) fn replay_log(
     (replayed, log)
 }
 
+/// The tag reservation saved in the data directory `dir`.
+pub(crate) fn saved_reservation(dir: &std::path::Path) -> u64 {
+    crpf::replica::DataDir::open(dir)
+        .unwrap()
+        .load_reservation()
+        .unwrap()
+        .unwrap()
+        .reserved
+}
+
 /// Fast timers for tests.
 pub(crate) fn cfg(name: &str, kind: FilterKind, capacity: u64, fpr: f64) -> ReplicaConfig {
     ReplicaConfig::for_kind(name, kind, capacity, fpr).fast()
