@@ -556,6 +556,7 @@ impl CheckRemote for ExpiringBloom {
 /// `capacity` is the elements added per window, and its `fpr` the window's.
 impl crate::core::kind::ReplicatedFilter for ExpiringBloom {
     const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::ExpiringBloom;
+    const CLOCKED: bool = true;
 
     fn from_spec(
         spec: &crate::core::kind::FilterSpec,

@@ -110,6 +110,13 @@ macro_rules! define_filter_kind {
                 }
             }
 
+            /// Whether the kind reads the wall clock ([`ReplicatedFilter::CLOCKED`]).
+            pub fn clocked(self) -> bool {
+                match self {
+                    $( FilterKind::$variant => <$ty as ReplicatedFilter>::CLOCKED, )*
+                }
+            }
+
             /// Whether a replica id of the kind may serve a later run: a restart that keeps
             /// its id, or a new replica taking over a retired one (see
             /// [`ReplicatedFilter::REUSES_IDS`]).
@@ -336,6 +343,9 @@ pub trait ReplicatedFilter:
     /// not continue (per-id counts, which only that id raises) takes a new id at every start
     /// and never a retired one.
     const REUSES_IDS: bool = true;
+    /// Whether the kind reads the clock a replica passes in ([`ReplicatedFilter::tick`],
+    /// [`ReplicatedFilter::contains_as_of`]): a replica reads no clock for the others.
+    const CLOCKED: bool = false;
 
     /// An empty filter sized by `spec` (whose kind is [`ReplicatedFilter::KIND`]); kinds
     /// with tags issue them as `replica`.

@@ -366,6 +366,16 @@ impl Node {
         self.read().get(name).map(|h| h.handle.clone())
     }
 
+    /// Runs `f` on the replica of filter `name`, if this node hosts it, under the lock of the
+    /// node's filters (a lookup without a copy of the handle; `f` must be brief).
+    pub(crate) fn with_hosted<R>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&ReplicaHandle) -> R,
+    ) -> Option<R> {
+        self.read().get(name).map(|h| f(&h.handle))
+    }
+
     /// The spec of filter `name`, if this node hosts it.
     pub fn spec(&self, name: &str) -> Option<FilterSpec> {
         self.read().get(name).map(|h| h.spec.clone())

@@ -53,6 +53,8 @@ pub use local::{
 pub(crate) use pump::{Inbound, Route};
 pub use reads::PendingResponse;
 pub use request::ApiResponse;
+pub(crate) use request::error_of;
+pub(crate) use updates::AddOutcome;
 
 /// The header of an API request that asks for an acknowledgement level.
 pub use crate::api::ACK_HEADER;
@@ -101,7 +103,10 @@ impl Shared {
     /// ([`Inbound::Wake`]). A full inbound buffer drops the request; the housekeeping tick
     /// then notices the pending delta.
     pub(crate) fn want_flush(&self, to_actor: &mpsc::Sender<Inbound>) {
-        if !self.flush_scheduled.swap(true, Ordering::AcqRel)
+        // A load first: on the hot path a flush is mostly scheduled already, and a swap would
+        // take the line from the actor's core every time.
+        if !self.flush_scheduled.load(Ordering::Acquire)
+            && !self.flush_scheduled.swap(true, Ordering::AcqRel)
             && to_actor.try_send(Inbound::Wake).is_err()
         {
             self.flush_scheduled.store(false, Ordering::Release);

@@ -70,6 +70,7 @@ pub use actor::{
     Add, ApiResponse, Contains, FlushDelta, Import, Merge, PendingResponse, Persist, Remove,
     Replica, ReserveTags, Shutdown, Stats, TakeSnapshot,
 };
+pub(crate) use actor::{AddOutcome, error_of};
 pub use config::{MAX_FSYNC_INTERVAL_MS, ReplicaConfig};
 pub use durable::{DataDir, DurableError, Identity};
 pub use filter::{
@@ -577,6 +578,28 @@ impl ReplicaHandle {
             Some(api) => api.in_process(op, payload, headers, queued),
             None => PendingResponse::Failed(ReplicaError::NotServing),
         }
+    }
+
+    /// [`ReplicaHandle::request`] of a single `contains`, answered typed (the RESP front
+    /// end's hot path): [`ReplicaError::NotServing`] before the replica is ready, an invalid
+    /// item refused.
+    pub(crate) fn contains_now(&self, item: &[u8]) -> Result<bool, ReplicaError> {
+        match self.shared.api.get() {
+            Some(api) => api.contains_now(item),
+            None => Err(ReplicaError::NotServing),
+        }
+    }
+
+    /// [`ReplicaHandle::request`] of a single `add` in `mode` at `ack`, applied and answered
+    /// typed where it is applied in the caller's thread (adds at `local` to grow-only kinds);
+    /// `None` if it was not applied: send it as a request.
+    pub(crate) fn add_now(
+        &self,
+        item: &[u8],
+        mode: crate::api::AddMode,
+        ack: Option<AckLevel>,
+    ) -> Option<Result<AddOutcome, ReplicaError>> {
+        self.shared.api.get()?.add_now(item, mode, ack)
     }
 
     /// What a batch request to this replica may hold (`max_batch_items`, `max_item_bytes`).

@@ -19,11 +19,12 @@ use tokio::sync::oneshot;
 use super::local::check_item;
 use super::pump::{Refused, offer};
 use super::request::{ApiReply, ApiResponse, ReplyTo, api_reply_format, failure_reply};
-use super::updates::{Lock, Updates};
+use super::updates::{AddOutcome, Lock, Updates};
 use super::{Route, Shared};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
-use crate::api::{Op, ReplyFormat};
+use crate::api::{AddMode, Op, ReplyFormat};
+use crate::replica::ack::AckLevel;
 use crate::replica::metrics::{Channel, Direction, OpKind};
 use crate::replica::service::ApiService;
 use crate::replica::{ReplicaError, wall_clock_ms};
@@ -146,6 +147,49 @@ impl Reads {
         }
     }
 
+    /// `contains` of one item made in this process, answered typed: no subject, headers or
+    /// JSON (the RESP front end's commonest command). Counted in the replica's metrics, not on
+    /// its `$SRV` endpoints, which count the requests that came over NATS.
+    pub(crate) fn contains_now(&self, item: &[u8]) -> Result<bool, ReplicaError> {
+        self.shared
+            .telemetry
+            .traffic(Direction::In, Channel::Api, item.len());
+        contains_one(&self.shared, item).inspect_err(|e| {
+            self.shared.telemetry.api_errors(e.reason(), 1);
+        })
+    }
+
+    /// `add` of one item made in this process, applied here and answered typed where a
+    /// request would be applied here ([`Updates::applies_in_task`]: a grow-only kind at
+    /// `local`) and the filter's lock comes within [`Lock::Block`]'s wait. `ack`: the level
+    /// asked for (unset: the replica's default). `None`: nothing was applied; the request
+    /// path takes it.
+    pub(crate) fn add_now(
+        &self,
+        item: &[u8],
+        mode: AddMode,
+        ack: Option<AckLevel>,
+    ) -> Option<Result<AddOutcome, ReplicaError>> {
+        let updates = &self.updates;
+        let level = ack.unwrap_or(updates.default_ack);
+        if let Err(e) = updates.check_level(level) {
+            return Some(Err(e));
+        }
+        if !updates.applies_in_task(Op::Add, level) {
+            return None;
+        }
+        let added = updates.add_one(item, mode, Lock::Block, &mut || Ok(u64::MAX));
+        if matches!(added, Ok(None)) {
+            return None;
+        }
+        self.shared
+            .telemetry
+            .traffic(Direction::In, Channel::Api, item.len());
+        Some(added.map(|o| o.expect("applied")).inspect_err(|e| {
+            self.shared.telemetry.api_errors(e.reason(), 1);
+        }))
+    }
+
     /// The answer of a request here, or [`Answer::Actor`] if the actor gives it; an update
     /// applied here takes the filter's lock as `lock` says.
     fn answer(&self, op: Option<Op>, msg: &Message, lock: Lock) -> Answer {
@@ -265,13 +309,7 @@ pub(super) fn query_reply(
     let (telemetry, limits) = (&shared.telemetry, shared.limits);
     let filter = || shared.filter.read().expect("filter lock poisoned");
     if !batch {
-        let item = &msg.payload[..];
-        let r = check_item(item, limits.max_item_bytes).map(|()| match &shared.reader {
-            Some(r) => r.contains(item),
-            None => filter().contains_as_of(item, wall_clock_ms()),
-        });
-        telemetry.op(OpKind::Contains, r.is_ok());
-        return Ok(ApiReply::contains(r?));
+        return Ok(ApiReply::contains(contains_one(shared, &msg.payload)?));
     }
     let format = api_reply_format(msg)?;
     let items = batch::decode(&msg.payload, limits)
@@ -299,6 +337,24 @@ pub(super) fn query_reply(
         ReplyFormat::Json => ApiReply::json(&json!({ "contains": found })),
         ReplyFormat::Bitmap => ApiReply::bitmap(&found, None),
     })
+}
+
+/// Whether the state contains `item` (checked against `max_item_bytes`), through the
+/// lock-free reader where the kind has one.
+fn contains_one(shared: &Shared, item: &[u8]) -> Result<bool, ReplicaError> {
+    let r = check_item(item, shared.limits.max_item_bytes).map(|()| match &shared.reader {
+        Some(r) => r.contains(item),
+        None => {
+            let f = shared.filter.read().expect("filter lock poisoned");
+            if shared.kind.clocked() {
+                f.contains_as_of(item, wall_clock_ms())
+            } else {
+                f.contains(item)
+            }
+        }
+    });
+    shared.telemetry.op(OpKind::Contains, r.is_ok());
+    r
 }
 
 /// The answer of `count` (`{"count":N}`) or `mcount` (`{"count":[N...]}`, JSON only), from

@@ -502,6 +502,13 @@ async fn subscribe_now(
 }
 
 /// An error message fit for a header value: one line, bounded.
+/// The text an error reply to a request carries for `e` (its `Nats-Service-Error`), and
+/// whether its code says the filter was full: for a caller that answers in this process
+/// without an [`ApiResponse`] (the RESP front end's hot path).
+pub(crate) fn error_of(e: &ReplicaError) -> (String, bool) {
+    (header_text(&e.to_string()), service_code(e) == 507)
+}
+
 fn header_text(e: &str) -> String {
     e.chars()
         .map(|c| if c.is_control() { ' ' } else { c })

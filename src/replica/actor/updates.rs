@@ -69,6 +69,17 @@ pub(super) struct Applied {
     pub body: ApiReply,
 }
 
+/// What adding one item came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AddOutcome {
+    /// Added, and it was not contained before (told only by the modes that ask).
+    New,
+    /// Added; contained already, or the mode did not ask ([`AddMode::Always`]).
+    Known,
+    /// Not added: contained already ([`AddMode::IfAbsent`]).
+    Skipped,
+}
+
 /// Everything needed to check and apply an update of the request API.
 pub(crate) struct Updates {
     pub shared: Arc<Shared>,
@@ -142,45 +153,21 @@ impl Updates {
         };
         match op {
             Op::Add => {
-                let item = &msg.payload[..];
-                let mode = add_mode(msg)
-                    .and_then(|mode| {
-                        check_item(item, self.shared.limits.max_item_bytes).map(|()| mode)
-                    })
-                    .and_then(|mode| reserve().map(|_| mode))
-                    .inspect_err(|_| self.telemetry().op(OpKind::Add, false))?;
-                let Some(mut f) = self.filter_write(lock)? else {
+                let mode =
+                    add_mode(msg).inspect_err(|_| self.telemetry().op(OpKind::Add, false))?;
+                let Some(outcome) = self.add_one(&msg.payload, mode, lock, reserve)? else {
                     return Ok(None);
                 };
-                f.tick(wall_clock_ms());
-                // Judged under the write lock: of two adds of one new item on this replica,
-                // exactly one is told it was new.
-                let (r, new, skip) = match mode {
-                    AddMode::Always => (f.add(item).map(|_| ()), false, false),
-                    // One pass where the kind can (a Bloom filter's bits tell it).
-                    AddMode::ReportNew => match f.add_new(item) {
-                        Ok(new) => (Ok(()), new, false),
-                        Err(e) => (Err(e), false, false),
-                    },
-                    AddMode::IfAbsent if f.contains(item) => (Ok(()), false, true),
-                    AddMode::IfAbsent => (f.add(item).map(|_| ()), true, false),
-                };
-                let r = r.map_err(ReplicaError::from);
-                if r.is_ok() && !skip {
-                    self.changed_under(&f, lock);
-                }
-                drop(f);
-                self.telemetry().op(OpKind::Add, r.is_ok());
-                r?;
-                let body: &'static [u8] = match (mode, new) {
+                let body: &'static [u8] = match (mode, outcome) {
                     (AddMode::Always, _) => b"{\"added\":true}",
-                    (AddMode::ReportNew, true) | (AddMode::IfAbsent, true) => {
-                        b"{\"added\":true,\"new\":true}"
-                    }
-                    (AddMode::ReportNew, false) => b"{\"added\":true,\"new\":false}",
-                    (AddMode::IfAbsent, false) => b"{\"added\":false,\"new\":false}",
+                    (_, AddOutcome::New) => b"{\"added\":true,\"new\":true}",
+                    (_, AddOutcome::Known) => b"{\"added\":true,\"new\":false}",
+                    (_, AddOutcome::Skipped) => b"{\"added\":false,\"new\":false}",
                 };
-                Ok(applied(!skip, ApiReply::fixed(body)))
+                Ok(applied(
+                    outcome != AddOutcome::Skipped,
+                    ApiReply::fixed(body),
+                ))
             }
             Op::Remove => {
                 let item = &msg.payload[..];
@@ -217,6 +204,48 @@ impl Updates {
             }
             _ => unreachable!("{op:?} is not an update"),
         }
+    }
+
+    /// Adds one item as `mode` says, under the filter's write lock taken as `lock` says.
+    /// `Ok(None)`: the lock was taken ([`Lock::Try`], [`Lock::Block`]) and nothing was applied.
+    pub(super) fn add_one(
+        &self,
+        item: &[u8],
+        mode: AddMode,
+        lock: Lock,
+        reserve: &mut dyn FnMut() -> Result<u64, ReplicaError>,
+    ) -> Result<Option<AddOutcome>, ReplicaError> {
+        check_item(item, self.shared.limits.max_item_bytes)
+            .and_then(|()| reserve().map(|_| ()))
+            .inspect_err(|_| self.telemetry().op(OpKind::Add, false))?;
+        let Some(mut f) = self.filter_write(lock)? else {
+            return Ok(None);
+        };
+        if self.kind().clocked() {
+            f.tick(wall_clock_ms());
+        }
+        // Judged under the write lock: of two adds of one new item on this replica, exactly
+        // one is told it was new.
+        let r = match mode {
+            AddMode::Always => f.add(item).map(|_| AddOutcome::Known),
+            // One pass where the kind can (a Bloom filter's bits tell it).
+            AddMode::ReportNew => f.add_new(item).map(|new| {
+                if new {
+                    AddOutcome::New
+                } else {
+                    AddOutcome::Known
+                }
+            }),
+            AddMode::IfAbsent if f.contains(item) => Ok(AddOutcome::Skipped),
+            AddMode::IfAbsent => f.add(item).map(|_| AddOutcome::New),
+        };
+        let r = r.map_err(ReplicaError::from);
+        if r.as_ref().is_ok_and(|o| *o != AddOutcome::Skipped) {
+            self.changed_under(&f, lock);
+        }
+        drop(f);
+        self.telemetry().op(OpKind::Add, r.is_ok());
+        r.map(Some)
     }
 
     fn mremove(
@@ -289,7 +318,9 @@ impl Updates {
                 debug_assert_eq!(i, 0, "a batch of an untagged kind takes the lock once");
                 return Ok(None);
             };
-            f.tick(wall_clock_ms());
+            if self.kind().clocked() {
+                f.tick(wall_clock_ms());
+            }
             let first = i;
             let ahead = f.prefetch_ahead();
             let mut changed = false;
@@ -382,12 +413,15 @@ impl Updates {
         let f = match lock {
             Lock::Wait => self.shared.filter.write().expect("filter lock poisoned"),
             Lock::Try | Lock::Block => {
-                let since = std::time::Instant::now();
+                // Read only once the lock is found taken: the clock costs more than the lock.
+                let mut since = None;
                 loop {
                     match self.shared.filter.try_write() {
                         Ok(f) => break f,
                         Err(TryLockError::WouldBlock)
-                            if lock == Lock::Block && since.elapsed() < BLOCK_WAIT =>
+                            if lock == Lock::Block
+                                && since.get_or_insert_with(std::time::Instant::now).elapsed()
+                                    < BLOCK_WAIT =>
                         {
                             std::thread::yield_now()
                         }
