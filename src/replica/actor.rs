@@ -54,7 +54,7 @@ pub(crate) use pump::{Inbound, Route};
 pub use reads::PendingResponse;
 pub use request::ApiResponse;
 pub(crate) use request::error_of;
-pub(crate) use updates::AddOutcome;
+pub(crate) use updates::{AddOutcome, BatchAdd};
 
 /// The header of an API request that asks for an acknowledgement level.
 pub use crate::api::ACK_HEADER;

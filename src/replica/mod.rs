@@ -70,7 +70,7 @@ pub use actor::{
     Add, ApiResponse, Contains, FlushDelta, Import, Merge, PendingResponse, Persist, Remove,
     Replica, ReserveTags, Shutdown, Stats, TakeSnapshot,
 };
-pub(crate) use actor::{AddOutcome, error_of};
+pub(crate) use actor::{AddOutcome, BatchAdd, error_of};
 pub use config::{MAX_FSYNC_INTERVAL_MS, ReplicaConfig};
 pub use durable::{DataDir, DurableError, Identity};
 pub use filter::{
@@ -600,6 +600,28 @@ impl ReplicaHandle {
         ack: Option<AckLevel>,
     ) -> Option<Result<AddOutcome, ReplicaError>> {
         self.shared.api.get()?.add_now(item, mode, ack)
+    }
+
+    /// [`ReplicaHandle::request`] of an `mcontains` of `items`, answered typed (see
+    /// [`ReplicaHandle::contains_now`]); the caller checked `items` against
+    /// [`ReplicaHandle::limits`].
+    pub(crate) fn mcontains_now(&self, items: &[&[u8]]) -> Result<Vec<bool>, ReplicaError> {
+        match self.shared.api.get() {
+            Some(api) => Ok(api.mcontains_now(items)),
+            None => Err(ReplicaError::NotServing),
+        }
+    }
+
+    /// [`ReplicaHandle::request`] of an `madd` of `items`, applied and answered typed where
+    /// [`ReplicaHandle::add_now`] would apply an `add`; the caller checked `items` against
+    /// [`ReplicaHandle::limits`].
+    pub(crate) fn madd_now(
+        &self,
+        items: &[&[u8]],
+        mode: crate::api::AddMode,
+        ack: Option<AckLevel>,
+    ) -> Option<Result<BatchAdd, ReplicaError>> {
+        self.shared.api.get()?.madd_now(items, mode, ack)
     }
 
     /// What a batch request to this replica may hold (`max_batch_items`, `max_item_bytes`).

@@ -1126,7 +1126,6 @@ const FULL_CODE: &str = "507";
 /// "added" for `CF.INSERT`), the refused items named by [`FAILED_HEADER`] (or, for
 /// `CF.INSERT`, the zeros when [`ERROR_HEADER`] is there).
 fn inserted(answer: Inserted, response: &ApiResponse, items: usize) -> Reply {
-    let bitmap = response.payload.clone();
     let error = response.headers.get(ERROR_HEADER).map(|e| e.as_str());
     let failed: Vec<usize> = response
         .headers
@@ -1138,6 +1137,18 @@ fn inserted(answer: Inserted, response: &ApiResponse, items: usize) -> Reply {
                 .collect()
         })
         .unwrap_or_default();
+    inserted_reply(answer, response.payload.clone(), items, &failed, error)
+}
+
+/// [`inserted`] from its parts: the bitmap, the refused items (sorted) and the first
+/// refusal's text.
+pub(super) fn inserted_reply(
+    answer: Inserted,
+    bitmap: Bytes,
+    items: usize,
+    failed: &[usize],
+    error: Option<&str>,
+) -> Reply {
     let bit = |i| batch::bitmap_bit(&bitmap, i);
     match answer {
         Inserted::Cuckoo => Reply::Bits {

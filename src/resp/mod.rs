@@ -864,7 +864,7 @@ impl Session<'_> {
         {
             let mut reply = None;
             server.filters.with_filter(args.arg(1), &mut |handle| {
-                reply = hot.answer(handle, args.arg(2), self.ack);
+                reply = hot.answer(handle, args, self.ack);
             });
             if let Some(reply) = reply {
                 return Some(self.ready(reply, bytes));

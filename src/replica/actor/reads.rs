@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use super::local::check_item;
 use super::pump::{Refused, offer};
 use super::request::{ApiReply, ApiResponse, ReplyTo, api_reply_format, failure_reply};
-use super::updates::{AddOutcome, Lock, Updates};
+use super::updates::{AddOutcome, BatchAdd, Lock, Updates};
 use super::{Route, Shared};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
@@ -190,6 +190,43 @@ impl Reads {
         }))
     }
 
+    /// `mcontains` of `items` made in this process, answered typed (see
+    /// [`Reads::contains_now`]). The caller checked the items against the replica's limits.
+    pub(crate) fn mcontains_now(&self, items: &[&[u8]]) -> Vec<bool> {
+        let bytes = items.iter().map(|i| i.len() + 4).sum();
+        self.shared
+            .telemetry
+            .traffic(Direction::In, Channel::Api, bytes);
+        contains_each(&self.shared, items)
+    }
+
+    /// `madd` of `items` in `mode` made in this process, applied and answered typed where
+    /// [`Reads::add_now`] would apply an `add`; `None`: nothing was applied. The caller
+    /// checked the items against the replica's limits.
+    pub(crate) fn madd_now(
+        &self,
+        items: &[&[u8]],
+        mode: AddMode,
+        ack: Option<AckLevel>,
+    ) -> Option<Result<BatchAdd, ReplicaError>> {
+        let updates = &self.updates;
+        let level = ack.unwrap_or(updates.default_ack);
+        if let Err(e) = updates.check_level(level) {
+            return Some(Err(e));
+        }
+        if !updates.applies_in_task(Op::MAdd, level) {
+            return None;
+        }
+        let added = updates
+            .add_items(items, mode, Lock::Block, &mut || Ok(u64::MAX))
+            .transpose()?;
+        let bytes = items.iter().map(|i| i.len() + 4).sum();
+        self.shared
+            .telemetry
+            .traffic(Direction::In, Channel::Api, bytes);
+        Some(added.inspect_err(|e| self.shared.telemetry.api_errors(e.reason(), 1)))
+    }
+
     /// The answer of a request here, or [`Answer::Actor`] if the actor gives it; an update
     /// applied here takes the filter's lock as `lock` says.
     fn answer(&self, op: Option<Op>, msg: &Message, lock: Lock) -> Answer {
@@ -306,37 +343,49 @@ pub(super) fn query_reply(
     batch: bool,
     msg: &Message,
 ) -> Result<ApiReply, ReplicaError> {
-    let (telemetry, limits) = (&shared.telemetry, shared.limits);
-    let filter = || shared.filter.read().expect("filter lock poisoned");
     if !batch {
         return Ok(ApiReply::contains(contains_one(shared, &msg.payload)?));
     }
     let format = api_reply_format(msg)?;
-    let items = batch::decode(&msg.payload, limits)
+    let items = batch::decode(&msg.payload, shared.limits)
         .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
+    let found = contains_each(shared, &items);
+    Ok(match format {
+        ReplyFormat::Json => ApiReply::json(&json!({ "contains": found })),
+        ReplyFormat::Bitmap => ApiReply::bitmap(&found, None),
+    })
+}
+
+/// Whether the state contains each of `items` (checked already), through the lock-free
+/// reader where the kind has one.
+fn contains_each(shared: &Shared, items: &[&[u8]]) -> Vec<bool> {
     let found: Vec<bool> = match &shared.reader {
         // Without the lock: the batch never waits for an update or a merge.
         Some(r) => map_prefetched(
-            &items,
+            items,
             crate::core::prefetch::BLOOM_ITEMS_AHEAD,
             |i| r.prefetch(i),
             |i| r.contains(i),
         ),
         None => {
-            let (f, now) = (filter(), wall_clock_ms());
+            let f = shared.filter.read().expect("filter lock poisoned");
+            let now = if shared.kind.clocked() {
+                wall_clock_ms()
+            } else {
+                0
+            };
             map_prefetched(
-                &items,
+                items,
                 f.prefetch_ahead(),
                 |i| f.prefetch(i),
                 |i| f.contains_as_of(i, now),
             )
         }
     };
-    telemetry.count_ops(OpKind::Contains, found.len() as u64, 0);
-    Ok(match format {
-        ReplyFormat::Json => ApiReply::json(&json!({ "contains": found })),
-        ReplyFormat::Bitmap => ApiReply::bitmap(&found, None),
-    })
+    shared
+        .telemetry
+        .count_ops(OpKind::Contains, found.len() as u64, 0);
+    found
 }
 
 /// Whether the state contains `item` (checked against `max_item_bytes`), through the

@@ -80,6 +80,21 @@ pub(crate) enum AddOutcome {
     Skipped,
 }
 
+/// What adding a batch's items came to.
+pub(crate) struct BatchAdd {
+    /// Whether any item changed the state.
+    pub applied_any: bool,
+    /// Per item, whether it is in the filter after the add (false where refused).
+    pub added: Vec<bool>,
+    /// Per item, whether it was absent before its add (empty for [`AddMode::Always`]; false
+    /// where refused).
+    pub new_items: Vec<bool>,
+    /// The refused items, in order.
+    pub failed: Vec<usize>,
+    /// The first refusal's error.
+    pub error: Option<ReplicaError>,
+}
+
 /// Everything needed to check and apply an update of the request API.
 pub(crate) struct Updates {
     pub shared: Arc<Shared>,
@@ -268,11 +283,7 @@ impl Updates {
         Ok((removed.contains(&true), body))
     }
 
-    /// A batch add: a refused item (a full cuckoo table, tags not reserved) is reported and
-    /// the others are applied. `Ok(None)`: the lock was taken before any item was applied
-    /// ([`Lock::Try`] is only used for untagged kinds, whose batch takes the lock once).
-    /// With an [`AddMode`] other than `Always`, the bitmap's bits say which items were new
-    /// (the refused ones are listed in [`FAILED_HEADER`]), the JSON's `new` array likewise.
+    /// A batch add, answered in `format` (see [`Updates::add_items`]).
     fn madd(
         &self,
         items: &[&[u8]],
@@ -281,6 +292,44 @@ impl Updates {
         lock: Lock,
         reserve: &mut dyn FnMut() -> Result<u64, ReplicaError>,
     ) -> Result<Option<(bool, ApiReply)>, ReplicaError> {
+        let Some(added) = self.add_items(items, mode, lock, reserve)? else {
+            return Ok(None);
+        };
+        let ok = (added.added.len() - added.failed.len()) as u64;
+        let error = added.error.map(|e| e.to_string());
+        let body = match format {
+            ReplyFormat::Json => {
+                let mut body = json!({"added": ok});
+                if mode != AddMode::Always {
+                    body["new"] = json!(added.new_items);
+                }
+                if let Some(e) = &error {
+                    body["failed"] = json!(added.failed);
+                    body["error"] = json!(e);
+                }
+                ApiReply::json(&body)
+            }
+            ReplyFormat::Bitmap if mode == AddMode::Always => ApiReply::bitmap(&added.added, error),
+            // Zeros mean "already there" too: the refused items are named.
+            ReplyFormat::Bitmap => {
+                ApiReply::bitmap(&added.new_items, error).with_failed(&added.failed)
+            }
+        };
+        Ok(Some((added.applied_any, body)))
+    }
+
+    /// Adds a batch's items: a refused item (a full cuckoo table, tags not reserved) is
+    /// reported and the others are applied. `Ok(None)`: the lock was taken before any item
+    /// was applied ([`Lock::Try`] and [`Lock::Block`] are only used for untagged kinds,
+    /// whose batch takes the lock once). With an [`AddMode`] other than `Always`,
+    /// [`BatchAdd::new_items`] says which items were new.
+    pub(super) fn add_items(
+        &self,
+        items: &[&[u8]],
+        mode: AddMode,
+        lock: Lock,
+        reserve: &mut dyn FnMut() -> Result<u64, ReplicaError>,
+    ) -> Result<Option<BatchAdd>, ReplicaError> {
         let mut added = Vec::with_capacity(items.len());
         // Which items were absent before their add (with a mode); refused items stay false.
         let mut new_items = vec![
@@ -366,24 +415,13 @@ impl Updates {
         for (reason, count) in reasons {
             self.telemetry().api_errors(reason, count);
         }
-        let error = first_error.map(|e| e.to_string());
-        let body = match format {
-            ReplyFormat::Json => {
-                let mut body = json!({"added": ok});
-                if mode != AddMode::Always {
-                    body["new"] = json!(new_items);
-                }
-                if let Some(e) = &error {
-                    body["failed"] = json!(failed);
-                    body["error"] = json!(e);
-                }
-                ApiReply::json(&body)
-            }
-            ReplyFormat::Bitmap if mode == AddMode::Always => ApiReply::bitmap(&added, error),
-            // Zeros mean "already there" too: the refused items are named.
-            ReplyFormat::Bitmap => ApiReply::bitmap(&new_items, error).with_failed(&failed),
-        };
-        Ok(Some((applied_any, body)))
+        Ok(Some(BatchAdd {
+            applied_any,
+            added,
+            new_items,
+            failed,
+            error: first_error,
+        }))
     }
 
     /// Outside the actor ([`Lock::Try`], [`Lock::Block`]), tells it the state changed, and asks it for a commit
