@@ -799,6 +799,7 @@ impl Actor for Replica {
             self.inbound_tx.clone(),
             route,
             self.shared.clone(),
+            None,
         )));
         self.tasks.push(actix::spawn(pump::forward_events(
             self.transport.events(),

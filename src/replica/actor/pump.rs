@@ -80,8 +80,16 @@ impl Outbound {
     }
 }
 
+/// How long the request API's subscriptions outlive a replica that shut down, refusing what
+/// still comes ([`super::reads::Reads::route`] answers "stopped" once the replica closed):
+/// the server routes requests here until it has processed the unsubscription, and a request
+/// dropped unanswered costs its sender a whole timeout.
+pub(super) const API_LINGER: Duration = Duration::from_millis(500);
+
 /// Forwards a subscription into the actor's inbound buffer, resubscribing if it ends, until
-/// the actor is gone. A full buffer (in messages or in bytes) drops the message and counts it.
+/// the actor is gone (and then, with `linger`, for that long more if the replica was shut
+/// down: `route` answers everything by then). A full buffer (in messages or in bytes) drops
+/// the message and counts it.
 pub(super) async fn forward_stream(
     initial: Option<MessageStream>,
     transport: Arc<dyn Transport>,
@@ -89,6 +97,7 @@ pub(super) async fn forward_stream(
     tx: mpsc::Sender<Inbound>,
     mut route: impl FnMut(Message) -> Route,
     shared: Arc<Shared>,
+    linger: Option<Duration>,
 ) {
     let mut initial = initial;
     let mut backoff = Duration::from_millis(50);
@@ -108,10 +117,22 @@ pub(super) async fn forward_stream(
                 }
             },
         };
+        let mut lingering = None;
         loop {
             let msg = tokio::select! {
                 m = stream.next() => m,
-                _ = tx.closed() => return,
+                _ = tx.closed(), if lingering.is_none() => {
+                    match linger {
+                        Some(d) if shared.closed.load(Ordering::Acquire) => {
+                            lingering = Some(Box::pin(tokio::time::sleep(d)));
+                            continue;
+                        }
+                        _ => return,
+                    }
+                }
+                _ = async { lingering.as_mut().expect("lingering").await }, if lingering.is_some() => {
+                    return;
+                }
             };
             let Some(msg) = msg else { break };
             backoff = Duration::from_millis(50);

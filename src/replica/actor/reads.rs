@@ -10,6 +10,7 @@
 //! batch update are applied one by one: a concurrent query may see some of them.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
@@ -88,7 +89,17 @@ impl Reads {
             .subjects
             .api_op(&msg.subject)
             .and_then(|op| op.parse::<Op>().ok());
-        match self.answer(op, &msg, Lock::Try) {
+        let answer = if self.shared.closed.load(Ordering::Acquire) {
+            // Stopping (its filter dropped, its node shutting down): refused at once, so that
+            // a requester learns it now, not after its timeout once the subscription is gone
+            // (or the actor dropped what it was handed).
+            let mut body = failure_reply(&ReplicaError::Stopped);
+            body.served = Some(self.service.serve(&msg.subject));
+            Answer::Here(body)
+        } else {
+            self.answer(op, &msg, Lock::Try)
+        };
+        match answer {
             Answer::Here(body) => {
                 match body.finish(self.replica, msg.reply.map(ReplyTo::Subject)) {
                     Some((ReplyTo::Subject(to), headers, payload)) => {
@@ -437,6 +448,48 @@ pub(super) fn count_reply(
 mod tests {
     use super::*;
     use std::cell::RefCell;
+
+    /// A stopping replica refuses every request on its subjects at once: the requester learns
+    /// it now, not after its timeout once the subscriptions are gone.
+    #[actix::test]
+    async fn a_stopping_replica_refuses_requests_at_once() {
+        use crate::replica::{Replica, ReplicaConfig};
+        use crate::wire::FilterKind;
+        let cfg = ReplicaConfig::for_kind("t", FilterKind::GBloom, 1_000, 0.01).fast();
+        let bus = Arc::new(crate::transport::InProcessBus::new());
+        let handle = Replica::start(cfg, bus).await.unwrap();
+        assert!(handle.wait_ready(std::time::Duration::from_secs(10)).await);
+        let reads = handle.shared.api.get().unwrap().clone();
+        let request = |op: &str, subject: String| Message {
+            subject,
+            payload: Bytes::from_static(b"x"),
+            reply: Some(format!("_INBOX.{op}")),
+            headers: None,
+        };
+        let own = |op| reads.subjects.replica_api_subject(reads.replica, op);
+        let error = |route: Route| match route {
+            Route::Reply(_, headers, payload) => headers
+                .get(crate::replica::service::SERVICE_ERROR_HEADER)
+                .map(|e| e.to_string())
+                .ok_or(payload),
+            _ => panic!("not answered here"),
+        };
+        let found = error(reads.route(request("contains", own("contains"))));
+        assert_eq!(found, Err(Bytes::from_static(b"{\"contains\":false}")));
+        handle.shared.closed.store(true, Ordering::Release);
+        for (op, subject) in [
+            ("contains", own("contains")),
+            ("add", own("add")),
+            ("add", reads.subjects.api_subject("add")),
+            ("stats", own("stats")),
+        ] {
+            let refused = error(reads.route(request(op, subject))).unwrap();
+            assert!(refused.contains("stopped"), "{op}: {refused}");
+        }
+        assert!(!handle.contains(b"x"), "nothing was applied");
+        handle.shared.closed.store(false, Ordering::Release);
+        handle.shutdown().await.unwrap();
+    }
 
     #[test]
     fn every_item_is_answered_in_order_and_prefetched_once_ahead_of_its_turn() {

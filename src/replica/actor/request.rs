@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 
 use super::Replica;
 use super::publish::Responder;
-use super::pump::{Outbound, Route, forward_stream};
+use super::pump::{API_LINGER, Outbound, Route, forward_stream};
 use super::reads::{Reads, count_reply, query_reply};
 use super::updates::{Applied, Lock};
 use crate::ReplicaId;
@@ -249,16 +249,19 @@ impl Replica {
             // `contains` at 16 in flight went from about 8 to 5 µs, BENCHMARKS.md). They
             // start before the round trip below, so that requests the server already sends
             // here are answered at once.
+            // Not among the tasks aborted at stop: they end when the actor's queue closes,
+            // after lingering a moment if the replica was shut down (`API_LINGER`).
             for (stream, subject, queue) in api {
                 let reads = reads.clone();
-                act.tasks.push(tokio::spawn(forward_stream(
+                tokio::spawn(forward_stream(
                     stream,
                     act.transport.clone(),
                     (subject, queue),
                     act.inbound_tx.clone(),
                     move |m| reads.route(m),
                     act.shared.clone(),
-                )));
+                    Some(API_LINGER),
+                ));
             }
             act.serve_service(service, srv);
             // The server has processed the subscriptions once it answers a request sent after
@@ -326,6 +329,7 @@ impl Replica {
                 self.inbound_tx.clone(),
                 route,
                 self.shared.clone(),
+                None,
             )));
         }
     }
