@@ -168,7 +168,7 @@ pub trait FilterLookup: Send + Sync + 'static {
     fn filter(&self, name: &[u8]) -> Option<ReplicaHandle>;
 
     /// Runs `f` on the replica serving `name`, if any: a lookup without a copy of the handle,
-    /// for the hot path ([`hot`]). `f` must not wait for anything.
+    /// for the hot path of the commands sent most. `f` must not wait for anything.
     fn with_filter(&self, name: &[u8], f: &mut dyn FnMut(&ReplicaHandle)) {
         if let Some(handle) = self.filter(name) {
             f(&handle)
