@@ -342,6 +342,9 @@ impl Replica {
             }
             None => (None, None),
         };
+        // What the data directory holds already (its snapshot, and the reservation of that
+        // snapshot's identity), if it is the state as restored.
+        let mut on_disk = None;
         let (mut filter, uuid, preferred, floor, keep_id) = match restored {
             Some(mut r) => {
                 // A kind whose ids serve one run only keeps its state and takes a new id.
@@ -352,6 +355,9 @@ impl Replica {
                     Uuid::new_v4()
                 };
                 let preferred = r.trusted.then_some(r.identity.replica);
+                if r.trusted && r.snapshot_is_state {
+                    on_disk = Some((r.identity, r.saved_reserved));
+                }
                 (r.filter, uuid, preferred, r.floor, r.trusted)
             }
             None => (fresh, Uuid::new_v4(), None, 0, false),
@@ -407,7 +413,13 @@ impl Replica {
                 lease_reserved
             }
         };
-        if let Some(d) = &data {
+        // A restart that changed nothing (the same identity and reservation, the state its
+        // snapshot's) writes nothing: four fsyncs per filter made a node of 10,000 filters
+        // take 109 s to start from its data directory.
+        let unchanged = on_disk == Some((identity, Some(reserved)));
+        if let Some(d) = &data
+            && !unchanged
+        {
             // Record the identity now: its reservation before any tag, and a first snapshot
             // (below), which also covers the replayed log.
             d.save_reservation(&durable::Reservation { identity, reserved })?;
@@ -471,7 +483,9 @@ impl Replica {
         };
         let addr = Replica::new(setup).start();
         let handle = ReplicaHandle::from_parts(addr, shared);
-        handle.persist().await?;
+        if !unchanged {
+            handle.persist().await?;
+        }
         Ok(handle)
     }
 }

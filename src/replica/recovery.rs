@@ -17,6 +17,11 @@ pub(crate) struct Restored {
     /// Whether the identity may be kept (its tag reservation is trustworthy); if not, the
     /// state is kept but tags go under a new replica id.
     pub trusted: bool,
+    /// The reservation file's tag reservation, where it is this identity's.
+    pub saved_reserved: Option<u64>,
+    /// Whether the snapshot alone is the state: no log record was merged into it, and the log
+    /// was read without a torn tail or damage to cut off.
+    pub snapshot_is_state: bool,
 }
 
 /// What recovery found: the restored state (`None` when it must start afresh) and the
@@ -66,6 +71,12 @@ pub(crate) fn restore(
         }
         Err(e) => return Err(e),
     };
+    let saved_reserved = reservation
+        .as_ref()
+        .filter(|r| r.identity == snap_identity)
+        .map(|r| r.reserved);
+    let snapshot_is_state =
+        replayed.records == 0 && !replayed.torn && replayed.damaged_regions == 0;
     let floor = match reservation {
         Some(r) if r.identity == snap_identity => Some(r.reserved.max(reserved)),
         _ if !fresh.kind().tagged() => Some(0),
@@ -79,6 +90,8 @@ pub(crate) fn restore(
         identity: snap_identity,
         floor: floor.unwrap_or(0),
         trusted: floor.is_some(),
+        saved_reserved,
+        snapshot_is_state,
     };
     Ok(Recovered {
         state: Some(restored),

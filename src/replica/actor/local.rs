@@ -374,7 +374,13 @@ impl Handler<Shutdown> for Replica {
             self.shared.closed.store(true, Ordering::Release);
         }
         self.flush_delta(ctx);
-        let saved = self.snapshot_now();
+        // Nothing changed since the last snapshot, which is written (none is being written):
+        // it is the final one already.
+        let saved = if self.dirty || self.snapshotting.load(Ordering::Acquire) {
+            self.snapshot_now()
+        } else {
+            Ok(())
+        };
         // The final snapshot holds every update: durable ones are answered, the others
         // (waiting for peers, or with no snapshot written) fail as stopped.
         let durable = (saved.is_ok() && self.data.is_some()).then_some(self.next_batch);
