@@ -181,33 +181,17 @@ impl Reads {
         mode: AddMode,
         ack: Option<AckLevel>,
     ) -> Option<Result<AddOutcome, ReplicaError>> {
-        let updates = &self.updates;
-        let level = ack.unwrap_or(updates.default_ack);
-        if let Err(e) = updates.check_level(level) {
-            return Some(Err(e));
-        }
-        if !updates.applies_in_task(Op::Add, level) {
-            return None;
-        }
-        let added = updates.add_one(item, mode, Lock::Block, &mut || Ok(u64::MAX));
-        if matches!(added, Ok(None)) {
-            return None;
-        }
-        self.shared
-            .telemetry
-            .traffic(Direction::In, Channel::Api, item.len());
-        Some(added.map(|o| o.expect("applied")).inspect_err(|e| {
-            self.shared.telemetry.api_errors(e.reason(), 1);
-        }))
+        self.update_now(Op::Add, ack, item.len(), |updates| {
+            updates.add_one(item, mode, Lock::Block, &mut || Ok(u64::MAX))
+        })
     }
 
     /// `mcontains` of `items` made in this process, answered typed (see
     /// [`Reads::contains_now`]). The caller checked the items against the replica's limits.
     pub(crate) fn mcontains_now(&self, items: &[&[u8]]) -> Vec<bool> {
-        let bytes = items.iter().map(|i| i.len() + 4).sum();
         self.shared
             .telemetry
-            .traffic(Direction::In, Channel::Api, bytes);
+            .traffic(Direction::In, Channel::Api, batch_bytes(items));
         contains_each(&self.shared, items)
     }
 
@@ -220,22 +204,34 @@ impl Reads {
         mode: AddMode,
         ack: Option<AckLevel>,
     ) -> Option<Result<BatchAdd, ReplicaError>> {
+        self.update_now(Op::MAdd, ack, batch_bytes(items), |updates| {
+            updates.add_items(items, mode, Lock::Block, &mut || Ok(u64::MAX))
+        })
+    }
+
+    /// Update `op` (of `bytes`) at `ack` made in this process: `apply` runs it if it is
+    /// applied here, and answers `None` if it was not (the lock held too long); counted as
+    /// the request path counts it.
+    fn update_now<T>(
+        &self,
+        op: Op,
+        ack: Option<AckLevel>,
+        bytes: usize,
+        apply: impl FnOnce(&Updates) -> Result<Option<T>, ReplicaError>,
+    ) -> Option<Result<T, ReplicaError>> {
         let updates = &self.updates;
         let level = ack.unwrap_or(updates.default_ack);
         if let Err(e) = updates.check_level(level) {
             return Some(Err(e));
         }
-        if !updates.applies_in_task(Op::MAdd, level) {
+        if !updates.applies_in_task(op, level) {
             return None;
         }
-        let added = updates
-            .add_items(items, mode, Lock::Block, &mut || Ok(u64::MAX))
-            .transpose()?;
-        let bytes = items.iter().map(|i| i.len() + 4).sum();
+        let applied = apply(updates).transpose()?;
         self.shared
             .telemetry
             .traffic(Direction::In, Channel::Api, bytes);
-        Some(added.inspect_err(|e| self.shared.telemetry.api_errors(e.reason(), 1)))
+        Some(applied.inspect_err(|e| self.shared.telemetry.api_errors(e.reason(), 1)))
     }
 
     /// The answer of a request here, or [`Answer::Actor`] if the actor gives it; an update
@@ -365,6 +361,11 @@ pub(super) fn query_reply(
         ReplyFormat::Json => ApiReply::json(&json!({ "contains": found })),
         ReplyFormat::Bitmap => ApiReply::bitmap(&found, None),
     })
+}
+
+/// The bytes of `items` in the batch framing ([`batch::encode`]), as a request carries them.
+fn batch_bytes(items: &[&[u8]]) -> usize {
+    items.iter().map(|i| i.len() + 4).sum()
 }
 
 /// Whether the state contains each of `items` (checked already), through the lock-free
