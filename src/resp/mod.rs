@@ -867,7 +867,14 @@ impl Session<'_> {
                 reply = hot.answer(handle, args, self.ack);
             });
             if let Some(reply) = reply {
-                return Some(self.ready(reply, bytes));
+                // The filter's answer, a refusal included (counted by the replica's
+                // `crpf_api_errors_total`, as on the general path): not a rejected command.
+                return Some(Pending {
+                    reply: PendingReply::Ready(Some(reply)),
+                    bytes,
+                    kind: Kind::Plain,
+                    protocol: self.protocol,
+                });
             }
         }
         let command = commands::command(args, |name| server.filters.filter(name));
