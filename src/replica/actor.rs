@@ -173,6 +173,8 @@ pub struct Replica {
     reserved: u64,
     dirty: bool,
     snapshotting: Arc<AtomicBool>,
+    /// Snapshots asked for by [`Persist`] still being written.
+    persisting: u32,
     /// Snapshots taken (numbered on the actor's thread) and the newest saved: an older one
     /// that finishes late must not overwrite a newer one, whose log segments are gone.
     snapshot_generation: u64,
@@ -271,6 +273,7 @@ impl Replica {
             registry_view: Default::default(),
             dirty: false,
             snapshotting: Arc::new(AtomicBool::new(false)),
+            persisting: 0,
             snapshot_generation: 0,
             snapshot_saved: Arc::new(Mutex::new(0)),
             started,

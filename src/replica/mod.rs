@@ -421,8 +421,12 @@ impl Replica {
             && !unchanged
         {
             // Record the identity now: its reservation before any tag, and a first snapshot
-            // (below), which also covers the replayed log.
-            d.save_reservation(&durable::Reservation { identity, reserved })?;
+            // (below), which also covers the replayed log. Off this thread, which may be the
+            // actors': the fsyncs of filters starting together then overlap.
+            let (d, reservation) = (d.clone(), durable::Reservation { identity, reserved });
+            tokio::task::spawn_blocking(move || d.save_reservation(&reservation))
+                .await
+                .map_err(|e| ReplicaError::Config(format!("reservation task: {e}")))??;
         }
         let wal = replayed
             .map(|r| {

@@ -178,8 +178,40 @@ impl Replica {
         Ok(())
     }
 
+    /// Writes a snapshot on a blocking thread, not the actors' (whose one thread serves every
+    /// replica of the node: a create's first snapshot, fsynced there, made the creates of a
+    /// node with a data directory wait for each other's fsyncs); answers what the save came
+    /// to, for [`Replica::snapshot_saved_now`].
+    pub(super) fn snapshot_off_thread(
+        &mut self,
+    ) -> impl ActorFuture<Self, Output = Result<Option<SegmentId>, ReplicaError>> + use<> {
+        let job = self.data.clone().map(|data| {
+            // Changes from now on are the next snapshot's (a failed save marks it again).
+            self.dirty = false;
+            self.persisting += 1;
+            (data, self.snapshot_source())
+        });
+        let (shared, saved) = (self.shared.clone(), self.snapshot_saved.clone());
+        let save = async move {
+            let Some((data, job)) = job else {
+                return (Ok(None), false);
+            };
+            let r = tokio::task::spawn_blocking(move || job.save(&data, &shared, &saved))
+                .await
+                .unwrap_or_else(|e| Err(ReplicaError::Config(format!("snapshot task: {e}"))));
+            (r, true)
+        };
+        save.into_actor(self)
+            .map(|(r, counted), act: &mut Self, _| {
+                if counted {
+                    act.persisting -= 1;
+                }
+                r
+            })
+    }
+
     /// A snapshot was saved (or failed): counts it, and drops the log segments it covers.
-    fn snapshot_saved_now(
+    pub(super) fn snapshot_saved_now(
         &mut self,
         r: Result<Option<SegmentId>, ReplicaError>,
     ) -> Result<(), ReplicaError> {

@@ -351,9 +351,15 @@ impl Handler<Merge> for Replica {
 }
 
 impl Handler<Persist> for Replica {
-    type Result = Result<(), ReplicaError>;
+    type Result = ResponseActFuture<Self, Result<(), ReplicaError>>;
     fn handle(&mut self, _: Persist, _: &mut Context<Self>) -> Self::Result {
-        self.snapshot_now()
+        if self.data.is_none() {
+            return Box::pin(actix::fut::ready(Ok(())));
+        }
+        Box::pin(
+            self.snapshot_off_thread()
+                .map(|r, act, _| act.snapshot_saved_now(r)),
+        )
     }
 }
 
@@ -376,11 +382,12 @@ impl Handler<Shutdown> for Replica {
         self.flush_delta(ctx);
         // Nothing changed since the last snapshot, which is written (none is being written):
         // it is the final one already.
-        let saved = if self.dirty || self.snapshotting.load(Ordering::Acquire) {
-            self.snapshot_now()
-        } else {
-            Ok(())
-        };
+        let saved =
+            if self.dirty || self.snapshotting.load(Ordering::Acquire) || self.persisting > 0 {
+                self.snapshot_now()
+            } else {
+                Ok(())
+            };
         // The final snapshot holds every update: durable ones are answered, the others
         // (waiting for peers, or with no snapshot written) fail as stopped.
         let durable = (saved.is_ok() && self.data.is_some()).then_some(self.next_batch);
