@@ -2,8 +2,8 @@
 //! (taken on the actor's thread together with a log rotation, saved on another) that truncate
 //! the write-ahead log they cover.
 
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use actix::prelude::*;
 
@@ -155,15 +155,13 @@ impl Replica {
         let busy = self.snapshotting.clone();
         let addr = ctx.address();
         actix::spawn(async move {
-            let r = tokio::task::spawn_blocking(move || job.save(&data, &shared, &saved))
-                .await
-                .unwrap_or_else(|e| Err(ReplicaError::Config(format!("snapshot task: {e}"))));
+            let r = job.save_off_thread(data, shared, saved).await;
             busy.store(false, Ordering::Release);
             addr.do_send(SnapshotSaved(r));
         });
     }
 
-    /// Writes a snapshot now, on the actor's thread (shutdown, explicit requests).
+    /// Writes a snapshot now, on the actor's thread (shutdown).
     pub(super) fn snapshot_now(&mut self) -> Result<(), ReplicaError> {
         let Some(data) = self.data.clone() else {
             return Ok(());
@@ -178,36 +176,23 @@ impl Replica {
         Ok(())
     }
 
-    /// Writes a snapshot on a blocking thread, not the actors' (whose one thread serves every
-    /// replica of the node: a create's first snapshot, fsynced there, made the creates of a
-    /// node with a data directory wait for each other's fsyncs); answers what the save came
-    /// to, for [`Replica::snapshot_saved_now`].
+    /// Writes a snapshot into `data` on a blocking thread, not the actors' (whose one thread
+    /// serves every replica of the node: a create's first snapshot, fsynced there, made the
+    /// creates of a node with a data directory wait for each other's fsyncs); answers what
+    /// the save came to, for [`Replica::snapshot_saved_now`].
     pub(super) fn snapshot_off_thread(
         &mut self,
+        data: DataDir,
     ) -> impl ActorFuture<Self, Output = Result<Option<SegmentId>, ReplicaError>> + use<> {
-        let job = self.data.clone().map(|data| {
-            // Changes from now on are the next snapshot's (a failed save marks it again).
-            self.dirty = false;
-            self.persisting += 1;
-            (data, self.snapshot_source())
-        });
-        let (shared, saved) = (self.shared.clone(), self.snapshot_saved.clone());
-        let save = async move {
-            let Some((data, job)) = job else {
-                return (Ok(None), false);
-            };
-            let r = tokio::task::spawn_blocking(move || job.save(&data, &shared, &saved))
-                .await
-                .unwrap_or_else(|e| Err(ReplicaError::Config(format!("snapshot task: {e}"))));
-            (r, true)
-        };
-        save.into_actor(self)
-            .map(|(r, counted), act: &mut Self, _| {
-                if counted {
-                    act.persisting -= 1;
-                }
-                r
-            })
+        // Changes from now on are the next snapshot's (a failed save marks it again).
+        self.dirty = false;
+        self.persisting += 1;
+        let job = self.snapshot_source();
+        let save = job.save_off_thread(data, self.shared.clone(), self.snapshot_saved.clone());
+        save.into_actor(self).map(|r, act: &mut Self, _| {
+            act.persisting -= 1;
+            r
+        })
     }
 
     /// A snapshot was saved (or failed): counts it, and drops the log segments it covers.
@@ -253,6 +238,18 @@ struct SnapshotJob {
 }
 
 impl SnapshotJob {
+    /// [`SnapshotJob::save`] on a blocking thread.
+    async fn save_off_thread(
+        self,
+        data: DataDir,
+        shared: Arc<Shared>,
+        saved: Arc<Mutex<u64>>,
+    ) -> Result<Option<SegmentId>, ReplicaError> {
+        tokio::task::spawn_blocking(move || self.save(&data, &shared, &saved))
+            .await
+            .unwrap_or_else(|e| Err(ReplicaError::Config(format!("snapshot task: {e}"))))
+    }
+
     /// Encodes and saves it, unless a newer snapshot was saved meanwhile; answers the log
     /// segments it covers.
     fn save(

@@ -353,11 +353,11 @@ impl Handler<Merge> for Replica {
 impl Handler<Persist> for Replica {
     type Result = ResponseActFuture<Self, Result<(), ReplicaError>>;
     fn handle(&mut self, _: Persist, _: &mut Context<Self>) -> Self::Result {
-        if self.data.is_none() {
+        let Some(data) = self.data.clone() else {
             return Box::pin(actix::fut::ready(Ok(())));
-        }
+        };
         Box::pin(
-            self.snapshot_off_thread()
+            self.snapshot_off_thread(data)
                 .map(|r, act, _| act.snapshot_saved_now(r)),
         )
     }
