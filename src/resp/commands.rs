@@ -1188,18 +1188,24 @@ pub(super) fn inserted_reply(
     }
 }
 
+/// The reply to a request the filter refused with `text` (`full`: its code says the filter
+/// was full; `single_add`: the command was a single add).
+pub(super) fn refusal(text: &str, full: bool, single_add: bool) -> Reply {
+    if full && single_add {
+        // RedisBloom's answer to an add into a full cuckoo filter.
+        return Reply::Error("Filter is full".into());
+    }
+    Reply::err(text)
+}
+
 /// The reply to a command whose request was answered with `response`.
 pub fn reply(shape: Shape, response: &ApiResponse) -> Reply {
     if let Some(e) = response.error() {
-        // RedisBloom's answer to an add into a full cuckoo filter.
         let full = response
             .headers
             .get(SERVICE_ERROR_CODE_HEADER)
             .is_some_and(|code| code.as_str() == FULL_CODE);
-        if full && matches!(shape, Shape::Added | Shape::New) {
-            return Reply::Error("Filter is full".into());
-        }
-        return Reply::err(e);
+        return refusal(e, full, matches!(shape, Shape::Added | Shape::New));
     }
     let body = &response.payload[..];
     let json = |field: &str| -> Option<serde_json::Value> {

@@ -13,7 +13,7 @@
 
 use bytes::Bytes;
 
-use super::commands::{Inserted, Reply, inserted_reply};
+use super::commands::{Inserted, Reply, inserted_reply, refusal};
 use super::parse::Args;
 use super::redisbloom::is_bloom;
 use crate::api::AddMode;
@@ -162,18 +162,14 @@ fn batch_add_reply(answer: Inserted, mode: AddMode, added: BatchAdd) -> Reply {
     inserted_reply(answer, bitmap, items, failed, error.as_deref())
 }
 
-/// The general path's reply to a request that failed with `e` (`single_add`: an `ADD`).
+/// The general path's reply to a request that failed with `e` (`single_add`: an `ADD`): not
+/// taken before the replica is ready, else refused by the filter.
 fn error_reply(e: &ReplicaError, single_add: bool) -> Reply {
     if matches!(e, ReplicaError::NotServing) {
-        // What Redis answers while it loads its data: clients know to retry.
-        return Reply::Error(format!("LOADING {e}"));
+        return super::untaken_reply(e);
     }
     let (text, full) = error_of(e);
-    if full && single_add {
-        // RedisBloom's answer to an add into a full cuckoo filter.
-        return Reply::Error("Filter is full".into());
-    }
-    Reply::err(text)
+    refusal(&text, full, single_add)
 }
 
 #[cfg(test)]

@@ -512,9 +512,16 @@ enum PendingReply {
 fn answer_reply(answer: Result<crate::replica::ApiResponse, ReplicaError>, shape: Shape) -> Reply {
     match answer {
         Ok(response) => commands::reply(shape, &response),
+        Err(e) => untaken_reply(&e),
+    }
+}
+
+/// The reply to a request the replica did not take (not ready, busy, stopped).
+fn untaken_reply(e: &ReplicaError) -> Reply {
+    match e {
         // What Redis answers while it loads its data: clients know to retry.
-        Err(e @ ReplicaError::NotServing) => Reply::Error(format!("LOADING {e}")),
-        Err(e) => Reply::err(e),
+        ReplicaError::NotServing => Reply::Error(format!("LOADING {e}")),
+        e => Reply::err(e),
     }
 }
 
