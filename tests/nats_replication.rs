@@ -252,6 +252,98 @@ async fn a_ready_replica_answers_its_api_at_once() {
     }
 }
 
+/// What requests to a replica restarted under its own id got: answers, refusals of the
+/// stopping one, "no responders", and timeouts (requests lost).
+#[derive(Debug, Default)]
+struct Outcomes {
+    answered: usize,
+    stopped: usize,
+    no_responders: usize,
+    lost: usize,
+}
+
+/// A replica restarted under its own id (in the same process: a new subscriber of its own
+/// subjects) answers alone at once: the stopped one does not linger on them refusing.
+#[actix::test]
+async fn a_replica_restarted_under_its_id_alone_answers_after() {
+    let server = NatsServer::start();
+    let data = tempfile::tempdir().unwrap();
+    let cfg = ReplicaConfig {
+        data_dir: Some(data.path().to_path_buf()),
+        ..cfg_named("restarted", FilterKind::GBloom)
+    };
+    let first = Replica::start(cfg.clone(), connect(&server.url()).await)
+        .await
+        .unwrap();
+    assert!(first.wait_ready(WAIT).await);
+    let id = first.identity().replica;
+    first.add(b"kept".to_vec()).await.unwrap();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let subjects = [
+        format!("crpf.restarted.api.contains"),
+        format!("crpf.restarted.replica.{id}.api.contains"),
+    ];
+    let phase = Arc::new(std::sync::atomic::AtomicU8::new(0));
+    let mut probes = Vec::new();
+    for subject in subjects.iter().cycle().take(6).cloned() {
+        let (client, phase) = (client.clone(), phase.clone());
+        probes.push(tokio::spawn(async move {
+            // [while the old replica stops, once the new one is ready]
+            let mut outcomes = [Outcomes::default(), Outcomes::default()];
+            loop {
+                let now = phase.load(std::sync::atomic::Ordering::Acquire);
+                if now == 2 {
+                    return outcomes;
+                }
+                let asked = client.request(subject.clone(), "kept".into());
+                let o = &mut outcomes[now as usize];
+                // Short: a request lost while the old replica stops must not take the probe
+                // past the phase that matters.
+                match tokio::time::timeout(Duration::from_millis(100), asked).await {
+                    Ok(Ok(reply)) if &reply.payload[..] == br#"{"contains":true}"# => {
+                        o.answered += 1
+                    }
+                    Ok(Ok(reply)) => {
+                        let text = String::from_utf8_lossy(&reply.payload).to_string();
+                        assert!(text.contains("stopped"), "`{subject}`: {text}");
+                        o.stopped += 1;
+                    }
+                    Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => {
+                        o.no_responders += 1;
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    _ => o.lost += 1,
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    first.shutdown().await.unwrap();
+    let second = Replica::start(cfg, connect(&server.url()).await)
+        .await
+        .unwrap();
+    assert!(second.wait_ready(WAIT).await);
+    assert_eq!(second.identity().replica, id, "restarted under its id");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    phase.store(1, std::sync::atomic::Ordering::Release);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    phase.store(2, std::sync::atomic::Ordering::Release);
+    for probe in probes {
+        // While it stops, a request sent as the server processes the unsubscription may be
+        // lost: async-nats has no drain (`API_LINGER`).
+        let [stopping, restarted] = probe.await.unwrap();
+        assert!(stopping.answered > 0, "{stopping:?}");
+        assert_eq!(restarted.lost, 0, "{restarted:?}");
+        assert_eq!(
+            restarted.stopped, 0,
+            "the stopped replica still answers: {restarted:?}"
+        );
+        assert_eq!(restarted.no_responders, 0, "{restarted:?}");
+        assert!(restarted.answered > 0, "{restarted:?}");
+    }
+    second.shutdown().await.unwrap();
+}
+
 /// Only the exact replication subjects feed a replica, each with its own bodies; every API
 /// subject, with or without an operation, gets a reply.
 #[actix::test]

@@ -677,7 +677,7 @@ impl Inner {
             return;
         };
         self.changed();
-        if let Err(e) = h.handle.shutdown().await {
+        if let Err(e) = h.handle.shutdown_dropped().await {
             tracing::warn!(filter = name, error = %e, "a dropped filter's replica did not stop cleanly");
         }
         if let Some(base) = &self.data_dir {

@@ -89,6 +89,9 @@ pub(crate) struct Shared {
     pub flush_scheduled: AtomicBool,
     /// The replica shut down: updates are no longer applied (set under the write lock).
     pub closed: AtomicBool,
+    /// The replica shuts down because its filter was dropped: its API refuses for a moment
+    /// longer ([`pump::API_LINGER`]), since no other replica will answer for it.
+    pub dropped: AtomicBool,
     /// What a batch request may hold (`max_batch_items`, `max_item_bytes`).
     pub limits: crate::api::batch::Limits,
     /// Whether the replica serves the request API (`serve_api`), once ready.

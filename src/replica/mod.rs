@@ -465,6 +465,7 @@ impl Replica {
             commit_requested: Default::default(),
             flush_scheduled: Default::default(),
             closed: Default::default(),
+            dropped: Default::default(),
             api: Default::default(),
             limits: crate::api::batch::Limits::new(cfg.max_batch_items, cfg.max_item_bytes),
             serve_api: cfg.serve_api,
@@ -806,6 +807,18 @@ impl ReplicaHandle {
     /// transport has sent what was queued (or after 5 s).
     pub async fn shutdown(&self) -> Result<(), ReplicaError> {
         self.addr.send(Shutdown).await?
+    }
+
+    /// Shuts the replica down because its filter was dropped everywhere: unlike after
+    /// [`ReplicaHandle::shutdown`], its request API goes on refusing requests for a moment
+    /// (half a second), so that those the NATS server still routes here are refused rather
+    /// than left to time out. A replica that merely stops must not linger: a live replica
+    /// of the filter (another node's, or its own restart under the same id) answers them.
+    pub async fn shutdown_dropped(&self) -> Result<(), ReplicaError> {
+        self.shared
+            .dropped
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.shutdown().await
     }
 }
 

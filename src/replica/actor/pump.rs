@@ -80,15 +80,17 @@ impl Outbound {
     }
 }
 
-/// How long the request API's subscriptions outlive a replica that shut down, refusing what
-/// still comes ([`super::reads::Reads::route`] answers "stopped" once the replica closed):
-/// the server routes requests here until it has processed the unsubscription, and a request
-/// dropped unanswered costs its sender a whole timeout.
+/// How long the request API's subscriptions outlive a replica whose filter was dropped,
+/// refusing what still comes ([`super::reads::Reads::route`] answers "stopped" once the
+/// replica closed): the server routes requests here until it has processed the
+/// unsubscription, and a request dropped unanswered costs its sender a whole timeout.
+/// (async-nats 0.51 has no drain that would end this after one round trip: its `drain`
+/// forgets the subscription before the server's PONG.)
 pub(super) const API_LINGER: Duration = Duration::from_millis(500);
 
 /// Forwards a subscription into the actor's inbound buffer, resubscribing if it ends, until
-/// the actor is gone (and then, with `linger`, for that long more if the replica was shut
-/// down: `route` answers everything by then). A full buffer (in messages or in bytes) drops
+/// the actor is gone (and then, with `linger`, for that long more if the replica's filter
+/// was dropped: `route` answers everything by then). A full buffer (in messages or in bytes) drops
 /// the message and counts it.
 pub(super) async fn forward_stream(
     initial: Option<MessageStream>,
@@ -123,7 +125,7 @@ pub(super) async fn forward_stream(
                 m = stream.next() => m,
                 _ = tx.closed(), if lingering.is_none() => {
                     match linger {
-                        Some(d) if shared.closed.load(Ordering::Acquire) => {
+                        Some(d) if shared.dropped.load(Ordering::Acquire) => {
                             lingering = Some(Box::pin(tokio::time::sleep(d)));
                             continue;
                         }
@@ -131,6 +133,9 @@ pub(super) async fn forward_stream(
                     }
                 }
                 _ = async { lingering.as_mut().expect("lingering").await }, if lingering.is_some() => {
+                    // The refusals go out before this task's hold on the connection (perhaps
+                    // the last) is let go.
+                    let _ = tokio::time::timeout(API_LINGER, transport.flush()).await;
                     return;
                 }
             };

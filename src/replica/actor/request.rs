@@ -250,7 +250,7 @@ impl Replica {
             // start before the round trip below, so that requests the server already sends
             // here are answered at once.
             // Not among the tasks aborted at stop: they end when the actor's queue closes,
-            // after lingering a moment if the replica was shut down (`API_LINGER`).
+            // after lingering a moment if the filter was dropped (`API_LINGER`).
             for (stream, subject, queue) in api {
                 let reads = reads.clone();
                 tokio::spawn(forward_stream(

@@ -516,6 +516,7 @@ mod tests {
             commit_requested: Default::default(),
             flush_scheduled: Default::default(),
             closed: Default::default(),
+            dropped: Default::default(),
             api: Default::default(),
             limits: Limits::new(1_000, 1024),
             serve_api: true,
