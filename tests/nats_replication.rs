@@ -280,13 +280,13 @@ async fn a_replica_restarted_under_its_id_alone_answers_after() {
     first.add(b"kept".to_vec()).await.unwrap();
     let client = async_nats::connect(server.url()).await.unwrap();
     let subjects = [
-        format!("crpf.restarted.api.contains"),
+        "crpf.restarted.api.contains".to_string(),
         format!("crpf.restarted.replica.{id}.api.contains"),
     ];
     let phase = Arc::new(std::sync::atomic::AtomicU8::new(0));
     let mut probes = Vec::new();
-    for subject in subjects.iter().cycle().take(6).cloned() {
-        let (client, phase) = (client.clone(), phase.clone());
+    for subject in subjects.iter().cycle().take(6) {
+        let (subject, client, phase) = (subject.clone(), client.clone(), phase.clone());
         probes.push(tokio::spawn(async move {
             // [while the old replica stops, once the new one is ready]
             let mut outcomes = [Outcomes::default(), Outcomes::default()];
