@@ -945,6 +945,42 @@ async fn replicas_sharing_the_bus_hear_each_other_but_not_themselves() {
     shared_transport_without_echo(Arc::new(InProcessBus::new()), WAIT).await;
 }
 
+/// A `g_bloom` state is merged piece by piece as its chunks arrive. Chunks lost on the way
+/// abandon their transfer (what was merged of it stays: a part of the peer's state, never
+/// more) and a later push completes it.
+#[actix::test]
+async fn a_state_merged_in_pieces_gets_through_lost_chunks() {
+    let bus = Arc::new(InProcessBus::new());
+    let lossy = |seed| -> Arc<dyn Transport> {
+        Arc::new(FaultyTransport::new(
+            bus.clone(),
+            FaultConfig {
+                drop_delta: 0.0,
+                drop_state: 0.15,
+                seed,
+            },
+        ))
+    };
+    let mut cfg = cfg("pieces", FilterKind::GBloom, 50_000, 0.01);
+    // Every change is followed by a full-state push, of about 8 chunks.
+    cfg.full_state_only = true;
+    cfg.chunk_bytes = 8 << 10;
+    let a = Replica::start(cfg.clone(), lossy(1)).await.unwrap();
+    assert!(a.wait_ready(WAIT).await);
+    for i in 0..2_000u32 {
+        a.add(i.to_le_bytes().to_vec()).await.unwrap();
+    }
+    let b = Replica::start(cfg, lossy(2)).await.unwrap();
+    b.add(b"b's own".to_vec()).await.unwrap();
+    assert!(b.wait_ready(WAIT).await);
+    assert!(converged(&[a.clone(), b.clone()], WAIT).await);
+    assert!((0..2_000u32).all(|i| b.contains(&i.to_le_bytes())));
+    assert!(a.contains(b"b's own"));
+    let s = b.stats().await.unwrap();
+    assert!(s.states_merged >= 1, "{s:?}");
+    stop(&[a, b]).await;
+}
+
 #[actix::test]
 async fn replicas_on_a_transport_that_echoes_drop_their_own_messages() {
     // A transport without a no-echo channel (the fault injector, here with no faults) hands

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
+use super::codec::to_cbor;
 use super::delta::{BloomDelta, CheckRemote, DeltaState};
 use super::error::FilterError;
 use super::hash::{BloomProbes, ItemHash, hash_item};
@@ -473,6 +474,38 @@ struct GBloomRepr {
     params: BloomParams,
     #[serde(with = "serde_bytes")]
     bits: Vec<u8>,
+}
+
+/// The bytes of a [`GBloom`]'s encoding that come before its bit array: the state is these and
+/// then the `params.bits.div_ceil(8)` bytes of the array, nothing after (what lets a replica
+/// merge a state piece by piece as it arrives).
+pub(crate) fn encoding_prefix(params: &BloomParams) -> Vec<u8> {
+    let empty = to_cbor(&GBloomReprRef {
+        params: *params,
+        bits: serde_bytes::Bytes::new(&[]),
+    });
+    // The empty byte string's header is its last byte (RFC 8949: major type 2, length 0);
+    // the array's own header takes its place.
+    let mut prefix = empty[..empty.len() - 1].to_vec();
+    let len = params.bits.div_ceil(8);
+    const BYTE_STRING: u8 = 2 << 5;
+    match len {
+        0..=23 => prefix.push(BYTE_STRING | len as u8),
+        24..=0xff => prefix.extend([BYTE_STRING | 24, len as u8]),
+        0x100..=0xffff => {
+            prefix.push(BYTE_STRING | 25);
+            prefix.extend((len as u16).to_be_bytes());
+        }
+        0x1_0000..=0xffff_ffff => {
+            prefix.push(BYTE_STRING | 26);
+            prefix.extend((len as u32).to_be_bytes());
+        }
+        _ => {
+            prefix.push(BYTE_STRING | 27);
+            prefix.extend(len.to_be_bytes());
+        }
+    }
+    prefix
 }
 
 /// [`GBloomRepr`] borrowing the bits, so that encoding a large filter does not copy them first.

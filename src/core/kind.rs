@@ -117,6 +117,14 @@ macro_rules! define_filter_kind {
                 }
             }
 
+            /// Whether the kind merges full states piece by piece
+            /// ([`ReplicatedFilter::MERGES_STATE_PIECES`]).
+            pub fn merges_state_pieces(self) -> bool {
+                match self {
+                    $( FilterKind::$variant => <$ty as ReplicatedFilter>::MERGES_STATE_PIECES, )*
+                }
+            }
+
             /// Whether a replica id of the kind may serve a later run: a restart that keeps
             /// its id, or a new replica taking over a retired one (see
             /// [`ReplicatedFilter::REUSES_IDS`]).
@@ -346,10 +354,40 @@ pub trait ReplicatedFilter:
     /// Whether the kind reads the clock a replica passes in ([`ReplicatedFilter::tick`],
     /// [`ReplicatedFilter::contains_as_of`]): a replica reads no clock for the others.
     const CLOCKED: bool = false;
+    /// Whether a peer's full state is merged piece by piece as its chunks arrive
+    /// ([`ReplicatedFilter::merge_state_piece`]), so that a replica catching up never holds
+    /// it whole.
+    const MERGES_STATE_PIECES: bool = false;
 
     /// An empty filter sized by `spec` (whose kind is [`ReplicatedFilter::KIND`]); kinds
     /// with tags issue them as `replica`.
     fn from_spec(spec: &FilterSpec, replica: ReplicaId) -> Result<Self, FilterError>;
+
+    /// Appends the full state's encoding (what decoding the kind reads back) to `out`. The
+    /// default serializes; a kind may write the same bytes without an intermediate copy.
+    fn encode_state_into(&self, out: &mut Vec<u8>) {
+        let mut ser = serde_cbor::Serializer::new(out).packed_format();
+        self.serialize(&mut ser)
+            .expect("CBOR into a Vec cannot fail");
+    }
+
+    /// Joins bytes `offset..` of a peer's encoded full state (of `total_len` bytes, for
+    /// these parameters) into this one, for kinds that [merge states piece by
+    /// piece](ReplicatedFilter::MERGES_STATE_PIECES): each piece joins a part of the peer's
+    /// state, which is an inflation on its own. A piece that does not fit the encoding
+    /// changes nothing. The other kinds refuse.
+    fn merge_state_piece(
+        &mut self,
+        total_len: u64,
+        offset: u64,
+        piece: &[u8],
+    ) -> Result<(), FilterError> {
+        let _ = (total_len, offset, piece);
+        Err(FilterError::Incompatible(format!(
+            "a {} state is merged whole, not in pieces",
+            Self::KIND
+        )))
+    }
 
     /// Digest of the parameters: replicas exchange state only with equal digests.
     fn params_digest(&self) -> u64;

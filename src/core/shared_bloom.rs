@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use super::atomic_bloom::AtomicGBloom;
 use super::bloom::{
-    GBloom, bloom_cardinality, bloom_estimated_fpr, check_bloom_delta, take_bloom_delta,
+    GBloom, bloom_cardinality, bloom_estimated_fpr, check_bloom_delta, encoding_prefix,
+    take_bloom_delta,
 };
 use super::delta::{BloomDelta, CheckRemote, DeltaState};
 use super::error::FilterError;
@@ -119,6 +120,30 @@ impl SharedGBloom {
                 self.ones += u64::from((old | o).count_ones() - old.count_ones());
             }
         }
+    }
+
+    /// ORs `bytes`, the bit array's little-endian bytes from byte `at` on (in range), into
+    /// the bits: whole words where the bytes cover them, bytes at the ends.
+    fn or_bytes(&mut self, at: usize, bytes: &[u8]) {
+        let words = self.bits.words();
+        let mut ones = 0u64;
+        let mut or_at = |word: usize, bits: u64| {
+            if bits != 0 {
+                let old = or_word(&words[word], bits);
+                ones += u64::from((old | bits).count_ones() - old.count_ones());
+            }
+        };
+        let (mut pos, mut rest) = (at, bytes);
+        while !rest.is_empty() {
+            let (word, shift) = (pos / 8, pos % 8);
+            let take = (8 - shift).min(rest.len());
+            let mut b = [0u8; 8];
+            b[shift..shift + take].copy_from_slice(&rest[..take]);
+            or_at(word, u64::from_le_bytes(b));
+            pos += take;
+            rest = &rest[take..];
+        }
+        self.ones += ones;
     }
 
     /// Sets the item's bits; `newly_set` gets the index of each bit that was clear. Every word
@@ -312,11 +337,68 @@ impl<'de> Deserialize<'de> for SharedGBloom {
 impl crate::core::kind::ReplicatedFilter for SharedGBloom {
     const KIND: crate::core::kind::FilterKind = crate::core::kind::FilterKind::GBloom;
 
+    const MERGES_STATE_PIECES: bool = true;
+
     fn from_spec(
         spec: &crate::core::kind::FilterSpec,
         _replica: crate::ReplicaId,
     ) -> Result<Self, FilterError> {
         Self::new(BloomParams::with_capacity(spec.capacity, spec.fpr)?.with_seed(spec.seed()))
+    }
+
+    /// The same bytes as serializing (a `GBloom`'s encoding), written from the shared words
+    /// as they are read: serializing goes through a snapshot of the words, which doubled
+    /// what a push of a large filter held.
+    fn encode_state_into(&self, out: &mut Vec<u8>) {
+        let array_len = self.params().bits.div_ceil(8) as usize;
+        let prefix = encoding_prefix(self.params());
+        out.reserve(prefix.len() + array_len);
+        out.extend_from_slice(&prefix);
+        let start = out.len();
+        for w in self.bits.words() {
+            out.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+        }
+        out.truncate(start + array_len);
+    }
+
+    /// The piece's bytes within the encoding's prefix must be this filter's (its parameters
+    /// and the bit array's header); those within the bit array are ORed in.
+    fn merge_state_piece(
+        &mut self,
+        total_len: u64,
+        offset: u64,
+        piece: &[u8],
+    ) -> Result<(), FilterError> {
+        let prefix = encoding_prefix(self.params());
+        let array_len = self.params().bits.div_ceil(8);
+        let start = prefix.len() as u64;
+        if total_len != start + array_len {
+            return Err(FilterError::malformed(format!(
+                "a state of {total_len} bytes, where these parameters encode in {}",
+                start + array_len
+            )));
+        }
+        let end = offset
+            .checked_add(piece.len() as u64)
+            .filter(|&end| end <= total_len)
+            .ok_or_else(|| FilterError::malformed("a piece past the end of its state"))?;
+        let in_prefix = (end.min(start)).saturating_sub(offset) as usize;
+        if in_prefix > 0
+            && piece[..in_prefix] != prefix[offset as usize..offset as usize + in_prefix]
+        {
+            return Err(FilterError::malformed(
+                "a state's parameters or layout differ from this filter's",
+            ));
+        }
+        let bits = &piece[in_prefix..];
+        let at = (offset.max(start) - start) as usize;
+        // No bit past the last: the decoder refuses a state with one, and so does this.
+        let tail = self.params().bits % 8;
+        if end == total_len && tail != 0 && bits.last().is_some_and(|&last| last >> tail != 0) {
+            return Err(FilterError::malformed("bits set past the bit array's end"));
+        }
+        self.or_bytes(at, bits);
+        Ok(())
     }
 
     fn params_digest(&self) -> u64 {

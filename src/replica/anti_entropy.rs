@@ -83,6 +83,8 @@ pub(crate) struct AntiEntropy {
     started: Instant,
     ready: bool,
     last_catch_up_request: Option<Instant>,
+    /// When our full state last went out.
+    last_push: Option<Instant>,
 }
 
 impl AntiEntropy {
@@ -93,6 +95,7 @@ impl AntiEntropy {
             started,
             ready: false,
             last_catch_up_request: None,
+            last_push: None,
         }
     }
 
@@ -156,7 +159,11 @@ impl AntiEntropy {
         digest: u64,
         peer_ready: bool,
         mine: u64,
+        now: Instant,
     ) -> Vec<Action> {
+        let pushed_lately = self
+            .last_push
+            .is_some_and(|t| now.saturating_duration_since(t) < self.timing.catch_up_timeout);
         let Some(peer) = self.peers.get_mut(&sender) else {
             return Vec::new();
         };
@@ -172,8 +179,11 @@ impl AntiEntropy {
         peer.mismatches += 1;
         // A mismatch that persists is not just updates in flight: a loss our sequence numbers
         // cannot see (from a replica that has left since, say). A peer that is not ready is
-        // catching up: push at once. (Our own lost deltas show as gaps at the peer, which asks.)
-        if peer.mismatches >= MISMATCH_LIMIT || !peer_ready {
+        // catching up: push at once, unless our state went out within a catch-up timeout:
+        // that push is on its way to it (a joiner announces its digest as it asks for states,
+        // and the state went out twice). If it was lost, the peer asks again after its
+        // timeout. (Our own lost deltas show as gaps at the peer, which asks.)
+        if peer.mismatches >= MISMATCH_LIMIT || (!peer_ready && !pushed_lately) {
             peer.mismatches = 0;
             vec![Action::PushState]
         } else {
@@ -187,7 +197,8 @@ impl AntiEntropy {
     }
 
     /// Our full state went out: it answers every mismatch seen so far.
-    pub(crate) fn pushed(&mut self) {
+    pub(crate) fn pushed(&mut self, now: Instant) {
+        self.last_push = Some(now);
         for p in self.peers.values_mut() {
             p.mismatches = 0;
         }
@@ -387,20 +398,24 @@ mod tests {
     fn an_equal_digest_from_a_ready_peer_makes_us_ready_once() {
         let (mut ae, t0) = machine();
         ae.heard(uuid(1), 1, 1, t0).unwrap();
-        assert_eq!(ae.digest(uuid(1), 7, false, 7), vec![], "peer not ready");
+        assert_eq!(
+            ae.digest(uuid(1), 7, false, 7, t0),
+            vec![],
+            "peer not ready"
+        );
         assert!(!ae.is_ready());
         assert_eq!(
-            ae.digest(uuid(1), 7, true, 7),
+            ae.digest(uuid(1), 7, true, 7, t0),
             vec![Action::BecomeReady("a peer has the same state")]
         );
         assert!(ae.is_ready());
-        assert_eq!(ae.digest(uuid(1), 7, true, 7), vec![], "only once");
+        assert_eq!(ae.digest(uuid(1), 7, true, 7, t0), vec![], "only once");
     }
 
     #[test]
     fn a_digest_of_an_unknown_sender_changes_nothing() {
-        let (mut ae, _) = machine();
-        assert_eq!(ae.digest(uuid(9), 7, true, 7), vec![]);
+        let (mut ae, t0) = machine();
+        assert_eq!(ae.digest(uuid(9), 7, true, 7, t0), vec![]);
         assert!(!ae.is_ready());
     }
 
@@ -408,18 +423,18 @@ mod tests {
     fn a_persistent_mismatch_pushes_our_state_and_a_transient_one_does_not() {
         let (mut ae, t0) = machine();
         ae.heard(uuid(1), 1, 1, t0).unwrap();
-        assert_eq!(ae.digest(uuid(1), 1, true, 2), vec![]);
-        assert_eq!(ae.digest(uuid(1), 1, true, 2), vec![]);
-        assert_eq!(ae.digest(uuid(1), 1, true, 2), vec![Action::PushState]);
+        assert_eq!(ae.digest(uuid(1), 1, true, 2, t0), vec![]);
+        assert_eq!(ae.digest(uuid(1), 1, true, 2, t0), vec![]);
+        assert_eq!(ae.digest(uuid(1), 1, true, 2, t0), vec![Action::PushState]);
         // The count starts over after a push.
-        assert_eq!(ae.digest(uuid(1), 1, true, 2), vec![]);
+        assert_eq!(ae.digest(uuid(1), 1, true, 2, t0), vec![]);
         // An equal digest in between resets it.
-        assert_eq!(ae.digest(uuid(1), 2, true, 2).len(), 1, "ready");
-        assert_eq!(ae.digest(uuid(1), 1, true, 2), vec![]);
-        assert_eq!(ae.digest(uuid(1), 1, true, 2), vec![]);
-        ae.pushed();
+        assert_eq!(ae.digest(uuid(1), 2, true, 2, t0).len(), 1, "ready");
+        assert_eq!(ae.digest(uuid(1), 1, true, 2, t0), vec![]);
+        assert_eq!(ae.digest(uuid(1), 1, true, 2, t0), vec![]);
+        ae.pushed(t0);
         assert_eq!(
-            ae.digest(uuid(1), 1, true, 2),
+            ae.digest(uuid(1), 1, true, 2, t0),
             vec![],
             "a push resets it too"
         );
@@ -429,7 +444,22 @@ mod tests {
     fn a_mismatch_with_a_peer_that_is_catching_up_pushes_at_once() {
         let (mut ae, t0) = machine();
         ae.heard(uuid(1), 1, 1, t0).unwrap();
-        assert_eq!(ae.digest(uuid(1), 1, false, 2), vec![Action::PushState]);
+        assert_eq!(ae.digest(uuid(1), 1, false, 2, t0), vec![Action::PushState]);
+    }
+
+    #[test]
+    fn a_peer_catching_up_is_not_sent_our_state_twice_within_a_catch_up_timeout() {
+        let (mut ae, t0) = machine();
+        ae.heard(uuid(1), 1, 1, t0).unwrap();
+        // It asked for our state (pushed), and its digest, sent as it asked, comes after.
+        ae.pushed(t0);
+        assert_eq!(ae.digest(uuid(1), 1, false, 2, t0 + 10 * MS), vec![]);
+        assert_eq!(ae.digest(uuid(1), 1, false, 2, t0 + 99 * MS), vec![]);
+        // Still not ready a catch-up timeout later: that push was lost.
+        assert_eq!(
+            ae.digest(uuid(1), 1, false, 2, t0 + 100 * MS),
+            vec![Action::PushState]
+        );
     }
 
     #[test]
@@ -516,9 +546,9 @@ mod tests {
             ae.heard(uuid(n), n as u16, 1, t0).unwrap();
         }
         assert!(!ae.has_live_digest(t0));
-        ae.digest(uuid(1), 7, true, 7);
-        ae.digest(uuid(2), 7, true, 7);
-        ae.digest(uuid(3), 8, true, 7);
+        ae.digest(uuid(1), 7, true, 7, t0);
+        ae.digest(uuid(2), 7, true, 7, t0);
+        ae.digest(uuid(3), 8, true, 7, t0);
         assert!(ae.has_live_digest(t0));
         assert_eq!(ae.converged_peers(7, t0), 2);
         // Peer 2 falls silent: no longer counted.

@@ -71,6 +71,12 @@ trait DynFilter: Send + Sync {
     ) -> Result<(), WireError>;
     fn encode_state(&self) -> Vec<u8>;
     fn encode_state_sized(&self, capacity: usize) -> Vec<u8>;
+    fn merge_state_piece(
+        &mut self,
+        total_len: u64,
+        offset: u64,
+        piece: &[u8],
+    ) -> Result<(), FilterError>;
     fn params_digest(&self) -> u64;
     fn digest_state(&self, h: &mut Xxh3);
     fn sub_filters(&self) -> usize;
@@ -162,13 +168,21 @@ impl<F: ReplicatedFilter> DynFilter for F {
         self.merge_delta(&d).map_err(incompatible)
     }
     fn encode_state(&self) -> Vec<u8> {
-        to_cbor(self)
+        let mut out = Vec::new();
+        self.encode_state_into(&mut out);
+        out
+    }
+    fn merge_state_piece(
+        &mut self,
+        total_len: u64,
+        offset: u64,
+        piece: &[u8],
+    ) -> Result<(), FilterError> {
+        ReplicatedFilter::merge_state_piece(self, total_len, offset, piece)
     }
     fn encode_state_sized(&self, capacity: usize) -> Vec<u8> {
         let mut out = Vec::with_capacity(capacity);
-        let mut ser = serde_cbor::Serializer::new(&mut out).packed_format();
-        self.serialize(&mut ser)
-            .expect("CBOR into a Vec cannot fail");
+        self.encode_state_into(&mut out);
         out
     }
     fn params_digest(&self) -> u64 {
@@ -613,6 +627,18 @@ impl AnyFilter {
         self.inner().encode_state()
     }
 
+    /// Joins bytes `offset..` of a peer's full state, `total_len` bytes encoded, for kinds
+    /// that [merge states piece by piece](FilterKind::merges_state_pieces) (see
+    /// [`ReplicatedFilter::merge_state_piece`]); a piece that does not fit changes nothing.
+    pub fn merge_state_piece(
+        &mut self,
+        total_len: u64,
+        offset: u64,
+        piece: &[u8],
+    ) -> Result<(), FilterError> {
+        self.inner_mut().merge_state_piece(total_len, offset, piece)
+    }
+
     /// [`AnyFilter::encode_state`] into a buffer of `capacity` bytes to start with: with the
     /// size of the last encoding, a large state's buffer is not regrown (each doubling holds
     /// the old and the new buffer for a moment).
@@ -1028,6 +1054,83 @@ mod tests {
         }
         let g = AnyFilter::new(&FilterSpec::new(FilterKind::GBloom, 1_000, 0.01), 1).unwrap();
         assert!(g.count(b"x").is_err());
+    }
+
+    /// A `g_bloom` state merged piece by piece, in pieces of any size, is the state merged
+    /// whole; a piece that does not fit (another filter's parameters, a wrong length, bits
+    /// past the array) changes nothing; the other kinds merge states whole only.
+    #[test]
+    fn a_g_bloom_state_merged_in_pieces_is_the_state_merged_whole() {
+        // Bit arrays whose CBOR headers take 1, 3 and 5 bytes.
+        for capacity in [8, 1_000, 100_000] {
+            let spec = FilterSpec::new(FilterKind::GBloom, capacity, 0.01);
+            assert!(spec.kind.merges_state_pieces());
+            let mut sender = AnyFilter::new(&spec, 1).unwrap();
+            for i in 0..capacity.min(5_000) as u32 {
+                sender.add(&i.to_le_bytes()).unwrap();
+            }
+            let state = sender.encode_state();
+            let AnyFilter::GBloom(shared) = &sender else {
+                unreachable!()
+            };
+            // Written from the words, the encoding is the serialized one byte for byte.
+            assert_eq!(state, to_cbor(shared), "{capacity}");
+            let total = state.len() as u64;
+            for piece_len in [1, 7, 13, 4096] {
+                let mut receiver = AnyFilter::new(&spec, 2).unwrap();
+                receiver.add(b"own").unwrap();
+                let mut whole = receiver.clone();
+                whole.merge(&sender).unwrap();
+                for (n, piece) in state.chunks(piece_len).enumerate() {
+                    let offset = (n * piece_len) as u64;
+                    receiver.merge_state_piece(total, offset, piece).unwrap();
+                }
+                assert!(
+                    receiver.equivalent(&whole),
+                    "{capacity}, pieces of {piece_len}"
+                );
+                // The count of set bits is kept as the pieces come.
+                assert_eq!(receiver.stats().cardinality, whole.stats().cardinality);
+            }
+            // Misfits.
+            let mut receiver = AnyFilter::new(&spec, 2).unwrap();
+            let before = receiver.clone();
+            let other = FilterSpec::new(FilterKind::GBloom, capacity, 0.02);
+            let foreign = AnyFilter::new(&other, 1).unwrap().encode_state();
+            let refused = [
+                receiver.merge_state_piece(total + 1, 0, &state[..1]),
+                receiver.merge_state_piece(total, total - 1, &state[..2]),
+                receiver.merge_state_piece(foreign.len() as u64, 0, &foreign),
+                receiver.merge_state_piece(total, 0, &[state[0] ^ 1]),
+            ];
+            for r in refused {
+                assert!(r.is_err());
+            }
+            let mut past_end = state.clone();
+            if let Some(last) = past_end.last_mut() {
+                *last = 0xff;
+            }
+            // A full last byte is past the array unless its bit count is a multiple of 8.
+            let r = receiver.merge_state_piece(total, total - 1, &past_end[past_end.len() - 1..]);
+            let bits = match &receiver {
+                AnyFilter::GBloom(f) => f.params().bits,
+                _ => unreachable!(),
+            };
+            assert_eq!(r.is_err(), bits % 8 != 0, "{capacity}");
+            if bits % 8 != 0 {
+                assert!(receiver.equivalent(&before), "refusals change nothing");
+            }
+        }
+        for kind in [
+            FilterKind::GCuckoo,
+            FilterKind::OrCuckoo,
+            FilterKind::ScGBloom,
+        ] {
+            assert!(!kind.merges_state_pieces(), "{kind}");
+            let mut f = AnyFilter::new(&FilterSpec::new(kind, 1_000, 0.01), 1).unwrap();
+            let state = f.encode_state();
+            assert!(f.merge_state_piece(state.len() as u64, 0, &state).is_err());
+        }
     }
 
     #[test]

@@ -1,10 +1,11 @@
-//! Reassembly of full states sent in chunks.
+//! Reassembly of full states sent in chunks: whole, or passed on piece by piece in order for
+//! kinds that merge a state as it arrives.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 use crate::wire::{StateChunk, WireError};
 
@@ -14,10 +15,18 @@ struct Partial {
     count: u32,
     total_len: u64,
     checksum: u64,
-    /// Chunks by index, allocated as they come (a header cannot make us allocate).
-    chunks: BTreeMap<u32, Vec<u8>>,
+    received: Received,
     bytes: u64,
     started: Instant,
+}
+
+/// What a transfer in progress keeps of its chunks.
+enum Received {
+    /// Chunks by index, allocated as they come (a header cannot make us allocate).
+    Chunks(BTreeMap<u32, Vec<u8>>),
+    /// Nothing: chunks are passed on in order as they come ([`Progress::Piece`]); the index
+    /// of the next, and the hash of those passed on.
+    Streamed { next: u32, hasher: Box<Xxh3> },
 }
 
 /// Transfers reassembled at once.
@@ -34,6 +43,15 @@ pub(crate) enum Progress {
     Pending,
     /// The whole state, its checksum verified.
     Complete(Vec<u8>),
+    /// The next piece of a state passed on as it comes (a transfer of several chunks, when
+    /// streaming): its bytes from `offset` on; with `last`, the whole state's length and
+    /// checksum were verified.
+    Piece {
+        offset: u64,
+        data: Vec<u8>,
+        total_len: u64,
+        last: bool,
+    },
 }
 
 /// Transfers in progress, at most one per sender (a chunk of another transfer replaces the
@@ -50,15 +68,19 @@ pub(crate) struct Reassembly {
     done: HashMap<Uuid, (VecDeque<u64>, Instant)>,
     max_state_bytes: u64,
     timeout: Duration,
+    /// Transfers of several chunks are passed on piece by piece, in order, instead of
+    /// reassembled: a chunk out of order abandons its transfer.
+    streamed: bool,
 }
 
 impl Reassembly {
-    pub(super) fn new(max_state_bytes: u64, timeout: Duration) -> Self {
+    pub(super) fn new(max_state_bytes: u64, timeout: Duration, streamed: bool) -> Self {
         Reassembly {
             partial: HashMap::new(),
             done: HashMap::new(),
             max_state_bytes,
             timeout,
+            streamed,
         }
     }
 
@@ -90,6 +112,11 @@ impl Reassembly {
                 if c.count as u64 > c.total_len.max(1) {
                     return Err(WireError::Chunk("more chunks than bytes".into()));
                 }
+                if self.streamed && c.index != 0 {
+                    // Its beginning was missed: a piece cannot be placed without the ones
+                    // before. The peer's state comes again (anti-entropy).
+                    return Ok(Progress::Pending);
+                }
                 if !self.partial.contains_key(&sender) && self.partial.len() >= MAX_TRANSFERS {
                     let oldest = self
                         .partial
@@ -106,7 +133,14 @@ impl Reassembly {
                         count: c.count,
                         total_len: c.total_len,
                         checksum: c.checksum,
-                        chunks: BTreeMap::new(),
+                        received: if self.streamed {
+                            Received::Streamed {
+                                next: 0,
+                                hasher: Box::new(Xxh3::new()),
+                            }
+                        } else {
+                            Received::Chunks(BTreeMap::new())
+                        },
                         bytes: 0,
                         started: Instant::now(),
                     },
@@ -120,7 +154,49 @@ impl Reassembly {
                 "chunk header differs from its transfer".into(),
             ));
         }
-        if p.chunks.contains_key(&c.index) {
+        let chunks = match &mut p.received {
+            Received::Chunks(chunks) => chunks,
+            Received::Streamed { next, hasher } => {
+                if c.index < *next {
+                    return Ok(Progress::Pending); // a duplicate
+                }
+                if c.index > *next {
+                    let missing = *next;
+                    self.partial.remove(&sender);
+                    return Err(WireError::Chunk(format!("chunk {missing} missing")));
+                }
+                let offset = p.bytes;
+                p.bytes += c.data.len() as u64;
+                if p.bytes > p.total_len {
+                    self.partial.remove(&sender);
+                    return Err(WireError::Chunk("chunks longer than their state".into()));
+                }
+                hasher.update(&c.data);
+                *next += 1;
+                let last = *next == p.count;
+                if last {
+                    let (bytes, digest) = (p.bytes, hasher.digest());
+                    let (transfer, total_len, checksum) = (p.transfer, p.total_len, p.checksum);
+                    self.partial.remove(&sender);
+                    if bytes != total_len {
+                        return Err(WireError::Chunk(format!(
+                            "state of {bytes} bytes, header says {total_len}"
+                        )));
+                    }
+                    if digest != checksum {
+                        return Err(WireError::Chunk("checksum mismatch".into()));
+                    }
+                    self.completed(sender, transfer);
+                }
+                return Ok(Progress::Piece {
+                    offset,
+                    data: c.data,
+                    total_len: c.total_len,
+                    last,
+                });
+            }
+        };
+        if chunks.contains_key(&c.index) {
             return Ok(Progress::Pending); // a duplicate
         }
         p.bytes += c.data.len() as u64;
@@ -128,13 +204,16 @@ impl Reassembly {
             self.partial.remove(&sender);
             return Err(WireError::Chunk("chunks longer than their state".into()));
         }
-        p.chunks.insert(c.index, c.data);
-        if p.chunks.len() < p.count as usize {
+        chunks.insert(c.index, c.data);
+        if chunks.len() < p.count as usize {
             return Ok(Progress::Pending);
         }
         let p = self.partial.remove(&sender).expect("present");
+        let Received::Chunks(chunks) = p.received else {
+            unreachable!("reassembled transfers keep their chunks")
+        };
         let mut state = Vec::with_capacity(p.total_len as usize);
-        for chunk in p.chunks.into_values() {
+        for chunk in chunks.into_values() {
             state.extend_from_slice(&chunk);
         }
         let state = finish(p.total_len, p.checksum, state)?;
@@ -161,6 +240,11 @@ impl Reassembly {
         }
         ids.push_back(transfer);
         *at = Instant::now();
+    }
+
+    /// Abandons the sender's transfer in progress (a piece of it was refused).
+    pub(super) fn forget_transfer(&mut self, sender: &Uuid) {
+        self.partial.remove(sender);
     }
 
     /// Forgets what it knows of a sender (it expired as a peer).
@@ -208,7 +292,7 @@ mod tests {
         let mut chunks = chunk_state(&state, 1, 999);
         chunks.reverse();
         chunks.push(chunks[3].clone());
-        let mut r = Reassembly::new(1 << 20, Duration::from_secs(60));
+        let mut r = Reassembly::new(1 << 20, Duration::from_secs(60), false);
         let s = Uuid::from_u128(1);
         let mut done = None;
         for c in chunks {
@@ -220,11 +304,74 @@ mod tests {
         assert_eq!(r.in_progress(), 0);
     }
 
+    /// Streamed, a transfer comes out as its pieces in order, each once; the last one says the
+    /// whole checked out. A chunk out of order abandons the transfer; a transfer whose
+    /// beginning was missed is ignored; a damaged one fails at its end.
+    #[test]
+    fn streams_pieces_in_order_and_refuses_gaps() {
+        let state: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let s = Uuid::from_u128(1);
+        let mut r = Reassembly::new(1 << 20, Duration::from_secs(60), true);
+        let mut chunks = chunk_state(&state, 1, 999);
+        chunks.insert(3, chunks[2].clone());
+        let mut rebuilt = Vec::new();
+        let mut lasts = 0;
+        for c in chunks.clone() {
+            match r.add(s, c).unwrap() {
+                Progress::Piece {
+                    offset,
+                    data,
+                    total_len,
+                    last,
+                } => {
+                    assert_eq!(offset, rebuilt.len() as u64);
+                    assert_eq!(total_len, state.len() as u64);
+                    rebuilt.extend(data);
+                    lasts += usize::from(last);
+                }
+                Progress::Pending => {}
+                Progress::Complete(_) => panic!("streamed"),
+            }
+        }
+        assert_eq!((rebuilt, lasts), (state.clone(), 1));
+        assert_eq!(r.in_progress(), 0);
+        // A replay of the completed transfer is ignored.
+        assert!(matches!(
+            r.add(s, chunks[0].clone()).unwrap(),
+            Progress::Pending
+        ));
+        // Out of order: refused, and the transfer abandoned.
+        let chunks = chunk_state(&state, 2, 999);
+        assert!(matches!(
+            r.add(s, chunks[0].clone()),
+            Ok(Progress::Piece { .. })
+        ));
+        assert_eq!(r.add(s, chunks[2].clone()).unwrap_err().reason(), "chunk");
+        assert_eq!(r.in_progress(), 0);
+        // Joined mid-transfer: ignored.
+        assert!(matches!(
+            r.add(s, chunks[1].clone()).unwrap(),
+            Progress::Pending
+        ));
+        assert_eq!(r.in_progress(), 0);
+        // Damaged: every piece is passed on, and the end reports the mismatch.
+        let mut chunks = chunk_state(&state, 3, 999);
+        chunks[4].data[0] ^= 1;
+        let results: Vec<_> = chunks.into_iter().map(|c| r.add(s, c)).collect();
+        assert_eq!(
+            results.last().unwrap().as_ref().unwrap_err().reason(),
+            "chunk"
+        );
+        // One chunk: the whole state, as when reassembling.
+        let one = chunk_state(&state, 4, 1 << 20).remove(0);
+        assert!(matches!(r.add(s, one).unwrap(), Progress::Complete(st) if st == state));
+    }
+
     #[test]
     fn rejects_tampering_and_oversize() {
         let state = vec![5u8; 5000];
         let s = Uuid::from_u128(1);
-        let mut r = Reassembly::new(1 << 20, Duration::from_secs(60));
+        let mut r = Reassembly::new(1 << 20, Duration::from_secs(60), false);
         let mut chunks = chunk_state(&state, 1, 1000);
         chunks[2].data[0] ^= 1;
         let results: Vec<_> = chunks.into_iter().map(|c| r.add(s, c)).collect();
@@ -232,17 +379,17 @@ mod tests {
             results.last().unwrap().as_ref().unwrap_err().reason(),
             "chunk"
         );
-        let mut small = Reassembly::new(100, Duration::from_secs(60));
+        let mut small = Reassembly::new(100, Duration::from_secs(60), false);
         let c = chunk_state(&state, 2, 1000).remove(0);
         assert_eq!(small.add(s, c).unwrap_err().reason(), "oversized");
         // Another transfer supersedes an unfinished one, whatever its id.
-        let mut r = Reassembly::new(1 << 20, Duration::ZERO);
+        let mut r = Reassembly::new(1 << 20, Duration::ZERO, false);
         r.add(s, chunk_state(&state, 4, 1000).remove(0)).unwrap();
         r.add(s, chunk_state(&state, 3, 1000).remove(0)).unwrap();
         assert_eq!(r.in_progress(), 1);
         assert_eq!(r.expire(), 1);
         // A header claiming a billion chunks allocates nothing, and transfers are bounded.
-        let mut r = Reassembly::new(u64::MAX, Duration::from_secs(60));
+        let mut r = Reassembly::new(u64::MAX, Duration::from_secs(60), false);
         for i in 0..(MAX_TRANSFERS as u128 + 5) {
             let c = StateChunk {
                 transfer: 1,
@@ -267,7 +414,7 @@ mod tests {
     fn a_completed_id_blocks_only_itself() {
         let state = vec![9u8; 3000];
         let s = Uuid::from_u128(7);
-        let mut r = Reassembly::new(1 << 20, Duration::from_secs(60));
+        let mut r = Reassembly::new(1 << 20, Duration::from_secs(60), false);
         for c in chunk_state(&state, u64::MAX, 1000) {
             r.add(s, c).unwrap();
         }
@@ -290,7 +437,7 @@ mod tests {
 
     #[test]
     fn remembered_senders_are_bounded() {
-        let mut r = Reassembly::new(1 << 20, Duration::from_secs(60));
+        let mut r = Reassembly::new(1 << 20, Duration::from_secs(60), false);
         for i in 0..(MAX_REMEMBERED_SENDERS as u128 + 100) {
             for c in chunk_state(b"x", 1, 1000) {
                 r.add(Uuid::from_u128(i), c).unwrap();

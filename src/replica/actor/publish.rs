@@ -314,7 +314,7 @@ impl Replica {
     fn push_state(&mut self, ctx: &mut Context<Self>) {
         self.last_push = Some(Instant::now());
         self.changed_since_push = false;
-        self.anti_entropy.pushed();
+        self.anti_entropy.pushed(Instant::now());
         let chunk_len = self
             .cfg
             .chunk_bytes

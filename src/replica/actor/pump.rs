@@ -80,6 +80,10 @@ impl Outbound {
     }
 }
 
+/// Bytes of a full state's frames handed to the transport between two flushes: what a push
+/// holds outside its encoded state.
+const STATE_FLUSH_BYTES: usize = 8 << 20;
+
 /// How long the request API's subscriptions outlive a replica whose filter was dropped,
 /// refusing what still comes ([`super::reads::Reads::route`] answers "stopped" once the
 /// replica closed): the server routes requests here until it has processed the
@@ -283,15 +287,23 @@ pub(super) async fn publish(
             }
             Outbound::State(push) => {
                 let mut sent = Ok(());
+                let mut unflushed = 0;
                 for i in 0..push.count() {
                     let frame = push.frame(i);
                     telemetry.traffic(Direction::Out, Channel::State, frame.len());
+                    unflushed += frame.len();
                     sent = replication
                         .publish(push.subject.clone(), frame.into())
                         .await;
                     if sent.is_err() {
                         // The rest would not get through either; anti-entropy repairs.
                         break;
+                    }
+                    // The client queues what it was handed faster than the socket takes it:
+                    // unpaced, a large state sat in its queue as frames, a second copy.
+                    if unflushed >= STATE_FLUSH_BYTES {
+                        unflushed = 0;
+                        let _ = replication.flush().await;
                     }
                 }
                 (sent, Channel::State)
