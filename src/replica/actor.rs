@@ -475,7 +475,9 @@ impl Replica {
             .increment(1);
         self.telemetry.state_merged();
         tracing::debug!(%sender, bytes = total_len, "merged a peer's full state, piece by piece");
-        release_freed_heap();
+        if total_len >= BLOCKING_THRESHOLD as u64 {
+            release_freed_heap();
+        }
         let actions = self.anti_entropy.state_merged();
         self.carry_out(actions, ctx);
     }
@@ -815,7 +817,6 @@ impl Replica {
     }
 }
 
-/// Counts and logs (rate-limited) a rejected message.
 /// Gives the heap's free pages back to the operating system once a large state was merged:
 /// its chunks and frames (each under the 1 MiB mmap threshold a node sets) came from the
 /// heap, whose freed pages glibc keeps, so a replica that caught up stayed near its peak
@@ -828,6 +829,7 @@ fn release_freed_heap() {
     });
 }
 
+/// Counts and logs (rate-limited) a rejected message.
 pub(crate) fn reject(shared: &Shared, limiter: &LogLimiter, e: &WireError) {
     let reason = e.reason();
     shared.telemetry.reject(reason);

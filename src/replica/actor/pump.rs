@@ -94,8 +94,8 @@ pub(super) const API_LINGER: Duration = Duration::from_millis(500);
 
 /// Forwards a subscription into the actor's inbound buffer, resubscribing if it ends, until
 /// the actor is gone (and then, with `linger`, for that long more if the replica's filter
-/// was dropped: `route` answers everything by then). A full buffer (in messages or in bytes) drops
-/// the message and counts it.
+/// was dropped: `route` answers everything by then). A full buffer (in messages or in
+/// bytes) drops the message and counts it.
 pub(super) async fn forward_stream(
     initial: Option<MessageStream>,
     transport: Arc<dyn Transport>,
