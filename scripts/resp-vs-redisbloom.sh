@@ -8,6 +8,13 @@
 #   scripts/resp-vs-redisbloom.sh                 # defaults below
 #   CLIENTS=1 PIPELINE=16 REQUESTS=1000000 ROUNDS=3 COMMANDS=BF.ADD,CF.ADD scripts/resp-vs-redisbloom.sh
 #   CRPF_BIN=<another crpf binary> scripts/resp-vs-redisbloom.sh
+#   ACK=durable APPENDFSYNC=always COMMANDS=BF.ADD,CF.ADD scripts/resp-vs-redisbloom.sh
+#
+# ACK (local, logged, durable) is the node's acknowledgement level, with a data directory
+# unless local; APPENDFSYNC (always, everysec) turns Redis's append-only file on with that
+# fsync policy (default: no persistence). Both write under $TMPDIR (default /tmp). With
+# CRPF_NATS_SERVER set, the node runs over a nats-server of its own, whose CPU per request
+# is shown too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
@@ -19,6 +26,8 @@ CLIENTS="${CLIENTS:-16}"
 PIPELINE="${PIPELINE:-16}"
 REQUESTS="${REQUESTS:-2000000}"
 ROUNDS="${ROUNDS:-3}"
+ACK="${ACK:-local}"
+APPENDFSYNC="${APPENDFSYNC:-}"
 for f in "$bench" "$redis/bin/redis-server" "$redis/redisbloom.so" "$crpf"; do
   [ -e "$f" ] || { echo "missing $f (scripts/install-bench-tools.sh; cargo build --release)" >&2; exit 1; }
 done
@@ -30,22 +39,38 @@ redis_port="$(free_port)"
 crpf_port="$(free_port)"
 metrics_port="$(free_port)"
 
-"$redis/bin/redis-server" --port "$redis_port" --save '' --appendonly no \
+"$redis/bin/redis-server" --port "$redis_port" --save '' \
+  $([ -n "$APPENDFSYNC" ] && echo "--appendonly yes --appendfsync $APPENDFSYNC" || echo "--appendonly no") \
   --loadmodule "$redis/redisbloom.so" --dir "$work" >"$work/redis.log" 2>&1 &
 redis_pid=$!
+data=""
+[ "$ACK" = local ] || data="data_dir = \"$work/crpf-data\""
+nats=""
+nats_pid=""
+if [ -n "${CRPF_NATS_SERVER:-}" ]; then
+  nats_port="$(free_port)"
+  "$CRPF_NATS_SERVER" -a 127.0.0.1 -p "$nats_port" -js -sd "$work/js" >"$work/nats.log" 2>&1 &
+  nats_pid=$!
+  nats="[nats]
+servers = [\"nats://127.0.0.1:$nats_port\"]"
+  sleep 0.5
+fi
 cat >"$work/node.toml" <<EOF
 [node]
 metrics_addr = "127.0.0.1:$metrics_port"
+$nats
 [resp]
 listen = "127.0.0.1:$crpf_port"
 [[filters]]
 name = "bloom"
 filter = { kind = "g_bloom", capacity = 30_000_000, fpr = 0.01 }
-ack = "local"
+ack = "$ACK"
+${data/crpf-data/crpf-data/bloom}
 [[filters]]
 name = "cuckoo"
 filter = { kind = "g_cuckoo", capacity = 30_000_000, fpr = 0.01 }
-ack = "local"
+ack = "$ACK"
+${data/crpf-data/crpf-data/cuckoo}
 EOF
 "$crpf" node --config "$work/node.toml" >"$work/node.log" 2>&1 &
 crpf_pid=$!
@@ -67,19 +92,21 @@ cli "$redis_port" CF.RESERVE cuckoo 30000000
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hz="$(getconf CLK_TCK)"
 
-# One measurement: prints "requests/s cpu_us_per_request".
+# One measurement: prints "requests/s cpu_us_per_request nats_server_cpu_us_per_request".
 measure() {
   local port=$1 pid=$2
   shift 2
-  local before after rps
+  local before after rps nats_before=0 nats_after=0
   before="$(ticks "$pid")"
+  [ -n "$nats_pid" ] && nats_before="$(ticks "$nats_pid")"
   rps="$("$bench" -p "$port" -c "$CLIENTS" -P "$PIPELINE" -n "$REQUESTS" -r 100000000 -q "$@" \
     | tr '\r' '\n' | awk '/requests per second/ {for (i = 1; i <= NF; i++) if ($(i+1) ~ /^requests/) print $i}' | tail -1)"
   after="$(ticks "$pid")"
-  python3 -c "import sys; rps=float('$rps'); cpu=($after-$before)/$hz; print(f'{rps:.0f} {cpu / $REQUESTS * 1e6:.2f}')"
+  [ -n "$nats_pid" ] && nats_after="$(ticks "$nats_pid")"
+  python3 -c "rps=float('$rps'); cpu=($after-$before)/$hz; nats=($nats_after-$nats_before)/$hz; print(f'{rps:.0f} {cpu / $REQUESTS * 1e6:.2f} {nats / $REQUESTS * 1e6:.2f}')"
 }
 
-printf '%-12s %5s %14s %14s %10s %12s %12s %10s\n' command round "crpf req/s" "redis req/s" ratio "crpf us/req" "redis us/req" "cpu ratio"
+printf '%-12s %5s %14s %14s %10s %12s %12s %10s %12s\n' command round "crpf req/s" "redis req/s" ratio "crpf us/req" "redis us/req" "cpu ratio" "nats us/req"
 IFS=',' read -r -a commands <<<"${COMMANDS:-BF.ADD,BF.EXISTS,CF.ADD,CF.EXISTS}"
 for name in "${commands[@]}"; do
   case "$name" in
@@ -88,13 +115,13 @@ for name in "${commands[@]}"; do
   esac
   for round in $(seq "$ROUNDS"); do
     # shellcheck disable=SC2086
-    read -r c_rps c_cpu < <(measure "$crpf_port" "$crpf_pid" $cmd)
+    read -r c_rps c_cpu c_nats < <(measure "$crpf_port" "$crpf_pid" $cmd)
     # shellcheck disable=SC2086
-    read -r r_rps r_cpu < <(measure "$redis_port" "$redis_pid" $cmd)
-    python3 - "$cmd" "$round" "$c_rps" "$r_rps" "$c_cpu" "$r_cpu" <<'EOF'
+    read -r r_rps r_cpu _ < <(measure "$redis_port" "$redis_pid" $cmd)
+    python3 - "$cmd" "$round" "$c_rps" "$r_rps" "$c_cpu" "$r_cpu" "$c_nats" <<'EOF'
 import sys
-cmd, rnd, c, r, cc, rc = sys.argv[1].split()[0], sys.argv[2], *map(float, sys.argv[3:])
-print(f"{cmd:<12} {rnd:>5} {c:>14.0f} {r:>14.0f} {c / r:>10.2f} {cc:>12.2f} {rc:>12.2f} {cc / rc:>10.2f}")
+cmd, rnd, c, r, cc, rc, nc = sys.argv[1].split()[0], sys.argv[2], *map(float, sys.argv[3:])
+print(f"{cmd:<12} {rnd:>5} {c:>14.0f} {r:>14.0f} {c / r:>10.2f} {cc:>12.2f} {rc:>12.2f} {cc / rc:>10.2f} {nc:>12.2f}")
 EOF
   done
 done
