@@ -87,6 +87,12 @@ pub(crate) struct Shared {
     /// A flush of the pending delta is scheduled (or asked of the actor): an idle replica
     /// has no timer running for its deltas, and a change arms one ([`Shared::want_flush`]).
     pub flush_scheduled: AtomicBool,
+    /// A commit within a millisecond is asked of the actor (`logged` updates applied in a
+    /// subscription task) and not yet scheduled.
+    pub logged_commit_requested: AtomicBool,
+    /// The write-ahead log failed and is not replaced yet: `logged` updates are answered as
+    /// applied but not durable.
+    pub wal_failed: AtomicBool,
     /// The replica shut down: updates are no longer applied (set under the write lock).
     pub closed: AtomicBool,
     /// The replica shuts down because its filter was dropped: its API refuses for a moment
@@ -105,6 +111,18 @@ impl Shared {
     /// The state changed: unless a flush is already scheduled, asks the actor for one
     /// ([`Inbound::Wake`]). A full inbound buffer drops the request; the housekeeping tick
     /// then notices the pending delta.
+    /// A `logged` update was applied outside the actor: asks for a commit within a
+    /// millisecond ([`Inbound::LoggedCommit`]) unless one is asked for already. A full
+    /// inbound buffer drops the request; the delta's periodic commit then carries it.
+    pub(crate) fn want_logged_commit(&self, to_actor: &mpsc::Sender<Inbound>) {
+        if !self.logged_commit_requested.load(Ordering::Acquire)
+            && !self.logged_commit_requested.swap(true, Ordering::AcqRel)
+            && to_actor.try_send(Inbound::LoggedCommit).is_err()
+        {
+            self.logged_commit_requested.store(false, Ordering::Release);
+        }
+    }
+
     pub(crate) fn want_flush(&self, to_actor: &mpsc::Sender<Inbound>) {
         // A load first: on the hot path a flush is mostly scheduled already, and a swap would
         // take the line from the actor's core every time.
@@ -938,6 +956,13 @@ impl StreamHandler<Inbound> for Replica {
                 self.flush_delta(ctx);
             }
             Inbound::Wake => self.schedule_flush(ctx),
+            Inbound::LoggedCommit => {
+                // Cleared first: an update applied after this asks again.
+                self.shared
+                    .logged_commit_requested
+                    .store(false, Ordering::Release);
+                self.schedule_logged_commit(ctx);
+            }
             Inbound::Event(ev) => self.on_event(ev, ctx),
         }
     }

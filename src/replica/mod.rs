@@ -464,6 +464,8 @@ impl Replica {
             direct_changes: Default::default(),
             commit_requested: Default::default(),
             flush_scheduled: Default::default(),
+            logged_commit_requested: Default::default(),
+            wal_failed: Default::default(),
             closed: Default::default(),
             dropped: Default::default(),
             api: Default::default(),

@@ -6,7 +6,7 @@
 //!
 //! Only the plain case is taken here: an existing key of the command's family, items within
 //! the replica's limits, a query, or an add that the replica applies in the caller's thread (a
-//! grow-only kind at `local`). Every other case (a missing key created by its first add, a key
+//! grow-only kind at `local` or `logged`). Every other case (a missing key created by its first add, a key
 //! of the other family, a refused batch, an add the actor applies, a lock held by a merge)
 //! goes the general way, [`super::commands::command`], which answers it as before. Replies and
 //! error texts are the general path's.

@@ -82,6 +82,7 @@ impl Replica {
                  (retrying with backoff)"
             );
         }
+        self.shared.wal_failed.store(true, Ordering::Release);
         if !self.wal_recovery.pending {
             self.wal_recovery.pending = true;
             let delay = self.wal_recovery.delay;
@@ -111,6 +112,7 @@ impl Replica {
                 // The failed writer, dropped here, is forgotten by its pool thread.
                 self.wal = Some(writer);
                 self.wal_recovery = WalRecovery::default();
+                self.shared.wal_failed.store(false, Ordering::Release);
                 self.telemetry.gauge(m::DURABLE_OK, &[]).set(1.0);
                 tracing::info!(filter = %self.cfg.name, "write-ahead log recovered: durable updates are taken again");
             }

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use super::publish::Responder;
 use super::{Replica, ReplicaError, Shared};
 use crate::replica::ReplicaHandle;
-use crate::replica::ack::{AckFailure, AckLevel};
+use crate::replica::ack::AckLevel;
 use crate::replica::filter::AnyFilter;
 use crate::replica::metrics::{MergeSource, OpKind};
 use crate::replica::{ReplicaStats, wall_clock_ms};
@@ -113,14 +113,7 @@ impl Replica {
         if level == AckLevel::Logged && changed {
             // Answered now, committed within a millisecond (or right after the commit in
             // flight): its delta is written to the log, not synced.
-            let r = match self.wal_recovery.is_pending() {
-                // The log is known to have failed: say so rather than promise it.
-                true => Err(ReplicaError::from_ack(
-                    AckFailure::NotDurable("the write-ahead log failed and is recovering".into()),
-                    self.cfg.replicated_timeout_ms,
-                )),
-                false => Ok(()),
-            };
+            let r = self.updates.logged_answer();
             self.respond(responder, r);
             self.schedule_logged_commit(ctx);
         } else if level.answered_at_apply() || !changed {

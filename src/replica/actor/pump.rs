@@ -33,6 +33,9 @@ pub(crate) enum Inbound {
     Commit,
     /// The state changed and no flush is scheduled: schedule one ([`super::Shared::want_flush`]).
     Wake,
+    /// `logged` updates were applied in a subscription task: commit within a millisecond
+    /// ([`super::Shared::want_logged_commit`]).
+    LoggedCommit,
 }
 
 impl Inbound {
@@ -41,7 +44,7 @@ impl Inbound {
         match self {
             Inbound::Replication(_, len) => *len as u64,
             Inbound::Api(m) | Inbound::InProcess(m, _) => m.payload.len() as u64,
-            Inbound::Event(_) | Inbound::Commit | Inbound::Wake => 0,
+            Inbound::Event(_) | Inbound::Commit | Inbound::Wake | Inbound::LoggedCommit => 0,
         }
     }
 }

@@ -172,7 +172,7 @@ impl Reads {
 
     /// `add` of one item made in this process, applied here and answered typed where a
     /// request would be applied here ([`Updates::applies_in_task`]: a grow-only kind at
-    /// `local`) and the filter's lock comes within [`Lock::Block`]'s wait. `ack`: the level
+    /// `local` or `logged`) and the filter's lock comes within [`Lock::Block`]'s wait. `ack`: the level
     /// asked for (unset: the replica's default). `None`: nothing was applied; the request
     /// path takes it.
     pub(crate) fn add_now(
@@ -181,9 +181,13 @@ impl Reads {
         mode: AddMode,
         ack: Option<AckLevel>,
     ) -> Option<Result<AddOutcome, ReplicaError>> {
-        self.update_now(Op::Add, ack, item.len(), |updates| {
-            updates.add_one(item, mode, Lock::Block, &mut || Ok(u64::MAX))
-        })
+        self.update_now(
+            Op::Add,
+            ack,
+            item.len(),
+            |updates| updates.add_one(item, mode, Lock::Block, &mut || Ok(u64::MAX)),
+            |outcome| *outcome != AddOutcome::Skipped,
+        )
     }
 
     /// `mcontains` of `items` made in this process, answered typed (see
@@ -204,20 +208,26 @@ impl Reads {
         mode: AddMode,
         ack: Option<AckLevel>,
     ) -> Option<Result<BatchAdd, ReplicaError>> {
-        self.update_now(Op::MAdd, ack, batch_bytes(items), |updates| {
-            updates.add_items(items, mode, Lock::Block, &mut || Ok(u64::MAX))
-        })
+        self.update_now(
+            Op::MAdd,
+            ack,
+            batch_bytes(items),
+            |updates| updates.add_items(items, mode, Lock::Block, &mut || Ok(u64::MAX)),
+            |batch| batch.applied_any,
+        )
     }
 
     /// Update `op` (of `bytes`) at `ack` made in this process: `apply` runs it if it is
-    /// applied here, and answers `None` if it was not (the lock held too long); counted as
-    /// the request path counts it.
+    /// applied here, and answers `None` if it was not (the lock held too long); `changed`
+    /// tells from its outcome whether it changed the state. Counted and settled
+    /// ([`Updates::settle_in_task`]) as the request path does.
     fn update_now<T>(
         &self,
         op: Op,
         ack: Option<AckLevel>,
         bytes: usize,
         apply: impl FnOnce(&Updates) -> Result<Option<T>, ReplicaError>,
+        changed: impl FnOnce(&T) -> bool,
     ) -> Option<Result<T, ReplicaError>> {
         let updates = &self.updates;
         let level = ack.unwrap_or(updates.default_ack);
@@ -227,7 +237,11 @@ impl Reads {
         if !updates.applies_in_task(op, level) {
             return None;
         }
-        let applied = apply(updates).transpose()?;
+        let applied = apply(updates).transpose()?.and_then(|outcome| {
+            updates
+                .settle_in_task(level, changed(&outcome))
+                .map(|()| outcome)
+        });
         self.shared
             .telemetry
             .traffic(Direction::In, Channel::Api, bytes);
@@ -277,7 +291,13 @@ impl Reads {
         match updates.level(msg) {
             Ok(level) if updates.applies_in_task(op, level) => {
                 let served = self.service.serve(&msg.subject);
-                let mut body = match updates.apply(op, level, msg, lock, &mut || Ok(u64::MAX)) {
+                let applied = updates
+                    .apply(op, level, msg, lock, &mut || Ok(u64::MAX))
+                    .and_then(|applied| match applied {
+                        Some(a) => updates.settle_in_task(a.level, a.changed).map(|()| Some(a)),
+                        None => Ok(None),
+                    });
+                let mut body = match applied {
                     Ok(None) => return Answer::Actor,
                     Ok(Some(applied)) => applied.body,
                     Err(e) => {
@@ -489,6 +509,61 @@ mod tests {
         }
         assert!(!handle.contains(b"x"), "nothing was applied");
         handle.shared.closed.store(false, Ordering::Release);
+        handle.shutdown().await.unwrap();
+    }
+
+    /// A `logged` add applied outside the actor is answered at once and committed within a
+    /// millisecond (written to the log, its delta published), as one the actor applies
+    /// would be; a `local` one waits for the delta interval (ten minutes here).
+    #[actix::test]
+    async fn a_logged_add_applied_in_place_is_committed_at_once() {
+        use crate::replica::{Replica, ReplicaConfig};
+        use crate::wire::FilterKind;
+        let wait = std::time::Duration::from_secs(10);
+        let data = tempfile::tempdir().unwrap();
+        let mut cfg = ReplicaConfig::for_kind("t", FilterKind::GBloom, 1_000, 0.01).fast();
+        cfg.data_dir = Some(data.path().to_path_buf());
+        cfg.delta_interval_ms = 600_000;
+        let bus = Arc::new(crate::transport::InProcessBus::new());
+        let handle = Replica::start(cfg, bus).await.unwrap();
+        assert!(handle.wait_ready(wait).await);
+        let reads = handle.shared.api.get().unwrap().clone();
+        let committed = |sent_before: u64| {
+            let handle = handle.clone();
+            async move {
+                let deadline = std::time::Instant::now() + wait;
+                loop {
+                    let s = handle.stats().await.unwrap();
+                    if s.pending_delta == 0 && s.deltas_sent > sent_before {
+                        return s.deltas_sent;
+                    }
+                    assert!(std::time::Instant::now() < deadline, "not committed: {s:?}");
+                    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                }
+            }
+        };
+        // The first change is committed at once (no flush yet); the next flush is then due
+        // an interval later.
+        let sent = handle.stats().await.unwrap().deltas_sent;
+        handle.add(b"first".to_vec()).await.unwrap();
+        let sent = committed(sent).await;
+        let local = reads.add_now(b"a", AddMode::Always, Some(AckLevel::Local));
+        assert!(matches!(local, Some(Ok(_))), "applied here");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let s = handle.stats().await.unwrap();
+        assert!(s.pending_delta > 0 && s.deltas_sent == sent, "{s:?}");
+        let logged = reads.add_now(b"b", AddMode::ReportNew, Some(AckLevel::Logged));
+        assert!(matches!(logged, Some(Ok(AddOutcome::New))), "applied here");
+        committed(sent).await;
+        // A log known to have failed is said, not promised; the add stays applied.
+        handle.shared.wal_failed.store(true, Ordering::Release);
+        let refused = reads.add_now(b"c", AddMode::Always, Some(AckLevel::Logged));
+        assert!(
+            matches!(refused, Some(Err(ReplicaError::NotDurable(_)))),
+            "{refused:?}"
+        );
+        assert!(handle.contains(b"c"));
+        handle.shared.wal_failed.store(false, Ordering::Release);
         handle.shutdown().await.unwrap();
     }
 

@@ -109,12 +109,39 @@ pub(crate) struct Updates {
 
 impl Updates {
     /// Whether a subscription task may apply update `op` at `level` itself: adds to a
-    /// grow-only kind, answered at `local`.
+    /// grow-only kind, answered when applied (`local`, `logged`: see
+    /// [`Updates::settle_in_task`]).
     pub(super) fn applies_in_task(&self, op: Op, level: AckLevel) -> bool {
         matches!(op, Op::Add | Op::MAdd)
-            && level == AckLevel::Local
+            && level.answered_at_apply()
             && !self.kind().tagged()
             && !self.kind().removable()
+    }
+
+    /// The answer to an update applied outside the actor at `level`, which `changed` the
+    /// state or not: a `logged` one that did asks for its commit within a millisecond, as the
+    /// actor does for its own (the updates of that millisecond share the write and the delta).
+    pub(super) fn settle_in_task(
+        &self,
+        level: AckLevel,
+        changed: bool,
+    ) -> Result<(), ReplicaError> {
+        if level != AckLevel::Logged || !changed {
+            return Ok(());
+        }
+        self.shared.want_logged_commit(&self.to_actor);
+        self.logged_answer()
+    }
+
+    /// The answer to a `logged` update that changed the state: applied, and not durable if
+    /// the log is known to have failed (said rather than promised).
+    pub(super) fn logged_answer(&self) -> Result<(), ReplicaError> {
+        if self.shared.wal_failed.load(Ordering::Acquire) {
+            return Err(ReplicaError::NotDurable(
+                "the write-ahead log failed and is recovering".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// The level a request asks for (`Crpf-Ack`, else the replica's default), refused if the
@@ -515,6 +542,8 @@ mod tests {
             direct_changes: Default::default(),
             commit_requested: Default::default(),
             flush_scheduled: Default::default(),
+            logged_commit_requested: Default::default(),
+            wal_failed: Default::default(),
             closed: Default::default(),
             dropped: Default::default(),
             api: Default::default(),
