@@ -51,7 +51,9 @@ if [ -n "${CRPF_NATS_SERVER:-}" ]; then
   nats_port="$(free_port)"
   "$CRPF_NATS_SERVER" -a 127.0.0.1 -p "$nats_port" -js -sd "$work/js" >"$work/nats.log" 2>&1 &
   nats_pid=$!
-  nats="[nats]
+  "$crpf" keygen --out "$work/cluster.key" >/dev/null 2>&1
+  nats="auth_key_file = \"$work/cluster.key\"
+[nats]
 servers = [\"nats://127.0.0.1:$nats_port\"]"
   sleep 0.5
 fi
