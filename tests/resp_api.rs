@@ -625,6 +625,7 @@ async fn durable_adds_over_resp_survive_kill9() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let items: Vec<String> = (0..200).map(|i| format!("durable-{i}")).collect();
+    let singles: Vec<String> = (0..300).map(|i| format!("single-{i}")).collect();
     let mut node = start_node(dir.path(), "node", "", None, Some(&data));
     {
         let mut con = connect(&node).await;
@@ -643,6 +644,14 @@ async fn durable_adds_over_resp_survive_kill9() {
         for i in &items[..20] {
             expect(&mut con, &["CF.ADD", "sessions", i], 1).await;
         }
+        // Single adds in one pipeline: applied where they arrive, each answered once the
+        // group commit that carries it is fsynced.
+        let mut pipe = redis::pipe();
+        for i in &singles {
+            pipe.cmd("BF.ADD").arg("bloom").arg(i);
+        }
+        let added: Vec<i64> = pipe.query_async(&mut con).await.unwrap();
+        assert_eq!(added, vec![1; singles.len()]);
     }
     node.proc.kill9();
     let node = start_node(dir.path(), "node-restarted", "", None, Some(&data));
@@ -656,6 +665,12 @@ async fn durable_adds_over_resp_survive_kill9() {
     let mut args = vec!["CF.MEXISTS", "sessions"];
     args.extend(items[..20].iter().map(String::as_str));
     assert_eq!(run::<Vec<i64>>(&mut con, &args).await.unwrap(), vec![1; 20]);
+    let mut args = vec!["BF.MEXISTS", "bloom"];
+    args.extend(singles.iter().map(String::as_str));
+    assert_eq!(
+        run::<Vec<i64>>(&mut con, &args).await.unwrap(),
+        vec![1; singles.len()]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,6 +36,7 @@ use crate::ReplicaId;
 use crate::transport::{Channel, LogLimiter, MessageStream, Subjects, Transport, TransportEvent};
 use crate::wire::{Body, Envelope, Expect, FilterKind, StateChunk, WireCodec, WireError};
 
+mod commits;
 mod durability;
 mod lease;
 mod local;
@@ -46,6 +47,7 @@ mod request;
 mod unreserved;
 mod updates;
 
+pub use commits::CommitTicket;
 pub use local::{
     Add, Contains, FlushDelta, Import, Merge, Persist, Remove, ReserveTags, Shutdown, Stats,
     TakeSnapshot,
@@ -54,7 +56,7 @@ pub(crate) use pump::{Inbound, Route};
 pub use reads::PendingResponse;
 pub use request::ApiResponse;
 pub(crate) use request::error_of;
-pub(crate) use updates::{AddOutcome, BatchAdd};
+pub(crate) use updates::{AddOutcome, BatchAdd, InPlace};
 
 /// The header of an API request that asks for an acknowledgement level.
 pub use crate::api::ACK_HEADER;
@@ -87,6 +89,15 @@ pub(crate) struct Shared {
     /// A flush of the pending delta is scheduled (or asked of the actor): an idle replica
     /// has no timer running for its deltas, and a change arms one ([`Shared::want_flush`]).
     pub flush_scheduled: AtomicBool,
+    /// The number of the commit whose delta the next take carries: moved on by the actor
+    /// under the write lock as it takes a delta, read under it by updates applied outside
+    /// the actor that wait for their commit ([`commits`]).
+    pub open_batch: AtomicU64,
+    /// The highest commit that an update applied outside the actor needs fsynced (raised
+    /// under the write lock, read by the commit that takes the update's delta).
+    pub sync_through: AtomicU64,
+    /// How far the commits got, for the [`CommitTicket`]s of those updates.
+    pub commits: commits::Commits,
     /// A commit within a millisecond is asked of the actor (`logged` updates applied in a
     /// subscription task) and not yet scheduled.
     pub logged_commit_requested: AtomicBool,

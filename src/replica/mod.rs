@@ -66,11 +66,12 @@ use uuid::Uuid;
 
 pub use ack::AckLevel;
 pub use actor::ACK_HEADER;
+pub use actor::CommitTicket;
 pub use actor::{
     Add, ApiResponse, Contains, FlushDelta, Import, Merge, PendingResponse, Persist, Remove,
     Replica, ReserveTags, Shutdown, Stats, TakeSnapshot,
 };
-pub(crate) use actor::{AddOutcome, BatchAdd, error_of};
+pub(crate) use actor::{AddOutcome, BatchAdd, InPlace, error_of};
 pub use config::{MAX_FSYNC_INTERVAL_MS, ReplicaConfig};
 pub use durable::{DataDir, DurableError, Identity};
 pub use filter::{
@@ -464,6 +465,9 @@ impl Replica {
             direct_changes: Default::default(),
             commit_requested: Default::default(),
             flush_scheduled: Default::default(),
+            open_batch: std::sync::atomic::AtomicU64::new(1),
+            sync_through: Default::default(),
+            commits: Default::default(),
             logged_commit_requested: Default::default(),
             wal_failed: Default::default(),
             closed: Default::default(),
@@ -619,7 +623,7 @@ impl ReplicaHandle {
         item: &[u8],
         mode: crate::api::AddMode,
         ack: Option<AckLevel>,
-    ) -> Option<Result<AddOutcome, ReplicaError>> {
+    ) -> Option<Result<InPlace<AddOutcome>, ReplicaError>> {
         self.shared.api.get()?.add_now(item, mode, ack)
     }
 
@@ -641,7 +645,7 @@ impl ReplicaHandle {
         items: &[&[u8]],
         mode: crate::api::AddMode,
         ack: Option<AckLevel>,
-    ) -> Option<Result<BatchAdd, ReplicaError>> {
+    ) -> Option<Result<InPlace<BatchAdd>, ReplicaError>> {
         self.shared.api.get()?.madd_now(items, mode, ack)
     }
 

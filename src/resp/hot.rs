@@ -6,7 +6,8 @@
 //!
 //! Only the plain case is taken here: an existing key of the command's family, items within
 //! the replica's limits, a query, or an add that the replica applies in the caller's thread (a
-//! grow-only kind at `local` or `logged`). Every other case (a missing key created by its first add, a key
+//! grow-only kind at `local`, `logged` or `durable`, the last answered once the commit that
+//! carries it is fsynced). Every other case (a missing key created by its first add, a key
 //! of the other family, a refused batch, an add the actor applies, a lock held by a merge)
 //! goes the general way, [`super::commands::command`], which answers it as before. Replies and
 //! error texts are the general path's.
@@ -107,16 +108,18 @@ impl HotCommand {
         handle: &ReplicaHandle,
         args: &Args,
         ack: Option<AckLevel>,
-    ) -> Option<Reply> {
+    ) -> Option<HotReply> {
         if is_bloom(handle.kind()) != self.bloom {
             return None;
         }
         let single_add = matches!(self.verb, Verb::Add(_));
+        let mut ticket = None;
         let answer = match self.verb {
             Verb::Exists => handle.contains_now(args.arg(2)).map(Reply::Bool),
-            Verb::Add(mode) => handle
-                .add_now(args.arg(2), mode, ack)?
-                .map(|outcome| Reply::Bool(mode == AddMode::Always || outcome == AddOutcome::New)),
+            Verb::Add(mode) => handle.add_now(args.arg(2), mode, ack)?.map(|added| {
+                ticket = added.ticket;
+                Reply::Bool(mode == AddMode::Always || added.outcome == AddOutcome::New)
+            }),
             Verb::MExists => {
                 let items = within_limits(handle, args, 2)?;
                 handle.mcontains_now(&items).map(|found| Reply::Bits {
@@ -127,13 +130,30 @@ impl HotCommand {
             }
             Verb::MAdd { mode, answer, from } => {
                 let items = within_limits(handle, args, from)?;
-                handle
-                    .madd_now(&items, mode, ack)?
-                    .map(|added| batch_add_reply(answer, mode, added))
+                handle.madd_now(&items, mode, ack)?.map(|added| {
+                    ticket = added.ticket;
+                    batch_add_reply(answer, mode, added.outcome)
+                })
             }
         };
-        Some(answer.unwrap_or_else(|e| error_reply(&e, single_add)))
+        let reply = answer.unwrap_or_else(|e| error_reply(&e, single_add));
+        Some(match ticket {
+            None => HotReply::Now(reply),
+            // A durable add, applied: answered once the commit that carries it is synced.
+            Some(ticket) => HotReply::After(Box::pin(async move {
+                match ticket.settled().await {
+                    Ok(()) => reply,
+                    Err(e) => error_reply(&e, single_add),
+                }
+            })),
+        })
     }
+}
+
+/// The reply of a command of this path: now, or once a `durable` add's commit is done.
+pub(super) enum HotReply {
+    Now(Reply),
+    After(futures::future::BoxFuture<'static, Reply>),
 }
 
 /// The items from argument `from` on, if the replica takes them as a batch (else the general
@@ -255,7 +275,8 @@ mod tests {
         let args = Args::of(ws);
         let cmd = HotCommand::recognise(&args).expect("a hot command");
         match cmd.answer(handle, &args, ack) {
-            Some(reply) => (reply, true),
+            Some(HotReply::Now(reply)) => (reply, true),
+            Some(HotReply::After(later)) => (later.await, true),
             None => (general(handle, ws, ack).await, false),
         }
     }

@@ -505,7 +505,8 @@ enum Kind {
 enum PendingReply {
     Ready(Option<Reply>),
     Answer(PendingResponse, Shape),
-    Exec(futures::future::BoxFuture<'static, Reply>),
+    /// A reply that comes later: an `EXEC`'s, or a `durable` add's once its commit is done.
+    Future(futures::future::BoxFuture<'static, Reply>),
 }
 
 /// The reply to a filter's answer.
@@ -763,7 +764,7 @@ impl Future for Pending {
                 let shape = *shape;
                 response.poll_unpin(cx).map(|r| answer_reply(r, shape))
             }
-            PendingReply::Exec(f) => f.poll_unpin(cx),
+            PendingReply::Future(f) => f.poll_unpin(cx),
         };
         reply.map(|r| (r, bytes, kind, protocol))
     }
@@ -876,8 +877,12 @@ impl Session<'_> {
             if let Some(reply) = reply {
                 // The filter's answer, a refusal included (counted by the replica's
                 // `crpf_api_errors_total`, as on the general path): not a rejected command.
+                let reply = match reply {
+                    hot::HotReply::Now(reply) => PendingReply::Ready(Some(reply)),
+                    hot::HotReply::After(later) => PendingReply::Future(later),
+                };
                 return Some(Pending {
-                    reply: PendingReply::Ready(Some(reply)),
+                    reply,
                     bytes,
                     kind: Kind::Plain,
                     protocol: self.protocol,
@@ -1036,7 +1041,7 @@ impl Session<'_> {
         };
         self.exec_running = true;
         Pending {
-            reply: PendingReply::Exec(run.boxed()),
+            reply: PendingReply::Future(run.boxed()),
             bytes,
             kind: Kind::Exec,
             protocol: self.protocol,

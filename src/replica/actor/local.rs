@@ -384,6 +384,7 @@ impl Handler<Shutdown> for Replica {
         // The final snapshot holds every update: durable ones are answered, the others
         // (waiting for peers, or with no snapshot written) fail as stopped.
         let durable = (saved.is_ok() && self.data.is_some()).then_some(self.next_batch);
+        self.shared.commits.stopped(durable);
         let r = self.acks.stop(durable);
         self.answer(r);
         let (done, flushed) = oneshot::channel();

@@ -102,20 +102,27 @@ impl Replica {
         }
         let batch = self.next_batch;
         self.next_batch += 1;
+        // Taken under the lock, encoded after it is released. Under the lock too, the next
+        // commit's number moves on: an update applied outside the actor before this take is
+        // in this commit, one applied after it in the next.
+        let taken = {
+            let mut f = self.write();
+            self.shared.open_batch.store(batch + 1, Ordering::Release);
+            f.take_delta_unencoded()
+        };
         if self.cfg.full_state_only {
             // The naive protocol: every change is followed by a full-state broadcast.
-            self.write().take_delta_unencoded();
             if self.changed_since_push {
                 self.schedule_push(ctx);
             }
+            self.shared.commits.done(batch, None);
             let r = self.acks.committed(batch, None, 0, Instant::now());
             return self.answer(r);
         }
-        // Taken under the lock, encoded after it is released.
-        let taken = self.write().take_delta_unencoded();
         let Some(delta) = taken.map(TakenDelta::encode) else {
             // Nothing changed since the last commit: what the waiting updates rely on is
             // already as durable and published as it gets.
+            self.shared.commits.done(batch, None);
             let r = self.acks.committed(batch, None, 0, Instant::now());
             return self.answer(r);
         };
@@ -124,7 +131,9 @@ impl Replica {
                 self.committing = true;
                 // Only updates that wait for the disk make the commit wait for an fsync; the
                 // others (`logged`, `local`) are synced by the log's periodic sync.
-                let done = if self.acks.wants_sync(batch) {
+                let sync = self.acks.wants_sync(batch)
+                    || self.shared.sync_through.load(Ordering::Acquire) >= batch;
+                let done = if sync {
                     wal.append(delta.clone())
                 } else {
                     wal.append_logged(delta.clone())
@@ -185,6 +194,9 @@ impl Replica {
     /// A commit's log append finished.
     fn committed(&mut self, c: Committed, ctx: &mut Context<Self>) {
         self.committing = false;
+        self.shared
+            .commits
+            .done(c.batch, c.result.as_ref().err().map(String::as_str));
         if let Err(e) = &c.result {
             let r = self.acks.commit_failed(c.batch, e);
             self.answer(r);

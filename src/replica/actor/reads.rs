@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 use super::local::check_item;
 use super::pump::{Refused, offer};
 use super::request::{ApiReply, ApiResponse, ReplyTo, api_reply_format, failure_reply};
-use super::updates::{AddOutcome, BatchAdd, Lock, Updates};
+use super::updates::{AddOutcome, BatchAdd, InPlace, Lock, Updates};
 use super::{Route, Shared};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
@@ -180,12 +180,14 @@ impl Reads {
         item: &[u8],
         mode: AddMode,
         ack: Option<AckLevel>,
-    ) -> Option<Result<AddOutcome, ReplicaError>> {
+    ) -> Option<Result<InPlace<AddOutcome>, ReplicaError>> {
         self.update_now(
             Op::Add,
             ack,
             item.len(),
-            |updates| updates.add_one(item, mode, Lock::Block, &mut || Ok(u64::MAX)),
+            |updates, durable| {
+                updates.add_one(item, mode, Lock::Block, &mut || Ok(u64::MAX), durable)
+            },
             |outcome| *outcome != AddOutcome::Skipped,
         )
     }
@@ -207,41 +209,52 @@ impl Reads {
         items: &[&[u8]],
         mode: AddMode,
         ack: Option<AckLevel>,
-    ) -> Option<Result<BatchAdd, ReplicaError>> {
+    ) -> Option<Result<InPlace<BatchAdd>, ReplicaError>> {
         self.update_now(
             Op::MAdd,
             ack,
             batch_bytes(items),
-            |updates| updates.add_items(items, mode, Lock::Block, &mut || Ok(u64::MAX)),
+            |updates, durable| {
+                let added =
+                    updates.add_items(items, mode, Lock::Block, &mut || Ok(u64::MAX), durable);
+                Ok(added?.map(|batch| {
+                    let commit = batch.commit;
+                    (batch, commit)
+                }))
+            },
             |batch| batch.applied_any,
         )
     }
 
     /// Update `op` (of `bytes`) at `ack` made in this process: `apply` runs it if it is
-    /// applied here, and answers `None` if it was not (the lock held too long); `changed`
-    /// tells from its outcome whether it changed the state. Counted and settled
+    /// applied here (told whether it is `durable`, and answering the commit it then waits
+    /// for), and answers `None` if it was not (the lock held too long); `changed` tells from
+    /// its outcome whether it changed the state. Counted and settled
     /// ([`Updates::settle_in_task`]) as the request path does.
     fn update_now<T>(
         &self,
         op: Op,
         ack: Option<AckLevel>,
         bytes: usize,
-        apply: impl FnOnce(&Updates) -> Result<Option<T>, ReplicaError>,
+        apply: impl FnOnce(&Updates, bool) -> Result<Option<(T, Option<u64>)>, ReplicaError>,
         changed: impl FnOnce(&T) -> bool,
-    ) -> Option<Result<T, ReplicaError>> {
+    ) -> Option<Result<InPlace<T>, ReplicaError>> {
         let updates = &self.updates;
         let level = ack.unwrap_or(updates.default_ack);
         if let Err(e) = updates.check_level(level) {
             return Some(Err(e));
         }
-        if !updates.applies_in_task(op, level) {
+        if !updates.applies_in_place(op, level) {
             return None;
         }
-        let applied = apply(updates).transpose()?.and_then(|outcome| {
-            updates
-                .settle_in_task(level, changed(&outcome))
-                .map(|()| outcome)
-        });
+        let durable = level == AckLevel::Durable;
+        let applied = apply(updates, durable)
+            .transpose()?
+            .and_then(|(outcome, commit)| {
+                updates.settle_in_task(level, changed(&outcome))?;
+                let ticket = commit.map(|batch| self.shared.commits.ticket(batch));
+                Ok(InPlace { outcome, ticket })
+            });
         self.shared
             .telemetry
             .traffic(Direction::In, Channel::Api, bytes);
@@ -516,7 +529,7 @@ mod tests {
     /// millisecond (written to the log, its delta published), as one the actor applies
     /// would be; a `local` one waits for the delta interval (ten minutes here).
     #[actix::test]
-    async fn a_logged_add_applied_in_place_is_committed_at_once() {
+    async fn adds_applied_in_place_are_committed_as_their_level_says() {
         use crate::replica::{Replica, ReplicaConfig};
         use crate::wire::FilterKind;
         let wait = std::time::Duration::from_secs(10);
@@ -553,7 +566,16 @@ mod tests {
         let s = handle.stats().await.unwrap();
         assert!(s.pending_delta > 0 && s.deltas_sent == sent, "{s:?}");
         let logged = reads.add_now(b"b", AddMode::ReportNew, Some(AckLevel::Logged));
-        assert!(matches!(logged, Some(Ok(AddOutcome::New))), "applied here");
+        assert!(
+            matches!(
+                logged,
+                Some(Ok(InPlace {
+                    outcome: AddOutcome::New,
+                    ticket: None
+                }))
+            ),
+            "applied here, answered now"
+        );
         committed(sent).await;
         // A log known to have failed is said, not promised; the add stays applied.
         handle.shared.wal_failed.store(true, Ordering::Release);
@@ -564,7 +586,43 @@ mod tests {
         );
         assert!(handle.contains(b"c"));
         handle.shared.wal_failed.store(false, Ordering::Release);
+        // A durable add is applied here too, and waits for its commit: asked for now, and
+        // fsynced (it is in the log, and its delta published, once the ticket settles).
+        let sent = handle.stats().await.unwrap().deltas_sent;
+        let durable = reads.add_now(b"d", AddMode::ReportNew, Some(AckLevel::Durable));
+        let Some(Ok(InPlace {
+            outcome: AddOutcome::New,
+            ticket: Some(ticket),
+        })) = durable
+        else {
+            panic!("{durable:?}");
+        };
+        ticket.settled().await.unwrap();
+        let s = handle.stats().await.unwrap();
+        assert!(s.pending_delta == 0 && s.deltas_sent > sent, "{s:?}");
+        // One that adds nothing has nothing to wait for.
+        let again = reads.add_now(b"d", AddMode::IfAbsent, Some(AckLevel::Durable));
+        assert!(
+            matches!(
+                again,
+                Some(Ok(InPlace {
+                    outcome: AddOutcome::Skipped,
+                    ticket: None
+                }))
+            ),
+            "{again:?}"
+        );
+        // A ticket taken as the replica stops settles with the stop: its final snapshot
+        // holds the update.
+        let last = reads.add_now(b"e", AddMode::Always, Some(AckLevel::Durable));
+        let Some(Ok(InPlace {
+            ticket: Some(last), ..
+        })) = last
+        else {
+            panic!("{last:?}");
+        };
         handle.shutdown().await.unwrap();
+        last.settled().await.unwrap();
     }
 
     #[test]

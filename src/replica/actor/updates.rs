@@ -93,6 +93,16 @@ pub(crate) struct BatchAdd {
     pub failed: Vec<usize>,
     /// The first refusal's error.
     pub error: Option<ReplicaError>,
+    /// Applied with `durable`: the commit the changes wait for, if any.
+    pub commit: Option<u64>,
+}
+
+/// An update applied where its request arrived, and, for a `durable` one that changed the
+/// state, the commit it waits for before its answer.
+#[derive(Debug)]
+pub(crate) struct InPlace<T> {
+    pub outcome: T,
+    pub ticket: Option<super::CommitTicket>,
 }
 
 /// Everything needed to check and apply an update of the request API.
@@ -114,6 +124,17 @@ impl Updates {
     pub(super) fn applies_in_task(&self, op: Op, level: AckLevel) -> bool {
         matches!(op, Op::Add | Op::MAdd)
             && level.answered_at_apply()
+            && !self.kind().tagged()
+            && !self.kind().removable()
+    }
+
+    /// Whether an update made in this process may be applied where it is made: as
+    /// [`Updates::applies_in_task`], and at `durable` too, its answer then waiting for the
+    /// commit that carries it (a [`super::CommitTicket`]).
+    pub(super) fn applies_in_place(&self, op: Op, level: AckLevel) -> bool {
+        let durable = level == AckLevel::Durable && self.has_wal;
+        matches!(op, Op::Add | Op::MAdd)
+            && (level.answered_at_apply() || durable)
             && !self.kind().tagged()
             && !self.kind().removable()
     }
@@ -197,7 +218,8 @@ impl Updates {
             Op::Add => {
                 let mode =
                     add_mode(msg).inspect_err(|_| self.telemetry().op(OpKind::Add, false))?;
-                let Some(outcome) = self.add_one(&msg.payload, mode, lock, reserve)? else {
+                let Some((outcome, _)) = self.add_one(&msg.payload, mode, lock, reserve, false)?
+                else {
                     return Ok(None);
                 };
                 let body: &'static [u8] = match (mode, outcome) {
@@ -256,7 +278,8 @@ impl Updates {
         mode: AddMode,
         lock: Lock,
         reserve: &mut dyn FnMut() -> Result<u64, ReplicaError>,
-    ) -> Result<Option<AddOutcome>, ReplicaError> {
+        durable: bool,
+    ) -> Result<Option<(AddOutcome, Option<u64>)>, ReplicaError> {
         check_item(item, self.shared.limits.max_item_bytes)
             .and_then(|()| reserve().map(|_| ()))
             .inspect_err(|_| self.telemetry().op(OpKind::Add, false))?;
@@ -282,12 +305,13 @@ impl Updates {
             AddMode::IfAbsent => f.add(item).map(|_| AddOutcome::New),
         };
         let r = r.map_err(ReplicaError::from);
+        let mut commit = None;
         if r.as_ref().is_ok_and(|o| *o != AddOutcome::Skipped) {
-            self.changed_under(&f, lock);
+            commit = self.changed_under(&f, lock, durable);
         }
         drop(f);
         self.telemetry().op(OpKind::Add, r.is_ok());
-        r.map(Some)
+        r.map(|outcome| Some((outcome, commit)))
     }
 
     fn mremove(
@@ -319,7 +343,7 @@ impl Updates {
         lock: Lock,
         reserve: &mut dyn FnMut() -> Result<u64, ReplicaError>,
     ) -> Result<Option<(bool, ApiReply)>, ReplicaError> {
-        let Some(added) = self.add_items(items, mode, lock, reserve)? else {
+        let Some(added) = self.add_items(items, mode, lock, reserve, false)? else {
             return Ok(None);
         };
         let ok = (added.added.len() - added.failed.len()) as u64;
@@ -356,6 +380,7 @@ impl Updates {
         mode: AddMode,
         lock: Lock,
         reserve: &mut dyn FnMut() -> Result<u64, ReplicaError>,
+        durable: bool,
     ) -> Result<Option<BatchAdd>, ReplicaError> {
         let mut added = Vec::with_capacity(items.len());
         // Which items were absent before their add (with a mode); refused items stay false.
@@ -368,6 +393,7 @@ impl Updates {
             }
         ];
         let mut applied_any = false;
+        let mut commit = None;
         let mut failed = Vec::new();
         let mut first_error: Option<ReplicaError> = None;
         let mut reasons: BTreeMap<&'static str, u64> = BTreeMap::new();
@@ -426,7 +452,7 @@ impl Updates {
             }
             if changed {
                 applied_any = true;
-                self.changed_under(&f, lock);
+                commit = commit.max(self.changed_under(&f, lock, durable));
             }
             drop(f);
             if i == first {
@@ -448,25 +474,34 @@ impl Updates {
             new_items,
             failed,
             error: first_error,
+            commit,
         }))
     }
 
     /// Outside the actor ([`Lock::Try`], [`Lock::Block`]), tells it the state changed, and asks it for a commit
     /// once the pending delta is full (once until it commits). Called under the write lock
-    /// `f`, so that the actor never digests the new state as the old one.
-    fn changed_under(&self, f: &AnyFilter, lock: Lock) {
+    /// `f`, so that the actor never digests the new state as the old one. With `durable`,
+    /// the change waits for its commit: the number of that commit, which is asked for now
+    /// and told to fsync (see [`super::commits`]).
+    fn changed_under(&self, f: &AnyFilter, lock: Lock, durable: bool) -> Option<u64> {
         if lock == Lock::Wait {
-            return;
+            return None;
         }
+        let commit = durable.then(|| {
+            let batch = self.shared.open_batch.load(Ordering::Acquire);
+            self.shared.sync_through.fetch_max(batch, Ordering::AcqRel);
+            batch
+        });
         self.shared.direct_changes.store(true, Ordering::Release);
         self.shared.want_flush(&self.to_actor);
-        if f.pending_delta_len() >= self.delta_max_updates
+        if (durable || f.pending_delta_len() >= self.delta_max_updates)
             && !self.shared.commit_requested.swap(true, Ordering::AcqRel)
             && self.to_actor.try_send(Inbound::Commit).is_err()
         {
             // A full buffer: the periodic commit comes soon enough.
             self.shared.commit_requested.store(false, Ordering::Release);
         }
+        commit
     }
 
     /// The write lock, or `None` if it is taken and `lock` is [`Lock::Try`];
@@ -542,6 +577,9 @@ mod tests {
             direct_changes: Default::default(),
             commit_requested: Default::default(),
             flush_scheduled: Default::default(),
+            open_batch: std::sync::atomic::AtomicU64::new(1),
+            sync_through: Default::default(),
+            commits: Default::default(),
             logged_commit_requested: Default::default(),
             wal_failed: Default::default(),
             closed: Default::default(),
