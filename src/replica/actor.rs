@@ -122,27 +122,39 @@ impl Shared {
     /// The state changed: unless a flush is already scheduled, asks the actor for one
     /// ([`Inbound::Wake`]). A full inbound buffer drops the request; the housekeeping tick
     /// then notices the pending delta.
+    pub(crate) fn want_flush(&self, to_actor: &mpsc::Sender<Inbound>) {
+        ask_once(&self.flush_scheduled, to_actor, Inbound::Wake);
+    }
+
     /// A `logged` update was applied outside the actor: asks for a commit within a
     /// millisecond ([`Inbound::LoggedCommit`]) unless one is asked for already. A full
     /// inbound buffer drops the request; the delta's periodic commit then carries it.
     pub(crate) fn want_logged_commit(&self, to_actor: &mpsc::Sender<Inbound>) {
-        if !self.logged_commit_requested.load(Ordering::Acquire)
-            && !self.logged_commit_requested.swap(true, Ordering::AcqRel)
-            && to_actor.try_send(Inbound::LoggedCommit).is_err()
-        {
-            self.logged_commit_requested.store(false, Ordering::Release);
-        }
+        ask_once(
+            &self.logged_commit_requested,
+            to_actor,
+            Inbound::LoggedCommit,
+        );
     }
 
-    pub(crate) fn want_flush(&self, to_actor: &mpsc::Sender<Inbound>) {
-        // A load first: on the hot path a flush is mostly scheduled already, and a swap would
-        // take the line from the actor's core every time.
-        if !self.flush_scheduled.load(Ordering::Acquire)
-            && !self.flush_scheduled.swap(true, Ordering::AcqRel)
-            && to_actor.try_send(Inbound::Wake).is_err()
-        {
-            self.flush_scheduled.store(false, Ordering::Release);
-        }
+    /// Asks the actor for a commit now ([`Inbound::Commit`]) unless one is asked for
+    /// already. A full inbound buffer drops the request; the periodic commit comes soon
+    /// enough.
+    pub(crate) fn want_commit(&self, to_actor: &mpsc::Sender<Inbound>) {
+        ask_once(&self.commit_requested, to_actor, Inbound::Commit);
+    }
+}
+
+/// Sends `ask` to the actor unless `asked` says it is on its way (the actor clears it when
+/// it handles it); `asked` is cleared again if the inbound buffer is full. A load first: on
+/// the hot path the request is mostly made already, and a swap would take the line from the
+/// actor's core every time.
+fn ask_once(asked: &AtomicBool, to_actor: &mpsc::Sender<Inbound>, ask: Inbound) {
+    if !asked.load(Ordering::Acquire)
+        && !asked.swap(true, Ordering::AcqRel)
+        && to_actor.try_send(ask).is_err()
+    {
+        asked.store(false, Ordering::Release);
     }
 }
 
@@ -502,9 +514,14 @@ impl Replica {
         self.telemetry
             .counter(m::STATE_TRANSFERS, &[("outcome", "complete")])
             .increment(1);
-        self.telemetry.state_merged();
         tracing::debug!(%sender, bytes = total_len, "merged a peer's full state, piece by piece");
-        if total_len >= BLOCKING_THRESHOLD as u64 {
+        self.state_merged(total_len as usize, ctx);
+    }
+
+    /// A peer's full state (of `len` bytes encoded) was merged, whole or piece by piece.
+    fn state_merged(&mut self, len: usize, ctx: &mut Context<Self>) {
+        self.telemetry.state_merged();
+        if len >= BLOCKING_THRESHOLD {
             release_freed_heap();
         }
         let actions = self.anti_entropy.state_merged();
@@ -588,14 +605,9 @@ impl Replica {
         self.record_merge(MergeSource::State, t, r.is_ok());
         match r {
             Ok(()) => {
-                self.telemetry.state_merged();
                 self.changed();
                 tracing::debug!(peer = replica, %sender, "merged a peer's full state");
-                if len >= BLOCKING_THRESHOLD {
-                    release_freed_heap();
-                }
-                let actions = self.anti_entropy.state_merged();
-                self.carry_out(actions, ctx);
+                self.state_merged(len, ctx);
                 true
             }
             Err(e) => {

@@ -122,10 +122,7 @@ impl Updates {
     /// grow-only kind, answered when applied (`local`, `logged`: see
     /// [`Updates::settle_in_task`]).
     pub(super) fn applies_in_task(&self, op: Op, level: AckLevel) -> bool {
-        matches!(op, Op::Add | Op::MAdd)
-            && level.answered_at_apply()
-            && !self.kind().tagged()
-            && !self.kind().removable()
+        level.answered_at_apply() && self.grow_only_add(op)
     }
 
     /// Whether an update made in this process may be applied where it is made: as
@@ -133,10 +130,13 @@ impl Updates {
     /// commit that carries it (a [`super::CommitTicket`]).
     pub(super) fn applies_in_place(&self, op: Op, level: AckLevel) -> bool {
         let durable = level == AckLevel::Durable && self.has_wal;
-        matches!(op, Op::Add | Op::MAdd)
-            && (level.answered_at_apply() || durable)
-            && !self.kind().tagged()
-            && !self.kind().removable()
+        (level.answered_at_apply() || durable) && self.grow_only_add(op)
+    }
+
+    /// Whether `op` adds to a kind without tags or removes: what may be applied outside the
+    /// actor, which issues tags.
+    fn grow_only_add(&self, op: Op) -> bool {
+        matches!(op, Op::Add | Op::MAdd) && !self.kind().tagged() && !self.kind().removable()
     }
 
     /// The answer to an update applied outside the actor at `level`, which `changed` the
@@ -494,12 +494,8 @@ impl Updates {
         });
         self.shared.direct_changes.store(true, Ordering::Release);
         self.shared.want_flush(&self.to_actor);
-        if (durable || f.pending_delta_len() >= self.delta_max_updates)
-            && !self.shared.commit_requested.swap(true, Ordering::AcqRel)
-            && self.to_actor.try_send(Inbound::Commit).is_err()
-        {
-            // A full buffer: the periodic commit comes soon enough.
-            self.shared.commit_requested.store(false, Ordering::Release);
+        if durable || f.pending_delta_len() >= self.delta_max_updates {
+            self.shared.want_commit(&self.to_actor);
         }
         commit
     }
