@@ -1229,6 +1229,69 @@ async fn a_lone_replica_does_not_digest_its_state_at_every_interval() {
     b.shutdown().await.unwrap();
 }
 
+/// Issue 25: the delta flush. An update on a quiet link is published at once, in its own
+/// delta; the updates that follow within `delta_interval_ms` wait for it and share one delta;
+/// once the link has been quiet for an interval, the next update goes at once again. With an
+/// interval of minutes, what arrives early can only have gone at once.
+#[actix::test]
+async fn an_update_on_a_quiet_link_goes_at_once_and_those_after_it_share_the_next_delta() {
+    for kind in [FilterKind::GBloom, FilterKind::OrCuckoo] {
+        let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+        let mut cfg = cfg("flush", kind, 10_000, 0.01);
+        cfg.delta_interval_ms = 600_000;
+        // No anti-entropy within the test: only deltas carry the adds.
+        cfg.anti_entropy_interval_ms = 600_000;
+        cfg.peer_expiry_ms = 3 * cfg.anti_entropy_interval_ms;
+        let hs = start_n(2, &cfg, bus.clone()).await;
+        let (a, b) = (&hs[0], &hs[1]);
+        // Caught up (a start-up state push would carry the adds too).
+        for h in &hs {
+            assert!(h.wait_ready(WAIT).await);
+        }
+        let sent = || async { a.stats().await.unwrap().deltas_sent };
+        let before = sent().await;
+        a.add(b"first".to_vec()).await.unwrap();
+        wait_for(|| async { b.contains(b"first") }).await;
+        assert_eq!(sent().await, before + 1, "{kind}: the first add went alone");
+        for i in 0..50u32 {
+            a.add(i.to_le_bytes().to_vec()).await.unwrap();
+        }
+        // They wait for the interval: a while later, B has none of them, and no delta went.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // (Bar the filter's false positives, 1% each.)
+        let seen = (0..50u32).filter(|i| b.contains(&i.to_le_bytes())).count();
+        assert!(seen <= 5, "{kind}: {seen} of 50 on B");
+        assert_eq!(sent().await, before + 1, "{kind}");
+        a.shutdown().await.unwrap();
+        b.shutdown().await.unwrap();
+
+        // The same with an interval of 300 ms: the 50 travel together once it has passed,
+        // and after a quiet interval an add goes at once again.
+        let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+        cfg.delta_interval_ms = 300;
+        let hs = start_n(2, &cfg, bus).await;
+        let (a, b) = (&hs[0], &hs[1]);
+        for h in &hs {
+            assert!(h.wait_ready(WAIT).await);
+        }
+        let sent = || async { a.stats().await.unwrap().deltas_sent };
+        let before = sent().await;
+        a.add(b"first".to_vec()).await.unwrap();
+        for i in 0..50u32 {
+            a.add(i.to_le_bytes().to_vec()).await.unwrap();
+        }
+        wait_for(|| async { (0..50u32).all(|i| b.contains(&i.to_le_bytes())) }).await;
+        let batched = sent().await - before;
+        assert!(batched <= 3, "{kind}: 51 adds in {batched} deltas");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let quiet = sent().await;
+        a.add(b"after a quiet interval".to_vec()).await.unwrap();
+        wait_for(|| async { b.contains(b"after a quiet interval") }).await;
+        assert_eq!(sent().await, quiet + 1, "{kind}");
+        stop(&hs).await;
+    }
+}
+
 /// A dump of another cluster's filter (`LOADCHUNK` over RESP) re-added through a replica's
 /// update path: every entry under a fresh tag of the importer's id, reserved in the registry
 /// (past the claim's block: renewed first) and durably; in slices, each logged and published;

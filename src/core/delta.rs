@@ -7,6 +7,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::causal::{CausalContext, Dot};
+use super::compact;
 use super::error::FilterError;
 use super::lattice::Lattice;
 
@@ -101,10 +102,12 @@ pub trait CheckRemote: DeltaState {
     }
 }
 
-/// Delta of a [`crate::GBloom`]: the bits local adds set, ascending.
+/// Delta of a [`crate::GBloom`]: the bits local adds set, in the order they were set.
+/// Encoded bit-packed ([`super::compact`]); the CBOR array of earlier releases is read too.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BloomDelta {
     /// Indexes of newly set bits.
+    #[serde(with = "packed_indexes")]
     pub bits: Vec<u64>,
 }
 
@@ -118,8 +121,9 @@ pub struct CuckooDelta {
 /// Delta of an [`crate::OrCuckoo`]: the entries local adds inserted, the entries local removes
 /// deleted, and a causal context of exactly their dots (a dot cloud, not contiguous). Joining it
 /// touches only the entries it lists, and gives the same state as the lattice join of
-/// `(entries, context)` would.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// `(entries, context)` would. Encoded compactly ([`super::compact`]: the context is left out,
+/// being exactly the listed dots); the CBOR map of earlier releases is read too.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OrCuckooDelta {
     /// `(bucket, fingerprint, tag)` of added entries that are still live.
     pub entries: Vec<(u64, u16, Dot)>,
@@ -137,8 +141,9 @@ pub struct ScalableDelta<D> {
     pub subs: Vec<(u32, D)>,
 }
 
-/// Delta of a [`crate::ScOrCuckoo`]: entries by sub-filter, and the shared context.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Delta of a [`crate::ScOrCuckoo`]: entries by sub-filter, and the shared context. Encoded
+/// as [`OrCuckooDelta`] is, with a sub-filter column.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ScOrCuckooDelta {
     /// `(sub-filter index, bucket, fingerprint, tag)` of added entries that are still live.
     pub entries: Vec<(u32, u64, u16, Dot)>,
@@ -146,6 +151,190 @@ pub struct ScOrCuckooDelta {
     pub removed: Vec<(u32, u64, u16, Dot)>,
     /// Exactly the dots of `entries` and `removed`.
     pub context: CausalContext,
+}
+
+/// The bit indexes of a [`BloomDelta`]: written as [`compact::encode_indexes`] bytes, read
+/// from those or from the CBOR array of earlier releases.
+mod packed_indexes {
+    use serde::de::{SeqAccess, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    use super::compact;
+
+    pub(super) fn serialize<S: Serializer>(bits: &[u64], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(&compact::encode_indexes(bits))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u64>, D::Error> {
+        struct Indexes;
+        impl<'de> Visitor<'de> for Indexes {
+            type Value = Vec<u64>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("packed bit indexes or an array of them")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<u64>, E> {
+                compact::decode_indexes(v).map_err(E::custom)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u64>, A::Error> {
+                // The size hint is the sender's word: capped, the vector grows as items come.
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+                while let Some(i) = seq.next_element()? {
+                    out.push(i);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_any(Indexes)
+    }
+}
+
+/// What the two observed-remove deltas share for their encoding.
+trait TaggedDelta: Sized {
+    /// Whether entries name a sub-filter.
+    const SUBS: bool;
+    /// An entry as the type lists it.
+    type Entry: Serialize + serde::de::DeserializeOwned;
+    fn to_tagged(e: &Self::Entry) -> compact::TaggedEntry;
+    fn from_tagged(e: compact::TaggedEntry) -> Self::Entry;
+    fn parts(&self) -> (&[Self::Entry], &[Self::Entry], &CausalContext);
+    fn from_parts(
+        entries: Vec<Self::Entry>,
+        removed: Vec<Self::Entry>,
+        context: CausalContext,
+    ) -> Self;
+}
+
+/// The CBOR map of earlier releases (packed: fields by index).
+#[derive(Deserialize)]
+struct TaggedDeltaMap<E> {
+    entries: Vec<E>,
+    removed: Vec<E>,
+    context: CausalContext,
+}
+
+/// [`TaggedDeltaMap`], borrowed to be written.
+#[derive(Serialize)]
+struct TaggedDeltaMapRef<'a, E> {
+    entries: &'a [E],
+    removed: &'a [E],
+    context: &'a CausalContext,
+}
+
+fn serialize_tagged<T: TaggedDelta, S: serde::Serializer>(d: &T, s: S) -> Result<S::Ok, S::Error> {
+    let (entries, removed, context) = d.parts();
+    if context.dot_count() != (entries.len() + removed.len()) as u64 {
+        // Not the exact context the compact form rebuilds (no delta a filter takes is like
+        // this, but the type allows it): the map keeps it.
+        return TaggedDeltaMapRef {
+            entries,
+            removed,
+            context,
+        }
+        .serialize(s);
+    }
+    s.serialize_bytes(&compact::encode_tagged(
+        T::SUBS,
+        entries.iter().map(T::to_tagged),
+        removed.iter().map(T::to_tagged),
+    ))
+}
+
+fn deserialize_tagged<'de, T: TaggedDelta, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<T, D::Error> {
+    struct Tagged<T>(std::marker::PhantomData<T>);
+    impl<'de, T: TaggedDelta> serde::de::Visitor<'de> for Tagged<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a compact observed-remove delta or its map")
+        }
+        fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<T, E> {
+            let (e, r, context) = compact::decode_tagged(T::SUBS, v).map_err(E::custom)?;
+            let list = |v: Vec<compact::TaggedEntry>| v.into_iter().map(T::from_tagged).collect();
+            Ok(T::from_parts(list(e), list(r), context))
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            let m = TaggedDeltaMap::<T::Entry>::deserialize(
+                serde::de::value::MapAccessDeserializer::new(map),
+            )?;
+            Ok(T::from_parts(m.entries, m.removed, m.context))
+        }
+    }
+    d.deserialize_any(Tagged(std::marker::PhantomData))
+}
+
+impl TaggedDelta for OrCuckooDelta {
+    const SUBS: bool = false;
+    type Entry = (u64, u16, Dot);
+    fn to_tagged(&(b, fp, dot): &Self::Entry) -> compact::TaggedEntry {
+        (0, b, fp, dot)
+    }
+    fn from_tagged((_, b, fp, dot): compact::TaggedEntry) -> Self::Entry {
+        (b, fp, dot)
+    }
+    fn parts(&self) -> (&[Self::Entry], &[Self::Entry], &CausalContext) {
+        (&self.entries, &self.removed, &self.context)
+    }
+    fn from_parts(
+        entries: Vec<Self::Entry>,
+        removed: Vec<Self::Entry>,
+        context: CausalContext,
+    ) -> Self {
+        OrCuckooDelta {
+            entries,
+            removed,
+            context,
+        }
+    }
+}
+
+impl TaggedDelta for ScOrCuckooDelta {
+    const SUBS: bool = true;
+    type Entry = (u32, u64, u16, Dot);
+    fn to_tagged(e: &Self::Entry) -> compact::TaggedEntry {
+        *e
+    }
+    fn from_tagged(e: compact::TaggedEntry) -> Self::Entry {
+        e
+    }
+    fn parts(&self) -> (&[Self::Entry], &[Self::Entry], &CausalContext) {
+        (&self.entries, &self.removed, &self.context)
+    }
+    fn from_parts(
+        entries: Vec<Self::Entry>,
+        removed: Vec<Self::Entry>,
+        context: CausalContext,
+    ) -> Self {
+        ScOrCuckooDelta {
+            entries,
+            removed,
+            context,
+        }
+    }
+}
+
+impl Serialize for OrCuckooDelta {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        serialize_tagged(self, s)
+    }
+}
+
+impl<'de> Deserialize<'de> for OrCuckooDelta {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        deserialize_tagged(d)
+    }
+}
+
+impl Serialize for ScOrCuckooDelta {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        serialize_tagged(self, s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ScOrCuckooDelta {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        deserialize_tagged(d)
+    }
 }
 
 /// Sub-filters a delta may create beyond the receiver's last one. A receiver further behind

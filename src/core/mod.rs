@@ -5,6 +5,7 @@
 pub mod bloom;
 pub mod causal;
 pub mod codec;
+pub(crate) mod compact;
 pub mod cuckoo;
 pub mod delta;
 pub mod error;

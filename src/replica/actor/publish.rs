@@ -72,12 +72,10 @@ impl Replica {
         self.send(subject, frame, Channel::State);
     }
 
-    /// Commits the local updates since the last commit: appends their delta to the log (with
-    /// a data directory) and publishes it once durable, answering the updates that waited for
-    /// it. One commit at a time: updates arriving meanwhile go into the next (group commit).
     /// Schedules a flush of the pending delta, unless one is: at once if the last flush is
     /// `delta_interval_ms` old or more (an add on an idle link travels at once), else when
-    /// it will be (updates that come faster share deltas).
+    /// it will be (updates that come faster share deltas, so that the envelope's bytes and a
+    /// message through nats-server are paid once per interval, not per update).
     pub(super) fn schedule_flush(&mut self, ctx: &mut Context<Self>) {
         if self.flush_timer.is_some() {
             return;
@@ -86,6 +84,11 @@ impl Replica {
         let delay = self.last_flush.map_or(Duration::ZERO, |t| {
             (t + interval).saturating_duration_since(Instant::now())
         });
+        if delay.is_zero() {
+            // In this turn: a timer, even of zero, waits for the runtime's next millisecond.
+            self.shared.flush_scheduled.store(false, Ordering::Release);
+            return self.flush_delta(ctx);
+        }
         self.flush_timer = Some(ctx.run_later(delay, |act, ctx| {
             act.flush_timer = None;
             act.shared.flush_scheduled.store(false, Ordering::Release);
@@ -93,6 +96,9 @@ impl Replica {
         }));
     }
 
+    /// Commits the local updates since the last commit: appends their delta to the log (with
+    /// a data directory) and publishes it once durable, answering the updates that waited for
+    /// it. One commit at a time: updates arriving meanwhile go into the next (group commit).
     pub(super) fn flush_delta(&mut self, ctx: &mut Context<Self>) {
         self.last_flush = Some(Instant::now());
         self.absorb_direct_changes();

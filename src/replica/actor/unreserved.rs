@@ -26,9 +26,13 @@ use crate::wire::WireError;
 const MAX_HELD_FRAMES: usize = 256;
 /// Most bytes of held deltas and states at once.
 const MAX_HELD_BYTES: usize = 64 << 20;
-/// Looks at the registry for held frames are at least this far apart, so that a sender of
+/// Looks at the registry for held frames average at least this far apart, so that a sender of
 /// forged tags costs the registry at most a few reads a second.
 const MIN_LOOK_INTERVAL: Duration = Duration::from_millis(200);
+/// Looks for held frames that may go at once, back to back, before [`MIN_LOOK_INTERVAL`]
+/// spaces them: the first frames of a peer that claimed its id after this replica's last look
+/// (a replica that just started) wait a round trip to the registry, not 200 ms.
+const LOOK_BURST: usize = 3;
 
 /// A frame waiting for a look at the registry.
 pub(super) enum HeldFrame {
@@ -56,6 +60,8 @@ pub(crate) struct RegistryView {
     held_bytes: usize,
     looking: bool,
     look_scheduled: bool,
+    /// When the last [`LOOK_BURST`] looks for held frames started.
+    held_looks: std::collections::VecDeque<Instant>,
 }
 
 impl RegistryView {
@@ -68,6 +74,23 @@ impl RegistryView {
             *known = (*known).max(e.record.floor());
         }
         self.looked_at = self.looked_at.max(Some(started));
+    }
+
+    /// How long the next look for held frames must wait: none while fewer than
+    /// [`LOOK_BURST`] started within the last `LOOK_BURST` intervals.
+    fn look_wait(&self, now: Instant) -> Duration {
+        if self.held_looks.len() < LOOK_BURST {
+            return Duration::ZERO;
+        }
+        let window = MIN_LOOK_INTERVAL * LOOK_BURST as u32;
+        (self.held_looks[0] + window).saturating_duration_since(now)
+    }
+
+    fn look_started(&mut self, now: Instant) {
+        if self.held_looks.len() == LOOK_BURST {
+            self.held_looks.pop_front();
+        }
+        self.held_looks.push_back(now);
     }
 
     /// The reservation of `id`, if the registry holds a record of it.
@@ -125,9 +148,7 @@ impl Replica {
         if v.looking || v.look_scheduled || v.held.is_empty() {
             return;
         }
-        let wait = v.looked_at.map_or(Duration::ZERO, |t| {
-            MIN_LOOK_INTERVAL.saturating_sub(t.elapsed())
-        });
+        let wait = v.look_wait(Instant::now());
         if !wait.is_zero() {
             v.look_scheduled = true;
             ctx.run_later(wait, |act, ctx| {
@@ -138,6 +159,7 @@ impl Replica {
         }
         v.looking = true;
         let started = Instant::now();
+        v.look_started(started);
         let namespace = match &self.lease.shared {
             Some(_) => SharedId::NAMESPACE.into(),
             None => self.cfg.registry_name(),
@@ -151,11 +173,8 @@ impl Replica {
                     act.registry_view.note(&claims, started);
                     act.replay_held(started, ctx);
                 }
-                Err(e) => {
-                    act.lease_failed("reading the registry for held frames", &e);
-                    // Try again later; the frames wait (bounded).
-                    act.registry_view.looked_at = Some(Instant::now());
-                }
+                // Tried again within the look budget; the frames wait (bounded).
+                Err(e) => act.lease_failed("reading the registry for held frames", &e),
             }
             act.look_for_held(ctx);
         }));
@@ -298,5 +317,32 @@ mod tests {
             (Some(100), Some(50), Some(7), None)
         );
         assert_eq!(view.looked_at, Some(t1));
+    }
+
+    #[test]
+    fn looks_for_held_frames_go_at_once_in_a_burst_then_a_few_a_second() {
+        let mut view = RegistryView::default();
+        let t0 = Instant::now();
+        for i in 0..LOOK_BURST as u32 {
+            let now = t0 + Duration::from_millis(i.into());
+            assert_eq!(view.look_wait(now), Duration::ZERO);
+            view.look_started(now);
+        }
+        let now = t0 + Duration::from_millis(10);
+        let wait = view.look_wait(now);
+        assert_eq!(
+            wait,
+            MIN_LOOK_INTERVAL * LOOK_BURST as u32 - Duration::from_millis(10)
+        );
+        // Over any window of LOOK_BURST intervals, at most LOOK_BURST looks.
+        let mut at = now + wait;
+        for _ in 0..10 {
+            assert_eq!(view.look_wait(at), Duration::ZERO);
+            view.look_started(at);
+            let w = view.look_wait(at);
+            assert!(w > Duration::ZERO);
+            at += w;
+        }
+        assert!(at - t0 >= MIN_LOOK_INTERVAL * 10);
     }
 }
