@@ -39,10 +39,11 @@ pub struct ReplicaConfig {
     /// The longest a local update waits for its delta to be published. An update on a quiet
     /// link (no delta published for this long) goes at once; under load the updates of one
     /// interval share a delta, so that a busy replica publishes at most one every interval
-    /// (and one per `delta_max_updates`). At 2 ms an add reaches the other replicas within
-    /// about 5 ms (p99, 10,000 adds/s over three replicas), where 50 ms gave 53 ms; the deltas'
-    /// compact encoding keeps the bytes per add below what 50 ms cost before (BENCHMARKS.md,
-    /// "Replication latency").
+    /// (and one per `delta_max_updates`). At 2 ms an add reached the other replicas within
+    /// 4.3 ms (p99, 10,000 adds/s over three replicas), where 50 ms gave 52 ms; the deltas'
+    /// compact encoding keeps the bytes per add below what 50 ms cost before at that rate
+    /// (BENCHMARKS.md, "Replication latency"). A longer interval sends fewer bytes per add at
+    /// low rates, where each delta carries few adds.
     #[serde(default = "d::delta_interval_ms")]
     pub delta_interval_ms: u64,
     /// Publish the pending delta as soon as it holds this many entries (a Bloom add sets up
