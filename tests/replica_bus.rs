@@ -1229,6 +1229,19 @@ async fn a_lone_replica_does_not_digest_its_state_at_every_interval() {
     b.shutdown().await.unwrap();
 }
 
+/// `n` replicas, once each caught up (a start-up state push would carry later adds too).
+async fn start_ready(
+    n: usize,
+    cfg: &crpf::replica::ReplicaConfig,
+    bus: Arc<dyn Transport>,
+) -> Vec<crpf::replica::ReplicaHandle> {
+    let hs = start_n(n, cfg, bus).await;
+    for h in &hs {
+        assert!(h.wait_ready(WAIT).await);
+    }
+    hs
+}
+
 /// Issue 25: the delta flush. An update on a quiet link is published at once, in its own
 /// delta; the updates that follow within `delta_interval_ms` wait for it and share one delta;
 /// once the link has been quiet for an interval, the next update goes at once again. With an
@@ -1242,12 +1255,8 @@ async fn an_update_on_a_quiet_link_goes_at_once_and_those_after_it_share_the_nex
         // No anti-entropy within the test: only deltas carry the adds.
         cfg.anti_entropy_interval_ms = 600_000;
         cfg.peer_expiry_ms = 3 * cfg.anti_entropy_interval_ms;
-        let hs = start_n(2, &cfg, bus.clone()).await;
+        let hs = start_ready(2, &cfg, bus).await;
         let (a, b) = (&hs[0], &hs[1]);
-        // Caught up (a start-up state push would carry the adds too).
-        for h in &hs {
-            assert!(h.wait_ready(WAIT).await);
-        }
         let sent = || async { a.stats().await.unwrap().deltas_sent };
         let before = sent().await;
         a.add(b"first".to_vec()).await.unwrap();
@@ -1269,11 +1278,8 @@ async fn an_update_on_a_quiet_link_goes_at_once_and_those_after_it_share_the_nex
         // and after a quiet interval an add goes at once again.
         let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
         cfg.delta_interval_ms = 300;
-        let hs = start_n(2, &cfg, bus).await;
+        let hs = start_ready(2, &cfg, bus).await;
         let (a, b) = (&hs[0], &hs[1]);
-        for h in &hs {
-            assert!(h.wait_ready(WAIT).await);
-        }
         let sent = || async { a.stats().await.unwrap().deltas_sent };
         let before = sent().await;
         a.add(b"first".to_vec()).await.unwrap();

@@ -263,79 +263,63 @@ fn deserialize_tagged<'de, T: TaggedDelta, D: serde::Deserializer<'de>>(
     d.deserialize_any(Tagged(std::marker::PhantomData))
 }
 
-impl TaggedDelta for OrCuckooDelta {
-    const SUBS: bool = false;
-    type Entry = (u64, u16, Dot);
-    fn to_tagged(&(b, fp, dot): &Self::Entry) -> compact::TaggedEntry {
-        (0, b, fp, dot)
-    }
-    fn from_tagged((_, b, fp, dot): compact::TaggedEntry) -> Self::Entry {
-        (b, fp, dot)
-    }
-    fn parts(&self) -> (&[Self::Entry], &[Self::Entry], &CausalContext) {
-        (&self.entries, &self.removed, &self.context)
-    }
-    fn from_parts(
-        entries: Vec<Self::Entry>,
-        removed: Vec<Self::Entry>,
-        context: CausalContext,
-    ) -> Self {
-        OrCuckooDelta {
-            entries,
-            removed,
-            context,
+/// Implements [`TaggedDelta`] (with the conversions of its entries) and serde for an
+/// observed-remove delta type with fields `entries`, `removed` and `context`.
+macro_rules! tagged_delta {
+    ($t:ty, subs: $subs:expr, entry: $entry:ty, to: $to:expr, from: $from:expr) => {
+        impl TaggedDelta for $t {
+            const SUBS: bool = $subs;
+            type Entry = $entry;
+            fn to_tagged(e: &Self::Entry) -> compact::TaggedEntry {
+                $to(e)
+            }
+            fn from_tagged(e: compact::TaggedEntry) -> Self::Entry {
+                $from(e)
+            }
+            fn parts(&self) -> (&[Self::Entry], &[Self::Entry], &CausalContext) {
+                (&self.entries, &self.removed, &self.context)
+            }
+            fn from_parts(
+                entries: Vec<Self::Entry>,
+                removed: Vec<Self::Entry>,
+                context: CausalContext,
+            ) -> Self {
+                Self {
+                    entries,
+                    removed,
+                    context,
+                }
+            }
         }
-    }
-}
 
-impl TaggedDelta for ScOrCuckooDelta {
-    const SUBS: bool = true;
-    type Entry = (u32, u64, u16, Dot);
-    fn to_tagged(e: &Self::Entry) -> compact::TaggedEntry {
-        *e
-    }
-    fn from_tagged(e: compact::TaggedEntry) -> Self::Entry {
-        e
-    }
-    fn parts(&self) -> (&[Self::Entry], &[Self::Entry], &CausalContext) {
-        (&self.entries, &self.removed, &self.context)
-    }
-    fn from_parts(
-        entries: Vec<Self::Entry>,
-        removed: Vec<Self::Entry>,
-        context: CausalContext,
-    ) -> Self {
-        ScOrCuckooDelta {
-            entries,
-            removed,
-            context,
+        impl Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                serialize_tagged(self, s)
+            }
         }
-    }
+
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                deserialize_tagged(d)
+            }
+        }
+    };
 }
 
-impl Serialize for OrCuckooDelta {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        serialize_tagged(self, s)
-    }
-}
-
-impl<'de> Deserialize<'de> for OrCuckooDelta {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        deserialize_tagged(d)
-    }
-}
-
-impl Serialize for ScOrCuckooDelta {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        serialize_tagged(self, s)
-    }
-}
-
-impl<'de> Deserialize<'de> for ScOrCuckooDelta {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        deserialize_tagged(d)
-    }
-}
+tagged_delta!(
+    OrCuckooDelta,
+    subs: false,
+    entry: (u64, u16, Dot),
+    to: |&(b, fp, dot): &(u64, u16, Dot)| (0, b, fp, dot),
+    from: |(_, b, fp, dot): compact::TaggedEntry| (b, fp, dot)
+);
+tagged_delta!(
+    ScOrCuckooDelta,
+    subs: true,
+    entry: compact::TaggedEntry,
+    to: |e: &compact::TaggedEntry| *e,
+    from: |e| e
+);
 
 /// Sub-filters a delta may create beyond the receiver's last one. A receiver further behind
 /// rejects the delta and catches up by anti-entropy, so that a forged index cannot make it
