@@ -72,8 +72,9 @@ async fn run(url: &str, name: &str, cfg: ReplicaConfig, rate: u64, secs: u64) ->
             let mut latencies = Vec::new();
             let mut drain_until = None;
             loop {
-                let mut p = pending.lock().unwrap();
-                p.retain(|(item, t0)| {
+                // Checked outside the lock, so that the adding loop never waits for it.
+                let mut waiting = std::mem::take(&mut *pending.lock().unwrap());
+                waiting.retain(|(item, t0)| {
                     if hs.iter().all(|h| h.contains(item)) {
                         latencies.push(t0.elapsed().as_secs_f64() * 1e3);
                         false
@@ -81,6 +82,8 @@ async fn run(url: &str, name: &str, cfg: ReplicaConfig, rate: u64, secs: u64) ->
                         true
                     }
                 });
+                let mut p = pending.lock().unwrap();
+                p.extend(waiting);
                 let empty = p.is_empty();
                 drop(p);
                 if !adding.load(Ordering::Acquire) {

@@ -8,14 +8,23 @@
 //!
 //! Every release since this one reads the earlier CBOR forms too (a Bloom delta's index
 //! array, an observed-remove delta's map with its context), from peers and from write-ahead
-//! logs written before. The decoders refuse trailing or missing bits and counts the input
-//! cannot hold, so that no input makes them allocate more than its own size allows.
+//! logs written before. The decoders refuse trailing or missing bits, and counts the input
+//! cannot hold at the widths it declares; they reserve memory as entries are read, not as
+//! counts announce. A Bloom delta names each bit once, so it holds at most `2^width` indexes:
+//! decoded, at most about three times its size. An observed-remove entry takes as little as 3
+//! bits on the wire (buckets and fingerprints of 1 bit) and 32 bytes decoded, so a forged
+//! delta can decode to up to 85 times its size (`max_message_bytes` bounds it; with a cluster
+//! key, unsigned frames are refused before they are decoded).
 
 use bitstream_io::{BitRead, BitReader, BitWrite, BitWriter, LittleEndian};
 
 use super::causal::{CausalContext, Dot, MAX_COUNTER, ReplicaId};
 use super::codec::bits_for;
 use super::error::FilterError;
+
+/// Items a decoder reserves room for before reading them; beyond, the vector grows as they
+/// come, so a count only costs memory once the input has delivered its items.
+const RESERVE_AHEAD: usize = 4096;
 
 /// Writes bits into a byte vector (writing to a `Vec` cannot fail).
 struct Bits(BitWriter<Vec<u8>, LittleEndian>);
@@ -156,15 +165,18 @@ pub(crate) fn decode_indexes(bytes: &[u8]) -> Result<Vec<u64>, FilterError> {
             "compact delta: index width {width}"
         )));
     }
-    if n > r.left() / u64::from(width) {
+    // Distinct bits: no more than the width can name.
+    let nameable = if width < 64 { 1u64 << width } else { u64::MAX };
+    if n > r.left() / u64::from(width) || n > nameable {
         return Err(FilterError::malformed(format!(
-            "compact delta: {n} indexes cannot fit in {} bits",
+            "compact delta: {n} indexes of {width} bits in {} bits",
             r.left()
         )));
     }
-    let indexes = (0..n)
-        .map(|_| r.fixed(width))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut indexes = Vec::with_capacity((n as usize).min(RESERVE_AHEAD));
+    for _ in 0..n {
+        indexes.push(r.fixed(width)?);
+    }
     r.end()?;
     Ok(indexes)
 }
@@ -236,15 +248,26 @@ pub(crate) fn decode_tagged(subs: bool, bytes: &[u8]) -> Result<DecodedTagged, F
             "compact delta: widths {bucket_bits} (bucket), {fp_bits} (fingerprint)"
         )));
     }
+    let min_entry_bits = u64::from(bucket_bits + fp_bits) + 1 + u64::from(subs);
+    if (n_entries + n_removed) as u64 > r.left() / min_entry_bits {
+        return Err(FilterError::malformed(format!(
+            "compact delta: {} entries of at least {min_entry_bits} bits in {} bits",
+            n_entries + n_removed,
+            r.left()
+        )));
+    }
     let mut context = CausalContext::new();
     let mut prev: Option<TaggedEntry> = None;
     let mut read = |n: usize, r: &mut Reader<'_>| -> Result<Vec<TaggedEntry>, FilterError> {
-        let mut out = Vec::with_capacity(n);
+        let mut out = Vec::with_capacity(n.min(RESERVE_AHEAD));
         for _ in 0..n {
             let sub = if !subs {
                 0
             } else if r.bit()? {
-                prev.map_or(0, |p| p.0)
+                // One encoding per delta: "the same as before" needs an entry before.
+                prev.map(|p| p.0).ok_or_else(|| {
+                    FilterError::malformed("compact delta: the first sub-filter refers to none")
+                })?
             } else {
                 u32::try_from(r.number()?)
                     .map_err(|_| FilterError::malformed("compact delta: sub-filter index"))?
@@ -373,6 +396,20 @@ mod tests {
         let mut w = Bits::new();
         w.number(1 << 40);
         w.number(0);
+        assert!(decode_tagged(false, &w.finish()).is_err());
+        // More indexes than their width can name (each bit is named once).
+        let mut w = Bits::new();
+        w.number(5);
+        w.fixed(7, 2);
+        w.fixed(10, 0);
+        assert!(decode_indexes(&w.finish()).is_err());
+        // More entries than the declared widths leave room for.
+        let mut w = Bits::new();
+        w.number(10);
+        w.number(0);
+        w.fixed(7, 8);
+        w.fixed(5, 8);
+        w.fixed(30, 0);
         assert!(decode_tagged(false, &w.finish()).is_err());
         // Zeros only: a number longer than 64 bits.
         assert!(decode_indexes(&[0; 20]).is_err());

@@ -103,7 +103,7 @@ pub trait CheckRemote: DeltaState {
 }
 
 /// Delta of a [`crate::GBloom`]: the bits local adds set, in the order they were set.
-/// Encoded bit-packed ([`super::compact`]); the CBOR array of earlier releases is read too.
+/// Encoded bit-packed (`src/core/compact.rs`); the CBOR array of earlier releases is read too.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BloomDelta {
     /// Indexes of newly set bits.
@@ -121,7 +121,7 @@ pub struct CuckooDelta {
 /// Delta of an [`crate::OrCuckoo`]: the entries local adds inserted, the entries local removes
 /// deleted, and a causal context of exactly their dots (a dot cloud, not contiguous). Joining it
 /// touches only the entries it lists, and gives the same state as the lattice join of
-/// `(entries, context)` would. Encoded compactly ([`super::compact`]: the context is left out,
+/// `(entries, context)` would. Encoded compactly (`src/core/compact.rs`: the context is left out,
 /// being exactly the listed dots); the CBOR map of earlier releases is read too.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OrCuckooDelta {
@@ -222,7 +222,10 @@ struct TaggedDeltaMapRef<'a, E> {
 
 fn serialize_tagged<T: TaggedDelta, S: serde::Serializer>(d: &T, s: S) -> Result<S::Ok, S::Error> {
     let (entries, removed, context) = d.parts();
-    if context.dot_count() != (entries.len() + removed.len()) as u64 {
+    let listed = entries.iter().chain(removed).map(|e| T::to_tagged(e).3);
+    if context.dot_count() != (entries.len() + removed.len()) as u64
+        || !listed.clone().all(|dot| context.contains(dot))
+    {
         // Not the exact context the compact form rebuilds (no delta a filter takes is like
         // this, but the type allows it): the map keeps it.
         return TaggedDeltaMapRef {
@@ -325,3 +328,37 @@ tagged_delta!(
 /// rejects the delta and catches up by anti-entropy, so that a forged index cannot make it
 /// allocate sub-filters of absurd size.
 pub const MAX_SUBS_AHEAD: usize = 4;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::codec::{from_cbor, to_cbor};
+
+    fn dot(replica: u16, counter: u64) -> Dot {
+        Dot { replica, counter }
+    }
+
+    #[test]
+    fn a_context_that_is_not_exactly_the_listed_tags_keeps_the_map_form() {
+        // Listed a, context b: the compact form would rebuild the context as {a}.
+        let mut context = CausalContext::new();
+        context.insert(dot(1, 9));
+        let odd = OrCuckooDelta {
+            entries: vec![(3, 7, dot(1, 1))],
+            removed: vec![],
+            context,
+        };
+        let back: OrCuckooDelta = from_cbor(&to_cbor(&odd)).unwrap();
+        assert_eq!(back, odd);
+        // The usual delta takes the compact form, and comes back equal too.
+        let mut context = CausalContext::new();
+        context.insert(dot(1, 1));
+        let usual = OrCuckooDelta {
+            context,
+            ..odd.clone()
+        };
+        let bytes = to_cbor(&usual);
+        assert!(bytes.len() < to_cbor(&odd).len());
+        assert_eq!(from_cbor::<OrCuckooDelta>(&bytes).unwrap(), usual);
+    }
+}

@@ -4,8 +4,9 @@
 //! A replica's view of the other ids' reservations is as old as its last look at the registry
 //! (every renewal). A replica that claimed its id since, or extended its reservation, sends
 //! tags above that view quite honestly: refusing them at once would cost a full-state repair
-//! each time. So a frame above the view waits for one fresh look (at most one every
-//! [`MIN_LOOK_INTERVAL`]); only what is still above the registry then was issued by nobody.
+//! each time. So a frame above the view waits for one fresh look (up to [`LOOK_BURST`] back
+//! to back, then at most that many every `LOOK_BURST` x [`MIN_LOOK_INTERVAL`]); only what is
+//! still above the registry then was issued by nobody.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
