@@ -301,6 +301,12 @@ impl<'de> Deserialize<'de> for CausalContext {
     }
 }
 
+/// A dot, shortly (for the tests of the modules that build contexts and deltas).
+#[cfg(test)]
+pub(crate) fn dot(replica: ReplicaId, counter: u64) -> Dot {
+    Dot { replica, counter }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
@@ -308,10 +314,6 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-
-    fn dot(replica: ReplicaId, counter: u64) -> Dot {
-        Dot { replica, counter }
-    }
 
     #[test]
     fn union_subset_and_gaps() {

@@ -233,14 +233,10 @@ pub(crate) type DecodedTagged = (Vec<TaggedEntry>, Vec<TaggedEntry>, CausalConte
 /// twice is left for the delta's own check, which refuses it).
 pub(crate) fn decode_tagged(subs: bool, bytes: &[u8]) -> Result<DecodedTagged, FilterError> {
     let mut r = Reader::new(bytes);
-    // Each entry takes at least 3 bits (bucket, fingerprint, tag flag).
+    // Each entry takes at least 3 bits (bucket, fingerprint, tag flag); both counts together
+    // are checked against the widths below.
     let n_entries = r.count(3)?;
     let n_removed = r.count(3)?;
-    if (n_entries + n_removed) as u64 > r.left() / 3 {
-        return Err(FilterError::malformed(
-            "compact delta: more entries than the input holds",
-        ));
-    }
     let bucket_bits = r.fixed(7)? as u32;
     let fp_bits = r.fixed(5)? as u32;
     if !(1..=64).contains(&bucket_bits) || !(1..=16).contains(&fp_bits) {
@@ -311,10 +307,7 @@ pub(crate) fn decode_tagged(subs: bool, bytes: &[u8]) -> Result<DecodedTagged, F
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn dot(replica: ReplicaId, counter: u64) -> Dot {
-        Dot { replica, counter }
-    }
+    use crate::core::causal::dot;
 
     #[test]
     fn indexes_round_trip_at_the_width_of_the_largest() {

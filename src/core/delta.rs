@@ -332,11 +332,8 @@ pub const MAX_SUBS_AHEAD: usize = 4;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::causal::dot;
     use crate::core::codec::{from_cbor, to_cbor};
-
-    fn dot(replica: u16, counter: u64) -> Dot {
-        Dot { replica, counter }
-    }
 
     #[test]
     fn a_context_that_is_not_exactly_the_listed_tags_keeps_the_map_form() {

@@ -118,7 +118,48 @@ pub(crate) struct Shared {
     pub api: std::sync::OnceLock<Arc<reads::Reads>>,
 }
 
+/// The number of a replica's first commit (its actor's `next_batch` at start, and
+/// [`Shared::open_batch`] until the first take).
+const FIRST_BATCH: u64 = 1;
+
 impl Shared {
+    /// What a replica shares with its handles and tasks, before anything happened: no change,
+    /// request or commit yet, not closed, the API not served.
+    pub(crate) fn new(
+        filter: AnyFilter,
+        name: String,
+        identity: Identity,
+        telemetry: Telemetry,
+        inbound_max_bytes: u64,
+        limits: crate::api::batch::Limits,
+        serve_api: bool,
+    ) -> Self {
+        Shared {
+            kind: filter.kind(),
+            reader: filter.shared_reader(),
+            filter: RwLock::new(filter),
+            name,
+            identity,
+            ready: watch::channel(false).0,
+            telemetry,
+            inbound_bytes: Default::default(),
+            inbound_max_bytes,
+            direct_changes: Default::default(),
+            commit_requested: Default::default(),
+            flush_scheduled: Default::default(),
+            open_batch: AtomicU64::new(FIRST_BATCH),
+            sync_through: Default::default(),
+            commits: Default::default(),
+            logged_commit_requested: Default::default(),
+            wal_failed: Default::default(),
+            closed: Default::default(),
+            dropped: Default::default(),
+            api: Default::default(),
+            limits,
+            serve_api,
+        }
+    }
+
     /// The state changed: unless a flush is already scheduled, asks the actor for one
     /// ([`Inbound::Wake`]). A full inbound buffer drops the request; the housekeeping tick
     /// then notices the pending delta.
@@ -335,7 +376,7 @@ impl Replica {
             tasks: Vec::new(),
             service: None,
             acks: AckTracker::default(),
-            next_batch: 1,
+            next_batch: FIRST_BATCH,
             committing: false,
             commit_again: false,
             commit_scheduled: false,

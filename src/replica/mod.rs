@@ -55,13 +55,12 @@ mod shared_id;
 pub mod wal;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::{Actor, Addr};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-use tokio::sync::watch;
 use uuid::Uuid;
 
 pub use ack::AckLevel;
@@ -447,35 +446,15 @@ impl Replica {
         let replication = replication_transport
             .subscribe(subjects.replication, None)
             .await?;
-        let shared = Arc::new(Shared {
-            kind: filter.kind(),
-            reader: filter.shared_reader(),
-            filter: RwLock::new(filter),
-            name: cfg.name.clone(),
+        let shared = Arc::new(Shared::new(
+            filter,
+            cfg.name.clone(),
             identity,
-            ready: watch::channel(false).0,
-            telemetry: metrics::Telemetry::new(
-                &cfg.name,
-                replica,
-                cfg.filter.fpr,
-                cfg.aggregate_metrics,
-            ),
-            inbound_bytes: Default::default(),
-            inbound_max_bytes: cfg.inbound_max_bytes,
-            direct_changes: Default::default(),
-            commit_requested: Default::default(),
-            flush_scheduled: Default::default(),
-            open_batch: std::sync::atomic::AtomicU64::new(1),
-            sync_through: Default::default(),
-            commits: Default::default(),
-            logged_commit_requested: Default::default(),
-            wal_failed: Default::default(),
-            closed: Default::default(),
-            dropped: Default::default(),
-            api: Default::default(),
-            limits: crate::api::batch::Limits::new(cfg.max_batch_items, cfg.max_item_bytes),
-            serve_api: cfg.serve_api,
-        });
+            metrics::Telemetry::new(&cfg.name, replica, cfg.filter.fpr, cfg.aggregate_metrics),
+            cfg.inbound_max_bytes,
+            crate::api::batch::Limits::new(cfg.max_batch_items, cfg.max_item_bytes),
+            cfg.serve_api,
+        ));
         tracing::info!(
             filter = %cfg.name, kind = %shared.kind, replica, %uuid,
             transport = transport.name(), restored = keep_id, "starting replica"

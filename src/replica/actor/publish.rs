@@ -121,16 +121,12 @@ impl Replica {
             if self.changed_since_push {
                 self.schedule_push(ctx);
             }
-            self.shared.commits.done(batch, None);
-            let r = self.acks.committed(batch, None, 0, Instant::now());
-            return self.answer(r);
+            return self.committed_without_delta(batch);
         }
         let Some(delta) = taken.map(TakenDelta::encode) else {
             // Nothing changed since the last commit: what the waiting updates rely on is
             // already as durable and published as it gets.
-            self.shared.commits.done(batch, None);
-            let r = self.acks.committed(batch, None, 0, Instant::now());
-            return self.answer(r);
+            return self.committed_without_delta(batch);
         };
         match &self.wal {
             Some(wal) => {
@@ -156,6 +152,14 @@ impl Replica {
             }
             None => self.publish_delta(batch, delta, ctx),
         }
+    }
+
+    /// Commit `batch` carries no delta to log or publish: done at once, for the updates
+    /// waiting for it.
+    fn committed_without_delta(&mut self, batch: u64) {
+        self.shared.commits.done(batch, None);
+        let r = self.acks.committed(batch, None, 0, Instant::now());
+        self.answer(r);
     }
 
     /// Publishes the delta of commit `batch` (durable by now, if there is a log).

@@ -545,10 +545,6 @@ fn add_mode(msg: &Message) -> Result<AddMode, ReplicaError> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::RwLock;
-
-    use tokio::sync::watch;
-
     use super::*;
     use crate::FilterSpec;
     use crate::api::batch::Limits;
@@ -557,33 +553,19 @@ mod tests {
     fn updates(kind: FilterKind, delta_max_updates: usize) -> (Updates, mpsc::Receiver<Inbound>) {
         let mut filter = AnyFilter::new(&FilterSpec::new(kind, 1_000, 0.01), 1).unwrap();
         filter.track_deltas(true);
-        let shared = Arc::new(Shared {
-            kind,
-            reader: filter.shared_reader(),
-            filter: RwLock::new(filter),
-            name: "t".into(),
-            identity: Identity {
-                uuid: uuid::Uuid::new_v4(),
-                replica: 1,
-            },
-            ready: watch::channel(false).0,
-            telemetry: Telemetry::new("t", 1, 0.01, false),
-            inbound_bytes: Default::default(),
-            inbound_max_bytes: u64::MAX,
-            direct_changes: Default::default(),
-            commit_requested: Default::default(),
-            flush_scheduled: Default::default(),
-            open_batch: std::sync::atomic::AtomicU64::new(1),
-            sync_through: Default::default(),
-            commits: Default::default(),
-            logged_commit_requested: Default::default(),
-            wal_failed: Default::default(),
-            closed: Default::default(),
-            dropped: Default::default(),
-            api: Default::default(),
-            limits: Limits::new(1_000, 1024),
-            serve_api: true,
-        });
+        let identity = Identity {
+            uuid: uuid::Uuid::new_v4(),
+            replica: 1,
+        };
+        let shared = Arc::new(Shared::new(
+            filter,
+            "t".into(),
+            identity,
+            Telemetry::new("t", 1, 0.01, false),
+            u64::MAX,
+            Limits::new(1_000, 1024),
+            true,
+        ));
         let (to_actor, from_tasks) = mpsc::channel(8);
         let updates = Updates {
             shared,
