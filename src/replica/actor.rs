@@ -30,6 +30,7 @@ use super::durable::{DataDir, Identity};
 use super::filter::{AnyFilter, FilterStats};
 use super::metrics::{self as m, Counts, Direction, MergeSource, Telemetry};
 use super::reassembly::{Progress, Reassembly};
+use super::ticks;
 use super::wal::WalWriter;
 use super::{ReplicaError, ReplicaStats, wall_clock_ms};
 use crate::ReplicaId;
@@ -267,6 +268,10 @@ pub struct Replica {
     started: Instant,
     /// When a periodic snapshot was last due.
     last_snapshot_due: Instant,
+    /// When the periodic timer last ran [`Replica::housekeeping`].
+    last_housekeeping: Instant,
+    /// When the periodic timer announces the digest next.
+    next_digest: Instant,
     api_started: bool,
     inbound_tx: mpsc::Sender<Inbound>,
     inbound_rx: Option<mpsc::Receiver<Inbound>>,
@@ -367,6 +372,8 @@ impl Replica {
             snapshot_saved: Arc::new(Mutex::new(0)),
             started,
             last_snapshot_due: started,
+            last_housekeeping: started,
+            next_digest: started,
             api_started: false,
             inbound_tx,
             inbound_rx: Some(inbound_rx),
@@ -786,12 +793,39 @@ impl Replica {
         }
     }
 
-    /// Runs [`Replica::housekeeping`] after [`Replica::housekeeping_delay`], and again.
-    fn schedule_housekeeping(&mut self, ctx: &mut Context<Self>) {
-        ctx.run_later(self.housekeeping_delay(), |act, ctx| {
-            act.housekeeping(ctx);
-            act.schedule_housekeeping(ctx);
+    /// The replica's one periodic timer: [`Replica::housekeeping`] every
+    /// [`Replica::housekeeping_delay`] and the digest every anti-entropy interval (jittered).
+    /// A quiet replica does both in one wake-up, at its digest's time; every deadline is on
+    /// the process's grid ([`crate::replica::ticks`]), so that the timers of many replicas
+    /// fire together.
+    fn schedule_periodic(&mut self, ctx: &mut Context<Self>) {
+        let housekeeping = self.housekeeping_delay();
+        let quiet = housekeeping >= ReplicaConfig::ms(self.cfg.anti_entropy_interval_ms);
+        let housekeeping_due = if quiet {
+            self.next_digest
+        } else {
+            self.last_housekeeping + housekeeping
+        };
+        let due = housekeeping_due.min(self.next_digest);
+        let delay = due.saturating_duration_since(Instant::now());
+        ctx.run_later(ticks::on_grid(delay, housekeeping), move |act, ctx| {
+            let now = Instant::now();
+            if now >= act.next_digest {
+                act.send_digest();
+                act.next_digest = now + act.digest_delay();
+            }
+            if now >= housekeeping_due {
+                act.last_housekeeping = now;
+                act.housekeeping(ctx);
+            }
+            act.schedule_periodic(ctx);
         });
+    }
+
+    /// The time to the next digest: the anti-entropy interval, jittered by a quarter either
+    /// way so that replicas do not align.
+    fn digest_delay(&self) -> Duration {
+        ReplicaConfig::ms(self.cfg.anti_entropy_interval_ms).mul_f64(0.75 + 0.5 * fastrand::f64())
     }
 
     /// Every `metrics_interval_ms` while the replica has something to watch; a quiet one
@@ -970,7 +1004,8 @@ impl Actor for Replica {
             self.limiter.clone(),
         ));
 
-        self.schedule_housekeeping(ctx);
+        self.next_digest = Instant::now() + self.digest_delay();
+        self.schedule_periodic(ctx);
         if self.lease.shared.is_none() {
             ctx.run_interval(ReplicaConfig::ms(self.cfg.id_lease_renew_ms), |act, ctx| {
                 act.renew_lease(ctx)
@@ -980,7 +1015,6 @@ impl Actor for Replica {
         }
         // Under the node's id: its latest listing of the ids is this replica's first view.
         self.note_shared_listing();
-        self.schedule_digest(ctx);
         if self.cfg.new_incarnation {
             let actions = self
                 .anti_entropy

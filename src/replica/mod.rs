@@ -52,6 +52,7 @@ mod reassembly;
 mod recovery;
 pub mod service;
 mod shared_id;
+mod ticks;
 pub mod wal;
 
 use std::collections::BTreeMap;

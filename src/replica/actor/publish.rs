@@ -296,16 +296,6 @@ impl Replica {
         self.publish_state_body(Body::StateRequest { target });
     }
 
-    /// Announces the digest every anti-entropy interval, jittered so replicas do not align.
-    pub(super) fn schedule_digest(&mut self, ctx: &mut Context<Self>) {
-        let base = self.cfg.anti_entropy_interval_ms as f64;
-        let jitter = base * (0.75 + 0.5 * fastrand::f64());
-        ctx.run_later(Duration::from_millis(jitter as u64), |act, ctx| {
-            act.send_digest();
-            act.schedule_digest(ctx);
-        });
-    }
-
     /// Pushes the full state now, or as soon as `min_push_interval` allows (one push serves
     /// every peer that asked meanwhile).
     pub(super) fn schedule_push(&mut self, ctx: &mut Context<Self>) {

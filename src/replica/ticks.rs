@@ -1,0 +1,87 @@
+//! Periodic work of many replicas on one shared grid of instants.
+//!
+//! A node of 10,000 quiet filters ran 4,000 timers a second (each replica's digest and
+//! housekeeping, jittered so that replicas do not align), and nearly all of its idle CPU went
+//! to the wake-ups and the one small socket write each: the thread parked and woke for every
+//! timer, and the NATS connection wrote every digest on its own (`perf` of the idle node: 38%
+//! in context switches, 20% in `writev`, 21% in `epoll_wait`). Rounding each deadline up to a
+//! grid of a twentieth of its period keeps the jitter between replicas (twenty slots per
+//! period) but fires the timers of one slot in one wake-up, and their messages leave in one
+//! write.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Slots per period: the jitter left between replicas.
+const SLOTS_PER_PERIOD: u32 = 20;
+
+/// The coarsest grid: a deadline moves later by less than this.
+const MAX_GRID: Duration = Duration::from_millis(250);
+
+/// The origin of the grid, shared by every replica of the process.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// The grid for work that recurs every `period`: a twentieth of it, at most 250 ms, and a
+/// millisecond (the timers' resolution) at least.
+pub(crate) fn grid(period: Duration) -> Duration {
+    (period / SLOTS_PER_PERIOD).clamp(Duration::from_millis(1), MAX_GRID)
+}
+
+/// `delay`, lengthened so that it ends on the process's grid for `period` (see [`grid`]).
+pub(crate) fn on_grid(delay: Duration, period: Duration) -> Duration {
+    let now = epoch().elapsed();
+    round_up(now, delay, grid(period)) - now
+}
+
+/// The first multiple of `grid` at or after `now + delay` (all measured from the epoch).
+fn round_up(now: Duration, delay: Duration, grid: Duration) -> Duration {
+    let due = (now + delay).as_nanos();
+    let grid = grid.as_nanos().max(1);
+    let slots = due.div_ceil(grid);
+    Duration::from_nanos(u64::try_from(slots * grid).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn deadlines_round_up_to_the_grid_and_never_come_early() {
+        let grid = 250 * MS;
+        // 1.1 s + 3.9 s = 5.0 s: already on the grid.
+        assert_eq!(round_up(1100 * MS, 3900 * MS, grid), 5000 * MS);
+        // 5.001 s -> 5.25 s.
+        assert_eq!(round_up(1100 * MS, 3901 * MS, grid), 5250 * MS);
+        // Two replicas whose jittered deadlines fall in one slot fire together.
+        assert_eq!(
+            round_up(10 * MS, 4_800 * MS, grid),
+            round_up(200 * MS, 4_700 * MS, grid)
+        );
+    }
+
+    #[test]
+    fn the_grid_is_a_twentieth_of_the_period_within_bounds() {
+        assert_eq!(grid(5000 * MS), 250 * MS);
+        assert_eq!(grid(60_000 * MS), 250 * MS);
+        assert_eq!(grid(1000 * MS), 50 * MS);
+        assert_eq!(grid(10 * MS), MS);
+        assert_eq!(grid(Duration::ZERO), MS);
+    }
+
+    #[test]
+    fn a_delay_on_the_grid_is_at_least_the_delay_asked_and_less_than_a_grid_more() {
+        for ms in [0, 1, 7, 300, 999, 3750, 6250] {
+            let delay = ms * MS;
+            let period = 5000 * MS;
+            let got = on_grid(delay, period);
+            assert!(got >= delay, "{got:?} < {delay:?}");
+            // The epoch's clock moves between the two reads inside `on_grid`; a grid covers it.
+            assert!(got < delay + grid(period) + MS, "{got:?} for {delay:?}");
+        }
+    }
+}
