@@ -139,8 +139,63 @@ async fn ten_thousand_filters_on_one_node() {
     }
     assert_eq!(listed, FILTERS);
 
+    // The NATS service protocol, answered by the node for all its filters: each filter's
+    // instance, to every service (`$SRV.PING`), by its service name, by its instance id.
+    let ping = request(&client, "$SRV.PING.crpf-t5".into(), Vec::new()).await;
+    assert_eq!(ping["metadata"]["filter"], "t5", "{ping}");
+    let id = ping["id"].as_str().unwrap();
+    let info = request(&client, format!("$SRV.INFO.crpf-t5.{id}"), Vec::new()).await;
+    assert_eq!(info["type"], "io.nats.micro.v1.info_response", "{info}");
+    assert_eq!(info["endpoints"][0]["subject"], "crpf.t5.api.add", "{info}");
+    let stats = request(&client, format!("$SRV.STATS.crpf-t5.{id}"), Vec::new()).await;
+    assert_eq!(stats["id"], id, "{stats}");
+    let inbox = client.new_inbox();
+    let mut answers = client.subscribe(inbox.clone()).await.unwrap();
+    client
+        .publish_with_reply("$SRV.PING", inbox, Bytes::new())
+        .await
+        .unwrap();
+    let mut filters = std::collections::HashSet::new();
+    while filters.len() < FILTERS {
+        let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(10), answers.next()).await
+        else {
+            break;
+        };
+        let v: Value = serde_json::from_slice(&m.payload).unwrap();
+        filters.insert(v["metadata"]["filter"].as_str().unwrap().to_string());
+    }
+    assert_eq!(filters.len(), FILTERS, "answers to $SRV.PING");
+    // A dropped filter's instance no longer answers.
+    let dropped = request(
+        &client,
+        "crpf.$catalog.drop".into(),
+        serde_json::to_vec(&json!({"name": "t5"})).unwrap(),
+    )
+    .await;
+    assert_eq!(dropped["dropped"], true, "{dropped}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::time::timeout(
+        Duration::from_millis(500),
+        client.request("$SRV.PING.crpf-t5", Bytes::new()),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok())
+    {
+        assert!(Instant::now() < deadline, "t5 still answers $SRV.PING");
+    }
+
     // Per node, not per filter: its connections (this test's client is the third) and its
-    // JetStream consumers (the catalog watcher).
+    // JetStream consumers (the catalog watcher). And the service protocol's three
+    // subscriptions are the node's, not each filter's: 5 per filter (replication, the
+    // request API and its per-replica subjects), where there were 8.
+    let (_, varz) = http_get(&format!("127.0.0.1:{monitor}"), "/varz").unwrap();
+    let varz: Value = serde_json::from_str(&varz).unwrap();
+    let subscriptions = varz["subscriptions"].as_u64().unwrap();
+    eprintln!("subscriptions: {subscriptions}");
+    assert!(
+        subscriptions < 6 * FILTERS as u64,
+        "{subscriptions} subscriptions for {FILTERS} filters"
+    );
     let (_, connz) = http_get(&format!("127.0.0.1:{monitor}"), "/connz").unwrap();
     let connz: Value = serde_json::from_str(&connz).unwrap();
     let account = async_nats::jetstream::new(client.clone())

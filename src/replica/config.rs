@@ -188,6 +188,10 @@ pub struct ReplicaConfig {
     /// its peers reach it by replication.
     #[serde(skip)]
     pub new_incarnation: bool,
+    /// The node answers the NATS service protocol (`$SRV`) for this replica, on subscriptions
+    /// it shares among its catalog filters: the replica makes none of its own.
+    #[serde(skip)]
+    pub service_by_node: bool,
 }
 
 mod d {
@@ -311,6 +315,7 @@ impl ReplicaConfig {
             generation: 0,
             aggregate_metrics: false,
             new_incarnation: false,
+            service_by_node: false,
         }
     }
 

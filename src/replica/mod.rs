@@ -498,6 +498,11 @@ impl ReplicaHandle {
         self.shared.kind
     }
 
+    /// Its instance of the NATS service API, once it serves its API (it is ready).
+    pub(crate) fn service(&self) -> Option<Arc<service::ApiService>> {
+        self.shared.api.get().map(|reads| reads.service.clone())
+    }
+
     /// The replica's uuid and id.
     pub fn identity(&self) -> Identity {
         self.shared.identity

@@ -49,8 +49,11 @@ pub const STATS_RESPONSE: &str = "io.nats.micro.v1.stats_response";
 /// The service name of the replicas of `filter`: `crpf-<filter>` (filter names are subject
 /// tokens, which are valid service names).
 pub fn service_name(filter: &str) -> String {
-    format!("crpf-{filter}")
+    format!("{SERVICE_NAME_PREFIX}{filter}")
 }
+
+/// What [`service_name`] puts before the filter's name.
+pub const SERVICE_NAME_PREFIX: &str = "crpf-";
 
 /// The answer to `$SRV.PING` (`io.nats.micro.v1.ping_response`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -228,7 +228,10 @@ impl Replica {
         });
         // Started once: the cell is empty.
         let _ = self.shared.api.set(reads.clone());
-        let service_subjects = service.subscriptions();
+        let service_subjects = match self.cfg.service_by_node {
+            true => Vec::new(),
+            false => service.subscriptions().to_vec(),
+        };
         let transport = self.transport.clone();
         let subscribing = async move {
             let mut api = Vec::with_capacity(subscriptions.len());
