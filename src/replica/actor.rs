@@ -1041,13 +1041,13 @@ impl StreamHandler<Inbound> for Replica {
             .inbound_bytes
             .fetch_sub(item.size(), Ordering::AcqRel);
         match item {
-            Inbound::Replication(env, len) => self.on_replication(env, len, ctx),
+            Inbound::Replication(env, len) => self.on_replication(*env, len, ctx),
             Inbound::Api(msg) => {
                 let reply = msg.reply.clone().map(request::ReplyTo::Subject);
-                self.on_api(msg, reply, ctx)
+                self.on_api(*msg, reply, ctx)
             }
             Inbound::InProcess(msg, tx) => {
-                self.on_api(msg, Some(request::ReplyTo::InProcess(tx)), ctx)
+                self.on_api(*msg, Some(request::ReplyTo::InProcess(tx)), ctx)
             }
             Inbound::Commit => {
                 self.shared.commit_requested.store(false, Ordering::Release);

@@ -18,14 +18,16 @@ use crate::replica::metrics::{Channel, Direction, channel_label};
 use crate::transport::{LogLimiter, Message, MessageStream, Subjects, Transport, TransportEvent};
 use crate::wire::{Envelope, WireCodec, WireError};
 
-/// What reaches the actor from its subscriptions and the transport.
+/// What reaches the actor from its subscriptions and the transport. Messages are boxed: the
+/// buffer's channel allocates a block of 32 items at once for every replica, 4.6 KB with them
+/// inline (a node of 100,000 filters holds 100,000 such buffers, nearly all idle).
 pub(crate) enum Inbound {
     /// A valid replication message from a peer, and the length of its frame.
-    Replication(Envelope, usize),
+    Replication(Box<Envelope>, usize),
     /// A request of the API, from NATS.
-    Api(Message),
+    Api(Box<Message>),
     /// A request of the API made in this process, and where its reply goes.
-    InProcess(Message, oneshot::Sender<super::request::ApiResponse>),
+    InProcess(Box<Message>, oneshot::Sender<super::request::ApiResponse>),
     /// A connection event.
     Event(TransportEvent),
     /// The pending delta, filled by updates applied in the subscription tasks, is full:
@@ -244,7 +246,7 @@ pub(super) fn replication_router(
                 reject(&shared, &limiter, &e);
                 Route::Drop
             }
-            Ok(env) => Route::Actor(Inbound::Replication(env, msg.payload.len())),
+            Ok(env) => Route::Actor(Inbound::Replication(Box::new(env), msg.payload.len())),
             Err(e) => {
                 reject(&shared, &limiter, &e);
                 Route::Drop

@@ -111,7 +111,7 @@ impl Reads {
                     _ => Route::Drop,
                 }
             }
-            Answer::Actor => Route::Actor(super::Inbound::Api(msg)),
+            Answer::Actor => Route::Actor(super::Inbound::Api(Box::new(msg))),
         }
     }
 
@@ -148,7 +148,7 @@ impl Reads {
                 match offer(
                     &self.shared,
                     &self.updates.to_actor,
-                    super::Inbound::InProcess(msg, tx),
+                    super::Inbound::InProcess(Box::new(msg), tx),
                 ) {
                     Ok(()) => PendingResponse::Actor(rx),
                     Err(Refused::Full) => PendingResponse::Failed(ReplicaError::Busy),
