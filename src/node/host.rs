@@ -629,22 +629,27 @@ impl Inner {
     /// `subject` (`$SRV.<verb>`, `$SRV.<verb>.<service>`, `$SRV.<verb>.<service>.<id>`).
     fn service_answers(&self, subject: &str) -> Vec<Bytes> {
         let service = subject.split('.').nth(2);
-        let hosted = self.hosted.read().expect("hosted lock");
-        let answer = |(name, h): (&String, &Hosted)| {
-            if self.configured.contains(name) {
-                return None;
+        // The instances first, the answers (JSON of each) outside the lock: a `$SRV.PING` to
+        // 100,000 filters must not hold up the creates and drops meanwhile.
+        let instances: Vec<_> = {
+            let hosted = self.hosted.read().expect("hosted lock");
+            let instance = |(name, h): (&String, &Hosted)| {
+                if self.configured.contains(name) {
+                    return None;
+                }
+                h.handle.service()
+            };
+            match service {
+                None => hosted.iter().filter_map(instance).collect(),
+                Some(service) => service
+                    .strip_prefix(crate::replica::service::SERVICE_NAME_PREFIX)
+                    .and_then(|name| hosted.get_key_value(name))
+                    .and_then(instance)
+                    .into_iter()
+                    .collect(),
             }
-            h.handle.service()?.answer(subject)
         };
-        match service {
-            None => hosted.iter().filter_map(answer).collect(),
-            Some(service) => service
-                .strip_prefix(crate::replica::service::SERVICE_NAME_PREFIX)
-                .and_then(|name| hosted.get_key_value(name))
-                .and_then(answer)
-                .into_iter()
-                .collect(),
-        }
+        instances.iter().filter_map(|s| s.answer(subject)).collect()
     }
 
     /// The replica configuration of a catalog filter's incarnation.
