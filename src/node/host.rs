@@ -31,7 +31,8 @@ use super::config::{CatalogSection, NodeConfig};
 use crate::FilterSpec;
 use crate::replica::{Identity, Replica, ReplicaConfig, ReplicaHandle, SharedId};
 use crate::transport::{
-    Catalog, CatalogChange, CatalogEntry, CatalogError, Created, Transport, is_token,
+    Catalog, CatalogChange, CatalogEntry, CatalogError, Created, MessageStream, Transport,
+    TransportError, is_token,
 };
 use crate::wire::AuthKeys;
 
@@ -232,13 +233,32 @@ impl Node {
             services: Default::default(),
         });
         if inner.catalog.is_some() {
-            let tasks = SERVICE_SUBJECTS
-                .iter()
-                .map(|subject| {
+            // Subscribed, and confirmed by the server, before any catalog filter is ready: a
+            // ready filter's instance answers `$SRV` (README, "ready").
+            let mut streams = Vec::with_capacity(SERVICE_SUBJECTS.len());
+            for subject in SERVICE_SUBJECTS {
+                let stream = inner.transport.subscribe(subject.to_string(), None).await;
+                if let Err(e) = &stream {
+                    tracing::warn!(%subject, error = %e, "cannot subscribe to the service protocol yet; retrying");
+                }
+                streams.push((subject.to_string(), stream.ok()));
+            }
+            if inner.transport.is_connected()
+                && let Err(e) =
+                    tokio::time::timeout(SUBSCRIBED_TIMEOUT, inner.transport.round_trip())
+                        .await
+                        .unwrap_or_else(|_| Err(TransportError::request("timed out")))
+            {
+                tracing::warn!(error = %e, "the service protocol's subscriptions were not confirmed");
+            }
+            let tasks = streams
+                .into_iter()
+                .map(|(subject, stream)| {
                     tokio::spawn(serve_services(
                         Arc::downgrade(&inner),
                         inner.transport.clone(),
-                        subject.to_string(),
+                        subject,
+                        stream,
                     ))
                 })
                 .collect();
@@ -760,14 +780,26 @@ impl Inner {
 /// instance), each one subscription of the node for all its catalog filters.
 const SERVICE_SUBJECTS: [&str; 3] = ["$SRV.*", "$SRV.*.*", "$SRV.*.*.*"];
 
+/// How long a node's start waits for the server to confirm its `$SRV` subscriptions.
+const SUBSCRIBED_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Answers the NATS service protocol on `subject` for every catalog filter the node hosts
 /// (those that serve their API), until the node stops. Three subscriptions per replica were
 /// 3 of its 8, with a channel buffer of ~6 KB each, and 300,000 subscriptions in nats-server
 /// for 100,000 filters.
-async fn serve_services(inner: Weak<Inner>, transport: Arc<dyn Transport>, subject: String) {
+async fn serve_services(
+    inner: Weak<Inner>,
+    transport: Arc<dyn Transport>,
+    subject: String,
+    mut initial: Option<MessageStream>,
+) {
     let mut backoff = Duration::from_millis(50);
     loop {
-        let mut stream = match transport.subscribe(subject.clone(), None).await {
+        let subscribed = match initial.take() {
+            Some(stream) => Ok(stream),
+            None => transport.subscribe(subject.clone(), None).await,
+        };
+        let mut stream = match subscribed {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(%subject, error = %e, "cannot subscribe to the service protocol; retrying");
@@ -795,6 +827,8 @@ async fn serve_services(inner: Weak<Inner>, transport: Arc<dyn Transport>, subje
         {
             return;
         }
+        tracing::warn!(%subject, "service protocol subscription ended, resubscribing");
+        tokio::time::sleep(backoff).await;
     }
 }
 

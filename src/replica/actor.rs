@@ -795,20 +795,24 @@ impl Replica {
 
     /// The replica's one periodic timer: [`Replica::housekeeping`] every
     /// [`Replica::housekeeping_delay`] and the digest every anti-entropy interval (jittered).
-    /// A quiet replica does both in one wake-up, at its digest's time; every deadline is on
-    /// the process's grid ([`crate::replica::ticks`]), so that the timers of many replicas
-    /// fire together.
+    /// A quiet replica whose housekeeping is due every anti-entropy interval does both in one
+    /// wake-up, at its digest's time. Every deadline is on the process's grid
+    /// ([`crate::replica::ticks`]) for the shorter of the two periods, so that the timers of
+    /// many replicas fire together.
     fn schedule_periodic(&mut self, ctx: &mut Context<Self>) {
         let housekeeping = self.housekeeping_delay();
-        let quiet = housekeeping >= ReplicaConfig::ms(self.cfg.anti_entropy_interval_ms);
-        let housekeeping_due = if quiet {
+        let anti_entropy = ReplicaConfig::ms(self.cfg.anti_entropy_interval_ms);
+        // Folded into the digest only where its period is the digest's: with a longer
+        // `metrics_interval_ms` a quiet replica looks after itself that much less often.
+        let housekeeping_due = if housekeeping == anti_entropy {
             self.next_digest
         } else {
             self.last_housekeeping + housekeeping
         };
         let due = housekeeping_due.min(self.next_digest);
         let delay = due.saturating_duration_since(Instant::now());
-        ctx.run_later(ticks::on_grid(delay, housekeeping), move |act, ctx| {
+        let grid_period = housekeeping.min(anti_entropy);
+        ctx.run_later(ticks::on_grid(delay, grid_period), move |act, ctx| {
             let now = Instant::now();
             if now >= act.next_digest {
                 act.send_digest();
@@ -830,8 +834,9 @@ impl Replica {
 
     /// Every `metrics_interval_ms` while the replica has something to watch; a quiet one
     /// (its figures go to the node-wide series only, nothing in flight or to snapshot, caught
-    /// up, no window moving) every `anti_entropy_interval_ms`: of 100,000 filters most are quiet, and a
-    /// wake-up each second for each cost a node more than its requests.
+    /// up, no window moving) every `anti_entropy_interval_ms` (or `metrics_interval_ms` if
+    /// longer), with its digest ([`Replica::schedule_periodic`]): of 100,000 filters most are
+    /// quiet, and a wake-up each second for each cost a node more than its requests.
     fn housekeeping_delay(&self) -> Duration {
         let busy = !self.cfg.aggregate_metrics
             || self.expect.kind == FilterKind::ExpiringBloom

@@ -498,8 +498,12 @@ impl ReplicaHandle {
         self.shared.kind
     }
 
-    /// Its instance of the NATS service API, once it serves its API (it is ready).
+    /// Its instance of the NATS service API, once it serves its API: ready, its API's
+    /// subscriptions confirmed by the server (the endpoints the instance announces answer).
     pub(crate) fn service(&self) -> Option<Arc<service::ApiService>> {
+        if !*self.shared.ready.borrow() {
+            return None;
+        }
         self.shared.api.get().map(|reads| reads.service.clone())
     }
 

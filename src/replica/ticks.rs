@@ -5,9 +5,9 @@
 //! to the wake-ups and the one small socket write each: the thread parked and woke for every
 //! timer, and the NATS connection wrote every digest on its own (`perf` of the idle node: 38%
 //! in context switches, 20% in `writev`, 21% in `epoll_wait`). Rounding each deadline up to a
-//! grid of a twentieth of its period keeps the jitter between replicas (twenty slots per
-//! period) but fires the timers of one slot in one wake-up, and their messages leave in one
-//! write.
+//! grid of a twentieth of its period keeps the jitter between replicas (a digest's, a quarter
+//! of the period either way, spans ten slots) but fires the timers of one slot in one
+//! wake-up, and their messages leave in one write.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -80,7 +80,7 @@ mod tests {
             let period = 5000 * MS;
             let got = on_grid(delay, period);
             assert!(got >= delay, "{got:?} < {delay:?}");
-            // The epoch's clock moves between the two reads inside `on_grid`; a grid covers it.
+            // The clock moves between this test's call and the read inside `on_grid`.
             assert!(got < delay + grid(period) + MS, "{got:?} for {delay:?}");
         }
     }
