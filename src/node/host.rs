@@ -32,7 +32,7 @@ use crate::FilterSpec;
 use crate::replica::{Identity, Replica, ReplicaConfig, ReplicaHandle, SharedId};
 use crate::transport::{
     Catalog, CatalogChange, CatalogEntry, CatalogError, Created, MessageStream, Transport,
-    TransportError, is_token,
+    confirm_subscriptions, is_token, subscribe_now,
 };
 use crate::wire::AuthKeys;
 
@@ -237,18 +237,10 @@ impl Node {
             // ready filter's instance answers `$SRV` (README, "ready").
             let mut streams = Vec::with_capacity(SERVICE_SUBJECTS.len());
             for subject in SERVICE_SUBJECTS {
-                let stream = inner.transport.subscribe(subject.to_string(), None).await;
-                if let Err(e) = &stream {
-                    tracing::warn!(%subject, error = %e, "cannot subscribe to the service protocol yet; retrying");
-                }
-                streams.push((subject.to_string(), stream.ok()));
+                let stream = subscribe_now(&inner.transport, subject, None).await;
+                streams.push((subject.to_string(), stream));
             }
-            if inner.transport.is_connected()
-                && let Err(e) =
-                    tokio::time::timeout(SUBSCRIBED_TIMEOUT, inner.transport.round_trip())
-                        .await
-                        .unwrap_or_else(|_| Err(TransportError::request("timed out")))
-            {
+            if let Err(e) = confirm_subscriptions(&inner.transport).await {
                 tracing::warn!(error = %e, "the service protocol's subscriptions were not confirmed");
             }
             let tasks = streams
@@ -779,9 +771,6 @@ impl Inner {
 /// The NATS service protocol's subjects (a verb to every service, to one service, to one
 /// instance), each one subscription of the node for all its catalog filters.
 const SERVICE_SUBJECTS: [&str; 3] = ["$SRV.*", "$SRV.*.*", "$SRV.*.*.*"];
-
-/// How long a node's start waits for the server to confirm its `$SRV` subscriptions.
-const SUBSCRIBED_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Answers the NATS service protocol on `subject` for every catalog filter the node hosts
 /// (those that serve their API), until the node stops. Three subscriptions per replica were

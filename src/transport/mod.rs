@@ -515,6 +515,41 @@ impl LogLimiter {
     }
 }
 
+/// How long a subscriber waits for each subscription, and then for the server to confirm
+/// them ([`subscribe_now`], [`confirm_subscriptions`]).
+pub(crate) const SUBSCRIBED_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A subscription made now, or `None` if the transport is disconnected, refuses it or takes
+/// longer than [`SUBSCRIBED_TIMEOUT`]: its task then subscribes again (and logs why). Giving
+/// up on a subscribe is safe, since async-nats sends a subscription whole or not at all.
+pub(crate) async fn subscribe_now(
+    transport: &Arc<dyn Transport>,
+    subject: &str,
+    queue: Option<String>,
+) -> Option<MessageStream> {
+    if !transport.is_connected() {
+        return None;
+    }
+    let subscribing = transport.subscribe(subject.to_string(), queue);
+    match tokio::time::timeout(SUBSCRIBED_TIMEOUT, subscribing).await {
+        Ok(Ok(stream)) => Some(stream),
+        _ => None,
+    }
+}
+
+/// Waits until the server has processed the subscriptions made before: it answers a request
+/// sent after them. Disconnected, nobody could reach them anyway: `Ok` at once.
+pub(crate) async fn confirm_subscriptions(
+    transport: &Arc<dyn Transport>,
+) -> Result<(), TransportError> {
+    if !transport.is_connected() {
+        return Ok(());
+    }
+    tokio::time::timeout(SUBSCRIBED_TIMEOUT, transport.round_trip())
+        .await
+        .unwrap_or_else(|_| Err(TransportError::request("timed out")))
+}
+
 /// Whether a NATS subject with wildcards matches a concrete subject.
 pub(crate) fn subject_matches(pattern: &str, subject: &str) -> bool {
     let mut p = pattern.split('.');

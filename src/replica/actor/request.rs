@@ -8,7 +8,6 @@
 //! [`Replica::on_api`] answers.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix::prelude::*;
 use bytes::Bytes;
@@ -29,11 +28,7 @@ use crate::replica::metrics::{Channel, Direction};
 use crate::replica::service::{
     ApiService, SERVICE_ERROR_CODE_HEADER, SERVICE_ERROR_HEADER, Served, ServiceError,
 };
-use crate::transport::{Message, MessageStream, Transport, TransportError};
-
-/// How long readiness waits for each of the API's subscriptions, and then for the server to
-/// confirm them.
-const SUBSCRIBED_TIMEOUT: Duration = Duration::from_secs(5);
+use crate::transport::{Message, MessageStream, confirm_subscriptions, subscribe_now};
 
 /// Longest error text carried in a reply header (the JSON body has no such bound).
 const MAX_ERROR_HEADER: usize = 256;
@@ -271,13 +266,7 @@ impl Replica {
             // them. Disconnected, nobody could reach the API anyway: ready is not held back.
             let transport = act.transport.clone();
             let confirming = async move {
-                if !transport.is_connected() {
-                    return;
-                }
-                let confirmed = tokio::time::timeout(SUBSCRIBED_TIMEOUT, transport.round_trip())
-                    .await
-                    .unwrap_or_else(|_| Err(TransportError::request("timed out")));
-                if let Err(e) = confirmed {
+                if let Err(e) = confirm_subscriptions(&transport).await {
                     tracing::warn!(error = %e, "the API's subscriptions were not confirmed");
                 }
             };
@@ -487,24 +476,6 @@ fn service_code(e: &ReplicaError) -> u16 {
         | ReplicaError::Durable(_)
         | ReplicaError::NotDurable(_)
         | ReplicaError::ImportStopped { .. } => 500,
-    }
-}
-
-/// A subscription made now, or `None` if the transport is disconnected, refuses it or takes
-/// longer than [`SUBSCRIBED_TIMEOUT`]: its task then subscribes again (and logs why). Giving
-/// up on a subscribe is safe, since async-nats sends a subscription whole or not at all.
-async fn subscribe_now(
-    transport: &Arc<dyn Transport>,
-    subject: &str,
-    queue: Option<String>,
-) -> Option<MessageStream> {
-    if !transport.is_connected() {
-        return None;
-    }
-    let subscribing = transport.subscribe(subject.to_string(), queue);
-    match tokio::time::timeout(SUBSCRIBED_TIMEOUT, subscribing).await {
-        Ok(Ok(stream)) => Some(stream),
-        _ => None,
     }
 }
 
