@@ -39,11 +39,13 @@ use crate::wire::{Body, Envelope, Expect, FilterKind, StateChunk, WireCodec, Wir
 
 mod commits;
 mod durability;
+mod items;
 mod lease;
 mod local;
 mod publish;
 mod pump;
 mod reads;
+mod reply;
 mod request;
 mod unreserved;
 mod updates;
@@ -55,8 +57,8 @@ pub use local::{
 };
 pub(crate) use pump::{Inbound, Route};
 pub use reads::PendingResponse;
-pub use request::ApiResponse;
-pub(crate) use request::error_of;
+pub use reply::ApiResponse;
+pub(crate) use reply::error_of;
 pub(crate) use updates::{AddOutcome, BatchAdd, InPlace};
 
 /// The header of an API request that asks for an acknowledgement level.
@@ -282,7 +284,7 @@ pub struct Replica {
     /// The NATS service API (ADR-32) of the request API, once it is served.
     service: Option<Arc<super::service::ApiService>>,
     /// Updates waiting for their acknowledgement level.
-    acks: AckTracker<publish::Responder>,
+    acks: AckTracker<reply::Responder>,
     /// Number of the next commit (a commit carries every local update since the last one).
     next_batch: u64,
     /// A commit is being written to the log; the next waits for it (group commit).
@@ -1048,11 +1050,11 @@ impl StreamHandler<Inbound> for Replica {
         match item {
             Inbound::Replication(env, len) => self.on_replication(*env, len, ctx),
             Inbound::Api(msg) => {
-                let reply = msg.reply.clone().map(request::ReplyTo::Subject);
+                let reply = msg.reply.clone().map(reply::ReplyTo::Subject);
                 self.on_api(*msg, reply, ctx)
             }
             Inbound::InProcess(msg, tx) => {
-                self.on_api(*msg, Some(request::ReplyTo::InProcess(tx)), ctx)
+                self.on_api(*msg, Some(reply::ReplyTo::InProcess(tx)), ctx)
             }
             Inbound::Commit => {
                 self.shared.commit_requested.store(false, Ordering::Release);

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use super::publish::Responder;
+use super::items::check_item;
+use super::reply::Responder;
 use super::{Replica, ReplicaError, Shared};
 use crate::replica::ReplicaHandle;
 use crate::replica::ack::AckLevel;
@@ -15,20 +16,6 @@ use crate::replica::filter::AnyFilter;
 use crate::replica::metrics::{MergeSource, OpKind};
 use crate::replica::{ReplicaStats, wall_clock_ms};
 use crate::{Dot, ImportRoom, Occurrence};
-
-/// An item of a single operation: not empty, at most `max_item_bytes`.
-pub(super) fn check_item(item: &[u8], max_item_bytes: usize) -> Result<(), ReplicaError> {
-    if item.is_empty() {
-        return Err(ReplicaError::InvalidItem("empty item".into()));
-    }
-    if item.len() > max_item_bytes {
-        return Err(ReplicaError::InvalidItem(format!(
-            "item of {} bytes exceeds max_item_bytes {max_item_bytes}",
-            item.len(),
-        )));
-    }
-    Ok(())
-}
 
 impl Replica {
     pub(super) fn check_item(&self, item: &[u8]) -> Result<(), ReplicaError> {

@@ -8,12 +8,11 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use super::pump::Outbound;
-use super::request::ApiReply;
+use super::reply::Responder;
 use super::{Replica, ReplicaError};
-use crate::Dot;
 use crate::replica::TakenDelta;
 use crate::replica::ack::{Resolved, peers_needed};
 use crate::replica::config::ReplicaConfig;
@@ -22,20 +21,6 @@ use crate::wire::{Body, Envelope, FilterKind, WireCodec, chunk_count, state_chun
 
 /// Room left in a frame for the envelope around a chunk.
 const ENVELOPE_OVERHEAD: usize = 1024;
-
-/// Who gets the answer of an update waiting for its acknowledgement level.
-pub(crate) enum Responder {
-    /// A request of the API: the reply subject and the reply of a success.
-    Api {
-        reply: Option<super::request::ReplyTo>,
-        body: ApiReply,
-    },
-    /// A [`crate::replica::ReplicaHandle`] call.
-    Handle {
-        tx: oneshot::Sender<Result<Option<Dot>, ReplicaError>>,
-        dot: Option<Dot>,
-    },
-}
 
 impl Replica {
     pub(super) fn envelope(&mut self, body: Body) -> Envelope {

@@ -27,7 +27,7 @@ pub(crate) enum Inbound {
     /// A request of the API, from NATS.
     Api(Box<Message>),
     /// A request of the API made in this process, and where its reply goes.
-    InProcess(Box<Message>, oneshot::Sender<super::request::ApiResponse>),
+    InProcess(Box<Message>, oneshot::Sender<super::reply::ApiResponse>),
     /// A connection event.
     Event(TransportEvent),
     /// The pending delta, filled by updates applied in the subscription tasks, is full:

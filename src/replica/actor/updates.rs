@@ -27,9 +27,8 @@ use std::sync::{Arc, RwLockWriteGuard, TryLockError};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::local::check_item;
-use super::reads::prefetch_items_ahead;
-use super::request::{ApiReply, api_reply_format};
+use super::items::{check_item, prefetch_items_ahead};
+use super::reply::{ApiReply, api_reply_format};
 use super::{Inbound, Shared};
 use crate::api::batch;
 use crate::api::{ACK_HEADER, ADD_MODE_HEADER, AddMode, Op, ReplyFormat};
@@ -604,7 +603,7 @@ mod tests {
 
     /// The reply of an applied update: its headers and body.
     fn reply_of(applied: Applied) -> (async_nats::HeaderMap, bytes::Bytes) {
-        let to = super::super::request::ReplyTo::InProcess(tokio::sync::oneshot::channel().0);
+        let to = super::super::reply::ReplyTo::InProcess(tokio::sync::oneshot::channel().0);
         let (_, headers, payload) = applied.body.finish(1, Some(to)).unwrap();
         (headers, payload)
     }
