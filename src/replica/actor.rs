@@ -23,7 +23,6 @@ use actix::prelude::*;
 use tokio::sync::{mpsc, watch};
 use uuid::Uuid;
 
-use super::ack::AckTracker;
 use super::anti_entropy::{Action, AntiEntropy, PeerTableFull, Timing};
 use super::config::ReplicaConfig;
 use super::durable::{DataDir, Identity};
@@ -36,12 +35,14 @@ use super::{ReplicaError, ReplicaStats, wall_clock_ms};
 use crate::ReplicaId;
 use crate::transport::{Channel, LogLimiter, MessageStream, Subjects, Transport, TransportEvent};
 use crate::wire::{Body, Envelope, Expect, FilterKind, StateChunk, WireCodec, WireError};
+use pipeline::CommitPipeline;
 
 mod commits;
 mod durability;
 mod items;
 mod lease;
 mod local;
+mod pipeline;
 mod publish;
 mod pump;
 mod reads;
@@ -121,10 +122,6 @@ pub(crate) struct Shared {
     pub api: std::sync::OnceLock<Arc<reads::Reads>>,
 }
 
-/// The number of a replica's first commit (its actor's `next_batch` at start, and
-/// [`Shared::open_batch`] until the first take).
-const FIRST_BATCH: u64 = 1;
-
 impl Shared {
     /// What a replica shares with its handles and tasks, before anything happened: no change,
     /// request or commit yet, not closed, the API not served.
@@ -150,7 +147,7 @@ impl Shared {
             direct_changes: Default::default(),
             commit_requested: Default::default(),
             flush_scheduled: Default::default(),
-            open_batch: AtomicU64::new(FIRST_BATCH),
+            open_batch: AtomicU64::new(pipeline::FIRST_BATCH),
             sync_through: Default::default(),
             commits: Default::default(),
             logged_commit_requested: Default::default(),
@@ -247,17 +244,10 @@ pub struct Replica {
     /// live peers announces.
     announced_digest: Option<u64>,
     last_push: Option<Instant>,
-    /// The replacement of a failed log writer, if one is under way.
-    wal_recovery: durability::WalRecovery,
-    /// The scheduled flush of the pending delta, if any: none while nothing changed.
-    flush_timer: Option<SpawnHandle>,
-    /// When the pending delta was last flushed.
-    last_flush: Option<Instant>,
     push_scheduled: bool,
     encoding: bool,
     changed_since_push: bool,
     data: Option<DataDir>,
-    wal: Option<WalWriter>,
     reserved: u64,
     dirty: bool,
     snapshotting: Arc<AtomicBool>,
@@ -283,16 +273,8 @@ pub struct Replica {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// The NATS service API (ADR-32) of the request API, once it is served.
     service: Option<Arc<super::service::ApiService>>,
-    /// Updates waiting for their acknowledgement level.
-    acks: AckTracker<reply::Responder>,
-    /// Number of the next commit (a commit carries every local update since the last one).
-    next_batch: u64,
-    /// A commit is being written to the log; the next waits for it (group commit).
-    committing: bool,
-    /// A commit was asked for while one was in flight.
-    commit_again: bool,
-    /// A commit is scheduled (replicated updates without a log are batched for a moment).
-    commit_scheduled: bool,
+    /// Commits, the write-ahead log and the updates waiting for their acknowledgement level.
+    pipeline: CommitPipeline<reply::Responder>,
     /// The id claim and the other ids of the filter.
     lease: lease::Lease,
     /// The other ids' reservations as last seen, and frames waiting for the next look.
@@ -356,14 +338,11 @@ impl Replica {
             digest: None,
             announced_digest: None,
             last_push: None,
-            flush_timer: None,
-            last_flush: None,
-            wal_recovery: Default::default(),
             push_scheduled: false,
             encoding: false,
             changed_since_push: false,
             data: s.data,
-            wal: s.wal,
+            pipeline: CommitPipeline::new(s.wal),
             reserved: s.reserved,
             lease: lease::Lease::new(s.lease_reserved, s.shared_id),
             registry_view: Default::default(),
@@ -384,11 +363,6 @@ impl Replica {
             replication: Some(s.replication),
             tasks: Vec::new(),
             service: None,
-            acks: AckTracker::default(),
-            next_batch: FIRST_BATCH,
-            committing: false,
-            commit_again: false,
-            commit_scheduled: false,
         }
     }
 
@@ -444,7 +418,7 @@ impl Replica {
             }
             Body::Ack { target, seq } => {
                 if target == self.uuid() {
-                    let r = self.acks.acked(env.sender, seq);
+                    let r = self.pipeline.acks.acked(env.sender, seq);
                     self.answer(r);
                 }
             }
@@ -768,7 +742,7 @@ impl Replica {
             peers: self.anti_entropy.live_peers(Instant::now()),
             pending_delta,
             digest: format!("{digest:016x}"),
-            awaiting_ack: self.acks.len(),
+            awaiting_ack: self.pipeline.acks.len(),
             converged_peers,
             live_ids: self.lease.id_counts().0,
             retired_ids: self.lease.id_counts().1,
@@ -844,9 +818,7 @@ impl Replica {
             || self.expect.kind == FilterKind::ExpiringBloom
             || !self.anti_entropy.is_ready()
             || self.transfers.in_progress() > 0
-            || self.acks.len() > 0
-            || self.wal_recovery.is_pending()
-            || self.flush_timer.is_some()
+            || self.pipeline.busy()
             || (self.data.is_some() && self.dirty)
             || self.shared.direct_changes.load(Ordering::Acquire)
             || self.read().pending_delta_len() > 0;
@@ -877,7 +849,7 @@ impl Replica {
             self.local_change();
         }
         // A flush whose request found the inbound buffer full.
-        if self.flush_timer.is_none()
+        if !self.pipeline.flush_timer_armed()
             && (self.read().pending_delta_len() > 0
                 || self.shared.direct_changes.load(Ordering::Acquire))
         {
@@ -907,8 +879,8 @@ impl Replica {
         } else {
             0.0
         });
-        if let Some(wal) = &self.wal {
-            let ok = !self.wal_recovery.is_pending();
+        if let Some(wal) = self.pipeline.wal() {
+            let ok = !self.pipeline.wal_failing();
             t.gauge(m::DURABLE_OK, &[]).set(if ok { 1.0 } else { 0.0 });
             let s = wal.stats();
             for (name, v) in [

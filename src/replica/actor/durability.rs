@@ -83,9 +83,7 @@ impl Replica {
             );
         }
         self.shared.wal_failed.store(true, Ordering::Release);
-        if !self.wal_recovery.pending {
-            self.wal_recovery.pending = true;
-            let delay = self.wal_recovery.delay;
+        if let Some(delay) = self.pipeline.wal_failed() {
             ctx.run_later(delay, |act, ctx| act.recover_wal(ctx));
         }
     }
@@ -96,8 +94,7 @@ impl Replica {
     /// to 5 s).
     fn recover_wal(&mut self, ctx: &mut Context<Self>) {
         let retry = |act: &mut Self, ctx: &mut Context<Self>| {
-            act.wal_recovery.delay = (act.wal_recovery.delay * 2).min(WalRecovery::MAX_DELAY);
-            let delay = act.wal_recovery.delay;
+            let delay = act.pipeline.retry_delay();
             ctx.run_later(delay, |act, ctx| act.recover_wal(ctx));
         };
         if self.snapshotting.load(Ordering::Acquire) {
@@ -106,21 +103,16 @@ impl Replica {
         if self.snapshot_now().is_err() {
             return retry(self, ctx);
         }
-        let reopened = self.wal.as_ref().map(|w| w.reopen());
-        match reopened {
-            Some(Ok(writer)) => {
-                // The failed writer, dropped here, is forgotten by its pool thread.
-                self.wal = Some(writer);
-                self.wal_recovery = WalRecovery::default();
+        match self.pipeline.reopen() {
+            Ok(()) => {
                 self.shared.wal_failed.store(false, Ordering::Release);
                 self.telemetry.gauge(m::DURABLE_OK, &[]).set(1.0);
                 tracing::info!(filter = %self.cfg.name, "write-ahead log recovered: durable updates are taken again");
             }
-            Some(Err(e)) => {
+            Err(e) => {
                 tracing::warn!(filter = %self.cfg.name, error = %e, "write-ahead log: cannot start a new writer yet");
                 retry(self, ctx)
             }
-            None => self.wal_recovery = WalRecovery::default(),
         }
     }
 
@@ -129,7 +121,7 @@ impl Replica {
     /// one it returns (see [`crate::replica::wal`]).
     fn snapshot_source(&mut self) -> SnapshotJob {
         self.snapshot_generation += 1;
-        let wal_covered = self.wal.as_mut().map(|w| w.rotate());
+        let wal_covered = self.pipeline.rotate();
         SnapshotJob {
             filter: self.read().clone(),
             identity: self.shared.identity,
@@ -208,7 +200,7 @@ impl Replica {
             .increment(1);
         match r {
             Ok(covered) => {
-                if let (Some(wal), Some(k)) = (&self.wal, covered) {
+                if let (Some(wal), Some(k)) = (self.pipeline.wal(), covered) {
                     let done = wal.remove_through(k);
                     actix::spawn(async move {
                         if let Err(e) = done.await {
@@ -291,32 +283,5 @@ impl Handler<SnapshotSaved> for Replica {
     type Result = ();
     fn handle(&mut self, msg: SnapshotSaved, _: &mut Context<Self>) {
         let _ = self.snapshot_saved_now(msg.0);
-    }
-}
-
-/// The replacement of a failed log writer ([`Replica::recover_wal`]).
-pub(super) struct WalRecovery {
-    /// A recovery is scheduled.
-    pending: bool,
-    /// The delay before the next attempt.
-    delay: std::time::Duration,
-}
-
-impl WalRecovery {
-    /// Whether the log failed and is not yet replaced.
-    pub(super) fn is_pending(&self) -> bool {
-        self.pending
-    }
-
-    const FIRST_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
-    const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(5);
-}
-
-impl Default for WalRecovery {
-    fn default() -> Self {
-        WalRecovery {
-            pending: false,
-            delay: Self::FIRST_DELAY,
-        }
     }
 }

@@ -106,7 +106,8 @@ impl Replica {
         } else if level.answered_at_apply() || !changed {
             self.respond(responder, Ok(()));
         } else {
-            self.acks.wait(level, self.next_batch, responder);
+            let batch = self.pipeline.next_batch();
+            self.pipeline.acks.wait(level, batch, responder);
             self.schedule_commit(ctx);
         }
         // Only now, with the update waiting on the next commit: committing before would put
@@ -281,7 +282,7 @@ impl Handler<ReserveTags> for Replica {
 impl Handler<Import> for Replica {
     type Result = ResponseFuture<Result<u64, ReplicaError>>;
     fn handle(&mut self, msg: Import, ctx: &mut Context<Self>) -> Self::Result {
-        let level = msg.ack.unwrap_or(if self.wal.is_some() {
+        let level = msg.ack.unwrap_or(if self.pipeline.wal().is_some() {
             AckLevel::Durable
         } else {
             AckLevel::Local
@@ -370,9 +371,9 @@ impl Handler<Shutdown> for Replica {
             };
         // The final snapshot holds every update: durable ones are answered, the others
         // (waiting for peers, or with no snapshot written) fail as stopped.
-        let durable = (saved.is_ok() && self.data.is_some()).then_some(self.next_batch);
+        let durable = (saved.is_ok() && self.data.is_some()).then_some(self.pipeline.next_batch());
         self.shared.commits.stopped(durable);
-        let r = self.acks.stop(durable);
+        let r = self.pipeline.acks.stop(durable);
         self.answer(r);
         let (done, flushed) = oneshot::channel();
         self.enqueue(super::pump::Outbound::Flush(done));

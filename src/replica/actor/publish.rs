@@ -62,37 +62,32 @@ impl Replica {
     /// it will be (updates that come faster share deltas, so that the envelope's bytes and a
     /// message through nats-server are paid once per interval, not per update).
     pub(super) fn schedule_flush(&mut self, ctx: &mut Context<Self>) {
-        if self.flush_timer.is_some() {
+        if self.pipeline.flush_timer_armed() {
             return;
         }
         let interval = ReplicaConfig::ms(self.cfg.delta_interval_ms);
-        let delay = self.last_flush.map_or(Duration::ZERO, |t| {
-            (t + interval).saturating_duration_since(Instant::now())
-        });
+        let delay = self.pipeline.flush_delay(Instant::now(), interval);
         if delay.is_zero() {
             // In this turn: a timer, even of zero, waits for the runtime's next millisecond.
             self.shared.flush_scheduled.store(false, Ordering::Release);
             return self.flush_delta(ctx);
         }
-        self.flush_timer = Some(ctx.run_later(delay, |act, ctx| {
-            act.flush_timer = None;
+        self.pipeline.arm_flush_timer();
+        ctx.run_later(delay, |act, ctx| {
+            act.pipeline.flush_timer_fired();
             act.shared.flush_scheduled.store(false, Ordering::Release);
             act.flush_delta(ctx);
-        }));
+        });
     }
 
     /// Commits the local updates since the last commit: appends their delta to the log (with
     /// a data directory) and publishes it once durable, answering the updates that waited for
     /// it. One commit at a time: updates arriving meanwhile go into the next (group commit).
     pub(super) fn flush_delta(&mut self, ctx: &mut Context<Self>) {
-        self.last_flush = Some(Instant::now());
         self.absorb_direct_changes();
-        if self.committing {
-            self.commit_again = true;
+        let Some(batch) = self.pipeline.begin(Instant::now()) else {
             return;
-        }
-        let batch = self.next_batch;
-        self.next_batch += 1;
+        };
         // Taken under the lock, encoded after it is released. Under the lock too, the next
         // commit's number moves on: an update applied outside the actor before this take is
         // in this commit, one applied after it in the next.
@@ -113,18 +108,9 @@ impl Replica {
             // already as durable and published as it gets.
             return self.committed_without_delta(batch);
         };
-        match &self.wal {
-            Some(wal) => {
-                self.committing = true;
-                // Only updates that wait for the disk make the commit wait for an fsync; the
-                // others (`logged`, `local`) are synced by the log's periodic sync.
-                let sync = self.acks.wants_sync(batch)
-                    || self.shared.sync_through.load(Ordering::Acquire) >= batch;
-                let done = if sync {
-                    wal.append(delta.clone())
-                } else {
-                    wal.append_logged(delta.clone())
-                };
+        let sync_through = self.shared.sync_through.load(Ordering::Acquire);
+        match self.pipeline.append(batch, &delta, sync_through) {
+            Some(done) => {
                 let addr = ctx.address();
                 actix::spawn(async move {
                     let result = done.await.map_err(|e| e.to_string());
@@ -143,13 +129,13 @@ impl Replica {
     /// waiting for it.
     fn committed_without_delta(&mut self, batch: u64) {
         self.shared.commits.done(batch, None);
-        let r = self.acks.committed(batch, None, 0, Instant::now());
+        let r = self.pipeline.acks.committed(batch, None, 0, Instant::now());
         self.answer(r);
     }
 
     /// Publishes the delta of commit `batch` (durable by now, if there is a log).
     fn publish_delta(&mut self, batch: u64, delta: Vec<u8>, ctx: &mut Context<Self>) {
-        let confirm = self.acks.wants_confirmation(batch);
+        let confirm = self.pipeline.acks.wants_confirmation(batch);
         let body = if confirm {
             Body::ConfirmedDelta(delta)
         } else {
@@ -175,12 +161,13 @@ impl Replica {
         let live = self.anti_entropy.live_peers(Instant::now());
         let needed = peers_needed(self.cfg.replicated_peers, live);
         let r = self
+            .pipeline
             .acks
             .committed(batch, Some(seq), needed, Instant::now() + timeout);
         self.answer(r);
         if confirm {
             ctx.run_later(timeout, |act, _| {
-                let r = act.acks.expire(Instant::now());
+                let r = act.pipeline.acks.expire(Instant::now());
                 act.answer(r);
             });
         }
@@ -188,18 +175,18 @@ impl Replica {
 
     /// A commit's log append finished.
     fn committed(&mut self, c: Committed, ctx: &mut Context<Self>) {
-        self.committing = false;
+        let again = self.pipeline.written();
         self.shared
             .commits
             .done(c.batch, c.result.as_ref().err().map(String::as_str));
         if let Err(e) = &c.result {
-            let r = self.acks.commit_failed(c.batch, e);
+            let r = self.pipeline.acks.commit_failed(c.batch, e);
             self.answer(r);
             self.wal_failed(e, ctx);
         }
         // Published either way: the updates are applied, and peers may as well have them.
         self.publish_delta(c.batch, c.delta, ctx);
-        if std::mem::take(&mut self.commit_again) || self.acks.wants_commit(self.next_batch) {
+        if again {
             self.flush_delta(ctx);
         }
     }
@@ -207,10 +194,9 @@ impl Replica {
     /// A commit within a millisecond for `logged` updates: they do not wait for it, and
     /// those that arrive meanwhile share its write and its delta.
     pub(super) fn schedule_logged_commit(&mut self, ctx: &mut Context<Self>) {
-        if !self.commit_scheduled {
-            self.commit_scheduled = true;
+        if self.pipeline.arm_commit_timer() {
             ctx.run_later(Duration::from_millis(1), |act, ctx| {
-                act.commit_scheduled = false;
+                act.pipeline.commit_timer_fired();
                 act.flush_delta(ctx);
             });
         }
@@ -218,15 +204,14 @@ impl Replica {
 
     /// Makes sure a commit comes soon for updates that wait for one.
     pub(super) fn schedule_commit(&mut self, ctx: &mut Context<Self>) {
-        if self.wal.is_some() {
+        if self.pipeline.wal().is_some() {
             // The log's own pace batches: commit now, or right after the one in flight.
             return self.flush_delta(ctx);
         }
-        if !self.commit_scheduled {
-            // No log to pace commits: gather what arrives within a millisecond.
-            self.commit_scheduled = true;
+        // No log to pace commits: gather what arrives within a millisecond.
+        if self.pipeline.arm_commit_timer() {
             ctx.run_later(Duration::from_millis(1), |act, ctx| {
-                act.commit_scheduled = false;
+                act.pipeline.commit_timer_fired();
                 act.flush_delta(ctx);
             });
         }

@@ -1,0 +1,330 @@
+//! The commit pipeline's state: local updates are gathered into commits (one delta each),
+//! appended to the write-ahead log one commit at a time (group commit: what arrives while one
+//! is written goes into the next), published, and the updates that waited for a level are
+//! answered ([`AckTracker`]). The actor carries out what it decides (timers, the append's
+//! completion, publishing); every decision is here, without the actor, and unit-tested.
+
+use std::time::{Duration, Instant};
+
+use crate::replica::ack::AckTracker;
+use crate::replica::durable::DurableError;
+use crate::replica::wal::{Pending, SegmentId, WalWriter};
+
+/// The number of a replica's first commit (the pipeline's next at start, and
+/// [`super::Shared::open_batch`] until the first take).
+pub(super) const FIRST_BATCH: u64 = 1;
+
+/// Commits, the log they are written to, and the updates waiting for them (answered through
+/// `R`).
+pub(crate) struct CommitPipeline<R> {
+    /// The write-ahead log, with a data directory.
+    wal: Option<WalWriter>,
+    /// The replacement of a failed log writer.
+    recovery: WalRecovery,
+    /// Updates waiting for their acknowledgement level.
+    pub(super) acks: AckTracker<R>,
+    /// Number of the next commit (a commit carries every local update since the last one).
+    next_batch: u64,
+    /// A commit is being written to the log; the next waits for it.
+    committing: bool,
+    /// A commit was asked for while one was in flight.
+    again: bool,
+    /// A commit timer is armed (updates without a log, or `logged` ones, are gathered for
+    /// a moment).
+    commit_timer: bool,
+    /// A timer for the flush of the pending delta is armed: none while nothing changed.
+    flush_timer: bool,
+    /// When the pending delta was last flushed.
+    last_flush: Option<Instant>,
+}
+
+impl<R> CommitPipeline<R> {
+    /// A pipeline before its first commit, writing to `wal` if there is one.
+    pub(super) fn new(wal: Option<WalWriter>) -> Self {
+        CommitPipeline {
+            wal,
+            recovery: WalRecovery::default(),
+            acks: AckTracker::default(),
+            next_batch: FIRST_BATCH,
+            committing: false,
+            again: false,
+            commit_timer: false,
+            flush_timer: false,
+            last_flush: None,
+        }
+    }
+
+    /// The write-ahead log, if the replica has a data directory.
+    pub(super) fn wal(&self) -> Option<&WalWriter> {
+        self.wal.as_ref()
+    }
+
+    /// The commit the next update goes into.
+    pub(super) fn next_batch(&self) -> u64 {
+        self.next_batch
+    }
+
+    /// How long until the pending delta is flushed, given the last flush and
+    /// `delta_interval_ms`: at once if the last is `interval` old (an add on an idle link
+    /// travels at once), else when it will be (updates that come faster share deltas).
+    pub(super) fn flush_delay(&self, now: Instant, interval: Duration) -> Duration {
+        self.last_flush.map_or(Duration::ZERO, |t| {
+            (t + interval).saturating_duration_since(now)
+        })
+    }
+
+    /// Arms the flush timer unless it is armed; whether the caller should start one.
+    pub(super) fn arm_flush_timer(&mut self) -> bool {
+        !std::mem::replace(&mut self.flush_timer, true)
+    }
+
+    /// The flush timer fired.
+    pub(super) fn flush_timer_fired(&mut self) {
+        self.flush_timer = false;
+    }
+
+    /// Whether a flush timer is armed.
+    pub(super) fn flush_timer_armed(&self) -> bool {
+        self.flush_timer
+    }
+
+    /// Arms the commit timer unless it is armed; whether the caller should start one.
+    pub(super) fn arm_commit_timer(&mut self) -> bool {
+        !std::mem::replace(&mut self.commit_timer, true)
+    }
+
+    /// The commit timer fired.
+    pub(super) fn commit_timer_fired(&mut self) {
+        self.commit_timer = false;
+    }
+
+    /// A flush of the pending delta starts now: the number of the commit it makes, or `None`
+    /// if a commit is being written (this one then follows it, with whatever came meanwhile).
+    pub(super) fn begin(&mut self, now: Instant) -> Option<u64> {
+        self.last_flush = Some(now);
+        if self.committing {
+            self.again = true;
+            return None;
+        }
+        let batch = self.next_batch;
+        self.next_batch += 1;
+        Some(batch)
+    }
+
+    /// Whether commit `batch` must be fsynced: updates in it wait for the disk (through the
+    /// actor, or applied outside it up to `sync_through`). The others (`logged`, `local`) are
+    /// synced by the log's periodic sync.
+    pub(super) fn must_sync(&self, batch: u64, sync_through: u64) -> bool {
+        self.acks.wants_sync(batch) || sync_through >= batch
+    }
+
+    /// Appends the delta of commit `batch` to the log, fsynced if [`CommitPipeline::must_sync`]
+    /// says so; `None` without a log. Until [`CommitPipeline::written`], the next commit waits.
+    pub(super) fn append(
+        &mut self,
+        batch: u64,
+        delta: &[u8],
+        sync_through: u64,
+    ) -> Option<Pending<()>> {
+        let sync = self.wal.is_some() && self.must_sync(batch, sync_through);
+        let wal = self.wal.as_ref()?;
+        self.committing = true;
+        Some(if sync {
+            wal.append(delta.to_vec())
+        } else {
+            wal.append_logged(delta.to_vec())
+        })
+    }
+
+    /// The commit being written is written (or failed): whether another should start at
+    /// once, because one was asked for meanwhile or updates wait for one not yet made.
+    pub(super) fn written(&mut self) -> bool {
+        self.committing = false;
+        std::mem::take(&mut self.again) || self.acks.wants_commit(self.next_batch)
+    }
+
+    /// Whether anything is in flight or waiting: updates for their level, a failed log for
+    /// its replacement, a delta for its flush.
+    pub(super) fn busy(&self) -> bool {
+        self.acks.len() > 0 || self.recovery.pending || self.flush_timer
+    }
+
+    /// Whether the log failed and is not replaced yet.
+    pub(super) fn wal_failing(&self) -> bool {
+        self.recovery.pending
+    }
+
+    /// A log append failed: the delay before the first attempt at replacing the writer, or
+    /// `None` if one is already scheduled.
+    pub(super) fn wal_failed(&mut self) -> Option<Duration> {
+        if self.recovery.pending {
+            return None;
+        }
+        self.recovery.pending = true;
+        Some(self.recovery.delay)
+    }
+
+    /// An attempt at replacing the failed writer did not succeed: the delay before the next,
+    /// doubled each time up to [`WalRecovery::MAX_DELAY`].
+    pub(super) fn retry_delay(&mut self) -> Duration {
+        self.recovery.delay = (self.recovery.delay * 2).min(WalRecovery::MAX_DELAY);
+        self.recovery.delay
+    }
+
+    /// Replaces the failed writer with one on new segments (after a snapshot covering the
+    /// old ones). Without a log there is nothing to replace: recovered.
+    pub(super) fn reopen(&mut self) -> Result<(), DurableError> {
+        if let Some(wal) = &self.wal {
+            // The failed writer, dropped here, is forgotten by its pool thread.
+            self.wal = Some(wal.reopen()?);
+        }
+        self.recovery = WalRecovery::default();
+        Ok(())
+    }
+
+    /// Ends the log's current segment for a snapshot taken now (see [`WalWriter::rotate`]).
+    pub(super) fn rotate(&mut self) -> Option<SegmentId> {
+        self.wal.as_mut().map(WalWriter::rotate)
+    }
+}
+
+/// The replacement of a failed log writer: scheduled or not, and the delay before the next
+/// attempt.
+struct WalRecovery {
+    pending: bool,
+    delay: Duration,
+}
+
+impl WalRecovery {
+    const FIRST_DELAY: Duration = Duration::from_millis(100);
+    const MAX_DELAY: Duration = Duration::from_secs(5);
+}
+
+impl Default for WalRecovery {
+    fn default() -> Self {
+        WalRecovery {
+            pending: false,
+            delay: Self::FIRST_DELAY,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replica::ack::AckLevel;
+    use crate::replica::durable::Identity;
+    use crate::replica::wal;
+
+    fn log_in(dir: &std::path::Path) -> WalWriter {
+        let identity = Identity {
+            uuid: uuid::Uuid::new_v4(),
+            replica: 1,
+        };
+        let replayed = wal::replay(dir, identity, None, wal::WalLimits::default(), |_| {}).unwrap();
+        WalWriter::start(replayed, identity).unwrap()
+    }
+
+    #[test]
+    fn commits_are_numbered_and_one_is_written_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = CommitPipeline::<u32>::new(Some(log_in(dir.path())));
+        let now = Instant::now();
+        assert_eq!(p.begin(now), Some(FIRST_BATCH));
+        assert!(p.append(FIRST_BATCH, b"one", 0).is_some());
+        // Asked for while the first is written: it follows, once.
+        assert_eq!(p.begin(now), None);
+        assert_eq!(p.begin(now), None);
+        assert!(p.written(), "the flush asked for meanwhile goes next");
+        assert_eq!(p.begin(now), Some(FIRST_BATCH + 1));
+        assert!(p.append(FIRST_BATCH + 1, b"two", FIRST_BATCH + 1).is_some());
+        assert!(!p.written(), "nothing asked for, nothing waiting");
+        assert_eq!(p.next_batch(), FIRST_BATCH + 2);
+    }
+
+    #[test]
+    fn without_a_log_commits_never_wait_for_each_other() {
+        let mut p = CommitPipeline::<u32>::new(None);
+        let now = Instant::now();
+        assert_eq!(p.begin(now), Some(1));
+        assert!(p.append(1, b"d", 1).is_none());
+        assert_eq!(p.begin(now), Some(2));
+        assert!(!p.wal_failing());
+        assert!(p.reopen().is_ok());
+        assert_eq!(p.rotate(), None);
+    }
+
+    #[test]
+    fn updates_waiting_for_the_disk_make_their_commit_sync_and_call_for_the_next() {
+        let mut p = CommitPipeline::<u32>::new(None);
+        assert!(!p.must_sync(1, 0));
+        // Applied outside the actor, in commit 1, waiting for the disk.
+        assert!(p.must_sync(1, 1));
+        assert!(!p.must_sync(2, 1));
+        // Through the actor: a durable update in the next commit.
+        p.acks.wait(AckLevel::Durable, p.next_batch(), 7);
+        assert!(p.must_sync(1, 0));
+        assert!(p.busy());
+        // A commit written while it waits for one not yet made: another goes at once.
+        assert_eq!(p.begin(Instant::now()), Some(1));
+        p.acks.wait(AckLevel::Durable, p.next_batch(), 8);
+        assert!(p.written());
+    }
+
+    #[test]
+    fn a_flush_waits_for_the_interval_since_the_last_one() {
+        let mut p = CommitPipeline::<u32>::new(None);
+        let t = Instant::now();
+        let interval = Duration::from_millis(50);
+        assert_eq!(
+            p.flush_delay(t, interval),
+            Duration::ZERO,
+            "none yet: at once"
+        );
+        p.begin(t);
+        assert_eq!(
+            p.flush_delay(t + Duration::from_millis(20), interval),
+            Duration::from_millis(30)
+        );
+        assert_eq!(
+            p.flush_delay(t + Duration::from_millis(80), interval),
+            Duration::ZERO
+        );
+        // One timer at a time, for flushes and for commits.
+        assert!(p.arm_flush_timer());
+        assert!(!p.arm_flush_timer());
+        assert!(p.flush_timer_armed() && p.busy());
+        p.flush_timer_fired();
+        assert!(p.arm_flush_timer());
+        assert!(p.arm_commit_timer());
+        assert!(!p.arm_commit_timer());
+        p.commit_timer_fired();
+        assert!(p.arm_commit_timer());
+    }
+
+    #[test]
+    fn a_failed_log_is_replaced_with_backoff_once_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = CommitPipeline::<u32>::new(Some(log_in(dir.path())));
+        assert_eq!(p.wal_failed(), Some(WalRecovery::FIRST_DELAY));
+        assert_eq!(p.wal_failed(), None, "already scheduled");
+        assert!(p.wal_failing() && p.busy());
+        let delays: Vec<_> = (0..8).map(|_| p.retry_delay()).collect();
+        assert_eq!(delays[0], WalRecovery::FIRST_DELAY * 2);
+        assert!(delays.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(*delays.last().unwrap(), WalRecovery::MAX_DELAY);
+        let before = p.wal().unwrap().segment();
+        p.rotate();
+        p.reopen().unwrap();
+        assert!(!p.wal_failing());
+        assert!(
+            p.wal().unwrap().segment() > before,
+            "the new writer starts on a new segment"
+        );
+        assert_eq!(
+            p.wal_failed(),
+            Some(WalRecovery::FIRST_DELAY),
+            "the backoff starts over"
+        );
+    }
+}
