@@ -16,7 +16,7 @@
 //! [`crate::replica::metrics::Telemetry`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -36,6 +36,7 @@ use crate::ReplicaId;
 use crate::transport::{Channel, LogLimiter, MessageStream, Subjects, Transport, TransportEvent};
 use crate::wire::{Body, Envelope, Expect, FilterKind, StateChunk, WireCodec, WireError};
 use pipeline::CommitPipeline;
+use snapshots::Snapshotter;
 
 mod commits;
 mod durability;
@@ -48,6 +49,7 @@ mod pump;
 mod reads;
 mod reply;
 mod request;
+mod snapshots;
 mod unreserved;
 mod updates;
 
@@ -247,19 +249,11 @@ pub struct Replica {
     push_scheduled: bool,
     encoding: bool,
     changed_since_push: bool,
-    data: Option<DataDir>,
+    /// Snapshots into the data directory, if the replica has one.
+    snapshots: Snapshotter,
+    /// The tags reserved durably (written to the data directory before one above is issued).
     reserved: u64,
-    dirty: bool,
-    snapshotting: Arc<AtomicBool>,
-    /// Snapshots asked for by [`Persist`] still being written.
-    persisting: u32,
-    /// Snapshots taken (numbered on the actor's thread) and the newest saved: an older one
-    /// that finishes late must not overwrite a newer one, whose log segments are gone.
-    snapshot_generation: u64,
-    snapshot_saved: Arc<Mutex<u64>>,
     started: Instant,
-    /// When a periodic snapshot was last due.
-    last_snapshot_due: Instant,
     /// When the periodic timer last ran [`Replica::housekeeping`].
     last_housekeeping: Instant,
     /// When the periodic timer announces the digest next.
@@ -316,6 +310,11 @@ impl Replica {
             delta_max_updates: s.cfg.delta_max_updates,
             to_actor: inbound_tx.clone(),
         });
+        let snapshots = Snapshotter::new(
+            s.data,
+            ReplicaConfig::ms(s.cfg.snapshot_interval_ms),
+            started,
+        );
         Replica {
             updates,
             transfers: Reassembly::new(
@@ -341,18 +340,12 @@ impl Replica {
             push_scheduled: false,
             encoding: false,
             changed_since_push: false,
-            data: s.data,
+            snapshots,
             pipeline: CommitPipeline::new(s.wal),
             reserved: s.reserved,
             lease: lease::Lease::new(s.lease_reserved, s.shared_id),
             registry_view: Default::default(),
-            dirty: false,
-            snapshotting: Arc::new(AtomicBool::new(false)),
-            persisting: 0,
-            snapshot_generation: 0,
-            snapshot_saved: Arc::new(Mutex::new(0)),
             started,
-            last_snapshot_due: started,
             last_housekeeping: started,
             next_digest: started,
             api_started: false,
@@ -711,7 +704,7 @@ impl Replica {
     /// The state changed: its digest is stale, and a snapshot is due.
     fn changed(&mut self) {
         self.digest = None;
-        self.dirty = true;
+        self.snapshots.changed();
     }
 
     /// Live peers whose last announced digest equals ours. Our digest encodes the whole
@@ -819,7 +812,7 @@ impl Replica {
             || !self.anti_entropy.is_ready()
             || self.transfers.in_progress() > 0
             || self.pipeline.busy()
-            || (self.data.is_some() && self.dirty)
+            || self.snapshots.has_unsaved()
             || self.shared.direct_changes.load(Ordering::Acquire)
             || self.read().pending_delta_len() > 0;
         let ms = if busy {
@@ -837,10 +830,7 @@ impl Replica {
     fn housekeeping(&mut self, ctx: &mut Context<Self>) {
         // Snapshots are due every `snapshot_interval_ms` (checked here rather than on a timer
         // of their own: one wake-up per replica, not two).
-        if self.data.is_some()
-            && self.last_snapshot_due.elapsed() >= ReplicaConfig::ms(self.cfg.snapshot_interval_ms)
-        {
-            self.last_snapshot_due = Instant::now();
+        if self.snapshots.due(Instant::now()) {
             self.snapshot_async(ctx);
         }
         // Time passes for kinds whose elements expire: their window moves (and the move

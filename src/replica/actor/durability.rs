@@ -3,16 +3,14 @@
 //! the write-ahead log they cover.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 
 use actix::prelude::*;
 
-use super::{Replica, ReplicaError, Shared};
-use crate::replica::durable::{DataDir, Identity, Reservation, Snapshot};
-use crate::replica::filter::AnyFilter;
+use super::snapshots::SnapshotJob;
+use super::{Replica, ReplicaError};
+use crate::replica::durable::{DataDir, Reservation};
 use crate::replica::metrics as m;
 use crate::replica::wal::SegmentId;
-use crate::wire::FilterKind;
 
 impl Replica {
     /// Reserves tag timestamps durably before one above the reservation is issued.
@@ -38,7 +36,7 @@ impl Replica {
         if need > self.lease.reserved() {
             return Err(ReplicaError::TagsUnreserved);
         }
-        let Some(data) = &self.data else {
+        let Some(data) = self.snapshots.data() else {
             return Ok(());
         };
         if need <= self.reserved {
@@ -62,7 +60,7 @@ impl Replica {
         if !self.expect.kind.tagged() {
             return u64::MAX;
         }
-        let durable = if self.data.is_some() {
+        let durable = if self.snapshots.data().is_some() {
             self.reserved
         } else {
             u64::MAX
@@ -97,7 +95,7 @@ impl Replica {
             let delay = act.pipeline.retry_delay();
             ctx.run_later(delay, |act, ctx| act.recover_wal(ctx));
         };
-        if self.snapshotting.load(Ordering::Acquire) {
+        if self.snapshots.writing() {
             return retry(self, ctx);
         }
         if self.snapshot_now().is_err() {
@@ -120,52 +118,45 @@ impl Replica {
     /// moment the state is cloned, so the clone holds every record of the segments up to the
     /// one it returns (see [`crate::replica::wal`]).
     fn snapshot_source(&mut self) -> SnapshotJob {
-        self.snapshot_generation += 1;
-        let wal_covered = self.pipeline.rotate();
         SnapshotJob {
+            generation: self.snapshots.take(),
+            wal_covered: self.pipeline.rotate(),
             filter: self.read().clone(),
             identity: self.shared.identity,
             name: self.cfg.name.clone(),
             kind: self.expect.kind,
             params_digest: self.expect.params_digest,
             reserved: self.reserved,
-            wal_covered,
-            generation: self.snapshot_generation,
         }
     }
 
     /// Writes a snapshot in the background if the state changed since the last one.
     pub(super) fn snapshot_async(&mut self, ctx: &mut Context<Self>) {
         self.absorb_direct_changes();
-        let Some(data) = self.data.clone() else {
+        let Some((data, writing)) = self.snapshots.begin_periodic() else {
             return;
         };
-        if !self.dirty || self.snapshotting.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        self.dirty = false;
         let job = self.snapshot_source();
-        let (shared, saved) = (self.shared.clone(), self.snapshot_saved.clone());
-        let busy = self.snapshotting.clone();
+        let (telemetry, saved) = (self.telemetry.clone(), self.snapshots.saved());
         let addr = ctx.address();
         actix::spawn(async move {
-            let r = job.save_off_thread(data, shared, saved).await;
-            busy.store(false, Ordering::Release);
+            let r = job.save_off_thread(data, telemetry, saved).await;
+            writing.store(false, Ordering::Release);
             addr.do_send(SnapshotSaved(r));
         });
     }
 
     /// Writes a snapshot now, on the actor's thread (shutdown).
     pub(super) fn snapshot_now(&mut self) -> Result<(), ReplicaError> {
-        let Some(data) = self.data.clone() else {
+        let Some(data) = self.snapshots.data().cloned() else {
             return Ok(());
         };
         let job = self.snapshot_source();
-        let r = job.save(&data, &self.shared, &self.snapshot_saved);
+        let r = job.save(&data, &self.telemetry, &self.snapshots.saved());
         let ok = r.is_ok();
         self.snapshot_saved_now(r)?;
         if ok {
-            self.dirty = false;
+            self.snapshots.written_now();
         }
         Ok(())
     }
@@ -178,13 +169,11 @@ impl Replica {
         &mut self,
         data: DataDir,
     ) -> impl ActorFuture<Self, Output = Result<Option<SegmentId>, ReplicaError>> + use<> {
-        // Changes from now on are the next snapshot's (a failed save marks it again).
-        self.dirty = false;
-        self.persisting += 1;
+        self.snapshots.begin_persist();
         let job = self.snapshot_source();
-        let save = job.save_off_thread(data, self.shared.clone(), self.snapshot_saved.clone());
+        let save = job.save_off_thread(data, self.telemetry.clone(), self.snapshots.saved());
         save.into_actor(self).map(|r, act: &mut Self, _| {
-            act.persisting -= 1;
+            act.snapshots.persisted();
             r
         })
     }
@@ -198,6 +187,7 @@ impl Replica {
         self.telemetry
             .counter(m::SNAPSHOTS, &[("outcome", outcome)])
             .increment(1);
+        self.snapshots.written(r.is_ok());
         match r {
             Ok(covered) => {
                 if let (Some(wal), Some(k)) = (self.pipeline.wal(), covered) {
@@ -212,65 +202,9 @@ impl Replica {
             }
             Err(e) => {
                 tracing::error!(filter = %self.cfg.name, error = %e, "snapshot failed");
-                self.dirty = true;
                 Err(e)
             }
         }
-    }
-}
-
-/// What a snapshot saves, taken on the actor's thread and saved on any.
-struct SnapshotJob {
-    filter: AnyFilter,
-    identity: Identity,
-    name: String,
-    kind: FilterKind,
-    params_digest: u64,
-    reserved: u64,
-    wal_covered: Option<SegmentId>,
-    generation: u64,
-}
-
-impl SnapshotJob {
-    /// [`SnapshotJob::save`] on a blocking thread.
-    async fn save_off_thread(
-        self,
-        data: DataDir,
-        shared: Arc<Shared>,
-        saved: Arc<Mutex<u64>>,
-    ) -> Result<Option<SegmentId>, ReplicaError> {
-        tokio::task::spawn_blocking(move || self.save(&data, &shared, &saved))
-            .await
-            .unwrap_or_else(|e| Err(ReplicaError::Config(format!("snapshot task: {e}"))))
-    }
-
-    /// Encodes and saves it, unless a newer snapshot was saved meanwhile; answers the log
-    /// segments it covers.
-    fn save(
-        self,
-        data: &DataDir,
-        shared: &Shared,
-        saved: &Mutex<u64>,
-    ) -> Result<Option<SegmentId>, ReplicaError> {
-        let state = self.filter.encode_state();
-        let len = state.len();
-        // Held while saving, so snapshots land in the order they were taken.
-        let mut newest = saved.lock().expect("snapshot lock");
-        if *newest > self.generation {
-            return Ok(None);
-        }
-        data.save_snapshot(&Snapshot {
-            identity: self.identity,
-            filter: self.name,
-            kind: self.kind,
-            params_digest: self.params_digest,
-            reserved: self.reserved,
-            state,
-            wal_covered: self.wal_covered.map(|k| k.0),
-        })?;
-        *newest = self.generation;
-        shared.telemetry.state_encoded(len);
-        Ok(self.wal_covered)
     }
 }
 

@@ -334,7 +334,7 @@ impl Handler<Merge> for Replica {
 impl Handler<Persist> for Replica {
     type Result = ResponseActFuture<Self, Result<(), ReplicaError>>;
     fn handle(&mut self, _: Persist, _: &mut Context<Self>) -> Self::Result {
-        let Some(data) = self.data.clone() else {
+        let Some(data) = self.snapshots.data().cloned() else {
             return Box::pin(actix::fut::ready(Ok(())));
         };
         Box::pin(
@@ -363,15 +363,15 @@ impl Handler<Shutdown> for Replica {
         self.flush_delta(ctx);
         // Nothing changed since the last snapshot, which is written (none is being written):
         // it is the final one already.
-        let saved =
-            if self.dirty || self.snapshotting.load(Ordering::Acquire) || self.persisting > 0 {
-                self.snapshot_now()
-            } else {
-                Ok(())
-            };
+        let saved = if self.snapshots.settled() {
+            Ok(())
+        } else {
+            self.snapshot_now()
+        };
         // The final snapshot holds every update: durable ones are answered, the others
         // (waiting for peers, or with no snapshot written) fail as stopped.
-        let durable = (saved.is_ok() && self.data.is_some()).then_some(self.pipeline.next_batch());
+        let durable = (saved.is_ok() && self.snapshots.data().is_some())
+            .then_some(self.pipeline.next_batch());
         self.shared.commits.stopped(durable);
         let r = self.pipeline.acks.stop(durable);
         self.answer(r);
