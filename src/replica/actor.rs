@@ -36,6 +36,7 @@ use crate::ReplicaId;
 use crate::transport::{Channel, LogLimiter, MessageStream, Subjects, Transport, TransportEvent};
 use crate::wire::{Body, Envelope, Expect, FilterKind, StateChunk, WireCodec, WireError};
 use pipeline::CommitPipeline;
+use push::{DigestCache, Pushes};
 use snapshots::Snapshotter;
 
 mod commits;
@@ -46,6 +47,7 @@ mod local;
 mod pipeline;
 mod publish;
 mod pump;
+mod push;
 mod reads;
 mod reply;
 mod request;
@@ -235,20 +237,13 @@ pub struct Replica {
     telemetry: Telemetry,
     limiter: Arc<LogLimiter>,
     seq: u64,
-    /// Transfer ids: a random epoch per start in the high half, a counter in the low one,
-    /// so that a restarted replica's transfers are never taken for old ones.
-    transfer: u64,
     /// Peers, digests and readiness (the protocol's decisions, pure and unit-tested).
     anti_entropy: AntiEntropy,
     transfers: Reassembly,
-    digest: Option<u64>,
-    /// The digest last computed, even if the state changed since: what a replica without
-    /// live peers announces.
-    announced_digest: Option<u64>,
-    last_push: Option<Instant>,
-    push_scheduled: bool,
-    encoding: bool,
-    changed_since_push: bool,
+    /// The digest, cached until the state changes.
+    digests: DigestCache,
+    /// When full-state pushes may go.
+    pushes: Pushes,
     /// Snapshots into the data directory, if the replica has one.
     snapshots: Snapshotter,
     /// The tags reserved durably (written to the data directory before one above is issued).
@@ -315,6 +310,10 @@ impl Replica {
             ReplicaConfig::ms(s.cfg.snapshot_interval_ms),
             started,
         );
+        let pushes = Pushes::new(
+            ReplicaConfig::ms(s.cfg.min_push_interval_ms),
+            fastrand::u32(..),
+        );
         Replica {
             updates,
             transfers: Reassembly::new(
@@ -332,14 +331,9 @@ impl Replica {
             codec,
             limiter: Arc::new(LogLimiter::new(Duration::from_secs(10))),
             seq: 0,
-            transfer: u64::from(fastrand::u32(..)) << 32,
             anti_entropy: AntiEntropy::new(timing, started),
-            digest: None,
-            announced_digest: None,
-            last_push: None,
-            push_scheduled: false,
-            encoding: false,
-            changed_since_push: false,
+            digests: DigestCache::default(),
+            pushes,
             snapshots,
             pipeline: CommitPipeline::new(s.wal),
             reserved: s.reserved,
@@ -682,14 +676,8 @@ impl Replica {
 
     fn my_digest(&mut self) -> u64 {
         self.absorb_direct_changes();
-        if let Some(d) = self.digest {
-            return d;
-        }
-        let d = self.read().state_digest();
-        self.telemetry.state_digest();
-        self.digest = Some(d);
-        self.announced_digest = Some(d);
-        d
+        self.digests
+            .get(|| digest_of(&self.shared, &self.telemetry))
     }
 
     /// Takes in the changes made outside the actor since it last looked
@@ -703,7 +691,7 @@ impl Replica {
 
     /// The state changed: its digest is stale, and a snapshot is due.
     fn changed(&mut self) {
-        self.digest = None;
+        self.digests.invalidate();
         self.snapshots.changed();
     }
 
@@ -900,6 +888,17 @@ impl Replica {
                 .increment(expired as u64);
         }
     }
+}
+
+/// The digest of the replica's state: a pass over it (counted).
+fn digest_of(shared: &Shared, telemetry: &Telemetry) -> u64 {
+    let d = shared
+        .filter
+        .read()
+        .expect("filter lock poisoned")
+        .state_digest();
+    telemetry.state_digest();
+    d
 }
 
 /// Gives the heap's free pages back to the operating system once a large state was merged:

@@ -133,7 +133,7 @@ impl Replica {
     /// [`Replica::absorb_direct_changes`]).
     pub(super) fn mark_local_change(&mut self) {
         self.changed();
-        self.changed_since_push = true;
+        self.pushes.changed();
     }
 
     /// The answer of a [`ReplicaHandle`] update, once it reached its level.

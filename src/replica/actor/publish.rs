@@ -11,16 +11,14 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::pump::Outbound;
+use super::push::{PushPlan, StatePush, chunk_len};
 use super::reply::Responder;
-use super::{Replica, ReplicaError};
+use super::{Replica, ReplicaError, digest_of};
 use crate::replica::TakenDelta;
 use crate::replica::ack::{Resolved, peers_needed};
 use crate::replica::config::ReplicaConfig;
 use crate::replica::metrics::{Channel, Direction};
-use crate::wire::{Body, Envelope, FilterKind, WireCodec, chunk_count, state_chunk};
-
-/// Room left in a frame for the envelope around a chunk.
-const ENVELOPE_OVERHEAD: usize = 1024;
+use crate::wire::{Body, Envelope, FilterKind};
 
 impl Replica {
     pub(super) fn envelope(&mut self, body: Body) -> Envelope {
@@ -98,7 +96,7 @@ impl Replica {
         };
         if self.cfg.full_state_only {
             // The naive protocol: every change is followed by a full-state broadcast.
-            if self.changed_since_push {
+            if self.pushes.changed_since_last() {
                 self.schedule_push(ctx);
             }
             return self.committed_without_delta(batch);
@@ -245,10 +243,11 @@ impl Replica {
         // passing over the whole state again where the kind's digest is such a pass (0.14 s
         // of this thread for an `or_cuckoo` of 8.6M entries, every interval). A replica that
         // appears announces its own, and comparing with it computes ours afresh.
-        let digest = match self.announced_digest {
-            Some(d) if self.anti_entropy.live_peers(Instant::now()) == 0 => d,
-            _ => self.my_digest(),
-        };
+        self.absorb_direct_changes();
+        let live = self.anti_entropy.live_peers(Instant::now());
+        let digest = self
+            .digests
+            .to_announce(live, || digest_of(&self.shared, &self.telemetry));
         // The gauge needs our digest, which encodes the whole state: computed here, where the
         // anti-entropy round computes it anyway, not at every metrics interval.
         let converged = self.converged_peers();
@@ -269,47 +268,27 @@ impl Replica {
     /// Pushes the full state now, or as soon as `min_push_interval` allows (one push serves
     /// every peer that asked meanwhile).
     pub(super) fn schedule_push(&mut self, ctx: &mut Context<Self>) {
-        if self.push_scheduled {
-            return;
-        }
-        let min = ReplicaConfig::ms(self.cfg.min_push_interval_ms);
-        let wait = match self.last_push {
-            Some(t) if t.elapsed() < min => min - t.elapsed(),
-            _ => Duration::ZERO,
-        };
-        if wait.is_zero() && !self.encoding {
-            self.push_state(ctx);
-        } else {
-            self.push_scheduled = true;
-            ctx.run_later(wait.max(Duration::from_millis(10)), |act, ctx| {
-                act.push_scheduled = false;
-                if act.encoding {
-                    act.schedule_push(ctx);
-                } else {
-                    act.push_state(ctx);
-                }
-            });
+        match self.pushes.plan(Instant::now()) {
+            PushPlan::Now => self.push_state(ctx),
+            PushPlan::Armed => {}
+            PushPlan::After(wait) => {
+                ctx.run_later(wait, |act, ctx| {
+                    if act.pushes.timer_fired() {
+                        act.push_state(ctx);
+                    } else {
+                        act.schedule_push(ctx);
+                    }
+                });
+            }
         }
     }
 
     /// Encodes the full state (off the actor's thread) and publishes it in chunks.
     fn push_state(&mut self, ctx: &mut Context<Self>) {
-        self.last_push = Some(Instant::now());
-        self.changed_since_push = false;
-        self.anti_entropy.pushed(Instant::now());
-        let chunk_len = self
-            .cfg
-            .chunk_bytes
-            .min(
-                self.transport
-                    .max_payload()
-                    .saturating_sub(ENVELOPE_OVERHEAD),
-            )
-            .max(1);
-        // The counter wraps within the epoch half (2^32 pushes).
-        self.transfer =
-            (self.transfer & !0xffff_ffff) | (self.transfer.wrapping_add(1) & 0xffff_ffff);
-        let transfer = self.transfer;
+        let now = Instant::now();
+        let transfer = self.pushes.start(now);
+        self.anti_entropy.pushed(now);
+        let chunk_len = chunk_len(self.cfg.chunk_bytes, self.transport.max_payload());
         let (shared, addr) = (self.shared.clone(), ctx.address());
         // Room for the state as large as it was last time, so that its buffer is not regrown.
         let last = self.telemetry.last_state_bytes() as usize;
@@ -324,7 +303,6 @@ impl Replica {
             FilterKind::GBloom | FilterKind::ScGBloom => None,
             _ => Some(self.read().clone()),
         };
-        self.encoding = true;
         actix::spawn(async move {
             let encoded = tokio::task::spawn_blocking(move || {
                 let state = match snapshot {
@@ -362,7 +340,7 @@ struct Encoded {
 impl Handler<Encoded> for Replica {
     type Result = ();
     fn handle(&mut self, msg: Encoded, _: &mut Context<Self>) {
-        self.encoding = false;
+        self.pushes.encoded();
         let Some((state, checksum)) = msg.state else {
             return;
         };
@@ -381,38 +359,6 @@ impl Handler<Encoded> for Replica {
         // `envelope` took the first number; the rest are reserved here.
         self.seq += push.count() as u64 - 1;
         self.enqueue(Outbound::State(Box::new(push)));
-    }
-}
-
-/// A full state on its way out: one encoded buffer, framed a chunk at a time by the
-/// publisher task, so that a push holds the state about once instead of as the state, its
-/// chunks and their frames together. Its chunks' sequence numbers are reserved when it is
-/// queued, so they stay in order with the messages queued around it.
-pub(super) struct StatePush {
-    pub(super) subject: String,
-    state: Bytes,
-    checksum: u64,
-    transfer: u64,
-    chunk_len: usize,
-    /// Sequence number of the first chunk.
-    first_seq: u64,
-    codec: WireCodec,
-    /// The envelope of every chunk but for its sequence number and body.
-    template: Envelope,
-}
-
-impl StatePush {
-    pub(super) fn count(&self) -> usize {
-        chunk_count(self.state.len(), self.chunk_len)
-    }
-
-    /// The frame of chunk `i`.
-    pub(super) fn frame(&self, i: usize) -> Vec<u8> {
-        let chunk = state_chunk(&self.state, self.transfer, self.chunk_len, self.checksum, i);
-        let mut env = self.template.clone();
-        env.seq = self.first_seq + i as u64;
-        env.body = Body::StateChunk(chunk);
-        self.codec.encode(&env)
     }
 }
 

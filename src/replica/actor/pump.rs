@@ -12,7 +12,7 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::publish::StatePush;
+use super::push::StatePush;
 use super::{Shared, reject};
 use crate::replica::metrics::{Channel, Direction, channel_label};
 use crate::transport::{LogLimiter, Message, MessageStream, Subjects, Transport, TransportEvent};
