@@ -67,6 +67,61 @@ impl Lease {
             None => (self.watch.live_ids, self.watch.retired_ids),
         }
     }
+
+    /// Whether its own claim should be renewed at once: half of the `block` of tags last
+    /// reserved is used (`clock`), and no renewal is under way. Never for kinds without
+    /// tags (`tagged`), nor a lost claim, nor under the node's id (the node renews that).
+    pub(super) fn running_low(&self, clock: u64, block: u64, tagged: bool) -> bool {
+        self.shared.is_none()
+            && tagged
+            && !self.busy
+            && !self.lost
+            && clock + block / 2 >= self.reserved
+    }
+
+    /// Starts a renewal of its own claim: the reservation to ask for (a `block` above the
+    /// `clock` for kinds with tags, never lower than the one held), or `None` if a renewal
+    /// is under way, the claim is lost, or the node renews the id. End it with
+    /// [`Lease::renewal_ended`], and pass the answer to [`Lease::renewed`].
+    pub(super) fn begin_renewal(&mut self, clock: u64, block: u64, tagged: bool) -> Option<u64> {
+        if self.busy || self.lost || self.shared.is_some() {
+            return None;
+        }
+        self.busy = true;
+        Some(match tagged {
+            true => self.reserved.max(clock + block),
+            false => self.reserved,
+        })
+    }
+
+    /// The renewal started by [`Lease::begin_renewal`] is over: the next may start.
+    pub(super) fn renewal_ended(&mut self) {
+        self.busy = false;
+    }
+
+    /// The registry answered a renewal (the periodic one, or an import's) that asked for
+    /// `want` (`None`: it failed; try again later). Answers whether the claim was lost by
+    /// it: the id was retired while the replica could not renew, and it issues no more tags.
+    pub(super) fn renewed(&mut self, want: u64, renewal: Option<Renewal>) -> bool {
+        match renewal {
+            Some(Renewal::Held) => {
+                self.reserved = self.reserved.max(want);
+                false
+            }
+            Some(Renewal::Lost) => !std::mem::replace(&mut self.lost, true),
+            None => false,
+        }
+    }
+
+    /// The reservation `n` more tags above `clock` need, if the one held falls short
+    /// (`None`: enough, no tags, or the claim is lost).
+    pub(super) fn shortfall(&self, clock: u64, n: u64, tagged: bool) -> Option<u64> {
+        if !tagged || n == 0 || self.lost() {
+            return None;
+        }
+        let need = clock.saturating_add(n);
+        (need > self.reserved()).then_some(need)
+    }
 }
 
 impl Replica {
@@ -78,10 +133,10 @@ impl Replica {
             }
             return;
         }
-        if self.expect.kind.tagged()
-            && !self.lease.busy
-            && !self.lease.lost
-            && self.read().clock() + self.cfg.id_lease_block / 2 >= self.lease.reserved
+        let clock = self.read().clock();
+        if self
+            .lease
+            .running_low(clock, self.cfg.id_lease_block, self.expect.kind.tagged())
         {
             self.renew_lease(ctx);
         }
@@ -99,13 +154,8 @@ impl Replica {
         u64,
         futures::future::BoxFuture<'static, Result<Renewal, TransportError>>,
     )> {
-        if !self.expect.kind.tagged() || n == 0 || self.lease.lost() {
-            return None;
-        }
-        let need = self.read().clock().saturating_add(n);
-        if need <= self.lease.reserved() {
-            return None;
-        }
+        let clock = self.read().clock();
+        let need = self.lease.shortfall(clock, n, self.expect.kind.tagged())?;
         if let Some(shared) = self.lease.shared.clone() {
             // The node renews its id; wait for a reservation that covers the import.
             let renewal = async move {
@@ -130,16 +180,13 @@ impl Replica {
 
     /// Renews the claim (extending its reservation) and looks for ids to retire.
     pub(super) fn renew_lease(&mut self, ctx: &mut Context<Self>) {
-        if self.lease.busy || self.lease.lost || self.lease.shared.is_some() {
+        let clock = self.read().clock();
+        let tagged = self.expect.kind.tagged();
+        let Some(want) = self
+            .lease
+            .begin_renewal(clock, self.cfg.id_lease_block, tagged)
+        else {
             return;
-        }
-        self.lease.busy = true;
-        let want = if self.expect.kind.tagged() {
-            self.lease
-                .reserved
-                .max(self.read().clock() + self.cfg.id_lease_block)
-        } else {
-            self.lease.reserved
         };
         let (t, filter, id, uuid) = (
             self.transport.clone(),
@@ -156,7 +203,7 @@ impl Replica {
         ctx.spawn(
             work.into_actor(self)
                 .map(move |(renewal, claims, started), act, ctx| {
-                    act.lease.busy = false;
+                    act.lease.renewal_ended();
                     act.on_renewal(want, renewal);
                     match claims {
                         Ok(claims) => {
@@ -169,20 +216,20 @@ impl Replica {
         );
     }
 
+    /// The registry answered a renewal (periodic, or an import's) that asked for `want`.
     pub(super) fn on_renewal(&mut self, want: u64, renewal: Result<Renewal, TransportError>) {
-        match renewal {
-            Ok(Renewal::Held) => self.lease.reserved = self.lease.reserved.max(want),
-            Ok(Renewal::Lost) => {
-                self.lease.lost = true;
-                self.telemetry.gauge(m::ID_LOST, &[]).set(1.0);
-                tracing::error!(
-                    filter = %self.cfg.name,
-                    replica = self.id(),
-                    "this replica's id was retired while it could not renew its claim: it \
-                     issues no more tags (adds fail); restart it to claim a new id"
-                );
-            }
-            Err(e) => self.lease_failed("renewing the claim", &e),
+        let lost = self.lease.renewed(want, renewal.as_ref().ok().copied());
+        if lost {
+            self.telemetry.gauge(m::ID_LOST, &[]).set(1.0);
+            tracing::error!(
+                filter = %self.cfg.name,
+                replica = self.id(),
+                "this replica's id was retired while it could not renew its claim: it \
+                 issues no more tags (adds fail); restart it to claim a new id"
+            );
+        }
+        if let Err(e) = renewal {
+            self.lease_failed("renewing the claim", &e);
         }
     }
 
@@ -243,5 +290,70 @@ impl Replica {
                 Err(e) => act.lease_failed("retiring an id", &e),
             }));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BLOCK: u64 = 1_000;
+
+    #[test]
+    fn a_claim_is_renewed_when_half_its_block_is_used_one_renewal_at_a_time() {
+        let mut lease = Lease::new(BLOCK, None);
+        assert!(!lease.running_low(BLOCK / 2 - 1, BLOCK, true));
+        assert!(lease.running_low(BLOCK / 2, BLOCK, true));
+        assert!(
+            !lease.running_low(BLOCK, BLOCK, false),
+            "no tags, nothing runs low"
+        );
+        let want = lease.begin_renewal(BLOCK / 2, BLOCK, true).unwrap();
+        assert_eq!(want, BLOCK / 2 + BLOCK);
+        assert!(!lease.running_low(BLOCK, BLOCK, true), "one under way");
+        assert_eq!(lease.begin_renewal(BLOCK, BLOCK, true), None);
+        assert!(!lease.renewed(want, Some(Renewal::Held)));
+        assert_eq!(lease.reserved(), want);
+        assert_eq!(
+            lease.begin_renewal(BLOCK, BLOCK, true),
+            None,
+            "not ended yet"
+        );
+        lease.renewal_ended();
+        // A renewal answered late, for less, never lowers the reservation.
+        assert!(!lease.renewed(BLOCK, Some(Renewal::Held)));
+        assert_eq!(lease.reserved(), want);
+        // A failed renewal leaves it as it was, and the next may start.
+        lease.begin_renewal(0, BLOCK, false).unwrap();
+        assert!(!lease.renewed(BLOCK * 9, None));
+        lease.renewal_ended();
+        assert_eq!(lease.reserved(), want);
+        assert_eq!(
+            lease.begin_renewal(0, BLOCK, false),
+            Some(want),
+            "without tags: as held"
+        );
+    }
+
+    #[test]
+    fn a_lost_claim_is_reported_once_and_never_renewed_or_extended() {
+        let mut lease = Lease::new(BLOCK, None);
+        let want = lease.begin_renewal(0, BLOCK, true).unwrap();
+        assert!(lease.renewed(want, Some(Renewal::Lost)), "lost now");
+        assert!(!lease.renewed(want, Some(Renewal::Lost)), "reported once");
+        assert!(lease.lost());
+        assert_eq!(lease.begin_renewal(0, BLOCK, true), None);
+        assert!(!lease.running_low(BLOCK, BLOCK, true));
+        assert_eq!(lease.shortfall(0, BLOCK * 2, true), None);
+    }
+
+    #[test]
+    fn an_import_needs_more_only_beyond_the_reservation() {
+        let lease = Lease::new(BLOCK, None);
+        assert_eq!(lease.shortfall(500, 500, true), None);
+        assert_eq!(lease.shortfall(500, 501, true), Some(1_001));
+        assert_eq!(lease.shortfall(500, 0, true), None);
+        assert_eq!(lease.shortfall(500, 10_000, false), None);
+        assert_eq!(lease.shortfall(u64::MAX - 1, 10, true), Some(u64::MAX));
     }
 }
