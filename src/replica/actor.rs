@@ -1,16 +1,23 @@
-//! The replica actor: a thin shell that owns a replica's state and runs its concerns, each in
-//! its own module:
+//! The replica actor: a thin shell that owns a replica's parts and routes messages between
+//! them. The parts that decide are their own types, each with its own state and unit tests,
+//! and no I/O of their own:
 //!
-//! - [`crate::replica::anti_entropy`]: peers, digests and readiness, a pure state machine;
-//!   the actor feeds it what it hears and carries out the actions it answers;
-//! - `publish`: sequencing, the commit pipeline (delta, write-ahead log, acknowledgements)
-//!   and full-state pushes;
-//! - `pump`: the subscriptions into the bounded inbound buffer and the publisher task;
-//! - `local`: local operations and the actor's messages;
-//! - `durability`: tag reservations and snapshots;
-//! - `request`, `reads` and `updates`: the request API (queries, and `local` adds to
-//!   grow-only kinds, off the actor);
-//! - `lease`: the replica id claim and retiring gone replicas' ids.
+//! - [`crate::replica::anti_entropy`]: peers, digests and readiness; `push`: when a full-state
+//!   push may go, and the digest cache; [`crate::replica::reassembly`]: transfers coming in;
+//! - `pipeline`: the commit pipeline (write-ahead log and its recovery, group commit, the
+//!   updates waiting for their acknowledgement level);
+//! - `snapshots`: the snapshotter (what is unsaved, when a snapshot is due, older never over
+//!   newer);
+//! - `lease`: the replica id claim (when to renew, what to ask for, a lost claim);
+//!   `unreserved`: the other ids' reservations, and frames held until the next look.
+//!
+//! The actor's `impl` carries out what they decide, by concern: `publish` (sequencing,
+//! commits, digests, pushes), `durability` (tag reservations, snapshots, log recovery),
+//! `local` (the actor's messages), `request` (the request API through the actor). Around it,
+//! without the actor: `pump` (the subscriptions into the bounded inbound buffer, and the
+//! publisher task), `reads` and `updates` (queries, and `local` adds to grow-only kinds,
+//! answered in the subscription tasks), and the leaves they share, `reply` and `items`.
+//! Modules import only toward the leaves, never in a circle.
 //!
 //! Telemetry (metrics and the counts `stats` reads) goes through
 //! [`crate::replica::metrics::Telemetry`].
