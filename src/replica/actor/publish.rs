@@ -248,7 +248,7 @@ impl Replica {
         let live = self.anti_entropy.live_peers(Instant::now());
         let digest = self
             .digests
-            .to_announce(live, || digest_of(&self.shared, &self.telemetry));
+            .announced(live, || digest_of(&self.shared, &self.telemetry));
         // The gauge needs our digest, which encodes the whole state: computed here, where the
         // anti-entropy round computes it anyway, not at every metrics interval.
         let converged = self.converged_peers();

@@ -137,7 +137,7 @@ impl DigestCache {
     /// The digest to announce: with no live peer, the last one computed, even if the state
     /// changed since (a replica that appears announces its own, and comparing with it
     /// computes ours afresh).
-    pub(super) fn to_announce(&mut self, live_peers: usize, compute: impl FnOnce() -> u64) -> u64 {
+    pub(super) fn announced(&mut self, live_peers: usize, compute: impl FnOnce() -> u64) -> u64 {
         match self.announced {
             Some(d) if live_peers == 0 => d,
             _ => self.get(compute),
@@ -257,9 +257,9 @@ mod tests {
         assert_eq!(d.get(|| compute(2)), 1, "cached");
         d.invalidate();
         // Alone: the last one computed, no pass over the state.
-        assert_eq!(d.to_announce(0, || compute(3)), 1);
+        assert_eq!(d.announced(0, || compute(3)), 1);
         // With a live peer: computed afresh.
-        assert_eq!(d.to_announce(1, || compute(3)), 3);
+        assert_eq!(d.announced(1, || compute(3)), 3);
         assert_eq!(passes, 2);
     }
 }
