@@ -351,3 +351,65 @@ async fn catalog_filters_issue_tags_under_one_node_id_and_never_twice_after_a_re
     assert_eq!(ids.len(), 1, "a restart claimed a second node id");
     a.shutdown().await.unwrap();
 }
+
+/// A catalog filter's own API subjects (`crpf.<filter>.replica.<id>.api.<op>`) answer through
+/// the node's subscriptions when it replicates under the node's id, through its own when it
+/// keeps an id of its own; a dropped filter's refuse for a moment, then nothing answers.
+#[actix::test]
+async fn own_api_subjects_of_catalog_filters_answer_through_the_node_until_dropped() {
+    let bus = InProcessBus::new();
+    let a = node(&bus, config("")).await;
+    a.create_filter("shared", bloom(1_000)).await.unwrap();
+    let counts = FilterSpec::new(FilterKind::CountingCuckoo, 1_000, 0.01);
+    a.create_filter("counts", counts).await.unwrap();
+    let ask = |subject: String, payload: &'static [u8]| {
+        let bus = bus.clone();
+        async move {
+            let reply = bus
+                .request(subject, payload.into(), Duration::from_millis(300))
+                .await?;
+            Ok::<_, crpf::transport::TransportError>(
+                serde_json::from_slice::<serde_json::Value>(&reply).unwrap(),
+            )
+        }
+    };
+    for name in ["shared", "counts"] {
+        let h = a.filter(name).unwrap();
+        h.add(b"x".to_vec()).await.unwrap();
+        let id = h.identity().replica;
+        let stats = ask(format!("crpf.{name}.replica.{id}.api.stats"), b"")
+            .await
+            .unwrap();
+        assert_eq!(stats["filter"], name, "{stats}");
+        assert_eq!(stats["replica"], id, "{stats}");
+        let found = ask(format!("crpf.{name}.replica.{id}.api.contains"), b"x")
+            .await
+            .unwrap();
+        assert_eq!(found["contains"], true, "{name}: {found}");
+        // Without an operation: an error reply, as on the shared subject.
+        let bare = ask(format!("crpf.{name}.replica.{id}.api"), b"")
+            .await
+            .unwrap();
+        assert!(
+            bare["error"].as_str().unwrap().contains("no operation"),
+            "{bare}"
+        );
+        // Another id of the same filter is nobody here.
+        let other = ask(format!("crpf.{name}.replica.{}.api.stats", id + 1), b"").await;
+        assert!(other.is_err(), "{other:?}");
+    }
+    // A filter the node does not host: its subscription hears it, and stays silent.
+    let node_id = a.filter("shared").unwrap().identity().replica;
+    let unknown = ask(format!("crpf.nobody.replica.{node_id}.api.stats"), b"").await;
+    assert!(unknown.is_err(), "{unknown:?}");
+
+    a.drop_filter("shared").await.unwrap().unwrap();
+    // Refused as stopped while the drop is fresh, never answered as if it were there.
+    let subject = format!("crpf.shared.replica.{node_id}.api.contains");
+    if let Ok(late) = ask(subject.clone(), b"x").await {
+        assert!(late["error"].as_str().unwrap().contains("stop"), "{late}");
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(ask(subject, b"x").await.is_err(), "answered after the drop");
+    a.shutdown().await.unwrap();
+}

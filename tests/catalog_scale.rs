@@ -118,6 +118,34 @@ async fn ten_thousand_filters_on_one_node() {
         let found = request(&client, format!("crpf.t{i}.api.contains"), b"x".to_vec()).await;
         assert_eq!(found["contains"], true, "t{i}: {found}");
     }
+    // Their own API subjects, under the node's id, answered once (by the node's
+    // subscriptions, not one per filter).
+    let added = client
+        .request("crpf.t7.api.add", Bytes::from_static(b"y"))
+        .await
+        .unwrap();
+    let node_id = added
+        .headers
+        .as_ref()
+        .unwrap()
+        .get("Crpf-Replica")
+        .unwrap()
+        .to_string();
+    let own = format!("crpf.t7.replica.{node_id}.api.contains");
+    let found = request(&client, own.clone(), b"y".to_vec()).await;
+    assert_eq!(found["contains"], true, "{own}: {found}");
+    let inbox = client.new_inbox();
+    let mut replies = client.subscribe(inbox.clone()).await.unwrap();
+    client
+        .publish_with_reply(own.clone(), inbox, Bytes::from_static(b"y"))
+        .await
+        .unwrap();
+    let mut answers = 0;
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(500), replies.next()).await {
+        answers += 1;
+    }
+    assert_eq!(answers, 1, "{own} answered {answers} times");
+    drop(replies);
     // The list, a page (1,000 by default) at a time.
     let (mut listed, mut after) = (0, None::<String>);
     loop {
@@ -186,14 +214,14 @@ async fn ten_thousand_filters_on_one_node() {
 
     // Per node, not per filter: its connections (this test's client is the third) and its
     // JetStream consumers (the catalog watcher). And the service protocol's three
-    // subscriptions are the node's, not each filter's: 5 per filter (replication, the
-    // request API and its per-replica subjects), where there were 8.
+    // subscriptions and the two of the filters' own API subjects are the node's, not each
+    // filter's: 3 per filter (replication and the request API), where there were 8.
     let (_, varz) = http_get(&format!("127.0.0.1:{monitor}"), "/varz").unwrap();
     let varz: Value = serde_json::from_str(&varz).unwrap();
     let subscriptions = varz["subscriptions"].as_u64().unwrap();
     eprintln!("subscriptions: {subscriptions}");
     assert!(
-        subscriptions < 6 * FILTERS as u64,
+        subscriptions < 4 * FILTERS as u64,
         "{subscriptions} subscriptions for {FILTERS} filters"
     );
     let (_, connz) = http_get(&format!("127.0.0.1:{monitor}"), "/connz").unwrap();

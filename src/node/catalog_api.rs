@@ -12,16 +12,13 @@
 //! A create or drop is answered once the answering node has applied it (other nodes follow
 //! within their watcher's delay).
 
-use std::time::Duration;
-
 use bytes::Bytes;
-use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::host::{HostError, Node};
 use crate::FilterSpec;
-use crate::transport::{CatalogEntry, Message, Transport};
+use crate::transport::{CatalogEntry, Message, Transport, serve_subscription};
 
 /// The catalog API's subjects under `prefix`: `<prefix>.$catalog.<op>`.
 pub fn catalog_subject(prefix: &str, op: &str) -> String {
@@ -197,27 +194,18 @@ pub async fn serve(node: Node, transport: std::sync::Arc<dyn Transport>, prefix:
     );
     let subject = catalog_subject(&prefix, "*");
     let queue = format!("{prefix}.$catalog");
-    let mut delay = Duration::from_millis(100);
-    while !node.is_stopping() {
-        let mut requests = match transport
-            .subscribe(subject.clone(), Some(queue.clone()))
-            .await
-        {
-            Ok(s) => {
-                delay = Duration::from_millis(100);
-                s
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot subscribe to the catalog API; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
-                continue;
-            }
-        };
-        while let Some(m) = requests.next().await {
+    let stopping = node.clone();
+    serve_subscription(
+        transport.clone(),
+        (subject, Some(queue)),
+        None,
+        move || stopping.is_stopping(),
+        |m| {
             actix::spawn(respond(node.clone(), transport.clone(), m));
-        }
-    }
+            std::future::ready(())
+        },
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -31,8 +31,8 @@ use super::config::{CatalogSection, NodeConfig};
 use crate::FilterSpec;
 use crate::replica::{Identity, Replica, ReplicaConfig, ReplicaHandle, SharedId};
 use crate::transport::{
-    Catalog, CatalogChange, CatalogEntry, CatalogError, Created, MessageStream, Transport,
-    confirm_subscriptions, is_token, subscribe_now,
+    Catalog, CatalogChange, CatalogEntry, CatalogError, Created, MessageStream, Subjects,
+    Transport, confirm_subscriptions, is_token, serve_subscription, subscribe_now,
 };
 use crate::wire::AuthKeys;
 
@@ -145,8 +145,14 @@ struct Inner {
     /// The replica id the catalog filters share, and the task renewing it.
     shared_id: Option<Arc<SharedId>>,
     renewals: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// The tasks answering `$SRV` for the catalog filters ([`serve_services`]).
+    /// The tasks answering `$SRV` for the catalog filters ([`serve_services`]) and routing
+    /// their own API subjects ([`serve_replica_apis`]).
     services: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The catalog filters' subject prefix.
+    prefix: String,
+    /// Dropped filters whose replicas still refuse requests to their own API subjects for a
+    /// moment (as their own subscriptions did, see [`ReplicaHandle::shutdown_dropped`]).
+    dropping: std::sync::Mutex<HashMap<String, ReplicaHandle>>,
 }
 
 /// A running node's filters. Cheap to clone. Start it inside an actix System.
@@ -204,9 +210,9 @@ impl Node {
             tracing::warn!(error = %e, "node.wal_threads not applied");
         }
         let catalog = catalog.filter(|_| cfg.catalog.enabled);
+        let template = lease_template(&cfg.catalog);
         let (shared_id, renewals) = match &catalog {
             Some(_) => {
-                let template = lease_template(&cfg.catalog);
                 let id = claim_node_id(cfg.node.data_dir.as_deref(), &transport, &template).await?;
                 let renewals = id.spawn_renewals(
                     transport.clone(),
@@ -231,27 +237,37 @@ impl Node {
             shared_id,
             renewals: std::sync::Mutex::new(renewals),
             services: Default::default(),
+            prefix: template.prefix,
+            dropping: Default::default(),
         });
         if inner.catalog.is_some() {
             // Subscribed, and confirmed by the server, before any catalog filter is ready: a
             // ready filter's instance answers `$SRV` (README, "ready").
-            let mut streams = Vec::with_capacity(SERVICE_SUBJECTS.len());
+            // So are the catalog filters' own API subjects (a ready filter answers them).
+            let mut streams = Vec::new();
             for subject in SERVICE_SUBJECTS {
                 let stream = subscribe_now(&inner.transport, subject, None).await;
-                streams.push((subject.to_string(), stream));
+                streams.push((subject.to_string(), stream, false));
+            }
+            if let Some(id) = &inner.shared_id {
+                let own = Subjects::new(&inner.prefix, "*")
+                    .replica_api_subscriptions(id.identity().replica);
+                for subject in own {
+                    let stream = subscribe_now(&inner.transport, &subject, None).await;
+                    streams.push((subject, stream, true));
+                }
             }
             if let Err(e) = confirm_subscriptions(&inner.transport).await {
-                tracing::warn!(error = %e, "the service protocol's subscriptions were not confirmed");
+                tracing::warn!(error = %e, "the node's subscriptions were not confirmed");
             }
             let tasks = streams
                 .into_iter()
-                .map(|(subject, stream)| {
-                    tokio::spawn(serve_services(
-                        Arc::downgrade(&inner),
-                        inner.transport.clone(),
-                        subject,
-                        stream,
-                    ))
+                .map(|(subject, stream, replica_api)| {
+                    let (inner, transport) = (Arc::downgrade(&inner), inner.transport.clone());
+                    match replica_api {
+                        false => tokio::spawn(serve_services(inner, transport, subject, stream)),
+                        true => tokio::spawn(serve_replica_apis(inner, transport, subject, stream)),
+                    }
                 })
                 .collect();
             *inner.services.lock().expect("services lock") = tasks;
@@ -664,9 +680,40 @@ impl Inner {
         instances.iter().filter_map(|s| s.answer(subject)).collect()
     }
 
+    /// The catalog filter a request to `<prefix>.<filter>.replica.<node id>.api[.<op>]` is
+    /// for, if the node routes its own API subjects ([`Inner::routes_own_api`]): hosted, or
+    /// dropped a moment ago.
+    fn replica_api_target(&self, subject: &str) -> Option<ReplicaHandle> {
+        let name = subject
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix('.')?
+            .split('.')
+            .next()?;
+        if self.configured.contains(name) {
+            // Its own subscriptions answer (its id may equal the node's: another namespace).
+            return None;
+        }
+        if let Some(h) = self.hosted.read().expect("hosted lock").get(name) {
+            return self.routes_own_api(&h.spec).then(|| h.handle.clone());
+        }
+        self.dropping
+            .lock()
+            .expect("dropping lock")
+            .get(name)
+            .cloned()
+    }
+
+    /// Whether the node routes the own API subjects of a catalog filter of `spec`: it
+    /// replicates under the node's id (kinds that keep their own ids subscribe themselves).
+    fn routes_own_api(&self, spec: &FilterSpec) -> bool {
+        self.shared_id.is_some() && spec.kind.reuses_ids()
+    }
+
     /// The replica configuration of a catalog filter's incarnation.
     fn replica_config(&self, name: &str, spec: FilterSpec, generation: u64) -> ReplicaConfig {
+        let replica_api_by_node = self.routes_own_api(&spec);
         let mut c = self.settings.defaults.replica_config(name, spec);
+        c.replica_api_by_node = replica_api_by_node;
         c.generation = generation;
         c.aggregate_metrics = !self.settings.metrics_filters.iter().any(|f| f == name);
         c.auth_keys = self.auth_keys.clone();
@@ -744,8 +791,30 @@ impl Inner {
             return;
         };
         self.changed();
+        let refusing = self.routes_own_api(&h.spec);
+        if refusing {
+            self.dropping
+                .lock()
+                .expect("dropping lock")
+                .insert(name.to_string(), h.handle.clone());
+        }
         if let Err(e) = h.handle.shutdown_dropped().await {
             tracing::warn!(filter = name, error = %e, "a dropped filter's replica did not stop cleanly");
+        }
+        if refusing {
+            // As long as its own subscriptions would have lingered, unless the name is
+            // hosted again meanwhile (a new incarnation answers then).
+            let inner = Arc::downgrade(self);
+            let (name, handle) = (name.to_string(), h.handle.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(crate::replica::API_LINGER).await;
+                if let Some(inner) = inner.upgrade() {
+                    let mut dropping = inner.dropping.lock().expect("dropping lock");
+                    if dropping.get(&name).is_some_and(|h| h.same_replica(&handle)) {
+                        dropping.remove(&name);
+                    }
+                }
+            });
         }
         if let Some(base) = &self.data_dir {
             remove_dir(&base.join(incarnation_dir(name, h.generation)), "dropped");
@@ -780,44 +849,65 @@ async fn serve_services(
     inner: Weak<Inner>,
     transport: Arc<dyn Transport>,
     subject: String,
-    mut initial: Option<MessageStream>,
+    initial: Option<MessageStream>,
 ) {
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        let subscribed = match initial.take() {
-            Some(stream) => Ok(stream),
-            None => transport.subscribe(subject.clone(), None).await,
+    let stopped = stopped(inner.clone());
+    let answering = transport.clone();
+    serve_subscription(transport, (subject, None), initial, stopped, |msg| {
+        let answers = match (inner.upgrade(), msg.reply) {
+            (Some(inner), Some(reply)) => Some((inner.service_answers(&msg.subject), reply)),
+            _ => None,
         };
-        let mut stream = match subscribed {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(%subject, error = %e, "cannot subscribe to the service protocol; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-                continue;
-            }
-        };
-        while let Some(msg) = stream.next().await {
-            let Some(inner) = inner.upgrade() else {
+        let transport = answering.clone();
+        async move {
+            let Some((answers, reply)) = answers else {
                 return;
             };
-            let Some(reply) = msg.reply else {
-                continue;
-            };
-            for answer in inner.service_answers(&msg.subject) {
+            for answer in answers {
                 if let Err(e) = transport.publish(reply.clone(), answer).await {
                     tracing::debug!(error = %e, "a service protocol answer was not sent");
                 }
             }
         }
-        if inner
+    })
+    .await
+}
+
+/// Routes the requests to the catalog filters' own API subjects
+/// (`<prefix>.<filter>.replica.<node id>.api[.<op>]`: the filters that replicate under the
+/// node's id), received on `subject`, to their replicas, until the node stops. Two
+/// subscriptions of each replica were 2 of its 5, with a channel buffer of ~6 KB each.
+async fn serve_replica_apis(
+    inner: Weak<Inner>,
+    transport: Arc<dyn Transport>,
+    subject: String,
+    initial: Option<MessageStream>,
+) {
+    let stopped = stopped(inner.clone());
+    let replying = transport.clone();
+    serve_subscription(transport, (subject, None), initial, stopped, |msg| {
+        let reply = inner
+            .upgrade()
+            .and_then(|inner| inner.replica_api_target(&msg.subject))
+            .and_then(|handle| handle.route_own_api(msg));
+        let transport = replying.clone();
+        async move {
+            if let Some((to, headers, payload)) = reply
+                && let Err(e) = transport.publish_with_headers(to, headers, payload).await
+            {
+                tracing::debug!(error = %e, "a reply of a replica's API was not sent");
+            }
+        }
+    })
+    .await
+}
+
+/// Whether the node is gone or stopping.
+fn stopped(inner: Weak<Inner>) -> impl Fn() -> bool {
+    move || {
+        inner
             .upgrade()
             .is_none_or(|i| i.stopping.load(Ordering::SeqCst))
-        {
-            return;
-        }
-        tracing::warn!(%subject, "service protocol subscription ended, resubscribing");
-        tokio::time::sleep(backoff).await;
     }
 }
 

@@ -67,8 +67,9 @@ pub use local::{
     Add, Contains, FlushDelta, Import, Merge, Persist, Remove, ReserveTags, Shutdown, Stats,
     TakeSnapshot,
 };
-pub(crate) use pump::{Inbound, Route};
+pub(crate) use pump::{API_LINGER, Inbound, Route};
 pub use reads::PendingResponse;
+pub(crate) use reads::route_own_api;
 pub use reply::ApiResponse;
 pub(crate) use reply::error_of;
 pub(crate) use updates::{AddOutcome, BatchAdd, InPlace};

@@ -192,6 +192,12 @@ pub struct ReplicaConfig {
     /// it shares among its catalog filters: the replica makes none of its own.
     #[serde(skip)]
     pub service_by_node: bool,
+    /// The node routes the requests to this replica's own API subjects
+    /// (`<prefix>.<filter>.replica.<id>.api[.<op>]`) to it, from subscriptions it shares
+    /// among its catalog filters that replicate under its id: the replica makes none of its
+    /// own for them (it still does if it does not replicate under the node's id).
+    #[serde(skip)]
+    pub replica_api_by_node: bool,
 }
 
 mod d {
@@ -316,6 +322,7 @@ impl ReplicaConfig {
             aggregate_metrics: false,
             new_incarnation: false,
             service_by_node: false,
+            replica_api_by_node: false,
         }
     }
 

@@ -67,11 +67,11 @@ use uuid::Uuid;
 pub use ack::AckLevel;
 pub use actor::ACK_HEADER;
 pub use actor::CommitTicket;
+pub(crate) use actor::{API_LINGER, AddOutcome, BatchAdd, InPlace, error_of};
 pub use actor::{
     Add, ApiResponse, Contains, FlushDelta, Import, Merge, PendingResponse, Persist, Remove,
     Replica, ReserveTags, Shutdown, Stats, TakeSnapshot,
 };
-pub(crate) use actor::{AddOutcome, BatchAdd, InPlace, error_of};
 pub use config::{MAX_FSYNC_INTERVAL_MS, ReplicaConfig};
 pub use durable::{DataDir, DurableError, Identity};
 pub use filter::{
@@ -496,6 +496,21 @@ impl ReplicaHandle {
     /// The filter's kind.
     pub fn kind(&self) -> crate::FilterKind {
         self.shared.kind
+    }
+
+    /// Whether `other` is a handle of the same replica (not another incarnation of its name).
+    pub(crate) fn same_replica(&self, other: &ReplicaHandle) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    /// A request to this replica's own API subjects, received by its node for it
+    /// ([`ReplicaConfig::replica_api_by_node`]): answered as the replica's own subscription
+    /// would. The reply to publish, if any.
+    pub(crate) fn route_own_api(
+        &self,
+        msg: crate::transport::Message,
+    ) -> Option<(String, async_nats::HeaderMap, bytes::Bytes)> {
+        actor::route_own_api(&self.shared, msg)
     }
 
     /// Its instance of the NATS service API, once it serves its API: ready, its API's

@@ -550,6 +550,50 @@ pub(crate) async fn confirm_subscriptions(
         .unwrap_or_else(|_| Err(TransportError::request("timed out")))
 }
 
+/// Serves a subscription to `subject` (in `queue`, if any) until `stopped` says so: every
+/// message goes to `handle`, in order, and the subscription is made again whenever it fails
+/// (after a backoff doubling from 50 ms up to 5 s) or ends. `initial`: one made already.
+pub(crate) async fn serve_subscription<F, Fut>(
+    transport: Arc<dyn Transport>,
+    (subject, queue): (String, Option<String>),
+    mut initial: Option<MessageStream>,
+    stopped: impl Fn() -> bool,
+    mut handle: F,
+) where
+    F: FnMut(Message) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    use futures::StreamExt;
+    let mut backoff = Duration::from_millis(50);
+    while !stopped() {
+        let subscribed = match initial.take() {
+            Some(stream) => Ok(stream),
+            None => transport.subscribe(subject.clone(), queue.clone()).await,
+        };
+        let mut stream = match subscribed {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(%subject, error = %e, "cannot subscribe; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        while let Some(msg) = stream.next().await {
+            if stopped() {
+                return;
+            }
+            backoff = Duration::from_millis(50);
+            handle(msg).await;
+        }
+        if stopped() {
+            return;
+        }
+        tracing::warn!(%subject, "subscription ended, subscribing again");
+        tokio::time::sleep(backoff).await;
+    }
+}
+
 /// Whether a NATS subject with wildcards matches a concrete subject.
 pub(crate) fn subject_matches(pattern: &str, subject: &str) -> bool {
     let mut p = pattern.split('.');

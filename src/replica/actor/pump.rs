@@ -95,7 +95,7 @@ const STATE_FLUSH_BYTES: usize = 8 << 20;
 /// unsubscription, and a request dropped unanswered costs its sender a whole timeout.
 /// (async-nats 0.51 has no drain that would end this after one round trip: its `drain`
 /// forgets the subscription before the server's PONG.)
-pub(super) const API_LINGER: Duration = Duration::from_millis(500);
+pub(crate) const API_LINGER: Duration = Duration::from_millis(500);
 
 /// Forwards a subscription into the actor's inbound buffer, resubscribing if it ends, until
 /// the actor is gone (and then, with `linger`, for that long more if the replica's filter

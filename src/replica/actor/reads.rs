@@ -31,6 +31,31 @@ use crate::replica::service::ApiService;
 use crate::replica::{ReplicaError, wall_clock_ms};
 use crate::transport::{Message, Subjects};
 
+/// A request to the replica's own API subjects that its node received for it
+/// ([`crate::replica::ReplicaConfig::replica_api_by_node`]): answered here or handed to the
+/// actor, as the replica's own subscription task would ([`Reads::route`]). Before the replica
+/// serves its API it is refused as not serving: the subscription is the node's, and silence
+/// would cost the requester a whole timeout. The reply to publish, if any.
+pub(crate) fn route_own_api(shared: &Shared, msg: Message) -> Option<(String, HeaderMap, Bytes)> {
+    let Some(reads) = shared.api.get() else {
+        let to = ReplyTo::Subject(msg.reply?);
+        let refused = failure_reply(&ReplicaError::NotServing);
+        return match refused.finish(shared.identity.replica, Some(to)) {
+            Some((ReplyTo::Subject(to), headers, payload)) => Some((to, headers, payload)),
+            _ => None,
+        };
+    };
+    match reads.route(msg) {
+        Route::Actor(item) => {
+            // A full buffer drops it and counts; a closed one means the replica stopped.
+            let _ = offer(shared, &reads.updates.to_actor, item);
+            None
+        }
+        Route::Drop => None,
+        Route::Reply(to, headers, payload) => Some((to, headers, payload)),
+    }
+}
+
 /// Everything a subscription task needs to answer queries itself.
 pub(crate) struct Reads {
     pub shared: Arc<Shared>,

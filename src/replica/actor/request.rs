@@ -52,9 +52,14 @@ impl Replica {
             .subjects
             .api_subscriptions()
             .map(|s| (s.to_string(), Some(queue.clone())));
+        // Unless the node routes them: the replica replicates under the node's id, whose
+        // subscriptions cover every such filter of the node.
+        let own_by_node = self.cfg.replica_api_by_node && self.lease.shared.is_some();
         let own = self
             .subjects
             .replica_api_subscriptions(self.id())
+            .into_iter()
+            .filter(|_| !own_by_node)
             .map(|s| (s, None));
         let subscriptions: Vec<_> = shared_subjects.into_iter().chain(own).collect();
         // Queries (and some updates, see `updates`) are answered in the subscription tasks;
