@@ -160,28 +160,29 @@ pub(crate) struct ServiceError {
 struct Counts {
     requests: u64,
     errors: u64,
-    last_error: String,
+    last_error: Option<Box<str>>,
     processing: Duration,
 }
 
-#[derive(Debug)]
-struct Endpoint {
-    info: EndpointInfo,
-    counts: Mutex<Counts>,
-}
-
-/// One replica's service instance: its identity, endpoints and their statistics. Shared by
-/// the actor, which counts the requests it answers, and the task answering `$SRV` requests.
+/// One replica's service instance: its identity and its endpoints' statistics. Shared by the
+/// actor and the tasks answering requests, which count them, and the task answering `$SRV`
+/// requests. Compact: what an answer describes (metadata, endpoints, their subjects) is made
+/// when asked for, and the statistics exist from the first request on (a node of 100,000
+/// filters, most never asked, kept 14 KB of strings per filter here).
 #[derive(Debug)]
 pub(crate) struct ApiService {
-    name: String,
-    id: String,
-    description: String,
-    metadata: BTreeMap<String, String>,
-    started: String,
+    filter: String,
+    prefix: String,
+    kind: FilterKind,
+    replica: ReplicaId,
+    uuid: Uuid,
+    /// This instance's id (unique per instance, ADR-32: a restarted replica is a new one).
+    id: Uuid,
+    started: time::OffsetDateTime,
     subjects: Subjects,
-    /// [`Op::ALL`] on the filter's subjects, then on this replica's.
-    endpoints: Vec<Endpoint>,
+    /// Per endpoint ([`Op::ALL`] on the filter's subjects, then on this replica's), once a
+    /// request was counted.
+    counts: std::sync::OnceLock<Box<[Mutex<Counts>]>>,
 }
 
 /// A request being served: counted on its endpoint by [`Served::finish`].
@@ -196,15 +197,16 @@ impl Served {
     /// Counts the request, answered now, with `error` if the answer is one.
     pub(crate) fn finish(self, error: Option<&ServiceError>) {
         let Some(i) = self.endpoint else { return };
-        let mut c = self.service.endpoints[i]
+        let counts = self
+            .service
             .counts
-            .lock()
-            .expect("service counts lock");
+            .get_or_init(|| (0..2 * Op::ALL.len()).map(|_| Mutex::default()).collect());
+        let mut c = counts[i].lock().expect("service counts lock");
         c.requests += 1;
         c.processing += self.since.elapsed();
         if let Some(e) = error {
             c.errors += 1;
-            c.last_error = format!("{}:{}", e.code, e.text);
+            c.last_error = Some(format!("{}:{}", e.code, e.text).into());
         }
     }
 }
@@ -218,7 +220,8 @@ enum Verb {
 }
 
 impl ApiService {
-    /// The service of replica `replica` (uuid `uuid`) of a filter.
+    /// The instance of replica `replica` (`uuid`) of `filter`, a filter of `kind` on
+    /// `subjects` under `prefix`.
     pub(crate) fn new(
         subjects: &Subjects,
         prefix: &str,
@@ -227,82 +230,37 @@ impl ApiService {
         replica: ReplicaId,
         uuid: Uuid,
     ) -> Self {
-        let metadata = BTreeMap::from([
-            ("filter".to_string(), filter.to_string()),
-            ("kind".to_string(), kind.name().to_string()),
-            ("prefix".to_string(), prefix.to_string()),
-            ("replica".to_string(), replica.to_string()),
-            ("uuid".to_string(), uuid.to_string()),
-        ]);
-        let endpoint = |name: String, subject: String, queue_group: String, op: Op| Endpoint {
-            info: EndpointInfo {
-                name,
-                subject,
-                queue_group,
-                metadata: BTreeMap::from([
-                    ("op".to_string(), op.name().to_string()),
-                    (
-                        "payload".to_string(),
-                        match op {
-                            Op::Stats => "none",
-                            op if op.is_batch() => "batch",
-                            _ => "item",
-                        }
-                        .to_string(),
-                    ),
-                ]),
-            },
-            counts: Mutex::default(),
-        };
-        let shared = Op::ALL.map(|op| {
-            endpoint(
-                op.name().to_string(),
-                subjects.api_subject(op.name()),
-                subjects.api_queue.clone(),
-                op,
-            )
-        });
-        let own = Op::ALL.map(|op| {
-            endpoint(
-                format!("replica-{}", op.name()),
-                subjects.replica_api_subject(replica, op.name()),
-                String::new(),
-                op,
-            )
-        });
-        let started = started_text(time::OffsetDateTime::now_utc());
         ApiService {
-            name: service_name(filter),
-            // Unique per instance (ADR-32): a restarted replica is a new instance.
-            id: Uuid::new_v4().simple().to_string(),
-            description: format!(
-                "crpf replicated {} filter `{filter}`, replica {replica}",
-                kind.name()
-            ),
-            metadata,
-            started,
+            filter: filter.to_string(),
+            prefix: prefix.to_string(),
+            kind,
+            replica,
+            uuid,
+            id: Uuid::new_v4(),
+            started: time::OffsetDateTime::now_utc(),
             subjects: subjects.clone(),
-            endpoints: shared.into_iter().chain(own).collect(),
+            counts: std::sync::OnceLock::new(),
         }
     }
 
     /// The service name.
-    pub(crate) fn name(&self) -> &str {
-        &self.name
+    pub(crate) fn name(&self) -> String {
+        service_name(&self.filter)
     }
 
     /// This instance's id.
-    pub(crate) fn id(&self) -> &str {
-        &self.id
+    pub(crate) fn id(&self) -> String {
+        self.id.simple().to_string()
     }
 
     /// The subscriptions that hear every service request for this instance: the verbs to all
     /// services, to this service, and to this instance (each `*` one verb).
     pub(crate) fn subscriptions(&self) -> [String; 3] {
+        let name = self.name();
         [
             format!("{SERVICE_PREFIX}.*"),
-            format!("{SERVICE_PREFIX}.*.{}", self.name),
-            format!("{SERVICE_PREFIX}.*.{}.{}", self.name, self.id),
+            format!("{SERVICE_PREFIX}.*.{name}"),
+            format!("{SERVICE_PREFIX}.*.{name}.{}", self.id()),
         ]
     }
 
@@ -338,10 +296,14 @@ impl ApiService {
             _ => return None,
         };
         let rest: Vec<&str> = tokens.collect();
+        let named =
+            |name: &str| name.strip_prefix(SERVICE_NAME_PREFIX) == Some(self.filter.as_str());
         let mine = match rest[..] {
             [] => true,
-            [name] => name == self.name,
-            [name, id] => name == self.name && id == self.id,
+            [name] => named(name),
+            [name, id] => {
+                named(name) && id == self.id.simple().encode_lower(&mut Uuid::encode_buffer())
+            }
             _ => false,
         };
         if !mine {
@@ -355,46 +317,109 @@ impl ApiService {
         Some(json.expect("service answers serialize").into())
     }
 
+    /// `filter`, `kind`, `prefix`, `replica`, `uuid`.
+    fn metadata(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            ("filter".to_string(), self.filter.clone()),
+            ("kind".to_string(), self.kind.name().to_string()),
+            ("prefix".to_string(), self.prefix.clone()),
+            ("replica".to_string(), self.replica.to_string()),
+            ("uuid".to_string(), self.uuid.to_string()),
+        ])
+    }
+
+    /// The endpoints, in their order: [`Op::ALL`] on the filter's subjects (in its queue
+    /// group), then on this replica's (in none).
+    fn endpoints(&self) -> impl Iterator<Item = EndpointInfo> + '_ {
+        let endpoint = |name: String, subject: String, queue_group: String, op: Op| {
+            let payload = match op {
+                Op::Stats => "none",
+                op if op.is_batch() => "batch",
+                _ => "item",
+            };
+            EndpointInfo {
+                name,
+                subject,
+                queue_group,
+                metadata: BTreeMap::from([
+                    ("op".to_string(), op.name().to_string()),
+                    ("payload".to_string(), payload.to_string()),
+                ]),
+            }
+        };
+        let shared = Op::ALL.into_iter().map(move |op| {
+            endpoint(
+                op.name().to_string(),
+                self.subjects.api_subject(op.name()),
+                self.subjects.api_queue.clone(),
+                op,
+            )
+        });
+        let own = Op::ALL.into_iter().map(move |op| {
+            endpoint(
+                format!("replica-{}", op.name()),
+                self.subjects.replica_api_subject(self.replica, op.name()),
+                String::new(),
+                op,
+            )
+        });
+        shared.chain(own)
+    }
+
     fn ping(&self) -> PingResponse {
         PingResponse {
             kind: PING_RESPONSE.into(),
-            name: self.name.clone(),
-            id: self.id.clone(),
+            name: self.name(),
+            id: self.id(),
             version: env!("CARGO_PKG_VERSION").into(),
-            metadata: self.metadata.clone(),
+            metadata: self.metadata(),
         }
     }
 
     fn info(&self) -> InfoResponse {
         InfoResponse {
             kind: INFO_RESPONSE.into(),
-            name: self.name.clone(),
-            id: self.id.clone(),
+            name: self.name(),
+            id: self.id(),
             version: env!("CARGO_PKG_VERSION").into(),
-            metadata: self.metadata.clone(),
-            description: self.description.clone(),
-            endpoints: self.endpoints.iter().map(|e| e.info.clone()).collect(),
+            metadata: self.metadata(),
+            description: format!(
+                "crpf replicated {} filter `{}`, replica {}",
+                self.kind.name(),
+                self.filter,
+                self.replica
+            ),
+            endpoints: self.endpoints().collect(),
         }
     }
 
     fn stats(&self) -> StatsResponse {
         let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let counts = self.counts.get();
         let endpoints = self
-            .endpoints
-            .iter()
-            .map(|e| {
-                let c = e.counts.lock().expect("service counts lock");
+            .endpoints()
+            .enumerate()
+            .map(|(i, e)| {
+                let c = counts.map(|c| c[i].lock().expect("service counts lock"));
+                let (requests, errors, processing) =
+                    c.as_ref().map_or((0, 0, Duration::ZERO), |c| {
+                        (c.requests, c.errors, c.processing)
+                    });
                 EndpointStats {
-                    name: e.info.name.clone(),
-                    subject: e.info.subject.clone(),
-                    queue_group: e.info.queue_group.clone(),
-                    num_requests: c.requests,
-                    num_errors: c.errors,
-                    last_error: c.last_error.clone(),
-                    processing_time: nanos(c.processing),
-                    average_processing_time: match c.requests {
+                    name: e.name,
+                    subject: e.subject,
+                    queue_group: e.queue_group,
+                    num_requests: requests,
+                    num_errors: errors,
+                    last_error: c
+                        .as_ref()
+                        .and_then(|c| c.last_error.as_deref())
+                        .unwrap_or_default()
+                        .to_string(),
+                    processing_time: nanos(processing),
+                    average_processing_time: match requests {
                         0 => 0,
-                        n => nanos(c.processing / u32::try_from(n).unwrap_or(u32::MAX)),
+                        n => nanos(processing / u32::try_from(n).unwrap_or(u32::MAX)),
                     },
                     data: serde_json::Value::Null,
                 }
@@ -402,11 +427,11 @@ impl ApiService {
             .collect();
         StatsResponse {
             kind: STATS_RESPONSE.into(),
-            name: self.name.clone(),
-            id: self.id.clone(),
+            name: self.name(),
+            id: self.id(),
             version: env!("CARGO_PKG_VERSION").into(),
-            metadata: self.metadata.clone(),
-            started: self.started.clone(),
+            metadata: self.metadata(),
+            started: started_text(self.started),
             endpoints,
         }
     }
