@@ -275,7 +275,7 @@ impl Replica {
             Some((ReplyTo::Subject(to), headers, payload)) => {
                 self.telemetry
                     .traffic(Direction::Out, Channel::Api, payload.len());
-                self.enqueue(Outbound::Reply(to, payload, headers));
+                self.enqueue(Outbound::Reply(Box::new((to, payload, headers))));
             }
             Some((ReplyTo::InProcess(tx), headers, payload)) => {
                 // The caller may have given up waiting: nothing to do then.
