@@ -354,7 +354,8 @@ async fn catalog_filters_issue_tags_under_one_node_id_and_never_twice_after_a_re
 
 /// A catalog filter's own API subjects (`crpf.<filter>.replica.<id>.api.<op>`) answer through
 /// the node's subscriptions when it replicates under the node's id, through its own when it
-/// keeps an id of its own; a dropped filter's refuse for a moment, then nothing answers.
+/// keeps an id of its own; a dropped filter's refuse for a moment, then nothing answers. The
+/// subject without an operation (`crpf.<filter>.api`) is the node's too.
 #[actix::test]
 async fn own_api_subjects_of_catalog_filters_answer_through_the_node_until_dropped() {
     let bus = InProcessBus::new();
@@ -386,14 +387,18 @@ async fn own_api_subjects_of_catalog_filters_answer_through_the_node_until_dropp
             .await
             .unwrap();
         assert_eq!(found["contains"], true, "{name}: {found}");
-        // Without an operation: an error reply, as on the shared subject.
-        let bare = ask(format!("crpf.{name}.replica.{id}.api"), b"")
-            .await
-            .unwrap();
-        assert!(
-            bare["error"].as_str().unwrap().contains("no operation"),
-            "{bare}"
-        );
+        // Without an operation: an error reply, on the filter's subject (routed by the node)
+        // as on its own.
+        for subject in [
+            format!("crpf.{name}.api"),
+            format!("crpf.{name}.replica.{id}.api"),
+        ] {
+            let bare = ask(subject, b"").await.unwrap();
+            assert!(
+                bare["error"].as_str().unwrap().contains("no operation"),
+                "{bare}"
+            );
+        }
         // Another id of the same filter is nobody here.
         let other = ask(format!("crpf.{name}.replica.{}.api.stats", id + 1), b"").await;
         assert!(other.is_err(), "{other:?}");
@@ -401,6 +406,8 @@ async fn own_api_subjects_of_catalog_filters_answer_through_the_node_until_dropp
     // A filter the node does not host: its subscription hears it, and stays silent.
     let node_id = a.filter("shared").unwrap().identity().replica;
     let unknown = ask(format!("crpf.nobody.replica.{node_id}.api.stats"), b"").await;
+    assert!(unknown.is_err(), "{unknown:?}");
+    let unknown = ask("crpf.nobody.api".into(), b"").await;
     assert!(unknown.is_err(), "{unknown:?}");
 
     a.drop_filter("shared").await.unwrap().unwrap();

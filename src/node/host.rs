@@ -243,30 +243,37 @@ impl Node {
         if inner.catalog.is_some() {
             // Subscribed, and confirmed by the server, before any catalog filter is ready: a
             // ready filter's instance answers `$SRV` (README, "ready").
-            // So are the catalog filters' own API subjects (a ready filter answers them).
-            let mut streams = Vec::new();
-            for subject in SERVICE_SUBJECTS {
-                let stream = subscribe_now(&inner.transport, subject, None).await;
-                streams.push((subject.to_string(), stream, false));
-            }
+            // So are the catalog filters' subjects the node routes (a ready filter answers
+            // them): the request API's without an operation, and their own.
+            let mut subjects: Vec<_> = SERVICE_SUBJECTS
+                .iter()
+                .map(|s| (s.to_string(), Routed::Service))
+                .collect();
+            let all = Subjects::new(&inner.prefix, "*");
+            subjects.push((all.api_root.clone(), Routed::ApiRoot));
             if let Some(id) = &inner.shared_id {
-                let own = Subjects::new(&inner.prefix, "*")
-                    .replica_api_subscriptions(id.identity().replica);
-                for subject in own {
-                    let stream = subscribe_now(&inner.transport, &subject, None).await;
-                    streams.push((subject, stream, true));
-                }
+                let own = all.replica_api_subscriptions(id.identity().replica);
+                subjects.extend(own.map(|s| (s, Routed::OwnApi)));
+            }
+            let mut streams = Vec::with_capacity(subjects.len());
+            for (subject, routed) in subjects {
+                let stream = subscribe_now(&inner.transport, &subject, None).await;
+                streams.push((subject, stream, routed));
             }
             if let Err(e) = confirm_subscriptions(&inner.transport).await {
                 tracing::warn!(error = %e, "the node's subscriptions were not confirmed");
             }
             let tasks = streams
                 .into_iter()
-                .map(|(subject, stream, replica_api)| {
+                .map(|(subject, stream, routed)| {
                     let (inner, transport) = (Arc::downgrade(&inner), inner.transport.clone());
-                    match replica_api {
-                        false => tokio::spawn(serve_services(inner, transport, subject, stream)),
-                        true => tokio::spawn(serve_replica_apis(inner, transport, subject, stream)),
+                    match routed {
+                        Routed::Service => {
+                            tokio::spawn(serve_services(inner, transport, subject, stream))
+                        }
+                        routed => tokio::spawn(serve_replica_apis(
+                            inner, transport, subject, stream, routed,
+                        )),
                     }
                 })
                 .collect();
@@ -680,10 +687,12 @@ impl Inner {
         instances.iter().filter_map(|s| s.answer(subject)).collect()
     }
 
-    /// The catalog filter a request to `<prefix>.<filter>.replica.<node id>.api[.<op>]` is
-    /// for, if the node routes its own API subjects ([`Inner::routes_own_api`]): hosted, or
-    /// dropped a moment ago.
-    fn replica_api_target(&self, subject: &str) -> Option<ReplicaHandle> {
+    /// The catalog filter a request on a subject the node routes is for (`routed`, on
+    /// `<prefix>.<filter>.api` or `<prefix>.<filter>.replica.<node id>.api[.<op>]`): hosted
+    /// and serving its API (for the first, which every node answers for its own replica), or
+    /// (for the second) hosted, replicating under the node's id ([`Inner::routes_own_api`]),
+    /// or dropped a moment ago.
+    fn routed_target(&self, subject: &str, routed: Routed) -> Option<ReplicaHandle> {
         let name = subject
             .strip_prefix(self.prefix.as_str())?
             .strip_prefix('.')?
@@ -693,8 +702,12 @@ impl Inner {
             // Its own subscriptions answer (its id may equal the node's: another namespace).
             return None;
         }
-        if let Some(h) = self.hosted.read().expect("hosted lock").get(name) {
-            return self.routes_own_api(&h.spec).then(|| h.handle.clone());
+        let hosted = self.hosted.read().expect("hosted lock").get(name).cloned();
+        if routed == Routed::ApiRoot {
+            return hosted.map(|h| h.handle).filter(ReplicaHandle::serving_api);
+        }
+        if let Some(h) = hosted {
+            return self.routes_own_api(&h.spec).then_some(h.handle);
         }
         self.dropping
             .lock()
@@ -711,13 +724,11 @@ impl Inner {
 
     /// The replica configuration of a catalog filter's incarnation.
     fn replica_config(&self, name: &str, spec: FilterSpec, generation: u64) -> ReplicaConfig {
-        let replica_api_by_node = self.routes_own_api(&spec);
         let mut c = self.settings.defaults.replica_config(name, spec);
-        c.replica_api_by_node = replica_api_by_node;
         c.generation = generation;
         c.aggregate_metrics = !self.settings.metrics_filters.iter().any(|f| f == name);
         c.auth_keys = self.auth_keys.clone();
-        c.service_by_node = true;
+        c.catalog_hosted = true;
         c.data_dir = self
             .data_dir
             .as_ref()
@@ -873,22 +884,35 @@ async fn serve_services(
     .await
 }
 
-/// Routes the requests to the catalog filters' own API subjects
-/// (`<prefix>.<filter>.replica.<node id>.api[.<op>]`: the filters that replicate under the
-/// node's id), received on `subject`, to their replicas, until the node stops. Two
-/// subscriptions of each replica were 2 of its 5, with a channel buffer of ~6 KB each.
+/// The subjects of its catalog filters a node serves on subscriptions of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Routed {
+    /// The NATS service protocol ([`SERVICE_SUBJECTS`]).
+    Service,
+    /// `<prefix>.*.api`: the request API without an operation, answered with an error by
+    /// every node whose replica serves (the requester takes the first answer).
+    ApiRoot,
+    /// `<prefix>.*.replica.<node id>.api[.>]`: the own API subjects of the filters that
+    /// replicate under the node's id.
+    OwnApi,
+}
+
+/// Routes the requests on `subject` (see [`Routed`]) to the replicas of the catalog filters
+/// they are for, until the node stops. These were 3 of each replica's 5 subscriptions, with
+/// a channel buffer of ~6 KB each.
 async fn serve_replica_apis(
     inner: Weak<Inner>,
     transport: Arc<dyn Transport>,
     subject: String,
     initial: Option<MessageStream>,
+    routed: Routed,
 ) {
     let stopped = stopped(inner.clone());
     let replying = transport.clone();
     serve_subscription(transport, (subject, None), initial, stopped, |msg| {
         let reply = inner
             .upgrade()
-            .and_then(|inner| inner.replica_api_target(&msg.subject))
+            .and_then(|inner| inner.routed_target(&msg.subject, routed))
             .and_then(|handle| handle.route_own_api(msg));
         let transport = replying.clone();
         async move {

@@ -188,16 +188,13 @@ pub struct ReplicaConfig {
     /// its peers reach it by replication.
     #[serde(skip)]
     pub new_incarnation: bool,
-    /// The node answers the NATS service protocol (`$SRV`) for this replica, on subscriptions
-    /// it shares among its catalog filters: the replica makes none of its own.
+    /// A catalog filter of a node, which serves some of its subjects on subscriptions it
+    /// shares among its catalog filters, where the replica makes none of its own: the NATS
+    /// service protocol (`$SRV`), the request API's subject without an operation
+    /// (`<prefix>.<filter>.api`), and, if the replica replicates under the node's id, its own
+    /// API subjects (`<prefix>.<filter>.replica.<id>.api[.<op>]`).
     #[serde(skip)]
-    pub service_by_node: bool,
-    /// The node routes the requests to this replica's own API subjects
-    /// (`<prefix>.<filter>.replica.<id>.api[.<op>]`) to it, from subscriptions it shares
-    /// among its catalog filters that replicate under its id: the replica makes none of its
-    /// own for them (it still does if it does not replicate under the node's id).
-    #[serde(skip)]
-    pub replica_api_by_node: bool,
+    pub catalog_hosted: bool,
 }
 
 mod d {
@@ -321,8 +318,7 @@ impl ReplicaConfig {
             generation: 0,
             aggregate_metrics: false,
             new_incarnation: false,
-            service_by_node: false,
-            replica_api_by_node: false,
+            catalog_hosted: false,
         }
     }
 

@@ -498,13 +498,18 @@ impl ReplicaHandle {
         self.shared.kind
     }
 
+    /// Whether it serves the request API now (it was asked to, and is ready).
+    pub(crate) fn serving_api(&self) -> bool {
+        self.shared.api.get().is_some()
+    }
+
     /// Whether `other` is a handle of the same replica (not another incarnation of its name).
     pub(crate) fn same_replica(&self, other: &ReplicaHandle) -> bool {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
 
     /// A request to this replica's own API subjects, received by its node for it
-    /// ([`ReplicaConfig::replica_api_by_node`]): answered as the replica's own subscription
+    /// ([`ReplicaConfig::catalog_hosted`]): answered as the replica's own subscription
     /// would. The reply to publish, if any.
     pub(crate) fn route_own_api(
         &self,

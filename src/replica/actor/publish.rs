@@ -39,7 +39,10 @@ impl Replica {
     /// Queues a frame for the publisher task (which publishes in order).
     fn send(&mut self, subject: String, frame: Vec<u8>, channel: Channel) {
         self.telemetry.traffic(Direction::Out, channel, frame.len());
-        self.enqueue(Outbound::Publish(Box::new((subject, frame.into())), channel));
+        self.enqueue(Outbound::Publish(
+            Box::new((subject, frame.into())),
+            channel,
+        ));
     }
 
     /// Hands a message to the publisher task; a full queue drops it and counts.

@@ -32,7 +32,7 @@ use crate::replica::{ReplicaError, wall_clock_ms};
 use crate::transport::{Message, Subjects};
 
 /// A request to the replica's own API subjects that its node received for it
-/// ([`crate::replica::ReplicaConfig::replica_api_by_node`]): answered here or handed to the
+/// ([`crate::replica::ReplicaConfig::catalog_hosted`]): answered here or handed to the
 /// actor, as the replica's own subscription task would ([`Reads::route`]). Before the replica
 /// serves its API it is refused as not serving: the subscription is the node's, and silence
 /// would cost the requester a whole timeout. The reply to publish, if any.

@@ -47,14 +47,18 @@ impl Replica {
         // group, so that one ready replica answers; and the same two under
         // `<...>.replica.<id>`, without a group, for requests to this replica alone. Every
         // request on an API subject gets a reply, an error one without a known operation.
+        // A catalog filter's node routes the subject without an operation, and its own ones
+        // if the replica replicates under the node's id (its subscriptions cover every such
+        // filter of the node).
+        let by_node = self.cfg.catalog_hosted;
+        let own_by_node = by_node && self.lease.shared.is_some();
         let queue = self.subjects.api_queue.clone();
         let shared_subjects = self
             .subjects
             .api_subscriptions()
+            .into_iter()
+            .filter(|s| !(by_node && *s == self.subjects.api_root))
             .map(|s| (s.to_string(), Some(queue.clone())));
-        // Unless the node routes them: the replica replicates under the node's id, whose
-        // subscriptions cover every such filter of the node.
-        let own_by_node = self.cfg.replica_api_by_node && self.lease.shared.is_some();
         let own = self
             .subjects
             .replica_api_subscriptions(self.id())
@@ -73,7 +77,7 @@ impl Replica {
         });
         // Started once: the cell is empty.
         let _ = self.shared.api.set(reads.clone());
-        let service_subjects = match self.cfg.service_by_node {
+        let service_subjects = match self.cfg.catalog_hosted {
             true => Vec::new(),
             false => service.subscriptions().to_vec(),
         };
