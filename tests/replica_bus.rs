@@ -501,12 +501,10 @@ async fn a_restart_that_changed_nothing_writes_nothing() {
     let mut cfg = cfg("quiet", FilterKind::GBloom, 5000, 0.01);
     cfg.data_dir = Some(dir.path().join("r"));
     // Every file is replaced by a rename when written: a new inode.
-    let inodes = || {
-        [SNAPSHOT_FILE, HWM_FILE].map(|f| {
-            std::fs::metadata(dir.path().join("r").join(f))
-                .unwrap()
-                .ino()
-        })
+    let inode = || {
+        std::fs::metadata(dir.path().join("r").join(SNAPSHOT_FILE))
+            .unwrap()
+            .ino()
     };
     let h = Replica::start(cfg.clone(), bus.clone()).await.unwrap();
     let id = h.identity();
@@ -514,34 +512,47 @@ async fn a_restart_that_changed_nothing_writes_nothing() {
         h.add(i.to_le_bytes().to_vec()).await.unwrap();
     }
     h.shutdown().await.unwrap();
-    let written = inodes();
+    let written = inode();
+    // A kind without tags keeps no reservation: its identity needs none.
+    assert!(!dir.path().join("r").join(HWM_FILE).exists());
 
     for _ in 0..2 {
         let h = Replica::start(cfg.clone(), bus.clone()).await.unwrap();
         assert_eq!(h.identity(), id);
         assert!((0..100u32).all(|i| h.contains(&i.to_le_bytes())));
-        assert_eq!(inodes(), written, "an unchanged start wrote");
+        assert_eq!(inode(), written, "an unchanged start wrote");
         h.shutdown().await.unwrap();
-        assert_eq!(inodes(), written, "a stop with nothing new wrote");
+        assert_eq!(inode(), written, "a stop with nothing new wrote");
     }
 
     // A change is saved at the stop, and found at the next start.
     let h = Replica::start(cfg.clone(), bus.clone()).await.unwrap();
     h.add(b"later".to_vec()).await.unwrap();
     h.shutdown().await.unwrap();
-    let after = inodes();
-    assert_ne!(after[0], written[0], "the change's snapshot");
+    let after = inode();
+    assert_ne!(after, written, "the change's snapshot");
     let h = Replica::start(cfg.clone(), bus.clone()).await.unwrap();
     assert!(h.contains(b"later"));
     assert_eq!(h.identity(), id);
     h.shutdown().await.unwrap();
-    assert_eq!(inodes(), after);
+    assert_eq!(inode(), after);
 
-    // Without the reservation file the identity cannot be kept: written afresh.
-    std::fs::remove_file(dir.path().join("r").join(HWM_FILE)).unwrap();
+    // A kind with tags keeps its reservation beside the snapshot, and without it the
+    // identity cannot be kept: written afresh under a new one.
+    let mut cfg = cfg.clone();
+    cfg.name = "tagged".into();
+    cfg.filter = crpf::FilterSpec::new(FilterKind::OrCuckoo, 5000, 0.01);
+    cfg.data_dir = Some(dir.path().join("t"));
+    let h = Replica::start(cfg.clone(), bus.clone()).await.unwrap();
+    let id = h.identity();
+    h.add(b"x".to_vec()).await.unwrap();
+    h.shutdown().await.unwrap();
+    assert!(dir.path().join("t").join(HWM_FILE).exists());
+    std::fs::remove_file(dir.path().join("t").join(HWM_FILE)).unwrap();
     let h = Replica::start(cfg, bus).await.unwrap();
-    assert!(h.contains(b"later"));
-    assert!(dir.path().join("r").join(HWM_FILE).exists());
+    assert!(h.contains(b"x"));
+    assert_ne!(h.identity().uuid, id.uuid);
+    assert!(dir.path().join("t").join(HWM_FILE).exists());
     h.shutdown().await.unwrap();
 }
 

@@ -416,10 +416,17 @@ impl Replica {
         };
         // A restart that changed nothing (the same identity and reservation, the state its
         // snapshot's) writes nothing: four fsyncs per filter made a node of 10,000 filters
-        // take 109 s to start from its data directory.
-        let unchanged = on_disk == Some((identity, Some(reserved)));
+        // take 109 s to start from its data directory. A kind without tags has no
+        // reservation to keep (recovery trusts its identity without one): its first snapshot
+        // is all a new replica writes, two fsyncs of the four (creates of `g_bloom` filters
+        // on a node with a data directory waited for those fsyncs).
+        let tagged = cfg.filter.kind.tagged();
+        let unchanged = on_disk.is_some_and(|(on_disk, saved)| {
+            on_disk == identity && (!tagged || saved == Some(reserved))
+        });
         if let Some(d) = &data
             && !unchanged
+            && tagged
         {
             // Record the identity now: its reservation before any tag, and a first snapshot
             // (below), which also covers the replayed log. Off this thread, which may be the
