@@ -68,6 +68,8 @@ pub enum ClientError {
         source: async_nats::RequestError,
     },
     /// Nobody serves the subject: no ready replica of the filter, or no replica of that id.
+    /// (Where nodes follow the filter catalog, their subscriptions hear a replica's own
+    /// subjects of every name: a replica nobody hosts then shows as [`ClientError::Timeout`].)
     #[error("no replica answers on {subject}")]
     NoResponders {
         /// The request's subject.

@@ -126,7 +126,7 @@ pub fn run_demo(args: &DemoArgs) -> Result<(), NodeError> {
                 work.removes,
                 false_negatives
             );
-            stop(replicas, nats_handle).await?;
+            stop(replicas, nats_handle, || {}).await?;
             if !ok {
                 return Err(NodeError::Failed("replicas did not converge".into()));
             }

@@ -150,9 +150,19 @@ struct Inner {
     services: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// The catalog filters' subject prefix.
     prefix: String,
+    /// Catalog filters whose replicas run (and may serve their API) but are not hosted yet:
+    /// their first snapshot is being written.
+    /// With whether the node routes their own API subjects ([`Inner::routes_own_api`]).
+    starting: std::sync::Mutex<HashMap<String, (ReplicaHandle, bool)>>,
     /// Dropped filters whose replicas still refuse requests to their own API subjects for a
-    /// moment (as their own subscriptions did, see [`ReplicaHandle::shutdown_dropped`]).
+    /// moment (as their own subscriptions did, see [`ReplicaHandle::shutdown_dropped`]), and,
+    /// once the node stops, every replica until it stopped.
     dropping: std::sync::Mutex<HashMap<String, ReplicaHandle>>,
+    /// The tasks routing the catalog filters' subjects ([`serve_replica_apis`]): they go on
+    /// while the node stops its replicas, as the replicas' own subscriptions did.
+    routers: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The routers stop.
+    routing_stopped: AtomicBool,
 }
 
 /// A running node's filters. Cheap to clone. Start it inside an actix System.
@@ -238,7 +248,10 @@ impl Node {
             renewals: std::sync::Mutex::new(renewals),
             services: Default::default(),
             prefix: template.prefix,
+            starting: Default::default(),
             dropping: Default::default(),
+            routers: Default::default(),
+            routing_stopped: AtomicBool::new(false),
         });
         if inner.catalog.is_some() {
             // Subscribed, and confirmed by the server, before any catalog filter is ready: a
@@ -263,21 +276,27 @@ impl Node {
             if let Err(e) = confirm_subscriptions(&inner.transport).await {
                 tracing::warn!(error = %e, "the node's subscriptions were not confirmed");
             }
-            let tasks = streams
-                .into_iter()
-                .map(|(subject, stream, routed)| {
-                    let (inner, transport) = (Arc::downgrade(&inner), inner.transport.clone());
-                    match routed {
-                        Routed::Service => {
-                            tokio::spawn(serve_services(inner, transport, subject, stream))
-                        }
-                        routed => tokio::spawn(serve_replica_apis(
-                            inner, transport, subject, stream, routed,
-                        )),
+            for (subject, stream, routed) in streams {
+                let (weak, transport) = (Arc::downgrade(&inner), inner.transport.clone());
+                match routed {
+                    Routed::Service => {
+                        let task = serve_services(weak, transport, subject, stream);
+                        inner
+                            .services
+                            .lock()
+                            .expect("services lock")
+                            .push(tokio::spawn(task));
                     }
-                })
-                .collect();
-            *inner.services.lock().expect("services lock") = tasks;
+                    routed => {
+                        let task = serve_replica_apis(weak, transport, subject, stream, routed);
+                        inner
+                            .routers
+                            .lock()
+                            .expect("routers lock")
+                            .push(tokio::spawn(task));
+                    }
+                }
+            }
         }
         let node = Node { inner };
         for f in cfg.filters {
@@ -468,7 +487,7 @@ impl Node {
     /// Stops following the catalog and stops every replica (each writes its final
     /// snapshot).
     pub async fn shutdown(&self) -> Result<(), NodeError> {
-        super::stop(self.stop_following(), None).await
+        super::stop(self.stop_following(), None, || self.stop_routing()).await
     }
 
     /// Stops following the catalog and hands over every replica, to be stopped.
@@ -480,13 +499,30 @@ impl Node {
         for t in self.inner.services.lock().expect("services lock").drain(..) {
             t.abort();
         }
-        self.inner
-            .hosted
-            .write()
-            .expect("hosted lock")
-            .drain()
-            .map(|(_, h)| h.handle)
-            .collect()
+        let hosted: Vec<_> = {
+            let mut dropping = self.inner.dropping.lock().expect("dropping lock");
+            let mut hosted = self.inner.hosted.write().expect("hosted lock");
+            hosted
+                .drain()
+                .map(|(name, h)| {
+                    // Routed to until it stopped, as its own subscriptions answered.
+                    if !self.inner.configured.contains(&name) {
+                        dropping.insert(name, h.handle.clone());
+                    }
+                    h.handle
+                })
+                .collect()
+        };
+        hosted
+    }
+
+    /// Stops routing the catalog filters' subjects, once their replicas stopped.
+    pub(crate) fn stop_routing(&self) {
+        self.inner.routing_stopped.store(true, Ordering::SeqCst);
+        for t in self.inner.routers.lock().expect("routers lock").drain(..) {
+            t.abort();
+        }
+        self.inner.dropping.lock().expect("dropping lock").clear();
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Hosted>> {
@@ -702,12 +738,23 @@ impl Inner {
             // Its own subscriptions answer (its id may equal the node's: another namespace).
             return None;
         }
-        let hosted = self.hosted.read().expect("hosted lock").get(name).cloned();
+        let hosted = self
+            .hosted
+            .read()
+            .expect("hosted lock")
+            .get(name)
+            .map(|h| (h.handle.clone(), self.routes_own_api(&h.spec)));
+        let hosted = hosted.or_else(|| {
+            let starting = self.starting.lock().expect("starting lock");
+            starting.get(name).cloned()
+        });
         if routed == Routed::ApiRoot {
-            return hosted.map(|h| h.handle).filter(ReplicaHandle::serving_api);
+            return hosted
+                .map(|(handle, _)| handle)
+                .filter(ReplicaHandle::serving_api);
         }
-        if let Some(h) = hosted {
-            return self.routes_own_api(&h.spec).then_some(h.handle);
+        if let Some((handle, routes)) = hosted {
+            return routes.then_some(handle);
         }
         self.dropping
             .lock()
@@ -765,9 +812,24 @@ impl Inner {
             if self.stopping.load(Ordering::SeqCst) {
                 return;
             }
-            let started =
-                Replica::start_with(cfg.clone(), self.transport.clone(), self.shared_id.clone());
-            match started.await {
+            // Routed to as soon as it may serve (before its first snapshot is written).
+            let routes = self.routes_own_api(&entry.spec);
+            let starting = |h: &ReplicaHandle| {
+                let mut starting = self.starting.lock().expect("starting lock");
+                starting.insert(entry.name.clone(), (h.clone(), routes));
+            };
+            let started = Replica::start_hosted(
+                cfg.clone(),
+                self.transport.clone(),
+                self.shared_id.clone(),
+                starting,
+            )
+            .await;
+            self.starting
+                .lock()
+                .expect("starting lock")
+                .remove(&entry.name);
+            match started {
                 Ok(handle) => {
                     self.insert(
                         entry.name.clone(),
@@ -798,17 +860,24 @@ impl Inner {
         if self.configured.contains(name) {
             return;
         }
-        let Some(h) = self.hosted.write().expect("hosted lock").remove(name) else {
+        // Into `dropping` before out of `hosted` (one lock after the other, in the order
+        // `routed_target` looks): a request meanwhile finds it in one of them.
+        let removed = {
+            let mut dropping = self.dropping.lock().expect("dropping lock");
+            let mut hosted = self.hosted.write().expect("hosted lock");
+            let removed = hosted.remove(name);
+            if let Some(h) = &removed
+                && self.routes_own_api(&h.spec)
+            {
+                dropping.insert(name.to_string(), h.handle.clone());
+            }
+            removed
+        };
+        let Some(h) = removed else {
             return;
         };
         self.changed();
         let refusing = self.routes_own_api(&h.spec);
-        if refusing {
-            self.dropping
-                .lock()
-                .expect("dropping lock")
-                .insert(name.to_string(), h.handle.clone());
-        }
         if let Err(e) = h.handle.shutdown_dropped().await {
             tracing::warn!(filter = name, error = %e, "a dropped filter's replica did not stop cleanly");
         }
@@ -907,7 +976,15 @@ async fn serve_replica_apis(
     initial: Option<MessageStream>,
     routed: Routed,
 ) {
-    let stopped = stopped(inner.clone());
+    // Not when the node starts stopping: its replicas answer until they stopped.
+    let stopped = {
+        let inner = inner.clone();
+        move || {
+            inner
+                .upgrade()
+                .is_none_or(|i| i.routing_stopped.load(Ordering::SeqCst))
+        }
+    };
     let replying = transport.clone();
     serve_subscription(transport, (subject, None), initial, stopped, |msg| {
         let reply = inner

@@ -129,6 +129,7 @@ impl ShutdownSignals {
 pub(crate) async fn stop(
     replicas: Vec<ReplicaHandle>,
     nats: Option<Arc<NatsTransport>>,
+    stopped: impl FnOnce(),
 ) -> Result<(), NodeError> {
     use futures::StreamExt;
     // Many at once: each waits up to 5 s for its last publications, which never go out
@@ -146,6 +147,8 @@ pub(crate) async fn stop(
             first_error.get_or_insert(e);
         }
     }
+    // Once every replica stopped (the node's routes to them end here), before the drain.
+    stopped();
     if let Some(nats) = nats {
         // A drain waits for the server: bounded, so that a node whose server is gone still
         // exits (its replicas' states are saved by now).
@@ -252,6 +255,6 @@ pub fn run_node(args: &NodeArgs) -> Result<(), NodeError> {
         }
         let signal = signals.recv().await;
         tracing::info!(signal, "shutting down: final snapshots, draining NATS");
-        stop(node.stop_following(), nats).await
+        stop(node.stop_following(), nats, || node.stop_routing()).await
     })
 }

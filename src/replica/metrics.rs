@@ -481,7 +481,8 @@ impl Telemetry {
         target.set(target_fpr);
         // The node-wide series are the same handles for every filter that records in them:
         // made once (a node of 100,000 filters made 60 lookups in the registry, and kept
-        // 1.8 KB of handles, for each).
+        // 1.8 KB of handles, for each). Made with the recorder installed then: the exporter
+        // is installed before anything records (`node::exporter::install`).
         let handles = if aggregate {
             static AGGREGATE: std::sync::OnceLock<Handles> = std::sync::OnceLock::new();
             AGGREGATE.get_or_init(|| Handles::new(&labels)).clone()

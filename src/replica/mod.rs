@@ -332,6 +332,17 @@ impl Replica {
         transport: Arc<dyn Transport>,
         shared: Option<Arc<SharedId>>,
     ) -> Result<ReplicaHandle, ReplicaError> {
+        Self::start_hosted(cfg, transport, shared, |_| {}).await
+    }
+
+    /// [`Replica::start_with`], telling `started` of the replica as soon as its actor runs
+    /// (it may serve its API from then on), before its first snapshot is written.
+    pub(crate) async fn start_hosted(
+        cfg: ReplicaConfig,
+        transport: Arc<dyn Transport>,
+        shared: Option<Arc<SharedId>>,
+        started: impl FnOnce(&ReplicaHandle),
+    ) -> Result<ReplicaHandle, ReplicaError> {
         cfg.validate().map_err(ReplicaError::Config)?;
         let shared_id = shared.filter(|_| cfg.filter.kind.reuses_ids());
         let fresh = AnyFilter::new(&cfg.filter, 0)?;
@@ -481,6 +492,7 @@ impl Replica {
         };
         let addr = Replica::new(setup).start();
         let handle = ReplicaHandle::from_parts(addr, shared);
+        started(&handle);
         if !unchanged {
             handle.persist().await?;
         }

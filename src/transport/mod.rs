@@ -580,11 +580,12 @@ pub(crate) async fn serve_subscription<F, Fut>(
             }
         };
         while let Some(msg) = stream.next().await {
+            // Handled even if it came as the server stops: a request taken is answered.
+            backoff = Duration::from_millis(50);
+            handle(msg).await;
             if stopped() {
                 return;
             }
-            backoff = Duration::from_millis(50);
-            handle(msg).await;
         }
         if stopped() {
             return;

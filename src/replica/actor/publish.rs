@@ -74,7 +74,9 @@ impl Replica {
             self.shared.flush_scheduled.store(false, Ordering::Release);
             return self.flush_delta(ctx);
         }
-        self.pipeline.arm_flush_timer();
+        if !self.pipeline.arm_flush_timer() {
+            return;
+        }
         ctx.run_later(delay, |act, ctx| {
             act.pipeline.flush_timer_fired();
             act.shared.flush_scheduled.store(false, Ordering::Release);
