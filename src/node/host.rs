@@ -31,7 +31,7 @@ use super::config::{CatalogSection, NodeConfig};
 use crate::FilterSpec;
 use crate::replica::{Identity, Replica, ReplicaConfig, ReplicaHandle, SharedId};
 use crate::transport::{
-    Catalog, CatalogChange, CatalogEntry, CatalogError, Created, MessageStream, Subjects,
+    Catalog, CatalogChange, CatalogEntry, CatalogError, Created, Message, MessageStream, Subjects,
     Transport, confirm_subscriptions, is_token, serve_subscription, subscribe_now,
 };
 use crate::wire::AuthKeys;
@@ -763,6 +763,38 @@ impl Inner {
             .cloned()
     }
 
+    /// Routes a request on a subject the node serves for its catalog filters (`routed`): the
+    /// reply to publish, if any. A catalog filter it will host but does not yet (its watcher
+    /// saw the create, its replica is not started) refuses as not serving on its own
+    /// subjects, so that a client polling it retries at once, as "no responders" let it.
+    fn route(
+        &self,
+        msg: Message,
+        routed: Routed,
+    ) -> Option<(String, async_nats::HeaderMap, Bytes)> {
+        if let Some(handle) = self.routed_target(&msg.subject, routed) {
+            return handle.route_own_api(msg);
+        }
+        let id = self.shared_id.as_ref()?.identity().replica;
+        let name = msg
+            .subject
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix('.')?
+            .split('.')
+            .next()?;
+        let known = routed == Routed::OwnApi
+            && !self.configured.contains(name)
+            && self
+                .view
+                .read()
+                .expect("view lock")
+                .get(name)
+                .is_some_and(|e| self.routes_own_api(&e.spec));
+        known
+            .then(|| crate::replica::not_serving(id, msg))
+            .flatten()
+    }
+
     /// Whether the node routes the own API subjects of a catalog filter of `spec`: it
     /// replicates under the node's id (kinds that keep their own ids subscribe themselves).
     fn routes_own_api(&self, spec: &FilterSpec) -> bool {
@@ -987,10 +1019,7 @@ async fn serve_replica_apis(
     };
     let replying = transport.clone();
     serve_subscription(transport, (subject, None), initial, stopped, |msg| {
-        let reply = inner
-            .upgrade()
-            .and_then(|inner| inner.routed_target(&msg.subject, routed))
-            .and_then(|handle| handle.route_own_api(msg));
+        let reply = inner.upgrade().and_then(|inner| inner.route(msg, routed));
         let transport = replying.clone();
         async move {
             if let Some((to, headers, payload)) = reply

@@ -69,7 +69,7 @@ pub use local::{
 };
 pub(crate) use pump::{API_LINGER, Inbound, Route};
 pub use reads::PendingResponse;
-pub(crate) use reads::route_own_api;
+pub(crate) use reads::{not_serving, route_own_api};
 pub use reply::ApiResponse;
 pub(crate) use reply::error_of;
 pub(crate) use updates::{AddOutcome, BatchAdd, InPlace};

@@ -67,7 +67,7 @@ use uuid::Uuid;
 pub use ack::AckLevel;
 pub use actor::ACK_HEADER;
 pub use actor::CommitTicket;
-pub(crate) use actor::{API_LINGER, AddOutcome, BatchAdd, InPlace, error_of};
+pub(crate) use actor::{API_LINGER, AddOutcome, BatchAdd, InPlace, error_of, not_serving};
 pub use actor::{
     Add, ApiResponse, Contains, FlushDelta, Import, Merge, PendingResponse, Persist, Remove,
     Replica, ReserveTags, Shutdown, Stats, TakeSnapshot,

@@ -38,12 +38,7 @@ use crate::transport::{Message, Subjects};
 /// would cost the requester a whole timeout. The reply to publish, if any.
 pub(crate) fn route_own_api(shared: &Shared, msg: Message) -> Option<(String, HeaderMap, Bytes)> {
     let Some(reads) = shared.api.get() else {
-        let to = ReplyTo::Subject(msg.reply?);
-        let refused = failure_reply(&ReplicaError::NotServing);
-        return match refused.finish(shared.identity.replica, Some(to)) {
-            Some((ReplyTo::Subject(to), headers, payload)) => Some((to, headers, payload)),
-            _ => None,
-        };
+        return not_serving(shared.identity.replica, msg);
     };
     match reads.route(msg) {
         Route::Actor(item) => {
@@ -53,6 +48,17 @@ pub(crate) fn route_own_api(shared: &Shared, msg: Message) -> Option<(String, He
         }
         Route::Drop => None,
         Route::Reply(to, headers, payload) => Some((to, headers, payload)),
+    }
+}
+
+/// The refusal of a request to replica `replica`'s own API subjects while it does not serve
+/// its API (yet): the reply to publish, if the request wants one.
+pub(crate) fn not_serving(replica: ReplicaId, msg: Message) -> Option<(String, HeaderMap, Bytes)> {
+    let to = ReplyTo::Subject(msg.reply?);
+    let refused = failure_reply(&ReplicaError::NotServing);
+    match refused.finish(replica, Some(to)) {
+        Some((ReplyTo::Subject(to), headers, payload)) => Some((to, headers, payload)),
+        _ => None,
     }
 }
 
