@@ -145,14 +145,13 @@ struct Inner {
     /// The replica id the catalog filters share, and the task renewing it.
     shared_id: Option<Arc<SharedId>>,
     renewals: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// The tasks answering `$SRV` for the catalog filters ([`serve_services`]) and routing
-    /// their own API subjects ([`serve_replica_apis`]).
+    /// The tasks answering `$SRV` for the catalog filters ([`serve_services`]).
     services: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// The catalog filters' subject prefix.
     prefix: String,
-    /// Catalog filters whose replicas run (and may serve their API) but are not hosted yet:
-    /// their first snapshot is being written.
-    /// With whether the node routes their own API subjects ([`Inner::routes_own_api`]).
+    /// Catalog filters whose replicas run (and may serve their API) but are not hosted yet
+    /// (their first snapshot is being written), with whether the node routes their own API
+    /// subjects ([`Inner::routes_own_api`]).
     starting: std::sync::Mutex<HashMap<String, (ReplicaHandle, bool)>>,
     /// Dropped filters whose replicas still refuse requests to their own API subjects for a
     /// moment (as their own subscriptions did, see [`ReplicaHandle::shutdown_dropped`]), and,
@@ -505,8 +504,10 @@ impl Node {
             hosted
                 .drain()
                 .map(|(name, h)| {
-                    // Routed to until it stopped, as its own subscriptions answered.
-                    if !self.inner.configured.contains(&name) {
+                    // Routed to until it stopped, as its own subscriptions answered (a kind
+                    // with ids of its own answers on its own subscriptions meanwhile).
+                    if !self.inner.configured.contains(&name) && self.inner.routes_own_api(&h.spec)
+                    {
                         dropping.insert(name, h.handle.clone());
                     }
                     h.handle
@@ -723,21 +724,12 @@ impl Inner {
         instances.iter().filter_map(|s| s.answer(subject)).collect()
     }
 
-    /// The catalog filter a request on a subject the node routes is for (`routed`, on
-    /// `<prefix>.<filter>.api` or `<prefix>.<filter>.replica.<node id>.api[.<op>]`): hosted
-    /// and serving its API (for the first, which every node answers for its own replica), or
+    /// The catalog filter `name` (not a configured one) a request on a subject the node routes
+    /// is for (`routed`, on `<prefix>.<filter>.api` or
+    /// `<prefix>.<filter>.replica.<node id>.api[.<op>]`): hosted and serving its API (for the first, which every node answers for its own replica), or
     /// (for the second) hosted, replicating under the node's id ([`Inner::routes_own_api`]),
     /// or dropped a moment ago.
-    fn routed_target(&self, subject: &str, routed: Routed) -> Option<ReplicaHandle> {
-        let name = subject
-            .strip_prefix(self.prefix.as_str())?
-            .strip_prefix('.')?
-            .split('.')
-            .next()?;
-        if self.configured.contains(name) {
-            // Its own subscriptions answer (its id may equal the node's: another namespace).
-            return None;
-        }
+    fn routed_target(&self, name: &str, routed: Routed) -> Option<ReplicaHandle> {
         let hosted = self
             .hosted
             .read()
@@ -772,18 +764,21 @@ impl Inner {
         msg: Message,
         routed: Routed,
     ) -> Option<(String, async_nats::HeaderMap, Bytes)> {
-        if let Some(handle) = self.routed_target(&msg.subject, routed) {
-            return handle.route_own_api(msg);
-        }
-        let id = self.shared_id.as_ref()?.identity().replica;
         let name = msg
             .subject
             .strip_prefix(self.prefix.as_str())?
             .strip_prefix('.')?
             .split('.')
             .next()?;
+        if self.configured.contains(name) {
+            // Its own subscriptions answer (its id may equal the node's: another namespace).
+            return None;
+        }
+        if let Some(handle) = self.routed_target(name, routed) {
+            return handle.route_own_api(msg);
+        }
+        let id = self.shared_id.as_ref()?.identity().replica;
         let known = routed == Routed::OwnApi
-            && !self.configured.contains(name)
             && self
                 .view
                 .read()
@@ -894,22 +889,19 @@ impl Inner {
         }
         // Into `dropping` before out of `hosted` (one lock after the other, in the order
         // `routed_target` looks): a request meanwhile finds it in one of them.
-        let removed = {
+        let (h, refusing) = {
             let mut dropping = self.dropping.lock().expect("dropping lock");
             let mut hosted = self.hosted.write().expect("hosted lock");
-            let removed = hosted.remove(name);
-            if let Some(h) = &removed
-                && self.routes_own_api(&h.spec)
-            {
+            let Some(h) = hosted.remove(name) else {
+                return;
+            };
+            let refusing = self.routes_own_api(&h.spec);
+            if refusing {
                 dropping.insert(name.to_string(), h.handle.clone());
             }
-            removed
-        };
-        let Some(h) = removed else {
-            return;
+            (h, refusing)
         };
         self.changed();
-        let refusing = self.routes_own_api(&h.spec);
         if let Err(e) = h.handle.shutdown_dropped().await {
             tracing::warn!(filter = name, error = %e, "a dropped filter's replica did not stop cleanly");
         }
@@ -963,7 +955,7 @@ async fn serve_services(
     subject: String,
     initial: Option<MessageStream>,
 ) {
-    let stopped = stopped(inner.clone());
+    let stopped = stopped(inner.clone(), |i| &i.stopping);
     let answering = transport.clone();
     serve_subscription(transport, (subject, None), initial, stopped, |msg| {
         let answers = match (inner.upgrade(), msg.reply) {
@@ -1009,14 +1001,7 @@ async fn serve_replica_apis(
     routed: Routed,
 ) {
     // Not when the node starts stopping: its replicas answer until they stopped.
-    let stopped = {
-        let inner = inner.clone();
-        move || {
-            inner
-                .upgrade()
-                .is_none_or(|i| i.routing_stopped.load(Ordering::SeqCst))
-        }
-    };
+    let stopped = stopped(inner.clone(), |i| &i.routing_stopped);
     let replying = transport.clone();
     serve_subscription(transport, (subject, None), initial, stopped, |msg| {
         let reply = inner.upgrade().and_then(|inner| inner.route(msg, routed));
@@ -1032,12 +1017,12 @@ async fn serve_replica_apis(
     .await
 }
 
-/// Whether the node is gone or stopping.
-fn stopped(inner: Weak<Inner>) -> impl Fn() -> bool {
+/// Whether the node is gone, or `flag` of it is set.
+fn stopped(inner: Weak<Inner>, flag: fn(&Inner) -> &AtomicBool) -> impl Fn() -> bool {
     move || {
         inner
             .upgrade()
-            .is_none_or(|i| i.stopping.load(Ordering::SeqCst))
+            .is_none_or(|i| flag(&i).load(Ordering::SeqCst))
     }
 }
 

@@ -74,9 +74,7 @@ impl Replica {
             self.shared.flush_scheduled.store(false, Ordering::Release);
             return self.flush_delta(ctx);
         }
-        if !self.pipeline.arm_flush_timer() {
-            return;
-        }
+        self.pipeline.arm_flush_timer();
         ctx.run_later(delay, |act, ctx| {
             act.pipeline.flush_timer_fired();
             act.shared.flush_scheduled.store(false, Ordering::Release);
