@@ -1035,7 +1035,7 @@ impl StreamHandler<Inbound> for Replica {
                 self.shared
                     .logged_commit_requested
                     .store(false, Ordering::Release);
-                self.schedule_logged_commit(ctx);
+                self.commit_within_a_millisecond(ctx);
             }
             Inbound::Event(ev) => self.on_event(ev, ctx),
         }

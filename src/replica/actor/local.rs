@@ -102,7 +102,7 @@ impl Replica {
             // flight): its delta is written to the log, not synced.
             let r = self.updates.logged_answer();
             self.respond(responder, r);
-            self.schedule_logged_commit(ctx);
+            self.commit_within_a_millisecond(ctx);
         } else if level.answered_at_apply() || !changed {
             self.respond(responder, Ok(()));
         } else {

@@ -193,9 +193,10 @@ impl Replica {
         }
     }
 
-    /// A commit within a millisecond for `logged` updates: they do not wait for it, and
-    /// those that arrive meanwhile share its write and its delta.
-    pub(super) fn schedule_logged_commit(&mut self, ctx: &mut Context<Self>) {
+    /// A commit within a millisecond (unless one is scheduled): for `logged` updates, which do
+    /// not wait for it, and for waiting updates without a log to pace commits; those that
+    /// arrive meanwhile share its write and its delta.
+    pub(super) fn commit_within_a_millisecond(&mut self, ctx: &mut Context<Self>) {
         if self.pipeline.arm_commit_timer() {
             ctx.run_later(Duration::from_millis(1), |act, ctx| {
                 act.pipeline.commit_timer_fired();
@@ -211,12 +212,7 @@ impl Replica {
             return self.flush_delta(ctx);
         }
         // No log to pace commits: gather what arrives within a millisecond.
-        if self.pipeline.arm_commit_timer() {
-            ctx.run_later(Duration::from_millis(1), |act, ctx| {
-                act.pipeline.commit_timer_fired();
-                act.flush_delta(ctx);
-            });
-        }
+        self.commit_within_a_millisecond(ctx)
     }
 
     /// Answers updates whose acknowledgement level was reached, or failed.
