@@ -246,6 +246,25 @@ async fn bad_input_is_rejected_counted_and_harmless() {
                     total_len: 3,
                     checksum: 0,
                     data: vec![1, 2, 3],
+                    live: false,
+                }),
+            )
+            .encode(),
+        ),
+        // A chunk read live (no whole-state checksum) of a kind whose states merge whole.
+        (
+            "chunk",
+            env(
+                FilterKind::OrCuckoo,
+                digest,
+                Body::StateChunk(crpf::wire::StateChunk {
+                    transfer: 2,
+                    index: 0,
+                    count: 2,
+                    total_len: 6,
+                    checksum: 0,
+                    data: vec![1, 2, 3],
+                    live: true,
                 }),
             )
             .encode(),
@@ -429,6 +448,50 @@ async fn big_states_replicate_in_chunks() {
     assert!(s.states_merged >= 1, "{s:?}");
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
+}
+
+/// A `g_bloom` state of many chunks is read live as it goes out and paced by its receivers:
+/// two joiners whose inbound buffers hold only a little more than the pacing window (16
+/// chunks) get the whole state without dropping a message, while the sender keeps adding
+/// (chunks of one transfer then come from states a few adds apart). Unpaced, the sender
+/// would put all of its ~75 chunks in their buffers at once.
+#[actix::test]
+async fn a_live_push_is_paced_by_its_receivers() {
+    let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+    let mut cfg = cfg("paced", FilterKind::GBloom, 500_000, 0.01);
+    cfg.chunk_bytes = 8 << 10;
+    let a = Replica::start(cfg.clone(), bus.clone()).await.unwrap();
+    assert!(a.wait_ready(WAIT).await);
+    let chunks = a.snapshot().encode_state().len() / (8 << 10);
+    assert!(chunks > 60, "{chunks} chunks");
+    for i in 0..20_000u32 {
+        a.add(i.to_le_bytes().to_vec()).await.unwrap();
+    }
+    let mut joiner = cfg.clone();
+    joiner.max_message_bytes = 64 << 10;
+    joiner.inbound_max_bytes = 20 * (9 << 10);
+    let adding = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            for i in 20_000..22_000u32 {
+                a.add(i.to_le_bytes().to_vec()).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let b = Replica::start(joiner.clone(), bus.clone()).await.unwrap();
+    let c = Replica::start(joiner, bus).await.unwrap();
+    assert!(b.wait_ready(WAIT).await && c.wait_ready(WAIT).await);
+    adding.await.unwrap();
+    assert!(converged(&[a.clone(), b.clone(), c.clone()], WAIT).await);
+    for h in [&b, &c] {
+        assert!((0..22_000u32).all(|i| h.contains(&i.to_le_bytes())));
+        let s = h.stats().await.unwrap();
+        assert!(s.states_merged >= 1, "{s:?}");
+        assert_eq!(s.dropped, 0, "nothing dropped: {s:?}");
+        assert!(s.rejects.is_empty(), "{s:?}");
+    }
+    stop(&[a, b, c]).await;
 }
 
 #[actix::test]

@@ -371,6 +371,32 @@ pub trait ReplicatedFilter:
             .expect("CBOR into a Vec cannot fail");
     }
 
+    /// The length of the full state's encoding, for kinds that [merge states piece by
+    /// piece](ReplicatedFilter::MERGES_STATE_PIECES) (their parameters fix it); `None` for
+    /// the others.
+    fn encoded_state_len(&self) -> Option<u64> {
+        None
+    }
+
+    /// Appends bytes `offset..offset + len` (cut at the end) of the full state's encoding,
+    /// read from the state as it is now, for kinds that [merge states piece by
+    /// piece](ReplicatedFilter::MERGES_STATE_PIECES): a push is then written a chunk at a time
+    /// rather than encoded whole beside the state. Pieces read at different moments join
+    /// parts of states this replica held, which a receiver may merge like any piece. The
+    /// other kinds refuse.
+    fn encode_state_piece(
+        &self,
+        offset: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), FilterError> {
+        let _ = (offset, len, out);
+        Err(FilterError::Incompatible(format!(
+            "a {} state is encoded whole, not in pieces",
+            Self::KIND
+        )))
+    }
+
     /// Joins bytes `offset..` of a peer's encoded full state (of `total_len` bytes, for
     /// these parameters) into this one, for kinds that [merge states piece by
     /// piece](ReplicatedFilter::MERGES_STATE_PIECES): each piece joins a part of the peer's

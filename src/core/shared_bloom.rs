@@ -361,6 +361,42 @@ impl crate::core::kind::ReplicatedFilter for SharedGBloom {
         out.truncate(start + array_len);
     }
 
+    fn encoded_state_len(&self) -> Option<u64> {
+        Some(encoding_prefix(self.params()).len() as u64 + self.params().bits.div_ceil(8))
+    }
+
+    /// The same bytes as [`encode_state_into`](Self::encode_state_into)'s at `offset..`, read
+    /// from the shared words one at a time.
+    fn encode_state_piece(
+        &self,
+        offset: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), FilterError> {
+        let prefix = encoding_prefix(self.params());
+        let start = prefix.len() as u64;
+        let total = start + self.params().bits.div_ceil(8);
+        if offset > total {
+            return Err(FilterError::malformed("a piece past the end of the state"));
+        }
+        let end = offset.saturating_add(len as u64).min(total);
+        out.reserve((end - offset) as usize);
+        if offset < start {
+            out.extend_from_slice(&prefix[offset as usize..end.min(start) as usize]);
+        }
+        // Bytes `from..to` of the bit array, word by word.
+        let (from, to) = (offset.max(start) - start, end.max(start) - start);
+        let words = self.bits.words();
+        let mut at = from;
+        while at < to {
+            let word = words[(at / 8) as usize].load(Ordering::Relaxed).to_le_bytes();
+            let (skip, take) = ((at % 8) as usize, (to - at).min(8 - at % 8) as usize);
+            out.extend_from_slice(&word[skip..skip + take]);
+            at += take as u64;
+        }
+        Ok(())
+    }
+
     /// The piece's bytes within the encoding's prefix must be this filter's (its parameters
     /// and the bit array's header); those within the bit array are ORed in.
     fn merge_state_piece(

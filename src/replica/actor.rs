@@ -252,6 +252,8 @@ pub struct Replica {
     digests: DigestCache,
     /// When full-state pushes may go.
     pushes: Pushes,
+    /// The receivers' pace of our live pushes still queued or going out.
+    pacings: Vec<Arc<push::Pacing>>,
     /// Snapshots into the data directory, if the replica has one.
     snapshots: Snapshotter,
     /// The tags reserved durably (written to the data directory before one above is issued).
@@ -342,6 +344,7 @@ impl Replica {
             anti_entropy: AntiEntropy::new(timing, started),
             digests: DigestCache::default(),
             pushes,
+            pacings: Vec::new(),
             snapshots,
             pipeline: CommitPipeline::new(s.wal),
             reserved: s.reserved,
@@ -430,6 +433,15 @@ impl Replica {
                 }
             }
             Body::StateChunk(chunk) => self.on_chunk(env.sender, env.replica, chunk, ctx),
+            Body::StateProgress {
+                target,
+                transfer,
+                next,
+            } => {
+                if target == self.uuid() {
+                    self.on_progress(env.sender, transfer, next);
+                }
+            }
         }
     }
 
@@ -468,7 +480,15 @@ impl Replica {
                 data,
                 total_len,
                 last,
-            }) => return self.merge_piece(sender, (offset, &data, total_len), last, ctx),
+                report,
+            }) => {
+                if self.merge_piece(sender, (offset, &data, total_len), last, ctx)
+                    && let Some((transfer, next)) = report
+                {
+                    self.report_progress(sender, transfer, next);
+                }
+                return;
+            }
             Err(e) => {
                 self.telemetry
                     .counter(m::STATE_TRANSFERS, &[("outcome", "rejected")])
@@ -507,14 +527,14 @@ impl Replica {
     /// replica never holds the peer's state whole, reassembled and decoded, next to its own.
     /// Each piece comes from a frame whose checksum (and signature, with keys) was checked,
     /// and joins a part of the peer's state: an inflation of its own, so a transfer cut
-    /// short leaves a valid state, and the rest comes with the next push.
+    /// short leaves a valid state, and the rest comes with the next push. Whether it merged.
     fn merge_piece(
         &mut self,
         sender: Uuid,
         (offset, data, total_len): (u64, &[u8], u64),
         last: bool,
         ctx: &mut Context<Self>,
-    ) {
+    ) -> bool {
         let t = Instant::now();
         let merged = self.write().merge_state_piece(total_len, offset, data);
         if let Err(e) = merged {
@@ -523,11 +543,12 @@ impl Replica {
             self.telemetry
                 .counter(m::STATE_TRANSFERS, &[("outcome", "rejected")])
                 .increment(1);
-            return self.reject(&WireError::Incompatible(e.to_string()));
+            self.reject(&WireError::Incompatible(e.to_string()));
+            return false;
         }
         self.changed();
         if !last {
-            return;
+            return true;
         }
         self.record_merge(MergeSource::State, t, true);
         self.telemetry
@@ -535,6 +556,7 @@ impl Replica {
             .increment(1);
         tracing::debug!(%sender, bytes = total_len, "merged a peer's full state, piece by piece");
         self.state_merged(total_len as usize, ctx);
+        true
     }
 
     /// A peer's full state (of `len` bytes encoded) was merged, whole or piece by piece.

@@ -71,6 +71,13 @@ trait DynFilter: Send + Sync {
     ) -> Result<(), WireError>;
     fn encode_state(&self) -> Vec<u8>;
     fn encode_state_sized(&self, capacity: usize) -> Vec<u8>;
+    fn encoded_state_len(&self) -> Option<u64>;
+    fn encode_state_piece(
+        &self,
+        offset: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), FilterError>;
     fn merge_state_piece(
         &mut self,
         total_len: u64,
@@ -171,6 +178,17 @@ impl<F: ReplicatedFilter> DynFilter for F {
         let mut out = Vec::new();
         self.encode_state_into(&mut out);
         out
+    }
+    fn encoded_state_len(&self) -> Option<u64> {
+        ReplicatedFilter::encoded_state_len(self)
+    }
+    fn encode_state_piece(
+        &self,
+        offset: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), FilterError> {
+        ReplicatedFilter::encode_state_piece(self, offset, len, out)
     }
     fn merge_state_piece(
         &mut self,
@@ -627,6 +645,25 @@ impl AnyFilter {
         self.inner().encode_state()
     }
 
+    /// The length of the full state's encoding, for kinds that [merge states piece by
+    /// piece](FilterKind::merges_state_pieces); `None` for the others.
+    pub fn encoded_state_len(&self) -> Option<u64> {
+        self.inner().encoded_state_len()
+    }
+
+    /// Appends bytes `offset..offset + len` (cut at the end) of the full state's encoding,
+    /// read from the state as it is, for kinds that [merge states piece by
+    /// piece](FilterKind::merges_state_pieces) (see
+    /// [`ReplicatedFilter::encode_state_piece`]); the others refuse.
+    pub fn encode_state_piece(
+        &self,
+        offset: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), FilterError> {
+        self.inner().encode_state_piece(offset, len, out)
+    }
+
     /// Joins bytes `offset..` of a peer's full state, `total_len` bytes encoded, for kinds
     /// that [merge states piece by piece](FilterKind::merges_state_pieces) (see
     /// [`ReplicatedFilter::merge_state_piece`]); a piece that does not fit changes nothing.
@@ -1076,6 +1113,18 @@ mod tests {
             // Written from the words, the encoding is the serialized one byte for byte.
             assert_eq!(state, to_cbor(shared), "{capacity}");
             let total = state.len() as u64;
+            assert_eq!(sender.encoded_state_len(), Some(total));
+            // Read in pieces, the encoding is the whole one's bytes.
+            for piece_len in [1, 7, 13, 4096, state.len() + 9] {
+                let mut pieces = Vec::new();
+                for offset in (0..total).step_by(piece_len) {
+                    sender
+                        .encode_state_piece(offset, piece_len, &mut pieces)
+                        .unwrap();
+                }
+                assert_eq!(pieces, state, "{capacity}, pieces of {piece_len}");
+            }
+            assert!(sender.encode_state_piece(total + 1, 1, &mut Vec::new()).is_err());
             for piece_len in [1, 7, 13, 4096] {
                 let mut receiver = AnyFilter::new(&spec, 2).unwrap();
                 receiver.add(b"own").unwrap();
@@ -1130,6 +1179,8 @@ mod tests {
             let mut f = AnyFilter::new(&FilterSpec::new(kind, 1_000, 0.01), 1).unwrap();
             let state = f.encode_state();
             assert!(f.merge_state_piece(state.len() as u64, 0, &state).is_err());
+            assert_eq!(f.encoded_state_len(), None);
+            assert!(f.encode_state_piece(0, 1, &mut Vec::new()).is_err());
         }
     }
 

@@ -15,6 +15,8 @@ struct Partial {
     count: u32,
     total_len: u64,
     checksum: u64,
+    /// Read from the sender's live state ([`StateChunk::live`]): no whole-state checksum.
+    live: bool,
     received: Received,
     bytes: u64,
     started: Instant,
@@ -35,6 +37,14 @@ pub(crate) const MAX_TRANSFERS: usize = 16;
 pub(crate) const MAX_REMEMBERED_SENDERS: usize = 1024;
 /// Completed transfer ids remembered per sender.
 const REMEMBERED_PER_SENDER: usize = 8;
+/// A receiver of a [live](StateChunk::live) transfer reports its progress every this many
+/// chunks merged ([`Progress::Piece::report`]); a sender keeps at most
+/// [`PACING_WINDOW`] chunks ahead of its slowest receiver.
+pub(crate) const PROGRESS_EVERY: u32 = 4;
+/// Chunks a sender of a live transfer publishes beyond the last progress its slowest
+/// receiver reported: 8 MiB at the default 512 KiB chunk, what either side holds of the
+/// transfer besides its own state.
+pub(crate) const PACING_WINDOW: u32 = 16;
 
 /// Outcome of adding a chunk.
 #[derive(Debug)]
@@ -51,6 +61,10 @@ pub(crate) enum Progress {
         data: Vec<u8>,
         total_len: u64,
         last: bool,
+        /// For a [live](StateChunk::live) transfer, every [`PROGRESS_EVERY`] chunks: the
+        /// transfer id and the index of the next chunk, to report to the sender once this
+        /// piece is merged (it paces the transfer by them).
+        report: Option<(u64, u32)>,
     },
 }
 
@@ -99,9 +113,17 @@ impl Reassembly {
         {
             return Ok(Progress::Pending);
         }
+        if c.live && !self.streamed {
+            // Only kinds merged piece by piece are sent live: one merged whole needs the
+            // whole state's checksum.
+            return Err(WireError::Chunk(
+                "a live transfer of a kind merged whole".into(),
+            ));
+        }
         if c.count == 1 {
             self.partial.remove(&sender);
-            let state = finish(c.total_len, c.checksum, c.data)?;
+            let checksum = (!c.live).then_some(c.checksum);
+            let state = finish(c.total_len, checksum, c.data)?;
             self.completed(sender, c.transfer);
             return Ok(Progress::Complete(state));
         }
@@ -133,6 +155,7 @@ impl Reassembly {
                         count: c.count,
                         total_len: c.total_len,
                         checksum: c.checksum,
+                        live: c.live,
                         received: if self.streamed {
                             Received::Streamed {
                                 next: 0,
@@ -148,7 +171,8 @@ impl Reassembly {
                 self.partial.get_mut(&sender).expect("just inserted")
             }
         };
-        if (p.count, p.total_len, p.checksum) != (c.count, c.total_len, c.checksum) {
+        if (p.count, p.total_len, p.checksum, p.live) != (c.count, c.total_len, c.checksum, c.live)
+        {
             self.partial.remove(&sender);
             return Err(WireError::Chunk(
                 "chunk header differs from its transfer".into(),
@@ -171,19 +195,24 @@ impl Reassembly {
                     self.partial.remove(&sender);
                     return Err(WireError::Chunk("chunks longer than their state".into()));
                 }
-                hasher.update(&c.data);
+                if !p.live {
+                    hasher.update(&c.data);
+                }
                 *next += 1;
                 let last = *next == p.count;
+                let report = (p.live && !last && *next % PROGRESS_EVERY == 0)
+                    .then_some((p.transfer, *next));
                 if last {
                     let (bytes, digest) = (p.bytes, hasher.digest());
-                    let (transfer, total_len, checksum) = (p.transfer, p.total_len, p.checksum);
+                    let (transfer, total_len, checksum, live) =
+                        (p.transfer, p.total_len, p.checksum, p.live);
                     self.partial.remove(&sender);
                     if bytes != total_len {
                         return Err(WireError::Chunk(format!(
                             "state of {bytes} bytes, header says {total_len}"
                         )));
                     }
-                    if digest != checksum {
+                    if !live && digest != checksum {
                         return Err(WireError::Chunk("checksum mismatch".into()));
                     }
                     self.completed(sender, transfer);
@@ -193,6 +222,7 @@ impl Reassembly {
                     data: c.data,
                     total_len: c.total_len,
                     last,
+                    report,
                 });
             }
         };
@@ -216,7 +246,7 @@ impl Reassembly {
         for chunk in chunks.into_values() {
             state.extend_from_slice(&chunk);
         }
-        let state = finish(p.total_len, p.checksum, state)?;
+        let state = finish(p.total_len, Some(p.checksum), state)?;
         self.completed(sender, p.transfer);
         Ok(Progress::Complete(state))
     }
@@ -268,14 +298,15 @@ impl Reassembly {
     }
 }
 
-fn finish(total_len: u64, checksum: u64, state: Vec<u8>) -> Result<Vec<u8>, WireError> {
+/// The reassembled state, its length and (unless it was read live) its checksum checked.
+fn finish(total_len: u64, checksum: Option<u64>, state: Vec<u8>) -> Result<Vec<u8>, WireError> {
     if state.len() as u64 != total_len {
         return Err(WireError::Chunk(format!(
             "state of {} bytes, header says {total_len}",
             state.len()
         )));
     }
-    if xxh3_64(&state) != checksum {
+    if checksum.is_some_and(|sum| xxh3_64(&state) != sum) {
         return Err(WireError::Chunk("checksum mismatch".into()));
     }
     Ok(state)
@@ -323,7 +354,9 @@ mod tests {
                     data,
                     total_len,
                     last,
+                    report,
                 } => {
+                    assert_eq!(report, None, "only live transfers report");
                     assert_eq!(offset, rebuilt.len() as u64);
                     assert_eq!(total_len, state.len() as u64);
                     rebuilt.extend(data);
@@ -367,6 +400,71 @@ mod tests {
         assert!(matches!(r.add(s, one).unwrap(), Progress::Complete(st) if st == state));
     }
 
+    fn live(chunks: Vec<StateChunk>) -> Vec<StateChunk> {
+        chunks
+            .into_iter()
+            .map(|c| StateChunk {
+                live: true,
+                checksum: 0,
+                ..c
+            })
+            .collect()
+    }
+
+    /// A live transfer has no whole-state checksum: its pieces pass on in order, every
+    /// [`PROGRESS_EVERY`] of them with a report to send (none with the last); its length is
+    /// still checked, and a reassembling receiver (a kind merged whole) refuses it.
+    #[test]
+    fn live_transfers_stream_and_report_their_progress() {
+        let state: Vec<u8> = (0..10_000u32).map(|i| (i * 3) as u8).collect();
+        let s = Uuid::from_u128(1);
+        let mut r = Reassembly::new(1 << 20, Duration::from_secs(60), true);
+        let chunks = live(chunk_state(&state, 6, 500));
+        let count = chunks.len() as u32;
+        let mut rebuilt = Vec::new();
+        let mut reports = Vec::new();
+        for c in chunks.clone() {
+            let Progress::Piece {
+                data, report, last, ..
+            } = r.add(s, c).unwrap()
+            else {
+                panic!("streamed");
+            };
+            rebuilt.extend(data);
+            reports.extend(report);
+            assert!(!last || report.is_none());
+        }
+        assert_eq!(rebuilt, state);
+        let expected: Vec<_> = (1..count)
+            .filter(|n| n % PROGRESS_EVERY == 0)
+            .map(|n| (6, n))
+            .collect();
+        assert_eq!(reports, expected);
+        assert_eq!(r.in_progress(), 0);
+        // A header that changes between chunks (live or not) abandons the transfer.
+        let mut mixed = live(chunk_state(&state, 7, 500));
+        mixed[1].live = false;
+        r.add(s, mixed[0].clone()).unwrap();
+        assert_eq!(r.add(s, mixed[1].clone()).unwrap_err().reason(), "chunk");
+        // Short of its length: refused at the end.
+        let mut short = live(chunk_state(&state, 8, 500));
+        short.last_mut().unwrap().data.pop();
+        let results: Vec<_> = short.into_iter().map(|c| r.add(s, c)).collect();
+        assert_eq!(
+            results.last().unwrap().as_ref().unwrap_err().reason(),
+            "chunk"
+        );
+        // One live chunk: the whole state.
+        let one = live(chunk_state(&state, 9, 1 << 20)).remove(0);
+        assert!(matches!(r.add(s, one.clone()).unwrap(), Progress::Complete(st) if st == state));
+        // Reassembling: refused.
+        let mut whole = Reassembly::new(1 << 20, Duration::from_secs(60), false);
+        assert_eq!(whole.add(s, one).unwrap_err().reason(), "chunk");
+        let first = live(chunk_state(&state, 10, 500)).remove(0);
+        assert_eq!(whole.add(s, first).unwrap_err().reason(), "chunk");
+        assert_eq!(whole.in_progress(), 0);
+    }
+
     #[test]
     fn rejects_tampering_and_oversize() {
         let state = vec![5u8; 5000];
@@ -398,6 +496,7 @@ mod tests {
                 total_len: 1 << 40,
                 checksum: 0,
                 data: vec![0; 10],
+                live: false,
             };
             assert!(matches!(
                 r.add(Uuid::from_u128(i), c),

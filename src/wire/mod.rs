@@ -127,6 +127,17 @@ pub enum Body {
     /// One chunk of a full state (the core state type's CBOR), so that states larger than the
     /// server's `max_payload` replicate.
     StateChunk(StateChunk),
+    /// A receiver merged the chunks before `next` of `target`'s transfer `transfer`: a sender
+    /// paces a [live](StateChunk::live) push by its slowest receiver, so that neither side
+    /// holds more than a window of chunks besides its own state.
+    StateProgress {
+        /// The sender of the transfer.
+        target: Uuid,
+        /// Its transfer id.
+        transfer: u64,
+        /// The index of the first chunk not yet merged.
+        next: u32,
+    },
     /// A delta-state whose receivers acknowledge it with an [`Body::Ack`] once merged (it
     /// carries updates acknowledged at the `replicated` level).
     ConfirmedDelta(#[serde(with = "serde_bytes")] Vec<u8>),
@@ -157,11 +168,23 @@ pub struct StateChunk {
     pub count: u32,
     /// Length of the whole state in bytes.
     pub total_len: u64,
-    /// xxh3-64 of the whole state: a reassembly that does not match is discarded.
+    /// xxh3-64 of the whole state: a reassembly that does not match is discarded (0 for a
+    /// [live](StateChunk::live) transfer).
     pub checksum: u64,
     /// The bytes of this chunk.
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
+    /// Each chunk was read from the sender's live state as it went out (kinds merged piece by
+    /// piece, whose every piece is a part of some state the sender held): the sender never
+    /// holds the state a second time, encoded, and the chunks of one transfer may come from
+    /// states a few updates apart, so there is no whole-state checksum; every frame's own
+    /// checksum covers its bytes. Not encoded when false, so other frames are as before.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub live: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// What a receiver accepts.
@@ -553,6 +576,7 @@ pub fn state_chunk(
         total_len: state.len() as u64,
         checksum,
         data: state[start..end].to_vec(),
+        live: false,
     }
 }
 
@@ -618,6 +642,16 @@ mod tests {
             Body::StateRequest {
                 target: Some(Uuid::from_u128(8)),
             },
+            Body::StateProgress {
+                target: Uuid::from_u128(9),
+                transfer: u64::MAX,
+                next: 3,
+            },
+            Body::StateChunk(StateChunk {
+                live: true,
+                checksum: 0,
+                ..state_chunk(&state, 5, 300, 0, 1)
+            }),
         ];
         bodies.extend(
             chunk_state(&state, 4, 300)
@@ -716,6 +750,7 @@ mod tests {
             total_len: 1,
             checksum: 0,
             data: vec![],
+            live: false,
         }))
         .encode();
         assert_eq!(reason(&bad_chunk, &ex), "chunk");

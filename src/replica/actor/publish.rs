@@ -4,6 +4,7 @@
 //! [`super::pipeline`] decides); digests; and full-state pushes (when [`super::push`] says)
 //! encoded off the actor's thread and framed chunk by chunk by the publisher.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::pump::Outbound;
-use super::push::{PushPlan, StatePush, chunk_len};
+use super::push::{Pacing, PushPlan, PushSource, StatePush, chunk_len};
 use super::reply::Responder;
 use super::{Replica, ReplicaError, digest_of};
 use crate::replica::TakenDelta;
@@ -283,12 +284,28 @@ impl Replica {
         }
     }
 
-    /// Encodes the full state (off the actor's thread) and publishes it in chunks.
+    /// Encodes the full state (off the actor's thread) and publishes it in chunks; a state
+    /// of several chunks of a kind merged piece by piece is read live instead, a chunk at a
+    /// time as it goes out ([`PushSource::Live`]).
     fn push_state(&mut self, ctx: &mut Context<Self>) {
         let now = Instant::now();
         let transfer = self.pushes.start(now);
         self.anti_entropy.pushed(now);
         let chunk_len = chunk_len(self.cfg.chunk_bytes, self.transport.max_payload());
+        let live_len = self.read().encoded_state_len();
+        if let Some(total_len) = live_len.filter(|&len| len > chunk_len as u64) {
+            self.pushes.encoded();
+            let pacing = Arc::new(Pacing::new(transfer));
+            // Those of pushes still queued or going out (their push holds them) stay.
+            self.pacings.retain(|p| Arc::strong_count(p) > 1);
+            self.pacings.push(pacing.clone());
+            let source = PushSource::Live {
+                shared: self.shared.clone(),
+                total_len,
+                pacing,
+            };
+            return self.queue_push(source, transfer, chunk_len);
+        }
         let (shared, addr) = (self.shared.clone(), ctx.address());
         // Room for the state as large as it was last time, so that its buffer is not regrown.
         let last = self.telemetry.last_state_bytes() as usize;
@@ -344,21 +361,44 @@ impl Handler<Encoded> for Replica {
         let Some((state, checksum)) = msg.state else {
             return;
         };
-        self.telemetry.state_pushed(state.len());
+        let source = PushSource::Encoded { state, checksum };
+        self.queue_push(source, msg.transfer, msg.chunk_len);
+    }
+}
+
+impl Replica {
+    /// Queues a push for the publisher task, its chunks' sequence numbers reserved.
+    fn queue_push(&mut self, source: PushSource, transfer: u64, chunk_len: usize) {
         let template = self.envelope(Body::Delta(Vec::new()));
         let push = StatePush {
             subject: self.subjects.state.clone(),
-            state,
-            checksum,
-            transfer: msg.transfer,
-            chunk_len: msg.chunk_len,
+            source,
+            transfer,
+            chunk_len,
             first_seq: template.seq,
             codec: self.codec.clone(),
             template,
         };
+        self.telemetry.state_pushed(push.len() as usize);
         // `envelope` took the first number; the rest are reserved here.
         self.seq += push.count() as u64 - 1;
         self.enqueue(Outbound::State(Box::new(push)));
+    }
+
+    /// A receiver of our live push `transfer` merged its chunks before `next`.
+    pub(super) fn on_progress(&mut self, receiver: uuid::Uuid, transfer: u64, next: u32) {
+        if let Some(pacing) = self.pacings.iter().find(|p| p.transfer == transfer) {
+            pacing.report(receiver, next, Instant::now());
+        }
+    }
+
+    /// Tells `target` that we merged its live transfer's chunks before `next`.
+    pub(super) fn report_progress(&mut self, target: uuid::Uuid, transfer: u64, next: u32) {
+        self.publish_state_body(Body::StateProgress {
+            target,
+            transfer,
+            next,
+        });
     }
 }
 

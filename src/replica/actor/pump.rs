@@ -12,7 +12,7 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::push::StatePush;
+use super::push::{Pace, StatePush};
 use super::{Shared, reject};
 use crate::replica::metrics::{Channel, Direction, channel_label};
 use crate::transport::{LogLimiter, Message, MessageStream, Subjects, Transport, TransportEvent};
@@ -297,7 +297,16 @@ pub(super) async fn publish(
                 let mut sent = Ok(());
                 let mut unflushed = 0;
                 for i in 0..push.count() {
-                    let frame = push.frame(i);
+                    if let Some(pacing) = push.pacing() {
+                        // Ahead of a receiver by a window: what went out must reach it
+                        // before it can report.
+                        if pacing.pace(i as u32, std::time::Instant::now()) != Pace::Go {
+                            unflushed = 0;
+                            let _ = replication.flush().await;
+                            pacing.wait(i as u32).await;
+                        }
+                    }
+                    let Some(frame) = push.frame(i) else { break };
                     telemetry.traffic(Direction::Out, Channel::State, frame.len());
                     unflushed += frame.len();
                     sent = replication
