@@ -2,8 +2,8 @@
 # Memory of a catch-up: node A holds a g_bloom of ~24 MB (CAPACITY=20000000 at fpr 0.01;
 # ITEMS=1000000 added over RESP, enough to make every page of it resident), node B joins over
 # NATS and catches up with one full-state transfer; prints A's RSS, B's settled RSS and peak
-# (VmHWM), A's peak during the transfer, and the bytes nats-server carried while B joined (its
-# monitoring port). Needs `scripts/test.sh` run once (.tools/nats) and `cargo build --release`
+# (VmHWM), A's peak during the transfer, both nodes' anonymous memory after it, and the bytes
+# nats-server carried while B joined (its monitoring port). Needs `scripts/test.sh` run once (.tools/nats) and `cargo build --release`
 # (CRPF_BIN: another binary). BENCHMARKS.md, "Catch-up memory".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,6 +57,21 @@ print(v['in_bytes'], v['out_bytes'])"; }
 read IN0 OUT0 < <(nats_bytes)
 echo 5 > /proc/$A/clear_refs
 $BIN node --config $W/b.toml 2>$W/b.log & B=$!
+# How long until B merged a whole state (its metrics), from its start.
+python3 - <<'P' &
+import time, urllib.request
+t0 = time.time()
+while time.time() - t0 < 120:
+    try:
+        m = urllib.request.urlopen("http://127.0.0.1:19472/metrics", timeout=1).read().decode()
+        if any(l.startswith("crpf_state_transfers_total") and 'outcome="complete"' in l
+               and float(l.rsplit(" ", 1)[1]) >= 1 for l in m.splitlines()):
+            print("B merged a whole state %.2f s after its start" % (time.time() - t0))
+            break
+    except Exception:
+        pass
+    time.sleep(0.05)
+P
 for i in $(seq 1 60); do
   sleep 1
   if python3 -c "
@@ -72,3 +87,6 @@ read IN1 OUT1 < <(nats_bytes)
 echo "NATS while B joined: in $(( (IN1-IN0)/1000000 )) MB, out $(( (OUT1-OUT0)/1000000 )) MB"
 echo "A peak during the transfer: $(grep VmHWM /proc/$A/status)"
 echo "B settled: $(grep VmRSS /proc/$B/status) HWM: $(grep VmHWM /proc/$B/status)"
+# RSS counts the binary's mapped code too (~13.5 MiB, file-backed, the same on both nodes);
+# anonymous memory is what the node allocated: the state and its own working memory.
+echo "Anonymous: A $(grep RssAnon /proc/$A/status | awk '{print $2, $3}'), B $(grep RssAnon /proc/$B/status | awk '{print $2, $3}')"

@@ -389,7 +389,9 @@ impl crate::core::kind::ReplicatedFilter for SharedGBloom {
         let words = self.bits.words();
         let mut at = from;
         while at < to {
-            let word = words[(at / 8) as usize].load(Ordering::Relaxed).to_le_bytes();
+            let word = words[(at / 8) as usize]
+                .load(Ordering::Relaxed)
+                .to_le_bytes();
             let (skip, take) = ((at % 8) as usize, (to - at).min(8 - at % 8) as usize);
             out.extend_from_slice(&word[skip..skip + take]);
             at += take as u64;

@@ -1124,7 +1124,11 @@ mod tests {
                 }
                 assert_eq!(pieces, state, "{capacity}, pieces of {piece_len}");
             }
-            assert!(sender.encode_state_piece(total + 1, 1, &mut Vec::new()).is_err());
+            assert!(
+                sender
+                    .encode_state_piece(total + 1, 1, &mut Vec::new())
+                    .is_err()
+            );
             for piece_len in [1, 7, 13, 4096] {
                 let mut receiver = AnyFilter::new(&spec, 2).unwrap();
                 receiver.add(b"own").unwrap();

@@ -200,8 +200,8 @@ impl Reassembly {
                 }
                 *next += 1;
                 let last = *next == p.count;
-                let report = (p.live && !last && *next % PROGRESS_EVERY == 0)
-                    .then_some((p.transfer, *next));
+                let report =
+                    (p.live && !last && *next % PROGRESS_EVERY == 0).then_some((p.transfer, *next));
                 if last {
                     let (bytes, digest) = (p.bytes, hasher.digest());
                     let (transfer, total_len, checksum, live) =
