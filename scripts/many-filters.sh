@@ -6,6 +6,7 @@
 # JetStream consumers.
 #
 #   scripts/many-filters.sh [N] [--data]     (default 1000; --data: with a data directory)
+#   SETTLE=60 scripts/many-filters.sh ...      (and idle again 60 s after the restart's figures)
 #
 # Needs `scripts/test.sh` to have installed nats-server into .tools/ (or CRPF_NATS_SERVER).
 set -euo pipefail
@@ -70,3 +71,10 @@ start_node
 wait_api
 echo "node start with $n filters: $(echo "$(date +%s.%N) - $started" | bc) s"
 measure
+# Idle once a lone node's replicas have spaced their digests out (nobody hears them; up to
+# six anti-entropy intervals apart after three at the interval): SETTLE seconds later.
+if [ "${SETTLE:-0}" -gt 0 ]; then
+  sleep "$SETTLE"
+  echo "after $SETTLE s more:"
+  measure
+fi

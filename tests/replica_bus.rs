@@ -1303,6 +1303,61 @@ async fn a_lone_replica_does_not_digest_its_state_at_every_interval() {
     b.shutdown().await.unwrap();
 }
 
+/// Digests from `sender` heard on `stream` within `window`.
+async fn digests_within(
+    stream: &mut crpf::transport::MessageStream,
+    sender: Uuid,
+    expect: &crpf::wire::Expect,
+    window: Duration,
+) -> usize {
+    use futures::StreamExt;
+    let deadline = tokio::time::Instant::now() + window;
+    let mut n = 0;
+    while let Ok(Some(msg)) = tokio::time::timeout_at(deadline, stream.next()).await {
+        if let Ok(env) = Envelope::decode(&msg.payload, expect)
+            && env.sender == sender
+            && matches!(env.body, Body::Digest { .. })
+        {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Nobody hears a lone replica's digests: after a few at the anti-entropy interval it spaces
+/// them out, up to six intervals apart; once a peer appears it announces at the interval again.
+#[actix::test]
+async fn a_lone_replica_spaces_out_its_digests_until_a_peer_appears() {
+    let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+    let mut cfg = cfg("lone", FilterKind::GBloom, 1_000, 0.01);
+    cfg.anti_entropy_interval_ms = 20;
+    let subjects = Subjects::new(&cfg.prefix, &cfg.name);
+    let mut state = bus.subscribe(subjects.state, None).await.unwrap();
+    let a = Replica::start(cfg.clone(), bus.clone()).await.unwrap();
+    assert!(a.wait_ready(WAIT).await);
+    let expect = crpf::wire::Expect {
+        filter: cfg.name.clone(),
+        kind: FilterKind::GBloom,
+        params_digest: a.snapshot().params_digest(),
+        generation: 0,
+        max_bytes: 1 << 20,
+    };
+    let uuid = a.identity().uuid;
+    // 100 intervals: 80 digests or more at the interval, about 20 spaced out.
+    let window = Duration::from_millis(2_000);
+    let lone = digests_within(&mut state, uuid, &expect, window).await;
+    assert!(
+        lone <= 50,
+        "{lone} digests in 100 intervals with nobody to hear them"
+    );
+    let b = Replica::start(cfg, bus).await.unwrap();
+    // 75 intervals: about 12 spaced out, 60 or more at the interval.
+    let window = Duration::from_millis(1_500);
+    let paired = digests_within(&mut state, uuid, &expect, window).await;
+    assert!(paired >= 25, "{paired} digests in 75 intervals with a peer");
+    stop(&[a, b]).await;
+}
+
 /// `n` replicas, once each caught up (a start-up state push would carry later adds too).
 async fn start_ready(
     n: usize,

@@ -263,6 +263,10 @@ pub struct Replica {
     last_housekeeping: Instant,
     /// When the periodic timer announces the digest next.
     next_digest: Instant,
+    /// Digests announced in a row with no live peer ([`ticks::lone_digest_factor`]).
+    lone_digests: u32,
+    /// The periodic timer armed, so that a peer appearing can bring it forward.
+    periodic: Option<SpawnHandle>,
     api_started: bool,
     inbound_tx: mpsc::Sender<Inbound>,
     inbound_rx: Option<mpsc::Receiver<Inbound>>,
@@ -353,6 +357,8 @@ impl Replica {
             started,
             last_housekeeping: started,
             next_digest: started,
+            lone_digests: 0,
+            periodic: None,
             api_started: false,
             inbound_tx,
             inbound_rx: Some(inbound_rx),
@@ -394,6 +400,9 @@ impl Replica {
         };
         self.telemetry.traffic(Direction::In, channel, frame_len);
         let now = Instant::now();
+        if self.lone_digests > ticks::LONE_DIGESTS_AT_INTERVAL {
+            self.peer_appeared(ctx);
+        }
         match self
             .anti_entropy
             .heard(env.sender, env.replica, env.seq, now)
@@ -799,11 +808,18 @@ impl Replica {
         let due = housekeeping_due.min(self.next_digest);
         let delay = due.saturating_duration_since(Instant::now());
         let grid_period = housekeeping.min(anti_entropy);
-        ctx.run_later(ticks::on_grid(delay, grid_period), move |act, ctx| {
+        let timer = ctx.run_later(ticks::on_grid(delay, grid_period), move |act, ctx| {
+            act.periodic = None;
             let now = Instant::now();
             if now >= act.next_digest {
                 act.send_digest();
-                act.next_digest = now + act.digest_delay();
+                act.lone_digests = if act.anti_entropy.live_peers(now) == 0 {
+                    act.lone_digests.saturating_add(1)
+                } else {
+                    0
+                };
+                act.next_digest =
+                    now + act.digest_delay() * ticks::lone_digest_factor(act.lone_digests);
             }
             if now >= housekeeping_due {
                 act.last_housekeeping = now;
@@ -811,6 +827,21 @@ impl Replica {
             }
             act.schedule_periodic(ctx);
         });
+        self.periodic = Some(timer);
+    }
+
+    /// A peer was heard while this replica spaced out its digests for want of one: back to
+    /// the anti-entropy interval from now, so that the peer does not take it for gone.
+    fn peer_appeared(&mut self, ctx: &mut Context<Self>) {
+        self.lone_digests = 0;
+        let next = Instant::now() + self.digest_delay();
+        if next < self.next_digest {
+            self.next_digest = next;
+            if let Some(timer) = self.periodic.take() {
+                ctx.cancel_future(timer);
+            }
+            self.schedule_periodic(ctx);
+        }
     }
 
     /// The time to the next digest: the anti-entropy interval, jittered by a quarter either

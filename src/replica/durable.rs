@@ -121,14 +121,29 @@ pub struct DataDir {
 }
 
 impl DataDir {
-    /// Opens (creating it if needed) a data directory.
+    /// Opens (creating it if needed) a data directory. A directory it creates has its entry
+    /// fsynced in its parent: what is made durable inside it later (a snapshot, a
+    /// `durable` add's log record) is then found after a crash of the machine.
     pub fn open(path: impl Into<PathBuf>) -> Result<Self, DurableError> {
         let path = path.into();
-        fs::create_dir_all(&path).map_err(|source| DurableError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let io = |p: &Path| {
+            let p = p.to_path_buf();
+            move |source| DurableError::Io { path: p, source }
+        };
+        if !path.is_dir() {
+            fs::create_dir_all(&path).map_err(io(&path))?;
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                File::open(parent)
+                    .and_then(|d| d.sync_all())
+                    .map_err(io(parent))?;
+            }
+        }
         Ok(DataDir { path })
+    }
+
+    /// Whether `path` holds no data directory yet: opening it creates one.
+    pub fn is_new(path: &Path) -> bool {
+        !path.is_dir()
     }
 
     /// The directory.

@@ -346,13 +346,18 @@ impl Replica {
         cfg.validate().map_err(ReplicaError::Config)?;
         let shared_id = shared.filter(|_| cfg.filter.kind.reuses_ids());
         let fresh = AnyFilter::new(&cfg.filter, 0)?;
-        let data = cfg.data_dir.as_ref().map(DataDir::open).transpose()?;
-        let (restored, replayed) = match &data {
-            Some(d) => {
-                let recovered = recovery::restore(d, &cfg, &fresh)?;
-                (recovered.state, Some(recovered.wal))
+        let (data, restored, replayed) = match &cfg.data_dir {
+            // A new directory is made with fsyncs (its entry, its log's directory): off
+            // this thread, which may be the actors', so that the fsyncs of filters created
+            // together overlap. A restart only reads, faster here than handed to a thread.
+            Some(dir) if DataDir::is_new(dir) => {
+                let (cfg, fresh) = (cfg.clone(), fresh.clone());
+                tokio::task::spawn_blocking(move || open_data(&cfg, &fresh))
+                    .await
+                    .map_err(|e| ReplicaError::Config(format!("data directory task: {e}")))??
             }
-            None => (None, None),
+            Some(_) => open_data(&cfg, &fresh)?,
+            None => (None, None, None),
         };
         // What the data directory holds already (its snapshot, and the reservation of that
         // snapshot's identity), if it is the state as restored.
@@ -498,6 +503,22 @@ impl Replica {
         }
         Ok(handle)
     }
+}
+
+/// A replica's data directory opened, and what it recovers from it.
+type OpenedData = (
+    Option<DataDir>,
+    Option<recovery::Restored>,
+    Option<wal::Replayed>,
+);
+
+fn open_data(cfg: &ReplicaConfig, fresh: &AnyFilter) -> Result<OpenedData, ReplicaError> {
+    let Some(dir) = &cfg.data_dir else {
+        return Ok((None, None, None));
+    };
+    let data = DataDir::open(dir)?;
+    let recovered = recovery::restore(&data, cfg, fresh)?;
+    Ok((Some(data), recovered.state, Some(recovered.wal)))
 }
 
 impl ReplicaHandle {
