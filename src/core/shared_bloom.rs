@@ -365,7 +365,7 @@ impl crate::core::kind::ReplicatedFilter for SharedGBloom {
         Some(encoding_prefix(self.params()).len() as u64 + self.params().bits.div_ceil(8))
     }
 
-    /// The same bytes as [`encode_state_into`](Self::encode_state_into)'s at `offset..`, read
+    /// The same bytes as [`encode_state_into`](crate::core::kind::ReplicatedFilter::encode_state_into)'s at `offset..`, read
     /// from the shared words one at a time.
     fn encode_state_piece(
         &self,

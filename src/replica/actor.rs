@@ -265,8 +265,10 @@ pub struct Replica {
     next_digest: Instant,
     /// Digests announced in a row with no live peer ([`ticks::lone_digest_factor`]).
     lone_digests: u32,
-    /// The periodic timer armed, so that a peer appearing can bring it forward.
+    /// The periodic timer armed, and about when it fires, so that a peer appearing or a
+    /// change can bring it forward.
     periodic: Option<SpawnHandle>,
+    periodic_due: Instant,
     api_started: bool,
     inbound_tx: mpsc::Sender<Inbound>,
     inbound_rx: Option<mpsc::Receiver<Inbound>>,
@@ -359,6 +361,7 @@ impl Replica {
             next_digest: started,
             lone_digests: 0,
             periodic: None,
+            periodic_due: started,
             api_started: false,
             inbound_tx,
             inbound_rx: Some(inbound_rx),
@@ -403,6 +406,19 @@ impl Replica {
         if self.lone_digests > ticks::LONE_DIGESTS_AT_INTERVAL {
             self.peer_appeared(ctx);
         }
+        if let Body::StateProgress {
+            target,
+            transfer,
+            next,
+        } = env.body
+        {
+            // Unsequenced (it overtakes what its sender queued), so it moves no sequence
+            // count; only a peer already heard from paces a push.
+            if target == self.uuid() && self.anti_entropy.knows(&env.sender) {
+                self.on_progress(env.sender, transfer, next);
+            }
+            return;
+        }
         match self
             .anti_entropy
             .heard(env.sender, env.replica, env.seq, now)
@@ -442,15 +458,8 @@ impl Replica {
                 }
             }
             Body::StateChunk(chunk) => self.on_chunk(env.sender, env.replica, chunk, ctx),
-            Body::StateProgress {
-                target,
-                transfer,
-                next,
-            } => {
-                if target == self.uuid() {
-                    self.on_progress(env.sender, transfer, next);
-                }
-            }
+            // Taken above, before the sequence check.
+            Body::StateProgress { .. } => {}
         }
     }
 
@@ -806,6 +815,7 @@ impl Replica {
             self.last_housekeeping + housekeeping
         };
         let due = housekeeping_due.min(self.next_digest);
+        self.periodic_due = due;
         let delay = due.saturating_duration_since(Instant::now());
         let grid_period = housekeeping.min(anti_entropy);
         let timer = ctx.run_later(ticks::on_grid(delay, grid_period), move |act, ctx| {
@@ -830,6 +840,28 @@ impl Replica {
         self.periodic = Some(timer);
     }
 
+    /// The state changed (a flush is being armed): a quiet lone replica's timer, armed for
+    /// its spaced-out digest (its housekeeping goes with it), is brought forward to a busy
+    /// replica's housekeeping, so that snapshots and gauges do not wait for the digest.
+    pub(super) fn busy_again(&mut self, ctx: &mut Context<Self>) {
+        if self.lone_digests <= ticks::LONE_DIGESTS_AT_INTERVAL {
+            return;
+        }
+        let soon = Instant::now() + ReplicaConfig::ms(self.cfg.metrics_interval_ms);
+        if self.periodic_due > soon {
+            self.rearm_periodic(ctx);
+        }
+    }
+
+    /// Arms the periodic timer anew, for deadlines brought forward. Not from within the
+    /// timer's own run (it arms the next itself): there is no armed timer then.
+    fn rearm_periodic(&mut self, ctx: &mut Context<Self>) {
+        if let Some(timer) = self.periodic.take() {
+            ctx.cancel_future(timer);
+            self.schedule_periodic(ctx);
+        }
+    }
+
     /// A peer was heard while this replica spaced out its digests for want of one: back to
     /// the anti-entropy interval from now, so that the peer does not take it for gone.
     fn peer_appeared(&mut self, ctx: &mut Context<Self>) {
@@ -837,10 +869,7 @@ impl Replica {
         let next = Instant::now() + self.digest_delay();
         if next < self.next_digest {
             self.next_digest = next;
-            if let Some(timer) = self.periodic.take() {
-                ctx.cancel_future(timer);
-            }
-            self.schedule_periodic(ctx);
+            self.rearm_periodic(ctx);
         }
     }
 

@@ -282,6 +282,11 @@ impl AntiEntropy {
         now.saturating_duration_since(p.last_seen) < self.timing.live
     }
 
+    /// Whether `sender` is in the peer table (heard, and not expired).
+    pub(crate) fn knows(&self, sender: &Uuid) -> bool {
+        self.peers.contains_key(sender)
+    }
+
     /// Peers heard within [`Timing::live`].
     pub(crate) fn live_peers(&self, now: Instant) -> usize {
         self.peers.values().filter(|p| self.is_live(p, now)).count()

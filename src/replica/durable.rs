@@ -131,11 +131,18 @@ impl DataDir {
             move |source| DurableError::Io { path: p, source }
         };
         if !path.is_dir() {
+            // The directories about to be made, deepest first: each one's entry is synced.
+            let created: Vec<&Path> = path
+                .ancestors()
+                .take_while(|p| !p.as_os_str().is_empty() && !p.exists())
+                .collect();
             fs::create_dir_all(&path).map_err(io(&path))?;
-            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                File::open(parent)
-                    .and_then(|d| d.sync_all())
-                    .map_err(io(parent))?;
+            for dir in created {
+                if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    File::open(parent)
+                        .and_then(|d| d.sync_all())
+                        .map_err(io(parent))?;
+                }
             }
         }
         Ok(DataDir { path })

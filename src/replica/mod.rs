@@ -345,16 +345,22 @@ impl Replica {
     ) -> Result<ReplicaHandle, ReplicaError> {
         cfg.validate().map_err(ReplicaError::Config)?;
         let shared_id = shared.filter(|_| cfg.filter.kind.reuses_ids());
-        let fresh = AnyFilter::new(&cfg.filter, 0)?;
+        let mut fresh = AnyFilter::new(&cfg.filter, 0)?;
         let (data, restored, replayed) = match &cfg.data_dir {
             // A new directory is made with fsyncs (its entry, its log's directory): off
             // this thread, which may be the actors', so that the fsyncs of filters created
             // together overlap. A restart only reads, faster here than handed to a thread.
             Some(dir) if DataDir::is_new(dir) => {
-                let (cfg, fresh) = (cfg.clone(), fresh.clone());
-                tokio::task::spawn_blocking(move || open_data(&cfg, &fresh))
-                    .await
-                    .map_err(|e| ReplicaError::Config(format!("data directory task: {e}")))??
+                // `fresh` goes and comes back: a large filter's bits are not copied.
+                let moved = (cfg.clone(), fresh);
+                let (opened, back) = tokio::task::spawn_blocking(move || {
+                    let (cfg, fresh) = moved;
+                    (open_data(&cfg, &fresh), fresh)
+                })
+                .await
+                .map_err(|e| ReplicaError::Config(format!("data directory task: {e}")))?;
+                fresh = back;
+                opened?
             }
             Some(_) => open_data(&cfg, &fresh)?,
             None => (None, None, None),

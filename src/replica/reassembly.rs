@@ -19,7 +19,9 @@ struct Partial {
     live: bool,
     received: Received,
     bytes: u64,
-    started: Instant,
+    /// When its last chunk came: a transfer paced by a slow receiver may take long, and is
+    /// lost only once its chunks stop coming.
+    touched: Instant,
 }
 
 /// What a transfer in progress keeps of its chunks.
@@ -70,7 +72,7 @@ pub(crate) enum Progress {
 
 /// Transfers in progress, at most one per sender (a chunk of another transfer replaces the
 /// unfinished one: one sender's messages arrive in order, so it started a new push), each
-/// bounded by `max_state_bytes`, at most [`MAX_TRANSFERS`] at once (the oldest is abandoned
+/// bounded by `max_state_bytes`, at most [`MAX_TRANSFERS`] at once (the stalest is abandoned
 /// for a new one).
 ///
 /// Transfer ids are only compared for equality, never ordered: a sender's ids start afresh
@@ -143,7 +145,7 @@ impl Reassembly {
                     let oldest = self
                         .partial
                         .iter()
-                        .min_by_key(|(_, p)| p.started)
+                        .min_by_key(|(_, p)| p.touched)
                         .map(|(s, _)| *s)
                         .expect("not empty");
                     self.partial.remove(&oldest);
@@ -165,7 +167,7 @@ impl Reassembly {
                             Received::Chunks(BTreeMap::new())
                         },
                         bytes: 0,
-                        started: Instant::now(),
+                        touched: Instant::now(),
                     },
                 );
                 self.partial.get_mut(&sender).expect("just inserted")
@@ -178,6 +180,7 @@ impl Reassembly {
                 "chunk header differs from its transfer".into(),
             ));
         }
+        p.touched = Instant::now();
         let chunks = match &mut p.received {
             Received::Chunks(chunks) => chunks,
             Received::Streamed { next, hasher } => {
@@ -283,12 +286,12 @@ impl Reassembly {
         self.done.remove(sender);
     }
 
-    /// Drops transfers older than the timeout (their missing chunks were lost); returns how
-    /// many.
+    /// Drops transfers whose last chunk came longer than the timeout ago (their missing
+    /// chunks were lost); returns how many.
     pub(super) fn expire(&mut self) -> usize {
         let before = self.partial.len();
         let timeout = self.timeout;
-        self.partial.retain(|_, p| p.started.elapsed() < timeout);
+        self.partial.retain(|_, p| p.touched.elapsed() < timeout);
         before - self.partial.len()
     }
 

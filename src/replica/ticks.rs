@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 /// interval.
 pub(crate) const LONE_DIGESTS_AT_INTERVAL: u32 = 3;
 
-/// The most a lone replica's digest interval is stretched: 30 s at the default 5 s.
+/// The most a lone replica's digest interval is stretched: 30 s on average at the default
+/// 5 s (the jitter of a quarter either way is stretched with it).
 pub(crate) const LONE_DIGEST_MAX_FACTOR: u32 = 6;
 
 /// How many anti-entropy intervals a replica waits before its next digest when the last

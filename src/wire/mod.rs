@@ -127,17 +127,6 @@ pub enum Body {
     /// One chunk of a full state (the core state type's CBOR), so that states larger than the
     /// server's `max_payload` replicate.
     StateChunk(StateChunk),
-    /// A receiver merged the chunks before `next` of `target`'s transfer `transfer`: a sender
-    /// paces a [live](StateChunk::live) push by its slowest receiver, so that neither side
-    /// holds more than a window of chunks besides its own state.
-    StateProgress {
-        /// The sender of the transfer.
-        target: Uuid,
-        /// Its transfer id.
-        transfer: u64,
-        /// The index of the first chunk not yet merged.
-        next: u32,
-    },
     /// A delta-state whose receivers acknowledge it with an [`Body::Ack`] once merged (it
     /// carries updates acknowledged at the `replicated` level).
     ConfirmedDelta(#[serde(with = "serde_bytes")] Vec<u8>),
@@ -147,6 +136,20 @@ pub enum Body {
         target: Uuid,
         /// Its envelope's sequence number.
         seq: u64,
+    },
+    // Struct variants are encoded by position (see the test `body_variants_keep_their_keys`):
+    // new variants go last.
+    /// A receiver merged the chunks before `next` of `target`'s transfer `transfer`: a sender
+    /// paces a [live](StateChunk::live) push by its slowest receiver, so that neither side
+    /// holds more than a window of chunks besides its own state. Not sequenced (`seq` 0):
+    /// it leaves at once, ahead of whatever its sender queued (its own push, perhaps).
+    StateProgress {
+        /// The sender of the transfer.
+        target: Uuid,
+        /// Its transfer id.
+        transfer: u64,
+        /// The index of the first chunk not yet merged.
+        next: u32,
     },
 }
 
@@ -661,6 +664,53 @@ mod tests {
         for b in bodies {
             let e = env(b);
             assert_eq!(Envelope::decode(&e.encode(), &expect()).unwrap(), e);
+        }
+    }
+
+    /// A body is encoded as a map of one entry whose key is, in the packed format, the
+    /// variant's name for the newtype variants but its position for the struct variants
+    /// (serde_cbor's rule): a struct variant inserted before others would renumber them, and
+    /// earlier versions would misread or refuse them. New variants go last.
+    #[test]
+    fn body_variants_keep_their_keys() {
+        let target = Uuid::from_u128(1);
+        let by_name = [
+            (Body::Delta(Vec::new()), "Delta"),
+            (
+                Body::StateChunk(chunk_state(b"x", 1, 10).remove(0)),
+                "StateChunk",
+            ),
+            (Body::ConfirmedDelta(Vec::new()), "ConfirmedDelta"),
+        ];
+        for (body, name) in by_name {
+            let bytes = to_cbor(&body);
+            assert_eq!(bytes[0], 0xa1, "{body:?}: a map of one entry");
+            assert_eq!(bytes[1], 0x60 | name.len() as u8, "{body:?}: a text key");
+            assert_eq!(&bytes[2..2 + name.len()], name.as_bytes(), "{body:?}");
+        }
+        let by_position = [
+            (
+                Body::Digest {
+                    digest: 1,
+                    ready: true,
+                },
+                1,
+            ),
+            (Body::StateRequest { target: None }, 2),
+            (Body::Ack { target, seq: 1 }, 5),
+            (
+                Body::StateProgress {
+                    target,
+                    transfer: 1,
+                    next: 4,
+                },
+                6,
+            ),
+        ];
+        for (body, position) in by_position {
+            let bytes = to_cbor(&body);
+            assert_eq!(bytes[0], 0xa1, "{body:?}: a map of one entry");
+            assert_eq!(bytes[1], position, "{body:?}: keyed by its position");
         }
     }
 

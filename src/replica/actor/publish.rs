@@ -68,6 +68,7 @@ impl Replica {
         if self.pipeline.flush_timer_armed() {
             return;
         }
+        self.busy_again(ctx);
         let interval = ReplicaConfig::ms(self.cfg.delta_interval_ms);
         let delay = self.pipeline.flush_delay(Instant::now(), interval);
         if delay.is_zero() {
@@ -392,12 +393,38 @@ impl Replica {
         }
     }
 
-    /// Tells `target` that we merged its live transfer's chunks before `next`.
+    /// Tells `target` that we merged its live transfer's chunks before `next`. Unsequenced
+    /// and published at once rather than queued: our own publisher may be busy with a push
+    /// of ours paced by `target`, whose reports are queued behind its own push in turn (peers
+    /// answering a joiner together), and neither push could go on.
     pub(super) fn report_progress(&mut self, target: uuid::Uuid, transfer: u64, next: u32) {
-        self.publish_state_body(Body::StateProgress {
+        let body = Body::StateProgress {
             target,
             transfer,
             next,
+        };
+        let env = Envelope::new(
+            self.cfg.name.clone(),
+            self.expect.kind,
+            self.expect.params_digest,
+            self.uuid(),
+            self.id(),
+            0,
+            body,
+        )
+        .with_generation(self.cfg.generation);
+        let frame = self.codec.encode(&env);
+        self.telemetry
+            .traffic(Direction::Out, Channel::State, frame.len());
+        let (transport, subject) = (
+            self.replication_transport.clone(),
+            self.subjects.state.clone(),
+        );
+        let shared = self.shared.clone();
+        actix::spawn(async move {
+            if transport.publish(subject, frame.into()).await.is_err() {
+                shared.telemetry.publish_error(Channel::State);
+            }
         });
     }
 }
