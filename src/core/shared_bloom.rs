@@ -97,6 +97,14 @@ impl SharedGBloom {
         self.bits.params()
     }
 
+    /// The full state's encoding: its prefix (the parameters and the bit array's header),
+    /// and its whole length (the prefix, then the bit array's bytes).
+    fn encoding_layout(&self) -> (Vec<u8>, u64) {
+        let prefix = encoding_prefix(self.params());
+        let total = prefix.len() as u64 + self.params().bits.div_ceil(8);
+        (prefix, total)
+    }
+
     /// A reader of these bits for other threads.
     pub fn reader(&self) -> BloomReader {
         BloomReader(self.bits.clone())
@@ -362,7 +370,7 @@ impl crate::core::kind::ReplicatedFilter for SharedGBloom {
     }
 
     fn encoded_state_len(&self) -> Option<u64> {
-        Some(encoding_prefix(self.params()).len() as u64 + self.params().bits.div_ceil(8))
+        Some(self.encoding_layout().1)
     }
 
     /// The same bytes as [`encode_state_into`](crate::core::kind::ReplicatedFilter::encode_state_into)'s at `offset..`, read
@@ -373,9 +381,8 @@ impl crate::core::kind::ReplicatedFilter for SharedGBloom {
         len: usize,
         out: &mut Vec<u8>,
     ) -> Result<(), FilterError> {
-        let prefix = encoding_prefix(self.params());
+        let (prefix, total) = self.encoding_layout();
         let start = prefix.len() as u64;
-        let total = start + self.params().bits.div_ceil(8);
         if offset > total {
             return Err(FilterError::malformed("a piece past the end of the state"));
         }
@@ -407,13 +414,11 @@ impl crate::core::kind::ReplicatedFilter for SharedGBloom {
         offset: u64,
         piece: &[u8],
     ) -> Result<(), FilterError> {
-        let prefix = encoding_prefix(self.params());
-        let array_len = self.params().bits.div_ceil(8);
+        let (prefix, total) = self.encoding_layout();
         let start = prefix.len() as u64;
-        if total_len != start + array_len {
+        if total_len != total {
             return Err(FilterError::malformed(format!(
-                "a state of {total_len} bytes, where these parameters encode in {}",
-                start + array_len
+                "a state of {total_len} bytes, where these parameters encode in {total}"
             )));
         }
         let end = offset

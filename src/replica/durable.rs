@@ -130,7 +130,7 @@ impl DataDir {
             let p = p.to_path_buf();
             move |source| DurableError::Io { path: p, source }
         };
-        if !path.is_dir() {
+        if Self::is_new(&path) {
             // The directories about to be made, deepest first: each one's entry is synced.
             let created: Vec<&Path> = path
                 .ancestors()

@@ -56,6 +56,7 @@ mod ticks;
 pub mod wal;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -352,17 +353,17 @@ impl Replica {
             // together overlap. A restart only reads, faster here than handed to a thread.
             Some(dir) if DataDir::is_new(dir) => {
                 // `fresh` goes and comes back: a large filter's bits are not copied.
-                let moved = (cfg.clone(), fresh);
+                let moved = (dir.clone(), cfg.clone(), fresh);
                 let (opened, back) = tokio::task::spawn_blocking(move || {
-                    let (cfg, fresh) = moved;
-                    (open_data(&cfg, &fresh), fresh)
+                    let (dir, cfg, fresh) = moved;
+                    (open_data(&dir, &cfg, &fresh), fresh)
                 })
                 .await
                 .map_err(|e| ReplicaError::Config(format!("data directory task: {e}")))?;
                 fresh = back;
                 opened?
             }
-            Some(_) => open_data(&cfg, &fresh)?,
+            Some(dir) => open_data(dir, &cfg, &fresh)?,
             None => (None, None, None),
         };
         // What the data directory holds already (its snapshot, and the reservation of that
@@ -518,10 +519,11 @@ type OpenedData = (
     Option<wal::Replayed>,
 );
 
-fn open_data(cfg: &ReplicaConfig, fresh: &AnyFilter) -> Result<OpenedData, ReplicaError> {
-    let Some(dir) = &cfg.data_dir else {
-        return Ok((None, None, None));
-    };
+fn open_data(
+    dir: &Path,
+    cfg: &ReplicaConfig,
+    fresh: &AnyFilter,
+) -> Result<OpenedData, ReplicaError> {
     let data = DataDir::open(dir)?;
     let recovered = recovery::restore(&data, cfg, fresh)?;
     Ok((Some(data), recovered.state, Some(recovered.wal)))

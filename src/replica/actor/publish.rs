@@ -23,15 +23,21 @@ use crate::replica::metrics::{Channel, Direction};
 use crate::wire::{Body, Envelope, FilterKind};
 
 impl Replica {
+    /// The next envelope in this replica's sequence.
     pub(super) fn envelope(&mut self, body: Body) -> Envelope {
         self.seq += 1;
+        self.numbered_envelope(self.seq, body)
+    }
+
+    /// An envelope of this replica numbered `seq` (0: outside the sequence).
+    fn numbered_envelope(&self, seq: u64, body: Body) -> Envelope {
         Envelope::new(
             self.cfg.name.clone(),
             self.expect.kind,
             self.expect.params_digest,
             self.uuid(),
             self.id(),
-            self.seq,
+            seq,
             body,
         )
         .with_generation(self.cfg.generation)
@@ -403,16 +409,7 @@ impl Replica {
             transfer,
             next,
         };
-        let env = Envelope::new(
-            self.cfg.name.clone(),
-            self.expect.kind,
-            self.expect.params_digest,
-            self.uuid(),
-            self.id(),
-            0,
-            body,
-        )
-        .with_generation(self.cfg.generation);
+        let env = self.numbered_envelope(0, body);
         let frame = self.codec.encode(&env);
         self.telemetry
             .traffic(Direction::Out, Channel::State, frame.len());
