@@ -272,9 +272,31 @@ impl Node {
                 let stream = subscribe_now(&inner.transport, &subject, None).await;
                 streams.push((subject, stream, routed));
             }
-            if let Err(e) = confirm_subscriptions(&inner.transport).await {
-                tracing::warn!(error = %e, "the node's subscriptions were not confirmed");
+            // Replication of the catalog filters: one subscription for all of them, on the
+            // connection their replicas publish on (no echo where the transport can).
+            let replication = inner
+                .transport
+                .replication_transport()
+                .await?
+                .unwrap_or_else(|| inner.transport.clone());
+            let replication_subject = Subjects::new(&inner.prefix, "*").replication;
+            let replication_stream = subscribe_now(&replication, &replication_subject, None).await;
+            for transport in [&inner.transport, &replication] {
+                if let Err(e) = confirm_subscriptions(transport).await {
+                    tracing::warn!(error = %e, "the node's subscriptions were not confirmed");
+                }
             }
+            let task = serve_replication(
+                Arc::downgrade(&inner),
+                replication,
+                replication_subject,
+                replication_stream,
+            );
+            inner
+                .routers
+                .lock()
+                .expect("routers lock")
+                .push(tokio::spawn(task));
             for (subject, stream, routed) in streams {
                 let (weak, transport) = (Arc::downgrade(&inner), inner.transport.clone());
                 match routed {
@@ -755,6 +777,41 @@ impl Inner {
             .cloned()
     }
 
+    /// The filter a subject under the node's prefix is about (`<prefix>.<filter>...`).
+    fn filter_of<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        subject
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix('.')?
+            .split('.')
+            .next()
+    }
+
+    /// Hands a message of a replication subject (`<prefix>.<filter>.*`) to the replica of the
+    /// catalog filter it is for, hosted or starting. Anything else (a configured filter's,
+    /// which subscribes itself; a filter the node does not host; a request on
+    /// `<prefix>.<filter>.api`, which the same pattern covers) is not for it.
+    fn route_replication(&self, msg: Message) {
+        let Some(name) = self.filter_of(&msg.subject) else {
+            return;
+        };
+        if self.configured.contains(name) {
+            return;
+        }
+        let handle = self
+            .hosted
+            .read()
+            .expect("hosted lock")
+            .get(name)
+            .map(|h| h.handle.clone());
+        let handle = handle.or_else(|| {
+            let starting = self.starting.lock().expect("starting lock");
+            starting.get(name).map(|(h, _)| h.clone())
+        });
+        if let Some(handle) = handle {
+            handle.route_replication(msg);
+        }
+    }
+
     /// Routes a request on a subject the node serves for its catalog filters (`routed`): the
     /// reply to publish, if any. A catalog filter it will host but does not yet (its watcher
     /// saw the create, its replica is not started) refuses as not serving on its own
@@ -764,12 +821,7 @@ impl Inner {
         msg: Message,
         routed: Routed,
     ) -> Option<(String, async_nats::HeaderMap, Bytes)> {
-        let name = msg
-            .subject
-            .strip_prefix(self.prefix.as_str())?
-            .strip_prefix('.')?
-            .split('.')
-            .next()?;
+        let name = self.filter_of(&msg.subject)?;
         if self.configured.contains(name) {
             // Its own subscriptions answer (its id may equal the node's: another namespace).
             return None;
@@ -803,6 +855,7 @@ impl Inner {
         c.aggregate_metrics = !self.settings.metrics_filters.iter().any(|f| f == name);
         c.auth_keys = self.auth_keys.clone();
         c.catalog_hosted = true;
+        c.routed_replication = true;
         c.data_dir = self
             .data_dir
             .as_ref()
@@ -1013,6 +1066,26 @@ async fn serve_replica_apis(
                 tracing::debug!(error = %e, "a reply of a replica's API was not sent");
             }
         }
+    })
+    .await
+}
+
+/// Hands each message of the replication subjects (`<prefix>.*.*`) to the catalog filter's
+/// replica it is for ([`Inner::route_replication`]), in the order they came (a gap in a
+/// sender's sequence means a loss), until the node stops. This was each replica's own
+/// subscription, with a channel buffer of ~6 KB.
+async fn serve_replication(
+    inner: Weak<Inner>,
+    transport: Arc<dyn Transport>,
+    subject: String,
+    initial: Option<MessageStream>,
+) {
+    let stopped = stopped(inner.clone(), |i| &i.routing_stopped);
+    serve_subscription(transport, (subject, None), initial, stopped, |msg| {
+        if let Some(inner) = inner.upgrade() {
+            inner.route_replication(msg);
+        }
+        std::future::ready(())
     })
     .await
 }

@@ -67,7 +67,7 @@ pub use local::{
     Add, Contains, FlushDelta, Import, Merge, Persist, Remove, ReserveTags, Shutdown, Stats,
     TakeSnapshot,
 };
-pub(crate) use pump::{API_LINGER, Inbound, Route};
+pub(crate) use pump::{API_LINGER, Inbound, Route, route_replication};
 pub use reads::PendingResponse;
 pub(crate) use reads::{not_serving, route_own_api};
 pub use reply::ApiResponse;
@@ -132,6 +132,9 @@ pub(crate) struct Shared {
     /// Answers requests of the API made in this process ([`ReplicaHandle::request`]); set
     /// once the API is served.
     pub api: std::sync::OnceLock<Arc<reads::Reads>>,
+    /// Takes the messages the node routes to the replica
+    /// ([`ReplicaConfig::routed_replication`]); set as the actor is made.
+    pub replication_inlet: std::sync::OnceLock<pump::Inlet>,
 }
 
 impl Shared {
@@ -167,6 +170,7 @@ impl Shared {
             closed: Default::default(),
             dropped: Default::default(),
             api: Default::default(),
+            replication_inlet: Default::default(),
             limits,
             serve_api,
         }
@@ -219,7 +223,9 @@ pub(crate) struct Setup {
     /// Publishes and subscribes replication (no echo where the transport can): see
     /// [`Transport::replication_transport`].
     pub replication_transport: Arc<dyn Transport>,
-    pub replication: MessageStream,
+    /// Its own replication subscription; none if the node routes its replication subject
+    /// ([`ReplicaConfig::routed_replication`]).
+    pub replication: Option<MessageStream>,
     pub data: Option<DataDir>,
     /// The write-ahead log, with a data directory.
     pub wal: Option<WalWriter>,
@@ -310,6 +316,7 @@ impl Replica {
             max_peers: s.cfg.max_peers,
         };
         let codec = WireCodec::new(expect.clone(), s.cfg.auth_keys.clone());
+        let limiter = Arc::new(LogLimiter::new(Duration::from_secs(10)));
         let (inbound_tx, inbound_rx) = mpsc::channel(s.cfg.inbound_buffer);
         let (outbound, outbound_rx) = mpsc::channel(s.cfg.outbound_buffer);
         let timeout =
@@ -321,6 +328,19 @@ impl Replica {
             delta_max_updates: s.cfg.delta_max_updates,
             to_actor: inbound_tx.clone(),
         });
+        if s.replication.is_none() {
+            let inlet = pump::Inlet {
+                route: Box::new(pump::replication_router(
+                    codec.clone(),
+                    s.shared.identity.uuid,
+                    subjects.clone(),
+                    limiter.clone(),
+                )),
+                to_actor: inbound_tx.clone(),
+            };
+            // Made once, here: the cell is empty.
+            let _ = s.shared.replication_inlet.set(inlet);
+        }
         let snapshots = Snapshotter::new(
             s.data,
             ReplicaConfig::ms(s.cfg.snapshot_interval_ms),
@@ -345,7 +365,7 @@ impl Replica {
             subjects,
             expect,
             codec,
-            limiter: Arc::new(LogLimiter::new(Duration::from_secs(10))),
+            limiter,
             seq: 0,
             anti_entropy: AntiEntropy::new(timing, started),
             digests: DigestCache::default(),
@@ -367,7 +387,7 @@ impl Replica {
             inbound_rx: Some(inbound_rx),
             outbound,
             outbound_rx: Some(outbound_rx),
-            replication: Some(s.replication),
+            replication: s.replication,
             tasks: Vec::new(),
             service: None,
         }
@@ -1031,23 +1051,26 @@ impl Actor for Replica {
             rx.recv().await.map(|m| (m, rx))
         }));
 
-        // Replication: decoded and checked before they take a place in the buffer.
-        let route = pump::replication_router(
-            self.codec.clone(),
-            self.uuid(),
-            self.subjects.clone(),
-            self.shared.clone(),
-            self.limiter.clone(),
-        );
-        self.tasks.push(actix::spawn(pump::forward_stream(
-            self.replication.take(),
-            self.replication_transport.clone(),
-            (self.subjects.replication.clone(), None),
-            self.inbound_tx.clone(),
-            route,
-            self.shared.clone(),
-            None,
-        )));
+        // Replication: decoded and checked before they take a place in the buffer. (Routed
+        // by the node, they come through the inlet instead.)
+        if let Some(replication) = self.replication.take() {
+            let route = pump::replication_router(
+                self.codec.clone(),
+                self.uuid(),
+                self.subjects.clone(),
+                self.limiter.clone(),
+            );
+            let shared = self.shared.clone();
+            self.tasks.push(actix::spawn(pump::forward_stream(
+                Some(replication),
+                self.replication_transport.clone(),
+                (self.subjects.replication.clone(), None),
+                self.inbound_tx.clone(),
+                move |msg| route(&shared, msg),
+                self.shared.clone(),
+                None,
+            )));
+        }
         self.tasks.push(actix::spawn(pump::forward_events(
             self.transport.events(),
             self.inbound_tx.clone(),

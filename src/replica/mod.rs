@@ -474,9 +474,14 @@ impl Replica {
             .replication_transport()
             .await?
             .unwrap_or_else(|| transport.clone());
-        let replication = replication_transport
-            .subscribe(subjects.replication, None)
-            .await?;
+        let replication = match cfg.routed_replication {
+            true => None,
+            false => Some(
+                replication_transport
+                    .subscribe(subjects.replication, None)
+                    .await?,
+            ),
+        };
         let shared = Arc::new(Shared::new(
             filter,
             cfg.name.clone(),
@@ -559,6 +564,14 @@ impl ReplicaHandle {
     /// A request to this replica's own API subjects, received by its node for it
     /// ([`ReplicaConfig::catalog_hosted`]): answered as the replica's own subscription
     /// would. The reply to publish, if any.
+    /// Hands the replica a message of its replication subject that the node's shared
+    /// subscription received ([`ReplicaConfig::routed_replication`]): decoded and checked,
+    /// then into its inbound buffer (or dropped, and counted). Nothing for a replica that
+    /// subscribes itself.
+    pub(crate) fn route_replication(&self, msg: crate::transport::Message) {
+        actor::route_replication(&self.shared, msg)
+    }
+
     pub(crate) fn route_own_api(
         &self,
         msg: crate::transport::Message,

@@ -216,10 +216,11 @@ pub(super) fn replication_router(
     codec: WireCodec,
     me: Uuid,
     subjects: Subjects,
-    shared: Arc<Shared>,
     limiter: Arc<LogLimiter>,
-) -> impl FnMut(Message) -> Route {
-    move |msg: Message| {
+) -> impl Fn(&Shared, Message) -> Route + Send + Sync + 'static {
+    // The replica's `Shared` comes with each message, not captured: the inlet that holds
+    // this router lives in it.
+    move |shared: &Shared, msg: Message| {
         // Only the exact delta and state subjects count, each for its own bodies: the
         // subscription's wildcard also hears `<filter>.api` requests (answered by the API
         // subscription) and whatever anyone publishes on `<filter>.<anything>`.
@@ -229,7 +230,7 @@ pub(super) fn replication_router(
             None => {
                 let e =
                     WireError::Subject(format!("`{}` is not a replication subject", msg.subject));
-                reject(&shared, &limiter, &e);
+                reject(shared, &limiter, &e);
                 return Route::Drop;
             }
         };
@@ -245,15 +246,36 @@ pub(super) fn replication_router(
                     "state message"
                 };
                 let e = WireError::Subject(format!("a {what} on `{}`", msg.subject));
-                reject(&shared, &limiter, &e);
+                reject(shared, &limiter, &e);
                 Route::Drop
             }
             Ok(env) => Route::Actor(Inbound::Replication(Box::new(env), msg.payload.len())),
             Err(e) => {
-                reject(&shared, &limiter, &e);
+                reject(shared, &limiter, &e);
                 Route::Drop
             }
         }
+    }
+}
+
+/// A replication router ([`replication_router`]), boxed.
+pub(crate) type ReplicationRoute = Box<dyn Fn(&Shared, Message) -> Route + Send + Sync>;
+
+/// Where the node's shared replication subscription hands a replica its messages
+/// ([`crate::replica::ReplicaConfig::routed_replication`]).
+pub(crate) struct Inlet {
+    pub route: ReplicationRoute,
+    pub to_actor: mpsc::Sender<Inbound>,
+}
+
+/// A message of `shared`'s replica's replication subject, routed by the node: decoded and
+/// checked, then offered to the actor (as its own subscription's task would).
+pub(crate) fn route_replication(shared: &Shared, msg: Message) {
+    let Some(inlet) = shared.replication_inlet.get() else {
+        return;
+    };
+    if let Route::Actor(item) = (inlet.route)(shared, msg) {
+        let _ = offer(shared, &inlet.to_actor, item);
     }
 }
 
