@@ -37,7 +37,8 @@ async fn ten_thousand_filters_on_one_node() {
     std::fs::write(
         &config,
         format!(
-            "[node]\nmetrics_addr = \"127.0.0.1:{}\"\nlog = \"warn\"\n{}\n[nats]\nservers = [\"{}\"]\n\n[catalog]\n",
+            "[node]\nmetrics_addr = \"127.0.0.1:{}\"\nlog = \"warn\"\n{}\n[nats]\nservers = [\"{}\"]\n\n[catalog]\n\n\
+             [[filters]]\nname = \"configured\"\nfilter = {{ kind = \"g_bloom\", capacity = 1000, fpr = 0.01 }}\n",
             free_port(),
             cluster_key_line(),
             server.url()
@@ -226,6 +227,20 @@ async fn ten_thousand_filters_on_one_node() {
         subscriptions < 2 * FILTERS as u64,
         "{subscriptions} subscriptions for {FILTERS} filters"
     );
+    // One subscription of the node takes the replication of all its filters, created or
+    // configured: a delta of either reaches it once.
+    for subject in ["crpf.t7.delta", "crpf.configured.delta"] {
+        let query = format!("/subsz?subs=1&test={subject}");
+        let (_, subsz) = http_get(&format!("127.0.0.1:{monitor}"), &query).unwrap();
+        let subsz: Value = serde_json::from_str(&subsz).unwrap();
+        let subjects: Vec<_> = subsz["subscriptions_list"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{subsz}"))
+            .iter()
+            .map(|s| s["subject"].as_str().unwrap())
+            .collect();
+        assert_eq!(subjects, ["crpf.*.*"], "{subject}: {subsz}");
+    }
     let (_, connz) = http_get(&format!("127.0.0.1:{monitor}"), "/connz").unwrap();
     let connz: Value = serde_json::from_str(&connz).unwrap();
     let account = async_nats::jetstream::new(client.clone())

@@ -320,9 +320,24 @@ impl Node {
             }
         }
         let node = Node { inner };
-        for f in cfg.filters {
+        for mut f in cfg.filters {
             let spec = f.filter.clone();
-            let handle = Replica::start(f, node.inner.transport.clone()).await?;
+            // With a catalog, the node's replication subscription covers the configured
+            // filters under its prefix too: their own would take every message twice.
+            f.routed_replication = node.inner.catalog.is_some() && f.prefix == node.inner.prefix;
+            let name = f.name.clone();
+            let starting = |h: &ReplicaHandle| {
+                let mut starting = node.inner.starting.lock().expect("starting lock");
+                starting.insert(name.clone(), (h.clone(), false));
+            };
+            let started =
+                Replica::start_hosted(f, node.inner.transport.clone(), None, starting).await;
+            node.inner
+                .starting
+                .lock()
+                .expect("starting lock")
+                .remove(&name);
+            let handle = started?;
             let id = handle.identity();
             tracing::info!(filter = handle.name(), replica = id.replica, uuid = %id.uuid, "replica started");
             node.inner.insert(
@@ -787,16 +802,13 @@ impl Inner {
     }
 
     /// Hands a message of a replication subject (`<prefix>.<filter>.*`) to the replica of the
-    /// catalog filter it is for, hosted or starting. Anything else (a configured filter's,
-    /// which subscribes itself; a filter the node does not host; a request on
-    /// `<prefix>.<filter>.api`, which the same pattern covers) is not for it.
+    /// filter it is for, hosted or starting, if the node routes its replication. Anything
+    /// else (a filter the node does not host; a request on `<prefix>.<filter>.api`, which
+    /// the same pattern covers) is not for it.
     fn route_replication(&self, msg: Message) {
         let Some(name) = self.filter_of(&msg.subject) else {
             return;
         };
-        if self.configured.contains(name) {
-            return;
-        }
         let handle = self
             .hosted
             .read()
