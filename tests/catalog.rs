@@ -420,3 +420,66 @@ async fn own_api_subjects_of_catalog_filters_answer_through_the_node_until_dropp
     assert!(ask(subject, b"x").await.is_err(), "answered after the drop");
     a.shutdown().await.unwrap();
 }
+
+/// A node's digests of its catalog filters go in batches (`<prefix>.$digests`, one message
+/// for many filters), and those batches still repair: every delta of node `a` is lost, so
+/// `b` learns `a`'s adds only by anti-entropy, which compares batched digests.
+#[actix::test]
+async fn batched_digests_repair_what_lost_deltas_did_not_bring() {
+    use crpf::transport::{FaultConfig, FaultyTransport};
+    use crpf::wire::batch::decode_batch;
+    let bus = InProcessBus::new();
+    let mut batches = bus.subscribe("crpf.$digests".into(), None).await.unwrap();
+    let lossy = FaultyTransport::new(
+        Arc::new(bus.clone()),
+        FaultConfig {
+            drop_delta: 1.0,
+            drop_state: 0.0,
+            seed: 7,
+        },
+    );
+    let a = Node::start(config(""), Arc::new(lossy), Some(Arc::new(bus.catalog())))
+        .await
+        .unwrap();
+    let b = node(&bus, config("")).await;
+    let names: Vec<_> = (0..20).map(|i| format!("t{i}")).collect();
+    for name in &names {
+        a.create_filter(name, bloom(1_000)).await.unwrap();
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || names
+            .iter()
+            .all(|n| b.filter(n).is_some()))
+        .await
+    );
+    a.filter("t3")
+        .unwrap()
+        .add(b"alice".to_vec())
+        .await
+        .unwrap();
+    let on_b = b.filter("t3").unwrap();
+    assert!(
+        on_b.wait_until(Duration::from_secs(20), |f| f.contains(b"alice"))
+            .await,
+        "anti-entropy never brought a's add"
+    );
+    // The digests of all 20 filters of both nodes went in batches of many.
+    let mut seen = std::collections::HashMap::<String, usize>::new();
+    let mut largest = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen.len() < names.len() || seen.values().any(|&n| n < 2) {
+        assert!(Instant::now() < deadline, "batches seen: {seen:?}");
+        let msg = tokio::time::timeout(Duration::from_secs(5), batches.next())
+            .await
+            .expect("a digest batch")
+            .unwrap();
+        let items = decode_batch(&msg.payload).unwrap();
+        largest = largest.max(items.len());
+        for (name, _) in items {
+            *seen.entry(name).or_default() += 1;
+        }
+    }
+    assert!(largest >= 10, "batches of {largest} digests at most");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}

@@ -30,11 +30,15 @@ use super::NodeError;
 use super::config::{CatalogSection, NodeConfig};
 use crate::FilterSpec;
 use crate::replica::{Identity, Replica, ReplicaConfig, ReplicaHandle, SharedId};
+use crate::transport::digests::{
+    BATCHED_DIGESTS, DIGEST_BATCHES, DIGEST_BATCHES_REJECTED, DigestBatcher, publish_digests,
+};
 use crate::transport::{
     Catalog, CatalogChange, CatalogEntry, CatalogError, Created, Message, MessageStream, Subjects,
     Transport, confirm_subscriptions, is_token, serve_subscription, subscribe_now,
 };
 use crate::wire::AuthKeys;
+use crate::wire::batch::decode_batch;
 
 /// Catalog changes applied at once (replica starts and stops in flight).
 const PARALLEL_CHANGES: usize = 32;
@@ -162,6 +166,8 @@ struct Inner {
     routers: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// The routers stop.
     routing_stopped: AtomicBool,
+    /// The digests of its catalog filters, published in batches (with a catalog).
+    digest_batches: Option<Arc<DigestBatcher>>,
 }
 
 /// A running node's filters. Cheap to clone. Start it inside an actix System.
@@ -219,6 +225,7 @@ impl Node {
             tracing::warn!(error = %e, "node.wal_threads not applied");
         }
         let catalog = catalog.filter(|_| cfg.catalog.enabled);
+        let with_catalog = catalog.is_some();
         let template = lease_template(&cfg.catalog);
         let (shared_id, renewals) = match &catalog {
             Some(_) => {
@@ -251,6 +258,7 @@ impl Node {
             dropping: Default::default(),
             routers: Default::default(),
             routing_stopped: AtomicBool::new(false),
+            digest_batches: with_catalog.then(Default::default),
         });
         if inner.catalog.is_some() {
             // Subscribed, and confirmed by the server, before any catalog filter is ready: a
@@ -281,6 +289,9 @@ impl Node {
                 .unwrap_or_else(|| inner.transport.clone());
             let replication_subject = Subjects::new(&inner.prefix, "*").replication;
             let replication_stream = subscribe_now(&replication, &replication_subject, None).await;
+            // The digests of other nodes' catalog filters, in batches.
+            let digests_subject = format!("{}.{DIGESTS_TOKEN}", inner.prefix);
+            let digests_stream = subscribe_now(&replication, &digests_subject, None).await;
             for transport in [&inner.transport, &replication] {
                 if let Err(e) = confirm_subscriptions(transport).await {
                     tracing::warn!(error = %e, "the node's subscriptions were not confirmed");
@@ -288,15 +299,29 @@ impl Node {
             }
             let task = serve_replication(
                 Arc::downgrade(&inner),
-                replication,
+                replication.clone(),
                 replication_subject,
                 replication_stream,
             );
-            inner
-                .routers
-                .lock()
-                .expect("routers lock")
-                .push(tokio::spawn(task));
+            let publishing = publish_digests(
+                inner
+                    .digest_batches
+                    .clone()
+                    .expect("a batcher with a catalog"),
+                replication.clone(),
+                digests_subject.clone(),
+            );
+            let receiving = serve_digest_batches(
+                Arc::downgrade(&inner),
+                replication,
+                digests_subject,
+                digests_stream,
+            );
+            inner.routers.lock().expect("routers lock").extend([
+                tokio::spawn(task),
+                tokio::spawn(publishing),
+                tokio::spawn(receiving),
+            ]);
             for (subject, stream, routed) in streams {
                 let (weak, transport) = (Arc::downgrade(&inner), inner.transport.clone());
                 match routed {
@@ -330,8 +355,9 @@ impl Node {
                 let mut starting = node.inner.starting.lock().expect("starting lock");
                 starting.insert(name.clone(), (h.clone(), false));
             };
-            let started =
-                Replica::start_hosted(f, node.inner.transport.clone(), None, starting).await;
+            // Its digests go alone: a replica outside any node may share its name.
+            let transport = node.inner.transport.clone();
+            let started = Replica::start_hosted(f, transport, None, None, starting).await;
             node.inner
                 .starting
                 .lock()
@@ -806,21 +832,55 @@ impl Inner {
     /// else (a filter the node does not host; a request on `<prefix>.<filter>.api`, which
     /// the same pattern covers) is not for it.
     fn route_replication(&self, msg: Message) {
-        let Some(name) = self.filter_of(&msg.subject) else {
-            return;
-        };
+        if let Some(handle) = self
+            .filter_of(&msg.subject)
+            .and_then(|f| self.replica_of(f))
+        {
+            handle.route_replication(msg);
+        }
+    }
+
+    /// The replica of `name`, hosted or starting.
+    fn replica_of(&self, name: &str) -> Option<ReplicaHandle> {
         let handle = self
             .hosted
             .read()
             .expect("hosted lock")
             .get(name)
             .map(|h| h.handle.clone());
-        let handle = handle.or_else(|| {
+        handle.or_else(|| {
             let starting = self.starting.lock().expect("starting lock");
             starting.get(name).map(|(h, _)| h.clone())
-        });
-        if let Some(handle) = handle {
-            handle.route_replication(msg);
+        })
+    }
+
+    /// Hands each digest of another node's batch to this node's replica of its filter, as if
+    /// it had come on the filter's `state` subject (where its replica checks it as any
+    /// frame). A batch that is not one is refused whole, and counted.
+    fn route_digest_batch(&self, payload: &[u8]) {
+        let items = match decode_batch(payload) {
+            Ok(items) => items,
+            Err(e) => {
+                metrics::counter!(DIGEST_BATCHES_REJECTED).increment(1);
+                tracing::debug!(error = %e, "a digest batch was refused");
+                return;
+            }
+        };
+        metrics::counter!(DIGEST_BATCHES, "direction" => "in").increment(1);
+        metrics::counter!(BATCHED_DIGESTS, "direction" => "in").increment(items.len() as u64);
+        for (name, frame) in items {
+            // A name that is no subject token is no filter of this node.
+            if !is_token(&name) {
+                continue;
+            }
+            if let Some(handle) = self.replica_of(&name) {
+                handle.route_replication(Message {
+                    subject: format!("{}.{name}.state", self.prefix),
+                    payload: frame.into(),
+                    reply: None,
+                    headers: None,
+                });
+            }
         }
     }
 
@@ -914,6 +974,7 @@ impl Inner {
                 cfg.clone(),
                 self.transport.clone(),
                 self.shared_id.clone(),
+                self.digest_batches.clone(),
                 starting,
             )
             .await;
@@ -1102,6 +1163,28 @@ async fn serve_replication(
     .await
 }
 
+/// The last token of the subject of digest batches, `<prefix>.$digests` (no filter name
+/// has a `$`).
+const DIGESTS_TOKEN: &str = "$digests";
+
+/// Hands the digests of the batches other nodes publish (`<prefix>.$digests`) to the
+/// replicas of their filters ([`Inner::route_digest_batch`]), until the node stops.
+async fn serve_digest_batches(
+    inner: Weak<Inner>,
+    transport: Arc<dyn Transport>,
+    subject: String,
+    initial: Option<MessageStream>,
+) {
+    let stopped = stopped(inner.clone(), |i| &i.routing_stopped);
+    serve_subscription(transport, (subject, None), initial, stopped, |msg| {
+        if let Some(inner) = inner.upgrade() {
+            inner.route_digest_batch(&msg.payload);
+        }
+        std::future::ready(())
+    })
+    .await
+}
+
 /// Whether the node is gone, or `flag` of it is set.
 fn stopped(inner: Weak<Inner>, flag: fn(&Inner) -> &AtomicBool) -> impl Fn() -> bool {
     move || {
@@ -1197,6 +1280,7 @@ pub(crate) fn describe() {
         CATALOG_ERRORS,
         "Failures to follow the filter catalog, by op (watch, start)"
     );
+    crate::transport::digests::describe();
 }
 
 #[cfg(test)]

@@ -40,6 +40,7 @@ use super::ticks;
 use super::wal::WalWriter;
 use super::{ReplicaError, ReplicaStats, wall_clock_ms};
 use crate::ReplicaId;
+use crate::transport::digests::DigestBatcher;
 use crate::transport::{Channel, LogLimiter, MessageStream, Subjects, Transport, TransportEvent};
 use crate::wire::{Body, Envelope, Expect, FilterKind, StateChunk, WireCodec, WireError};
 use pipeline::CommitPipeline;
@@ -234,6 +235,8 @@ pub(crate) struct Setup {
     pub lease_reserved: u64,
     /// The node's id, when the replica issues its tags under it (see [`super::SharedId`]).
     pub shared_id: Option<Arc<super::SharedId>>,
+    /// Where its digests go, when its node publishes them in batches.
+    pub digest_batches: Option<Arc<DigestBatcher>>,
 }
 
 /// The replica actor. Start one with [`super::Replica::start`]; talk to it through the
@@ -292,6 +295,8 @@ pub struct Replica {
     registry_view: unreserved::RegistryView,
     /// Checks and applies the request API's updates (here, or in the subscription tasks).
     updates: Arc<updates::Updates>,
+    /// Its node's digest batches, where its digests go if it has one.
+    digest_batches: Option<Arc<DigestBatcher>>,
 }
 
 impl Replica {
@@ -390,6 +395,7 @@ impl Replica {
             replication: s.replication,
             tasks: Vec::new(),
             service: None,
+            digest_batches: s.digest_batches,
         }
     }
 

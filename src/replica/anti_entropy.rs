@@ -67,7 +67,8 @@ pub(crate) struct Peer {
     /// Its replica id (may change when it restarts).
     pub replica: ReplicaId,
     pub last_seen: Instant,
-    last_seq: u64,
+    /// The number of its last sequenced message; none before the first.
+    last_seq: Option<u64>,
     /// The state digest it last announced.
     pub digest: Option<u64>,
     /// Consecutive digests that differed from ours.
@@ -103,9 +104,10 @@ impl AntiEntropy {
         self.ready
     }
 
-    /// A replication message of `sender` (as replica `replica`) numbered `seq`: tracks the
-    /// peer and looks for lost messages. Refused when the table is full of live peers, so that
-    /// forged senders cannot push real peers out.
+    /// A replication message of `sender` (as replica `replica`) numbered `seq` (0: outside
+    /// the sequence, such as a digest that went in a node's batch): tracks the peer and looks
+    /// for lost messages. Refused when the table is full of live peers, so that forged
+    /// senders cannot push real peers out.
     pub(crate) fn heard(
         &mut self,
         sender: Uuid,
@@ -124,19 +126,25 @@ impl AntiEntropy {
         let peer = self.peers.entry(sender).or_insert(Peer {
             replica,
             last_seen: now,
-            last_seq: seq.saturating_sub(1),
+            last_seq: None,
             digest: None,
             mismatches: 0,
             last_request: None,
         });
         peer.replica = replica;
         peer.last_seen = now;
+        if seq == 0 {
+            // It came another way than the numbered ones (a batch), and maybe after later
+            // ones: it says nothing of the count.
+            return Ok(actions);
+        }
         // One publisher's messages arrive in order on one subscription, so a jump means lost
         // messages, and a step back means the peer restarted (its count starts over).
-        let gap = seq
-            .saturating_sub(peer.last_seq.saturating_add(1))
-            .min(MAX_COUNTED_GAP);
-        peer.last_seq = seq;
+        let gap = peer.last_seq.map_or(0, |last| {
+            seq.saturating_sub(last.saturating_add(1))
+                .min(MAX_COUNTED_GAP)
+        });
+        peer.last_seq = Some(seq);
         if gap > 0 {
             actions.push(Action::CountGaps(gap));
             // Ask it for its state rather than wait for the next round, once per interval.
@@ -371,6 +379,27 @@ mod tests {
                 Action::RequestState(Some(uuid(1)))
             ])
         );
+    }
+
+    #[test]
+    fn unsequenced_messages_move_no_count_and_make_no_gap() {
+        let (mut ae, t0) = machine();
+        // Heard first outside the sequence: its first numbered message is no gap.
+        assert_eq!(ae.heard(uuid(1), 1, 0, t0), Ok(vec![]));
+        assert_eq!(ae.heard(uuid(1), 1, 40, t0), Ok(vec![]));
+        // A batched digest that overtook or trailed numbered ones changes nothing...
+        assert_eq!(ae.heard(uuid(1), 1, 0, t0), Ok(vec![]));
+        assert_eq!(ae.heard(uuid(1), 1, 41, t0), Ok(vec![]));
+        // ...and a real gap is still one.
+        assert_eq!(
+            ae.heard(uuid(1), 1, 43, t0),
+            Ok(vec![
+                Action::CountGaps(1),
+                Action::RequestState(Some(uuid(1)))
+            ])
+        );
+        // It keeps the peer alive.
+        assert_eq!(ae.live_peers(t0 + 10 * MS), 1);
     }
 
     #[test]

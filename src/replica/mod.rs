@@ -333,15 +333,17 @@ impl Replica {
         transport: Arc<dyn Transport>,
         shared: Option<Arc<SharedId>>,
     ) -> Result<ReplicaHandle, ReplicaError> {
-        Self::start_hosted(cfg, transport, shared, |_| {}).await
+        Self::start_hosted(cfg, transport, shared, None, |_| {}).await
     }
 
     /// [`Replica::start_with`], telling `started` of the replica as soon as its actor runs
-    /// (it may serve its API from then on), before its first snapshot is written.
+    /// (it may serve its API from then on), before its first snapshot is written; its
+    /// digests go to `digest_batches` if there are some.
     pub(crate) async fn start_hosted(
         cfg: ReplicaConfig,
         transport: Arc<dyn Transport>,
         shared: Option<Arc<SharedId>>,
+        digest_batches: Option<Arc<crate::transport::digests::DigestBatcher>>,
         started: impl FnOnce(&ReplicaHandle),
     ) -> Result<ReplicaHandle, ReplicaError> {
         cfg.validate().map_err(ReplicaError::Config)?;
@@ -506,6 +508,7 @@ impl Replica {
             reserved,
             lease_reserved,
             shared_id,
+            digest_batches,
         };
         let addr = Replica::new(setup).start();
         let handle = ReplicaHandle::from_parts(addr, shared);

@@ -9,6 +9,7 @@
 
 mod bus;
 pub mod catalog;
+pub mod digests;
 mod fault;
 mod kv_catalog;
 mod nats;

@@ -40,6 +40,7 @@
 //! ```
 
 mod auth;
+pub mod batch;
 
 pub use auth::{AuthKeys, KeyError, MAC_LEN, MIN_KEY_LEN};
 

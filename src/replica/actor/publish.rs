@@ -261,7 +261,17 @@ impl Replica {
         let converged = self.converged_peers();
         self.telemetry.converged.set(converged as f64);
         let ready = self.anti_entropy.is_ready();
-        self.publish_state_body(Body::Digest { digest, ready });
+        let body = Body::Digest { digest, ready };
+        match &self.digest_batches {
+            Some(batches) => {
+                // Outside the sequence: a batch goes another way than the numbered messages.
+                let frame = self.codec.encode(&self.numbered_envelope(0, body));
+                self.telemetry
+                    .traffic(Direction::Out, Channel::State, frame.len());
+                batches.push(&self.cfg.name, frame);
+            }
+            None => self.publish_state_body(body),
+        }
     }
 
     /// Acknowledges a confirmed delta of `target` numbered `seq`.
