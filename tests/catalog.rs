@@ -423,7 +423,9 @@ async fn own_api_subjects_of_catalog_filters_answer_through_the_node_until_dropp
 
 /// A node's digests of its catalog filters go in batches (`<prefix>.$digests`, one message
 /// for many filters), and those batches still repair: every delta of node `a` is lost, so
-/// `b` learns `a`'s adds only by anti-entropy, which compares batched digests.
+/// `b` learns `a`'s adds only from a push of `a`, which `a` makes when `b`'s batched
+/// digests keep differing from its own (`b` sees no gap: it never hears `a`'s numbered
+/// deltas).
 #[actix::test]
 async fn batched_digests_repair_what_lost_deltas_did_not_bring() {
     use crpf::transport::{FaultConfig, FaultyTransport};
@@ -479,7 +481,7 @@ async fn batched_digests_repair_what_lost_deltas_did_not_bring() {
             *seen.entry(name).or_default() += 1;
         }
     }
-    assert!(largest >= 10, "batches of {largest} digests at most");
+    assert!(largest >= 2, "batches of {largest} digest at most");
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }

@@ -31,7 +31,8 @@ use super::config::{CatalogSection, NodeConfig};
 use crate::FilterSpec;
 use crate::replica::{Identity, Replica, ReplicaConfig, ReplicaHandle, SharedId};
 use crate::transport::digests::{
-    BATCHED_DIGESTS, DIGEST_BATCHES, DIGEST_BATCHES_REJECTED, DigestBatcher, publish_digests,
+    BATCHED_DIGESTS, DIGEST_BATCHES, DIGEST_BATCHES_REJECTED, DIGESTS_TOKEN, DigestBatcher,
+    publish_digests,
 };
 use crate::transport::{
     Catalog, CatalogChange, CatalogEntry, CatalogError, Created, Message, MessageStream, Subjects,
@@ -168,6 +169,9 @@ struct Inner {
     routing_stopped: AtomicBool,
     /// The digests of its catalog filters, published in batches (with a catalog).
     digest_batches: Option<Arc<DigestBatcher>>,
+    /// The replicas the node is stopping: their replication is still routed to them (acks
+    /// of their `replicated` updates among it) until they stopped.
+    stopping_replicas: std::sync::Mutex<HashMap<String, ReplicaHandle>>,
 }
 
 /// A running node's filters. Cheap to clone. Start it inside an actix System.
@@ -259,6 +263,7 @@ impl Node {
             routers: Default::default(),
             routing_stopped: AtomicBool::new(false),
             digest_batches: with_catalog.then(Default::default),
+            stopping_replicas: Default::default(),
         });
         if inner.catalog.is_some() {
             // Subscribed, and confirmed by the server, before any catalog filter is ready: a
@@ -310,6 +315,7 @@ impl Node {
                     .expect("a batcher with a catalog"),
                 replication.clone(),
                 digests_subject.clone(),
+                stopped(Arc::downgrade(&inner), |i| &i.routing_stopped),
             );
             let receiving = serve_digest_batches(
                 Arc::downgrade(&inner),
@@ -358,14 +364,14 @@ impl Node {
             // Its digests go alone: a replica outside any node may share its name.
             let transport = node.inner.transport.clone();
             let started = Replica::start_hosted(f, transport, None, None, starting).await;
-            node.inner
-                .starting
-                .lock()
-                .expect("starting lock")
-                .remove(&name);
-            let handle = started?;
+            let not_starting = || {
+                let mut starting = node.inner.starting.lock().expect("starting lock");
+                starting.remove(&name);
+            };
+            let handle = started.inspect_err(|_| not_starting())?;
             let id = handle.identity();
             tracing::info!(filter = handle.name(), replica = id.replica, uuid = %id.uuid, "replica started");
+            // Hosted before it leaves `starting`: routing finds it in one of them throughout.
             node.inner.insert(
                 handle.name().to_string(),
                 Hosted {
@@ -374,6 +380,7 @@ impl Node {
                     handle,
                 },
             );
+            not_starting();
         }
         if let Some(catalog) = node.inner.catalog.clone() {
             let listed = match catalog.list().await {
@@ -571,18 +578,25 @@ impl Node {
                     // with ids of its own answers on its own subscriptions meanwhile).
                     if !self.inner.configured.contains(&name) && self.inner.routes_own_api(&h.spec)
                     {
-                        dropping.insert(name, h.handle.clone());
+                        dropping.insert(name.clone(), h.handle.clone());
                     }
-                    h.handle
+                    (name, h.handle)
                 })
-                .collect()
+                .collect::<Vec<_>>()
         };
-        hosted
+        let mut stopping = self.inner.stopping_replicas.lock().expect("stopping lock");
+        stopping.extend(hosted.iter().cloned());
+        hosted.into_iter().map(|(_, h)| h).collect()
     }
 
     /// Stops routing the catalog filters' subjects, once their replicas stopped.
     pub(crate) fn stop_routing(&self) {
         self.inner.routing_stopped.store(true, Ordering::SeqCst);
+        self.inner
+            .stopping_replicas
+            .lock()
+            .expect("stopping lock")
+            .clear();
         for t in self.inner.routers.lock().expect("routers lock").drain(..) {
             t.abort();
         }
@@ -840,7 +854,7 @@ impl Inner {
         }
     }
 
-    /// The replica of `name`, hosted or starting.
+    /// The replica of `name`: hosted, starting, or stopping with the node.
     fn replica_of(&self, name: &str) -> Option<ReplicaHandle> {
         let handle = self
             .hosted
@@ -848,10 +862,15 @@ impl Inner {
             .expect("hosted lock")
             .get(name)
             .map(|h| h.handle.clone());
-        handle.or_else(|| {
-            let starting = self.starting.lock().expect("starting lock");
-            starting.get(name).map(|(h, _)| h.clone())
-        })
+        handle
+            .or_else(|| {
+                let starting = self.starting.lock().expect("starting lock");
+                starting.get(name).map(|(h, _)| h.clone())
+            })
+            .or_else(|| {
+                let stopping = self.stopping_replicas.lock().expect("stopping lock");
+                stopping.get(name).cloned()
+            })
     }
 
     /// Hands each digest of another node's batch to this node's replica of its filter, as if
@@ -874,7 +893,7 @@ impl Inner {
                 continue;
             }
             if let Some(handle) = self.replica_of(&name) {
-                handle.route_replication(Message {
+                handle.route_batched_digest(Message {
                     subject: format!("{}.{name}.state", self.prefix),
                     payload: frame.into(),
                     reply: None,
@@ -978,12 +997,14 @@ impl Inner {
                 starting,
             )
             .await;
-            self.starting
-                .lock()
-                .expect("starting lock")
-                .remove(&entry.name);
+            let not_starting = || {
+                let mut starting = self.starting.lock().expect("starting lock");
+                starting.remove(&entry.name);
+            };
             match started {
                 Ok(handle) => {
+                    // Hosted before it leaves `starting`: routing finds it in one of them
+                    // throughout.
                     self.insert(
                         entry.name.clone(),
                         Hosted {
@@ -992,10 +1013,12 @@ impl Inner {
                             handle,
                         },
                     );
+                    not_starting();
                     metrics::counter!(CATALOG_CHANGES, "change" => "started").increment(1);
                     return;
                 }
                 Err(e) => {
+                    not_starting();
                     metrics::counter!(CATALOG_ERRORS, "op" => "start").increment(1);
                     tracing::warn!(
                         filter = entry.name, generation = entry.generation, attempt, error = %e,
@@ -1162,10 +1185,6 @@ async fn serve_replication(
     })
     .await
 }
-
-/// The last token of the subject of digest batches, `<prefix>.$digests` (no filter name
-/// has a `$`).
-const DIGESTS_TOKEN: &str = "$digests";
 
 /// Hands the digests of the batches other nodes publish (`<prefix>.$digests`) to the
 /// replicas of their filters ([`Inner::route_digest_batch`]), until the node stops.

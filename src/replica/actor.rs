@@ -342,6 +342,7 @@ impl Replica {
                     limiter.clone(),
                 )),
                 to_actor: inbound_tx.clone(),
+                limiter: limiter.clone(),
             };
             // Made once, here: the cell is empty.
             let _ = s.shared.replication_inlet.set(inlet);

@@ -199,6 +199,9 @@ pub struct ReplicaConfig {
     /// subscription it shares among its filters (`<prefix>.*.*`), where the replica makes
     /// none of its own: a subscription's buffer is ~6 KB, a quarter of what a small filter
     /// cost a node of 100,000.
+    /// Set by the node, which must then route the replica's messages to it: a replica of
+    /// one's own with it set hears no replication.
+    #[doc(hidden)]
     #[serde(skip)]
     pub routed_replication: bool,
 }

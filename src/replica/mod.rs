@@ -564,17 +564,23 @@ impl ReplicaHandle {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
 
-    /// A request to this replica's own API subjects, received by its node for it
-    /// ([`ReplicaConfig::catalog_hosted`]): answered as the replica's own subscription
-    /// would. The reply to publish, if any.
     /// Hands the replica a message of its replication subject that the node's shared
     /// subscription received ([`ReplicaConfig::routed_replication`]): decoded and checked,
     /// then into its inbound buffer (or dropped, and counted). Nothing for a replica that
     /// subscribes itself.
     pub(crate) fn route_replication(&self, msg: crate::transport::Message) {
-        actor::route_replication(&self.shared, msg)
+        actor::route_replication(&self.shared, msg, false)
     }
 
+    /// [`ReplicaHandle::route_replication`] for a frame of a digest batch: anything but a
+    /// digest outside the sequence is refused (and counted).
+    pub(crate) fn route_batched_digest(&self, msg: crate::transport::Message) {
+        actor::route_replication(&self.shared, msg, true)
+    }
+
+    /// A request to this replica's own API subjects, received by its node for it
+    /// ([`ReplicaConfig::catalog_hosted`]): answered as the replica's own subscription
+    /// would. The reply to publish, if any.
     pub(crate) fn route_own_api(
         &self,
         msg: crate::transport::Message,

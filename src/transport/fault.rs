@@ -69,6 +69,10 @@ impl FaultyTransport {
             match Subjects::channel_of(subject) {
                 Some(Channel::Delta) => self.cfg.drop_delta,
                 Some(Channel::State) => self.cfg.drop_state,
+                // A node's digest batch is state traffic too.
+                None if subject.rsplit('.').next() == Some(super::digests::DIGESTS_TOKEN) => {
+                    self.cfg.drop_state
+                }
                 Some(Channel::Api) | None => 0.0,
             }
         };

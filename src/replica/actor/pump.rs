@@ -266,17 +266,30 @@ pub(crate) type ReplicationRoute = Box<dyn Fn(&Shared, Message) -> Route + Send 
 pub(crate) struct Inlet {
     pub route: ReplicationRoute,
     pub to_actor: mpsc::Sender<Inbound>,
+    /// Logs what it refuses, at a bounded rate.
+    pub limiter: Arc<LogLimiter>,
 }
 
 /// A message of `shared`'s replica's replication subject, routed by the node: decoded and
-/// checked, then offered to the actor (as its own subscription's task would).
-pub(crate) fn route_replication(shared: &Shared, msg: Message) {
+/// checked, then offered to the actor (as its own subscription's task would). From a
+/// digest batch (`batched`), only a digest outside the sequence is taken: a batch is no
+/// way around the order of a sender's numbered messages.
+pub(crate) fn route_replication(shared: &Shared, msg: Message, batched: bool) {
     let Some(inlet) = shared.replication_inlet.get() else {
         return;
     };
-    if let Route::Actor(item) = (inlet.route)(shared, msg) {
-        let _ = offer(shared, &inlet.to_actor, item);
+    let Route::Actor(item) = (inlet.route)(shared, msg) else {
+        return;
+    };
+    if batched
+        && let Inbound::Replication(env, _) = &item
+        && !(env.seq == 0 && matches!(env.body, crate::wire::Body::Digest { .. }))
+    {
+        let e =
+            WireError::Subject("a digest batch carries digests outside the sequence only".into());
+        return reject(shared, &inlet.limiter, &e);
     }
+    let _ = offer(shared, &inlet.to_actor, item);
 }
 
 /// Forwards the transport's connection events to the actor until it is gone.
@@ -369,5 +382,95 @@ pub(super) async fn publish(
                 tracing::warn!(error = %e, suppressed = n, "publish failed; anti-entropy will repair");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::FilterSpec;
+    use crate::replica::durable::Identity;
+    use crate::replica::filter::AnyFilter;
+    use crate::replica::metrics::Telemetry;
+    use crate::wire::{Body, Expect, FilterKind};
+
+    /// A replica's `Shared` with a routed inlet, what its actor would receive, and a codec
+    /// of its peers.
+    fn routed() -> (Arc<Shared>, mpsc::Receiver<Inbound>, WireCodec) {
+        let filter = AnyFilter::new(&FilterSpec::new(FilterKind::GBloom, 1_000, 0.01), 1).unwrap();
+        let expect = Expect {
+            filter: "t".into(),
+            kind: FilterKind::GBloom,
+            params_digest: filter.params_digest(),
+            generation: 0,
+            max_bytes: 1 << 20,
+        };
+        let me = Uuid::new_v4();
+        let shared = Arc::new(Shared::new(
+            filter,
+            "t".into(),
+            Identity {
+                uuid: me,
+                replica: 1,
+            },
+            Telemetry::new("t", 1, 0.01, false),
+            u64::MAX,
+            crate::api::batch::Limits::new(1_000, 1024),
+            true,
+        ));
+        let codec = WireCodec::new(expect, None);
+        let limiter = Arc::new(LogLimiter::new(Duration::from_secs(10)));
+        let (to_actor, from_node) = mpsc::channel(16);
+        let route = replication_router(
+            codec.clone(),
+            me,
+            Subjects::new("crpf", "t"),
+            limiter.clone(),
+        );
+        let inlet = Inlet {
+            route: Box::new(route),
+            to_actor,
+            limiter,
+        };
+        assert!(shared.replication_inlet.set(inlet).is_ok());
+        (shared, from_node, codec)
+    }
+
+    fn frame(codec: &WireCodec, seq: u64, body: Body) -> Message {
+        let filter = AnyFilter::new(&FilterSpec::new(FilterKind::GBloom, 1_000, 0.01), 1).unwrap();
+        let env = Envelope::new(
+            "t",
+            FilterKind::GBloom,
+            filter.params_digest(),
+            Uuid::new_v4(),
+            2,
+            seq,
+            body,
+        );
+        Message {
+            subject: "crpf.t.state".into(),
+            payload: codec.encode(&env).into(),
+            reply: None,
+            headers: None,
+        }
+    }
+
+    #[test]
+    fn a_digest_batch_carries_digests_outside_the_sequence_only() {
+        let (shared, mut actor, codec) = routed();
+        let digest = || Body::Digest {
+            digest: 7,
+            ready: true,
+        };
+        let request = || Body::StateRequest { target: None };
+        route_replication(&shared, frame(&codec, 0, digest()), true);
+        assert!(actor.try_recv().is_ok(), "a batched digest is taken");
+        for refused in [frame(&codec, 5, digest()), frame(&codec, 0, request())] {
+            route_replication(&shared, refused, true);
+            assert!(actor.try_recv().is_err(), "refused from a batch");
+        }
+        // On the filter's own subject, numbered messages are what they were.
+        route_replication(&shared, frame(&codec, 5, request()), false);
+        assert!(actor.try_recv().is_ok());
     }
 }
