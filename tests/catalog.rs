@@ -465,6 +465,8 @@ async fn batched_digests_repair_what_lost_deltas_did_not_bring() {
             .await,
         "anti-entropy never brought a's add"
     );
+    // The loss was seen and counted (from what a's batched digests said it had sent).
+    assert!(on_b.stats().await.unwrap().sequence_gaps > 0);
     // The digests of all 20 filters of both nodes went in batches of many.
     let mut seen = std::collections::HashMap::<String, usize>::new();
     let mut largest = 0;

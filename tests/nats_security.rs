@@ -354,6 +354,7 @@ async fn authenticated_envelopes_reject_unsigned_and_wrongly_signed_frames() {
         let digest = Body::Digest {
             digest: 1,
             ready: true,
+            sent: None,
         };
         frames.push((subjects.state.clone(), frame(Uuid::new_v4(), 1, digest)));
     }

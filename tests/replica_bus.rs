@@ -738,6 +738,7 @@ async fn forged_messages_move_no_clock_sequence_or_transfer_state() {
         let digest_msg = Body::Digest {
             digest: 1,
             ready: false,
+            sent: None,
         };
         publish(&subjects.state, env(Uuid::new_v4(), 1, digest_msg)).await;
     }

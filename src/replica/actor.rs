@@ -472,7 +472,15 @@ impl Replica {
                     self.answer(r);
                 }
             }
-            Body::Digest { digest, ready } => {
+            Body::Digest {
+                digest,
+                ready,
+                sent,
+            } => {
+                if let Some(sent) = sent.filter(|_| env.seq == 0) {
+                    let actions = self.anti_entropy.claimed(env.sender, sent, now);
+                    self.carry_out(actions, ctx);
+                }
                 let mine = self.my_digest();
                 let actions =
                     self.anti_entropy

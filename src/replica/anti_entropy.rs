@@ -69,11 +69,26 @@ pub(crate) struct Peer {
     pub last_seen: Instant,
     /// The number of its last sequenced message; none before the first.
     last_seq: Option<u64>,
+    /// What its last batched digest said it had sent (see [`AntiEntropy::digest`]).
+    claimed: Option<u64>,
     /// The state digest it last announced.
     pub digest: Option<u64>,
     /// Consecutive digests that differed from ours.
     mismatches: u32,
     last_request: Option<Instant>,
+}
+
+/// Asks `peer` for its state after a loss rather than wait for the next round, once per
+/// `min` interval.
+fn ask_for_state(peer: &mut Peer, sender: Uuid, now: Instant, min: Duration) -> Option<Action> {
+    if peer
+        .last_request
+        .is_none_or(|t| now.saturating_duration_since(t) >= min)
+    {
+        peer.last_request = Some(now);
+        return Some(Action::RequestState(Some(sender)));
+    }
+    None
 }
 
 /// The state machine. See the module documentation.
@@ -127,6 +142,7 @@ impl AntiEntropy {
             replica,
             last_seen: now,
             last_seq: None,
+            claimed: None,
             digest: None,
             mismatches: 0,
             last_request: None,
@@ -144,20 +160,50 @@ impl AntiEntropy {
             seq.saturating_sub(last.saturating_add(1))
                 .min(MAX_COUNTED_GAP)
         });
+        if peer.last_seq.is_some_and(|last| seq <= last) {
+            // Restarted: what it claimed before counts no more.
+            peer.claimed = None;
+        }
         peer.last_seq = Some(seq);
         if gap > 0 {
             actions.push(Action::CountGaps(gap));
-            // Ask it for its state rather than wait for the next round, once per interval.
-            let min = self.timing.min_request_interval;
-            if peer
-                .last_request
-                .is_none_or(|t| now.saturating_duration_since(t) >= min)
-            {
-                peer.last_request = Some(now);
-                actions.push(Action::RequestState(Some(sender)));
-            }
+            actions.extend(ask_for_state(
+                peer,
+                sender,
+                now,
+                self.timing.min_request_interval,
+            ));
         }
         Ok(actions)
+    }
+
+    /// A batched digest of `sender` (already [`heard`](Self::heard)) said it had sent up to
+    /// `sent`. Batches go another way than the numbered messages, so this claim is checked
+    /// at the next one, an anti-entropy interval later: numbers up to it not heard by then
+    /// were lost (the gap a next numbered message would have shown, had there been one).
+    pub(crate) fn claimed(&mut self, sender: Uuid, sent: u64, now: Instant) -> Vec<Action> {
+        let min = self.timing.min_request_interval;
+        let Some(peer) = self.peers.get_mut(&sender) else {
+            return Vec::new();
+        };
+        let Some(before) = peer.claimed.replace(sent) else {
+            return Vec::new();
+        };
+        match peer.last_seq {
+            // Nothing numbered heard since we started: count on from its claim.
+            None => {
+                peer.last_seq = Some(before);
+                Vec::new()
+            }
+            Some(last) if before > last => {
+                peer.last_seq = Some(before);
+                let gap = (before - last).min(MAX_COUNTED_GAP);
+                let mut actions = vec![Action::CountGaps(gap)];
+                actions.extend(ask_for_state(peer, sender, now, min));
+                actions
+            }
+            Some(_) => Vec::new(),
+        }
     }
 
     /// `sender` (already [`heard`](Self::heard)) announced `digest`; ours is `mine`.
@@ -400,6 +446,43 @@ mod tests {
         );
         // It keeps the peer alive.
         assert_eq!(ae.live_peers(t0 + 10 * MS), 1);
+    }
+
+    #[test]
+    fn a_batched_claim_not_met_by_the_next_digest_is_a_loss() {
+        let (mut ae, t0) = machine();
+        let p = uuid(1);
+        ae.heard(p, 1, 3, t0).unwrap();
+        // It says it sent up to 5; 4 and 5 come after the batch: no loss at the next claim.
+        ae.heard(p, 1, 0, t0).unwrap();
+        assert_eq!(ae.claimed(p, 5, t0), vec![]);
+        ae.heard(p, 1, 4, t0).unwrap();
+        ae.heard(p, 1, 5, t0).unwrap();
+        ae.heard(p, 1, 0, t0 + 300 * MS).unwrap();
+        assert_eq!(ae.claimed(p, 7, t0 + 300 * MS), vec![]);
+        // 6 and 7 never come: the claim after shows it.
+        ae.heard(p, 1, 0, t0 + 600 * MS).unwrap();
+        assert_eq!(
+            ae.claimed(p, 7, t0 + 600 * MS),
+            vec![Action::CountGaps(2), Action::RequestState(Some(p))]
+        );
+        // Counted once: the next numbered message follows on.
+        assert_eq!(ae.heard(p, 1, 8, t0 + 700 * MS), Ok(vec![]));
+    }
+
+    #[test]
+    fn a_claim_of_a_peer_never_heard_numbered_or_restarted_is_a_baseline() {
+        let (mut ae, t0) = machine();
+        let p = uuid(1);
+        ae.heard(p, 1, 0, t0).unwrap();
+        assert_eq!(ae.claimed(p, 500, t0), vec![]);
+        assert_eq!(ae.claimed(p, 500, t0 + 300 * MS), vec![]);
+        assert_eq!(ae.heard(p, 1, 501, t0 + 400 * MS), Ok(vec![]));
+        // It restarts and counts from 1: its old claim is no loss.
+        ae.claimed(p, 501, t0 + 500 * MS);
+        assert_eq!(ae.heard(p, 1, 1, t0 + 600 * MS), Ok(vec![]));
+        assert_eq!(ae.claimed(p, 1, t0 + 800 * MS), vec![]);
+        assert_eq!(ae.claimed(p, 1, t0 + 1100 * MS), vec![]);
     }
 
     #[test]

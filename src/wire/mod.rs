@@ -118,6 +118,11 @@ pub enum Body {
         digest: u64,
         /// Whether the sender has caught up after its start.
         ready: bool,
+        /// In a node's digest batch (numbered 0, outside the sequence): the number of the
+        /// sender's last numbered message when it announced, if all of them had been handed
+        /// to the transport. Absent otherwise (and from earlier versions).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sent: Option<u64>,
     },
     /// Asks peers to push their full state: all of them (a replica that starts or
     /// reconnects), or one whose messages went missing (a gap in its sequence numbers).
@@ -641,6 +646,7 @@ mod tests {
             Body::Digest {
                 digest: 77,
                 ready: true,
+                sent: None,
             },
             Body::StateRequest { target: None },
             Body::StateRequest {
@@ -694,6 +700,7 @@ mod tests {
                 Body::Digest {
                     digest: 1,
                     ready: true,
+                    sent: None,
                 },
                 1,
             ),
@@ -846,6 +853,7 @@ mod tests {
             Body::Digest {
                 digest: 77,
                 ready: false,
+                sent: None,
             },
             Body::StateRequest { target: None },
         ];
@@ -950,6 +958,7 @@ mod tests {
         let e = env(Body::Digest {
             digest: 1,
             ready: true,
+            sent: None,
         });
         let ours = WireCodec::new(expect(), Some(keys(&[1])));
         let theirs = WireCodec::new(expect(), Some(keys(&[2])));
@@ -1027,6 +1036,7 @@ mod golden {
             Body::Digest {
                 digest: 0xfeed,
                 ready: true,
+                sent: None,
             },
         )
     }
@@ -1093,4 +1103,41 @@ mod golden {
     /// The same envelope in wire version 1: `crpf`, version 1, the packed map.
     const GOLDEN_V1: &str = "6372706601a7006575736572730105021b0123456789abcdef035000112233445566\
                              778899aabbccddeeff040705182a06a101a20019feed01f5";
+}
+
+#[cfg(test)]
+mod digest_claims {
+    use super::*;
+
+    fn digest(sent: Option<u64>) -> Envelope {
+        Envelope::new(
+            "f",
+            FilterKind::GBloom,
+            9,
+            Uuid::from_u128(1),
+            2,
+            0,
+            Body::Digest {
+                digest: 1,
+                ready: true,
+                sent,
+            },
+        )
+    }
+
+    /// A batched digest's claim travels; a digest without one encodes as before (the golden
+    /// frames above pin that).
+    #[test]
+    fn a_batched_digest_carries_its_claim() {
+        let expect = Expect {
+            filter: "f".into(),
+            kind: FilterKind::GBloom,
+            params_digest: 9,
+            generation: 0,
+            max_bytes: 1 << 10,
+        };
+        let with = digest(Some(41));
+        assert_eq!(Envelope::decode(&with.encode(), &expect).unwrap(), with);
+        assert!(with.encode().len() > digest(None).encode().len());
+    }
 }

@@ -261,16 +261,29 @@ impl Replica {
         let converged = self.converged_peers();
         self.telemetry.converged.set(converged as f64);
         let ready = self.anti_entropy.is_ready();
-        let body = Body::Digest { digest, ready };
         match &self.digest_batches {
             Some(batches) => {
                 // Outside the sequence: a batch goes another way than the numbered messages.
+                // It claims the numbers sent so far, for its receivers to check at the next
+                // one, unless some still wait in the publisher's queue or behind a push
+                // paced by its receivers (they could take longer than an interval).
+                let idle = self.outbound.capacity() == self.outbound.max_capacity();
+                let sent = (idle && self.pacings.is_empty()).then_some(self.seq);
+                let body = Body::Digest {
+                    digest,
+                    ready,
+                    sent,
+                };
                 let frame = self.codec.encode(&self.numbered_envelope(0, body));
                 self.telemetry
                     .traffic(Direction::Out, Channel::State, frame.len());
                 batches.push(&self.cfg.name, frame);
             }
-            None => self.publish_state_body(body),
+            None => self.publish_state_body(Body::Digest {
+                digest,
+                ready,
+                sent: None,
+            }),
         }
     }
 

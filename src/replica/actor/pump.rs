@@ -461,6 +461,7 @@ mod tests {
         let digest = || Body::Digest {
             digest: 7,
             ready: true,
+            sent: None,
         };
         let request = || Body::StateRequest { target: None };
         route_replication(&shared, frame(&codec, 0, digest()), true);
