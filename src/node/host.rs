@@ -302,11 +302,12 @@ impl Node {
                     tracing::warn!(error = %e, "the node's subscriptions were not confirmed");
                 }
             }
-            let task = serve_replication(
+            let task = serve_routed(
                 Arc::downgrade(&inner),
                 replication.clone(),
                 replication_subject,
                 replication_stream,
+                Inner::route_replication,
             );
             let publishing = publish_digests(
                 inner
@@ -317,11 +318,12 @@ impl Node {
                 digests_subject.clone(),
                 stopped(Arc::downgrade(&inner), |i| &i.routing_stopped),
             );
-            let receiving = serve_digest_batches(
+            let receiving = serve_routed(
                 Arc::downgrade(&inner),
                 replication,
                 digests_subject,
                 digests_stream,
+                |inner, msg| inner.route_digest_batch(&msg.payload),
             );
             inner.routers.lock().expect("routers lock").extend([
                 tokio::spawn(task),
@@ -1166,38 +1168,22 @@ async fn serve_replica_apis(
     .await
 }
 
-/// Hands each message of the replication subjects (`<prefix>.*.*`) to the catalog filter's
-/// replica it is for ([`Inner::route_replication`]), in the order they came (a gap in a
-/// sender's sequence means a loss), until the node stops. This was each replica's own
-/// subscription, with a channel buffer of ~6 KB.
-async fn serve_replication(
+/// Hands each message on `subject` to `route` (the replication subjects, `<prefix>.*.*`, to
+/// [`Inner::route_replication`]; other nodes' digest batches, `<prefix>.$digests`, to
+/// [`Inner::route_digest_batch`]), in the order they came (a gap in a sender's sequence
+/// means a loss), until the node stops. Each replica had its own replication subscription,
+/// with a channel buffer of ~6 KB.
+async fn serve_routed(
     inner: Weak<Inner>,
     transport: Arc<dyn Transport>,
     subject: String,
     initial: Option<MessageStream>,
+    route: fn(&Inner, Message),
 ) {
     let stopped = stopped(inner.clone(), |i| &i.routing_stopped);
     serve_subscription(transport, (subject, None), initial, stopped, |msg| {
         if let Some(inner) = inner.upgrade() {
-            inner.route_replication(msg);
-        }
-        std::future::ready(())
-    })
-    .await
-}
-
-/// Hands the digests of the batches other nodes publish (`<prefix>.$digests`) to the
-/// replicas of their filters ([`Inner::route_digest_batch`]), until the node stops.
-async fn serve_digest_batches(
-    inner: Weak<Inner>,
-    transport: Arc<dyn Transport>,
-    subject: String,
-    initial: Option<MessageStream>,
-) {
-    let stopped = stopped(inner.clone(), |i| &i.routing_stopped);
-    serve_subscription(transport, (subject, None), initial, stopped, |msg| {
-        if let Some(inner) = inner.upgrade() {
-            inner.route_digest_batch(&msg.payload);
+            route(&inner, msg);
         }
         std::future::ready(())
     })

@@ -140,11 +140,16 @@ mod tests {
     use crate::wire::batch::decode_batch;
     use futures::StreamExt;
 
-    #[tokio::test]
-    async fn digests_queued_together_go_out_in_one_batch() {
-        let bus = InProcessBus::new();
+    /// A publisher of batches on `bus`, what it publishes, and its task.
+    async fn publisher(
+        bus: &InProcessBus,
+    ) -> (
+        Arc<DigestBatcher>,
+        crate::transport::MessageStream,
+        tokio::task::JoinHandle<()>,
+    ) {
         let transport: Arc<dyn Transport> = Arc::new(bus.clone());
-        let mut batches = bus.subscribe("p.$digests".into(), None).await.unwrap();
+        let batches = bus.subscribe("p.$digests".into(), None).await.unwrap();
         let batcher = Arc::new(DigestBatcher::default());
         let task = tokio::spawn(publish_digests(
             batcher.clone(),
@@ -152,6 +157,12 @@ mod tests {
             "p.$digests".into(),
             || false,
         ));
+        (batcher, batches, task)
+    }
+
+    #[tokio::test]
+    async fn digests_queued_together_go_out_in_one_batch() {
+        let (batcher, mut batches, task) = publisher(&InProcessBus::new()).await;
         for i in 0..50 {
             batcher.push(&format!("f{i}"), vec![i as u8]);
         }
@@ -179,15 +190,7 @@ mod tests {
     #[tokio::test]
     async fn batches_fit_the_servers_max_payload() {
         let bus = InProcessBus::with_limits(16 << 10, 1024);
-        let transport: Arc<dyn Transport> = Arc::new(bus.clone());
-        let mut batches = bus.subscribe("p.$digests".into(), None).await.unwrap();
-        let batcher = Arc::new(DigestBatcher::default());
-        let task = tokio::spawn(publish_digests(
-            batcher.clone(),
-            transport,
-            "p.$digests".into(),
-            || false,
-        ));
+        let (batcher, mut batches, task) = publisher(&bus).await;
         for i in 0..100 {
             batcher.push(&format!("f{i}"), vec![0; 500]);
         }
