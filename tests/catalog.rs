@@ -423,9 +423,9 @@ async fn own_api_subjects_of_catalog_filters_answer_through_the_node_until_dropp
 
 /// A node's digests of its catalog filters go in batches (`<prefix>.$digests`, one message
 /// for many filters), and those batches still repair: every delta of node `a` is lost, so
-/// `b` learns `a`'s adds only from a push of `a`, which `a` makes when `b`'s batched
-/// digests keep differing from its own (`b` sees no gap: it never hears `a`'s numbered
-/// deltas).
+/// `b` learns `a`'s adds only by anti-entropy: `a`'s batched digests say up to which number
+/// it published, `b` finds those numbers missing at the next one and asks for `a`'s state
+/// (and `a` would push it anyway once `b`'s batched digests kept differing from its own).
 #[actix::test]
 async fn batched_digests_repair_what_lost_deltas_did_not_bring() {
     use crpf::transport::{FaultConfig, FaultyTransport};

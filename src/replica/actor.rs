@@ -123,6 +123,9 @@ pub(crate) struct Shared {
     pub wal_failed: AtomicBool,
     /// The replica shut down: updates are no longer applied (set under the write lock).
     pub closed: AtomicBool,
+    /// Full-state pushes queued or going out: their chunks' numbers are taken, and some
+    /// may not be published for a while (a batched digest claims no number meanwhile).
+    pub pushes_out: std::sync::atomic::AtomicUsize,
     /// The replica shuts down because its filter was dropped: its API refuses for a moment
     /// longer ([`pump::API_LINGER`]), since no other replica will answer for it.
     pub dropped: AtomicBool,
@@ -169,6 +172,7 @@ impl Shared {
             logged_commit_requested: Default::default(),
             wal_failed: Default::default(),
             closed: Default::default(),
+            pushes_out: Default::default(),
             dropped: Default::default(),
             api: Default::default(),
             replication_inlet: Default::default(),

@@ -69,7 +69,7 @@ pub(crate) struct Peer {
     pub last_seen: Instant,
     /// The number of its last sequenced message; none before the first.
     last_seq: Option<u64>,
-    /// What its last batched digest said it had sent (see [`AntiEntropy::digest`]).
+    /// What its last batched digest said it had sent (see [`AntiEntropy::claimed`]).
     claimed: Option<u64>,
     /// The state digest it last announced.
     pub digest: Option<u64>,
@@ -195,6 +195,8 @@ impl AntiEntropy {
                 peer.last_seq = Some(before);
                 Vec::new()
             }
+            // More than a message can count: forged or replayed, not a loss to chase.
+            Some(last) if before > last && before - last > MAX_COUNTED_GAP => Vec::new(),
             Some(last) if before > last => {
                 peer.last_seq = Some(before);
                 let gap = (before - last).min(MAX_COUNTED_GAP);
@@ -468,6 +470,24 @@ mod tests {
         );
         // Counted once: the next numbered message follows on.
         assert_eq!(ae.heard(p, 1, 8, t0 + 700 * MS), Ok(vec![]));
+    }
+
+    #[test]
+    fn a_claim_beyond_what_a_message_can_count_is_no_loss() {
+        let (mut ae, t0) = machine();
+        let p = uuid(1);
+        ae.heard(p, 1, 3, t0).unwrap();
+        assert_eq!(ae.claimed(p, u64::MAX, t0), vec![]);
+        assert_eq!(
+            ae.claimed(p, 3, t0 + 300 * MS),
+            vec![],
+            "forged or replayed"
+        );
+        assert_eq!(
+            ae.heard(p, 1, 4, t0 + 400 * MS),
+            Ok(vec![]),
+            "the count goes on"
+        );
     }
 
     #[test]

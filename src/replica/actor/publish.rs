@@ -52,10 +52,16 @@ impl Replica {
         ));
     }
 
-    /// Hands a message to the publisher task; a full queue drops it and counts.
-    pub(super) fn enqueue(&self, o: Outbound) {
-        if let Err(mpsc::error::TrySendError::Full(o)) = self.outbound.try_send(o) {
-            self.telemetry.outbound_dropped(o.channel_label());
+    /// Hands a message to the publisher task; a full queue drops it and counts. Whether it
+    /// was queued.
+    pub(super) fn enqueue(&self, o: Outbound) -> bool {
+        match self.outbound.try_send(o) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(o)) => {
+                self.telemetry.outbound_dropped(o.channel_label());
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
         }
     }
 
@@ -265,10 +271,12 @@ impl Replica {
             Some(batches) => {
                 // Outside the sequence: a batch goes another way than the numbered messages.
                 // It claims the numbers sent so far, for its receivers to check at the next
-                // one, unless some still wait in the publisher's queue or behind a push
-                // paced by its receivers (they could take longer than an interval).
-                let idle = self.outbound.capacity() == self.outbound.max_capacity();
-                let sent = (idle && self.pacings.is_empty()).then_some(self.seq);
+                // one, unless some still wait in the publisher's queue or in a full-state
+                // push (one of hundreds of megabytes, or paced by its receivers, may take
+                // longer than an interval: its numbers would look lost, and be pushed again).
+                let queued = self.outbound.capacity() < self.outbound.max_capacity();
+                let pushing = self.shared.pushes_out.load(Ordering::Acquire) > 0;
+                let sent = (!queued && !pushing).then_some(self.seq);
                 let body = Body::Digest {
                     digest,
                     ready,
@@ -412,7 +420,10 @@ impl Replica {
         self.telemetry.state_pushed(push.len() as usize);
         // `envelope` took the first number; the rest are reserved here.
         self.seq += push.count() as u64 - 1;
-        self.enqueue(Outbound::State(Box::new(push)));
+        self.shared.pushes_out.fetch_add(1, Ordering::AcqRel);
+        if !self.enqueue(Outbound::State(Box::new(push))) {
+            self.shared.pushes_out.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// A receiver of our live push `transfer` merged its chunks before `next`.

@@ -358,6 +358,8 @@ pub(super) async fn publish(
                         let _ = replication.flush().await;
                     }
                 }
+                // Its numbers are all out (or lost for good): digests may claim them again.
+                shared.pushes_out.fetch_sub(1, Ordering::AcqRel);
                 (sent, Channel::State)
             }
             Outbound::Reply(reply) => {
