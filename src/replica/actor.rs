@@ -339,14 +339,13 @@ impl Replica {
         });
         if s.replication.is_none() {
             let inlet = pump::Inlet {
-                route: Box::new(pump::replication_router(
-                    codec.clone(),
-                    s.shared.identity.uuid,
-                    subjects.clone(),
-                    limiter.clone(),
-                )),
+                router: pump::ReplicationRouter {
+                    codec: codec.clone(),
+                    me: s.shared.identity.uuid,
+                    subjects: subjects.clone(),
+                    limiter: limiter.clone(),
+                },
                 to_actor: inbound_tx.clone(),
-                limiter: limiter.clone(),
             };
             // Made once, here: the cell is empty.
             let _ = s.shared.replication_inlet.set(inlet);
@@ -1073,19 +1072,19 @@ impl Actor for Replica {
         // Replication: decoded and checked before they take a place in the buffer. (Routed
         // by the node, they come through the inlet instead.)
         if let Some(replication) = self.replication.take() {
-            let route = pump::replication_router(
-                self.codec.clone(),
-                self.uuid(),
-                self.subjects.clone(),
-                self.limiter.clone(),
-            );
+            let router = pump::ReplicationRouter {
+                codec: self.codec.clone(),
+                me: self.uuid(),
+                subjects: self.subjects.clone(),
+                limiter: self.limiter.clone(),
+            };
             let shared = self.shared.clone();
             self.tasks.push(actix::spawn(pump::forward_stream(
                 Some(replication),
                 self.replication_transport.clone(),
                 (self.subjects.replication.clone(), None),
                 self.inbound_tx.clone(),
-                move |msg| route(&shared, msg),
+                move |msg| router.route(&shared, msg),
                 self.shared.clone(),
                 None,
             )));

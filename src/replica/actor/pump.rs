@@ -212,30 +212,34 @@ pub(super) fn offer(
 
 /// Turns a message of the replication subscription into an [`Inbound`]: decoded, verified and
 /// checked against its subject; own echoes and anything invalid are dropped (and counted).
-pub(super) fn replication_router(
-    codec: WireCodec,
-    me: Uuid,
-    subjects: Subjects,
-    limiter: Arc<LogLimiter>,
-) -> impl Fn(&Shared, Message) -> Route + Send + Sync + 'static {
-    // The replica's `Shared` comes with each message, not captured: the inlet that holds
-    // this router lives in it.
-    move |shared: &Shared, msg: Message| {
+pub(crate) struct ReplicationRouter {
+    pub codec: WireCodec,
+    /// The replica's own uuid: its echoes are dropped.
+    pub me: Uuid,
+    pub subjects: Subjects,
+    /// Logs what it refuses, at a bounded rate.
+    pub limiter: Arc<LogLimiter>,
+}
+
+impl ReplicationRouter {
+    /// Where `msg` goes. The replica's `Shared` comes with each message rather than being
+    /// held: the inlet that holds a router lives in it.
+    pub(crate) fn route(&self, shared: &Shared, msg: Message) -> Route {
         // Only the exact delta and state subjects count, each for its own bodies: the
         // subscription's wildcard also hears `<filter>.api` requests (answered by the API
         // subscription) and whatever anyone publishes on `<filter>.<anything>`.
-        let channel = match subjects.channel(&msg.subject) {
+        let channel = match self.subjects.channel(&msg.subject) {
             Some(c @ (Channel::Delta | Channel::State)) => c,
             Some(Channel::Api) => return Route::Drop,
             None => {
                 let e =
                     WireError::Subject(format!("`{}` is not a replication subject", msg.subject));
-                reject(shared, &limiter, &e);
+                reject(shared, &self.limiter, &e);
                 return Route::Drop;
             }
         };
-        match codec.decode(&msg.payload) {
-            Ok(env) if env.sender == me => {
+        match self.codec.decode(&msg.payload) {
+            Ok(env) if env.sender == self.me => {
                 shared.telemetry.echo();
                 Route::Drop
             }
@@ -246,28 +250,23 @@ pub(super) fn replication_router(
                     "state message"
                 };
                 let e = WireError::Subject(format!("a {what} on `{}`", msg.subject));
-                reject(shared, &limiter, &e);
+                reject(shared, &self.limiter, &e);
                 Route::Drop
             }
             Ok(env) => Route::Actor(Inbound::Replication(Box::new(env), msg.payload.len())),
             Err(e) => {
-                reject(shared, &limiter, &e);
+                reject(shared, &self.limiter, &e);
                 Route::Drop
             }
         }
     }
 }
 
-/// A replication router ([`replication_router`]), boxed.
-pub(crate) type ReplicationRoute = Box<dyn Fn(&Shared, Message) -> Route + Send + Sync>;
-
 /// Where the node's shared replication subscription hands a replica its messages
 /// ([`crate::replica::ReplicaConfig::routed_replication`]).
 pub(crate) struct Inlet {
-    pub route: ReplicationRoute,
+    pub router: ReplicationRouter,
     pub to_actor: mpsc::Sender<Inbound>,
-    /// Logs what it refuses, at a bounded rate.
-    pub limiter: Arc<LogLimiter>,
 }
 
 /// A message of `shared`'s replica's replication subject, routed by the node: decoded and
@@ -278,7 +277,7 @@ pub(crate) fn route_replication(shared: &Shared, msg: Message, batched: bool) {
     let Some(inlet) = shared.replication_inlet.get() else {
         return;
     };
-    let Route::Actor(item) = (inlet.route)(shared, msg) else {
+    let Route::Actor(item) = inlet.router.route(shared, msg) else {
         return;
     };
     if batched
@@ -287,7 +286,7 @@ pub(crate) fn route_replication(shared: &Shared, msg: Message, batched: bool) {
     {
         let e =
             WireError::Subject("a digest batch carries digests outside the sequence only".into());
-        return reject(shared, &inlet.limiter, &e);
+        return reject(shared, &inlet.router.limiter, &e);
     }
     let _ = offer(shared, &inlet.to_actor, item);
 }
@@ -423,17 +422,13 @@ mod tests {
         let codec = WireCodec::new(expect, None);
         let limiter = Arc::new(LogLimiter::new(Duration::from_secs(10)));
         let (to_actor, from_node) = mpsc::channel(16);
-        let route = replication_router(
-            codec.clone(),
+        let router = ReplicationRouter {
+            codec: codec.clone(),
             me,
-            Subjects::new("crpf", "t"),
-            limiter.clone(),
-        );
-        let inlet = Inlet {
-            route: Box::new(route),
-            to_actor,
+            subjects: Subjects::new("crpf", "t"),
             limiter,
         };
+        let inlet = Inlet { router, to_actor };
         assert!(shared.replication_inlet.set(inlet).is_ok());
         (shared, from_node, codec)
     }
