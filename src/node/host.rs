@@ -358,31 +358,13 @@ impl Node {
             // With a catalog, the node's replication subscription covers the configured
             // filters under its prefix too: their own would take every message twice.
             f.routed_replication = node.inner.catalog.is_some() && f.prefix == node.inner.prefix;
-            let name = f.name.clone();
-            let starting = |h: &ReplicaHandle| {
-                let mut starting = node.inner.starting.lock().expect("starting lock");
-                starting.insert(name.clone(), (h.clone(), false));
-            };
             // Its digests go alone: a replica outside any node may share its name.
-            let transport = node.inner.transport.clone();
-            let started = Replica::start_hosted(f, transport, None, None, starting).await;
-            let not_starting = || {
-                let mut starting = node.inner.starting.lock().expect("starting lock");
-                starting.remove(&name);
-            };
-            let handle = started.inspect_err(|_| not_starting())?;
+            let handle = node
+                .inner
+                .start_replica(f, None, None, false, 0, spec)
+                .await?;
             let id = handle.identity();
             tracing::info!(filter = handle.name(), replica = id.replica, uuid = %id.uuid, "replica started");
-            // Hosted before it leaves `starting`: routing finds it in one of them throughout.
-            node.inner.insert(
-                handle.name().to_string(),
-                Hosted {
-                    generation: 0,
-                    spec,
-                    handle,
-                },
-            );
-            not_starting();
         }
         if let Some(catalog) = node.inner.catalog.clone() {
             let listed = match catalog.list().await {
@@ -985,42 +967,22 @@ impl Inner {
             if self.stopping.load(Ordering::SeqCst) {
                 return;
             }
-            // Routed to as soon as it may serve (before its first snapshot is written).
-            let routes = self.routes_own_api(&entry.spec);
-            let starting = |h: &ReplicaHandle| {
-                let mut starting = self.starting.lock().expect("starting lock");
-                starting.insert(entry.name.clone(), (h.clone(), routes));
-            };
-            let started = Replica::start_hosted(
-                cfg.clone(),
-                self.transport.clone(),
-                self.shared_id.clone(),
-                self.digest_batches.clone(),
-                starting,
-            )
-            .await;
-            let not_starting = || {
-                let mut starting = self.starting.lock().expect("starting lock");
-                starting.remove(&entry.name);
-            };
+            let started = self
+                .start_replica(
+                    cfg.clone(),
+                    self.shared_id.clone(),
+                    self.digest_batches.clone(),
+                    self.routes_own_api(&entry.spec),
+                    entry.generation,
+                    entry.spec.clone(),
+                )
+                .await;
             match started {
-                Ok(handle) => {
-                    // Hosted before it leaves `starting`: routing finds it in one of them
-                    // throughout.
-                    self.insert(
-                        entry.name.clone(),
-                        Hosted {
-                            generation: entry.generation,
-                            spec: entry.spec.clone(),
-                            handle,
-                        },
-                    );
-                    not_starting();
+                Ok(_) => {
                     metrics::counter!(CATALOG_CHANGES, "change" => "started").increment(1);
                     return;
                 }
                 Err(e) => {
-                    not_starting();
                     metrics::counter!(CATALOG_ERRORS, "op" => "start").increment(1);
                     tracing::warn!(
                         filter = entry.name, generation = entry.generation, attempt, error = %e,
@@ -1031,6 +993,44 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// Starts the replica of `cfg` and hosts it as `generation` of `spec`. Routed to as soon
+    /// as its actor runs, before its first snapshot is written: in `starting` until then
+    /// (`routes`: whether the node routes its own API subjects), and hosted before it leaves
+    /// `starting`, so that routing finds it in one of them throughout.
+    async fn start_replica(
+        &self,
+        cfg: ReplicaConfig,
+        shared_id: Option<Arc<SharedId>>,
+        digest_batches: Option<Arc<DigestBatcher>>,
+        routes: bool,
+        generation: u64,
+        spec: FilterSpec,
+    ) -> Result<ReplicaHandle, crate::replica::ReplicaError> {
+        let name = cfg.name.clone();
+        let starting = |h: &ReplicaHandle| {
+            let mut starting = self.starting.lock().expect("starting lock");
+            starting.insert(name.clone(), (h.clone(), routes));
+        };
+        let started = Replica::start_hosted(
+            cfg,
+            self.transport.clone(),
+            shared_id,
+            digest_batches,
+            starting,
+        )
+        .await;
+        if let Ok(handle) = &started {
+            let hosted = Hosted {
+                generation,
+                spec,
+                handle: handle.clone(),
+            };
+            self.insert(name.clone(), hosted);
+        }
+        self.starting.lock().expect("starting lock").remove(&name);
+        started
     }
 
     /// Stops the replica of `name` and removes its data directory.
