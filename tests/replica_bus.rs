@@ -1428,6 +1428,73 @@ async fn an_update_on_a_quiet_link_goes_at_once_and_those_after_it_share_the_nex
     }
 }
 
+/// Issue 25: durable commits go at the log's pace, their deltas at the interval's. Each
+/// durable update is answered once its commit is fsynced, before its delta goes out; the
+/// deltas of the commits written within an interval travel together, and a stopping replica
+/// publishes what it held. With an interval of minutes, none may go before the stop; an
+/// observed-remove add and its remove, in two commits of one message, leave the item absent.
+#[actix::test]
+async fn durable_commits_go_at_the_logs_pace_and_their_deltas_at_the_intervals() {
+    for kind in [FilterKind::GBloom, FilterKind::OrCuckoo] {
+        let dir = tempfile::tempdir().unwrap();
+        let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+        let mut b_cfg = cfg("paced", kind, 10_000, 0.01);
+        b_cfg.delta_interval_ms = 600_000;
+        // No anti-entropy within the test: only deltas carry the adds.
+        b_cfg.anti_entropy_interval_ms = 600_000;
+        b_cfg.peer_expiry_ms = 3 * b_cfg.anti_entropy_interval_ms;
+        let mut a_cfg = b_cfg.clone();
+        a_cfg.data_dir = Some(dir.path().join("a"));
+        assert_eq!(a_cfg.default_ack(), crpf::replica::AckLevel::Durable);
+        let a = Replica::start(a_cfg, bus.clone()).await.unwrap();
+        let b = Replica::start(b_cfg, bus).await.unwrap();
+        assert!(a.wait_ready(WAIT).await && b.wait_ready(WAIT).await);
+        let sent = || async { a.stats().await.unwrap().deltas_sent };
+        let merged = || async { b.stats().await.unwrap().deltas_merged };
+        let (sent_before, merged_before) = (sent().await, merged().await);
+        a.add(b"first".to_vec()).await.unwrap();
+        wait_for(|| async { b.contains(b"first") }).await;
+        assert_eq!(
+            sent().await,
+            sent_before + 1,
+            "{kind}: the first went at once"
+        );
+        // One after the other: a commit (and an fsync) each, every one answered.
+        let items: Vec<Vec<u8>> = (0..30u32).map(|i| i.to_le_bytes().to_vec()).collect();
+        for item in &items {
+            a.add(item.clone()).await.unwrap();
+        }
+        if kind.removable() {
+            a.add(b"gone".to_vec()).await.unwrap();
+            a.remove(b"gone".to_vec()).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let seen = items.iter().filter(|i| b.contains(i)).count();
+        assert!(seen <= 4, "{kind}: {seen} of 30 on B before the interval");
+        assert_eq!(
+            sent().await,
+            sent_before + 1,
+            "{kind}: held for the interval"
+        );
+        a.shutdown().await.unwrap();
+        wait_for(|| async { items.iter().all(|i| b.contains(i)) }).await;
+        let s = b.stats().await.unwrap();
+        let commits = items.len() as u64 + 1 + 2 * u64::from(kind.removable());
+        assert!(
+            s.deltas_merged >= merged_before + commits,
+            "{kind}: every commit's delta merged ({s:?})"
+        );
+        assert!(s.rejects.is_empty(), "{kind}: {s:?}");
+        if kind.removable() {
+            assert!(
+                !b.contains(b"gone"),
+                "{kind}: the remove travelled with its add"
+            );
+        }
+        b.shutdown().await.unwrap();
+    }
+}
+
 /// A dump of another cluster's filter (`LOADCHUNK` over RESP) re-added through a replica's
 /// update path: every entry under a fresh tag of the importer's id, reserved in the registry
 /// (past the claim's block: renewed first) and durably; in slices, each logged and published;

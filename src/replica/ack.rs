@@ -229,6 +229,22 @@ impl<R> AckTracker<R> {
         out
     }
 
+    /// Commits up to `batch` are durable (their deltas may wait for their publication):
+    /// `Durable` updates are answered; `Replicated` ones wait for theirs.
+    pub(super) fn durable(&mut self, batch: u64) -> Resolved<R> {
+        let mut out = Resolved::default();
+        let mut keep = VecDeque::with_capacity(self.waiting.len());
+        for w in self.waiting.drain(..) {
+            if w.level == AckLevel::Durable && w.batch <= batch {
+                out.ok.push(w.responder);
+            } else {
+                keep.push_back(w);
+            }
+        }
+        self.waiting = keep;
+        out
+    }
+
     /// Commits up to `batch` could not be made durable: their updates are answered with the
     /// error.
     pub(super) fn commit_failed(&mut self, batch: u64, error: &str) -> Resolved<R> {
@@ -337,6 +353,20 @@ mod tests {
         let r = t.committed(2, None, 1, later());
         assert_eq!(r.ok, vec!["b"]);
         assert!(!t.wants_commit(0));
+    }
+
+    #[test]
+    fn durable_updates_are_answered_before_their_delta_is_published() {
+        let mut t = AckTracker::default();
+        t.wait(AckLevel::Durable, 1, "d1");
+        t.wait(AckLevel::Replicated, 1, "r1");
+        t.wait(AckLevel::Durable, 2, "d2");
+        assert_eq!(t.durable(1).ok, vec!["d1"]);
+        assert_eq!(t.len(), 2, "the replicated one waits for its publication");
+        assert!(t.wants_confirmation(1));
+        assert_eq!(t.committed(1, Some(4), 0, later()).ok, vec!["r1"]);
+        assert_eq!(t.durable(2).ok, vec!["d2"]);
+        assert_eq!(t.len(), 0);
     }
 
     #[test]

@@ -462,6 +462,11 @@ impl Replica {
             Body::Delta(bytes) => {
                 self.merge_delta_checked(&bytes, true, None, ctx);
             }
+            Body::Deltas(deltas) => {
+                for bytes in deltas {
+                    self.merge_delta_checked(&bytes, true, None, ctx);
+                }
+            }
             Body::ConfirmedDelta(bytes) => {
                 // A held delta is acknowledged once merged.
                 let ack_to = Some((env.sender, env.seq));

@@ -157,12 +157,19 @@ pub enum Body {
         /// The index of the first chunk not yet merged.
         next: u32,
     },
+    /// Several consecutive commits' delta-states, oldest first, each merged as a
+    /// [`Body::Delta`] would be: a sender whose commits go at its disk's pace publishes at
+    /// most one message per delta interval.
+    Deltas(Vec<serde_bytes::ByteBuf>),
 }
 
 impl Body {
     /// Whether it travels on the delta subject (the rest travel on the state subject).
     pub fn is_delta(&self) -> bool {
-        matches!(self, Body::Delta(_) | Body::ConfirmedDelta(_))
+        matches!(
+            self,
+            Body::Delta(_) | Body::ConfirmedDelta(_) | Body::Deltas(_)
+        )
     }
 }
 
@@ -398,6 +405,7 @@ impl Envelope {
     fn body_len(&self) -> usize {
         match &self.body {
             Body::Delta(b) | Body::ConfirmedDelta(b) => b.len(),
+            Body::Deltas(d) => d.iter().map(|b| b.len()).sum(),
             Body::StateChunk(c) => c.data.len(),
             _ => 0,
         }
@@ -662,6 +670,11 @@ mod tests {
                 checksum: 0,
                 ..state_chunk(&state, 5, 300, 0, 1)
             }),
+            Body::Deltas(vec![
+                vec![1, 2].into(),
+                Vec::new().into(),
+                vec![0xff; 300].into(),
+            ]),
         ];
         bodies.extend(
             chunk_state(&state, 4, 300)
@@ -688,6 +701,7 @@ mod tests {
                 "StateChunk",
             ),
             (Body::ConfirmedDelta(Vec::new()), "ConfirmedDelta"),
+            (Body::Deltas(Vec::new()), "Deltas"),
         ];
         for (body, name) in by_name {
             let bytes = to_cbor(&body);

@@ -361,6 +361,9 @@ impl Handler<Shutdown> for Replica {
             self.shared.closed.store(true, Ordering::Release);
         }
         self.flush_delta(ctx);
+        // Written commits' deltas waiting for their interval go out before the stop.
+        let held = self.pipeline.take_held();
+        self.publish_held(held, ctx);
         // Nothing changed since the last snapshot, which is written (none is being written):
         // it is the final one already.
         let saved = if self.snapshots.settled() {

@@ -3,6 +3,13 @@
 //! is written goes into the next), published, and the updates that waited for a level are
 //! answered ([`AckTracker`]). The actor carries out what it decides (timers, the append's
 //! completion, publishing); every decision is here, without the actor, and unit-tested.
+//!
+//! Commits and published deltas are paced apart: with a log, commits go at the log's pace (an
+//! update that waits for the disk asks for one at once, and those that arrive during an fsync
+//! share the next), while deltas go out at most once per `delta_interval_ms` (a written
+//! commit's delta is [held](CommitPipeline::release) until then, and the deltas held meanwhile
+//! travel in one message). A fast disk then adds fsyncs, not messages through nats-server; a
+//! slow one adds neither.
 
 use std::time::{Duration, Instant};
 
@@ -36,6 +43,36 @@ pub(crate) struct CommitPipeline<R> {
     flush_timer: bool,
     /// When the pending delta was last flushed.
     last_flush: Option<Instant>,
+    /// When the commit being written to the log began.
+    writing_since: Option<Instant>,
+    /// Written commits' deltas waiting for their publication, oldest first.
+    held: Vec<HeldDelta>,
+    /// When the newest commit published so far began.
+    published_since: Option<Instant>,
+    /// A timer for the publication of the held deltas is armed.
+    publish_timer: bool,
+}
+
+/// A written commit's delta, waiting for its publication.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct HeldDelta {
+    /// The commit.
+    pub batch: u64,
+    /// Its encoded delta.
+    pub delta: Vec<u8>,
+    /// When the commit began.
+    began: Instant,
+}
+
+/// What to do with a written commit's delta ([`CommitPipeline::release`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Release {
+    /// Publish these deltas now, oldest first (the one just written last).
+    Now(Vec<HeldDelta>),
+    /// Held: arm a timer that publishes the held deltas after this delay.
+    Later(Duration),
+    /// Held: the armed timer publishes it with the others.
+    Held,
 }
 
 impl<R> CommitPipeline<R> {
@@ -51,6 +88,10 @@ impl<R> CommitPipeline<R> {
             commit_timer: false,
             flush_timer: false,
             last_flush: None,
+            writing_since: None,
+            held: Vec::new(),
+            published_since: None,
+            publish_timer: false,
         }
     }
 
@@ -129,6 +170,7 @@ impl<R> CommitPipeline<R> {
         let sync = self.wal.is_some() && self.must_sync(batch, sync_through);
         let wal = self.wal.as_ref()?;
         self.committing = true;
+        self.writing_since = self.last_flush;
         Some(if sync {
             wal.append(delta.to_vec())
         } else {
@@ -137,16 +179,69 @@ impl<R> CommitPipeline<R> {
     }
 
     /// The commit being written is written (or failed): whether another should start at
-    /// once, because one was asked for meanwhile or updates wait for one not yet made.
-    pub(super) fn written(&mut self) -> bool {
+    /// once, because one was asked for meanwhile or updates wait for one not yet made; and
+    /// when the written one began (for [`CommitPipeline::release`]).
+    pub(super) fn written(&mut self, now: Instant) -> (bool, Instant) {
         self.committing = false;
-        std::mem::take(&mut self.again) || self.acks.wants_commit(self.next_batch)
+        let began = self.writing_since.take().unwrap_or(now);
+        let again = std::mem::take(&mut self.again) || self.acks.wants_commit(self.next_batch);
+        (again, began)
+    }
+
+    /// The written commit `batch`, begun at `began`, has `delta` to publish: now if the last
+    /// publication is `interval` older than its beginning (commits paced by the interval, or
+    /// a quiet link), or if updates in it wait for peers (`confirm`: their delta goes at
+    /// once, with those held before it); else held until `interval` after the newest commit
+    /// published began, with whatever is written meanwhile.
+    pub(super) fn release(
+        &mut self,
+        batch: u64,
+        delta: Vec<u8>,
+        began: Instant,
+        confirm: bool,
+        interval: Duration,
+        now: Instant,
+    ) -> Release {
+        self.held.push(HeldDelta {
+            batch,
+            delta,
+            began,
+        });
+        let due = self.published_since.map(|t| t + interval);
+        match due {
+            Some(due) if !confirm && due > began && due > now => {
+                if std::mem::replace(&mut self.publish_timer, true) {
+                    Release::Held
+                } else {
+                    Release::Later(due - now)
+                }
+            }
+            _ => Release::Now(self.take_held()),
+        }
+    }
+
+    /// The held deltas, to publish now (the publication timer fired, or the replica stops).
+    pub(super) fn take_held(&mut self) -> Vec<HeldDelta> {
+        if let Some(newest) = self.held.iter().map(|h| h.began).max() {
+            self.published_since = Some(newest);
+        }
+        std::mem::take(&mut self.held)
+    }
+
+    /// The publication timer fired: the held deltas, to publish.
+    pub(super) fn publish_timer_fired(&mut self) -> Vec<HeldDelta> {
+        self.publish_timer = false;
+        self.take_held()
     }
 
     /// Whether anything is in flight or waiting: updates for their level, a failed log for
-    /// its replacement, a delta for its flush.
+    /// its replacement, a delta for its flush or its publication.
     pub(super) fn busy(&self) -> bool {
-        self.acks.len() > 0 || self.recovery.pending || self.flush_timer
+        self.acks.len() > 0
+            || self.recovery.pending
+            || self.flush_timer
+            || self.publish_timer
+            || !self.held.is_empty()
     }
 
     /// Whether the log failed and is not replaced yet.
@@ -235,10 +330,12 @@ mod tests {
         // Asked for while the first is written: it follows, once.
         assert_eq!(p.begin(now), None);
         assert_eq!(p.begin(now), None);
-        assert!(p.written(), "the flush asked for meanwhile goes next");
+        assert!(p.written(now).0, "the flush asked for meanwhile goes next");
         assert_eq!(p.begin(now), Some(FIRST_BATCH + 1));
         assert!(p.append(FIRST_BATCH + 1, b"two", FIRST_BATCH + 1).is_some());
-        assert!(!p.written(), "nothing asked for, nothing waiting");
+        let (again, began) = p.written(now);
+        assert!(!again, "nothing asked for, nothing waiting");
+        assert_eq!(began, now, "when the written commit began");
         assert_eq!(p.next_batch(), FIRST_BATCH + 2);
     }
 
@@ -268,7 +365,7 @@ mod tests {
         // A commit written while it waits for one not yet made: another goes at once.
         assert_eq!(p.begin(Instant::now()), Some(1));
         p.acks.wait(AckLevel::Durable, p.next_batch(), 8);
-        assert!(p.written());
+        assert!(p.written(Instant::now()).0);
     }
 
     #[test]
@@ -300,6 +397,74 @@ mod tests {
         assert!(!p.arm_commit_timer());
         p.commit_timer_fired();
         assert!(p.arm_commit_timer());
+    }
+
+    #[test]
+    fn written_deltas_go_out_at_most_once_per_interval_unless_peers_wait() {
+        let mut p = CommitPipeline::<u32>::new(None);
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        let interval = ms(2);
+        let batches = |r: Release| match r {
+            Release::Now(held) => held.iter().map(|h| h.batch).collect::<Vec<_>>(),
+            other => panic!("expected a publication, got {other:?}"),
+        };
+        // Nothing published yet: at once.
+        assert_eq!(batches(p.release(1, vec![1], t, false, interval, t)), [1]);
+        // Commits at a fast disk's pace: held until the interval since the last one
+        // published began, one timer for all of them.
+        let t2 = t + ms(1) / 4;
+        assert_eq!(
+            p.release(2, vec![2], t2, false, interval, t2 + ms(1) / 4),
+            Release::Later(ms(2) - ms(1) / 2)
+        );
+        assert_eq!(
+            p.release(3, vec![3], t + ms(1), false, interval, t + ms(1)),
+            Release::Held
+        );
+        assert!(p.busy());
+        let held = p.publish_timer_fired();
+        assert_eq!(held.iter().map(|h| h.batch).collect::<Vec<_>>(), [2, 3]);
+        assert_eq!(held[1].delta, [3]);
+        assert!(!p.busy());
+        // The interval now runs from the newest published commit's beginning (t + 1 ms).
+        assert_eq!(
+            p.release(4, vec![4], t + ms(2), false, interval, t + ms(2)),
+            Release::Later(ms(1))
+        );
+        // A commit that updates wait for peers in goes at once, after the held ones.
+        assert_eq!(
+            batches(p.release(5, vec![5], t + ms(2), true, interval, t + ms(2))),
+            [4, 5]
+        );
+        assert!(
+            p.publish_timer_fired().is_empty(),
+            "the timer finds nothing held"
+        );
+        // Commits paced by the interval (each begun an interval after the last) go at once,
+        // however long their write took.
+        let later = t + ms(4);
+        assert_eq!(
+            batches(p.release(6, vec![6], later, false, interval, later + ms(3))),
+            [6]
+        );
+        assert_eq!(
+            batches(p.release(7, vec![7], later + interval, false, interval, later + ms(3))),
+            [7]
+        );
+        // A commit written after its due time goes at once, without a timer.
+        let t8 = later + ms(3);
+        assert_eq!(
+            batches(p.release(8, vec![8], t8, false, interval, t8 + ms(3))),
+            [8]
+        );
+        // The stop takes what is held.
+        let t9 = t8 + ms(1) / 2;
+        assert!(matches!(
+            p.release(9, vec![9], t9, false, interval, t9),
+            Release::Later(_)
+        ));
+        assert_eq!(p.take_held().len(), 1);
     }
 
     #[test]

@@ -12,8 +12,9 @@ use actix::prelude::*;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use super::pipeline::{HeldDelta, Release};
 use super::pump::Outbound;
-use super::push::{Pacing, PushPlan, PushSource, StatePush, chunk_len};
+use super::push::{ENVELOPE_OVERHEAD, Pacing, PushPlan, PushSource, StatePush, chunk_len};
 use super::reply::Responder;
 use super::{Replica, ReplicaError, digest_of};
 use crate::replica::TakenDelta;
@@ -191,7 +192,8 @@ impl Replica {
 
     /// A commit's log append finished.
     fn committed(&mut self, c: Committed, ctx: &mut Context<Self>) {
-        let again = self.pipeline.written();
+        let now = Instant::now();
+        let (again, began) = self.pipeline.written(now);
         self.shared
             .commits
             .done(c.batch, c.result.as_ref().err().map(String::as_str));
@@ -200,11 +202,78 @@ impl Replica {
             self.answer(r);
             self.wal_failed(e, ctx);
         }
+        // Durable now: what waited for the disk is answered before its delta goes out.
+        let r = self.pipeline.acks.durable(c.batch);
+        self.answer(r);
         // Published either way: the updates are applied, and peers may as well have them.
-        self.publish_delta(c.batch, c.delta, ctx);
+        let confirm = self.pipeline.acks.wants_confirmation(c.batch);
+        let interval = ReplicaConfig::ms(self.cfg.delta_interval_ms);
+        match self
+            .pipeline
+            .release(c.batch, c.delta, began, confirm, interval, now)
+        {
+            Release::Now(held) => self.publish_held(held, ctx),
+            Release::Later(delay) => {
+                ctx.run_later(delay, |act, ctx| {
+                    let held = act.pipeline.publish_timer_fired();
+                    act.publish_held(held, ctx);
+                });
+            }
+            Release::Held => {}
+        }
         if again {
             self.flush_delta(ctx);
         }
+    }
+
+    /// Publishes written commits' deltas, oldest first: one alone as itself, several in one
+    /// message (each then merged in turn by its receivers), or one by one if together they
+    /// exceed the server's `max_payload`.
+    pub(super) fn publish_held(&mut self, mut held: Vec<HeldDelta>, ctx: &mut Context<Self>) {
+        if held.len() > 1 {
+            let last = held.last().map_or(0, |h| h.batch);
+            let confirm = self.pipeline.acks.wants_confirmation(last);
+            // The one peers confirm travels alone, after the others.
+            let alone = confirm.then(|| held.pop()).flatten();
+            if held.len() > 1 {
+                self.publish_run(std::mem::take(&mut held), ctx);
+            }
+            held.extend(alone);
+        }
+        for h in held {
+            self.publish_delta(h.batch, h.delta, ctx);
+        }
+    }
+
+    /// Several written commits' deltas in one message (see [`Replica::publish_held`]).
+    fn publish_run(&mut self, held: Vec<HeldDelta>, ctx: &mut Context<Self>) {
+        // Each delta adds at most 9 bytes of CBOR framing to the envelope.
+        let bytes: usize = held.iter().map(|h| h.delta.len() + 9).sum();
+        if bytes + ENVELOPE_OVERHEAD > self.transport.max_payload() {
+            for h in held {
+                self.publish_delta(h.batch, h.delta, ctx);
+            }
+            return;
+        }
+        let last = held.last().map_or(0, |h| h.batch);
+        debug_assert!(!self.pipeline.acks.wants_confirmation(last));
+        let deltas = held
+            .into_iter()
+            .map(|h| serde_bytes::ByteBuf::from(h.delta))
+            .collect();
+        let env = self.envelope(Body::Deltas(deltas));
+        let frame = self.codec.encode(&env);
+        let seq = self.seq;
+        self.telemetry.delta_sent();
+        let subject = self.subjects.delta.clone();
+        self.send(subject, frame, Channel::Delta);
+        // No update in these commits waits for peers (those go alone): what waited for the
+        // disk was answered when they were written.
+        let r = self
+            .pipeline
+            .acks
+            .committed(last, Some(seq), 0, Instant::now());
+        self.answer(r);
     }
 
     /// A commit within a millisecond (unless one is scheduled): for `logged` updates, which do

@@ -17,7 +17,7 @@ use crate::replica::reassembly::PACING_WINDOW;
 use crate::wire::{Body, Envelope, StateChunk, WireCodec, chunk_count, state_chunk};
 
 /// Room left in a frame for the envelope around a chunk.
-const ENVELOPE_OVERHEAD: usize = 1024;
+pub(super) const ENVELOPE_OVERHEAD: usize = 1024;
 
 /// The shortest wait of a push put off: a timer of less fires in the runtime's next
 /// millisecond anyway, and peers asking together then share one push.

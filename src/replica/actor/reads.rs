@@ -524,8 +524,9 @@ mod tests {
     }
 
     /// A `logged` add applied outside the actor is answered at once and committed within a
-    /// millisecond (written to the log, its delta published), as one the actor applies
-    /// would be; a `local` one waits for the delta interval (ten minutes here).
+    /// millisecond (written to the log), as one the actor applies would be; a `local` one
+    /// waits for the delta interval (ten minutes here), and so do the deltas of the commits
+    /// after the first.
     #[actix::test]
     async fn adds_applied_in_place_are_committed_as_their_level_says() {
         use crate::replica::{Replica, ReplicaConfig};
@@ -545,7 +546,7 @@ mod tests {
                 let deadline = std::time::Instant::now() + wait;
                 loop {
                     let s = handle.stats().await.unwrap();
-                    if s.pending_delta == 0 && s.deltas_sent > sent_before {
+                    if s.pending_delta == 0 && s.deltas_sent >= sent_before {
                         return s.deltas_sent;
                     }
                     assert!(std::time::Instant::now() < deadline, "not committed: {s:?}");
@@ -557,7 +558,7 @@ mod tests {
         // an interval later.
         let sent = handle.stats().await.unwrap().deltas_sent;
         handle.add(b"first".to_vec()).await.unwrap();
-        let sent = committed(sent).await;
+        let sent = committed(sent + 1).await;
         let local = reads.add_now(b"a", AddMode::Always, Some(AckLevel::Local));
         assert!(matches!(local, Some(Ok(_))), "applied here");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -574,7 +575,11 @@ mod tests {
             ),
             "applied here, answered now"
         );
-        committed(sent).await;
+        assert_eq!(
+            committed(sent).await,
+            sent,
+            "its delta waits for the interval"
+        );
         // A log known to have failed is said, not promised; the add stays applied.
         handle.shared.wal_failed.store(true, Ordering::Release);
         let refused = reads.add_now(b"c", AddMode::Always, Some(AckLevel::Logged));
@@ -585,7 +590,8 @@ mod tests {
         assert!(handle.contains(b"c"));
         handle.shared.wal_failed.store(false, Ordering::Release);
         // A durable add is applied here too, and waits for its commit: asked for now, and
-        // fsynced (it is in the log, and its delta published, once the ticket settles).
+        // fsynced (it is in the log once the ticket settles; its delta waits for the
+        // interval).
         let sent = handle.stats().await.unwrap().deltas_sent;
         let durable = reads.add_now(b"d", AddMode::ReportNew, Some(AckLevel::Durable));
         let Some(Ok(InPlace {
@@ -597,7 +603,7 @@ mod tests {
         };
         ticket.settled().await.unwrap();
         let s = handle.stats().await.unwrap();
-        assert!(s.pending_delta == 0 && s.deltas_sent > sent, "{s:?}");
+        assert!(s.pending_delta == 0 && s.deltas_sent == sent, "{s:?}");
         // One that adds nothing has nothing to wait for.
         let again = reads.add_now(b"d", AddMode::IfAbsent, Some(AckLevel::Durable));
         assert!(
