@@ -9,6 +9,7 @@
 #   CLIENTS=1 PIPELINE=16 REQUESTS=1000000 ROUNDS=3 COMMANDS=BF.ADD,CF.ADD scripts/resp-vs-redisbloom.sh
 #   CRPF_BIN=<another crpf binary> scripts/resp-vs-redisbloom.sh
 #   ACK=durable APPENDFSYNC=always COMMANDS=BF.ADD,CF.ADD scripts/resp-vs-redisbloom.sh
+#   REQUESTS=100000 COMMANDS=BF.MADD:100,BF.MEXISTS:100,CF.INSERT:100,CF.MEXISTS:100 scripts/resp-vs-redisbloom.sh
 #
 # ACK (local, logged, durable) is the node's acknowledgement level, with a data directory
 # unless local; APPENDFSYNC (always, everysec) turns Redis's append-only file on with that
@@ -110,17 +111,25 @@ measure() {
 
 printf '%-12s %5s %14s %14s %10s %12s %12s %10s %12s\n' command round "crpf req/s" "redis req/s" ratio "crpf us/req" "redis us/req" "cpu ratio" "nats us/req"
 IFS=',' read -r -a commands <<<"${COMMANDS:-BF.ADD,BF.EXISTS,CF.ADD,CF.EXISTS}"
-for name in "${commands[@]}"; do
+for spec in "${commands[@]}"; do
+  # NAME or NAME:ITEMS (a batch command with that many random items, e.g. BF.MADD:100).
+  name="${spec%%:*}"
+  items=1
+  [ "$name" = "$spec" ] || items="${spec#*:}"
   case "$name" in
-    BF.*) cmd="$name bloom __rand_int__" ;;
-    *) cmd="$name cuckoo __rand_int__" ;;
+    BF.*) cmd="$name bloom" ;;
+    *) cmd="$name cuckoo" ;;
   esac
+  case "$name" in
+    CF.INSERT | CF.INSERTNX) cmd="$cmd ITEMS" ;;
+  esac
+  for _ in $(seq "$items"); do cmd="$cmd __rand_int__"; done
   for round in $(seq "$ROUNDS"); do
     # shellcheck disable=SC2086
     read -r c_rps c_cpu c_nats < <(measure "$crpf_port" "$crpf_pid" $cmd)
     # shellcheck disable=SC2086
     read -r r_rps r_cpu _ < <(measure "$redis_port" "$redis_pid" $cmd)
-    python3 - "$cmd" "$round" "$c_rps" "$r_rps" "$c_cpu" "$r_cpu" "$c_nats" <<'EOF'
+    python3 - "$spec" "$round" "$c_rps" "$r_rps" "$c_cpu" "$r_cpu" "$c_nats" <<'EOF'
 import sys
 cmd, rnd, c, r, cc, rc, nc = sys.argv[1].split()[0], sys.argv[2], *map(float, sys.argv[3:])
 print(f"{cmd:<12} {rnd:>5} {c:>14.0f} {r:>14.0f} {c / r:>10.2f} {cc:>12.2f} {rc:>12.2f} {cc / rc:>10.2f} {nc:>12.2f}")
