@@ -355,6 +355,7 @@ async fn authenticated_envelopes_reject_unsigned_and_wrongly_signed_frames() {
             digest: 1,
             ready: true,
             sent: None,
+            spacing: None,
         };
         frames.push((subjects.state.clone(), frame(Uuid::new_v4(), 1, digest)));
     }

@@ -739,6 +739,7 @@ async fn forged_messages_move_no_clock_sequence_or_transfer_state() {
             digest: 1,
             ready: false,
             sent: None,
+            spacing: None,
         };
         publish(&subjects.state, env(Uuid::new_v4(), 1, digest_msg)).await;
     }
@@ -1326,9 +1327,11 @@ async fn digests_within(
 }
 
 /// Nobody hears a lone replica's digests: after a few at the anti-entropy interval it spaces
-/// them out, up to six intervals apart; once a peer appears it announces at the interval again.
+/// them out, up to six intervals apart; once a peer appears it announces at the interval again,
+/// as long as the state changes. Once the two agree and nothing changes, they space them out
+/// again (up to four intervals apart), until the next change.
 #[actix::test]
-async fn a_lone_replica_spaces_out_its_digests_until_a_peer_appears() {
+async fn a_replica_spaces_out_its_digests_while_alone_or_quiet() {
     let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
     let mut cfg = cfg("lone", FilterKind::GBloom, 1_000, 0.01);
     cfg.anti_entropy_interval_ms = 20;
@@ -1352,10 +1355,45 @@ async fn a_lone_replica_spaces_out_its_digests_until_a_peer_appears() {
         "{lone} digests in 100 intervals with nobody to hear them"
     );
     let b = Replica::start(cfg, bus).await.unwrap();
-    // 75 intervals: about 12 spaced out, 60 or more at the interval.
+    // 75 intervals with a change every other one: 60 or more at the interval.
+    let adds = {
+        let b = b.clone();
+        async move {
+            for i in 0..38u32 {
+                b.add(i.to_le_bytes().to_vec()).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+        }
+    };
     let window = Duration::from_millis(1_500);
-    let paired = digests_within(&mut state, uuid, &expect, window).await;
-    assert!(paired >= 25, "{paired} digests in 75 intervals with a peer");
+    let (paired, ()) = tokio::join!(digests_within(&mut state, uuid, &expect, window), adds);
+    assert!(
+        paired >= 40,
+        "{paired} digests in 75 intervals with a peer and changes"
+    );
+    // Converged and quiet: 100 intervals, about 25 digests 4 intervals apart.
+    assert!(converged(&[a.clone(), b.clone()], WAIT).await);
+    let window = Duration::from_millis(2_000);
+    let quiet = digests_within(&mut state, uuid, &expect, window).await;
+    assert!(quiet <= 50, "{quiet} digests in 100 quiet intervals");
+    // Their digests say how far apart they are: each still counts the other live.
+    for h in [&a, &b] {
+        let s = h.stats().await.unwrap();
+        assert_eq!(s.converged_peers, 1, "{s:?}");
+    }
+    // A change brings them back to the interval at once.
+    let adds = {
+        let b = b.clone();
+        async move {
+            for i in 100..125u32 {
+                b.add(i.to_le_bytes().to_vec()).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+        }
+    };
+    let window = Duration::from_millis(1_000);
+    let (busy, ()) = tokio::join!(digests_within(&mut state, uuid, &expect, window), adds);
+    assert!(busy >= 28, "{busy} digests in 50 intervals of changes");
     stop(&[a, b]).await;
 }
 

@@ -278,6 +278,11 @@ pub struct Replica {
     next_digest: Instant,
     /// Digests announced in a row with no live peer ([`ticks::lone_digest_factor`]).
     lone_digests: u32,
+    /// Digests announced in a row with the state unchanged and equal to every live peer's
+    /// ([`ticks::quiet_digest_factor`]).
+    quiet_digests: u32,
+    /// The state changed since the last digest was announced.
+    changed_since_digest: bool,
     /// The periodic timer armed, and about when it fires, so that a peer appearing or a
     /// change can bring it forward.
     periodic: Option<SpawnHandle>,
@@ -389,6 +394,8 @@ impl Replica {
             last_housekeeping: started,
             next_digest: started,
             lone_digests: 0,
+            quiet_digests: 0,
+            changed_since_digest: false,
             periodic: None,
             periodic_due: started,
             api_started: false,
@@ -434,7 +441,7 @@ impl Replica {
         self.telemetry.traffic(Direction::In, channel, frame_len);
         let now = Instant::now();
         if self.lone_digests > ticks::LONE_DIGESTS_AT_INTERVAL {
-            self.peer_appeared(ctx);
+            self.digest_at_interval(ctx);
         }
         if let Body::StateProgress {
             target,
@@ -484,16 +491,26 @@ impl Replica {
                 digest,
                 ready,
                 sent,
+                spacing,
             } => {
                 if let Some(sent) = sent.filter(|_| env.seq == 0) {
                     let actions = self.anti_entropy.claimed(env.sender, sent, now);
                     self.carry_out(actions, ctx);
                 }
                 let mine = self.my_digest();
-                let actions =
-                    self.anti_entropy
-                        .digest(env.sender, digest, ready, mine, Instant::now());
+                let actions = self.anti_entropy.digest(
+                    env.sender,
+                    digest,
+                    ready,
+                    spacing,
+                    mine,
+                    Instant::now(),
+                );
                 self.carry_out(actions, ctx);
+                if digest != mine {
+                    // Something to repair: no more spacing out.
+                    self.quiet_ended(ctx);
+                }
             }
             Body::StateRequest { target } => {
                 if target.is_none_or(|t| t == self.uuid()) {
@@ -503,6 +520,9 @@ impl Replica {
             Body::StateChunk(chunk) => self.on_chunk(env.sender, env.replica, chunk, ctx),
             // Taken above, before the sequence check.
             Body::StateProgress { .. } => {}
+        }
+        if self.changed_since_digest {
+            self.quiet_ended(ctx);
         }
     }
 
@@ -782,6 +802,7 @@ impl Replica {
 
     /// The state changed: its digest is stale, and a snapshot is due.
     fn changed(&mut self) {
+        self.changed_since_digest = true;
         self.digests.invalidate();
         self.snapshots.changed();
     }
@@ -865,14 +886,14 @@ impl Replica {
             act.periodic = None;
             let now = Instant::now();
             if now >= act.next_digest {
-                act.send_digest();
+                let spacing = act.send_digest();
                 act.lone_digests = if act.anti_entropy.live_peers(now) == 0 {
                     act.lone_digests.saturating_add(1)
                 } else {
                     0
                 };
-                act.next_digest =
-                    now + act.digest_delay() * ticks::lone_digest_factor(act.lone_digests);
+                let factor = ticks::lone_digest_factor(act.lone_digests).max(spacing);
+                act.next_digest = now + act.digest_delay() * factor;
             }
             if now >= housekeeping_due {
                 act.last_housekeeping = now;
@@ -887,6 +908,7 @@ impl Replica {
     /// its spaced-out digest (its housekeeping goes with it), is brought forward to a busy
     /// replica's housekeeping, so that snapshots and gauges do not wait for the digest.
     pub(super) fn busy_again(&mut self, ctx: &mut Context<Self>) {
+        self.quiet_ended(ctx);
         if self.lone_digests <= ticks::LONE_DIGESTS_AT_INTERVAL {
             return;
         }
@@ -905,9 +927,19 @@ impl Replica {
         }
     }
 
-    /// A peer was heard while this replica spaced out its digests for want of one: back to
-    /// the anti-entropy interval from now, so that the peer does not take it for gone.
-    fn peer_appeared(&mut self, ctx: &mut Context<Self>) {
+    /// The state changed, or a peer announced another, while this replica spaced out its
+    /// digests for a quiet cluster: back to the anti-entropy interval from now, so that a
+    /// lost delta is found as soon as without the spacing.
+    fn quiet_ended(&mut self, ctx: &mut Context<Self>) {
+        if std::mem::take(&mut self.quiet_digests) > ticks::QUIET_DIGESTS_AT_INTERVAL {
+            self.digest_at_interval(ctx);
+        }
+    }
+
+    /// A peer was heard while this replica spaced out its digests for want of one, or the
+    /// quiet ended: back to the anti-entropy interval from now, so that the peer does not
+    /// take it for gone.
+    fn digest_at_interval(&mut self, ctx: &mut Context<Self>) {
         self.lone_digests = 0;
         let next = Instant::now() + self.digest_delay();
         if next < self.next_digest {

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use crate::ReplicaId;
+use crate::replica::ticks::QUIET_DIGEST_MAX_FACTOR;
 
 /// Sequence gaps one message can count: a forged `seq = u64::MAX` counts this many, no more.
 pub(crate) const MAX_COUNTED_GAP: u64 = 1 << 20;
@@ -74,6 +75,9 @@ pub(crate) struct Peer {
     claims: [Option<u64>; 2],
     /// The state digest it last announced.
     pub digest: Option<u64>,
+    /// Anti-entropy intervals to its next digest, as its last one said (a quiet peer spaces
+    /// them out): it stays live that many times longer.
+    spacing: u32,
     /// Consecutive digests that differed from ours.
     mismatches: u32,
     last_request: Option<Instant>,
@@ -145,6 +149,7 @@ impl AntiEntropy {
             last_seq: None,
             claims: [None; 2],
             digest: None,
+            spacing: 1,
             mismatches: 0,
             last_request: None,
         });
@@ -214,12 +219,14 @@ impl AntiEntropy {
         }
     }
 
-    /// `sender` (already [`heard`](Self::heard)) announced `digest`; ours is `mine`.
+    /// `sender` (already [`heard`](Self::heard)) announced `digest`, and its next within
+    /// `spacing` anti-entropy intervals (none: 1); ours is `mine`.
     pub(crate) fn digest(
         &mut self,
         sender: Uuid,
         digest: u64,
         peer_ready: bool,
+        spacing: Option<u32>,
         mine: u64,
         now: Instant,
     ) -> Vec<Action> {
@@ -230,6 +237,8 @@ impl AntiEntropy {
             return Vec::new();
         };
         peer.digest = Some(digest);
+        // Bounded: a peer may not make itself live for longer than the quietest spacing.
+        peer.spacing = spacing.unwrap_or(1).clamp(1, QUIET_DIGEST_MAX_FACTOR);
         if digest == mine {
             peer.mismatches = 0;
             return if peer_ready {
@@ -341,7 +350,7 @@ impl AntiEntropy {
     }
 
     fn is_live(&self, p: &Peer, now: Instant) -> bool {
-        now.saturating_duration_since(p.last_seen) < self.timing.live
+        now.saturating_duration_since(p.last_seen) < self.timing.live * p.spacing
     }
 
     /// Whether `sender` is in the peer table (heard, and not expired).
@@ -551,23 +560,27 @@ mod tests {
         let (mut ae, t0) = machine();
         ae.heard(uuid(1), 1, 1, t0).unwrap();
         assert_eq!(
-            ae.digest(uuid(1), 7, false, 7, t0),
+            ae.digest(uuid(1), 7, false, None, 7, t0),
             vec![],
             "peer not ready"
         );
         assert!(!ae.is_ready());
         assert_eq!(
-            ae.digest(uuid(1), 7, true, 7, t0),
+            ae.digest(uuid(1), 7, true, None, 7, t0),
             vec![Action::BecomeReady("a peer has the same state")]
         );
         assert!(ae.is_ready());
-        assert_eq!(ae.digest(uuid(1), 7, true, 7, t0), vec![], "only once");
+        assert_eq!(
+            ae.digest(uuid(1), 7, true, None, 7, t0),
+            vec![],
+            "only once"
+        );
     }
 
     #[test]
     fn a_digest_of_an_unknown_sender_changes_nothing() {
         let (mut ae, t0) = machine();
-        assert_eq!(ae.digest(uuid(9), 7, true, 7, t0), vec![]);
+        assert_eq!(ae.digest(uuid(9), 7, true, None, 7, t0), vec![]);
         assert!(!ae.is_ready());
     }
 
@@ -575,18 +588,21 @@ mod tests {
     fn a_persistent_mismatch_pushes_our_state_and_a_transient_one_does_not() {
         let (mut ae, t0) = machine();
         ae.heard(uuid(1), 1, 1, t0).unwrap();
-        assert_eq!(ae.digest(uuid(1), 1, true, 2, t0), vec![]);
-        assert_eq!(ae.digest(uuid(1), 1, true, 2, t0), vec![]);
-        assert_eq!(ae.digest(uuid(1), 1, true, 2, t0), vec![Action::PushState]);
+        assert_eq!(ae.digest(uuid(1), 1, true, None, 2, t0), vec![]);
+        assert_eq!(ae.digest(uuid(1), 1, true, None, 2, t0), vec![]);
+        assert_eq!(
+            ae.digest(uuid(1), 1, true, None, 2, t0),
+            vec![Action::PushState]
+        );
         // The count starts over after a push.
-        assert_eq!(ae.digest(uuid(1), 1, true, 2, t0), vec![]);
+        assert_eq!(ae.digest(uuid(1), 1, true, None, 2, t0), vec![]);
         // An equal digest in between resets it.
-        assert_eq!(ae.digest(uuid(1), 2, true, 2, t0).len(), 1, "ready");
-        assert_eq!(ae.digest(uuid(1), 1, true, 2, t0), vec![]);
-        assert_eq!(ae.digest(uuid(1), 1, true, 2, t0), vec![]);
+        assert_eq!(ae.digest(uuid(1), 2, true, None, 2, t0).len(), 1, "ready");
+        assert_eq!(ae.digest(uuid(1), 1, true, None, 2, t0), vec![]);
+        assert_eq!(ae.digest(uuid(1), 1, true, None, 2, t0), vec![]);
         ae.pushed(t0);
         assert_eq!(
-            ae.digest(uuid(1), 1, true, 2, t0),
+            ae.digest(uuid(1), 1, true, None, 2, t0),
             vec![],
             "a push resets it too"
         );
@@ -596,7 +612,10 @@ mod tests {
     fn a_mismatch_with_a_peer_that_is_catching_up_pushes_at_once() {
         let (mut ae, t0) = machine();
         ae.heard(uuid(1), 1, 1, t0).unwrap();
-        assert_eq!(ae.digest(uuid(1), 1, false, 2, t0), vec![Action::PushState]);
+        assert_eq!(
+            ae.digest(uuid(1), 1, false, None, 2, t0),
+            vec![Action::PushState]
+        );
     }
 
     #[test]
@@ -605,11 +624,11 @@ mod tests {
         ae.heard(uuid(1), 1, 1, t0).unwrap();
         // It asked for our state (pushed), and its digest, sent as it asked, comes after.
         ae.pushed(t0);
-        assert_eq!(ae.digest(uuid(1), 1, false, 2, t0 + 10 * MS), vec![]);
-        assert_eq!(ae.digest(uuid(1), 1, false, 2, t0 + 99 * MS), vec![]);
+        assert_eq!(ae.digest(uuid(1), 1, false, None, 2, t0 + 10 * MS), vec![]);
+        assert_eq!(ae.digest(uuid(1), 1, false, None, 2, t0 + 99 * MS), vec![]);
         // Still not ready a catch-up timeout later: that push was lost.
         assert_eq!(
-            ae.digest(uuid(1), 1, false, 2, t0 + 100 * MS),
+            ae.digest(uuid(1), 1, false, None, 2, t0 + 100 * MS),
             vec![Action::PushState]
         );
     }
@@ -698,14 +717,33 @@ mod tests {
             ae.heard(uuid(n), n as u16, 1, t0).unwrap();
         }
         assert!(!ae.has_live_digest(t0));
-        ae.digest(uuid(1), 7, true, 7, t0);
-        ae.digest(uuid(2), 7, true, 7, t0);
-        ae.digest(uuid(3), 8, true, 7, t0);
+        ae.digest(uuid(1), 7, true, None, 7, t0);
+        ae.digest(uuid(2), 7, true, None, 7, t0);
+        ae.digest(uuid(3), 8, true, None, 7, t0);
         assert!(ae.has_live_digest(t0));
         assert_eq!(ae.converged_peers(7, t0), 2);
         // Peer 2 falls silent: no longer counted.
         ae.heard(uuid(1), 1, 2, t0 + 200 * MS).unwrap();
         assert_eq!(ae.converged_peers(7, t0 + 350 * MS), 1);
         assert_eq!(ae.live_peers(t0 + 350 * MS), 1);
+    }
+
+    #[test]
+    fn a_peer_that_spaces_its_digests_out_stays_live_until_its_next_is_late() {
+        let (mut ae, t0) = machine();
+        ae.heard(uuid(1), 1, 1, t0).unwrap();
+        ae.heard(uuid(2), 2, 1, t0).unwrap();
+        ae.digest(uuid(1), 7, true, Some(4), 7, t0);
+        // A forged spacing counts as the quietest one, no more.
+        ae.digest(uuid(2), 7, true, Some(u32::MAX), 7, t0);
+        // Live for 4 x 300 ms, instead of 300.
+        assert_eq!(ae.live_peers(t0 + 1_199 * MS), 2);
+        assert_eq!(ae.converged_peers(7, t0 + 1_199 * MS), 2);
+        assert_eq!(ae.live_peers(t0 + 1_200 * MS), 0);
+        // Its next digest, at the interval again, says nothing: back to 300 ms.
+        ae.heard(uuid(1), 1, 2, t0 + 1_000 * MS).unwrap();
+        ae.digest(uuid(1), 7, true, None, 7, t0 + 1_000 * MS);
+        assert_eq!(ae.live_peers(t0 + 1_299 * MS), 1);
+        assert_eq!(ae.live_peers(t0 + 1_300 * MS), 0);
     }
 }

@@ -123,6 +123,11 @@ pub enum Body {
         /// to the transport. Absent otherwise (and from earlier versions).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sent: Option<u64>,
+        /// The sender's next digest comes within this many anti-entropy intervals (a quiet
+        /// cluster spaces its digests out), so its receivers count it live that much longer.
+        /// Absent for 1 (and from earlier versions).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        spacing: Option<u32>,
     },
     /// Asks peers to push their full state: all of them (a replica that starts or
     /// reconnects), or one whose messages went missing (a gap in its sequence numbers).
@@ -655,6 +660,13 @@ mod tests {
                 digest: 77,
                 ready: true,
                 sent: None,
+                spacing: None,
+            },
+            Body::Digest {
+                digest: 78,
+                ready: true,
+                sent: Some(9),
+                spacing: Some(4),
             },
             Body::StateRequest { target: None },
             Body::StateRequest {
@@ -715,6 +727,7 @@ mod tests {
                     digest: 1,
                     ready: true,
                     sent: None,
+                    spacing: None,
                 },
                 1,
             ),
@@ -868,6 +881,7 @@ mod tests {
                 digest: 77,
                 ready: false,
                 sent: None,
+                spacing: None,
             },
             Body::StateRequest { target: None },
         ];
@@ -973,6 +987,7 @@ mod tests {
             digest: 1,
             ready: true,
             sent: None,
+            spacing: None,
         });
         let ours = WireCodec::new(expect(), Some(keys(&[1])));
         let theirs = WireCodec::new(expect(), Some(keys(&[2])));
@@ -1051,6 +1066,7 @@ mod golden {
                 digest: 0xfeed,
                 ready: true,
                 sent: None,
+                spacing: None,
             },
         )
     }
@@ -1135,6 +1151,7 @@ mod digest_claims {
                 digest: 1,
                 ready: true,
                 sent,
+                spacing: None,
             },
         )
     }
@@ -1168,6 +1185,7 @@ mod digest_claims {
             digest: 5,
             ready: true,
             sent: Some(41),
+            spacing: None,
         };
         let bytes = to_cbor(&body);
         let earlier: EarlierBody = from_cbor(&bytes).unwrap();

@@ -459,6 +459,7 @@ mod tests {
             digest: 7,
             ready: true,
             sent: None,
+            spacing: None,
         };
         let request = || Body::StateRequest { target: None };
         route_replication(&shared, frame(&codec, 0, digest()), true);
