@@ -1466,6 +1466,25 @@ async fn an_update_on_a_quiet_link_goes_at_once_and_those_after_it_share_the_nex
     }
 }
 
+/// The body of the next message `sender` published on `stream`.
+async fn next_delta_from(
+    stream: &mut crpf::transport::MessageStream,
+    sender: Uuid,
+    expect: &crpf::wire::Expect,
+) -> Body {
+    use futures::StreamExt;
+    loop {
+        let msg = tokio::time::timeout(WAIT, stream.next())
+            .await
+            .expect("a message in time")
+            .expect("the stream goes on");
+        let env = Envelope::decode(&msg.payload, expect).unwrap();
+        if env.sender == sender {
+            return env.body;
+        }
+    }
+}
+
 /// Issue 25: durable commits go at the log's pace, their deltas at the interval's. Each
 /// durable update is answered once its commit is fsynced, before its delta goes out; the
 /// deltas of the commits written within an interval travel together, and a stopping replica
@@ -1484,6 +1503,8 @@ async fn durable_commits_go_at_the_logs_pace_and_their_deltas_at_the_intervals()
         let mut a_cfg = b_cfg.clone();
         a_cfg.data_dir = Some(dir.path().join("a"));
         assert_eq!(a_cfg.default_ack(), crpf::replica::AckLevel::Durable);
+        let subjects = Subjects::new(&a_cfg.prefix, &a_cfg.name);
+        let mut deltas = bus.subscribe(subjects.delta, None).await.unwrap();
         let a = Replica::start(a_cfg, bus.clone()).await.unwrap();
         let b = Replica::start(b_cfg, bus).await.unwrap();
         assert!(a.wait_ready(WAIT).await && b.wait_ready(WAIT).await);
@@ -1514,12 +1535,33 @@ async fn durable_commits_go_at_the_logs_pace_and_their_deltas_at_the_intervals()
             sent_before + 1,
             "{kind}: held for the interval"
         );
+        // What went out so far: the first add's delta alone.
+        let expect = crpf::wire::Expect {
+            filter: "paced".into(),
+            kind,
+            params_digest: b.snapshot().params_digest(),
+            generation: 0,
+            max_bytes: 1 << 20,
+        };
+        let a_uuid = a.identity().uuid;
+        assert!(
+            matches!(
+                next_delta_from(&mut deltas, a_uuid, &expect).await,
+                Body::Delta(_)
+            ),
+            "{kind}"
+        );
         a.shutdown().await.unwrap();
+        // At the stop: every held commit's delta in one message.
+        let commits = items.len() + 2 * usize::from(kind.removable());
+        match next_delta_from(&mut deltas, a_uuid, &expect).await {
+            Body::Deltas(run) => assert_eq!(run.len(), commits, "{kind}"),
+            other => panic!("{kind}: {other:?}"),
+        }
         wait_for(|| async { items.iter().all(|i| b.contains(i)) }).await;
         let s = b.stats().await.unwrap();
-        let commits = items.len() as u64 + 1 + 2 * u64::from(kind.removable());
         assert!(
-            s.deltas_merged >= merged_before + commits,
+            s.deltas_merged > merged_before + commits as u64,
             "{kind}: every commit's delta merged ({s:?})"
         );
         assert!(s.rejects.is_empty(), "{kind}: {s:?}");

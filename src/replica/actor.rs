@@ -443,6 +443,11 @@ impl Replica {
         if self.lone_digests > ticks::LONE_DIGESTS_AT_INTERVAL {
             self.digest_at_interval(ctx);
         }
+        // A peer not heard before (one starting, or back) does not know how far apart our
+        // digests are: at the interval again, so that it does not take us for gone.
+        if !self.anti_entropy.knows(&env.sender) {
+            self.quiet_ended(ctx);
+        }
         if let Body::StateProgress {
             target,
             transfer,
@@ -513,6 +518,8 @@ impl Replica {
                 }
             }
             Body::StateRequest { target } => {
+                // Someone catches up (a restart keeps its uuid): at the interval again.
+                self.quiet_ended(ctx);
                 if target.is_none_or(|t| t == self.uuid()) {
                     self.schedule_push(ctx);
                 }
@@ -769,6 +776,9 @@ impl Replica {
                 // Publishes made while disconnected may be lost: re-announce, ask for the
                 // peers' states and push ours.
                 self.request_state(None);
+                // At the interval from here: this digest may announce none of the spacing
+                // the next timer's digest was armed for.
+                self.quiet_ended(ctx);
                 self.send_digest();
                 self.schedule_push(ctx);
             }

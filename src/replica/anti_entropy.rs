@@ -338,12 +338,11 @@ impl AntiEntropy {
         if self.peers.len() < self.timing.max_peers {
             return Some(None);
         }
-        let live = self.timing.live;
         let stalest = self
             .peers
             .iter()
             .min_by_key(|(_, p)| p.last_seen)
-            .filter(|(_, p)| now.saturating_duration_since(p.last_seen) >= live)
+            .filter(|(_, p)| !self.is_live(p, now))
             .map(|(u, _)| *u)?;
         self.peers.remove(&stalest);
         Some(Some(stalest))

@@ -164,8 +164,42 @@ pub enum Body {
     },
     /// Several consecutive commits' delta-states, oldest first, each merged as a
     /// [`Body::Delta`] would be: a sender whose commits go at its disk's pace publishes at
-    /// most one message per delta interval.
-    Deltas(Vec<serde_bytes::ByteBuf>),
+    /// most one message per delta interval. At most [`MAX_DELTAS_PER_MESSAGE`].
+    Deltas(#[serde(deserialize_with = "bounded_deltas")] Vec<serde_bytes::ByteBuf>),
+}
+
+/// Deltas one [`Body::Deltas`] carries at most: a receiver refuses more while decoding, so
+/// that a frame of many empty byte strings cannot make it allocate far more than the
+/// frame's size.
+pub const MAX_DELTAS_PER_MESSAGE: usize = 256;
+
+/// Decodes the deltas of a [`Body::Deltas`], refusing more than [`MAX_DELTAS_PER_MESSAGE`].
+fn bounded_deltas<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<serde_bytes::ByteBuf>, D::Error> {
+    struct Bounded;
+    impl<'de> serde::de::Visitor<'de> for Bounded {
+        type Value = Vec<serde_bytes::ByteBuf>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "at most {MAX_DELTAS_PER_MESSAGE} byte strings")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(delta) = seq.next_element::<serde_bytes::ByteBuf>()? {
+                if out.len() == MAX_DELTAS_PER_MESSAGE {
+                    return Err(serde::de::Error::custom(format!(
+                        "more than {MAX_DELTAS_PER_MESSAGE} deltas in one message"
+                    )));
+                }
+                out.push(delta);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(Bounded)
 }
 
 impl Body {
@@ -703,6 +737,20 @@ mod tests {
     /// variant's name for the newtype variants but its position for the struct variants
     /// (serde_cbor's rule): a struct variant inserted before others would renumber them, and
     /// earlier versions would misread or refuse them. New variants go last.
+    /// A run of deltas is bounded while it is decoded, so that a frame of empty byte strings
+    /// cannot make its receiver allocate many times its size.
+    #[test]
+    fn a_run_of_more_than_the_bound_of_deltas_is_refused() {
+        let run = |n: usize| env(Body::Deltas(vec![Vec::new().into(); n])).encode();
+        let ok = Envelope::decode(&run(MAX_DELTAS_PER_MESSAGE), &expect()).unwrap();
+        assert!(matches!(ok.body, Body::Deltas(d) if d.len() == MAX_DELTAS_PER_MESSAGE));
+        let refused = Envelope::decode(&run(MAX_DELTAS_PER_MESSAGE + 1), &expect());
+        assert!(
+            format!("{:?}", refused.unwrap_err()).contains("more than"),
+            "refused with the reason"
+        );
+    }
+
     #[test]
     fn body_variants_keep_their_keys() {
         let target = Uuid::from_u128(1);

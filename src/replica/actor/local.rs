@@ -361,7 +361,9 @@ impl Handler<Shutdown> for Replica {
             self.shared.closed.store(true, Ordering::Release);
         }
         self.flush_delta(ctx);
-        // Written commits' deltas waiting for their interval go out before the stop.
+        // Written commits' deltas waiting for their interval go out before the stop, and so
+        // does any written meanwhile (its `Committed` may still be handled).
+        self.pipeline.stopping();
         let held = self.pipeline.take_held();
         self.publish_held(held, ctx);
         // Nothing changed since the last snapshot, which is written (none is being written):

@@ -51,6 +51,8 @@ pub(crate) struct CommitPipeline<R> {
     published_since: Option<Instant>,
     /// A timer for the publication of the held deltas is armed.
     publish_timer: bool,
+    /// The replica stops: nothing is held any more (no timer would fire).
+    stopping: bool,
 }
 
 /// A written commit's delta, waiting for its publication.
@@ -92,6 +94,7 @@ impl<R> CommitPipeline<R> {
             held: Vec::new(),
             published_since: None,
             publish_timer: false,
+            stopping: false,
         }
     }
 
@@ -209,7 +212,7 @@ impl<R> CommitPipeline<R> {
         });
         let due = self.published_since.map(|t| t + interval);
         match due {
-            Some(due) if !confirm && due > began && due > now => {
+            Some(due) if !confirm && !self.stopping && due > began && due > now => {
                 if std::mem::replace(&mut self.publish_timer, true) {
                     Release::Held
                 } else {
@@ -218,6 +221,11 @@ impl<R> CommitPipeline<R> {
             }
             _ => Release::Now(self.take_held()),
         }
+    }
+
+    /// The replica stops: deltas are published as they are written from now on.
+    pub(super) fn stopping(&mut self) {
+        self.stopping = true;
     }
 
     /// The held deltas, to publish now (the publication timer fired, or the replica stops).
@@ -464,7 +472,14 @@ mod tests {
             p.release(9, vec![9], t9, false, interval, t9),
             Release::Later(_)
         ));
+        p.stopping();
         assert_eq!(p.take_held().len(), 1);
+        // Written after: out at once.
+        let t10 = t9 + ms(1) / 4;
+        assert_eq!(
+            batches(p.release(10, vec![10], t10, false, interval, t10)),
+            [10]
+        );
     }
 
     #[test]

@@ -22,7 +22,7 @@ use crate::replica::ack::{Resolved, peers_needed};
 use crate::replica::config::ReplicaConfig;
 use crate::replica::metrics::{Channel, Direction};
 use crate::replica::ticks;
-use crate::wire::{Body, Envelope, FilterKind};
+use crate::wire::{Body, Envelope, FilterKind, MAX_DELTAS_PER_MESSAGE};
 
 impl Replica {
     /// The next envelope in this replica's sequence.
@@ -119,12 +119,12 @@ impl Replica {
             if self.pushes.changed_since_last() {
                 self.schedule_push(ctx);
             }
-            return self.committed_without_delta(batch);
+            return self.committed_without_delta(batch, ctx);
         }
         let Some(delta) = taken.map(TakenDelta::encode) else {
             // Nothing changed since the last commit: what the waiting updates rely on is
-            // already as durable and published as it gets.
-            return self.committed_without_delta(batch);
+            // already as durable as it gets, and published (or held: see below).
+            return self.committed_without_delta(batch, ctx);
         };
         let sync_through = self.shared.sync_through.load(Ordering::Acquire);
         match self.pipeline.append(batch, &delta, sync_through) {
@@ -145,8 +145,18 @@ impl Replica {
 
     /// Commit `batch` carries no delta to log or publish: done at once, for the updates
     /// waiting for it.
-    fn committed_without_delta(&mut self, batch: u64) {
+    fn committed_without_delta(&mut self, batch: u64, ctx: &mut Context<Self>) {
         self.shared.commits.done(batch, None);
+        if self.pipeline.acks.wants_confirmation(batch) {
+            // Updates waiting for peers may rely on held deltas (an add whose item an
+            // earlier commit set): those go now, the newest confirmed on this commit's
+            // behalf, so that the waiters count its receivers.
+            let mut held = self.pipeline.take_held();
+            if let Some(newest) = held.pop() {
+                self.publish_held(held, ctx);
+                return self.publish_delta(batch, newest.delta, ctx);
+            }
+        }
         let r = self.pipeline.acks.committed(batch, None, 0, Instant::now());
         self.answer(r);
     }
@@ -231,17 +241,25 @@ impl Replica {
     /// message (each then merged in turn by its receivers), or one by one if together they
     /// exceed the server's `max_payload`.
     pub(super) fn publish_held(&mut self, mut held: Vec<HeldDelta>, ctx: &mut Context<Self>) {
-        if held.len() > 1 {
-            let last = held.last().map_or(0, |h| h.batch);
-            let confirm = self.pipeline.acks.wants_confirmation(last);
-            // The one peers confirm travels alone, after the others.
-            let alone = confirm.then(|| held.pop()).flatten();
-            if held.len() > 1 {
-                self.publish_run(std::mem::take(&mut held), ctx);
+        let last = held.last().map_or(0, |h| h.batch);
+        // The one peers confirm travels alone, after the others.
+        let alone = if held.len() > 1 && self.pipeline.acks.wants_confirmation(last) {
+            held.pop()
+        } else {
+            None
+        };
+        let mut rest = held.into_iter().peekable();
+        while rest.peek().is_some() {
+            let run: Vec<HeldDelta> = rest.by_ref().take(MAX_DELTAS_PER_MESSAGE).collect();
+            if run.len() > 1 {
+                self.publish_run(run, ctx);
+            } else {
+                for h in run {
+                    self.publish_delta(h.batch, h.delta, ctx);
+                }
             }
-            held.extend(alone);
         }
-        for h in held {
+        if let Some(h) = alone {
             self.publish_delta(h.batch, h.delta, ctx);
         }
     }
