@@ -1355,18 +1355,22 @@ async fn a_replica_spaces_out_its_digests_while_alone_or_quiet() {
         "{lone} digests in 100 intervals with nobody to hear them"
     );
     let b = Replica::start(cfg, bus).await.unwrap();
-    // 75 intervals with a change every other one: 60 or more at the interval.
-    let adds = {
+    // An add every other interval.
+    let adds = |items: std::ops::Range<u32>| {
         let b = b.clone();
         async move {
-            for i in 0..38u32 {
+            for i in items {
                 b.add(i.to_le_bytes().to_vec()).await.unwrap();
                 tokio::time::sleep(Duration::from_millis(40)).await;
             }
         }
     };
+    // 75 intervals with a change every other one: 60 or more at the interval.
     let window = Duration::from_millis(1_500);
-    let (paired, ()) = tokio::join!(digests_within(&mut state, uuid, &expect, window), adds);
+    let (paired, ()) = tokio::join!(
+        digests_within(&mut state, uuid, &expect, window),
+        adds(0..38)
+    );
     assert!(
         paired >= 40,
         "{paired} digests in 75 intervals with a peer and changes"
@@ -1382,17 +1386,11 @@ async fn a_replica_spaces_out_its_digests_while_alone_or_quiet() {
         assert_eq!(s.converged_peers, 1, "{s:?}");
     }
     // A change brings them back to the interval at once.
-    let adds = {
-        let b = b.clone();
-        async move {
-            for i in 100..125u32 {
-                b.add(i.to_le_bytes().to_vec()).await.unwrap();
-                tokio::time::sleep(Duration::from_millis(40)).await;
-            }
-        }
-    };
     let window = Duration::from_millis(1_000);
-    let (busy, ()) = tokio::join!(digests_within(&mut state, uuid, &expect, window), adds);
+    let (busy, ()) = tokio::join!(
+        digests_within(&mut state, uuid, &expect, window),
+        adds(100..125)
+    );
     assert!(busy >= 28, "{busy} digests in 50 intervals of changes");
     stop(&[a, b]).await;
 }
