@@ -232,17 +232,15 @@ impl<R> AckTracker<R> {
     /// Commits up to `batch` are durable (their deltas may wait for their publication):
     /// `Durable` updates are answered; `Replicated` ones wait for theirs.
     pub(super) fn durable(&mut self, batch: u64) -> Resolved<R> {
-        let mut out = Resolved::default();
-        let mut keep = VecDeque::with_capacity(self.waiting.len());
-        for w in self.waiting.drain(..) {
-            if w.level == AckLevel::Durable && w.batch <= batch {
-                out.ok.push(w.responder);
-            } else {
-                keep.push_back(w);
-            }
+        let ok = self
+            .take_where(|w| w.level == AckLevel::Durable && w.batch <= batch)
+            .into_iter()
+            .map(|w| w.responder)
+            .collect();
+        Resolved {
+            ok,
+            failed: Vec::new(),
         }
-        self.waiting = keep;
-        out
     }
 
     /// Commits up to `batch` could not be made durable: their updates are answered with the
@@ -310,18 +308,33 @@ impl<R> AckTracker<R> {
         pick: impl Fn(&Waiting<R>) -> bool,
         why: impl Fn(&Waiting<R>) -> AckFailure,
     ) -> Resolved<R> {
-        let mut out = Resolved::default();
+        let failed = self
+            .take_where(pick)
+            .into_iter()
+            .map(|w| {
+                let e = why(&w);
+                (w.responder, e)
+            })
+            .collect();
+        Resolved {
+            ok: Vec::new(),
+            failed,
+        }
+    }
+
+    /// Takes the waiting updates `pick` chooses out, in commit order; the rest keep theirs.
+    fn take_where(&mut self, pick: impl Fn(&Waiting<R>) -> bool) -> Vec<Waiting<R>> {
+        let mut taken = Vec::new();
         let mut keep = VecDeque::with_capacity(self.waiting.len());
         for w in self.waiting.drain(..) {
             if pick(&w) {
-                let e = why(&w);
-                out.failed.push((w.responder, e));
+                taken.push(w);
             } else {
                 keep.push_back(w);
             }
         }
         self.waiting = keep;
-        out
+        taken
     }
 }
 

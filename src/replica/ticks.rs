@@ -29,7 +29,7 @@ pub(crate) const LONE_DIGEST_MAX_FACTOR: u32 = 6;
 /// filters without peers each announced 0.2 digests a second, a quarter of a core between
 /// the node and nats-server.
 pub(crate) fn lone_digest_factor(lone: u32) -> u32 {
-    spaced_out(lone, LONE_DIGEST_MAX_FACTOR)
+    spaced_out(lone, LONE_DIGESTS_AT_INTERVAL, LONE_DIGEST_MAX_FACTOR)
 }
 
 /// Digests a replica announces at the interval while it and every live peer announce the
@@ -55,7 +55,7 @@ pub(crate) const QUIET_DIGEST_MAX_FACTOR: u32 = 4;
 /// that dies is taken for live up to four times longer (60 s instead of 15 at the
 /// defaults).
 pub(crate) fn quiet_digest_factor(quiet: u32, max: u32) -> u32 {
-    spaced_out(quiet, max)
+    spaced_out(quiet, QUIET_DIGESTS_AT_INTERVAL, max)
 }
 
 /// The most a quiet replica stretches its digest interval given how long its peers wait
@@ -67,10 +67,9 @@ pub(crate) fn quiet_digest_max(anti_entropy_interval_ms: u64, peer_expiry_ms: u6
         .clamp(1, QUIET_DIGEST_MAX_FACTOR)
 }
 
-/// 1 for the first [`LONE_DIGESTS_AT_INTERVAL`] (equal to [`QUIET_DIGESTS_AT_INTERVAL`])
-/// digests in a row, then doubling up to `max`.
-fn spaced_out(in_a_row: u32, max: u32) -> u32 {
-    match in_a_row.saturating_sub(LONE_DIGESTS_AT_INTERVAL) {
+/// 1 for the first `at_interval` digests in a row, then doubling up to `max`.
+fn spaced_out(in_a_row: u32, at_interval: u32, max: u32) -> u32 {
+    match in_a_row.saturating_sub(at_interval) {
         0 => 1,
         n => (1u32 << n.min(8)).min(max),
     }

@@ -339,8 +339,7 @@ impl Replica {
 
     // ---- anti-entropy messages -----------------------------------------------------------
 
-    /// Announces our digest (and readiness).
-    /// Announces our digest; returns the anti-entropy intervals until the next one (more
+    /// Announces our digest (and readiness); returns the anti-entropy intervals until the next one (more
     /// than 1 while the cluster is quiet, see [`crate::replica::ticks::quiet_digest_factor`]),
     /// which the digest tells its receivers.
     pub(super) fn send_digest(&mut self) -> u32 {
