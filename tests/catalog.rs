@@ -421,6 +421,44 @@ async fn own_api_subjects_of_catalog_filters_answer_through_the_node_until_dropp
     a.shutdown().await.unwrap();
 }
 
+/// The request API's operations of catalog filters come on one queue subscription of the
+/// node (`api_queue = "node"`, the default) or on each replica's own (`"filter"`): both
+/// answer, and the node's refuses a name it does not know (once its grace after the start,
+/// 5 anti-entropy intervals, is over) where nothing answers in the other mode.
+#[actix::test]
+async fn the_request_api_of_catalog_filters_answers_in_either_queue_mode() {
+    for mode in ["node", "filter"] {
+        let bus = InProcessBus::new();
+        let a = node(&bus, config(&format!("api_queue = \"{mode}\""))).await;
+        a.create_filter("t", bloom(1_000)).await.unwrap();
+        let ask = |subject: &str, payload: &'static [u8]| {
+            let (bus, subject) = (bus.clone(), subject.to_string());
+            async move {
+                let reply = bus
+                    .request(subject, payload.into(), Duration::from_millis(500))
+                    .await?;
+                Ok::<_, crpf::transport::TransportError>(
+                    serde_json::from_slice::<serde_json::Value>(&reply).unwrap(),
+                )
+            }
+        };
+        let added = ask("crpf.t.api.add", b"alice").await.unwrap();
+        assert_eq!(added["added"], true, "{mode}: {added}");
+        let found = ask("crpf.t.api.contains", b"alice").await.unwrap();
+        assert_eq!(found["contains"], true, "{mode}: {found}");
+        tokio::time::sleep(Duration::from_millis(1_600)).await;
+        let unknown = ask("crpf.nobody.api.add", b"x").await;
+        match mode {
+            "node" => {
+                let error = unknown.unwrap()["error"].to_string();
+                assert!(error.contains("no filter named `nobody`"), "{error}");
+            }
+            _ => assert!(unknown.is_err(), "{unknown:?}"),
+        }
+        a.shutdown().await.unwrap();
+    }
+}
+
 /// A node's digests of its catalog filters go in batches (`<prefix>.$digests`, one message
 /// for many filters), and those batches still repair: every delta of node `a` is lost, so
 /// `b` learns `a`'s adds only by anti-entropy: `a`'s batched digests say up to which number

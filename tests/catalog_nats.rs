@@ -9,7 +9,9 @@ mod nats_harness;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nats_harness::{NatsServer, Proc, api_request, cluster_key_line, free_port, spawn_node};
+use nats_harness::{
+    NatsServer, Proc, api_request, cluster_key_line, free_port, http_get, spawn_node,
+};
 use serde_json::{Value, json};
 
 struct Node {
@@ -24,6 +26,11 @@ impl Node {
     /// A node on `servers` (its own first), following the catalog, with RESP and a data
     /// directory.
     fn start(dir: &Path, i: usize, servers: &[String]) -> Node {
+        Self::start_with(dir, i, servers, "")
+    }
+
+    /// [`Node::start`] with `extra` at the end of its configuration file.
+    fn start_with(dir: &Path, i: usize, servers: &[String], extra: &str) -> Node {
         let name = format!("node{i}");
         let data_dir = dir.join(&name);
         let config = dir.join(format!("{name}.toml"));
@@ -42,7 +49,7 @@ impl Node {
                  [nats]\nservers = [{list}]\nretry_on_initial_connect = true\nkv_replicas = {kv_replicas}\n\n\
                  [resp]\nlisten = \"{resp}\"\n\n\
                  [catalog]\n[catalog.defaults]\ndelta_interval_ms = 10\nanti_entropy_interval_ms = 500\n\
-                 min_push_interval_ms = 100\ncatch_up_timeout_ms = 300\n",
+                 min_push_interval_ms = 100\ncatch_up_timeout_ms = 300\n{extra}",
                 metrics = free_port(),
                 data = data_dir.display(),
                 key = cluster_key_line(),
@@ -351,6 +358,143 @@ async fn a_node_down_during_creates_and_drops_catches_up_at_start() {
     assert!(dirs.iter().any(|d| d.starts_with("born.g")), "{dirs:?}");
     for n in nodes.iter_mut() {
         n.proc.terminate(Duration::from_secs(30));
+    }
+}
+
+/// The request API of every catalog filter on one queue subscription per node (`api_queue =
+/// "node"`): a request right after a create is answered wherever the server hands it (a
+/// node that does not serve the filter yet holds it), a name nobody has is refused as
+/// unknown, and a filter configured on one node only, under the same prefix, is left to
+/// that node's own subscription by the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_api_subscription_per_node_serves_every_catalog_filter() {
+    let dir = tempfile::tempdir().unwrap();
+    let monitor = free_port();
+    let server = NatsServer::start_with_config(&format!("http: \"127.0.0.1:{monitor}\"\n"));
+    let urls = vec![server.url()];
+    let fixed = "[[filters]]\nname = \"fixed\"\nfilter = { kind = \"g_bloom\", capacity = 1000, fpr = 0.01 }\n\
+                 anti_entropy_interval_ms = 500\n";
+    let mut nodes = vec![
+        Node::start(dir.path(), 0, &urls),
+        Node::start_with(dir.path(), 1, &urls, fixed),
+    ];
+    for n in &mut nodes {
+        n.wait_serving();
+    }
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let request = |subject: String, item: &str| {
+        api_request(
+            &client,
+            subject,
+            item.as_bytes().to_vec(),
+            Duration::from_secs(5),
+        )
+    };
+    // Each create answered by one node; its adds and lookups, sent at once, reach either.
+    for i in 0..20 {
+        let name = format!("fresh-{i}");
+        catalog(
+            &client,
+            "create",
+            json!({"name": name, "filter": bloom(1000)}),
+        )
+        .await;
+        let added = request(format!("crpf.{name}.api.add"), "alice")
+            .await
+            .unwrap();
+        assert!(added["error"].is_null(), "{name}: {added}");
+        for _ in 0..4 {
+            let found = request(format!("crpf.{name}.api.contains"), "alice").await;
+            // An add is seen by a node that took it; the other has it within its delta.
+            assert!(
+                found.as_ref().is_ok_and(|f| f["error"].is_null()),
+                "{name}: {found:?}"
+            );
+        }
+    }
+    // One subscription covers them all: the server hands a filter's request to it alone.
+    let query = "/subsz?subs=1&test=crpf.fresh-3.api.add";
+    let (_, subsz) = http_get(&format!("127.0.0.1:{monitor}"), query).unwrap();
+    let subsz: Value = serde_json::from_str(&subsz).unwrap();
+    let subs: Vec<_> = subsz["subscriptions_list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .collect();
+    assert_eq!(subs.len(), 2, "one per node: {subsz}");
+    for sub in subs {
+        assert_eq!(sub["subject"], "crpf.*.api.>", "{subsz}");
+        assert_eq!(sub["qgroup"], "crpf.api", "{subsz}");
+    }
+    // The configured filter of node 1 alone, once it serves: answered by it, wherever the
+    // request lands (node 0 heard it replicate, or holds back while it may not have yet).
+    time_until(Duration::from_secs(30), || {
+        matches!(
+            nodes[1].resp(&["BF.ADD", "fixed", "warm"]),
+            Ok(redis::Value::Int(_))
+        )
+    })
+    .expect("the configured filter serves");
+    for i in 0..20 {
+        let item = format!("f{i}");
+        let added = request("crpf.fixed.api.add".into(), &item)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{e}\n{}\n{}",
+                    nodes[0].proc.log_tail(),
+                    nodes[1].proc.log_tail()
+                )
+            });
+        assert!(added["error"].is_null(), "{added}");
+    }
+    // A name nobody has: refused as unknown, once the nodes' grace after their start (5
+    // anti-entropy intervals, 2.5 s here) is over; before, left unanswered.
+    let unknown = wait_until_refused(&client, "crpf.nobody.api.add").await;
+    assert!(unknown.contains("no filter named `nobody`"), "{unknown}");
+    // So is a dropped one, once its replicas stopped (until then they refuse it as stopped).
+    catalog(&client, "drop", json!({"name": "fresh-0"})).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut unknown_in_a_row = 0;
+    while unknown_in_a_row < 10 {
+        let dropped = request("crpf.fresh-0.api.contains".into(), "alice")
+            .await
+            .unwrap();
+        let error = dropped["error"].as_str().unwrap_or_default();
+        match error {
+            e if e.contains("no filter named `fresh-0`") => unknown_in_a_row += 1,
+            e if e.contains("stopped") => unknown_in_a_row = 0,
+            _ => panic!("a dropped filter answered {dropped}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still answered as stopping: {dropped}"
+        );
+    }
+    let fixed = request("crpf.fixed.api.contains".into(), "f3")
+        .await
+        .unwrap();
+    assert_eq!(fixed["contains"], true, "{fixed}");
+    for n in nodes.iter_mut() {
+        n.proc.terminate(Duration::from_secs(30));
+    }
+}
+
+/// The error of a request on `subject`, asked again while it goes unanswered (up to 30 s).
+async fn wait_until_refused(client: &async_nats::Client, subject: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match api_request(
+            client,
+            subject.into(),
+            b"x".to_vec(),
+            Duration::from_millis(500),
+        )
+        .await
+        {
+            Ok(v) => return v["error"].as_str().unwrap_or_default().to_string(),
+            Err(e) => assert!(Instant::now() < deadline, "{subject}: {e}"),
+        }
     }
 }
 

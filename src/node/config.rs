@@ -98,6 +98,25 @@ pub struct CatalogSection {
     /// does not grow with the number of filters. Configured filters always have their own.
     #[serde(default)]
     pub metrics_filters: Vec<String>,
+    /// Who takes the request API's operations of the catalog filters: `node` (the default),
+    /// one queue subscription of the node for all of them (`<prefix>.*.api.>` in the group
+    /// `<prefix>.api`), or `filter`, one of each replica in its filter's group
+    /// (`<prefix>.<filter>.api`), as earlier versions did. A cluster must not mix the two:
+    /// a request would reach one node of each group (README, "Filters as data").
+    #[serde(default)]
+    pub api_queue: ApiQueue,
+}
+
+/// Whose queue subscription takes the catalog filters' request API ([`CatalogSection::api_queue`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApiQueue {
+    /// One subscription of the node for all its catalog filters: a node's subscriptions do
+    /// not grow with its filters (each one's cost ~7 KB of memory).
+    #[default]
+    Node,
+    /// One subscription of each replica, in its filter's queue group.
+    Filter,
 }
 
 fn default_true() -> bool {
@@ -120,6 +139,7 @@ impl Default for CatalogSection {
             max_filter_bytes: default_max_filter_bytes(),
             defaults: RuntimeFilterDefaults::default(),
             metrics_filters: Vec::new(),
+            api_queue: ApiQueue::default(),
         }
     }
 }

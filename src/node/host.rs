@@ -15,9 +15,9 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -27,9 +27,12 @@ use thiserror::Error;
 use tokio::sync::watch;
 
 use super::NodeError;
-use super::config::{CatalogSection, NodeConfig};
+use super::config::{ApiQueue, CatalogSection, NodeConfig};
+use super::foreign::{ForeignNames, Heard};
 use crate::FilterSpec;
-use crate::replica::{Identity, Replica, ReplicaConfig, ReplicaHandle, SharedId};
+use crate::replica::{
+    Identity, Replica, ReplicaConfig, ReplicaError, ReplicaHandle, SharedId, refusal,
+};
 use crate::transport::digests::{
     BATCHED_DIGESTS, DIGEST_BATCHES, DIGEST_BATCHES_REJECTED, DIGESTS_TOKEN, DigestBatcher,
     publish_digests,
@@ -46,6 +49,19 @@ const PARALLEL_CHANGES: usize = 32;
 
 /// How long a create or drop waits for this node to start or stop the replica.
 const HOSTING_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a request the node's API subscription took for a catalog filter it does not
+/// serve yet (created a moment ago, or still catching up) waits for it; then it is refused
+/// as not serving. Shorter than a client's usual timeout, so that the refusal is heard.
+const API_HOLD: Duration = Duration::from_secs(3);
+
+/// Requests waiting so at most; more are refused as not serving at once.
+const MAX_HELD_REQUESTS: usize = 10_000;
+
+/// Catalog reads in flight for requests to names the node does not know; a request beyond
+/// them is refused as not serving (or, for a name heard replicating elsewhere, left to
+/// the others' subscriptions).
+const API_LOOKUPS: usize = 64;
 
 /// Why a create or drop was refused or did not complete.
 #[derive(Debug, Error)]
@@ -172,6 +188,18 @@ struct Inner {
     /// The replicas the node is stopping: their replication is still routed to them (acks
     /// of their `replicated` updates among it) until they stopped.
     stopping_replicas: std::sync::Mutex<HashMap<String, ReplicaHandle>>,
+    /// Names replicated by replicas outside the catalog (`api_queue = "node"`).
+    foreign: std::sync::Mutex<ForeignNames>,
+    /// Requests of the node's API subscription waiting for their filter ([`API_HOLD`]).
+    held: AtomicUsize,
+    /// Catalog reads for requests to unknown names ([`API_LOOKUPS`]).
+    lookups: Arc<tokio::sync::Semaphore>,
+    /// Until when the node's API subscription leaves requests to names it does not know
+    /// unanswered rather than refusing them: a replica outside the catalog may not have
+    /// been heard yet (a quiet one's digests are up to 4 anti-entropy intervals apart).
+    api_grace: std::sync::OnceLock<tokio::time::Instant>,
+    /// That long after the subscription: 5 anti-entropy intervals of the catalog defaults.
+    api_grace_period: Duration,
 }
 
 /// A running node's filters. Cheap to clone. Start it inside an actix System.
@@ -264,6 +292,11 @@ impl Node {
             routing_stopped: AtomicBool::new(false),
             digest_batches: with_catalog.then(Default::default),
             stopping_replicas: Default::default(),
+            foreign: Default::default(),
+            held: AtomicUsize::new(0),
+            lookups: Arc::new(tokio::sync::Semaphore::new(API_LOOKUPS)),
+            api_grace: Default::default(),
+            api_grace_period: ReplicaConfig::ms(template.anti_entropy_interval_ms) * 5,
         });
         if inner.catalog.is_some() {
             // Subscribed, and confirmed by the server, before any catalog filter is ready: a
@@ -398,6 +431,26 @@ impl Node {
                     filters = listed.len(),
                     "not every filter of the catalog started within 60 s; going on"
                 );
+            }
+            if node.inner.settings.api_queue == ApiQueue::Node {
+                // Once its filters serve, not before: until then the other nodes of the
+                // group take the requests.
+                let (subject, queue) = Subjects::node_api(&node.inner.prefix);
+                let transport = &node.inner.transport;
+                let stream = subscribe_now(transport, &subject, Some(queue.clone())).await;
+                if let Err(e) = confirm_subscriptions(transport).await {
+                    tracing::warn!(error = %e, "the node's API subscription was not confirmed");
+                }
+                let task = serve_node_api(
+                    Arc::downgrade(&node.inner),
+                    transport.clone(),
+                    (subject, queue),
+                    stream,
+                );
+                let grace = tokio::time::Instant::now() + node.inner.api_grace_period;
+                let _ = node.inner.api_grace.set(grace);
+                let mut routers = node.inner.routers.lock().expect("routers lock");
+                routers.push(tokio::spawn(task));
             }
             tracing::info!(filters = listed.len(), "filter catalog followed");
         }
@@ -746,6 +799,7 @@ impl Inner {
         match change {
             CatalogChange::Put(e) => {
                 view.insert(e.name.clone(), e.clone());
+                self.foreign.lock().expect("foreign lock").forget(&e.name);
             }
             CatalogChange::Dropped { name } => {
                 view.remove(name);
@@ -830,12 +884,113 @@ impl Inner {
     /// else (a filter the node does not host; a request on `<prefix>.<filter>.api`, which
     /// the same pattern covers) is not for it.
     fn route_replication(&self, msg: Message) {
-        if let Some(handle) = self
-            .filter_of(&msg.subject)
-            .and_then(|f| self.replica_of(f))
-        {
-            handle.route_replication(msg);
+        let Some(name) = self.filter_of(&msg.subject) else {
+            return;
+        };
+        match self.replica_of(name) {
+            Some(handle) => handle.route_replication(msg),
+            None => self.heard_elsewhere(name, &msg.subject),
         }
+    }
+
+    /// Notes `name` as replicated outside the catalog if `subject` is its delta or state
+    /// subject and the catalog does not list it ([`ForeignNames`]).
+    fn heard_elsewhere(&self, name: &str, subject: &str) {
+        if self.settings.api_queue != ApiQueue::Node || !is_token(name) {
+            return;
+        }
+        let subjects = Subjects::new(&self.prefix, name);
+        if subject != subjects.delta && subject != subjects.state {
+            return;
+        }
+        if self.view.read().expect("view lock").contains_key(name) {
+            return;
+        }
+        let mut foreign = self.foreign.lock().expect("foreign lock");
+        foreign.saw(name, Instant::now());
+    }
+
+    /// Where a request the node's API subscription took goes ([`serve_node_api`]).
+    fn route_api(&self, msg: Message) -> ApiRoute {
+        let Some(name) = self.filter_of(&msg.subject) else {
+            return ApiRoute::Silent;
+        };
+        if self.configured.contains(name) {
+            // Its own subscription, in its filter's group, answers.
+            return ApiRoute::Silent;
+        }
+        if let Some((handle, final_)) = self.api_target(name) {
+            if final_ || handle.serving_api() {
+                return match handle.route_own_api(msg) {
+                    Some((to, headers, payload)) => ApiRoute::Reply(to, headers, payload),
+                    None => ApiRoute::Silent,
+                };
+            }
+            return ApiRoute::Hold(msg);
+        }
+        if self.view.read().expect("view lock").contains_key(name) {
+            return ApiRoute::Hold(msg);
+        }
+        let heard = self
+            .foreign
+            .lock()
+            .expect("foreign lock")
+            .heard(name, Instant::now());
+        match heard {
+            Heard::Elsewhere => {
+                metrics::counter!(NODE_API_REQUESTS, "outcome" => "elsewhere").increment(1);
+                ApiRoute::Silent
+            }
+            Heard::Lately => ApiRoute::LookUp {
+                msg,
+                elsewhere: true,
+            },
+            Heard::Never => {
+                let graced = self
+                    .api_grace
+                    .get()
+                    .is_none_or(|g| tokio::time::Instant::now() < *g);
+                ApiRoute::LookUp {
+                    msg,
+                    elsewhere: graced,
+                }
+            }
+        }
+    }
+
+    /// The replica of catalog filter `name` that takes its requests: hosted or starting,
+    /// or (`true`) dropped a moment ago or stopping with the node, which refuses them.
+    fn api_target(&self, name: &str) -> Option<(ReplicaHandle, bool)> {
+        let hosted = self
+            .hosted
+            .read()
+            .expect("hosted lock")
+            .get(name)
+            .map(|h| h.handle.clone());
+        hosted
+            .or_else(|| {
+                let starting = self.starting.lock().expect("starting lock");
+                starting.get(name).map(|(h, _)| h.clone())
+            })
+            .map(|h| (h, false))
+            .or_else(|| {
+                let dropping = self.dropping.lock().expect("dropping lock");
+                dropping.get(name).cloned().map(|h| (h, true))
+            })
+            .or_else(|| {
+                let stopping = self.stopping_replicas.lock().expect("stopping lock");
+                stopping.get(name).cloned().map(|h| (h, true))
+            })
+    }
+
+    /// The node's refusal `e` of a request its API subscription took.
+    fn refuse(
+        &self,
+        msg: Message,
+        e: &ReplicaError,
+    ) -> Option<(String, async_nats::HeaderMap, Bytes)> {
+        let id = self.shared_id.as_ref().map_or(0, |s| s.identity().replica);
+        refusal(id, msg, e)
     }
 
     /// The replica of `name`: hosted, starting, or stopping with the node.
@@ -931,6 +1086,7 @@ impl Inner {
         c.auth_keys = self.auth_keys.clone();
         c.catalog_hosted = true;
         c.routed_replication = true;
+        c.routed_api = self.settings.api_queue == ApiQueue::Node;
         c.data_dir = self
             .data_dir
             .as_ref()
@@ -1168,6 +1324,166 @@ async fn serve_replica_apis(
     .await
 }
 
+/// Where [`Inner::route_api`] sends a request.
+enum ApiRoute {
+    /// The reply, at once.
+    Reply(String, async_nats::HeaderMap, Bytes),
+    /// None from this node: a replica's own subscription answers it (or it wants none).
+    Silent,
+    /// A catalog filter this node does not serve yet: it waits for it ([`hold_request`]).
+    Hold(Message),
+    /// A name the node does not know: the catalog says whether it is one
+    /// ([`look_up_request`]); `elsewhere`: heard replicating outside the catalog.
+    LookUp { msg: Message, elsewhere: bool },
+}
+
+/// Takes the request API's operations of every catalog filter (`subject`, `<prefix>.*.api.>`,
+/// in the node's queue group) and routes each to its replica, until the node stopped its
+/// replicas. One subscription of the node where each replica had one (~7 KB each).
+async fn serve_node_api(
+    inner: Weak<Inner>,
+    transport: Arc<dyn Transport>,
+    (subject, queue): (String, String),
+    initial: Option<MessageStream>,
+) {
+    let stopped = stopped(inner.clone(), |i| &i.routing_stopped);
+    let replying = transport.clone();
+    serve_subscription(transport, (subject, Some(queue)), initial, stopped, |msg| {
+        let routed = inner.upgrade().map(|i| (i.route_api(msg), i));
+        let transport = replying.clone();
+        async move {
+            let reply = match routed {
+                Some((ApiRoute::Reply(to, headers, payload), _)) => Some((to, headers, payload)),
+                Some((ApiRoute::Hold(msg), inner)) => {
+                    spawn_held(inner, transport.clone(), msg, None);
+                    None
+                }
+                Some((ApiRoute::LookUp { msg, elsewhere }, inner)) => {
+                    spawn_held(inner, transport.clone(), msg, Some(elsewhere));
+                    None
+                }
+                Some((ApiRoute::Silent, _)) | None => None,
+            };
+            if let Some((to, headers, payload)) = reply {
+                publish_reply(&transport, to, headers, payload).await;
+            }
+        }
+    })
+    .await
+}
+
+/// Answers `msg` in a task of its own: after its filter serves ([`hold_request`]), or after
+/// the catalog said whether the name is one (`look_up`: `Some(elsewhere)`,
+/// [`look_up_request`]). Beyond [`MAX_HELD_REQUESTS`] it is refused at once.
+fn spawn_held(
+    inner: Arc<Inner>,
+    transport: Arc<dyn Transport>,
+    msg: Message,
+    look_up: Option<bool>,
+) {
+    if inner.held.fetch_add(1, Ordering::AcqRel) >= MAX_HELD_REQUESTS {
+        inner.held.fetch_sub(1, Ordering::AcqRel);
+        metrics::counter!(NODE_API_REQUESTS, "outcome" => "refused").increment(1);
+        if let Some((to, headers, payload)) = inner.refuse(msg, &ReplicaError::NotServing) {
+            tokio::spawn(async move { publish_reply(&transport, to, headers, payload).await });
+        }
+        return;
+    }
+    tokio::spawn(async move {
+        let reply = match look_up {
+            None => hold_request(&inner, msg).await,
+            Some(elsewhere) => look_up_request(&inner, msg, elsewhere).await,
+        };
+        inner.held.fetch_sub(1, Ordering::AcqRel);
+        if let Some((to, headers, payload)) = reply {
+            publish_reply(&transport, to, headers, payload).await;
+        }
+    });
+}
+
+/// The reply to a request for a catalog filter this node does not serve yet, once its
+/// replica serves; refused as not serving if it does not within [`API_HOLD`].
+async fn hold_request(
+    inner: &Arc<Inner>,
+    msg: Message,
+) -> Option<(String, async_nats::HeaderMap, Bytes)> {
+    metrics::counter!(NODE_API_REQUESTS, "outcome" => "held").increment(1);
+    let deadline = tokio::time::Instant::now() + API_HOLD;
+    let mut changes = inner.changes.subscribe();
+    let name = inner.filter_of(&msg.subject)?.to_owned();
+    loop {
+        if let Some((handle, final_)) = inner.api_target(&name) {
+            if !final_ {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                handle.wait_ready(left).await;
+            }
+            return match handle.serving_api() || final_ {
+                true => handle.route_own_api(msg),
+                false => inner.refuse(msg, &ReplicaError::NotServing),
+            };
+        }
+        // Started replicas show in `starting` without a change: looked at again meanwhile.
+        let next = deadline.min(tokio::time::Instant::now() + Duration::from_millis(20));
+        if tokio::time::timeout_at(next, changes.changed())
+            .await
+            .is_err()
+            && tokio::time::Instant::now() >= deadline
+        {
+            return inner.refuse(msg, &ReplicaError::NotServing);
+        }
+    }
+}
+
+/// The reply to a request for a name the node does not know: held for the filter if the
+/// catalog lists it (its watcher had not told of it yet), else refused as unknown, or, for
+/// a name heard replicating outside the catalog (`elsewhere`), none.
+async fn look_up_request(
+    inner: &Arc<Inner>,
+    msg: Message,
+    elsewhere: bool,
+) -> Option<(String, async_nats::HeaderMap, Bytes)> {
+    let name = inner.filter_of(&msg.subject)?.to_owned();
+    let catalog = inner.catalog.clone()?;
+    let Ok(_permit) = inner.lookups.clone().try_acquire_owned() else {
+        metrics::counter!(NODE_API_REQUESTS, "outcome" => "refused").increment(1);
+        return (!elsewhere)
+            .then(|| inner.refuse(msg, &ReplicaError::NotServing))
+            .flatten();
+    };
+    match catalog.get(name.clone()).await {
+        Ok(Some(_)) => {
+            drop(_permit);
+            hold_request(inner, msg).await
+        }
+        Ok(None) if elsewhere => {
+            metrics::counter!(NODE_API_REQUESTS, "outcome" => "elsewhere").increment(1);
+            None
+        }
+        Ok(None) => {
+            metrics::counter!(NODE_API_REQUESTS, "outcome" => "unknown").increment(1);
+            inner.refuse(msg, &ReplicaError::UnknownFilter(name))
+        }
+        Err(e) => {
+            tracing::debug!(filter = name, error = %e, "the catalog could not say whether a requested filter exists");
+            metrics::counter!(NODE_API_REQUESTS, "outcome" => "refused").increment(1);
+            (!elsewhere)
+                .then(|| inner.refuse(msg, &ReplicaError::NotServing))
+                .flatten()
+        }
+    }
+}
+
+async fn publish_reply(
+    transport: &Arc<dyn Transport>,
+    to: String,
+    headers: async_nats::HeaderMap,
+    payload: Bytes,
+) {
+    if let Err(e) = transport.publish_with_headers(to, headers, payload).await {
+        tracing::debug!(error = %e, "a reply of a catalog filter's API was not sent");
+    }
+}
+
 /// Hands each message on `subject` to `route` (the replication subjects, `<prefix>.*.*`, to
 /// [`Inner::route_replication`]; other nodes' digest batches, `<prefix>.$digests`, to
 /// [`Inner::route_digest_batch`]), in the order they came (a gap in a sender's sequence
@@ -1271,8 +1587,18 @@ pub const CATALOG_CHANGES: &str = "crpf_catalog_changes_total";
 /// Failures to follow the catalog, by `op` (watch, start).
 pub const CATALOG_ERRORS: &str = "crpf_catalog_errors_total";
 
+/// Requests of the node's API subscription (`api_queue = "node"`) not answered by their
+/// replica at once, by `outcome`: `held` (waited for their filter to serve), `unknown`
+/// (refused: no such filter), `elsewhere` (left to a replica outside the catalog),
+/// `refused` (too many waiting or being looked up: refused as not serving).
+pub const NODE_API_REQUESTS: &str = "crpf_node_api_requests_total";
+
 /// Describes the node's catalog metrics.
 pub(crate) fn describe() {
+    metrics::describe_counter!(
+        NODE_API_REQUESTS,
+        "Requests of the node's API subscription not answered by their replica at once, by outcome (held, unknown, elsewhere, refused)"
+    );
     metrics::describe_gauge!(
         FILTERS,
         "Filters this node hosts (configured and from the catalog)"

@@ -6,6 +6,7 @@ pub mod catalog_api;
 mod config;
 mod demo;
 pub mod exporter;
+mod foreign;
 mod host;
 mod inspect;
 mod keygen;
@@ -16,9 +17,13 @@ use std::sync::Arc;
 use clap::Args;
 use thiserror::Error;
 
-pub use config::{CatalogSection, ConfigError, NodeConfig, NodeSection, RuntimeFilterDefaults};
+pub use config::{
+    ApiQueue, CatalogSection, ConfigError, NodeConfig, NodeSection, RuntimeFilterDefaults,
+};
 pub use demo::{DemoArgs, run_demo};
-pub use host::{CATALOG_CHANGES, CATALOG_ERRORS, FILTERS, HostError, HostedFilter, Node};
+pub use host::{
+    CATALOG_CHANGES, CATALOG_ERRORS, FILTERS, HostError, HostedFilter, NODE_API_REQUESTS, Node,
+};
 pub use inspect::{InspectArgs, run_inspect};
 pub use keygen::{KeygenArgs, KeygenError, new_key_text, run_keygen};
 

@@ -70,7 +70,7 @@ pub use local::{
 };
 pub(crate) use pump::{API_LINGER, Inbound, Route, route_replication};
 pub use reads::PendingResponse;
-pub(crate) use reads::{not_serving, route_own_api};
+pub(crate) use reads::{not_serving, refusal, route_own_api};
 pub use reply::ApiResponse;
 pub(crate) use reply::error_of;
 pub(crate) use updates::{AddOutcome, BatchAdd, InPlace};
@@ -310,7 +310,11 @@ pub struct Replica {
 
 impl Replica {
     pub(crate) fn new(s: Setup) -> Self {
-        let subjects = Subjects::new(&s.cfg.prefix, &s.cfg.name);
+        let mut subjects = Subjects::new(&s.cfg.prefix, &s.cfg.name);
+        if s.cfg.routed_api {
+            // What its `$SRV` endpoints announce.
+            subjects.api_queue = Subjects::node_api(&s.cfg.prefix).1;
+        }
         let expect = {
             let f = s.shared.filter.read().expect("filter lock");
             Expect {

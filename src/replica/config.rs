@@ -204,6 +204,12 @@ pub struct ReplicaConfig {
     #[doc(hidden)]
     #[serde(skip)]
     pub routed_replication: bool,
+    /// The node takes the request API's operations of all its catalog filters on one queue
+    /// subscription ([`crate::transport::Subjects::node_api`]) and routes them to the
+    /// replica, which then makes no subscription of its own for them.
+    #[doc(hidden)]
+    #[serde(skip)]
+    pub routed_api: bool,
 }
 
 mod d {
@@ -328,6 +334,7 @@ impl ReplicaConfig {
             aggregate_metrics: false,
             new_incarnation: false,
             catalog_hosted: false,
+            routed_api: false,
             routed_replication: false,
         }
     }

@@ -68,7 +68,7 @@ use uuid::Uuid;
 pub use ack::AckLevel;
 pub use actor::ACK_HEADER;
 pub use actor::CommitTicket;
-pub(crate) use actor::{API_LINGER, AddOutcome, BatchAdd, InPlace, error_of, not_serving};
+pub(crate) use actor::{API_LINGER, AddOutcome, BatchAdd, InPlace, error_of, not_serving, refusal};
 pub use actor::{
     Add, ApiResponse, Contains, FlushDelta, Import, Merge, PendingResponse, Persist, Remove,
     Replica, ReserveTags, Shutdown, Stats, TakeSnapshot,
@@ -157,6 +157,10 @@ pub enum ReplicaError {
         "the replica does not serve the request API yet: it is catching up (or serve_api is off)"
     )]
     NotServing,
+    /// A request to a filter its node does not know: neither in the catalog nor replicated
+    /// by anyone it hears (README, "Filters as data"). Nothing was applied.
+    #[error("no filter named `{0}`")]
+    UnknownFilter(String),
     /// An import ([`ReplicaHandle::import`]) stopped part way: the slices answered before
     /// the one that failed were added (that one too, for the failures that say they were
     /// applied: not durable, not replicated, stopped).
@@ -196,6 +200,7 @@ impl ReplicaError {
             ReplicaError::Busy => "busy",
             ReplicaError::NotServing => "not_serving",
             ReplicaError::ImportStopped { .. } => "import_stopped",
+            ReplicaError::UnknownFilter(_) => "unknown_filter",
         }
     }
 

@@ -389,6 +389,25 @@ impl Subjects {
         format!("{}.{op}", self.replica_api_root(id))
     }
 
+    /// The request API's operations of every filter under `prefix` (`<prefix>.*.api.>`) and
+    /// the queue group a node takes them in (`<prefix>.api`): one subscription of each node
+    /// with a catalog, which routes them to its catalog filters (README, "Filters as data").
+    /// The group is a name of its own, never a filter's (`<prefix>.<filter>.api`).
+    ///
+    /// ```
+    /// use crpf::transport::Subjects;
+    /// assert_eq!(
+    ///     Subjects::node_api("crpf"),
+    ///     ("crpf.*.api.>".to_string(), "crpf.api".to_string())
+    /// );
+    /// ```
+    pub fn node_api(prefix: &str) -> (String, String) {
+        (
+            format!("{prefix}.*.{}.>", Self::API),
+            format!("{prefix}.{}", Self::API),
+        )
+    }
+
     /// Like [`Subjects::api_subscriptions`], for the API of replica `id` alone.
     pub fn replica_api_subscriptions(&self, id: ReplicaId) -> [String; 2] {
         let root = self.replica_api_root(id);

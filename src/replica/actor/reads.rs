@@ -54,9 +54,18 @@ pub(crate) fn route_own_api(shared: &Shared, msg: Message) -> Option<(String, He
 /// The refusal of a request to replica `replica`'s own API subjects while it does not serve
 /// its API (yet): the reply to publish, if the request wants one.
 pub(crate) fn not_serving(replica: ReplicaId, msg: Message) -> Option<(String, HeaderMap, Bytes)> {
+    refusal(replica, msg, &ReplicaError::NotServing)
+}
+
+/// The error answer `e` to a request, from replica `replica` (or the node of that id): the
+/// reply to publish, if the request wants one.
+pub(crate) fn refusal(
+    replica: ReplicaId,
+    msg: Message,
+    e: &ReplicaError,
+) -> Option<(String, HeaderMap, Bytes)> {
     let to = ReplyTo::Subject(msg.reply?);
-    let refused = failure_reply(&ReplicaError::NotServing);
-    match refused.finish(replica, Some(to)) {
+    match failure_reply(e).finish(replica, Some(to)) {
         Some((ReplyTo::Subject(to), headers, payload)) => Some((to, headers, payload)),
         _ => None,
     }

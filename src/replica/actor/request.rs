@@ -50,6 +50,8 @@ impl Replica {
         // A catalog filter's node routes the subject without an operation, and its own ones
         // if the replica replicates under the node's id (its subscriptions cover every such
         // filter of the node).
+        // And, with `routed_api`, the operations in the queue group (one subscription of the
+        // node covers every catalog filter's).
         let by_node = self.cfg.catalog_hosted;
         let own_by_node = by_node && self.lease.shared.is_some();
         let queue = self.subjects.api_queue.clone();
@@ -58,6 +60,7 @@ impl Replica {
             .api_subscriptions()
             .into_iter()
             .filter(|s| !(by_node && *s == self.subjects.api_root))
+            .filter(|s| !(self.cfg.routed_api && *s == self.subjects.api))
             .map(|s| (s.to_string(), Some(queue.clone())));
         let own = self
             .subjects
