@@ -424,7 +424,7 @@ async fn own_api_subjects_of_catalog_filters_answer_through_the_node_until_dropp
 /// The request API's operations of catalog filters come on one queue subscription of the
 /// node (`api_queue = "node"`, the default) or on each replica's own (`"filter"`): both
 /// answer, and the node's refuses a name it does not know (once its grace after the start,
-/// 5 anti-entropy intervals, is over) where nothing answers in the other mode.
+/// 8 anti-entropy intervals, is over) where nothing answers in the other mode.
 #[actix::test]
 async fn the_request_api_of_catalog_filters_answers_in_either_queue_mode() {
     for mode in ["node", "filter"] {
@@ -446,7 +446,7 @@ async fn the_request_api_of_catalog_filters_answers_in_either_queue_mode() {
         assert_eq!(added["added"], true, "{mode}: {added}");
         let found = ask("crpf.t.api.contains", b"alice").await.unwrap();
         assert_eq!(found["contains"], true, "{mode}: {found}");
-        tokio::time::sleep(Duration::from_millis(1_600)).await;
+        tokio::time::sleep(Duration::from_millis(2_600)).await;
         let unknown = ask("crpf.nobody.api.add", b"x").await;
         match mode {
             "node" => {

@@ -448,11 +448,17 @@ async fn one_api_subscription_per_node_serves_every_catalog_filter() {
             });
         assert!(added["error"].is_null(), "{added}");
     }
-    // A name nobody has: refused as unknown, once the nodes' grace after their start (5
-    // anti-entropy intervals, 2.5 s here) is over; before, left unanswered.
+    // A name nobody has: refused as unknown, once the nodes' grace after their start (8
+    // anti-entropy intervals, 4 s here) is over; before, left unanswered.
     let unknown = wait_until_refused(&client, "crpf.nobody.api.add").await;
     assert!(unknown.contains("no filter named `nobody`"), "{unknown}");
-    // So is a dropped one, once its replicas stopped (until then they refuse it as stopped).
+    // So is a dropped one, once its replicas stopped (until then they refuse it as stopped),
+    // though their last deltas, of the adds just before the drop, come after it.
+    for i in 0..20 {
+        request("crpf.fresh-0.api.add".into(), &format!("late-{i}"))
+            .await
+            .unwrap();
+    }
     catalog(&client, "drop", json!({"name": "fresh-0"})).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut unknown_in_a_row = 0;

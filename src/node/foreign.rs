@@ -3,44 +3,52 @@
 //! replication subscription. The node's queue subscription for the catalog filters' request
 //! API also takes their requests, which their own subscriptions answer; the node must stay
 //! silent on those rather than refuse them as unknown (a requester takes the first answer).
+//!
+//! A name heard is not taken for one of those on hearsay: the catalog must have said it does
+//! not list it, within [`RECHECK`] (a filter created a moment ago replicates before the
+//! node's watcher tells of it). A dropped catalog filter is not one either, though its
+//! stopping replicas still publish a moment after the drop.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// How long after it was last heard a name counts as replicated elsewhere: longer than a
-/// quiet replica's digests are apart (4 anti-entropy intervals of 5 s by default, capped by
-/// `peer_expiry_ms`).
-pub(super) const FOREIGN_EXPIRY: Duration = Duration::from_secs(120);
+/// How long after it was last heard a name counts as replicated elsewhere: far longer than
+/// a quiet or lone replica's digests are apart, so that a replica is not forgotten between
+/// them (and then refused as unknown while its own subscription answers too).
+pub(super) const FOREIGN_EXPIRY: Duration = Duration::from_secs(600);
 
-/// For how long after it was first heard a name is still checked against the catalog: the
-/// deltas of a filter created a moment ago may come before the node's catalog watcher
-/// tells of it.
-pub(super) const FOREIGN_SETTLE: Duration = Duration::from_secs(5);
+/// How long the catalog's "not listed" holds for a name heard replicating.
+pub(super) const RECHECK: Duration = Duration::from_secs(5);
 
-/// Most names remembered: a flood of made-up names cannot grow the node without bound.
-const MAX_FOREIGN: usize = 65_536;
+/// Most names remembered, and most drops: a flood of made-up names cannot grow the node
+/// without bound.
+const MAX_NAMES: usize = 65_536;
 
 /// What the node knows of a name it does not host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Heard {
-    /// Replicated elsewhere for a while: another replica's own subscription answers.
+    /// Replicated elsewhere, and not in the catalog when it last looked: another replica's
+    /// own subscription answers.
     Elsewhere,
-    /// First heard a moment ago: perhaps a catalog filter the watcher has not told of yet.
-    Lately,
-    /// Not heard (or not lately).
+    /// Replicated, but the catalog has not been asked lately: perhaps a filter created a
+    /// moment ago.
+    Unchecked,
+    /// Not heard (or not for a long while).
     Never,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Seen {
-    first: Instant,
     last: Instant,
+    /// When the catalog last said it does not list the name.
+    absent: Option<Instant>,
 }
 
-/// The names heard replicating outside the catalog, with when.
+/// The names heard replicating outside the catalog, and the catalog filters dropped lately.
 #[derive(Debug)]
 pub(super) struct ForeignNames {
     names: HashMap<String, Seen>,
+    dropped: HashMap<String, Instant>,
     pruned: Instant,
 }
 
@@ -48,30 +56,40 @@ impl Default for ForeignNames {
     fn default() -> Self {
         Self {
             names: HashMap::new(),
+            dropped: HashMap::new(),
             pruned: Instant::now(),
         }
     }
 }
 
 impl ForeignNames {
-    /// `name` was heard replicating at `now`.
+    /// `name` was heard replicating at `now` (not for a catalog filter dropped lately).
     pub(super) fn saw(&mut self, name: &str, now: Instant) {
         if let Some(seen) = self.names.get_mut(name) {
             seen.last = now;
             return;
         }
-        if self.names.len() >= MAX_FOREIGN && now.duration_since(self.pruned) >= FOREIGN_SETTLE {
-            // At most once per settle time: a full map of live names costs one pass then.
-            self.names
-                .retain(|_, s| now.duration_since(s.last) < FOREIGN_EXPIRY);
-            self.pruned = now;
+        if self
+            .dropped
+            .get(name)
+            .is_some_and(|d| now.duration_since(*d) < FOREIGN_EXPIRY)
+        {
+            return;
         }
-        if self.names.len() < MAX_FOREIGN {
+        self.make_room(now);
+        if self.names.len() < MAX_NAMES {
             let seen = Seen {
-                first: now,
                 last: now,
+                absent: None,
             };
             self.names.insert(name.to_owned(), seen);
+        }
+    }
+
+    /// The catalog said at `now` that it does not list `name`.
+    pub(super) fn absent(&mut self, name: &str, now: Instant) {
+        if let Some(seen) = self.names.get_mut(name) {
+            seen.absent = Some(now);
         }
     }
 
@@ -79,15 +97,41 @@ impl ForeignNames {
     pub(super) fn heard(&self, name: &str, now: Instant) -> Heard {
         match self.names.get(name) {
             Some(s) if now.duration_since(s.last) >= FOREIGN_EXPIRY => Heard::Never,
-            Some(s) if now.duration_since(s.first) < FOREIGN_SETTLE => Heard::Lately,
-            Some(_) => Heard::Elsewhere,
+            Some(s) if s.absent.is_some_and(|a| now.duration_since(a) < RECHECK) => {
+                Heard::Elsewhere
+            }
+            Some(_) => Heard::Unchecked,
             None => Heard::Never,
         }
     }
 
-    /// Forgets `name` (the catalog has it now).
-    pub(super) fn forget(&mut self, name: &str) {
+    /// The catalog lists `name` now.
+    pub(super) fn listed(&mut self, name: &str) {
         self.names.remove(name);
+        self.dropped.remove(name);
+    }
+
+    /// The catalog dropped `name` at `now`: what its replicas still publish is not taken
+    /// for a replica outside the catalog.
+    pub(super) fn dropped(&mut self, name: &str, now: Instant) {
+        self.names.remove(name);
+        self.make_room(now);
+        if self.dropped.len() < MAX_NAMES {
+            self.dropped.insert(name.to_owned(), now);
+        }
+    }
+
+    /// Forgets the names and drops not heard of for [`FOREIGN_EXPIRY`] once a map is full,
+    /// at most once per [`RECHECK`] (a full map of live names costs one pass then).
+    fn make_room(&mut self, now: Instant) {
+        let full = self.names.len() >= MAX_NAMES || self.dropped.len() >= MAX_NAMES;
+        if full && now.duration_since(self.pruned) >= RECHECK {
+            self.names
+                .retain(|_, s| now.duration_since(s.last) < FOREIGN_EXPIRY);
+            self.dropped
+                .retain(|_, d| now.duration_since(*d) < FOREIGN_EXPIRY);
+            self.pruned = now;
+        }
     }
 }
 
@@ -96,37 +140,59 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_name_is_elsewhere_once_settled_and_until_it_expires() {
+    fn a_name_is_elsewhere_while_the_catalog_lately_said_it_has_none() {
         let t0 = Instant::now();
         let mut f = ForeignNames::default();
         assert_eq!(f.heard("a", t0), Heard::Never);
         f.saw("a", t0);
-        assert_eq!(f.heard("a", t0), Heard::Lately);
-        let settled = t0 + FOREIGN_SETTLE;
-        assert_eq!(f.heard("a", settled), Heard::Elsewhere);
-        // Heard again: it stays, counted from the last time.
-        f.saw("a", settled);
-        assert_eq!(f.heard("a", settled + FOREIGN_EXPIRY / 2), Heard::Elsewhere);
-        assert_eq!(f.heard("a", settled + FOREIGN_EXPIRY), Heard::Never);
-        f.forget("a");
-        assert_eq!(f.heard("a", settled), Heard::Never);
+        assert_eq!(f.heard("a", t0), Heard::Unchecked);
+        f.absent("a", t0);
+        assert_eq!(f.heard("a", t0), Heard::Elsewhere);
+        // Asked again after a while: a create may have come since.
+        assert_eq!(f.heard("a", t0 + RECHECK), Heard::Unchecked);
+        // Heard again it stays, counted from the last time.
+        let later = t0 + FOREIGN_EXPIRY / 2;
+        f.saw("a", later);
+        assert_eq!(f.heard("a", later + FOREIGN_EXPIRY / 2), Heard::Unchecked);
+        assert_eq!(f.heard("a", later + FOREIGN_EXPIRY), Heard::Never);
+        f.listed("a");
+        assert_eq!(f.heard("a", later), Heard::Never);
+    }
+
+    #[test]
+    fn a_dropped_filters_late_traffic_does_not_make_it_foreign() {
+        let t0 = Instant::now();
+        let mut f = ForeignNames::default();
+        f.saw("gone", t0);
+        f.dropped("gone", t0);
+        f.saw("gone", t0 + RECHECK);
+        assert_eq!(f.heard("gone", t0 + RECHECK), Heard::Never);
+        // Long after, a replica of that name outside the catalog counts again.
+        let much_later = t0 + FOREIGN_EXPIRY;
+        f.saw("gone", much_later);
+        assert_eq!(f.heard("gone", much_later), Heard::Unchecked);
+        // Its tombstone goes when the catalog lists the name again.
+        f.dropped("gone", much_later);
+        f.listed("gone");
+        f.saw("gone", much_later);
+        assert_eq!(f.heard("gone", much_later), Heard::Unchecked);
     }
 
     #[test]
     fn a_full_map_makes_room_from_expired_names_only() {
         let t0 = Instant::now();
         let mut f = ForeignNames::default();
-        for i in 0..MAX_FOREIGN {
+        for i in 0..MAX_NAMES {
             f.saw(&i.to_string(), t0);
         }
-        let later = t0 + FOREIGN_SETTLE;
+        let later = t0 + RECHECK;
         f.saw("new", later);
         assert_eq!(f.heard("new", later), Heard::Never, "no room: all live");
         // Once the first ones expired, the next new name finds room.
         let expired = t0 + FOREIGN_EXPIRY;
         f.saw("0", expired);
         f.saw("newer", expired);
-        assert_eq!(f.heard("newer", expired), Heard::Lately);
+        assert_eq!(f.heard("newer", expired), Heard::Unchecked);
         assert_eq!(f.names.len(), 2, "only the names heard lately stay");
     }
 }

@@ -156,6 +156,8 @@ struct Inner {
     data_dir: Option<PathBuf>,
     auth_keys: Option<AuthKeys>,
     configured: HashSet<String>,
+    /// Those under the catalog's prefix, whose requests their own subscriptions answer.
+    configured_here: HashSet<String>,
     hosted: RwLock<HashMap<String, Hosted>>,
     /// The catalog as this node's watcher has seen it (what `list` answers without asking
     /// JetStream).
@@ -198,8 +200,11 @@ struct Inner {
     /// unanswered rather than refusing them: a replica outside the catalog may not have
     /// been heard yet (a quiet one's digests are up to 4 anti-entropy intervals apart).
     api_grace: std::sync::OnceLock<tokio::time::Instant>,
-    /// That long after the subscription: 5 anti-entropy intervals of the catalog defaults.
+    /// That long after the subscription: 8 anti-entropy intervals of the catalog defaults
+    /// (a lone replica's digests are up to 6 intervals apart, and jittered by a quarter).
     api_grace_period: Duration,
+    /// The task of the node's API subscription, stopped first when the node stops.
+    api_router: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// A running node's filters. Cheap to clone. Start it inside an actix System.
@@ -275,6 +280,12 @@ impl Node {
             transport,
             catalog,
             configured: cfg.filters.iter().map(|f| f.name.clone()).collect(),
+            configured_here: cfg
+                .filters
+                .iter()
+                .filter(|f| f.prefix == template.prefix)
+                .map(|f| f.name.clone())
+                .collect(),
             settings: cfg.catalog,
             data_dir: cfg.node.data_dir,
             auth_keys: cfg.auth_keys,
@@ -296,7 +307,8 @@ impl Node {
             held: AtomicUsize::new(0),
             lookups: Arc::new(tokio::sync::Semaphore::new(API_LOOKUPS)),
             api_grace: Default::default(),
-            api_grace_period: ReplicaConfig::ms(template.anti_entropy_interval_ms) * 5,
+            api_grace_period: ReplicaConfig::ms(template.anti_entropy_interval_ms) * 8,
+            api_router: Default::default(),
         });
         if inner.catalog.is_some() {
             // Subscribed, and confirmed by the server, before any catalog filter is ready: a
@@ -433,8 +445,8 @@ impl Node {
                 );
             }
             if node.inner.settings.api_queue == ApiQueue::Node {
-                // Once its filters serve, not before: until then the other nodes of the
-                // group take the requests.
+                // Once its filters are hosted, not before: until then the other nodes of
+                // the group take the requests.
                 let (subject, queue) = Subjects::node_api(&node.inner.prefix);
                 let transport = &node.inner.transport;
                 let stream = subscribe_now(transport, &subject, Some(queue.clone())).await;
@@ -449,8 +461,8 @@ impl Node {
                 );
                 let grace = tokio::time::Instant::now() + node.inner.api_grace_period;
                 let _ = node.inner.api_grace.set(grace);
-                let mut routers = node.inner.routers.lock().expect("routers lock");
-                routers.push(tokio::spawn(task));
+                let mut router = node.inner.api_router.lock().expect("router lock");
+                *router = Some(tokio::spawn(task));
             }
             tracing::info!(filters = listed.len(), "filter catalog followed");
         }
@@ -603,6 +615,12 @@ impl Node {
             r.abort();
         }
         for t in self.inner.services.lock().expect("services lock").drain(..) {
+            t.abort();
+        }
+        // Out of the queue group at once, so that the other nodes take the requests while
+        // this one stops its replicas (the requests the subscription had taken and not
+        // handed on yet are lost, as with a replica's own subscription at its stop).
+        if let Some(t) = self.inner.api_router.lock().expect("router lock").take() {
             t.abort();
         }
         let hosted: Vec<_> = {
@@ -799,10 +817,12 @@ impl Inner {
         match change {
             CatalogChange::Put(e) => {
                 view.insert(e.name.clone(), e.clone());
-                self.foreign.lock().expect("foreign lock").forget(&e.name);
+                self.foreign.lock().expect("foreign lock").listed(&e.name);
             }
             CatalogChange::Dropped { name } => {
                 view.remove(name);
+                let mut foreign = self.foreign.lock().expect("foreign lock");
+                foreign.dropped(name, Instant::now());
             }
         }
     }
@@ -899,15 +919,18 @@ impl Inner {
         if self.settings.api_queue != ApiQueue::Node || !is_token(name) {
             return;
         }
-        let subjects = Subjects::new(&self.prefix, name);
-        if subject != subjects.delta && subject != subjects.state {
+        // `<prefix>.<name>.delta` or `.state` (the pattern is `<prefix>.*.*`).
+        let channel = subject.rsplit('.').next();
+        if !matches!(channel, Some("delta" | "state")) {
             return;
         }
-        if self.view.read().expect("view lock").contains_key(name) {
-            return;
+        // The view's lock held meanwhile, taken first as `saw` does: a create or drop seen
+        // at the same time is not undone here.
+        let view = self.view.read().expect("view lock");
+        if !view.contains_key(name) {
+            let mut foreign = self.foreign.lock().expect("foreign lock");
+            foreign.saw(name, Instant::now());
         }
-        let mut foreign = self.foreign.lock().expect("foreign lock");
-        foreign.saw(name, Instant::now());
     }
 
     /// Where a request the node's API subscription took goes ([`serve_node_api`]).
@@ -915,9 +938,17 @@ impl Inner {
         let Some(name) = self.filter_of(&msg.subject) else {
             return ApiRoute::Silent;
         };
-        if self.configured.contains(name) {
+        if self.configured_here.contains(name) {
             // Its own subscription, in its filter's group, answers.
             return ApiRoute::Silent;
+        }
+        if self.configured.contains(name) {
+            // Configured under another prefix: the catalog filter of this name is not hosted
+            // here (the configured one stays; its start logged why).
+            return match self.refuse(msg, &ReplicaError::NotServing) {
+                Some((to, headers, payload)) => ApiRoute::Reply(to, headers, payload),
+                None => ApiRoute::Silent,
+            };
         }
         if let Some((handle, final_)) = self.api_target(name) {
             if final_ || handle.serving_api() {
@@ -941,7 +972,7 @@ impl Inner {
                 metrics::counter!(NODE_API_REQUESTS, "outcome" => "elsewhere").increment(1);
                 ApiRoute::Silent
             }
-            Heard::Lately => ApiRoute::LookUp {
+            Heard::Unchecked => ApiRoute::LookUp {
                 msg,
                 elsewhere: true,
             },
@@ -1383,6 +1414,11 @@ fn spawn_held(
 ) {
     if inner.held.fetch_add(1, Ordering::AcqRel) >= MAX_HELD_REQUESTS {
         inner.held.fetch_sub(1, Ordering::AcqRel);
+        if look_up == Some(true) {
+            // Perhaps another replica's: left to it.
+            metrics::counter!(NODE_API_REQUESTS, "outcome" => "elsewhere").increment(1);
+            return;
+        }
         metrics::counter!(NODE_API_REQUESTS, "outcome" => "refused").increment(1);
         if let Some((to, headers, payload)) = inner.refuse(msg, &ReplicaError::NotServing) {
             tokio::spawn(async move { publish_reply(&transport, to, headers, payload).await });
@@ -1412,6 +1448,9 @@ async fn hold_request(
     let mut changes = inner.changes.subscribe();
     let name = inner.filter_of(&msg.subject)?.to_owned();
     loop {
+        if inner.stopping.load(Ordering::SeqCst) {
+            return inner.refuse(msg, &ReplicaError::Stopped);
+        }
         if let Some((handle, final_)) = inner.api_target(&name) {
             if !final_ {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -1444,32 +1483,37 @@ async fn look_up_request(
 ) -> Option<(String, async_nats::HeaderMap, Bytes)> {
     let name = inner.filter_of(&msg.subject)?.to_owned();
     let catalog = inner.catalog.clone()?;
-    let Ok(_permit) = inner.lookups.clone().try_acquire_owned() else {
-        metrics::counter!(NODE_API_REQUESTS, "outcome" => "refused").increment(1);
-        return (!elsewhere)
+    // Without an answer of the catalog, a name heard replicating elsewhere is left to that
+    // replica, and any other refused as not serving (perhaps created a moment ago).
+    let undecided = |msg| {
+        let outcome = if elsewhere { "elsewhere" } else { "refused" };
+        metrics::counter!(NODE_API_REQUESTS, "outcome" => outcome).increment(1);
+        (!elsewhere)
             .then(|| inner.refuse(msg, &ReplicaError::NotServing))
-            .flatten();
+            .flatten()
     };
-    match catalog.get(name.clone()).await {
-        Ok(Some(_)) => {
-            drop(_permit);
-            hold_request(inner, msg).await
-        }
-        Ok(None) if elsewhere => {
+    let Ok(permit) = inner.lookups.clone().try_acquire_owned() else {
+        return undecided(msg);
+    };
+    let listed = tokio::time::timeout(API_HOLD, catalog.get(name.clone())).await;
+    drop(permit);
+    match listed {
+        Ok(Ok(Some(_))) => hold_request(inner, msg).await,
+        Ok(Ok(None)) if elsewhere => {
             metrics::counter!(NODE_API_REQUESTS, "outcome" => "elsewhere").increment(1);
+            let mut foreign = inner.foreign.lock().expect("foreign lock");
+            foreign.absent(&name, Instant::now());
             None
         }
-        Ok(None) => {
+        Ok(Ok(None)) => {
             metrics::counter!(NODE_API_REQUESTS, "outcome" => "unknown").increment(1);
             inner.refuse(msg, &ReplicaError::UnknownFilter(name))
         }
-        Err(e) => {
+        Ok(Err(e)) => {
             tracing::debug!(filter = name, error = %e, "the catalog could not say whether a requested filter exists");
-            metrics::counter!(NODE_API_REQUESTS, "outcome" => "refused").increment(1);
-            (!elsewhere)
-                .then(|| inner.refuse(msg, &ReplicaError::NotServing))
-                .flatten()
+            undecided(msg)
         }
+        Err(_) => undecided(msg),
     }
 }
 
