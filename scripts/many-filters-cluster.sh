@@ -4,7 +4,8 @@
 # server), N g_bloom filters (capacity 1,000, 1%) created through node 1's server, then:
 #   - how long a filter created through server 1 takes until the nodes behind servers 2 and 3
 #     both answer `contains` on their own replica subjects, and how long a drop takes until
-#     neither answers any more (S samples, one at a time);
+#     neither answers any more (S samples, one at a time); then the same on the request API's
+#     subject through server 2 (whichever node takes it);
 #   - idle CPU of the three nodes and the three servers over 10 s, and the nodes' RSS.
 #
 #   scripts/many-filters-cluster.sh [N] [S]      (defaults 1000 filters, 200 samples)
@@ -39,6 +40,10 @@ done
 echo "far replicas (nodes 2 and 3): $far"
 $mf --nats nats://127.0.0.1:4222,nats://127.0.0.1:4223 --count "$n" \
   --visibility-samples "$samples" --far-replicas "$far"
+# The same through the request API's own subject (`crpf.<f>.api.contains`, the nodes' queue
+# group): answered by whichever node the server hands it to, refused by all after a drop.
+$mf --nats nats://127.0.0.1:4222,nats://127.0.0.1:4223 --count 0 --prefix queue- \
+  --visibility-samples "$samples"
 
 pid() { cat "$CRPF_STACK_DIR/pids/$1.pid"; }
 ticks() { awk '{print $14 + $15}' "/proc/$(pid "$1")/stat"; }

@@ -32,6 +32,23 @@ fn bloom(capacity: u64) -> FilterSpec {
     FilterSpec::new(FilterKind::GBloom, capacity, 0.01)
 }
 
+/// A request over the bus, its JSON reply (an error if none came within `timeout_ms`).
+fn ask(
+    bus: &InProcessBus,
+    subject: String,
+    payload: &'static [u8],
+    timeout_ms: u64,
+) -> impl std::future::Future<Output = Result<serde_json::Value, crpf::transport::TransportError>> + use<>
+{
+    let bus = bus.clone();
+    async move {
+        let reply = bus
+            .request(subject, payload.into(), Duration::from_millis(timeout_ms))
+            .await?;
+        Ok(serde_json::from_slice(&reply).unwrap())
+    }
+}
+
 /// Polls `cond` every 5 ms; `false` after `timeout`.
 async fn eventually(timeout: Duration, cond: impl Fn() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
@@ -363,17 +380,7 @@ async fn own_api_subjects_of_catalog_filters_answer_through_the_node_until_dropp
     a.create_filter("shared", bloom(1_000)).await.unwrap();
     let counts = FilterSpec::new(FilterKind::CountingCuckoo, 1_000, 0.01);
     a.create_filter("counts", counts).await.unwrap();
-    let ask = |subject: String, payload: &'static [u8]| {
-        let bus = bus.clone();
-        async move {
-            let reply = bus
-                .request(subject, payload.into(), Duration::from_millis(300))
-                .await?;
-            Ok::<_, crpf::transport::TransportError>(
-                serde_json::from_slice::<serde_json::Value>(&reply).unwrap(),
-            )
-        }
-    };
+    let ask = |subject: String, payload: &'static [u8]| ask(&bus, subject, payload, 300);
     for name in ["shared", "counts"] {
         let h = a.filter(name).unwrap();
         h.add(b"x".to_vec()).await.unwrap();
@@ -431,17 +438,7 @@ async fn the_request_api_of_catalog_filters_answers_in_either_queue_mode() {
         let bus = InProcessBus::new();
         let a = node(&bus, config(&format!("api_queue = \"{mode}\""))).await;
         a.create_filter("t", bloom(1_000)).await.unwrap();
-        let ask = |subject: &str, payload: &'static [u8]| {
-            let (bus, subject) = (bus.clone(), subject.to_string());
-            async move {
-                let reply = bus
-                    .request(subject, payload.into(), Duration::from_millis(500))
-                    .await?;
-                Ok::<_, crpf::transport::TransportError>(
-                    serde_json::from_slice::<serde_json::Value>(&reply).unwrap(),
-                )
-            }
-        };
+        let ask = |subject: &str, payload: &'static [u8]| ask(&bus, subject.into(), payload, 500);
         let added = ask("crpf.t.api.add", b"alice").await.unwrap();
         assert_eq!(added["added"], true, "{mode}: {added}");
         let found = ask("crpf.t.api.contains", b"alice").await.unwrap();

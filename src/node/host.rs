@@ -992,26 +992,33 @@ impl Inner {
     /// The replica of catalog filter `name` that takes its requests: hosted or starting,
     /// or (`true`) dropped a moment ago or stopping with the node, which refuses them.
     fn api_target(&self, name: &str) -> Option<(ReplicaHandle, bool)> {
+        self.running(name)
+            .map(|h| (h, false))
+            .or_else(|| {
+                let dropping = self.dropping.lock().expect("dropping lock");
+                dropping.get(name).cloned().map(|h| (h, true))
+            })
+            .or_else(|| self.stopping_replica(name).map(|h| (h, true)))
+    }
+
+    /// The replica of `name`, hosted or starting.
+    fn running(&self, name: &str) -> Option<ReplicaHandle> {
         let hosted = self
             .hosted
             .read()
             .expect("hosted lock")
             .get(name)
             .map(|h| h.handle.clone());
-        hosted
-            .or_else(|| {
-                let starting = self.starting.lock().expect("starting lock");
-                starting.get(name).map(|(h, _)| h.clone())
-            })
-            .map(|h| (h, false))
-            .or_else(|| {
-                let dropping = self.dropping.lock().expect("dropping lock");
-                dropping.get(name).cloned().map(|h| (h, true))
-            })
-            .or_else(|| {
-                let stopping = self.stopping_replicas.lock().expect("stopping lock");
-                stopping.get(name).cloned().map(|h| (h, true))
-            })
+        hosted.or_else(|| {
+            let starting = self.starting.lock().expect("starting lock");
+            starting.get(name).map(|(h, _)| h.clone())
+        })
+    }
+
+    /// The replica of `name` if the node is stopping it with itself.
+    fn stopping_replica(&self, name: &str) -> Option<ReplicaHandle> {
+        let stopping = self.stopping_replicas.lock().expect("stopping lock");
+        stopping.get(name).cloned()
     }
 
     /// The node's refusal `e` of a request its API subscription took.
@@ -1026,21 +1033,7 @@ impl Inner {
 
     /// The replica of `name`: hosted, starting, or stopping with the node.
     fn replica_of(&self, name: &str) -> Option<ReplicaHandle> {
-        let handle = self
-            .hosted
-            .read()
-            .expect("hosted lock")
-            .get(name)
-            .map(|h| h.handle.clone());
-        handle
-            .or_else(|| {
-                let starting = self.starting.lock().expect("starting lock");
-                starting.get(name).map(|(h, _)| h.clone())
-            })
-            .or_else(|| {
-                let stopping = self.stopping_replicas.lock().expect("stopping lock");
-                stopping.get(name).cloned()
-            })
+        self.running(name).or_else(|| self.stopping_replica(name))
     }
 
     /// Hands each digest of another node's batch to this node's replica of its filter, as if
