@@ -449,9 +449,19 @@ async fn the_request_api_of_catalog_filters_answers_in_either_queue_mode() {
             "node" => {
                 let error = unknown.unwrap()["error"].to_string();
                 assert!(error.contains("no filter named `nobody`"), "{error}");
+                // Asked again at once: refused from what the catalog just said.
+                let again = ask("crpf.nobody.api.add", b"x").await.unwrap();
+                assert!(
+                    again["error"].to_string().contains("no filter named"),
+                    "{again}"
+                );
             }
             _ => assert!(unknown.is_err(), "{unknown:?}"),
         }
+        // Created now, it answers at once: the catalog's "no" is forgotten.
+        a.create_filter("nobody", bloom(1_000)).await.unwrap();
+        let added = ask("crpf.nobody.api.add", b"x").await.unwrap();
+        assert_eq!(added["added"], true, "{mode}: {added}");
         a.shutdown().await.unwrap();
     }
 }

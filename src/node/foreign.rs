@@ -20,6 +20,11 @@ pub(super) const FOREIGN_EXPIRY: Duration = Duration::from_secs(600);
 /// How long the catalog's "not listed" holds for a name heard replicating.
 pub(super) const RECHECK: Duration = Duration::from_secs(5);
 
+/// How long it holds for a name nobody was heard replicating: a client that keeps asking for
+/// a dropped or mistyped filter costs the catalog one read per name and second, not one per
+/// request. (A create seen by the node's watcher ends it at once.)
+pub(super) const UNLISTED_TTL: Duration = Duration::from_secs(1);
+
 /// Most names remembered, and most drops: a flood of made-up names cannot grow the node
 /// without bound.
 const MAX_NAMES: usize = 65_536;
@@ -33,7 +38,10 @@ pub(super) enum Heard {
     /// Replicated, but the catalog has not been asked lately: perhaps a filter created a
     /// moment ago.
     Unchecked,
-    /// Not heard (or not for a long while).
+    /// Not heard replicating, and not in the catalog when it looked a moment ago
+    /// ([`UNLISTED_TTL`]).
+    Unlisted,
+    /// Not heard (or not for a long while), and not looked up lately.
     Never,
 }
 
@@ -49,6 +57,8 @@ struct Seen {
 pub(super) struct ForeignNames {
     names: HashMap<String, Seen>,
     dropped: HashMap<String, Instant>,
+    /// Names not heard replicating that the catalog said it does not list, and when.
+    unlisted: HashMap<String, Instant>,
     pruned: Instant,
 }
 
@@ -57,6 +67,7 @@ impl Default for ForeignNames {
         Self {
             names: HashMap::new(),
             dropped: HashMap::new(),
+            unlisted: HashMap::new(),
             pruned: Instant::now(),
         }
     }
@@ -65,6 +76,7 @@ impl Default for ForeignNames {
 impl ForeignNames {
     /// `name` was heard replicating at `now` (not for a catalog filter dropped lately).
     pub(super) fn saw(&mut self, name: &str, now: Instant) {
+        self.unlisted.remove(name);
         if let Some(seen) = self.names.get_mut(name) {
             seen.last = now;
             return;
@@ -90,6 +102,11 @@ impl ForeignNames {
     pub(super) fn absent(&mut self, name: &str, now: Instant) {
         if let Some(seen) = self.names.get_mut(name) {
             seen.absent = Some(now);
+            return;
+        }
+        self.make_room(now);
+        if self.unlisted.len() < MAX_NAMES {
+            self.unlisted.insert(name.to_owned(), now);
         }
     }
 
@@ -101,7 +118,10 @@ impl ForeignNames {
                 Heard::Elsewhere
             }
             Some(_) => Heard::Unchecked,
-            None => Heard::Never,
+            None => match self.unlisted.get(name) {
+                Some(at) if now.duration_since(*at) < UNLISTED_TTL => Heard::Unlisted,
+                _ => Heard::Never,
+            },
         }
     }
 
@@ -109,6 +129,7 @@ impl ForeignNames {
     pub(super) fn listed(&mut self, name: &str) {
         self.names.remove(name);
         self.dropped.remove(name);
+        self.unlisted.remove(name);
     }
 
     /// The catalog dropped `name` at `now`: what its replicas still publish is not taken
@@ -121,11 +142,16 @@ impl ForeignNames {
         }
     }
 
-    /// Forgets the names and drops not heard of for [`FOREIGN_EXPIRY`] once a map is full,
+    /// Forgets the names and drops not heard of for [`FOREIGN_EXPIRY`] (and the unlisted
+    /// names older than [`UNLISTED_TTL`]) once a map is full,
     /// at most once per [`RECHECK`] (a full map of live names costs one pass then).
     fn make_room(&mut self, now: Instant) {
-        let full = self.names.len() >= MAX_NAMES || self.dropped.len() >= MAX_NAMES;
+        let full = [self.names.len(), self.dropped.len(), self.unlisted.len()]
+            .into_iter()
+            .any(|n| n >= MAX_NAMES);
         if full && now.duration_since(self.pruned) >= RECHECK {
+            self.unlisted
+                .retain(|_, at| now.duration_since(*at) < UNLISTED_TTL);
             self.names
                 .retain(|_, s| now.duration_since(s.last) < FOREIGN_EXPIRY);
             self.dropped
@@ -157,6 +183,25 @@ mod tests {
         assert_eq!(f.heard("a", later + FOREIGN_EXPIRY), Heard::Never);
         f.listed("a");
         assert_eq!(f.heard("a", later), Heard::Never);
+    }
+
+    #[test]
+    fn a_name_nobody_replicates_stays_unlisted_for_a_moment_unless_created_or_heard() {
+        let t0 = Instant::now();
+        let mut f = ForeignNames::default();
+        f.absent("typo", t0);
+        assert_eq!(f.heard("typo", t0), Heard::Unlisted);
+        assert_eq!(f.heard("typo", t0 + UNLISTED_TTL), Heard::Never);
+        f.absent("new", t0);
+        f.listed("new");
+        assert_eq!(f.heard("new", t0), Heard::Never, "created meanwhile");
+        f.absent("embedded", t0);
+        f.saw("embedded", t0);
+        assert_eq!(
+            f.heard("embedded", t0),
+            Heard::Unchecked,
+            "heard replicating"
+        );
     }
 
     #[test]

@@ -976,17 +976,31 @@ impl Inner {
                 msg,
                 elsewhere: true,
             },
-            Heard::Never => {
-                let graced = self
-                    .api_grace
-                    .get()
-                    .is_none_or(|g| tokio::time::Instant::now() < *g);
-                ApiRoute::LookUp {
-                    msg,
-                    elsewhere: graced,
+            Heard::Unlisted if self.in_grace() => {
+                metrics::counter!(NODE_API_REQUESTS, "outcome" => "elsewhere").increment(1);
+                ApiRoute::Silent
+            }
+            Heard::Unlisted => {
+                metrics::counter!(NODE_API_REQUESTS, "outcome" => "unknown").increment(1);
+                let unknown = ReplicaError::UnknownFilter(name.to_owned());
+                match self.refuse(msg, &unknown) {
+                    Some((to, headers, payload)) => ApiRoute::Reply(to, headers, payload),
+                    None => ApiRoute::Silent,
                 }
             }
+            Heard::Never => ApiRoute::LookUp {
+                msg,
+                elsewhere: self.in_grace(),
+            },
         }
+    }
+
+    /// Whether the node is within its grace after joining the API's queue group, when it
+    /// leaves the names it does not know unanswered ([`Inner::api_grace`]).
+    fn in_grace(&self) -> bool {
+        self.api_grace
+            .get()
+            .is_none_or(|g| tokio::time::Instant::now() < *g)
     }
 
     /// The replica of catalog filter `name` that takes its requests: hosted or starting,
@@ -1492,15 +1506,15 @@ async fn look_up_request(
     drop(permit);
     match listed {
         Ok(Ok(Some(_))) => hold_request(inner, msg).await,
-        Ok(Ok(None)) if elsewhere => {
-            metrics::counter!(NODE_API_REQUESTS, "outcome" => "elsewhere").increment(1);
+        Ok(Ok(None)) => {
+            let outcome = if elsewhere { "elsewhere" } else { "unknown" };
+            metrics::counter!(NODE_API_REQUESTS, "outcome" => outcome).increment(1);
             let mut foreign = inner.foreign.lock().expect("foreign lock");
             foreign.absent(&name, Instant::now());
-            None
-        }
-        Ok(Ok(None)) => {
-            metrics::counter!(NODE_API_REQUESTS, "outcome" => "unknown").increment(1);
-            inner.refuse(msg, &ReplicaError::UnknownFilter(name))
+            drop(foreign);
+            (!elsewhere)
+                .then(|| inner.refuse(msg, &ReplicaError::UnknownFilter(name)))
+                .flatten()
         }
         Ok(Err(e)) => {
             tracing::debug!(filter = name, error = %e, "the catalog could not say whether a requested filter exists");
