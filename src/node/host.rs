@@ -198,11 +198,10 @@ struct Inner {
     lookups: Arc<tokio::sync::Semaphore>,
     /// Until when the node's API subscription leaves requests to names it does not know
     /// unanswered rather than refusing them: a replica outside the catalog may not have
-    /// been heard yet (a quiet one's digests are up to 4 anti-entropy intervals apart).
+    /// been heard yet. 8 anti-entropy intervals of the catalog defaults after the
+    /// subscription (a lone replica's digests are up to 6 intervals apart, jittered by a
+    /// quarter).
     api_grace: std::sync::OnceLock<tokio::time::Instant>,
-    /// That long after the subscription: 8 anti-entropy intervals of the catalog defaults
-    /// (a lone replica's digests are up to 6 intervals apart, and jittered by a quarter).
-    api_grace_period: Duration,
     /// The task of the node's API subscription, stopped first when the node stops.
     api_router: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -307,7 +306,6 @@ impl Node {
             held: AtomicUsize::new(0),
             lookups: Arc::new(tokio::sync::Semaphore::new(API_LOOKUPS)),
             api_grace: Default::default(),
-            api_grace_period: ReplicaConfig::ms(template.anti_entropy_interval_ms) * 8,
             api_router: Default::default(),
         });
         if inner.catalog.is_some() {
@@ -459,7 +457,8 @@ impl Node {
                     (subject, queue),
                     stream,
                 );
-                let grace = tokio::time::Instant::now() + node.inner.api_grace_period;
+                let grace_period = ReplicaConfig::ms(template.anti_entropy_interval_ms) * 8;
+                let grace = tokio::time::Instant::now() + grace_period;
                 let _ = node.inner.api_grace.set(grace);
                 let mut router = node.inner.api_router.lock().expect("router lock");
                 *router = Some(tokio::spawn(task));
@@ -945,17 +944,11 @@ impl Inner {
         if self.configured.contains(name) {
             // Configured under another prefix: the catalog filter of this name is not hosted
             // here (the configured one stays; its start logged why).
-            return match self.refuse(msg, &ReplicaError::NotServing) {
-                Some((to, headers, payload)) => ApiRoute::Reply(to, headers, payload),
-                None => ApiRoute::Silent,
-            };
+            return ApiRoute::answer(self.refuse(msg, &ReplicaError::NotServing));
         }
         if let Some((handle, final_)) = self.api_target(name) {
             if final_ || handle.serving_api() {
-                return match handle.route_own_api(msg) {
-                    Some((to, headers, payload)) => ApiRoute::Reply(to, headers, payload),
-                    None => ApiRoute::Silent,
-                };
+                return ApiRoute::answer(handle.route_own_api(msg));
             }
             return ApiRoute::Hold(msg);
         }
@@ -983,10 +976,7 @@ impl Inner {
             Heard::Unlisted => {
                 metrics::counter!(NODE_API_REQUESTS, "outcome" => "unknown").increment(1);
                 let unknown = ReplicaError::UnknownFilter(name.to_owned());
-                match self.refuse(msg, &unknown) {
-                    Some((to, headers, payload)) => ApiRoute::Reply(to, headers, payload),
-                    None => ApiRoute::Silent,
-                }
+                ApiRoute::answer(self.refuse(msg, &unknown))
             }
             Heard::Never => ApiRoute::LookUp {
                 msg,
@@ -1364,8 +1354,8 @@ async fn serve_replica_apis(
 
 /// Where [`Inner::route_api`] sends a request.
 enum ApiRoute {
-    /// The reply, at once.
-    Reply(String, async_nats::HeaderMap, Bytes),
+    /// The reply (subject, headers, payload), at once.
+    Reply((String, async_nats::HeaderMap, Bytes)),
     /// None from this node: a replica's own subscription answers it (or it wants none).
     Silent,
     /// A catalog filter this node does not serve yet: it waits for it ([`hold_request`]).
@@ -1373,6 +1363,13 @@ enum ApiRoute {
     /// A name the node does not know: the catalog says whether it is one
     /// ([`look_up_request`]); `elsewhere`: heard replicating outside the catalog.
     LookUp { msg: Message, elsewhere: bool },
+}
+
+impl ApiRoute {
+    /// The reply, if the request wants one.
+    fn answer(reply: Option<(String, async_nats::HeaderMap, Bytes)>) -> Self {
+        reply.map_or(ApiRoute::Silent, ApiRoute::Reply)
+    }
 }
 
 /// Takes the request API's operations of every catalog filter (`subject`, `<prefix>.*.api.>`,
@@ -1391,7 +1388,7 @@ async fn serve_node_api(
         let transport = replying.clone();
         async move {
             let reply = match routed {
-                Some((ApiRoute::Reply(to, headers, payload), _)) => Some((to, headers, payload)),
+                Some((ApiRoute::Reply(reply), _)) => Some(reply),
                 Some((ApiRoute::Hold(msg), inner)) => {
                     spawn_held(inner, transport.clone(), msg, None);
                     None
