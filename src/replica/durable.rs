@@ -9,7 +9,7 @@
 //!   above the previous mark is issued. A restart advances the clock past it, so no tag is
 //!   issued twice (docs/DESIGN.md section 4) even if the snapshot is older than the crash.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -18,6 +18,7 @@ use thiserror::Error;
 use uuid::Uuid;
 use xxhash_rust::xxh3::xxh3_64;
 
+use super::group_sync;
 use crate::ReplicaId;
 use crate::core::codec::{from_cbor, to_cbor};
 use crate::wire::FilterKind;
@@ -139,9 +140,7 @@ impl DataDir {
             fs::create_dir_all(&path).map_err(io(&path))?;
             for dir in created {
                 if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                    File::open(parent)
-                        .and_then(|d| d.sync_all())
-                        .map_err(io(parent))?;
+                    group_sync::sync(parent).map_err(io(parent))?;
                 }
             }
         }
@@ -214,7 +213,8 @@ impl DataDir {
 }
 
 /// Replaces `dir/name` with `bytes` atomically and durably: a temporary file written and
-/// fsynced, renamed over it, and the directory fsynced (the rename is durable only then).
+/// synced, renamed over it, and the directory synced (the rename is durable only then). The
+/// syncs join those of other replicas ([`group_sync`]).
 pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), DurableError> {
     let path = dir.join(name);
     let tmp = dir.join(format!("{name}.tmp"));
@@ -229,12 +229,10 @@ pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(
         .open(&tmp)
         .map_err(io(&tmp))?;
     f.write_all(bytes).map_err(io(&tmp))?;
-    f.sync_all().map_err(io(&tmp))?;
     drop(f);
+    group_sync::sync(&tmp).map_err(io(&tmp))?;
     fs::rename(&tmp, &path).map_err(io(&path))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))?;
+    group_sync::sync(dir).map_err(io(dir))?;
     Ok(())
 }
 

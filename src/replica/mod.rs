@@ -47,6 +47,7 @@ mod anti_entropy;
 mod config;
 pub mod durable;
 mod filter;
+mod group_sync;
 pub mod metrics;
 mod reassembly;
 mod recovery;
@@ -68,6 +69,7 @@ use uuid::Uuid;
 pub use ack::AckLevel;
 pub use actor::ACK_HEADER;
 pub use actor::CommitTicket;
+pub(crate) use actor::FINAL_FLUSH_TIMEOUT;
 pub(crate) use actor::{API_LINGER, AddOutcome, BatchAdd, InPlace, error_of, not_serving, refusal};
 pub use actor::{
     Add, ApiResponse, Contains, FlushDelta, Import, Merge, PendingResponse, Persist, Remove,
@@ -355,9 +357,9 @@ impl Replica {
         let shared_id = shared.filter(|_| cfg.filter.kind.reuses_ids());
         let mut fresh = AnyFilter::new(&cfg.filter, 0)?;
         let (data, restored, replayed) = match &cfg.data_dir {
-            // A new directory is made with fsyncs (its entry, its log's directory): off
-            // this thread, which may be the actors', so that the fsyncs of filters created
-            // together overlap. A restart only reads, faster here than handed to a thread.
+            // A new directory is made with syncs (its entry, its log's directory): off
+            // this thread, which may be the actors', so that filters created together
+            // share them (`group_sync`). A restart only reads, faster here than handed to a thread.
             Some(dir) if DataDir::is_new(dir) => {
                 // `fresh` goes and comes back: a large filter's bits are not copied.
                 let moved = (dir.clone(), cfg.clone(), fresh);
@@ -897,6 +899,15 @@ impl ReplicaHandle {
     /// transport has sent what was queued (or after 5 s).
     pub async fn shutdown(&self) -> Result<(), ReplicaError> {
         self.addr.send(Shutdown).await?
+    }
+
+    /// [`ReplicaHandle::shutdown`], waiting for the last publications until `flush_by` at
+    /// the latest.
+    pub(crate) async fn shutdown_by(
+        &self,
+        flush_by: tokio::time::Instant,
+    ) -> Result<(), ReplicaError> {
+        self.addr.send(actor::ShutdownBy(flush_by)).await?
     }
 
     /// Shuts the replica down because its filter was dropped everywhere: unlike after

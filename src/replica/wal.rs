@@ -1561,7 +1561,7 @@ fn create_dir(dir: &Path) -> Result<(), DurableError> {
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+    super::group_sync::sync(dir)
 }
 
 fn io_err(path: &Path) -> impl Fn(io::Error) -> DurableError + '_ {
