@@ -27,7 +27,7 @@ pub use host::{
 pub use inspect::{InspectArgs, run_inspect};
 pub use keygen::{KeygenArgs, KeygenError, new_key_text, run_keygen};
 
-use crate::replica::{ReplicaError, ReplicaHandle};
+use crate::replica::{FINAL_FLUSH_TIMEOUT, ReplicaError, ReplicaHandle};
 use crate::transport::{InProcessBus, NatsTransport, Transport, TransportError};
 
 /// What can stop a node.
@@ -137,12 +137,14 @@ pub(crate) async fn stop(
     stopped: impl FnOnce(),
 ) -> Result<(), NodeError> {
     use futures::StreamExt;
-    // Many at once: each waits up to 5 s for its last publications, which never go out
-    // while NATS is unreachable, and one after another 100 filters took 8 minutes to stop.
+    // Many at once, and one deadline for all their last publications, which never go out
+    // while NATS is unreachable: one after another, 100 filters each waiting its 5 s took 8
+    // minutes to stop, and so did 100,000 a thousand at a time.
+    let flush_by = tokio::time::Instant::now() + FINAL_FLUSH_TIMEOUT;
     let mut stops = futures::stream::iter(replicas)
         .map(|r| async move {
             let r2 = r.clone();
-            (r2, r.shutdown().await)
+            (r2, r.shutdown_by(flush_by).await)
         })
         .buffer_unordered(PARALLEL_STOPS);
     let mut first_error = None;

@@ -68,6 +68,7 @@ pub use local::{
     Add, Contains, FlushDelta, Import, Merge, Persist, Remove, ReserveTags, Shutdown, Stats,
     TakeSnapshot,
 };
+pub(crate) use local::{FINAL_FLUSH_TIMEOUT, ShutdownBy};
 pub(crate) use pump::{API_LINGER, Inbound, Route, route_replication};
 pub use reads::PendingResponse;
 pub(crate) use reads::{not_serving, refusal, route_own_api};

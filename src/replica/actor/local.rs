@@ -229,10 +229,20 @@ pub struct Merge(pub AnyFilter);
 pub struct Persist;
 
 /// Publishes what is pending, snapshots, stops the actor, and answers once the transport has
-/// sent everything.
+/// sent everything (or after 5 s: NATS may be unreachable).
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<(), ReplicaError>")]
 pub struct Shutdown;
+
+/// How long [`Shutdown`] waits for the transport to send the replica's last publications.
+pub(crate) const FINAL_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// [`Shutdown`], waiting for the transport until the given instant at the latest. A node
+/// stopping many replicas gives them one deadline: each waiting its own 5 s for a server
+/// that was gone, 1,024 at a time, 100,000 filters took 8 minutes to stop.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<(), ReplicaError>")]
+pub(crate) struct ShutdownBy(pub tokio::time::Instant);
 
 /// Publishes the pending delta now.
 #[derive(Debug, Clone, Message)]
@@ -354,6 +364,18 @@ impl Handler<FlushDelta> for Replica {
 impl Handler<Shutdown> for Replica {
     type Result = ResponseFuture<Result<(), ReplicaError>>;
     fn handle(&mut self, _: Shutdown, ctx: &mut Context<Self>) -> Self::Result {
+        let flush_by = tokio::time::Instant::now() + FINAL_FLUSH_TIMEOUT;
+        <Self as Handler<ShutdownBy>>::handle(self, ShutdownBy(flush_by), ctx)
+    }
+}
+
+impl Handler<ShutdownBy> for Replica {
+    type Result = ResponseFuture<Result<(), ReplicaError>>;
+    fn handle(
+        &mut self,
+        ShutdownBy(flush_by): ShutdownBy,
+        ctx: &mut Context<Self>,
+    ) -> Self::Result {
         // Under the write lock: an update applied in a subscription task is either in the
         // state now, and so in the final commit and snapshot, or refused as stopped.
         {
@@ -384,7 +406,7 @@ impl Handler<Shutdown> for Replica {
         self.enqueue(super::pump::Outbound::Flush(done));
         ctx.stop();
         Box::pin(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(5), flushed).await;
+            let _ = tokio::time::timeout_at(flush_by, flushed).await;
             saved
         })
     }
