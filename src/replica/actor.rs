@@ -27,7 +27,6 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use tokio::sync::{mpsc, watch};
 use uuid::Uuid;
 
 use super::anti_entropy::{Action, AntiEntropy, PeerTableFull, Timing};
@@ -51,6 +50,7 @@ mod commits;
 mod durability;
 mod items;
 mod lease;
+mod lifecycle;
 mod local;
 mod pipeline;
 mod publish;
@@ -94,7 +94,8 @@ pub(crate) struct Shared {
     pub name: String,
     pub kind: FilterKind,
     pub identity: Identity,
-    pub ready: watch::Sender<bool>,
+    /// Ready, and whether the actor is gone, for those waiting outside it.
+    pub lifecycle: lifecycle::Lifecycle,
     pub telemetry: Telemetry,
     /// Bytes of messages waiting in the inbound buffer, and their bound.
     pub inbound_bytes: AtomicU64,
@@ -124,6 +125,10 @@ pub(crate) struct Shared {
     pub wal_failed: AtomicBool,
     /// The replica shut down: updates are no longer applied (set under the write lock).
     pub closed: AtomicBool,
+    /// A publisher task runs ([`pump::publish`]): one at a time, so that frames leave in
+    /// the order they were queued, and none while nothing is queued (a task of its own for
+    /// each of a node's 100,000 mostly idle replicas cost 640 bytes each).
+    pub publishing: AtomicBool,
     /// Full-state pushes queued or going out: their chunks' numbers are taken, and some
     /// may not be published for a while (a batched digest claims no number meanwhile).
     pub pushes_out: std::sync::atomic::AtomicUsize,
@@ -160,7 +165,7 @@ impl Shared {
             filter: RwLock::new(filter),
             name,
             identity,
-            ready: watch::channel(false).0,
+            lifecycle: Default::default(),
             telemetry,
             inbound_bytes: Default::default(),
             inbound_max_bytes,
@@ -173,6 +178,7 @@ impl Shared {
             logged_commit_requested: Default::default(),
             wal_failed: Default::default(),
             closed: Default::default(),
+            publishing: Default::default(),
             pushes_out: Default::default(),
             dropped: Default::default(),
             api: Default::default(),
@@ -185,14 +191,14 @@ impl Shared {
     /// The state changed: unless a flush is already scheduled, asks the actor for one
     /// ([`Inbound::Wake`]). A full inbound buffer drops the request; the housekeeping tick
     /// then notices the pending delta.
-    pub(crate) fn want_flush(&self, to_actor: &mpsc::Sender<Inbound>) {
+    pub(crate) fn want_flush(&self, to_actor: &flume::Sender<Inbound>) {
         ask_once(&self.flush_scheduled, to_actor, Inbound::Wake);
     }
 
     /// A `logged` update was applied outside the actor: asks for a commit within a
     /// millisecond ([`Inbound::LoggedCommit`]) unless one is asked for already. A full
     /// inbound buffer drops the request; the delta's periodic commit then carries it.
-    pub(crate) fn want_logged_commit(&self, to_actor: &mpsc::Sender<Inbound>) {
+    pub(crate) fn want_logged_commit(&self, to_actor: &flume::Sender<Inbound>) {
         ask_once(
             &self.logged_commit_requested,
             to_actor,
@@ -203,7 +209,7 @@ impl Shared {
     /// Asks the actor for a commit now ([`Inbound::Commit`]) unless one is asked for
     /// already. A full inbound buffer drops the request; the periodic commit comes soon
     /// enough.
-    pub(crate) fn want_commit(&self, to_actor: &mpsc::Sender<Inbound>) {
+    pub(crate) fn want_commit(&self, to_actor: &flume::Sender<Inbound>) {
         ask_once(&self.commit_requested, to_actor, Inbound::Commit);
     }
 }
@@ -212,7 +218,7 @@ impl Shared {
 /// it handles it); `asked` is cleared again if the inbound buffer is full. A load first: on
 /// the hot path the request is mostly made already, and a swap would take the line from the
 /// actor's core every time.
-fn ask_once(asked: &AtomicBool, to_actor: &mpsc::Sender<Inbound>, ask: Inbound) {
+fn ask_once(asked: &AtomicBool, to_actor: &flume::Sender<Inbound>, ask: Inbound) {
     if !asked.load(Ordering::Acquire)
         && !asked.swap(true, Ordering::AcqRel)
         && to_actor.try_send(ask).is_err()
@@ -289,10 +295,12 @@ pub struct Replica {
     periodic: Option<SpawnHandle>,
     periodic_due: Instant,
     api_started: bool,
-    inbound_tx: mpsc::Sender<Inbound>,
-    inbound_rx: Option<mpsc::Receiver<Inbound>>,
-    outbound: mpsc::Sender<pump::Outbound>,
-    outbound_rx: Option<mpsc::Receiver<pump::Outbound>>,
+    inbound_tx: flume::Sender<Inbound>,
+    inbound_rx: Option<flume::Receiver<Inbound>>,
+    outbound: flume::Sender<pump::Outbound>,
+    /// What the publisher task takes from; the task runs while there is something to take
+    /// ([`Shared::publishing`]).
+    outbound_rx: flume::Receiver<pump::Outbound>,
     replication: Option<MessageStream>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// The NATS service API (ADR-32) of the request API, once it is served.
@@ -336,8 +344,10 @@ impl Replica {
         };
         let codec = WireCodec::new(expect.clone(), s.cfg.auth_keys.clone());
         let limiter = Arc::new(LogLimiter::new(Duration::from_secs(10)));
-        let (inbound_tx, inbound_rx) = mpsc::channel(s.cfg.inbound_buffer);
-        let (outbound, outbound_rx) = mpsc::channel(s.cfg.outbound_buffer);
+        // Flume's queues grow with what they hold: tokio's allocate 32 slots up front, and
+        // most replicas of a node of many filters are idle.
+        let (inbound_tx, inbound_rx) = flume::bounded(s.cfg.inbound_buffer);
+        let (outbound, outbound_rx) = flume::bounded(s.cfg.outbound_buffer);
         let timeout =
             ReplicaConfig::ms(s.cfg.anti_entropy_interval_ms * 3).max(Duration::from_secs(5));
         let updates = Arc::new(updates::Updates {
@@ -407,7 +417,7 @@ impl Replica {
             inbound_tx,
             inbound_rx: Some(inbound_rx),
             outbound,
-            outbound_rx: Some(outbound_rx),
+            outbound_rx,
             replication: s.replication,
             tasks: Vec::new(),
             service: None,
@@ -765,7 +775,7 @@ impl Replica {
     /// Tells `wait_ready`, the `crpf_ready` gauge and the log that the replica is ready.
     fn publish_ready(&mut self, why: &str) {
         self.telemetry.ready.set(1.0);
-        self.shared.ready.send_replace(true);
+        self.shared.lifecycle.set_ready();
         tracing::info!(
             filter = %self.cfg.name,
             replica = self.id(),
@@ -1032,7 +1042,7 @@ impl Replica {
         // Gauges set on events only are set again here, so the exporter's idle timeout
         // (which ends the series of expired peers) never ends theirs.
         t.target_fpr.set(self.cfg.filter.fpr);
-        t.ready.set(if *self.shared.ready.borrow() {
+        t.ready.set(if self.shared.lifecycle.is_ready() {
             1.0
         } else {
             0.0
@@ -1116,10 +1126,7 @@ impl Actor for Replica {
             });
         // Inbound messages arrive as a stream; the buffer between the subscriptions and the
         // actor is bounded and drops (counting) rather than growing without limit.
-        let rx = self.inbound_rx.take().expect("started once");
-        ctx.add_stream(futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|m| (m, rx))
-        }));
+        ctx.add_stream(self.inbound_rx.take().expect("started once").into_stream());
 
         // Replication: decoded and checked before they take a place in the buffer. (Routed
         // by the node, they come through the inlet instead.)
@@ -1141,19 +1148,8 @@ impl Actor for Replica {
                 None,
             )));
         }
-        self.tasks.push(actix::spawn(pump::forward_events(
-            self.transport.events(),
-            self.inbound_tx.clone(),
-        )));
-        // Not among the tasks aborted at stop: it ends when the actor's queue closes, after
-        // sending what was queued (the final flush of a shutdown included).
-        actix::spawn(pump::publish(
-            self.outbound_rx.take().expect("started once"),
-            self.transport.clone(),
-            self.replication_transport.clone(),
-            self.shared.clone(),
-            self.limiter.clone(),
-        ));
+        // Connection events: a stream of the actor's, not a task of their own.
+        ctx.add_stream(pump::events(self.transport.events()));
 
         self.next_digest = Instant::now() + self.digest_delay();
         self.schedule_periodic(ctx);
@@ -1181,6 +1177,7 @@ impl Actor for Replica {
         for t in self.tasks.drain(..) {
             t.abort();
         }
+        self.shared.lifecycle.set_gone();
         self.telemetry.ready.set(0.0);
         tracing::info!(filter = %self.cfg.name, replica = self.id(), "replica stopped");
     }

@@ -598,7 +598,7 @@ impl ReplicaHandle {
     /// Its instance of the NATS service API, once it serves its API: ready, its API's
     /// subscriptions confirmed by the server (the endpoints the instance announces answer).
     pub(crate) fn service(&self) -> Option<Arc<service::ApiService>> {
-        if !*self.shared.ready.borrow() {
+        if !self.shared.lifecycle.is_ready() {
             return None;
         }
         self.shared.api.get().map(|reads| reads.service.clone())
@@ -870,15 +870,14 @@ impl ReplicaHandle {
 
     /// Whether the replica caught up after its start.
     pub fn is_ready(&self) -> bool {
-        *self.shared.ready.borrow()
+        self.shared.lifecycle.is_ready()
     }
 
     /// Waits until the replica is ready; `false` on timeout.
     pub async fn wait_ready(&self, timeout: Duration) -> bool {
-        let mut rx = self.shared.ready.subscribe();
-        tokio::time::timeout(timeout, rx.wait_for(|r| *r))
+        tokio::time::timeout(timeout, self.shared.lifecycle.ready())
             .await
-            .is_ok_and(|r| r.is_ok())
+            .is_ok()
     }
 
     /// Polls the state until `cond` holds; `false` on timeout. For tests and tools.

@@ -13,6 +13,7 @@
 //! [`Shared::sync_through`]: super::Shared::sync_through
 
 use std::collections::VecDeque;
+use std::sync::Mutex;
 
 use tokio::sync::watch;
 
@@ -34,20 +35,33 @@ pub(crate) struct CommitProgress {
     stopped: bool,
 }
 
-/// Where the actor reports its commits.
-#[derive(Debug)]
-pub(crate) struct Commits(watch::Sender<CommitProgress>);
+/// Where the actor reports its commits. The channel the tickets wait on is made with the
+/// first ticket: a `watch` channel is a 384-byte allocation, and most replicas of a node of
+/// many filters never have an update wait for its commit outside the actor.
+#[derive(Debug, Default)]
+pub(crate) struct Commits(Mutex<Reported>);
 
-impl Default for Commits {
-    fn default() -> Self {
-        Commits(watch::Sender::new(CommitProgress::default()))
-    }
+#[derive(Debug, Default)]
+struct Reported {
+    progress: CommitProgress,
+    /// Made by the first ticket; every report after it goes out on it too.
+    waiters: Option<watch::Sender<CommitProgress>>,
 }
 
 impl Commits {
+    /// Records a change of the progress, and wakes the tickets if it changed anything.
+    fn report(&self, change: impl FnOnce(&mut CommitProgress) -> bool) {
+        let mut r = self.0.lock().expect("commits lock");
+        if change(&mut r.progress)
+            && let Some(tx) = &r.waiters
+        {
+            tx.send_replace(r.progress.clone());
+        }
+    }
+
     /// Commit `batch` is done; `failure`: its log append failed.
     pub(crate) fn done(&self, batch: u64, failure: Option<&str>) {
-        self.0.send_if_modified(|p| {
+        self.report(|p| {
             if let Some(why) = failure {
                 if p.failed.len() == REMEMBERED_FAILURES {
                     p.failed.pop_front();
@@ -63,18 +77,22 @@ impl Commits {
     /// The replica stopped; `durable_through`: every commit up to it is durable (the final
     /// snapshot holds it).
     pub(crate) fn stopped(&self, durable_through: Option<u64>) {
-        self.0.send_modify(|p| {
+        self.report(|p| {
             if let Some(through) = durable_through {
                 p.done_through = p.done_through.max(through);
             }
             p.stopped = true;
+            true
         });
     }
 
     /// A ticket for commit `batch`.
     pub(crate) fn ticket(&self, batch: u64) -> CommitTicket {
+        let mut r = self.0.lock().expect("commits lock");
+        let Reported { progress, waiters } = &mut *r;
+        let tx = waiters.get_or_insert_with(|| watch::Sender::new(progress.clone()));
         CommitTicket {
-            progress: self.0.subscribe(),
+            progress: tx.subscribe(),
             batch,
         }
     }
@@ -134,6 +152,9 @@ mod tests {
         // A stop whose final snapshot holds everything settles the rest.
         let commits = Commits::default();
         let six = commits.ticket(6);
+        // A ticket taken after its commit was reported settles at once.
+        commits.done(2, None);
+        assert!(commits.ticket(2).settled().await.is_ok());
         commits.stopped(Some(7));
         assert!(six.settled().await.is_ok());
     }

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use bytes::Bytes;
-use tokio::sync::mpsc;
 
 use super::pipeline::{HeldDelta, Release};
 use super::pump::Outbound;
@@ -54,16 +53,29 @@ impl Replica {
         ));
     }
 
-    /// Hands a message to the publisher task; a full queue drops it and counts. Whether it
-    /// was queued.
+    /// Hands a message to the publisher task, starting one if none runs; a full queue drops
+    /// it and counts. Whether it was queued.
     pub(super) fn enqueue(&self, o: Outbound) -> bool {
         match self.outbound.try_send(o) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(o)) => {
+            Ok(()) => {
+                // Not among the tasks aborted at stop: it sends what was queued (the final
+                // flush of a shutdown included), then ends.
+                if !self.shared.publishing.swap(true, Ordering::AcqRel) {
+                    actix::spawn(super::pump::publish(
+                        self.outbound_rx.clone(),
+                        self.transport.clone(),
+                        self.replication_transport.clone(),
+                        self.shared.clone(),
+                        self.limiter.clone(),
+                    ));
+                }
+                true
+            }
+            Err(flume::TrySendError::Full(o)) => {
                 self.telemetry.outbound_dropped(o.channel_label());
                 false
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
+            Err(flume::TrySendError::Disconnected(_)) => false,
         }
     }
 
@@ -377,7 +389,7 @@ impl Replica {
                 // one, unless some still wait in the publisher's queue or in a full-state
                 // push (one of hundreds of megabytes, or paced by its receivers, may take
                 // longer than an interval: its numbers would look lost, and be pushed again).
-                let queued = self.outbound.capacity() < self.outbound.max_capacity();
+                let queued = !self.outbound.is_empty();
                 let pushing = self.shared.pushes_out.load(Ordering::Acquire) > 0;
                 let sent = (!queued && !pushing).then_some(self.seq);
                 let body = Body::Digest {

@@ -1,6 +1,6 @@
 //! The streams around the actor: subscriptions forwarded into its bounded inbound buffer
 //! (replication decoded and checked first, so that garbage never takes a place in it), the
-//! transport's connection events, and the one publisher task that sends what the actor queued,
+//! transport's connection events, and the publisher task that sends what the actor queued,
 //! in order.
 
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use super::push::{Pace, StatePush};
@@ -18,9 +18,9 @@ use crate::replica::metrics::{Channel, Direction, channel_label};
 use crate::transport::{LogLimiter, Message, MessageStream, Subjects, Transport, TransportEvent};
 use crate::wire::{Envelope, WireCodec, WireError};
 
-/// What reaches the actor from its subscriptions and the transport. Messages are boxed: the
-/// buffer's channel allocates a block of 32 items at once for every replica, 4.6 KB with them
-/// inline (a node of 100,000 filters holds 100,000 such buffers, nearly all idle).
+/// What reaches the actor from its subscriptions and the transport. Messages are boxed: a
+/// burst grows the buffer's queue, which keeps its capacity, and a node of 100,000 filters
+/// holds 100,000 such buffers.
 pub(crate) enum Inbound {
     /// A valid replication message from a peer, and the length of its frame.
     Replication(Box<Envelope>, usize),
@@ -61,9 +61,7 @@ pub(crate) enum Route {
     Reply(String, async_nats::HeaderMap, Bytes),
 }
 
-/// What the publisher task sends, in order. Boxed: the queue's channel allocates a block of
-/// 32 items at once for every replica, 3.6 KB with them inline (most replicas of a node of
-/// many filters are idle).
+/// What the publisher task sends, in order. Boxed, as [`Inbound`] is.
 pub(super) enum Outbound {
     /// A replication frame (subject, frame).
     Publish(Box<(String, Bytes)>, Channel),
@@ -107,7 +105,7 @@ pub(super) async fn forward_stream(
     initial: Option<MessageStream>,
     transport: Arc<dyn Transport>,
     (subject, queue): (String, Option<String>),
-    tx: mpsc::Sender<Inbound>,
+    tx: flume::Sender<Inbound>,
     mut route: impl FnMut(Message) -> Route,
     shared: Arc<Shared>,
     linger: Option<Duration>,
@@ -123,7 +121,7 @@ pub(super) async fn forward_stream(
                     tracing::warn!(%subject, error = %e, "subscribe failed, retrying");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
-                        _ = tx.closed() => return,
+                        _ = shared.lifecycle.gone() => return,
                     }
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue;
@@ -134,7 +132,7 @@ pub(super) async fn forward_stream(
         loop {
             let msg = tokio::select! {
                 m = stream.next() => m,
-                _ = tx.closed(), if lingering.is_none() => {
+                _ = shared.lifecycle.gone(), if lingering.is_none() => {
                     match linger {
                         Some(d) if shared.dropped.load(Ordering::Acquire) => {
                             lingering = Some(Box::pin(tokio::time::sleep(d)));
@@ -188,7 +186,7 @@ pub(super) enum Refused {
 /// buffer drops it and counts.
 pub(super) fn offer(
     shared: &Shared,
-    tx: &mpsc::Sender<Inbound>,
+    tx: &flume::Sender<Inbound>,
     item: Inbound,
 ) -> Result<(), Refused> {
     let size = item.size();
@@ -197,8 +195,8 @@ pub(super) fn offer(
         Err(Refused::Full)
     } else {
         tx.try_send(item).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => Refused::Full,
-            mpsc::error::TrySendError::Closed(_) => Refused::Closed,
+            flume::TrySendError::Full(_) => Refused::Full,
+            flume::TrySendError::Disconnected(_) => Refused::Closed,
         })
     };
     if let Err(refused) = result {
@@ -266,7 +264,7 @@ impl ReplicationRouter {
 /// ([`crate::replica::ReplicaConfig::routed_replication`]).
 pub(crate) struct Inlet {
     pub router: ReplicationRouter,
-    pub to_actor: mpsc::Sender<Inbound>,
+    pub to_actor: flume::Sender<Inbound>,
 }
 
 /// A message of `shared`'s replica's replication subject, routed by the node: decoded and
@@ -291,37 +289,47 @@ pub(crate) fn route_replication(shared: &Shared, msg: Message, batched: bool) {
     let _ = offer(shared, &inlet.to_actor, item);
 }
 
-/// Forwards the transport's connection events to the actor until it is gone.
-pub(super) async fn forward_events(
-    mut events: tokio::sync::broadcast::Receiver<TransportEvent>,
-    tx: mpsc::Sender<Inbound>,
-) {
-    loop {
-        let ev = tokio::select! {
-            e = events.recv() => e,
-            _ = tx.closed() => return,
-        };
-        match ev {
-            Ok(ev) => {
-                let _ = tx.send(Inbound::Event(ev)).await;
+/// The transport's connection events, as the actor takes them (a lagging receiver skips
+/// what it missed: the next event tells the connection's state).
+pub(super) fn events(
+    events: tokio::sync::broadcast::Receiver<TransportEvent>,
+) -> impl futures::Stream<Item = Inbound> {
+    futures::stream::unfold(events, |mut events| async move {
+        loop {
+            match events.recv().await {
+                Ok(ev) => return Some((Inbound::Event(ev), events)),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
             }
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-            Err(_) => return,
         }
-    }
+    })
 }
 
-/// The publisher: one task, so frames leave in the order they were queued. Replication goes
-/// out on `replication` (no echo where the transport can), API replies on `transport`.
+/// The publisher: started by the actor when it queues something and none runs, it sends
+/// until the queue is empty, then ends. One at a time ([`Shared::publishing`]), so frames
+/// leave in the order they were queued. Replication goes out on `replication` (no echo where
+/// the transport can), API replies on `transport`.
 pub(super) async fn publish(
-    mut out: mpsc::Receiver<Outbound>,
+    out: flume::Receiver<Outbound>,
     transport: Arc<dyn Transport>,
     replication: Arc<dyn Transport>,
     shared: Arc<Shared>,
     limiter: Arc<LogLimiter>,
 ) {
     let telemetry = &shared.telemetry;
-    while let Some(o) = out.recv().await {
+    loop {
+        let o = match out.try_recv() {
+            Ok(o) => o,
+            Err(_) => {
+                shared.publishing.store(false, Ordering::Release);
+                // A message queued between the last look and the store above found the flag
+                // still set and started no task: this one takes it, unless one started since.
+                if out.is_empty() || shared.publishing.swap(true, Ordering::AcqRel) {
+                    return;
+                }
+                continue;
+            }
+        };
         let (sent, channel) = match o {
             Outbound::Publish(frame, channel) => {
                 let (subject, payload) = *frame;
@@ -397,7 +405,7 @@ mod tests {
 
     /// A replica's `Shared` with a routed inlet, what its actor would receive, and a codec
     /// of its peers.
-    fn routed() -> (Arc<Shared>, mpsc::Receiver<Inbound>, WireCodec) {
+    fn routed() -> (Arc<Shared>, flume::Receiver<Inbound>, WireCodec) {
         let filter = AnyFilter::new(&FilterSpec::new(FilterKind::GBloom, 1_000, 0.01), 1).unwrap();
         let expect = Expect {
             filter: "t".into(),
@@ -421,7 +429,7 @@ mod tests {
         ));
         let codec = WireCodec::new(expect, None);
         let limiter = Arc::new(LogLimiter::new(Duration::from_secs(10)));
-        let (to_actor, from_node) = mpsc::channel(16);
+        let (to_actor, from_node) = flume::bounded(16);
         let router = ReplicationRouter {
             codec: codec.clone(),
             me,
@@ -454,7 +462,7 @@ mod tests {
 
     #[test]
     fn a_digest_batch_carries_digests_outside_the_sequence_only() {
-        let (shared, mut actor, codec) = routed();
+        let (shared, actor, codec) = routed();
         let digest = || Body::Digest {
             digest: 7,
             ready: true,

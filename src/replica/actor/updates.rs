@@ -25,7 +25,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLockWriteGuard, TryLockError};
 
 use serde_json::json;
-use tokio::sync::mpsc;
 
 use super::items::{check_item, prefetch_items_ahead};
 use super::reply::{ApiReply, api_reply_format};
@@ -113,7 +112,7 @@ pub(crate) struct Updates {
     /// Pending delta entries at which a commit is due (`delta_max_updates`).
     pub delta_max_updates: usize,
     /// The actor's inbound buffer, for the commit a full pending delta asks for.
-    pub to_actor: mpsc::Sender<Inbound>,
+    pub to_actor: flume::Sender<Inbound>,
 }
 
 impl Updates {
@@ -549,7 +548,7 @@ mod tests {
     use crate::api::batch::Limits;
     use crate::replica::durable::Identity;
 
-    fn updates(kind: FilterKind, delta_max_updates: usize) -> (Updates, mpsc::Receiver<Inbound>) {
+    fn updates(kind: FilterKind, delta_max_updates: usize) -> (Updates, flume::Receiver<Inbound>) {
         let mut filter = AnyFilter::new(&FilterSpec::new(kind, 1_000, 0.01), 1).unwrap();
         filter.track_deltas(true);
         let identity = Identity {
@@ -565,7 +564,7 @@ mod tests {
             Limits::new(1_000, 1024),
             true,
         ));
-        let (to_actor, from_tasks) = mpsc::channel(8);
+        let (to_actor, from_tasks) = flume::bounded(8);
         let updates = Updates {
             shared,
             default_ack: AckLevel::Local,
@@ -749,7 +748,7 @@ mod tests {
 
     #[test]
     fn a_task_marks_its_change_and_asks_once_for_a_flush_and_the_commit_of_a_full_delta() {
-        let (u, mut rx) = updates(FilterKind::GBloom, 1);
+        let (u, rx) = updates(FilterKind::GBloom, 1);
         let applied = try_add(&u, Op::Add, &add("a")).unwrap().unwrap();
         assert!(applied.changed && contains(&u, "a"));
         assert!(u.shared.direct_changes.load(Ordering::Acquire));
