@@ -258,7 +258,9 @@ pub struct Replica {
     transport: Arc<dyn Transport>,
     /// Replication's publications and subscription (see [`Setup::replication_transport`]).
     replication_transport: Arc<dyn Transport>,
-    subjects: Subjects,
+    /// Shared with its request API, its replication router and its `$SRV` service: six
+    /// strings each copy.
+    subjects: Arc<Subjects>,
     expect: Expect,
     /// Encodes and decodes (signs and verifies) this replica's frames.
     codec: WireCodec,
@@ -324,6 +326,7 @@ impl Replica {
             // What its `$SRV` endpoints announce.
             subjects.api_queue = Subjects::node_api(&s.cfg.prefix).1;
         }
+        let subjects = Arc::new(subjects);
         let expect = {
             let f = s.shared.filter.read().expect("filter lock");
             Expect {

@@ -179,7 +179,7 @@ pub(crate) struct ApiService {
     /// This instance's id (unique per instance, ADR-32: a restarted replica is a new one).
     id: Uuid,
     started: time::OffsetDateTime,
-    subjects: Subjects,
+    subjects: Arc<Subjects>,
     /// Per endpoint ([`Op::ALL`] on the filter's subjects, then on this replica's), once a
     /// request was counted.
     counts: std::sync::OnceLock<Box<[Mutex<Counts>]>>,
@@ -223,7 +223,7 @@ impl ApiService {
     /// The instance of replica `replica` (`uuid`) of `filter`, a filter of `kind` on
     /// `subjects` under `prefix`.
     pub(crate) fn new(
-        subjects: &Subjects,
+        subjects: &Arc<Subjects>,
         prefix: &str,
         filter: &str,
         kind: FilterKind,
@@ -462,7 +462,7 @@ mod tests {
     }
 
     fn service() -> Arc<ApiService> {
-        let subjects = Subjects::new("crpf", "users");
+        let subjects = Arc::new(Subjects::new("crpf", "users"));
         Arc::new(ApiService::new(
             &subjects,
             "crpf",

@@ -214,7 +214,7 @@ pub(crate) struct ReplicationRouter {
     pub codec: WireCodec,
     /// The replica's own uuid: its echoes are dropped.
     pub me: Uuid,
-    pub subjects: Subjects,
+    pub subjects: Arc<Subjects>,
     /// Logs what it refuses, at a bounded rate.
     pub limiter: Arc<LogLimiter>,
 }
@@ -433,7 +433,7 @@ mod tests {
         let router = ReplicationRouter {
             codec: codec.clone(),
             me,
-            subjects: Subjects::new("crpf", "t"),
+            subjects: Arc::new(Subjects::new("crpf", "t")),
             limiter,
         };
         let inlet = Inlet { router, to_actor };

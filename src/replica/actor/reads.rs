@@ -74,7 +74,7 @@ pub(crate) fn refusal(
 /// Everything a subscription task needs to answer queries itself.
 pub(crate) struct Reads {
     pub shared: Arc<Shared>,
-    pub subjects: Subjects,
+    pub subjects: Arc<Subjects>,
     pub service: Arc<ApiService>,
     pub replica: ReplicaId,
     /// Applies some updates here too ([`Updates::applies_in_task`]).
