@@ -152,30 +152,64 @@ async fn main() {
                     far.request(subject, Bytes::from_static(b"x")),
                 )
                 .await;
-                matches!(r, Ok(Ok(m)) if m.payload.starts_with(b"{\"contains\""))
+                // A probe left unanswered costs the sample its 250 ms: counted, so that
+                // such a sample is told from a slow replica.
+                let unanswered = r.is_err();
+                (
+                    matches!(r, Ok(Ok(m)) if m.payload.starts_with(b"{\"contains\"")),
+                    unanswered,
+                )
             }
         };
         let (mut created, mut dropped) = (Vec::new(), Vec::new());
+        let mut slow = Vec::new();
         for i in 0..args.visibility_samples {
             let name = format!("{}vis{i}", args.prefix);
             let started = Instant::now();
             request(&nats, "create", json!({"name": name, "filter": spec()})).await;
             // Visible once every far replica serves it.
+            let mut unanswered = 0;
             for subject in subjects(&name) {
-                while !answers(subject.clone()).await {
+                loop {
+                    let (yes, timed_out) = answers(subject.clone()).await;
+                    unanswered += usize::from(timed_out);
+                    if yes {
+                        break;
+                    }
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }
-            created.push(started.elapsed().as_secs_f64() * 1e3);
+            let ms = started.elapsed().as_secs_f64() * 1e3;
+            if ms > 200.0 {
+                slow.push(format!(
+                    "create {i}: {ms:.1} ms, {unanswered} probes unanswered"
+                ));
+            }
+            created.push(ms);
             let started = Instant::now();
             request(&nats, "drop", json!({"name": name})).await;
             // Dropped once no far replica answers any more ("no responders").
+            let mut unanswered = 0;
             for subject in subjects(&name) {
-                while answers(subject.clone()).await {
+                loop {
+                    let (yes, timed_out) = answers(subject.clone()).await;
+                    unanswered += usize::from(timed_out);
+                    if !yes {
+                        break;
+                    }
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }
-            dropped.push(started.elapsed().as_secs_f64() * 1e3);
+            let ms = started.elapsed().as_secs_f64() * 1e3;
+            if ms > 200.0 {
+                slow.push(format!(
+                    "drop {i}: {ms:.1} ms, {unanswered} probes unanswered"
+                ));
+            }
+            dropped.push(ms);
+        }
+        for s in &slow {
+            println!("  above 200 ms: {s}");
         }
         for (what, ms) in [
             ("created -> contains answered", &mut created),

@@ -1005,6 +1005,14 @@ impl Inner {
             .or_else(|| self.stopping_replica(name).map(|h| (h, true)))
     }
 
+    /// Whether the node stops the replica of `name` because its filter was dropped.
+    fn is_dropping(&self, name: &str) -> bool {
+        self.dropping
+            .lock()
+            .expect("dropping lock")
+            .contains_key(name)
+    }
+
     /// The replica of `name`, hosted or starting.
     fn running(&self, name: &str) -> Option<ReplicaHandle> {
         let hosted = self
@@ -1074,30 +1082,47 @@ impl Inner {
     /// reply to publish, if any. A catalog filter it will host but does not yet (its watcher
     /// saw the create, its replica is not started) refuses as not serving on its own
     /// subjects, so that a client polling it retries at once, as "no responders" let it.
-    fn route(
-        &self,
-        msg: Message,
-        routed: Routed,
-    ) -> Option<(String, async_nats::HeaderMap, Bytes)> {
-        let name = self.filter_of(&msg.subject)?;
+    fn route(&self, msg: Message, routed: Routed) -> ApiRoute {
+        let Some(name) = self.filter_of(&msg.subject) else {
+            return ApiRoute::Silent;
+        };
         if self.configured.contains(name) {
             // Its own subscriptions answer (its id may equal the node's: another namespace).
-            return None;
+            return ApiRoute::Silent;
         }
         if let Some(handle) = self.routed_target(name, routed) {
-            return handle.route_own_api(msg);
+            if routed == Routed::OwnApi && !handle.serving_api() && !self.is_dropping(name) {
+                // Starting or catching up: held until it serves, as on the queue group.
+                return ApiRoute::HoldOwn(msg);
+            }
+            return ApiRoute::answer(handle.route_own_api(msg));
         }
-        let id = self.shared_id.as_ref()?.identity().replica;
-        let known = routed == Routed::OwnApi
-            && self
-                .view
-                .read()
-                .expect("view lock")
-                .get(name)
-                .is_some_and(|e| self.routes_own_api(&e.spec));
-        known
-            .then(|| crate::replica::not_serving(id, msg))
-            .flatten()
+        if routed != Routed::OwnApi || self.shared_id.is_none() {
+            return ApiRoute::Silent;
+        }
+        let listed = self
+            .view
+            .read()
+            .expect("view lock")
+            .get(name)
+            .map(|e| self.routes_own_api(&e.spec));
+        match listed {
+            // Listed, its replica not started yet.
+            Some(true) => ApiRoute::HoldOwn(msg),
+            Some(false) => ApiRoute::Silent,
+            // Not known to the watcher yet: perhaps created a moment ago (a request sent
+            // right after the create was left unanswered here), perhaps a replica outside
+            // the catalog with the same id. The catalog tells.
+            None => match self
+                .foreign
+                .lock()
+                .expect("foreign lock")
+                .heard(name, Instant::now())
+            {
+                Heard::Elsewhere | Heard::Unlisted => ApiRoute::Silent,
+                Heard::Unchecked | Heard::Never => ApiRoute::LookUpOwn(msg),
+            },
+        }
     }
 
     /// Whether the node routes the own API subjects of a catalog filter of `spec`: it
@@ -1339,9 +1364,23 @@ async fn serve_replica_apis(
     let stopped = stopped(inner.clone(), |i| &i.routing_stopped);
     let replying = transport.clone();
     serve_subscription(transport, (subject, None), initial, stopped, |msg| {
-        let reply = inner.upgrade().and_then(|inner| inner.route(msg, routed));
+        let routed = inner.upgrade().map(|i| (i.route(msg, routed), i));
         let transport = replying.clone();
         async move {
+            let reply = match routed {
+                Some((ApiRoute::Reply(reply), _)) => Some(reply),
+                Some((ApiRoute::LookUpOwn(msg), inner)) => {
+                    spawn_held(inner, transport.clone(), msg, Held::LookUpOwn);
+                    None
+                }
+                Some((ApiRoute::HoldOwn(msg), inner)) => {
+                    spawn_held(inner, transport.clone(), msg, Held::HoldOwn);
+                    None
+                }
+                // `route` holds nothing itself: a hold follows a look-up here.
+                Some((ApiRoute::Silent | ApiRoute::Hold(_) | ApiRoute::LookUp { .. }, _))
+                | None => None,
+            };
             if let Some((to, headers, payload)) = reply
                 && let Err(e) = transport.publish_with_headers(to, headers, payload).await
             {
@@ -1363,6 +1402,12 @@ enum ApiRoute {
     /// A name the node does not know: the catalog says whether it is one
     /// ([`look_up_request`]); `elsewhere`: heard replicating outside the catalog.
     LookUp { msg: Message, elsewhere: bool },
+    /// The same on a filter's own API subject of the node's id ([`Routed::OwnApi`]),
+    /// where a name the catalog does not list gets no answer ([`look_up_own_request`]).
+    LookUpOwn(Message),
+    /// A catalog filter's replica that does not serve yet, on its own API subject of the
+    /// node's id: it waits for it ([`hold_own_request`]).
+    HoldOwn(Message),
 }
 
 impl ApiRoute {
@@ -1390,14 +1435,16 @@ async fn serve_node_api(
             let reply = match routed {
                 Some((ApiRoute::Reply(reply), _)) => Some(reply),
                 Some((ApiRoute::Hold(msg), inner)) => {
-                    spawn_held(inner, transport.clone(), msg, None);
+                    spawn_held(inner, transport.clone(), msg, Held::Hold);
                     None
                 }
                 Some((ApiRoute::LookUp { msg, elsewhere }, inner)) => {
-                    spawn_held(inner, transport.clone(), msg, Some(elsewhere));
+                    spawn_held(inner, transport.clone(), msg, Held::LookUp { elsewhere });
                     None
                 }
-                Some((ApiRoute::Silent, _)) | None => None,
+                // Only own API subjects are held or looked up that way.
+                Some((ApiRoute::Silent | ApiRoute::LookUpOwn(_) | ApiRoute::HoldOwn(_), _))
+                | None => None,
             };
             if let Some((to, headers, payload)) = reply {
                 publish_reply(&transport, to, headers, payload).await;
@@ -1407,18 +1454,25 @@ async fn serve_node_api(
     .await
 }
 
-/// Answers `msg` in a task of its own: after its filter serves ([`hold_request`]), or after
-/// the catalog said whether the name is one (`look_up`: `Some(elsewhere)`,
-/// [`look_up_request`]). Beyond [`MAX_HELD_REQUESTS`] it is refused at once.
-fn spawn_held(
-    inner: Arc<Inner>,
-    transport: Arc<dyn Transport>,
-    msg: Message,
-    look_up: Option<bool>,
-) {
+/// Why a request of the node's subscriptions waits in a task of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// For its filter to serve ([`hold_request`]).
+    Hold,
+    /// For the catalog to say whether the name is one ([`look_up_request`]).
+    LookUp { elsewhere: bool },
+    /// The same for an own API subject ([`look_up_own_request`]).
+    LookUpOwn,
+    /// For its filter to serve, on an own API subject ([`hold_own_request`]).
+    HoldOwn,
+}
+
+/// Answers `msg` in a task of its own (see [`Held`]). Beyond [`MAX_HELD_REQUESTS`] it is
+/// refused at once.
+fn spawn_held(inner: Arc<Inner>, transport: Arc<dyn Transport>, msg: Message, why: Held) {
     if inner.held.fetch_add(1, Ordering::AcqRel) >= MAX_HELD_REQUESTS {
         inner.held.fetch_sub(1, Ordering::AcqRel);
-        if look_up == Some(true) {
+        if matches!(why, Held::LookUp { elsewhere: true } | Held::LookUpOwn) {
             // Perhaps another replica's: left to it.
             metrics::counter!(NODE_API_REQUESTS, "outcome" => "elsewhere").increment(1);
             return;
@@ -1430,9 +1484,11 @@ fn spawn_held(
         return;
     }
     tokio::spawn(async move {
-        let reply = match look_up {
-            None => hold_request(&inner, msg).await,
-            Some(elsewhere) => look_up_request(&inner, msg, elsewhere).await,
+        let reply = match why {
+            Held::Hold => hold_request(&inner, msg).await,
+            Held::LookUp { elsewhere } => look_up_request(&inner, msg, elsewhere).await,
+            Held::LookUpOwn => look_up_own_request(&inner, msg).await,
+            Held::HoldOwn => hold_own_request(&inner, msg).await,
         };
         inner.held.fetch_sub(1, Ordering::AcqRel);
         if let Some((to, headers, payload)) = reply {
@@ -1518,6 +1574,76 @@ async fn look_up_request(
             undecided(msg)
         }
         Err(_) => undecided(msg),
+    }
+}
+
+/// The reply to a request on a filter's own API subject of the node's id for a name the
+/// node's watcher has not told of: if the catalog lists it under a kind that replicates
+/// under the node's id (created a moment ago), the request waits for its replica to serve,
+/// as on the queue group ([`hold_request`]); otherwise it is left to whoever has the name
+/// outside the catalog (no answer).
+async fn look_up_own_request(
+    inner: &Arc<Inner>,
+    msg: Message,
+) -> Option<(String, async_nats::HeaderMap, Bytes)> {
+    let name = inner.filter_of(&msg.subject)?.to_owned();
+    let catalog = inner.catalog.clone()?;
+    let permit = inner.lookups.clone().try_acquire_owned().ok()?;
+    let listed = tokio::time::timeout(API_HOLD, catalog.get(name.clone())).await;
+    drop(permit);
+    let entry = match listed {
+        Ok(Ok(Some(entry))) => entry,
+        Ok(Ok(None)) => {
+            metrics::counter!(NODE_API_REQUESTS, "outcome" => "elsewhere").increment(1);
+            let mut foreign = inner.foreign.lock().expect("foreign lock");
+            foreign.absent(&name, Instant::now());
+            return None;
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(filter = name, error = %e, "the catalog could not say whether a requested filter exists");
+            return None;
+        }
+        Err(_) => return None,
+    };
+    if !inner.routes_own_api(&entry.spec) {
+        // Its replica subscribes its own subjects, under an id of its own.
+        return None;
+    }
+    hold_own_request(inner, msg).await
+}
+
+/// The reply to a request on a catalog filter's own API subject of the node's id whose
+/// replica does not serve yet, once it does; refused as not serving if it does not within
+/// [`API_HOLD`].
+async fn hold_own_request(
+    inner: &Arc<Inner>,
+    msg: Message,
+) -> Option<(String, async_nats::HeaderMap, Bytes)> {
+    let name = inner.filter_of(&msg.subject)?.to_owned();
+    let id = inner.shared_id.as_ref()?.identity().replica;
+    metrics::counter!(NODE_API_REQUESTS, "outcome" => "held").increment(1);
+    let deadline = tokio::time::Instant::now() + API_HOLD;
+    let mut changes = inner.changes.subscribe();
+    loop {
+        if inner.stopping.load(Ordering::SeqCst) {
+            return inner.refuse(msg, &ReplicaError::Stopped);
+        }
+        if let Some(handle) = inner.routed_target(&name, Routed::OwnApi) {
+            if !inner.is_dropping(&name) {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                handle.wait_ready(left).await;
+            }
+            return handle.route_own_api(msg);
+        }
+        // Started replicas show in `starting` without a change: looked at again meanwhile.
+        let next = deadline.min(tokio::time::Instant::now() + Duration::from_millis(20));
+        if tokio::time::timeout_at(next, changes.changed())
+            .await
+            .is_err()
+            && tokio::time::Instant::now() >= deadline
+        {
+            return crate::replica::not_serving(id, msg);
+        }
     }
 }
 
