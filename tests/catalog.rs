@@ -8,9 +8,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crpf::node::{HostError, Node, NodeConfig};
-use crpf::transport::{Bus, CatalogError, InProcessBus, Message};
+use crpf::transport::catalog::CatalogWatch;
+use crpf::transport::{Bus, Catalog, CatalogEntry, CatalogError, InProcessBus, Message};
 use crpf::{FilterKind, FilterSpec};
 use futures::StreamExt;
+use futures::future::BoxFuture;
 
 /// A node config following the catalog with fast replica timers (and `extra` TOML).
 fn config(extra: &str) -> NodeConfig {
@@ -426,6 +428,103 @@ async fn own_api_subjects_of_catalog_filters_answer_through_the_node_until_dropp
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(ask(subject, b"x").await.is_err(), "answered after the drop");
     a.shutdown().await.unwrap();
+}
+
+/// A catalog whose watch holds its changes back while `paused`: a node told of creates
+/// late, as one whose watcher lags behind a burst.
+#[derive(Clone)]
+struct LaggingCatalog {
+    inner: crpf::transport::MemoryCatalog,
+    paused: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Catalog for LaggingCatalog {
+    fn create(
+        &self,
+        name: String,
+        spec: FilterSpec,
+    ) -> BoxFuture<'static, Result<crpf::transport::Created, CatalogError>> {
+        self.inner.create(name, spec)
+    }
+
+    fn drop_filter(
+        &self,
+        name: String,
+    ) -> BoxFuture<'static, Result<Option<CatalogEntry>, CatalogError>> {
+        self.inner.drop_filter(name)
+    }
+
+    fn get(&self, name: String) -> BoxFuture<'static, Result<Option<CatalogEntry>, CatalogError>> {
+        self.inner.get(name)
+    }
+
+    fn list(&self) -> BoxFuture<'static, Result<Vec<CatalogEntry>, CatalogError>> {
+        self.inner.list()
+    }
+
+    fn watch(&self) -> BoxFuture<'static, Result<CatalogWatch, CatalogError>> {
+        let (inner, paused) = (self.inner.clone(), self.paused.clone());
+        Box::pin(async move {
+            let changes = inner.watch().await?.then(move |change| {
+                let paused = paused.clone();
+                async move {
+                    while paused.load(std::sync::atomic::Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    change
+                }
+            });
+            Ok(changes.boxed())
+        })
+    }
+}
+
+/// A request on a catalog filter's own API subject of a node whose watcher has not told it
+/// of the filter yet (created a moment ago on another node) is answered once the replica
+/// serves: the node asks the catalog and holds it. It used to be left unanswered.
+#[actix::test]
+async fn an_own_api_request_ahead_of_the_watcher_is_held_until_the_replica_serves() {
+    let bus = InProcessBus::new();
+    let a = node(&bus, config("")).await;
+    let paused = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lagging = LaggingCatalog {
+        inner: bus.catalog(),
+        paused: paused.clone(),
+    };
+    let b = Node::start(config(""), Arc::new(bus.clone()), Some(Arc::new(lagging)))
+        .await
+        .unwrap();
+    a.create_filter("warm", bloom(1_000)).await.unwrap();
+    assert!(eventually(Duration::from_secs(10), || b.filter("warm").is_some()).await);
+    let id = b.filter("warm").unwrap().identity().replica;
+
+    paused.store(true, std::sync::atomic::Ordering::SeqCst);
+    a.create_filter("fresh", bloom(1_000)).await.unwrap();
+    let asked = tokio::spawn(ask(
+        &bus,
+        format!("crpf.fresh.replica.{id}.api.contains"),
+        b"x",
+        2_000,
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(b.filter("fresh").is_none(), "the watcher was not held back");
+    paused.store(false, std::sync::atomic::Ordering::SeqCst);
+    let answer = asked
+        .await
+        .unwrap()
+        .expect("answered once the replica serves");
+    assert_eq!(answer["contains"], false, "{answer}");
+    // A name the catalog does not list stays unanswered there.
+    let unknown = ask(
+        &bus,
+        format!("crpf.nobody.replica.{id}.api.contains"),
+        b"x",
+        300,
+    )
+    .await;
+    assert!(unknown.is_err(), "{unknown:?}");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
 }
 
 /// The request API's operations of catalog filters come on one queue subscription of the

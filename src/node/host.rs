@@ -55,6 +55,11 @@ const HOSTING_TIMEOUT: Duration = Duration::from_secs(30);
 /// as not serving. Shorter than a client's usual timeout, so that the refusal is heard.
 const API_HOLD: Duration = Duration::from_secs(3);
 
+/// Catalog reads in flight for requests on own API subjects
+/// (`<prefix>.<filter>.replica.<node id>.api...`) to names the node does not know; a request
+/// beyond them is left unanswered, as one for a name the catalog does not list.
+const OWN_API_LOOKUPS: usize = 16;
+
 /// Requests waiting so at most; more are refused as not serving at once.
 const MAX_HELD_REQUESTS: usize = 10_000;
 
@@ -196,6 +201,9 @@ struct Inner {
     held: AtomicUsize,
     /// Catalog reads for requests to unknown names ([`API_LOOKUPS`]).
     lookups: Arc<tokio::sync::Semaphore>,
+    /// The same for requests on own API subjects ([`OWN_API_LOOKUPS`]): a flood of those
+    /// does not take the queue group's.
+    own_lookups: Arc<tokio::sync::Semaphore>,
     /// Until when the node's API subscription leaves requests to names it does not know
     /// unanswered rather than refusing them: a replica outside the catalog may not have
     /// been heard yet. 8 anti-entropy intervals of the catalog defaults after the
@@ -305,6 +313,7 @@ impl Node {
             foreign: Default::default(),
             held: AtomicUsize::new(0),
             lookups: Arc::new(tokio::sync::Semaphore::new(API_LOOKUPS)),
+            own_lookups: Arc::new(tokio::sync::Semaphore::new(OWN_API_LOOKUPS)),
             api_grace: Default::default(),
             api_router: Default::default(),
         });
@@ -862,8 +871,9 @@ impl Inner {
     /// is for (`routed`, on `<prefix>.<filter>.api` or
     /// `<prefix>.<filter>.replica.<node id>.api[.<op>]`): hosted and serving its API (for the first, which every node answers for its own replica), or
     /// (for the second) hosted, replicating under the node's id ([`Inner::routes_own_api`]),
-    /// or dropped a moment ago.
-    fn routed_target(&self, name: &str, routed: Routed) -> Option<ReplicaHandle> {
+    /// or (`true`) dropped a moment ago, which refuses them. A hosted or starting replica of
+    /// the name goes first: a re-created filter's, not the dropped one's still lingering.
+    fn routed_target(&self, name: &str, routed: Routed) -> Option<(ReplicaHandle, bool)> {
         let hosted = self
             .hosted
             .read()
@@ -877,16 +887,18 @@ impl Inner {
         if routed == Routed::ApiRoot {
             return hosted
                 .map(|(handle, _)| handle)
-                .filter(ReplicaHandle::serving_api);
+                .filter(ReplicaHandle::serving_api)
+                .map(|h| (h, false));
         }
         if let Some((handle, routes)) = hosted {
-            return routes.then_some(handle);
+            return routes.then_some((handle, false));
         }
         self.dropping
             .lock()
             .expect("dropping lock")
             .get(name)
             .cloned()
+            .map(|h| (h, true))
     }
 
     /// The filter a subject under the node's prefix is about (`<prefix>.<filter>...`).
@@ -1005,14 +1017,6 @@ impl Inner {
             .or_else(|| self.stopping_replica(name).map(|h| (h, true)))
     }
 
-    /// Whether the node stops the replica of `name` because its filter was dropped.
-    fn is_dropping(&self, name: &str) -> bool {
-        self.dropping
-            .lock()
-            .expect("dropping lock")
-            .contains_key(name)
-    }
-
     /// The replica of `name`, hosted or starting.
     fn running(&self, name: &str) -> Option<ReplicaHandle> {
         let hosted = self
@@ -1078,10 +1082,11 @@ impl Inner {
         }
     }
 
-    /// Routes a request on a subject the node serves for its catalog filters (`routed`): the
-    /// reply to publish, if any. A catalog filter it will host but does not yet (its watcher
-    /// saw the create, its replica is not started) refuses as not serving on its own
-    /// subjects, so that a client polling it retries at once, as "no responders" let it.
+    /// Routes a request on a subject the node serves for its catalog filters (`routed`). On
+    /// its own API subjects, a catalog filter whose replica does not serve yet (starting,
+    /// catching up, or not started: the watcher saw the create) is waited for, and a name
+    /// the watcher has not told of is looked up in the catalog (created a moment ago), as
+    /// on the queue group: such a request was refused at once, or left unanswered.
     fn route(&self, msg: Message, routed: Routed) -> ApiRoute {
         let Some(name) = self.filter_of(&msg.subject) else {
             return ApiRoute::Silent;
@@ -1090,8 +1095,8 @@ impl Inner {
             // Its own subscriptions answer (its id may equal the node's: another namespace).
             return ApiRoute::Silent;
         }
-        if let Some(handle) = self.routed_target(name, routed) {
-            if routed == Routed::OwnApi && !handle.serving_api() && !self.is_dropping(name) {
+        if let Some((handle, dropped)) = self.routed_target(name, routed) {
+            if routed == Routed::OwnApi && !handle.serving_api() && !dropped {
                 // Starting or catching up: held until it serves, as on the queue group.
                 return ApiRoute::HoldOwn(msg);
             }
@@ -1113,6 +1118,7 @@ impl Inner {
             // Not known to the watcher yet: perhaps created a moment ago (a request sent
             // right after the create was left unanswered here), perhaps a replica outside
             // the catalog with the same id. The catalog tells.
+            None if !is_token(name) || name.starts_with('_') => ApiRoute::Silent,
             None => match self
                 .foreign
                 .lock()
@@ -1588,15 +1594,23 @@ async fn look_up_own_request(
 ) -> Option<(String, async_nats::HeaderMap, Bytes)> {
     let name = inner.filter_of(&msg.subject)?.to_owned();
     let catalog = inner.catalog.clone()?;
-    let permit = inner.lookups.clone().try_acquire_owned().ok()?;
+    let Ok(permit) = inner.own_lookups.clone().try_acquire_owned() else {
+        metrics::counter!(NODE_API_REQUESTS, "outcome" => "elsewhere").increment(1);
+        return None;
+    };
     let listed = tokio::time::timeout(API_HOLD, catalog.get(name.clone())).await;
     drop(permit);
     let entry = match listed {
         Ok(Ok(Some(entry))) => entry,
         Ok(Ok(None)) => {
             metrics::counter!(NODE_API_REQUESTS, "outcome" => "elsewhere").increment(1);
-            let mut foreign = inner.foreign.lock().expect("foreign lock");
-            foreign.absent(&name, Instant::now());
+            // The view's lock first, as `saw` takes them: a create the watcher saw while
+            // the catalog was read is not undone here.
+            let view = inner.view.read().expect("view lock");
+            if !view.contains_key(&name) {
+                let mut foreign = inner.foreign.lock().expect("foreign lock");
+                foreign.absent(&name, Instant::now());
+            }
             return None;
         }
         Ok(Err(e)) => {
@@ -1624,16 +1638,29 @@ async fn hold_own_request(
     metrics::counter!(NODE_API_REQUESTS, "outcome" => "held").increment(1);
     let deadline = tokio::time::Instant::now() + API_HOLD;
     let mut changes = inner.changes.subscribe();
+    let mut seen_listed = false;
     loop {
         if inner.stopping.load(Ordering::SeqCst) {
             return inner.refuse(msg, &ReplicaError::Stopped);
         }
-        if let Some(handle) = inner.routed_target(&name, Routed::OwnApi) {
-            if !inner.is_dropping(&name) {
+        if let Some((handle, dropped)) = inner.routed_target(&name, Routed::OwnApi) {
+            if !dropped {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 handle.wait_ready(left).await;
             }
             return handle.route_own_api(msg);
+        }
+        // Dropped before its replica started, or created again as a kind that keeps an id
+        // of its own (its replica subscribes): no longer this node's subject to answer.
+        let listed = {
+            let view = inner.view.read().expect("view lock");
+            view.get(&name).map(|e| inner.routes_own_api(&e.spec))
+        };
+        match listed {
+            Some(false) => return None,
+            Some(true) => seen_listed = true,
+            None if seen_listed => return None,
+            None => {}
         }
         // Started replicas show in `starting` without a change: looked at again meanwhile.
         let next = deadline.min(tokio::time::Instant::now() + Duration::from_millis(20));
