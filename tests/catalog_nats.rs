@@ -154,6 +154,15 @@ async fn catalog_tries(client: &async_nats::Client, op: &str, body: Value) -> (V
     panic!("catalog {op}: {last}")
 }
 
+/// Creates `name`, a `g_bloom` of capacity 1,000, through the catalog API: its answer.
+async fn create_bloom(client: &async_nats::Client, name: &str) -> Value {
+    let body = json!({"name": name, "filter": bloom(1000)});
+    let (created, tries) = catalog_tries(client, "create", body).await;
+    // Sent again after a timeout, a create that went through answers `false`.
+    assert!(created["created"] == true || tries > 1, "{created}");
+    created
+}
+
 fn bloom(capacity: u64) -> Value {
     json!({"kind": "g_bloom", "capacity": capacity, "fpr": 0.01})
 }
@@ -185,13 +194,7 @@ async fn creates_and_drops_reach_every_node_of_a_cluster() {
     let (mut seen, mut refused) = (Vec::new(), Vec::new());
     for i in 0..12 {
         let name = format!("tenant-{i}");
-        let (created, tries) = catalog_tries(
-            &client,
-            "create",
-            json!({"name": name, "filter": bloom(1000)}),
-        )
-        .await;
-        assert!(created["created"] == true || tries > 1, "{created}");
+        let created = create_bloom(&client, &name).await;
         assert!(created["generation"].as_u64().unwrap() > 0);
         // The node that answered hosts it already; an add through any node once it serves.
         let adder = &nodes[i % 3];
@@ -545,14 +548,7 @@ async fn own_api_subjects_answer_right_after_a_create_on_every_node() {
     let (mut unanswered, mut refused) = (Vec::new(), Vec::new());
     for i in 0..40 {
         let name = format!("own-{i}");
-        let (created, tries) = catalog_tries(
-            &client,
-            "create",
-            json!({"name": name, "filter": bloom(1000)}),
-        )
-        .await;
-        // Sent again after a timeout, a create that went through answers `false`.
-        assert!(created["created"] == true || tries > 1, "{created}");
+        create_bloom(&client, &name).await;
         let asks = ids.iter().map(|id| {
             let subject = format!("crpf.{name}.replica.{id}.api.contains");
             let client = client.clone();

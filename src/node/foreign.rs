@@ -125,6 +125,11 @@ impl ForeignNames {
         }
     }
 
+    /// Whether the catalog dropped `name` and has not listed it again since.
+    pub(super) fn was_dropped(&self, name: &str) -> bool {
+        self.dropped.contains_key(name)
+    }
+
     /// The catalog lists `name` now.
     pub(super) fn listed(&mut self, name: &str) {
         self.names.remove(name);
@@ -218,7 +223,9 @@ mod tests {
         assert_eq!(f.heard("gone", much_later), Heard::Unchecked);
         // Its tombstone goes when the catalog lists the name again.
         f.dropped("gone", much_later);
+        assert!(f.was_dropped("gone") && !f.was_dropped("other"));
         f.listed("gone");
+        assert!(!f.was_dropped("gone"));
         f.saw("gone", much_later);
         assert_eq!(f.heard("gone", much_later), Heard::Unchecked);
     }

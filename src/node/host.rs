@@ -962,6 +962,10 @@ impl Inner {
             if final_ || handle.serving_api() {
                 return ApiRoute::answer(handle.route_own_api(msg));
             }
+            if self.dropped_meanwhile(name) {
+                let unknown = ReplicaError::UnknownFilter(name.to_owned());
+                return ApiRoute::answer(self.refuse(msg, &unknown));
+            }
             return ApiRoute::Hold(msg);
         }
         if self.view.read().expect("view lock").contains_key(name) {
@@ -1015,6 +1019,28 @@ impl Inner {
                 dropping.get(name).cloned().map(|h| (h, true))
             })
             .or_else(|| self.stopping_replica(name).map(|h| (h, true)))
+    }
+
+    /// Whether the watcher saw `name` dropped (and not created again) while its replica
+    /// still starts: the drop waits behind the create's start, and a request must not wait
+    /// for a replica that stops as soon as it has started.
+    fn dropped_meanwhile(&self, name: &str) -> bool {
+        self.foreign.lock().expect("foreign lock").was_dropped(name)
+    }
+
+    /// Waits up to `left` for `handle` to serve, unless its filter is dropped meanwhile
+    /// ([`Inner::dropped_meanwhile`]): `false` then.
+    async fn wait_serving(&self, name: &str, handle: &ReplicaHandle, left: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + left;
+        loop {
+            if self.dropped_meanwhile(name) {
+                return false;
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if handle.wait_ready(left.min(Duration::from_millis(20))).await || left.is_zero() {
+                return true;
+            }
+        }
     }
 
     /// The replica of `name`, hosted or starting.
@@ -1096,6 +1122,9 @@ impl Inner {
             return ApiRoute::Silent;
         }
         if let Some((handle, dropped)) = self.routed_target(name, routed) {
+            if routed == Routed::OwnApi && !handle.serving_api() && self.dropped_meanwhile(name) {
+                return ApiRoute::answer(self.refuse(msg, &ReplicaError::Stopped));
+            }
             if routed == Routed::OwnApi && !handle.serving_api() && !dropped {
                 // Starting or catching up: held until it serves, as on the queue group.
                 return ApiRoute::HoldOwn(msg);
@@ -1520,7 +1549,9 @@ async fn hold_request(
         if let Some((handle, final_)) = inner.api_target(&name) {
             if !final_ {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                handle.wait_ready(left).await;
+                if !inner.wait_serving(&name, &handle, left).await {
+                    return inner.refuse(msg, &ReplicaError::UnknownFilter(name));
+                }
             }
             return match handle.serving_api() || final_ {
                 true => handle.route_own_api(msg),
@@ -1646,7 +1677,9 @@ async fn hold_own_request(
         if let Some((handle, dropped)) = inner.routed_target(&name, Routed::OwnApi) {
             if !dropped {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                handle.wait_ready(left).await;
+                if !inner.wait_serving(&name, &handle, left).await {
+                    return inner.refuse(msg, &ReplicaError::Stopped);
+                }
             }
             return handle.route_own_api(msg);
         }
