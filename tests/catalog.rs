@@ -527,6 +527,34 @@ async fn an_own_api_request_ahead_of_the_watcher_is_held_until_the_replica_serve
     b.shutdown().await.unwrap();
 }
 
+/// A dropped filter's name is refused as unknown even in the grace after the node's start,
+/// where a name the node does not know is left unanswered (a replica outside the catalog
+/// may have it): the node saw it dropped from the catalog. A request right after a drop,
+/// reaching a node whose replica of the filter had not started, got nothing.
+#[actix::test]
+async fn a_dropped_name_is_refused_even_in_the_grace_after_the_start() {
+    let bus = InProcessBus::new();
+    // Grace: 8 anti-entropy intervals, 16 s here.
+    let cfg = NodeConfig::from_toml_str(
+        "[catalog]\n[catalog.defaults]\ndelta_interval_ms = 10\nanti_entropy_interval_ms = 2000\n",
+    )
+    .unwrap();
+    let a = node(&bus, cfg).await;
+    a.create_filter("gone", bloom(1_000)).await.unwrap();
+    a.drop_filter("gone").await.unwrap().unwrap();
+    // Past its replica's linger ("stopped"), still in the grace.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let refused = ask(&bus, "crpf.gone.api.contains".into(), b"x", 1_000)
+        .await
+        .expect("answered in the grace");
+    let error = refused["error"].to_string();
+    assert!(error.contains("no filter named `gone`"), "{error}");
+    // A name never in the catalog is still left unanswered in the grace.
+    let never = ask(&bus, "crpf.never.api.contains".into(), b"x", 300).await;
+    assert!(never.is_err(), "{never:?}");
+    a.shutdown().await.unwrap();
+}
+
 /// The request API's operations of catalog filters come on one queue subscription of the
 /// node (`api_queue = "node"`, the default) or on each replica's own (`"filter"`): both
 /// answer, and the node's refuses a name it does not know (once its grace after the start,

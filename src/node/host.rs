@@ -971,6 +971,16 @@ impl Inner {
         if self.view.read().expect("view lock").contains_key(name) {
             return ApiRoute::Hold(msg);
         }
+        if self.dropped_meanwhile(name) {
+            // The watcher saw it dropped (and its replica, if it ever started here, is gone):
+            // a catalog filter's name, refused without asking the catalog, even in the grace
+            // after the start, where a name it does not know is left unanswered (a request
+            // right after a drop, reaching a node whose replica was not started yet, got
+            // nothing then).
+            metrics::counter!(NODE_API_REQUESTS, "outcome" => "unknown").increment(1);
+            let unknown = ReplicaError::UnknownFilter(name.to_owned());
+            return ApiRoute::answer(self.refuse(msg, &unknown));
+        }
         let heard = self
             .foreign
             .lock()
