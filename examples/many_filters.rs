@@ -161,6 +161,25 @@ async fn main() {
                 )
             }
         };
+        // Probes every far replica of `name` until `contains` is answered (`true`), or no
+        // longer is (`false`): how many went unanswered on the way.
+        let until = |name: &str, answered: bool| {
+            let (subjects, answers) = (subjects(name), &answers);
+            async move {
+                let mut unanswered = 0;
+                for subject in subjects {
+                    loop {
+                        let (yes, timed_out) = answers(subject.clone()).await;
+                        unanswered += usize::from(timed_out);
+                        if yes == answered {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+                unanswered
+            }
+        };
         let (mut created, mut dropped) = (Vec::new(), Vec::new());
         let mut slow = Vec::new();
         for i in 0..args.visibility_samples {
@@ -168,17 +187,7 @@ async fn main() {
             let started = Instant::now();
             request(&nats, "create", json!({"name": name, "filter": spec()})).await;
             // Visible once every far replica serves it.
-            let mut unanswered = 0;
-            for subject in subjects(&name) {
-                loop {
-                    let (yes, timed_out) = answers(subject.clone()).await;
-                    unanswered += usize::from(timed_out);
-                    if yes {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-            }
+            let unanswered = until(&name, true).await;
             let ms = started.elapsed().as_secs_f64() * 1e3;
             if ms > 200.0 {
                 slow.push(format!(
@@ -189,17 +198,7 @@ async fn main() {
             let started = Instant::now();
             request(&nats, "drop", json!({"name": name})).await;
             // Dropped once no far replica answers any more ("no responders").
-            let mut unanswered = 0;
-            for subject in subjects(&name) {
-                loop {
-                    let (yes, timed_out) = answers(subject.clone()).await;
-                    unanswered += usize::from(timed_out);
-                    if !yes {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-            }
+            let unanswered = until(&name, false).await;
             let ms = started.elapsed().as_secs_f64() * 1e3;
             if ms > 200.0 {
                 slow.push(format!(

@@ -1132,12 +1132,14 @@ impl Inner {
             return ApiRoute::Silent;
         }
         if let Some((handle, dropped)) = self.routed_target(name, routed) {
-            if routed == Routed::OwnApi && !handle.serving_api() && self.dropped_meanwhile(name) {
-                return ApiRoute::answer(self.refuse(msg, &ReplicaError::Stopped));
-            }
-            if routed == Routed::OwnApi && !handle.serving_api() && !dropped {
-                // Starting or catching up: held until it serves, as on the queue group.
-                return ApiRoute::HoldOwn(msg);
+            if routed == Routed::OwnApi && !handle.serving_api() {
+                if self.dropped_meanwhile(name) {
+                    return ApiRoute::answer(self.refuse(msg, &ReplicaError::Stopped));
+                }
+                if !dropped {
+                    // Starting or catching up: held until it serves, as on the queue group.
+                    return ApiRoute::HoldOwn(msg);
+                }
             }
             return ApiRoute::answer(handle.route_own_api(msg));
         }
@@ -1419,7 +1421,7 @@ async fn serve_replica_apis(
                     None
                 }
                 Some((ApiRoute::HoldOwn(msg), inner)) => {
-                    spawn_held(inner, transport.clone(), msg, Held::HoldOwn);
+                    spawn_held(inner, transport.clone(), msg, Held::Hold { own: true });
                     None
                 }
                 // `route` holds nothing itself: a hold follows a look-up here.
@@ -1451,7 +1453,7 @@ enum ApiRoute {
     /// where a name the catalog does not list gets no answer ([`look_up_own_request`]).
     LookUpOwn(Message),
     /// A catalog filter's replica that does not serve yet, on its own API subject of the
-    /// node's id: it waits for it ([`hold_own_request`]).
+    /// node's id: it waits for it ([`hold_request`]).
     HoldOwn(Message),
 }
 
@@ -1480,7 +1482,7 @@ async fn serve_node_api(
             let reply = match routed {
                 Some((ApiRoute::Reply(reply), _)) => Some(reply),
                 Some((ApiRoute::Hold(msg), inner)) => {
-                    spawn_held(inner, transport.clone(), msg, Held::Hold);
+                    spawn_held(inner, transport.clone(), msg, Held::Hold { own: false });
                     None
                 }
                 Some((ApiRoute::LookUp { msg, elsewhere }, inner)) => {
@@ -1502,14 +1504,12 @@ async fn serve_node_api(
 /// Why a request of the node's subscriptions waits in a task of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Held {
-    /// For its filter to serve ([`hold_request`]).
-    Hold,
+    /// For its filter to serve ([`hold_request`]); `own`: on its own API subject.
+    Hold { own: bool },
     /// For the catalog to say whether the name is one ([`look_up_request`]).
     LookUp { elsewhere: bool },
     /// The same for an own API subject ([`look_up_own_request`]).
     LookUpOwn,
-    /// For its filter to serve, on an own API subject ([`hold_own_request`]).
-    HoldOwn,
 }
 
 /// Answers `msg` in a task of its own (see [`Held`]). Beyond [`MAX_HELD_REQUESTS`] it is
@@ -1530,10 +1530,9 @@ fn spawn_held(inner: Arc<Inner>, transport: Arc<dyn Transport>, msg: Message, wh
     }
     tokio::spawn(async move {
         let reply = match why {
-            Held::Hold => hold_request(&inner, msg).await,
+            Held::Hold { own } => hold_request(&inner, msg, own).await,
             Held::LookUp { elsewhere } => look_up_request(&inner, msg, elsewhere).await,
             Held::LookUpOwn => look_up_own_request(&inner, msg).await,
-            Held::HoldOwn => hold_own_request(&inner, msg).await,
         };
         inner.held.fetch_sub(1, Ordering::AcqRel);
         if let Some((to, headers, payload)) = reply {
@@ -1543,30 +1542,60 @@ fn spawn_held(inner: Arc<Inner>, transport: Arc<dyn Transport>, msg: Message, wh
 }
 
 /// The reply to a request for a catalog filter this node does not serve yet, once its
-/// replica serves; refused as not serving if it does not within [`API_HOLD`].
+/// replica serves; refused as not serving if it does not within [`API_HOLD`]. `own`: on the
+/// filter's own API subject of the node's id ([`Routed::OwnApi`]) rather than the queue
+/// group's, where a filter dropped before its replica started, or back as a kind that keeps
+/// an id of its own (its replica subscribes), is no longer the node's to answer.
 async fn hold_request(
     inner: &Arc<Inner>,
     msg: Message,
+    own: bool,
 ) -> Option<(String, async_nats::HeaderMap, Bytes)> {
+    if own {
+        // Own API subjects are the node's only under its id.
+        inner.shared_id.as_ref()?;
+    }
     metrics::counter!(NODE_API_REQUESTS, "outcome" => "held").increment(1);
     let deadline = tokio::time::Instant::now() + API_HOLD;
     let mut changes = inner.changes.subscribe();
     let name = inner.filter_of(&msg.subject)?.to_owned();
+    let mut seen_listed = false;
     loop {
         if inner.stopping.load(Ordering::SeqCst) {
             return inner.refuse(msg, &ReplicaError::Stopped);
         }
-        if let Some((handle, final_)) = inner.api_target(&name) {
+        let target = match own {
+            true => inner.routed_target(&name, Routed::OwnApi),
+            false => inner.api_target(&name),
+        };
+        if let Some((handle, final_)) = target {
             if !final_ {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 if !inner.wait_serving(&name, &handle, left).await {
-                    return inner.refuse(msg, &ReplicaError::UnknownFilter(name));
+                    // Dropped while its replica started.
+                    let dropped = match own {
+                        true => ReplicaError::Stopped,
+                        false => ReplicaError::UnknownFilter(name),
+                    };
+                    return inner.refuse(msg, &dropped);
                 }
             }
             return match handle.serving_api() || final_ {
                 true => handle.route_own_api(msg),
                 false => inner.refuse(msg, &ReplicaError::NotServing),
             };
+        }
+        if own {
+            let listed = {
+                let view = inner.view.read().expect("view lock");
+                view.get(&name).map(|e| inner.routes_own_api(&e.spec))
+            };
+            match listed {
+                Some(false) => return None,
+                Some(true) => seen_listed = true,
+                None if seen_listed => return None,
+                None => {}
+            }
         }
         // Started replicas show in `starting` without a change: looked at again meanwhile.
         let next = deadline.min(tokio::time::Instant::now() + Duration::from_millis(20));
@@ -1605,7 +1634,7 @@ async fn look_up_request(
     let listed = tokio::time::timeout(API_HOLD, catalog.get(name.clone())).await;
     drop(permit);
     match listed {
-        Ok(Ok(Some(_))) => hold_request(inner, msg).await,
+        Ok(Ok(Some(_))) => hold_request(inner, msg, false).await,
         Ok(Ok(None)) => {
             let outcome = if elsewhere { "elsewhere" } else { "unknown" };
             metrics::counter!(NODE_API_REQUESTS, "outcome" => outcome).increment(1);
@@ -1664,57 +1693,7 @@ async fn look_up_own_request(
         // Its replica subscribes its own subjects, under an id of its own.
         return None;
     }
-    hold_own_request(inner, msg).await
-}
-
-/// The reply to a request on a catalog filter's own API subject of the node's id whose
-/// replica does not serve yet, once it does; refused as not serving if it does not within
-/// [`API_HOLD`].
-async fn hold_own_request(
-    inner: &Arc<Inner>,
-    msg: Message,
-) -> Option<(String, async_nats::HeaderMap, Bytes)> {
-    let name = inner.filter_of(&msg.subject)?.to_owned();
-    let id = inner.shared_id.as_ref()?.identity().replica;
-    metrics::counter!(NODE_API_REQUESTS, "outcome" => "held").increment(1);
-    let deadline = tokio::time::Instant::now() + API_HOLD;
-    let mut changes = inner.changes.subscribe();
-    let mut seen_listed = false;
-    loop {
-        if inner.stopping.load(Ordering::SeqCst) {
-            return inner.refuse(msg, &ReplicaError::Stopped);
-        }
-        if let Some((handle, dropped)) = inner.routed_target(&name, Routed::OwnApi) {
-            if !dropped {
-                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                if !inner.wait_serving(&name, &handle, left).await {
-                    return inner.refuse(msg, &ReplicaError::Stopped);
-                }
-            }
-            return handle.route_own_api(msg);
-        }
-        // Dropped before its replica started, or created again as a kind that keeps an id
-        // of its own (its replica subscribes): no longer this node's subject to answer.
-        let listed = {
-            let view = inner.view.read().expect("view lock");
-            view.get(&name).map(|e| inner.routes_own_api(&e.spec))
-        };
-        match listed {
-            Some(false) => return None,
-            Some(true) => seen_listed = true,
-            None if seen_listed => return None,
-            None => {}
-        }
-        // Started replicas show in `starting` without a change: looked at again meanwhile.
-        let next = deadline.min(tokio::time::Instant::now() + Duration::from_millis(20));
-        if tokio::time::timeout_at(next, changes.changed())
-            .await
-            .is_err()
-            && tokio::time::Instant::now() >= deadline
-        {
-            return crate::replica::not_serving(id, msg);
-        }
-    }
+    hold_request(inner, msg, true).await
 }
 
 async fn publish_reply(

@@ -71,7 +71,7 @@ pub use local::{
 pub(crate) use local::{FINAL_FLUSH_TIMEOUT, ShutdownBy};
 pub(crate) use pump::{API_LINGER, Inbound, Route, route_replication};
 pub use reads::PendingResponse;
-pub(crate) use reads::{not_serving, refusal, route_own_api};
+pub(crate) use reads::{refusal, route_own_api};
 pub use reply::ApiResponse;
 pub(crate) use reply::error_of;
 pub(crate) use updates::{AddOutcome, BatchAdd, InPlace};

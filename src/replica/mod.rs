@@ -70,7 +70,7 @@ pub use ack::AckLevel;
 pub use actor::ACK_HEADER;
 pub use actor::CommitTicket;
 pub(crate) use actor::FINAL_FLUSH_TIMEOUT;
-pub(crate) use actor::{API_LINGER, AddOutcome, BatchAdd, InPlace, error_of, not_serving, refusal};
+pub(crate) use actor::{API_LINGER, AddOutcome, BatchAdd, InPlace, error_of, refusal};
 pub use actor::{
     Add, ApiResponse, Contains, FlushDelta, Import, Merge, PendingResponse, Persist, Remove,
     Replica, ReserveTags, Shutdown, Stats, TakeSnapshot,
