@@ -269,7 +269,9 @@ pub struct Replica {
     seq: u64,
     /// Peers, digests and readiness (the protocol's decisions, pure and unit-tested).
     anti_entropy: AntiEntropy,
-    transfers: Reassembly,
+    /// State transfers in progress and recently completed, made by the first chunk: most
+    /// replicas of a node of many filters never receive one.
+    transfers: Option<Box<Reassembly>>,
     /// The digest, cached until the state changes.
     digests: DigestCache,
     /// When full-state pushes may go.
@@ -311,8 +313,9 @@ pub struct Replica {
     pipeline: CommitPipeline<reply::Responder>,
     /// The id claim and the other ids of the filter.
     lease: lease::Lease,
-    /// The other ids' reservations as last seen, and frames waiting for the next look.
-    registry_view: unreserved::RegistryView,
+    /// The other ids' reservations as last seen, and frames waiting for the next look; made
+    /// by the first use (only tagged kinds look).
+    registry_view: Option<Box<unreserved::RegistryView>>,
     /// Checks and applies the request API's updates (here, or in the subscription tasks).
     updates: Arc<updates::Updates>,
     /// Its node's digest batches, where its digests go if it has one.
@@ -351,8 +354,6 @@ impl Replica {
         // most replicas of a node of many filters are idle.
         let (inbound_tx, inbound_rx) = flume::bounded(s.cfg.inbound_buffer);
         let (outbound, outbound_rx) = flume::bounded(s.cfg.outbound_buffer);
-        let timeout =
-            ReplicaConfig::ms(s.cfg.anti_entropy_interval_ms * 3).max(Duration::from_secs(5));
         let updates = Arc::new(updates::Updates {
             shared: s.shared.clone(),
             default_ack: s.cfg.default_ack(),
@@ -384,11 +385,7 @@ impl Replica {
         );
         Replica {
             updates,
-            transfers: Reassembly::new(
-                s.cfg.max_state_bytes,
-                timeout,
-                s.cfg.filter.kind.merges_state_pieces(),
-            ),
+            transfers: None,
             cfg: s.cfg,
             telemetry: s.shared.telemetry.clone(),
             shared: s.shared,
@@ -407,7 +404,7 @@ impl Replica {
             pipeline: CommitPipeline::new(s.wal),
             reserved: s.reserved,
             lease: lease::Lease::new(s.lease_reserved, s.shared_id),
-            registry_view: Default::default(),
+            registry_view: None,
             started,
             last_housekeeping: started,
             next_digest: started,
@@ -561,10 +558,25 @@ impl Replica {
                 Action::CountGaps(n) => self.telemetry.sequence_gaps(n),
                 Action::Forget(uuid) => {
                     tracing::debug!(filter = %self.cfg.name, %uuid, "peer forgotten");
-                    self.transfers.forget(&uuid);
+                    if let Some(transfers) = &mut self.transfers {
+                        transfers.forget(&uuid);
+                    }
                 }
             }
         }
+    }
+
+    fn transfers_mut(&mut self) -> &mut Reassembly {
+        let cfg = &self.cfg;
+        self.transfers.get_or_insert_with(|| {
+            let timeout =
+                ReplicaConfig::ms(cfg.anti_entropy_interval_ms * 3).max(Duration::from_secs(5));
+            Box::new(Reassembly::new(
+                cfg.max_state_bytes,
+                timeout,
+                cfg.filter.kind.merges_state_pieces(),
+            ))
+        })
     }
 
     fn record_merge(&self, source: MergeSource, t: Instant, ok: bool) {
@@ -578,7 +590,7 @@ impl Replica {
         chunk: StateChunk,
         ctx: &mut Context<Self>,
     ) {
-        let state = match self.transfers.add(sender, chunk) {
+        let state = match self.transfers_mut().add(sender, chunk) {
             Ok(Progress::Pending) => return,
             Ok(Progress::Complete(state)) => state,
             Ok(Progress::Piece {
@@ -645,7 +657,9 @@ impl Replica {
         let merged = self.write().merge_state_piece(total_len, offset, data);
         if let Err(e) = merged {
             self.record_merge(MergeSource::State, t, false);
-            self.transfers.forget_transfer(&sender);
+            if let Some(transfers) = &mut self.transfers {
+                transfers.forget_transfer(&sender);
+            }
             self.telemetry
                 .counter(m::STATE_TRANSFERS, &[("outcome", "rejected")])
                 .increment(1);
@@ -991,7 +1005,7 @@ impl Replica {
         let busy = !self.cfg.aggregate_metrics
             || self.expect.kind == FilterKind::ExpiringBloom
             || !self.anti_entropy.is_ready()
-            || self.transfers.in_progress() > 0
+            || self.transfers.as_ref().is_some_and(|t| t.in_progress() > 0)
             || self.pipeline.busy()
             || self.snapshots.has_unsaved()
             || self.shared.direct_changes.load(Ordering::Acquire)
@@ -1074,7 +1088,7 @@ impl Replica {
         }
         let live = self.anti_entropy.live_peers(now);
         self.telemetry.peers.set(live as f64);
-        let expired = self.transfers.expire();
+        let expired = self.transfers.as_mut().map_or(0, |t| t.expire());
         if expired > 0 {
             self.telemetry
                 .counter(m::STATE_TRANSFERS, &[("outcome", "expired")])

@@ -207,7 +207,7 @@ impl Replica {
                     act.on_renewal(want, renewal);
                     match claims {
                         Ok(claims) => {
-                            act.registry_view.note(&claims, started);
+                            act.registry_view_mut().note(&claims, started);
                             act.retire_stale(&claims, ctx)
                         }
                         Err(e) => act.lease_failed("listing claims", &e),

@@ -101,13 +101,17 @@ impl RegistryView {
 }
 
 impl Replica {
+    pub(super) fn registry_view_mut(&mut self) -> &mut RegistryView {
+        self.registry_view.get_or_insert_default()
+    }
+
     /// The bounds this replica holds received tags against: `None` when the check is off.
     pub(super) fn with_tag_bounds<T>(&self, f: impl FnOnce(Option<TagBounds<'_>>) -> T) -> T {
         if !self.cfg.check_tag_reservations || !self.expect.kind.tagged() {
             return f(None);
         }
-        let view = &self.registry_view;
-        let lookup = |id| view.reserved(id);
+        let view = self.registry_view.as_deref();
+        let lookup = |id| view.and_then(|v| v.reserved(id));
         f(Some(TagBounds {
             own_reserved: self.lease.reserved(),
             reserved: &lookup,
@@ -121,7 +125,7 @@ impl Replica {
             HeldFrame::Delta { bytes, .. } => bytes.len(),
             HeldFrame::State { len, .. } => *len,
         };
-        let v = &mut self.registry_view;
+        let v = self.registry_view_mut();
         if v.held.len() >= MAX_HELD_FRAMES || v.held_bytes + len > MAX_HELD_BYTES {
             return false;
         }
@@ -137,15 +141,16 @@ impl Replica {
     /// Starts a look at the registry for the held frames, or schedules one if the last was
     /// too recent.
     fn look_for_held(&mut self, ctx: &mut Context<Self>) {
-        if self.registry_view.looking || self.registry_view.held.is_empty() {
-            return;
+        match self.registry_view.as_deref() {
+            Some(v) if !v.looking && !v.held.is_empty() => {}
+            _ => return,
         }
         // The node lists its ids at every renewal: a listing newer than this replica's view
         // places the frames held before it without a look of this replica's own.
         if let Some(started) = self.note_shared_listing() {
             self.replay_held(started, ctx);
         }
-        let v = &mut self.registry_view;
+        let v = self.registry_view_mut();
         if v.looking || v.look_scheduled || v.held.is_empty() {
             return;
         }
@@ -153,7 +158,7 @@ impl Replica {
         if !wait.is_zero() {
             v.look_scheduled = true;
             ctx.run_later(wait, |act, ctx| {
-                act.registry_view.look_scheduled = false;
+                act.registry_view_mut().look_scheduled = false;
                 act.look_for_held(ctx);
             });
             return;
@@ -168,10 +173,10 @@ impl Replica {
         let t = self.transport.clone();
         let look = async move { t.replica_claims(namespace).await };
         ctx.spawn(look.into_actor(self).map(move |claims, act, ctx| {
-            act.registry_view.looking = false;
+            act.registry_view_mut().looking = false;
             match claims {
                 Ok(claims) => {
-                    act.registry_view.note(&claims, started);
+                    act.registry_view_mut().note(&claims, started);
                     act.replay_held(started, ctx);
                 }
                 // Tried again within the look budget; the frames wait (bounded).
@@ -185,17 +190,17 @@ impl Replica {
     /// view: when that listing started.
     pub(super) fn note_shared_listing(&mut self) -> Option<Instant> {
         let (claims, started) = self.lease.shared.as_ref()?.last_claims()?;
-        if self.registry_view.looked_at >= Some(started) {
+        if self.registry_view.as_ref().and_then(|v| v.looked_at) >= Some(started) {
             return None;
         }
-        self.registry_view.note(&claims, started);
+        self.registry_view_mut().note(&claims, started);
         Some(started)
     }
 
     /// Merges or refuses the frames held before the look that started at `started`; later
     /// ones wait for the next look.
     fn replay_held(&mut self, started: Instant, ctx: &mut Context<Self>) {
-        let v = &mut self.registry_view;
+        let v = self.registry_view_mut();
         let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut v.held)
             .into_iter()
             .partition(|(at, _)| *at <= started);
@@ -205,7 +210,7 @@ impl Replica {
                 HeldFrame::Delta { bytes, .. } => bytes.len(),
                 HeldFrame::State { len, .. } => *len,
             };
-            self.registry_view.held_bytes -= len;
+            self.registry_view_mut().held_bytes -= len;
             let merged = match frame {
                 HeldFrame::Delta { bytes, ack_to } => {
                     let merged = self.merge_delta_checked(&bytes, false, ack_to, ctx);
