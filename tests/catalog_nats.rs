@@ -640,3 +640,56 @@ async fn a_node_stops_on_sigterm_after_its_server_is_gone() {
         "a replica stopped without its snapshot"
     );
 }
+
+/// A catalog filter's replica hears its node lose its server and connect again: the node
+/// hands every replica it routes its transport's connection events (one receiver for all),
+/// and the replica counts them (and asks its peers for their states, as after any
+/// reconnection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catalog_filter_hears_its_node_reconnect() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = NatsServer::start();
+    let urls = vec![server.url()];
+    let mut nodes = serving_nodes(dir.path(), 1, &urls);
+    let client = async_nats::connect(server.url()).await.unwrap();
+    create_bloom(&client, "heard").await;
+    let stats = |client: async_nats::Client| async move {
+        api_request(
+            &client,
+            "crpf.heard.api.stats".into(),
+            Vec::new(),
+            Duration::from_secs(2),
+        )
+        .await
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let before = loop {
+        match stats(client.clone()).await {
+            Ok(s) if s["connected"] == true => break s,
+            other => assert!(Instant::now() < deadline, "no stats: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(before["disconnects"], 0, "{before}");
+    server.kill();
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = stats(client.clone()).await;
+        if let Ok(s) = &s
+            && s["disconnects"].as_u64() >= Some(1)
+            && s["reconnects"].as_u64() >= Some(1)
+            && s["connected"] == true
+        {
+            break;
+        }
+        nodes[0].proc.assert_running();
+        assert!(
+            Instant::now() < deadline,
+            "the replica did not hear the reconnection: {s:?}\n{}",
+            nodes[0].proc.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    nodes[0].proc.terminate(Duration::from_secs(30));
+}

@@ -24,7 +24,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use serde::Serialize;
 use thiserror::Error;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
 use super::NodeError;
 use super::config::{ApiQueue, CatalogSection, NodeConfig};
@@ -39,7 +39,7 @@ use crate::transport::digests::{
 };
 use crate::transport::{
     Catalog, CatalogChange, CatalogEntry, CatalogError, Created, Message, MessageStream, Subjects,
-    Transport, confirm_subscriptions, is_token, serve_subscription, subscribe_now,
+    Transport, TransportEvent, confirm_subscriptions, is_token, serve_subscription, subscribe_now,
 };
 use crate::wire::AuthKeys;
 use crate::wire::batch::decode_batch;
@@ -344,6 +344,8 @@ impl Node {
                 .replication_transport()
                 .await?
                 .unwrap_or_else(|| inner.transport.clone());
+            // Before any replica starts, so that none misses an event.
+            let events = forward_events(Arc::downgrade(&inner), inner.transport.events());
             let replication_subject = Subjects::new(&inner.prefix, "*").replication;
             let replication_stream = subscribe_now(&replication, &replication_subject, None).await;
             // The digests of other nodes' catalog filters, in batches.
@@ -378,6 +380,7 @@ impl Node {
                 |inner, msg| inner.route_digest_batch(&msg.payload),
             );
             inner.routers.lock().expect("routers lock").extend([
+                tokio::spawn(events),
                 tokio::spawn(task),
                 tokio::spawn(publishing),
                 tokio::spawn(receiving),
@@ -1054,6 +1057,18 @@ impl Inner {
     }
 
     /// The replica of `name`, hosted or starting.
+    /// The replicas hosted or starting (those whose replication the node does not route take
+    /// no routed message, [`ReplicaHandle::route_event`]).
+    fn routed_handles(&self) -> Vec<ReplicaHandle> {
+        let mut handles: Vec<_> = {
+            let hosted = self.hosted.read().expect("hosted lock");
+            hosted.values().map(|h| h.handle.clone()).collect()
+        };
+        let starting = self.starting.lock().expect("starting lock");
+        handles.extend(starting.values().map(|(h, _)| h.clone()));
+        handles
+    }
+
     fn running(&self, name: &str) -> Option<ReplicaHandle> {
         let hosted = self
             .hosted
@@ -1727,6 +1742,26 @@ async fn serve_routed(
         std::future::ready(())
     })
     .await
+}
+
+/// Hands each connection event of the node's transport to every replica whose replication
+/// the node routes, as their own receivers of it did (one each cost a replica 200 bytes),
+/// until the node is gone. In order: one replica's full buffer holds the rest back a moment.
+async fn forward_events(inner: Weak<Inner>, mut events: broadcast::Receiver<TransportEvent>) {
+    loop {
+        let ev = match events.recv().await {
+            Ok(ev) => ev,
+            // The next event tells the connection's state.
+            Err(broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(broadcast::error::RecvError::Closed) => return,
+        };
+        let Some(handles) = inner.upgrade().map(|i| i.routed_handles()) else {
+            return;
+        };
+        for handle in handles {
+            handle.route_event(ev).await;
+        }
+    }
 }
 
 /// Whether the node is gone, or `flag` of it is set.

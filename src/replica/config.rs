@@ -199,8 +199,9 @@ pub struct ReplicaConfig {
     /// subscription it shares among its filters (`<prefix>.*.*`), where the replica makes
     /// none of its own: a subscription's buffer is ~6 KB, a quarter of what a small filter
     /// cost a node of 100,000.
+    /// The node also hands it its transport's connection events (one receiver for all).
     /// Set by the node, which must then route the replica's messages to it: a replica of
-    /// one's own with it set hears no replication.
+    /// one's own with it set hears no replication and no connection event.
     #[doc(hidden)]
     #[serde(skip)]
     pub routed_replication: bool,

@@ -579,6 +579,13 @@ impl ReplicaHandle {
         actor::route_replication(&self.shared, msg, false)
     }
 
+    /// Hands the replica a connection event of the transport it was started on, received by
+    /// its node for it ([`ReplicaConfig::routed_replication`]); waits while its inbound buffer
+    /// is full. Nothing for a replica that takes its own events.
+    pub(crate) async fn route_event(&self, ev: crate::transport::TransportEvent) {
+        actor::route_event(&self.shared, ev).await
+    }
+
     /// [`ReplicaHandle::route_replication`] for a frame of a digest batch: anything but a
     /// digest outside the sequence is refused (and counted).
     pub(crate) fn route_batched_digest(&self, msg: crate::transport::Message) {

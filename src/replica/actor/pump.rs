@@ -289,6 +289,17 @@ pub(crate) fn route_replication(shared: &Shared, msg: Message, batched: bool) {
     let _ = offer(shared, &inlet.to_actor, item);
 }
 
+/// A connection event of the node's transport, handed to `shared`'s replica by its node
+/// ([`crate::replica::ReplicaConfig::routed_replication`]). Waits for room in a full inbound
+/// buffer rather than drop it: a lost `Connected` would leave the replica without the state
+/// requests a reconnection makes. Nothing for a replica that takes its own events.
+pub(crate) async fn route_event(shared: &Shared, ev: TransportEvent) {
+    if let Some(inlet) = shared.replication_inlet.get() {
+        // A closed buffer: the replica stopped.
+        let _ = inlet.to_actor.send_async(Inbound::Event(ev)).await;
+    }
+}
+
 /// The transport's connection events, as the actor takes them (a lagging receiver skips
 /// what it missed: the next event tells the connection's state).
 pub(super) fn events(
