@@ -1527,11 +1527,30 @@ enum Held {
     LookUpOwn,
 }
 
+/// One of the node's [`MAX_HELD_REQUESTS`] places for held requests, given back when dropped:
+/// also by a task that panics or is cancelled (the node's runtime stopping), where a count
+/// decremented by hand would stay taken for good.
+struct HeldSlot(Arc<Inner>);
+
+impl HeldSlot {
+    /// A place, if one is free.
+    fn take(inner: &Arc<Inner>) -> Option<HeldSlot> {
+        let taken = inner.held.fetch_add(1, Ordering::AcqRel);
+        let slot = HeldSlot(inner.clone());
+        (taken < MAX_HELD_REQUESTS).then_some(slot)
+    }
+}
+
+impl Drop for HeldSlot {
+    fn drop(&mut self) {
+        self.0.held.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Answers `msg` in a task of its own (see [`Held`]). Beyond [`MAX_HELD_REQUESTS`] it is
 /// refused at once.
 fn spawn_held(inner: Arc<Inner>, transport: Arc<dyn Transport>, msg: Message, why: Held) {
-    if inner.held.fetch_add(1, Ordering::AcqRel) >= MAX_HELD_REQUESTS {
-        inner.held.fetch_sub(1, Ordering::AcqRel);
+    let Some(slot) = HeldSlot::take(&inner) else {
         if matches!(why, Held::LookUp { elsewhere: true } | Held::LookUpOwn) {
             // Perhaps another replica's: left to it.
             metrics::counter!(NODE_API_REQUESTS, "outcome" => "elsewhere").increment(1);
@@ -1542,14 +1561,14 @@ fn spawn_held(inner: Arc<Inner>, transport: Arc<dyn Transport>, msg: Message, wh
             tokio::spawn(async move { publish_reply(&transport, to, headers, payload).await });
         }
         return;
-    }
+    };
     tokio::spawn(async move {
         let reply = match why {
             Held::Hold { own } => hold_request(&inner, msg, own).await,
             Held::LookUp { elsewhere } => look_up_request(&inner, msg, elsewhere).await,
             Held::LookUpOwn => look_up_own_request(&inner, msg).await,
         };
-        inner.held.fetch_sub(1, Ordering::AcqRel);
+        drop(slot);
         if let Some((to, headers, payload)) = reply {
             publish_reply(&transport, to, headers, payload).await;
         }
@@ -1875,6 +1894,29 @@ pub(crate) fn describe() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A place for a held request is given back however its task ends: a panic too.
+    #[actix::test]
+    async fn a_held_request_gives_its_place_back_even_if_its_task_panics() {
+        let cfg = NodeConfig::from_toml_str("").unwrap();
+        let bus = Arc::new(crate::transport::InProcessBus::new());
+        let node = Node::start(cfg, bus, None).await.unwrap();
+        let inner = &node.inner;
+        let mut slots: Vec<_> = (0..MAX_HELD_REQUESTS)
+            .map(|_| HeldSlot::take(inner).expect("a free place"))
+            .collect();
+        assert!(HeldSlot::take(inner).is_none(), "beyond the limit");
+        let slot = slots.pop();
+        let task = tokio::spawn(async move {
+            let _slot = slot;
+            panic!("a held request's task panicked");
+        });
+        assert!(task.await.is_err());
+        assert!(HeldSlot::take(inner).is_some(), "the panicked task's place");
+        drop(slots);
+        assert_eq!(inner.held.load(Ordering::Acquire), 0);
+        node.shutdown().await.unwrap();
+    }
 
     #[test]
     fn incarnation_dirs_round_trip_and_configured_dirs_are_not_taken_for_them() {
