@@ -822,6 +822,14 @@ impl Inner {
         self.changed();
     }
 
+    /// Refuses a request for `name`, which the watcher saw dropped, as for an unknown filter
+    /// (and counts it so, wherever the route found the drop).
+    fn refuse_dropped(&self, name: String, msg: Message) -> ApiRoute {
+        metrics::counter!(NODE_API_REQUESTS, "outcome" => "unknown").increment(1);
+        let unknown = ReplicaError::UnknownFilter(name);
+        ApiRoute::answer(self.refuse(msg, &unknown))
+    }
+
     /// Keeps this node's view of the catalog.
     fn saw(&self, change: &CatalogChange) {
         let mut view = self.view.write().expect("view lock");
@@ -966,8 +974,7 @@ impl Inner {
                 return ApiRoute::answer(handle.route_own_api(msg));
             }
             if self.dropped_meanwhile(name) {
-                let unknown = ReplicaError::UnknownFilter(name.to_owned());
-                return ApiRoute::answer(self.refuse(msg, &unknown));
+                return self.refuse_dropped(name.to_owned(), msg);
             }
             return ApiRoute::Hold(msg);
         }
@@ -980,9 +987,7 @@ impl Inner {
             // after the start, where a name it does not know is left unanswered (a request
             // right after a drop, reaching a node whose replica was not started yet, got
             // nothing then).
-            metrics::counter!(NODE_API_REQUESTS, "outcome" => "unknown").increment(1);
-            let unknown = ReplicaError::UnknownFilter(name.to_owned());
-            return ApiRoute::answer(self.refuse(msg, &unknown));
+            return self.refuse_dropped(name.to_owned(), msg);
         }
         let heard = self
             .foreign
