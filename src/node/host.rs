@@ -39,7 +39,8 @@ use crate::transport::digests::{
 };
 use crate::transport::{
     Catalog, CatalogChange, CatalogEntry, CatalogError, Created, Message, MessageStream, Subjects,
-    Transport, TransportEvent, confirm_subscriptions, is_token, serve_subscription, subscribe_now,
+    Transport, TransportEvent, confirm_subscriptions, event_stream, is_token, serve_subscription,
+    subscribe_now,
 };
 use crate::wire::AuthKeys;
 use crate::wire::batch::decode_batch;
@@ -1061,7 +1062,6 @@ impl Inner {
         }
     }
 
-    /// The replica of `name`, hosted or starting.
     /// The replicas hosted or starting (those whose replication the node does not route take
     /// no routed message, [`ReplicaHandle::route_event`]).
     fn routed_handles(&self) -> Vec<ReplicaHandle> {
@@ -1074,6 +1074,7 @@ impl Inner {
         handles
     }
 
+    /// The replica of `name`, hosted or starting.
     fn running(&self, name: &str) -> Option<ReplicaHandle> {
         let hosted = self
             .hosted
@@ -1771,14 +1772,9 @@ async fn serve_routed(
 /// Hands each connection event of the node's transport to every replica whose replication
 /// the node routes, as their own receivers of it did (one each cost a replica 200 bytes),
 /// until the node is gone. In order: one replica's full buffer holds the rest back a moment.
-async fn forward_events(inner: Weak<Inner>, mut events: broadcast::Receiver<TransportEvent>) {
-    loop {
-        let ev = match events.recv().await {
-            Ok(ev) => ev,
-            // The next event tells the connection's state.
-            Err(broadcast::error::RecvError::Lagged(_)) => continue,
-            Err(broadcast::error::RecvError::Closed) => return,
-        };
+async fn forward_events(inner: Weak<Inner>, events: broadcast::Receiver<TransportEvent>) {
+    let mut events = std::pin::pin!(event_stream(events));
+    while let Some(ev) = events.next().await {
         let Some(handles) = inner.upgrade().map(|i| i.routed_handles()) else {
             return;
         };

@@ -1085,7 +1085,7 @@ impl WalWriter {
     pub fn set_sync_interval(&mut self, interval: Duration) {
         self.sync_interval = interval;
         // Not open yet: it opens with this interval.
-        if self.worker.get().is_some() {
+        if self.is_open() {
             self.send(Command::SyncInterval(interval));
         }
     }
@@ -1111,7 +1111,7 @@ impl WalWriter {
         let done = self.current;
         self.current += 1;
         // Not open yet: nothing was written, and it opens at the new segment.
-        if self.worker.get().is_some() {
+        if self.is_open() {
             self.send(Command::Rotate(self.current));
         }
         SegmentId(done)
@@ -1121,7 +1121,7 @@ impl WalWriter {
     /// many were deleted.
     pub fn remove_through(&self, id: SegmentId) -> Pending<usize> {
         let (tx, rx) = oneshot::channel();
-        if self.worker.get().is_some() {
+        if self.is_open() {
             self.send(Command::RemoveThrough(id.0, tx));
         } else {
             // Nothing written yet: the segments are older ones (replayed at the start), and
@@ -1150,7 +1150,7 @@ impl WalWriter {
     /// Completes everything queued for this log (the pool's other logs go on), then returns.
     pub fn close(mut self) {
         self.closed = true;
-        if self.worker.get().is_none() {
+        if !self.is_open() {
             return;
         }
         let (tx, rx) = mpsc::sync_channel(1);
@@ -1159,6 +1159,11 @@ impl WalWriter {
         if rx.recv().is_err() {
             tracing::error!(dir = ?self.dir, "the write-ahead log thread stopped before closing the log");
         }
+    }
+
+    /// Whether the log is open on a pool thread (something needed it: an append, say).
+    fn is_open(&self) -> bool {
+        self.worker.get().is_some()
     }
 
     /// The log's state on its thread, as it opens (at the writer's segment and settings).
@@ -1198,7 +1203,7 @@ impl WalWriter {
 
 impl Drop for WalWriter {
     fn drop(&mut self) {
-        if !self.closed && self.worker.get().is_some() {
+        if !self.closed && self.is_open() {
             self.send(Command::Close(None));
         }
     }

@@ -51,6 +51,23 @@ pub struct Message {
 /// A stream of received messages; it ends when the subscription does.
 pub type MessageStream = BoxStream<'static, Message>;
 
+/// A transport's connection events as a stream (from [`Bus::events`]): a lagging receiver
+/// skips what it missed, since the next event tells the connection's state; the stream ends
+/// with the transport.
+pub(crate) fn event_stream(
+    events: broadcast::Receiver<TransportEvent>,
+) -> impl futures::Stream<Item = TransportEvent> {
+    futures::stream::unfold(events, |mut events| async move {
+        loop {
+            match events.recv().await {
+                Ok(ev) => return Some((ev, events)),
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+}
+
 /// Connection events a replica reacts to (re-announce) and counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

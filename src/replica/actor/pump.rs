@@ -300,20 +300,11 @@ pub(crate) async fn route_event(shared: &Shared, ev: TransportEvent) {
     }
 }
 
-/// The transport's connection events, as the actor takes them (a lagging receiver skips
-/// what it missed: the next event tells the connection's state).
+/// The transport's connection events, as the actor takes them.
 pub(super) fn events(
     events: tokio::sync::broadcast::Receiver<TransportEvent>,
 ) -> impl futures::Stream<Item = Inbound> {
-    futures::stream::unfold(events, |mut events| async move {
-        loop {
-            match events.recv().await {
-                Ok(ev) => return Some((Inbound::Event(ev), events)),
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-            }
-        }
-    })
+    crate::transport::event_stream(events).map(Inbound::Event)
 }
 
 /// The publisher: started by the actor when it queues something and none runs, it sends
