@@ -6,7 +6,8 @@
 # JetStream consumers.
 #
 #   scripts/many-filters.sh [N] [--data]     (default 1000; --data: with a data directory)
-#   SETTLE=60 scripts/many-filters.sh ...      (and idle again 60 s after the restart's figures)
+#   SETTLE=90 scripts/many-filters.sh ...      (and idle again 90 s after the creates' and the
+#                                               restart's figures, once idle replicas parked)
 #
 # Needs `scripts/test.sh` to have installed nats-server into .tools/ (or CRPF_NATS_SERVER).
 set -euo pipefail
@@ -62,6 +63,12 @@ measure() {
   echo "NATS connections: $(curl -s "http://127.0.0.1:$monitor/connz" | grep -o '"num_connections": [0-9]*' | grep -o '[0-9]*$'), subscriptions: $(curl -s "http://127.0.0.1:$monitor/varz" | grep -o '"subscriptions": [0-9]*' | grep -o '[0-9]*$'), JetStream consumers: $(curl -s "http://127.0.0.1:$monitor/jsz" | grep -o '"consumers": [0-9]*' | head -1 | grep -o '[0-9]*$')"
 }
 measure
+# Idle replicas park after `catalog.park_after_ms` (60 s): idle again SETTLE seconds later.
+if [ "${SETTLE:-0}" -gt 0 ]; then
+  sleep "$SETTLE"
+  echo "after $SETTLE s more:"
+  measure
+fi
 
 # A restart: the node hosts every filter of the catalog again (from its data directory, with
 # --data) before it serves the catalog API.
@@ -72,7 +79,8 @@ wait_api
 echo "node start with $n filters: $(echo "$(date +%s.%N) - $started" | bc) s"
 measure
 # Idle once a lone node's replicas have spaced their digests out (nobody hears them; up to
-# six anti-entropy intervals apart after three at the interval): SETTLE seconds later.
+# six anti-entropy intervals apart after three at the interval) and parked: SETTLE seconds
+# later.
 if [ "${SETTLE:-0}" -gt 0 ]; then
   sleep "$SETTLE"
   echo "after $SETTLE s more:"

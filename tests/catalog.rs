@@ -659,3 +659,113 @@ async fn batched_digests_repair_what_lost_deltas_did_not_bring() {
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+/// Whether `node` has parked the replica of `name`.
+fn parked(node: &Node, name: &str) -> bool {
+    node.filters().iter().any(|f| f.name == name && f.parked)
+}
+
+/// An idle filter alone on its node parks (its state kept, its actor gone); the next request
+/// resumes it at once, answered as if it had never parked, and it parks again once idle. Its
+/// data directory holds everything through it: a restart finds every add. A handle taken
+/// through `Node::filter` keeps its replica awake from then on.
+#[actix::test]
+async fn an_idle_filter_parks_and_the_next_request_resumes_it_with_nothing_lost() {
+    let bus = InProcessBus::new();
+    let data = tempfile::tempdir().unwrap();
+    let with_data = || {
+        let mut c = config("park_after_ms = 200");
+        c.node.data_dir = Some(data.path().to_path_buf());
+        c
+    };
+    let a = node(&bus, with_data()).await;
+    a.create_filter("idle", bloom(1_000)).await.unwrap();
+    let ask = |op: &str, item: &'static [u8]| ask(&bus, format!("crpf.idle.api.{op}"), item, 2_000);
+    ask("add", b"alice").await.unwrap();
+    let wait = Duration::from_secs(10);
+    assert!(
+        eventually(wait, || parked(&a, "idle")).await,
+        "never parked"
+    );
+    // Listed and counted as hosted meanwhile.
+    assert_eq!(a.len(), 1);
+    // A query resumes it and is answered from the state it kept.
+    let found = ask("contains", b"alice").await.unwrap();
+    assert_eq!(found["contains"], true, "{found}");
+    assert!(!parked(&a, "idle"));
+    let found = ask("contains", b"bob").await.unwrap();
+    assert_eq!(found["contains"], false, "{found}");
+    // An update too, and it parks again.
+    assert!(eventually(wait, || parked(&a, "idle")).await);
+    let added = ask("add", b"carol").await.unwrap();
+    assert_eq!(added["added"], true, "{added}");
+    assert!(eventually(wait, || parked(&a, "idle")).await);
+    a.shutdown().await.unwrap();
+
+    let a = node(&bus, with_data()).await;
+    assert!(eventually(wait, || parked(&a, "idle")).await);
+    let handle = a.filter("idle").expect("resumed for the caller");
+    assert!(handle.contains(b"alice") && handle.contains(b"carol"));
+    handle.add(b"dave".to_vec()).await.unwrap();
+    // Pinned: held by its caller, it stays awake.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    assert!(!parked(&a, "idle"), "a handed-out replica parked");
+    a.shutdown().await.unwrap();
+    let a = node(&bus, with_data()).await;
+    assert!(a.filter("idle").unwrap().contains(b"dave"));
+    a.shutdown().await.unwrap();
+}
+
+/// Only a replica without peers parks. A parked one wakes for the first message of a peer
+/// that appears (a node starting later asks it for its state), which then catches up from
+/// it; with a peer, neither parks.
+#[actix::test]
+async fn a_parked_filter_wakes_for_a_new_peer_and_filters_with_peers_stay_awake() {
+    let bus = InProcessBus::new();
+    let a = node(&bus, config("park_after_ms = 200")).await;
+    a.create_filter("shared", bloom(1_000)).await.unwrap();
+    ask(&bus, "crpf.shared.api.add".into(), b"alice", 2_000)
+        .await
+        .unwrap();
+    let wait = Duration::from_secs(10);
+    assert!(
+        eventually(wait, || parked(&a, "shared")).await,
+        "never parked"
+    );
+    let b = node(&bus, config("park_after_ms = 200")).await;
+    let on_b = b.filter("shared").expect("hosted at its start");
+    assert!(
+        on_b.wait_until(wait, |f| f.contains(b"alice")).await,
+        "the new peer did not catch up from the parked replica"
+    );
+    assert!(!parked(&a, "shared"), "a peer's messages did not resume it");
+    // Peers announce digests to each other: the unpinned replica on `a` stays awake.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(!parked(&a, "shared"), "a replica with a peer parked");
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
+
+/// A parked filter dropped: nothing to stop, its data directory removed, its name refused.
+#[actix::test]
+async fn a_parked_filter_is_dropped_like_a_running_one() {
+    let bus = InProcessBus::new();
+    let data = tempfile::tempdir().unwrap();
+    let mut cfg = config("park_after_ms = 200");
+    cfg.node.data_dir = Some(data.path().to_path_buf());
+    let a = node(&bus, cfg).await;
+    let created = a.create_filter("gone", bloom(1_000)).await.unwrap();
+    let dir = data
+        .path()
+        .join(format!("gone.g{}", created.entry.generation));
+    assert!(dir.is_dir());
+    assert!(eventually(Duration::from_secs(10), || parked(&a, "gone")).await);
+    a.drop_filter("gone").await.unwrap().unwrap();
+    assert!(a.filters().is_empty());
+    assert!(!dir.exists(), "a dropped parked filter's data stays behind");
+    let refused = ask(&bus, "crpf.gone.api.contains".into(), b"x", 2_000)
+        .await
+        .unwrap();
+    assert!(refused.to_string().contains("no filter"), "{refused}");
+    a.shutdown().await.unwrap();
+}

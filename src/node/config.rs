@@ -105,6 +105,11 @@ pub struct CatalogSection {
     /// a request would reach one node of each group (README, "Filters as data").
     #[serde(default)]
     pub api_queue: ApiQueue,
+    /// A catalog filter's replica that nothing used for this long parks, if it has no peer
+    /// and nothing in flight: its actor goes, its state stays with the node, and the next
+    /// request or message resumes it at once (README, "Filters as data"). 0: never.
+    #[serde(default = "default_park_after_ms")]
+    pub park_after_ms: u64,
 }
 
 /// Whose queue subscription takes the catalog filters' request API ([`CatalogSection::api_queue`]).
@@ -131,6 +136,10 @@ fn default_max_filter_bytes() -> u64 {
     64 << 20
 }
 
+fn default_park_after_ms() -> u64 {
+    60_000
+}
+
 impl Default for CatalogSection {
     fn default() -> Self {
         Self {
@@ -140,6 +149,7 @@ impl Default for CatalogSection {
             defaults: RuntimeFilterDefaults::default(),
             metrics_filters: Vec::new(),
             api_queue: ApiQueue::default(),
+            park_after_ms: default_park_after_ms(),
         }
     }
 }

@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -31,7 +31,7 @@ use super::config::{ApiQueue, CatalogSection, NodeConfig};
 use super::foreign::{ForeignNames, Heard};
 use crate::FilterSpec;
 use crate::replica::{
-    Identity, Replica, ReplicaConfig, ReplicaError, ReplicaHandle, SharedId, refusal,
+    Identity, Parked, Replica, ReplicaConfig, ReplicaError, ReplicaHandle, SharedId, refusal,
 };
 use crate::transport::digests::{
     BATCHED_DIGESTS, DIGEST_BATCHES, DIGEST_BATCHES_REJECTED, DIGESTS_TOKEN, DigestBatcher,
@@ -44,6 +44,9 @@ use crate::transport::{
 };
 use crate::wire::AuthKeys;
 use crate::wire::batch::decode_batch;
+
+mod parking;
+pub use parking::{PARKED_FILTERS, PARKING};
 
 /// Catalog changes applied at once (replica starts and stops in flight).
 const PARALLEL_CHANGES: usize = 32;
@@ -137,11 +140,58 @@ impl HostError {
 }
 
 /// A filter this node hosts.
-#[derive(Clone)]
 struct Hosted {
     generation: u64,
     spec: FilterSpec,
-    handle: ReplicaHandle,
+    replica: Slot,
+    /// Looked up since the node last looked for idle replicas ([`parking`]).
+    touched: AtomicBool,
+    /// Looks in a row that found it untouched.
+    idle_looks: AtomicU8,
+    /// Handed out by [`Node::filter`]: it never parks (its caller may hold the handle).
+    pinned: AtomicBool,
+}
+
+/// A hosted filter's replica: running, or parked ([`parking`]).
+enum Slot {
+    Live(ReplicaHandle),
+    Parked(Box<Parked>),
+    /// Being resumed: only while the node's lock is held.
+    Resuming,
+}
+
+impl Hosted {
+    fn live(generation: u64, spec: FilterSpec, handle: ReplicaHandle) -> Self {
+        Hosted {
+            generation,
+            spec,
+            replica: Slot::Live(handle),
+            touched: AtomicBool::new(true),
+            idle_looks: AtomicU8::new(0),
+            pinned: AtomicBool::new(false),
+        }
+    }
+
+    /// Its running replica, if it runs, noted as used (a load first: the hot path mostly
+    /// finds it noted already).
+    fn used(&self) -> Option<&ReplicaHandle> {
+        let Slot::Live(handle) = &self.replica else {
+            return None;
+        };
+        if !self.touched.load(Ordering::Relaxed) {
+            self.touched.store(true, Ordering::Relaxed);
+        }
+        Some(handle)
+    }
+
+    /// Its running replica, if it runs, not noted as used (a look that does not keep it
+    /// awake: `$SRV`, connection events).
+    fn running(&self) -> Option<&ReplicaHandle> {
+        match &self.replica {
+            Slot::Live(handle) => Some(handle),
+            _ => None,
+        }
+    }
 }
 
 /// What [`Node::filters`] lists of each filter.
@@ -153,6 +203,9 @@ pub struct HostedFilter {
     pub spec: FilterSpec,
     /// Its generation (0: from the configuration file).
     pub generation: u64,
+    /// Its replica is parked: idle and alone, its state kept by the node and its actor gone
+    /// until something is for it (`catalog.park_after_ms`).
+    pub parked: bool,
 }
 
 struct Inner {
@@ -213,6 +266,12 @@ struct Inner {
     api_grace: std::sync::OnceLock<tokio::time::Instant>,
     /// The task of the node's API subscription, stopped first when the node stops.
     api_router: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The transport of the catalog filters' replication (set as the node subscribes it).
+    replication: std::sync::OnceLock<Arc<dyn Transport>>,
+    /// The arbiter the replicas run on: a parked one resumes there.
+    arbiter: actix::ArbiterHandle,
+    /// The task that parks idle replicas ([`parking`]).
+    parking: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// A running node's filters. Cheap to clone. Start it inside an actix System.
@@ -317,6 +376,9 @@ impl Node {
             own_lookups: Arc::new(tokio::sync::Semaphore::new(OWN_API_LOOKUPS)),
             api_grace: Default::default(),
             api_router: Default::default(),
+            replication: Default::default(),
+            arbiter: actix::Arbiter::current(),
+            parking: Default::default(),
         });
         if inner.catalog.is_some() {
             // Subscribed, and confirmed by the server, before any catalog filter is ready: a
@@ -345,6 +407,7 @@ impl Node {
                 .replication_transport()
                 .await?
                 .unwrap_or_else(|| inner.transport.clone());
+            let _ = inner.replication.set(replication.clone());
             // Before any replica starts, so that none misses an event.
             let events = forward_events(Arc::downgrade(&inner), inner.transport.events());
             let replication_subject = Subjects::new(&inner.prefix, "*").replication;
@@ -477,6 +540,13 @@ impl Node {
                 *router = Some(tokio::spawn(task));
             }
             tracing::info!(filters = listed.len(), "filter catalog followed");
+            let park_after = node.inner.settings.park_after_ms;
+            if park_after > 0 {
+                let every =
+                    Duration::from_millis((park_after / u64::from(parking::IDLE_LOOKS)).max(1));
+                let task = parking::park_idle(Arc::downgrade(&node.inner), every);
+                *node.inner.parking.lock().expect("parking lock") = Some(tokio::spawn(task));
+            }
         }
         Ok(node)
     }
@@ -497,7 +567,7 @@ impl Node {
             .await;
         // Hosted and serving: a request right after the answer finds the filter here.
         let serving = hosted
-            && match self.filter(name) {
+            && match self.hosted_replica(name) {
                 Some(h) => h.wait_ready(HOSTING_TIMEOUT).await,
                 None => false,
             };
@@ -569,19 +639,35 @@ impl Node {
         self.inner.stopping.load(Ordering::SeqCst)
     }
 
-    /// The replica of `name` this node hosts.
+    /// The replica of `name` this node hosts (resumed if it was parked). It stays awake from
+    /// then on: the caller may hold the handle for good, and a parked replica's handle
+    /// would refuse everything as stopped.
     pub fn filter(&self, name: &str) -> Option<ReplicaHandle> {
-        self.read().get(name).map(|h| h.handle.clone())
+        self.inner.replica_pinned(name, true)
+    }
+
+    /// The replica of `name` this node hosts (resumed if it was parked), for a caller that
+    /// uses the handle at once and lets it go (it may park later, when idle).
+    pub(crate) fn hosted_replica(&self, name: &str) -> Option<ReplicaHandle> {
+        self.inner.replica_pinned(name, false)
     }
 
     /// Runs `f` on the replica of filter `name`, if this node hosts it, under the lock of the
-    /// node's filters (a lookup without a copy of the handle; `f` must be brief).
+    /// node's filters (a lookup without a copy of the handle; `f` must be brief). A parked
+    /// replica is resumed first.
     pub(crate) fn with_hosted<R>(
         &self,
         name: &str,
         f: impl FnOnce(&ReplicaHandle) -> R,
     ) -> Option<R> {
-        self.read().get(name).map(|h| f(&h.handle))
+        {
+            let hosted = self.read();
+            let h = hosted.get(name)?;
+            if let Some(handle) = h.used() {
+                return Some(f(handle));
+            }
+        }
+        self.inner.resume(name).map(|handle| f(&handle))
     }
 
     /// The spec of filter `name`, if this node hosts it.
@@ -598,6 +684,7 @@ impl Node {
                 name: name.clone(),
                 spec: h.spec.clone(),
                 generation: h.generation,
+                parked: !matches!(h.replica, Slot::Live(_)),
             })
             .collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
@@ -635,19 +722,26 @@ impl Node {
         if let Some(t) = self.inner.api_router.lock().expect("router lock").take() {
             t.abort();
         }
+        if let Some(t) = self.inner.parking.lock().expect("parking lock").take() {
+            t.abort();
+        }
         let hosted: Vec<_> = {
             let mut dropping = self.inner.dropping.lock().expect("dropping lock");
             let mut hosted = self.inner.hosted.write().expect("hosted lock");
+            // A parked replica has nothing to stop: its last snapshot is its final one.
             hosted
                 .drain()
-                .map(|(name, h)| {
+                .filter_map(|(name, h)| {
+                    let Slot::Live(handle) = h.replica else {
+                        return None;
+                    };
                     // Routed to until it stopped, as its own subscriptions answered (a kind
                     // with ids of its own answers on its own subscriptions meanwhile).
                     if !self.inner.configured.contains(&name) && self.inner.routes_own_api(&h.spec)
                     {
-                        dropping.insert(name.clone(), h.handle.clone());
+                        dropping.insert(name.clone(), handle.clone());
                     }
-                    (name, h.handle)
+                    Some((name, handle))
                 })
                 .collect::<Vec<_>>()
         };
@@ -864,7 +958,7 @@ impl Inner {
                 if self.configured.contains(name) {
                     return None;
                 }
-                h.handle.service()
+                h.running()?.service()
             };
             match service {
                 None => hosted.iter().filter_map(instance).collect(),
@@ -886,12 +980,10 @@ impl Inner {
     /// or (`true`) dropped a moment ago, which refuses them. A hosted or starting replica of
     /// the name goes first: a re-created filter's, not the dropped one's still lingering.
     fn routed_target(&self, name: &str, routed: Routed) -> Option<(ReplicaHandle, bool)> {
-        let hosted = self
-            .hosted
-            .read()
-            .expect("hosted lock")
-            .get(name)
-            .map(|h| (h.handle.clone(), self.routes_own_api(&h.spec)));
+        let hosted = self.replica_pinned(name, false).map(|handle| {
+            let routes = self.shared_id.is_some() && handle.kind().reuses_ids();
+            (handle, routes)
+        });
         let hosted = hosted.or_else(|| {
             let starting = self.starting.lock().expect("starting lock");
             starting.get(name).cloned()
@@ -1067,7 +1159,10 @@ impl Inner {
     fn routed_handles(&self) -> Vec<ReplicaHandle> {
         let mut handles: Vec<_> = {
             let hosted = self.hosted.read().expect("hosted lock");
-            hosted.values().map(|h| h.handle.clone()).collect()
+            hosted
+                .values()
+                .filter_map(|h| h.running().cloned())
+                .collect()
         };
         let starting = self.starting.lock().expect("starting lock");
         handles.extend(starting.values().map(|(h, _)| h.clone()));
@@ -1076,12 +1171,7 @@ impl Inner {
 
     /// The replica of `name`, hosted or starting.
     fn running(&self, name: &str) -> Option<ReplicaHandle> {
-        let hosted = self
-            .hosted
-            .read()
-            .expect("hosted lock")
-            .get(name)
-            .map(|h| h.handle.clone());
+        let hosted = self.replica_pinned(name, false);
         hosted.or_else(|| {
             let starting = self.starting.lock().expect("starting lock");
             starting.get(name).map(|(h, _)| h.clone())
@@ -1229,10 +1319,9 @@ impl Inner {
             .read()
             .expect("hosted lock")
             .get(&entry.name)
-            .cloned();
+            .map(|h| h.generation);
         match current {
-            Some(h) if h.generation == entry.generation => return,
-            Some(h) if h.generation > entry.generation => return,
+            Some(g) if g >= entry.generation => return,
             Some(_) => self.unhost(&entry.name).await,
             None => {}
         }
@@ -1299,12 +1388,7 @@ impl Inner {
         )
         .await;
         if let Ok(handle) = &started {
-            let hosted = Hosted {
-                generation,
-                spec,
-                handle: handle.clone(),
-            };
-            self.insert(name.clone(), hosted);
+            self.insert(name.clone(), Hosted::live(generation, spec, handle.clone()));
         }
         self.starting.lock().expect("starting lock").remove(&name);
         started
@@ -1317,27 +1401,35 @@ impl Inner {
         }
         // Into `dropping` before out of `hosted` (one lock after the other, in the order
         // `routed_target` looks): a request meanwhile finds it in one of them.
-        let (h, refusing) = {
+        let (generation, running, refusing) = {
             let mut dropping = self.dropping.lock().expect("dropping lock");
             let mut hosted = self.hosted.write().expect("hosted lock");
             let Some(h) = hosted.remove(name) else {
                 return;
             };
-            let refusing = self.routes_own_api(&h.spec);
-            if refusing {
-                dropping.insert(name.to_string(), h.handle.clone());
+            // A parked replica has nothing to stop; requests for it meanwhile are refused as
+            // for a dropped filter the node never ran ([`Inner::dropped_meanwhile`]).
+            let running = match h.replica {
+                Slot::Live(handle) => Some(handle),
+                Slot::Parked(_) | Slot::Resuming => None,
+            };
+            let refusing = self.routes_own_api(&h.spec) && running.is_some();
+            if let Some(handle) = running.as_ref().filter(|_| refusing) {
+                dropping.insert(name.to_string(), handle.clone());
             }
-            (h, refusing)
+            (h.generation, running, refusing)
         };
         self.changed();
-        if let Err(e) = h.handle.shutdown_dropped().await {
+        if let Some(handle) = &running
+            && let Err(e) = handle.shutdown_dropped().await
+        {
             tracing::warn!(filter = name, error = %e, "a dropped filter's replica did not stop cleanly");
         }
-        if refusing {
+        if let Some(handle) = running.filter(|_| refusing) {
             // As long as its own subscriptions would have lingered, unless the name is
             // hosted again meanwhile (a new incarnation answers then).
             let inner = Arc::downgrade(self);
-            let (name, handle) = (name.to_string(), h.handle.clone());
+            let name = name.to_string();
             tokio::spawn(async move {
                 tokio::time::sleep(crate::replica::API_LINGER).await;
                 if let Some(inner) = inner.upgrade() {
@@ -1349,7 +1441,7 @@ impl Inner {
             });
         }
         if let Some(base) = &self.data_dir {
-            remove_dir(&base.join(incarnation_dir(name, h.generation)), "dropped");
+            remove_dir(&base.join(incarnation_dir(name, generation)), "dropped");
         }
         metrics::counter!(CATALOG_CHANGES, "change" => "stopped").increment(1);
     }
@@ -1873,6 +1965,7 @@ pub const NODE_API_REQUESTS: &str = "crpf_node_api_requests_total";
 
 /// Describes the node's catalog metrics.
 pub(crate) fn describe() {
+    parking::describe();
     metrics::describe_counter!(
         NODE_API_REQUESTS,
         "Requests of the node's API subscription not answered by their replica at once, by outcome (held, unknown, elsewhere, refused)"

@@ -23,6 +23,7 @@ pub use config::{
 pub use demo::{DemoArgs, run_demo};
 pub use host::{
     CATALOG_CHANGES, CATALOG_ERRORS, FILTERS, HostError, HostedFilter, NODE_API_REQUESTS, Node,
+    PARKED_FILTERS, PARKING,
 };
 pub use inspect::{InspectArgs, run_inspect};
 pub use keygen::{KeygenArgs, KeygenError, new_key_text, run_keygen};

@@ -52,6 +52,7 @@ mod items;
 mod lease;
 mod lifecycle;
 mod local;
+mod parking;
 mod pipeline;
 mod publish;
 mod pump;
@@ -69,6 +70,7 @@ pub use local::{
     TakeSnapshot,
 };
 pub(crate) use local::{FINAL_FLUSH_TIMEOUT, ShutdownBy};
+pub(crate) use parking::{Park, ParkInto, Parked};
 pub(crate) use pump::{API_LINGER, Inbound, Route, route_event, route_replication};
 pub use reads::PendingResponse;
 pub(crate) use reads::{refusal, route_own_api};
@@ -140,8 +142,10 @@ pub(crate) struct Shared {
     /// Whether the replica serves the request API (`serve_api`), once ready.
     pub serve_api: bool,
     /// Answers requests of the API made in this process ([`ReplicaHandle::request`]); set
-    /// once the API is served.
-    pub api: std::sync::OnceLock<Arc<reads::Reads>>,
+    /// once the API is served, and let go when the actor stops: the requests' path holds
+    /// this `Shared`, so a cell kept for good kept every stopped replica (its filter among
+    /// it) alive through the cycle.
+    pub api: arc_swap::ArcSwapOption<reads::Reads>,
     /// Takes the messages the node routes to the replica
     /// ([`ReplicaConfig::routed_replication`]); set as the actor is made.
     pub replication_inlet: std::sync::OnceLock<pump::Inlet>,
@@ -185,6 +189,15 @@ impl Shared {
             replication_inlet: Default::default(),
             limits,
             serve_api,
+        }
+    }
+
+    /// Why the replica's API takes no request: it stopped (its API let go), or it does not
+    /// serve yet.
+    pub(crate) fn not_serving(&self) -> ReplicaError {
+        match self.closed.load(Ordering::Acquire) {
+            true => ReplicaError::Stopped,
+            false => ReplicaError::NotServing,
         }
     }
 
@@ -248,6 +261,8 @@ pub(crate) struct Setup {
     pub shared_id: Option<Arc<super::SharedId>>,
     /// Where its digests go, when its node publishes them in batches.
     pub digest_batches: Option<Arc<DigestBatcher>>,
+    /// It resumes after parking ([`parking`]): ready at once, as it was.
+    pub resumed: bool,
 }
 
 /// The replica actor. Start one with [`super::Replica::start`]; talk to it through the
@@ -299,6 +314,10 @@ pub struct Replica {
     periodic: Option<SpawnHandle>,
     periodic_due: Instant,
     api_started: bool,
+    /// It parked ([`parking`]): its node keeps its state.
+    parked: bool,
+    /// It resumed after parking: ready at once (it was, and alone).
+    resumed: bool,
     inbound_tx: flume::Sender<Inbound>,
     inbound_rx: Option<flume::Receiver<Inbound>>,
     outbound: flume::Sender<pump::Outbound>,
@@ -414,6 +433,8 @@ impl Replica {
             periodic: None,
             periodic_due: started,
             api_started: false,
+            parked: false,
+            resumed: s.resumed,
             inbound_tx,
             inbound_rx: Some(inbound_rx),
             outbound,
@@ -423,6 +444,11 @@ impl Replica {
             service: None,
             digest_batches: s.digest_batches,
         }
+    }
+
+    /// Whether it serves the request API once ready (`serve_api`).
+    pub(crate) fn serves_api(&self) -> bool {
+        self.cfg.serve_api
     }
 
     pub(super) fn uuid(&self) -> Uuid {
@@ -793,12 +819,14 @@ impl Replica {
     fn publish_ready(&mut self, why: &str) {
         self.telemetry.ready.set(1.0);
         self.shared.lifecycle.set_ready();
-        tracing::info!(
-            filter = %self.cfg.name,
-            replica = self.id(),
-            after_ms = self.started.elapsed().as_millis() as u64,
-            "replica ready: {why}"
-        );
+        let after_ms = self.started.elapsed().as_millis() as u64;
+        let (filter, replica) = (&self.cfg.name, self.id());
+        // A node wakes its parked replicas all the time: not worth a line each.
+        if self.resumed {
+            tracing::debug!(%filter, replica, after_ms, "replica ready: {why}");
+        } else {
+            tracing::info!(%filter, replica, after_ms, "replica ready: {why}");
+        }
     }
 
     fn on_event(&mut self, ev: TransportEvent, ctx: &mut Context<Self>) {
@@ -1183,7 +1211,10 @@ impl Actor for Replica {
         }
         // Under the node's id: its latest listing of the ids is this replica's first view.
         self.note_shared_listing();
-        if self.cfg.new_incarnation {
+        if self.resumed {
+            let actions = self.anti_entropy.ready_now("resumed after parking");
+            self.carry_out(actions, ctx);
+        } else if self.cfg.new_incarnation {
             let actions = self
                 .anti_entropy
                 .ready_now("a filter created a moment ago: nothing to catch up");
@@ -1198,9 +1229,14 @@ impl Actor for Replica {
         for t in self.tasks.drain(..) {
             t.abort();
         }
+        self.shared.api.store(None);
         self.shared.lifecycle.set_gone();
         self.telemetry.ready.set(0.0);
-        tracing::info!(filter = %self.cfg.name, replica = self.id(), "replica stopped");
+        if self.parked {
+            tracing::debug!(filter = %self.cfg.name, replica = self.id(), "replica parked");
+        } else {
+            tracing::info!(filter = %self.cfg.name, replica = self.id(), "replica stopped");
+        }
     }
 }
 

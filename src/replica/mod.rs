@@ -75,6 +75,7 @@ pub use actor::{
     Add, ApiResponse, Contains, FlushDelta, Import, Merge, PendingResponse, Persist, Remove,
     Replica, ReserveTags, Shutdown, Stats, TakeSnapshot,
 };
+pub(crate) use actor::{Park, ParkInto, Parked};
 pub use config::{MAX_FSYNC_INTERVAL_MS, ReplicaConfig};
 pub use durable::{DataDir, DurableError, Identity};
 pub use filter::{
@@ -516,6 +517,7 @@ impl Replica {
             lease_reserved,
             shared_id,
             digest_batches,
+            resumed: false,
         };
         let addr = Replica::new(setup).start();
         let handle = ReplicaHandle::from_parts(addr, shared);
@@ -524,6 +526,61 @@ impl Replica {
             handle.persist().await?;
         }
         Ok(handle)
+    }
+}
+
+impl Replica {
+    /// Runs a parked replica again ([`actor::Parked`]), on `arbiter`, under its node's id
+    /// `shared_id`: at once, from the state its node kept (nothing read, claimed or
+    /// written), ready as it was. Its replication is routed by its node
+    /// ([`ReplicaConfig::routed_replication`]), its digests go to `digest_batches`.
+    pub(crate) fn resume(
+        cfg: ReplicaConfig,
+        parked: Parked,
+        transports: (Arc<dyn Transport>, Arc<dyn Transport>),
+        shared_id: Arc<SharedId>,
+        digest_batches: Option<Arc<crate::transport::digests::DigestBatcher>>,
+        arbiter: &actix::ArbiterHandle,
+    ) -> ReplicaHandle {
+        debug_assert!(
+            cfg.routed_replication,
+            "a node routes a parked replica's replication"
+        );
+        debug_assert_eq!(
+            shared_id.identity(),
+            parked.identity,
+            "parked under the node's id"
+        );
+        let (transport, replication_transport) = transports;
+        let shared = Arc::new(Shared::new(
+            parked.filter,
+            cfg.name.clone(),
+            parked.identity,
+            parked.telemetry,
+            cfg.inbound_max_bytes,
+            crate::api::batch::Limits::new(cfg.max_batch_items, cfg.max_item_bytes),
+            cfg.serve_api,
+        ));
+        let setup = Setup {
+            cfg,
+            shared: shared.clone(),
+            transport,
+            replication_transport,
+            replication: None,
+            data: parked.data,
+            wal: parked.wal,
+            reserved: parked.reserved,
+            lease_reserved: shared_id.reserved(),
+            shared_id: Some(shared_id),
+            digest_batches,
+            resumed: true,
+        };
+        let mut replica = Replica::new(setup);
+        if replica.serves_api() {
+            replica.serve_api_resumed();
+        }
+        let addr = Replica::start_in_arbiter(arbiter, move |_| replica);
+        ReplicaHandle::from_parts(addr, shared)
     }
 }
 
@@ -563,7 +620,7 @@ impl ReplicaHandle {
 
     /// Whether it serves the request API now (it was asked to, and is ready).
     pub(crate) fn serving_api(&self) -> bool {
-        self.shared.api.get().is_some()
+        self.shared.api.load().is_some()
     }
 
     /// Whether `other` is a handle of the same replica (not another incarnation of its name).
@@ -608,7 +665,11 @@ impl ReplicaHandle {
         if !self.shared.lifecycle.is_ready() {
             return None;
         }
-        self.shared.api.get().map(|reads| reads.service.clone())
+        self.shared
+            .api
+            .load()
+            .as_ref()
+            .map(|reads| reads.service.clone())
     }
 
     /// The replica's uuid and id.
@@ -692,9 +753,9 @@ impl ReplicaHandle {
         headers: Option<async_nats::HeaderMap>,
         queued: bool,
     ) -> PendingResponse {
-        match self.shared.api.get() {
+        match self.shared.api.load().as_ref() {
             Some(api) => api.in_process(op, payload, headers, queued),
-            None => PendingResponse::Failed(ReplicaError::NotServing),
+            None => PendingResponse::Failed(self.shared.not_serving()),
         }
     }
 
@@ -702,9 +763,9 @@ impl ReplicaHandle {
     /// end's hot path): [`ReplicaError::NotServing`] before the replica is ready, an invalid
     /// item refused.
     pub(crate) fn contains_now(&self, item: &[u8]) -> Result<bool, ReplicaError> {
-        match self.shared.api.get() {
+        match self.shared.api.load().as_ref() {
             Some(api) => api.contains_now(item),
-            None => Err(ReplicaError::NotServing),
+            None => Err(self.shared.not_serving()),
         }
     }
 
@@ -717,16 +778,16 @@ impl ReplicaHandle {
         mode: crate::api::AddMode,
         ack: Option<AckLevel>,
     ) -> Option<Result<InPlace<AddOutcome>, ReplicaError>> {
-        self.shared.api.get()?.add_now(item, mode, ack)
+        self.shared.api.load().as_ref()?.add_now(item, mode, ack)
     }
 
     /// [`ReplicaHandle::request`] of an `mcontains` of `items`, answered typed (see
     /// [`ReplicaHandle::contains_now`]); the caller checked `items` against
     /// [`ReplicaHandle::limits`].
     pub(crate) fn mcontains_now(&self, items: &[&[u8]]) -> Result<Vec<bool>, ReplicaError> {
-        match self.shared.api.get() {
+        match self.shared.api.load().as_ref() {
             Some(api) => Ok(api.mcontains_now(items)),
-            None => Err(ReplicaError::NotServing),
+            None => Err(self.shared.not_serving()),
         }
     }
 
@@ -739,7 +800,7 @@ impl ReplicaHandle {
         mode: crate::api::AddMode,
         ack: Option<AckLevel>,
     ) -> Option<Result<InPlace<BatchAdd>, ReplicaError>> {
-        self.shared.api.get()?.madd_now(items, mode, ack)
+        self.shared.api.load().as_ref()?.madd_now(items, mode, ack)
     }
 
     /// What a batch request to this replica may hold (`max_batch_items`, `max_item_bytes`).

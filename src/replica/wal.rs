@@ -1162,7 +1162,7 @@ impl WalWriter {
     }
 
     /// Whether the log is open on a pool thread (something needed it: an append, say).
-    fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         self.worker.get().is_some()
     }
 

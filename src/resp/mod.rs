@@ -236,7 +236,7 @@ impl FilterLookup for HashMap<Vec<u8>, ReplicaHandle> {
 impl FilterLookup for crate::node::Node {
     fn filter(&self, name: &[u8]) -> Option<ReplicaHandle> {
         let name = std::str::from_utf8(name).ok()?;
-        crate::node::Node::filter(self, name).filter(ReplicaHandle::serves_api)
+        self.hosted_replica(name).filter(ReplicaHandle::serves_api)
     }
 
     fn with_filter(&self, name: &[u8], f: &mut dyn FnMut(&ReplicaHandle)) {

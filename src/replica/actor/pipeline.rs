@@ -252,6 +252,17 @@ impl<R> CommitPipeline<R> {
             || !self.held.is_empty()
     }
 
+    /// Whether no commit is being written, asked for or timed: with [`CommitPipeline::busy`]
+    /// false, nothing of the pipeline would go on after its replica stopped.
+    pub(super) fn idle(&self) -> bool {
+        !self.committing && !self.again && !self.commit_timer
+    }
+
+    /// The log's writer, taken as the replica parks.
+    pub(super) fn take_wal(&mut self) -> Option<WalWriter> {
+        self.wal.take()
+    }
+
     /// Whether the log failed and is not replaced yet.
     pub(super) fn wal_failing(&self) -> bool {
         self.recovery.pending

@@ -37,8 +37,9 @@ use crate::transport::{Message, Subjects};
 /// serves its API it is refused as not serving: the subscription is the node's, and silence
 /// would cost the requester a whole timeout. The reply to publish, if any.
 pub(crate) fn route_own_api(shared: &Shared, msg: Message) -> Option<(String, HeaderMap, Bytes)> {
-    let Some(reads) = shared.api.get() else {
-        return not_serving(shared.identity.replica, msg);
+    let api = shared.api.load();
+    let Some(reads) = api.as_ref() else {
+        return refusal(shared.identity.replica, msg, &shared.not_serving());
     };
     match reads.route(msg) {
         Route::Actor(item) => {
@@ -49,12 +50,6 @@ pub(crate) fn route_own_api(shared: &Shared, msg: Message) -> Option<(String, He
         Route::Drop => None,
         Route::Reply(to, headers, payload) => Some((to, headers, payload)),
     }
-}
-
-/// The refusal of a request to replica `replica`'s own API subjects while it does not serve
-/// its API (yet): the reply to publish, if the request wants one.
-pub(crate) fn not_serving(replica: ReplicaId, msg: Message) -> Option<(String, HeaderMap, Bytes)> {
-    refusal(replica, msg, &ReplicaError::NotServing)
 }
 
 /// The error answer `e` to a request, from replica `replica` (or the node of that id): the
@@ -500,7 +495,7 @@ mod tests {
         let bus = Arc::new(crate::transport::InProcessBus::new());
         let handle = Replica::start(cfg, bus).await.unwrap();
         assert!(handle.wait_ready(std::time::Duration::from_secs(10)).await);
-        let reads = handle.shared.api.get().unwrap().clone();
+        let reads = handle.shared.api.load_full().unwrap();
         let request = |op: &str, subject: String| Message {
             subject,
             payload: Bytes::from_static(b"x"),
@@ -532,6 +527,37 @@ mod tests {
         handle.shutdown().await.unwrap();
     }
 
+    /// A stopped replica is let go with its last handle: its request API, which holds it,
+    /// goes when its actor stops (kept for good, every dropped filter stayed in memory).
+    /// Its handle's requests meanwhile are refused as stopped, not as not serving yet.
+    #[actix::test]
+    async fn a_stopped_replica_is_freed_with_its_last_handle() {
+        use crate::replica::{Replica, ReplicaConfig};
+        use crate::wire::FilterKind;
+        let cfg = ReplicaConfig::for_kind("t", FilterKind::GBloom, 1_000, 0.01).fast();
+        let bus = Arc::new(crate::transport::InProcessBus::new());
+        let handle = Replica::start(cfg, bus).await.unwrap();
+        assert!(handle.wait_ready(std::time::Duration::from_secs(10)).await);
+        assert!(handle.serving_api());
+        let shared = Arc::downgrade(&handle.shared);
+        handle.shutdown().await.unwrap();
+        handle.shared.lifecycle.gone().await;
+        assert!(matches!(
+            handle.contains_now(b"x"),
+            Err(crate::replica::ReplicaError::Stopped)
+        ));
+        drop(handle);
+        // The actor's last references go as its context is dropped, after `stopped`.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while shared.upgrade().is_some() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the stopped replica is still held"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     /// A `logged` add applied outside the actor is answered at once and committed within a
     /// millisecond (written to the log), as one the actor applies would be; a `local` one
     /// waits for the delta interval (ten minutes here), and so do the deltas of the commits
@@ -548,7 +574,7 @@ mod tests {
         let bus = Arc::new(crate::transport::InProcessBus::new());
         let handle = Replica::start(cfg, bus).await.unwrap();
         assert!(handle.wait_ready(wait).await);
-        let reads = handle.shared.api.get().unwrap().clone();
+        let reads = handle.shared.api.load_full().unwrap();
         let committed = |sent_before: u64| {
             let handle = handle.clone();
             async move {

@@ -71,15 +71,7 @@ impl Replica {
         let subscriptions: Vec<_> = shared_subjects.into_iter().chain(own).collect();
         // Queries (and some updates, see `updates`) are answered in the subscription tasks;
         // the rest go to the actor.
-        let reads = Arc::new(Reads {
-            shared: self.shared.clone(),
-            subjects: self.subjects.clone(),
-            service: service.clone(),
-            replica: self.id(),
-            updates: self.updates.clone(),
-        });
-        // Started once: the cell is empty.
-        let _ = self.shared.api.set(reads.clone());
+        let reads = self.answer_api(&service);
         let service_subjects = match self.cfg.catalog_hosted {
             true => Vec::new(),
             false => service.subscriptions().to_vec(),
@@ -144,6 +136,33 @@ impl Replica {
     }
 
     /// The NATS service API's instance of this replica.
+    /// Answers the request API from now on, as `service`: what its node's routes and the
+    /// handles find.
+    fn answer_api(&self, service: &Arc<ApiService>) -> Arc<Reads> {
+        let reads = Arc::new(Reads {
+            shared: self.shared.clone(),
+            subjects: self.subjects.clone(),
+            service: service.clone(),
+            replica: self.id(),
+            updates: self.updates.clone(),
+        });
+        self.shared.api.store(Some(reads.clone()));
+        reads
+    }
+
+    /// Serves the request API of a replica resuming after parking, before its actor runs:
+    /// its node routes every subject of it (nothing to subscribe), and a request that
+    /// resumed it is answered at once, not refused as not serving yet. Its readiness is
+    /// published as the actor starts.
+    pub(crate) fn serve_api_resumed(&mut self) {
+        debug_assert!(
+            self.cfg.catalog_hosted && self.cfg.routed_api && self.lease.shared.is_some()
+        );
+        self.api_started = true;
+        let service = self.new_service();
+        self.answer_api(&service);
+    }
+
     fn new_service(&mut self) -> Arc<ApiService> {
         let service = Arc::new(ApiService::new(
             &self.subjects,

@@ -56,6 +56,11 @@ impl Snapshotter {
         self.data.as_ref()
     }
 
+    /// The data directory, taken as the replica parks.
+    pub(super) fn take_data(&mut self) -> Option<DataDir> {
+        self.data.take()
+    }
+
     /// The state changed: the next snapshot has something to save.
     pub(super) fn changed(&mut self) {
         self.dirty = true;
@@ -66,10 +71,10 @@ impl Snapshotter {
         self.data.is_some() && self.dirty
     }
 
-    /// Whether every change is saved and no snapshot is being written: the last one saved is
-    /// the final one already.
+    /// Whether every change is saved (or there is nowhere to save it) and no snapshot is
+    /// being written: the last one saved is the final one already.
     pub(super) fn settled(&self) -> bool {
-        !self.dirty && !self.writing.load(Ordering::Acquire) && self.persisting == 0
+        !self.has_unsaved() && !self.writing.load(Ordering::Acquire) && self.persisting == 0
     }
 
     /// Whether a periodic snapshot is due at `now` (`snapshot_interval_ms` after the last

@@ -1,0 +1,184 @@
+//! Idle replicas parked as data, and resumed when something is for them
+//! ([`crate::replica::Parked`]): a node of 100,000 filters, most of them idle, keeps the
+//! state of each, not an actor with its task, timers, queues and pipeline.
+//!
+//! Every `park_after_ms / 4` the node looks at its running catalog replicas: one that nothing
+//! looked up since the last look four times in a row is asked to park. The replica parks only
+//! if it is idle and alone (no peer: see [`crate::replica`]'s parking), and the node takes
+//! its state under its lock only if nothing looked it up meanwhile: a request never finds a
+//! replica half parked. Any lookup (a request, a replication message, [`super::Node::filter`])
+//! resumes a parked replica at once, from the state the node kept, on the node's arbiter.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::{ApiQueue, Hosted, Inner, Slot};
+use crate::replica::{Park, ParkInto, Replica, ReplicaHandle};
+
+/// Looks in a row that find a replica untouched before it is asked to park.
+pub(super) const IDLE_LOOKS: u8 = 4;
+
+/// Park requests sent between two yields of the task: a look at 100,000 replicas does not
+/// hold a runtime thread for long.
+const PARKS_PER_TURN: usize = 1_000;
+
+/// Catalog filters parked (gauge).
+pub const PARKED_FILTERS: &str = "crpf_parked_filters";
+/// Replicas parked and resumed, by `change` (parked, resumed).
+pub const PARKING: &str = "crpf_parking_total";
+
+/// Describes the metrics of parking.
+pub(crate) fn describe() {
+    metrics::describe_gauge!(
+        PARKED_FILTERS,
+        "Catalog filters whose idle replica this node parked (its state kept, its actor gone)"
+    );
+    metrics::describe_counter!(
+        PARKING,
+        "Catalog replicas parked and resumed on this node, by change (parked, resumed)"
+    );
+}
+
+impl Inner {
+    /// The running replica of `name`, resumed if it was parked; with `pin`, it never parks
+    /// from then on.
+    pub(super) fn replica_pinned(&self, name: &str, pin: bool) -> Option<ReplicaHandle> {
+        {
+            let hosted = self.hosted.read().expect("hosted lock");
+            let h = hosted.get(name)?;
+            if pin {
+                h.pinned.store(true, Ordering::Relaxed);
+            }
+            if let Some(handle) = h.used() {
+                return Some(handle.clone());
+            }
+        }
+        self.resume(name)
+    }
+
+    /// Resumes the parked replica of `name` (or finds it running already): `None` if the node
+    /// does not host it, or cannot run it (its id was retired: no replica of the node can).
+    pub(super) fn resume(&self, name: &str) -> Option<ReplicaHandle> {
+        let mut hosted = self.hosted.write().expect("hosted lock");
+        let h = hosted.get_mut(name)?;
+        if let Some(handle) = h.used() {
+            return Some(handle.clone());
+        }
+        let shared_id = self.shared_id.clone()?;
+        if shared_id.lost() {
+            tracing::warn!(
+                filter = name,
+                "a parked filter cannot resume: the node's replica id was retired"
+            );
+            return None;
+        }
+        let Slot::Parked(parked) = std::mem::replace(&mut h.replica, Slot::Resuming) else {
+            unreachable!("a hosted replica is running or parked outside the lock");
+        };
+        let replication = self.replication.get()?.clone();
+        let handle = Replica::resume(
+            self.replica_config(name, h.spec.clone(), h.generation),
+            *parked,
+            (self.transport.clone(), replication),
+            shared_id,
+            self.digest_batches.clone(),
+            &self.arbiter,
+        );
+        h.replica = Slot::Live(handle.clone());
+        h.touched.store(true, Ordering::Relaxed);
+        h.idle_looks.store(0, Ordering::Relaxed);
+        metrics::counter!(PARKING, "change" => "resumed").increment(1);
+        metrics::gauge!(PARKED_FILTERS).decrement(1.0);
+        Some(handle)
+    }
+
+    /// Whether the replica of `name` (hosted as `h`) may be asked to park: a catalog filter's,
+    /// running under the node's id, never handed out, with its metrics in the node-wide
+    /// series. The replica decides the rest.
+    fn may_park(&self, name: &str, h: &Hosted) -> bool {
+        matches!(h.replica, Slot::Live(_))
+            && !h.pinned.load(Ordering::Relaxed)
+            && !self.configured.contains(name)
+            && self.routes_own_api(&h.spec)
+            && self.settings.api_queue == ApiQueue::Node
+            && !self.settings.metrics_filters.iter().any(|f| f == name)
+    }
+
+    /// Where the replica `handle` of `name`'s `generation` parks: into the node's map, if it
+    /// is still that replica there and nothing looked it up since it was asked.
+    fn park_into(
+        self: &Arc<Self>,
+        name: String,
+        generation: u64,
+        handle: ReplicaHandle,
+    ) -> ParkInto {
+        let inner = Arc::downgrade(self);
+        Box::new(move |close| {
+            let Some(inner) = inner.upgrade() else {
+                return false;
+            };
+            if inner.stopping.load(Ordering::SeqCst) {
+                return false;
+            }
+            let mut hosted = inner.hosted.write().expect("hosted lock");
+            let Some(h) = hosted.get_mut(&name) else {
+                return false;
+            };
+            let same = h.generation == generation
+                && matches!(&h.replica, Slot::Live(running) if running.same_replica(&handle));
+            if !same || h.touched.load(Ordering::Relaxed) || h.pinned.load(Ordering::Relaxed) {
+                return false;
+            }
+            h.replica = Slot::Parked(Box::new(close()));
+            metrics::counter!(PARKING, "change" => "parked").increment(1);
+            metrics::gauge!(PARKED_FILTERS).increment(1.0);
+            true
+        })
+    }
+}
+
+/// Every `every`, asks the replicas untouched for [`IDLE_LOOKS`] looks in a row to park,
+/// until the node stops.
+pub(super) async fn park_idle(inner: Weak<Inner>, every: Duration) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let Some(node) = inner.upgrade() else {
+            return;
+        };
+        if node.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let idle: Vec<(String, u64, ReplicaHandle)> = {
+            let hosted = node.hosted.read().expect("hosted lock");
+            hosted
+                .iter()
+                .filter(|(name, h)| node.may_park(name, h))
+                .filter_map(|(name, h)| {
+                    if h.touched.swap(false, Ordering::Relaxed) {
+                        h.idle_looks.store(0, Ordering::Relaxed);
+                        return None;
+                    }
+                    let looks = h.idle_looks.fetch_add(1, Ordering::Relaxed) + 1;
+                    if looks < IDLE_LOOKS {
+                        return None;
+                    }
+                    // Asked once per `IDLE_LOOKS` looks: a replica with peers, which stays
+                    // awake, is not asked at every look.
+                    h.idle_looks.store(0, Ordering::Relaxed);
+                    let handle = h.running()?;
+                    Some((name.clone(), h.generation, handle.clone()))
+                })
+                .collect()
+        };
+        for chunk in idle.chunks(PARKS_PER_TURN) {
+            for (name, generation, handle) in chunk {
+                let into = node.park_into(name.clone(), *generation, handle.clone());
+                handle.addr().do_send(Park(into));
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+}
