@@ -1340,3 +1340,77 @@ async fn reads_of_figures_come_after_the_updates_before_them() {
         ],
     );
 }
+
+/// Waits until the node has parked `n` filters (`crpf_parked_filters`).
+async fn parked(node: &Node, n: f64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(node, "crpf_parked_filters") < n {
+        assert!(
+            Instant::now() < deadline,
+            "{n} filters not parked in 20 s\n{}",
+            node.proc.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Keys created by commands park once idle (their replicas alone on the node), and every
+/// command answers a parked key as if it had never parked: reads, adds, removes, listings,
+/// types, deletes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_keys_answer_every_command_as_if_they_never_parked() {
+    // Over NATS: the catalog (JetStream KV) outlives the node, which is killed below.
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let catalog = "\n[catalog]\npark_after_ms = 300\n";
+    let node = start_node(dir.path(), "node", catalog, Some(&nats.url()), Some(&data));
+    let mut con = connect(&node).await;
+    expect(&mut con, &["BF.ADD", "k", "alice"], 1).await;
+    let ok: String = run(&mut con, &["CF.RESERVE", "c", "1000"]).await.unwrap();
+    assert_eq!(ok, "OK");
+    expect(&mut con, &["CF.ADD", "c", "x"], 1).await;
+    parked(&node, 2.0).await;
+    expect(&mut con, &["BF.EXISTS", "k", "alice"], 1).await;
+    expect(&mut con, &["BF.EXISTS", "k", "nobody"], 0).await;
+    expect(&mut con, &["CF.EXISTS", "c", "x"], 1).await;
+    parked(&node, 2.0).await;
+    let added: Vec<i64> = run(&mut con, &["BF.MADD", "k", "bob", "carol"])
+        .await
+        .unwrap();
+    assert_eq!(added, [1, 1]);
+    expect(&mut con, &["CF.DEL", "c", "x"], 1).await;
+    expect(&mut con, &["CF.ADD", "c", "y"], 1).await;
+    parked(&node, 2.0).await;
+    let found: Vec<i64> = run(&mut con, &["BF.MEXISTS", "k", "alice", "bob", "carol"])
+        .await
+        .unwrap();
+    assert_eq!(found, [1, 1, 1]);
+    expect(&mut con, &["CF.EXISTS", "c", "x"], 0).await;
+    parked(&node, 2.0).await;
+    let kind: String = run(&mut con, &["TYPE", "k"]).await.unwrap();
+    assert_eq!(kind, "MBbloom--");
+    let mut keys: Vec<String> = run(&mut con, &["KEYS", "*"]).await.unwrap();
+    keys.sort();
+    assert_eq!(keys, ["bloom", "c", "k", "sessions", "views"]);
+    expect(&mut con, &["DBSIZE"], 5).await;
+    expect(&mut con, &["DEL", "k"], 1).await;
+    expect(&mut con, &["EXISTS", "k"], 0).await;
+    assert!(metric(&node, "crpf_parking_total{change=\"resumed\"}") >= 4.0);
+    // A parked replica's state is on disk (it parks only once its snapshot holds every
+    // change): killed and restarted, the node has what the resumed replicas took.
+    parked(&node, 1.0).await;
+    drop(con);
+    drop(node);
+    let node = start_node(dir.path(), "node2", catalog, Some(&nats.url()), Some(&data));
+    let mut con = connect(&node).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = run::<i64>(&mut con, &["CF.EXISTS", "c", "y"]).await {
+        assert!(e.to_string().contains("BusyLoading"), "{e}");
+        assert!(Instant::now() < deadline, "c not ready in 30 s: {e}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    expect(&mut con, &["CF.EXISTS", "c", "y"], 1).await;
+    expect(&mut con, &["CF.EXISTS", "c", "x"], 0).await;
+    expect(&mut con, &["EXISTS", "k"], 0).await;
+}

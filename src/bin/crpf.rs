@@ -32,7 +32,21 @@ enum Command {
     Eval(crpf::eval::EvalArgs),
 }
 
+/// jemalloc returns what is freed to the system (a node's parked replicas, say: see
+/// BENCHMARKS.md, "Many filters"), which glibc's malloc mostly keeps.
+#[cfg(all(feature = "jemalloc", target_os = "linux"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
+    // Purged by a thread of jemalloc's own (one: it has little to do), so that an idle node,
+    // whose threads no longer allocate, gives back what it freed within seconds.
+    #[cfg(all(feature = "jemalloc", target_os = "linux"))]
+    if let Err(e) = tikv_jemalloc_ctl::max_background_threads::write(1)
+        .and_then(|()| tikv_jemalloc_ctl::background_thread::write(true))
+    {
+        eprintln!("jemalloc background purging not enabled: {e}");
+    }
     let cli = Cli::parse();
     // Logs go to stderr so that stdout keeps the summaries: RUST_LOG, else a node's `[node]
     // log` (read here, before the node starts; a config that does not load is reported by the

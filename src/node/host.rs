@@ -733,6 +733,7 @@ impl Node {
                 .drain()
                 .filter_map(|(name, h)| {
                     let Slot::Live(handle) = h.replica else {
+                        metrics::gauge!(PARKED_FILTERS).decrement(1.0);
                         return None;
                     };
                     // Routed to until it stopped, as its own subscriptions answered (a kind
@@ -952,23 +953,24 @@ impl Inner {
         let service = subject.split('.').nth(2);
         // The instances first, the answers (JSON of each) outside the lock: a `$SRV.PING` to
         // 100,000 filters must not hold up the creates and drops meanwhile.
-        let instances: Vec<_> = {
-            let hosted = self.hosted.read().expect("hosted lock");
-            let instance = |(name, h): (&String, &Hosted)| {
-                if self.configured.contains(name) {
-                    return None;
-                }
-                h.running()?.service()
-            };
-            match service {
-                None => hosted.iter().filter_map(instance).collect(),
-                Some(service) => service
-                    .strip_prefix(crate::replica::service::SERVICE_NAME_PREFIX)
-                    .and_then(|name| hosted.get_key_value(name))
-                    .and_then(instance)
-                    .into_iter()
-                    .collect(),
+        // To every service: the running replicas (parked ones are not woken for a census).
+        // To one filter's: its replica, resumed if it was parked.
+        let instances: Vec<_> = match service {
+            None => {
+                let hosted = self.hosted.read().expect("hosted lock");
+                hosted
+                    .iter()
+                    .filter(|(name, _)| !self.configured.contains(*name))
+                    .filter_map(|(_, h)| h.running()?.service())
+                    .collect()
             }
+            Some(service) => service
+                .strip_prefix(crate::replica::service::SERVICE_NAME_PREFIX)
+                .filter(|name| !self.configured.contains(*name))
+                .and_then(|name| self.replica_pinned(name, false))
+                .and_then(|h| h.service())
+                .into_iter()
+                .collect(),
         };
         instances.iter().filter_map(|s| s.answer(subject)).collect()
     }
@@ -1411,7 +1413,10 @@ impl Inner {
             // for a dropped filter the node never ran ([`Inner::dropped_meanwhile`]).
             let running = match h.replica {
                 Slot::Live(handle) => Some(handle),
-                Slot::Parked(_) | Slot::Resuming => None,
+                Slot::Parked(_) | Slot::Resuming => {
+                    metrics::gauge!(PARKED_FILTERS).decrement(1.0);
+                    None
+                }
             };
             let refusing = self.routes_own_api(&h.spec) && running.is_some();
             if let Some(handle) = running.as_ref().filter(|_| refusing) {

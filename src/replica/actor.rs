@@ -446,11 +446,6 @@ impl Replica {
         }
     }
 
-    /// Whether it serves the request API once ready (`serve_api`).
-    pub(crate) fn serves_api(&self) -> bool {
-        self.cfg.serve_api
-    }
-
     pub(super) fn uuid(&self) -> Uuid {
         self.shared.identity.uuid
     }

@@ -122,6 +122,12 @@ pub struct DataDir {
 }
 
 impl DataDir {
+    /// A data directory known to exist (a parked replica's, resumed): nothing is checked or
+    /// made.
+    pub(crate) fn existing(path: PathBuf) -> Self {
+        DataDir { path }
+    }
+
     /// Opens (creating it if needed) a data directory. A directory it creates has its entry
     /// fsynced in its parent: what is made durable inside it later (a snapshot, a
     /// `durable` add's log record) is then found after a crash of the machine.

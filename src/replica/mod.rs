@@ -536,12 +536,12 @@ impl Replica {
     /// ([`ReplicaConfig::routed_replication`]), its digests go to `digest_batches`.
     pub(crate) fn resume(
         cfg: ReplicaConfig,
-        parked: Parked,
+        parked: Box<Parked>,
         transports: (Arc<dyn Transport>, Arc<dyn Transport>),
         shared_id: Arc<SharedId>,
         digest_batches: Option<Arc<crate::transport::digests::DigestBatcher>>,
         arbiter: &actix::ArbiterHandle,
-    ) -> ReplicaHandle {
+    ) -> Result<ReplicaHandle, (ReplicaError, Box<Parked>)> {
         debug_assert!(
             cfg.routed_replication,
             "a node routes a parked replica's replication"
@@ -551,6 +551,18 @@ impl Replica {
             parked.identity,
             "parked under the node's id"
         );
+        let data = cfg.data_dir.clone().map(DataDir::existing);
+        let wal = match (&data, parked.wal_next) {
+            (Some(d), Some(next)) => {
+                let dir = d.path().join(wal::WAL_DIR);
+                let sync = ReplicaConfig::ms(cfg.fsync_interval_ms);
+                match wal::WalWriter::resume_at(dir, parked.identity, next, sync) {
+                    Ok(w) => Some(w),
+                    Err(e) => return Err((e.into(), parked)),
+                }
+            }
+            _ => None,
+        };
         let (transport, replication_transport) = transports;
         let shared = Arc::new(Shared::new(
             parked.filter,
@@ -567,8 +579,8 @@ impl Replica {
             transport,
             replication_transport,
             replication: None,
-            data: parked.data,
-            wal: parked.wal,
+            data,
+            wal,
             reserved: parked.reserved,
             lease_reserved: shared_id.reserved(),
             shared_id: Some(shared_id),
@@ -576,11 +588,9 @@ impl Replica {
             resumed: true,
         };
         let mut replica = Replica::new(setup);
-        if replica.serves_api() {
-            replica.serve_api_resumed();
-        }
+        replica.prepare_resumed();
         let addr = Replica::start_in_arbiter(arbiter, move |_| replica);
-        ReplicaHandle::from_parts(addr, shared)
+        Ok(ReplicaHandle::from_parts(addr, shared))
     }
 }
 

@@ -1025,6 +1025,38 @@ impl WalWriter {
         )
     }
 
+    /// A writer of the log in `dir` that starts at segment `next`, not opened yet: a parked
+    /// replica's, resumed (its last snapshot covers every segment before `next`).
+    pub(crate) fn resume_at(
+        dir: PathBuf,
+        identity: Identity,
+        next: u64,
+        sync_interval: Duration,
+    ) -> Result<WalWriter, DurableError> {
+        let pool = WalPool::global().map_err(|e| DurableError::Io {
+            path: dir.clone(),
+            source: io::Error::other(e),
+        })?;
+        Ok(Self::open(
+            pool,
+            dir,
+            identity,
+            WalLimits::default(),
+            next,
+            Arc::new(WalStats::default()),
+            sync_interval,
+        ))
+    }
+
+    /// The segment a writer that takes over from this one starts at: after every segment
+    /// this one wrote.
+    pub(crate) fn next_segment(&self) -> u64 {
+        match self.is_open() {
+            true => self.current + 1,
+            false => self.current,
+        }
+    }
+
     /// A writer to replace this one after it failed (a full disk, say; a failed writer never
     /// writes again): it appends to segments after every one this writer used, and counts
     /// in the same [`WalStats`]. Save a snapshot that covers this writer's segments first

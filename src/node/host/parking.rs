@@ -73,18 +73,26 @@ impl Inner {
             );
             return None;
         }
+        let replication = self.replication.get()?.clone();
         let Slot::Parked(parked) = std::mem::replace(&mut h.replica, Slot::Resuming) else {
             unreachable!("a hosted replica is running or parked outside the lock");
         };
-        let replication = self.replication.get()?.clone();
-        let handle = Replica::resume(
+        let resumed = Replica::resume(
             self.replica_config(name, h.spec.clone(), h.generation),
-            *parked,
+            parked,
             (self.transport.clone(), replication),
             shared_id,
             self.digest_batches.clone(),
             &self.arbiter,
         );
+        let handle = match resumed {
+            Ok(handle) => handle,
+            Err((e, parked)) => {
+                tracing::warn!(filter = name, error = %e, "a parked filter could not resume");
+                h.replica = Slot::Parked(parked);
+                return None;
+            }
+        };
         h.replica = Slot::Live(handle.clone());
         h.touched.store(true, Ordering::Relaxed);
         h.idle_looks.store(0, Ordering::Relaxed);

@@ -14,10 +14,9 @@ use std::sync::atomic::Ordering;
 use actix::prelude::*;
 
 use super::Replica;
-use crate::replica::durable::{DataDir, Identity};
+use crate::replica::durable::Identity;
 use crate::replica::filter::AnyFilter;
 use crate::replica::metrics::Telemetry;
-use crate::replica::wal::WalWriter;
 use crate::wire::FilterKind;
 
 /// What a parked replica leaves with its node: its state, and what resumes it without
@@ -27,10 +26,11 @@ pub(crate) struct Parked {
     pub identity: Identity,
     /// Its counts go on from where they were (`stats`).
     pub telemetry: Telemetry,
-    pub data: Option<DataDir>,
-    /// The log's writer, on a segment after every one written so far (which the last
-    /// snapshot covers), not opened yet.
-    pub wal: Option<WalWriter>,
+    /// With a data directory (its configuration's), the segment of the log its writer goes
+    /// on at: after every one written so far, which its last snapshot covers. (Nothing else
+    /// of its directory or writer is kept: 100,000 parked replicas held 35 MB of paths and
+    /// writers that their configurations give again.)
+    pub wal_next: Option<u64>,
     /// The tags reserved durably.
     pub reserved: u64,
 }
@@ -51,11 +51,11 @@ pub(crate) struct Park(pub ParkInto);
 pub(crate) const PARK_MAX_STATE_BYTES: u64 = 256 << 10;
 
 impl Replica {
-    /// Whether the replica may park now (see the module documentation): alone, caught up,
-    /// nothing in flight, waiting or unsaved (an update to commit, publish, acknowledge or
-    /// snapshot; a transfer, a push, a queued message), under the node's id and the node-wide
-    /// metric series, of a kind whose state does not move with time.
-    fn parkable(&self) -> bool {
+    /// Whether the replica may park now but for its snapshot (see the module documentation):
+    /// alone, caught up, nothing in flight or waiting (an update to commit, publish or
+    /// acknowledge; a transfer, a push, a queued message), under the node's id and the
+    /// node-wide metric series, of a kind whose state does not move with time.
+    fn idle_and_alone(&self) -> bool {
         let quiet = |flag: &std::sync::atomic::AtomicBool| !flag.load(Ordering::Acquire);
         let s = &self.shared;
         self.cfg.aggregate_metrics
@@ -72,7 +72,6 @@ impl Replica {
             && self.pacings.is_empty()
             && !self.pipeline.busy()
             && self.pipeline.idle()
-            && self.snapshots.settled()
             && quiet(&s.closed)
             && quiet(&s.direct_changes)
             && quiet(&s.flush_scheduled)
@@ -103,18 +102,14 @@ impl Replica {
         self.answer(r);
         self.parked = true;
         ctx.stop();
-        let wal = self.pipeline.take_wal().map(|w| match w.is_open() {
-            // A writer that wrote gives way to one on the next segment; its own closes.
-            true => w.reopen().unwrap_or(w),
-            false => w,
-        });
+        // The writer closes its log (if it wrote one); a resumed one starts a segment after.
+        let wal_next = self.pipeline.take_wal().map(|w| w.next_segment());
         let filter = self.read().clone();
         Parked {
             filter,
             identity: self.shared.identity,
             telemetry: self.telemetry.clone(),
-            data: self.snapshots.take_data(),
-            wal,
+            wal_next,
             reserved: self.reserved,
         }
     }
@@ -124,6 +119,17 @@ impl Handler<Park> for Replica {
     type Result = bool;
 
     fn handle(&mut self, Park(into): Park, ctx: &mut Context<Self>) -> bool {
-        self.parkable() && into(&mut || self.close_for_parking(ctx))
+        if !self.idle_and_alone() {
+            return false;
+        }
+        if !self.snapshots.settled() {
+            // Idle but for changes not saved yet (the periodic snapshot is not due): saved
+            // now, so that the next ask finds the replica settled.
+            if !self.snapshots.writing() {
+                self.snapshot_async(ctx);
+            }
+            return false;
+        }
+        into(&mut || self.close_for_parking(ctx))
     }
 }

@@ -150,17 +150,20 @@ impl Replica {
         reads
     }
 
-    /// Serves the request API of a replica resuming after parking, before its actor runs:
-    /// its node routes every subject of it (nothing to subscribe), and a request that
-    /// resumed it is answered at once, not refused as not serving yet. Its readiness is
-    /// published as the actor starts.
-    pub(crate) fn serve_api_resumed(&mut self) {
-        debug_assert!(
-            self.cfg.catalog_hosted && self.cfg.routed_api && self.lease.shared.is_some()
-        );
-        self.api_started = true;
-        let service = self.new_service();
-        self.answer_api(&service);
+    /// Makes a replica resuming after parking ready, and serves its request API, before its
+    /// actor runs: it was ready, its node routes every subject of its API (nothing to
+    /// subscribe), and the request that resumed it is answered at once, not refused as not
+    /// serving yet. The actor announces readiness as it starts (`crpf_ready`, the log).
+    pub(crate) fn prepare_resumed(&mut self) {
+        if self.cfg.serve_api {
+            debug_assert!(
+                self.cfg.catalog_hosted && self.cfg.routed_api && self.lease.shared.is_some()
+            );
+            self.api_started = true;
+            let service = self.new_service();
+            self.answer_api(&service);
+        }
+        self.shared.lifecycle.set_ready();
     }
 
     fn new_service(&mut self) -> Arc<ApiService> {

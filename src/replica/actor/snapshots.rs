@@ -56,11 +56,6 @@ impl Snapshotter {
         self.data.as_ref()
     }
 
-    /// The data directory, taken as the replica parks.
-    pub(super) fn take_data(&mut self) -> Option<DataDir> {
-        self.data.take()
-    }
-
     /// The state changed: the next snapshot has something to save.
     pub(super) fn changed(&mut self) {
         self.dirty = true;
