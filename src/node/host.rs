@@ -738,7 +738,8 @@ impl Node {
                     };
                     // Routed to until it stopped, as its own subscriptions answered (a kind
                     // with ids of its own answers on its own subscriptions meanwhile).
-                    if !self.inner.configured.contains(&name) && self.inner.routes_own_api(&h.spec)
+                    if !self.inner.configured.contains(&name)
+                        && self.inner.routes_own_api(h.spec.kind)
                     {
                         dropping.insert(name.clone(), handle.clone());
                     }
@@ -983,7 +984,7 @@ impl Inner {
     /// the name goes first: a re-created filter's, not the dropped one's still lingering.
     fn routed_target(&self, name: &str, routed: Routed) -> Option<(ReplicaHandle, bool)> {
         let hosted = self.replica_pinned(name, false).map(|handle| {
-            let routes = self.shared_id.is_some() && handle.kind().reuses_ids();
+            let routes = self.routes_own_api(handle.kind());
             (handle, routes)
         });
         let hosted = hosted.or_else(|| {
@@ -1264,7 +1265,7 @@ impl Inner {
             .read()
             .expect("view lock")
             .get(name)
-            .map(|e| self.routes_own_api(&e.spec));
+            .map(|e| self.routes_own_api(e.spec.kind));
         match listed {
             // Listed, its replica not started yet.
             Some(true) => ApiRoute::HoldOwn(msg),
@@ -1285,10 +1286,10 @@ impl Inner {
         }
     }
 
-    /// Whether the node routes the own API subjects of a catalog filter of `spec`: it
+    /// Whether the node routes the own API subjects of a catalog filter of `kind`: it
     /// replicates under the node's id (kinds that keep their own ids subscribe themselves).
-    fn routes_own_api(&self, spec: &FilterSpec) -> bool {
-        self.shared_id.is_some() && spec.kind.reuses_ids()
+    fn routes_own_api(&self, kind: crate::FilterKind) -> bool {
+        self.shared_id.is_some() && kind.reuses_ids()
     }
 
     /// The replica configuration of a catalog filter's incarnation.
@@ -1340,7 +1341,7 @@ impl Inner {
                     cfg.clone(),
                     self.shared_id.clone(),
                     self.digest_batches.clone(),
-                    self.routes_own_api(&entry.spec),
+                    self.routes_own_api(entry.spec.kind),
                     entry.generation,
                     entry.spec.clone(),
                 )
@@ -1418,7 +1419,7 @@ impl Inner {
                     None
                 }
             };
-            let refusing = self.routes_own_api(&h.spec) && running.is_some();
+            let refusing = self.routes_own_api(h.spec.kind) && running.is_some();
             if let Some(handle) = running.as_ref().filter(|_| refusing) {
                 dropping.insert(name.to_string(), handle.clone());
             }
@@ -1725,7 +1726,7 @@ async fn hold_request(
         if own {
             let listed = {
                 let view = inner.view.read().expect("view lock");
-                view.get(&name).map(|e| inner.routes_own_api(&e.spec))
+                view.get(&name).map(|e| inner.routes_own_api(e.spec.kind))
             };
             match listed {
                 Some(false) => return None,
@@ -1826,7 +1827,7 @@ async fn look_up_own_request(
         }
         Err(_) => return None,
     };
-    if !inner.routes_own_api(&entry.spec) {
+    if !inner.routes_own_api(entry.spec.kind) {
         // Its replica subscribes its own subjects, under an id of its own.
         return None;
     }

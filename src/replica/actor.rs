@@ -1025,14 +1025,7 @@ impl Replica {
     /// longer), with its digest ([`Replica::schedule_periodic`]): of 100,000 filters most are
     /// quiet, and a wake-up each second for each cost a node more than its requests.
     fn housekeeping_delay(&self) -> Duration {
-        let busy = !self.cfg.aggregate_metrics
-            || self.expect.kind == FilterKind::ExpiringBloom
-            || !self.anti_entropy.is_ready()
-            || self.transfers.as_ref().is_some_and(|t| t.in_progress() > 0)
-            || self.pipeline.busy()
-            || self.snapshots.has_unsaved()
-            || self.shared.direct_changes.load(Ordering::Acquire)
-            || self.read().pending_delta_len() > 0;
+        let busy = !self.at_rest() || self.snapshots.has_unsaved();
         let ms = if busy {
             self.cfg.metrics_interval_ms
         } else {
@@ -1041,6 +1034,20 @@ impl Replica {
                 .max(self.cfg.metrics_interval_ms)
         };
         ReplicaConfig::ms(ms)
+    }
+
+    /// Whether nothing but a snapshot may be due: its figures go to the node-wide series only,
+    /// it is caught up, nothing is in flight (a transfer, a commit, a change not taken into a
+    /// delta), and its state does not move with time. Housekeeping is then rare, and (with
+    /// more) the replica may park.
+    fn at_rest(&self) -> bool {
+        self.cfg.aggregate_metrics
+            && self.expect.kind != FilterKind::ExpiringBloom
+            && self.anti_entropy.is_ready()
+            && self.transfers.as_ref().is_none_or(|t| t.in_progress() == 0)
+            && !self.pipeline.busy()
+            && !self.shared.direct_changes.load(Ordering::Acquire)
+            && self.read().pending_delta_len() == 0
     }
 
     /// Gauges, time passing for anti-entropy (peer expiry, catch-up), and partial transfers

@@ -1005,11 +1005,16 @@ impl WalWriter {
     /// Starts the writer on a replayed log, on the process-wide [`WalPool`]; its segments will
     /// carry `identity`. The first segment is created at the first append.
     pub fn start(replayed: Replayed, identity: Identity) -> Result<WalWriter, DurableError> {
-        let pool = WalPool::global().map_err(|e| DurableError::Io {
-            path: replayed.dir.clone(),
-            source: io::Error::other(e),
-        })?;
+        let pool = Self::global_pool(&replayed.dir)?;
         Ok(Self::start_in(&pool, replayed, identity))
+    }
+
+    /// The process-wide [`WalPool`], for a log in `dir` (named by the error if it cannot run).
+    fn global_pool(dir: &Path) -> Result<WalPool, DurableError> {
+        WalPool::global().map_err(|e| DurableError::Io {
+            path: dir.to_path_buf(),
+            source: io::Error::other(e),
+        })
     }
 
     /// [`WalWriter::start`] on the threads of `pool`.
@@ -1033,10 +1038,7 @@ impl WalWriter {
         next: u64,
         sync_interval: Duration,
     ) -> Result<WalWriter, DurableError> {
-        let pool = WalPool::global().map_err(|e| DurableError::Io {
-            path: dir.clone(),
-            source: io::Error::other(e),
-        })?;
+        let pool = Self::global_pool(&dir)?;
         Ok(Self::open(
             pool,
             dir,

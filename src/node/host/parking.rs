@@ -108,7 +108,7 @@ impl Inner {
         matches!(h.replica, Slot::Live(_))
             && !h.pinned.load(Ordering::Relaxed)
             && !self.configured.contains(name)
-            && self.routes_own_api(&h.spec)
+            && self.routes_own_api(h.spec.kind)
             && self.settings.api_queue == ApiQueue::Node
             && !self.settings.metrics_filters.iter().any(|f| f == name)
     }

@@ -376,12 +376,7 @@ impl Handler<ShutdownBy> for Replica {
         ShutdownBy(flush_by): ShutdownBy,
         ctx: &mut Context<Self>,
     ) -> Self::Result {
-        // Under the write lock: an update applied in a subscription task is either in the
-        // state now, and so in the final commit and snapshot, or refused as stopped.
-        {
-            let _f = self.write();
-            self.shared.closed.store(true, Ordering::Release);
-        }
+        self.close_to_updates();
         self.flush_delta(ctx);
         // Written commits' deltas waiting for their interval go out before the stop, and so
         // does any written meanwhile (its `Committed` may still be handled).
@@ -399,9 +394,7 @@ impl Handler<ShutdownBy> for Replica {
         // (waiting for peers, or with no snapshot written) fail as stopped.
         let durable = (saved.is_ok() && self.snapshots.data().is_some())
             .then_some(self.pipeline.next_batch());
-        self.shared.commits.stopped(durable);
-        let r = self.pipeline.acks.stop(durable);
-        self.answer(r);
+        self.answer_stopped(durable);
         let (done, flushed) = oneshot::channel();
         self.enqueue(super::pump::Outbound::Flush(done));
         ctx.stop();
@@ -409,6 +402,25 @@ impl Handler<ShutdownBy> for Replica {
             let _ = tokio::time::timeout_at(flush_by, flushed).await;
             saved
         })
+    }
+}
+
+impl Replica {
+    /// Takes no update from now on. Under the write lock: an update applied in a
+    /// subscription task is either in the state now, and so in the final commit and
+    /// snapshot, or refused as stopped.
+    pub(super) fn close_to_updates(&self) {
+        let _f = self.write();
+        self.shared.closed.store(true, Ordering::Release);
+    }
+
+    /// Answers, as the replica stops, what waits for a commit or an acknowledgement: durable
+    /// if its commit is before `durable` (the final snapshot holds it), else failed as
+    /// stopped.
+    pub(super) fn answer_stopped(&mut self, durable: Option<u64>) {
+        self.shared.commits.stopped(durable);
+        let r = self.pipeline.acks.stop(durable);
+        self.answer(r);
     }
 }
 

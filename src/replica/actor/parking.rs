@@ -17,7 +17,6 @@ use super::Replica;
 use crate::replica::durable::Identity;
 use crate::replica::filter::AnyFilter;
 use crate::replica::metrics::Telemetry;
-use crate::wire::FilterKind;
 
 /// What a parked replica leaves with its node: its state, and what resumes it without
 /// reading its data directory.
@@ -52,28 +51,23 @@ pub(crate) const PARK_MAX_STATE_BYTES: u64 = 256 << 10;
 
 impl Replica {
     /// Whether the replica may park now but for its snapshot (see the module documentation):
-    /// alone, caught up, nothing in flight or waiting (an update to commit, publish or
-    /// acknowledge; a transfer, a push, a queued message), under the node's id and the
-    /// node-wide metric series, of a kind whose state does not move with time.
+    /// at rest ([`Replica::at_rest`]: caught up, under the node-wide metric series, of a kind
+    /// whose state does not move with time, nothing in flight), alone, under the node's id,
+    /// and nothing waiting either (a commit asked for, a push, a queued message).
     fn idle_and_alone(&self) -> bool {
         let quiet = |flag: &std::sync::atomic::AtomicBool| !flag.load(Ordering::Acquire);
         let s = &self.shared;
-        self.cfg.aggregate_metrics
+        self.at_rest()
             && self.lease.shared.is_some()
-            && self.expect.kind != FilterKind::ExpiringBloom
             && self
                 .cfg
                 .filter
                 .memory_bytes()
                 .is_ok_and(|b| b <= PARK_MAX_STATE_BYTES)
-            && self.anti_entropy.is_ready()
             && self.anti_entropy.peers().next().is_none()
-            && self.transfers.as_ref().is_none_or(|t| t.in_progress() == 0)
             && self.pacings.is_empty()
-            && !self.pipeline.busy()
             && self.pipeline.idle()
             && quiet(&s.closed)
-            && quiet(&s.direct_changes)
             && quiet(&s.flush_scheduled)
             && quiet(&s.commit_requested)
             && quiet(&s.logged_commit_requested)
@@ -81,25 +75,19 @@ impl Replica {
             && s.pushes_out.load(Ordering::Acquire) == 0
             && self.inbound_tx.is_empty()
             && self.outbound_rx.is_empty()
-            && self.read().pending_delta_len() == 0
     }
 
     /// Closes the replica for good (as a shutdown does, with nothing left to flush or save)
     /// and gives what resumes it.
     fn close_for_parking(&mut self, ctx: &mut Context<Self>) -> Parked {
-        {
-            let _f = self.write();
-            self.shared.closed.store(true, Ordering::Release);
-        }
+        self.close_to_updates();
         self.pipeline.stopping();
         let durable = self
             .snapshots
             .data()
             .is_some()
             .then_some(self.pipeline.next_batch());
-        self.shared.commits.stopped(durable);
-        let r = self.pipeline.acks.stop(durable);
-        self.answer(r);
+        self.answer_stopped(durable);
         self.parked = true;
         ctx.stop();
         // The writer closes its log (if it wrote one); a resumed one starts a segment after.

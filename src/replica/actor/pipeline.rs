@@ -252,10 +252,10 @@ impl<R> CommitPipeline<R> {
             || !self.held.is_empty()
     }
 
-    /// Whether no commit is being written, asked for or timed: with [`CommitPipeline::busy`]
-    /// false, nothing of the pipeline would go on after its replica stopped.
+    /// Whether nothing of the pipeline would go on after its replica stopped: not
+    /// [`CommitPipeline::busy`], and no commit being written, asked for or timed.
     pub(super) fn idle(&self) -> bool {
-        !self.committing && !self.again && !self.commit_timer
+        !self.busy() && !self.committing && !self.again && !self.commit_timer
     }
 
     /// The log's writer, taken as the replica parks.

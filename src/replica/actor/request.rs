@@ -135,7 +135,6 @@ impl Replica {
         }));
     }
 
-    /// The NATS service API's instance of this replica.
     /// Answers the request API from now on, as `service`: what its node's routes and the
     /// handles find.
     fn answer_api(&self, service: &Arc<ApiService>) -> Arc<Reads> {
@@ -166,6 +165,7 @@ impl Replica {
         self.shared.lifecycle.set_ready();
     }
 
+    /// The NATS service API's instance of this replica.
     fn new_service(&mut self) -> Arc<ApiService> {
         let service = Arc::new(ApiService::new(
             &self.subjects,
