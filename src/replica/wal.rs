@@ -225,7 +225,15 @@ pub fn replay(
     let dir = dir.into();
     create_dir(&dir)?;
     let segments = list_segments(&dir)?;
-    let next = segments.keys().next_back().map_or(1, |id| id + 1);
+    // After every segment on disk, and after every segment the snapshot covers: a snapshot
+    // that removed the segments it covers leaves none to count from, and a writer that
+    // started again at 1 appended to segments the next replay skips as covered (acknowledged
+    // `durable` adds lost at the crash after a clean restart).
+    let next = segments
+        .keys()
+        .next_back()
+        .map_or(1, |id| id + 1)
+        .max(covered_through.map_or(1, |c| c.0 + 1));
     let mut out = Replayed {
         segments: 0,
         records: 0,
@@ -2215,6 +2223,33 @@ mod tests {
         assert_eq!(stats.segments_removed.load(Ordering::Relaxed), 5);
         assert_eq!(stats.segments_created.load(Ordering::Relaxed), 6);
         assert_eq!(records_in(tmp.path()), [record(5), record(6)]);
+    }
+
+    /// A snapshot covered segments 1..=3 and removed them all; the next life (a clean restart)
+    /// writes after them, so its records are replayed, not skipped as covered.
+    #[test]
+    fn a_writer_after_a_snapshot_that_removed_every_segment_appends_beyond_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut w = writer(tmp.path(), WalLimits::default());
+        for i in 0..3 {
+            w.append(record(i)).wait().unwrap();
+            w.rotate();
+        }
+        let covered = SegmentId(3);
+        assert_eq!(w.remove_through(covered).wait().unwrap(), 3);
+        w.close();
+        assert!(segments(tmp.path()).is_empty());
+
+        for life in 0..3 {
+            let (_, r) = read_all(tmp.path(), ident(1), Some(covered), WalLimits::default())
+                .unwrap();
+            let w = WalWriter::start(r, ident(1)).unwrap();
+            assert!(w.segment().0 > covered.0, "life {life}: {:?}", w.segment());
+            w.append(record(10 + life)).wait().unwrap();
+            w.close();
+        }
+        let (got, _) = read_all(tmp.path(), ident(1), Some(covered), WalLimits::default()).unwrap();
+        assert_eq!(got, [record(10), record(11), record(12)]);
     }
 
     #[test]
