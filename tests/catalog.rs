@@ -434,7 +434,7 @@ async fn own_api_subjects_of_catalog_filters_answer_through_the_node_until_dropp
 /// late, as one whose watcher lags behind a burst.
 #[derive(Clone)]
 struct LaggingCatalog {
-    inner: crpf::transport::MemoryCatalog,
+    inner: Arc<dyn Catalog>,
     paused: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -458,8 +458,22 @@ impl Catalog for LaggingCatalog {
         self.inner.get(name)
     }
 
-    fn list(&self) -> BoxFuture<'static, Result<Vec<CatalogEntry>, CatalogError>> {
-        self.inner.list()
+    fn listing(&self) -> BoxFuture<'static, Result<crpf::transport::Listing, CatalogError>> {
+        self.inner.listing()
+    }
+
+    fn reoffer(
+        &self,
+        entry: CatalogEntry,
+    ) -> BoxFuture<'static, Result<crpf::transport::Reoffered, CatalogError>> {
+        self.inner.reoffer(entry)
+    }
+
+    fn sealed_with(&self, keys: Option<crpf::wire::AuthKeys>) -> Arc<dyn Catalog> {
+        Arc::new(LaggingCatalog {
+            inner: self.inner.sealed_with(keys),
+            paused: self.paused.clone(),
+        })
     }
 
     fn watch(&self) -> BoxFuture<'static, Result<CatalogWatch, CatalogError>> {
@@ -488,7 +502,7 @@ async fn an_own_api_request_ahead_of_the_watcher_is_held_until_the_replica_serve
     let a = node(&bus, config("")).await;
     let paused = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let lagging = LaggingCatalog {
-        inner: bus.catalog(),
+        inner: Arc::new(bus.catalog()),
         paused: paused.clone(),
     };
     let b = Node::start(config(""), Arc::new(bus.clone()), Some(Arc::new(lagging)))

@@ -110,6 +110,11 @@ pub struct CatalogSection {
     /// request or message resumes it at once (README, "Filters as data"). 0: never.
     #[serde(default = "default_park_after_ms")]
     pub park_after_ms: u64,
+    /// How long a dropped filter's data directory is kept, moved aside into
+    /// `<node.data_dir>/.dropped/`, before it is removed (README, "Dropped filters"). The
+    /// default is a day.
+    #[serde(default = "default_drop_retention_ms")]
+    pub drop_retention_ms: u64,
 }
 
 /// Whose queue subscription takes the catalog filters' request API ([`CatalogSection::api_queue`]).
@@ -140,6 +145,10 @@ fn default_park_after_ms() -> u64 {
     60_000
 }
 
+fn default_drop_retention_ms() -> u64 {
+    86_400_000
+}
+
 impl Default for CatalogSection {
     fn default() -> Self {
         Self {
@@ -150,6 +159,7 @@ impl Default for CatalogSection {
             metrics_filters: Vec::new(),
             api_queue: ApiQueue::default(),
             park_after_ms: default_park_after_ms(),
+            drop_retention_ms: default_drop_retention_ms(),
         }
     }
 }

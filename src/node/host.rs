@@ -8,9 +8,13 @@
 //! longer does; other nodes follow within their watcher's delay.
 //!
 //! What a drop guarantees: the replica stops, then its data directory
-//! (`<data_dir>/<name>.g<generation>`) is removed; a node that was down meanwhile removes it
-//! at its next start. A filter created again under the name is a new generation: its
-//! envelopes, replica id claims and data directory are its own, and its replicas refuse
+//! (`<data_dir>/<name>.g<generation>`) is moved aside into `<data_dir>/.dropped/`, kept for
+//! `catalog.drop_retention_ms` (README, "Dropped filters"); a node that was down meanwhile
+//! does so at its next start, if the catalog recorded the drop. Nothing else removes a
+//! filter's data: a catalog that is absent, empty, unreachable or new is no drop, and a
+//! directory the catalog does not know is offered back to it (its entry is kept in the
+//! directory, [`ENTRY_FILE`]). A filter created again under the name is a new generation:
+//! its envelopes, replica id claims and data directory are its own, and its replicas refuse
 //! everything of the old one (`crpf_rejects_total{reason="generation"}`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -143,6 +147,9 @@ impl HostError {
 struct Hosted {
     generation: u64,
     spec: FilterSpec,
+    /// Of its catalog entry (for offering it back to a catalog that lost it).
+    created_ms: u64,
+    replaces: Option<u64>,
     replica: Slot,
     /// Looked up since the node last looked for idle replicas ([`parking`]).
     touched: AtomicBool,
@@ -161,14 +168,34 @@ enum Slot {
 }
 
 impl Hosted {
-    fn live(generation: u64, spec: FilterSpec, handle: ReplicaHandle) -> Self {
+    fn live(entry: CatalogEntry, handle: ReplicaHandle) -> Self {
+        let CatalogEntry {
+            spec,
+            generation,
+            created_ms,
+            replaces,
+            ..
+        } = entry;
         Hosted {
             generation,
             spec,
+            created_ms,
+            replaces,
             replica: Slot::Live(handle),
             touched: AtomicBool::new(true),
             idle_looks: AtomicU8::new(0),
             pinned: AtomicBool::new(false),
+        }
+    }
+
+    /// Its catalog entry.
+    fn entry(&self, name: &str) -> CatalogEntry {
+        CatalogEntry {
+            name: name.to_string(),
+            spec: self.spec.clone(),
+            generation: self.generation,
+            created_ms: self.created_ms,
+            replaces: self.replaces,
         }
     }
 
@@ -272,7 +299,15 @@ struct Inner {
     arbiter: actix::ArbiterHandle,
     /// The task that parks idle replicas ([`parking`]).
     parking: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// When each name may be offered back to the catalog next ([`REOFFER_INTERVAL`]);
+    /// `None`: a later offer waits for that moment.
+    reoffered: std::sync::Mutex<HashMap<String, Option<Instant>>>,
 }
+
+/// A name is offered back to the catalog at most this often: two nodes with different keys
+/// hosting one filter each take the other's entry for one to replace, and would otherwise
+/// write over each other without end.
+const REOFFER_INTERVAL: Duration = Duration::from_secs(2);
 
 /// A running node's filters. Cheap to clone. Start it inside an actix System.
 ///
@@ -328,7 +363,10 @@ impl Node {
         if let Err(e) = crate::replica::wal::WalPool::configure_global(cfg.node.wal_threads) {
             tracing::warn!(error = %e, "node.wal_threads not applied");
         }
-        let catalog = catalog.filter(|_| cfg.catalog.enabled);
+        // Sealed with the cluster key: only its holders create or drop filters.
+        let catalog = catalog
+            .filter(|_| cfg.catalog.enabled)
+            .map(|c| c.sealed_with(cfg.auth_keys.clone()));
         let with_catalog = catalog.is_some();
         let template = lease_template(&cfg.catalog);
         let (shared_id, renewals) = match &catalog {
@@ -379,6 +417,7 @@ impl Node {
             replication: Default::default(),
             arbiter: actix::Arbiter::current(),
             parking: Default::default(),
+            reoffered: Default::default(),
         });
         if inner.catalog.is_some() {
             // Subscribed, and confirmed by the server, before any catalog filter is ready: a
@@ -478,22 +517,33 @@ impl Node {
             // filters under its prefix too: their own would take every message twice.
             f.routed_replication = node.inner.catalog.is_some() && f.prefix == node.inner.prefix;
             // Its digests go alone: a replica outside any node may share its name.
+            let entry = CatalogEntry {
+                name: f.name.clone(),
+                spec,
+                generation: 0,
+                created_ms: 0,
+                replaces: None,
+            };
             let handle = node
                 .inner
-                .start_replica(f, None, None, false, 0, spec)
+                .start_replica(f, None, None, false, entry)
                 .await?;
             let id = handle.identity();
             tracing::info!(filter = handle.name(), replica = id.replica, uuid = %id.uuid, "replica started");
         }
         if let Some(catalog) = node.inner.catalog.clone() {
-            let listed = match catalog.list().await {
-                Ok(listed) => {
-                    node.remove_dropped_dirs(&listed);
+            node.inner.purge_dropped_dirs();
+            let listed = match catalog.listing().await {
+                Ok(listing) => {
+                    let mut listed = listing.live.clone();
+                    listed.extend(node.inner.reconcile_dirs(&catalog, &listing).await);
+                    listed.sort_by(|a, b| a.name.cmp(&b.name));
                     *node.inner.view.write().expect("view lock") =
                         listed.iter().map(|e| (e.name.clone(), e.clone())).collect();
                     listed
                 }
                 Err(e) => {
+                    // No drop can be told from an unreachable catalog: every directory stays.
                     tracing::warn!(error = %e, "filter catalog unavailable at start: following it once it answers");
                     Vec::new()
                 }
@@ -588,10 +638,8 @@ impl Node {
     /// and returns once this node no longer hosts it: the entry dropped, `None` if there was
     /// none.
     pub async fn drop_filter(&self, name: &str) -> Result<Option<CatalogEntry>, HostError> {
+        self.may_drop(name)?;
         let catalog = self.inner.catalog.clone().ok_or(HostError::Disabled)?;
-        if self.inner.configured.contains(name) {
-            return Err(HostError::Configured(name.into()));
-        }
         let Some(entry) = catalog.drop_filter(name.to_string()).await? else {
             return Ok(None);
         };
@@ -610,6 +658,18 @@ impl Node {
         }
         tracing::info!(filter = name, generation, "filter dropped");
         Ok(Some(entry))
+    }
+
+    /// Whether `name` may be dropped: not a filter of the configuration file, and the
+    /// catalog on (a name that does not exist may be).
+    pub fn may_drop(&self, name: &str) -> Result<(), HostError> {
+        if self.inner.catalog.is_none() {
+            return Err(HostError::Disabled);
+        }
+        if self.inner.configured.contains(name) {
+            return Err(HostError::Configured(name.into()));
+        }
+        Ok(())
     }
 
     /// The catalog entry of `name`, as the catalog has it now.
@@ -818,28 +878,16 @@ impl Node {
         };
         tokio::time::timeout(timeout, waiting).await.is_ok()
     }
-
-    /// Removes the data directories of catalog filters (`<name>.g<generation>`) that the
-    /// catalog no longer lists: dropped while this node was down.
-    fn remove_dropped_dirs(&self, listed: &[CatalogEntry]) {
-        let Some(base) = &self.inner.data_dir else {
-            return;
-        };
-        let Ok(dirs) = std::fs::read_dir(base) else {
-            return;
-        };
-        let live: HashSet<String> = listed
-            .iter()
-            .map(|e| incarnation_dir(&e.name, e.generation))
-            .collect();
-        for d in dirs.flatten() {
-            let name = d.file_name().to_string_lossy().into_owned();
-            if parse_incarnation_dir(&name).is_some() && !live.contains(&name) {
-                remove_dir(&d.path(), "dropped while this node was down");
-            }
-        }
-    }
 }
+
+/// Whether `entry` was created after the drop of `generation` of its name (so that
+/// generation is gone for good).
+fn follows_drop_of(entry: &CatalogEntry, generation: u64) -> bool {
+    entry.generation > generation && entry.replaces.is_some_and(|r| r >= generation)
+}
+
+/// The `filter` label of the catalog's own rejects.
+const CATALOG_LABEL: &str = "_catalog";
 
 /// `<name>.g<generation>`: the data directory of a catalog filter's incarnation.
 fn incarnation_dir(name: &str, generation: u64) -> String {
@@ -900,17 +948,273 @@ async fn claim_node_id(
     Ok(id)
 }
 
-fn remove_dir(path: &Path, why: &str) {
-    match std::fs::remove_dir_all(path) {
-        Ok(()) => tracing::info!(dir = %path.display(), why, "removed a dropped filter's data"),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+/// The file of a catalog filter's data directory that keeps its catalog entry, so that the
+/// node can offer the filter back to a catalog that lost it (or, without NATS, to the
+/// in-process catalog of its next start).
+pub const ENTRY_FILE: &str = "catalog-entry.json";
+
+/// The folder of `node.data_dir` where dropped filters' directories are kept
+/// (`<name>.g<generation>.<dropped at, ms since the epoch>`) for `catalog.drop_retention_ms`.
+/// A dot: no filter name has one.
+pub const DROPPED_DIR: &str = ".dropped";
+
+/// Records `entry` in its incarnation's data directory ([`ENTRY_FILE`]).
+fn write_entry_file(dir: &Path, entry: &CatalogEntry) -> Result<(), crate::replica::DurableError> {
+    let json = serde_json::to_vec_pretty(entry).expect("a catalog entry encodes");
+    crate::replica::durable::write_atomically(dir, ENTRY_FILE, &json)
+}
+
+/// The entry recorded in an incarnation's data directory, if it is there and is its own.
+fn read_entry_file(dir: &Path, name: &str, generation: u64) -> Option<CatalogEntry> {
+    let bytes = std::fs::read(dir.join(ENTRY_FILE)).ok()?;
+    let entry: CatalogEntry = serde_json::from_slice(&bytes).ok()?;
+    (entry.name == name && entry.generation == generation).then_some(entry)
+}
+
+/// Moves a dropped filter's data directory `<base>/<dir>` aside into [`DROPPED_DIR`].
+fn move_aside(base: &Path, dir: &str, why: &str) {
+    let from = base.join(dir);
+    if !from.exists() {
+        return;
+    }
+    let kept = base.join(DROPPED_DIR);
+    let to = kept.join(format!("{dir}.{}", crate::transport::catalog::now_ms()));
+    let moved = std::fs::create_dir_all(&kept)
+        .and_then(|()| std::fs::rename(&from, &to))
+        .and_then(|()| crate::replica::group_sync::sync(&kept))
+        .and_then(|()| crate::replica::group_sync::sync(base));
+    match moved {
+        Ok(()) => {
+            tracing::info!(from = %from.display(), to = %to.display(), why, "moved a dropped filter's data aside")
+        }
         Err(e) => {
-            tracing::warn!(dir = %path.display(), error = %e, "could not remove a dropped filter's data")
+            tracing::warn!(dir = %from.display(), error = %e, "could not move a dropped filter's data aside")
         }
     }
 }
 
+/// The incarnation directory and the time of the drop of an entry of [`DROPPED_DIR`].
+fn parse_dropped_dir(entry: &str) -> Option<(&str, u64)> {
+    let (dir, at) = entry.rsplit_once('.')?;
+    parse_incarnation_dir(dir)?;
+    Some((dir, at.parse().ok()?))
+}
+
 impl Inner {
+    /// Removes the dropped filters' directories kept longer than `catalog.drop_retention_ms`.
+    fn purge_dropped_dirs(&self) {
+        let Some(base) = &self.data_dir else {
+            return;
+        };
+        let Ok(kept) = std::fs::read_dir(base.join(DROPPED_DIR)) else {
+            return;
+        };
+        let now = crate::transport::catalog::now_ms();
+        for d in kept.flatten() {
+            let name = d.file_name().to_string_lossy().into_owned();
+            let Some((_, at)) = parse_dropped_dir(&name) else {
+                continue;
+            };
+            if now.saturating_sub(at) < self.settings.drop_retention_ms {
+                continue;
+            }
+            match std::fs::remove_dir_all(d.path()) {
+                Ok(()) => {
+                    tracing::info!(dir = %d.path().display(), "removed a dropped filter's data after its retention")
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %d.path().display(), error = %e, "could not remove a dropped filter's kept data")
+                }
+            }
+        }
+    }
+
+    /// Matches the catalog filters' data directories with the catalog at the start: a
+    /// directory whose drop the catalog recorded (its generation dropped, or replaced by a
+    /// create that followed that drop) is moved aside; one the catalog does not know is
+    /// offered back to it with the entry kept in it. Answers the entries offered back, to be
+    /// hosted as the listed ones are.
+    async fn reconcile_dirs(
+        &self,
+        catalog: &Arc<dyn Catalog>,
+        listing: &crate::transport::Listing,
+    ) -> Vec<CatalogEntry> {
+        let Some(base) = self.data_dir.clone() else {
+            return Vec::new();
+        };
+        let Ok(dirs) = std::fs::read_dir(&base) else {
+            return Vec::new();
+        };
+        let live: HashMap<&str, &CatalogEntry> =
+            listing.live.iter().map(|e| (e.name.as_str(), e)).collect();
+        let mut unknown = Vec::new();
+        for d in dirs.flatten() {
+            let dir = d.file_name().to_string_lossy().into_owned();
+            let Some((name, generation)) = parse_incarnation_dir(&dir) else {
+                continue;
+            };
+            if self.configured.contains(name) {
+                continue;
+            }
+            match live.get(name) {
+                Some(e) if e.generation == generation => continue,
+                Some(e) if follows_drop_of(e, generation) => {
+                    move_aside(&base, &dir, "dropped while this node was down");
+                    continue;
+                }
+                _ => {}
+            }
+            if listing.dropped.get(name).is_some_and(|&g| g >= generation) {
+                move_aside(&base, &dir, "dropped while this node was down");
+                continue;
+            }
+            match read_entry_file(&d.path(), name, generation) {
+                Some(entry) => unknown.push((dir, entry)),
+                None => tracing::warn!(
+                    dir = %d.path().display(),
+                    "the catalog does not list this filter and its directory has no entry to offer back: kept, not hosted"
+                ),
+            }
+        }
+        let offers = unknown.into_iter().map(|(dir, entry)| {
+            let catalog = catalog.clone();
+            async move { (dir, entry.clone(), catalog.reoffer(entry).await) }
+        });
+        let mut offers = futures::stream::iter(offers).buffer_unordered(PARALLEL_CHANGES);
+        let mut restored = Vec::new();
+        while let Some((dir, entry, answer)) = offers.next().await {
+            match answer {
+                Ok(crate::transport::Reoffered::Restored) => {
+                    metrics::counter!(CATALOG_CHANGES, "change" => "offered_back").increment(1);
+                    tracing::info!(
+                        filter = entry.name,
+                        generation = entry.generation,
+                        "offered a filter the catalog did not list back to it"
+                    );
+                    restored.push(entry);
+                }
+                Ok(crate::transport::Reoffered::Dropped(_)) => {
+                    move_aside(&base, &dir, "dropped while this node was down");
+                }
+                Ok(crate::transport::Reoffered::Listed(e))
+                    if follows_drop_of(&e, entry.generation) =>
+                {
+                    move_aside(&base, &dir, "dropped while this node was down");
+                }
+                Ok(crate::transport::Reoffered::Listed(e)) => {
+                    if e.generation != entry.generation {
+                        tracing::warn!(
+                            filter = entry.name,
+                            kept = entry.generation,
+                            listed = e.generation,
+                            "the catalog lists another incarnation of a filter this node has data of: kept, not hosted"
+                        );
+                    } else {
+                        restored.push(e);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(filter = entry.name, error = %e, "could not offer a filter back to the catalog: its data is kept");
+                }
+            }
+        }
+        restored
+    }
+
+    /// Offers the hosted filter `name` back to the catalog (which lost it, or holds a record
+    /// of it nobody may act on); unhosts it if the catalog recorded its drop.
+    async fn reoffer_hosted(self: &Arc<Self>, name: &str) {
+        let Some(catalog) = self.catalog.clone() else {
+            return;
+        };
+        let Some(entry) = self
+            .hosted
+            .read()
+            .expect("hosted lock")
+            .get(name)
+            .filter(|_| !self.configured.contains(name))
+            .map(|h| h.entry(name))
+        else {
+            return;
+        };
+        {
+            // Offered a moment ago: once more when the interval is over (one such wait per
+            // name), so that the last word is this node's whatever was written meanwhile.
+            let mut next = self.reoffered.lock().expect("reoffered lock");
+            let now = Instant::now();
+            match next.get(name).copied() {
+                Some(Some(at)) if at > now => {
+                    next.insert(name.to_string(), None);
+                    tokio::spawn(Self::reoffer_later(
+                        Arc::downgrade(self),
+                        name.to_string(),
+                        at - now,
+                    ));
+                    return;
+                }
+                // Already waiting.
+                Some(None) => return,
+                _ => {}
+            }
+            next.retain(|_, at| at.is_none_or(|at| at > now));
+            next.insert(name.to_string(), Some(now + REOFFER_INTERVAL));
+        }
+        match catalog.reoffer(entry.clone()).await {
+            Ok(crate::transport::Reoffered::Restored) => {
+                metrics::counter!(CATALOG_CHANGES, "change" => "offered_back").increment(1);
+                tracing::warn!(
+                    filter = name,
+                    generation = entry.generation,
+                    "the catalog had lost a filter this node hosts: offered it back"
+                );
+            }
+            Ok(crate::transport::Reoffered::Dropped(generation)) => {
+                self.unhost_generation(name, Some(generation)).await;
+            }
+            Ok(crate::transport::Reoffered::Listed(_)) => {}
+            Err(e) => {
+                metrics::counter!(CATALOG_ERRORS, "op" => "offer_back").increment(1);
+                tracing::warn!(filter = name, error = %e, "could not offer a hosted filter back to the catalog");
+            }
+        }
+    }
+
+    /// [`Inner::reoffer_hosted`] after `delay` (boxed: the two call each other).
+    fn reoffer_later(
+        inner: Weak<Self>,
+        name: String,
+        delay: Duration,
+    ) -> futures::future::BoxFuture<'static, ()> {
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            if let Some(inner) = inner.upgrade() {
+                inner
+                    .reoffered
+                    .lock()
+                    .expect("reoffered lock")
+                    .remove(&name);
+                inner.reoffer_hosted(&name).await;
+            }
+        })
+    }
+
+    /// Counts a catalog record this node does not act on, and offers back what it hosts
+    /// under that name.
+    async fn rejected(self: &Arc<Self>, name: &str, reason: &'static str) {
+        let replica = self
+            .shared_id
+            .as_ref()
+            .map_or(String::new(), |id| id.identity().replica.to_string());
+        metrics::counter!(crate::replica::metrics::REJECTS, "filter" => CATALOG_LABEL, "replica" => replica, "reason" => reason)
+            .increment(1);
+        tracing::warn!(
+            filter = name,
+            reason,
+            "ignored a catalog record that does not carry the cluster key's seal"
+        );
+        self.reoffer_hosted(name).await;
+    }
+
     fn insert(&self, name: String, hosted: Hosted) {
         self.hosted
             .write()
@@ -935,11 +1239,18 @@ impl Inner {
                 view.insert(e.name.clone(), e.clone());
                 self.foreign.lock().expect("foreign lock").listed(&e.name);
             }
-            CatalogChange::Dropped { name } => {
-                view.remove(name);
+            CatalogChange::Dropped { name, generation } => {
+                if view
+                    .get(name)
+                    .is_some_and(|e| generation.is_none_or(|g| e.generation <= g))
+                {
+                    view.remove(name);
+                }
                 let mut foreign = self.foreign.lock().expect("foreign lock");
                 foreign.dropped(name, Instant::now());
             }
+            // The view keeps what it had: a record nobody may act on changes nothing.
+            CatalogChange::Rejected { .. } | CatalogChange::Current => {}
         }
     }
 
@@ -1325,6 +1636,12 @@ impl Inner {
             .map(|h| h.generation);
         match current {
             Some(g) if g >= entry.generation => return,
+            // A later generation takes the name only after the drop of the hosted one: a
+            // sealed entry written again (a replay) is no drop.
+            Some(g) if !follows_drop_of(&entry, g) => {
+                self.rejected(&entry.name, "replaced_without_drop").await;
+                return;
+            }
             Some(_) => self.unhost(&entry.name).await,
             None => {}
         }
@@ -1342,12 +1659,20 @@ impl Inner {
                     self.shared_id.clone(),
                     self.digest_batches.clone(),
                     self.routes_own_api(entry.spec.kind),
-                    entry.generation,
-                    entry.spec.clone(),
+                    entry.clone(),
                 )
                 .await;
             match started {
                 Ok(_) => {
+                    if let Some(dir) = cfg.data_dir.clone() {
+                        let recorded = entry.clone();
+                        let written =
+                            tokio::task::spawn_blocking(move || write_entry_file(&dir, &recorded))
+                                .await;
+                        if let Ok(Err(e)) = written {
+                            tracing::warn!(filter = entry.name, error = %e, "could not record the catalog entry in the filter's data directory");
+                        }
+                    }
                     metrics::counter!(CATALOG_CHANGES, "change" => "started").increment(1);
                     return;
                 }
@@ -1364,7 +1689,7 @@ impl Inner {
         }
     }
 
-    /// Starts the replica of `cfg` and hosts it as `generation` of `spec`. Routed to as soon
+    /// Starts the replica of `cfg` and hosts it as `entry`. Routed to as soon
     /// as its actor runs, before its first snapshot is written: in `starting` until then
     /// (`routes`: whether the node routes its own API subjects), and hosted before it leaves
     /// `starting`, so that routing finds it in one of them throughout.
@@ -1374,8 +1699,7 @@ impl Inner {
         shared_id: Option<Arc<SharedId>>,
         digest_batches: Option<Arc<DigestBatcher>>,
         routes: bool,
-        generation: u64,
-        spec: FilterSpec,
+        entry: CatalogEntry,
     ) -> Result<ReplicaHandle, crate::replica::ReplicaError> {
         let name = cfg.name.clone();
         let starting = |h: &ReplicaHandle| {
@@ -1391,14 +1715,19 @@ impl Inner {
         )
         .await;
         if let Ok(handle) = &started {
-            self.insert(name.clone(), Hosted::live(generation, spec, handle.clone()));
+            self.insert(name.clone(), Hosted::live(entry, handle.clone()));
         }
         self.starting.lock().expect("starting lock").remove(&name);
         started
     }
 
-    /// Stops the replica of `name` and removes its data directory.
+    /// Stops the replica of `name` and moves its data directory aside.
     async fn unhost(self: &Arc<Self>, name: &str) {
+        self.unhost_generation(name, None).await
+    }
+
+    /// [`Inner::unhost`], if the generation hosted is at most `dropped` (`None`: any).
+    async fn unhost_generation(self: &Arc<Self>, name: &str, dropped: Option<u64>) {
         if self.configured.contains(name) {
             return;
         }
@@ -1407,9 +1736,13 @@ impl Inner {
         let (generation, running, refusing) = {
             let mut dropping = self.dropping.lock().expect("dropping lock");
             let mut hosted = self.hosted.write().expect("hosted lock");
-            let Some(h) = hosted.remove(name) else {
+            if hosted
+                .get(name)
+                .is_none_or(|h| dropped.is_some_and(|g| h.generation > g))
+            {
                 return;
-            };
+            }
+            let h = hosted.remove(name).expect("looked up under the lock");
             // A parked replica has nothing to stop; requests for it meanwhile are refused as
             // for a dropped filter the node never ran ([`Inner::dropped_meanwhile`]).
             let running = match h.replica {
@@ -1447,7 +1780,8 @@ impl Inner {
             });
         }
         if let Some(base) = &self.data_dir {
-            remove_dir(&base.join(incarnation_dir(name, generation)), "dropped");
+            move_aside(base, &incarnation_dir(name, generation), "dropped");
+            self.purge_dropped_dirs();
         }
         metrics::counter!(CATALOG_CHANGES, "change" => "stopped").increment(1);
     }
@@ -1459,10 +1793,16 @@ impl Inner {
                 self.host(entry).await;
                 name
             }
-            CatalogChange::Dropped { name } => {
-                self.unhost(&name).await;
+            CatalogChange::Dropped { name, generation } => {
+                self.unhost_generation(&name, generation).await;
                 name
             }
+            CatalogChange::Rejected { name, reason } => {
+                self.rejected(&name, reason).await;
+                name
+            }
+            // Not queued by name (see `follow`).
+            CatalogChange::Current => String::new(),
         }
     }
 }
@@ -1894,7 +2234,8 @@ fn stopped(inner: Weak<Inner>, flag: fn(&Inner) -> &AtomicBool) -> impl Fn() -> 
 fn change_name(c: &CatalogChange) -> &str {
     match c {
         CatalogChange::Put(e) => &e.name,
-        CatalogChange::Dropped { name } => name,
+        CatalogChange::Dropped { name, .. } | CatalogChange::Rejected { name, .. } => name,
+        CatalogChange::Current => "",
     }
 }
 
@@ -1920,11 +2261,42 @@ async fn follow(inner: Arc<Inner>, catalog: Arc<dyn Catalog>) {
         let mut queued: HashMap<String, VecDeque<CatalogChange>> = HashMap::new();
         let mut running = FuturesUnordered::new();
         let mut watching = true;
+        // The names the watch's first part had a record of: a hosted filter not among them
+        // is one the catalog lost (a lost bucket), offered back.
+        let mut recorded = Some(HashSet::new());
         while watching || !running.is_empty() {
             tokio::select! {
                 next = watch.next(), if watching && running.len() < PARALLEL_CHANGES => {
                     match next {
+                        Some(Ok(CatalogChange::Current)) => {
+                            if let Some(recorded) = recorded.take() {
+                                let lost: Vec<String> = inner
+                                    .hosted
+                                    .read()
+                                    .expect("hosted lock")
+                                    .keys()
+                                    .filter(|n| !recorded.contains(*n) && !inner.configured.contains(*n))
+                                    .cloned()
+                                    .collect();
+                                if !lost.is_empty() {
+                                    let inner = inner.clone();
+                                    tokio::spawn(async move {
+                                        futures::stream::iter(lost)
+                                            .map(|n| {
+                                                let inner = inner.clone();
+                                                async move { inner.reoffer_hosted(&n).await }
+                                            })
+                                            .buffer_unordered(PARALLEL_CHANGES)
+                                            .collect::<Vec<()>>()
+                                            .await;
+                                    });
+                                }
+                            }
+                        }
                         Some(Ok(change)) => {
+                            if let Some(recorded) = &mut recorded {
+                                recorded.insert(change_name(&change).to_string());
+                            }
                             inner.saw(&change);
                             let name = change_name(&change).to_string();
                             match queued.get_mut(&name) {

@@ -47,7 +47,7 @@ mod anti_entropy;
 mod config;
 pub mod durable;
 mod filter;
-mod group_sync;
+pub(crate) mod group_sync;
 pub mod metrics;
 mod reassembly;
 mod recovery;

@@ -206,6 +206,89 @@ pub trait FilterLookup: Send + Sync + 'static {
         let _ = name;
         Box::pin(async { Err(FIXED_FILTERS.to_string()) })
     }
+
+    /// Whether `name` may be dropped (a name that does not exist may): the refusal's reply
+    /// text if not. Commands on several keys ask first for every key, then drop.
+    fn may_drop(&self, name: &str) -> Result<(), String> {
+        let _ = name;
+        Err(FIXED_FILTERS.to_string())
+    }
+
+    /// Whether the filters are not known yet (a node still starting): commands on keys are
+    /// answered `-LOADING`.
+    fn loading(&self) -> bool {
+        false
+    }
+}
+
+/// The answer to a command on keys while the node starts.
+const LOADING: &str = "LOADING crpf is starting (claiming its replica id, following the filter catalog); try again in a moment";
+
+/// The filters of a node that is still starting: none (every command on keys answers
+/// `-LOADING`) until [`StartingNode::started`] hands over the node, then the node's.
+#[derive(Default)]
+pub struct StartingNode {
+    node: std::sync::OnceLock<crate::node::Node>,
+}
+
+impl StartingNode {
+    /// The node has started: its filters are served from now on.
+    pub fn started(&self, node: crate::node::Node) {
+        let _ = self.node.set(node);
+    }
+}
+
+impl FilterLookup for StartingNode {
+    fn filter(&self, name: &[u8]) -> Option<ReplicaHandle> {
+        FilterLookup::filter(self.node.get()?, name)
+    }
+
+    fn with_filter(&self, name: &[u8], f: &mut dyn FnMut(&ReplicaHandle)) {
+        if let Some(node) = self.node.get() {
+            FilterLookup::with_filter(node, name, f)
+        }
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.node.get().map(FilterLookup::names).unwrap_or_default()
+    }
+
+    fn create(
+        &self,
+        name: String,
+        spec: crate::FilterSpec,
+    ) -> BoxFuture<'static, Result<bool, String>> {
+        match self.node.get() {
+            Some(node) => FilterLookup::create(node, name, spec),
+            None => Box::pin(async { Err(LOADING.to_string()) }),
+        }
+    }
+
+    fn filter_count(&self) -> usize {
+        self.node.get().map_or(0, FilterLookup::filter_count)
+    }
+
+    fn spec(&self, name: &str) -> Option<crate::FilterSpec> {
+        FilterLookup::spec(self.node.get()?, name)
+    }
+
+    fn drop_filter(&self, name: String) -> BoxFuture<'static, Result<bool, String>> {
+        match self.node.get() {
+            Some(node) => FilterLookup::drop_filter(node, name),
+            None => Box::pin(async { Err(LOADING.to_string()) }),
+        }
+    }
+
+    fn may_drop(&self, name: &str) -> Result<(), String> {
+        match self.node.get() {
+            Some(node) => FilterLookup::may_drop(node, name),
+            None => Err(LOADING.to_string()),
+        }
+    }
+
+    fn loading(&self) -> bool {
+        self.node.get().is_none()
+    }
 }
 
 /// The refusal of a lookup without a catalog.
@@ -293,6 +376,41 @@ impl FilterLookup for crate::node::Node {
             }
         })
     }
+
+    fn may_drop(&self, name: &str) -> Result<(), String> {
+        crate::node::Node::may_drop(self, name).map_err(|e| format!("ERR {e}"))
+    }
+}
+
+/// Drops the filters `names` (`DEL`, `UNLINK`, `FLUSHDB`, `FLUSHALL`): all or nothing where
+/// the node can tell beforehand (a configured filter refuses, and then nothing is dropped);
+/// a failure on the way (the catalog unreachable) says which were dropped before it.
+/// Answers how many existed.
+async fn drop_all(lookup: &dyn FilterLookup, names: Vec<String>) -> Result<usize, String> {
+    for name in &names {
+        lookup.may_drop(name)?;
+    }
+    let mut dropped = Vec::new();
+    let mut existed = 0;
+    for name in names {
+        match lookup.drop_filter(name.clone()).await {
+            Ok(true) => {
+                existed += 1;
+                dropped.push(name);
+            }
+            Ok(false) => {}
+            Err(e) if dropped.is_empty() => return Err(e),
+            Err(e) => {
+                let e = e.strip_prefix("ERR ").unwrap_or(&e).to_string();
+                return Err(format!(
+                    "ERR dropped {} key(s) ({}) before failing: {e}",
+                    dropped.len(),
+                    dropped.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(existed)
 }
 
 /// What every connection shares.
@@ -570,30 +688,14 @@ async fn run_key(
             let answer = commands::send(&handle, &request, ack, true).await;
             answer_reply(answer, request.shape)
         }
-        // Every key that can go goes; a refusal (a configured filter) is the reply.
-        K::Delete(names) => {
-            let (mut dropped, mut refused) = (0, None);
-            for name in names {
-                match lookup.drop_filter(name).await {
-                    Ok(true) => dropped += 1,
-                    Ok(false) => {}
-                    Err(e) => {
-                        refused.get_or_insert(e);
-                    }
-                }
-            }
-            refused.map_or(Reply::Int(dropped), Reply::Error)
-        }
-        // Every filter that can go goes; the first refusal (a configured filter) is the reply.
-        K::FlushAll => {
-            let mut refused = None;
-            for name in lookup.names() {
-                if let Err(e) = lookup.drop_filter(name).await {
-                    refused.get_or_insert(e);
-                }
-            }
-            refused.map_or(Reply::Simple("OK"), Reply::Error)
-        }
+        K::Delete(names) => match drop_all(&*lookup, names).await {
+            Ok(dropped) => Reply::Int(dropped as i64),
+            Err(refused) => Reply::Error(refused),
+        },
+        K::FlushAll => match drop_all(&*lookup, lookup.names()).await {
+            Ok(_) => Reply::Simple("OK"),
+            Err(refused) => Reply::Error(refused),
+        },
         K::ScanDump { name, iter } => {
             let (Some(handle), Some(spec)) = (lookup.filter(name.as_bytes()), lookup.spec(&name))
             else {
@@ -861,6 +963,28 @@ impl Session<'_> {
             if !allowed.iter().any(|a| name.eq_ignore_ascii_case(a)) {
                 let refused = Reply::Error("NOAUTH Authentication required.".into());
                 return Some(self.ready(refused, bytes));
+            }
+        }
+        // A node still starting (claiming its id, following the catalog: minutes inside a
+        // partition) serves the connection's own commands and answers the others as Redis
+        // does while it loads.
+        if server.filters.loading() {
+            let name = args.arg(0);
+            let allowed = [
+                &b"PING"[..],
+                b"ECHO",
+                b"AUTH",
+                b"HELLO",
+                b"QUIT",
+                b"INFO",
+                b"CLIENT",
+                b"COMMAND",
+                b"SELECT",
+                b"RESET",
+            ];
+            if !allowed.iter().any(|a| name.eq_ignore_ascii_case(a)) {
+                let loading = Reply::Error(LOADING.into());
+                return Some(self.ready(loading, bytes));
             }
         }
         // The commonest commands first, without a request (see `hot`); in order only when

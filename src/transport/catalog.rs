@@ -11,6 +11,19 @@
 //!
 //! Two stores: [`MemoryCatalog`] for the in-process bus (one per bus, shared by every node of
 //! the process) and the NATS JetStream KV bucket of [`crate::transport::NatsTransport::catalog`].
+//!
+//! # Sealed records, and drops as records
+//! A store holds one record per name: a live entry, or the record of its drop (a tombstone
+//! naming the generation dropped); nothing is ever deleted, so a node that was down still
+//! reads every drop it missed, and a name the store does not know was never dropped (a lost
+//! or new store is not a drop of everything). With a cluster key each record carries an
+//! HMAC-SHA256 (the key of the replication frames, [`AuthKeys`]) over its name and contents:
+//! a handle made [`Catalog::sealed_with`] the keys seals what it writes and reports any
+//! record that does not verify as [`CatalogChange::Rejected`] rather than acting on it, so
+//! only key holders create or drop filters. A live entry names the generation whose drop it
+//! follows (`replaces`): a sealed value written again later (a replay) cannot stand in for a
+//! drop. A record a store lost can be offered again by a node that hosts the filter
+//! ([`Catalog::reoffer`]), with its generation.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -23,6 +36,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::core::kind::FilterSpec;
+use crate::wire::AuthKeys;
 
 /// One filter of the catalog.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,31 +50,156 @@ pub struct CatalogEntry {
     pub generation: u64,
     /// When it was created, milliseconds since the UNIX epoch (for operators).
     pub created_ms: u64,
+    /// The generation of the name whose drop this create followed (`None`: the name had no
+    /// record). A node hosting an older generation replaces it only by an entry that
+    /// replaces at least that one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaces: Option<u64>,
 }
 
-/// What a catalog stores under a filter's name (the generation is the store's revision).
+/// A live entry as stored under its name.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct StoredEntry {
     pub spec: FilterSpec,
     pub created_ms: u64,
+    /// Set when a node offers a lost entry again: its generation (else the store's revision
+    /// of the write is the generation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaces: Option<u64>,
+    /// The cluster key's HMAC (hex) over the name and the fields above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal: Option<String>,
 }
 
-impl StoredEntry {
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("a catalog entry encodes")
+/// The record of a drop, stored under the name in place of its entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct StoredDrop {
+    pub dropped_generation: u64,
+    pub dropped_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal: Option<String>,
+}
+
+/// What a record of the store says, once opened with a handle's keys.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Opened {
+    Live(CatalogEntry),
+    Dropped {
+        generation: u64,
+    },
+    /// Not to be acted on: unsealed, sealed with another key, or not a record at all.
+    Rejected(&'static str),
+}
+
+/// The keys a catalog handle seals with and checks against (none: a keyless cluster, which
+/// seals nothing and takes every record that decodes).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Seal {
+    keys: Option<AuthKeys>,
+}
+
+/// Domain separation: a catalog seal is never a valid frame MAC, nor the reverse.
+const SEAL_CONTEXT: &[u8] = b"crpf catalog record v1\0";
+
+impl Seal {
+    pub(crate) fn new(keys: Option<AuthKeys>) -> Self {
+        Seal { keys }
     }
 
-    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, serde_json::Error> {
-        serde_json::from_slice(bytes)
+    /// Whether records must carry a seal.
+    pub(crate) fn sealing(&self) -> bool {
+        self.keys.is_some()
     }
 
-    pub(crate) fn entry(self, name: String, generation: u64) -> CatalogEntry {
-        CatalogEntry {
-            name,
-            spec: self.spec,
-            generation,
-            created_ms: self.created_ms,
+    fn message(name: &str, unsealed: &impl Serialize) -> Vec<u8> {
+        let mut m = SEAL_CONTEXT.to_vec();
+        m.extend_from_slice(name.as_bytes());
+        m.push(0);
+        m.extend_from_slice(&serde_json::to_vec(unsealed).expect("a catalog record encodes"));
+        m
+    }
+
+    fn sign(&self, name: &str, unsealed: &impl Serialize) -> Option<String> {
+        let mac = self.keys.as_ref()?.sign(&Self::message(name, unsealed));
+        Some(mac.iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// `None` if it verifies (or no key is asked for), else the reason to reject it.
+    fn check(
+        &self,
+        name: &str,
+        unsealed: &impl Serialize,
+        seal: Option<&str>,
+    ) -> Option<&'static str> {
+        let keys = self.keys.as_ref()?;
+        let Some(seal) = seal else {
+            return Some("unsigned");
+        };
+        let mac: Option<Vec<u8>> = (seal.len() % 2 == 0)
+            .then(|| {
+                (0..seal.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(seal.get(i..i + 2)?, 16).ok())
+                    .collect()
+            })
+            .flatten();
+        match mac {
+            Some(mac) if keys.verify(&Self::message(name, unsealed), &mac) => None,
+            _ => Some("bad_signature"),
         }
+    }
+
+    /// The bytes of a live entry, sealed.
+    pub(crate) fn entry(&self, name: &str, mut stored: StoredEntry) -> Vec<u8> {
+        stored.seal = None;
+        stored.seal = self.sign(name, &stored);
+        serde_json::to_vec(&stored).expect("a catalog entry encodes")
+    }
+
+    /// The bytes of the drop of `generation`, sealed.
+    pub(crate) fn drop_record(&self, name: &str, generation: u64) -> Vec<u8> {
+        let mut stored = StoredDrop {
+            dropped_generation: generation,
+            dropped_ms: now_ms(),
+            seal: None,
+        };
+        stored.seal = self.sign(name, &stored);
+        serde_json::to_vec(&stored).expect("a catalog drop encodes")
+    }
+
+    /// What the record `value` of `name`, written at `revision`, says.
+    pub(crate) fn open(&self, name: &str, value: &[u8], revision: u64) -> Opened {
+        let Ok(json) = serde_json::from_slice::<serde_json::Value>(value) else {
+            return Opened::Rejected("malformed");
+        };
+        if json.get("dropped_generation").is_some() {
+            let Ok(mut d) = serde_json::from_value::<StoredDrop>(json) else {
+                return Opened::Rejected("malformed");
+            };
+            let seal = d.seal.take();
+            return match self.check(name, &d, seal.as_deref()) {
+                Some(reason) => Opened::Rejected(reason),
+                None => Opened::Dropped {
+                    generation: d.dropped_generation,
+                },
+            };
+        }
+        let Ok(mut e) = serde_json::from_value::<StoredEntry>(json) else {
+            return Opened::Rejected("malformed");
+        };
+        let seal = e.seal.take();
+        if let Some(reason) = self.check(name, &e, seal.as_deref()) {
+            return Opened::Rejected(reason);
+        }
+        Opened::Live(CatalogEntry {
+            name: name.to_string(),
+            spec: e.spec,
+            generation: e.generation.unwrap_or(revision),
+            created_ms: e.created_ms,
+            replaces: e.replaces,
+        })
     }
 }
 
@@ -73,12 +212,25 @@ pub enum CatalogChange {
     Dropped {
         /// Its name.
         name: String,
+        /// The generation dropped (`None`: a keyless store's bare delete, any generation).
+        generation: Option<u64>,
     },
+    /// A record that is not to be acted on: unsealed or sealed with another key in a cluster
+    /// with a key, or not a record at all. Whatever this node hosts under the name stays.
+    Rejected {
+        /// Its name.
+        name: String,
+        /// Why (a bounded label: `unsigned`, `bad_signature`, `malformed`, `unsigned_drop`,
+        /// `replaced_without_drop`).
+        reason: &'static str,
+    },
+    /// Everything the store held when the watch began has been delivered (once per watch).
+    Current,
 }
 
-/// A catalog's changes: first one [`CatalogChange::Put`] per filter that exists, then every
-/// change as it happens. An error ends it: watch again (and reconcile with what the first
-/// part lists).
+/// A catalog's changes: first one [`CatalogChange::Put`] per filter that exists (and one
+/// [`CatalogChange::Dropped`] per drop recorded), then [`CatalogChange::Current`], then every
+/// change as it happens. An error ends it: watch again.
 pub type CatalogWatch = BoxStream<'static, Result<CatalogChange, CatalogError>>;
 
 /// Why a catalog operation failed.
@@ -99,7 +251,7 @@ pub enum CatalogError {
         generation: u64,
     },
     /// The store could not be reached or refused the operation (retry).
-    #[error("filter catalog: {0}")]
+    #[error("filter catalog unavailable: {0}")]
     Unavailable(String),
     /// An entry of the store does not decode (written by something else).
     #[error("filter catalog: entry `{name}` is unreadable: {reason}")]
@@ -120,6 +272,28 @@ pub struct Created {
     pub new: bool,
 }
 
+/// Everything a catalog holds, as a handle reads it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Listing {
+    /// The live entries, by name.
+    pub live: Vec<CatalogEntry>,
+    /// The drops recorded: name and generation dropped.
+    pub dropped: BTreeMap<String, u64>,
+    /// Records not acted on (see [`CatalogChange::Rejected`]), with why.
+    pub rejected: BTreeMap<String, &'static str>,
+}
+
+/// What became of a [`Catalog::reoffer`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reoffered {
+    /// The catalog had no valid record of the name: it has the offered entry again.
+    Restored,
+    /// The catalog lists the name (this generation or another): nothing written.
+    Listed(CatalogEntry),
+    /// The catalog recorded the drop of this generation (or a later one): nothing written.
+    Dropped(u64),
+}
+
 /// A store of the filter catalog.
 pub trait Catalog: Send + Sync + 'static {
     /// Creates `name` with `spec`, or answers the entry that exists with an equal spec;
@@ -130,7 +304,7 @@ pub trait Catalog: Send + Sync + 'static {
         spec: FilterSpec,
     ) -> BoxFuture<'static, Result<Created, CatalogError>>;
 
-    /// Drops `name`; the entry dropped, `None` if there was none.
+    /// Drops `name` (records its drop); the entry dropped, `None` if there was none.
     fn drop_filter(
         &self,
         name: String,
@@ -139,11 +313,26 @@ pub trait Catalog: Send + Sync + 'static {
     /// The entry of `name`.
     fn get(&self, name: String) -> BoxFuture<'static, Result<Option<CatalogEntry>, CatalogError>>;
 
-    /// Every entry, by name.
-    fn list(&self) -> BoxFuture<'static, Result<Vec<CatalogEntry>, CatalogError>>;
+    /// Every record.
+    fn listing(&self) -> BoxFuture<'static, Result<Listing, CatalogError>>;
 
-    /// The entries that exist, then the changes (see [`CatalogWatch`]).
+    /// Every live entry, by name.
+    fn list(&self) -> BoxFuture<'static, Result<Vec<CatalogEntry>, CatalogError>> {
+        let listing = self.listing();
+        async move { Ok(listing.await?.live) }.boxed()
+    }
+
+    /// Writes `entry` back, with its generation, where the catalog has no valid record of its
+    /// name or only the drop of an older generation: a node offers the filters it hosts to a
+    /// catalog that lost them (a lost bucket, a record a stranger replaced).
+    fn reoffer(&self, entry: CatalogEntry) -> BoxFuture<'static, Result<Reoffered, CatalogError>>;
+
+    /// The records that exist, then the changes (see [`CatalogWatch`]).
     fn watch(&self) -> BoxFuture<'static, Result<CatalogWatch, CatalogError>>;
+
+    /// A handle on the same store that seals what it writes with `keys` and rejects what
+    /// does not verify (none: a keyless cluster).
+    fn sealed_with(&self, keys: Option<AuthKeys>) -> Arc<dyn Catalog>;
 }
 
 /// Milliseconds since the UNIX epoch.
@@ -153,23 +342,88 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// The catalog of an in-process bus: a map, a revision counter and the watchers' channels.
+/// How a create goes on, given the record the store holds under the name.
+pub(crate) enum CreateStep {
+    /// Write the new entry (replacing that record, if any), which replaces this generation.
+    Write { replaces: Option<u64> },
+    /// The name exists with this spec: the answer.
+    Done(Created),
+    /// It exists with another.
+    Refused(CatalogError),
+}
+
+/// The next step of creating `name` with `spec` over `current` (opened).
+pub(crate) fn create_step(name: &str, spec: &FilterSpec, current: Option<Opened>) -> CreateStep {
+    match current {
+        None => CreateStep::Write { replaces: None },
+        Some(Opened::Dropped { generation }) => CreateStep::Write {
+            replaces: Some(generation),
+        },
+        // Nothing a node acts on: written over (its nodes re-offer what they host first).
+        Some(Opened::Rejected(_)) => CreateStep::Write { replaces: None },
+        Some(Opened::Live(entry)) if &entry.spec == spec => {
+            CreateStep::Done(Created { entry, new: false })
+        }
+        Some(Opened::Live(entry)) => CreateStep::Refused(CatalogError::Exists {
+            name: name.to_string(),
+            existing: entry.spec,
+            generation: entry.generation,
+        }),
+    }
+}
+
+/// Whether a re-offer of `offered` writes over `current` (opened), else the answer.
+pub(crate) fn reoffer_step(
+    offered: &CatalogEntry,
+    current: Option<Opened>,
+) -> Result<(), Reoffered> {
+    match current {
+        None | Some(Opened::Rejected(_)) => Ok(()),
+        Some(Opened::Dropped { generation }) if generation >= offered.generation => {
+            Err(Reoffered::Dropped(generation))
+        }
+        Some(Opened::Dropped { .. }) => Ok(()),
+        Some(Opened::Live(entry)) => Err(Reoffered::Listed(entry)),
+    }
+}
+
+/// The stored form of an offered entry (with its own generation).
+pub(crate) fn offered(entry: &CatalogEntry) -> StoredEntry {
+    StoredEntry {
+        spec: entry.spec.clone(),
+        created_ms: entry.created_ms,
+        generation: Some(entry.generation),
+        replaces: entry.replaces,
+        seal: None,
+    }
+}
+
+/// The catalog of an in-process bus: the records, a revision counter and the watchers'
+/// channels, shared by every handle of the bus (each with its own keys).
 #[derive(Clone, Default)]
 pub struct MemoryCatalog {
     inner: Arc<Mutex<MemoryState>>,
+    seal: Seal,
 }
+
+/// A record: its bytes and the revision that wrote it.
+type Record = (Vec<u8>, u64);
 
 #[derive(Default)]
 struct MemoryState {
-    entries: BTreeMap<String, CatalogEntry>,
+    records: BTreeMap<String, Record>,
     revision: u64,
-    watchers: Vec<mpsc::UnboundedSender<Result<CatalogChange, CatalogError>>>,
+    watchers: Vec<mpsc::UnboundedSender<(String, Record)>>,
 }
 
 impl MemoryState {
-    fn announce(&mut self, change: CatalogChange) {
+    fn write(&mut self, name: &str, bytes: Vec<u8>) -> u64 {
+        self.revision += 1;
+        let record = (bytes, self.revision);
+        self.records.insert(name.to_string(), record.clone());
         self.watchers
-            .retain(|w| w.unbounded_send(Ok(change.clone())).is_ok());
+            .retain(|w| w.unbounded_send((name.to_string(), record.clone())).is_ok());
+        self.revision
     }
 }
 
@@ -182,12 +436,28 @@ impl MemoryCatalog {
     fn state(&self) -> std::sync::MutexGuard<'_, MemoryState> {
         self.inner.lock().expect("catalog lock")
     }
+
+    fn current(&self, s: &MemoryState, name: &str) -> Option<Opened> {
+        let (bytes, revision) = s.records.get(name)?;
+        Some(self.seal.open(name, bytes, *revision))
+    }
+
+    fn change(&self, name: String, (bytes, revision): &Record) -> CatalogChange {
+        match self.seal.open(&name, bytes, *revision) {
+            Opened::Live(entry) => CatalogChange::Put(entry),
+            Opened::Dropped { generation } => CatalogChange::Dropped {
+                name,
+                generation: Some(generation),
+            },
+            Opened::Rejected(reason) => CatalogChange::Rejected { name, reason },
+        }
+    }
 }
 
 impl std::fmt::Debug for MemoryCatalog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryCatalog")
-            .field("filters", &self.state().entries.len())
+            .field("records", &self.state().records.len())
             .finish()
     }
 }
@@ -199,27 +469,29 @@ impl Catalog for MemoryCatalog {
         spec: FilterSpec,
     ) -> BoxFuture<'static, Result<Created, CatalogError>> {
         let mut s = self.state();
-        let result = match s.entries.get(&name) {
-            Some(e) if e.spec == spec => Ok(Created {
-                entry: e.clone(),
-                new: false,
-            }),
-            Some(e) => Err(CatalogError::Exists {
-                name,
-                existing: e.spec.clone(),
-                generation: e.generation,
-            }),
-            None => {
-                s.revision += 1;
-                let entry = CatalogEntry {
-                    name: name.clone(),
-                    spec,
-                    generation: s.revision,
+        let result = match create_step(&name, &spec, self.current(&s, &name)) {
+            CreateStep::Done(created) => Ok(created),
+            CreateStep::Refused(e) => Err(e),
+            CreateStep::Write { replaces } => {
+                let stored = StoredEntry {
+                    spec: spec.clone(),
                     created_ms: now_ms(),
+                    generation: None,
+                    replaces,
+                    seal: None,
                 };
-                s.entries.insert(name, entry.clone());
-                s.announce(CatalogChange::Put(entry.clone()));
-                Ok(Created { entry, new: true })
+                let bytes = self.seal.entry(&name, stored.clone());
+                let generation = s.write(&name, bytes);
+                Ok(Created {
+                    entry: CatalogEntry {
+                        name,
+                        spec,
+                        generation,
+                        created_ms: stored.created_ms,
+                        replaces,
+                    },
+                    new: true,
+                })
             }
         };
         futures::future::ready(result).boxed()
@@ -230,33 +502,86 @@ impl Catalog for MemoryCatalog {
         name: String,
     ) -> BoxFuture<'static, Result<Option<CatalogEntry>, CatalogError>> {
         let mut s = self.state();
-        let dropped = s.entries.remove(&name);
-        if dropped.is_some() {
-            s.revision += 1;
-            s.announce(CatalogChange::Dropped { name });
-        }
+        let dropped = match self.current(&s, &name) {
+            Some(Opened::Live(entry)) => {
+                let bytes = self.seal.drop_record(&name, entry.generation);
+                s.write(&name, bytes);
+                Some(entry)
+            }
+            _ => None,
+        };
         futures::future::ready(Ok(dropped)).boxed()
     }
 
     fn get(&self, name: String) -> BoxFuture<'static, Result<Option<CatalogEntry>, CatalogError>> {
-        let found = self.state().entries.get(&name).cloned();
+        let found = match self.current(&self.state(), &name) {
+            Some(Opened::Live(entry)) => Some(entry),
+            _ => None,
+        };
         futures::future::ready(Ok(found)).boxed()
     }
 
-    fn list(&self) -> BoxFuture<'static, Result<Vec<CatalogEntry>, CatalogError>> {
-        let all = self.state().entries.values().cloned().collect();
-        futures::future::ready(Ok(all)).boxed()
+    fn listing(&self) -> BoxFuture<'static, Result<Listing, CatalogError>> {
+        let s = self.state();
+        let mut listing = Listing::default();
+        for (name, record) in &s.records {
+            listing.add(self.change(name.clone(), record));
+        }
+        futures::future::ready(Ok(listing)).boxed()
+    }
+
+    fn reoffer(&self, entry: CatalogEntry) -> BoxFuture<'static, Result<Reoffered, CatalogError>> {
+        let mut s = self.state();
+        let result = match reoffer_step(&entry, self.current(&s, &entry.name)) {
+            Err(answer) => answer,
+            Ok(()) => {
+                let bytes = self.seal.entry(&entry.name, offered(&entry));
+                s.write(&entry.name, bytes);
+                // Later creates get larger generations than the one offered back.
+                s.revision = s.revision.max(entry.generation);
+                Reoffered::Restored
+            }
+        };
+        futures::future::ready(Ok(result)).boxed()
     }
 
     fn watch(&self) -> BoxFuture<'static, Result<CatalogWatch, CatalogError>> {
         let mut s = self.state();
         let (tx, rx) = mpsc::unbounded();
         // The snapshot and the registration under one lock: no change falls between them.
-        for e in s.entries.values() {
-            let _ = tx.unbounded_send(Ok(CatalogChange::Put(e.clone())));
-        }
+        let mut first: Vec<_> = s
+            .records
+            .iter()
+            .map(|(name, record)| Ok(self.change(name.clone(), record)))
+            .collect();
+        first.push(Ok(CatalogChange::Current));
         s.watchers.push(tx);
-        futures::future::ready(Ok(rx.boxed())).boxed()
+        let this = self.clone();
+        let changes = rx.map(move |(name, record)| Ok(this.change(name, &record)));
+        futures::future::ready(Ok(futures::stream::iter(first).chain(changes).boxed())).boxed()
+    }
+
+    fn sealed_with(&self, keys: Option<AuthKeys>) -> Arc<dyn Catalog> {
+        Arc::new(MemoryCatalog {
+            inner: self.inner.clone(),
+            seal: Seal::new(keys),
+        })
+    }
+}
+
+impl Listing {
+    /// Takes in one record's change (as a watch's first part gives them).
+    pub(crate) fn add(&mut self, change: CatalogChange) {
+        match change {
+            CatalogChange::Put(entry) => self.live.push(entry),
+            CatalogChange::Dropped { name, generation } => {
+                self.dropped.insert(name, generation.unwrap_or(u64::MAX));
+            }
+            CatalogChange::Rejected { name, reason } => {
+                self.rejected.insert(name, reason);
+            }
+            CatalogChange::Current => {}
+        }
     }
 }
 
@@ -294,21 +619,135 @@ mod tests {
             assert_eq!(c.drop_filter("a".into()).await.unwrap(), None);
             let b = c.create("a".into(), spec(20)).await.unwrap();
             assert!(b.entry.generation > a.entry.generation);
-            let seen: Vec<_> = (&mut watch).take(3).map(Result::unwrap).collect().await;
+            // The create after a drop names the generation it follows.
+            assert_eq!(b.entry.replaces, Some(a.entry.generation));
+            let seen: Vec<_> = (&mut watch).take(4).map(Result::unwrap).collect().await;
             assert_eq!(
                 seen,
                 [
-                    CatalogChange::Put(a.entry),
-                    CatalogChange::Dropped { name: "a".into() },
+                    CatalogChange::Current,
+                    CatalogChange::Put(a.entry.clone()),
+                    CatalogChange::Dropped {
+                        name: "a".into(),
+                        generation: Some(a.entry.generation)
+                    },
                     CatalogChange::Put(b.entry.clone()),
                 ]
             );
-            // A new watch starts with what exists.
-            let mut fresh = c.watch().await.unwrap();
-            assert_eq!(
-                fresh.next().await.unwrap().unwrap(),
-                CatalogChange::Put(b.entry)
-            );
+            // A new watch starts with what exists, then says it is current.
+            let fresh: Vec<_> = c
+                .watch()
+                .await
+                .unwrap()
+                .take(2)
+                .map(Result::unwrap)
+                .collect()
+                .await;
+            assert_eq!(fresh, [CatalogChange::Put(b.entry), CatalogChange::Current]);
         });
+    }
+
+    fn keys(byte: u8) -> Option<AuthKeys> {
+        Some(AuthKeys::new([[byte; 32]]).unwrap())
+    }
+
+    #[test]
+    fn only_key_holders_create_or_drop() {
+        futures::executor::block_on(async {
+            let store = MemoryCatalog::new();
+            let honest = store.sealed_with(keys(1));
+            let stranger = store.sealed_with(keys(2));
+            let keyless = store.sealed_with(None);
+            let victim = honest
+                .create("victim".into(), spec(10))
+                .await
+                .unwrap()
+                .entry;
+            let mut watch = honest.watch().await.unwrap();
+
+            // The stranger and the keyless node see no sealed entry of theirs: to them the
+            // name holds a record they may not act on, so they write over it.
+            assert!(
+                stranger
+                    .drop_filter("victim".into())
+                    .await
+                    .unwrap()
+                    .is_none()
+            );
+            stranger.create("victim".into(), spec(99)).await.unwrap();
+            keyless.create("planted".into(), spec(10)).await.unwrap();
+            let seen: Vec<_> = (&mut watch).take(4).map(Result::unwrap).collect().await;
+            assert_eq!(
+                seen,
+                [
+                    CatalogChange::Put(victim.clone()),
+                    CatalogChange::Current,
+                    CatalogChange::Rejected {
+                        name: "victim".into(),
+                        reason: "bad_signature"
+                    },
+                    CatalogChange::Rejected {
+                        name: "planted".into(),
+                        reason: "unsigned"
+                    },
+                ]
+            );
+            assert_eq!(honest.get("victim".into()).await.unwrap(), None);
+            // A node hosting the victim offers it back, with its generation.
+            assert_eq!(
+                honest.reoffer(victim.clone()).await.unwrap(),
+                Reoffered::Restored
+            );
+            assert_eq!(
+                honest.get("victim".into()).await.unwrap(),
+                Some(victim.clone())
+            );
+            assert_eq!(
+                honest.reoffer(victim.clone()).await.unwrap(),
+                Reoffered::Listed(victim.clone())
+            );
+            // A drop is sealed too, and ends the generation for good.
+            honest.drop_filter("victim".into()).await.unwrap().unwrap();
+            assert_eq!(
+                honest.reoffer(victim.clone()).await.unwrap(),
+                Reoffered::Dropped(victim.generation)
+            );
+            let listing = honest.listing().await.unwrap();
+            assert_eq!(listing.dropped.get("victim"), Some(&victim.generation));
+            assert_eq!(listing.rejected.get("planted"), Some(&"unsigned"));
+            assert!(listing.live.is_empty());
+        });
+    }
+
+    #[test]
+    fn a_record_changed_after_sealing_is_rejected() {
+        let seal = Seal::new(keys(1));
+        let stored = StoredEntry {
+            spec: spec(10),
+            created_ms: 5,
+            generation: None,
+            replaces: Some(3),
+            seal: None,
+        };
+        let bytes = seal.entry("a", stored.clone());
+        assert!(matches!(seal.open("a", &bytes, 9), Opened::Live(e) if e.generation == 9));
+        // Another name, another generation, another predecessor: none verifies.
+        assert_eq!(seal.open("b", &bytes, 9), Opened::Rejected("bad_signature"));
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        let forged = text.replace("\"replaces\":3", "\"replaces\":8");
+        assert_ne!(forged, text);
+        assert_eq!(
+            seal.open("a", forged.as_bytes(), 9),
+            Opened::Rejected("bad_signature")
+        );
+        assert_eq!(
+            seal.open("a", b"{not json", 9),
+            Opened::Rejected("malformed")
+        );
+        // A keyless handle takes the sealed record as it is.
+        assert!(matches!(
+            Seal::default().open("a", &bytes, 9),
+            Opened::Live(_)
+        ));
     }
 }

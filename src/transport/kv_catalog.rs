@@ -1,20 +1,28 @@
 //! The filter catalog in a NATS JetStream KV bucket (see [`super::catalog`]): a filter's name
-//! is its key, its spec the value (JSON, readable with `nats kv get`), and the revision of the
-//! create its generation. Creates are KV creates (compare-and-set on "no live value"), drops
-//! delete at the revision read from the stream's leader, and a node follows the bucket with
-//! one watcher (one ordered consumer) whatever the number of filters.
+//! is its key, its record the value (JSON, readable with `nats kv get`), and the revision of the
+//! create its generation. Creates and drops are compare-and-set writes against the revision
+//! read from the stream's leader (a drop writes the record of the drop over the entry; nothing
+//! is deleted), and a node follows the bucket with one watcher (one ordered consumer) whatever
+//! the number of filters.
+//!
+//! A bucket found missing (a JetStream store lost, the bucket deleted) is made again at the
+//! next operation: the handle forgets the bucket it opened after any failure.
 
 use async_nats::jetstream::kv;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
-use tokio::sync::OnceCell;
 
 use super::catalog::{
-    Catalog, CatalogChange, CatalogEntry, CatalogError, CatalogWatch, Created, StoredEntry, now_ms,
+    Catalog, CatalogChange, CatalogEntry, CatalogError, CatalogWatch, CreateStep, Created, Listing,
+    Opened, Reoffered, Seal, StoredEntry, create_step, now_ms, offered, reoffer_step,
 };
 use crate::core::kind::FilterSpec;
-use std::sync::Arc;
+use crate::wire::AuthKeys;
+use std::sync::{Arc, Mutex};
+
+/// How often a watch looks whether its bucket still exists.
+const BUCKET_PROBE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The catalog of a NATS cluster. Made by [`super::NatsTransport::catalog`]; cheap to clone.
 #[derive(Clone)]
@@ -22,7 +30,9 @@ pub struct KvCatalog {
     client: async_nats::Client,
     bucket: String,
     replicas: usize,
-    store: Arc<OnceCell<kv::Store>>,
+    /// The bucket as opened; forgotten after a failure, so that a lost one is made again.
+    store: Arc<Mutex<Option<kv::Store>>>,
+    seal: Seal,
 }
 
 impl std::fmt::Debug for KvCatalog {
@@ -34,17 +44,9 @@ impl std::fmt::Debug for KvCatalog {
 }
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> CatalogError {
-    CatalogError::Unavailable(format!("{what}: {e}"))
-}
-
-/// A stored value as a catalog entry.
-fn decode(name: String, value: &[u8], revision: u64) -> Result<CatalogEntry, CatalogError> {
-    StoredEntry::decode(value)
-        .map(|s| s.entry(name.clone(), revision))
-        .map_err(|e| CatalogError::Corrupt {
-            name,
-            reason: e.to_string(),
-        })
+    CatalogError::Unavailable(format!(
+        "{what}: {e} (is JetStream up, with a quorum of its servers reachable?)"
+    ))
 }
 
 impl KvCatalog {
@@ -53,20 +55,22 @@ impl KvCatalog {
             client,
             bucket,
             replicas,
-            store: Arc::new(OnceCell::new()),
+            store: Arc::new(Mutex::new(None)),
+            seal: Seal::default(),
         }
     }
 
-    /// The bucket, opened or created once (creating with one configuration is idempotent on
-    /// the server, so nodes starting together end up with the one bucket).
+    /// The bucket, opened (or created: creating with one configuration is idempotent on the
+    /// server, so nodes starting together end up with the one bucket).
     async fn store(&self) -> Result<kv::Store, CatalogError> {
-        self.store
-            .get_or_try_init(|| async {
-                let js = async_nats::jetstream::new(self.client.clone());
-                if let Ok(s) = js.get_key_value(self.bucket.clone()).await {
-                    return Ok(s);
-                }
-                js.create_key_value(kv::Config {
+        if let Some(store) = self.store.lock().expect("catalog store lock").clone() {
+            return Ok(store);
+        }
+        let js = async_nats::jetstream::new(self.client.clone());
+        let store = match js.get_key_value(self.bucket.clone()).await {
+            Ok(s) => s,
+            Err(_) => js
+                .create_key_value(kv::Config {
                     bucket: self.bucket.clone(),
                     description: "crpf filter catalog".into(),
                     history: 1,
@@ -78,137 +82,266 @@ impl KvCatalog {
                     // Not a passing state: say what fixes it.
                     Some(missing) => unavailable("opening the catalog bucket", missing),
                     None => unavailable("opening the catalog bucket", e),
-                })
-            })
-            .await
-            .cloned()
+                })?,
+        };
+        *self.store.lock().expect("catalog store lock") = Some(store.clone());
+        Ok(store)
     }
 
-    /// The live entry of `name` as the stream's leader holds it, with its revision.
+    /// Runs `op` on the bucket; after a failure the bucket is opened afresh next time (it may
+    /// have been lost and must be made again).
+    async fn with_store<T, F>(&self, op: impl FnOnce(kv::Store) -> F) -> Result<T, CatalogError>
+    where
+        F: std::future::Future<Output = Result<T, CatalogError>>,
+    {
+        let result = op(self.store().await?).await;
+        if matches!(result, Err(CatalogError::Unavailable(_))) {
+            self.store.lock().expect("catalog store lock").take();
+        }
+        result
+    }
+
+    /// The record of `name` as the stream's leader holds it, opened, with its revision.
     async fn current(
+        &self,
         store: &kv::Store,
         name: &str,
-    ) -> Result<Option<(CatalogEntry, u64)>, CatalogError> {
-        let found = super::nats::leader_get(store, name)
+    ) -> Result<Option<(Opened, u64)>, CatalogError> {
+        let found = super::nats::leader_raw(store, name)
             .await
             .map_err(|e| unavailable("reading the catalog", e))?;
-        found
-            .map(|(value, revision)| Ok((decode(name.into(), &value, revision)?, revision)))
-            .transpose()
+        Ok(found.map(|(value, revision)| match value {
+            Some(value) => (self.seal.open(name, &value, revision), revision),
+            // A bare KV delete: a drop in a keyless cluster, nothing in one with a key.
+            None => (self.bare_delete(), revision),
+        }))
+    }
+
+    fn bare_delete(&self) -> Opened {
+        if self.seal.sealing() {
+            Opened::Rejected("unsigned_drop")
+        } else {
+            Opened::Dropped {
+                generation: u64::MAX,
+            }
+        }
+    }
+
+    /// Writes `value` under `name` where the record at `revision` (none: no record) still is.
+    async fn write(
+        store: &kv::Store,
+        name: &str,
+        value: Vec<u8>,
+        revision: Option<u64>,
+    ) -> Result<Option<u64>, CatalogError> {
+        let written = match revision {
+            None => store.create(name, Bytes::from(value)).await.map_err(|e| {
+                (e.kind() != kv::CreateErrorKind::AlreadyExists).then_some(e.to_string())
+            }),
+            Some(r) => store
+                .update(name, Bytes::from(value), r)
+                .await
+                .map_err(|e| {
+                    (e.kind() != kv::UpdateErrorKind::WrongLastRevision).then_some(e.to_string())
+                }),
+        };
+        match written {
+            Ok(revision) => Ok(Some(revision)),
+            // Lost a race: look again.
+            Err(None) => Ok(None),
+            Err(Some(e)) => Err(unavailable("writing to the catalog", e)),
+        }
     }
 
     async fn create_entry(&self, name: String, spec: FilterSpec) -> Result<Created, CatalogError> {
-        let store = self.store().await?;
-        let value = StoredEntry {
-            spec: spec.clone(),
-            created_ms: now_ms(),
-        };
-        // Each turn loses one race: to a create (then the entry answers) or a drop.
-        for _ in 0..4 {
-            match store.create(&name, Bytes::from(value.encode())).await {
-                Ok(revision) => {
-                    return Ok(Created {
-                        entry: value.entry(name, revision),
-                        new: true,
-                    });
-                }
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
-                Err(e) => return Err(unavailable("creating a filter", e)),
-            }
-            match Self::current(&store, &name).await? {
-                Some((entry, _)) if entry.spec == spec => {
-                    return Ok(Created { entry, new: false });
-                }
-                Some((entry, _)) => {
-                    return Err(CatalogError::Exists {
+        self.with_store(|store| async move {
+            // Each turn loses one race: to a create (then the entry answers) or a drop.
+            for _ in 0..4 {
+                let current = self.current(&store, &name).await?;
+                let revision = current.as_ref().map(|(_, r)| *r);
+                let replaces = match create_step(&name, &spec, current.map(|(o, _)| o)) {
+                    CreateStep::Done(created) => return Ok(created),
+                    CreateStep::Refused(e) => return Err(e),
+                    CreateStep::Write { replaces } => replaces,
+                };
+                let stored = StoredEntry {
+                    spec: spec.clone(),
+                    created_ms: now_ms(),
+                    generation: None,
+                    replaces,
+                    seal: None,
+                };
+                let value = self.seal.entry(&name, stored.clone());
+                if let Some(generation) = Self::write(&store, &name, value, revision).await? {
+                    let entry = CatalogEntry {
                         name,
-                        existing: entry.spec,
-                        generation: entry.generation,
-                    });
+                        spec,
+                        generation,
+                        created_ms: stored.created_ms,
+                        replaces,
+                    };
+                    return Ok(Created { entry, new: true });
                 }
-                // Dropped meanwhile: create again.
-                None => {}
             }
-        }
-        Err(CatalogError::Unavailable(format!(
-            "creating `{name}`: it kept being created and dropped concurrently"
-        )))
+            Err(CatalogError::Unavailable(format!(
+                "creating `{name}`: it kept being created and dropped concurrently"
+            )))
+        })
+        .await
     }
 
     async fn drop_entry(&self, name: String) -> Result<Option<CatalogEntry>, CatalogError> {
-        let store = self.store().await?;
-        for _ in 0..4 {
-            let Some((entry, revision)) = Self::current(&store, &name).await? else {
-                return Ok(None);
-            };
-            match store.delete_expect_revision(&name, Some(revision)).await {
-                Ok(()) => return Ok(Some(entry)),
-                // Dropped (or re-created) meanwhile: look again.
-                Err(e) if e.kind() == kv::DeleteErrorKind::WrongLastRevision => {}
-                Err(e) => return Err(unavailable("dropping a filter", e)),
+        self.with_store(|store| async move {
+            for _ in 0..4 {
+                let Some((Opened::Live(entry), revision)) = self.current(&store, &name).await?
+                else {
+                    return Ok(None);
+                };
+                let value = self.seal.drop_record(&name, entry.generation);
+                if Self::write(&store, &name, value, Some(revision))
+                    .await?
+                    .is_some()
+                {
+                    return Ok(Some(entry));
+                }
             }
+            Err(CatalogError::Unavailable(format!(
+                "dropping `{name}`: it kept changing concurrently"
+            )))
+        })
+        .await
+    }
+
+    async fn reoffer_entry(&self, entry: CatalogEntry) -> Result<Reoffered, CatalogError> {
+        self.with_store(|store| async move {
+            for _ in 0..4 {
+                let current = self.current(&store, &entry.name).await?;
+                let revision = current.as_ref().map(|(_, r)| *r);
+                if let Err(answer) = reoffer_step(&entry, current.map(|(o, _)| o)) {
+                    return Ok(answer);
+                }
+                let value = self.seal.entry(&entry.name, offered(&entry));
+                if Self::write(&store, &entry.name, value, revision)
+                    .await?
+                    .is_some()
+                {
+                    return Ok(Reoffered::Restored);
+                }
+            }
+            Err(CatalogError::Unavailable(format!(
+                "offering `{}` again: it kept changing concurrently",
+                entry.name
+            )))
+        })
+        .await
+    }
+
+    fn change(&self, e: kv::Entry) -> CatalogChange {
+        let opened = match e.operation {
+            kv::Operation::Put => self.seal.open(&e.key, &e.value, e.revision),
+            kv::Operation::Delete | kv::Operation::Purge => self.bare_delete(),
+        };
+        match opened {
+            Opened::Live(entry) => CatalogChange::Put(entry),
+            Opened::Dropped { generation } => CatalogChange::Dropped {
+                name: e.key,
+                generation: (generation != u64::MAX).then_some(generation),
+            },
+            Opened::Rejected(reason) => CatalogChange::Rejected {
+                name: e.key,
+                reason,
+            },
         }
-        Err(CatalogError::Unavailable(format!(
-            "dropping `{name}`: it kept changing concurrently"
-        )))
     }
 
-    async fn watch_entries(&self) -> Result<CatalogWatch, CatalogError> {
-        let store = self.store().await?;
-        let watch = store
-            .watch_with_history(">")
-            .await
-            .map_err(|e| unavailable("watching the catalog", e))?;
-        Ok(watch
-            .map(|e| {
-                let e = e.map_err(|e| unavailable("watching the catalog", e))?;
-                Ok(match e.operation {
-                    kv::Operation::Put => CatalogChange::Put(decode(e.key, &e.value, e.revision)?),
-                    kv::Operation::Delete | kv::Operation::Purge => {
-                        CatalogChange::Dropped { name: e.key }
-                    }
-                })
-            })
-            .boxed())
-    }
-
-    /// Every live entry: a watch read until it has delivered what existed when it began.
-    async fn list_entries(&self) -> Result<Vec<CatalogEntry>, CatalogError> {
-        let store = self.store().await?;
-        // A fresh look (`Store::status` answers the info cached when the bucket was opened):
-        // a watch of an empty bucket would wait for its first entry.
-        let empty = store
+    /// Whether the bucket holds nothing (a fresh look: `Store::status` answers the info
+    /// cached when the bucket was opened). A watch of an empty bucket would wait for its
+    /// first entry before saying it is current.
+    async fn is_empty(store: &kv::Store) -> Result<bool, CatalogError> {
+        Ok(store
             .stream
-            .get_info()
+            .clone()
+            .info()
             .await
             .map_err(|e| unavailable("reading the catalog", e))?
             .state
             .messages
-            == 0;
-        let mut all = std::collections::BTreeMap::new();
-        if empty {
-            return Ok(Vec::new());
-        }
-        let mut watch = store
-            .watch_with_history(">")
-            .await
-            .map_err(|e| unavailable("listing the catalog", e))?;
-        while let Some(e) = watch.next().await {
-            let e = e.map_err(|e| unavailable("listing the catalog", e))?;
-            let last = e.delta == 0;
-            match e.operation {
-                kv::Operation::Put => {
-                    all.insert(e.key.clone(), decode(e.key, &e.value, e.revision)?);
+            == 0)
+    }
+
+    async fn watch_entries(&self) -> Result<CatalogWatch, CatalogError> {
+        self.with_store(|store| async move {
+            let empty = Self::is_empty(&store).await?;
+            let created = store
+                .stream
+                .get_info()
+                .await
+                .map_err(|e| unavailable("reading the catalog", e))?
+                .created;
+            let watch = store
+                .watch_with_history(">")
+                .await
+                .map_err(|e| unavailable("watching the catalog", e))?;
+            let this = self.clone();
+            // `Current` once: at once for an empty bucket, else after the entry that had
+            // nothing pending behind it when delivered.
+            let mut current = empty;
+            let first = futures::stream::iter(empty.then_some(Ok(CatalogChange::Current)));
+            let changes = watch.flat_map(move |e| {
+                let out = match e {
+                    Err(e) => {
+                        this.store.lock().expect("catalog store lock").take();
+                        vec![Err(unavailable("watching the catalog", e))]
+                    }
+                    Ok(e) => {
+                        let last = e.delta == 0;
+                        let mut out = vec![Ok(this.change(e))];
+                        if last && !current {
+                            current = true;
+                            out.push(Ok(CatalogChange::Current));
+                        }
+                        out
+                    }
+                };
+                futures::stream::iter(out)
+            });
+            // A watch of a bucket that is deleted, or lost with the server's store, says
+            // nothing: a look at the bucket every few seconds ends it with an error, so that
+            // the watcher watches again (and the bucket is made anew).
+            let this = self.clone();
+            let probe = futures::stream::unfold((), move |()| {
+                let (this, store) = (this.clone(), store.clone());
+                async move {
+                    loop {
+                        tokio::time::sleep(BUCKET_PROBE).await;
+                        let why = match store.stream.get_info().await {
+                            Ok(info) if info.created == created => continue,
+                            Ok(_) => "the bucket was made anew".to_string(),
+                            Err(e) => e.to_string(),
+                        };
+                        this.store.lock().expect("catalog store lock").take();
+                        return Some((Err(unavailable("watching the catalog", why)), ()));
+                    }
                 }
-                _ => {
-                    all.remove(&e.key);
-                }
-            }
-            if last {
-                break;
+            });
+            Ok(futures::stream::select(first.chain(changes), probe).boxed())
+        })
+        .await
+    }
+
+    /// Every record: a watch read until it has delivered what existed when it began.
+    async fn list_entries(&self) -> Result<Listing, CatalogError> {
+        let mut listing = Listing::default();
+        let mut watch = self.watch_entries().await?;
+        while let Some(change) = watch.next().await {
+            match change? {
+                CatalogChange::Current => return Ok(listing),
+                change => listing.add(change),
             }
         }
-        Ok(all.into_values().collect())
+        Err(CatalogError::Unavailable(
+            "listing the catalog: the watch ended early".into(),
+        ))
     }
 }
 
@@ -233,19 +366,37 @@ impl Catalog for KvCatalog {
     fn get(&self, name: String) -> BoxFuture<'static, Result<Option<CatalogEntry>, CatalogError>> {
         let this = self.clone();
         async move {
-            let store = this.store().await?;
-            Ok(Self::current(&store, &name).await?.map(|(e, _)| e))
+            let this = &this;
+            this.with_store(|store| async move {
+                Ok(match this.current(&store, &name).await? {
+                    Some((Opened::Live(entry), _)) => Some(entry),
+                    _ => None,
+                })
+            })
+            .await
         }
         .boxed()
     }
 
-    fn list(&self) -> BoxFuture<'static, Result<Vec<CatalogEntry>, CatalogError>> {
+    fn listing(&self) -> BoxFuture<'static, Result<Listing, CatalogError>> {
         let this = self.clone();
         async move { this.list_entries().await }.boxed()
+    }
+
+    fn reoffer(&self, entry: CatalogEntry) -> BoxFuture<'static, Result<Reoffered, CatalogError>> {
+        let this = self.clone();
+        async move { this.reoffer_entry(entry).await }.boxed()
     }
 
     fn watch(&self) -> BoxFuture<'static, Result<CatalogWatch, CatalogError>> {
         let this = self.clone();
         async move { this.watch_entries().await }.boxed()
+    }
+
+    fn sealed_with(&self, keys: Option<AuthKeys>) -> Arc<dyn Catalog> {
+        Arc::new(KvCatalog {
+            seal: Seal::new(keys),
+            ..self.clone()
+        })
     }
 }

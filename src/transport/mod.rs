@@ -27,7 +27,9 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 pub use bus::InProcessBus;
-pub use catalog::{Catalog, CatalogChange, CatalogEntry, CatalogError, Created, MemoryCatalog};
+pub use catalog::{
+    Catalog, CatalogChange, CatalogEntry, CatalogError, Created, Listing, MemoryCatalog, Reoffered,
+};
 pub use fault::{FaultConfig, FaultyTransport};
 pub use kv_catalog::KvCatalog;
 pub use nats::{NatsConfig, NatsTransport, TlsConfig};

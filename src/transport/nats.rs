@@ -550,9 +550,36 @@ impl NatsTransport {
         let store = self.store().await?;
         let key = claim_key(filter, id);
         // Each turn loses a race to a write that left the claim ours: one of our own writes.
-        for _ in 0..3 {
-            let Some((record, revision)) = leader_record(&store, &key).await? else {
-                return Ok(Renewal::Lost);
+        for turn in 0..3 {
+            let found = match leader_record(&store, &key).await {
+                Ok(found) => found,
+                // The bucket may be gone with a lost JetStream store: made again (the handle
+                // names it, so it works again once it exists), then looked at again.
+                Err(_) if turn == 0 => {
+                    self.open_store().await?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let Some((record, revision)) = found else {
+                // No record at all, not even a retired one: the registry lost it (a lost
+                // JetStream store). Nobody else holds the id, so the claim is written again
+                // at once, before a new claimant could take the id.
+                let value = ClaimRecord::Held { claimant, reserved };
+                match store
+                    .create(key.as_str(), Bytes::from(value.encode()))
+                    .await
+                {
+                    Ok(_) => {
+                        tracing::warn!(
+                            key,
+                            "the replica id registry had lost this claim: written again"
+                        );
+                        return Ok(Renewal::Held);
+                    }
+                    Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => continue,
+                    Err(e) => return Err(AttemptError::of("renewing a replica id claim", &e)),
+                }
             };
             if !record.held_by(claimant) {
                 return Ok(Renewal::Lost);
@@ -617,6 +644,17 @@ pub(super) async fn leader_get(
     store: &kv::Store,
     key: &str,
 ) -> Result<Option<(Bytes, u64)>, async_nats::jetstream::stream::LastRawMessageError> {
+    Ok(leader_raw(store, key)
+        .await?
+        .and_then(|(value, revision)| Some((value?, revision))))
+}
+
+/// The last message under `key` on the stream's leader: its value (`None` for a delete or
+/// purge marker) and revision; `None` if the key never had one.
+pub(super) async fn leader_raw(
+    store: &kv::Store,
+    key: &str,
+) -> Result<Option<(Option<Bytes>, u64)>, async_nats::jetstream::stream::LastRawMessageError> {
     use async_nats::jetstream::stream::LastRawMessageErrorKind;
     let subject = format!("{}{key}", store.prefix);
     let message = match store.stream.get_last_raw_message_by_subject(&subject).await {
@@ -628,7 +666,10 @@ pub(super) async fn leader_get(
         .headers
         .get("KV-Operation")
         .is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"));
-    Ok((!deleted).then_some((message.payload, message.sequence)))
+    Ok(Some((
+        (!deleted).then_some(message.payload),
+        message.sequence,
+    )))
 }
 
 /// The claim record stored under `key` and its revision, read from the leader

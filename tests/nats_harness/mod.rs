@@ -267,6 +267,16 @@ impl NatsServer {
         true
     }
 
+    /// Removes the JetStream store of a killed server: it starts again with none (a lost
+    /// disk, a store wiped by an operator).
+    pub(crate) fn wipe_store(&mut self) {
+        assert!(self.child.is_none(), "{} is still running", self.name);
+        let store = self.dir.path().join("jetstream");
+        if store.exists() {
+            std::fs::remove_dir_all(store).unwrap();
+        }
+    }
+
     /// Kills the server with SIGKILL (by its pid) and reaps it.
     pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
