@@ -314,7 +314,7 @@ impl Bench {
         let n = self.next_item;
         self.next_item += 1;
         let adds = self.filters.iter().enumerate().map(|(i, f)| {
-            let mut con = if (n as usize + i) % 2 == 0 {
+            let mut con = if (n as usize + i).is_multiple_of(2) {
                 durable.clone()
             } else {
                 replicated.clone()
@@ -490,7 +490,7 @@ impl Bench {
         let (acked, refused) = (life.acked, life.refused);
         let refusal = life.first_refusal.take().unwrap_or_default();
         drop(life);
-        let lost = self.restart_and_check(&label).await;
+        let lost = self.restart_and_check(&label, true).await;
         eprintln!(
             "{label:<40} acked in the crashed life {acked:>4} (refused {refused}{}), \
              all acked {:>5}, lost {lost}",
@@ -504,8 +504,9 @@ impl Bench {
     }
 
     /// A clean life: starts, finds every acknowledged add, adds a little, stops with
-    /// SIGTERM. Answers how many acknowledged adds were missing.
-    async fn restart_and_check(&mut self, label: &str) -> usize {
+    /// SIGTERM (`kill -9` unless `clean_stop`). Answers how many acknowledged adds were
+    /// missing.
+    async fn restart_and_check(&mut self, label: &str, clean_stop: bool) -> usize {
         let (mut life, ready) = self.start(None).await;
         assert!(
             ready,
@@ -550,7 +551,11 @@ impl Bench {
             errors.join("\n")
         );
         self.rounds(&mut life, 2).await;
-        life.proc.terminate(Duration::from_secs(30));
+        if clean_stop {
+            life.proc.terminate(Duration::from_secs(30));
+        } else {
+            life.proc.kill9();
+        }
         lost
     }
 
@@ -570,7 +575,7 @@ impl Bench {
 async fn every_acknowledged_add_survives_a_crash_at_every_point() {
     let mut bench = Bench::new(None, false, 100);
     // The first life: from nothing to a clean stop (every later crash follows a restart).
-    bench.restart_and_check("first life").await;
+    bench.restart_and_check("first life", true).await;
     let cases = [
         Case {
             env: None,
@@ -594,6 +599,14 @@ async fn every_acknowledged_add_survives_a_crash_at_every_point() {
     for case in &cases {
         bench.case(case).await;
     }
+    // Crashes in a row: each life after a crash crashes too.
+    for i in 0..3 {
+        let label = format!("kill -9 after a crash ({})", i + 1);
+        let lost = bench.restart_and_check(&label, false).await;
+        eprintln!("{label:<40} lost {lost}");
+    }
+    let lost = bench.restart_and_check("the last life", true).await;
+    eprintln!("{:<40} lost {lost}", "the last life");
     bench.assert_nothing_lost();
 }
 
@@ -603,7 +616,7 @@ async fn every_acknowledged_add_survives_a_crash_at_every_point() {
 async fn every_acknowledged_add_survives_a_crash_around_parking() {
     let nats = NatsServer::start();
     let mut bench = Bench::new(Some(nats.url()), true, 60_000);
-    bench.restart_and_check("first life").await;
+    bench.restart_and_check("first life", true).await;
     let cases = [
         crash_at(crash::PARK_BEFORE_SNAPSHOT, 1, Drive::Idle),
         crash_at(crash::PARK_STATE_TAKEN, 1, Drive::Idle),
