@@ -155,6 +155,7 @@ pub(crate) async fn stop(
             first_error.get_or_insert(e);
         }
     }
+    crate::replica::crash::point(crate::replica::crash::NODE_STOPPED);
     // Once every replica stopped (the node's routes to them end here), before the drain.
     stopped();
     if let Some(nats) = nats {

@@ -18,7 +18,7 @@ use thiserror::Error;
 use uuid::Uuid;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::group_sync;
+use super::{crash, group_sync};
 use crate::ReplicaId;
 use crate::core::codec::{from_cbor, to_cbor};
 use crate::wire::FilterKind;
@@ -228,17 +228,35 @@ pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(
         let p = p.to_path_buf();
         move |source| DurableError::Io { path: p, source }
     };
+    // The crash points of the files whose crash a test checks (the node's id file has none).
+    let (before_rename, after_rename) = match name {
+        SNAPSHOT_FILE => (
+            Some(crash::SNAPSHOT_BEFORE_RENAME),
+            Some(crash::SNAPSHOT_AFTER_RENAME),
+        ),
+        HWM_FILE => (Some(crash::RESERVATION_BEFORE_RENAME), None),
+        _ => (None, None),
+    };
     let mut f = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .open(&tmp)
         .map_err(io(&tmp))?;
+    if name == SNAPSHOT_FILE {
+        crash::fail(crash::FAIL_SNAPSHOT_WRITE).map_err(io(&tmp))?;
+    }
     f.write_all(bytes).map_err(io(&tmp))?;
     drop(f);
     group_sync::sync(&tmp).map_err(io(&tmp))?;
+    if let Some(p) = before_rename {
+        crash::point(p);
+    }
     fs::rename(&tmp, &path).map_err(io(&path))?;
     group_sync::sync(dir).map_err(io(dir))?;
+    if let Some(p) = after_rename {
+        crash::point(p);
+    }
     Ok(())
 }
 

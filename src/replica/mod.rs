@@ -45,6 +45,7 @@ mod ack;
 mod actor;
 mod anti_entropy;
 mod config;
+pub mod crash;
 pub mod durable;
 mod filter;
 pub(crate) mod group_sync;

@@ -82,6 +82,7 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 use xxhash_rust::xxh3::xxh3_64;
 
+use super::crash;
 use super::durable::{DurableError, Identity};
 use crate::ReplicaId;
 
@@ -1349,6 +1350,7 @@ impl Log {
                 // Only the last segment may end in unsynced frames (the torn-tail rule looks
                 // there only): the segment that ends is synced first.
                 self.sync_written();
+                crash::point(crash::WAL_ROTATE);
                 self.file = None;
                 self.current = next;
             }
@@ -1378,7 +1380,10 @@ impl Log {
         let mut result = Ok(());
         for (sid, path) in segments.range(..=id.min(self.current - 1)) {
             match fs::remove_file(path) {
-                Ok(()) => removed += 1,
+                Ok(()) => {
+                    removed += 1;
+                    crash::point(crash::WAL_REMOVE);
+                }
                 Err(e) => {
                     tracing::warn!(segment = sid, error = %e, "cannot remove a write-ahead log segment");
                     result = Err(wal_io(path)(e));
@@ -1437,6 +1442,9 @@ impl Log {
     /// its appends.
     fn sync_batch(&mut self, frame: Written) {
         let r = self.sync_file(false);
+        if r.is_ok() {
+            crash::point(crash::WAL_AFTER_FSYNC);
+        }
         if r.is_err()
             && let Some(seg) = &mut self.file
         {
@@ -1536,10 +1544,13 @@ impl Log {
         buf.extend_from_slice(body);
         let seg = self.file.as_mut().expect("opened above");
         let start = seg.written;
-        if let Err(e) = seg.file.write_all(&buf) {
+        crash::point(crash::WAL_BEFORE_WRITE);
+        let written = crash::fail(crash::FAIL_WAL_WRITE).and_then(|()| seg.file.write_all(&buf));
+        if let Err(e) = written {
             roll_back(&seg.file, start);
             return Err(wal_io(e));
         }
+        crash::point(crash::WAL_AFTER_WRITE);
         seg.written += buf.len() as u64;
         WalStats::add(&self.stats.bytes, buf.len() as u64);
         Ok(start)
@@ -1563,7 +1574,8 @@ impl Log {
             // The file exists: its data (and size) is what must reach the disk.
             seg.file.sync_data()
         };
-        r.map_err(wal_io)?;
+        r.and_then(|()| crash::fail(crash::FAIL_WAL_FSYNC))
+            .map_err(wal_io)?;
         WalStats::add(&self.stats.fsyncs, 1);
         if periodic {
             WalStats::add(&self.stats.periodic_fsyncs, 1);

@@ -14,7 +14,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::{ApiQueue, Hosted, Inner, Slot};
-use crate::replica::{Park, ParkInto, Replica, ReplicaHandle};
+use crate::replica::{Park, ParkInto, Replica, ReplicaHandle, crash};
 
 /// Looks in a row that find a replica untouched before it is asked to park.
 pub(super) const IDLE_LOOKS: u8 = 4;
@@ -98,6 +98,7 @@ impl Inner {
         h.idle_looks.store(0, Ordering::Relaxed);
         metrics::counter!(PARKING, "change" => "resumed").increment(1);
         metrics::gauge!(PARKED_FILTERS).decrement(1.0);
+        crash::point(crash::RESUME);
         Some(handle)
     }
 
@@ -141,6 +142,7 @@ impl Inner {
             h.replica = Slot::Parked(Box::new(close()));
             metrics::counter!(PARKING, "change" => "parked").increment(1);
             metrics::gauge!(PARKED_FILTERS).increment(1.0);
+            crash::point(crash::PARK_PARKED);
             true
         })
     }

@@ -385,11 +385,13 @@ impl Handler<ShutdownBy> for Replica {
         self.publish_held(held, ctx);
         // Nothing changed since the last snapshot, which is written (none is being written):
         // it is the final one already.
+        crate::replica::crash::point(crate::replica::crash::SHUTDOWN_BEFORE_SNAPSHOT);
         let saved = if self.snapshots.settled() {
             Ok(())
         } else {
             self.snapshot_now()
         };
+        crate::replica::crash::point(crate::replica::crash::SHUTDOWN_AFTER_SNAPSHOT);
         // The final snapshot holds every update: durable ones are answered, the others
         // (waiting for peers, or with no snapshot written) fail as stopped.
         let durable = (saved.is_ok() && self.snapshots.data().is_some())

@@ -93,6 +93,7 @@ impl Replica {
         // The writer closes its log (if it wrote one); a resumed one starts a segment after.
         let wal_next = self.pipeline.take_wal().map(|w| w.next_segment());
         let filter = self.read().clone();
+        crate::replica::crash::point(crate::replica::crash::PARK_STATE_TAKEN);
         Parked {
             filter,
             identity: self.shared.identity,
@@ -114,6 +115,7 @@ impl Handler<Park> for Replica {
             // Idle but for changes not saved yet (the periodic snapshot is not due): saved
             // now, so that the next ask finds the replica settled.
             if !self.snapshots.writing() {
+                crate::replica::crash::point(crate::replica::crash::PARK_BEFORE_SNAPSHOT);
                 self.snapshot_async(ctx);
             }
             return false;
