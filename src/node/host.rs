@@ -37,6 +37,7 @@ use crate::FilterSpec;
 use crate::replica::{
     Identity, Parked, Replica, ReplicaConfig, ReplicaError, ReplicaHandle, SharedId, refusal,
 };
+use crate::transport::catalog::CatalogWatch;
 use crate::transport::digests::{
     BATCHED_DIGESTS, DIGEST_BATCHES, DIGEST_BATCHES_REJECTED, DIGESTS_TOKEN, DigestBatcher,
     publish_digests,
@@ -533,7 +534,9 @@ impl Node {
         }
         if let Some(catalog) = node.inner.catalog.clone() {
             node.inner.purge_dropped_dirs();
-            let listed = match catalog.listing().await {
+            // The watch the node follows the catalog with lists it first: one consumer.
+            let (listing, first) = list_and_watch(&catalog).await;
+            let listed = match listing {
                 Ok(listing) => {
                     let mut listed = listing.live.clone();
                     listed.extend(node.inner.reconcile_dirs(&catalog, &listing).await);
@@ -548,7 +551,7 @@ impl Node {
                     Vec::new()
                 }
             };
-            actix::spawn(follow(node.inner.clone(), catalog));
+            actix::spawn(follow(node.inner.clone(), catalog, first));
             // A cursor over the listing, not a pass over all of it at each change: with
             // 100,000 filters those passes made the start quadratic (49 s instead of ~4).
             let mut started = 0;
@@ -2239,12 +2242,51 @@ fn change_name(c: &CatalogChange) -> &str {
     }
 }
 
+/// The catalog's records, read from a watch's first part, and that watch to follow on with
+/// (its first part again, then the changes); the watch is `None` if it failed.
+async fn list_and_watch(
+    catalog: &Arc<dyn Catalog>,
+) -> (
+    Result<crate::transport::Listing, CatalogError>,
+    Option<CatalogWatch>,
+) {
+    let mut watch = match catalog.watch().await {
+        Ok(watch) => watch,
+        Err(e) => return (Err(e), None),
+    };
+    let mut listing = crate::transport::Listing::default();
+    let mut seen = Vec::new();
+    loop {
+        match watch.next().await {
+            Some(Ok(CatalogChange::Current)) => {
+                seen.push(Ok(CatalogChange::Current));
+                let replayed = futures::stream::iter(seen).chain(watch).boxed();
+                return (Ok(listing), Some(replayed));
+            }
+            Some(Ok(change)) => {
+                listing.add(change.clone());
+                seen.push(Ok(change));
+            }
+            Some(Err(e)) => return (Err(e), None),
+            None => {
+                let ended = CatalogError::Unavailable("the catalog's watch ended".into());
+                return (Err(ended), None);
+            }
+        }
+    }
+}
+
 /// Follows the catalog until the node stops: watches it (again after any error) and applies
 /// its changes, up to [`PARALLEL_CHANGES`] at once, those of one name in order.
-async fn follow(inner: Arc<Inner>, catalog: Arc<dyn Catalog>) {
+async fn follow(inner: Arc<Inner>, catalog: Arc<dyn Catalog>, first: Option<CatalogWatch>) {
     let mut delay = Duration::from_millis(100);
+    let mut first = first;
     while !inner.stopping.load(Ordering::SeqCst) {
-        let mut watch = match catalog.watch().await {
+        let watched = match first.take() {
+            Some(watch) => Ok(watch),
+            None => catalog.watch().await,
+        };
+        let mut watch = match watched {
             Ok(w) => {
                 delay = Duration::from_millis(100);
                 w

@@ -255,20 +255,12 @@ pub fn run_node(args: &NodeArgs) -> Result<(), NodeError> {
             .chain([crate::api::DEFAULT_MAX_BATCH_ITEMS])
             .max()
             .unwrap_or(crate::api::DEFAULT_MAX_BATCH_ITEMS);
-        // RESP listens from the start, answering `-LOADING` while the node starts (which,
-        // inside a partition, waits for the id registry and the catalog).
-        let starting = Arc::new(crate::resp::StartingNode::default());
-        let _resp = match &resp {
-            Some(resp) => {
-                let lookup = starting.clone() as Arc<dyn crate::resp::FilterLookup>;
-                Some(crate::resp::RespServer::start_with(resp, lookup, max_batch).await?)
-            }
-            None => None,
-        };
         let node = Node::start(cfg, transport.clone(), Some(catalog)).await?;
-        starting.started(node.clone());
         if serve_catalog {
             actix::spawn(catalog_api::serve(node.clone(), transport, catalog_prefix));
+        }
+        if let Some(resp) = &resp {
+            crate::resp::RespServer::start_with(resp, Arc::new(node.clone()), max_batch).await?;
         }
         let signal = signals.recv().await;
         tracing::info!(signal, "shutting down: final snapshots, draining NATS");

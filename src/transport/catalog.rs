@@ -571,7 +571,7 @@ impl Catalog for MemoryCatalog {
 
 impl Listing {
     /// Takes in one record's change (as a watch's first part gives them).
-    pub(crate) fn add(&mut self, change: CatalogChange) {
+    pub fn add(&mut self, change: CatalogChange) {
         match change {
             CatalogChange::Put(entry) => self.live.push(entry),
             CatalogChange::Dropped { name, generation } => {
