@@ -73,6 +73,30 @@ pub(crate) struct StoredEntry {
     pub seal: Option<String>,
 }
 
+impl StoredEntry {
+    /// The entry a create writes, following the drop of `replaces`.
+    pub(crate) fn created(spec: FilterSpec, replaces: Option<u64>) -> Self {
+        StoredEntry {
+            spec,
+            created_ms: now_ms(),
+            generation: None,
+            replaces,
+            seal: None,
+        }
+    }
+
+    /// The catalog entry it is for `name`, written at `generation`.
+    pub(crate) fn entry(self, name: String, generation: u64) -> CatalogEntry {
+        CatalogEntry {
+            name,
+            spec: self.spec,
+            generation: self.generation.unwrap_or(generation),
+            created_ms: self.created_ms,
+            replaces: self.replaces,
+        }
+    }
+}
+
 /// The record of a drop, stored under the name in place of its entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct StoredDrop {
@@ -193,13 +217,7 @@ impl Seal {
         if let Some(reason) = self.check(name, &e, seal.as_deref()) {
             return Opened::Rejected(reason);
         }
-        Opened::Live(CatalogEntry {
-            name: name.to_string(),
-            spec: e.spec,
-            generation: e.generation.unwrap_or(revision),
-            created_ms: e.created_ms,
-            replaces: e.replaces,
-        })
+        Opened::Live(e.entry(name.to_string(), revision))
     }
 }
 
@@ -473,23 +491,10 @@ impl Catalog for MemoryCatalog {
             CreateStep::Done(created) => Ok(created),
             CreateStep::Refused(e) => Err(e),
             CreateStep::Write { replaces } => {
-                let stored = StoredEntry {
-                    spec: spec.clone(),
-                    created_ms: now_ms(),
-                    generation: None,
-                    replaces,
-                    seal: None,
-                };
-                let bytes = self.seal.entry(&name, stored.clone());
-                let generation = s.write(&name, bytes);
+                let stored = StoredEntry::created(spec, replaces);
+                let generation = s.write(&name, self.seal.entry(&name, stored.clone()));
                 Ok(Created {
-                    entry: CatalogEntry {
-                        name,
-                        spec,
-                        generation,
-                        created_ms: stored.created_ms,
-                        replaces,
-                    },
+                    entry: stored.entry(name, generation),
                     new: true,
                 })
             }

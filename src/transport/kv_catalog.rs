@@ -15,7 +15,7 @@ use futures::{FutureExt, StreamExt};
 
 use super::catalog::{
     Catalog, CatalogChange, CatalogEntry, CatalogError, CatalogWatch, CreateStep, Created, Listing,
-    Opened, Reoffered, Seal, StoredEntry, create_step, now_ms, offered, reoffer_step,
+    Opened, Reoffered, Seal, StoredEntry, create_step, offered, reoffer_step,
 };
 use crate::core::kind::FilterSpec;
 use crate::wire::AuthKeys;
@@ -164,22 +164,10 @@ impl KvCatalog {
                     CreateStep::Refused(e) => return Err(e),
                     CreateStep::Write { replaces } => replaces,
                 };
-                let stored = StoredEntry {
-                    spec: spec.clone(),
-                    created_ms: now_ms(),
-                    generation: None,
-                    replaces,
-                    seal: None,
-                };
+                let stored = StoredEntry::created(spec.clone(), replaces);
                 let value = self.seal.entry(&name, stored.clone());
                 if let Some(generation) = Self::write(&store, &name, value, revision).await? {
-                    let entry = CatalogEntry {
-                        name,
-                        spec,
-                        generation,
-                        created_ms: stored.created_ms,
-                        replaces,
-                    };
+                    let entry = stored.entry(name, generation);
                     return Ok(Created { entry, new: true });
                 }
             }
