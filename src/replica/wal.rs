@@ -2241,8 +2241,8 @@ mod tests {
         assert!(segments(tmp.path()).is_empty());
 
         for life in 0..3 {
-            let (_, r) = read_all(tmp.path(), ident(1), Some(covered), WalLimits::default())
-                .unwrap();
+            let (_, r) =
+                read_all(tmp.path(), ident(1), Some(covered), WalLimits::default()).unwrap();
             let w = WalWriter::start(r, ident(1)).unwrap();
             assert!(w.segment().0 > covered.0, "life {life}: {:?}", w.segment());
             w.append(record(10 + life)).wait().unwrap();
