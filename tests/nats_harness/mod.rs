@@ -212,7 +212,11 @@ impl NatsServer {
                 .iter()
                 .enumerate()
                 .map(|(i, (p, c))| {
-                    let routes = if i == last { own.clone() } else { others.clone() };
+                    let routes = if i == last {
+                        own.clone()
+                    } else {
+                        others.clone()
+                    };
                     let mut s = Self::new(&format!("s{i}"), *p, Some((*c, routes)));
                     s.cluster_advertise = Some(format!("127.0.0.1:{}", advertised[i].port));
                     Self::started(s)
