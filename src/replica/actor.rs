@@ -1078,10 +1078,7 @@ impl Replica {
         // Time passes for kinds whose elements expire: their window moves (and the move
         // travels to the peers in the next delta), never beyond what the peers accept.
         self.keep_clock();
-        let now = self.shared.clock.for_reads(self.read().clock_bounds());
-        if self.write().tick(now) {
-            self.local_change();
-        }
+        self.tick_clock();
         // A flush whose request found the inbound buffer full.
         if !self.pipeline.flush_timer_armed()
             && (self.read().pending_delta_len() > 0
@@ -1223,8 +1220,11 @@ impl Actor for Replica {
 
         self.next_digest = Instant::now() + self.digest_delay();
         // A state restored while its clock is ahead of ours (a snapshot taken while the wall
-        // clock ran ahead) is repaired before anything is sent or merged.
+        // clock ran ahead) is repaired before anything is sent or merged; and one that is
+        // behind (new, or an old snapshot) moves to our time, so that the first state the
+        // peers see tells them our clock.
         self.keep_clock();
+        self.tick_clock();
         self.schedule_periodic(ctx);
         if self.lease.shared.is_none() {
             ctx.run_interval(ReplicaConfig::ms(self.cfg.id_lease_renew_ms), |act, ctx| {

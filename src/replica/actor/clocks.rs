@@ -20,6 +20,11 @@ impl Replica {
         let Some((len, _)) = self.read().clock_bounds() else {
             return;
         };
+        if epoch == 0 {
+            // A state no clock has advanced yet (a replica that just started, of a version
+            // that does not tick at start): it says nothing of its sender's clock.
+            return;
+        }
         let base = ReplicaClock::peer_base(epoch, len);
         let clocks = self.peer_clocks.get_or_insert_default();
         // The largest: a later frame of the same epoch says less of its clock than the first.
@@ -37,6 +42,18 @@ impl Replica {
         let epoch = self.read().delta_clock_epoch(bytes);
         if let Some(epoch) = epoch {
             self.note_peer_clock(sender, epoch);
+        }
+    }
+
+    /// Time passes for kinds whose elements expire: the window moves to this replica's time
+    /// (bounded by its peers'), and the move travels to the peers in the next delta.
+    pub(super) fn tick_clock(&mut self) {
+        if !self.expect.kind.clocked() {
+            return;
+        }
+        let now = self.shared.clock.for_reads(self.read().clock_bounds());
+        if self.write().tick(now) {
+            self.local_change();
         }
     }
 
