@@ -128,6 +128,9 @@ async fn a_node_cut_off_by_a_route_partition_never_acknowledges_replicated() {
     add_until_ok(&isolated, "before", Duration::from_secs(60), &nodes).await;
 
     routes.cut();
+    // Requests already on their way to the other servers' replicas may still be answered
+    // (or lost): probe once the cut-off server has seen its routes close (milliseconds).
+    tokio::time::sleep(Duration::from_millis(500)).await;
     // Over several peer expiries: node2's peers expire from its view within the first.
     let partition = Duration::from_millis(PEER_EXPIRY_MS * 5);
     let cut_at = Instant::now();

@@ -350,12 +350,18 @@ pub(crate) fn peers_needed(configured: Option<usize>, known: usize) -> usize {
 }
 
 /// The replicas a `Replicated` update's majority is taken of: the ids the registry held at
-/// the last look (`held_ids`, this replica's included), never fewer than the replicas heard
-/// from (`live_peers` and this one; the registry may not have been read yet). A look that
-/// fails keeps the last count: a replica cut off from the registry is cut off from its
-/// peers too, and must not shrink its majority to itself.
-pub(crate) fn known_replicas(held_ids: usize, live_peers: usize) -> usize {
-    held_ids.max(live_peers + 1)
+/// the last look and renewed within `retire_after_ms` (`held_ids`, this replica's included),
+/// and never fewer than the most replicas heard from at once since that look (`most_live`,
+/// this one included: those that claimed their ids after it), nor than those heard from now
+/// (`live_peers` and this one). A look that fails keeps the last count: a replica cut off
+/// from the registry is cut off from its peers too, and must not shrink its majority to
+/// itself.
+pub(crate) fn known_replicas(
+    held_ids: Option<usize>,
+    most_live: usize,
+    live_peers: usize,
+) -> usize {
+    held_ids.unwrap_or(0).max(most_live).max(live_peers + 1)
 }
 
 #[cfg(test)]
@@ -468,10 +474,17 @@ mod tests {
     #[test]
     fn the_majority_is_of_the_known_replicas_not_the_live_ones() {
         // Three ids held, no peer heard from (cut off): one peer still needed.
-        assert_eq!(peers_needed(None, known_replicas(3, 0)), 1);
-        // The registry not read yet: those heard from count.
-        assert_eq!(peers_needed(None, known_replicas(0, 2)), 1);
-        assert_eq!(peers_needed(None, known_replicas(1, 0)), 0, "alone");
+        assert_eq!(peers_needed(None, known_replicas(Some(3), 1, 0)), 1);
+        // The registry not read yet: the most heard from at once count, and those heard now.
+        assert_eq!(peers_needed(None, known_replicas(None, 3, 0)), 1);
+        assert_eq!(peers_needed(None, known_replicas(None, 1, 2)), 1);
+        assert_eq!(
+            peers_needed(None, known_replicas(Some(1), 1, 0)),
+            0,
+            "alone"
+        );
+        // Peers that claimed their ids after the last look count once heard, even silent.
+        assert_eq!(peers_needed(None, known_replicas(Some(1), 3, 0)), 1);
     }
 
     #[test]

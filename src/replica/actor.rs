@@ -342,6 +342,10 @@ pub struct Replica {
     /// Kinds whose elements expire: the live peers' clocks (see [`clocks`]); made by the
     /// first peer's.
     peer_clocks: Option<Box<clocks::PeerClocks>>,
+    /// The most replicas (this one included) live at once since this replica's last listing
+    /// of the registry (ever, under the node's id): counted by `replicated` beside the
+    /// registry's (see [`crate::replica::ack::known_replicas`]).
+    most_live: usize,
     /// Checks and applies the request API's updates (here, or in the subscription tasks).
     updates: Arc<updates::Updates>,
     /// Its node's digest batches, where its digests go if it has one.
@@ -432,6 +436,7 @@ impl Replica {
             lease: lease::Lease::new(s.lease_reserved, s.shared_id),
             registry_view: None,
             peer_clocks: None,
+            most_live: 1,
             started,
             last_housekeeping: started,
             next_digest: started,
@@ -1133,6 +1138,7 @@ impl Replica {
                 .set(now.saturating_duration_since(p.last_seen).as_secs_f64());
         }
         let live = self.anti_entropy.live_peers(now);
+        self.most_live = self.most_live.max(live + 1);
         self.telemetry.peers.set(live as f64);
         let expired = self.transfers.as_mut().map_or(0, |t| t.expire());
         if expired > 0 {

@@ -391,6 +391,11 @@ impl TcpProxy {
                     open.push(inbound.try_clone().unwrap());
                     open.push(outbound.try_clone().unwrap());
                 }
+                if st.cut.load(Acquire) {
+                    // Cut while it was connecting: `close_all` may have missed it.
+                    st.close_all();
+                    continue;
+                }
                 for (mut from, mut to) in [
                     (inbound.try_clone().unwrap(), outbound.try_clone().unwrap()),
                     (outbound, inbound),

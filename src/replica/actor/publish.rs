@@ -201,7 +201,8 @@ impl Replica {
         // Fixed now, of the replicas the registry knows: peers that go silent meanwhile
         // still count (see `known_replicas`).
         let live = self.anti_entropy.live_peers(Instant::now());
-        let known = known_replicas(self.lease.id_counts().0, live);
+        self.most_live = self.most_live.max(live + 1);
+        let known = known_replicas(self.lease.known_replicas(), self.most_live, live);
         let needed = peers_needed(self.cfg.replicated_peers, known);
         let r = self
             .pipeline
