@@ -364,6 +364,26 @@ impl ExpiringBloom {
         }
     }
 
+    /// Repairs a state whose clock is more than `max_skew` epochs ahead of `now`'s epoch (it
+    /// was advanced by a clock that ran ahead and was corrected since, perhaps restored from a
+    /// snapshot taken meanwhile): the clock goes back to `now`'s epoch and the epochs beyond it
+    /// are discarded. Returns the clock it had, if it repaired.
+    ///
+    /// Not a lattice operation: the clock only ever grows by merges, and this lowers it. It is
+    /// safe because no honest replica holds such a state: every receiver refuses one further
+    /// ahead of its own clock than `max_skew` ([`ExpiringBloom::check_remote_at`]), so the
+    /// discarded epochs never reached a replica that could send them back, and the peers'
+    /// states (which the state refused while it was ahead) merge again afterwards.
+    pub fn rewind_if_ahead(&mut self, now: u64) -> Option<u64> {
+        let local = self.params.epoch_of(now);
+        if self.newest <= local.saturating_add(self.params.max_skew as u64) {
+            return None;
+        }
+        let was = std::mem::replace(&mut self.newest, local);
+        self.epochs.split_off(&(local + 1));
+        Some(was)
+    }
+
     /// Raises `newest` to `epoch` if it is ahead and drops what leaves the window.
     fn raise_to(&mut self, epoch: u64) -> usize {
         if epoch <= self.newest {
@@ -697,6 +717,29 @@ mod tests {
 
     fn item(i: u32) -> [u8; 4] {
         i.to_le_bytes()
+    }
+
+    #[test]
+    fn a_state_ahead_of_a_corrected_clock_rewinds_and_merges_again() {
+        let mut honest = ExpiringBloom::new(params(1)).unwrap();
+        let mut stepped = ExpiringBloom::new(params(1)).unwrap();
+        honest.add_at(&item(1), 10 * LEN);
+        stepped.merge(&honest).unwrap();
+        // The clock steps 100 epochs ahead: an add there drops everything else.
+        stepped.add_at(&item(2), 110 * LEN);
+        assert!(honest.check_remote_at(&stepped, 10 * LEN).is_err());
+        // Within the skew: nothing to repair.
+        assert_eq!(stepped.rewind_if_ahead(109 * LEN), None);
+        // Corrected: back to its epoch, the future epochs gone, and the peer's state merges.
+        assert_eq!(stepped.rewind_if_ahead(10 * LEN + 5), Some(110));
+        assert_eq!(stepped.newest_epoch(), 10);
+        assert!(!stepped.contains(&item(2)) && !stepped.contains(&item(1)));
+        assert!(honest.check_remote_at(&stepped, 10 * LEN).is_ok());
+        stepped.merge(&honest).unwrap();
+        assert!(stepped.contains(&item(1)));
+        stepped.add_at(&item(3), 10 * LEN + 10);
+        honest.merge(&stepped).unwrap();
+        assert!(honest.contains(&item(3)) && honest.newest_epoch() == 10);
     }
 
     /// A replica: its filter and its clock offset from real time (the skew).

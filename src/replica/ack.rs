@@ -31,7 +31,8 @@ pub enum AckLevel {
     /// the machine. Needs a data directory.
     Durable,
     /// Durable where there is a data directory, and merged by `replicated_peers` peers (by
-    /// default a majority of the live replicas, this one included) before the answer:
+    /// default a majority of the filter's known replicas, this one included: the ids its
+    /// registry holds, whether their replicas are heard from or not) before the answer:
     /// survives the loss of this replica's disk.
     Replicated,
 }
@@ -339,9 +340,28 @@ impl<R> AckTracker<R> {
 }
 
 /// Peer acknowledgements a `Replicated` update needs: `configured`, or else a majority of the
-/// live replicas counting this one (`live_peers + 1` replicas: with 3 replicas, 1 peer).
-pub(crate) fn peers_needed(configured: Option<usize>, live_peers: usize) -> usize {
-    configured.unwrap_or(live_peers.div_ceil(2))
+/// `known` replicas counting this one (with 3 replicas, 1 peer; alone, none).
+///
+/// `known` is what the id registry holds, not who is heard from: counting only the live
+/// peers let a replica cut off from them decide alone, once they expired, that a majority had
+/// the update (issue 47).
+pub(crate) fn peers_needed(configured: Option<usize>, known: usize) -> usize {
+    configured.unwrap_or(known.max(1) / 2)
+}
+
+/// The replicas a `Replicated` update's majority is taken of: the ids the registry held at
+/// the last look and renewed within `retire_after_ms` (`held_ids`, this replica's included),
+/// and never fewer than the most replicas heard from at once since that look (`most_live`,
+/// this one included: those that claimed their ids after it), nor than those heard from now
+/// (`live_peers` and this one). A look that fails keeps the last count: a replica cut off
+/// from the registry is cut off from its peers too, and must not shrink its majority to
+/// itself.
+pub(crate) fn known_replicas(
+    held_ids: Option<usize>,
+    most_live: usize,
+    live_peers: usize,
+) -> usize {
+    held_ids.unwrap_or(0).max(most_live).max(live_peers + 1)
 }
 
 #[cfg(test)]
@@ -444,10 +464,27 @@ mod tests {
     #[test]
     fn majority_counts_this_replica() {
         assert_eq!(peers_needed(None, 0), 0);
-        assert_eq!(peers_needed(None, 1), 1);
+        assert_eq!(peers_needed(None, 1), 0, "alone");
         assert_eq!(peers_needed(None, 2), 1);
-        assert_eq!(peers_needed(None, 4), 2);
+        assert_eq!(peers_needed(None, 3), 1);
+        assert_eq!(peers_needed(None, 5), 2);
         assert_eq!(peers_needed(Some(3), 1), 3);
+    }
+
+    #[test]
+    fn the_majority_is_of_the_known_replicas_not_the_live_ones() {
+        // Three ids held, no peer heard from (cut off): one peer still needed.
+        assert_eq!(peers_needed(None, known_replicas(Some(3), 1, 0)), 1);
+        // The registry not read yet: the most heard from at once count, and those heard now.
+        assert_eq!(peers_needed(None, known_replicas(None, 3, 0)), 1);
+        assert_eq!(peers_needed(None, known_replicas(None, 1, 2)), 1);
+        assert_eq!(
+            peers_needed(None, known_replicas(Some(1), 1, 0)),
+            0,
+            "alone"
+        );
+        // Peers that claimed their ids after the last look count once heard, even silent.
+        assert_eq!(peers_needed(None, known_replicas(Some(1), 3, 0)), 1);
     }
 
     #[test]

@@ -37,7 +37,7 @@ use super::metrics::{self as m, Counts, Direction, MergeSource, Telemetry};
 use super::reassembly::{Progress, Reassembly};
 use super::ticks;
 use super::wal::WalWriter;
-use super::{ReplicaError, ReplicaStats, wall_clock_ms};
+use super::{ReplicaError, ReplicaStats};
 use crate::ReplicaId;
 use crate::transport::digests::DigestBatcher;
 use crate::transport::{Channel, LogLimiter, MessageStream, Subjects, Transport, TransportEvent};
@@ -46,6 +46,7 @@ use pipeline::CommitPipeline;
 use push::{DigestCache, Pushes};
 use snapshots::Snapshotter;
 
+mod clocks;
 mod commits;
 mod durability;
 mod items;
@@ -149,6 +150,8 @@ pub(crate) struct Shared {
     /// Takes the messages the node routes to the replica
     /// ([`ReplicaConfig::routed_replication`]); set as the actor is made.
     pub replication_inlet: std::sync::OnceLock<pump::Inlet>,
+    /// The time kinds whose elements expire go by, bounded by the peers' clock.
+    pub clock: super::clock::ReplicaClock,
 }
 
 impl Shared {
@@ -187,6 +190,7 @@ impl Shared {
             dropped: Default::default(),
             api: Default::default(),
             replication_inlet: Default::default(),
+            clock: Default::default(),
             limits,
             serve_api,
         }
@@ -335,6 +339,13 @@ pub struct Replica {
     /// The other ids' reservations as last seen, and frames waiting for the next look; made
     /// by the first use (only tagged kinds look).
     registry_view: Option<Box<unreserved::RegistryView>>,
+    /// Kinds whose elements expire: the live peers' clocks (see [`clocks`]); made by the
+    /// first peer's.
+    peer_clocks: Option<Box<clocks::PeerClocks>>,
+    /// The most replicas (this one included) live at once since this replica's last listing
+    /// of the registry (ever, under the node's id): counted by `replicated` beside the
+    /// registry's (see [`crate::replica::ack::known_replicas`]).
+    most_live: usize,
     /// Checks and applies the request API's updates (here, or in the subscription tasks).
     updates: Arc<updates::Updates>,
     /// Its node's digest batches, where its digests go if it has one.
@@ -424,6 +435,8 @@ impl Replica {
             reserved: s.reserved,
             lease: lease::Lease::new(s.lease_reserved, s.shared_id),
             registry_view: None,
+            peer_clocks: None,
+            most_live: 1,
             started,
             last_housekeeping: started,
             next_digest: started,
@@ -508,11 +521,15 @@ impl Replica {
         }
         match env.body {
             Body::Delta(bytes) => {
-                self.merge_delta_checked(&bytes, true, None, ctx);
+                if self.merge_delta_checked(&bytes, true, None, ctx) {
+                    self.delta_clock(env.sender, &bytes);
+                }
             }
             Body::Deltas(deltas) => {
                 for bytes in deltas {
-                    self.merge_delta_checked(&bytes, true, None, ctx);
+                    if self.merge_delta_checked(&bytes, true, None, ctx) {
+                        self.delta_clock(env.sender, &bytes);
+                    }
                 }
             }
             Body::ConfirmedDelta(bytes) => {
@@ -520,6 +537,7 @@ impl Replica {
                 let ack_to = Some((env.sender, env.seq));
                 if self.merge_delta_checked(&bytes, true, ack_to, ctx) {
                     self.send_ack(env.sender, env.seq);
+                    self.delta_clock(env.sender, &bytes);
                 }
             }
             Body::Ack { target, seq } => {
@@ -746,12 +764,13 @@ impl Replica {
         may_hold: bool,
         ctx: &mut Context<Self>,
     ) -> bool {
+        let now = self.shared.clock.now_ms();
         let checked = self.with_tag_bounds(|bounds| {
             let f = self.read();
             match bounds {
-                Some(b) => f.check_remote_state_within(&other, wall_clock_ms(), b),
+                Some(b) => f.check_remote_state_within(&other, now, b),
                 None => f
-                    .check_remote_state(&other, wall_clock_ms())
+                    .check_remote_state(&other, now)
                     .map(|()| None)
                     .map_err(super::filter::remote_error),
             }
@@ -787,6 +806,9 @@ impl Replica {
         self.record_merge(MergeSource::State, t, r.is_ok());
         match r {
             Ok(()) => {
+                if let Some(epoch) = other.clock_epoch() {
+                    self.note_peer_clock(sender, epoch);
+                }
                 self.changed();
                 tracing::debug!(peer = replica, %sender, "merged a peer's full state");
                 self.state_merged(len, ctx);
@@ -1059,10 +1081,9 @@ impl Replica {
             self.snapshot_async(ctx);
         }
         // Time passes for kinds whose elements expire: their window moves (and the move
-        // travels to the peers in the next delta).
-        if self.write().tick(wall_clock_ms()) {
-            self.local_change();
-        }
+        // travels to the peers in the next delta), never beyond what the peers accept.
+        self.keep_clock();
+        self.tick_clock();
         // A flush whose request found the inbound buffer full.
         if !self.pipeline.flush_timer_armed()
             && (self.read().pending_delta_len() > 0
@@ -1117,6 +1138,7 @@ impl Replica {
                 .set(now.saturating_duration_since(p.last_seen).as_secs_f64());
         }
         let live = self.anti_entropy.live_peers(now);
+        self.most_live = self.most_live.max(live + 1);
         self.telemetry.peers.set(live as f64);
         let expired = self.transfers.as_mut().map_or(0, |t| t.expire());
         if expired > 0 {
@@ -1203,6 +1225,12 @@ impl Actor for Replica {
         }
 
         self.next_digest = Instant::now() + self.digest_delay();
+        // A state restored while its clock is ahead of ours (a snapshot taken while the wall
+        // clock ran ahead) is repaired before anything is sent or merged; and one that is
+        // behind (new, or an old snapshot) moves to our time, so that the first state the
+        // peers see tells them our clock.
+        self.keep_clock();
+        self.tick_clock();
         self.schedule_periodic(ctx);
         if self.lease.shared.is_none() {
             ctx.run_interval(ReplicaConfig::ms(self.cfg.id_lease_renew_ms), |act, ctx| {

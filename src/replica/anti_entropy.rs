@@ -352,6 +352,11 @@ impl AntiEntropy {
         now.saturating_duration_since(p.last_seen) < self.timing.live * p.spacing
     }
 
+    /// Whether `sender` is a live peer.
+    pub(crate) fn is_live_sender(&self, sender: &Uuid, now: Instant) -> bool {
+        self.peers.get(sender).is_some_and(|p| self.is_live(p, now))
+    }
+
     /// Whether `sender` is in the peer table (heard, and not expired).
     pub(crate) fn knows(&self, sender: &Uuid) -> bool {
         self.peers.contains_key(sender)

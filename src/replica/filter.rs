@@ -636,6 +636,43 @@ impl AnyFilter {
         self.inner_mut().tick(now_ms)
     }
 
+    /// For kinds whose elements expire: the epoch length (ms) and the skew bound (epochs).
+    pub fn clock_bounds(&self) -> Option<(u64, u32)> {
+        match self {
+            AnyFilter::ExpiringBloom(f) => Some((f.params().epoch_len, f.params().max_skew)),
+            _ => None,
+        }
+    }
+
+    /// For kinds whose elements expire: the newest epoch the state reached (its clock).
+    pub fn clock_epoch(&self) -> Option<u64> {
+        match self {
+            AnyFilter::ExpiringBloom(f) => Some(f.newest_epoch()),
+            _ => None,
+        }
+    }
+
+    /// For kinds whose elements expire: the sender's clock (newest epoch) in a delta's wire
+    /// encoding, if it decodes.
+    pub fn delta_clock_epoch(&self, bytes: &[u8]) -> Option<u64> {
+        match self {
+            AnyFilter::ExpiringBloom(_) => from_cbor::<crate::core::expiring::ExpiringDelta>(bytes)
+                .ok()
+                .map(|d| d.newest),
+            _ => None,
+        }
+    }
+
+    /// For kinds whose elements expire: repairs a state whose clock is more than the skew
+    /// bound ahead of `now_ms` ([`crate::ExpiringBloom::rewind_if_ahead`]); the clock it had,
+    /// if it did.
+    pub fn rewind_if_ahead(&mut self, now_ms: u64) -> Option<u64> {
+        match self {
+            AnyFilter::ExpiringBloom(f) => f.rewind_if_ahead(now_ms),
+            _ => None,
+        }
+    }
+
     /// Membership as of `now_ms`: for kinds whose elements expire, over the window ending
     /// then; for the others, [`AnyFilter::contains`].
     pub fn contains_as_of(&self, item: &[u8], now_ms: u64) -> bool {

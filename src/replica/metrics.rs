@@ -93,6 +93,9 @@ pub const CONVERGED_PEERS: &str = "crpf_converged_peers";
 pub const REPLICA_IDS: &str = "crpf_replica_ids";
 /// Ids this replica retired (their claims went unrenewed for `retire_after_ms`).
 pub const RETIREMENTS: &str = "crpf_replica_retirements_total";
+/// `expiring_bloom` states repaired because their clock was further ahead of the replica's
+/// than the skew bound (its wall clock ran ahead, and was corrected).
+pub const CLOCK_REWINDS: &str = "crpf_clock_rewinds_total";
 /// Frames held for a fresh look at the id registry (their tags were above the reservations
 /// last seen), and what became of them: `held`, then `merged` or `refused`.
 pub const HELD_FRAMES: &str = "crpf_registry_held_frames_total";
@@ -211,6 +214,10 @@ pub fn describe() {
             "Ids of the filter in the replica id registry, by state (live, retired)"
         );
         c!(RETIREMENTS, "Replica ids this replica retired");
+        c!(
+            CLOCK_REWINDS,
+            "expiring_bloom states whose clock, ahead of the replica's by more than the skew, was set back"
+        );
         c!(
             HELD_FRAMES,
             "Frames held for a fresh look at the id registry, by outcome (held, merged, refused)"

@@ -44,6 +44,7 @@
 mod ack;
 mod actor;
 mod anti_entropy;
+mod clock;
 mod config;
 pub mod crash;
 pub mod durable;
@@ -177,6 +178,20 @@ pub enum ReplicaError {
         /// Why the slice failed.
         cause: Box<ReplicaError>,
     },
+    /// An `expiring_bloom` replica's wall clock is further ahead of its live peers' than
+    /// the skew bound allows (and one epoch more): its adds would land in an epoch its peers
+    /// refuse, so none is applied until its clock is corrected. Reads answer as of its
+    /// peers' window meanwhile.
+    #[error(
+        "this replica's clock is {ahead_epochs} epochs ahead of its peers' (max_skew_epochs is \
+         {max_skew}): adds are refused until its clock is corrected"
+    )]
+    ClockAhead {
+        /// Epochs the replica's clock is ahead of its live peers' (as estimated).
+        ahead_epochs: u64,
+        /// The filter's `max_skew_epochs`.
+        max_skew: u32,
+    },
 }
 
 /// Occurrences per slice of an import ([`ReplicaHandle::import`]): the default
@@ -205,6 +220,7 @@ impl ReplicaError {
             ReplicaError::NotServing => "not_serving",
             ReplicaError::ImportStopped { .. } => "import_stopped",
             ReplicaError::UnknownFilter(_) => "unknown_filter",
+            ReplicaError::ClockAhead { .. } => "clock_ahead",
         }
     }
 
@@ -824,12 +840,21 @@ impl ReplicaHandle {
         self.shared.serve_api
     }
 
+    /// Steps this replica's wall clock by `offset_ms` from the system's (0: the system's),
+    /// as a clock that jumps would: for tests of the kinds whose elements expire.
+    #[doc(hidden)]
+    pub fn set_clock_offset_ms(&self, offset_ms: i64) {
+        self.shared.clock.set_offset_ms(offset_ms);
+    }
+
     /// Membership test, read directly from the state: it never waits behind replication work
     /// queued for the actor (at most behind one merge in progress).
     pub fn contains(&self, item: &[u8]) -> bool {
         match &self.shared.reader {
             Some(r) => r.contains(item),
-            None => self.read(|f| f.contains_as_of(item, wall_clock_ms())),
+            None => {
+                self.read(|f| f.contains_as_of(item, self.shared.clock.for_reads(f.clock_bounds())))
+            }
         }
     }
 

@@ -143,9 +143,39 @@ pub(crate) struct StaleWatch {
     /// Ids held and retired at the last look.
     pub live_ids: usize,
     pub retired_ids: usize,
+    /// Ids held at the last look whose claims changed within the window last asked of
+    /// [`StaleWatch::note_known`] (this replica's own always).
+    pub known_ids: usize,
 }
 
 impl StaleWatch {
+    /// Counts the held ids among `claims` whose claim was renewed (its revision changed, as
+    /// this watch saw it) within `window` of `now`, `me` always, into `known_ids`: the
+    /// replicas a `replicated` update's majority is of. An id silent for longer would be
+    /// retired; where the kind never retires ids (they serve one run), its old ones would
+    /// otherwise count for good. A zero `window` counts every held id. Call after
+    /// [`StaleWatch::stale`], which records the revisions.
+    pub(crate) fn note_known(
+        &mut self,
+        me: ReplicaId,
+        claims: &[ClaimEntry],
+        now: std::time::Instant,
+        window: std::time::Duration,
+    ) {
+        self.known_ids = claims
+            .iter()
+            .filter(|e| matches!(e.record, ClaimRecord::Held { .. }))
+            .filter(|e| {
+                e.id == me
+                    || window.is_zero()
+                    || self
+                        .seen
+                        .get(&e.id)
+                        .is_none_or(|(_, since)| now.duration_since(*since) < window)
+            })
+            .count();
+    }
+
     /// Which of `claims` to retire at `now`: held by another claimant than `me`, with a known
     /// reservation, unchanged for `retire_after` (zero: never). Updates what was seen.
     pub(crate) fn stale(
@@ -260,6 +290,14 @@ mod tests {
         let later = [held(1, 1), held(2, 1), held(3, 2), legacy, retired];
         let stale = watch.stale(1, &later, t0 + after, after);
         assert_eq!(stale.iter().map(|e| e.id).collect::<Vec<_>>(), [2]);
+        // Known replicas: all four held ids until then; then id 2, silent, no longer counts
+        // (whether or not the kind retires it).
+        watch.note_known(1, &later, t0 + after - Duration::from_secs(1), after);
+        assert_eq!(watch.known_ids, 4);
+        watch.note_known(1, &later, t0 + after, after);
+        assert_eq!(watch.known_ids, 3);
+        watch.note_known(1, &later, t0 + after, Duration::ZERO);
+        assert_eq!(watch.known_ids, 4, "a zero window counts every held id");
         // Id 3's clock restarted at its renewal.
         assert!(
             watch

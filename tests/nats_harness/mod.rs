@@ -101,6 +101,8 @@ pub(crate) struct NatsServer {
     jetstream: bool,
     /// Extra configuration file contents (`-c`), e.g. users and permissions.
     config: Option<String>,
+    /// The cluster address it advertises to the other servers (`--cluster_advertise`).
+    cluster_advertise: Option<String>,
     /// A configuration file of the repository (`-c`), with the environment its `$VARIABLE`s
     /// read; the server then logs to `server.log` (see [`NatsServer::log`]).
     config_file: Option<(std::path::PathBuf, Vec<(String, String)>)>,
@@ -179,6 +181,52 @@ impl NatsServer {
         })
     }
 
+    /// A cluster of `n` servers whose last one can be cut off from the others by its routes
+    /// alone (a route partition: every server and client connection stays up). Every route
+    /// of the last server, in either direction, goes through a [`TcpProxy`] of the returned
+    /// [`RouteCut`]: the others reach it through its advertised address (a proxy), it reaches
+    /// them through proxies of its own, and they advertise proxies too, so that a route it
+    /// learns by gossip goes through one as well. The others route to each other directly.
+    pub(crate) fn cluster_with_cuttable_last(n: usize) -> (Vec<Self>, RouteCut) {
+        assert!(n >= 2);
+        with_fresh_ports("nats cluster with proxied routes", || {
+            let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+            // Advertised addresses, one proxy per server.
+            let advertised: Vec<TcpProxy> = ports.iter().map(|(_, c)| TcpProxy::to(*c)).collect();
+            let last = n - 1;
+            // The last server's own way to each other server.
+            let outgoing: Vec<TcpProxy> = ports[..last]
+                .iter()
+                .map(|(_, c)| TcpProxy::to(*c))
+                .collect();
+            let url = |p: u16| format!("nats://127.0.0.1:{p}");
+            let mut others: Vec<String> = ports[..last].iter().map(|(_, c)| url(*c)).collect();
+            others.push(url(advertised[last].port));
+            let others = others.join(",");
+            let own = outgoing
+                .iter()
+                .map(|p| url(p.port))
+                .collect::<Vec<_>>()
+                .join(",");
+            let servers: Option<Vec<Self>> = ports
+                .iter()
+                .enumerate()
+                .map(|(i, (p, c))| {
+                    let routes = if i == last {
+                        own.clone()
+                    } else {
+                        others.clone()
+                    };
+                    let mut s = Self::new(&format!("s{i}"), *p, Some((*c, routes)));
+                    s.cluster_advertise = Some(format!("127.0.0.1:{}", advertised[i].port));
+                    Self::started(s)
+                })
+                .collect();
+            let proxies = advertised.into_iter().chain(outgoing).collect();
+            servers.map(|s| (s, RouteCut { proxies }))
+        })
+    }
+
     fn new(name: &str, port: u16, cluster: Option<(u16, String)>) -> Self {
         NatsServer {
             child: None,
@@ -188,6 +236,7 @@ impl NatsServer {
             cluster,
             jetstream: true,
             config: None,
+            cluster_advertise: None,
             config_file: None,
             dir: tempfile::tempdir().unwrap(),
         }
@@ -236,6 +285,9 @@ impl NatsServer {
                 "--routes",
                 routes,
             ]);
+            if let Some(a) = &self.cluster_advertise {
+                cmd.args(["--cluster_advertise", a]);
+            }
         }
         self.child = Some(cmd.spawn().expect("start nats-server"));
     }
@@ -289,6 +341,127 @@ impl NatsServer {
 impl Drop for NatsServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A TCP forwarder on a loopback port to `127.0.0.1:<target>`, which can cut every
+/// connection through it and refuse new ones (a network partition of what goes through it),
+/// then let them through again. Plain threads: it must keep forwarding whatever the test's
+/// runtime does.
+pub(crate) struct TcpProxy {
+    pub port: u16,
+    state: std::sync::Arc<ProxyState>,
+}
+
+#[derive(Default)]
+struct ProxyState {
+    cut: std::sync::atomic::AtomicBool,
+    stopped: std::sync::atomic::AtomicBool,
+    /// Both ends of every connection forwarded, to shut them down at a cut.
+    open: std::sync::Mutex<Vec<TcpStream>>,
+}
+
+impl ProxyState {
+    fn close_all(&self) {
+        for s in self.open.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+impl TcpProxy {
+    /// A proxy to `127.0.0.1:<target>`, accepting at once.
+    pub(crate) fn to(target: u16) -> TcpProxy {
+        let listener = loop {
+            if let Ok(l) = TcpListener::bind(("127.0.0.1", free_port())) {
+                break l;
+            }
+        };
+        let port = listener.local_addr().unwrap().port();
+        let state = std::sync::Arc::new(ProxyState::default());
+        let st = state.clone();
+        std::thread::spawn(move || {
+            use std::sync::atomic::Ordering::Acquire;
+            for inbound in listener.incoming() {
+                if st.stopped.load(Acquire) {
+                    return;
+                }
+                let Ok(inbound) = inbound else { continue };
+                if st.cut.load(Acquire) {
+                    // Refused: the other end sees the connection close at once.
+                    continue;
+                }
+                let Ok(outbound) = TcpStream::connect(("127.0.0.1", target)) else {
+                    continue;
+                };
+                let _ = inbound.set_nodelay(true);
+                let _ = outbound.set_nodelay(true);
+                {
+                    let mut open = st.open.lock().unwrap();
+                    open.push(inbound.try_clone().unwrap());
+                    open.push(outbound.try_clone().unwrap());
+                }
+                if st.cut.load(Acquire) {
+                    // Cut while it was connecting: `close_all` may have missed it.
+                    st.close_all();
+                    continue;
+                }
+                for (mut from, mut to) in [
+                    (inbound.try_clone().unwrap(), outbound.try_clone().unwrap()),
+                    (outbound, inbound),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        TcpProxy { port, state }
+    }
+
+    /// Closes every connection through the proxy, and refuses new ones until [`TcpProxy::heal`].
+    pub(crate) fn cut(&self) {
+        self.state
+            .cut
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.state.close_all();
+    }
+
+    /// Lets connections through again.
+    pub(crate) fn heal(&self) {
+        self.state
+            .cut
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.state
+            .stopped
+            .store(true, std::sync::atomic::Ordering::Release);
+        // Wakes the accepting thread, which then sees `stopped`.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        self.state.close_all();
+    }
+}
+
+/// The proxies of a cluster's cuttable routes (see [`NatsServer::cluster_with_cuttable_last`]).
+pub(crate) struct RouteCut {
+    proxies: Vec<TcpProxy>,
+}
+
+impl RouteCut {
+    /// Cuts the last server off from the others' routes (both directions).
+    pub(crate) fn cut(&self) {
+        self.proxies.iter().for_each(TcpProxy::cut);
+    }
+
+    /// Lets the routes connect again (the servers retry their configured routes).
+    pub(crate) fn heal(&self) {
+        self.proxies.iter().for_each(TcpProxy::heal);
     }
 }
 

@@ -60,6 +60,17 @@ impl Lease {
         self.shared.as_ref().map_or(self.lost, |s| s.lost())
     }
 
+    /// The filter's known replicas at the last look, for `replicated` (see
+    /// [`StaleWatch::note_known`]; under the node's id, the node ids held); `None` before
+    /// a look succeeded.
+    pub(super) fn known_replicas(&self) -> Option<usize> {
+        let n = match &self.shared {
+            Some(s) => s.id_counts().0,
+            None => self.watch.known_ids,
+        };
+        (n > 0).then_some(n)
+    }
+
     /// Ids of the registry namespace held and retired at the last look.
     pub(super) fn id_counts(&self) -> (usize, usize) {
         match &self.shared {
@@ -207,6 +218,10 @@ impl Replica {
                     act.on_renewal(want, renewal);
                     match claims {
                         Ok(claims) => {
+                            // The listing counts every replica held now: those heard from
+                            // since are counted afresh.
+                            let live = act.anti_entropy.live_peers(Instant::now());
+                            act.most_live = live + 1;
                             act.registry_view_mut().note(&claims, started);
                             act.retire_stale(&claims, ctx)
                         }
@@ -253,10 +268,12 @@ impl Replica {
         } else {
             std::time::Duration::ZERO
         };
-        let stale = self
-            .lease
-            .watch
-            .stale(self.id(), claims, Instant::now(), retire_after);
+        let now = Instant::now();
+        let stale = self.lease.watch.stale(self.id(), claims, now, retire_after);
+        // Whether or not the kind retires ids, one silent for `retire_after_ms` no longer
+        // counts among the replicas a `replicated` update waits for.
+        let window = ReplicaConfig::ms(self.cfg.retire_after_ms);
+        self.lease.watch.note_known(self.id(), claims, now, window);
         let (live, retired) = self.lease.id_counts();
         for (state, n) in [("live", live), ("retired", retired)] {
             self.telemetry

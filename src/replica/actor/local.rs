@@ -11,10 +11,10 @@ use super::items::check_item;
 use super::reply::Responder;
 use super::{Replica, ReplicaError, Shared};
 use crate::replica::ReplicaHandle;
+use crate::replica::ReplicaStats;
 use crate::replica::ack::AckLevel;
 use crate::replica::filter::AnyFilter;
 use crate::replica::metrics::{MergeSource, OpKind};
-use crate::replica::{ReplicaStats, wall_clock_ms};
 use crate::{Dot, ImportRoom, Occurrence};
 
 impl Replica {
@@ -32,7 +32,8 @@ impl Replica {
             .and_then(|_| self.reserve_tags())
             .and_then(|_| {
                 let mut f = self.write();
-                f.tick(wall_clock_ms());
+                let now = self.shared.clock.for_updates(f.clock_bounds())?;
+                f.tick(now);
                 f.add(item).map_err(ReplicaError::from)
             });
         self.op(OpKind::Add, r.is_ok());
@@ -51,7 +52,8 @@ impl Replica {
         let tags = AnyFilter::tags_for_import(self.expect.kind, occurrences);
         let r = self.reserve_tags_for(tags).and_then(|()| {
             let mut f = self.write();
-            f.tick(wall_clock_ms());
+            let now = self.shared.clock.for_updates(f.clock_bounds())?;
+            f.tick(now);
             f.import(occurrences, room).map_err(ReplicaError::from)
         });
         match &r {
@@ -80,7 +82,8 @@ impl Replica {
 
     pub(super) fn do_contains(&self, item: &[u8]) -> Result<bool, ReplicaError> {
         self.check_item(item)?;
-        Ok(self.read().contains_as_of(item, wall_clock_ms()))
+        let f = self.read();
+        Ok(f.contains_as_of(item, self.shared.clock.for_reads(f.clock_bounds())))
     }
 
     /// Refuses a level this replica cannot give before the update is applied.

@@ -17,7 +17,7 @@ use super::push::{ENVELOPE_OVERHEAD, Pacing, PushPlan, PushSource, StatePush, ch
 use super::reply::Responder;
 use super::{Replica, ReplicaError, digest_of};
 use crate::replica::TakenDelta;
-use crate::replica::ack::{Resolved, peers_needed};
+use crate::replica::ack::{Resolved, known_replicas, peers_needed};
 use crate::replica::config::ReplicaConfig;
 use crate::replica::metrics::{Channel, Direction};
 use crate::replica::ticks;
@@ -198,8 +198,12 @@ impl Replica {
             self.send(subject, frame, Channel::Delta);
         }
         let timeout = ReplicaConfig::ms(self.cfg.replicated_timeout_ms);
+        // Fixed now, of the replicas the registry knows: peers that go silent meanwhile
+        // still count (see `known_replicas`).
         let live = self.anti_entropy.live_peers(Instant::now());
-        let needed = peers_needed(self.cfg.replicated_peers, live);
+        self.most_live = self.most_live.max(live + 1);
+        let known = known_replicas(self.lease.known_replicas(), self.most_live, live);
+        let needed = peers_needed(self.cfg.replicated_peers, known);
         let r = self
             .pipeline
             .acks

@@ -25,10 +25,10 @@ use super::{Route, Shared};
 use crate::ReplicaId;
 use crate::api::batch::{self, Limits};
 use crate::api::{AddMode, Op, ReplyFormat};
+use crate::replica::ReplicaError;
 use crate::replica::ack::AckLevel;
 use crate::replica::metrics::{Channel, Direction, OpKind};
 use crate::replica::service::ApiService;
-use crate::replica::{ReplicaError, wall_clock_ms};
 use crate::transport::{Message, Subjects};
 
 /// A request to the replica's own API subjects that its node received for it
@@ -418,7 +418,7 @@ fn contains_each(shared: &Shared, items: &[&[u8]]) -> Vec<bool> {
         None => {
             let f = shared.filter.read().expect("filter lock poisoned");
             let now = if shared.kind.clocked() {
-                wall_clock_ms()
+                shared.clock.for_reads(f.clock_bounds())
             } else {
                 0
             };
@@ -444,7 +444,7 @@ fn contains_one(shared: &Shared, item: &[u8]) -> Result<bool, ReplicaError> {
         None => {
             let f = shared.filter.read().expect("filter lock poisoned");
             if shared.kind.clocked() {
-                f.contains_as_of(item, wall_clock_ms())
+                f.contains_as_of(item, shared.clock.for_reads(f.clock_bounds()))
             } else {
                 f.contains(item)
             }

@@ -202,6 +202,7 @@ fn service_code(e: &ReplicaError) -> u16 {
         | ReplicaError::TagsUnreserved
         | ReplicaError::Busy
         | ReplicaError::NotServing
+        | ReplicaError::ClockAhead { .. }
         | ReplicaError::IdRetired { .. } => 503,
         ReplicaError::NotReplicated { .. } => 504,
         ReplicaError::UnknownFilter(_) => 404,

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use uuid::Uuid;
 
-use super::{Replica, wall_clock_ms};
+use super::Replica;
 use crate::ReplicaId;
 use crate::replica::SharedId;
 use crate::replica::filter::{AnyFilter, TagBounds};
@@ -243,11 +243,12 @@ impl Replica {
         ctx: &mut Context<Self>,
     ) -> bool {
         let t = Instant::now();
+        let now = self.shared.clock.now_ms();
         let r = self.with_tag_bounds(|bounds| {
             let mut f = self.write();
             match bounds {
-                Some(b) => f.merge_remote_delta_bytes_within(bytes, wall_clock_ms(), b),
-                None => f.merge_remote_delta_bytes(bytes, wall_clock_ms()),
+                Some(b) => f.merge_remote_delta_bytes_within(bytes, now, b),
+                None => f.merge_remote_delta_bytes(bytes, now),
             }
         });
         match r {

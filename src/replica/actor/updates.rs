@@ -35,7 +35,6 @@ use crate::replica::ReplicaError;
 use crate::replica::ack::AckLevel;
 use crate::replica::filter::{AnyFilter, NotRemovable};
 use crate::replica::metrics::{OpKind, Telemetry};
-use crate::replica::wall_clock_ms;
 use crate::transport::Message;
 use crate::wire::FilterKind;
 
@@ -285,7 +284,12 @@ impl Updates {
             return Ok(None);
         };
         if self.kind().clocked() {
-            f.tick(wall_clock_ms());
+            let now = self
+                .shared
+                .clock
+                .for_updates(f.clock_bounds())
+                .inspect_err(|_| self.telemetry().op(OpKind::Add, false))?;
+            f.tick(now);
         }
         // Judged under the write lock: of two adds of one new item on this replica, exactly
         // one is told it was new.
@@ -419,7 +423,18 @@ impl Updates {
                 return Ok(None);
             };
             if self.kind().clocked() {
-                f.tick(wall_clock_ms());
+                match self.shared.clock.for_updates(f.clock_bounds()) {
+                    Ok(now) => {
+                        f.tick(now);
+                    }
+                    // Each item refused alike (a lock each: the clock may be corrected).
+                    Err(e) => {
+                        drop(f);
+                        refused(i, e, &mut added);
+                        i += 1;
+                        continue;
+                    }
+                }
             }
             let first = i;
             let ahead = f.prefetch_ahead();
