@@ -113,7 +113,8 @@ impl Node {
     /// Waits until this node's RESP port answers (and its process runs).
     fn wait_serving(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while self.resp(&["PING"]).is_err() {
+        // DBSIZE, not PING: a node whose start takes long answers PING while it loads.
+        while !matches!(self.resp(&["DBSIZE"]), Ok(redis::Value::Int(_))) {
             self.proc.assert_running();
             assert!(
                 Instant::now() < deadline,
@@ -965,6 +966,41 @@ async fn a_lost_jetstream_store_deletes_nothing_and_the_catalog_recovers() {
     assert!(
         !dirs.iter().any(|d| d == crpf::node::DROPPED_DIR),
         "{dirs:?}"
+    );
+    node.proc.terminate(Duration::from_secs(30));
+}
+
+/// A node started where JetStream has no quorum (the minority side of a partition, here two
+/// of three servers down) opens its RESP port all the same: the connection's own commands
+/// work and commands on keys answer `-LOADING` until the node has started, then they are
+/// served. Issue 47, item 8: the port stayed closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_starting_without_a_jetstream_quorum_answers_loading() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut servers = NatsServer::cluster(3);
+    let urls: Vec<String> = servers.iter().map(NatsServer::url).collect();
+    servers[1].kill();
+    servers[2].kill();
+    let mut node = Node::start(dir.path(), 0, &urls[..1]);
+    let pinged = time_until(
+        Duration::from_secs(30),
+        || matches!(node.resp(&["PING"]), Ok(redis::Value::SimpleString(ref s)) if s == "PONG"),
+    );
+    assert!(pinged.is_some(), "{}", node.proc.log_tail());
+    let loading = node.resp(&["BF.EXISTS", "any", "x"]).unwrap_err();
+    assert!(loading.contains("crpf is starting"), "{loading}");
+    servers[1].restart();
+    servers[2].restart();
+    let served = time_until(Duration::from_secs(90), || {
+        matches!(
+            node.resp(&["BF.RESERVE", "later", "0.01", "100"]),
+            Ok(redis::Value::Okay)
+        )
+    });
+    assert!(served.is_some(), "{}", node.proc.log_tail());
+    assert_eq!(
+        node.resp(&["BF.ADD", "later", "x"]),
+        Ok(redis::Value::Int(1))
     );
     node.proc.terminate(Duration::from_secs(30));
 }

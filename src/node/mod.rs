@@ -227,6 +227,10 @@ fn give_large_buffers_back() {
     }
 }
 
+/// How long a node's start may take before its RESP port opens all the same, answering
+/// `-LOADING`.
+const RESP_LOADING_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// `crpf node`.
 pub fn run_node(args: &NodeArgs) -> Result<(), NodeError> {
     let cfg = NodeConfig::load(&args.config)?;
@@ -255,12 +259,33 @@ pub fn run_node(args: &NodeArgs) -> Result<(), NodeError> {
             .chain([crate::api::DEFAULT_MAX_BATCH_ITEMS])
             .max()
             .unwrap_or(crate::api::DEFAULT_MAX_BATCH_ITEMS);
-        let node = Node::start(cfg, transport.clone(), Some(catalog)).await?;
+        // RESP opens once the node has started, or after `RESP_LOADING_AFTER` if its start
+        // takes longer (inside a partition it waits for the id registry and the catalog):
+        // then commands on keys answer `-LOADING` until it has.
+        let starting = Node::start(cfg, transport.clone(), Some(catalog));
+        tokio::pin!(starting);
+        let (node, loading) = match &resp {
+            Some(resp) => tokio::select! {
+                node = &mut starting => (node?, None),
+                () = tokio::time::sleep(RESP_LOADING_AFTER) => {
+                    tracing::warn!("the node's start takes long: RESP answers -LOADING until it has started");
+                    let lookup = Arc::new(crate::resp::StartingNode::default());
+                    crate::resp::RespServer::start_with(resp, lookup.clone(), max_batch).await?;
+                    (starting.await?, Some(lookup))
+                }
+            },
+            None => (starting.await?, None),
+        };
         if serve_catalog {
             actix::spawn(catalog_api::serve(node.clone(), transport, catalog_prefix));
         }
-        if let Some(resp) = &resp {
-            crate::resp::RespServer::start_with(resp, Arc::new(node.clone()), max_batch).await?;
+        match (&resp, loading) {
+            (_, Some(lookup)) => lookup.started(node.clone()),
+            (Some(resp), None) => {
+                crate::resp::RespServer::start_with(resp, Arc::new(node.clone()), max_batch)
+                    .await?;
+            }
+            (None, None) => {}
         }
         let signal = signals.recv().await;
         tracing::info!(signal, "shutting down: final snapshots, draining NATS");

@@ -213,6 +213,82 @@ pub trait FilterLookup: Send + Sync + 'static {
         let _ = name;
         Err(FIXED_FILTERS.to_string())
     }
+
+    /// Whether the filters are not known yet (a node still starting): commands on keys are
+    /// answered `-LOADING`.
+    fn loading(&self) -> bool {
+        false
+    }
+}
+
+/// The answer to a command on keys while the node starts.
+const LOADING: &str = "LOADING crpf is starting (claiming its replica id, following the filter catalog); try again in a moment";
+
+/// The filters of a node that is still starting: none (every command on keys answers
+/// `-LOADING`) until [`StartingNode::started`] hands over the node, then the node's.
+#[derive(Default)]
+pub struct StartingNode {
+    node: std::sync::OnceLock<crate::node::Node>,
+}
+
+impl StartingNode {
+    /// The node has started: its filters are served from now on.
+    pub fn started(&self, node: crate::node::Node) {
+        let _ = self.node.set(node);
+    }
+}
+
+impl FilterLookup for StartingNode {
+    fn filter(&self, name: &[u8]) -> Option<ReplicaHandle> {
+        FilterLookup::filter(self.node.get()?, name)
+    }
+
+    fn with_filter(&self, name: &[u8], f: &mut dyn FnMut(&ReplicaHandle)) {
+        if let Some(node) = self.node.get() {
+            FilterLookup::with_filter(node, name, f)
+        }
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.node.get().map(FilterLookup::names).unwrap_or_default()
+    }
+
+    fn create(
+        &self,
+        name: String,
+        spec: crate::FilterSpec,
+    ) -> BoxFuture<'static, Result<bool, String>> {
+        match self.node.get() {
+            Some(node) => FilterLookup::create(node, name, spec),
+            None => Box::pin(async { Err(LOADING.to_string()) }),
+        }
+    }
+
+    fn filter_count(&self) -> usize {
+        self.node.get().map_or(0, FilterLookup::filter_count)
+    }
+
+    fn spec(&self, name: &str) -> Option<crate::FilterSpec> {
+        FilterLookup::spec(self.node.get()?, name)
+    }
+
+    fn drop_filter(&self, name: String) -> BoxFuture<'static, Result<bool, String>> {
+        match self.node.get() {
+            Some(node) => FilterLookup::drop_filter(node, name),
+            None => Box::pin(async { Err(LOADING.to_string()) }),
+        }
+    }
+
+    fn may_drop(&self, name: &str) -> Result<(), String> {
+        match self.node.get() {
+            Some(node) => FilterLookup::may_drop(node, name),
+            None => Err(LOADING.to_string()),
+        }
+    }
+
+    fn loading(&self) -> bool {
+        self.node.get().is_none()
+    }
 }
 
 /// The refusal of a lookup without a catalog.
@@ -887,6 +963,28 @@ impl Session<'_> {
             if !allowed.iter().any(|a| name.eq_ignore_ascii_case(a)) {
                 let refused = Reply::Error("NOAUTH Authentication required.".into());
                 return Some(self.ready(refused, bytes));
+            }
+        }
+        // A node whose start takes long (claiming its id, following the catalog: minutes
+        // inside a partition) serves the connection's own commands and answers the others as
+        // Redis does while it loads.
+        if server.filters.loading() {
+            let name = args.arg(0);
+            let allowed = [
+                &b"PING"[..],
+                b"ECHO",
+                b"AUTH",
+                b"HELLO",
+                b"QUIT",
+                b"INFO",
+                b"CLIENT",
+                b"COMMAND",
+                b"SELECT",
+                b"RESET",
+            ];
+            if !allowed.iter().any(|a| name.eq_ignore_ascii_case(a)) {
+                let loading = Reply::Error(LOADING.into());
+                return Some(self.ready(loading, bytes));
             }
         }
         // The commonest commands first, without a request (see `hot`); in order only when
