@@ -351,10 +351,13 @@ impl Bench {
         }
     }
 
-    /// Waits for the process to die by itself (an armed point).
-    async fn died(life: &mut Life, what: &str) -> ExitStatus {
+    /// Waits for the process to die by itself (an armed point), adding meanwhile if `adding`.
+    async fn death(&mut self, life: &mut Life, what: &str, adding: bool) -> ExitStatus {
         let deadline = Instant::now() + REACH;
         loop {
+            if adding {
+                self.round(life).await;
+            }
             if let Some(status) = life.exited() {
                 return status;
             }
@@ -364,25 +367,8 @@ impl Bench {
                 life.name,
                 life.proc.log_tail()
             );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Adds until the process dies.
-    async fn adds_until_death(&mut self, life: &mut Life, what: &str) -> ExitStatus {
-        let deadline = Instant::now() + REACH;
-        loop {
-            self.round(life).await;
-            if let Some(status) = life.exited() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{}: {what} not reached in {REACH:?}\n{}",
-                life.name,
-                life.proc.log_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            let pause = if adding { 10 } else { 20 };
+            tokio::time::sleep(Duration::from_millis(pause)).await;
         }
     }
 
@@ -422,11 +408,11 @@ impl Bench {
             life.exited().expect("not ready: died")
         } else {
             match case.drive {
-                Drive::Adds => self.adds_until_death(&mut life, &label).await,
+                Drive::Adds => self.death(&mut life, &label, true).await,
                 Drive::Term => {
                     self.rounds(&mut life, 3).await;
                     Self::sigterm(&life);
-                    Self::died(&mut life, &label).await
+                    self.death(&mut life, &label, false).await
                 }
                 Drive::Kill9 => {
                     self.rounds(&mut life, 3).await;
@@ -447,16 +433,16 @@ impl Bench {
                 }
                 Drive::Idle => {
                     self.rounds(&mut life, 2).await;
-                    Self::died(&mut life, &label).await
+                    self.death(&mut life, &label, false).await
                 }
                 Drive::Parked | Drive::ParkedTerm => {
                     self.rounds(&mut life, 2).await;
                     Self::parked(&mut life, 1.0).await;
                     if matches!(case.drive, Drive::Parked) {
-                        self.adds_until_death(&mut life, &label).await
+                        self.death(&mut life, &label, true).await
                     } else {
                         Self::sigterm(&life);
-                        Self::died(&mut life, &label).await
+                        self.death(&mut life, &label, false).await
                     }
                 }
             }
