@@ -1669,9 +1669,15 @@ impl Inner {
                 Ok(_) => {
                     if let Some(dir) = cfg.data_dir.clone() {
                         let recorded = entry.clone();
-                        let written =
-                            tokio::task::spawn_blocking(move || write_entry_file(&dir, &recorded))
-                                .await;
+                        // Written once: a restart finds it there (rewritten, with its syncs,
+                        // at every start, it doubled the start of 10,000 filters).
+                        let written = tokio::task::spawn_blocking(move || {
+                            match read_entry_file(&dir, &recorded.name, recorded.generation) {
+                                Some(kept) if kept == recorded => Ok(()),
+                                _ => write_entry_file(&dir, &recorded),
+                            }
+                        })
+                        .await;
                         if let Ok(Err(e)) = written {
                             tracing::warn!(filter = entry.name, error = %e, "could not record the catalog entry in the filter's data directory");
                         }
