@@ -102,19 +102,27 @@ impl Node {
 
     /// (Re)starts the node signing with `sign` and also accepting `accept`.
     fn start(&mut self, dir: &Path, nats: &str, sign: &Path, accept: &[&Path]) {
-        if let Some(mut p) = self.proc.take() {
-            p.terminate(Duration::from_secs(20));
-        }
         let accept = accept
             .iter()
             .map(|p| format!("{:?}", p.display().to_string()))
             .collect::<Vec<_>>()
             .join(", ");
+        let auth = format!(
+            "auth_key_file = {:?}\nauth_accepted_key_files = [{accept}]",
+            sign.display().to_string()
+        );
+        self.start_with(dir, nats, &auth);
+    }
+
+    /// (Re)starts the node with `auth` as its `[node]` key lines.
+    fn start_with(&mut self, dir: &Path, nats: &str, auth: &str) {
+        if let Some(mut p) = self.proc.take() {
+            p.terminate(Duration::from_secs(20));
+        }
         std::fs::write(
             &self.config,
             format!(
-                "[node]\nmetrics_addr = \"{}\"\nlog = \"warn\"\nauth_key_file = {:?}\n\
-                 auth_accepted_key_files = [{accept}]\n\n\
+                "[node]\nmetrics_addr = \"{}\"\nlog = \"warn\"\n{auth}\n\n\
                  [nats]\nservers = [\"{nats}\"]\n\n[resp]\nlisten = \"{}\"\n\n\
                  [catalog]\nenabled = false\n\n\
                  [[filters]]\nname = \"{FILTER}\"\n\
@@ -122,7 +130,6 @@ impl Node {
                  delta_interval_ms = 20\nanti_entropy_interval_ms = 300\nmin_push_interval_ms = 100\n\
                  catch_up_timeout_ms = 500\n",
                 self.metrics,
-                sign.display().to_string(),
                 self.resp
             ),
         )
@@ -154,6 +161,15 @@ impl Node {
             assert!(Instant::now() < deadline, "{} not ready in 60 s", self.resp);
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The sum of the metric lines starting with `series`.
+    fn metric(&self, series: &str) -> u64 {
+        let (_, body) = http_get(&self.metrics, "/metrics").unwrap();
+        body.lines()
+            .filter(|l| l.starts_with(series))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
     }
 
     fn rejects(&self, reason: &str) -> u64 {
@@ -271,4 +287,53 @@ async fn keys_rotate_node_by_node_without_an_outage() {
         assert_eq!(has.unwrap(), 0);
         n.proc.take().unwrap().terminate(Duration::from_secs(20));
     }
+}
+
+/// A node without the cluster key (`allow_unauthenticated`) beside one with it: it takes the
+/// keyed node's signed frames on their checksum (they reach it), and counts them
+/// (`crpf_unverified_frames_total`) and says so in its log; the keyed node refuses the keyless
+/// node's unsigned frames as `unsigned`, so the keyless node's adds never reach it. Issue 47,
+/// item 8: the keyless node counted nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyless_node_beside_keyed_ones_counts_the_signed_frames_it_cannot_verify() {
+    let server = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let key = keygen(dir.path(), "cluster.key");
+    let mut keyed = Node::new(dir.path(), 0);
+    keyed.start(dir.path(), &server.url(), &key, &[]);
+    let mut keyless = Node::new(dir.path(), 1);
+    keyless.start_with(dir.path(), &server.url(), "allow_unauthenticated = true");
+    let mut from_keyed = keyed.connect().await;
+    let mut from_keyless = keyless.connect().await;
+    assert_eq!(bf(&mut from_keyed, "BF.ADD", "signed").await.unwrap(), 1);
+    assert_eq!(
+        bf(&mut from_keyless, "BF.ADD", "unsigned").await.unwrap(),
+        1
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while bf(&mut from_keyless, "BF.EXISTS", "signed").await.unwrap() == 0
+        || keyless.metric("crpf_unverified_frames_total{") == 0
+        || keyed.rejects("unsigned") == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "unverified {} on the keyless node, unsigned {} on the keyed one",
+            keyless.metric("crpf_unverified_frames_total{"),
+            keyed.rejects("unsigned")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        bf(&mut from_keyed, "BF.EXISTS", "unsigned").await.unwrap(),
+        0
+    );
+    assert_eq!(
+        keyless.rejects("unsigned") + keyless.rejects("bad_signature"),
+        0
+    );
+    let log = std::fs::read_to_string(&keyless.proc.as_ref().unwrap().log).unwrap();
+    assert!(
+        log.contains("took a signed frame without verifying it"),
+        "{log}"
+    );
 }

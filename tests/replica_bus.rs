@@ -918,7 +918,9 @@ async fn replicated_updates_are_never_answered_unconfirmed() {
 /// by a new replica, which issues tags above every tag the old holder may have issued (its
 /// reservation); the old holder, back from its data directory, carries on under another id.
 /// Nothing is lost and no tag is issued twice. A replica whose own id is retired under it
-/// (cut off from the registry) refuses adds.
+/// (cut off from the registry) takes it back by itself and adds above the retirement's floor;
+/// only if another replica took the id first does it refuse adds (issue 47, item 8: it
+/// refused them until a restart).
 #[actix::test]
 async fn gone_replicas_ids_are_retired_and_reused_without_reissuing_a_tag() {
     use crpf::transport::ClaimRecord;
@@ -996,24 +998,85 @@ async fn gone_replicas_ids_are_retired_and_reused_without_reissuing_a_tag() {
     let unique: std::collections::HashSet<_> = dots.iter().collect();
     assert_eq!(unique.len(), dots.len(), "a tag was issued twice");
 
-    // a's id retired under it (as by a replica that could not see a's renewals): a notices
-    // at its next renewal and adds no more; what it has stays readable.
+    // a's id retired under it (as by a replica that could not see a's renewals; here with a
+    // floor far above a's clock, as if a later holder had come and gone): a takes it back at
+    // its next renewal, with no restart, and issues its next tags above the floor.
     let a_id = a.identity().replica;
-    wait_for(|| async {
-        // Compare-and-set: a renewal between the listing and the retirement wins; try again.
-        let entry = claims().await.into_iter().find(|e| e.id == a_id).unwrap();
-        let _ = bus
-            .retire_claim("retire".into(), a_id, entry.revision, 0)
-            .await;
-        a.stats().await.unwrap().id_lost
-    })
-    .await;
+    let a_floor = 10_000;
+    retire(&bus, "retire", a_id, a_floor).await;
+    // (Adds before a's renewal sees the retirement are a's own: below its reservation.)
+    let deadline = std::time::Instant::now() + WAIT;
+    for n in 0.. {
+        let dot = wait_for_ok(|| a.add(format!("taken back {n}")))
+            .await
+            .unwrap();
+        assert_eq!(dot.replica, a_id);
+        dots.push(dot);
+        if dot.counter > a_floor {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not taken back: {dot:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Retired again, and another replica holds the id before a could take it back: a adds
+    // no more (and says so); what it has stays readable.
+    retire(&bus, "retire", a_id, 0).await;
+    let other = Uuid::new_v4();
+    let stolen = bus
+        .claim_replica_id("retire".into(), other, Some(a_id))
+        .await
+        .unwrap();
+    assert_eq!(stolen.id, a_id);
+    wait_for(|| async { a.stats().await.unwrap().id_lost }).await;
     match a.add("after").await {
         Err(ReplicaError::IdRetired { replica }) => assert_eq!(replica, a_id),
         other => panic!("expected IdRetired, got {other:?}"),
     }
-    assert!(a.contains(b"c49"));
+    // It left no claim of its own behind (only a's id, b's and c's ids are in the registry).
+    assert_eq!(claims().await.len(), 3, "{:?}", claims().await);
+    assert!(a.contains(b"c49") && a.contains(b"taken back 0"));
+    let unique: std::collections::HashSet<_> = dots.iter().collect();
+    assert_eq!(unique.len(), dots.len(), "a tag was issued twice");
     stop(&hs).await;
+}
+
+/// Retires `id` of `filter` with `floor`, whatever its holder renews meanwhile (a renewal
+/// between the listing and the compare-and-set wins: try again).
+async fn retire(bus: &InProcessBus, filter: &str, id: crpf::ReplicaId, floor: u64) {
+    loop {
+        let entry = bus
+            .replica_claims(filter.into())
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|e| e.id == id)
+            .unwrap();
+        if bus
+            .retire_claim(filter.into(), id, entry.revision, floor)
+            .await
+            .unwrap()
+        {
+            return;
+        }
+    }
+}
+
+/// Retries `op` until it succeeds (within [`WAIT`]).
+async fn wait_for_ok<T, E: std::fmt::Debug, F: std::future::Future<Output = Result<T, E>>>(
+    mut op: impl FnMut() -> F,
+) -> T {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        match op().await {
+            Ok(t) => return t,
+            Err(e) if std::time::Instant::now() > deadline => panic!("still failing: {e:?}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
 }
 
 #[actix::test]

@@ -1172,6 +1172,20 @@ fn release_freed_heap() {
     });
 }
 
+/// Counts and logs (rate-limited) a signed frame taken without verifying it: this node has no
+/// cluster key, its peers have one (issue 47, item 8: such a node said nothing of it).
+pub(crate) fn unverified(shared: &Shared, limiter: &LogLimiter) {
+    shared.telemetry.unverified();
+    if let Some(suppressed) = limiter.allow("unverified") {
+        tracing::warn!(
+            filter = %shared.name, suppressed,
+            "took a signed frame without verifying it: this node has no cluster key \
+             (allow_unauthenticated) and its peers sign theirs, which refuse this node's \
+             (reason `unsigned`); give it the cluster's key (node.auth_key_file)"
+        );
+    }
+}
+
 /// Counts and logs (rate-limited) a rejected message.
 pub(crate) fn reject(shared: &Shared, limiter: &LogLimiter, e: &WireError) {
     let reason = e.reason();

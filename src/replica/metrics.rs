@@ -41,6 +41,8 @@ pub const MESSAGES: &str = "crpf_messages_total";
 pub const BYTES: &str = "crpf_bytes_total";
 /// Rejected messages, by `reason`.
 pub const REJECTS: &str = "crpf_rejects_total";
+/// Signed replication frames taken without verifying them (a node without the cluster key).
+pub const UNVERIFIED: &str = "crpf_unverified_frames_total";
 /// Messages dropped because the replica's inbound buffer was full.
 pub const DROPPED: &str = "crpf_dropped_messages_total";
 /// Messages from peers that never arrived (gaps in their sequence numbers).
@@ -150,6 +152,10 @@ pub fn describe() {
             "Payload bytes, by direction and channel"
         );
         c!(REJECTS, "Rejected messages, by reason");
+        c!(
+            UNVERIFIED,
+            "Signed replication frames taken without verifying them (this node has no cluster key)"
+        );
         c!(
             DROPPED,
             "Messages dropped because the inbound buffer was full"
@@ -592,6 +598,11 @@ impl Telemetry {
                 Counts::bump(&c.state_bytes_sent, n);
             }
         }
+    }
+
+    /// A signed replication frame taken without verifying it.
+    pub(crate) fn unverified(&self) {
+        self.counter(UNVERIFIED, &[]).increment(1);
     }
 
     /// A replication message rejected, for `reason`.

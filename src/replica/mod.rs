@@ -139,10 +139,11 @@ pub enum ReplicaError {
     #[error("acknowledgement level unavailable: {0}")]
     AckUnavailable(String),
     /// The replica's id was retired while it could not renew its claim (a registry outage
-    /// longer than `retire_after_ms`); it issues no tag under it any more. Nothing was
-    /// applied. Restart the replica: it keeps its data and claims another id.
+    /// longer than `retire_after_ms`); it issues no tag under it until it takes the id back,
+    /// which it tries at every renewal. Nothing was applied; retry. If another replica holds
+    /// the id now (the log says so), restart this one: it keeps its data and claims another.
     #[error(
-        "replica id {replica} was retired while this replica could not renew its claim: restart it to claim a new id"
+        "replica id {replica} was retired while this replica could not renew its claim: it takes the id back once the registry answers (retry); if another replica holds it now, restart this one to claim a new id"
     )]
     IdRetired {
         /// The lost id.
@@ -414,12 +415,9 @@ impl Replica {
             None => (fresh, Uuid::new_v4(), None, 0, false),
         };
         let (uuid, replica, claim_floor) = match &shared_id {
+            // Also while the node's id is lost: tagged adds wait for it to be taken back
+            // (the floor then rises, and the clock with it before a tag is issued).
             Some(s) => {
-                if s.lost() {
-                    return Err(ReplicaError::IdRetired {
-                        replica: s.identity().replica,
-                    });
-                }
                 let id = s.identity();
                 (id.uuid, id.replica, s.floor())
             }

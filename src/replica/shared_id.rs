@@ -36,7 +36,7 @@ use super::ReplicaError;
 use super::durable::Identity;
 use super::metrics as m;
 use crate::ReplicaId;
-use crate::transport::registry::StaleWatch;
+use crate::transport::registry::{self, StaleWatch, TakeBack};
 use crate::transport::{ClaimEntry, LogLimiter, Renewal, Transport, TransportError};
 
 /// A node's replica id, shared by the replicas it hosts from the catalog, and the task that
@@ -44,7 +44,9 @@ use crate::transport::{ClaimEntry, LogLimiter, Renewal, Transport, TransportErro
 #[derive(Debug)]
 pub struct SharedId {
     identity: Identity,
-    floor: u64,
+    /// Every tag issued under the id by anyone is at or below it; raised when the node takes
+    /// its retired id back.
+    floor: AtomicU64,
     block: u64,
     /// The highest tag timestamp the registry confirmed.
     reserved: AtomicU64,
@@ -96,7 +98,7 @@ impl SharedId {
                 uuid,
                 replica: claim.id,
             },
-            floor: claim.floor,
+            floor: AtomicU64::new(claim.floor),
             block,
             reserved: AtomicU64::new(reserved),
             wanted: AtomicU64::new(reserved),
@@ -114,9 +116,11 @@ impl SharedId {
         self.identity
     }
 
-    /// Every tag issued under the id before this claim is at or below it.
+    /// Every tag issued under the id before this claim (or before the node took it back
+    /// after its retirement) is at or below it: a replica's clock moves up to it before it
+    /// issues a tag.
     pub fn floor(&self) -> u64 {
-        self.floor
+        self.floor.load(Ordering::Acquire)
     }
 
     /// The highest tag timestamp the registry confirmed.
@@ -124,7 +128,8 @@ impl SharedId {
         self.reserved.load(Ordering::Acquire)
     }
 
-    /// The id was retired while the node could not renew it: no more tags under it.
+    /// The id was retired while the node could not renew it and is not taken back (yet, or
+    /// another node holds it): no more tags under it.
     pub fn lost(&self) -> bool {
         self.lost.load(Ordering::Acquire)
     }
@@ -183,7 +188,10 @@ impl SharedId {
                 let _ = tokio::time::timeout(every, wake.notified()).await;
                 let Some(id) = weak.upgrade() else { return };
                 if id.lost() {
-                    return;
+                    // Each round until it is ours again (another node may hold it for good:
+                    // one listing a round is all that costs).
+                    id.take_back(&transport, &limiter).await;
+                    continue;
                 }
                 id.renew(&transport, &mut watch, retire_after, &limiter)
                     .await;
@@ -213,12 +221,12 @@ impl SharedId {
             Ok(Renewal::Lost) => {
                 self.lost.store(true, Ordering::Release);
                 metrics::gauge!(m::ID_LOST, "filter" => m::AGGREGATE_FILTER).set(1.0);
-                tracing::error!(
+                tracing::warn!(
                     replica,
                     "this node's replica id was retired while it could not renew its claim: \
-                     its catalog filters issue no more tags (adds to OR filters fail); \
-                     restart the node to claim a new id"
+                     taking it back above the retirement's floor (adds to OR filters wait)"
                 );
+                self.take_back(transport, limiter).await;
                 return;
             }
             Err(e) => return failed(limiter, "renewing the node's claim", &e),
@@ -255,6 +263,56 @@ impl SharedId {
                 Ok(false) => {}
                 Err(e) => failed(limiter, "retiring a node id", &e),
             }
+        }
+    }
+}
+
+impl SharedId {
+    /// Takes the retired id back (see [`registry::take_back`]): tags go on above the
+    /// retirement's floor, under the same identity, so nothing the replicas wrote changes.
+    async fn take_back(&self, transport: &Arc<dyn Transport>, limiter: &LogLimiter) {
+        let Identity { uuid, replica } = self.identity;
+        let want = self.wanted.load(Ordering::Acquire);
+        match registry::take_back(
+            transport.as_ref(),
+            Self::NAMESPACE,
+            replica,
+            uuid,
+            self.block,
+            want,
+        )
+        .await
+        {
+            Ok(TakeBack::Taken { floor, reserved }) => {
+                // The floor first: a replica that sees the id kept sees the floor too.
+                self.floor.fetch_max(floor, Ordering::AcqRel);
+                self.reserved.fetch_max(reserved, Ordering::AcqRel);
+                self.confirmed.send_if_modified(|r| {
+                    let grew = reserved > *r;
+                    *r = (*r).max(reserved);
+                    grew
+                });
+                self.lost.store(false, Ordering::Release);
+                metrics::gauge!(m::ID_LOST, "filter" => m::AGGREGATE_FILTER).set(0.0);
+                tracing::info!(
+                    replica,
+                    floor,
+                    "took this node's retired replica id back: its catalog filters issue tags \
+                     above the retirement's floor"
+                );
+            }
+            Ok(TakeBack::HeldByOther) => {
+                if let Some(suppressed) = limiter.allow("held_by_other") {
+                    tracing::error!(
+                        replica,
+                        suppressed,
+                        "this node's replica id was retired and another node holds it now: \
+                         its catalog filters issue no tags (adds to OR filters fail); restart \
+                         the node to claim a new id"
+                    );
+                }
+            }
+            Err(e) => failed(limiter, "taking the node's retired id back", &e),
         }
     }
 }
@@ -315,5 +373,65 @@ mod tests {
             .await
             .unwrap();
         assert_ne!(other.identity().replica, again.identity().replica);
+    }
+
+    /// Issue 47, item 8: a node whose id was retired while it was cut off from the registry
+    /// refused tagged adds until a restart. It takes the id back at its next renewal, with a
+    /// floor at or above the retirement's; another node holding it by then keeps it.
+    #[tokio::test]
+    async fn a_retired_node_id_is_taken_back_at_the_next_renewal() {
+        let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+        let ns = || SharedId::NAMESPACE.to_string();
+        let id = SharedId::claim(&bus, Uuid::new_v4(), None, 100)
+            .await
+            .unwrap();
+        let replica = id.identity().replica;
+        let renewals = id.spawn_renewals(bus.clone(), Duration::from_millis(20), Duration::ZERO);
+        let retire = |floor| {
+            let bus = bus.clone();
+            async move {
+                loop {
+                    let e = bus.replica_claims(ns()).await.unwrap()[0];
+                    if bus
+                        .retire_claim(ns(), e.id, e.revision, floor)
+                        .await
+                        .unwrap()
+                    {
+                        return;
+                    }
+                }
+            }
+        };
+        retire(9_000).await;
+        let mut taken = false;
+        for _ in 0..500 {
+            if !id.lost() && id.floor() == 9_000 {
+                taken = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(taken, "lost {}, floor {}", id.lost(), id.floor());
+        assert_eq!(id.identity().replica, replica);
+        assert!(id.reserved() >= 9_100);
+        // Retired again and claimed by another node first: lost, and it stays so.
+        retire(0).await;
+        let other = bus
+            .claim_replica_id(ns(), Uuid::new_v4(), Some(replica))
+            .await
+            .unwrap();
+        assert_eq!(other.id, replica);
+        for _ in 0..500 {
+            if id.lost() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(id.lost());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(id.lost());
+        assert_eq!(bus.replica_claims(ns()).await.unwrap().len(), 1);
+        drop(id);
+        renewals.await.unwrap();
     }
 }

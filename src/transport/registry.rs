@@ -134,6 +134,79 @@ pub(crate) fn pick_id(
         .map(|id| (id, None))
 }
 
+/// What [`take_back`] found of a claimant's lost id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TakeBack {
+    /// Ours again: tags above `floor` (every tag any holder may have issued under it,
+    /// ours included), up to `reserved`, which the registry confirmed.
+    Taken {
+        /// The highest timestamp an earlier holder may have issued.
+        floor: u64,
+        /// The reservation recorded for the claimant.
+        reserved: u64,
+    },
+    /// Another claimant holds it now: tags under it are not ours to issue.
+    HeldByOther,
+}
+
+/// Takes back `id` of `namespace` for `claimant`, whose claim was retired while it could not
+/// renew it (a partition from the registry longer than `retire_after`), recording a
+/// reservation of `block` tags above the retirement's floor (or `want`, if higher).
+///
+/// Why this is safe: the retirement recorded a floor at or above every tag the claimant could
+/// issue, and whoever held the id since issued tags at most up to its own reservation, which
+/// a later retirement's floor covers too; the claimant issues tags above the floor only. An id
+/// held by another is left alone ([`TakeBack::HeldByOther`]); an id claimed in a race is given
+/// back at once, so nothing is left to retire later.
+pub(crate) async fn take_back(
+    registry: &dyn super::IdRegistry,
+    namespace: &str,
+    id: ReplicaId,
+    claimant: Uuid,
+    block: u64,
+    want: u64,
+) -> Result<TakeBack, super::TransportError> {
+    let claims = registry.replica_claims(namespace.to_string()).await?;
+    let held_by_other = |claims: &[ClaimEntry]| {
+        claims.iter().any(|e| {
+            e.id == id
+                && matches!(e.record, ClaimRecord::Held { .. })
+                && !e.record.held_by(claimant)
+        })
+    };
+    if held_by_other(&claims) {
+        return Ok(TakeBack::HeldByOther);
+    }
+    let claim = registry
+        .claim_replica_id(namespace.to_string(), claimant, Some(id))
+        .await?;
+    if claim.id != id {
+        // Another claimant took it between the listing and the claim: give the id this claim
+        // took back at once (nobody issued a tag under it: the claimant has not).
+        let claims = registry.replica_claims(namespace.to_string()).await?;
+        if let Some(e) = claims
+            .iter()
+            .find(|e| e.id == claim.id && e.record.held_by(claimant))
+        {
+            registry
+                .retire_claim(namespace.to_string(), e.id, e.revision, e.record.floor())
+                .await?;
+        }
+        return Ok(TakeBack::HeldByOther);
+    }
+    let reserved = claim.floor.saturating_add(block).max(want);
+    match registry
+        .renew_claim(namespace.to_string(), id, claimant, reserved)
+        .await?
+    {
+        Renewal::Held => Ok(TakeBack::Taken {
+            floor: claim.floor,
+            reserved,
+        }),
+        Renewal::Lost => Ok(TakeBack::HeldByOther),
+    }
+}
+
 /// Which ids of a registry namespace went unrenewed for long enough to retire: the revision
 /// of each other claim as last seen, and since when it has not changed. Shared by a replica's
 /// own lease and a node's shared id ([`crate::replica::SharedId`]).
@@ -208,6 +281,59 @@ impl StaleWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::{IdRegistry, InProcessBus};
+
+    #[tokio::test]
+    async fn a_retired_id_is_taken_back_above_its_floor_unless_another_holds_it() {
+        let bus = InProcessBus::new();
+        let (me, other) = (Uuid::new_v4(), Uuid::new_v4());
+        let id = bus.claim_replica_id("f".into(), me, None).await.unwrap().id;
+        let revision =
+            |claims: Vec<ClaimEntry>, id| claims.into_iter().find(|e| e.id == id).unwrap().revision;
+        let rev = revision(bus.replica_claims("f".into()).await.unwrap(), id);
+        assert!(bus.retire_claim("f".into(), id, rev, 500).await.unwrap());
+        assert_eq!(
+            take_back(&bus, "f", id, me, 100, 0).await.unwrap(),
+            TakeBack::Taken {
+                floor: 500,
+                reserved: 600
+            }
+        );
+        let claims = bus.replica_claims("f".into()).await.unwrap();
+        assert_eq!(claims.len(), 1);
+        assert_eq!(
+            claims[0].record,
+            ClaimRecord::Held {
+                claimant: me,
+                reserved: 600
+            }
+        );
+        // A replica that asks for more than a block gets it.
+        let rev = revision(claims, id);
+        assert!(bus.retire_claim("f".into(), id, rev, 0).await.unwrap());
+        assert_eq!(
+            take_back(&bus, "f", id, me, 100, 5_000).await.unwrap(),
+            TakeBack::Taken {
+                floor: 600,
+                reserved: 5_000
+            }
+        );
+        // Retired and claimed by another first: left to it, and no claim of ours is left.
+        let rev = revision(bus.replica_claims("f".into()).await.unwrap(), id);
+        assert!(bus.retire_claim("f".into(), id, rev, 0).await.unwrap());
+        let theirs = bus
+            .claim_replica_id("f".into(), other, Some(id))
+            .await
+            .unwrap();
+        assert_eq!(theirs.id, id);
+        assert_eq!(
+            take_back(&bus, "f", id, me, 100, 0).await.unwrap(),
+            TakeBack::HeldByOther
+        );
+        let claims = bus.replica_claims("f".into()).await.unwrap();
+        assert_eq!(claims.len(), 1, "{claims:?}");
+        assert!(claims[0].record.held_by(other));
+    }
 
     fn entry(id: ReplicaId, record: ClaimRecord) -> ClaimEntry {
         ClaimEntry {

@@ -577,6 +577,13 @@ impl WireCodec {
         env.frame(self.keys.as_ref())
     }
 
+    /// Whether it takes `bytes` (a frame it decoded) without verifying its signature: a
+    /// signed frame and no keys to verify it with (a node without the cluster's key beside
+    /// nodes that have it; see [`WireCodec`]).
+    pub fn takes_unverified(&self, bytes: &[u8]) -> bool {
+        self.keys.is_none() && bytes.get(FLAGS_AT).is_some_and(|f| f & FLAG_SIGNED != 0)
+    }
+
     /// Decodes and checks a frame (see [`Envelope::decode`]), verifying its signature if the
     /// codec has keys; never panics.
     pub fn decode(&self, bytes: &[u8]) -> Result<Envelope, WireError> {

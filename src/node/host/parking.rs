@@ -58,21 +58,16 @@ impl Inner {
     }
 
     /// Resumes the parked replica of `name` (or finds it running already): `None` if the node
-    /// does not host it, or cannot run it (its id was retired: no replica of the node can).
+    /// does not host it.
     pub(super) fn resume(&self, name: &str) -> Option<ReplicaHandle> {
         let mut hosted = self.hosted.write().expect("hosted lock");
         let h = hosted.get_mut(name)?;
         if let Some(handle) = h.used() {
             return Some(handle.clone());
         }
+        // Also while the node's id is lost: reads and untagged adds need no id, and tagged
+        // adds are refused (`id_retired`) until the node takes it back.
         let shared_id = self.shared_id.clone()?;
-        if shared_id.lost() {
-            tracing::warn!(
-                filter = name,
-                "a parked filter cannot resume: the node's replica id was retired"
-            );
-            return None;
-        }
         let replication = self.replication.get()?.clone();
         let Slot::Parked(parked) = std::mem::replace(&mut h.replica, Slot::Resuming) else {
             unreachable!("a hosted replica is running or parked outside the lock");

@@ -28,6 +28,11 @@ impl Replica {
         if self.lease.lost() {
             return Err(ReplicaError::IdRetired { replica: self.id() });
         }
+        // Above every tag issued under the id before it was taken back after a retirement.
+        let floor = self.lease.floor();
+        if self.read().clock() < floor {
+            self.write().advance_clock(floor);
+        }
         let clock = self.read().clock();
         let need = clock.saturating_add(n);
         if need > crate::MAX_COUNTER {

@@ -18,7 +18,7 @@ use super::Replica;
 use crate::replica::SharedId;
 use crate::replica::config::ReplicaConfig;
 use crate::replica::metrics as m;
-use crate::transport::registry::StaleWatch;
+use crate::transport::registry::{self, StaleWatch, TakeBack};
 use crate::transport::{ClaimEntry, Renewal, TransportError};
 
 /// How long an import waits for the node to extend its shared id's reservation.
@@ -31,8 +31,12 @@ pub(crate) struct Lease {
     reserved: u64,
     /// A renewal (and a look at the registry) is under way.
     busy: bool,
-    /// The id was retired under this replica: it issues no more tags.
+    /// The id was retired under this replica: it issues no more tags until it takes the id
+    /// back.
     lost: bool,
+    /// Every tag issued under the id by anyone is at or below it (raised by a take-back;
+    /// the start's floor is in the clock already).
+    floor: u64,
     /// Other ids' claims, to retire those gone silent.
     watch: StaleWatch,
     /// The node's id, when the replica issues its tags under it: the node renews it.
@@ -45,9 +49,34 @@ impl Lease {
             reserved,
             busy: false,
             lost: false,
+            floor: 0,
             watch: StaleWatch::default(),
             shared,
         }
+    }
+
+    /// The floor the replica's clock moves up to before it issues a tag (see
+    /// [`crate::transport::registry::take_back`]).
+    pub(super) fn floor(&self) -> u64 {
+        self.shared.as_ref().map_or(self.floor, |s| s.floor())
+    }
+
+    /// Starts taking its own retired id back: whether to (the claim is lost, nothing else
+    /// is under way, and the node does not hold the id). End it with
+    /// [`Lease::renewal_ended`].
+    pub(super) fn begin_take_back(&mut self) -> bool {
+        if self.busy || !self.lost || self.shared.is_some() {
+            return false;
+        }
+        self.busy = true;
+        true
+    }
+
+    /// The id is ours again, with tags above `floor` up to `reserved`.
+    pub(super) fn taken_back(&mut self, floor: u64, reserved: u64) {
+        self.lost = false;
+        self.floor = self.floor.max(floor);
+        self.reserved = self.reserved.max(reserved);
     }
 
     /// The highest tag timestamp the registry confirmed.
@@ -189,8 +218,10 @@ impl Replica {
         Some((want, renewal))
     }
 
-    /// Renews the claim (extending its reservation) and looks for ids to retire.
+    /// Renews the claim (extending its reservation) and looks for ids to retire; takes the
+    /// id back instead if it was retired.
     pub(super) fn renew_lease(&mut self, ctx: &mut Context<Self>) {
+        self.take_back_id(ctx);
         let clock = self.read().clock();
         let tagged = self.expect.kind.tagged();
         let Some(want) = self
@@ -216,6 +247,7 @@ impl Replica {
                 .map(move |(renewal, claims, started), act, ctx| {
                     act.lease.renewal_ended();
                     act.on_renewal(want, renewal);
+                    act.take_back_id(ctx);
                     match claims {
                         Ok(claims) => {
                             // The listing counts every replica held now: those heard from
@@ -236,16 +268,58 @@ impl Replica {
         let lost = self.lease.renewed(want, renewal.as_ref().ok().copied());
         if lost {
             self.telemetry.gauge(m::ID_LOST, &[]).set(1.0);
-            tracing::error!(
+            tracing::warn!(
                 filter = %self.cfg.name,
                 replica = self.id(),
-                "this replica's id was retired while it could not renew its claim: it \
-                 issues no more tags (adds fail); restart it to claim a new id"
+                "this replica's id was retired while it could not renew its claim: taking it \
+                 back above the retirement's floor (adds wait)"
             );
         }
         if let Err(e) = renewal {
             self.lease_failed("renewing the claim", &e);
         }
+    }
+
+    /// Takes its own id back after a retirement (see
+    /// [`crate::transport::registry::take_back`]), if it was lost and nothing else is under
+    /// way: the same identity, tags above the retirement's floor, so nothing written changes.
+    pub(super) fn take_back_id(&mut self, ctx: &mut Context<Self>) {
+        if !self.lease.begin_take_back() {
+            return;
+        }
+        let block = self.cfg.id_lease_block;
+        let want = self.read().clock().saturating_add(block);
+        let (t, ns, id, uuid) = (
+            self.transport.clone(),
+            self.cfg.registry_name(),
+            self.id(),
+            self.uuid(),
+        );
+        let work = async move { registry::take_back(t.as_ref(), &ns, id, uuid, block, want).await };
+        ctx.spawn(work.into_actor(self).map(|r, act, _| {
+            act.lease.renewal_ended();
+            match r {
+                Ok(TakeBack::Taken { floor, reserved }) => {
+                    act.lease.taken_back(floor, reserved);
+                    act.telemetry.gauge(m::ID_LOST, &[]).set(0.0);
+                    tracing::info!(
+                        filter = %act.cfg.name, replica = act.id(), floor,
+                        "took this replica's retired id back: tags go on above the \
+                         retirement's floor"
+                    );
+                }
+                Ok(TakeBack::HeldByOther) => {
+                    if let Some(suppressed) = act.limiter.allow("held_by_other") {
+                        tracing::error!(
+                            filter = %act.cfg.name, replica = act.id(), suppressed,
+                            "this replica's id was retired and another replica holds it now: \
+                             it issues no tags (adds fail); restart it to claim a new id"
+                        );
+                    }
+                }
+                Err(e) => act.lease_failed("taking the retired id back", &e),
+            }
+        }));
     }
 
     pub(super) fn lease_failed(&self, what: &'static str, e: &TransportError) {

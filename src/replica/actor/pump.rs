@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use super::push::{Pace, StatePush};
-use super::{Shared, reject};
+use super::{Shared, reject, unverified};
 use crate::replica::metrics::{Channel, Direction, channel_label};
 use crate::transport::{LogLimiter, Message, MessageStream, Subjects, Transport, TransportEvent};
 use crate::wire::{Envelope, WireCodec, WireError};
@@ -251,7 +251,12 @@ impl ReplicationRouter {
                 reject(shared, &self.limiter, &e);
                 Route::Drop
             }
-            Ok(env) => Route::Actor(Inbound::Replication(Box::new(env), msg.payload.len())),
+            Ok(env) => {
+                if self.codec.takes_unverified(&msg.payload) {
+                    unverified(shared, &self.limiter);
+                }
+                Route::Actor(Inbound::Replication(Box::new(env), msg.payload.len()))
+            }
             Err(e) => {
                 reject(shared, &self.limiter, &e);
                 Route::Drop
