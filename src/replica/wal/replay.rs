@@ -1,0 +1,389 @@
+//! Reading a log back: [`replay`] after a snapshot, and [`quarantine`] for a log that cannot be.
+
+use super::*;
+
+/// What [`replay`] found; hand it to [`WalWriter::start`].
+#[derive(Debug)]
+#[must_use = "start the writer with it"]
+pub struct Replayed {
+    /// Segments read (not counting those skipped as covered by the snapshot).
+    pub segments: usize,
+    /// Records passed to the callback.
+    pub records: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Bytes of a torn tail cut off (0 if the log ended cleanly).
+    pub torn_bytes: u64,
+    /// Whether a torn tail was cut off (a segment removed or truncated).
+    pub torn: bool,
+    /// Damaged regions skipped (a frame or segment header that fails its checksum, not at
+    /// the torn tail): the replay went on at the next frame that checks.
+    pub damaged_regions: u64,
+    /// Their bytes.
+    pub damaged_bytes: u64,
+    pub(super) dir: PathBuf,
+    pub(super) next: u64,
+    pub(super) limits: WalLimits,
+}
+
+/// Replays the log in `dir` (created if missing): passes every record of every segment above
+/// `covered_through`, in order, to `on_record`, after checking that each such segment belongs
+/// to `expected`. Cuts off a torn tail (see the module doc). On an error, the records passed
+/// so far were sound (checksummed); the log should be moved aside ([`quarantine`]).
+pub fn replay(
+    dir: impl Into<PathBuf>,
+    expected: Identity,
+    covered_through: Option<SegmentId>,
+    limits: WalLimits,
+    mut on_record: impl FnMut(&[u8]),
+) -> Result<Replayed, DurableError> {
+    let dir = dir.into();
+    create_dir(&dir)?;
+    let segments = list_segments(&dir)?;
+    // After every segment on disk, and after every segment the snapshot covers: a snapshot
+    // that removed the segments it covers leaves none to count from, and a writer that
+    // started again at 1 appended to segments the next replay skips as covered (acknowledged
+    // `durable` adds lost at the crash after a clean restart).
+    let next = segments
+        .keys()
+        .next_back()
+        .map_or(1, |id| id + 1)
+        .max(covered_through.map_or(1, |c| c.0 + 1));
+    let mut out = Replayed {
+        segments: 0,
+        records: 0,
+        bytes: 0,
+        torn_bytes: 0,
+        torn: false,
+        damaged_regions: 0,
+        damaged_bytes: 0,
+        dir,
+        next,
+        limits,
+    };
+    let last = segments.keys().next_back().copied();
+    for (&id, path) in &segments {
+        if covered_through.is_some_and(|c| id <= c.0) {
+            continue;
+        }
+        out.segments += 1;
+        let scan = Scan {
+            path,
+            id,
+            last: Some(id) == last,
+            expected,
+            limits,
+        };
+        scan.run(&mut out, &mut on_record)?;
+    }
+    if out.torn {
+        sync_dir(&out.dir).map_err(io_err(&out.dir))?;
+    }
+    Ok(out)
+}
+
+/// Moves a log that cannot be replayed aside (kept for inspection): `wal` becomes
+/// `wal.corrupt`, or `wal.corrupt.N` if that exists. Returns the new path.
+pub fn quarantine(dir: &Path) -> Result<PathBuf, DurableError> {
+    let name = dir
+        .file_name()
+        .map_or_else(|| WAL_DIR.into(), |n| n.to_string_lossy().into_owned());
+    let to = (0..)
+        .map(|n| match n {
+            0 => dir.with_file_name(format!("{name}.corrupt")),
+            n => dir.with_file_name(format!("{name}.corrupt.{n}")),
+        })
+        .find(|p| !p.exists())
+        .expect("an unused name");
+    fs::rename(dir, &to).map_err(io_err(dir))?;
+    if let Some(parent) = to.parent() {
+        sync_dir(parent).map_err(io_err(parent))?;
+    }
+    tracing::warn!(from = ?dir, to = ?to, "write-ahead log moved aside");
+    Ok(to)
+}
+
+/// The outcome of reading one frame.
+pub(super) enum Step {
+    /// A sound frame, ending at this offset.
+    Frame(u64),
+    /// The torn tail starts here.
+    Torn,
+    /// A frame that does not check in a way a torn write can explain (a blank or damaged
+    /// header, a wrong body checksum): the torn tail if nothing after it checks, else damage.
+    Unreadable(String),
+}
+
+/// Reads one segment.
+pub(super) struct Scan<'a> {
+    path: &'a Path,
+    id: u64,
+    last: bool,
+    expected: Identity,
+    limits: WalLimits,
+}
+
+impl Scan<'_> {
+    pub(super) fn corrupt(&self, offset: u64, reason: impl std::fmt::Display) -> DurableError {
+        DurableError::Corrupt {
+            path: self.path.to_path_buf(),
+            reason: format!("at byte {offset}: {reason}"),
+        }
+    }
+
+    /// Whether the bytes from `offset` to the end can be the image of one interrupted write:
+    /// only in the last segment, and never more than one frame.
+    pub(super) fn may_be_torn(&self, offset: u64, file_len: u64, extra: usize) -> bool {
+        self.last && file_len - offset <= (extra + FRAME_HEADER + self.limits.max_frame()) as u64
+    }
+
+    pub(super) fn run(
+        &self,
+        out: &mut Replayed,
+        on_record: &mut impl FnMut(&[u8]),
+    ) -> Result<(), DurableError> {
+        let io = io_err(self.path);
+        let file = File::open(self.path).map_err(&io)?;
+        let file_len = file.metadata().map_err(&io)?.len();
+        let mut r = BufReader::with_capacity(1 << 16, file);
+
+        let mut head = [0u8; SEGMENT_HEADER];
+        let got = read_up_to(&mut r, &mut head).map_err(&io)?;
+        // A blank header with nothing sound after it: created, then lost with every frame
+        // written to it (only logged frames can be more than one).
+        let blank = || -> Result<bool, DurableError> {
+            Ok(is_zero(&head)
+                && (self.may_be_torn(0, file_len, SEGMENT_HEADER)
+                    || (self.last
+                        && self
+                            .next_sound_frame(SEGMENT_HEADER as u64, file_len)?
+                            .is_none())))
+        };
+        if got < SEGMENT_HEADER || blank()? {
+            if self.last {
+                // Created, but its first group commit never completed.
+                tracing::warn!(segment = ?self.path, bytes = file_len, "removing a torn write-ahead log segment");
+                fs::remove_file(self.path).map_err(&io)?;
+                out.torn_bytes += file_len;
+                out.torn = true;
+                return Ok(());
+            }
+            return Err(self.corrupt(0, "incomplete or blank segment header"));
+        }
+        match self.check_header(&head) {
+            Ok(()) => {}
+            // A header that fails its own checksum is damage, not another replica's log
+            // (whose header checks, and is refused as foreign): its frames are checksummed
+            // records of this directory's log, kept.
+            Err(e @ DurableError::Corrupt { .. }) if header_damaged(&head) => {
+                tracing::warn!(segment = ?self.path, error = %e, "damaged write-ahead log segment header: skipping it, keeping the frames after it");
+                out.damaged_regions += 1;
+                out.damaged_bytes += SEGMENT_HEADER as u64;
+            }
+            Err(e) => return Err(e),
+        }
+
+        let mut offset = SEGMENT_HEADER as u64;
+        let mut body = Vec::new();
+        while offset < file_len {
+            let (reason, tearable) = match self.frame(&mut r, offset, file_len, &mut body) {
+                Ok(Step::Frame(end)) => {
+                    self.records(&body, offset, out, on_record)?;
+                    offset = end;
+                    continue;
+                }
+                Ok(Step::Torn) => return self.cut(offset, file_len, out),
+                Ok(Step::Unreadable(reason)) => (reason, true),
+                Err(DurableError::Corrupt { reason, .. }) => (reason, false),
+                Err(e) => return Err(e),
+            };
+            let next = self.next_sound_frame(offset + 1, file_len)?;
+            if next.is_none() && tearable && self.last {
+                // Frames written since the last fsync (logged appends), partly written back
+                // before the machine crashed: nothing after them checks.
+                return self.cut(offset, file_len, out);
+            }
+            // Damage in the middle: go on at the next frame that checks.
+            let to = next.unwrap_or(file_len);
+            tracing::warn!(
+                segment = ?self.path, offset, skipped = to - offset, reason,
+                "damaged write-ahead log frame: skipped to the next frame that checks"
+            );
+            out.damaged_regions += 1;
+            out.damaged_bytes += to - offset;
+            offset = to;
+            let mut file = File::open(self.path).map_err(&io)?;
+            std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(offset)).map_err(&io)?;
+            r = BufReader::with_capacity(1 << 16, file);
+        }
+        Ok(())
+    }
+
+    /// Cuts the torn tail off at `offset`.
+    pub(super) fn cut(
+        &self,
+        offset: u64,
+        file_len: u64,
+        out: &mut Replayed,
+    ) -> Result<(), DurableError> {
+        let io = io_err(self.path);
+        let cut = file_len - offset;
+        tracing::warn!(
+            segment = ?self.path, offset, bytes = cut,
+            "cutting a torn write-ahead log tail (never acknowledged, or logged and not synced)"
+        );
+        let f = OpenOptions::new()
+            .write(true)
+            .open(self.path)
+            .map_err(&io)?;
+        f.set_len(offset).map_err(&io)?;
+        f.sync_all().map_err(&io)?;
+        out.torn_bytes += cut;
+        out.torn = true;
+        Ok(())
+    }
+
+    /// Reads the frame at `offset` into `body`.
+    pub(super) fn frame(
+        &self,
+        r: &mut impl Read,
+        offset: u64,
+        file_len: u64,
+        body: &mut Vec<u8>,
+    ) -> Result<Step, DurableError> {
+        let torn = |why: &str| {
+            if self.last {
+                Ok(Step::Torn)
+            } else {
+                Err(self.corrupt(offset, why))
+            }
+        };
+        let remain = file_len - offset;
+        if remain < FRAME_HEADER as u64 {
+            return torn("incomplete frame header");
+        }
+        let mut fh = [0u8; FRAME_HEADER];
+        r.read_exact(&mut fh).map_err(io_err(self.path))?;
+        let len = u32::from_le_bytes(fh[..4].try_into().expect("4 bytes")) as usize;
+        let sum = u64::from_le_bytes(fh[4..12].try_into().expect("8 bytes"));
+        if is_zero(&fh) {
+            // Space a crash left unwritten (never a frame: frames are not empty).
+            return if self.may_be_torn(offset, file_len, 0) {
+                Ok(Step::Torn)
+            } else {
+                Ok(Step::Unreadable(format!("at byte {offset}: empty frame")))
+            };
+        }
+        if frame_check(&fh[..12]) != fh[12..] {
+            return Ok(Step::Unreadable(format!(
+                "at byte {offset}: frame header checksum mismatch"
+            )));
+        }
+        if len == 0 || len > self.limits.max_frame() {
+            return Err(self.corrupt(offset, format_args!("frame of {len} bytes")));
+        }
+        if (FRAME_HEADER + len) as u64 > remain {
+            return torn("incomplete frame");
+        }
+        body.resize(len, 0);
+        r.read_exact(body).map_err(io_err(self.path))?;
+        let end = offset + (FRAME_HEADER + len) as u64;
+        if xxh3_64(body) != sum {
+            return if end == file_len {
+                torn("checksum mismatch")
+            } else {
+                Ok(Step::Unreadable(format!(
+                    "at byte {offset}: checksum mismatch"
+                )))
+            };
+        }
+        Ok(Step::Frame(end))
+    }
+
+    /// The offset of the first frame at or after `from` whose header and body check (the
+    /// frame header's own checksum finds candidates; 1 in 2^32 of random bytes pass it, and
+    /// the body checksum settles those); `None` if there is none before the end.
+    pub(super) fn next_sound_frame(
+        &self,
+        from: u64,
+        file_len: u64,
+    ) -> Result<Option<u64>, DurableError> {
+        let io = io_err(self.path);
+        let mut file = File::open(self.path).map_err(&io)?;
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(from)).map_err(&io)?;
+        let mut rest = Vec::with_capacity((file_len - from) as usize);
+        file.read_to_end(&mut rest).map_err(&io)?;
+        for at in 0..rest.len().saturating_sub(FRAME_HEADER - 1) {
+            let fh = &rest[at..at + FRAME_HEADER];
+            if is_zero(fh) || frame_check(&fh[..12]) != fh[12..] {
+                continue;
+            }
+            let len = u32::from_le_bytes(fh[..4].try_into().expect("4 bytes")) as usize;
+            let sum = u64::from_le_bytes(fh[4..12].try_into().expect("8 bytes"));
+            let body = at + FRAME_HEADER;
+            if len == 0 || len > self.limits.max_frame() || body + len > rest.len() {
+                continue;
+            }
+            if xxh3_64(&rest[body..body + len]) == sum {
+                return Ok(Some(from + at as u64));
+            }
+        }
+        Ok(None)
+    }
+
+    pub(super) fn check_header(&self, h: &[u8; SEGMENT_HEADER]) -> Result<(), DurableError> {
+        let (content, sum) = h.split_at(SEGMENT_HEADER - 8);
+        if &h[..8] != MAGIC {
+            return Err(self.corrupt(0, "not a write-ahead log segment (bad magic)"));
+        }
+        if h[8] != VERSION {
+            return Err(self.corrupt(0, format_args!("segment version {}", h[8])));
+        }
+        if xxh3_64(content).to_le_bytes() != sum {
+            return Err(self.corrupt(0, "segment header checksum mismatch"));
+        }
+        let uuid = Uuid::from_bytes(h[9..25].try_into().expect("16 bytes"));
+        let replica =
+            ReplicaId::from_le_bytes(h[25..25 + REPLICA_BYTES].try_into().expect("replica id"));
+        let at = 25 + REPLICA_BYTES;
+        let id = u64::from_le_bytes(h[at..at + 8].try_into().expect("8 bytes"));
+        if id != self.id {
+            return Err(self.corrupt(0, format_args!("header of segment {id}")));
+        }
+        let found = Identity { uuid, replica };
+        if found != self.expected {
+            return Err(DurableError::ForeignLog {
+                path: self.path.to_path_buf(),
+                found,
+                expected: self.expected,
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) fn records(
+        &self,
+        mut body: &[u8],
+        offset: u64,
+        out: &mut Replayed,
+        on_record: &mut impl FnMut(&[u8]),
+    ) -> Result<(), DurableError> {
+        // The body checked: a bad structure here is a bug or a foreign writer, not a crash.
+        while !body.is_empty() {
+            if body.len() < RECORD_HEADER {
+                return Err(self.corrupt(offset, "truncated record length"));
+            }
+            let (len, rest) = body.split_at(RECORD_HEADER);
+            let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
+            if len > self.limits.max_record() || len > rest.len() {
+                return Err(self.corrupt(offset, format_args!("record of {len} bytes")));
+            }
+            let (record, rest) = rest.split_at(len);
+            on_record(record);
+            out.records += 1;
+            out.bytes += len as u64;
+            body = rest;
+        }
+        Ok(())
+    }
+}
