@@ -1414,3 +1414,136 @@ async fn parked_keys_answer_every_command_as_if_they_never_parked() {
     expect(&mut con, &["CF.EXISTS", "c", "x"], 0).await;
     expect(&mut con, &["EXISTS", "k"], 0).await;
 }
+
+/// What tools and client test harnesses read (issue 49, items 3 and 6): `INFO` carries
+/// `cluster_enabled`, `loading`, `role` and the `Stats` counters with true values; `HELLO` and
+/// `MODULE LIST` name the `bf` module; `CLIENT LIST`/`INFO` show the connections with their
+/// names and protocols, `CLIENT KILL` closes one (the other stays); `ROLE`, `TIME` and
+/// `RANDOMKEY` answer as Redis's do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_read_info_modules_and_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), "tools", "", None, None);
+    let mut con = connect(&node).await;
+    let info: String = run(&mut con, &["INFO"]).await.unwrap();
+    for field in [
+        "cluster_enabled:0",
+        "loading:0",
+        "role:master",
+        "blocked_clients:0",
+        "rejected_connections:0",
+        "module:name=bf,ver=20802",
+    ] {
+        assert!(info.contains(field), "{field} in {info}");
+    }
+    let count = |info: &str, field: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .unwrap_or_else(|| panic!("{field} in {info}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let commands = count(&info, "total_commands_processed");
+    let connections = count(&info, "total_connections_received");
+    assert!(commands >= 3 && connections >= 1, "{info}");
+    let later: String = run(&mut con, &["INFO", "stats"]).await.unwrap();
+    assert!(
+        count(&later, "total_commands_processed") > commands,
+        "{later}"
+    );
+
+    let modules: Vec<std::collections::HashMap<String, Value>> =
+        run(&mut con, &["MODULE", "LIST"]).await.unwrap();
+    assert_eq!(modules.len(), 1);
+    assert_eq!(
+        modules[0].get("name"),
+        Some(&Value::BulkString(b"bf".to_vec()))
+    );
+    assert_eq!(modules[0].get("ver"), Some(&Value::Int(20802)));
+    let hello: std::collections::HashMap<String, Value> =
+        run(&mut con, &["HELLO", "2"]).await.unwrap();
+    assert!(
+        matches!(hello.get("modules"), Some(Value::Array(m)) if m.len() == 1),
+        "{hello:?}"
+    );
+
+    let role: Vec<Value> = run(&mut con, &["ROLE"]).await.unwrap();
+    assert_eq!(role[0], Value::BulkString(b"master".to_vec()));
+    let (secs, micros): (u64, u64) = run(&mut con, &["TIME"]).await.unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(secs.abs_diff(now) <= 5 && micros < 1_000_000);
+    // Three configured filters: RANDOMKEY names one of them.
+    let key: String = run(&mut con, &["RANDOMKEY"]).await.unwrap();
+    assert!(
+        ["bloom", "sessions", "views"].contains(&key.as_str()),
+        "{key}"
+    );
+
+    // Two named connections: each sees both, its own with CLIENT INFO.
+    let _: () = run(&mut con, &["CLIENT", "SETNAME", "first"])
+        .await
+        .unwrap();
+    let mut other = TcpStream::connect(&node.resp).unwrap();
+    other
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    other
+        .write_all(b"HELLO 3 SETNAME second\r\nCLIENT ID\r\n")
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).ends_with("\r\n:") {
+        let n = other.read(&mut buf).unwrap();
+        assert!(n > 0, "closed");
+        seen.extend_from_slice(&buf[..n]);
+        if String::from_utf8_lossy(&seen).contains("\r\n:") {
+            break;
+        }
+    }
+    let list: String = run(&mut con, &["CLIENT", "LIST"]).await.unwrap();
+    let lines: Vec<&str> = list.lines().collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("name=first") && l.contains("resp=2"))
+            && lines
+                .iter()
+                .any(|l| l.contains("name=second") && l.contains("resp=3")),
+        "{list}"
+    );
+    let mine: String = run(&mut con, &["CLIENT", "INFO"]).await.unwrap();
+    assert!(mine.contains("name=first"), "{mine}");
+    let second_id: String = lines
+        .iter()
+        .find(|l| l.contains("name=second"))
+        .and_then(|l| l.split(' ').next()?.strip_prefix("id="))
+        .unwrap()
+        .to_string();
+    let killed: i64 = run(&mut con, &["CLIENT", "KILL", "ID", &second_id])
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    // The other connection is closed; this one stays.
+    let mut rest = Vec::new();
+    let _ = other.read_to_end(&mut rest);
+    let pong: String = run(&mut con, &["PING"]).await.unwrap();
+    assert_eq!(pong, "PONG");
+    let list: String = run(&mut con, &["CLIENT", "LIST"]).await.unwrap();
+    assert!(!list.contains("name=second"), "{list}");
+
+    // A batch larger than the filter takes (`max_batch_items`, 10,000) is refused with an
+    // error and the connection stays (issue 49, item 5: a protocol error closed it).
+    let mut madd = redis::cmd("BF.MADD");
+    madd.arg("bloom");
+    for i in 0..12_000 {
+        madd.arg(format!("item{i}"));
+    }
+    let err = madd.query_async::<Value>(&mut con).await.unwrap_err();
+    assert!(err.to_string().contains("max_batch_items"), "{err}");
+    let pong: String = run(&mut con, &["PING"]).await.unwrap();
+    assert_eq!(pong, "PONG");
+}

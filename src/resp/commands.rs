@@ -297,12 +297,74 @@ pub enum Command {
     Key(KeyCommand),
     /// `CLIENT ID`: the connection's id.
     ClientId,
+    /// `CLIENT LIST [ID id...]`: the connections (all, or those with these ids).
+    ClientList(Option<Vec<u64>>),
+    /// `CLIENT INFO`: this connection, as `CLIENT LIST` shows it.
+    ClientInfo,
+    /// `CLIENT KILL`: close the connections this selects.
+    ClientKill(ClientKill),
     /// `CLIENT SETNAME name`.
     ClientSetName(Bytes),
     /// `CLIENT GETNAME`.
     ClientGetName,
     /// `INFO [section...]`: the sections asked for (lower case), none for the default ones.
     Info(Vec<String>),
+}
+
+/// Which connections `CLIENT KILL` closes: those matching every filter given.
+#[derive(Debug, Default)]
+pub struct ClientKill {
+    /// `ID id`.
+    pub id: Option<u64>,
+    /// `ADDR ip:port` (or the old form's only argument).
+    pub addr: Option<String>,
+    /// `LADDR ip:port`.
+    pub laddr: Option<String>,
+    /// `SKIPME no`: the caller too (by default it is skipped).
+    pub skip_me: bool,
+    /// The old form (`CLIENT KILL ip:port`): answers `OK` or an error, not a count.
+    pub old_form: bool,
+}
+
+/// Parses `CLIENT KILL`'s arguments (after `KILL`).
+fn client_kill(args: &Args) -> Result<ClientKill, Reply> {
+    let n = args.len() - 2;
+    if n == 1 {
+        return Ok(ClientKill {
+            addr: Some(String::from_utf8_lossy(args.arg(2)).into_owned()),
+            skip_me: false,
+            old_form: true,
+            ..Default::default()
+        });
+    }
+    if n == 0 || !n.is_multiple_of(2) {
+        return Err(Reply::err("syntax error"));
+    }
+    let mut kill = ClientKill {
+        skip_me: true,
+        ..Default::default()
+    };
+    for i in (2..args.len()).step_by(2) {
+        let value = String::from_utf8_lossy(args.arg(i + 1)).into_owned();
+        match args.arg(i).to_ascii_uppercase().as_slice() {
+            b"ID" => {
+                kill.id = Some(
+                    value
+                        .parse()
+                        .map_err(|_| Reply::err("client-id should be greater than 0"))?,
+                )
+            }
+            b"ADDR" => kill.addr = Some(value),
+            b"LADDR" => kill.laddr = Some(value),
+            b"SKIPME" => match value.to_ascii_lowercase().as_str() {
+                "yes" => kill.skip_me = true,
+                "no" => kill.skip_me = false,
+                _ => return Err(Reply::err("syntax error")),
+            },
+            _ => return Err(Reply::err("syntax error")),
+        }
+    }
+    Ok(kill)
 }
 
 /// Commands on keys (filters), answered with the node's filter catalog
@@ -367,6 +429,8 @@ pub enum KeyCommand {
     Type(Vec<u8>),
     /// `DBSIZE`: how many filters.
     DbSize,
+    /// `RANDOMKEY`: a filter's name, picked at random (nil if none).
+    RandomKey,
     /// `KEYS pattern`, `SCAN cursor [MATCH pattern] [TYPE type]`: the names matching a glob
     /// pattern.
     Keys {
@@ -586,6 +650,31 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                         Command::Reply(Reply::Simple("OK"))
                     }
                     b"GETNAME" => Command::ClientGetName,
+                    b"LIST" => {
+                        if n == 1 {
+                            Command::ClientList(None)
+                        } else if n >= 3 && arg(1).eq_ignore_ascii_case(b"ID") {
+                            let ids: Result<Vec<u64>, _> = args
+                                .from(3)
+                                .map(|id| String::from_utf8_lossy(id).parse::<u64>())
+                                .collect();
+                            match ids {
+                                Ok(ids) => Command::ClientList(Some(ids)),
+                                Err(_) => Command::Reply(Reply::err("Invalid client ID")),
+                            }
+                        } else {
+                            Command::Reply(Reply::err("syntax error"))
+                        }
+                    }
+                    b"INFO" => {
+                        arity(n == 1)?;
+                        Command::ClientInfo
+                    }
+                    b"KILL" => match client_kill(args) {
+                        Ok(kill) => Command::ClientKill(kill),
+                        Err(refused) => Command::Reply(refused),
+                    },
+                    b"HELP" => Command::Reply(super::introspect::client_help()),
                     _ => Command::Reply(Reply::err(format!(
                         "unknown subcommand '{}'. Try CLIENT HELP.",
                         String::from_utf8_lossy(&sub[..sub.len().min(64)])
@@ -593,6 +682,41 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                 }
             }
             "COMMAND" => Command::Reply(super::introspect::command(args)),
+            // Every node takes writes: to a client it is a master without Redis replicas
+            // (filters replicate among nodes over NATS).
+            "ROLE" => {
+                arity(n == 0)?;
+                Command::Reply(Reply::Array(vec![
+                    Reply::Bulk(Bytes::from_static(b"master")),
+                    Reply::Int(0),
+                    Reply::Array(Vec::new()),
+                ]))
+            }
+            "TIME" => {
+                arity(n == 0)?;
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                Command::Reply(Reply::Array(vec![
+                    Reply::Bulk(Bytes::from(now.as_secs().to_string())),
+                    Reply::Bulk(Bytes::from(now.subsec_micros().to_string())),
+                ]))
+            }
+            "MODULE" => {
+                arity(n >= 1)?;
+                if arg(0).eq_ignore_ascii_case(b"LIST") {
+                    arity(n == 1)?;
+                    Command::Reply(Reply::Array(vec![super::introspect::bf_module()]))
+                } else {
+                    Command::Reply(Reply::err(
+                        "MODULE LOAD/UNLOAD are not supported: crpf's commands are built in",
+                    ))
+                }
+            }
+            "RANDOMKEY" => {
+                arity(n == 0)?;
+                Command::Key(KeyCommand::RandomKey)
+            }
             // Tools (redis-benchmark, redis-cli) read settings at start; none is Redis's here,
             // and none is set over RESP (the node's configuration file holds them).
             "CONFIG" => {

@@ -91,6 +91,10 @@ const COMMANDS: &[Spec] = &[
     spec("scan", -2, &["readonly"], NONE),
     spec("flushdb", -1, &["write"], NONE),
     spec("flushall", -1, &["write"], NONE),
+    spec("randomkey", 1, &["readonly"], NONE),
+    spec("role", 1, ADMIN, NONE),
+    spec("time", 1, ADMIN, NONE),
+    spec("module", -2, ADMIN, NONE),
 ];
 
 fn text(s: &str) -> Reply {
@@ -161,6 +165,55 @@ pub(super) struct Facts {
     pub(super) max_clients: usize,
     /// Filters (keys).
     pub(super) keys: usize,
+    /// Connections accepted since the start (`total_connections_received`).
+    pub(super) connections_received: u64,
+    /// Commands parsed since the start (`total_commands_processed`).
+    pub(super) commands_processed: u64,
+    /// Connections refused at `max_connections` (`rejected_connections`).
+    pub(super) rejected_connections: u64,
+    /// The node is still starting: commands on keys answer `-LOADING`.
+    pub(super) loading: bool,
+}
+
+/// RedisBloom's module version (2.8.2), which clients compare against to tell which
+/// commands and options the server has.
+pub(super) const BF_MODULE_VERSION: i64 = 20802;
+
+/// The `bf` module as `MODULE LIST` and `HELLO` name it: clients ask whether RedisBloom is
+/// loaded. (crpf implements its commands itself; there is no module file.)
+pub(super) fn bf_module() -> Reply {
+    let text = |s: &str| Reply::Bulk(Bytes::copy_from_slice(s.as_bytes()));
+    Reply::Map(vec![
+        (text("name"), text("bf")),
+        (text("ver"), Reply::Int(BF_MODULE_VERSION)),
+        (text("path"), text("crpf (built in)")),
+        (text("args"), Reply::Array(Vec::new())),
+    ])
+}
+
+/// `CLIENT HELP`.
+pub(super) fn client_help() -> Reply {
+    const LINES: [&str; 13] = [
+        "CLIENT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+        "GETNAME",
+        "    Return the name of the current connection.",
+        "ID",
+        "    Return the ID of the current connection.",
+        "INFO",
+        "    Return information about the current client connection.",
+        "KILL <ip:port> | KILL <option> <value> [<option> <value> [...]]",
+        "    Kill connections: options ID <id>, ADDR <ip:port>, LADDR <ip:port>, SKIPME (YES|NO).",
+        "LIST [ID <id> [<id> ...]]",
+        "    Return information about client connections.",
+        "SETNAME <name>",
+        "    Assign the name <name> to the current connection.",
+    ];
+    Reply::Array(
+        LINES
+            .iter()
+            .map(|l| Reply::Bulk(Bytes::copy_from_slice(l.as_bytes())))
+            .collect(),
+    )
 }
 
 /// The process's resident memory, from `/proc/self/statm` (0 where there is none).
@@ -176,11 +229,23 @@ fn resident_bytes() -> u64 {
     pages * 4096
 }
 
-/// `INFO [section...]`: the sections `server`, `clients`, `memory`, `keyspace` and
-/// `modules` (all of them without an argument or with `all`, `default` or `everything`), in
-/// Redis's `field:value` text.
+/// `INFO [section...]`: the sections `server`, `clients`, `memory`, `persistence`, `stats`,
+/// `replication`, `cluster`, `keyspace` and `modules` (all of them without an argument or with
+/// `all`, `default` or `everything`), in Redis's `field:value` text. Only fields whose value
+/// is true of crpf: crpf keeps no RDB or AOF file, replicates over NATS rather than as a
+/// Redis replica, and is no Redis cluster.
 pub(super) fn info_text(sections: &[String], facts: &Facts) -> Reply {
-    const KNOWN: [&str; 5] = ["server", "clients", "memory", "keyspace", "modules"];
+    const KNOWN: [&str; 9] = [
+        "server",
+        "clients",
+        "memory",
+        "persistence",
+        "stats",
+        "replication",
+        "cluster",
+        "keyspace",
+        "modules",
+    ];
     let all = sections.is_empty()
         || sections
             .iter()
@@ -210,6 +275,44 @@ pub(super) fn info_text(sections: &[String], facts: &Facts) -> Reply {
                 out.push_str("# Clients\r\n");
                 out.push_str(&format!("connected_clients:{}\r\n", facts.clients));
                 out.push_str(&format!("maxclients:{}\r\n", facts.max_clients));
+                // No command blocks a connection.
+                out.push_str("blocked_clients:0\r\n");
+            }
+            "persistence" => {
+                out.push_str("# Persistence\r\n");
+                out.push_str(&format!("loading:{}\r\n", u8::from(facts.loading)));
+                // Durability is each filter's write-ahead log and snapshots (`ack`).
+                out.push_str("rdb_bgsave_in_progress:0\r\n");
+                out.push_str("aof_enabled:0\r\n");
+                out.push_str("aof_rewrite_in_progress:0\r\n");
+            }
+            "stats" => {
+                out.push_str("# Stats\r\n");
+                out.push_str(&format!(
+                    "total_connections_received:{}\r\n",
+                    facts.connections_received
+                ));
+                out.push_str(&format!(
+                    "total_commands_processed:{}\r\n",
+                    facts.commands_processed
+                ));
+                out.push_str(&format!(
+                    "rejected_connections:{}\r\n",
+                    facts.rejected_connections
+                ));
+                // No key expires or is evicted.
+                out.push_str("expired_keys:0\r\n");
+                out.push_str("evicted_keys:0\r\n");
+            }
+            "replication" => {
+                out.push_str("# Replication\r\n");
+                // Filters replicate among nodes over NATS, each node a writable peer.
+                out.push_str("role:master\r\n");
+                out.push_str("connected_slaves:0\r\n");
+            }
+            "cluster" => {
+                out.push_str("# Cluster\r\n");
+                out.push_str("cluster_enabled:0\r\n");
             }
             "memory" => {
                 let rss = resident_bytes();
@@ -231,9 +334,10 @@ pub(super) fn info_text(sections: &[String], facts: &Facts) -> Reply {
             "modules" => {
                 out.push_str("# Modules\r\n");
                 // What clients look for to tell RedisBloom's commands are there.
-                out.push_str(
-                    "module:name=bf,ver=20802,api=1,filters=0,usedby=[],using=[],options=[]\r\n",
-                );
+                out.push_str(&format!(
+                    "module:name=bf,ver={BF_MODULE_VERSION},api=1,filters=0,usedby=[],using=[],\
+                     options=[]\r\n"
+                ));
             }
             _ => unreachable!("a known section"),
         }
@@ -274,6 +378,10 @@ mod tests {
             clients: 2,
             max_clients: 10,
             keys: 3,
+            connections_received: 7,
+            commands_processed: 40,
+            rejected_connections: 1,
+            loading: true,
         };
         let Reply::Text(all) = info_text(&[], &facts) else {
             panic!("bulk")
@@ -284,6 +392,14 @@ mod tests {
             "connected_clients:2",
             "db0:keys=3",
             "module:name=bf",
+            // What redis-py's test harness and `redis-cli --stat` read.
+            "cluster_enabled:0",
+            "loading:1",
+            "role:master",
+            "blocked_clients:0",
+            "total_commands_processed:40",
+            "total_connections_received:7",
+            "rejected_connections:1",
         ] {
             assert!(all.contains(line), "{line} in {all}");
         }

@@ -42,7 +42,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt};
@@ -436,6 +436,50 @@ struct Server {
     /// Where it listens and since when (`INFO server`).
     addr: SocketAddr,
     started: Instant,
+    /// Connections accepted, commands parsed and connections refused since the start
+    /// (`INFO stats`).
+    connections_received: std::sync::atomic::AtomicU64,
+    commands_processed: std::sync::atomic::AtomicU64,
+    rejected_connections: std::sync::atomic::AtomicU64,
+    /// The open connections (`CLIENT LIST`, `CLIENT KILL`).
+    clients: std::sync::Mutex<std::collections::BTreeMap<u64, Arc<Client>>>,
+}
+
+/// An open connection, as `CLIENT LIST` shows it.
+struct Client {
+    id: u64,
+    addr: SocketAddr,
+    local: SocketAddr,
+    since: Instant,
+    /// When it last sent something, in milliseconds after `since`.
+    last_read_ms: std::sync::atomic::AtomicU64,
+    name: std::sync::Mutex<Option<Bytes>>,
+    /// 2 or 3.
+    resp: std::sync::atomic::AtomicU8,
+    /// `CLIENT KILL` closes it.
+    kill: tokio::sync::Notify,
+}
+
+impl Client {
+    /// Its line of `CLIENT LIST` (the fields crpf knows; Redis's others are not tracked).
+    fn line(&self, multi: Option<usize>) -> String {
+        use std::sync::atomic::Ordering::Relaxed;
+        let age = self.since.elapsed();
+        let idle = age.saturating_sub(Duration::from_millis(self.last_read_ms.load(Relaxed)));
+        let name = self.name.lock().expect("client name lock").clone();
+        let name = name.map_or_else(String::new, |n| String::from_utf8_lossy(&n).into_owned());
+        format!(
+            "id={} addr={} laddr={} name={name} age={} idle={} flags=N db=0 multi={} \
+             user=default resp={}\n",
+            self.id,
+            self.addr,
+            self.local,
+            age.as_secs(),
+            idle.as_secs(),
+            multi.map_or(-1, |m| m as i64),
+            self.resp.load(Relaxed),
+        )
+    }
 }
 
 /// A running front end: where it listens. It stops when the runtime does.
@@ -487,7 +531,11 @@ impl RespServer {
         let server = Arc::new(Server {
             filters,
             limits: ParseLimits {
-                max_args: max_batch + 16,
+                // No count of arguments is refused below `max_request_bytes` (an argument
+                // takes at least 4 bytes): a parse error closes the connection, so a batch
+                // larger than a filter takes is answered by the filter instead, and the
+                // connection stays (issue 49: `BF.MADD` of 12,000 items closed it).
+                max_args: (cfg.max_request_bytes / 4).max(max_batch + 16),
                 max_request_bytes: cfg.max_request_bytes,
             },
             max_pipeline: cfg.max_pipeline,
@@ -502,6 +550,10 @@ impl RespServer {
             started: Instant::now(),
             commands: metrics::counter!(COMMANDS_TOTAL),
             rejected: |reason| metrics::counter!(REJECTED, "reason" => reason),
+            connections_received: Default::default(),
+            commands_processed: Default::default(),
+            rejected_connections: Default::default(),
+            clients: Default::default(),
         });
         let slots = Arc::new(Semaphore::new(cfg.max_connections));
         tracing::info!(%addr, auth = server.password.is_some(), "serving RESP");
@@ -565,8 +617,14 @@ async fn accept(listener: TcpListener, server: Arc<Server>, slots: Arc<Semaphore
             }
         };
         accepted.increment(1);
+        server
+            .connections_received
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             (server.rejected)("max_connections").increment(1);
+            server
+                .rejected_connections
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let mut out = BytesMut::new();
             Reply::err("max number of clients reached").encode(&mut out);
             tokio::spawn(async move {
@@ -581,7 +639,7 @@ async fn accept(listener: TcpListener, server: Arc<Server>, slots: Arc<Semaphore
             server
                 .connections
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            serve(stream, &server).await;
+            serve(stream, peer, &server).await;
             tracing::debug!(%peer, "RESP connection closed");
             server
                 .connections
@@ -759,6 +817,13 @@ async fn run_key(
                 .map_or("none", |h| redisbloom::type_name(h.kind())),
         ),
         K::DbSize => Reply::Int(lookup.filter_count() as i64),
+        K::RandomKey => {
+            let names = lookup.names();
+            match names.len() {
+                0 => Reply::Null,
+                n => text(names[fastrand::usize(..n)].clone()),
+            }
+        }
         K::Keys {
             pattern,
             scan,
@@ -937,6 +1002,8 @@ struct Session<'a> {
     protocol: Protocol,
     /// The connection's id (`HELLO`'s `id`).
     id: u64,
+    /// How `CLIENT LIST` shows it.
+    client: Arc<Client>,
     /// Its name (`CLIENT SETNAME`, `HELLO ... SETNAME`).
     name: Option<bytes::Bytes>,
     /// Commands queued since `MULTI`.
@@ -981,6 +1048,9 @@ impl Session<'_> {
                 b"COMMAND",
                 b"SELECT",
                 b"RESET",
+                b"ROLE",
+                b"TIME",
+                b"MODULE",
             ];
             if !allowed.iter().any(|a| name.eq_ignore_ascii_case(a)) {
                 let loading = Reply::Error(LOADING.into());
@@ -1133,12 +1203,15 @@ impl Session<'_> {
                 Command::Reply(reply) => Step::Ready(reply),
                 Command::ClientId => Step::Ready(Reply::Int(self.id as i64)),
                 Command::ClientSetName(name) => {
-                    self.name = Some(name);
+                    self.set_name(Some(name));
                     Step::Ready(Reply::Simple("OK"))
                 }
                 Command::ClientGetName => {
                     Step::Ready(self.name.clone().map_or(Reply::Null, Reply::Bulk))
                 }
+                Command::ClientList(ids) => Step::Ready(self.client_list(ids.as_deref())),
+                Command::ClientInfo => Step::Ready(self.client_info()),
+                Command::ClientKill(kill) => Step::Ready(self.client_kill(&kill)),
                 Command::Info(sections) => Step::Ready(self.info(&sections)),
                 // Only the commands above are queued.
                 _ => Step::Ready(Reply::err("not allowed inside a transaction")),
@@ -1174,6 +1247,7 @@ impl Session<'_> {
 
     /// `INFO`'s reply.
     fn info(&self, sections: &[String]) -> Reply {
+        use std::sync::atomic::Ordering::Relaxed;
         let server = self.server;
         introspect::info_text(
             sections,
@@ -1185,8 +1259,72 @@ impl Session<'_> {
                     .load(std::sync::atomic::Ordering::Relaxed),
                 max_clients: server.max_connections,
                 keys: server.filters.filter_count(),
+                connections_received: server.connections_received.load(Relaxed),
+                commands_processed: server.commands_processed.load(Relaxed),
+                rejected_connections: server.rejected_connections.load(Relaxed),
+                loading: server.filters.loading(),
             },
         )
+    }
+
+    /// Names the connection (`CLIENT SETNAME`, `HELLO ... SETNAME`).
+    fn set_name(&mut self, name: Option<Bytes>) {
+        *self.client.name.lock().expect("client name lock") = name.clone();
+        self.name = name;
+    }
+
+    /// `CLIENT LIST [ID id...]`.
+    fn client_list(&self, ids: Option<&[u64]>) -> Reply {
+        let clients: Vec<Arc<Client>> = self
+            .server
+            .clients
+            .lock()
+            .expect("clients lock")
+            .values()
+            .filter(|c| ids.is_none_or(|ids| ids.contains(&c.id)))
+            .cloned()
+            .collect();
+        let mut out = String::new();
+        for c in clients {
+            let multi = (c.id == self.id).then(|| self.multi.as_ref().map(|m| m.queued.len()));
+            out.push_str(&c.line(multi.flatten()));
+        }
+        Reply::Text(Bytes::from(out))
+    }
+
+    /// `CLIENT INFO`.
+    fn client_info(&self) -> Reply {
+        let multi = self.multi.as_ref().map(|m| m.queued.len());
+        Reply::Text(Bytes::from(self.client.line(multi)))
+    }
+
+    /// `CLIENT KILL`: notifies the connections it selects, which close at once.
+    fn client_kill(&self, kill: &commands::ClientKill) -> Reply {
+        let victims: Vec<Arc<Client>> = self
+            .server
+            .clients
+            .lock()
+            .expect("clients lock")
+            .values()
+            .filter(|c| {
+                kill.id.is_none_or(|id| id == c.id)
+                    && kill.addr.as_ref().is_none_or(|a| *a == c.addr.to_string())
+                    && kill
+                        .laddr
+                        .as_ref()
+                        .is_none_or(|a| *a == c.local.to_string())
+                    && !(kill.skip_me && c.id == self.id)
+            })
+            .cloned()
+            .collect();
+        for c in &victims {
+            c.kill.notify_one();
+        }
+        match (kill.old_form, victims.len()) {
+            (true, 0) => Reply::err("No such client"),
+            (true, _) => Reply::Simple("OK"),
+            (false, n) => Reply::Int(n as i64),
+        }
     }
 
     /// A reply answered at once, counted if it refuses.
@@ -1217,7 +1355,7 @@ impl Session<'_> {
             (text("id"), Reply::Int(self.id as i64)),
             (text("mode"), text("standalone")),
             (text("role"), text("master")),
-            (text("modules"), Reply::Array(Vec::new())),
+            (text("modules"), Reply::Array(vec![introspect::bf_module()])),
             (text("crpf"), text(env!("CARGO_PKG_VERSION"))),
         ])
     }
@@ -1330,9 +1468,13 @@ impl Session<'_> {
                     None => {
                         if let Some(p) = protocol {
                             self.protocol = p;
+                            let resp = if p == Protocol::Resp3 { 3 } else { 2 };
+                            self.client
+                                .resp
+                                .store(resp, std::sync::atomic::Ordering::Relaxed);
                         }
                         if name.is_some() {
-                            self.name = name;
+                            self.set_name(name);
                         }
                         self.hello_reply()
                     }
@@ -1347,10 +1489,13 @@ impl Session<'_> {
             Command::Key(_) => unreachable!("run by Session::handle"),
             Command::ClientId => Reply::Int(self.id as i64),
             Command::ClientSetName(name) => {
-                self.name = Some(name);
+                self.set_name(Some(name));
                 Reply::Simple("OK")
             }
             Command::ClientGetName => self.name.clone().map_or(Reply::Null, Reply::Bulk),
+            Command::ClientList(ids) => self.client_list(ids.as_deref()),
+            Command::ClientInfo => self.client_info(),
+            Command::ClientKill(kill) => self.client_kill(&kill),
             Command::Info(sections) => self.info(&sections),
             Command::Multi | Command::Exec | Command::Discard => {
                 unreachable!("answered by Session::handle")
@@ -1358,6 +1503,34 @@ impl Session<'_> {
             Command::Filter(..) => unreachable!("sent by Session::send"),
         };
         self.ready(reply, bytes)
+    }
+}
+
+/// A connection's place in [`Server::clients`], for as long as it is served.
+struct Listed<'a> {
+    server: &'a Server,
+    id: u64,
+}
+
+impl<'a> Listed<'a> {
+    fn new(server: &'a Server, client: Arc<Client>) -> Self {
+        let id = client.id;
+        server
+            .clients
+            .lock()
+            .expect("clients lock")
+            .insert(id, client);
+        Listed { server, id }
+    }
+}
+
+impl Drop for Listed<'_> {
+    fn drop(&mut self) {
+        self.server
+            .clients
+            .lock()
+            .expect("clients lock")
+            .remove(&self.id);
     }
 }
 
@@ -1393,8 +1566,23 @@ const FLUSH_AFTER: Duration = Duration::from_micros(20);
 /// Serves one connection until the client leaves, sends `QUIT`, or breaks the protocol.
 /// Memory is bounded by the commands in progress: at most `max_pipeline` of them, and no
 /// new one parsed while those hold `max_request_bytes` or more.
-async fn serve(stream: TcpStream, server: &Server) {
+async fn serve(stream: TcpStream, peer: SocketAddr, server: &Server) {
+    let local = stream.local_addr().unwrap_or(server.addr);
     let (mut rd, mut wr) = stream.into_split();
+    let id = server
+        .next_id
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let client = Arc::new(Client {
+        id,
+        addr: peer,
+        local,
+        since: Instant::now(),
+        last_read_ms: Default::default(),
+        name: Default::default(),
+        resp: std::sync::atomic::AtomicU8::new(2),
+        kill: Default::default(),
+    });
+    let _listed = Listed::new(server, client.clone());
     let mut session = Session {
         server,
         authenticated: server.password.is_none(),
@@ -1403,9 +1591,8 @@ async fn serve(stream: TcpStream, server: &Server) {
         with_actor: None,
         waiting: None,
         protocol: Protocol::Resp2,
-        id: server
-            .next_id
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        id,
+        client: client.clone(),
         name: None,
         multi: None,
         exec_running: false,
@@ -1485,6 +1672,9 @@ async fn serve(stream: TcpStream, server: &Server) {
             }
         }
         server.commands.increment(parsed);
+        server
+            .commands_processed
+            .fetch_add(parsed, std::sync::atomic::Ordering::Relaxed);
         // Everything answered already goes out in one write.
         let mut answered = false;
         while let Some(Some((reply, bytes, kind, protocol))) = pending.next().now_or_never() {
@@ -1528,9 +1718,19 @@ async fn serve(stream: TcpStream, server: &Server) {
         tokio::select! {
             read = rd.read_buf(&mut input), if reading => match read {
                 Ok(0) => eof = true,
-                Ok(_) => last_read = Instant::now(),
+                Ok(_) => {
+                    last_read = Instant::now();
+                    client.last_read_ms.store(
+                        last_read.duration_since(client.since).as_millis() as u64,
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
+                }
                 Err(_) => return,
             },
+            () = client.kill.notified() => {
+                (server.rejected)("killed").increment(1);
+                return;
+            }
             () = &mut idle, if server.idle_timeout.is_some() => {
                 let due = last_read + idle_timeout;
                 if Instant::now() >= due && pending.is_empty() && !session.blocked() {
