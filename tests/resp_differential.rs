@@ -456,6 +456,7 @@ const SCRIPTS: &[Script] = &[
             ("CF.DEL c a", Same),
             ("CF.DEL c zz", Same),
             ("CF.COUNT c zz", Same),
+            ("CF.INFO c", CrpfEach(b"*16\r\n+Size\r\n:98\r\n+Number of buckets\r\n:250\r\n+Number of filters\r\n:1\r\n+Number of items inserted\r\n:0\r\n+Number of items deleted\r\n:3\r\n+Bucket size\r\n:4\r\n+Expansion rate\r\n:2\r\n+Max iterations\r\n:500\r\n", b"%8\r\n+Size\r\n:98\r\n+Number of buckets\r\n:250\r\n+Number of filters\r\n:1\r\n+Number of items inserted\r\n:0\r\n+Number of items deleted\r\n:3\r\n+Bucket size\r\n:4\r\n+Expansion rate\r\n:2\r\n+Max iterations\r\n:500\r\n", "the same items inserted (0) and deleted (3) as RedisBloom; crpf's cuckoo filters: buckets of 4, 500 kicks, growth 2, its own sizes; RedisBloom answers Size 1080, 512 buckets of 2, expansion 1, 20 iterations")),
             ("CF.DEL", Same),
             ("CF.DEL c", Same),
             ("CF.DEL c a b", Same),

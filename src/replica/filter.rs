@@ -535,6 +535,18 @@ impl AnyFilter {
         }
     }
 
+    /// Entries removed anywhere among the adds this state observed: the dots of its causal
+    /// history less its live entries (`CF.INFO`'s "Number of items deleted"); 0 for the kinds
+    /// without observed removes. The same on every replica once they converge.
+    pub fn removed(&self) -> u64 {
+        let Some(or) = self.inner().observed_remove() else {
+            return 0;
+        };
+        let mut live = 0u64;
+        or.for_each_dot(&mut |_| live += 1);
+        or.history().dot_count().saturating_sub(live)
+    }
+
     /// Current figures.
     pub fn stats(&self) -> FilterStats {
         let (cardinality, capacity, load_factor, estimated_fpr) = self.inner().figures();

@@ -576,8 +576,8 @@ pub fn cf_info(handle: &ReplicaHandle) -> Reply {
         ("Number of buckets", f.capacity / bucket),
         ("Number of filters", f.filters),
         ("Number of items inserted", f.items),
-        // Not kept: a remove anywhere in the cluster is not counted here.
-        ("Number of items deleted", 0),
+        // Removes anywhere in the cluster that this replica's state observed.
+        ("Number of items deleted", handle.read(|f| f.removed())),
         ("Bucket size", bucket),
         ("Expansion rate", expansion),
         ("Max iterations", u64::from(CuckooParams::DEFAULT_MAX_KICKS)),
