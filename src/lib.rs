@@ -66,7 +66,7 @@ pub use crate::core::delta::{
     BloomDelta, CheckRemote, CuckooDelta, DeltaState, OrCuckooDelta, ScOrCuckooDelta, ScalableDelta,
 };
 pub use crate::core::error::FilterError;
-pub use crate::core::go_bloom::{GoBloom, GoBloomParams, GoFormatError};
+pub use crate::core::go_bloom::{GoBloom, GoBloomParams, GoFormat, GoFormatError};
 pub use crate::core::kind::{
     Counted, ExpirySpec, FilterKind, FilterSpec, ImportRoom, ObservedRemove, Occurrence,
     ReplicatedFilter,

@@ -165,3 +165,294 @@ fn filters_round_trip_between_go_and_crpf_in_both_forms() {
     assert!(more.le(&union));
     assert!((0..3_000).all(|i| union.contains(&item("more-", i))));
 }
+
+// ---------------------------------------------------------------- through nodes
+
+mod nats_harness;
+
+use std::time::{Duration, Instant};
+
+use crpf::GoFormat;
+use crpf::client::Client;
+use nats_harness::{NatsServer, Proc, cluster_key_line, crpf, free_port};
+use redis::aio::MultiplexedConnection;
+
+/// A node over `nats` serving RESP; its filters are made by imports (the catalog).
+fn start_node(dir: &Path, name: &str, nats: &str) -> (Proc, String) {
+    let resp = format!("127.0.0.1:{}", free_port());
+    let toml = format!(
+        "[node]\nmetrics_addr = \"127.0.0.1:{}\"\nlog = \"warn\"\n{}\n[nats]\nservers = [\"{nats}\"]\n\
+         \n[resp]\nlisten = \"{resp}\"\n",
+        free_port(),
+        cluster_key_line()
+    );
+    let cfg = dir.join(format!("{name}.toml"));
+    std::fs::write(&cfg, toml).unwrap();
+    let mut proc = Proc::spawn(
+        name,
+        crpf(&["node", "--config", cfg.to_str().unwrap()]),
+        dir.join(format!("{name}.log")),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(&resp).is_err() {
+        proc.assert_running();
+        assert!(Instant::now() < deadline, "{name}: no RESP within 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (proc, resp)
+}
+
+async fn connect(resp: &str) -> MultiplexedConnection {
+    redis::Client::open(format!("redis://{resp}/"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+async fn call(con: &mut MultiplexedConnection, args: &[&[u8]]) -> redis::RedisResult<redis::Value> {
+    let mut cmd = redis::cmd(std::str::from_utf8(args[0]).unwrap());
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query_async(con).await
+}
+
+async fn import(
+    con: &mut MultiplexedConnection,
+    key: &str,
+    format: GoFormat,
+    data: &[u8],
+) -> redis::RedisResult<redis::Value> {
+    call(
+        con,
+        &[
+            b"CRPF.IMPORT",
+            key.as_bytes(),
+            format.name().as_bytes(),
+            data,
+        ],
+    )
+    .await
+}
+
+async fn export(con: &mut MultiplexedConnection, key: &str, format: GoFormat) -> Vec<u8> {
+    match call(
+        con,
+        &[b"CRPF.EXPORT", key.as_bytes(), format.name().as_bytes()],
+    )
+    .await
+    {
+        Ok(redis::Value::BulkString(b)) => b,
+        other => panic!("CRPF.EXPORT {key}: {other:?}"),
+    }
+}
+
+/// `BF.MEXISTS` of `prefix<i>` for `i` in `from..to`, 10,000 a command.
+async fn mexists(
+    con: &mut MultiplexedConnection,
+    key: &str,
+    prefix: &str,
+    from: u64,
+    to: u64,
+) -> Vec<bool> {
+    let mut found = Vec::new();
+    let mut at = from;
+    while at < to {
+        let end = (at + 10_000).min(to);
+        let items: Vec<Vec<u8>> = (at..end).map(|i| item(prefix, i)).collect();
+        let mut args: Vec<&[u8]> = vec![b"BF.MEXISTS", key.as_bytes()];
+        args.extend(items.iter().map(Vec::as_slice));
+        let got: Vec<i64> = redis::from_redis_value(call(con, &args).await.unwrap()).unwrap();
+        found.extend(got.into_iter().map(|b| b == 1));
+        at = end;
+    }
+    found
+}
+
+/// Two Go services' filters, imported on two nodes (over RESP on one, the NATS request API on
+/// the other), converge to their union on both; crpf answers as Go's `Test` does on 100,000
+/// other items; crpf's own adds (`BF.ADD`) export over RESP and NATS, in both formats, to
+/// bytes Go reads with every item in; an import of another `m`/`k` is refused naming both,
+/// and a damaged one loads nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_filters_merge_across_nodes_and_travel_over_resp_and_nats() {
+    if bloomtool().is_none() {
+        return;
+    }
+    let dir = scratch("nodes");
+    let (one, two, three) = (
+        dir.join("one.bin"),
+        dir.join("two.bin"),
+        dir.join("three.bin"),
+    );
+    for (file, prefix) in [(&one, "one-"), (&two, "two-"), (&three, "three-")] {
+        go(&[
+            "make",
+            "10000",
+            "0.01",
+            prefix,
+            "0",
+            "4000",
+            file.to_str().unwrap(),
+        ]);
+    }
+    let (one_bytes, two_json, three_bytes) = (
+        std::fs::read(&one).unwrap(),
+        std::fs::read(dir.join("two.bin.json")).unwrap(),
+        std::fs::read(&three).unwrap(),
+    );
+    let nats = NatsServer::start();
+    let (_a, resp_a) = start_node(&dir, "a", &nats.url());
+    let (_b, resp_b) = start_node(&dir, "b", &nats.url());
+    let mut on_a = connect(&resp_a).await;
+    let ok = import(&mut on_a, "shared", GoFormat::Binary, &one_bytes)
+        .await
+        .unwrap();
+    assert_eq!(ok, redis::Value::Okay);
+    // The second service's filter (its JSON) into node b, once b hosts the filter the
+    // import on a created (before, b would create it itself: the same spec, also fine).
+    let mut on_b_resp = connect(&resp_b).await;
+    let ok = import(&mut on_b_resp, "shared", GoFormat::Json, &two_json)
+        .await
+        .unwrap();
+    assert_eq!(ok, redis::Value::Okay);
+    // A third through the NATS request API (whichever node answers).
+    let nc = async_nats::connect(nats.url()).await.unwrap();
+    let on_b = Client::new(nc, "crpf", "shared").with_timeout(Duration::from_secs(5));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = on_b.import(GoFormat::Binary, three_bytes.clone()).await {
+        assert!(
+            Instant::now() < deadline,
+            "no node took the import over NATS: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Both converge to the union of the two Go filters: Go's Merge, bit for bit.
+    let mut union = GoBloom::from_go_bytes(&one_bytes).unwrap();
+    union
+        .merge_import(&GoBloom::from_go_json(&two_json).unwrap())
+        .unwrap();
+    union
+        .merge_import(&GoBloom::from_go_bytes(&three_bytes).unwrap())
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let a_has = export(&mut on_a, "shared", GoFormat::Binary).await;
+        let b_has = export(&mut on_b_resp, "shared", GoFormat::Binary).await;
+        if a_has == union.to_go_bytes() && b_has == a_has {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the nodes did not converge to the union in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        mexists(&mut on_a, "shared", "one-", 0, 4000)
+            .await
+            .iter()
+            .all(|&b| b)
+    );
+    assert!(
+        mexists(&mut on_a, "shared", "two-", 0, 4000)
+            .await
+            .iter()
+            .all(|&b| b)
+    );
+    assert!(
+        mexists(&mut on_b_resp, "shared", "three-", 0, 4000)
+            .await
+            .iter()
+            .all(|&b| b)
+    );
+    let union_file = dir.join("union.bin");
+    std::fs::write(&union_file, union.to_go_bytes()).unwrap();
+    assert_eq!(
+        mexists(&mut on_a, "shared", "other-", 0, 100_000).await,
+        go_test(&union_file, "other-", 0, 100_000)
+    );
+
+    // crpf's adds go out to Go, over RESP and over NATS, in both formats.
+    for i in 0..500 {
+        let added = call(&mut on_a, &[b"BF.ADD", b"shared", &item("crpf-", i)]).await;
+        assert!(added.is_ok(), "{added:?}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let from_b = loop {
+        let json = export(&mut on_b_resp, "shared", GoFormat::Json).await;
+        let f = GoBloom::from_go_json(&json).unwrap();
+        if (0..500).all(|i| f.contains(&item("crpf-", i))) {
+            break json;
+        }
+        assert!(Instant::now() < deadline, "b did not get a's adds in 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let from_a = export(&mut on_a, "shared", GoFormat::Binary).await;
+    let over_nats = on_b.export(GoFormat::Binary).await.unwrap();
+    assert_eq!(
+        over_nats, from_a,
+        "converged: the same bytes whichever node answers"
+    );
+    for (name, bytes) in [("from-b.json", from_b), ("from-a.bin", from_a)] {
+        let file = dir.join(name);
+        std::fs::write(&file, bytes).unwrap();
+        for prefix in ["crpf-", "one-", "two-", "three-"] {
+            assert!(
+                go_test(&file, prefix, 0, 500).iter().all(|&b| b),
+                "{name} {prefix}"
+            );
+        }
+    }
+
+    // Another m and k: refused, naming both, over RESP and NATS; the filter is unchanged.
+    let small = dir.join("small.bin");
+    go(&[
+        "make",
+        "1000",
+        "0.001",
+        "x-",
+        "0",
+        "10",
+        small.to_str().unwrap(),
+    ]);
+    let small_bytes = std::fs::read(&small).unwrap();
+    let before = export(&mut on_a, "shared", GoFormat::Binary).await;
+    let refused = import(&mut on_a, "shared", GoFormat::Binary, &small_bytes)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("m = 14378, k = 10") && refused.contains("m = 95851, k = 7"),
+        "{refused}"
+    );
+    let refused = on_b
+        .import(GoFormat::Binary, small_bytes.clone())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("m = 14378, k = 10") && refused.contains("m = 95851, k = 7"),
+        "{refused}"
+    );
+    // Damaged: truncated, or a bit set of another length.
+    let mut damaged = one_bytes.clone();
+    damaged[23] ^= 1;
+    for bad in [&one_bytes[..one_bytes.len() - 1], &damaged[..]] {
+        assert!(
+            import(&mut on_a, "shared", GoFormat::Binary, bad)
+                .await
+                .is_err()
+        );
+        assert!(
+            import(&mut on_a, "fresh", GoFormat::Binary, bad)
+                .await
+                .is_err()
+        );
+    }
+    assert_eq!(export(&mut on_a, "shared", GoFormat::Binary).await, before);
+    let exists: i64 =
+        redis::from_redis_value(call(&mut on_a, &[b"EXISTS", b"fresh"]).await.unwrap()).unwrap();
+    assert_eq!(exists, 0, "a damaged import created no key");
+}

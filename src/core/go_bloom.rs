@@ -170,6 +170,66 @@ impl From<GoFormatError> for FilterError {
     }
 }
 
+/// A format of the Go library in which filters are imported and exported
+/// (`CRPF.IMPORT`/`CRPF.EXPORT`, the request API's `import`/`export`, `crpf inspect`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GoFormat {
+    /// `bits-and-blooms`: the bytes of `WriteTo` / `ReadFrom`.
+    Binary,
+    /// `bits-and-blooms-json`: what `MarshalJSON` / `UnmarshalJSON` write and read.
+    Json,
+}
+
+impl GoFormat {
+    /// Every format, in the order messages list them.
+    pub const ALL: [GoFormat; 2] = [GoFormat::Binary, GoFormat::Json];
+
+    /// Its name in commands and headers.
+    pub fn name(self) -> &'static str {
+        match self {
+            GoFormat::Binary => "bits-and-blooms",
+            GoFormat::Json => "bits-and-blooms-json",
+        }
+    }
+
+    /// The filter in this format.
+    pub fn encode(self, f: &GoBloom) -> Vec<u8> {
+        match self {
+            GoFormat::Binary => f.to_go_bytes(),
+            GoFormat::Json => f.to_go_json().into_bytes(),
+        }
+    }
+
+    /// A filter from this format, whole or not at all.
+    pub fn decode(self, bytes: &[u8]) -> Result<GoBloom, GoFormatError> {
+        match self {
+            GoFormat::Binary => GoBloom::from_go_bytes(bytes),
+            GoFormat::Json => GoBloom::from_go_json(bytes),
+        }
+    }
+}
+
+impl fmt::Display for GoFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for GoFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        GoFormat::ALL
+            .into_iter()
+            .find(|f| f.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                format!(
+                    "unknown format `{s}`: {}",
+                    GoFormat::ALL.map(GoFormat::name).join(", ")
+                )
+            })
+    }
+}
+
 /// The four base hashes of an item (`baseHashes` of the library).
 #[inline]
 pub fn go_base_hashes(item: &[u8]) -> [u64; 4] {
@@ -411,14 +471,21 @@ impl GoBloom {
     /// Merges a filter read from the library's format into this one (an import): refused,
     /// naming both, if its `m` or `k` differs.
     pub fn merge_import(&mut self, other: &GoBloom) -> Result<(), FilterError> {
-        if self.params != other.params {
-            return Err(FilterError::Incompatible(format!(
-                "the imported filter has {}, this one {}: nothing merged",
-                other.params.describe(),
-                self.params.describe()
-            )));
-        }
+        self.check_import(other)?;
         self.merge(other)
+    }
+
+    /// Whether [`GoBloom::merge_import`] takes `other`: the same `m` and `k`, else an error
+    /// naming both.
+    pub fn check_import(&self, other: &GoBloom) -> Result<(), FilterError> {
+        if self.params == other.params {
+            return Ok(());
+        }
+        Err(FilterError::Incompatible(format!(
+            "the imported filter has {}, this one {}: nothing merged",
+            other.params.describe(),
+            self.params.describe()
+        )))
     }
 
     /// The bit array as bytes, little-endian words truncated to `m / 8` rounded up (crpf's own
