@@ -456,3 +456,87 @@ async fn go_filters_merge_across_nodes_and_travel_over_resp_and_nats() {
         redis::from_redis_value(call(&mut on_a, &[b"EXISTS", b"fresh"]).await.unwrap()).unwrap();
     assert_eq!(exists, 0, "a damaged import created no key");
 }
+
+/// A configured `go_bloom` filter with a data directory: a Go filter imported and items added
+/// over RESP survive a stop in its snapshot, and `crpf inspect --export` writes them (both
+/// formats) for Go, whose `Test` finds every one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_exports_a_snapshot_for_go() {
+    if bloomtool().is_none() {
+        return;
+    }
+    let dir = scratch("inspect");
+    let go_file = dir.join("go.bin");
+    go(&[
+        "make",
+        "10000",
+        "0.01",
+        "go-",
+        "0",
+        "2000",
+        go_file.to_str().unwrap(),
+    ]);
+    let data = dir.join("data");
+    let resp = format!("127.0.0.1:{}", free_port());
+    let toml = format!(
+        "[node]\nmetrics_addr = \"127.0.0.1:{}\"\nlog = \"warn\"\ndata_dir = \"{}\"\n\
+         \n[resp]\nlisten = \"{resp}\"\n\n[[filters]]\nname = \"users\"\n\
+         filter = {{ kind = \"go_bloom\", capacity = 10000, fpr = 0.01 }}\n",
+        free_port(),
+        data.display()
+    );
+    let cfg = dir.join("node.toml");
+    std::fs::write(&cfg, toml).unwrap();
+    let mut node = Proc::spawn(
+        "node",
+        crpf(&["node", "--config", cfg.to_str().unwrap()]),
+        dir.join("node.log"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut con = loop {
+        node.assert_running();
+        if std::net::TcpStream::connect(&resp).is_ok() {
+            let mut con = connect(&resp).await;
+            if call(&mut con, &[b"CRPF.STATS", b"users"]).await.is_ok() {
+                break con;
+            }
+        }
+        assert!(Instant::now() < deadline, "users not served within 60 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let go_bytes = std::fs::read(&go_file).unwrap();
+    let ok = import(&mut con, "users", GoFormat::Binary, &go_bytes)
+        .await
+        .unwrap();
+    assert_eq!(ok, redis::Value::Okay);
+    for i in 0..300 {
+        call(&mut con, &[b"BF.ADD", b"users", &item("crpf-", i)])
+            .await
+            .unwrap();
+    }
+    let served = export(&mut con, "users", GoFormat::Binary).await;
+    drop(con);
+    node.terminate(Duration::from_secs(30));
+    for (format, name) in [(GoFormat::Binary, "out.bin"), (GoFormat::Json, "out.json")] {
+        let out_file = dir.join(name);
+        let out = crpf(&[
+            "inspect",
+            data.join("users").to_str().unwrap(),
+            "--export",
+            format.name(),
+            "--out",
+            out_file.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let written = std::fs::read(&out_file).unwrap();
+        assert_eq!(format.decode(&written).unwrap().to_go_bytes(), served);
+        assert!(go_test(&out_file, "go-", 0, 2000).iter().all(|&b| b));
+        assert!(go_test(&out_file, "crpf-", 0, 300).iter().all(|&b| b));
+    }
+}

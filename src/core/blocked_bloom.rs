@@ -222,16 +222,28 @@ impl Lattice for BlockedBloom {
 }
 
 impl Membership for BlockedBloom {
+    /// Bit by bit, leaving at the first clear one: a lookup of an absent item reads about two
+    /// bits of its line, and the few instructions per lookup let the CPU have the cache misses
+    /// of several lookups in flight (building the whole mask first, as an add does, measured
+    /// slower than `g_bloom` at 64 MiB).
     #[inline]
     fn contains(&self, item: &[u8]) -> bool {
-        let (b, mask) = self.locate(item);
-        // All eight words at once, without a branch per bit: one cache line.
-        self.blocks[b]
-            .0
-            .iter()
-            .zip(mask)
-            .fold(0, |missing, (w, m)| missing | (m & !w))
-            == 0
+        let h = hash_item(item, self.params.seed);
+        let block = &self.blocks[reduce(h.hi, self.blocks.len() as u64) as usize].0;
+        let (mut word, mut bits, mut left) = (h.lo, h.lo, 7);
+        for _ in 0..self.params.hashes {
+            if left == 0 {
+                word = remix(word);
+                (bits, left) = (word, 7);
+            }
+            let bit = (bits & (BLOCK_BITS - 1)) as usize;
+            if block[bit >> 6] & (1 << (bit & 63)) == 0 {
+                return false;
+            }
+            bits >>= 9;
+            left -= 1;
+        }
+        true
     }
 
     fn add(&mut self, item: &[u8]) -> Result<(), FilterError> {
