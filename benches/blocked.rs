@@ -1,8 +1,9 @@
 //! Criterion benchmarks of `blocked_bloom` (each item's bits in one 512-bit block) next to
 //! `g_bloom` and `fastbloom` at the same memory and `k`: lookups of 2^20 keys absent from the
 //! filter and of 2^20 present ones, at 1 MiB, 64 MiB and 1 GiB of bits, each filter filled to
-//! its design load (`m ln 2 / k` items: half its bits set); and, printed first, the false
-//! positive rate of each at equal memory, sized for 1%.
+//! its design load (`m ln 2 / k` items: half its bits set), one at a time and as a replica
+//! answers a batch (prefetching the lines of an item a few places ahead); and, printed first,
+//! the false positive rate of each at equal memory, sized for 1%.
 //!
 //! `cargo bench --bench blocked` (`CRPF_BLOCKED_MIB=1,64` for fewer sizes; BENCHMARKS.md).
 
@@ -12,7 +13,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use crpf::{BlockedBloom, BloomParams, GBloom, Membership};
+use crpf::{BlockedBloom, BloomParams, GBloom, Membership, ReplicatedFilter, SharedGBloom};
 
 use common::{FRESH_SEED, KEY_SEED, MAIN_FPR};
 
@@ -39,8 +40,9 @@ fn sizes() -> Vec<u64> {
         .collect()
 }
 
-/// The three filters at `bits` bits and `k = 7`, each with `n` items.
-fn filled(bits: u64, n: u64) -> (GBloom, BlockedBloom, fastbloom::BloomFilter) {
+/// The three filters at `bits` bits and `k = 7`, each with `n` items; `g_bloom` as a replica
+/// holds it (a `SharedGBloom`: the same bits, read with relaxed atomic loads).
+fn filled(bits: u64, n: u64) -> (SharedGBloom, BlockedBloom, fastbloom::BloomFilter) {
     let params = BloomParams {
         bits,
         hashes: K,
@@ -56,7 +58,21 @@ fn filled(bits: u64, n: u64) -> (GBloom, BlockedBloom, fastbloom::BloomFilter) {
         b.add(&k).unwrap();
         f.insert(&k[..]);
     }
-    (g, b, f)
+    (SharedGBloom::from(g), b, f)
+}
+
+/// Lookups as a replica answers a batch (`mcontains`): the lines of the item a few places
+/// ahead are prefetched ([`ReplicatedFilter::prefetch`]), so that misses overlap.
+fn batched<F: ReplicatedFilter>(f: &F, set: &[[u8; 16]]) -> usize {
+    let ahead = f.prefetch_ahead();
+    let mut found = 0;
+    for (i, k) in set.iter().enumerate() {
+        if let Some(next) = set.get(i + ahead) {
+            f.prefetch(next);
+        }
+        found += usize::from(f.contains(k));
+    }
+    found
 }
 
 /// False positive rates at equal memory (1 MiB, sized for 1%: `m / 9.585` items), over
@@ -102,6 +118,8 @@ fn lookups(c: &mut Criterion) {
             grp.bench_function("blocked_bloom", |bch| {
                 bch.iter(|| set.iter().filter(|k| b.contains(&k[..])).count())
             });
+            grp.bench_function("g_bloom_batch", |bch| bch.iter(|| batched(&g, set)));
+            grp.bench_function("blocked_bloom_batch", |bch| bch.iter(|| batched(&b, set)));
             grp.bench_function("fastbloom", |bch| {
                 bch.iter(|| set.iter().filter(|k| f.contains(&k[..])).count())
             });
