@@ -514,6 +514,19 @@ async fn inspect_exports_a_snapshot_for_go() {
             .await
             .unwrap();
     }
+    for (present, want) in [
+        (item("go-", 7), 1),
+        (item("crpf-", 7), 1),
+        (item("none-", 7), 0),
+    ] {
+        let found: i64 = redis::from_redis_value(
+            call(&mut con, &[b"BF.EXISTS", b"users", &present])
+                .await
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(found, want);
+    }
     let served = export(&mut con, "users", GoFormat::Binary).await;
     drop(con);
     node.terminate(Duration::from_secs(30));
