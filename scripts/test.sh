@@ -30,6 +30,10 @@ fi
 while IFS= read -r line; do
   missing+=("$line")
 done < <("$root/scripts/install-redis.sh" --check || true)
+# Go with bits-and-blooms/bloom (tests/go_interop.rs): scripts/install-go.sh says what it needs.
+while IFS= read -r line; do
+  missing+=("$line")
+done < <("$root/scripts/install-go.sh" --check || true)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "scripts/test.sh cannot install what the tests need; missing:" >&2
   printf '  - %s\n' "${missing[@]}" >&2
@@ -87,6 +91,13 @@ if [ -z "${CRPF_REDIS_SERVER:-}" ] || [ -z "${CRPF_REDIS_CLI:-}" ] || [ -z "${CR
   export CRPF_REDIS_SERVER="${CRPF_REDIS_SERVER:-$redis/bin/redis-server}"
   export CRPF_REDIS_CLI="${CRPF_REDIS_CLI:-$redis/bin/redis-cli}"
   export CRPF_REDISBLOOM="${CRPF_REDISBLOOM:-$redis/redisbloom.so}"
+fi
+
+# Go and Debian's package of bits-and-blooms/bloom, for tests/go_interop.rs, which checks
+# that filters travel both ways between crpf's go_bloom kind and the Go library.
+if [ -z "${CRPF_GO:-}" ]; then
+  "$root/scripts/install-go.sh"
+  export CRPF_GO="$(cd "$tools" && pwd -P)/go/bin/go"
 fi
 
 cargo test --release "$@"

@@ -41,7 +41,9 @@ use thiserror::Error;
 
 use crate::ReplicaId;
 use crate::api::batch::{self, BatchError};
-use crate::api::{ACK_HEADER, ERROR_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
+use crate::api::{
+    ACK_HEADER, ERROR_HEADER, FORMAT_HEADER, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat,
+};
 use crate::replica::{AckLevel, ReplicaStats};
 use crate::transport::Subjects;
 
@@ -289,6 +291,35 @@ impl Client {
     /// The answering replica's figures.
     pub async fn stats(&self) -> Result<ReplicaStats, ClientError> {
         self.single(Op::Stats, b"", None).await
+    }
+
+    /// Merges `filter`, in the Go library's `format` ([`crate::GoFormat`]), into the filter
+    /// (a `go_bloom` filter of the same `m` and `k`; others are refused, naming both).
+    pub async fn import(
+        &self,
+        format: crate::GoFormat,
+        filter: impl Into<Bytes>,
+    ) -> Result<(), ClientError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(FORMAT_HEADER, format.name());
+        let reply = self
+            .request(Op::Import, filter.into(), Some(headers))
+            .await?;
+        let value = self.json(Op::Import, &reply)?;
+        let ok = value.get("imported") == Some(&serde_json::Value::Bool(true));
+        self.expect(ok, Op::Import, "no `imported`")
+    }
+
+    /// The filter (`go_bloom`) in the Go library's `format` ([`crate::GoFormat`]).
+    pub async fn export(&self, format: crate::GoFormat) -> Result<Vec<u8>, ClientError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(FORMAT_HEADER, format.name());
+        let reply = self.read(Op::Export, Bytes::new(), Some(headers)).await?;
+        // An error is the one JSON answer with the service API's error header.
+        if header(&reply, crate::replica::service::SERVICE_ERROR_HEADER).is_some() {
+            self.json(Op::Export, &reply)?;
+        }
+        Ok(reply.payload.to_vec())
     }
 
     /// Adds every item in one request, one commit and one acknowledgement at `ack`.

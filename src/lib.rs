@@ -55,6 +55,7 @@ pub mod transport;
 #[cfg(feature = "node")]
 pub mod wire;
 
+pub use crate::core::blocked_bloom::BlockedBloom;
 pub use crate::core::bloom::GBloom;
 pub use crate::core::causal::{CausalContext, Dot, MAX_COUNTER, ReplicaId};
 pub use crate::core::cuckoo::{GCuckoo, OrCuckoo};
@@ -65,6 +66,7 @@ pub use crate::core::delta::{
     BloomDelta, CheckRemote, CuckooDelta, DeltaState, OrCuckooDelta, ScOrCuckooDelta, ScalableDelta,
 };
 pub use crate::core::error::FilterError;
+pub use crate::core::go_bloom::{GoBloom, GoBloomParams, GoFormat, GoFormatError};
 pub use crate::core::kind::{
     Counted, ExpirySpec, FilterKind, FilterSpec, ImportRoom, ObservedRemove, Occurrence,
     ReplicatedFilter,

@@ -317,6 +317,8 @@ trait Target:
 }
 
 impl Target for GBloom {}
+impl Target for crpf::GoBloom {}
+impl Target for crpf::BlockedBloom {}
 impl Target for GCuckoo {}
 impl Target for ScGBloom {}
 impl Target for ScGCuckoo {}
@@ -425,6 +427,26 @@ static GBLOOM: LazyLock<Corpus<GBloom>> = LazyLock::new(|| {
         .unwrap()
     })
 });
+static GO_BLOOM: LazyLock<Corpus<crpf::GoBloom>> = LazyLock::new(|| {
+    corpus(|_| {
+        crpf::GoBloom::new(crpf::GoBloomParams {
+            bits: 300,
+            hashes: 4,
+        })
+        .unwrap()
+    })
+});
+static BLOCKED_BLOOM: LazyLock<Corpus<crpf::BlockedBloom>> = LazyLock::new(|| {
+    corpus(|_| {
+        crpf::BlockedBloom::new(crpf::BloomParams {
+            bits: 1024,
+            hashes: 4,
+            seed: 3,
+            capacity: 60,
+        })
+        .unwrap()
+    })
+});
 static GCUCKOO: LazyLock<Corpus<GCuckoo>> =
     LazyLock::new(|| corpus(|_| GCuckoo::new(cuckoo_params()).unwrap()));
 static ORCUCKOO: LazyLock<Corpus<OrCuckoo>> =
@@ -493,10 +515,40 @@ fn fuzz_delta<T: Target>(c: &Corpus<T>, m: Mutation) {
     }
 }
 
+/// Bytes and JSON in the Go library's formats, mutated: they load whole or not at all (an
+/// accepted input writes back as the same filter), and never panic or allocate past bounds.
+fn fuzz_go_formats(c: &Corpus<crpf::GoBloom>, m: Mutation) {
+    let samples: Vec<Vec<u8>> = c
+        .states
+        .iter()
+        .filter_map(|s| serde_cbor::from_slice::<crpf::GoBloom>(s).ok())
+        .flat_map(|f| [f.to_go_bytes(), f.to_go_json().into_bytes()])
+        .collect();
+    let bytes = mutate(&samples, m);
+    if let Ok(f) = bounded("go bytes", || crpf::GoBloom::from_go_bytes(&bytes)) {
+        assert_eq!(
+            f.to_go_bytes(),
+            bytes,
+            "an accepted input is exactly one filter"
+        );
+        bounded("go merge", || exercise_state(&c.receiver, &f));
+    }
+    if let Ok(f) = bounded("go json", || crpf::GoBloom::from_go_json(&bytes)) {
+        let again = crpf::GoBloom::from_go_json(f.to_go_json().as_bytes()).unwrap();
+        assert_eq!(again, f);
+        bounded("go merge", || exercise_state(&c.receiver, &f));
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test] fn gbloom_state(m in mutation()) { fuzz_state(&GBLOOM, m) }
+    #[test] fn go_bloom_state(m in mutation()) { fuzz_state(&GO_BLOOM, m) }
+    #[test] fn blocked_bloom_state(m in mutation()) { fuzz_state(&BLOCKED_BLOOM, m) }
+    #[test] fn go_bloom_delta(m in mutation()) { fuzz_delta(&GO_BLOOM, m) }
+    #[test] fn blocked_bloom_delta(m in mutation()) { fuzz_delta(&BLOCKED_BLOOM, m) }
+    #[test] fn go_bloom_library_formats(m in mutation()) { fuzz_go_formats(&GO_BLOOM, m) }
     #[test] fn gcuckoo_state(m in mutation()) { fuzz_state(&GCUCKOO, m) }
     #[test] fn orcuckoo_state(m in mutation()) { fuzz_state(&ORCUCKOO, m) }
     #[test] fn sc_gbloom_state(m in mutation()) { fuzz_state(&SC_GBLOOM, m) }

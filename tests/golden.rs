@@ -98,6 +98,16 @@ const GOLDEN: &[(FilterKind, Pin, Pin)] = &[
         (138, 12790225268108971820),
         (32, 16872202562395666680),
     ),
+    (
+        FilterKind::GoBloom,
+        (89, 5897737353335674346),
+        (32, 16324844802407296226),
+    ),
+    (
+        FilterKind::BlockedBloom,
+        (153, 4497529004952945769),
+        (32, 11694283286637457376),
+    ),
 ];
 
 #[test]
@@ -201,3 +211,141 @@ fn snapshot_files_are_stable() {
 
 /// Length and xxh3-64 of the snapshot file of [`snapshot_files_are_stable`].
 const GOLDEN_SNAPSHOT: Pin = (217, 15157655736070611420);
+
+// ---- go_bloom: vectors written by Go's bits-and-blooms/bloom 3.3.1 itself (Debian's
+// ---- golang-github-willf-bloom-dev, `go run tests/go/bloomtool.go golden`).
+
+/// The bits `New(1000, 7).Add(item)` sets, for items of every length from 0 to 33 bytes
+/// (every tail length of the 16-byte murmur3 blocks, where `sum256` appends its byte 1
+/// differently).
+const GO_LOCATIONS: &[(&str, &[u64])] = &[
+    ("", &[0, 233, 493, 726, 832, 970, 986]),
+    ("a", &[105, 365, 450, 713, 801, 842, 863]),
+    ("ab", &[78, 552, 585, 761, 902, 970, 974]),
+    ("abc", &[112, 535, 575, 774, 839, 918, 983]),
+    ("abcd", &[37, 39, 128, 144, 148, 417, 523]),
+    ("abcde", &[16, 740, 742, 864, 900, 902]),
+    ("abcdef", &[9, 95, 429, 503, 563, 787, 811]),
+    ("abcdefg", &[73, 372, 426, 513, 594, 681, 721]),
+    ("abcdefgh", &[154, 322, 414, 697, 745, 760, 890]),
+    ("abcdefghi", &[14, 394, 524, 618, 812, 933, 998]),
+    ("abcdefghij", &[117, 313, 343, 613, 625, 633, 753]),
+    ("abcdefghijk", &[154, 158, 185, 370, 401, 546, 802]),
+    ("abcdefghijkl", &[284, 428, 484, 659, 812, 844, 976]),
+    ("abcdefghijklm", &[35, 155, 467, 699, 723, 907]),
+    ("abcdefghijklmn", &[64, 176, 320, 680, 720, 744, 852]),
+    ("abcdefghijklmno", &[1, 20, 27, 423, 565, 968, 984]),
+    ("abcdefghijklmnop", &[80, 318, 411, 739, 870, 963]),
+    ("abcdefghijklmnopq", &[286, 355, 439, 611, 662, 983, 987]),
+    ("abcdefghijklmnopqr", &[12, 140, 183, 216, 224, 807, 904]),
+    ("abcdefghijklmnopqrs", &[48, 134, 244, 282, 561, 709, 989]),
+    ("abcdefghijklmnopqrst", &[149, 369, 373, 421, 457, 564, 681]),
+    (
+        "abcdefghijklmnopqrstu",
+        &[327, 356, 514, 532, 796, 912, 958],
+    ),
+    (
+        "abcdefghijklmnopqrstuv",
+        &[60, 266, 390, 464, 862, 974, 978],
+    ),
+    ("abcdefghijklmnopqrstuvw", &[4, 8, 310, 454, 799, 842]),
+    (
+        "abcdefghijklmnopqrstuvwx",
+        &[8, 47, 143, 292, 320, 359, 823],
+    ),
+    (
+        "abcdefghijklmnopqrstuvwxy",
+        &[151, 247, 394, 679, 695, 719, 907],
+    ),
+    (
+        "abcdefghijklmnopqrstuvwxyz",
+        &[56, 145, 483, 719, 769, 820, 833],
+    ),
+    (
+        "abcdefghijklmnopqrstuvwxyz0",
+        &[37, 290, 303, 394, 497, 573, 933],
+    ),
+    (
+        "abcdefghijklmnopqrstuvwxyz01",
+        &[17, 321, 353, 383, 389, 612, 803],
+    ),
+    (
+        "abcdefghijklmnopqrstuvwxyz012",
+        &[225, 346, 638, 740, 852, 886, 910],
+    ),
+    (
+        "abcdefghijklmnopqrstuvwxyz0123",
+        &[91, 405, 444, 563, 581, 641, 933],
+    ),
+    (
+        "abcdefghijklmnopqrstuvwxyz01234",
+        &[113, 186, 260, 459, 495, 704, 766],
+    ),
+    (
+        "abcdefghijklmnopqrstuvwxyz012345",
+        &[99, 283, 291, 352, 402, 427, 680],
+    ),
+    (
+        "abcdefghijklmnopqrstuvwxyz0123456",
+        &[84, 264, 390, 420, 448, 732, 772],
+    ),
+];
+
+/// `WriteTo` of `New(1000, 7)` after adding every item of [`GO_LOCATIONS`].
+const GO_WRITE_TO: &str = "00000000000003e8000000000000000700000000000003e8110180a8081353130023020888114201068100004cb3904100900203010000004240801c5c0005108036209b0480008710803cb2482604600082a01800090a45a03a01040090180642020438000402200a8003800048000243020358104b82210090188e9008005204400041c01014834000002000414950000000402d854508";
+
+/// `MarshalJSON` of `New(70, 3)` after `Add("go")`.
+const GO_JSON: &str = r#"{"m":70,"k":3,"b":"AAAAAAAAAEYAAAAACAIIAAAAAAAAAAAA"}"#;
+
+/// `EstimateParameters(n, p)`: `(n, p, m, k)`.
+const GO_ESTIMATES: &[(u64, f64, u64, u32)] = &[
+    (10000, 0.01, 95851, 7),
+    (1000, 0.001, 14378, 10),
+    (1, 0.5, 2, 2),
+    (1000000, 0.0001, 19170117, 14),
+];
+
+#[test]
+fn go_bloom_hashes_sizes_and_writes_as_the_go_library() {
+    use crpf::{GoBloom, GoBloomParams, Lattice, Membership};
+    let params = GoBloomParams {
+        bits: 1000,
+        hashes: 7,
+    };
+    let mut all = GoBloom::new(params).unwrap();
+    for (item, bits) in GO_LOCATIONS {
+        let mut one = GoBloom::new(params).unwrap();
+        one.add(item.as_bytes()).unwrap();
+        let mut set: Vec<u64> = one.locations(item.as_bytes()).collect();
+        set.sort_unstable();
+        set.dedup();
+        assert_eq!(&set, bits, "{item:?}");
+        all.add(item.as_bytes()).unwrap();
+    }
+    let hex: String = all
+        .to_go_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(hex, GO_WRITE_TO);
+    let mut small = GoBloom::new(GoBloomParams {
+        bits: 70,
+        hashes: 3,
+    })
+    .unwrap();
+    small.add(b"go").unwrap();
+    assert_eq!(small.to_go_json(), GO_JSON);
+    assert!(
+        GoBloom::from_go_json(GO_JSON.as_bytes())
+            .unwrap()
+            .equivalent(&small)
+    );
+    for &(n, p, m, k) in GO_ESTIMATES {
+        let est = GoBloomParams::estimate(n, p).unwrap();
+        assert_eq!(
+            (est.bits, est.hashes),
+            (m, k),
+            "EstimateParameters({n}, {p})"
+        );
+    }
+}

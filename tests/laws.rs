@@ -85,6 +85,30 @@ impl Subject for GBloom {
     }
 }
 
+/// `go_bloom`: Go's bits-and-blooms hashing, the same lattice.
+impl Subject for crpf::GoBloom {
+    fn make(_: u16) -> Self {
+        crpf::GoBloom::new(crpf::GoBloomParams {
+            bits: 200,
+            hashes: 3,
+        })
+        .unwrap()
+    }
+}
+
+/// `blocked_bloom`: two 512-bit blocks, so that items share blocks and bits.
+impl Subject for crpf::BlockedBloom {
+    fn make(_: u16) -> Self {
+        crpf::BlockedBloom::new(BloomParams {
+            bits: 1024,
+            hashes: 3,
+            seed: 1,
+            capacity: 40,
+        })
+        .unwrap()
+    }
+}
+
 /// The replica's `g_bloom` (bits shared with lock-free readers): a GBloom's laws.
 impl Subject for crpf::SharedGBloom {
     fn make(_: u16) -> Self {
@@ -481,6 +505,10 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
     #[test] fn gbloom_laws(ops in ops()) { run::<GBloom>(ops) }
     #[test] fn shared_gbloom_laws(ops in ops()) { run::<crpf::SharedGBloom>(ops) }
+    #[test] fn go_bloom_laws(ops in ops()) { run::<crpf::GoBloom>(ops) }
+    #[test] fn blocked_bloom_laws(ops in ops()) { run::<crpf::BlockedBloom>(ops) }
+    #[test] fn go_bloom_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<crpf::GoBloom>(ops, seed, lossy) }
+    #[test] fn blocked_bloom_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<crpf::BlockedBloom>(ops, seed, lossy) }
     #[test] fn gcuckoo_laws(ops in ops()) { run::<GCuckoo>(ops) }
     #[test] fn orcuckoo_laws(ops in ops()) { run::<OrCuckoo>(ops) }
     #[test] fn sc_gbloom_laws(ops in ops()) { run::<ScGBloom>(ops) }

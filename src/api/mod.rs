@@ -35,6 +35,10 @@ pub const ADD_MODE_HEADER: &str = "Crpf-Add-Mode";
 /// there").
 pub const FAILED_HEADER: &str = "Crpf-Failed";
 
+/// Request header of `import` and `export`: the format of the filter, `bits-and-blooms` (the
+/// default: Go's `WriteTo` bytes) or `bits-and-blooms-json` ([`crate::GoFormat`]).
+pub const FORMAT_HEADER: &str = "Crpf-Format";
+
 /// Items a batch holds at most unless configured (`max_batch_items`).
 pub const DEFAULT_MAX_BATCH_ITEMS: usize = 10_000;
 
@@ -60,11 +64,18 @@ pub enum Op {
     Count,
     /// `mcount` (counting kinds): payload a batch; reply `{"count":[N...]}` (JSON only).
     MCount,
+    /// `import` (`go_bloom`): payload a filter in the format of [`FORMAT_HEADER`], merged into
+    /// the replica's; reply `{"imported":true}`. A filter of other `m` or `k` is refused,
+    /// naming both; damaged input loads nothing.
+    Import,
+    /// `export` (`go_bloom`): payload ignored; reply the filter in the format of
+    /// [`FORMAT_HEADER`] (not JSON, unless that format is; an error reply is JSON).
+    Export,
 }
 
 impl Op {
     /// Every operation, in the order error messages list them.
-    pub const ALL: [Op; 9] = [
+    pub const ALL: [Op; 11] = [
         Op::Add,
         Op::Remove,
         Op::Contains,
@@ -74,6 +85,8 @@ impl Op {
         Op::MContains,
         Op::Count,
         Op::MCount,
+        Op::Import,
+        Op::Export,
     ];
 
     /// The subject token.
@@ -88,6 +101,8 @@ impl Op {
             Op::MContains => "mcontains",
             Op::Count => "count",
             Op::MCount => "mcount",
+            Op::Import => "import",
+            Op::Export => "export",
         }
     }
 

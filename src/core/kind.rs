@@ -46,6 +46,12 @@ macro_rules! for_each_filter_kind {
             ExpiringBloom = 9, "expiring_bloom", $crate::core::expiring::ExpiringBloom;
             /// [`crate::CountingCuckoo`]: counting cuckoo filter (CCF), a multiset.
             CountingCuckoo = 10, "counting_cuckoo", $crate::core::cuckoo::CountingCuckoo;
+            /// [`crate::GoBloom`]: grow-only Bloom filter hashing and serializing as Go's
+            /// `bits-and-blooms/bloom` does, so that Go services' filters load and merge.
+            GoBloom = 11, "go_bloom", $crate::core::go_bloom::GoBloom;
+            /// [`crate::BlockedBloom`]: grow-only blocked Bloom filter (each item's bits in
+            /// one 512-bit block), for large filters: one cache miss per lookup.
+            BlockedBloom = 12, "blocked_bloom", $crate::core::blocked_bloom::BlockedBloom;
         }
     };
 }
@@ -212,6 +218,23 @@ pub struct FilterSpec {
     /// one. `capacity` is then the elements added per window, `fpr` the window's.
     #[serde(default)]
     pub expiry: Option<ExpirySpec>,
+    /// `go_bloom` only: its `m` and `k` as given, instead of the estimate for `capacity` and
+    /// `fpr` (what importing a Go service's filter into a new key creates). Absent from the
+    /// encoding when absent, so that every other spec encodes as before.
+    /// Boxed: a spec travels inside the RESP front end's commands, which it would otherwise
+    /// make larger than an error path should carry (absent for every kind but one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Box<BloomShape>>,
+}
+
+/// A Bloom filter's `m` and `k`, as a spec names them ([`FilterSpec::shape`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BloomShape {
+    /// Bits `m`.
+    pub bits: u64,
+    /// Hash functions `k`.
+    pub hashes: u32,
 }
 
 /// How long the elements of an `expiring_bloom` live, in wall-clock time.
@@ -271,6 +294,28 @@ impl FilterSpec {
             fpr,
             seed: None,
             expiry: None,
+            shape: None,
+        }
+    }
+
+    /// A `go_bloom` spec of exactly these `m` and `k` (capacity and error rate as they
+    /// imply: the elements at which `k` is optimal, and the FPR there).
+    pub fn go_bloom(params: crate::GoBloomParams) -> Self {
+        let capacity = params.capacity();
+        let fpr = crate::BloomParams {
+            bits: params.bits,
+            hashes: params.hashes,
+            seed: 0,
+            capacity,
+        }
+        .fpr_after(capacity as f64)
+        .clamp(1e-300, 0.999_999);
+        FilterSpec {
+            shape: Some(Box::new(BloomShape {
+                bits: params.bits,
+                hashes: params.hashes,
+            })),
+            ..FilterSpec::new(FilterKind::GoBloom, capacity, fpr)
         }
     }
 
@@ -307,6 +352,9 @@ impl FilterSpec {
             || CuckooParams::with_capacity(self.capacity, self.fpr).map(|p| p.memory_bytes());
         match self.kind {
             FilterKind::GBloom | FilterKind::ScGBloom | FilterKind::WriterScGBloom => bloom(),
+            FilterKind::BlockedBloom => BloomParams::with_capacity(self.capacity, self.fpr)
+                .and_then(crate::core::blocked_bloom::blocked_params)
+                .map(|p| p.memory_bytes()),
             FilterKind::ExpiringBloom => {
                 let epochs = self.expiry.unwrap_or_default().epochs.max(1);
                 Ok(bloom()?.saturating_mul(u64::from(epochs)))
@@ -318,6 +366,15 @@ impl FilterSpec {
             | FilterKind::WriterScGCuckoo
             | FilterKind::WriterScOrCuckoo
             | FilterKind::CountingCuckoo => cuckoo(),
+            FilterKind::GoBloom => match self.shape.as_deref() {
+                Some(shape) => crate::GoBloomParams {
+                    bits: shape.bits,
+                    hashes: shape.hashes,
+                }
+                .validated(),
+                None => crate::GoBloomParams::estimate(self.capacity, self.fpr),
+            }
+            .map(|p| p.memory_bytes()),
         }
     }
 }

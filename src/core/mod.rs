@@ -2,6 +2,7 @@
 //! The pure CRDT core: filters as state-based CRDTs, their parameters, hashing, estimators
 //! and serialized forms. Synchronous, no I/O.
 
+pub mod blocked_bloom;
 pub mod bloom;
 pub mod causal;
 pub mod codec;
@@ -9,6 +10,7 @@ pub(crate) mod compact;
 pub mod cuckoo;
 pub mod delta;
 pub mod error;
+pub mod go_bloom;
 pub mod hash;
 pub(crate) mod huge_pages;
 pub mod kind;

@@ -18,6 +18,14 @@ pub struct InspectArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Write the filter (a `go_bloom` one) in another library's format to `--out` instead of
+    /// the summary: `bits-and-blooms` (Go's `WriteTo`, what its `ReadFrom` reads) or
+    /// `bits-and-blooms-json` (its `MarshalJSON`).
+    #[arg(long, value_name = "FORMAT", requires = "out")]
+    pub export: Option<crate::GoFormat>,
+    /// Where `--export` writes (`-`: standard output).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -49,6 +57,21 @@ pub fn run_inspect(args: &InspectArgs) -> Result<(), NodeError> {
         .ok_or_else(|| NodeError::Failed(format!("no {SNAPSHOT_FILE} in {}", dir.display())))?;
     let filter = AnyFilter::decode_state(snap.kind, &snap.state)
         .map_err(|e| NodeError::Failed(format!("the snapshot's state does not decode: {e}")))?;
+    if let Some(format) = args.export {
+        let bytes = crate::replica::interop::export(&filter, format)
+            .map_err(|e| NodeError::Failed(e.to_string()))?;
+        let out = args.out.as_deref().unwrap_or(std::path::Path::new("-"));
+        if out == std::path::Path::new("-") {
+            use std::io::Write;
+            std::io::stdout()
+                .write_all(&bytes)
+                .map_err(|e| NodeError::Failed(format!("standard output: {e}")))?;
+        } else {
+            std::fs::write(out, &bytes)
+                .map_err(|e| NodeError::Failed(format!("{}: {e}", out.display())))?;
+        }
+        return Ok(());
+    }
     let report = Report {
         file: dir.join(SNAPSHOT_FILE),
         filter: snap.filter,

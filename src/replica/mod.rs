@@ -50,6 +50,7 @@ pub mod crash;
 pub mod durable;
 mod filter;
 pub(crate) mod group_sync;
+pub mod interop;
 pub mod metrics;
 mod reassembly;
 mod recovery;

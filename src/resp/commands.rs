@@ -15,6 +15,8 @@
 //! | `CF.COUNT` *key item* | `count` | the multiplicity, or the entries matching (OR kinds) |
 //! | `CRPF.STATS` *key* | `stats` | the stats JSON as a bulk string |
 //! | `BF.INFO`, `BF.CARD`, `CF.INFO`, `MEMORY USAGE` | (the replica's state, read directly) | [`super::redisbloom`] |
+//! | `CRPF.IMPORT` *key format data* | (merged into the replica, the key created of the import's `m` and `k` if missing) | `OK`; *format* `bits-and-blooms` (Go's `WriteTo`) or `bits-and-blooms-json` (its `MarshalJSON`) |
+//! | `CRPF.EXPORT` *key format* | (the replica's state, read directly) | the filter in that format, a bulk string |
 //! | `CRPF.ACK` *level* | | `OK`: later updates of this connection wait for `local`, `logged`, `durable` or `replicated` (any [`AckLevel`] by name) |
 //! | `HELLO` \[`2`\|`3` \[`AUTH default` *password*\] \[`SETNAME` *name*\]\] | | the server map; RESP3 after `HELLO 3` |
 //! | `MULTI`, then commands, then `EXEC` or `DISCARD` | each queued command's | `QUEUED` each, then one array of their replies |
@@ -422,6 +424,23 @@ pub enum KeyCommand {
         data: Bytes,
         /// The command's family: `BF.*` (else `CF.*`).
         bloom: bool,
+    },
+    /// `CRPF.IMPORT key format data`: a filter in another library's format merged into the
+    /// key, created of its parameters if it does not exist ([`crate::replica::interop`]).
+    Import {
+        /// The key.
+        name: String,
+        /// The format of `data`.
+        format: crate::GoFormat,
+        /// The filter.
+        data: Bytes,
+    },
+    /// `CRPF.EXPORT key format`: the key's filter in another library's format.
+    Export {
+        /// The key.
+        name: String,
+        /// The format.
+        format: crate::GoFormat,
     },
     /// `EXISTS`: how many of these keys exist (a key named twice counts twice).
     Exists(Vec<Vec<u8>>),
@@ -989,6 +1008,26 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
             "CRPF.RESERVE" => {
                 arity(n >= 4)?;
                 reserve(redisbloom::crpf_reserve(args))
+            }
+            "CRPF.IMPORT" | "CRPF.EXPORT" => {
+                let import = name == "CRPF.IMPORT";
+                arity(n == if import { 3 } else { 2 })?;
+                let format = match String::from_utf8_lossy(arg(1)).parse::<crate::GoFormat>() {
+                    Ok(format) => format,
+                    Err(e) => return Err(Command::Reply(Reply::err(e))),
+                };
+                Command::Key(if import {
+                    KeyCommand::Import {
+                        name: key_name(),
+                        format,
+                        data: single(2),
+                    }
+                } else {
+                    KeyCommand::Export {
+                        name: key_name(),
+                        format,
+                    }
+                })
             }
             "DEL" | "UNLINK" => {
                 arity(n >= 1)?;

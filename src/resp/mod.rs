@@ -788,6 +788,26 @@ async fn run_key(
             }
             restore(&*lookup, name, spec, state).await
         }
+        K::Import { name, format, data } => {
+            use crate::replica::interop;
+            let (spec, state) = match interop::decode(format, &data) {
+                Ok(decoded) => decoded,
+                Err(e) => return Reply::err(format!("the {format} filter does not load: {e}")),
+            };
+            if let Some(h) = lookup.filter(name.as_bytes())
+                && let Err(e) = h.read(|f| interop::check_fits(f, &state))
+            {
+                return Reply::err(format!("not imported into `{name}`: {e}"));
+            }
+            restore(&*lookup, name, spec, state).await
+        }
+        K::Export { name, format } => match lookup.filter(name.as_bytes()) {
+            None => Reply::err("not found"),
+            Some(h) => match h.read(|f| crate::replica::interop::export(f, format)) {
+                Ok(bytes) => Reply::Bulk(bytes::Bytes::from(bytes)),
+                Err(e) => Reply::err(format!("`{name}` not exported: {e}")),
+            },
+        },
         K::Read { name, read, bloom } => {
             use commands::Read as R;
             let handle = lookup.filter(&name);

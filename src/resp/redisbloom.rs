@@ -37,6 +37,8 @@ pub fn is_bloom(kind: FilterKind) -> bool {
             | FilterKind::ScGBloom
             | FilterKind::WriterScGBloom
             | FilterKind::ExpiringBloom
+            | FilterKind::GoBloom
+            | FilterKind::BlockedBloom
     )
 }
 

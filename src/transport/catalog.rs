@@ -391,6 +391,9 @@ pub(crate) fn create_step(name: &str, spec: &FilterSpec, current: Option<Opened>
 }
 
 /// Whether a re-offer of `offered` writes over `current` (opened), else the answer.
+// The answer carries an entry, as large as a spec (which grew by go_bloom's `shape`): a
+// re-offer is rare, its size does not matter.
+#[allow(clippy::result_large_err)]
 pub(crate) fn reoffer_step(
     offered: &CatalogEntry,
     current: Option<Opened>,

@@ -47,6 +47,14 @@ impl ApiReply {
         }
     }
 
+    /// Bytes as they are (`export`: a filter in another library's format).
+    pub(super) fn raw(body: Vec<u8>) -> Self {
+        ApiReply {
+            payload: body.into(),
+            ..Self::fixed(b"")
+        }
+    }
+
     /// A JSON body known at compile time: the single operations' answers, without serializing.
     pub(super) fn fixed(body: &'static [u8]) -> Self {
         ApiReply {

@@ -16,10 +16,10 @@ use super::pump::{API_LINGER, Outbound, Route, forward_stream};
 use super::reads::{Reads, count_reply, query_reply};
 use super::reply::{ApiReply, ApiResponse, ReplyTo, Responder, failure_reply};
 use super::updates::{Applied, Lock};
-use crate::api::Op;
+use crate::api::{FORMAT_HEADER, Op};
 use crate::replica::ReplicaError;
 use crate::replica::ack::AckLevel;
-use crate::replica::metrics::{Channel, Direction};
+use crate::replica::metrics::{Channel, Direction, MergeSource};
 use crate::replica::service::{ApiService, Served};
 use crate::transport::{Message, MessageStream, confirm_subscriptions, subscribe_now};
 
@@ -282,8 +282,30 @@ impl Replica {
                 let f = self.read();
                 Handled::Answer(count_reply(&f, op, msg, self.shared.limits)?)
             }
+            Op::Import | Op::Export => Handled::Answer(self.interop(op, msg)?),
             _ => unreachable!("every operation is handled above"),
         })
+    }
+
+    /// `import` and `export` (issue 51, [`crate::replica::interop`]): an import merges as a
+    /// full state from elsewhere does ([`crate::replica::ReplicaHandle::merge`]).
+    fn interop(&mut self, op: Op, msg: &Message) -> Result<ApiReply, ReplicaError> {
+        use crate::replica::interop;
+        let format = match msg.headers.as_ref().and_then(|h| h.get(FORMAT_HEADER)) {
+            None => crate::GoFormat::Binary,
+            Some(v) => v.as_str().parse().map_err(ReplicaError::InvalidItem)?,
+        };
+        if op == Op::Export {
+            return Ok(ApiReply::raw(interop::export(&self.read(), format)?));
+        }
+        let (_, state) = interop::decode(format, &msg.payload)?;
+        interop::check_fits(&self.read(), &state)?;
+        let t = std::time::Instant::now();
+        let merged = self.write().merge(&state);
+        self.record_merge(MergeSource::Local, t, merged.is_ok());
+        merged?;
+        self.local_change();
+        Ok(ApiReply::fixed(b"{\"imported\":true}"))
     }
 
     /// Answers an update that waited for its acknowledgement level: `body` if it was
