@@ -785,11 +785,17 @@ fn a_node_without_nats_keeps_its_filters_and_key_commands_are_all_or_nothing() {
         node.resp(&["DEL", "tenant1", "nothing"]),
         Ok(redis::Value::Int(1))
     );
-    let kept = dirs_of(&data.join(crpf::node::DROPPED_DIR));
+    // Moved once the replica has stopped, a moment after the reply.
+    let moved = || {
+        let kept = dirs_of(&data.join(crpf::node::DROPPED_DIR));
+        kept.len() == 1 && kept[0].starts_with("tenant1.g")
+    };
     assert!(
-        kept.len() == 1 && kept[0].starts_with("tenant1.g"),
-        "{kept:?}"
+        time_until(Duration::from_secs(10), moved).is_some(),
+        "{:?}",
+        dirs_of(&data.join(crpf::node::DROPPED_DIR))
     );
+    let kept = dirs_of(&data.join(crpf::node::DROPPED_DIR));
     node.proc.terminate(Duration::from_secs(30));
     node.restart();
     node.wait_serving();
