@@ -393,6 +393,19 @@ pub enum KeyCommand {
         /// The add.
         request: Box<Request>,
     },
+    /// A command on a key that did not exist when it was parsed: sent to the key's filter if
+    /// there is one when it runs (a `MULTI` that reserved it before), else answered `missing`.
+    IfFound {
+        /// The key.
+        name: Vec<u8>,
+        /// The command's family (`Some(true)`: `BF.*`, `Some(false)`: `CF.*`, `None`: crpf's
+        /// own), for `WRONGTYPE` and for queries of the other family, which read a missing key.
+        family: Option<bool>,
+        /// The request.
+        request: Box<Request>,
+        /// The answer for a missing key.
+        missing: Reply,
+    },
     /// `DEL` / `UNLINK`: drop these filters; the reply counts those dropped.
     Delete(Vec<String>),
     /// `FLUSHDB` / `FLUSHALL`: drop every filter.
@@ -564,7 +577,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                 request: Box::new(request),
             });
         }
-        Command::Reply(match (family, request.op) {
+        let missing = match (family, request.op) {
             (Some(_), Op::Count) => Reply::Int(0),
             (Some(_), Op::Contains) => Reply::Bool(false),
             (Some(_), Op::MContains) => Reply::Array(vec![Reply::Bool(false); n - 1]),
@@ -578,6 +591,14 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                     String::from_utf8_lossy(&key[..key.len().min(64)])
                 ))
             }
+        };
+        // Looked up again when it runs: in a `MULTI`, a `RESERVE` queued before it may have
+        // made the key (its queries answered as for a missing key).
+        Command::Key(KeyCommand::IfFound {
+            name: arg(0).to_vec(),
+            family,
+            request: Box::new(request),
+            missing,
         })
     };
     // The items from argument `from` (counted after the name) on, in the batch framing.

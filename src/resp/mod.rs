@@ -746,6 +746,33 @@ async fn run_key(
             let answer = commands::send(&handle, &request, ack, true).await;
             answer_reply(answer, request.shape)
         }
+        K::IfFound {
+            name,
+            family,
+            request,
+            missing,
+        } => match lookup.filter(&name) {
+            None => missing,
+            Some(handle) => {
+                let other_family =
+                    family.is_some_and(|bloom| bloom != redisbloom::is_bloom(handle.kind()));
+                let query = matches!(
+                    request.op,
+                    crate::api::Op::Contains
+                        | crate::api::Op::MContains
+                        | crate::api::Op::Count
+                        | crate::api::Op::Remove
+                );
+                match (other_family, query) {
+                    (true, true) => missing,
+                    (true, false) => Reply::Error(commands::WRONGTYPE.into()),
+                    (false, _) => {
+                        let answer = commands::send(&handle, &request, ack, true).await;
+                        answer_reply(answer, request.shape)
+                    }
+                }
+            }
+        },
         K::Delete(names) => match drop_all(&*lookup, names).await {
             Ok(dropped) => Reply::Int(dropped as i64),
             Err(refused) => Reply::Error(refused),
@@ -1120,6 +1147,11 @@ impl Session<'_> {
         }
         match command {
             Command::Filter(handle, request) => self.send(handle, request, bytes),
+            // Outside a transaction the key was missing a moment ago: answered at once (and
+            // counted as refused before reaching a filter); only a queued one looks again.
+            Command::Key(commands::KeyCommand::IfFound { missing, .. }) => {
+                Some(self.answer(Command::Reply(missing), bytes))
+            }
             Command::Multi if self.authenticated => {
                 self.multi = Some(Multi::default());
                 Some(self.ready(Reply::Simple("OK"), bytes))
