@@ -1607,6 +1607,11 @@ mod tests {
     fn refused(ws: &[&str]) -> String {
         match command(&words(ws), no_filter) {
             Command::Reply(Reply::Error(e)) | Command::AuthRefused(Reply::Error(e)) => e,
+            // A missing key's answer (outside a transaction, given at once).
+            Command::Key(KeyCommand::IfFound {
+                missing: Reply::Error(e),
+                ..
+            }) => e,
             other => panic!("{ws:?} gave {other:?}"),
         }
     }
