@@ -140,7 +140,9 @@ async fn an_8_mib_state_replicates_through_a_1_mib_max_payload() {
 #[actix::test]
 async fn request_api_from_plain_clients() {
     let server = NatsServer::start();
-    let cfg = cfg("api", FilterKind::OrCuckoo, 1000, 0.01);
+    let mut cfg = cfg("api", FilterKind::OrCuckoo, 1000, 0.01);
+    // Below the 1 MiB default, so that an item over it fits in a NATS message.
+    cfg.max_item_bytes = 4_096;
     let mut hs = Vec::new();
     for _ in 0..2 {
         let h = Replica::start(cfg.clone(), connect(&server.url()).await)

@@ -358,12 +358,10 @@ async fn bad_input_is_rejected_counted_and_harmless() {
 #[actix::test]
 async fn request_api_answers_json() {
     let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
-    let hs = start_n(
-        2,
-        &cfg("api", FilterKind::OrCuckoo, 1000, 0.01),
-        bus.clone(),
-    )
-    .await;
+    let mut api_cfg = cfg("api", FilterKind::OrCuckoo, 1000, 0.01);
+    // Below the 1 MiB default, so that an item over it is easy to send.
+    api_cfg.max_item_bytes = 4_096;
+    let hs = start_n(2, &api_cfg, bus.clone()).await;
     for h in &hs {
         assert!(h.wait_ready(WAIT).await);
     }

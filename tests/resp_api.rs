@@ -1544,6 +1544,10 @@ async fn tools_read_info_modules_and_clients() {
     }
     let err = madd.query_async::<Value>(&mut con).await.unwrap_err();
     assert!(err.to_string().contains("max_batch_items"), "{err}");
+    // Items far over the old 4,096-byte limit are taken (issue 49, item 5).
+    let big = "x".repeat(200_000);
+    expect(&mut con, &["BF.ADD", "bloom", &big], 1).await;
+    expect(&mut con, &["BF.EXISTS", "bloom", &big], 1).await;
     let pong: String = run(&mut con, &["PING"]).await.unwrap();
     assert_eq!(pong, "PONG");
 }

@@ -195,6 +195,10 @@ pub struct RuntimeFilterDefaults {
     pub replicated_timeout_ms: Option<u64>,
     /// [`ReplicaConfig::fsync_interval_ms`].
     pub fsync_interval_ms: Option<u64>,
+    /// [`ReplicaConfig::max_item_bytes`].
+    pub max_item_bytes: Option<usize>,
+    /// [`ReplicaConfig::max_batch_items`].
+    pub max_batch_items: Option<usize>,
 }
 
 impl RuntimeFilterDefaults {
@@ -224,6 +228,8 @@ impl RuntimeFilterDefaults {
         set(&mut c.id_lease_block, self.id_lease_block);
         set(&mut c.replicated_timeout_ms, self.replicated_timeout_ms);
         set(&mut c.fsync_interval_ms, self.fsync_interval_ms);
+        c.max_item_bytes = self.max_item_bytes.unwrap_or(c.max_item_bytes);
+        c.max_batch_items = self.max_batch_items.unwrap_or(c.max_batch_items);
         c
     }
 }
@@ -556,6 +562,30 @@ mod tests {
             Err(ConfigError::Invalid { field, reason }) => (field, reason),
             other => panic!("expected an invalid field, got {other:?}"),
         }
+    }
+
+    /// Issue 49: items up to 1 MiB by default (RedisBloom takes any size), and both item
+    /// limits settable for filters the catalog makes.
+    #[test]
+    fn item_limits_default_to_a_mebibyte_and_catalog_defaults_set_them() {
+        let spec = crate::FilterSpec::new(crate::FilterKind::GBloom, 100, 0.01);
+        let cfg = NodeConfig::from_toml_str("[node]\n").unwrap();
+        let runtime = cfg.catalog.defaults.replica_config("r", spec.clone());
+        assert_eq!(runtime.max_item_bytes, 1 << 20);
+        let cfg = NodeConfig::from_toml_str(
+            "[node]\n[catalog.defaults]\nmax_item_bytes = 10\nmax_batch_items = 5\n",
+        )
+        .unwrap();
+        let runtime = cfg.catalog.defaults.replica_config("r", spec);
+        assert_eq!((runtime.max_item_bytes, runtime.max_batch_items), (10, 5));
+        let (field, reason) = invalid_field(NodeConfig::from_toml_str(
+            "[node]\n[catalog.defaults]\nmax_item_bytes = 0\n",
+        ));
+        assert_eq!(field, "catalog.defaults");
+        assert!(
+            reason.contains("max_item_bytes must be positive"),
+            "{reason}"
+        );
     }
 
     /// Issue 25: `logged` and `fsync_interval_ms` in `[[filters]]` and `[catalog.defaults]`,

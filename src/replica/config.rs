@@ -89,7 +89,7 @@ pub struct ReplicaConfig {
     /// Chunk size of full-state transfers; capped below the server's `max_payload`.
     #[serde(default = "d::chunk_bytes")]
     pub chunk_bytes: usize,
-    /// Largest item of an add/remove/contains.
+    /// Largest item of an add/remove/contains (default 1 MiB).
     #[serde(default = "d::max_item_bytes")]
     pub max_item_bytes: usize,
     /// Most items of one batch request of the API (`madd`, `mremove`, `mcontains`); a larger
@@ -247,8 +247,10 @@ mod d {
     pub(super) fn chunk_bytes() -> usize {
         512 << 10
     }
+    /// RedisBloom takes items of any size; 1 MiB is NATS's default `max_payload`, which bounds
+    /// an item sent over the request API anyway (RESP's `max_request_bytes` bounds its own).
     pub(super) fn max_item_bytes() -> usize {
-        4_096
+        1 << 20
     }
     pub(super) fn max_batch_items() -> usize {
         crate::api::DEFAULT_MAX_BATCH_ITEMS
