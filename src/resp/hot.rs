@@ -303,7 +303,8 @@ mod tests {
     /// included); and this path takes what it should.
     #[actix::test]
     async fn answers_as_the_general_path_does_on_every_kind() {
-        let long = "x".repeat(70_000);
+        // Over the default `max_item_bytes` (1 MiB).
+        let long = "x".repeat((1 << 20) + 1);
         for kind in [
             FilterKind::GBloom,
             FilterKind::ScGBloom,
