@@ -349,7 +349,7 @@ async fn bad_input_is_rejected_counted_and_harmless() {
         Err(ReplicaError::InvalidItem(_))
     ));
     assert!(matches!(
-        h.add(vec![1; 5000]).await,
+        h.add(vec![1; (1 << 20) + 1]).await,
         Err(ReplicaError::InvalidItem(_))
     ));
     h.shutdown().await.unwrap();
