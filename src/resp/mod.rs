@@ -1665,6 +1665,10 @@ async fn serve(stream: TcpStream, peer: SocketAddr, server: &Server) {
     let mut last_read = Instant::now();
     let idle = tokio::time::sleep(idle_timeout.min(Duration::from_secs(86_400 * 365)));
     tokio::pin!(idle);
+    // One wait for `CLIENT KILL` for the connection's life: a new one at every turn of the
+    // loop would register and unregister with the `Notify` on the busy path.
+    let killed = client.kill.notified();
+    tokio::pin!(killed);
     loop {
         // Commands already buffered, as far as the limits allow.
         let mut stopped_for_room = false;
@@ -1779,7 +1783,7 @@ async fn serve(stream: TcpStream, peer: SocketAddr, server: &Server) {
                 }
                 Err(_) => return,
             },
-            () = client.kill.notified() => {
+            () = &mut killed => {
                 (server.rejected)("killed").increment(1);
                 return;
             }
