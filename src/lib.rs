@@ -50,6 +50,8 @@ pub mod node;
 pub mod replica;
 #[cfg(feature = "node")]
 pub mod resp;
+#[cfg(all(test, feature = "node"))]
+mod sim;
 #[cfg(feature = "node")]
 pub mod transport;
 #[cfg(feature = "node")]

@@ -77,6 +77,8 @@ pub use reads::PendingResponse;
 pub(crate) use reads::{refusal, route_own_api};
 pub use reply::ApiResponse;
 pub(crate) use reply::error_of;
+#[cfg(test)]
+pub(crate) use snapshots::SnapshotJob;
 pub(crate) use updates::{AddOutcome, BatchAdd, InPlace};
 
 /// The header of an API request that asks for an acknowledgement level.

@@ -9,16 +9,16 @@
 //!   above the previous mark is issued. A restart advances the clock past it, so no tag is
 //!   issued twice (docs/DESIGN.md section 4) even if the snapshot is older than the crash.
 
-use std::fs::{self, OpenOptions};
-use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use uuid::Uuid;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::{crash, group_sync};
+use super::crash;
+use super::disk::{self, Disk};
 use crate::ReplicaId;
 use crate::core::codec::{from_cbor, to_cbor};
 use crate::wire::FilterKind;
@@ -62,16 +62,6 @@ pub enum DurableError {
         found: String,
         /// What the configuration says.
         expected: String,
-    },
-    /// A write-ahead log segment written by another replica (see [`crate::replica::wal`]).
-    #[error("{path}: write-ahead log of {found:?}, this replica is {expected:?}")]
-    ForeignLog {
-        /// The segment.
-        path: PathBuf,
-        /// Whose it is.
-        found: Identity,
-        /// Whose it should be.
-        expected: Identity,
     },
 }
 
@@ -119,38 +109,57 @@ pub struct Reservation {
 #[derive(Debug, Clone)]
 pub struct DataDir {
     path: PathBuf,
+    disk: Arc<dyn Disk>,
 }
 
 impl DataDir {
     /// A data directory known to exist (a parked replica's, resumed): nothing is checked or
     /// made.
     pub(crate) fn existing(path: PathBuf) -> Self {
-        DataDir { path }
+        DataDir {
+            path,
+            disk: disk::real(),
+        }
     }
 
     /// Opens (creating it if needed) a data directory. A directory it creates has its entry
     /// fsynced in its parent: what is made durable inside it later (a snapshot, a
     /// `durable` add's log record) is then found after a crash of the machine.
     pub fn open(path: impl Into<PathBuf>) -> Result<Self, DurableError> {
+        Self::open_on(disk::real(), path)
+    }
+
+    /// [`DataDir::open`] on `disk` (the simulation's).
+    pub(crate) fn open_on(
+        disk: Arc<dyn Disk>,
+        path: impl Into<PathBuf>,
+    ) -> Result<Self, DurableError> {
         let path = path.into();
         let io = |p: &Path| {
             let p = p.to_path_buf();
             move |source| DurableError::Io { path: p, source }
         };
-        if Self::is_new(&path) {
-            // The directories about to be made, deepest first: each one's entry is synced.
-            let created: Vec<&Path> = path
-                .ancestors()
-                .take_while(|p| !p.as_os_str().is_empty() && !p.exists())
-                .collect();
-            fs::create_dir_all(&path).map_err(io(&path))?;
-            for dir in created {
-                if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                    group_sync::sync(parent).map_err(io(parent))?;
-                }
+        // The directories made (deepest first), whose entries are synced. A directory without
+        // a snapshot may be one whose making a crash interrupted before its entry was synced:
+        // its entry, and its parents', are synced again (it holds nothing durable until then).
+        let made = if !disk.is_dir(&path) {
+            let created = disk::missing_ancestors(&*disk, &path);
+            disk.create_dir_all(&path).map_err(io(&path))?;
+            created
+        } else if !disk.exists(&path.join(SNAPSHOT_FILE)) {
+            path.ancestors()
+                .take_while(|p| !p.as_os_str().is_empty())
+                .map(Path::to_path_buf)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        for dir in made {
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                disk.sync_path(parent).map_err(io(parent))?;
             }
         }
-        Ok(DataDir { path })
+        Ok(DataDir { path, disk })
     }
 
     /// Whether `path` holds no data directory yet: opening it creates one.
@@ -161,6 +170,11 @@ impl DataDir {
     /// The directory.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The file system it is on.
+    pub(crate) fn disk(&self) -> &Arc<dyn Disk> {
+        &self.disk
     }
 
     /// The snapshot, `Ok(None)` if there is none.
@@ -187,7 +201,7 @@ impl DataDir {
     pub fn quarantine(&self, name: &str) {
         let from = self.path.join(name);
         let to = self.path.join(format!("{name}.corrupt"));
-        if let Err(e) = fs::rename(&from, &to) {
+        if let Err(e) = self.disk.rename(&from, &to) {
             tracing::warn!(file = ?from, error = %e, "cannot move corrupt file aside");
         }
     }
@@ -198,7 +212,7 @@ impl DataDir {
         magic: &[u8; 8],
     ) -> Result<Option<T>, DurableError> {
         let path = self.path.join(name);
-        let bytes = match fs::read(&path) {
+        let bytes = match self.disk.read(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(source) => return Err(DurableError::Io { path, source }),
@@ -214,7 +228,7 @@ impl DataDir {
     }
 
     fn save(&self, name: &str, magic: &[u8; 8], payload: &[u8]) -> Result<(), DurableError> {
-        write_atomically(&self.path, name, &frame(magic, payload))
+        write_atomically_on(&*self.disk, &self.path, name, &frame(magic, payload))
     }
 }
 
@@ -222,6 +236,16 @@ impl DataDir {
 /// synced, renamed over it, and the directory synced (the rename is durable only then). The
 /// syncs join those of other replicas ([`group_sync`]).
 pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), DurableError> {
+    write_atomically_on(&*disk::real(), dir, name, bytes)
+}
+
+/// [`write_atomically`] on `disk`.
+pub(crate) fn write_atomically_on(
+    disk: &dyn Disk,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+) -> Result<(), DurableError> {
     let path = dir.join(name);
     let tmp = dir.join(format!("{name}.tmp"));
     let io = |p: &Path| {
@@ -237,23 +261,18 @@ pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(
         HWM_FILE => (Some(crash::RESERVATION_BEFORE_RENAME), None),
         _ => (None, None),
     };
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
-        .map_err(io(&tmp))?;
+    let mut f = disk.create_truncate(&tmp).map_err(io(&tmp))?;
     if name == SNAPSHOT_FILE {
         crash::fail(crash::FAIL_SNAPSHOT_WRITE).map_err(io(&tmp))?;
     }
     f.write_all(bytes).map_err(io(&tmp))?;
     drop(f);
-    group_sync::sync(&tmp).map_err(io(&tmp))?;
+    disk.sync_path(&tmp).map_err(io(&tmp))?;
     if let Some(p) = before_rename {
         crash::point(p);
     }
-    fs::rename(&tmp, &path).map_err(io(&path))?;
-    group_sync::sync(dir).map_err(io(dir))?;
+    disk.rename(&tmp, &path).map_err(io(&path))?;
+    disk.sync_path(dir).map_err(io(dir))?;
     if let Some(p) = after_rename {
         crash::point(p);
     }
@@ -298,6 +317,7 @@ fn unframe<'a>(bytes: &'a [u8], magic: &[u8; 8]) -> Result<&'a [u8], String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     fn snap() -> Snapshot {
         Snapshot {

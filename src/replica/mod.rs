@@ -46,14 +46,16 @@ mod actor;
 mod anti_entropy;
 mod clock;
 mod config;
+pub(crate) mod core;
 pub mod crash;
+pub mod disk;
 pub mod durable;
 mod filter;
 pub(crate) mod group_sync;
 pub mod interop;
 pub mod metrics;
 mod reassembly;
-mod recovery;
+pub(crate) mod recovery;
 pub mod service;
 mod shared_id;
 mod ticks;
@@ -73,6 +75,8 @@ pub use ack::AckLevel;
 pub use actor::ACK_HEADER;
 pub use actor::CommitTicket;
 pub(crate) use actor::FINAL_FLUSH_TIMEOUT;
+#[cfg(test)]
+pub(crate) use actor::SnapshotJob;
 pub(crate) use actor::{API_LINGER, AddOutcome, BatchAdd, InPlace, error_of, refusal};
 pub use actor::{
     Add, ApiResponse, Contains, FlushDelta, Import, Merge, PendingResponse, Persist, Remove,
@@ -395,26 +399,7 @@ impl Replica {
             }
             None => (None, None, None),
         };
-        // What the data directory holds already (its snapshot, and the reservation of that
-        // snapshot's identity), if it is the state as restored.
-        let mut on_disk = None;
-        let (mut filter, uuid, preferred, floor, keep_id) = match restored {
-            Some(mut r) => {
-                // A kind whose ids serve one run only keeps its state and takes a new id.
-                r.trusted &= cfg.filter.kind.reuses_ids();
-                let uuid = if r.trusted {
-                    r.identity.uuid
-                } else {
-                    Uuid::new_v4()
-                };
-                let preferred = r.trusted.then_some(r.identity.replica);
-                if r.trusted && r.snapshot_is_state {
-                    on_disk = Some((r.identity, r.saved_reserved));
-                }
-                (r.filter, uuid, preferred, r.floor, r.trusted)
-            }
-            None => (fresh, Uuid::new_v4(), None, 0, false),
-        };
+        let claiming = core::Claiming::new(cfg.filter.kind, restored, fresh);
         let (uuid, replica, claim_floor) = match &shared_id {
             // Also while the node's id is lost: tagged adds wait for it to be taken back
             // (the floor then rises, and the clock with it before a tag is issued).
@@ -424,29 +409,27 @@ impl Replica {
             }
             None => {
                 let claim = transport
-                    .claim_replica_id(cfg.registry_name(), uuid, preferred)
+                    .claim_replica_id(cfg.registry_name(), claiming.uuid, claiming.preferred)
                     .await?;
-                (uuid, claim.id, claim.floor)
+                (claiming.uuid, claim.id, claim.floor)
             }
         };
-        if keep_id && Some(replica) == preferred {
-            filter.advance_clock(floor);
-        } else {
-            if keep_id && shared_id.is_none() {
-                tracing::warn!(
-                    preferred,
-                    replica,
-                    "the replica id of the snapshot is held by another replica: tags go under a new id"
-                );
-            }
-            filter.set_replica(replica);
+        let preferred = claiming.preferred;
+        let core::Adopted {
+            filter,
+            identity,
+            reserved,
+            unchanged,
+            id_changed,
+        } = claiming.settle(uuid, replica, claim_floor);
+        let keep_id = preferred.is_some();
+        if id_changed && shared_id.is_none() {
+            tracing::warn!(
+                preferred,
+                replica,
+                "the replica id of the snapshot is held by another replica: tags go under a new id"
+            );
         }
-        // A retired id's earlier holders may have issued every tag up to the floor (and a
-        // shared id's holder, this node, every tag up to its last reservation).
-        filter.advance_clock(claim_floor);
-        filter.track_deltas(true);
-        let identity = Identity { uuid, replica };
-        let reserved = filter.clock().max(floor);
         let lease_reserved = match &shared_id {
             Some(s) => s.reserved(),
             None => {
@@ -468,11 +451,8 @@ impl Replica {
         // take 109 s to start from its data directory. A kind without tags has no
         // reservation to keep (recovery trusts its identity without one): its first snapshot
         // is all a new replica writes, two fsyncs of the four (creates of `g_bloom` filters
-        // on a node with a data directory waited for those fsyncs).
+        // on a node with a data directory waited for those fsyncs). See `core::start`.
         let tagged = cfg.filter.kind.tagged();
-        let unchanged = on_disk.is_some_and(|(on_disk, saved)| {
-            on_disk == identity && (!tagged || saved == Some(reserved))
-        });
         if let Some(d) = &data
             && !unchanged
             && tagged
@@ -572,7 +552,8 @@ impl Replica {
             (Some(d), Some(next)) => {
                 let dir = d.path().join(wal::WAL_DIR);
                 let sync = ReplicaConfig::ms(cfg.fsync_interval_ms);
-                match wal::WalWriter::resume_at(dir, parked.identity, next, sync) {
+                match wal::WalWriter::resume_at(dir, d.disk().clone(), parked.identity, next, sync)
+                {
                     Ok(w) => Some(w),
                     Err(e) => return Err((e.into(), parked)),
                 }

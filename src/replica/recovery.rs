@@ -29,6 +29,13 @@ pub(crate) struct Restored {
 pub(crate) struct Recovered {
     pub state: Option<Restored>,
     pub wal: Replayed,
+    /// Log records that did not merge (a version change; logged). Read by the simulation.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub unmerged: u64,
+    /// Why the log was moved aside (`wal.corrupt`) after what could be read, if it was
+    /// (logged). Read by the simulation.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub quarantined: Option<String>,
 }
 
 /// Loads what the data directory holds: the snapshot, then every write-ahead log record it
@@ -46,20 +53,40 @@ pub(crate) fn restore(
         wal_covered: covered,
     }) = load_snapshot(data, cfg, fresh)?
     else {
-        // Without the snapshot the log cannot be trusted to be this state's (nor is it
-        // complete: it is truncated at every snapshot): keep it aside for inspection.
+        // No snapshot: a new replica stopped before its first was saved (it serves from its
+        // start, so adds acknowledged at `durable` are in the log only), or its snapshot was
+        // damaged. The log's records are the filter's all the same: merged into a fresh state,
+        // kept under a new identity (no snapshot vouches for its tags).
         let dir = data.path().join(WAL_DIR);
-        if dir.read_dir().is_ok_and(|mut d| d.next().is_some()) {
-            let to = wal::quarantine(&dir)?;
-            tracing::warn!(to = %to.display(), "write-ahead log without a snapshot moved aside");
-        }
-        let replayed = wal::replay(&dir, placeholder(), None, WalLimits::default(), |_| {})?;
+        let disk = data.disk();
+        let mut filter = None;
+        let (replayed, unmerged, quarantined) =
+            if disk.list_dir(&dir).is_ok_and(|names| !names.is_empty()) {
+                let state = filter.insert(fresh.clone());
+                replay_into(data, state, placeholder(), None)?
+            } else {
+                let limits = WalLimits::default();
+                let r = wal::replay_on(disk.clone(), &dir, placeholder(), None, limits, |_| {})?;
+                (r, 0, None)
+            };
+        let state = filter
+            .filter(|_| replayed.records > 0)
+            .map(|filter| Restored {
+                filter,
+                identity: placeholder(),
+                floor: 0,
+                trusted: false,
+                saved_reserved: None,
+                snapshot_is_state: false,
+            });
         return Ok(Recovered {
-            state: None,
+            state,
             wal: replayed,
+            unmerged,
+            quarantined,
         });
     };
-    let replayed = replay_into(data, &mut filter, snap_identity, covered)?;
+    let (replayed, unmerged, quarantined) = replay_into(data, &mut filter, snap_identity, covered)?;
     // Tags issued after the snapshot are known only through the reservation file: without a
     // trustworthy one, keep the state but issue tags under a new id.
     let reservation = match data.load_reservation() {
@@ -96,6 +123,8 @@ pub(crate) fn restore(
     Ok(Recovered {
         state: Some(restored),
         wal: replayed,
+        unmerged,
+        quarantined,
     })
 }
 
@@ -157,13 +186,14 @@ fn load_snapshot(
 }
 
 /// Merges the log's records after `covered` into `filter`. A log that is damaged past its
-/// torn tail, or another replica's, is moved aside after what could be read was merged.
+/// torn tail is moved aside after what could be read was merged. Answers the log as replayed,
+/// the records that did not merge, and whether the log was moved aside.
 fn replay_into(
     data: &DataDir,
     filter: &mut AnyFilter,
     identity: Identity,
     covered: Option<SegmentId>,
-) -> Result<Replayed, DurableError> {
+) -> Result<(Replayed, u64, Option<String>), DurableError> {
     let dir = data.path().join(WAL_DIR);
     let mut unreadable = 0u64;
     let mut merge = |record: &[u8]| {
@@ -173,13 +203,17 @@ fn replay_into(
             tracing::error!(error = %e, "a write-ahead log record does not merge");
         }
     };
-    let replayed = match wal::replay(&dir, identity, covered, WalLimits::default(), &mut merge) {
+    let disk = data.disk();
+    let limits = WalLimits::default();
+    let mut quarantined = None;
+    let replayed = match wal::replay_on(disk.clone(), &dir, identity, covered, limits, &mut merge) {
         Ok(r) => r,
-        Err(e @ (DurableError::Corrupt { .. } | DurableError::ForeignLog { .. })) => {
-            let to = wal::quarantine(&dir)?;
+        Err(e @ DurableError::Corrupt { .. }) => {
+            let to = wal::quarantine_on(&**disk, &dir)?;
             tracing::error!(error = %e, to = %to.display(),
                 "write-ahead log damaged: kept what could be read, moved it aside");
-            wal::replay(&dir, identity, None, WalLimits::default(), |_| {})?
+            quarantined = Some(e.to_string());
+            wal::replay_on(disk.clone(), &dir, identity, None, limits, |_| {})?
         }
         Err(e) => return Err(e),
     };
@@ -200,7 +234,7 @@ fn replay_into(
             "write-ahead log replayed on top of the snapshot"
         );
     }
-    Ok(replayed)
+    Ok((replayed, unreadable, quarantined))
 }
 
 /// The identity checked against an empty log (it has no segment to check).

@@ -135,17 +135,17 @@ impl Snapshotter {
 }
 
 /// What a snapshot saves, taken on the actor's thread and saved on any.
-pub(super) struct SnapshotJob {
-    pub(super) filter: AnyFilter,
-    pub(super) identity: Identity,
-    pub(super) name: String,
-    pub(super) kind: FilterKind,
-    pub(super) params_digest: u64,
-    pub(super) reserved: u64,
+pub(crate) struct SnapshotJob {
+    pub(crate) filter: AnyFilter,
+    pub(crate) identity: Identity,
+    pub(crate) name: String,
+    pub(crate) kind: FilterKind,
+    pub(crate) params_digest: u64,
+    pub(crate) reserved: u64,
     /// The log segments the state covers (every record in them is in `filter`).
-    pub(super) wal_covered: Option<SegmentId>,
+    pub(crate) wal_covered: Option<SegmentId>,
     /// Its number ([`Snapshotter::take`]).
-    pub(super) generation: u64,
+    pub(crate) generation: u64,
 }
 
 impl SnapshotJob {
@@ -163,7 +163,7 @@ impl SnapshotJob {
 
     /// Encodes and saves it, unless a newer snapshot was saved meanwhile; answers the log
     /// segments it covers (none if it was not saved).
-    pub(super) fn save(
+    pub(crate) fn save(
         self,
         data: &DataDir,
         telemetry: &Telemetry,

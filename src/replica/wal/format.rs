@@ -4,7 +4,7 @@ use super::*;
 
 /// Best effort, so that an unacknowledged frame is not in the way of a later writer; the
 /// writer is poisoned either way.
-pub(super) fn roll_back(file: &File, len: u64) {
+pub(super) fn roll_back(file: &mut dyn DiskFile, len: u64) {
     let _ = file.set_len(len).and_then(|()| file.sync_all());
 }
 
@@ -37,42 +37,39 @@ pub(super) fn segment_name(id: u64) -> String {
     format!("{}.log", SegmentId(id))
 }
 
-pub(super) fn list_segments_io(dir: &Path) -> io::Result<BTreeMap<u64, PathBuf>> {
+pub(super) fn list_segments_io(disk: &dyn Disk, dir: &Path) -> io::Result<BTreeMap<u64, PathBuf>> {
     let mut out = BTreeMap::new();
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".log")) else {
+    for name in disk.list_dir(dir)? {
+        let Some(stem) = name.strip_suffix(".log") else {
             continue;
         };
         if stem.len() == 20
             && stem.bytes().all(|b| b.is_ascii_digit())
             && let Ok(id) = stem.parse()
         {
-            out.insert(id, entry.path());
+            out.insert(id, dir.join(&name));
         }
     }
     Ok(out)
 }
 
-pub(super) fn list_segments(dir: &Path) -> Result<BTreeMap<u64, PathBuf>, DurableError> {
-    list_segments_io(dir).map_err(io_err(dir))
+pub(super) fn list_segments(
+    disk: &dyn Disk,
+    dir: &Path,
+) -> Result<BTreeMap<u64, PathBuf>, DurableError> {
+    list_segments_io(disk, dir).map_err(io_err(dir))
 }
 
-pub(super) fn create_dir(dir: &Path) -> Result<(), DurableError> {
-    if dir.is_dir() {
+pub(super) fn create_dir(disk: &dyn Disk, dir: &Path) -> Result<(), DurableError> {
+    if disk.is_dir(dir) {
         return Ok(());
     }
-    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    disk.create_dir_all(dir).map_err(io_err(dir))?;
     // The new directory's entry must be durable before a segment in it is.
     if let Some(parent) = dir.parent() {
-        sync_dir(parent).map_err(io_err(parent))?;
+        disk.sync_path(parent).map_err(io_err(parent))?;
     }
     Ok(())
-}
-
-pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
-    crate::replica::group_sync::sync(dir)
 }
 
 pub(super) fn io_err(path: &Path) -> impl Fn(io::Error) -> DurableError + '_ {

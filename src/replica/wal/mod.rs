@@ -5,8 +5,10 @@
 //! A directory (by convention [`WAL_DIR`] inside the data directory) of segments named
 //! `<id, 20 digits>.log`, ids increasing (gaps are fine). A segment is
 //! - a header: `magic "crpfwal\0" | version | uuid (16) | replica id (u16 LE) | segment id (u64
-//!   LE) | xxh3-64 of the preceding bytes (u64 LE)`, so that a log of another identity is never
-//!   replayed into this replica, and a segment renamed to another id is noticed;
+//!   LE) | xxh3-64 of the preceding bytes (u64 LE)`, saying who wrote it and noticing a segment
+//!   renamed to another id. Which segments a replay skips is the snapshot's covered mark's
+//!   business, not the identity's: every segment above it is replayed, whoever of this
+//!   directory's lives wrote it (see [`replay`]);
 //! - then frames: `body length (u32 LE) | xxh3-64 of the body (u64 LE) | low 32 bits of the
 //!   xxh3-64 of these 12 bytes (u32 LE) | body`, the body being the records of one group commit,
 //!   each `length (u32 LE) | bytes`. The header's own checksum tells a damaged length from a
@@ -67,9 +69,8 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
-use std::fs::{self, File, OpenOptions};
 use std::future::Future;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufReader, Read, Seek};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -83,6 +84,7 @@ use uuid::Uuid;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::crash;
+use super::disk::{self, Disk, DiskFile};
 use super::durable::{DurableError, Identity};
 use crate::ReplicaId;
 

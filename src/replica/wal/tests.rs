@@ -1,4 +1,5 @@
 use super::*;
+use std::fs;
 
 fn ident(n: u16) -> Identity {
     Identity {
@@ -42,7 +43,10 @@ fn writer_in(pool: &WalPool, dir: &Path) -> WalWriter {
 }
 
 fn segments(dir: &Path) -> Vec<u64> {
-    list_segments_io(dir).unwrap().into_keys().collect()
+    list_segments_io(&disk::RealDisk, dir)
+        .unwrap()
+        .into_keys()
+        .collect()
 }
 
 /// Two segments: records 0 and 1 in the first, 2 and 3 in the second, one frame each.
@@ -323,7 +327,7 @@ fn unsynced_frames_torn_by_a_machine_crash_are_cut() {
 /// Copies the log with the last segment replaced by `last`.
 fn with_last(dir: &Path, last: &[u8]) -> tempfile::TempDir {
     let copy = tempfile::tempdir().unwrap();
-    let segs = list_segments_io(dir).unwrap();
+    let segs = list_segments_io(&disk::RealDisk, dir).unwrap();
     let (&last_id, _) = segs.last_key_value().unwrap();
     for (id, path) in &segs {
         let to = copy.path().join(segment_name(*id));
@@ -473,9 +477,11 @@ fn damage_before_the_tail_loses_only_what_it_touches() {
 }
 
 #[test]
-fn a_log_of_another_identity_is_rejected() {
+fn segments_of_an_earlier_identity_are_replayed_and_counted() {
     let tmp = tempfile::tempdir().unwrap();
     two_segments(tmp.path());
+    // A restart under a new identity that crashed before its first snapshot was saved: the
+    // segments above the older snapshot's mark are this replica's records all the same.
     for other in [
         ident(2),
         Identity {
@@ -483,12 +489,12 @@ fn a_log_of_another_identity_is_rejected() {
             replica: 1,
         },
     ] {
-        let r = read_all(tmp.path(), other, None, WalLimits::default());
-        assert!(
-            matches!(r, Err(DurableError::ForeignLog { found, .. }) if found == ident(1)),
-            "{r:?}"
-        );
+        let (got, r) = read_all(tmp.path(), other, None, WalLimits::default()).unwrap();
+        assert_eq!(got, records_in(tmp.path()));
+        assert_eq!((r.segments, r.earlier_identities), (2, 2));
     }
+    let (_, r) = read_all(tmp.path(), ident(1), None, WalLimits::default()).unwrap();
+    assert_eq!(r.earlier_identities, 0);
     // Segments covered by the snapshot are skipped, whoever wrote them.
     let (got, r) = read_all(
         tmp.path(),

@@ -17,6 +17,7 @@ pub struct WalWriter {
     current: u64,
     limits: WalLimits,
     dir: PathBuf,
+    disk: Arc<dyn Disk>,
     identity: Identity,
     stats: Arc<WalStats>,
     sync_interval: Duration,
@@ -44,6 +45,7 @@ impl WalWriter {
         Self::open(
             pool.clone(),
             replayed.dir,
+            replayed.disk,
             identity,
             replayed.limits,
             replayed.next,
@@ -56,6 +58,7 @@ impl WalWriter {
     /// replica's, resumed (its last snapshot covers every segment before `next`).
     pub(crate) fn resume_at(
         dir: PathBuf,
+        disk: Arc<dyn Disk>,
         identity: Identity,
         next: u64,
         sync_interval: Duration,
@@ -64,6 +67,7 @@ impl WalWriter {
         Ok(Self::open(
             pool,
             dir,
+            disk,
             identity,
             WalLimits::default(),
             next,
@@ -90,6 +94,7 @@ impl WalWriter {
         Ok(Self::open(
             self.pool.clone(),
             self.dir.clone(),
+            self.disk.clone(),
             self.identity,
             self.limits,
             self.current + 1,
@@ -98,9 +103,11 @@ impl WalWriter {
         ))
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn open(
         pool: WalPool,
         dir: PathBuf,
+        disk: Arc<dyn Disk>,
         identity: Identity,
         limits: WalLimits,
         first: u64,
@@ -114,6 +121,7 @@ impl WalWriter {
             current: first,
             limits,
             dir,
+            disk,
             identity,
             stats,
             sync_interval,
@@ -226,6 +234,7 @@ impl WalWriter {
     pub(super) fn new_log(&self) -> Log {
         Log {
             dir: self.dir.clone(),
+            disk: self.disk.clone(),
             identity: self.identity,
             limits: self.limits,
             current: self.current,
@@ -286,7 +295,7 @@ pub(super) struct Written {
 
 /// The segment being written.
 pub(super) struct Segment {
-    file: File,
+    file: Box<dyn DiskFile>,
     /// Bytes of complete frames written.
     written: u64,
     /// Created, and the directory entry not synced yet.
@@ -296,6 +305,7 @@ pub(super) struct Segment {
 /// A log's state, on its pool thread.
 pub(super) struct Log {
     dir: PathBuf,
+    disk: Arc<dyn Disk>,
     identity: Identity,
     limits: WalLimits,
     current: u64,
@@ -388,11 +398,11 @@ impl Log {
                 source: Arc::new(e),
             }
         };
-        let segments = list_segments_io(&self.dir).map_err(wal_io(&self.dir))?;
+        let segments = list_segments_io(&*self.disk, &self.dir).map_err(wal_io(&self.dir))?;
         let mut removed = 0;
         let mut result = Ok(());
         for (sid, path) in segments.range(..=id.min(self.current - 1)) {
-            match fs::remove_file(path) {
+            match self.disk.remove_file(path) {
                 Ok(()) => {
                     removed += 1;
                     crash::point(crash::WAL_REMOVE);
@@ -405,7 +415,7 @@ impl Log {
         }
         if removed > 0 {
             WalStats::add(&self.stats.segments_removed, removed as u64);
-            sync_dir(&self.dir).map_err(wal_io(&self.dir))?;
+            self.disk.sync_path(&self.dir).map_err(wal_io(&self.dir))?;
         }
         result.map(|()| removed)
     }
@@ -462,7 +472,7 @@ impl Log {
             && let Some(seg) = &mut self.file
         {
             // The frame was never acknowledged; the logged frames before it stay.
-            roll_back(&seg.file, frame.start);
+            roll_back(&mut *seg.file, frame.start);
             seg.written = frame.start;
         }
         self.finish(frame.waiters, frame.logged, r);
@@ -536,11 +546,7 @@ impl Log {
         };
         let mut buf = Vec::with_capacity(SEGMENT_HEADER + FRAME_HEADER + body.len());
         if self.file.is_none() {
-            let f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path)
-                .map_err(wal_io)?;
+            let f = self.disk.create_new(&path).map_err(wal_io)?;
             WalStats::add(&self.stats.segments_created, 1);
             self.file = Some(Segment {
                 file: f,
@@ -560,7 +566,7 @@ impl Log {
         crash::point(crash::WAL_BEFORE_WRITE);
         let written = crash::fail(crash::FAIL_WAL_WRITE).and_then(|()| seg.file.write_all(&buf));
         if let Err(e) = written {
-            roll_back(&seg.file, start);
+            roll_back(&mut *seg.file, start);
             return Err(wal_io(e));
         }
         crash::point(crash::WAL_AFTER_WRITE);
@@ -594,10 +600,110 @@ impl Log {
             WalStats::add(&self.stats.periodic_fsyncs, 1);
         }
         if seg.new {
-            sync_dir(&self.dir).map_err(wal_io)?;
+            self.disk.sync_path(&self.dir).map_err(wal_io)?;
             seg.new = false;
         }
         self.sync_due = None;
         Ok(())
+    }
+}
+
+/// A log written on the caller's thread, one step at a time: what a pool thread does for a
+/// [`WalWriter`], without the thread, so that the deterministic simulation (`src/sim/`) runs
+/// the writer's own code in an order it chooses.
+#[cfg(test)]
+pub(crate) struct DirectLog {
+    log: Log,
+}
+
+#[cfg(test)]
+impl DirectLog {
+    /// The writer of a replayed log, as [`WalWriter::start`] would make it.
+    pub(crate) fn start(replayed: Replayed, identity: Identity) -> DirectLog {
+        DirectLog {
+            log: Log {
+                dir: replayed.dir,
+                disk: replayed.disk,
+                identity,
+                limits: replayed.limits,
+                current: replayed.next,
+                file: None,
+                stats: Arc::new(WalStats::default()),
+                failed: None,
+                batch: Batch::default(),
+                sync_interval: DEFAULT_SYNC_INTERVAL,
+                sync_due: None,
+                newly_due: None,
+            },
+        }
+    }
+
+    /// Queues an append for the next [`DirectLog::commit`]; `durable` waits for its fsync.
+    pub(crate) fn append(
+        &mut self,
+        record: Vec<u8>,
+        durable: bool,
+    ) -> oneshot::Receiver<Result<(), WalError>> {
+        let (tx, rx) = oneshot::channel();
+        let durability = match durable {
+            true => Durability::Synced,
+            false => Durability::Written,
+        };
+        self.log.gather(record, durability, tx);
+        rx
+    }
+
+    /// A pool thread's round: writes what was queued as one frame, fsynced if durable.
+    pub(crate) fn commit(&mut self) {
+        self.log.commit();
+    }
+
+    /// The periodic sync of logged frames.
+    pub(crate) fn periodic_sync(&mut self) {
+        self.log.periodic_sync();
+    }
+
+    /// [`WalWriter::rotate`].
+    pub(crate) fn rotate(&mut self) -> SegmentId {
+        let done = self.log.current;
+        self.log.execute(Command::Rotate(done + 1));
+        SegmentId(done)
+    }
+
+    /// [`WalWriter::remove_through`].
+    pub(crate) fn remove_through(&mut self, id: SegmentId) -> Result<usize, WalError> {
+        self.log.commit();
+        self.log.remove_through(id.0)
+    }
+
+    /// Whether an append or sync failed (the writer never writes again).
+    pub(crate) fn failed(&self) -> bool {
+        self.log.failed.is_some()
+    }
+
+    /// [`WalWriter::reopen`]: a writer on the segments after this one's.
+    pub(crate) fn reopen(&self) -> DirectLog {
+        let log = &self.log;
+        DirectLog {
+            log: Log {
+                dir: log.dir.clone(),
+                disk: log.disk.clone(),
+                identity: log.identity,
+                limits: log.limits,
+                current: log.current + 1,
+                file: None,
+                stats: log.stats.clone(),
+                failed: None,
+                batch: Batch::default(),
+                sync_interval: log.sync_interval,
+                sync_due: None,
+                newly_due: None,
+            },
+        }
+    }
+
+    /// [`WalWriter::close`].
+    pub(crate) fn close(mut self) {
+        self.log.close();
     }
 }
