@@ -90,9 +90,11 @@ fn bf_spec(capacity: u64, fpr: f64, expansion: u32) -> FilterSpec {
     FilterSpec::new(kind, capacity, fpr).with_growth(expansion.max(1))
 }
 
-/// An `EXPANSION` RedisBloom took, as a growth factor (it stores an `unsigned`).
-fn growth(e: i64) -> Option<u32> {
-    u32::try_from(e).ok()
+/// An `EXPANSION` RedisBloom took (at least 1), as a growth factor: RedisBloom stores an
+/// `unsigned`, cutting larger values to their low 32 bits; crpf takes the largest instead (a
+/// second sub-filter that large exceeds the memory limit either way).
+fn growth(e: i64) -> u32 {
+    u32::try_from(e).unwrap_or(u32::MAX)
 }
 
 /// Argument `i` (counted after the command's name) as text; not UTF-8 reads as empty, which
@@ -164,7 +166,7 @@ pub fn bf_reserve(args: &Args) -> Result<FilterSpec, Reply> {
         Some(_) if nonscaling => {
             return Err(Reply::Error("Nonscaling filters cannot expand".into()));
         }
-        Some(e) => growth(e).ok_or_else(|| Reply::err("bad expansion"))?,
+        Some(e) => growth(e),
         None if nonscaling => 0,
         None => FilterSpec::DEFAULT_GROWTH,
     };
@@ -549,10 +551,31 @@ fn figures(handle: &ReplicaHandle, with_bytes: bool) -> Figures {
                 0
             },
             filters: stats.sub_filters as u64,
-            items: stats.cardinality.round().max(0.0) as u64,
+            items: counted_items(f)
+                .unwrap_or(stats.cardinality)
+                .round()
+                .max(0.0) as u64,
             settings: settings(f),
         }
     })
+}
+
+/// Sub-filter `i`'s items: the count of its series' adds where known (RedisBloom's count of
+/// new adds), else the estimate from its bits.
+fn sub_items(s: &crate::ScGBloom, i: usize) -> f64 {
+    s.added(i)
+        .map_or_else(|| s.subs()[i].cardinality(), |n| n as f64)
+}
+
+/// The items of a scalable Bloom filter, as [`sub_items`] counts them over every sub-filter
+/// (of every writer's series); `None` for the other kinds, whose figure is their estimate.
+fn counted_items(f: &AnyFilter) -> Option<f64> {
+    let series = |s: &crate::ScGBloom| (0..s.sub_filters()).map(|i| sub_items(s, i)).sum();
+    match f {
+        AnyFilter::ScGBloom(s) => Some(series(s)),
+        AnyFilter::WriterScGBloom(w) => Some(w.parts().map(|(_, s)| series(s)).sum::<f64>()),
+        _ => None,
+    }
 }
 
 /// Bytes the filter's state takes (`MEMORY USAGE`): its encoding's length.
@@ -560,9 +583,10 @@ pub fn memory_usage(handle: &ReplicaHandle) -> u64 {
     handle.read(|f| f.encode_state().len() as u64)
 }
 
-/// `BF.CARD`: the estimated number of items (RedisBloom counts the adds that were new, which
-/// replicas cannot agree on; the estimate from the bits is the same on every replica once
-/// they converge).
+/// `BF.CARD`: the number of items. A scalable kind's series count their new adds as RedisBloom
+/// does ([`counted_items`]: each writer counts its own, and replicas agree once they
+/// converge); the others estimate from the bits (the same on every replica once they
+/// converge).
 pub fn bf_card(handle: &ReplicaHandle) -> Reply {
     Reply::Int(figures(handle, false).items as i64)
 }
@@ -620,33 +644,50 @@ pub fn cf_info(handle: &ReplicaHandle) -> Reply {
     )
 }
 
-/// `BF.DEBUG key`: RedisBloom's lines, `size:` (the estimated number of items) and one per
+/// `BF.DEBUG key`: RedisBloom's lines, `size:` (the number of items, as `BF.CARD`) and one per
 /// sub-filter (each writer's series in writer order, oldest sub-filter first) with its bytes,
-/// bits, hash functions, capacity, estimated items and target FPR. Bloom kinds without
+/// bits, hash functions, capacity, items (counted, else estimated) and target FPR. Bloom kinds without
 /// sub-filters of their own parameters (`blocked_bloom`, `go_bloom`, `expiring_bloom`)
 /// answer the first line only.
 pub fn bf_debug(handle: &ReplicaHandle) -> Reply {
     handle.read(|f| {
-        let items = f.stats().cardinality.round().max(0.0) as u64;
+        let items = counted_items(f)
+            .unwrap_or_else(|| f.stats().cardinality)
+            .round()
+            .max(0.0) as u64;
         let mut lines = vec![format!("size:{items}")];
-        let mut series = |subs: &[crate::GBloom], p: &ScalableParams| {
-            for (i, sub) in subs.iter().enumerate() {
-                lines.push(link(sub.params(), sub.cardinality(), p.sub_fpr(i)));
+        let mut first_line = None;
+        let mut series_lines = Vec::new();
+        let mut series = |s: &crate::ScGBloom| {
+            for (i, sub) in s.subs().iter().enumerate() {
+                let p = s.params();
+                series_lines.push(link(sub.params(), sub_items(s, i), p.sub_fpr(i)));
             }
+        };
+        let mut first = |p: &ScalableParams| {
+            first_line = p.bloom(0).ok().map(|b| link(&b, 0.0, p.sub_fpr(0)));
         };
         match f {
             AnyFilter::GBloom(b) => {
                 let p = b.params();
                 lines.push(link(p, b.cardinality(), p.fpr_after(p.capacity as f64)));
             }
-            AnyFilter::ScGBloom(s) => series(s.subs(), s.params()),
+            // Before the first add (which allocates it), the first sub-filter it will add to,
+            // as RedisBloom lists the one it allocated at creation.
+            AnyFilter::ScGBloom(s) if s.sub_filters() == 0 => first(s.params()),
+            AnyFilter::ScGBloom(s) => series(s),
+            AnyFilter::WriterScGBloom(w) if w.parts().next().is_none() => {
+                first(&w.part_params(w.writer()))
+            }
             AnyFilter::WriterScGBloom(w) => {
                 for (_, s) in w.parts() {
-                    series(s.subs(), s.params());
+                    series(s);
                 }
             }
             _ => {}
         }
+        lines.extend(first_line);
+        lines.extend(series_lines);
         Reply::Array(
             lines
                 .into_iter()
@@ -659,13 +700,39 @@ pub fn bf_debug(handle: &ReplicaHandle) -> Reply {
 /// One sub-filter's line of `BF.DEBUG`, in RedisBloom's format (crpf hashes 64 bits wide).
 fn link(p: &crate::BloomParams, items: f64, ratio: f64) -> String {
     format!(
-        "bytes:{} bits:{} hashes:{} hashwidth:64 capacity:{} size:{} ratio:{ratio}",
+        "bytes:{} bits:{} hashes:{} hashwidth:64 capacity:{} size:{} ratio:{}",
         p.bits.div_ceil(8),
         p.bits,
         p.hashes,
         p.capacity,
         items.round().max(0.0) as u64,
+        printf_g(ratio),
     )
+}
+
+/// `x` as C's `printf("%g")` writes it (RedisBloom's ratios): 6 significant digits, trailing
+/// zeros dropped, an exponent (`5e-05`) below 1e-4 or from 1e6.
+fn printf_g(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    // The exponent after rounding to 6 digits, as %g decides it.
+    let sci = format!("{x:.5e}");
+    let (mantissa, exp) = sci.split_once('e').expect("an exponent");
+    let exp: i32 = exp.parse().expect("an integer exponent");
+    let trim = |s: &str| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    if !(-4..6).contains(&exp) {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{}e{sign}{:02}", trim(mantissa), exp.abs())
+    } else {
+        trim(&format!("{x:.*}", (5 - exp) as usize))
+    }
 }
 
 #[cfg(test)]
@@ -750,6 +817,71 @@ mod tests {
             cf_insert(&args(&["CF.INSERT", "k", "CAPACITY", "1", "ITEMS", "a"])),
             Err(Refused::Reply(_))
         ));
+    }
+
+    #[test]
+    fn ratios_print_as_printf_g() {
+        for (x, g) in [
+            (0.005, "0.005"),
+            (0.0025, "0.0025"),
+            (0.0008333333333333334, "0.000833333"),
+            (0.00005, "5e-05"),
+            (1.25e-7, "1.25e-07"),
+            (0.1, "0.1"),
+        ] {
+            assert_eq!(printf_g(x), g);
+        }
+    }
+
+    #[test]
+    fn redisbloom_options_go_into_the_spec() {
+        let bf = |ws: &[&str]| bf_reserve(&args(ws));
+        let spec = bf(&["BF.RESERVE", "k", "0.01", "100", "EXPANSION", "4"]).unwrap();
+        assert_eq!((spec.kind, spec.growth()), (FilterKind::WriterScGBloom, 4));
+        let spec = bf(&["BF.RESERVE", "k", "0.01", "100", "EXPANSION", "2"]).unwrap();
+        assert_eq!(spec, FilterSpec::new(FilterKind::WriterScGBloom, 100, 0.01));
+        assert_eq!(spec.growth, None, "the default is absent from the spec");
+        let spec = bf(&["BF.RESERVE", "k", "0.01", "100", "EXPANSION", "99999999999"]).unwrap();
+        assert_eq!(spec.growth(), u32::MAX);
+        let cf = |ws: &[&str]| cf_reserve(&args(ws));
+        let spec = cf(&[
+            "CF.RESERVE",
+            "k",
+            "1000",
+            "BUCKETSIZE",
+            "255",
+            "MAXITERATIONS",
+            "10",
+            "EXPANSION",
+            "1",
+        ])
+        .unwrap();
+        assert_eq!(
+            (
+                spec.kind,
+                spec.bucket_size(),
+                spec.max_kicks(),
+                spec.growth()
+            ),
+            (FilterKind::WriterScOrCuckoo, 255, 10, 1)
+        );
+        let spec = cf(&[
+            "CF.RESERVE",
+            "k",
+            "1000",
+            "EXPANSION",
+            "0",
+            "BUCKETSIZE",
+            "1",
+        ])
+        .unwrap();
+        assert_eq!((spec.kind, spec.bucket_size()), (FilterKind::OrCuckoo, 1));
+        assert!(spec.memory_bytes().is_ok());
+        // RedisBloom's least capacity is two buckets of the size given.
+        assert!(cf(&["CF.RESERVE", "k", "7", "BUCKETSIZE", "4"]).is_err());
+        assert!(cf(&["CF.RESERVE", "k", "8", "BUCKETSIZE", "4"]).is_ok());
+        assert!(cf(&["CF.RESERVE", "k", "1000", "BUCKETSIZE", "256"]).is_err());
+        assert!(cf(&["CF.RESERVE", "k", "1000", "MAXITERATIONS", "65536"]).is_err());
     }
 
     #[test]
