@@ -1599,7 +1599,10 @@ mod tests {
             refused(&nonscaling_expanding),
             "Nonscaling filters cannot expand"
         );
-        assert!(refused(&["CF.RESERVE", "k", "100", "MAXITERATIONS", "20"]).contains("500"));
+        // RedisBloom's other values are taken (issue 49); out of its ranges, refused.
+        let s = spec(&["CF.RESERVE", "k", "100", "MAXITERATIONS", "20"]);
+        assert_eq!((s.kind, s.max_kicks()), (K::WriterScOrCuckoo, 20));
+        assert!(refused(&["CF.RESERVE", "k", "100", "MAXITERATIONS", "0"]).contains("between"));
     }
 
     fn no_filter(_: &[u8]) -> Option<ReplicaHandle> {
