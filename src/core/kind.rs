@@ -6,6 +6,8 @@
 //! Adding a kind: implement [`ReplicatedFilter`] (and [`ObservedRemove`] if it removes) next to
 //! the type, and add one line to `for_each_filter_kind!` with a new, never reused wire id.
 
+use std::num::{NonZeroU8, NonZeroU32};
+
 use serde::de::{DeserializeOwned, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use xxhash_rust::xxh3::Xxh3;
@@ -229,17 +231,18 @@ pub struct FilterSpec {
     /// `EXPANSION`), at least 1; [`FilterSpec::DEFAULT_GROWTH`] if absent. The FPR bound holds
     /// at any growth (the sub-filters' FPRs shrink geometrically whatever their sizes). This
     /// and the two below are absent from the encoding when absent, so that specs without
-    /// them encode, and older nodes decode them, as before.
+    /// them encode, and older nodes decode them, as before. (Non-zero types: a spec travels
+    /// inside the RESP front end's commands, which these keep as small as they were.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub growth: Option<u32>,
+    pub growth: Option<NonZeroU32>,
     /// Cuckoo kinds: slots per bucket (RedisBloom's `BUCKETSIZE`), 1 to 255;
     /// [`CuckooParams::DEFAULT_BUCKET_SIZE`](crate::CuckooParams::DEFAULT_BUCKET_SIZE) if absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bucket_size: Option<u8>,
+    pub bucket_size: Option<NonZeroU8>,
     /// Cuckoo kinds: the kick quota of an insertion (RedisBloom's `MAXITERATIONS`);
     /// [`CuckooParams::DEFAULT_MAX_KICKS`](crate::CuckooParams::DEFAULT_MAX_KICKS) if absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_kicks: Option<u32>,
+    pub max_kicks: Option<NonZeroU32>,
 }
 
 /// A Bloom filter's `m` and `k`, as a spec names them ([`FilterSpec::shape`]).
@@ -320,47 +323,47 @@ impl FilterSpec {
     pub const DEFAULT_GROWTH: u32 = 2;
 
     /// This spec with scalable sub-filters growing by `growth` (kept absent at the default,
-    /// so that the spec equals and encodes as one that never named it).
+    /// so that the spec equals and encodes as one that never named it; 0, which no series
+    /// takes, too).
     pub fn with_growth(self, growth: u32) -> Self {
         FilterSpec {
-            growth: (growth != Self::DEFAULT_GROWTH).then_some(growth),
+            growth: NonZeroU32::new(growth).filter(|g| g.get() != Self::DEFAULT_GROWTH),
             ..self
         }
     }
 
-    /// This spec with cuckoo buckets of `bucket_size` slots (absent at the default).
+    /// This spec with cuckoo buckets of `bucket_size` slots (absent at the default, and at 0,
+    /// which no table takes).
     pub fn with_bucket_size(self, bucket_size: u8) -> Self {
         let default = crate::CuckooParams::DEFAULT_BUCKET_SIZE;
         FilterSpec {
-            bucket_size: (bucket_size != default).then_some(bucket_size),
+            bucket_size: NonZeroU8::new(bucket_size).filter(|b| b.get() != default),
             ..self
         }
     }
 
-    /// This spec with a cuckoo kick quota of `max_kicks` (absent at the default).
+    /// This spec with a cuckoo kick quota of `max_kicks` (absent at the default, and at 0).
     pub fn with_max_kicks(self, max_kicks: u32) -> Self {
         let default = crate::CuckooParams::DEFAULT_MAX_KICKS;
         FilterSpec {
-            max_kicks: (max_kicks != default).then_some(max_kicks),
+            max_kicks: NonZeroU32::new(max_kicks).filter(|k| k.get() != default),
             ..self
         }
     }
 
     /// [`FilterSpec::growth`] or its default.
     pub fn growth(&self) -> u32 {
-        self.growth.unwrap_or(Self::DEFAULT_GROWTH)
+        self.growth.map_or(Self::DEFAULT_GROWTH, NonZeroU32::get)
     }
 
     /// [`FilterSpec::bucket_size`] or its default.
     pub fn bucket_size(&self) -> u8 {
-        self.bucket_size
-            .unwrap_or(crate::CuckooParams::DEFAULT_BUCKET_SIZE)
+        (self.bucket_size).map_or(crate::CuckooParams::DEFAULT_BUCKET_SIZE, NonZeroU8::get)
     }
 
     /// [`FilterSpec::max_kicks`] or its default.
     pub fn max_kicks(&self) -> u32 {
-        self.max_kicks
-            .unwrap_or(crate::CuckooParams::DEFAULT_MAX_KICKS)
+        (self.max_kicks).map_or(crate::CuckooParams::DEFAULT_MAX_KICKS, NonZeroU32::get)
     }
 
     /// The table of a cuckoo kind that is not scalable: `capacity` elements at `fpr`, in

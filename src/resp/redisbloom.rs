@@ -77,7 +77,8 @@ fn cf_spec(capacity: u64, expansion: u32) -> FilterSpec {
     } else {
         FilterKind::OrCuckoo
     };
-    FilterSpec::new(kind, capacity, CF_FPR).with_growth(expansion.max(1))
+    // A filter that does not scale has no growth (0 leaves the spec as it was).
+    FilterSpec::new(kind, capacity, CF_FPR).with_growth(expansion)
 }
 
 /// `expansion`: as [`cf_spec`]'s.
@@ -87,7 +88,7 @@ fn bf_spec(capacity: u64, fpr: f64, expansion: u32) -> FilterSpec {
     } else {
         FilterKind::GBloom
     };
-    FilterSpec::new(kind, capacity, fpr).with_growth(expansion.max(1))
+    FilterSpec::new(kind, capacity, fpr).with_growth(expansion)
 }
 
 /// An `EXPANSION` RedisBloom took (at least 1), as a growth factor: RedisBloom stores an
@@ -876,6 +877,10 @@ mod tests {
         ])
         .unwrap();
         assert_eq!((spec.kind, spec.bucket_size()), (FilterKind::OrCuckoo, 1));
+        assert_eq!(
+            spec.growth, None,
+            "a filter that does not scale has no growth"
+        );
         assert!(spec.memory_bytes().is_ok());
         // RedisBloom's least capacity is two buckets of the size given.
         assert!(cf(&["CF.RESERVE", "k", "7", "BUCKETSIZE", "4"]).is_err());
