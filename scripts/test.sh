@@ -8,12 +8,13 @@ tools="$root/.tools"
 
 # What the installs below need, checked first: a missing tool is named here rather than failing
 # halfway through an install. Tools already in .tools/ (or given by CRPF_NATS_SERVER,
-# CRPF_PYTHONPATH, CRPF_PROMETHEUS, CRPF_REDIS_SERVER with CRPF_REDIS_CLI, CRPF_REDISBLOOM)
-# need nothing.
+# CRPF_PYTHONPATH, CRPF_REDIS_PY_SUITE, CRPF_PROMETHEUS, CRPF_REDIS_SERVER with CRPF_REDIS_CLI,
+# CRPF_REDISBLOOM) need nothing.
 missing=()
 command -v cargo >/dev/null || missing+=("cargo: a Rust toolchain (https://rustup.rs)")
 if { [ -z "${CRPF_NATS_SERVER:-}" ] && [ ! -x "$tools/nats/bin/nats-server" ]; } ||
-   { [ -z "${CRPF_PYTHONPATH:-}" ] && [ ! -d "$tools/py/nats" ]; }; then
+   { [ -z "${CRPF_PYTHONPATH:-}" ] && [ ! -d "$tools/py/nats" ]; } ||
+   { [ -z "${CRPF_REDIS_PY_SUITE:-}" ] && [ ! -d "$tools/redis-py-suite/lib/pytest" ]; }; then
   if ! command -v python3 >/dev/null; then
     missing+=("python3 (Debian/Ubuntu: apt-get install python3 python3-pip)")
   elif ! python3 -m pip --version >/dev/null 2>&1; then
@@ -59,6 +60,25 @@ if [ -z "${CRPF_PYTHONPATH:-}" ]; then
       --upgrade --target "$tools/py" nats-py "redis>=8"
   fi
   export CRPF_PYTHONPATH="$tools/py"
+fi
+
+# redis-py's own Bloom tests for tests/redis_py_suite.rs: a pinned release's sdist (PyPI
+# redis, which has tests/), unpacked with its conftest unchanged, and pytest (pinned with what
+# it needs) beside it.
+if [ -z "${CRPF_REDIS_PY_SUITE:-}" ]; then
+  suite="$tools/redis-py-suite"
+  if [ ! -f "$suite/redis-8.2.0/tests/test_bloom.py" ] || [ ! -d "$suite/lib/pytest" ]; then
+    echo "installing redis-py 8.2.0's test suite (PyPI sdist) and pytest into .tools/redis-py-suite" >&2
+    rm -rf "$suite"
+    mkdir -p "$suite"
+    python3 -m pip download --quiet --disable-pip-version-check --no-binary :all: --no-deps \
+      -d "$suite" redis==8.2.0
+    tar -xzf "$suite/redis-8.2.0.tar.gz" -C "$suite"
+    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+      --target "$suite/lib" pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 \
+      pygments==2.21.0
+  fi
+  export CRPF_REDIS_PY_SUITE="$suite"
 fi
 
 # Prometheus for tests/stack_prometheus.rs: Debian's package, unpacked project-locally.

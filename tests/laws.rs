@@ -54,10 +54,24 @@ trait Subject: DeltaState + Membership + Clone + Debug + Serialize + Deserialize
     const DELTAS_MAY_RUN_AHEAD: bool = false;
 }
 
+thread_local! {
+    /// The growth of the scalable subjects and the bucket size of the cuckoo ones (RedisBloom's
+    /// `EXPANSION` and `BUCKETSIZE`): 2 and 4 unless a test runs [`shaped`]. Per thread: each
+    /// test runs its cases on its own.
+    static SHAPE: std::cell::Cell<(u32, u8)> = const { std::cell::Cell::new((2, 4)) };
+}
+
+/// Runs `f` with subjects of growth `growth` and buckets of `bucket_size` slots.
+fn shaped(growth: u32, bucket_size: u8, f: impl FnOnce()) {
+    SHAPE.set((growth, bucket_size));
+    f();
+    SHAPE.set((2, 4));
+}
+
 fn cuckoo_params(seed: u64) -> CuckooParams {
     CuckooParams {
         buckets: 6,
-        bucket_size: 4,
+        bucket_size: SHAPE.get().1,
         fingerprint_bits: 5,
         max_kicks: 20,
         seed,
@@ -65,10 +79,13 @@ fn cuckoo_params(seed: u64) -> CuckooParams {
 }
 
 fn scalable_params() -> ScalableParams {
+    let (growth, bucket_size) = SHAPE.get();
     ScalableParams {
         initial_capacity: 6,
         fpr: 0.2,
         max_kicks: 20,
+        growth,
+        bucket_size,
         ..ScalableParams::with_capacity(6, 0.2).unwrap()
     }
 }
@@ -528,6 +545,17 @@ proptest! {
     #[test] fn writer_sc_gcuckoo_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<WriterScGCuckoo>(ops, seed, lossy) }
     #[test] fn writer_sc_orcuckoo_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<WriterScOrCuckoo>(ops, seed, lossy) }
     #[test] fn sc_orcuckoo_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<ScOrCuckoo>(ops, seed, lossy) }
+
+    // RedisBloom's other EXPANSION and BUCKETSIZE values (issue 49).
+    #[test] fn sc_gbloom_growth_1_laws(ops in ops()) { shaped(1, 4, || run::<ScGBloom>(ops)) }
+    #[test] fn writer_sc_gbloom_growth_1_deltas(ops in ops(), seed: u64, lossy: bool) { shaped(1, 4, || run_deltas::<WriterScGBloom>(ops, seed, lossy)) }
+    #[test] fn writer_sc_gbloom_growth_3_laws(ops in ops()) { shaped(3, 4, || run::<WriterScGBloom>(ops)) }
+    #[test] fn gcuckoo_buckets_1_laws(ops in ops()) { shaped(2, 1, || run::<GCuckoo>(ops)) }
+    #[test] fn orcuckoo_buckets_2_laws(ops in ops()) { shaped(2, 2, || run::<OrCuckoo>(ops)) }
+    #[test] fn orcuckoo_buckets_8_deltas(ops in ops(), seed: u64, lossy: bool) { shaped(2, 8, || run_deltas::<OrCuckoo>(ops, seed, lossy)) }
+    #[test] fn writer_sc_orcuckoo_growth_1_buckets_2_laws(ops in ops()) { shaped(1, 2, || run::<WriterScOrCuckoo>(ops)) }
+    #[test] fn writer_sc_orcuckoo_growth_4_buckets_8_deltas(ops in ops(), seed: u64, lossy: bool) { shaped(4, 8, || run_deltas::<WriterScOrCuckoo>(ops, seed, lossy)) }
+    #[test] fn sc_gcuckoo_growth_3_buckets_3_laws(ops in ops()) { shaped(3, 3, || run::<ScGCuckoo>(ops)) }
 }
 
 /// Replicas whose adds fail for every reason an add can fail: a full cuckoo table, a series

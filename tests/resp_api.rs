@@ -928,12 +928,12 @@ async fn keys_are_filters_reserved_listed_and_deleted_by_commands() {
             "no expansion",
         ),
         (
-            &["BF.RESERVE", "x", "0.01", "100", "EXPANSION", "4"],
-            "grow by 2",
+            &["BF.RESERVE", "x", "0.01", "100", "EXPANSION", "0"],
+            "expansion should be greater or equal to 1",
         ),
         (
-            &["CF.RESERVE", "x", "100", "BUCKETSIZE", "2"],
-            "buckets of 4",
+            &["CF.RESERVE", "x", "100", "BUCKETSIZE", "256"],
+            "value must be an integer between 1 and 255",
         ),
         // RedisBloom's text, without an error code.
         (&["CF.RESERVE", "x", "0"], "Capacity"),
@@ -946,6 +946,38 @@ async fn keys_are_filters_reserved_listed_and_deleted_by_commands() {
         let e = refused(&mut con, args).await;
         assert!(e.contains(expected), "{args:?}: {e}");
     }
+    // RedisBloom's other growths, bucket sizes and kick limits (issue 49), read back.
+    for args in [
+        &["BF.RESERVE", "e4", "0.01", "100", "EXPANSION", "4"][..],
+        &[
+            "CF.RESERVE",
+            "b2",
+            "100",
+            "BUCKETSIZE",
+            "2",
+            "MAXITERATIONS",
+            "20",
+        ],
+    ] {
+        assert_eq!(run::<String>(&mut con, args).await.unwrap(), "OK");
+    }
+    let growth: Vec<i64> = run(&mut con, &["BF.INFO", "e4", "EXPANSION"])
+        .await
+        .unwrap();
+    assert_eq!(growth, [4]);
+    let info: std::collections::HashMap<String, i64> =
+        run(&mut con, &["CF.INFO", "b2"]).await.unwrap();
+    assert_eq!(
+        (
+            info["Bucket size"],
+            info["Max iterations"],
+            info["Expansion rate"]
+        ),
+        (2, 20, 2)
+    );
+    expect(&mut con, &["CF.ADD", "b2", "x"], 1).await;
+    expect(&mut con, &["CF.EXISTS", "b2", "x"], 1).await;
+    expect(&mut con, &["DEL", "e4", "b2"], 2).await;
     expect(&mut con, &["BF.ADD", "tenant1", "a"], 1).await;
     expect(&mut con, &["BF.ADD", "tenant2", "a"], 1).await;
     expect(&mut con, &["BF.EXISTS", "tenant1", "a"], 1).await;

@@ -139,6 +139,11 @@ pub struct OrCuckooDelta {
 pub struct ScalableDelta<D> {
     /// `(sub-filter index, delta)`, ascending by index.
     pub subs: Vec<(u32, D)>,
+    /// `(sub-filter index, items added)` of the Bloom sub-filters in `subs` whose count the
+    /// series knows ([`crate::ScGBloom`]'s growth schedule), ascending by index. Absent from
+    /// the encoding when empty (the cuckoo kinds', and every delta of earlier releases).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub added: Vec<(u32, u64)>,
 }
 
 /// Delta of a [`crate::ScOrCuckoo`]: entries by sub-filter, and the shared context. Encoded

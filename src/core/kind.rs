@@ -6,6 +6,8 @@
 //! Adding a kind: implement [`ReplicatedFilter`] (and [`ObservedRemove`] if it removes) next to
 //! the type, and add one line to `for_each_filter_kind!` with a new, never reused wire id.
 
+use std::num::{NonZeroU8, NonZeroU32};
+
 use serde::de::{DeserializeOwned, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use xxhash_rust::xxh3::Xxh3;
@@ -225,6 +227,22 @@ pub struct FilterSpec {
     /// make larger than an error path should carry (absent for every kind but one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape: Option<Box<BloomShape>>,
+    /// Scalable kinds: each sub-filter's capacity over its predecessor's (RedisBloom's
+    /// `EXPANSION`), at least 1; [`FilterSpec::DEFAULT_GROWTH`] if absent. The FPR bound holds
+    /// at any growth (the sub-filters' FPRs shrink geometrically whatever their sizes). This
+    /// and the two below are absent from the encoding when absent, so that specs without
+    /// them encode, and older nodes decode them, as before. (Non-zero types: a spec travels
+    /// inside the RESP front end's commands, which these keep as small as they were.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth: Option<NonZeroU32>,
+    /// Cuckoo kinds: slots per bucket (RedisBloom's `BUCKETSIZE`), 1 to 255;
+    /// [`CuckooParams::DEFAULT_BUCKET_SIZE`](crate::CuckooParams::DEFAULT_BUCKET_SIZE) if absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket_size: Option<NonZeroU8>,
+    /// Cuckoo kinds: the kick quota of an insertion (RedisBloom's `MAXITERATIONS`);
+    /// [`CuckooParams::DEFAULT_MAX_KICKS`](crate::CuckooParams::DEFAULT_MAX_KICKS) if absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_kicks: Option<NonZeroU32>,
 }
 
 /// A Bloom filter's `m` and `k`, as a spec names them ([`FilterSpec::shape`]).
@@ -295,7 +313,74 @@ impl FilterSpec {
             seed: None,
             expiry: None,
             shape: None,
+            growth: None,
+            bucket_size: None,
+            max_kicks: None,
         }
+    }
+
+    /// Default [`FilterSpec::growth`].
+    pub const DEFAULT_GROWTH: u32 = 2;
+
+    /// This spec with scalable sub-filters growing by `growth` (kept absent at the default,
+    /// so that the spec equals and encodes as one that never named it; 0, which no series
+    /// takes, too).
+    pub fn with_growth(self, growth: u32) -> Self {
+        FilterSpec {
+            growth: NonZeroU32::new(growth).filter(|g| g.get() != Self::DEFAULT_GROWTH),
+            ..self
+        }
+    }
+
+    /// This spec with cuckoo buckets of `bucket_size` slots (absent at the default, and at 0,
+    /// which no table takes).
+    pub fn with_bucket_size(self, bucket_size: u8) -> Self {
+        let default = crate::CuckooParams::DEFAULT_BUCKET_SIZE;
+        FilterSpec {
+            bucket_size: NonZeroU8::new(bucket_size).filter(|b| b.get() != default),
+            ..self
+        }
+    }
+
+    /// This spec with a cuckoo kick quota of `max_kicks` (absent at the default, and at 0).
+    pub fn with_max_kicks(self, max_kicks: u32) -> Self {
+        let default = crate::CuckooParams::DEFAULT_MAX_KICKS;
+        FilterSpec {
+            max_kicks: NonZeroU32::new(max_kicks).filter(|k| k.get() != default),
+            ..self
+        }
+    }
+
+    /// [`FilterSpec::growth`] or its default.
+    pub fn growth(&self) -> u32 {
+        self.growth.map_or(Self::DEFAULT_GROWTH, NonZeroU32::get)
+    }
+
+    /// [`FilterSpec::bucket_size`] or its default.
+    pub fn bucket_size(&self) -> u8 {
+        (self.bucket_size).map_or(crate::CuckooParams::DEFAULT_BUCKET_SIZE, NonZeroU8::get)
+    }
+
+    /// [`FilterSpec::max_kicks`] or its default.
+    pub fn max_kicks(&self) -> u32 {
+        (self.max_kicks).map_or(crate::CuckooParams::DEFAULT_MAX_KICKS, NonZeroU32::get)
+    }
+
+    /// The table of a cuckoo kind that is not scalable: `capacity` elements at `fpr`, in
+    /// buckets of [`FilterSpec::bucket_size`] slots, kicking at most
+    /// [`FilterSpec::max_kicks`] times, with the spec's seed.
+    pub fn cuckoo_params(&self) -> Result<crate::CuckooParams, FilterError> {
+        let p = crate::CuckooParams::with_capacity_and_bucket_size(
+            self.capacity,
+            self.fpr,
+            self.bucket_size(),
+        )?;
+        crate::CuckooParams {
+            max_kicks: self.max_kicks(),
+            seed: self.seed(),
+            ..p
+        }
+        .validated()
     }
 
     /// A `go_bloom` spec of exactly these `m` and `k` (capacity and error rate as they
@@ -345,11 +430,10 @@ impl FilterSpec {
     /// assert!(FilterSpec::new(FilterKind::GBloom, 1_000, 2.0).memory_bytes().is_err());
     /// ```
     pub fn memory_bytes(&self) -> Result<u64, FilterError> {
-        use crate::core::params::{BloomParams, CuckooParams};
+        use crate::core::params::BloomParams;
         let bloom =
             || BloomParams::with_capacity(self.capacity, self.fpr).map(|p| p.memory_bytes());
-        let cuckoo =
-            || CuckooParams::with_capacity(self.capacity, self.fpr).map(|p| p.memory_bytes());
+        let cuckoo = || self.cuckoo_params().map(|p| p.memory_bytes());
         match self.kind {
             FilterKind::GBloom | FilterKind::ScGBloom | FilterKind::WriterScGBloom => bloom(),
             FilterKind::BlockedBloom => BloomParams::with_capacity(self.capacity, self.fpr)
@@ -386,6 +470,9 @@ pub(crate) fn scalable_params(
     let p = crate::core::scalable::ScalableParams::with_capacity(spec.capacity, spec.fpr)?;
     crate::core::scalable::ScalableParams {
         seed: spec.seed(),
+        growth: spec.growth(),
+        bucket_size: spec.bucket_size(),
+        max_kicks: spec.max_kicks(),
         ..p
     }
     .validated()

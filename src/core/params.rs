@@ -236,11 +236,10 @@ impl CuckooParams {
                 format!("{} is not in 1..=2^32", self.buckets),
             ));
         }
-        if self.bucket_size == 0 || self.bucket_size > 64 {
-            return Err(FilterError::invalid(
-                "bucket_size",
-                format!("{} is not in 1..=64", self.bucket_size),
-            ));
+        // Any size a `u8` holds, as RedisBloom's `BUCKETSIZE` (1 to 255): lookups scan a
+        // bucket slot by slot past 4, which large buckets pay for in time, not correctness.
+        if self.bucket_size == 0 {
+            return Err(FilterError::invalid("bucket_size", "must be at least 1"));
         }
         if self.fingerprint_bits == 0 || self.fingerprint_bits > MAX_FINGERPRINT_BITS {
             return Err(FilterError::invalid(

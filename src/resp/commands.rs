@@ -14,7 +14,7 @@
 //! | `CRPF.MDEL` *key item...* | `mremove` | an array of `1` and `0` |
 //! | `CF.COUNT` *key item* | `count` | the multiplicity, or the entries matching (OR kinds) |
 //! | `CRPF.STATS` *key* | `stats` | the stats JSON as a bulk string |
-//! | `BF.INFO`, `BF.CARD`, `CF.INFO`, `MEMORY USAGE` | (the replica's state, read directly) | [`super::redisbloom`] |
+//! | `BF.INFO`, `BF.CARD`, `BF.DEBUG`, `CF.INFO`, `MEMORY USAGE` | (the replica's state, read directly) | [`super::redisbloom`] |
 //! | `CRPF.IMPORT` *key format data* | (merged into the replica, the key created of the import's `m` and `k` if missing) | `OK`; *format* `bits-and-blooms` (Go's `WriteTo`) or `bits-and-blooms-json` (its `MarshalJSON`) |
 //! | `CRPF.EXPORT` *key format* | (the replica's state, read directly) | the filter in that format, a bulk string |
 //! | `CRPF.ACK` *level* | | `OK`: later updates of this connection wait for `local`, `logged`, `durable` or `replicated` (any [`AckLevel`] by name) |
@@ -484,6 +484,8 @@ pub enum Read {
     BfInfo(Option<redisbloom::BfField>),
     /// `CF.INFO`.
     CfInfo,
+    /// `BF.DEBUG`.
+    BfDebug,
     /// `CF.COMPACT` (nothing to compact: `OK` for a cuckoo key).
     Compact,
     /// `MEMORY USAGE`.
@@ -940,6 +942,10 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
             "CF.INFO" => {
                 arity(n == 1)?;
                 read(Read::CfInfo)
+            }
+            "BF.DEBUG" => {
+                arity(n == 1)?;
+                read(Read::BfDebug)
             }
             "BF.SCANDUMP" | "CF.SCANDUMP" => {
                 arity(n == 2)?;
@@ -1593,7 +1599,10 @@ mod tests {
             refused(&nonscaling_expanding),
             "Nonscaling filters cannot expand"
         );
-        assert!(refused(&["CF.RESERVE", "k", "100", "MAXITERATIONS", "20"]).contains("500"));
+        // RedisBloom's other values are taken (issue 49); out of its ranges, refused.
+        let s = spec(&["CF.RESERVE", "k", "100", "MAXITERATIONS", "20"]);
+        assert_eq!((s.kind, s.max_kicks()), (K::WriterScOrCuckoo, 20));
+        assert!(refused(&["CF.RESERVE", "k", "100", "MAXITERATIONS", "0"]).contains("between"));
     }
 
     fn no_filter(_: &[u8]) -> Option<ReplicaHandle> {

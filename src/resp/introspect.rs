@@ -63,6 +63,7 @@ const COMMANDS: &[Spec] = &[
     spec("bf.mexists", -3, READ, KEY),
     spec("bf.card", 2, READ, KEY),
     spec("bf.info", -2, READ, KEY),
+    spec("bf.debug", 2, READ, KEY),
     spec("bf.scandump", 3, READ, KEY),
     spec("bf.loadchunk", 4, WRITE, KEY),
     spec("cf.scandump", 3, READ, KEY),

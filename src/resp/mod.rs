@@ -852,7 +852,8 @@ async fn run_key(
                 (R::Card, None) => Reply::Int(0),
                 (R::BfInfo(field), Some(h)) => redisbloom::bf_info(&h, field),
                 (R::CfInfo, Some(h)) => redisbloom::cf_info(&h),
-                (R::BfInfo(_) | R::CfInfo, None) => Reply::err("not found"),
+                (R::BfDebug, Some(h)) => redisbloom::bf_debug(&h),
+                (R::BfInfo(_) | R::CfInfo | R::BfDebug, None) => Reply::err("not found"),
             }
         }
         K::Exists(keys) => {

@@ -6,12 +6,15 @@
 //! A non-scaling Bloom filter is a `g_bloom`; a scaling one the scalable kind whose FPR bound
 //! holds however rarely replicas sync (`writer_sc_g_bloom`). A cuckoo filter is an
 //! `or_cuckoo` (removes as `CF.DEL` expects), scaling (`writer_sc_or_cuckoo`) unless
-//! `EXPANSION 0`: RedisBloom's cuckoo filters grow by default too.
+//! `EXPANSION 0`: RedisBloom's cuckoo filters grow by default too. `EXPANSION`, `BUCKETSIZE`
+//! and `MAXITERATIONS` go into the spec ([`FilterSpec::growth`], [`FilterSpec::bucket_size`],
+//! [`FilterSpec::max_kicks`]) and come back in `BF.INFO` / `CF.INFO` from the filter's own
+//! parameters.
 
 use super::commands::Reply;
 use super::parse::Args;
-use crate::replica::ReplicaHandle;
-use crate::{CuckooParams, FilterKind, FilterSpec};
+use crate::replica::{AnyFilter, ReplicaHandle};
+use crate::{CuckooParams, FilterKind, FilterSpec, Membership, ScalableParams};
 
 /// RedisBloom's answer to creating a key that exists.
 pub const EXISTS: &str = "ERR item exists";
@@ -26,8 +29,10 @@ pub const CF_DEFAULT_CAPACITY: u64 = 1024;
 pub const CF_FPR: f64 = 0.01;
 /// Largest capacity RedisBloom accepts (2^30).
 pub const MAX_CAPACITY: u64 = 1 << 30;
-/// Each sub-filter of crpf's scalable kinds is this many times its predecessor's size.
-pub const SCALING_GROWTH: u64 = 2;
+/// RedisBloom's default `EXPANSION`: each sub-filter twice its predecessor's size.
+pub const SCALING_GROWTH: u64 = FilterSpec::DEFAULT_GROWTH as u64;
+/// Largest `EXPANSION` RedisBloom takes from `BF.INSERT` and `CF.RESERVE`.
+const MAX_EXPANSION: i64 = 32768;
 
 /// Whether `kind` answers RedisBloom's `BF.*` commands (else its `CF.*` ones).
 pub fn is_bloom(kind: FilterKind) -> bool {
@@ -51,19 +56,6 @@ pub fn type_name(kind: FilterKind) -> &'static str {
     }
 }
 
-/// Whether the kind grows as items come (RedisBloom's "expansion").
-fn scaling(kind: FilterKind) -> bool {
-    matches!(
-        kind,
-        FilterKind::ScGBloom
-            | FilterKind::WriterScGBloom
-            | FilterKind::ScGCuckoo
-            | FilterKind::ScOrCuckoo
-            | FilterKind::WriterScGCuckoo
-            | FilterKind::WriterScOrCuckoo
-    )
-}
-
 /// The spec of a Bloom key created by its first add.
 pub fn bf_default() -> FilterSpec {
     FilterSpec::new(
@@ -75,32 +67,35 @@ pub fn bf_default() -> FilterSpec {
 
 /// The spec of a cuckoo key created by its first add.
 pub fn cf_default() -> FilterSpec {
-    cf_spec(CF_DEFAULT_CAPACITY, true)
+    cf_spec(CF_DEFAULT_CAPACITY, FilterSpec::DEFAULT_GROWTH)
 }
 
-fn cf_spec(capacity: u64, scaling: bool) -> FilterSpec {
-    let kind = if scaling {
+/// `expansion`: the growth of a scaling filter, 0 for one that does not scale.
+fn cf_spec(capacity: u64, expansion: u32) -> FilterSpec {
+    let kind = if expansion > 0 {
         FilterKind::WriterScOrCuckoo
     } else {
         FilterKind::OrCuckoo
     };
-    FilterSpec::new(kind, capacity, CF_FPR)
+    // A filter that does not scale has no growth (0 leaves the spec as it was).
+    FilterSpec::new(kind, capacity, CF_FPR).with_growth(expansion)
 }
 
-fn bf_spec(capacity: u64, fpr: f64, scaling: bool) -> FilterSpec {
-    let kind = if scaling {
+/// `expansion`: as [`cf_spec`]'s.
+fn bf_spec(capacity: u64, fpr: f64, expansion: u32) -> FilterSpec {
+    let kind = if expansion > 0 {
         FilterKind::WriterScGBloom
     } else {
         FilterKind::GBloom
     };
-    FilterSpec::new(kind, capacity, fpr)
+    FilterSpec::new(kind, capacity, fpr).with_growth(expansion)
 }
 
-fn expansion_refused() -> Reply {
-    Reply::err(format!(
-        "crpf's scalable filters grow by {SCALING_GROWTH}: EXPANSION {SCALING_GROWTH} (or 0: \
-         not scaling) only"
-    ))
+/// An `EXPANSION` RedisBloom took (at least 1), as a growth factor: RedisBloom stores an
+/// `unsigned`, cutting larger values to their low 32 bits; crpf takes the largest instead (a
+/// second sub-filter that large exceeds the memory limit either way).
+fn growth(e: i64) -> u32 {
+    u32::try_from(e).unwrap_or(u32::MAX)
 }
 
 /// Argument `i` (counted after the command's name) as text; not UTF-8 reads as empty, which
@@ -165,84 +160,70 @@ pub fn bf_reserve(args: &Args) -> Result<FilterSpec, Reply> {
             return Err(Reply::err("syntax error"));
         }
     }
-    let scaling = match expansion {
+    let expansion = match expansion {
         Some(e) if e < 1 => {
             return Err(Reply::err("expansion should be greater or equal to 1"));
         }
         Some(_) if nonscaling => {
             return Err(Reply::Error("Nonscaling filters cannot expand".into()));
         }
-        Some(e) if e as u64 == SCALING_GROWTH => !nonscaling,
-        None => !nonscaling,
-        Some(_) => return Err(expansion_refused()),
+        Some(e) => growth(e),
+        None if nonscaling => 0,
+        None => FilterSpec::DEFAULT_GROWTH,
     };
-    Ok(bf_spec(capacity as u64, fpr, scaling))
+    Ok(bf_spec(capacity as u64, fpr, expansion))
 }
 
 /// `CF.RESERVE key capacity [BUCKETSIZE b] [MAXITERATIONS m] [EXPANSION e]` (arity
-/// checked): bucket size and kicks are crpf's (4 and its default), other values refused.
+/// checked): RedisBloom's ranges, each value into the spec (`EXPANSION 0`: not scaling).
 pub fn cf_reserve(args: &Args) -> Result<FilterSpec, Reply> {
     let n = args.len() - 1;
     let arg = |i: usize| args.arg(i + 1);
     let capacity = integer(text(args, 1)).ok_or_else(|| Reply::Error("Bad capacity".into()))?;
-    let mut scaling = true;
+    let mut expansion = FilterSpec::DEFAULT_GROWTH;
+    let mut bucket_size = None;
+    let mut max_kicks = CuckooParams::DEFAULT_MAX_KICKS;
     // Options come in pairs after the capacity (the arity checked that).
     let mut i = 2;
     while i < n {
         let value = text(args, i + 1);
-        // crpf's bucket size and kick limit are fixed: only their own values pass.
-        let fixed = |option: &str, fixed: u64, what: &str| -> Result<(), Reply> {
-            let v =
-                integer(value).ok_or_else(|| Reply::Error(format!("Couldn't parse {option}")))?;
-            if v == fixed as i64 {
-                Ok(())
-            } else {
-                Err(Reply::err(format!(
-                    "crpf's cuckoo filters {what} {fixed}: {option} {fixed} only"
-                )))
-            }
-        };
-        // RedisBloom's range of each option, checked before crpf's fixed value.
-        let within = |option: &str, min: i64, max: i64| -> Result<(), Reply> {
+        // RedisBloom's range of each option, and its texts.
+        let within = |option: &str, min: i64, max: i64| -> Result<i64, Reply> {
             match integer(value) {
                 None => Err(Reply::Error(format!("Couldn't parse {option}"))),
                 Some(v) if !(min..=max).contains(&v) => Err(Reply::Error(format!(
                     "{option}: value must be an integer between {min} and {max}, inclusive."
                 ))),
-                Some(_) => Ok(()),
+                Some(v) => Ok(v),
             }
         };
+        // The ranges fit the fields' types: the conversions below cannot fail.
         if arg(i).eq_ignore_ascii_case(b"BUCKETSIZE") {
-            within("BUCKETSIZE", 1, 255)?;
-            let size = CuckooParams::DEFAULT_BUCKET_SIZE;
-            fixed("BUCKETSIZE", size.into(), "have buckets of")?;
+            bucket_size = Some(within("BUCKETSIZE", 1, 255)? as u8);
         } else if arg(i).eq_ignore_ascii_case(b"MAXITERATIONS") {
-            within("MAXITERATIONS", 1, 65535)?;
-            let kicks = CuckooParams::DEFAULT_MAX_KICKS;
-            fixed("MAXITERATIONS", kicks.into(), "kick at most")?;
+            max_kicks = within("MAXITERATIONS", 1, 65535)? as u32;
         } else if arg(i).eq_ignore_ascii_case(b"EXPANSION") {
-            within("EXPANSION", 0, 32768)?;
-            let e =
-                integer(value).ok_or_else(|| Reply::Error("Couldn't parse EXPANSION".into()))?;
-            scaling = match e {
-                0 => false,
-                e if e as u64 == SCALING_GROWTH => true,
-                _ => return Err(expansion_refused()),
-            };
+            expansion = within("EXPANSION", 0, MAX_EXPANSION)? as u32;
         } else {
             return Err(Reply::err("syntax error"));
         }
         i += 2;
     }
-    check_cf_capacity(capacity)?;
-    Ok(cf_spec(capacity as u64, scaling))
+    check_cf_capacity(capacity, bucket_size)?;
+    let bucket_size = bucket_size.unwrap_or(CuckooParams::DEFAULT_BUCKET_SIZE);
+    Ok(cf_spec(capacity as u64, expansion)
+        .with_bucket_size(bucket_size)
+        .with_max_kicks(max_kicks))
 }
 
-/// RedisBloom's least cuckoo capacity: two buckets of its default size (2).
-const CF_MIN_CAPACITY: i64 = 4;
+/// RedisBloom's default bucket size, which its least capacity (two buckets) is counted in
+/// when `BUCKETSIZE` is not given.
+const REDISBLOOM_BUCKET_SIZE: u8 = 2;
 
-fn check_cf_capacity(capacity: i64) -> Result<(), Reply> {
-    if capacity < CF_MIN_CAPACITY {
+/// `bucket_size`: the `BUCKETSIZE` given: RedisBloom's least capacity is two buckets of it.
+fn check_cf_capacity(capacity: i64, bucket_size: Option<u8>) -> Result<(), Reply> {
+    let least = 2 * i64::from(bucket_size.unwrap_or(REDISBLOOM_BUCKET_SIZE));
+    if capacity < least {
         Err(Reply::Error(
             "Capacity must be at least (BucketSize * 2)".into(),
         ))
@@ -318,6 +299,7 @@ fn insert_refused(text: &str) -> Refused {
 pub fn bf_insert(args: &Args) -> Result<Insert, Refused> {
     let (mut capacity, mut fpr) = (BF_DEFAULT_CAPACITY, BF_DEFAULT_ERROR_RATE);
     let (mut create, mut nonscaling, mut expansion) = (true, false, SCALING_GROWTH as i64);
+    // RedisBloom's `BF.INSERT` takes up to 32768 (`BF.RESERVE` any `unsigned`).
     let items_from = insert_items_from(args, |option, value| {
         let value = || value.ok_or(Refused::Arity);
         Ok(match option {
@@ -342,7 +324,7 @@ pub fn bf_insert(args: &Args) -> Result<Insert, Refused> {
             }
             b"EXPANSION" => {
                 expansion = integer(value()?)
-                    .filter(|e| *e <= 32768)
+                    .filter(|e| *e <= MAX_EXPANSION)
                     .ok_or_else(|| insert_refused("Bad expansion"))?;
                 if expansion < 0 {
                     return Err(insert_refused("Bad argument received"));
@@ -360,12 +342,10 @@ pub fn bf_insert(args: &Args) -> Result<Insert, Refused> {
             _ => return Err(insert_refused("Unknown argument received")),
         })
     })?;
-    let scaling = !nonscaling && expansion != 0;
-    if scaling && expansion as u64 != SCALING_GROWTH {
-        return Err(Refused::Reply(expansion_refused()));
-    }
+    // `NONSCALING` or `EXPANSION 0`: not scaling.
+    let expansion = if nonscaling { 0 } else { expansion as u32 };
     Ok(Insert {
-        create: create.then(|| bf_spec(capacity, fpr, scaling)),
+        create: create.then(|| bf_spec(capacity, fpr, expansion)),
         items_from,
     })
 }
@@ -379,7 +359,7 @@ pub fn cf_insert(args: &Args) -> Result<Insert, Refused> {
             b"CAPACITY" => {
                 capacity = integer(value.ok_or(Refused::Arity)?)
                     .ok_or_else(|| insert_refused("Bad capacity"))?;
-                check_cf_capacity(capacity).map_err(Refused::Reply)?;
+                check_cf_capacity(capacity, None).map_err(Refused::Reply)?;
                 InsertOption::Valued
             }
             b"NOCREATE" => {
@@ -390,7 +370,7 @@ pub fn cf_insert(args: &Args) -> Result<Insert, Refused> {
         })
     })?;
     Ok(Insert {
-        create: create.then(|| cf_spec(capacity as u64, true)),
+        create: create.then(|| cf_spec(capacity as u64, FilterSpec::DEFAULT_GROWTH)),
         items_from,
     })
 }
@@ -508,7 +488,56 @@ struct Figures {
     bytes: u64,
     filters: u64,
     items: u64,
-    scaling: bool,
+    settings: Settings,
+}
+
+/// What RedisBloom's options set, as the filter's own parameters hold them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Settings {
+    /// The growth of a scaling kind (`EXPANSION`); `None` for the others.
+    growth: Option<u32>,
+    /// Slots per bucket of the cuckoo kinds (`BUCKETSIZE`).
+    bucket_size: u8,
+    /// Kick quota of the cuckoo kinds (`MAXITERATIONS`).
+    max_kicks: u32,
+}
+
+impl Settings {
+    fn of_series(p: &ScalableParams) -> Self {
+        Settings {
+            growth: Some(p.growth),
+            bucket_size: p.bucket_size,
+            max_kicks: p.max_kicks,
+        }
+    }
+
+    fn of_table(p: &CuckooParams) -> Self {
+        Settings {
+            growth: None,
+            bucket_size: p.bucket_size,
+            max_kicks: p.max_kicks,
+        }
+    }
+}
+
+/// The settings of filter `f` (the defaults for kinds without them).
+fn settings(f: &AnyFilter) -> Settings {
+    match f {
+        AnyFilter::ScGBloom(f) => Settings::of_series(f.params()),
+        AnyFilter::ScGCuckoo(f) => Settings::of_series(f.params()),
+        AnyFilter::ScOrCuckoo(f) => Settings::of_series(f.params()),
+        AnyFilter::WriterScGBloom(f) => Settings::of_series(f.params()),
+        AnyFilter::WriterScGCuckoo(f) => Settings::of_series(f.params()),
+        AnyFilter::WriterScOrCuckoo(f) => Settings::of_series(f.params()),
+        AnyFilter::GCuckoo(f) => Settings::of_table(f.params()),
+        AnyFilter::OrCuckoo(f) => Settings::of_table(f.params()),
+        AnyFilter::CountingCuckoo(f) => Settings::of_table(f.params()),
+        _ => Settings {
+            growth: None,
+            bucket_size: CuckooParams::DEFAULT_BUCKET_SIZE,
+            max_kicks: CuckooParams::DEFAULT_MAX_KICKS,
+        },
+    }
 }
 
 /// `with_bytes`: also the encoded state's length, which takes an encoding of the whole state.
@@ -523,10 +552,31 @@ fn figures(handle: &ReplicaHandle, with_bytes: bool) -> Figures {
                 0
             },
             filters: stats.sub_filters as u64,
-            items: stats.cardinality.round().max(0.0) as u64,
-            scaling: scaling(stats.kind),
+            items: counted_items(f)
+                .unwrap_or(stats.cardinality)
+                .round()
+                .max(0.0) as u64,
+            settings: settings(f),
         }
     })
+}
+
+/// Sub-filter `i`'s items: the count of its series' adds where known (RedisBloom's count of
+/// new adds), else the estimate from its bits.
+fn sub_items(s: &crate::ScGBloom, i: usize) -> f64 {
+    s.added(i)
+        .map_or_else(|| s.subs()[i].cardinality(), |n| n as f64)
+}
+
+/// The items of a scalable Bloom filter, as [`sub_items`] counts them over every sub-filter
+/// (of every writer's series); `None` for the other kinds, whose figure is their estimate.
+fn counted_items(f: &AnyFilter) -> Option<f64> {
+    let series = |s: &crate::ScGBloom| (0..s.sub_filters()).map(|i| sub_items(s, i)).sum();
+    match f {
+        AnyFilter::ScGBloom(s) => Some(series(s)),
+        AnyFilter::WriterScGBloom(w) => Some(w.parts().map(|(_, s)| series(s)).sum::<f64>()),
+        _ => None,
+    }
 }
 
 /// Bytes the filter's state takes (`MEMORY USAGE`): its encoding's length.
@@ -534,9 +584,10 @@ pub fn memory_usage(handle: &ReplicaHandle) -> u64 {
     handle.read(|f| f.encode_state().len() as u64)
 }
 
-/// `BF.CARD`: the estimated number of items (RedisBloom counts the adds that were new, which
-/// replicas cannot agree on; the estimate from the bits is the same on every replica once
-/// they converge).
+/// `BF.CARD`: the number of items. A scalable kind's series count their new adds as RedisBloom
+/// does ([`counted_items`]: each writer counts its own, and replicas agree once they
+/// converge); the others estimate from the bits (the same on every replica once they
+/// converge).
 pub fn bf_card(handle: &ReplicaHandle) -> Reply {
     Reply::Int(figures(handle, false).items as i64)
 }
@@ -550,8 +601,10 @@ pub fn bf_info(handle: &ReplicaHandle, field: Option<BfField>) -> Reply {
         BfField::Size => Reply::Int(f.bytes as i64),
         BfField::Filters => Reply::Int(f.filters as i64),
         BfField::Items => Reply::Int(f.items as i64),
-        BfField::Expansion if f.scaling => Reply::Int(SCALING_GROWTH as i64),
-        BfField::Expansion => Reply::Null,
+        BfField::Expansion => match f.settings.growth {
+            Some(growth) => Reply::Int(growth.into()),
+            None => Reply::Null,
+        },
     };
     match field {
         // One field: RESP3 a map of one, RESP2 the bare value (as RedisBloom).
@@ -571,8 +624,8 @@ pub fn bf_info(handle: &ReplicaHandle, field: Option<BfField>) -> Reply {
 /// `CF.INFO key`.
 pub fn cf_info(handle: &ReplicaHandle) -> Reply {
     let f = figures(handle, true);
-    let bucket = u64::from(CuckooParams::DEFAULT_BUCKET_SIZE);
-    let expansion = if f.scaling { SCALING_GROWTH } else { 0 };
+    let bucket = u64::from(f.settings.bucket_size);
+    let expansion = f.settings.growth.map_or(0, u64::from);
     let pairs = [
         ("Size", f.bytes),
         ("Number of buckets", f.capacity / bucket),
@@ -582,7 +635,7 @@ pub fn cf_info(handle: &ReplicaHandle) -> Reply {
         ("Number of items deleted", handle.read(|f| f.removed())),
         ("Bucket size", bucket),
         ("Expansion rate", expansion),
-        ("Max iterations", u64::from(CuckooParams::DEFAULT_MAX_KICKS)),
+        ("Max iterations", u64::from(f.settings.max_kicks)),
     ];
     Reply::Map(
         pairs
@@ -590,6 +643,97 @@ pub fn cf_info(handle: &ReplicaHandle) -> Reply {
             .map(|(k, v)| (Reply::Simple(k), Reply::Int(v as i64)))
             .collect(),
     )
+}
+
+/// `BF.DEBUG key`: RedisBloom's lines, `size:` (the number of items, as `BF.CARD`) and one per
+/// sub-filter (each writer's series in writer order, oldest sub-filter first) with its bytes,
+/// bits, hash functions, capacity, items (counted, else estimated) and target FPR. Bloom kinds without
+/// sub-filters of their own parameters (`blocked_bloom`, `go_bloom`, `expiring_bloom`)
+/// answer the first line only.
+pub fn bf_debug(handle: &ReplicaHandle) -> Reply {
+    handle.read(|f| {
+        let items = counted_items(f)
+            .unwrap_or_else(|| f.stats().cardinality)
+            .round()
+            .max(0.0) as u64;
+        let mut lines = vec![format!("size:{items}")];
+        let mut first_line = None;
+        let mut series_lines = Vec::new();
+        let mut series = |s: &crate::ScGBloom| {
+            for (i, sub) in s.subs().iter().enumerate() {
+                let p = s.params();
+                series_lines.push(link(sub.params(), sub_items(s, i), p.sub_fpr(i)));
+            }
+        };
+        let mut first = |p: &ScalableParams| {
+            first_line = p.bloom(0).ok().map(|b| link(&b, 0.0, p.sub_fpr(0)));
+        };
+        match f {
+            AnyFilter::GBloom(b) => {
+                let p = b.params();
+                lines.push(link(p, b.cardinality(), p.fpr_after(p.capacity as f64)));
+            }
+            // Before the first add (which allocates it), the first sub-filter it will add to,
+            // as RedisBloom lists the one it allocated at creation.
+            AnyFilter::ScGBloom(s) if s.sub_filters() == 0 => first(s.params()),
+            AnyFilter::ScGBloom(s) => series(s),
+            AnyFilter::WriterScGBloom(w) if w.parts().next().is_none() => {
+                first(&w.part_params(w.writer()))
+            }
+            AnyFilter::WriterScGBloom(w) => {
+                for (_, s) in w.parts() {
+                    series(s);
+                }
+            }
+            _ => {}
+        }
+        lines.extend(first_line);
+        lines.extend(series_lines);
+        Reply::Array(
+            lines
+                .into_iter()
+                .map(|l| Reply::Bulk(bytes::Bytes::from(l)))
+                .collect(),
+        )
+    })
+}
+
+/// One sub-filter's line of `BF.DEBUG`, in RedisBloom's format (crpf hashes 64 bits wide).
+fn link(p: &crate::BloomParams, items: f64, ratio: f64) -> String {
+    format!(
+        "bytes:{} bits:{} hashes:{} hashwidth:64 capacity:{} size:{} ratio:{}",
+        p.bits.div_ceil(8),
+        p.bits,
+        p.hashes,
+        p.capacity,
+        items.round().max(0.0) as u64,
+        printf_g(ratio),
+    )
+}
+
+/// `x` as C's `printf("%g")` writes it (RedisBloom's ratios): 6 significant digits, trailing
+/// zeros dropped, an exponent (`5e-05`) below 1e-4 or from 1e6.
+fn printf_g(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    // The exponent after rounding to 6 digits, as %g decides it.
+    let sci = format!("{x:.5e}");
+    let (mantissa, exp) = sci.split_once('e').expect("an exponent");
+    let exp: i32 = exp.parse().expect("an integer exponent");
+    let trim = |s: &str| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    if !(-4..6).contains(&exp) {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{}e{sign}{:02}", trim(mantissa), exp.abs())
+    } else {
+        trim(&format!("{x:.*}", (5 - exp) as usize))
+    }
 }
 
 #[cfg(test)]
@@ -674,6 +818,75 @@ mod tests {
             cf_insert(&args(&["CF.INSERT", "k", "CAPACITY", "1", "ITEMS", "a"])),
             Err(Refused::Reply(_))
         ));
+    }
+
+    #[test]
+    fn ratios_print_as_printf_g() {
+        for (x, g) in [
+            (0.005, "0.005"),
+            (0.0025, "0.0025"),
+            (0.0008333333333333334, "0.000833333"),
+            (0.00005, "5e-05"),
+            (1.25e-7, "1.25e-07"),
+            (0.1, "0.1"),
+        ] {
+            assert_eq!(printf_g(x), g);
+        }
+    }
+
+    #[test]
+    fn redisbloom_options_go_into_the_spec() {
+        let bf = |ws: &[&str]| bf_reserve(&args(ws));
+        let spec = bf(&["BF.RESERVE", "k", "0.01", "100", "EXPANSION", "4"]).unwrap();
+        assert_eq!((spec.kind, spec.growth()), (FilterKind::WriterScGBloom, 4));
+        let spec = bf(&["BF.RESERVE", "k", "0.01", "100", "EXPANSION", "2"]).unwrap();
+        assert_eq!(spec, FilterSpec::new(FilterKind::WriterScGBloom, 100, 0.01));
+        assert_eq!(spec.growth, None, "the default is absent from the spec");
+        let spec = bf(&["BF.RESERVE", "k", "0.01", "100", "EXPANSION", "99999999999"]).unwrap();
+        assert_eq!(spec.growth(), u32::MAX);
+        let cf = |ws: &[&str]| cf_reserve(&args(ws));
+        let spec = cf(&[
+            "CF.RESERVE",
+            "k",
+            "1000",
+            "BUCKETSIZE",
+            "255",
+            "MAXITERATIONS",
+            "10",
+            "EXPANSION",
+            "1",
+        ])
+        .unwrap();
+        assert_eq!(
+            (
+                spec.kind,
+                spec.bucket_size(),
+                spec.max_kicks(),
+                spec.growth()
+            ),
+            (FilterKind::WriterScOrCuckoo, 255, 10, 1)
+        );
+        let spec = cf(&[
+            "CF.RESERVE",
+            "k",
+            "1000",
+            "EXPANSION",
+            "0",
+            "BUCKETSIZE",
+            "1",
+        ])
+        .unwrap();
+        assert_eq!((spec.kind, spec.bucket_size()), (FilterKind::OrCuckoo, 1));
+        assert_eq!(
+            spec.growth, None,
+            "a filter that does not scale has no growth"
+        );
+        assert!(spec.memory_bytes().is_ok());
+        // RedisBloom's least capacity is two buckets of the size given.
+        assert!(cf(&["CF.RESERVE", "k", "7", "BUCKETSIZE", "4"]).is_err());
+        assert!(cf(&["CF.RESERVE", "k", "8", "BUCKETSIZE", "4"]).is_ok());
+        assert!(cf(&["CF.RESERVE", "k", "1000", "BUCKETSIZE", "256"]).is_err());
+        assert!(cf(&["CF.RESERVE", "k", "1000", "MAXITERATIONS", "65536"]).is_err());
     }
 
     #[test]

@@ -764,11 +764,7 @@ impl crate::core::kind::ReplicatedFilter for CountingCuckoo {
         spec: &crate::core::kind::FilterSpec,
         replica: ReplicaId,
     ) -> Result<Self, FilterError> {
-        let params = CuckooParams {
-            seed: spec.seed(),
-            ..CuckooParams::with_capacity(spec.capacity, spec.fpr)?
-        };
-        Self::new(params, replica)
+        Self::new(spec.cuckoo_params()?, replica)
     }
 
     fn params_digest(&self) -> u64 {

@@ -302,7 +302,7 @@ impl crate::core::kind::ReplicatedFilter for GCuckoo {
         spec: &crate::core::kind::FilterSpec,
         _replica: crate::ReplicaId,
     ) -> Result<Self, FilterError> {
-        GCuckoo::new(CuckooParams::with_capacity(spec.capacity, spec.fpr)?.with_seed(spec.seed()))
+        GCuckoo::new(spec.cuckoo_params()?)
     }
 
     fn params_digest(&self) -> u64 {

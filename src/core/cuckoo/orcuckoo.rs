@@ -784,10 +784,7 @@ impl crate::core::kind::ReplicatedFilter for OrCuckoo {
         spec: &crate::core::kind::FilterSpec,
         replica: ReplicaId,
     ) -> Result<Self, FilterError> {
-        OrCuckoo::new(
-            CuckooParams::with_capacity(spec.capacity, spec.fpr)?.with_seed(spec.seed()),
-            replica,
-        )
+        OrCuckoo::new(spec.cuckoo_params()?, replica)
     }
 
     fn params_digest(&self) -> u64 {

@@ -1,5 +1,18 @@
 //! ScGBF and ScGCF (thesis Specs. 6 and 7): a series of grow-only sub-filters, adding to the
 //! last one and expanding when it is full or, for cuckoo sub-filters, when an insertion fails.
+//!
+//! When a Bloom sub-filter is full: a cuckoo table counts its entries exactly, a Bloom
+//! filter's estimate from its bits is off by a few percent either way (about 2% at 100
+//! items), so a series filled to exactly its capacities grew a sub-filter early about half the
+//! time, doubling its memory where RedisBloom's does not grow. A Bloom series therefore also
+//! counts the items its own adds put into each sub-filter (`added`, merged by maximum: one
+//! writer's counts only rise) and grows when the last one counted its capacity, as RedisBloom
+//! does. The count is part of the state (and of deltas), so the schedule is a function of
+//! the merged state; where a count is missing (states of earlier releases) or lags (a series
+//! several replicas add to, each counting its own), the estimate still bounds the fill: at
+//! [`ESTIMATE_SLACK`] past the capacity with a count, at the capacity without one. The counts
+//! are a growth schedule, not membership: the order (`le`) and digests ignore them, so that
+//! states with the same bits are equivalent whatever they counted.
 
 use std::fmt;
 
@@ -14,8 +27,17 @@ use crate::core::delta::{CheckRemote, DeltaState, MAX_SUBS_AHEAD, ScalableDelta}
 use crate::core::error::FilterError;
 use crate::core::lattice::{Lattice, Membership};
 
+/// With a count of its items, a Bloom sub-filter is also full once its estimate is this far
+/// past its capacity (a fraction): more than 4 standard deviations of the estimate at a
+/// capacity of 100 (fewer below), so that it only acts where the count lags.
+pub(crate) const ESTIMATE_SLACK: f64 = 0.1;
+
 /// A grow-only sub-filter kind a scalable series can build.
 pub trait GrowOnlySub: SubFilter + DeltaState + Serialize + DeserializeOwned + fmt::Debug {
+    /// Whether the series counts the items added into each sub-filter to tell when it is full
+    /// (the Bloom sub-filters, whose cardinality is an estimate).
+    #[doc(hidden)]
+    const COUNTS_ADDS: bool;
     #[doc(hidden)]
     fn build(params: &ScalableParams, index: usize) -> Result<Self, FilterError>;
     #[doc(hidden)]
@@ -34,6 +56,7 @@ pub trait GrowOnlySub: SubFilter + DeltaState + Serialize + DeserializeOwned + f
 }
 
 impl GrowOnlySub for GBloom {
+    const COUNTS_ADDS: bool = true;
     fn build(params: &ScalableParams, index: usize) -> Result<Self, FilterError> {
         GBloom::new(params.bloom(index)?)
     }
@@ -53,6 +76,7 @@ impl GrowOnlySub for GBloom {
 }
 
 impl GrowOnlySub for GCuckoo {
+    const COUNTS_ADDS: bool = false;
     fn build(params: &ScalableParams, index: usize) -> Result<Self, FilterError> {
         GCuckoo::new(params.cuckoo(index)?)
     }
@@ -76,6 +100,9 @@ impl GrowOnlySub for GCuckoo {
 pub struct ScalableGrowOnly<F> {
     params: ScalableParams,
     series: Series<F>,
+    /// Items this series' adds put into each sub-filter, where known ([`GrowOnlySub::COUNTS_ADDS`]
+    /// kinds only; see the [module documentation](self)). At most as long as the series.
+    added: Vec<Option<u64>>,
     /// Whether sub-filters record delta-states.
     tracking: bool,
 }
@@ -124,6 +151,7 @@ impl<F: GrowOnlySub> ScalableGrowOnly<F> {
         Ok(Self {
             params,
             series: Series { subs: Vec::new() },
+            added: Vec::new(),
             tracking: false,
         })
     }
@@ -143,26 +171,73 @@ impl<F: GrowOnlySub> ScalableGrowOnly<F> {
         &self.series.subs
     }
 
+    /// Items counted into sub-filter `i`, if known.
+    pub fn added(&self, i: usize) -> Option<u64> {
+        self.added.get(i).copied().flatten()
+    }
+
+    /// Spec. 5's *expand* condition on the last sub-filter (none: full): its count reached
+    /// its capacity or, as a bound should the count lag, its estimate passed it by
+    /// [`ESTIMATE_SLACK`]; without a count, its estimate reached it.
+    fn last_is_full(&self) -> bool {
+        let Some(last) = self.series.subs.last() else {
+            return true;
+        };
+        let capacity = last.capacity() as f64;
+        match self.added(self.series.subs.len() - 1) {
+            Some(n) => {
+                n as f64 >= capacity || last.cardinality() >= capacity * (1.0 + ESTIMATE_SLACK)
+            }
+            None => last.cardinality() >= capacity,
+        }
+    }
+
     fn add_expanding(&mut self, item: &[u8]) -> Result<(), FilterError> {
-        if self.series.last_is_full() {
+        if self.last_is_full() {
             self.force_expand()?;
         }
         let last = self.series.subs.last_mut().expect("expanded");
-        match last.add(item) {
+        let result = match last.add(item) {
             Err(FilterError::Full { .. }) => {
                 self.force_expand()?;
                 self.series.subs.last_mut().expect("expanded").add(item)
             }
             other => other,
+        };
+        if result.is_ok() {
+            let i = self.series.subs.len() - 1;
+            if let Some(Some(n)) = self.added.get_mut(i) {
+                *n += 1;
+            }
         }
+        result
     }
 
-    /// Spec. 5 *forceExpand*: appends an empty sub-filter.
+    /// Spec. 5 *forceExpand*: appends an empty sub-filter, whose count (of the kinds that
+    /// count) starts at 0: only adds of this series fill it.
     fn force_expand(&mut self) -> Result<(), FilterError> {
         let mut next = F::build(&self.params, self.series.subs.len())?;
         next.track_deltas(self.tracking);
         self.series.subs.push(next);
+        if F::COUNTS_ADDS {
+            self.added.resize(self.series.subs.len() - 1, None);
+            self.added.push(Some(0));
+        }
         Ok(())
+    }
+
+    /// Joins counts `(index, items)` into ours: the larger where both know one.
+    fn join_added(&mut self, theirs: impl Iterator<Item = (usize, u64)>) {
+        for (i, n) in theirs {
+            if i >= self.series.subs.len() {
+                continue; // never past the series (callers merged its sub-filters first)
+            }
+            if self.added.len() <= i {
+                self.added.resize(i + 1, None);
+            }
+            let mine = &mut self.added[i];
+            *mine = Some(mine.map_or(n, |m| m.max(n)));
+        }
     }
 }
 
@@ -184,6 +259,8 @@ impl<F: GrowOnlySub> Lattice for ScalableGrowOnly<F> {
         for sub in &mut self.series.subs[known..] {
             sub.track_deltas(self.tracking);
         }
+        let theirs = other.added.iter().enumerate();
+        self.join_added(theirs.filter_map(|(i, n)| n.map(|n| (i, n))));
         Ok(())
     }
 
@@ -209,6 +286,7 @@ impl<F: GrowOnlySub> Membership for ScalableGrowOnly<F> {
             // Failed insertions roll themselves back; only sub-filters this call appended
             // remain to drop, so that a failed add leaves the filter exactly as it was.
             self.series.subs.truncate(subs_before);
+            self.added.truncate(subs_before);
         }
         result
     }
@@ -246,7 +324,11 @@ impl<F: GrowOnlySub> DeltaState for ScalableGrowOnly<F> {
         let subs: Vec<(u32, F::Delta)> = (self.series.subs.iter_mut().enumerate())
             .filter_map(|(i, f)| f.take_delta().map(|d| (i as u32, d)))
             .collect();
-        (!subs.is_empty()).then_some(ScalableDelta { subs })
+        // An add that counted set bits, so its sub-filter has a delta to carry the count.
+        let added = (subs.iter())
+            .filter_map(|(i, _)| self.added(*i as usize).map(|n| (*i, n)))
+            .collect();
+        (!subs.is_empty()).then_some(ScalableDelta { subs, added })
     }
 
     fn pending_delta_len(&self) -> usize {
@@ -269,6 +351,16 @@ impl<F: GrowOnlySub> DeltaState for ScalableGrowOnly<F> {
                 None => F::check_delta_at(&self.params, i_us, d)?,
             }
         }
+        // Counts only of the sub-filters the delta carries, in order.
+        let mut prev: Option<u32> = None;
+        for (i, _) in &delta.added {
+            if prev.is_some_and(|p| p >= *i) || !delta.subs.iter().any(|(j, _)| j == i) {
+                return Err(FilterError::malformed(format!(
+                    "delta counts sub-filter {i} out of order or without its delta"
+                )));
+            }
+            prev = Some(*i);
+        }
         Ok(())
     }
 
@@ -280,6 +372,7 @@ impl<F: GrowOnlySub> DeltaState for ScalableGrowOnly<F> {
             }
             self.series.subs[*i as usize].merge_delta(d)?;
         }
+        self.join_added(delta.added.iter().map(|(i, n)| (*i as usize, *n)));
         Ok(())
     }
 }
@@ -299,6 +392,9 @@ impl<F: GrowOnlySub> CheckRemote for ScalableGrowOnly<F> {
 struct Repr<F> {
     params: ScalableParams,
     subs: Vec<F>,
+    /// Absent in states of earlier releases and of the kinds that do not count.
+    #[serde(default)]
+    added: Vec<Option<u64>>,
 }
 
 impl<F: GrowOnlySub> Serialize for ScalableGrowOnly<F> {
@@ -307,10 +403,13 @@ impl<F: GrowOnlySub> Serialize for ScalableGrowOnly<F> {
         struct ReprRef<'a, F> {
             params: &'a ScalableParams,
             subs: &'a [F],
+            #[serde(skip_serializing_if = "<[_]>::is_empty")]
+            added: &'a [Option<u64>],
         }
         ReprRef {
             params: &self.params,
             subs: &self.series.subs,
+            added: &self.added,
         }
         .serialize(s)
     }
@@ -331,9 +430,15 @@ impl<'de, F: GrowOnlySub> Deserialize<'de> for ScalableGrowOnly<F> {
                 "sub-filter {i} does not have the parameters of its position"
             ))));
         }
+        if repr.added.len() > repr.subs.len() || (!F::COUNTS_ADDS && !repr.added.is_empty()) {
+            return Err(serde::de::Error::custom(FilterError::malformed(
+                "counts of sub-filters the series does not have",
+            )));
+        }
         Ok(Self {
             params,
             series: Series { subs: repr.subs },
+            added: repr.added,
             tracking: false,
         })
     }
@@ -392,5 +497,135 @@ impl crate::core::kind::ReplicatedFilter for ScGCuckoo {
 
     fn sub_filters(&self) -> usize {
         ScalableGrowOnly::sub_filters(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(capacity: u64, fpr: f64, growth: u32) -> ScGBloom {
+        ScGBloom::new(ScalableParams {
+            growth,
+            ..ScalableParams::with_capacity(capacity, fpr).unwrap()
+        })
+        .unwrap()
+    }
+
+    fn fill(f: &mut ScGBloom, set: u32, n: u32) {
+        for i in 0..n {
+            f.add(format!("{set}-{i}").as_bytes()).unwrap();
+        }
+    }
+
+    fn counted(f: &ScGBloom) -> u64 {
+        (0..f.sub_filters()).filter_map(|i| f.added(i)).sum()
+    }
+
+    /// Adds items of `set` until the series counted `total` (as RedisBloom, an item that is
+    /// already a false positive is not added, nor counted).
+    fn fill_to(f: &mut ScGBloom, set: &str, total: u64) {
+        let mut i = 0;
+        while counted(f) < total {
+            f.add(format!("{set}-{i}").as_bytes()).unwrap();
+            i += 1;
+        }
+    }
+
+    /// Issue 49: RedisBloom's schedule. Filled to exactly its capacities, a series has exactly
+    /// the sub-filters they need, for every item set (the estimate alone grew one early about
+    /// half the time), and grows at the next item.
+    #[test]
+    fn a_bloom_series_fills_each_sub_filter_to_its_capacity() {
+        for set in 0..20 {
+            for (capacity, fpr, growth, subs) in [
+                (100, 0.01, 2, 2),
+                (1000, 0.0001, 2, 1),
+                (100, 0.01, 4, 2),
+                (50, 0.01, 1, 3),
+            ] {
+                let mut f = series(capacity, fpr, growth);
+                let full: u64 = (0..subs).map(|i| f.params().sub_capacity(i)).sum();
+                fill_to(&mut f, &set.to_string(), full);
+                assert_eq!(f.sub_filters(), subs, "{capacity} {growth} set {set}");
+                assert_eq!(f.added(subs - 1), Some(f.params().sub_capacity(subs - 1)));
+                fill_to(&mut f, &format!("{set}-next"), full + 1);
+                assert_eq!(f.sub_filters(), subs + 1, "{capacity} {growth} set {set}");
+            }
+        }
+    }
+
+    /// Any growth keeps the compounded FPR bound (the sub-filters' FPRs shrink geometrically
+    /// whatever their sizes).
+    #[test]
+    fn any_growth_keeps_the_fpr_bound() {
+        for growth in [1, 3, 4, 10] {
+            let mut f = series(100, 0.01, growth);
+            fill(&mut f, 0, 3_000);
+            assert!(f.sub_filters() > 1, "{growth}");
+            assert!(f.estimated_fpr() <= 0.01, "{growth}: {}", f.estimated_fpr());
+            let sizes: Vec<u64> = f.subs().iter().map(|s| s.capacity()).collect();
+            assert!(
+                sizes.windows(2).all(|w| w[1] == w[0] * growth as u64),
+                "{sizes:?}"
+            );
+        }
+    }
+
+    /// The counts travel in states and deltas, so that whoever continues the series (a writer
+    /// restarting from a peer's state) grows where the series would have.
+    #[test]
+    fn counts_travel_in_states_and_deltas_and_merge_by_maximum() {
+        let mut a = series(100, 0.01, 2);
+        a.track_deltas(true);
+        fill_to(&mut a, "1", 150);
+        let delta = a.take_delta().unwrap();
+        assert_eq!(delta.added, vec![(0, 100), (1, 50)]);
+        let mut by_delta = series(100, 0.01, 2);
+        by_delta.merge_delta(&delta).unwrap();
+        let mut by_state = series(100, 0.01, 2);
+        by_state.merge(&a).unwrap();
+        let bytes = serde_cbor::ser::to_vec_packed(&a).unwrap();
+        let decoded: ScGBloom = serde_cbor::from_slice(&bytes).unwrap();
+        for mut b in [by_delta, by_state, decoded] {
+            assert_eq!((b.added(0), b.added(1)), (Some(100), Some(50)));
+            fill_to(&mut b, "2", 300);
+            assert_eq!(b.sub_filters(), 2);
+            fill_to(&mut b, "3", 301);
+            assert_eq!(b.sub_filters(), 3);
+        }
+    }
+
+    /// A state of an earlier release has no counts: it decodes, and its sub-filters are full
+    /// by the estimate as before; sub-filters it grows count.
+    #[test]
+    fn a_state_without_counts_decodes_and_grows_by_its_estimate() {
+        let mut a = series(100, 0.01, 2);
+        fill(&mut a, 3, 50);
+        // What earlier releases encoded: the parameters and the sub-filters.
+        #[derive(Serialize)]
+        struct Earlier<'a> {
+            params: &'a ScalableParams,
+            subs: &'a [GBloom],
+        }
+        let earlier = Earlier {
+            params: a.params(),
+            subs: a.subs(),
+        };
+        let bytes = serde_cbor::ser::to_vec_packed(&earlier).unwrap();
+        let mut b: ScGBloom = serde_cbor::from_slice(&bytes).unwrap();
+        assert_eq!(b.added(0), None);
+        let mut n = 50;
+        while b.sub_filters() == 1 {
+            b.add(format!("3-{n}").as_bytes()).unwrap();
+            n += 1;
+        }
+        assert!(b.subs()[0].cardinality() >= 100.0);
+        assert_eq!(b.added(1), Some(1));
+        assert!(b.equivalent(&{
+            let mut c: ScGBloom = serde_cbor::from_slice(&bytes).unwrap();
+            c.merge(&b).unwrap();
+            c
+        }));
     }
 }

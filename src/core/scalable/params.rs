@@ -72,8 +72,8 @@ impl ScalableParams {
                 format!("{} is not in (0, 1)", self.tightening),
             ));
         }
-        if self.bucket_size == 0 || self.bucket_size > 64 {
-            return Err(FilterError::invalid("bucket_size", "must be in 1..=64"));
+        if self.bucket_size == 0 {
+            return Err(FilterError::invalid("bucket_size", "must be at least 1"));
         }
         check_kicks(self.max_kicks)?;
         Ok(self)

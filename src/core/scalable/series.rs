@@ -70,13 +70,6 @@ impl<F: SubFilter> Series<F> {
     pub(crate) fn compounded_fpr(&self) -> f64 {
         compound(self.subs.iter().map(|f| f.estimated_fpr()))
     }
-
-    /// Whether the last sub-filter reached its capacity (Spec. 5 *expand* condition).
-    pub(crate) fn last_is_full(&self) -> bool {
-        self.subs
-            .last()
-            .is_none_or(|f| f.cardinality() >= f.capacity() as f64)
-    }
 }
 
 /// `1 - Π (1 - ε_i)`.
