@@ -562,6 +562,58 @@ const SCRIPTS: &[Script] = &[
             ("EXISTS a b c", Same),
         ],
     },
+    // Keys are any bytes, as in Redis, up to 1 KiB (issue 49, item 1: crpf took one subject
+    // token only, and answered 0 to queries of any other key).
+    Script {
+        name: "key_names",
+        steps: &[
+            ("BF.ADD bf:users:2026-12-06 x", Same),
+            ("BF.EXISTS bf:users:2026-12-06 x", Same),
+            ("BF.EXISTS bf:users:2026-12-06 y", Same),
+            ("BF.EXISTS bf:x a", Same),
+            ("BF.ADD a.b x", Same),
+            ("BF.ADD {tag}k x", Same),
+            ("BF.ADD a/b x", Same),
+            ("BF.ADD \"user bloom\" x", Same),
+            ("BF.ADD \"caf\u{e9} \u{1f600}\" x", Same),
+            ("BF.ADD _lead x", Same),
+            ("BF.ADD _kx x", Same),
+            ("BF.ADD \"\" x", Same),
+            ("BF.ADD \"a\\{65}\" x", Same),
+            ("BF.ADD \"b\\{1024}\" x", Same),
+            ("BF.ADD \"\\x00\\xff\r\n\\x5f\" x", Same),
+            ("BF.MADD \"\\x00\\xff\r\n\\x5f\" x y", Same),
+            ("BF.EXISTS \"b\\{1024}\" x", Same),
+            ("BF.EXISTS \"b\\{1023}\" x", Same),
+            ("BF.EXISTS \"\\x00\\xff\r\n\\x5f\" y", Same),
+            ("BF.RESERVE r:1 0.01 1000", Same),
+            ("BF.RESERVE r:1 0.01 1000", Same),
+            ("CF.ADD cf:x a", Same),
+            ("CF.EXISTS cf:x a", Same),
+            ("CF.COUNT cf:x a", Same),
+            ("CF.DEL cf:x a", Same),
+            ("BF.ADD cf:x a", Same),
+            ("BF.CARD a/b", Same),
+            ("TYPE {tag}k", Same),
+            ("TYPE \"user bloom\"", Same),
+            ("TYPE cf:x", Same),
+            ("EXISTS bf:users:2026-12-06 a.b nope \"user bloom\" \"\" _kx", Same),
+            ("KEYS bf:*", Same),
+            ("KEYS *", Unordered),
+            ("KEYS ?.?", Same),
+            ("SCAN 0 MATCH *b* COUNT 1000", Unordered),
+            ("SCAN 0 TYPE MBbloomCF COUNT 1000", Same),
+            ("DBSIZE", Same),
+            ("DEL okkey \"user bloom\"", Same),
+            ("UNLINK a.b {tag}k a.b", Same),
+            ("DEL \"\\x00\\xff\r\n\\x5f\" \"b\\{1024}\"", Same),
+            ("EXISTS a.b \"user bloom\" _lead", Same),
+            ("BF.ADD \"user bloom\" x", Same),
+            ("BF.ADD \"c\\{1025}\" x", Crpf(b"-ERR invalid key `cccccccccccccccccccccccccccccccccccccccc...`: a key is at most 1024 bytes (or the name is no key's subject name, crpf::names)\r\n", "deliberate (README, \"Keys\"): crpf's keys are at most 1 KiB, carried in NATS subjects; RedisBloom answers 1")),
+            ("BF.EXISTS \"c\\{1025}\" x", CrpfEach(b":0\r\n", b"#f\r\n", "follows from the refusal of the 1025-byte key just above; RedisBloom answers 1")),
+            ("DBSIZE", Crpf(b":10\r\n", "follows from the refusal of the 1025-byte key just above; RedisBloom answers 11")),
+        ],
+    },
     Script {
         name: "scan",
         steps: &[
@@ -933,7 +985,8 @@ fn start_crpf(dir: &Path) -> Server {
     })
 }
 
-/// A command's words: split on whitespace, `"..."` one word (`""` an empty one).
+/// A command's words: split on whitespace, `"..."` one word (`""` an empty one), in which
+/// `\xNN` is a byte and `\{N}` makes the byte before it N in a row (`"a\{1024}"`).
 fn words(command: &str) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     let mut chars = command.chars().peekable();
@@ -943,7 +996,7 @@ fn words(command: &str) -> Vec<Vec<u8>> {
         } else if c == '"' {
             chars.next();
             let word: String = chars.by_ref().take_while(|&c| c != '"').collect();
-            out.push(word.into_bytes());
+            out.push(unescape(&word));
         } else {
             let mut word = String::new();
             while let Some(&c) = chars.peek() {
@@ -956,6 +1009,29 @@ fn words(command: &str) -> Vec<Vec<u8>> {
             out.push(word.into_bytes());
         }
     }
+    out
+}
+
+/// A quoted word's bytes (see [`words`]).
+fn unescape(word: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut rest = word;
+    while let Some(at) = rest.find('\\') {
+        out.extend_from_slice(&rest.as_bytes()[..at]);
+        let esc = &rest[at + 1..];
+        if let Some(hex) = esc.strip_prefix('x') {
+            out.push(u8::from_str_radix(&hex[..2], 16).expect("\\xNN"));
+            rest = &hex[2..];
+        } else if let Some(n) = esc.strip_prefix('{') {
+            let (n, after) = n.split_once('}').expect("\\{N}");
+            let last = *out.last().expect("a byte before \\{N}");
+            out.extend(std::iter::repeat_n(last, n.parse::<usize>().unwrap() - 1));
+            rest = after;
+        } else {
+            panic!("unknown escape in {word:?}");
+        }
+    }
+    out.extend_from_slice(rest.as_bytes());
     out
 }
 

@@ -34,6 +34,7 @@ use super::NodeError;
 use super::config::{ApiQueue, CatalogSection, NodeConfig};
 use super::foreign::{ForeignNames, Heard};
 use crate::FilterSpec;
+use crate::names::is_subject_name;
 use crate::replica::{
     Identity, Parked, Replica, ReplicaConfig, ReplicaError, ReplicaHandle, SharedId, refusal,
 };
@@ -44,7 +45,7 @@ use crate::transport::digests::{
 };
 use crate::transport::{
     Catalog, CatalogChange, CatalogEntry, CatalogError, Created, Message, MessageStream, Subjects,
-    Transport, TransportEvent, confirm_subscriptions, event_stream, is_token, serve_subscription,
+    Transport, TransportEvent, confirm_subscriptions, event_stream, serve_subscription,
     subscribe_now,
 };
 use crate::wire::AuthKeys;
@@ -81,9 +82,10 @@ const API_LOOKUPS: usize = 64;
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum HostError {
-    /// The name is not a subject token.
+    /// The name is no subject name ([`crate::names`]): its key is over 1 KiB.
     #[error(
-        "invalid filter name `{0}`: one subject token ([A-Za-z0-9_-], 1 to 64 bytes, not starting with `_`)"
+        "invalid key `{}`: a key is at most 1024 bytes (or the name is no key's subject name, crpf::names)",
+        crate::names::display_key(.0).chars().take(40).chain("...".chars()).collect::<String>()
     )]
     InvalidName(String),
     /// The spec or the settings it makes are invalid.
@@ -835,7 +837,7 @@ impl Node {
 
     /// Refusals that need no catalog: the name, the spec, this node's limits.
     fn check_create(&self, name: &str, spec: &FilterSpec) -> Result<(), HostError> {
-        if !is_token(name) || name.starts_with('_') {
+        if !is_subject_name(name) {
             return Err(HostError::InvalidName(name.into()));
         }
         if self.inner.configured.contains(name) {
@@ -892,16 +894,49 @@ fn follows_drop_of(entry: &CatalogEntry, generation: u64) -> bool {
 /// The `filter` label of the catalog's own rejects.
 const CATALOG_LABEL: &str = "_catalog";
 
-/// `<name>.g<generation>`: the data directory of a catalog filter's incarnation.
+/// Subject names longer than this get a hashed data directory ([`incarnation_dir`]): a
+/// directory entry is at most 255 bytes on most file systems, and the generation (and, in
+/// [`DROPPED_DIR`], the time of the drop) follow the name.
+const LONGEST_DIR_NAME: usize = 160;
+
+/// The start of a hashed data directory's name (never a subject name's: those start with
+/// `_k` or no `_`).
+const HASHED_DIR: &str = "_h";
+
+/// `<name>.g<generation>`: the data directory of a catalog filter's incarnation; for a name
+/// over [`LONGEST_DIR_NAME`] bytes, `_h<SHA-256 of the name, hex>.g<generation>` (its
+/// [`ENTRY_FILE`] names the filter).
 fn incarnation_dir(name: &str, generation: u64) -> String {
-    format!("{name}.g{generation}")
+    if name.len() <= LONGEST_DIR_NAME {
+        return format!("{name}.g{generation}");
+    }
+    use sha2::Digest;
+    let hash = sha2::Sha256::digest(name.as_bytes());
+    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{HASHED_DIR}{hex}.g{generation}")
 }
 
-/// The name and generation of an incarnation's data directory.
+/// The name (or, for a hashed directory, its `_h<hash>` stem) and the generation of an
+/// incarnation's data directory.
 fn parse_incarnation_dir(dir: &str) -> Option<(&str, u64)> {
     let (name, generation) = dir.rsplit_once(".g")?;
     let generation = generation.parse().ok()?;
-    (is_token(name) && generation > 0).then_some((name, generation))
+    let hashed = name
+        .strip_prefix(HASHED_DIR)
+        .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    ((is_subject_name(name) || hashed) && generation > 0).then_some((name, generation))
+}
+
+/// The filter of incarnation directory `dir` (`<base>/<dir>`), named `stem` and
+/// `generation` by [`parse_incarnation_dir`]: the stem, or the name of a hashed
+/// directory's entry file.
+fn incarnation_name(base: &Path, dir: &str, stem: &str, generation: u64) -> Option<String> {
+    if !stem.starts_with(HASHED_DIR) {
+        return Some(stem.to_string());
+    }
+    let bytes = std::fs::read(base.join(dir).join(ENTRY_FILE)).ok()?;
+    let entry: CatalogEntry = serde_json::from_slice(&bytes).ok()?;
+    (incarnation_dir(&entry.name, generation) == dir).then_some(entry.name)
 }
 
 /// The settings of the node's shared id: the catalog's replica defaults.
@@ -1053,9 +1088,17 @@ impl Inner {
         let mut unknown = Vec::new();
         for d in dirs.flatten() {
             let dir = d.file_name().to_string_lossy().into_owned();
-            let Some((name, generation)) = parse_incarnation_dir(&dir) else {
+            let Some((stem, generation)) = parse_incarnation_dir(&dir) else {
                 continue;
             };
+            let Some(name) = incarnation_name(&base, &dir, stem, generation) else {
+                tracing::warn!(
+                    dir = %d.path().display(),
+                    "a hashed filter directory without its entry: kept, not hosted"
+                );
+                continue;
+            };
+            let name = name.as_str();
             if self.configured.contains(name) {
                 continue;
             }
@@ -1348,7 +1391,7 @@ impl Inner {
     /// Notes `name` as replicated outside the catalog if `subject` is its delta or state
     /// subject and the catalog does not list it ([`ForeignNames`]).
     fn heard_elsewhere(&self, name: &str, subject: &str) {
-        if self.settings.api_queue != ApiQueue::Node || !is_token(name) {
+        if self.settings.api_queue != ApiQueue::Node || !is_subject_name(name) {
             return;
         }
         // `<prefix>.<name>.delta` or `.state` (the pattern is `<prefix>.*.*`).
@@ -1532,7 +1575,7 @@ impl Inner {
         metrics::counter!(BATCHED_DIGESTS, "direction" => "in").increment(items.len() as u64);
         for (name, frame) in items {
             // A name that is no subject token is no filter of this node.
-            if !is_token(&name) {
+            if !is_subject_name(&name) {
                 continue;
             }
             if let Some(handle) = self.replica_of(&name) {
@@ -1587,7 +1630,7 @@ impl Inner {
             // Not known to the watcher yet: perhaps created a moment ago (a request sent
             // right after the create was left unanswered here), perhaps a replica outside
             // the catalog with the same id. The catalog tells.
-            None if !is_token(name) || name.starts_with('_') => ApiRoute::Silent,
+            None if !is_subject_name(name) => ApiRoute::Silent,
             None => match self
                 .foreign
                 .lock()
@@ -2446,8 +2489,24 @@ mod tests {
             Some(("tenant-7", 42))
         );
         assert_eq!(parse_incarnation_dir("a.g1.g2"), None);
-        for configured in ["sessions", "gauges", "x.g0", "x.gx", ".g5"] {
+        for configured in [
+            "sessions", "gauges", "x.g0", "x.gx", ".g5", "_x.g1", "_h12.g1",
+        ] {
             assert_eq!(parse_incarnation_dir(configured), None, "{configured}");
         }
+        // Keys of any bytes: their subject names; past 160 bytes, a hash that fits a file
+        // name with the generation and a drop time after it.
+        let name = crate::names::subject_name(b"bf:users:2026");
+        let dir = incarnation_dir(&name, 3);
+        assert_eq!(parse_incarnation_dir(&dir), Some((&*name, 3)));
+        let long = crate::names::subject_name(&[0xFF; crate::names::MAX_KEY_BYTES]);
+        let dir = incarnation_dir(&long, u64::MAX);
+        assert!(dir.len() + ".1234567890123".len() < 255, "{dir}");
+        let (stem, g) = parse_incarnation_dir(&dir).unwrap();
+        assert!(stem.starts_with(HASHED_DIR) && g == u64::MAX);
+        assert_ne!(
+            dir,
+            incarnation_dir(&crate::names::subject_name(&[0xFE; 1024]), u64::MAX)
+        );
     }
 }

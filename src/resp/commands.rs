@@ -541,11 +541,13 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
     } else {
         None
     };
-    let key_name = || String::from_utf8_lossy(arg(0)).into_owned();
+    // The key's subject name ([`crate::names`]): what filters are found and made by.
+    let key = |i: usize| crate::names::subject_name(arg(i));
+    let key_name = || key(0).into_owned();
     // The key's filter, checked against the command's family; Err: the reply to a key that
     // exists with the wrong type; Ok(None): no such key.
     let existing = || -> Result<Option<ReplicaHandle>, Command> {
-        match filter(arg(0)) {
+        match filter(key(0).as_bytes()) {
             Some(handle) if family.is_some_and(|bloom| bloom != is_bloom(handle.kind())) => {
                 Err(Command::Reply(Reply::Error(WRONGTYPE.into())))
             }
@@ -595,7 +597,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
         // Looked up again when it runs: in a `MULTI`, a `RESERVE` queued before it may have
         // made the key (its queries answered as for a missing key).
         Command::Key(KeyCommand::IfFound {
-            name: arg(0).to_vec(),
+            name: key_name().into_bytes(),
             family,
             request: Box::new(request),
             missing,
@@ -640,7 +642,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
     // A read of the key's figures, at its turn among this connection's commands.
     let read = |read: Read| {
         Command::Key(KeyCommand::Read {
-            name: arg(0).to_vec(),
+            name: key_name().into_bytes(),
             read,
             bloom: family,
         })
@@ -804,7 +806,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                     )));
                 }
                 Command::Key(KeyCommand::Read {
-                    name: args.arg(2).to_vec(),
+                    name: key(1).into_owned().into_bytes(),
                     read: Read::Memory,
                     bloom: None,
                 })
@@ -1054,7 +1056,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                 arity(n >= 1)?;
                 Command::Key(KeyCommand::Delete(
                     args.from(1)
-                        .map(|k| String::from_utf8_lossy(k).into_owned())
+                        .map(|k| crate::names::subject_name(k).into_owned())
                         .collect(),
                 ))
             }
@@ -1071,12 +1073,14 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
             "EXISTS" => {
                 arity(n >= 1)?;
                 Command::Key(KeyCommand::Exists(
-                    args.from(1).map(<[u8]>::to_vec).collect(),
+                    args.from(1)
+                        .map(|k| crate::names::subject_name(k).into_owned().into_bytes())
+                        .collect(),
                 ))
             }
             "TYPE" => {
                 arity(n == 1)?;
-                Command::Key(KeyCommand::Type(arg(0).to_vec()))
+                Command::Key(KeyCommand::Type(key_name().into_bytes()))
             }
             "DBSIZE" => {
                 arity(n == 0)?;

@@ -868,7 +868,7 @@ async fn run_key(
             let names = lookup.names();
             match names.len() {
                 0 => Reply::Null,
-                n => text(names[fastrand::usize(..n)].clone()),
+                n => key_reply(&names[fastrand::usize(..n)]),
             }
         }
         K::Keys {
@@ -884,11 +884,15 @@ async fn run_key(
                         .eq_ignore_ascii_case(kind)
                 }),
             };
+            // Matched and answered as the keys, not their subject names.
             let names: Vec<Reply> = lookup
                 .names()
                 .into_iter()
-                .filter(|n| commands::glob_match(&pattern, n.as_bytes()) && of_kind(n))
-                .map(text)
+                .filter(|n| {
+                    let key = crate::names::key_of(n).unwrap_or_else(|| n.as_bytes().to_vec());
+                    commands::glob_match(&pattern, &key) && of_kind(n)
+                })
+                .map(|n| key_reply(&n))
                 .collect();
             if scan {
                 Reply::Array(vec![text("0".into()), Reply::Array(names)])
@@ -897,6 +901,14 @@ async fn run_key(
             }
         }
     }
+}
+
+/// The key of the filter of subject name `name` ([`crate::names`]), as a bulk string.
+fn key_reply(name: &str) -> Reply {
+    Reply::Bulk(crate::names::key_of(name).map_or_else(
+        || bytes::Bytes::copy_from_slice(name.as_bytes()),
+        bytes::Bytes::from,
+    ))
 }
 
 /// Filter `name`, created of `spec` first if it does not exist (by this call, or by another
@@ -1112,7 +1124,8 @@ impl Session<'_> {
             && let Some(hot) = hot::HotCommand::recognise(args)
         {
             let mut reply = None;
-            server.filters.with_filter(args.arg(1), &mut |handle| {
+            let key = crate::names::subject_name(args.arg(1));
+            server.filters.with_filter(key.as_bytes(), &mut |handle| {
                 reply = hot.answer(handle, args, self.ack);
             });
             if let Some(reply) = reply {

@@ -41,7 +41,7 @@ use crate::wire::AuthKeys;
 /// One filter of the catalog.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CatalogEntry {
-    /// The filter's name (a subject token, see [`crate::transport::is_token`]).
+    /// The filter's subject name ([`crate::names`]: its key, or the key encoded).
     pub name: String,
     /// Its kind and size, equal on every replica.
     pub spec: FilterSpec,
@@ -68,6 +68,10 @@ pub(crate) struct StoredEntry {
     pub generation: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replaces: Option<u64>,
+    /// The key, for a name that is not its own subject name and is UTF-8 ([`crate::names`]):
+    /// for people reading the store (the name it is stored under says it too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
     /// The cluster key's HMAC (hex) over the name and the fields above.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seal: Option<String>,
@@ -81,6 +85,7 @@ impl StoredEntry {
             created_ms: now_ms(),
             generation: None,
             replaces,
+            key: None,
             seal: None,
         }
     }
@@ -95,6 +100,14 @@ impl StoredEntry {
             replaces: self.replaces,
         }
     }
+}
+
+/// The `key` of an entry stored under `name`: its key, if it is not `name` and is UTF-8.
+fn key_field(name: &str) -> Option<String> {
+    let key = crate::names::key_of(name)?;
+    (key != name.as_bytes())
+        .then(|| String::from_utf8(key).ok())
+        .flatten()
 }
 
 /// The record of a drop, stored under the name in place of its entry.
@@ -177,6 +190,7 @@ impl Seal {
 
     /// The bytes of a live entry, sealed.
     pub(crate) fn entry(&self, name: &str, mut stored: StoredEntry) -> Vec<u8> {
+        stored.key = key_field(name);
         stored.seal = None;
         stored.seal = self.sign(name, &stored);
         serde_json::to_vec(&stored).expect("a catalog entry encodes")
@@ -216,6 +230,9 @@ impl Seal {
         let seal = e.seal.take();
         if let Some(reason) = self.check(name, &e, seal.as_deref()) {
             return Opened::Rejected(reason);
+        }
+        if e.key.is_some() && e.key != key_field(name) {
+            return Opened::Rejected("malformed");
         }
         Opened::Live(e.entry(name.to_string(), revision))
     }
@@ -415,6 +432,7 @@ pub(crate) fn offered(entry: &CatalogEntry) -> StoredEntry {
         created_ms: entry.created_ms,
         generation: Some(entry.generation),
         replaces: entry.replaces,
+        key: None,
         seal: None,
     }
 }
@@ -735,9 +753,22 @@ mod tests {
             created_ms: 5,
             generation: None,
             replaces: Some(3),
+            key: None,
             seal: None,
         };
         let bytes = seal.entry("a", stored.clone());
+        // A plain name's record is as before (no `key`); an encoded one keeps its key, sealed.
+        assert!(!String::from_utf8_lossy(&bytes).contains("\"key\""));
+        let coded = seal.entry("_kbf_3Ax", stored.clone());
+        assert!(String::from_utf8_lossy(&coded).contains("\"key\":\"bf:x\""));
+        assert!(
+            matches!(seal.open("_kbf_3Ax", &coded, 9), Opened::Live(e) if e.name == "_kbf_3Ax")
+        );
+        let forged = String::from_utf8_lossy(&coded).replace("bf:x", "bf:y");
+        assert_eq!(
+            seal.open("_kbf_3Ax", forged.as_bytes(), 9),
+            Opened::Rejected("bad_signature")
+        );
         assert!(matches!(seal.open("a", &bytes, 9), Opened::Live(e) if e.generation == 9));
         // Another name, another generation, another predecessor: none verifies.
         assert_eq!(seal.open("b", &bytes, 9), Opened::Rejected("bad_signature"));
