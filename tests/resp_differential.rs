@@ -42,6 +42,9 @@ enum Expect {
     /// What RedisBloom answers, the elements of its arrays (and sets) in any order: Redis
     /// lists keys in the order of its hash table, whose seed is random.
     Unordered,
+    /// An integer within this distance of RedisBloom's: a time left or a time of expiry
+    /// (`TTL`, `PTTL`, `EXPIRETIME`), which moves between the two servers' replies.
+    Near(i64),
     /// Exactly these bytes, which are not RedisBloom's reply, for this reason (`TODO: ` and
     /// what RedisBloom answers, where crpf should answer the same).
     Crpf(&'static [u8], &'static str),
@@ -57,7 +60,7 @@ enum Expect {
     Split(&'static Expect, &'static Expect),
 }
 
-use Expect::{Crpf, CrpfDigits, CrpfDigitsEach, CrpfEach, Same, Split, Unordered};
+use Expect::{Crpf, CrpfDigits, CrpfDigitsEach, CrpfEach, Near, Same, Split, Unordered};
 
 /// A script: commands on one connection, starting from empty databases.
 struct Script {
@@ -612,6 +615,77 @@ const SCRIPTS: &[Script] = &[
             ("BF.ADD \"c\\{1025}\" x", Crpf(b"-ERR invalid key `cccccccccccccccccccccccccccccccccccccccc...`: a key is at most 1024 bytes (or the name is no key's subject name, crpf::names)\r\n", "deliberate (README, \"Keys\"): crpf's keys are at most 1 KiB, carried in NATS subjects; RedisBloom answers 1")),
             ("BF.EXISTS \"c\\{1025}\" x", CrpfEach(b":0\r\n", b"#f\r\n", "follows from the refusal of the 1025-byte key just above; RedisBloom answers 1")),
             ("DBSIZE", Crpf(b":10\r\n", "follows from the refusal of the 1025-byte key just above; RedisBloom answers 11")),
+        ],
+    },
+    // Expiry (issue 49, item 2): EXPIRE and its family on filters, in and out of MULTI (the
+    // per-day filter idiom: `MULTI; BF.ADD k i; EXPIRE k 86400; EXEC` was EXECABORT).
+    Script {
+        name: "expire",
+        steps: &[
+            ("BF.ADD daily:x i", Same),
+            ("TTL daily:x", Same),
+            ("PTTL daily:x", Same),
+            ("EXPIRETIME daily:x", Same),
+            ("EXPIRE daily:x 86400", Same),
+            ("TTL daily:x", Near(1)),
+            ("PTTL daily:x", Near(2000)),
+            ("EXPIRETIME daily:x", Near(2)),
+            ("EXPIRE daily:x 100 GT", Same),
+            ("EXPIRE daily:x 100 LT", Same),
+            ("TTL daily:x", Near(1)),
+            ("EXPIRE daily:x 200 NX", Same),
+            ("EXPIRE daily:x 200 XX", Same),
+            ("TTL daily:x", Near(1)),
+            ("EXPIRE daily:x 1 NX XX", Same),
+            ("EXPIRE daily:x 1 GT LT", Same),
+            ("EXPIRE daily:x 1 FOO", Same),
+            ("EXPIRE daily:x x", Same),
+            ("EXPIRE daily:x 99999999999999999", Same),
+            ("EXPIRE daily:x", Same),
+            ("PERSIST daily:x", Same),
+            ("PERSIST daily:x", Same),
+            ("TTL daily:x", Same),
+            ("EXPIRE daily:x 10 GT", Same),
+            ("EXPIRE daily:x 10 XX", Same),
+            ("TTL daily:x", Same),
+            ("PEXPIRE daily:x 3600000", Same),
+            ("TTL daily:x", Near(1)),
+            ("EXPIREAT daily:x 4102444800", Same),
+            ("EXPIRETIME daily:x", Same),
+            ("PEXPIRETIME daily:x", Same),
+            ("PEXPIREAT daily:x 4102444800123", Same),
+            ("PEXPIRETIME daily:x", Same),
+            ("EXPIRETIME daily:x", Same),
+            ("TTL nokey", Same),
+            ("PTTL nokey", Same),
+            ("EXPIRETIME nokey", Same),
+            ("EXPIRE nokey 10", Same),
+            ("PERSIST nokey", Same),
+            ("TTL", Same),
+            ("PERSIST a b", Same),
+            // A time past deletes the key, as Redis does.
+            ("EXPIRE daily:x -1", Same),
+            ("EXISTS daily:x", Same),
+            ("BF.EXISTS daily:x i", Same),
+            ("CF.ADD c:1 a", Same),
+            ("PEXPIREAT c:1 1", Same),
+            ("EXISTS c:1", Same),
+            ("MULTI", Same),
+            ("BF.ADD daily_x i", Same),
+            ("EXPIRE daily_x 86400", Same),
+            ("TTL daily_x", Same),
+            ("EXEC", Same),
+            ("BF.EXISTS daily_x i", Same),
+            ("TTL daily_x", Near(1)),
+            ("MULTI", Same),
+            ("BF.ADD \"day y\" i", Same),
+            ("PEXPIRE \"day y\" 86400000", Same),
+            ("PERSIST \"day y\"", Same),
+            ("TTL \"day y\"", Same),
+            ("EXPIRE \"day y\" 0", Same),
+            ("EXISTS \"day y\"", Same),
+            ("EXEC", Same),
+            ("DBSIZE", Same),
         ],
     },
     Script {
@@ -1274,6 +1348,20 @@ fn judge(expect: &Expect, redis: &[u8], crpf: &[u8]) -> Option<String> {
         Same => Some("crpf's reply differs from RedisBloom's".into()),
         Unordered if same_unordered(redis, crpf) => None,
         Unordered => Some("crpf's reply differs from RedisBloom's (in any order)".into()),
+        Near(within) => {
+            let int = |r: &[u8]| -> Option<i64> {
+                std::str::from_utf8(r.strip_prefix(b":")?.strip_suffix(b"\r\n")?)
+                    .ok()?
+                    .parse()
+                    .ok()
+            };
+            match (int(redis), int(crpf)) {
+                (Some(r), Some(c)) if (r - c).abs() <= *within => None,
+                _ => Some(format!(
+                    "crpf's reply is not an integer within {within} of RedisBloom's"
+                )),
+            }
+        }
         Crpf(pinned, _) | CrpfDigits(pinned, _) => {
             let holds = match expect {
                 CrpfDigits(..) => digits_as_one(crpf) == digits_as_one(pinned),
@@ -1321,6 +1409,7 @@ fn source(e: &Expect) -> String {
     match e {
         Same => "Same".into(),
         Unordered => "Unordered".into(),
+        Near(within) => format!("Near({within})"),
         Crpf(bytes, why) => format!("Crpf(b\"{}\", {why:?})", esc(bytes)),
         CrpfEach(r2, r3, why) => format!("CrpfEach(b\"{}\", b\"{}\", {why:?})", esc(r2), esc(r3)),
         CrpfDigits(bytes, why) => format!("CrpfDigits(b\"{}\", {why:?})", esc(bytes)),

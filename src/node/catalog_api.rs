@@ -6,7 +6,8 @@
 //! |---|---|---|
 //! | `.create` | `{"name":"n","filter":{"kind":"g_bloom","capacity":1000,"fpr":0.01}}` | `{"created":true,"name":"n","subject_name":"n","generation":7,"filter":{...}}` (`false`: it existed with this spec) |
 //! | `.drop` | `{"name":"n"}` or the bare name | `{"dropped":true,"generation":7}` (`false`: no such filter) |
-//! | `.info` | `{"name":"n"}` or the bare name | the entry: `name`, `subject_name`, `filter`, `generation`, `created_ms` |
+//! | `.info` | `{"name":"n"}` or the bare name | the entry: `name`, `subject_name`, `filter`, `generation`, `created_ms`, and `expires_ms` if it expires |
+//! | `.expire` | `{"name":"n","expires_ms":1767225600000}` (ms since the epoch; `null`: never, as `PERSIST`) or `{"name":"n","ttl_ms":86400000}` | the entry with its new expiry, `{"dropped":true}` for a time past (as `EXPIRE` with one), or an error for no such filter |
 //! | `.list` | empty, or `{"after":"n","limit":100}` | `{"filters":[entry, ...],"more":false}`: by subject name, at most 1,000 (`limit`) after the subject name `after`; `more` if there are further ones |
 //!
 //! `name` is the key, any UTF-8 string of at most 1 KiB; a key that is not UTF-8 is given
@@ -64,6 +65,21 @@ impl NameRequest {
     }
 }
 
+/// An `expire`: a time, or a time from now.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExpireRequest {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    subject_name: Option<String>,
+    /// Absent or `null` (without `ttl_ms`): no expiry.
+    #[serde(default)]
+    expires_ms: Option<u64>,
+    #[serde(default)]
+    ttl_ms: Option<u64>,
+}
+
 /// A page of `list`: the entries named after `after`, at most `limit` of them.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -101,13 +117,17 @@ fn list_request(payload: &[u8]) -> Result<ListRequest, Value> {
 }
 
 fn entry_json(e: &CatalogEntry) -> Value {
-    json!({
+    let mut v = json!({
         "name": crate::names::display_key(&e.name),
         "subject_name": e.name,
         "filter": e.spec,
         "generation": e.generation,
         "created_ms": e.created_ms,
-    })
+    });
+    if let Some(at) = e.expires_ms {
+        v["expires_ms"] = at.into();
+    }
+    v
 }
 
 fn error(text: impl std::fmt::Display) -> Value {
@@ -167,6 +187,39 @@ async fn answer(node: &Node, op: &str, payload: &[u8]) -> Value {
             },
             Err(e) => e,
         },
+        "expire" => match serde_json::from_slice::<ExpireRequest>(payload) {
+            Ok(r) => {
+                let at = match (r.expires_ms, r.ttl_ms) {
+                    (Some(_), Some(_)) => {
+                        return error("invalid request: give `expires_ms` or `ttl_ms`, not both");
+                    }
+                    (at, None) => at,
+                    (None, Some(ttl)) => {
+                        Some(crate::transport::catalog::now_ms().saturating_add(ttl))
+                    }
+                };
+                let named = NameRequest {
+                    name: r.name,
+                    subject_name: r.subject_name,
+                }
+                .subject_name();
+                match named {
+                    Ok(name) => match node.set_expiry(&name, at).await {
+                        Ok(super::host::Expiry::Set(e)) => entry_json(&e),
+                        Ok(super::host::Expiry::Dropped) => json!({ "dropped": true }),
+                        Ok(super::host::Expiry::Missing) => error(format!(
+                            "no filter named `{}`",
+                            crate::names::display_key(&name)
+                        )),
+                        Err(e) => error(e),
+                    },
+                    Err(e) => e,
+                }
+            }
+            Err(e) => error(format!(
+                "invalid request: {e} (expected {{\"name\":...,\"expires_ms\":...}} or {{\"name\":...,\"ttl_ms\":...}})"
+            )),
+        },
         "list" => match list_request(payload) {
             Ok(page) => match node.catalog_entries().await {
                 Ok(all) => {
@@ -187,7 +240,7 @@ async fn answer(node: &Node, op: &str, payload: &[u8]) -> Value {
             Err(e) => e,
         },
         other => error(format!(
-            "unknown catalog operation `{other}` (create, drop, info, list)"
+            "unknown catalog operation `{other}` (create, drop, info, list, expire)"
         )),
     }
 }
@@ -217,6 +270,7 @@ fn op_label(op: &str) -> &'static str {
         "drop" => "drop",
         "info" => "info",
         "list" => "list",
+        "expire" => "expire",
         _ => "unknown",
     }
 }

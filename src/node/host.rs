@@ -153,6 +153,8 @@ struct Hosted {
     /// Of its catalog entry (for offering it back to a catalog that lost it).
     created_ms: u64,
     replaces: Option<u64>,
+    /// Its catalog entry's expiry (`EXPIRE`), ms since the UNIX epoch.
+    expires_ms: Option<u64>,
     replica: Slot,
     /// Looked up since the node last looked for idle replicas ([`parking`]).
     touched: AtomicBool,
@@ -177,6 +179,7 @@ impl Hosted {
             generation,
             created_ms,
             replaces,
+            expires_ms,
             ..
         } = entry;
         Hosted {
@@ -184,6 +187,7 @@ impl Hosted {
             spec,
             created_ms,
             replaces,
+            expires_ms,
             replica: Slot::Live(handle),
             touched: AtomicBool::new(true),
             idle_looks: AtomicU8::new(0),
@@ -199,6 +203,7 @@ impl Hosted {
             generation: self.generation,
             created_ms: self.created_ms,
             replaces: self.replaces,
+            expires_ms: self.expires_ms,
         }
     }
 
@@ -222,6 +227,17 @@ impl Hosted {
             _ => None,
         }
     }
+}
+
+/// What [`Node::set_expiry`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Expiry {
+    /// The entry, with its new expiry.
+    Set(CatalogEntry),
+    /// The time was past: the filter was dropped.
+    Dropped,
+    /// No such filter.
+    Missing,
 }
 
 /// What [`Node::filters`] lists of each filter.
@@ -305,7 +321,15 @@ struct Inner {
     /// When each name may be offered back to the catalog next ([`REOFFER_INTERVAL`]);
     /// `None`: a later offer waits for that moment.
     reoffered: std::sync::Mutex<HashMap<String, Option<Instant>>>,
+    /// The expiries of hosted filters, by time: (ms since the epoch, name, generation). An
+    /// item left behind (the filter dropped, its expiry moved or cleared) does nothing: the
+    /// catalog drops only the generation named, and only once its own entry has expired.
+    expiries: std::sync::Mutex<std::collections::BTreeSet<(u64, String, u64)>>,
 }
+
+/// How often a node looks for filters whose expiry has come (`EXPIRE`): a filter is dropped
+/// within this of its time (by this node's clock), and the catalog's round trip.
+const EXPIRY_TICK: Duration = Duration::from_millis(50);
 
 /// A name is offered back to the catalog at most this often: two nodes with different keys
 /// hosting one filter each take the other's entry for one to replace, and would otherwise
@@ -421,6 +445,7 @@ impl Node {
             arbiter: actix::Arbiter::current(),
             parking: Default::default(),
             reoffered: Default::default(),
+            expiries: Default::default(),
         });
         if inner.catalog.is_some() {
             // Subscribed, and confirmed by the server, before any catalog filter is ready: a
@@ -526,6 +551,7 @@ impl Node {
                 generation: 0,
                 created_ms: 0,
                 replaces: None,
+                expires_ms: None,
             };
             let handle = node
                 .inner
@@ -554,6 +580,7 @@ impl Node {
                 }
             };
             actix::spawn(follow(node.inner.clone(), catalog, first));
+            actix::spawn(expire_due(Arc::downgrade(&node.inner)));
             // A cursor over the listing, not a pass over all of it at each change: with
             // 100,000 filters those passes made the start quadratic (49 s instead of ~4).
             let mut started = 0;
@@ -663,6 +690,34 @@ impl Node {
         }
         tracing::info!(filter = name, generation, "filter dropped");
         Ok(Some(entry))
+    }
+
+    /// Sets (`Some`: ms since the UNIX epoch) or clears the expiry of filter `name` in the
+    /// catalog (`EXPIRE`, `PERSIST`), and here at once; every node drops the filter at that
+    /// time by its own clock. A time already past drops it now, as Redis deletes a key given
+    /// one. The entry as updated (`None`: no such filter, or dropped by a past time: `Ok` of
+    /// whether it existed is in [`Expiry`]).
+    pub async fn set_expiry(&self, name: &str, at_ms: Option<u64>) -> Result<Expiry, HostError> {
+        self.may_drop(name)?;
+        let catalog = self.inner.catalog.clone().ok_or(HostError::Disabled)?;
+        if at_ms.is_some_and(|at| at <= crate::transport::catalog::now_ms()) {
+            return Ok(match self.drop_filter(name).await? {
+                Some(_) => Expiry::Dropped,
+                None => Expiry::Missing,
+            });
+        }
+        let Some(entry) = catalog.set_expiry(name.to_string(), at_ms).await? else {
+            return Ok(Expiry::Missing);
+        };
+        // Here at once (the watcher's copy follows): a `TTL` right after answers it.
+        self.inner.expiry_changed(&entry).await;
+        Ok(Expiry::Set(entry))
+    }
+
+    /// The expiry of filter `name` as this node has it: `None` if it does not host it,
+    /// `Some(None)` if it has none.
+    pub fn expiry(&self, name: &str) -> Option<Option<u64>> {
+        self.read().get(name).map(|h| h.expires_ms)
     }
 
     /// Whether `name` may be dropped: not a filter of the configuration file, and the
@@ -1665,6 +1720,51 @@ impl Inner {
         c
     }
 
+    /// Notes the expiry of `entry`, if it has one, for [`expire_due`].
+    fn schedule_expiry(&self, entry: &CatalogEntry) {
+        if let Some(at) = entry.expires_ms {
+            self.expiries.lock().expect("expiries lock").insert((
+                at,
+                entry.name.clone(),
+                entry.generation,
+            ));
+        }
+    }
+
+    /// The entry of a hosted generation was written again with another expiry (`EXPIRE`,
+    /// `PERSIST`): kept, scheduled, and recorded in its data directory (a node without
+    /// NATS rebuilds its catalog from there).
+    async fn expiry_changed(&self, entry: &CatalogEntry) {
+        let changed = {
+            let mut hosted = self.hosted.write().expect("hosted lock");
+            match hosted.get_mut(&entry.name) {
+                Some(h) if h.generation == entry.generation && h.expires_ms != entry.expires_ms => {
+                    h.expires_ms = entry.expires_ms;
+                    true
+                }
+                _ => false,
+            }
+        };
+        if !changed {
+            return;
+        }
+        if let Some(view) = self.view.write().expect("view lock").get_mut(&entry.name)
+            && view.generation == entry.generation
+        {
+            view.expires_ms = entry.expires_ms;
+        }
+        self.schedule_expiry(entry);
+        if let Some(base) = &self.data_dir {
+            let dir = base.join(incarnation_dir(&entry.name, entry.generation));
+            let recorded = entry.clone();
+            let written =
+                tokio::task::spawn_blocking(move || write_entry_file(&dir, &recorded)).await;
+            if let Ok(Err(e)) = written {
+                tracing::warn!(filter = entry.name, error = %e, "could not record a filter's new expiry in its data directory");
+            }
+        }
+    }
+
     /// Hosts the filter of `entry` (stopping an older generation of the name first).
     async fn host(self: &Arc<Self>, entry: CatalogEntry) {
         if self.configured.contains(&entry.name) {
@@ -1681,7 +1781,8 @@ impl Inner {
             .get(&entry.name)
             .map(|h| h.generation);
         match current {
-            Some(g) if g >= entry.generation => return,
+            Some(g) if g == entry.generation => return self.expiry_changed(&entry).await,
+            Some(g) if g > entry.generation => return,
             // A later generation takes the name only after the drop of the hosted one: a
             // sealed entry written again (a replay) is no drop.
             Some(g) if !follows_drop_of(&entry, g) => {
@@ -1726,6 +1827,7 @@ impl Inner {
                         }
                     }
                     metrics::counter!(CATALOG_CHANGES, "change" => "started").increment(1);
+                    self.schedule_expiry(&entry);
                     return;
                 }
                 Err(e) => {
@@ -1855,6 +1957,68 @@ impl Inner {
             }
             // Not queued by name (see `follow`).
             CatalogChange::Current => String::new(),
+        }
+    }
+}
+
+/// Drops the hosted filters whose expiry has come, by this node's clock, until the node
+/// stops: each through [`Catalog::expire`] (a drop record, which every node applies as a
+/// drop; the first node whose clock says so writes it).
+async fn expire_due(inner: Weak<Inner>) {
+    loop {
+        tokio::time::sleep(EXPIRY_TICK).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if inner.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let Some(catalog) = inner.catalog.clone() else {
+            return;
+        };
+        let now = crate::transport::catalog::now_ms();
+        let due: Vec<(u64, String, u64)> = {
+            let mut expiries = inner.expiries.lock().expect("expiries lock");
+            let later = expiries.split_off(&(now + 1, String::new(), 0));
+            std::mem::replace(&mut *expiries, later)
+                .into_iter()
+                .collect()
+        };
+        for (at, name, generation) in due {
+            let hosts = inner
+                .hosted
+                .read()
+                .expect("hosted lock")
+                .get(&name)
+                .is_some_and(|h| {
+                    h.generation == generation && h.expires_ms.is_some_and(|e| e <= now)
+                });
+            let _ = at;
+            if !hosts {
+                continue;
+            }
+            let catalog = catalog.clone();
+            let weak = Arc::downgrade(&inner);
+            actix::spawn(async move {
+                match catalog.expire(name.clone(), generation).await {
+                    Ok(true) => {
+                        metrics::counter!(CATALOG_CHANGES, "change" => "expired").increment(1);
+                        tracing::info!(filter = name, generation, "filter expired: dropped");
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        // Tried again in a second.
+                        tracing::warn!(filter = name, error = %e, "could not drop an expired filter");
+                        if let Some(inner) = weak.upgrade() {
+                            inner.expiries.lock().expect("expiries lock").insert((
+                                crate::transport::catalog::now_ms() + 1_000,
+                                name,
+                                generation,
+                            ));
+                        }
+                    }
+                }
+            });
         }
     }
 }

@@ -455,6 +455,31 @@ pub enum KeyCommand {
         /// The format.
         format: crate::GoFormat,
     },
+    /// `EXPIRE`, `PEXPIRE`, `EXPIREAT`, `PEXPIREAT key time [NX|XX|GT|LT]`: sets the key's
+    /// expiry, computed when it runs.
+    Expire {
+        /// The key.
+        name: String,
+        /// The time: milliseconds from now, or since the epoch if `absolute`.
+        ms: i64,
+        /// `EXPIREAT`, `PEXPIREAT`.
+        absolute: bool,
+        /// The condition.
+        when: ExpireWhen,
+        /// The command's name, lower case, for Redis's refusal of a time out of range.
+        command: &'static str,
+    },
+    /// `PERSIST key`: clears its expiry.
+    Persist(String),
+    /// `TTL`, `PTTL`, `EXPIRETIME`, `PEXPIRETIME key`.
+    Ttl {
+        /// The key.
+        name: String,
+        /// In milliseconds (else seconds, rounded).
+        ms: bool,
+        /// The time of expiry since the epoch (else the time left).
+        absolute: bool,
+    },
     /// `EXISTS`: how many of these keys exist (a key named twice counts twice).
     Exists(Vec<Vec<u8>>),
     /// `TYPE`: RedisBloom's type name of the key, or `none`.
@@ -473,6 +498,77 @@ pub enum KeyCommand {
         /// Only keys of this type (`SCAN ... TYPE`).
         kind: Option<Vec<u8>>,
     },
+}
+
+/// The condition of an `EXPIRE` (Redis 7's options).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExpireWhen {
+    /// Always.
+    #[default]
+    Always,
+    /// `NX`: only if the key has no expiry.
+    Nx,
+    /// `XX`: only if it has one.
+    Xx,
+    /// `GT`: only to a later time (no expiry is the latest of all).
+    Gt,
+    /// `LT`: only to an earlier one.
+    Lt,
+}
+
+impl ExpireWhen {
+    /// Whether an expiry at `new` may replace `current` (`None`: none).
+    pub fn allows(self, current: Option<u64>, new: i128) -> bool {
+        match (self, current) {
+            (ExpireWhen::Always, _) => true,
+            (ExpireWhen::Nx, c) => c.is_none(),
+            (ExpireWhen::Xx, c) => c.is_some(),
+            (ExpireWhen::Gt, None) => false,
+            (ExpireWhen::Gt, Some(c)) => new > i128::from(c),
+            (ExpireWhen::Lt, None) => true,
+            (ExpireWhen::Lt, Some(c)) => new < i128::from(c),
+        }
+    }
+}
+
+/// The options of an `EXPIRE` after the time, with Redis 7's refusals.
+fn expire_when(options: &[&[u8]]) -> Result<ExpireWhen, Reply> {
+    let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+    for o in options {
+        match o.to_ascii_uppercase().as_slice() {
+            b"NX" => nx = true,
+            b"XX" => xx = true,
+            b"GT" => gt = true,
+            b"LT" => lt = true,
+            _ => {
+                return Err(Reply::err(format!(
+                    "Unsupported option {}",
+                    String::from_utf8_lossy(o)
+                )));
+            }
+        }
+    }
+    if nx && (xx || gt || lt) {
+        return Err(Reply::err(
+            "NX and XX, GT or LT options at the same time are not compatible",
+        ));
+    }
+    if gt && lt {
+        return Err(Reply::err(
+            "GT and LT options at the same time are not compatible",
+        ));
+    }
+    Ok(if nx {
+        ExpireWhen::Nx
+    } else if gt {
+        ExpireWhen::Gt
+    } else if lt {
+        ExpireWhen::Lt
+    } else if xx {
+        ExpireWhen::Xx
+    } else {
+        ExpireWhen::Always
+    })
 }
 
 /// What [`KeyCommand::Read`] reads.
@@ -1069,6 +1165,54 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                     return Err(Command::Reply(Reply::err("syntax error")));
                 }
                 Command::Key(KeyCommand::FlushAll)
+            }
+            "EXPIRE" | "PEXPIRE" | "EXPIREAT" | "PEXPIREAT" => {
+                arity(n >= 2)?;
+                let Some(time) = std::str::from_utf8(arg(1))
+                    .ok()
+                    .and_then(|t| t.parse::<i64>().ok())
+                else {
+                    return Err(Command::Reply(Reply::err(
+                        "value is not an integer or out of range",
+                    )));
+                };
+                let options: Vec<&[u8]> = (2..n).map(arg).collect();
+                let when = expire_when(&options).map_err(Command::Reply)?;
+                let (seconds, absolute, command) = match name.as_str() {
+                    "EXPIRE" => (true, false, "expire"),
+                    "PEXPIRE" => (false, false, "pexpire"),
+                    "EXPIREAT" => (true, true, "expireat"),
+                    _ => (false, true, "pexpireat"),
+                };
+                let ms = if seconds {
+                    time.checked_mul(1000)
+                } else {
+                    Some(time)
+                };
+                let Some(ms) = ms else {
+                    return Err(Command::Reply(Reply::err(format!(
+                        "invalid expire time in '{command}' command"
+                    ))));
+                };
+                Command::Key(KeyCommand::Expire {
+                    name: key_name(),
+                    ms,
+                    absolute,
+                    when,
+                    command,
+                })
+            }
+            "PERSIST" => {
+                arity(n == 1)?;
+                Command::Key(KeyCommand::Persist(key_name()))
+            }
+            "TTL" | "PTTL" | "EXPIRETIME" | "PEXPIRETIME" => {
+                arity(n == 1)?;
+                Command::Key(KeyCommand::Ttl {
+                    name: key_name(),
+                    ms: name.starts_with('P'),
+                    absolute: name.ends_with("TIME"),
+                })
             }
             "EXISTS" => {
                 arity(n >= 1)?;

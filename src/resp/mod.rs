@@ -219,6 +219,23 @@ pub trait FilterLookup: Send + Sync + 'static {
     fn loading(&self) -> bool {
         false
     }
+
+    /// The expiry of filter `name` (ms since the epoch): `None` if there is no such filter,
+    /// `Some(None)` if it has none (`TTL`).
+    fn expiry(&self, name: &str) -> Option<Option<u64>> {
+        self.filter(name.as_bytes()).map(|_| None)
+    }
+
+    /// Sets or clears the expiry of filter `name` (`EXPIRE`, `PERSIST`); a time past drops
+    /// it: whether it existed. `Err`: the error reply's text.
+    fn set_expiry(
+        &self,
+        name: String,
+        at_ms: Option<u64>,
+    ) -> BoxFuture<'static, Result<bool, String>> {
+        let _ = (name, at_ms);
+        Box::pin(async { Err(FIXED_FILTERS.to_string()) })
+    }
 }
 
 /// The answer to a command on keys while the node starts.
@@ -288,6 +305,21 @@ impl FilterLookup for StartingNode {
 
     fn loading(&self) -> bool {
         self.node.get().is_none()
+    }
+
+    fn expiry(&self, name: &str) -> Option<Option<u64>> {
+        FilterLookup::expiry(self.node.get()?, name)
+    }
+
+    fn set_expiry(
+        &self,
+        name: String,
+        at_ms: Option<u64>,
+    ) -> BoxFuture<'static, Result<bool, String>> {
+        match self.node.get() {
+            Some(node) => FilterLookup::set_expiry(node, name, at_ms),
+            None => Box::pin(async { Err(LOADING.to_string()) }),
+        }
     }
 }
 
@@ -379,6 +411,25 @@ impl FilterLookup for crate::node::Node {
 
     fn may_drop(&self, name: &str) -> Result<(), String> {
         crate::node::Node::may_drop(self, name).map_err(|e| format!("ERR {e}"))
+    }
+
+    fn expiry(&self, name: &str) -> Option<Option<u64>> {
+        crate::node::Node::expiry(self, name)
+    }
+
+    fn set_expiry(
+        &self,
+        name: String,
+        at_ms: Option<u64>,
+    ) -> BoxFuture<'static, Result<bool, String>> {
+        let node = self.clone();
+        Box::pin(async move {
+            match crate::node::Node::set_expiry(&node, &name, at_ms).await {
+                Ok(crate::node::Expiry::Missing) => Ok(false),
+                Ok(_) => Ok(true),
+                Err(e) => Err(format!("ERR {e}")),
+            }
+        })
     }
 }
 
@@ -855,6 +906,56 @@ async fn run_key(
                 (R::BfInfo(_) | R::CfInfo, None) => Reply::err("not found"),
             }
         }
+        K::Expire {
+            name,
+            ms,
+            absolute,
+            when,
+            command,
+        } => {
+            let Some(current) = lookup.expiry(&name) else {
+                return Reply::Int(0);
+            };
+            let now = crate::transport::catalog::now_ms();
+            let at = if absolute {
+                i128::from(ms)
+            } else {
+                i128::from(now) + i128::from(ms)
+            };
+            if at > i128::from(i64::MAX) {
+                return Reply::err(format!("invalid expire time in '{command}' command"));
+            }
+            if !when.allows(current, at) {
+                return Reply::Int(0);
+            }
+            // A time past (or now) drops the key, as Redis deletes it.
+            let at = u64::try_from(at).unwrap_or(0).max(1);
+            match lookup.set_expiry(name, Some(at)).await {
+                Ok(existed) => Reply::Int(i64::from(existed)),
+                Err(e) => Reply::Error(e),
+            }
+        }
+        K::Persist(name) => match lookup.expiry(&name) {
+            Some(Some(_)) => match lookup.set_expiry(name, None).await {
+                Ok(existed) => Reply::Int(i64::from(existed)),
+                Err(e) => Reply::Error(e),
+            },
+            _ => Reply::Int(0),
+        },
+        K::Ttl { name, ms, absolute } => match lookup.expiry(&name) {
+            None => Reply::Int(-2),
+            Some(None) => Reply::Int(-1),
+            Some(Some(at)) => {
+                // Redis's arithmetic: never below 0, seconds rounded to the nearest.
+                let t = if absolute {
+                    at
+                } else {
+                    at.saturating_sub(crate::transport::catalog::now_ms())
+                };
+                let t = if ms { t } else { (t + 500) / 1000 };
+                Reply::Int(i64::try_from(t).unwrap_or(i64::MAX))
+            }
+        },
         K::Exists(keys) => {
             Reply::Int(keys.iter().filter(|k| lookup.filter(k).is_some()).count() as i64)
         }
