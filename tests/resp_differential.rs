@@ -1926,3 +1926,95 @@ fn redis_cli_talks_to_the_node() {
         );
     }
 }
+
+/// The script [`node_redis_bloom_api_and_the_daily_filter_idiom`] runs, per protocol: the
+/// typed bloom API of node-redis on keys with colons, spaces and braces, and the per-day
+/// filter idiom `client.multi().bf.add(k, i).expire(k, 86400).exec()` (issue 49, item 2).
+const NODE_REDIS_SCRIPT: &str = r#"
+import { createClient } from 'redis';
+import assert from 'node:assert/strict';
+const url = process.argv[2];
+for (const RESP of [2, 3]) {
+  const client = createClient({ url, RESP });
+  client.on('error', (e) => { console.error('client error', e); process.exit(2); });
+  await client.connect();
+  const key = `bf:users:2026-12-06:${RESP}`;
+  assert.equal(await client.bf.add(key, 'alice'), true);
+  assert.equal(await client.bf.exists(key, 'alice'), true);
+  assert.equal(await client.bf.exists(key, 'bob'), false);
+  assert.deepEqual(await client.bf.mAdd(key, ['bob', 'alice']), [true, false]);
+  const daily = `daily {x} ${RESP}`;
+  const replies = await client.multi().bf.add(daily, 'i').expire(daily, 86400).exec();
+  assert.deepEqual(replies.map(Boolean), [true, true]);
+  const ttl = await client.ttl(daily);
+  assert.ok(ttl > 86000 && ttl <= 86400, `ttl ${ttl}`);
+  assert.equal(await client.bf.exists(daily, 'i'), true);
+  assert.equal(await client.persist(daily), 1);
+  assert.equal(await client.ttl(daily), -1);
+  assert.equal(await client.exists([key, daily, 'nope']), 2);
+  assert.equal(await client.expire(daily, -1), 1);
+  assert.equal(await client.exists(daily), 0);
+  console.log(`RESP${RESP}: ok`);
+  await client.quit();
+}
+"#;
+
+/// node-redis (5.12.4, installed with npm into the target directory on first use) through
+/// its typed bloom API, in RESP2 and RESP3. Skipped, saying so, where `node` or `npm` is
+/// missing or the package cannot be installed.
+#[test]
+fn node_redis_bloom_api_and_the_daily_filter_idiom() {
+    let has = |tool: &str| {
+        Command::new(tool)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !has("node") || !has("npm") {
+        eprintln!("SKIPPED: node or npm is not on this machine");
+        return;
+    }
+    let prefix = Path::new(env!("CARGO_TARGET_TMPDIR")).join("node-redis");
+    if !prefix.join("node_modules/redis/package.json").exists() {
+        let installed = Command::new("npm")
+            .args([
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "--loglevel=error",
+                "--prefix",
+            ])
+            .arg(&prefix)
+            .arg("redis@5.12.4")
+            .status();
+        if !installed.is_ok_and(|s| s.success()) {
+            eprintln!(
+                "SKIPPED: npm could not install node-redis into {}",
+                prefix.display()
+            );
+            return;
+        }
+    }
+    let script = prefix.join("bloom.mjs");
+    std::fs::write(&script, NODE_REDIS_SCRIPT).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_crpf(dir.path());
+    let out = Command::new("node")
+        .arg(&script)
+        .arg(format!("redis://{}", node.addr))
+        .current_dir(&prefix)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("RESP2: ok") && text.contains("RESP3: ok"),
+        "{text}\n{}",
+        node.proc.log_tail()
+    );
+}
