@@ -311,6 +311,21 @@ pub enum Command {
     ClientGetName,
     /// `INFO [section...]`: the sections asked for (lower case), none for the default ones.
     Info(Vec<String>),
+    /// `MONITOR`: stream the commands served.
+    Monitor,
+    /// `SLOWLOG GET [count]` (`-1`: all), `LEN`, `RESET`.
+    SlowLog(SlowLog),
+}
+
+/// What `SLOWLOG` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlowLog {
+    /// `GET [count]`: the newest entries (10 by default; `-1`: all).
+    Get(i64),
+    /// `LEN`.
+    Len,
+    /// `RESET`.
+    Reset,
 }
 
 /// Which connections `CLIENT KILL` closes: those matching every filter given.
@@ -880,6 +895,58 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                         "CONFIG SET/RESETSTAT/REWRITE are not supported: crpf's settings live in \
                          the node's configuration file",
                     ))
+                }
+            }
+            "MONITOR" => {
+                arity(n == 0)?;
+                Command::Monitor
+            }
+            "SLOWLOG" => {
+                arity(n >= 1)?;
+                let sub = arg(0).to_ascii_uppercase();
+                let sub_arity = |ok: bool| -> Result<(), Command> {
+                    if ok {
+                        Ok(())
+                    } else {
+                        Err(Command::Reply(Reply::err(format!(
+                            "wrong number of arguments for 'slowlog|{}' command",
+                            String::from_utf8_lossy(&sub).to_ascii_lowercase()
+                        ))))
+                    }
+                };
+                match sub.as_slice() {
+                    b"GET" => {
+                        if n > 2 {
+                            return Err(Command::Reply(Reply::err(format!(
+                                "unknown subcommand or wrong number of arguments for '{}'. Try SLOWLOG HELP.",
+                                String::from_utf8_lossy(arg(0))
+                            ))));
+                        }
+                        let count = match n {
+                            1 => 10,
+                            _ => match std::str::from_utf8(arg(1)).map(str::parse::<i64>) {
+                                Ok(Ok(c)) if c >= -1 => c,
+                                _ => {
+                                    return Err(Command::Reply(Reply::err(
+                                        "count should be greater than or equal to -1",
+                                    )));
+                                }
+                            },
+                        };
+                        Command::SlowLog(SlowLog::Get(count))
+                    }
+                    b"LEN" => {
+                        sub_arity(n == 1)?;
+                        Command::SlowLog(SlowLog::Len)
+                    }
+                    b"RESET" => {
+                        sub_arity(n == 1)?;
+                        Command::SlowLog(SlowLog::Reset)
+                    }
+                    _ => Command::Reply(Reply::err(format!(
+                        "unknown subcommand '{}'. Try SLOWLOG HELP.",
+                        String::from_utf8_lossy(&arg(0)[..arg(0).len().min(64)])
+                    ))),
                 }
             }
             "INFO" => Command::Info(

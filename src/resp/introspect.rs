@@ -104,6 +104,8 @@ const COMMANDS: &[Spec] = &[
     spec("role", 1, ADMIN, NONE),
     spec("time", 1, ADMIN, NONE),
     spec("module", -2, ADMIN, NONE),
+    spec("monitor", 1, &["admin"], NONE),
+    spec("slowlog", -2, &["admin"], NONE),
 ];
 
 fn text(s: &str) -> Reply {

@@ -35,6 +35,7 @@ mod hot;
 mod introspect;
 pub mod parse;
 pub mod redisbloom;
+mod slowlog;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -494,6 +495,8 @@ struct Server {
     rejected_connections: std::sync::atomic::AtomicU64,
     /// The open connections (`CLIENT LIST`, `CLIENT KILL`).
     clients: std::sync::Mutex<std::collections::BTreeMap<u64, Arc<Client>>>,
+    /// `SLOWLOG` and `MONITOR`.
+    watch: Arc<slowlog::Watch>,
 }
 
 /// An open connection, as `CLIENT LIST` shows it.
@@ -605,6 +608,7 @@ impl RespServer {
             commands_processed: Default::default(),
             rejected_connections: Default::default(),
             clients: Default::default(),
+            watch: Default::default(),
         });
         let slots = Arc::new(Semaphore::new(cfg.max_connections));
         tracing::info!(%addr, auth = server.password.is_some(), "serving RESP");
@@ -1170,6 +1174,10 @@ struct Session<'a> {
     multi: Option<Multi>,
     /// An `EXEC` is running: later commands wait for it, as they would in Redis.
     exec_running: bool,
+    /// After `MONITOR`: the commands served, to send as they come.
+    monitor: Option<slowlog::Monitor<'a>>,
+    /// The arguments of the key command or `EXEC` about to run, for `SLOWLOG`.
+    exec_args: Option<Vec<Bytes>>,
 }
 
 impl Session<'_> {
@@ -1253,6 +1261,7 @@ impl Session<'_> {
             let queued_as = if family(b"BF.") || family(b"CF.") {
                 Queued::Module
             } else if name.eq_ignore_ascii_case(b"EXEC") {
+                self.exec_args = Some(slowlog::summary(args));
                 Queued::Exec
             } else {
                 Queued::Command
@@ -1277,6 +1286,7 @@ impl Session<'_> {
                 Some(self.ready(Reply::err("DISCARD without MULTI"), bytes))
             }
             Command::Key(key) if self.authenticated => {
+                self.exec_args = Some(slowlog::summary(args));
                 self.exec(vec![Command::Key(key)], bytes, Replies::Single)
             }
             command => Some(self.answer(command, bytes)),
@@ -1403,8 +1413,23 @@ impl Session<'_> {
             }
         };
         self.exec_running = true;
+        // Timed for `SLOWLOG` from here: its turn has come.
+        let run = match self.exec_args.take() {
+            Some(args) => {
+                let started = Instant::now();
+                let (addr, name) = (self.client.addr, self.name.clone().unwrap_or_default());
+                let watch = self.server.watch.clone();
+                async move {
+                    let reply = run.await;
+                    watch.took(started.elapsed(), args, addr, name);
+                    reply
+                }
+                .boxed()
+            }
+            None => run.boxed(),
+        };
         Pending {
-            reply: PendingReply::Future(run.boxed()),
+            reply: PendingReply::Future(run),
             bytes,
             kind: Kind::Exec,
             protocol: self.protocol,
@@ -1663,6 +1688,18 @@ impl Session<'_> {
             Command::ClientInfo => self.client_info(),
             Command::ClientKill(kill) => self.client_kill(&kill),
             Command::Info(sections) => self.info(&sections),
+            Command::Monitor => {
+                if self.monitor.is_none() {
+                    self.monitor = Some(server.watch.monitor());
+                }
+                Reply::Simple("OK")
+            }
+            Command::SlowLog(commands::SlowLog::Get(count)) => server.watch.get(count),
+            Command::SlowLog(commands::SlowLog::Len) => Reply::Int(server.watch.len() as i64),
+            Command::SlowLog(commands::SlowLog::Reset) => {
+                server.watch.reset();
+                Reply::Simple("OK")
+            }
             Command::Multi | Command::Exec | Command::Discard => {
                 unreachable!("answered by Session::handle")
             }
@@ -1762,6 +1799,8 @@ async fn serve(stream: TcpStream, peer: SocketAddr, server: &Server) {
         name: None,
         multi: None,
         exec_running: false,
+        monitor: None,
+        exec_args: None,
     };
     let mut parser = parse::Parser::default();
     let mut input = BytesMut::with_capacity(16 << 10);
@@ -1813,6 +1852,9 @@ async fn serve(stream: TcpStream, peer: SocketAddr, server: &Server) {
                 Ok(Some(args)) if args.is_empty() => {}
                 Ok(Some(args)) => {
                     parsed += 1;
+                    if server.watch.monitored() {
+                        server.watch.feed(&args, client.addr);
+                    }
                     match session.handle(&args) {
                         // Answered, with nothing ahead of it: out without a future.
                         Some(Pending {
@@ -1915,6 +1957,14 @@ async fn serve(stream: TcpStream, peer: SocketAddr, server: &Server) {
                 reply.encode_as(&mut output, protocol);
                 held -= bytes;
                 pending.extend(session.sent(kind));
+            }
+            Some(line) = async {
+                match session.monitor.as_mut() {
+                    Some(m) => m.next().await,
+                    None => std::future::pending().await,
+                }
+            }, if session.monitor.is_some() => {
+                output.extend_from_slice(&line);
             }
         }
     }
