@@ -3,8 +3,8 @@
 //! `SLOWLOG` keeps the last [`SLOWLOG_LEN`] commands on keys and transactions (`DEL`,
 //! `BF.RESERVE`, `EXPIRE`, `KEYS`, `EXEC`...: what goes through the catalog or runs one
 //! command after the other) that took [`SLOWER_THAN`] or longer from their turn to their
-//! reply, in Redis's entry form. Filter commands (`BF.ADD`...) are not timed one by one
-//! (the hot path reads no clock per command): `crpf_request_duration_seconds` has them.
+//! reply, in Redis's entry form. Filter commands (`BF.ADD`...) are not timed one by one:
+//! their hot path reads no clock per command.
 //!
 //! `MONITOR` streams every command this node's RESP front end parses, as Redis prints them
 //! (`+<unix time> [0 <client address>] "arg" ...`); `AUTH` and `HELLO`'s arguments are shown
