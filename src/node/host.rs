@@ -325,11 +325,13 @@ struct Inner {
     /// item left behind (the filter dropped, its expiry moved or cleared) does nothing: the
     /// catalog drops only the generation named, and only once its own entry has expired.
     expiries: std::sync::Mutex<std::collections::BTreeSet<(u64, String, u64)>>,
+    /// Wakes [`expire_due`] for an expiry noted (it sleeps until the earliest one).
+    expiry_noted: Arc<tokio::sync::Notify>,
 }
 
-/// How often a node looks for filters whose expiry has come (`EXPIRE`): a filter is dropped
-/// within this of its time (by this node's clock), and the catalog's round trip.
-const EXPIRY_TICK: Duration = Duration::from_millis(50);
+/// How late a node may look for filters whose expiry has come (`EXPIRE`): it sleeps until
+/// the earliest expiry it knows (woken by a new one), at most this long.
+const EXPIRY_TICK: Duration = Duration::from_secs(1);
 
 /// A name is offered back to the catalog at most this often: two nodes with different keys
 /// hosting one filter each take the other's entry for one to replace, and would otherwise
@@ -446,6 +448,7 @@ impl Node {
             parking: Default::default(),
             reoffered: Default::default(),
             expiries: Default::default(),
+            expiry_noted: Default::default(),
         });
         if inner.catalog.is_some() {
             // Subscribed, and confirmed by the server, before any catalog filter is ready: a
@@ -1728,6 +1731,7 @@ impl Inner {
                 entry.name.clone(),
                 entry.generation,
             ));
+            self.expiry_noted.notify_one();
         }
     }
 
@@ -1965,8 +1969,18 @@ impl Inner {
 /// stops: each through [`Catalog::expire`] (a drop record, which every node applies as a
 /// drop; the first node whose clock says so writes it).
 async fn expire_due(inner: Weak<Inner>) {
+    let mut wait = EXPIRY_TICK;
     loop {
-        tokio::time::sleep(EXPIRY_TICK).await;
+        {
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            // Not holding the node while waiting (it may stop); a note meanwhile is kept
+            // as the Notify's permit.
+            let noted = inner.expiry_noted.clone();
+            drop(inner);
+            let _ = tokio::time::timeout(wait, noted.notified()).await;
+        }
         let Some(inner) = inner.upgrade() else {
             return;
         };
@@ -1980,9 +1994,12 @@ async fn expire_due(inner: Weak<Inner>) {
         let due: Vec<(u64, String, u64)> = {
             let mut expiries = inner.expiries.lock().expect("expiries lock");
             let later = expiries.split_off(&(now + 1, String::new(), 0));
-            std::mem::replace(&mut *expiries, later)
-                .into_iter()
-                .collect()
+            let due = std::mem::replace(&mut *expiries, later);
+            // Until the next one, or a new one noted.
+            wait = expiries.first().map_or(EXPIRY_TICK, |(at, ..)| {
+                Duration::from_millis(at.saturating_sub(now).max(1)).min(EXPIRY_TICK)
+            });
+            due.into_iter().collect()
         };
         for (at, name, generation) in due {
             let hosts = inner
