@@ -1233,8 +1233,8 @@ impl Session<'_> {
             && let Some(hot) = hot::HotCommand::recognise(args)
         {
             let mut reply = None;
-            let key = crate::names::subject_name(args.arg(1));
-            server.filters.with_filter(key.as_bytes(), &mut |handle| {
+            let key = crate::names::subject_name_bytes(args.arg(1));
+            server.filters.with_filter(&key, &mut |handle| {
                 reply = hot.answer(handle, args, self.ack);
             });
             if let Some(reply) = reply {
