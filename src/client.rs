@@ -144,8 +144,15 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client of filter `filter` under subject prefix `prefix` (`crpf` by default on the
-    /// replicas), answered by any ready replica.
+    /// A client of the filter whose key is `key` (any bytes, as RESP takes it: its subject
+    /// name is [`crate::names::subject_name`]), under subject prefix `prefix`.
+    pub fn for_key(nats: async_nats::Client, prefix: &str, key: impl AsRef<[u8]>) -> Self {
+        Self::new(nats, prefix, &crate::names::subject_name(key.as_ref()))
+    }
+
+    /// A client of filter `filter` (its subject name, [`crate::names`]: a plain name is its
+    /// own) under subject prefix `prefix` (`crpf` by default on the replicas), answered by
+    /// any ready replica.
     pub fn new(nats: async_nats::Client, prefix: &str, filter: &str) -> Self {
         Client {
             nats,

@@ -44,6 +44,7 @@ pub mod client;
 pub mod core;
 #[cfg(feature = "eval")]
 pub mod eval;
+pub mod names;
 #[cfg(feature = "node")]
 pub mod node;
 #[cfg(feature = "node")]

@@ -1010,3 +1010,133 @@ async fn a_node_starting_without_a_jetstream_quorum_answers_loading() {
     );
     node.proc.terminate(Duration::from_secs(30));
 }
+
+/// Issue 49, items 1 and 2, over real NATS: a filter whose key is no subject token
+/// (`bf:users:2026-12-06 {x}`) is created over RESP, used through both nodes and the request
+/// API (on its subject name), listed by the catalog under its key (kept in the sealed KV
+/// entry), then expires (`PEXPIRE` on the other node) and is dropped on both, its data moved
+/// aside; a key of non-UTF-8 bytes made and expired through the catalog API goes the same
+/// way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_any_bytes_is_served_and_expires_on_every_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = NatsServer::start();
+    let urls = vec![server.url()];
+    let mut nodes = serving_nodes(dir.path(), 2, &urls);
+    let client = async_nats::connect(urls[0].clone()).await.unwrap();
+    let key = "bf:users:2026-12-06 {x}";
+    let subject_name = crpf::names::subject_name(key.as_bytes()).into_owned();
+    assert_eq!(subject_name, "_kbf_3Ausers_3A2026-12-06_20_7Bx_7D");
+    assert_eq!(
+        nodes[0].resp(&["BF.ADD", key, "alice"]),
+        Ok(redis::Value::Int(1))
+    );
+    time_until(Duration::from_secs(30), || nodes[1].has(key, "alice"))
+        .unwrap_or_else(|| panic!("never visible on node1\n{}", nodes[1].proc.log_tail()));
+    assert_eq!(
+        nodes[1].resp(&["BF.ADD", key, "bob"]),
+        Ok(redis::Value::Int(1))
+    );
+    time_until(Duration::from_secs(30), || nodes[0].has(key, "bob")).unwrap();
+    // The request API, on the subject name (the Rust client makes it from the key).
+    let via_nats = crpf::client::Client::for_key(client.clone(), "crpf", key);
+    assert!(via_nats.contains("alice").await.unwrap());
+    // The catalog answers with the key; its KV entry is stored under the subject name and
+    // keeps the key.
+    let info = catalog(&client, "info", json!({ "name": key })).await;
+    assert_eq!(info["name"], key, "{info}");
+    assert_eq!(info["subject_name"], subject_name.as_str(), "{info}");
+    let generation = info["generation"].as_u64().unwrap();
+    let kv = async_nats::jetstream::new(client.clone())
+        .get_key_value("crpf_catalog")
+        .await
+        .unwrap();
+    let stored: Value =
+        serde_json::from_slice(&kv.get(&subject_name).await.unwrap().unwrap()).unwrap();
+    assert_eq!(stored["key"], key, "{stored}");
+    let dir_name = format!("{subject_name}.g{generation}");
+    for n in &nodes {
+        assert!(
+            dirs_of(&n.data_dir).contains(&dir_name),
+            "{}: {:?}",
+            n.name,
+            dirs_of(&n.data_dir)
+        );
+    }
+    // Expiry set on node1: node0 learns it from the catalog, and both drop the filter then.
+    assert_eq!(
+        nodes[1].resp(&["PEXPIRE", key, "1500"]),
+        Ok(redis::Value::Int(1))
+    );
+    time_until(Duration::from_secs(30), || {
+        matches!(nodes[0].resp(&["PTTL", key]), Ok(redis::Value::Int(t)) if t > 0)
+            || nodes[0].refuses(key)
+    })
+    .expect("node0 never saw the expiry");
+    let info = catalog(&client, "info", json!({ "name": key })).await;
+    assert!(
+        info["expires_ms"].as_u64().is_some() || info["error"].is_string(),
+        "{info}"
+    );
+    for n in &nodes {
+        time_until(Duration::from_secs(30), || n.refuses(key))
+            .unwrap_or_else(|| panic!("{}: never expired\n{}", n.name, n.proc.log_tail()));
+        assert_eq!(n.resp(&["TTL", key]), Ok(redis::Value::Int(-2)));
+        time_until(Duration::from_secs(30), || {
+            !dirs_of(&n.data_dir).contains(&dir_name)
+        })
+        .unwrap_or_else(|| panic!("{}: its data was not moved aside", n.name));
+    }
+    let gone = catalog(&client, "info", json!({ "name": key })).await;
+    assert!(
+        gone["error"].as_str().unwrap().contains("no filter named"),
+        "{gone}"
+    );
+    // Bytes that are not UTF-8, through the catalog API: made, then expired by `ttl_ms`.
+    let binary = crpf::names::subject_name(&[0xFF, 0x00, b'.']).into_owned();
+    let made = catalog(
+        &client,
+        "create",
+        json!({ "subject_name": binary, "filter": bloom(1000) }),
+    )
+    .await;
+    assert_eq!(made["subject_name"], binary.as_str(), "{made}");
+    for n in &nodes {
+        let n_key = crpf::names::key_of(&binary).unwrap();
+        let found = || {
+            let client = redis::Client::open(format!("redis://{}/", n.resp)).unwrap();
+            let mut con = client
+                .get_connection_with_timeout(Duration::from_secs(2))
+                .unwrap();
+            redis::cmd("EXISTS")
+                .arg(&n_key)
+                .query::<i64>(&mut con)
+                .unwrap()
+        };
+        time_until(Duration::from_secs(30), || found() == 1).expect("the binary key is served");
+    }
+    let expiring = catalog(
+        &client,
+        "expire",
+        json!({ "subject_name": binary, "ttl_ms": 500 }),
+    )
+    .await;
+    assert!(expiring["expires_ms"].as_u64().is_some(), "{expiring}");
+    for n in &nodes {
+        let found = || {
+            let client = redis::Client::open(format!("redis://{}/", n.resp)).unwrap();
+            let mut con = client
+                .get_connection_with_timeout(Duration::from_secs(2))
+                .unwrap();
+            redis::cmd("EXISTS")
+                .arg(&[0xFF, 0x00, b'.'][..])
+                .query::<i64>(&mut con)
+                .unwrap()
+        };
+        time_until(Duration::from_secs(30), || found() == 0)
+            .unwrap_or_else(|| panic!("{}: the binary key never expired", n.name));
+    }
+    for n in nodes.iter_mut() {
+        n.proc.terminate(Duration::from_secs(30));
+    }
+}

@@ -909,6 +909,7 @@ async fn keys_are_filters_reserved_listed_and_deleted_by_commands() {
             "{args:?}"
         );
     }
+    let long_key = "k".repeat(1025);
     for (args, expected) in [
         (
             &["BF.RESERVE", "tenant1", "0.01", "1000"][..],
@@ -937,9 +938,10 @@ async fn keys_are_filters_reserved_listed_and_deleted_by_commands() {
         ),
         // RedisBloom's text, without an error code.
         (&["CF.RESERVE", "x", "0"], "Capacity"),
+        // Any key but one over 1 KiB (a space or a colon is fine).
         (
-            &["BF.RESERVE", "bad name", "0.01", "100"],
-            "invalid filter name",
+            &["BF.RESERVE", &long_key, "0.01", "100"],
+            "at most 1024 bytes",
         ),
         (&["DEL", "bloom"], "declared in this node's configuration"),
     ] {

@@ -42,6 +42,9 @@ enum Expect {
     /// What RedisBloom answers, the elements of its arrays (and sets) in any order: Redis
     /// lists keys in the order of its hash table, whose seed is random.
     Unordered,
+    /// An integer within this distance of RedisBloom's: a time left or a time of expiry
+    /// (`TTL`, `PTTL`, `EXPIRETIME`), which moves between the two servers' replies.
+    Near(i64),
     /// Exactly these bytes, which are not RedisBloom's reply, for this reason (`TODO: ` and
     /// what RedisBloom answers, where crpf should answer the same).
     Crpf(&'static [u8], &'static str),
@@ -57,7 +60,7 @@ enum Expect {
     Split(&'static Expect, &'static Expect),
 }
 
-use Expect::{Crpf, CrpfDigits, CrpfDigitsEach, CrpfEach, Same, Split, Unordered};
+use Expect::{Crpf, CrpfDigits, CrpfDigitsEach, CrpfEach, Near, Same, Split, Unordered};
 
 /// A script: commands on one connection, starting from empty databases.
 struct Script {
@@ -609,6 +612,149 @@ const SCRIPTS: &[Script] = &[
             ("EXISTS a b c", Same),
         ],
     },
+    // Keys are any bytes, as in Redis, up to 1 KiB (issue 49, item 1: crpf took one subject
+    // token only, and answered 0 to queries of any other key).
+    Script {
+        name: "key_names",
+        steps: &[
+            ("BF.ADD bf:users:2026-12-06 x", Same),
+            ("BF.EXISTS bf:users:2026-12-06 x", Same),
+            ("BF.EXISTS bf:users:2026-12-06 y", Same),
+            ("BF.EXISTS bf:x a", Same),
+            ("BF.ADD a.b x", Same),
+            ("BF.ADD {tag}k x", Same),
+            ("BF.ADD a/b x", Same),
+            ("BF.ADD \"user bloom\" x", Same),
+            ("BF.ADD \"caf\u{e9} \u{1f600}\" x", Same),
+            ("BF.ADD _lead x", Same),
+            ("BF.ADD _kx x", Same),
+            ("BF.ADD \"\" x", Same),
+            ("BF.ADD \"a\\{65}\" x", Same),
+            ("BF.ADD \"b\\{1024}\" x", Same),
+            ("BF.ADD \"\\x00\\xff\r\n\\x5f\" x", Same),
+            ("BF.MADD \"\\x00\\xff\r\n\\x5f\" x y", Same),
+            ("BF.EXISTS \"b\\{1024}\" x", Same),
+            ("BF.EXISTS \"b\\{1023}\" x", Same),
+            ("BF.EXISTS \"\\x00\\xff\r\n\\x5f\" y", Same),
+            ("BF.RESERVE r:1 0.01 1000", Same),
+            ("BF.RESERVE r:1 0.01 1000", Same),
+            ("CF.ADD cf:x a", Same),
+            ("CF.EXISTS cf:x a", Same),
+            ("CF.COUNT cf:x a", Same),
+            ("CF.DEL cf:x a", Same),
+            ("BF.ADD cf:x a", Same),
+            ("BF.CARD a/b", Same),
+            ("TYPE {tag}k", Same),
+            ("TYPE \"user bloom\"", Same),
+            ("TYPE cf:x", Same),
+            ("EXISTS bf:users:2026-12-06 a.b nope \"user bloom\" \"\" _kx", Same),
+            ("KEYS bf:*", Same),
+            ("KEYS *", Unordered),
+            ("KEYS ?.?", Same),
+            ("SCAN 0 MATCH *b* COUNT 1000", Unordered),
+            ("SCAN 0 TYPE MBbloomCF COUNT 1000", Same),
+            ("DBSIZE", Same),
+            ("DEL okkey \"user bloom\"", Same),
+            ("UNLINK a.b {tag}k a.b", Same),
+            ("DEL \"\\x00\\xff\r\n\\x5f\" \"b\\{1024}\"", Same),
+            ("EXISTS a.b \"user bloom\" _lead", Same),
+            ("BF.ADD \"user bloom\" x", Same),
+            ("BF.ADD \"c\\{1025}\" x", Crpf(b"-ERR invalid key `cccccccccccccccccccccccccccccccccccccccc...`: a key is at most 1024 bytes (or the name is no key's subject name, crpf::names)\r\n", "deliberate (README, \"Keys\"): crpf's keys are at most 1 KiB, carried in NATS subjects; RedisBloom answers 1")),
+            ("BF.EXISTS \"c\\{1025}\" x", CrpfEach(b":0\r\n", b"#f\r\n", "follows from the refusal of the 1025-byte key just above; RedisBloom answers 1")),
+            ("DBSIZE", Crpf(b":10\r\n", "follows from the refusal of the 1025-byte key just above; RedisBloom answers 11")),
+        ],
+    },
+    // Expiry (issue 49, item 2): EXPIRE and its family on filters, in and out of MULTI (the
+    // per-day filter idiom: `MULTI; BF.ADD k i; EXPIRE k 86400; EXEC` was EXECABORT).
+    Script {
+        name: "expire",
+        steps: &[
+            ("BF.ADD daily:x i", Same),
+            ("TTL daily:x", Same),
+            ("PTTL daily:x", Same),
+            ("EXPIRETIME daily:x", Same),
+            ("EXPIRE daily:x 86400", Same),
+            ("TTL daily:x", Near(1)),
+            ("PTTL daily:x", Near(2000)),
+            ("EXPIRETIME daily:x", Near(2)),
+            ("EXPIRE daily:x 100 GT", Same),
+            ("EXPIRE daily:x 100 LT", Same),
+            ("TTL daily:x", Near(1)),
+            ("EXPIRE daily:x 200 NX", Same),
+            ("EXPIRE daily:x 200 XX", Same),
+            ("TTL daily:x", Near(1)),
+            ("EXPIRE daily:x 1 NX XX", Same),
+            ("EXPIRE daily:x 1 GT LT", Same),
+            ("EXPIRE daily:x 1 FOO", Same),
+            ("EXPIRE daily:x x", Same),
+            ("EXPIRE daily:x 99999999999999999", Same),
+            ("EXPIRE daily:x", Same),
+            ("PERSIST daily:x", Same),
+            ("PERSIST daily:x", Same),
+            ("TTL daily:x", Same),
+            ("EXPIRE daily:x 10 GT", Same),
+            ("EXPIRE daily:x 10 XX", Same),
+            ("TTL daily:x", Same),
+            ("PEXPIRE daily:x 3600000", Same),
+            ("TTL daily:x", Near(1)),
+            ("EXPIREAT daily:x 4102444800", Same),
+            ("EXPIRETIME daily:x", Same),
+            ("PEXPIRETIME daily:x", Same),
+            ("PEXPIREAT daily:x 4102444800123", Same),
+            ("PEXPIRETIME daily:x", Same),
+            ("EXPIRETIME daily:x", Same),
+            ("TTL nokey", Same),
+            ("PTTL nokey", Same),
+            ("EXPIRETIME nokey", Same),
+            ("EXPIRE nokey 10", Same),
+            ("PERSIST nokey", Same),
+            ("TTL", Same),
+            ("PERSIST a b", Same),
+            // A time past deletes the key, as Redis does.
+            ("EXPIRE daily:x -1", Same),
+            ("EXISTS daily:x", Same),
+            ("BF.EXISTS daily:x i", Same),
+            ("CF.ADD c:1 a", Same),
+            ("PEXPIREAT c:1 1", Same),
+            ("EXISTS c:1", Same),
+            ("MULTI", Same),
+            ("BF.ADD daily_x i", Same),
+            ("EXPIRE daily_x 86400", Same),
+            ("TTL daily_x", Same),
+            ("EXEC", Same),
+            ("BF.EXISTS daily_x i", Same),
+            ("TTL daily_x", Near(1)),
+            ("MULTI", Same),
+            ("BF.ADD \"day y\" i", Same),
+            ("PEXPIRE \"day y\" 86400000", Same),
+            ("PERSIST \"day y\"", Same),
+            ("TTL \"day y\"", Same),
+            ("EXPIRE \"day y\" 0", Same),
+            ("EXISTS \"day y\"", Same),
+            ("EXEC", Same),
+            ("DBSIZE", Same),
+        ],
+    },
+    // What tools send to watch a server (issue 49): SLOWLOG's shapes and refusals (entries
+    // differ: crpf keeps its slow catalog changes, RedisBloom has none this slow).
+    Script {
+        name: "slowlog",
+        steps: &[
+            ("SLOWLOG RESET", Same),
+            ("SLOWLOG LEN", Same),
+            ("SLOWLOG GET", Same),
+            ("SLOWLOG GET 5", Same),
+            ("SLOWLOG GET -1", Same),
+            ("SLOWLOG GET -2", Same),
+            ("SLOWLOG GET x", Same),
+            ("SLOWLOG GET 1 2", Same),
+            ("SLOWLOG LEN x", Same),
+            ("SLOWLOG RESET x", Same),
+            ("SLOWLOG FOO", Same),
+            ("SLOWLOG", Same),
+            ("MONITOR x", Same),
+        ],
+    },
     Script {
         name: "scan",
         steps: &[
@@ -822,9 +968,12 @@ const SCRIPTS: &[Script] = &[
             ("INFO", CrpfDigitsEach(b"$761\r\n# Server\r\nredis_version:7.2.0\r\ncrpf_version:0.1.0\r\nredis_mode:standalone\r\nos:linux\r\narch_bits:64\r\nprocess_id:11076\r\ntcp_port:31071\r\nuptime_in_seconds:0\r\n\r\n# Clients\r\nconnected_clients:1\r\nmaxclients:1024\r\nblocked_clients:0\r\n\r\n# Memory\r\nused_memory:14979072\r\nused_memory_human:14.29M\r\nused_memory_rss:14979072\r\nmaxmemory:0\r\n\r\n# Persistence\r\nloading:0\r\nrdb_bgsave_in_progress:0\r\naof_enabled:0\r\naof_rewrite_in_progress:0\r\n\r\n# Stats\r\ntotal_connections_received:111\r\ntotal_commands_processed:1276\r\nrejected_connections:0\r\nexpired_keys:0\r\nevicted_keys:0\r\n\r\n# Replication\r\nrole:master\r\nconnected_slaves:0\r\n\r\n# Cluster\r\ncluster_enabled:0\r\n\r\n# Keyspace\r\ndb0:keys=1,expires=0,avg_ttl=0\r\n\r\n# Modules\r\nmodule:name=bf,ver=20802,api=1,filters=0,usedby=[],using=[],options=[]\r\n\r\n", b"=765\r\ntxt:# Server\r\nredis_version:7.2.0\r\ncrpf_version:0.1.0\r\nredis_mode:standalone\r\nos:linux\r\narch_bits:64\r\nprocess_id:11076\r\ntcp_port:31071\r\nuptime_in_seconds:0\r\n\r\n# Clients\r\nconnected_clients:1\r\nmaxclients:1024\r\nblocked_clients:0\r\n\r\n# Memory\r\nused_memory:15032320\r\nused_memory_human:14.34M\r\nused_memory_rss:15032320\r\nmaxmemory:0\r\n\r\n# Persistence\r\nloading:0\r\nrdb_bgsave_in_progress:0\r\naof_enabled:0\r\naof_rewrite_in_progress:0\r\n\r\n# Stats\r\ntotal_connections_received:113\r\ntotal_commands_processed:1316\r\nrejected_connections:0\r\nexpired_keys:0\r\nevicted_keys:0\r\n\r\n# Replication\r\nrole:master\r\nconnected_slaves:0\r\n\r\n# Cluster\r\ncluster_enabled:0\r\n\r\n# Keyspace\r\ndb0:keys=1,expires=0,avg_ttl=0\r\n\r\n# Modules\r\nmodule:name=bf,ver=20802,api=1,filters=0,usedby=[],using=[],options=[]\r\n\r\n", "crpf's INFO carries the sections server, clients, memory, persistence, stats, replication, cluster, keyspace and modules, with the fields true of crpf only (its numbers vary from run to run); RedisBloom answers its 5 kB server report")),
             ("MEMORY USAGE k", Crpf(b":43\r\n", "Size is crpf's encoded state, not RedisBloom's allocation; RedisBloom answers 1512")),
             ("MEMORY USAGE nokey", Same),
-            ("COMMAND COUNT", Crpf(b":57\r\n", "crpf lists its own commands with their real arity; Redis lists its 292 and gives module commands arity -1; RedisBloom answers 292")),
+            ("COMMAND COUNT", Crpf(b":68\r\n", "crpf lists its own commands with their real arity; Redis lists its 292 and gives module commands arity -1; RedisBloom answers 292")),
             ("COMMAND INFO BF.ADD", Crpf(b"*1\r\n*10\r\n$6\r\nbf.add\r\n:3\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n", "crpf lists its own commands with their real arity; Redis lists its 292 and gives module commands arity -1; RedisBloom answers arity -1, the flags write, denyoom, module and key specs")),
-            ("COMMAND", Crpf(b"*57\r\n*10\r\n$4\r\nping\r\n:-1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\necho\r\n:2\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\nquit\r\n:-1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\nauth\r\n:-2\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$5\r\nhello\r\n:-1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\nclient\r\n:-2\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\ncommand\r\n:-1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\nconfig\r\n:-2\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\ninfo\r\n:-1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\nmemory\r\n:-2\r\n*2\r\n+readonly\r\n+fast\r\n:2\r\n:2\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\nselect\r\n:2\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$5\r\nmulti\r\n:1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\nexec\r\n:1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\ndiscard\r\n:1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$5\r\nwatch\r\n:-2\r\n*1\r\n+fast\r\n:1\r\n:-1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\nunwatch\r\n:1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$10\r\nbf.reserve\r\n:-4\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\nbf.add\r\n:3\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\nbf.madd\r\n:-3\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$9\r\nbf.insert\r\n:-4\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$9\r\nbf.exists\r\n:3\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$10\r\nbf.mexists\r\n:-3\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\nbf.card\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\nbf.info\r\n:-2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$8\r\nbf.debug\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$11\r\nbf.scandump\r\n:3\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$12\r\nbf.loadchunk\r\n:4\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$11\r\ncf.scandump\r\n:3\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$12\r\ncf.loadchunk\r\n:4\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$10\r\ncf.reserve\r\n:-3\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\ncf.add\r\n:3\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$8\r\ncf.addnx\r\n:3\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$9\r\ncf.insert\r\n:-4\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$11\r\ncf.insertnx\r\n:-4\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$9\r\ncf.exists\r\n:3\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$10\r\ncf.mexists\r\n:-3\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\ncf.del\r\n:3\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$8\r\ncf.count\r\n:3\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\ncf.info\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$10\r\ncf.compact\r\n:2\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$12\r\ncrpf.reserve\r\n:-5\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$9\r\ncrpf.mdel\r\n:-3\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$10\r\ncrpf.stats\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$8\r\ncrpf.ack\r\n:2\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$3\r\ndel\r\n:-2\r\n*1\r\n+write\r\n:1\r\n:-1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\nunlink\r\n:-2\r\n*2\r\n+write\r\n+fast\r\n:1\r\n:-1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\nexists\r\n:-2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:-1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\ntype\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\ndbsize\r\n:1\r\n*2\r\n+readonly\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\nkeys\r\n:2\r\n*1\r\n+readonly\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\nscan\r\n:-2\r\n*1\r\n+readonly\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\nflushdb\r\n:-1\r\n*1\r\n+write\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$8\r\nflushall\r\n:-1\r\n*1\r\n+write\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$9\r\nrandomkey\r\n:1\r\n*1\r\n+readonly\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\nrole\r\n:1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\ntime\r\n:1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\nmodule\r\n:-2\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n", "crpf lists its own commands with their real arity; Redis lists its 292 and gives module commands arity -1; RedisBloom answers its table of 292 commands (105 kB)")),
+            ("COMMAND", Crpf(b"*68\r\n*10\r\n$4\r\nping\r\n:-1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\necho\r\n:2\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\nquit\r\n:-1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\nauth\r\n:-2\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$5\r\nhello\r\n:-1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\nclient\r\n:-2\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\ncommand\r\n:-1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\nconfig\r\n:-2\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\ninfo\r\n:-1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\nmemory\r\n:-2\r\n*2\r\n+readonly\r\n+fast\r\n:2\r\n:2\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\nselect\r\n:2\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$5\r\nmulti\r\n:1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\nexec\r\n:1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\ndiscard\r\n:1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$5\r\nwatch\r\n:-2\r\n*1\r\n+fast\r\n:1\r\n:-1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\nunwatch\r\n:1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$10\r\nbf.reserve\r\n:-4\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\nbf.add\r\n:3\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\nbf.madd\r\n:-3\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$9\r\nbf.insert\r\n:-4\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$9\r\nbf.exists\r\n:3\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$10\r\nbf.mexists\r\n:-3\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\nbf.card\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\nbf.info\r\n:-2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$8\r\nbf.debug\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$11\r\nbf.scandump\r\n:3\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$12\r\nbf.loadchunk\r\n:4\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$11\r\ncf.scandump\r\n:3\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$12\r\ncf.loadchunk\r\n:4\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$10\r\ncf.reserve\r\n:-3\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\ncf.add\r\n:3\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$8\r\ncf.addnx\r\n:3\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$9\r\ncf.insert\r\n:-4\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$11\r\ncf.insertnx\r\n:-4\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$9\r\ncf.exists\r\n:3\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$10\r\ncf.mexists\r\n:-3\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\ncf.del\r\n:3\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$8\r\ncf.count\r\n:3\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\ncf.info\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$10\r\ncf.compact\r\n:2\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$12\r\ncrpf.reserve\r\n:-5\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$9\r\ncrpf.mdel\r\n:-3\r\n*2\r\n+write\r\n+denyoom\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$10\r\ncrpf.stats\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$8\r\ncrpf.ack\r\n:2\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$3\r\ndel\r\n:-2\r\n*1\r\n+write\r\n:1\r\n:-1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\nunlink\r\n:-2\r\n*2\r\n+write\r\n+fast\r\n:1\r\n:-1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\nexists\r\n:-2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:-1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\ntype\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\ndbsize\r\n:1\r\n*2\r\n+readonly\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\nkeys\r\n:2\r\n*1\r\n+readonly\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\nscan\r\n:-2\r\n*1\r\n+readonly\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\nflushdb\r\n:-1\r\n*1\r\n+write\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$8\r\nflushall\r\n:-1\r\n*1\r\n+write\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$9\r\nrandomkey\r\n:1\r\n*1\r\n+readonly\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\nexpire\r\n:-3\r\n*2\r\n+write\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\npexpire\r\n:-3\r\n*2\r\n+write\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$8\r\nexpireat\r\n:-3\r\n*2\r\n+write\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$9\r\npexpireat\r\n:-3\r\n*2\r\n+write\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\npersist\r\n:2\r\n*2\r\n+write\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$3\r\nttl\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\npttl\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$10\r\nexpiretime\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$11\r\npexpiretime\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\nrole\r\n:1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$4\r\ntime\r\n:1\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$6\r\nmodule\r\n:-2\r\n*1\r\n+fast\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\nmonitor\r\n:1\r\n*1\r\n+admin\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n*10\r\n$7\r\nslowlog\r\n:-2\r\n*1\r\n+admin\r\n:0\r\n:0\r\n:0\r\n*0\r\n*0\r\n*0\r\n*0\r\n", "crpf lists its own commands with their real arity; Redis lists its 292 and gives module commands arity -1; RedisBloom answers its table of 292 commands (105 kB)")),
+            ("COMMAND DOCS bf.add CF.RESERVE nosuch", Same),
+            ("COMMAND DOCS BF.MEXISTS", Same),
+            ("COMMAND DOCS nosuch", Same),
             ("CLIENT SETNAME diff", Same),
             ("CLIENT GETNAME", Same),
             ("CLIENT SETINFO LIB-NAME diff", Crpf(b"+OK\r\n", "deliberate: crpf answers as Redis 7.2, which added CLIENT SETINFO; this Redis 7.0.15 answers -ERR unknown subcommand 'SETINFO'. Try CLIENT HELP.")),
@@ -980,7 +1129,8 @@ fn start_crpf(dir: &Path) -> Server {
     })
 }
 
-/// A command's words: split on whitespace, `"..."` one word (`""` an empty one).
+/// A command's words: split on whitespace, `"..."` one word (`""` an empty one), in which
+/// `\xNN` is a byte and `\{N}` makes the byte before it N in a row (`"a\{1024}"`).
 fn words(command: &str) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     let mut chars = command.chars().peekable();
@@ -990,7 +1140,7 @@ fn words(command: &str) -> Vec<Vec<u8>> {
         } else if c == '"' {
             chars.next();
             let word: String = chars.by_ref().take_while(|&c| c != '"').collect();
-            out.push(word.into_bytes());
+            out.push(unescape(&word));
         } else {
             let mut word = String::new();
             while let Some(&c) = chars.peek() {
@@ -1003,6 +1153,29 @@ fn words(command: &str) -> Vec<Vec<u8>> {
             out.push(word.into_bytes());
         }
     }
+    out
+}
+
+/// A quoted word's bytes (see [`words`]).
+fn unescape(word: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut rest = word;
+    while let Some(at) = rest.find('\\') {
+        out.extend_from_slice(&rest.as_bytes()[..at]);
+        let esc = &rest[at + 1..];
+        if let Some(hex) = esc.strip_prefix('x') {
+            out.push(u8::from_str_radix(&hex[..2], 16).expect("\\xNN"));
+            rest = &hex[2..];
+        } else if let Some(n) = esc.strip_prefix('{') {
+            let (n, after) = n.split_once('}').expect("\\{N}");
+            let last = *out.last().expect("a byte before \\{N}");
+            out.extend(std::iter::repeat_n(last, n.parse::<usize>().unwrap() - 1));
+            rest = after;
+        } else {
+            panic!("unknown escape in {word:?}");
+        }
+    }
+    out.extend_from_slice(rest.as_bytes());
     out
 }
 
@@ -1245,6 +1418,20 @@ fn judge(expect: &Expect, redis: &[u8], crpf: &[u8]) -> Option<String> {
         Same => Some("crpf's reply differs from RedisBloom's".into()),
         Unordered if same_unordered(redis, crpf) => None,
         Unordered => Some("crpf's reply differs from RedisBloom's (in any order)".into()),
+        Near(within) => {
+            let int = |r: &[u8]| -> Option<i64> {
+                std::str::from_utf8(r.strip_prefix(b":")?.strip_suffix(b"\r\n")?)
+                    .ok()?
+                    .parse()
+                    .ok()
+            };
+            match (int(redis), int(crpf)) {
+                (Some(r), Some(c)) if (r - c).abs() <= *within => None,
+                _ => Some(format!(
+                    "crpf's reply is not an integer within {within} of RedisBloom's"
+                )),
+            }
+        }
         Crpf(pinned, _) | CrpfDigits(pinned, _) => {
             let holds = match expect {
                 CrpfDigits(..) => digits_as_one(crpf) == digits_as_one(pinned),
@@ -1292,6 +1479,7 @@ fn source(e: &Expect) -> String {
     match e {
         Same => "Same".into(),
         Unordered => "Unordered".into(),
+        Near(within) => format!("Near({within})"),
         Crpf(bytes, why) => format!("Crpf(b\"{}\", {why:?})", esc(bytes)),
         CrpfEach(r2, r3, why) => format!("CrpfEach(b\"{}\", b\"{}\", {why:?})", esc(r2), esc(r3)),
         CrpfDigits(bytes, why) => format!("CrpfDigits(b\"{}\", {why:?})", esc(bytes)),
@@ -1804,4 +1992,130 @@ fn redis_cli_talks_to_the_node() {
             "{side}: redis-cli -3 --no-raw BF.EXISTS"
         );
     }
+}
+
+/// The script [`node_redis_bloom_api_and_the_daily_filter_idiom`] runs, per protocol: the
+/// typed bloom API of node-redis on keys with colons, spaces and braces, and the per-day
+/// filter idiom `client.multi().bf.add(k, i).expire(k, 86400).exec()` (issue 49, item 2).
+const NODE_REDIS_SCRIPT: &str = r#"
+import { createClient } from 'redis';
+import assert from 'node:assert/strict';
+const url = process.argv[2];
+for (const RESP of [2, 3]) {
+  const client = createClient({ url, RESP });
+  client.on('error', (e) => { console.error('client error', e); process.exit(2); });
+  await client.connect();
+  const key = `bf:users:2026-12-06:${RESP}`;
+  assert.equal(await client.bf.add(key, 'alice'), true);
+  assert.equal(await client.bf.exists(key, 'alice'), true);
+  assert.equal(await client.bf.exists(key, 'bob'), false);
+  assert.deepEqual(await client.bf.mAdd(key, ['bob', 'alice']), [true, false]);
+  const daily = `daily {x} ${RESP}`;
+  const replies = await client.multi().bf.add(daily, 'i').expire(daily, 86400).exec();
+  assert.deepEqual(replies.map(Boolean), [true, true]);
+  const ttl = await client.ttl(daily);
+  assert.ok(ttl > 86000 && ttl <= 86400, `ttl ${ttl}`);
+  assert.equal(await client.bf.exists(daily, 'i'), true);
+  assert.equal(await client.persist(daily), 1);
+  assert.equal(await client.ttl(daily), -1);
+  assert.equal(await client.exists([key, daily, 'nope']), 2);
+  assert.equal(await client.expire(daily, -1), 1);
+  assert.equal(await client.exists(daily), 0);
+  console.log(`RESP${RESP}: ok`);
+  await client.quit();
+}
+"#;
+
+/// node-redis (5.12.4, installed with npm into the target directory on first use) through
+/// its typed bloom API, in RESP2 and RESP3. Skipped, saying so, where `node` or `npm` is
+/// missing or the package cannot be installed.
+#[test]
+fn node_redis_bloom_api_and_the_daily_filter_idiom() {
+    let has = |tool: &str| {
+        Command::new(tool)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !has("node") || !has("npm") {
+        eprintln!("SKIPPED: node or npm is not on this machine");
+        return;
+    }
+    let prefix = Path::new(env!("CARGO_TARGET_TMPDIR")).join("node-redis");
+    if !prefix.join("node_modules/redis/package.json").exists() {
+        let installed = Command::new("npm")
+            .args([
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "--loglevel=error",
+                "--prefix",
+            ])
+            .arg(&prefix)
+            .arg("redis@5.12.4")
+            .status();
+        if !installed.is_ok_and(|s| s.success()) {
+            eprintln!(
+                "SKIPPED: npm could not install node-redis into {}",
+                prefix.display()
+            );
+            return;
+        }
+    }
+    let script = prefix.join("bloom.mjs");
+    std::fs::write(&script, NODE_REDIS_SCRIPT).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_crpf(dir.path());
+    let out = Command::new("node")
+        .arg(&script)
+        .arg(format!("redis://{}", node.addr))
+        .current_dir(&prefix)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("RESP2: ok") && text.contains("RESP3: ok"),
+        "{text}\n{}",
+        node.proc.log_tail()
+    );
+}
+
+/// `MONITOR` on both servers: each streams a command another connection sends, in Redis's
+/// line form (time, database and client address aside), arguments quoted alike.
+#[test]
+fn monitor_lines_read_as_redis_writes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = start_redis(dir.path());
+    let node = start_crpf(dir.path());
+    let command = words("BF.EXISTS \"k 1\" \"a\\x22b\\x0a\\xff\"");
+    let mut lines = Vec::new();
+    for addr in [&redis.addr, &node.addr] {
+        let mut monitor = Conn::open(addr).unwrap();
+        assert_eq!(monitor.call(&words("MONITOR")).unwrap(), b"+OK\r\n");
+        let mut other = Conn::open(addr).unwrap();
+        assert_eq!(other.call(&command).unwrap(), b":0\r\n");
+        let mut line = Vec::new();
+        monitor.rd.read_until(b'\n', &mut line).unwrap();
+        // `+<s>.<us> [0 <ip>:<port>] ...`: the time and the port differ.
+        let text = String::from_utf8(line).unwrap();
+        let (time, rest) = text.split_once(' ').unwrap();
+        assert!(
+            time.starts_with('+')
+                && time[1..].split_once('.').is_some_and(|(s, us)| {
+                    s.parse::<u64>().is_ok() && us.len() == 6 && us.parse::<u32>().is_ok()
+                }),
+            "{text}"
+        );
+        let (client, args) = rest.split_once("] ").unwrap();
+        assert!(client.starts_with("[0 127.0.0.1:"), "{text}");
+        lines.push(args.to_string());
+    }
+    assert_eq!(lines[0], lines[1], "RedisBloom's, then crpf's");
+    assert_eq!(lines[1], "\"BF.EXISTS\" \"k 1\" \"a\\\"b\\n\\xff\"\r\n");
 }

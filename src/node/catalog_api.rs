@@ -4,10 +4,14 @@
 //!
 //! | subject | request | reply |
 //! |---|---|---|
-//! | `.create` | `{"name":"n","filter":{"kind":"g_bloom","capacity":1000,"fpr":0.01}}` | `{"created":true,"name":"n","generation":7,"filter":{...}}` (`false`: it existed with this spec) |
+//! | `.create` | `{"name":"n","filter":{"kind":"g_bloom","capacity":1000,"fpr":0.01}}` | `{"created":true,"name":"n","subject_name":"n","generation":7,"filter":{...}}` (`false`: it existed with this spec) |
 //! | `.drop` | `{"name":"n"}` or the bare name | `{"dropped":true,"generation":7}` (`false`: no such filter) |
-//! | `.info` | `{"name":"n"}` or the bare name | the entry: `name`, `filter`, `generation`, `created_ms` |
-//! | `.list` | empty, or `{"after":"n","limit":100}` | `{"filters":[entry, ...],"more":false}`: by name, at most 1,000 (`limit`) after `after`; `more` if there are further ones |
+//! | `.info` | `{"name":"n"}` or the bare name | the entry: `name`, `subject_name`, `filter`, `generation`, `created_ms`, and `expires_ms` if it expires |
+//! | `.expire` | `{"name":"n","expires_ms":1767225600000}` (ms since the epoch; `null`: never, as `PERSIST`) or `{"name":"n","ttl_ms":86400000}` | the entry with its new expiry, `{"dropped":true}` for a time past (as `EXPIRE` with one), or an error for no such filter |
+//! | `.list` | empty, or `{"after":"n","limit":100}` | `{"filters":[entry, ...],"more":false}`: by subject name, at most 1,000 (`limit`) after the subject name `after`; `more` if there are further ones |
+//!
+//! `name` is the key, any UTF-8 string of at most 1 KiB; a key that is not UTF-8 is given
+//! as `{"subject_name":...}` instead ([`crate::names`]), which every answer carries too.
 //!
 //! A create or drop is answered once the answering node has applied it (other nodes follow
 //! within their watcher's delay).
@@ -28,14 +32,52 @@ pub fn catalog_subject(prefix: &str, op: &str) -> String {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CreateRequest {
-    name: String,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    subject_name: Option<String>,
     filter: FilterSpec,
 }
 
+/// A filter named by its key or by its subject name ([`crate::names`]).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NameRequest {
-    name: String,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    subject_name: Option<String>,
+}
+
+impl NameRequest {
+    /// The subject name.
+    fn subject_name(self) -> Result<String, Value> {
+        match (self.name, self.subject_name) {
+            (Some(key), None) => Ok(crate::names::subject_name(key.as_bytes()).into_owned()),
+            (None, Some(name)) if crate::names::is_subject_name(&name) => Ok(name),
+            (None, Some(name)) => Err(error(format!(
+                "invalid request: `{name}` is no subject name"
+            ))),
+            _ => Err(error(
+                "invalid request: give either `name` (the key) or `subject_name`",
+            )),
+        }
+    }
+}
+
+/// An `expire`: a time, or a time from now.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExpireRequest {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    subject_name: Option<String>,
+    /// Absent or `null` (without `ttl_ms`): no expiry.
+    #[serde(default)]
+    expires_ms: Option<u64>,
+    #[serde(default)]
+    ttl_ms: Option<u64>,
 }
 
 /// A page of `list`: the entries named after `after`, at most `limit` of them.
@@ -75,27 +117,33 @@ fn list_request(payload: &[u8]) -> Result<ListRequest, Value> {
 }
 
 fn entry_json(e: &CatalogEntry) -> Value {
-    json!({
-        "name": e.name,
+    let mut v = json!({
+        "name": crate::names::display_key(&e.name),
+        "subject_name": e.name,
         "filter": e.spec,
         "generation": e.generation,
         "created_ms": e.created_ms,
-    })
+    });
+    if let Some(at) = e.expires_ms {
+        v["expires_ms"] = at.into();
+    }
+    v
 }
 
 fn error(text: impl std::fmt::Display) -> Value {
     json!({ "error": text.to_string() })
 }
 
-/// The name a drop or info request names: JSON `{"name":...}` or the bare name.
+/// The subject name of the filter a drop or info request names: JSON `{"name":...}` (or
+/// `{"subject_name":...}`) or the bare key.
 fn name_of(payload: &[u8]) -> Result<String, Value> {
     if payload.first() == Some(&b'{') {
         serde_json::from_slice::<NameRequest>(payload)
-            .map(|r| r.name)
-            .map_err(|e| error(format!("invalid request: {e}")))
+            .map_err(|e| error(format!("invalid request: {e}")))?
+            .subject_name()
     } else {
         std::str::from_utf8(payload)
-            .map(|s| s.trim().to_string())
+            .map(|s| crate::names::subject_name(s.trim().as_bytes()).into_owned())
             .map_err(|_| error("invalid request: the name is not UTF-8"))
     }
 }
@@ -104,11 +152,19 @@ async fn answer(node: &Node, op: &str, payload: &[u8]) -> Value {
     let host = |r: Result<Value, HostError>| r.unwrap_or_else(error);
     match op {
         "create" => match serde_json::from_slice::<CreateRequest>(payload) {
-            Ok(r) => host(node.create_filter(&r.name, r.filter).await.map(|c| {
-                let mut v = entry_json(&c.entry);
-                v["created"] = c.new.into();
-                v
-            })),
+            Ok(r) => match (NameRequest {
+                name: r.name,
+                subject_name: r.subject_name,
+            })
+            .subject_name()
+            {
+                Ok(name) => host(node.create_filter(&name, r.filter).await.map(|c| {
+                    let mut v = entry_json(&c.entry);
+                    v["created"] = c.new.into();
+                    v
+                })),
+                Err(e) => e,
+            },
             Err(e) => error(format!(
                 "invalid request: {e} (expected {{\"name\":...,\"filter\":{{\"kind\":...,\"capacity\":...,\"fpr\":...}}}})"
             )),
@@ -123,10 +179,46 @@ async fn answer(node: &Node, op: &str, payload: &[u8]) -> Value {
         "info" => match name_of(payload) {
             Ok(name) => match node.filter_info(&name).await {
                 Ok(Some(e)) => entry_json(&e),
-                Ok(None) => error(format!("no filter named `{name}`")),
+                Ok(None) => error(format!(
+                    "no filter named `{}`",
+                    crate::names::display_key(&name)
+                )),
                 Err(e) => error(e),
             },
             Err(e) => e,
+        },
+        "expire" => match serde_json::from_slice::<ExpireRequest>(payload) {
+            Ok(r) => {
+                let at = match (r.expires_ms, r.ttl_ms) {
+                    (Some(_), Some(_)) => {
+                        return error("invalid request: give `expires_ms` or `ttl_ms`, not both");
+                    }
+                    (at, None) => at,
+                    (None, Some(ttl)) => {
+                        Some(crate::transport::catalog::now_ms().saturating_add(ttl))
+                    }
+                };
+                let named = NameRequest {
+                    name: r.name,
+                    subject_name: r.subject_name,
+                }
+                .subject_name();
+                match named {
+                    Ok(name) => match node.set_expiry(&name, at).await {
+                        Ok(super::host::Expiry::Set(e)) => entry_json(&e),
+                        Ok(super::host::Expiry::Dropped) => json!({ "dropped": true }),
+                        Ok(super::host::Expiry::Missing) => error(format!(
+                            "no filter named `{}`",
+                            crate::names::display_key(&name)
+                        )),
+                        Err(e) => error(e),
+                    },
+                    Err(e) => e,
+                }
+            }
+            Err(e) => error(format!(
+                "invalid request: {e} (expected {{\"name\":...,\"expires_ms\":...}} or {{\"name\":...,\"ttl_ms\":...}})"
+            )),
         },
         "list" => match list_request(payload) {
             Ok(page) => match node.catalog_entries().await {
@@ -148,7 +240,7 @@ async fn answer(node: &Node, op: &str, payload: &[u8]) -> Value {
             Err(e) => e,
         },
         other => error(format!(
-            "unknown catalog operation `{other}` (create, drop, info, list)"
+            "unknown catalog operation `{other}` (create, drop, info, list, expire)"
         )),
     }
 }
@@ -178,6 +270,7 @@ fn op_label(op: &str) -> &'static str {
         "drop" => "drop",
         "info" => "info",
         "list" => "list",
+        "expire" => "expire",
         _ => "unknown",
     }
 }
@@ -218,5 +311,11 @@ mod tests {
         assert_eq!(name_of(br#"{"name":"tenant-7"}"#).unwrap(), "tenant-7");
         let bad = name_of(br#"{"nom":"x"}"#).unwrap_err();
         assert!(bad["error"].as_str().unwrap().contains("invalid request"));
+        // Any key: its subject name, given or made.
+        assert_eq!(name_of(b"bf:x").unwrap(), "_kbf_3Ax");
+        assert_eq!(name_of(br#"{"name":"a b"}"#).unwrap(), "_ka_20b");
+        assert_eq!(name_of(br#"{"subject_name":"_k_FF"}"#).unwrap(), "_k_FF");
+        assert!(name_of(br#"{"subject_name":"a.b"}"#).is_err());
+        assert!(name_of(br#"{"name":"a","subject_name":"a"}"#).is_err());
     }
 }

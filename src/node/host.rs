@@ -34,6 +34,7 @@ use super::NodeError;
 use super::config::{ApiQueue, CatalogSection, NodeConfig};
 use super::foreign::{ForeignNames, Heard};
 use crate::FilterSpec;
+use crate::names::is_subject_name;
 use crate::replica::{
     Identity, Parked, Replica, ReplicaConfig, ReplicaError, ReplicaHandle, SharedId, refusal,
 };
@@ -44,7 +45,7 @@ use crate::transport::digests::{
 };
 use crate::transport::{
     Catalog, CatalogChange, CatalogEntry, CatalogError, Created, Message, MessageStream, Subjects,
-    Transport, TransportEvent, confirm_subscriptions, event_stream, is_token, serve_subscription,
+    Transport, TransportEvent, confirm_subscriptions, event_stream, serve_subscription,
     subscribe_now,
 };
 use crate::wire::AuthKeys;
@@ -81,9 +82,10 @@ const API_LOOKUPS: usize = 64;
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum HostError {
-    /// The name is not a subject token.
+    /// The name is no subject name ([`crate::names`]): its key is over 1 KiB.
     #[error(
-        "invalid filter name `{0}`: one subject token ([A-Za-z0-9_-], 1 to 64 bytes, not starting with `_`)"
+        "invalid key `{}`: a key is at most 1024 bytes (or the name is no key's subject name, crpf::names)",
+        crate::names::display_key(.0).chars().take(40).chain("...".chars()).collect::<String>()
     )]
     InvalidName(String),
     /// The spec or the settings it makes are invalid.
@@ -151,6 +153,8 @@ struct Hosted {
     /// Of its catalog entry (for offering it back to a catalog that lost it).
     created_ms: u64,
     replaces: Option<u64>,
+    /// Its catalog entry's expiry (`EXPIRE`), ms since the UNIX epoch.
+    expires_ms: Option<u64>,
     replica: Slot,
     /// Looked up since the node last looked for idle replicas ([`parking`]).
     touched: AtomicBool,
@@ -175,6 +179,7 @@ impl Hosted {
             generation,
             created_ms,
             replaces,
+            expires_ms,
             ..
         } = entry;
         Hosted {
@@ -182,6 +187,7 @@ impl Hosted {
             spec,
             created_ms,
             replaces,
+            expires_ms,
             replica: Slot::Live(handle),
             touched: AtomicBool::new(true),
             idle_looks: AtomicU8::new(0),
@@ -197,6 +203,7 @@ impl Hosted {
             generation: self.generation,
             created_ms: self.created_ms,
             replaces: self.replaces,
+            expires_ms: self.expires_ms,
         }
     }
 
@@ -220,6 +227,17 @@ impl Hosted {
             _ => None,
         }
     }
+}
+
+/// What [`Node::set_expiry`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Expiry {
+    /// The entry, with its new expiry.
+    Set(CatalogEntry),
+    /// The time was past: the filter was dropped.
+    Dropped,
+    /// No such filter.
+    Missing,
 }
 
 /// What [`Node::filters`] lists of each filter.
@@ -303,7 +321,17 @@ struct Inner {
     /// When each name may be offered back to the catalog next ([`REOFFER_INTERVAL`]);
     /// `None`: a later offer waits for that moment.
     reoffered: std::sync::Mutex<HashMap<String, Option<Instant>>>,
+    /// The expiries of hosted filters, by time: (ms since the epoch, name, generation). An
+    /// item left behind (the filter dropped, its expiry moved or cleared) does nothing: the
+    /// catalog drops only the generation named, and only once its own entry has expired.
+    expiries: std::sync::Mutex<std::collections::BTreeSet<(u64, String, u64)>>,
+    /// Wakes [`expire_due`] for an expiry noted (it sleeps until the earliest one).
+    expiry_noted: Arc<tokio::sync::Notify>,
 }
+
+/// How late a node may look for filters whose expiry has come (`EXPIRE`): it sleeps until
+/// the earliest expiry it knows (woken by a new one), at most this long.
+const EXPIRY_TICK: Duration = Duration::from_secs(1);
 
 /// A name is offered back to the catalog at most this often: two nodes with different keys
 /// hosting one filter each take the other's entry for one to replace, and would otherwise
@@ -419,6 +447,8 @@ impl Node {
             arbiter: actix::Arbiter::current(),
             parking: Default::default(),
             reoffered: Default::default(),
+            expiries: Default::default(),
+            expiry_noted: Default::default(),
         });
         if inner.catalog.is_some() {
             // Subscribed, and confirmed by the server, before any catalog filter is ready: a
@@ -524,6 +554,7 @@ impl Node {
                 generation: 0,
                 created_ms: 0,
                 replaces: None,
+                expires_ms: None,
             };
             let handle = node
                 .inner
@@ -552,6 +583,7 @@ impl Node {
                 }
             };
             actix::spawn(follow(node.inner.clone(), catalog, first));
+            actix::spawn(expire_due(Arc::downgrade(&node.inner)));
             // A cursor over the listing, not a pass over all of it at each change: with
             // 100,000 filters those passes made the start quadratic (49 s instead of ~4).
             let mut started = 0;
@@ -661,6 +693,34 @@ impl Node {
         }
         tracing::info!(filter = name, generation, "filter dropped");
         Ok(Some(entry))
+    }
+
+    /// Sets (`Some`: ms since the UNIX epoch) or clears the expiry of filter `name` in the
+    /// catalog (`EXPIRE`, `PERSIST`), and here at once; every node drops the filter at that
+    /// time by its own clock. A time already past drops it now, as Redis deletes a key given
+    /// one. The entry as updated (`None`: no such filter, or dropped by a past time: `Ok` of
+    /// whether it existed is in [`Expiry`]).
+    pub async fn set_expiry(&self, name: &str, at_ms: Option<u64>) -> Result<Expiry, HostError> {
+        self.may_drop(name)?;
+        let catalog = self.inner.catalog.clone().ok_or(HostError::Disabled)?;
+        if at_ms.is_some_and(|at| at <= crate::transport::catalog::now_ms()) {
+            return Ok(match self.drop_filter(name).await? {
+                Some(_) => Expiry::Dropped,
+                None => Expiry::Missing,
+            });
+        }
+        let Some(entry) = catalog.set_expiry(name.to_string(), at_ms).await? else {
+            return Ok(Expiry::Missing);
+        };
+        // Here at once (the watcher's copy follows): a `TTL` right after answers it.
+        self.inner.expiry_changed(&entry).await;
+        Ok(Expiry::Set(entry))
+    }
+
+    /// The expiry of filter `name` as this node has it: `None` if it does not host it,
+    /// `Some(None)` if it has none.
+    pub fn expiry(&self, name: &str) -> Option<Option<u64>> {
+        self.read().get(name).map(|h| h.expires_ms)
     }
 
     /// Whether `name` may be dropped: not a filter of the configuration file, and the
@@ -835,7 +895,7 @@ impl Node {
 
     /// Refusals that need no catalog: the name, the spec, this node's limits.
     fn check_create(&self, name: &str, spec: &FilterSpec) -> Result<(), HostError> {
-        if !is_token(name) || name.starts_with('_') {
+        if !is_subject_name(name) {
             return Err(HostError::InvalidName(name.into()));
         }
         if self.inner.configured.contains(name) {
@@ -892,16 +952,49 @@ fn follows_drop_of(entry: &CatalogEntry, generation: u64) -> bool {
 /// The `filter` label of the catalog's own rejects.
 const CATALOG_LABEL: &str = "_catalog";
 
-/// `<name>.g<generation>`: the data directory of a catalog filter's incarnation.
+/// Subject names longer than this get a hashed data directory ([`incarnation_dir`]): a
+/// directory entry is at most 255 bytes on most file systems, and the generation (and, in
+/// [`DROPPED_DIR`], the time of the drop) follow the name.
+const LONGEST_DIR_NAME: usize = 160;
+
+/// The start of a hashed data directory's name (never a subject name's: those start with
+/// `_k` or no `_`).
+const HASHED_DIR: &str = "_h";
+
+/// `<name>.g<generation>`: the data directory of a catalog filter's incarnation; for a name
+/// over [`LONGEST_DIR_NAME`] bytes, `_h<SHA-256 of the name, hex>.g<generation>` (its
+/// [`ENTRY_FILE`] names the filter).
 fn incarnation_dir(name: &str, generation: u64) -> String {
-    format!("{name}.g{generation}")
+    if name.len() <= LONGEST_DIR_NAME {
+        return format!("{name}.g{generation}");
+    }
+    use sha2::Digest;
+    let hash = sha2::Sha256::digest(name.as_bytes());
+    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{HASHED_DIR}{hex}.g{generation}")
 }
 
-/// The name and generation of an incarnation's data directory.
+/// The name (or, for a hashed directory, its `_h<hash>` stem) and the generation of an
+/// incarnation's data directory.
 fn parse_incarnation_dir(dir: &str) -> Option<(&str, u64)> {
     let (name, generation) = dir.rsplit_once(".g")?;
     let generation = generation.parse().ok()?;
-    (is_token(name) && generation > 0).then_some((name, generation))
+    let hashed = name
+        .strip_prefix(HASHED_DIR)
+        .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    ((is_subject_name(name) || hashed) && generation > 0).then_some((name, generation))
+}
+
+/// The filter of incarnation directory `dir` (`<base>/<dir>`), named `stem` and
+/// `generation` by [`parse_incarnation_dir`]: the stem, or the name of a hashed
+/// directory's entry file.
+fn incarnation_name(base: &Path, dir: &str, stem: &str, generation: u64) -> Option<String> {
+    if !stem.starts_with(HASHED_DIR) {
+        return Some(stem.to_string());
+    }
+    let bytes = std::fs::read(base.join(dir).join(ENTRY_FILE)).ok()?;
+    let entry: CatalogEntry = serde_json::from_slice(&bytes).ok()?;
+    (incarnation_dir(&entry.name, generation) == dir).then_some(entry.name)
 }
 
 /// The settings of the node's shared id: the catalog's replica defaults.
@@ -1053,9 +1146,17 @@ impl Inner {
         let mut unknown = Vec::new();
         for d in dirs.flatten() {
             let dir = d.file_name().to_string_lossy().into_owned();
-            let Some((name, generation)) = parse_incarnation_dir(&dir) else {
+            let Some((stem, generation)) = parse_incarnation_dir(&dir) else {
                 continue;
             };
+            let Some(name) = incarnation_name(&base, &dir, stem, generation) else {
+                tracing::warn!(
+                    dir = %d.path().display(),
+                    "a hashed filter directory without its entry: kept, not hosted"
+                );
+                continue;
+            };
+            let name = name.as_str();
             if self.configured.contains(name) {
                 continue;
             }
@@ -1348,7 +1449,7 @@ impl Inner {
     /// Notes `name` as replicated outside the catalog if `subject` is its delta or state
     /// subject and the catalog does not list it ([`ForeignNames`]).
     fn heard_elsewhere(&self, name: &str, subject: &str) {
-        if self.settings.api_queue != ApiQueue::Node || !is_token(name) {
+        if self.settings.api_queue != ApiQueue::Node || !is_subject_name(name) {
             return;
         }
         // `<prefix>.<name>.delta` or `.state` (the pattern is `<prefix>.*.*`).
@@ -1532,7 +1633,7 @@ impl Inner {
         metrics::counter!(BATCHED_DIGESTS, "direction" => "in").increment(items.len() as u64);
         for (name, frame) in items {
             // A name that is no subject token is no filter of this node.
-            if !is_token(&name) {
+            if !is_subject_name(&name) {
                 continue;
             }
             if let Some(handle) = self.replica_of(&name) {
@@ -1587,7 +1688,7 @@ impl Inner {
             // Not known to the watcher yet: perhaps created a moment ago (a request sent
             // right after the create was left unanswered here), perhaps a replica outside
             // the catalog with the same id. The catalog tells.
-            None if !is_token(name) || name.starts_with('_') => ApiRoute::Silent,
+            None if !is_subject_name(name) => ApiRoute::Silent,
             None => match self
                 .foreign
                 .lock()
@@ -1622,6 +1723,52 @@ impl Inner {
         c
     }
 
+    /// Notes the expiry of `entry`, if it has one, for [`expire_due`].
+    fn schedule_expiry(&self, entry: &CatalogEntry) {
+        if let Some(at) = entry.expires_ms {
+            self.expiries.lock().expect("expiries lock").insert((
+                at,
+                entry.name.clone(),
+                entry.generation,
+            ));
+            self.expiry_noted.notify_one();
+        }
+    }
+
+    /// The entry of a hosted generation was written again with another expiry (`EXPIRE`,
+    /// `PERSIST`): kept, scheduled, and recorded in its data directory (a node without
+    /// NATS rebuilds its catalog from there).
+    async fn expiry_changed(&self, entry: &CatalogEntry) {
+        let changed = {
+            let mut hosted = self.hosted.write().expect("hosted lock");
+            match hosted.get_mut(&entry.name) {
+                Some(h) if h.generation == entry.generation && h.expires_ms != entry.expires_ms => {
+                    h.expires_ms = entry.expires_ms;
+                    true
+                }
+                _ => false,
+            }
+        };
+        if !changed {
+            return;
+        }
+        if let Some(view) = self.view.write().expect("view lock").get_mut(&entry.name)
+            && view.generation == entry.generation
+        {
+            view.expires_ms = entry.expires_ms;
+        }
+        self.schedule_expiry(entry);
+        if let Some(base) = &self.data_dir {
+            let dir = base.join(incarnation_dir(&entry.name, entry.generation));
+            let recorded = entry.clone();
+            let written =
+                tokio::task::spawn_blocking(move || write_entry_file(&dir, &recorded)).await;
+            if let Ok(Err(e)) = written {
+                tracing::warn!(filter = entry.name, error = %e, "could not record a filter's new expiry in its data directory");
+            }
+        }
+    }
+
     /// Hosts the filter of `entry` (stopping an older generation of the name first).
     async fn host(self: &Arc<Self>, entry: CatalogEntry) {
         if self.configured.contains(&entry.name) {
@@ -1638,7 +1785,8 @@ impl Inner {
             .get(&entry.name)
             .map(|h| h.generation);
         match current {
-            Some(g) if g >= entry.generation => return,
+            Some(g) if g == entry.generation => return self.expiry_changed(&entry).await,
+            Some(g) if g > entry.generation => return,
             // A later generation takes the name only after the drop of the hosted one: a
             // sealed entry written again (a replay) is no drop.
             Some(g) if !follows_drop_of(&entry, g) => {
@@ -1683,6 +1831,7 @@ impl Inner {
                         }
                     }
                     metrics::counter!(CATALOG_CHANGES, "change" => "started").increment(1);
+                    self.schedule_expiry(&entry);
                     return;
                 }
                 Err(e) => {
@@ -1812,6 +1961,81 @@ impl Inner {
             }
             // Not queued by name (see `follow`).
             CatalogChange::Current => String::new(),
+        }
+    }
+}
+
+/// Drops the hosted filters whose expiry has come, by this node's clock, until the node
+/// stops: each through [`Catalog::expire`] (a drop record, which every node applies as a
+/// drop; the first node whose clock says so writes it).
+async fn expire_due(inner: Weak<Inner>) {
+    let mut wait = EXPIRY_TICK;
+    loop {
+        {
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            // Not holding the node while waiting (it may stop); a note meanwhile is kept
+            // as the Notify's permit.
+            let noted = inner.expiry_noted.clone();
+            drop(inner);
+            let _ = tokio::time::timeout(wait, noted.notified()).await;
+        }
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if inner.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let Some(catalog) = inner.catalog.clone() else {
+            return;
+        };
+        let now = crate::transport::catalog::now_ms();
+        let due: Vec<(u64, String, u64)> = {
+            let mut expiries = inner.expiries.lock().expect("expiries lock");
+            let later = expiries.split_off(&(now + 1, String::new(), 0));
+            let due = std::mem::replace(&mut *expiries, later);
+            // Until the next one, or a new one noted.
+            wait = expiries.first().map_or(EXPIRY_TICK, |(at, ..)| {
+                Duration::from_millis(at.saturating_sub(now).max(1)).min(EXPIRY_TICK)
+            });
+            due.into_iter().collect()
+        };
+        for (at, name, generation) in due {
+            let hosts = inner
+                .hosted
+                .read()
+                .expect("hosted lock")
+                .get(&name)
+                .is_some_and(|h| {
+                    h.generation == generation && h.expires_ms.is_some_and(|e| e <= now)
+                });
+            let _ = at;
+            if !hosts {
+                continue;
+            }
+            let catalog = catalog.clone();
+            let weak = Arc::downgrade(&inner);
+            actix::spawn(async move {
+                match catalog.expire(name.clone(), generation).await {
+                    Ok(true) => {
+                        metrics::counter!(CATALOG_CHANGES, "change" => "expired").increment(1);
+                        tracing::info!(filter = name, generation, "filter expired: dropped");
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        // Tried again in a second.
+                        tracing::warn!(filter = name, error = %e, "could not drop an expired filter");
+                        if let Some(inner) = weak.upgrade() {
+                            inner.expiries.lock().expect("expiries lock").insert((
+                                crate::transport::catalog::now_ms() + 1_000,
+                                name,
+                                generation,
+                            ));
+                        }
+                    }
+                }
+            });
         }
     }
 }
@@ -2446,8 +2670,24 @@ mod tests {
             Some(("tenant-7", 42))
         );
         assert_eq!(parse_incarnation_dir("a.g1.g2"), None);
-        for configured in ["sessions", "gauges", "x.g0", "x.gx", ".g5"] {
+        for configured in [
+            "sessions", "gauges", "x.g0", "x.gx", ".g5", "_x.g1", "_h12.g1",
+        ] {
             assert_eq!(parse_incarnation_dir(configured), None, "{configured}");
         }
+        // Keys of any bytes: their subject names; past 160 bytes, a hash that fits a file
+        // name with the generation and a drop time after it.
+        let name = crate::names::subject_name(b"bf:users:2026");
+        let dir = incarnation_dir(&name, 3);
+        assert_eq!(parse_incarnation_dir(&dir), Some((&*name, 3)));
+        let long = crate::names::subject_name(&[0xFF; crate::names::MAX_KEY_BYTES]);
+        let dir = incarnation_dir(&long, u64::MAX);
+        assert!(dir.len() + ".1234567890123".len() < 255, "{dir}");
+        let (stem, g) = parse_incarnation_dir(&dir).unwrap();
+        assert!(stem.starts_with(HASHED_DIR) && g == u64::MAX);
+        assert_ne!(
+            dir,
+            incarnation_dir(&crate::names::subject_name(&[0xFE; 1024]), u64::MAX)
+        );
     }
 }

@@ -380,9 +380,10 @@ impl ReplicaConfig {
 
     /// Checks what serde cannot.
     pub fn validate(&self) -> Result<(), String> {
-        if !is_token(&self.name) {
+        // A subject name of any key (catalog filters), or a token (`_node`, configured ones).
+        if !is_token(&self.name) && !crate::names::is_subject_name(&self.name) {
             return Err(format!(
-                "filter name `{}` must be one subject token: [A-Za-z0-9_-], 1 to 64 bytes",
+                "filter name `{}` must be one subject token ([A-Za-z0-9_-], 1 to 64 bytes) or a key's subject name (crpf::names)",
                 self.name
             ));
         }

@@ -311,6 +311,21 @@ pub enum Command {
     ClientGetName,
     /// `INFO [section...]`: the sections asked for (lower case), none for the default ones.
     Info(Vec<String>),
+    /// `MONITOR`: stream the commands served.
+    Monitor,
+    /// `SLOWLOG GET [count]` (`-1`: all), `LEN`, `RESET`.
+    SlowLog(SlowLog),
+}
+
+/// What `SLOWLOG` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlowLog {
+    /// `GET [count]`: the newest entries (10 by default; `-1`: all).
+    Get(i64),
+    /// `LEN`.
+    Len,
+    /// `RESET`.
+    Reset,
 }
 
 /// Which connections `CLIENT KILL` closes: those matching every filter given.
@@ -455,6 +470,31 @@ pub enum KeyCommand {
         /// The format.
         format: crate::GoFormat,
     },
+    /// `EXPIRE`, `PEXPIRE`, `EXPIREAT`, `PEXPIREAT key time [NX|XX|GT|LT]`: sets the key's
+    /// expiry, computed when it runs.
+    Expire {
+        /// The key.
+        name: String,
+        /// The time: milliseconds from now, or since the epoch if `absolute`.
+        ms: i64,
+        /// `EXPIREAT`, `PEXPIREAT`.
+        absolute: bool,
+        /// The condition.
+        when: ExpireWhen,
+        /// The command's name, lower case, for Redis's refusal of a time out of range.
+        command: &'static str,
+    },
+    /// `PERSIST key`: clears its expiry.
+    Persist(String),
+    /// `TTL`, `PTTL`, `EXPIRETIME`, `PEXPIRETIME key`.
+    Ttl {
+        /// The key.
+        name: String,
+        /// In milliseconds (else seconds, rounded).
+        ms: bool,
+        /// The time of expiry since the epoch (else the time left).
+        absolute: bool,
+    },
     /// `EXISTS`: how many of these keys exist (a key named twice counts twice).
     Exists(Vec<Vec<u8>>),
     /// `TYPE`: RedisBloom's type name of the key, or `none`.
@@ -473,6 +513,77 @@ pub enum KeyCommand {
         /// Only keys of this type (`SCAN ... TYPE`).
         kind: Option<Vec<u8>>,
     },
+}
+
+/// The condition of an `EXPIRE` (Redis 7's options).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExpireWhen {
+    /// Always.
+    #[default]
+    Always,
+    /// `NX`: only if the key has no expiry.
+    Nx,
+    /// `XX`: only if it has one.
+    Xx,
+    /// `GT`: only to a later time (no expiry is the latest of all).
+    Gt,
+    /// `LT`: only to an earlier one.
+    Lt,
+}
+
+impl ExpireWhen {
+    /// Whether an expiry at `new` may replace `current` (`None`: none).
+    pub fn allows(self, current: Option<u64>, new: i128) -> bool {
+        match (self, current) {
+            (ExpireWhen::Always, _) => true,
+            (ExpireWhen::Nx, c) => c.is_none(),
+            (ExpireWhen::Xx, c) => c.is_some(),
+            (ExpireWhen::Gt, None) => false,
+            (ExpireWhen::Gt, Some(c)) => new > i128::from(c),
+            (ExpireWhen::Lt, None) => true,
+            (ExpireWhen::Lt, Some(c)) => new < i128::from(c),
+        }
+    }
+}
+
+/// The options of an `EXPIRE` after the time, with Redis 7's refusals.
+fn expire_when(options: &[&[u8]]) -> Result<ExpireWhen, Reply> {
+    let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+    for o in options {
+        match o.to_ascii_uppercase().as_slice() {
+            b"NX" => nx = true,
+            b"XX" => xx = true,
+            b"GT" => gt = true,
+            b"LT" => lt = true,
+            _ => {
+                return Err(Reply::err(format!(
+                    "Unsupported option {}",
+                    String::from_utf8_lossy(o)
+                )));
+            }
+        }
+    }
+    if nx && (xx || gt || lt) {
+        return Err(Reply::err(
+            "NX and XX, GT or LT options at the same time are not compatible",
+        ));
+    }
+    if gt && lt {
+        return Err(Reply::err(
+            "GT and LT options at the same time are not compatible",
+        ));
+    }
+    Ok(if nx {
+        ExpireWhen::Nx
+    } else if gt {
+        ExpireWhen::Gt
+    } else if lt {
+        ExpireWhen::Lt
+    } else if xx {
+        ExpireWhen::Xx
+    } else {
+        ExpireWhen::Always
+    })
 }
 
 /// What [`KeyCommand::Read`] reads.
@@ -543,11 +654,13 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
     } else {
         None
     };
-    let key_name = || String::from_utf8_lossy(arg(0)).into_owned();
+    // The key's subject name ([`crate::names`]): what filters are found and made by.
+    let key = |i: usize| crate::names::subject_name(arg(i));
+    let key_name = || key(0).into_owned();
     // The key's filter, checked against the command's family; Err: the reply to a key that
     // exists with the wrong type; Ok(None): no such key.
     let existing = || -> Result<Option<ReplicaHandle>, Command> {
-        match filter(arg(0)) {
+        match filter(key(0).as_bytes()) {
             Some(handle) if family.is_some_and(|bloom| bloom != is_bloom(handle.kind())) => {
                 Err(Command::Reply(Reply::Error(WRONGTYPE.into())))
             }
@@ -597,7 +710,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
         // Looked up again when it runs: in a `MULTI`, a `RESERVE` queued before it may have
         // made the key (its queries answered as for a missing key).
         Command::Key(KeyCommand::IfFound {
-            name: arg(0).to_vec(),
+            name: key_name().into_bytes(),
             family,
             request: Box::new(request),
             missing,
@@ -642,7 +755,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
     // A read of the key's figures, at its turn among this connection's commands.
     let read = |read: Read| {
         Command::Key(KeyCommand::Read {
-            name: arg(0).to_vec(),
+            name: key_name().into_bytes(),
             read,
             bloom: family,
         })
@@ -786,6 +899,58 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                     ))
                 }
             }
+            "MONITOR" => {
+                arity(n == 0)?;
+                Command::Monitor
+            }
+            "SLOWLOG" => {
+                arity(n >= 1)?;
+                let sub = arg(0).to_ascii_uppercase();
+                let sub_arity = |ok: bool| -> Result<(), Command> {
+                    if ok {
+                        Ok(())
+                    } else {
+                        Err(Command::Reply(Reply::err(format!(
+                            "wrong number of arguments for 'slowlog|{}' command",
+                            String::from_utf8_lossy(&sub).to_ascii_lowercase()
+                        ))))
+                    }
+                };
+                match sub.as_slice() {
+                    b"GET" => {
+                        if n > 2 {
+                            return Err(Command::Reply(Reply::err(format!(
+                                "unknown subcommand or wrong number of arguments for '{}'. Try SLOWLOG HELP.",
+                                String::from_utf8_lossy(arg(0))
+                            ))));
+                        }
+                        let count = match n {
+                            1 => 10,
+                            _ => match std::str::from_utf8(arg(1)).map(str::parse::<i64>) {
+                                Ok(Ok(c)) if c >= -1 => c,
+                                _ => {
+                                    return Err(Command::Reply(Reply::err(
+                                        "count should be greater than or equal to -1",
+                                    )));
+                                }
+                            },
+                        };
+                        Command::SlowLog(SlowLog::Get(count))
+                    }
+                    b"LEN" => {
+                        sub_arity(n == 1)?;
+                        Command::SlowLog(SlowLog::Len)
+                    }
+                    b"RESET" => {
+                        sub_arity(n == 1)?;
+                        Command::SlowLog(SlowLog::Reset)
+                    }
+                    _ => Command::Reply(Reply::err(format!(
+                        "unknown subcommand '{}'. Try SLOWLOG HELP.",
+                        String::from_utf8_lossy(&arg(0)[..arg(0).len().min(64)])
+                    ))),
+                }
+            }
             "INFO" => Command::Info(
                 args.from(1)
                     .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase())
@@ -806,7 +971,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                     )));
                 }
                 Command::Key(KeyCommand::Read {
-                    name: args.arg(2).to_vec(),
+                    name: key(1).into_owned().into_bytes(),
                     read: Read::Memory,
                     bloom: None,
                 })
@@ -1060,7 +1225,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                 arity(n >= 1)?;
                 Command::Key(KeyCommand::Delete(
                     args.from(1)
-                        .map(|k| String::from_utf8_lossy(k).into_owned())
+                        .map(|k| crate::names::subject_name(k).into_owned())
                         .collect(),
                 ))
             }
@@ -1074,15 +1239,65 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                 }
                 Command::Key(KeyCommand::FlushAll)
             }
+            "EXPIRE" | "PEXPIRE" | "EXPIREAT" | "PEXPIREAT" => {
+                arity(n >= 2)?;
+                let Some(time) = std::str::from_utf8(arg(1))
+                    .ok()
+                    .and_then(|t| t.parse::<i64>().ok())
+                else {
+                    return Err(Command::Reply(Reply::err(
+                        "value is not an integer or out of range",
+                    )));
+                };
+                let options: Vec<&[u8]> = (2..n).map(arg).collect();
+                let when = expire_when(&options).map_err(Command::Reply)?;
+                let (seconds, absolute, command) = match name.as_str() {
+                    "EXPIRE" => (true, false, "expire"),
+                    "PEXPIRE" => (false, false, "pexpire"),
+                    "EXPIREAT" => (true, true, "expireat"),
+                    _ => (false, true, "pexpireat"),
+                };
+                let ms = if seconds {
+                    time.checked_mul(1000)
+                } else {
+                    Some(time)
+                };
+                let Some(ms) = ms else {
+                    return Err(Command::Reply(Reply::err(format!(
+                        "invalid expire time in '{command}' command"
+                    ))));
+                };
+                Command::Key(KeyCommand::Expire {
+                    name: key_name(),
+                    ms,
+                    absolute,
+                    when,
+                    command,
+                })
+            }
+            "PERSIST" => {
+                arity(n == 1)?;
+                Command::Key(KeyCommand::Persist(key_name()))
+            }
+            "TTL" | "PTTL" | "EXPIRETIME" | "PEXPIRETIME" => {
+                arity(n == 1)?;
+                Command::Key(KeyCommand::Ttl {
+                    name: key_name(),
+                    ms: name.starts_with('P'),
+                    absolute: name.ends_with("TIME"),
+                })
+            }
             "EXISTS" => {
                 arity(n >= 1)?;
                 Command::Key(KeyCommand::Exists(
-                    args.from(1).map(<[u8]>::to_vec).collect(),
+                    args.from(1)
+                        .map(|k| crate::names::subject_name(k).into_owned().into_bytes())
+                        .collect(),
                 ))
             }
             "TYPE" => {
                 arity(n == 1)?;
-                Command::Key(KeyCommand::Type(arg(0).to_vec()))
+                Command::Key(KeyCommand::Type(key_name().into_bytes()))
             }
             "DBSIZE" => {
                 arity(n == 0)?;

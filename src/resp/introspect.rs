@@ -93,9 +93,20 @@ const COMMANDS: &[Spec] = &[
     spec("flushdb", -1, &["write"], NONE),
     spec("flushall", -1, &["write"], NONE),
     spec("randomkey", 1, &["readonly"], NONE),
+    spec("expire", -3, &["write", "fast"], KEY),
+    spec("pexpire", -3, &["write", "fast"], KEY),
+    spec("expireat", -3, &["write", "fast"], KEY),
+    spec("pexpireat", -3, &["write", "fast"], KEY),
+    spec("persist", 2, &["write", "fast"], KEY),
+    spec("ttl", 2, READ, KEY),
+    spec("pttl", 2, READ, KEY),
+    spec("expiretime", 2, READ, KEY),
+    spec("pexpiretime", 2, READ, KEY),
     spec("role", 1, ADMIN, NONE),
     spec("time", 1, ADMIN, NONE),
     spec("module", -2, ADMIN, NONE),
+    spec("monitor", 1, &["admin"], NONE),
+    spec("slowlog", -2, &["admin"], NONE),
 ];
 
 fn text(s: &str) -> Reply {
@@ -141,8 +152,32 @@ pub(super) fn command(args: &Args) -> Reply {
                 .map(|name| find(name).map_or(Reply::Null, info))
                 .collect(),
         ),
-        // Documentation is for humans at a prompt; none is kept here, which clients accept.
-        b"DOCS" => Reply::Map(Vec::new()),
+        // RedisBloom's entries for its commands (and crpf's own, alike): the group and the
+        // module. Redis documents its own commands at length; clients take a map without
+        // them, and a name without docs is left out, as Redis does with unknown ones.
+        b"DOCS" => {
+            let documented = |c: &&Spec| c.name.starts_with("bf.") || c.name.starts_with("cf.");
+            let doc = |c: &Spec| {
+                (
+                    text(c.name),
+                    Reply::Map(vec![
+                        (text("group"), text("module")),
+                        (text("module"), text("bf")),
+                    ]),
+                )
+            };
+            if n == 1 {
+                Reply::Map(COMMANDS.iter().filter(documented).map(doc).collect())
+            } else {
+                Reply::Map(
+                    args.from(2)
+                        .filter_map(find)
+                        .filter(|c| documented(c))
+                        .map(doc)
+                        .collect(),
+                )
+            }
+        }
         b"COUNT" | b"LIST" => Reply::err(format!(
             "wrong number of arguments for 'command|{}' command",
             String::from_utf8_lossy(&sub).to_ascii_lowercase()

@@ -35,6 +35,7 @@ mod hot;
 mod introspect;
 pub mod parse;
 pub mod redisbloom;
+mod slowlog;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -219,6 +220,23 @@ pub trait FilterLookup: Send + Sync + 'static {
     fn loading(&self) -> bool {
         false
     }
+
+    /// The expiry of filter `name` (ms since the epoch): `None` if there is no such filter,
+    /// `Some(None)` if it has none (`TTL`).
+    fn expiry(&self, name: &str) -> Option<Option<u64>> {
+        self.filter(name.as_bytes()).map(|_| None)
+    }
+
+    /// Sets or clears the expiry of filter `name` (`EXPIRE`, `PERSIST`); a time past drops
+    /// it: whether it existed. `Err`: the error reply's text.
+    fn set_expiry(
+        &self,
+        name: String,
+        at_ms: Option<u64>,
+    ) -> BoxFuture<'static, Result<bool, String>> {
+        let _ = (name, at_ms);
+        Box::pin(async { Err(FIXED_FILTERS.to_string()) })
+    }
 }
 
 /// The answer to a command on keys while the node starts.
@@ -288,6 +306,21 @@ impl FilterLookup for StartingNode {
 
     fn loading(&self) -> bool {
         self.node.get().is_none()
+    }
+
+    fn expiry(&self, name: &str) -> Option<Option<u64>> {
+        FilterLookup::expiry(self.node.get()?, name)
+    }
+
+    fn set_expiry(
+        &self,
+        name: String,
+        at_ms: Option<u64>,
+    ) -> BoxFuture<'static, Result<bool, String>> {
+        match self.node.get() {
+            Some(node) => FilterLookup::set_expiry(node, name, at_ms),
+            None => Box::pin(async { Err(LOADING.to_string()) }),
+        }
     }
 }
 
@@ -380,6 +413,25 @@ impl FilterLookup for crate::node::Node {
     fn may_drop(&self, name: &str) -> Result<(), String> {
         crate::node::Node::may_drop(self, name).map_err(|e| format!("ERR {e}"))
     }
+
+    fn expiry(&self, name: &str) -> Option<Option<u64>> {
+        crate::node::Node::expiry(self, name)
+    }
+
+    fn set_expiry(
+        &self,
+        name: String,
+        at_ms: Option<u64>,
+    ) -> BoxFuture<'static, Result<bool, String>> {
+        let node = self.clone();
+        Box::pin(async move {
+            match crate::node::Node::set_expiry(&node, &name, at_ms).await {
+                Ok(crate::node::Expiry::Missing) => Ok(false),
+                Ok(_) => Ok(true),
+                Err(e) => Err(format!("ERR {e}")),
+            }
+        })
+    }
 }
 
 /// Drops the filters `names` (`DEL`, `UNLINK`, `FLUSHDB`, `FLUSHALL`): all or nothing where
@@ -443,6 +495,8 @@ struct Server {
     rejected_connections: std::sync::atomic::AtomicU64,
     /// The open connections (`CLIENT LIST`, `CLIENT KILL`).
     clients: std::sync::Mutex<std::collections::BTreeMap<u64, Arc<Client>>>,
+    /// `SLOWLOG` and `MONITOR`.
+    watch: Arc<slowlog::Watch>,
 }
 
 /// An open connection, as `CLIENT LIST` shows it.
@@ -554,6 +608,7 @@ impl RespServer {
             commands_processed: Default::default(),
             rejected_connections: Default::default(),
             clients: Default::default(),
+            watch: Default::default(),
         });
         let slots = Arc::new(Semaphore::new(cfg.max_connections));
         tracing::info!(%addr, auth = server.password.is_some(), "serving RESP");
@@ -856,6 +911,56 @@ async fn run_key(
                 (R::BfInfo(_) | R::CfInfo | R::BfDebug, None) => Reply::err("not found"),
             }
         }
+        K::Expire {
+            name,
+            ms,
+            absolute,
+            when,
+            command,
+        } => {
+            let Some(current) = lookup.expiry(&name) else {
+                return Reply::Int(0);
+            };
+            let now = crate::transport::catalog::now_ms();
+            let at = if absolute {
+                i128::from(ms)
+            } else {
+                i128::from(now) + i128::from(ms)
+            };
+            if at > i128::from(i64::MAX) {
+                return Reply::err(format!("invalid expire time in '{command}' command"));
+            }
+            if !when.allows(current, at) {
+                return Reply::Int(0);
+            }
+            // A time past (or now) drops the key, as Redis deletes it.
+            let at = u64::try_from(at).unwrap_or(0).max(1);
+            match lookup.set_expiry(name, Some(at)).await {
+                Ok(existed) => Reply::Int(i64::from(existed)),
+                Err(e) => Reply::Error(e),
+            }
+        }
+        K::Persist(name) => match lookup.expiry(&name) {
+            Some(Some(_)) => match lookup.set_expiry(name, None).await {
+                Ok(existed) => Reply::Int(i64::from(existed)),
+                Err(e) => Reply::Error(e),
+            },
+            _ => Reply::Int(0),
+        },
+        K::Ttl { name, ms, absolute } => match lookup.expiry(&name) {
+            None => Reply::Int(-2),
+            Some(None) => Reply::Int(-1),
+            Some(Some(at)) => {
+                // Redis's arithmetic: never below 0, seconds rounded to the nearest.
+                let t = if absolute {
+                    at
+                } else {
+                    at.saturating_sub(crate::transport::catalog::now_ms())
+                };
+                let t = if ms { t } else { (t + 500) / 1000 };
+                Reply::Int(i64::try_from(t).unwrap_or(i64::MAX))
+            }
+        },
         K::Exists(keys) => {
             Reply::Int(keys.iter().filter(|k| lookup.filter(k).is_some()).count() as i64)
         }
@@ -869,7 +974,7 @@ async fn run_key(
             let names = lookup.names();
             match names.len() {
                 0 => Reply::Null,
-                n => text(names[fastrand::usize(..n)].clone()),
+                n => key_reply(&names[fastrand::usize(..n)]),
             }
         }
         K::Keys {
@@ -885,11 +990,15 @@ async fn run_key(
                         .eq_ignore_ascii_case(kind)
                 }),
             };
+            // Matched and answered as the keys, not their subject names.
             let names: Vec<Reply> = lookup
                 .names()
                 .into_iter()
-                .filter(|n| commands::glob_match(&pattern, n.as_bytes()) && of_kind(n))
-                .map(text)
+                .filter(|n| {
+                    let key = crate::names::key_of(n).unwrap_or_else(|| n.as_bytes().to_vec());
+                    commands::glob_match(&pattern, &key) && of_kind(n)
+                })
+                .map(|n| key_reply(&n))
                 .collect();
             if scan {
                 Reply::Array(vec![text("0".into()), Reply::Array(names)])
@@ -898,6 +1007,14 @@ async fn run_key(
             }
         }
     }
+}
+
+/// The key of the filter of subject name `name` ([`crate::names`]), as a bulk string.
+fn key_reply(name: &str) -> Reply {
+    Reply::Bulk(crate::names::key_of(name).map_or_else(
+        || bytes::Bytes::copy_from_slice(name.as_bytes()),
+        bytes::Bytes::from,
+    ))
 }
 
 /// Filter `name`, created of `spec` first if it does not exist (by this call, or by another
@@ -1058,6 +1175,10 @@ struct Session<'a> {
     multi: Option<Multi>,
     /// An `EXEC` is running: later commands wait for it, as they would in Redis.
     exec_running: bool,
+    /// After `MONITOR`: the commands served, to send as they come.
+    monitor: Option<slowlog::Monitor<'a>>,
+    /// The arguments of the key command or `EXEC` about to run, for `SLOWLOG`.
+    exec_args: Option<Vec<Bytes>>,
 }
 
 impl Session<'_> {
@@ -1113,7 +1234,8 @@ impl Session<'_> {
             && let Some(hot) = hot::HotCommand::recognise(args)
         {
             let mut reply = None;
-            server.filters.with_filter(args.arg(1), &mut |handle| {
+            let key = crate::names::subject_name_bytes(args.arg(1));
+            server.filters.with_filter(&key, &mut |handle| {
                 reply = hot.answer(handle, args, self.ack);
             });
             if let Some(reply) = reply {
@@ -1140,6 +1262,7 @@ impl Session<'_> {
             let queued_as = if family(b"BF.") || family(b"CF.") {
                 Queued::Module
             } else if name.eq_ignore_ascii_case(b"EXEC") {
+                self.exec_args = Some(slowlog::summary(args));
                 Queued::Exec
             } else {
                 Queued::Command
@@ -1164,6 +1287,7 @@ impl Session<'_> {
                 Some(self.ready(Reply::err("DISCARD without MULTI"), bytes))
             }
             Command::Key(key) if self.authenticated => {
+                self.exec_args = Some(slowlog::summary(args));
                 self.exec(vec![Command::Key(key)], bytes, Replies::Single)
             }
             command => Some(self.answer(command, bytes)),
@@ -1290,8 +1414,23 @@ impl Session<'_> {
             }
         };
         self.exec_running = true;
+        // Timed for `SLOWLOG` from here: its turn has come.
+        let run = match self.exec_args.take() {
+            Some(args) => {
+                let started = Instant::now();
+                let (addr, name) = (self.client.addr, self.name.clone().unwrap_or_default());
+                let watch = self.server.watch.clone();
+                async move {
+                    let reply = run.await;
+                    watch.took(started.elapsed(), args, addr, name);
+                    reply
+                }
+                .boxed()
+            }
+            None => run.boxed(),
+        };
         Pending {
-            reply: PendingReply::Future(run.boxed()),
+            reply: PendingReply::Future(run),
             bytes,
             kind: Kind::Exec,
             protocol: self.protocol,
@@ -1550,6 +1689,18 @@ impl Session<'_> {
             Command::ClientInfo => self.client_info(),
             Command::ClientKill(kill) => self.client_kill(&kill),
             Command::Info(sections) => self.info(&sections),
+            Command::Monitor => {
+                if self.monitor.is_none() {
+                    self.monitor = Some(server.watch.monitor());
+                }
+                Reply::Simple("OK")
+            }
+            Command::SlowLog(commands::SlowLog::Get(count)) => server.watch.get(count),
+            Command::SlowLog(commands::SlowLog::Len) => Reply::Int(server.watch.len() as i64),
+            Command::SlowLog(commands::SlowLog::Reset) => {
+                server.watch.reset();
+                Reply::Simple("OK")
+            }
             Command::Multi | Command::Exec | Command::Discard => {
                 unreachable!("answered by Session::handle")
             }
@@ -1649,6 +1800,8 @@ async fn serve(stream: TcpStream, peer: SocketAddr, server: &Server) {
         name: None,
         multi: None,
         exec_running: false,
+        monitor: None,
+        exec_args: None,
     };
     let mut parser = parse::Parser::default();
     let mut input = BytesMut::with_capacity(16 << 10);
@@ -1700,6 +1853,9 @@ async fn serve(stream: TcpStream, peer: SocketAddr, server: &Server) {
                 Ok(Some(args)) if args.is_empty() => {}
                 Ok(Some(args)) => {
                     parsed += 1;
+                    if server.watch.monitored() {
+                        server.watch.feed(&args, client.addr);
+                    }
                     match session.handle(&args) {
                         // Answered, with nothing ahead of it: out without a future.
                         Some(Pending {
@@ -1802,6 +1958,14 @@ async fn serve(stream: TcpStream, peer: SocketAddr, server: &Server) {
                 reply.encode_as(&mut output, protocol);
                 held -= bytes;
                 pending.extend(session.sent(kind));
+            }
+            Some(line) = async {
+                match session.monitor.as_mut() {
+                    Some(m) => m.next().await,
+                    None => std::future::pending().await,
+                }
+            }, if session.monitor.is_some() => {
+                output.extend_from_slice(&line);
             }
         }
     }

@@ -41,7 +41,7 @@ use crate::wire::AuthKeys;
 /// One filter of the catalog.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CatalogEntry {
-    /// The filter's name (a subject token, see [`crate::transport::is_token`]).
+    /// The filter's subject name ([`crate::names`]: its key, or the key encoded).
     pub name: String,
     /// Its kind and size, equal on every replica.
     pub spec: FilterSpec,
@@ -55,6 +55,10 @@ pub struct CatalogEntry {
     /// replaces at least that one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replaces: Option<u64>,
+    /// When it expires, milliseconds since the UNIX epoch (`EXPIRE`): every node drops it
+    /// then, by its own clock, as a drop ([`Catalog::expire`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<u64>,
 }
 
 /// A live entry as stored under its name.
@@ -68,6 +72,13 @@ pub(crate) struct StoredEntry {
     pub generation: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replaces: Option<u64>,
+    /// The key, for a name that is not its own subject name and is UTF-8 ([`crate::names`]):
+    /// for people reading the store (the name it is stored under says it too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// See [`CatalogEntry::expires_ms`] (absent: none, as in every entry written before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<u64>,
     /// The cluster key's HMAC (hex) over the name and the fields above.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seal: Option<String>,
@@ -81,6 +92,8 @@ impl StoredEntry {
             created_ms: now_ms(),
             generation: None,
             replaces,
+            key: None,
+            expires_ms: None,
             seal: None,
         }
     }
@@ -93,8 +106,17 @@ impl StoredEntry {
             generation: self.generation.unwrap_or(generation),
             created_ms: self.created_ms,
             replaces: self.replaces,
+            expires_ms: self.expires_ms,
         }
     }
+}
+
+/// The `key` of an entry stored under `name`: its key, if it is not `name` and is UTF-8.
+fn key_field(name: &str) -> Option<String> {
+    let key = crate::names::key_of(name)?;
+    (key != name.as_bytes())
+        .then(|| String::from_utf8(key).ok())
+        .flatten()
 }
 
 /// The record of a drop, stored under the name in place of its entry.
@@ -177,6 +199,7 @@ impl Seal {
 
     /// The bytes of a live entry, sealed.
     pub(crate) fn entry(&self, name: &str, mut stored: StoredEntry) -> Vec<u8> {
+        stored.key = key_field(name);
         stored.seal = None;
         stored.seal = self.sign(name, &stored);
         serde_json::to_vec(&stored).expect("a catalog entry encodes")
@@ -216,6 +239,9 @@ impl Seal {
         let seal = e.seal.take();
         if let Some(reason) = self.check(name, &e, seal.as_deref()) {
             return Opened::Rejected(reason);
+        }
+        if e.key.is_some() && e.key != key_field(name) {
+            return Opened::Rejected("malformed");
         }
         Opened::Live(e.entry(name.to_string(), revision))
     }
@@ -345,6 +371,32 @@ pub trait Catalog: Send + Sync + 'static {
     /// catalog that lost them (a lost bucket, a record a stranger replaced).
     fn reoffer(&self, entry: CatalogEntry) -> BoxFuture<'static, Result<Reoffered, CatalogError>>;
 
+    /// Sets (`Some`: milliseconds since the UNIX epoch) or clears the expiry of the live
+    /// entry of `name`, keeping its generation: the entry as written, `None` if there is none.
+    fn set_expiry(
+        &self,
+        name: String,
+        expires_ms: Option<u64>,
+    ) -> BoxFuture<'static, Result<Option<CatalogEntry>, CatalogError>> {
+        let _ = (name, expires_ms);
+        futures::future::ready(Err(CatalogError::Unavailable(
+            "this catalog does not keep expiries".into(),
+        )))
+        .boxed()
+    }
+
+    /// Drops `name` (records its drop) if its live entry is `generation` and its expiry is
+    /// past by this node's clock: whether it did. Every node calls it when a filter it hosts
+    /// expires; the first one drops it, the others find it dropped.
+    fn expire(
+        &self,
+        name: String,
+        generation: u64,
+    ) -> BoxFuture<'static, Result<bool, CatalogError>> {
+        let _ = (name, generation);
+        futures::future::ready(Ok(false)).boxed()
+    }
+
     /// The records that exist, then the changes (see [`CatalogWatch`]).
     fn watch(&self) -> BoxFuture<'static, Result<CatalogWatch, CatalogError>>;
 
@@ -415,7 +467,42 @@ pub(crate) fn offered(entry: &CatalogEntry) -> StoredEntry {
         created_ms: entry.created_ms,
         generation: Some(entry.generation),
         replaces: entry.replaces,
+        key: None,
+        expires_ms: entry.expires_ms,
         seal: None,
+    }
+}
+
+/// The live entry of `current` with its expiry set to `expires_ms`, to write over it; `None`
+/// if there is no live entry.
+pub(crate) fn expiry_step(
+    current: Option<Opened>,
+    expires_ms: Option<u64>,
+) -> Option<CatalogEntry> {
+    match current {
+        Some(Opened::Live(entry)) => Some(CatalogEntry {
+            expires_ms,
+            ..entry
+        }),
+        _ => None,
+    }
+}
+
+/// Whether `current` is the live entry of `generation`, expired at `now_ms`: the entry to
+/// drop.
+pub(crate) fn expired(
+    current: Option<Opened>,
+    generation: u64,
+    now_ms: u64,
+) -> Option<CatalogEntry> {
+    match current {
+        Some(Opened::Live(entry))
+            if entry.generation == generation
+                && entry.expires_ms.is_some_and(|at| at <= now_ms) =>
+        {
+            Some(entry)
+        }
+        _ => None,
     }
 }
 
@@ -521,6 +608,33 @@ impl Catalog for MemoryCatalog {
         futures::future::ready(Ok(dropped)).boxed()
     }
 
+    fn set_expiry(
+        &self,
+        name: String,
+        expires_ms: Option<u64>,
+    ) -> BoxFuture<'static, Result<Option<CatalogEntry>, CatalogError>> {
+        let mut s = self.state();
+        let updated = expiry_step(self.current(&s, &name), expires_ms);
+        if let Some(entry) = &updated {
+            s.write(&name, self.seal.entry(&name, offered(entry)));
+        }
+        futures::future::ready(Ok(updated)).boxed()
+    }
+
+    fn expire(
+        &self,
+        name: String,
+        generation: u64,
+    ) -> BoxFuture<'static, Result<bool, CatalogError>> {
+        let mut s = self.state();
+        let dropped = expired(self.current(&s, &name), generation, now_ms()).is_some();
+        if dropped {
+            let bytes = self.seal.drop_record(&name, generation);
+            s.write(&name, bytes);
+        }
+        futures::future::ready(Ok(dropped)).boxed()
+    }
+
     fn get(&self, name: String) -> BoxFuture<'static, Result<Option<CatalogEntry>, CatalogError>> {
         let found = match self.current(&self.state(), &name) {
             Some(Opened::Live(entry)) => Some(entry),
@@ -600,6 +714,43 @@ mod tests {
 
     fn spec(capacity: u64) -> FilterSpec {
         FilterSpec::new(FilterKind::GBloom, capacity, 0.01)
+    }
+
+    #[test]
+    fn expiries_keep_the_generation_and_only_a_past_one_drops() {
+        futures::executor::block_on(async {
+            let c = MemoryCatalog::new().sealed_with(keys(1));
+            let a = c.create("a".into(), spec(10)).await.unwrap().entry;
+            let later = now_ms() + 60_000;
+            let set = c
+                .set_expiry("a".into(), Some(later))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                (set.generation, set.expires_ms),
+                (a.generation, Some(later))
+            );
+            assert_eq!(c.get("a".into()).await.unwrap(), Some(set));
+            // Not yet, or another generation: nothing dropped.
+            assert!(!c.expire("a".into(), a.generation).await.unwrap());
+            let past = c.set_expiry("a".into(), Some(1)).await.unwrap().unwrap();
+            assert!(!c.expire("a".into(), a.generation + 1).await.unwrap());
+            assert!(c.expire("a".into(), a.generation).await.unwrap());
+            assert_eq!(c.get("a".into()).await.unwrap(), None);
+            assert_eq!(past.generation, a.generation);
+            // Once dropped, by the first node: the others find nothing to do.
+            assert!(!c.expire("a".into(), a.generation).await.unwrap());
+            assert_eq!(c.set_expiry("a".into(), Some(later)).await.unwrap(), None);
+            let listing = c.listing().await.unwrap();
+            assert_eq!(listing.dropped.get("a"), Some(&a.generation));
+            // Cleared: `PERSIST`.
+            let b = c.create("b".into(), spec(10)).await.unwrap().entry;
+            c.set_expiry("b".into(), Some(1)).await.unwrap();
+            let kept = c.set_expiry("b".into(), None).await.unwrap().unwrap();
+            assert_eq!(kept.expires_ms, None);
+            assert!(!c.expire("b".into(), b.generation).await.unwrap());
+        });
     }
 
     #[test]
@@ -735,9 +886,23 @@ mod tests {
             created_ms: 5,
             generation: None,
             replaces: Some(3),
+            key: None,
+            expires_ms: None,
             seal: None,
         };
         let bytes = seal.entry("a", stored.clone());
+        // A plain name's record is as before (no `key`); an encoded one keeps its key, sealed.
+        assert!(!String::from_utf8_lossy(&bytes).contains("\"key\""));
+        let coded = seal.entry("_kbf_3Ax", stored.clone());
+        assert!(String::from_utf8_lossy(&coded).contains("\"key\":\"bf:x\""));
+        assert!(
+            matches!(seal.open("_kbf_3Ax", &coded, 9), Opened::Live(e) if e.name == "_kbf_3Ax")
+        );
+        let forged = String::from_utf8_lossy(&coded).replace("bf:x", "bf:y");
+        assert_eq!(
+            seal.open("_kbf_3Ax", forged.as_bytes(), 9),
+            Opened::Rejected("bad_signature")
+        );
         assert!(matches!(seal.open("a", &bytes, 9), Opened::Live(e) if e.generation == 9));
         // Another name, another generation, another predecessor: none verifies.
         assert_eq!(seal.open("b", &bytes, 9), Opened::Rejected("bad_signature"));

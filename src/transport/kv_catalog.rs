@@ -15,7 +15,8 @@ use futures::{FutureExt, StreamExt};
 
 use super::catalog::{
     Catalog, CatalogChange, CatalogEntry, CatalogError, CatalogWatch, CreateStep, Created, Listing,
-    Opened, Reoffered, Seal, StoredEntry, create_step, offered, reoffer_step,
+    Opened, Reoffered, Seal, StoredEntry, create_step, expired, expiry_step, now_ms, offered,
+    reoffer_step,
 };
 use crate::core::kind::FilterSpec;
 use crate::wire::AuthKeys;
@@ -200,6 +201,50 @@ impl KvCatalog {
         .await
     }
 
+    async fn set_entry_expiry(
+        &self,
+        name: String,
+        expires_ms: Option<u64>,
+    ) -> Result<Option<CatalogEntry>, CatalogError> {
+        self.with_store(|store| async move {
+            for _ in 0..4 {
+                let current = self.current(&store, &name).await?;
+                let revision = current.as_ref().map(|(_, r)| *r);
+                let Some(entry) = expiry_step(current.map(|(o, _)| o), expires_ms) else {
+                    return Ok(None);
+                };
+                let value = self.seal.entry(&name, offered(&entry));
+                if Self::write(&store, &name, value, revision).await?.is_some() {
+                    return Ok(Some(entry));
+                }
+            }
+            Err(CatalogError::Unavailable(format!(
+                "setting the expiry of `{name}`: it kept changing concurrently"
+            )))
+        })
+        .await
+    }
+
+    async fn expire_entry(&self, name: String, generation: u64) -> Result<bool, CatalogError> {
+        self.with_store(|store| async move {
+            for _ in 0..4 {
+                let current = self.current(&store, &name).await?;
+                let revision = current.as_ref().map(|(_, r)| *r);
+                if expired(current.map(|(o, _)| o), generation, now_ms()).is_none() {
+                    return Ok(false);
+                }
+                let value = self.seal.drop_record(&name, generation);
+                if Self::write(&store, &name, value, revision).await?.is_some() {
+                    return Ok(true);
+                }
+            }
+            Err(CatalogError::Unavailable(format!(
+                "expiring `{name}`: it kept changing concurrently"
+            )))
+        })
+        .await
+    }
+
     async fn reoffer_entry(&self, entry: CatalogEntry) -> Result<Reoffered, CatalogError> {
         self.with_store(|store| async move {
             for _ in 0..4 {
@@ -369,6 +414,24 @@ impl Catalog for KvCatalog {
     fn listing(&self) -> BoxFuture<'static, Result<Listing, CatalogError>> {
         let this = self.clone();
         async move { this.list_entries().await }.boxed()
+    }
+
+    fn set_expiry(
+        &self,
+        name: String,
+        expires_ms: Option<u64>,
+    ) -> BoxFuture<'static, Result<Option<CatalogEntry>, CatalogError>> {
+        let this = self.clone();
+        async move { this.set_entry_expiry(name, expires_ms).await }.boxed()
+    }
+
+    fn expire(
+        &self,
+        name: String,
+        generation: u64,
+    ) -> BoxFuture<'static, Result<bool, CatalogError>> {
+        let this = self.clone();
+        async move { this.expire_entry(name, generation).await }.boxed()
     }
 
     fn reoffer(&self, entry: CatalogEntry) -> BoxFuture<'static, Result<Reoffered, CatalogError>> {
