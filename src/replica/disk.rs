@@ -58,7 +58,7 @@ pub trait Disk: Send + Sync + Debug + 'static {
 }
 
 /// The machine's file system. Syncs of paths join the group syncs of other replicas
-/// ([`group_sync`]).
+/// (`replica::group_sync`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RealDisk;
 

@@ -585,7 +585,7 @@ pub fn memory_usage(handle: &ReplicaHandle) -> u64 {
 }
 
 /// `BF.CARD`: the number of items. A scalable kind's series count their new adds as RedisBloom
-/// does ([`counted_items`]: each writer counts its own, and replicas agree once they
+/// does (`counted_items`: each writer counts its own, and replicas agree once they
 /// converge); the others estimate from the bits (the same on every replica once they
 /// converge).
 pub fn bf_card(handle: &ReplicaHandle) -> Reply {

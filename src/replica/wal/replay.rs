@@ -228,6 +228,23 @@ impl Scan<'_> {
                 out.torn = true;
                 return Ok(());
             }
+            // Not the last, yet never synced: no frame in it ever was (an fsync makes its
+            // header durable with it), and a later sync of the directory kept its name. A
+            // crash of the process right after a snapshot was renamed, before the directory
+            // was synced, lets the next life trust that snapshot and write segments after
+            // this one; a loss of power then brings the older snapshot back, and this
+            // segment sits in the middle of the log. Nothing in it was acknowledged beyond
+            // `logged`: skipped.
+            let holds_frames = got == SEGMENT_HEADER
+                && self
+                    .next_sound_frame(SEGMENT_HEADER as u64, file_len)?
+                    .is_some();
+            if !holds_frames {
+                tracing::warn!(segment = ?self.path, bytes = file_len,
+                    "skipping a write-ahead log segment that was never synced");
+                out.torn_bytes += file_len;
+                return Ok(());
+            }
             return Err(self.corrupt(0, "incomplete or blank segment header"));
         }
         match self.check_header(&head) {

@@ -245,6 +245,7 @@ impl WalWriter {
             sync_interval: self.sync_interval,
             sync_due: None,
             newly_due: None,
+            dir_entry_synced: false,
         }
     }
 
@@ -319,6 +320,10 @@ pub(super) struct Log {
     pub(super) sync_due: Option<Instant>,
     /// A due time set since the pool thread last looked (it schedules the sync).
     pub(super) newly_due: Option<Instant>,
+    /// The log directory's own entry was synced in its parent by this writer: a life that
+    /// crashed after making the directory, before syncing its parent, left a directory a
+    /// loss of power takes away with every segment synced in it later.
+    pub(super) dir_entry_synced: bool,
 }
 
 impl Log {
@@ -600,8 +605,14 @@ impl Log {
             WalStats::add(&self.stats.periodic_fsyncs, 1);
         }
         if seg.new {
-            self.disk.sync_path(&self.dir).map_err(wal_io)?;
+            self.disk.sync_path(&self.dir).map_err(&wal_io)?;
             seg.new = false;
+            if !self.dir_entry_synced
+                && let Some(parent) = self.dir.parent()
+            {
+                self.disk.sync_path(parent).map_err(&wal_io)?;
+                self.dir_entry_synced = true;
+            }
         }
         self.sync_due = None;
         Ok(())
@@ -634,6 +645,7 @@ impl DirectLog {
                 sync_interval: DEFAULT_SYNC_INTERVAL,
                 sync_due: None,
                 newly_due: None,
+                dir_entry_synced: false,
             },
         }
     }
@@ -698,6 +710,7 @@ impl DirectLog {
                 sync_interval: log.sync_interval,
                 sync_due: None,
                 newly_due: None,
+                dir_entry_synced: false,
             },
         }
     }
