@@ -232,21 +232,14 @@ impl WalWriter {
 
     /// The log's state on its thread, as it opens (at the writer's segment and settings).
     pub(super) fn new_log(&self) -> Log {
-        Log {
-            dir: self.dir.clone(),
-            disk: self.disk.clone(),
-            identity: self.identity,
-            limits: self.limits,
-            current: self.current,
-            file: None,
-            stats: self.stats.clone(),
-            failed: None,
-            batch: Batch::default(),
-            sync_interval: self.sync_interval,
-            sync_due: None,
-            newly_due: None,
-            dir_entry_synced: false,
-        }
+        Log::new(
+            (self.dir.clone(), self.disk.clone()),
+            self.identity,
+            self.limits,
+            self.current,
+            self.stats.clone(),
+            self.sync_interval,
+        )
     }
 
     pub(super) fn send(&self, cmd: Command) {
@@ -327,6 +320,32 @@ pub(super) struct Log {
 }
 
 impl Log {
+    /// A log at segment `current`, nothing opened yet.
+    pub(super) fn new(
+        (dir, disk): (PathBuf, Arc<dyn Disk>),
+        identity: Identity,
+        limits: WalLimits,
+        current: u64,
+        stats: Arc<WalStats>,
+        sync_interval: Duration,
+    ) -> Log {
+        Log {
+            dir,
+            disk,
+            identity,
+            limits,
+            current,
+            file: None,
+            stats,
+            failed: None,
+            batch: Batch::default(),
+            sync_interval,
+            sync_due: None,
+            newly_due: None,
+            dir_entry_synced: false,
+        }
+    }
+
     /// Adds an append to the round's frame; a full frame is committed first on its own.
     pub(super) fn gather(
         &mut self,
@@ -631,23 +650,15 @@ pub(crate) struct DirectLog {
 impl DirectLog {
     /// The writer of a replayed log, as [`WalWriter::start`] would make it.
     pub(crate) fn start(replayed: Replayed, identity: Identity) -> DirectLog {
-        DirectLog {
-            log: Log {
-                dir: replayed.dir,
-                disk: replayed.disk,
-                identity,
-                limits: replayed.limits,
-                current: replayed.next,
-                file: None,
-                stats: Arc::new(WalStats::default()),
-                failed: None,
-                batch: Batch::default(),
-                sync_interval: DEFAULT_SYNC_INTERVAL,
-                sync_due: None,
-                newly_due: None,
-                dir_entry_synced: false,
-            },
-        }
+        let log = Log::new(
+            (replayed.dir, replayed.disk),
+            identity,
+            replayed.limits,
+            replayed.next,
+            Arc::new(WalStats::default()),
+            DEFAULT_SYNC_INTERVAL,
+        );
+        DirectLog { log }
     }
 
     /// Queues an append for the next [`DirectLog::commit`]; `durable` waits for its fsync.
@@ -696,23 +707,15 @@ impl DirectLog {
     /// [`WalWriter::reopen`]: a writer on the segments after this one's.
     pub(crate) fn reopen(&self) -> DirectLog {
         let log = &self.log;
-        DirectLog {
-            log: Log {
-                dir: log.dir.clone(),
-                disk: log.disk.clone(),
-                identity: log.identity,
-                limits: log.limits,
-                current: log.current + 1,
-                file: None,
-                stats: log.stats.clone(),
-                failed: None,
-                batch: Batch::default(),
-                sync_interval: log.sync_interval,
-                sync_due: None,
-                newly_due: None,
-                dir_entry_synced: false,
-            },
-        }
+        let log = Log::new(
+            (log.dir.clone(), log.disk.clone()),
+            log.identity,
+            log.limits,
+            log.current + 1,
+            log.stats.clone(),
+            log.sync_interval,
+        );
+        DirectLog { log }
     }
 
     /// [`WalWriter::close`].
