@@ -59,26 +59,28 @@ pub(crate) fn restore(
         // kept under a new identity (no snapshot vouches for its tags).
         let dir = data.path().join(WAL_DIR);
         let disk = data.disk();
-        let mut filter = None;
-        let (replayed, unmerged, quarantined) =
-            if disk.list_dir(&dir).is_ok_and(|names| !names.is_empty()) {
-                let state = filter.insert(fresh.clone());
-                replay_into(data, state, placeholder(), None)?
-            } else {
-                let limits = WalLimits::default();
-                let r = wal::replay_on(disk.clone(), &dir, placeholder(), None, limits, |_| {})?;
-                (r, 0, None)
-            };
-        let state = filter
-            .filter(|_| replayed.records > 0)
-            .map(|filter| Restored {
-                filter,
-                identity: placeholder(),
-                floor: 0,
-                trusted: false,
-                saved_reserved: None,
-                snapshot_is_state: false,
+        // No log, or an empty one (a new replica's): no copy of the fresh state.
+        if !disk.list_dir(&dir).is_ok_and(|names| !names.is_empty()) {
+            let limits = WalLimits::default();
+            let replayed = wal::replay_on(disk.clone(), &dir, placeholder(), None, limits, |_| {})?;
+            return Ok(Recovered {
+                state: None,
+                wal: replayed,
+                unmerged: 0,
+                quarantined: None,
             });
+        }
+        let mut filter = fresh.clone();
+        let (replayed, unmerged, quarantined) =
+            replay_into(data, &mut filter, placeholder(), None)?;
+        let state = (replayed.records > 0).then(|| Restored {
+            filter,
+            identity: placeholder(),
+            floor: 0,
+            trusted: false,
+            saved_reserved: None,
+            snapshot_is_state: false,
+        });
         return Ok(Recovered {
             state,
             wal: replayed,

@@ -47,7 +47,8 @@ struct State {
     crashed: bool,
     /// Calls that fail once with an I/O error (a full disk), by step.
     fail_at: BTreeSet<u64>,
-    rng: Option<fastrand::Rng>,
+    /// Decides torn writes and write-backs (seeded by [`SimDisk::new`]).
+    rng: fastrand::Rng,
 }
 
 /// The simulated disk of one node (shared by its replicas and its lives).
@@ -85,10 +86,6 @@ impl State {
         Ok(false)
     }
 
-    fn rng(&mut self) -> &mut fastrand::Rng {
-        self.rng.get_or_insert_with(|| fastrand::Rng::with_seed(0))
-    }
-
     fn parent_exists(&self, path: &Path) -> bool {
         path.parent()
             .is_none_or(|p| p.as_os_str().is_empty() || self.dirs.contains(p))
@@ -105,7 +102,7 @@ impl SimDisk {
     /// An empty disk whose torn writes and write-backs follow `seed`.
     pub(crate) fn new(seed: u64) -> Self {
         let state = State {
-            rng: Some(fastrand::Rng::with_seed(seed)),
+            rng: fastrand::Rng::with_seed(seed),
             ..State::default()
         };
         let mut dirs = BTreeSet::new();
@@ -190,8 +187,7 @@ impl SimDisk {
             let mut after = c.synced.clone();
             if c.data.len() > c.synced.len() && c.data.starts_with(&c.synced) {
                 let extra = &c.data[c.synced.len()..];
-                let rng = s.rng.get_or_insert_with(|| fastrand::Rng::with_seed(0));
-                let kept = rng.usize(..=extra.len());
+                let kept = s.rng.usize(..=extra.len());
                 after.extend_from_slice(&extra[..kept]);
             }
             c.data = after.clone();
@@ -225,7 +221,7 @@ impl DiskFile for SimFile {
         // Dying in the middle of the call: a part of it may have reached the file.
         let n = if dies {
             let n = buf.len();
-            s.rng().usize(..=n)
+            s.rng.usize(..=n)
         } else {
             buf.len()
         };

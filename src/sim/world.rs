@@ -12,8 +12,8 @@ use crate::replica::core::{Adopted, Claiming};
 use crate::replica::durable::{DataDir, Identity, Reservation};
 use crate::replica::metrics::Telemetry;
 use crate::replica::recovery;
-use crate::replica::wal::{DirectLog, WalError};
-use crate::replica::{ReplicaConfig, SnapshotJob};
+use crate::replica::wal::{DirectLog, SegmentId, WalError};
+use crate::replica::{ReplicaConfig, ReplicaError, SnapshotJob};
 use crate::wire::FilterKind;
 use tokio::sync::oneshot;
 
@@ -89,6 +89,19 @@ struct Life {
     taken: VecDeque<SnapshotJob>,
     generation: u64,
     saved: Arc<Mutex<u64>>,
+    telemetry: Telemetry,
+}
+
+/// A saved snapshot's covered mark and what removing the segments it covers came to.
+type Saved = Option<(SegmentId, Result<usize, WalError>)>;
+
+impl Life {
+    /// Saves a snapshot taken earlier (`SnapshotJob::save`), then removes the log segments it
+    /// covers, as `Replica::snapshot_saved_now` does. `Ok(None)`: a newer one was saved.
+    fn save(&mut self, job: SnapshotJob) -> Result<Saved, ReplicaError> {
+        let covered = job.save(&self.data, &self.telemetry, &self.saved)?;
+        Ok(covered.map(|k| (k, self.log.remove_through(k))))
+    }
 }
 
 struct Node {
@@ -326,6 +339,7 @@ impl World {
             taken: VecDeque::new(),
             generation: 0,
             saved: Arc::new(Mutex::new(0)),
+            telemetry: Telemetry::new("sim", 1, 0.01, true),
         };
         if !unchanged {
             let job = snapshot_job(&mut life, &self.cfg);
@@ -445,12 +459,9 @@ impl World {
         let Some(job) = life.taken.pop_front() else {
             return;
         };
-        let telemetry = Telemetry::new("sim", 1, 0.01, true);
-        let r = job.save(&life.data, &telemetry, &life.saved);
-        let note = match r {
-            Ok(Some(k)) => {
+        let note = match life.save(job) {
+            Ok(Some((k, removed))) => {
                 self.outcome.snapshots += 1;
-                let removed = life.log.remove_through(k);
                 format!("node {i}: snapshot saved, removed through {k:?}: {removed:?}")
             }
             Ok(None) => format!("node {i}: snapshot superseded"),
@@ -467,18 +478,11 @@ impl World {
         let mut life = node.life.take().expect("alive");
         life.log.commit();
         collect(&mut life, &mut node.durable, &mut node.logged);
-        while !life.taken.is_empty() {
-            let job = life.taken.pop_front().expect("one");
-            let telemetry = Telemetry::new("sim", 1, 0.01, true);
-            if let Ok(Some(k)) = job.save(&life.data, &telemetry, &life.saved) {
-                let _ = life.log.remove_through(k);
-            }
+        while let Some(job) = life.taken.pop_front() {
+            let _ = life.save(job);
         }
         let job = snapshot_job(&mut life, &cfg);
-        let telemetry = Telemetry::new("sim", 1, 0.01, true);
-        if let Ok(Some(k)) = job.save(&life.data, &telemetry, &life.saved) {
-            let _ = life.log.remove_through(k);
-        }
+        let _ = life.save(job);
         life.log.close();
         self.note(format!("node {i}: clean stop"));
         if self.nodes[i].disk.crashed() {
@@ -504,12 +508,8 @@ impl World {
             return;
         }
         let job = snapshot_job(life, &cfg);
-        let telemetry = Telemetry::new("sim", 1, 0.01, true);
-        let note = match job.save(&life.data, &telemetry, &life.saved) {
-            Ok(covered) => {
-                if let Some(k) = covered {
-                    let _ = life.log.remove_through(k);
-                }
+        let note = match life.save(job) {
+            Ok(_) => {
                 life.log = life.log.reopen();
                 format!("node {i}: log recovered")
             }

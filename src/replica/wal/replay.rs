@@ -113,18 +113,17 @@ pub(crate) fn replay_on(
         scan.run(&mut out, &mut on_record)?;
     }
     if out.torn {
+        // The last segment was cut (and synced) or removed.
         out.disk.sync_path(&out.dir).map_err(io_err(&out.dir))?;
-    }
-    // The torn-tail rule holds only if the last segment alone may hold unsynced frames: the
-    // logged frames a crashed process left in the page cache were just replayed, and the
-    // writer is about to begin a segment after them. Synced now, they cannot come back torn
-    // in the middle of the log after a loss of power (which read as damage, and the log,
-    // durable adds after it included, was moved aside).
-    if let Some(path) = last
+    } else if let Some(path) = last
         .filter(|l| covered_through.is_none_or(|c| *l > c.0))
         .and_then(|l| segments.get(&l))
-        .filter(|p| disk.exists(p))
     {
+        // The torn-tail rule holds only if the last segment alone may hold unsynced frames:
+        // the logged frames a crashed process left in the page cache were just replayed, and
+        // the writer is about to begin a segment after them. Synced now, they cannot come
+        // back torn in the middle of the log after a loss of power (which read as damage,
+        // and the log, durable adds after it included, was moved aside).
         disk.sync_path(path).map_err(io_err(path))?;
     }
     Ok(out)
@@ -257,8 +256,7 @@ impl Scan<'_> {
                 out.earlier_identities += 1;
             }
             Ok(_) => {}
-            // A header that fails its own checksum is damage, not another replica's log
-            // (whose header checks, and is refused as foreign): its frames are checksummed
+            // A header that fails its own checksum is damage: its frames are checksummed
             // records of this directory's log, kept.
             Err(e @ DurableError::Corrupt { .. }) if header_damaged(&head) => {
                 tracing::warn!(segment = ?self.path, error = %e, "damaged write-ahead log segment header: skipping it, keeping the frames after it");
