@@ -291,6 +291,24 @@ impl DeltaState for BlockedBloom {
         self.pending.as_ref().map_or(0, Vec::len)
     }
 
+    /// Every bit of the item's mask in its block.
+    fn record_footprint(&mut self, item: &[u8]) -> bool {
+        if !Membership::contains(self, item) {
+            return false;
+        }
+        let (b, mask) = self.locate(item);
+        let Some(pending) = &mut self.pending else {
+            return false;
+        };
+        for (w, mut m) in mask.into_iter().enumerate() {
+            while m != 0 {
+                pending.push(b as u64 * BLOCK_BITS + w as u64 * 64 + u64::from(m.trailing_zeros()));
+                m &= m - 1;
+            }
+        }
+        true
+    }
+
     fn check_delta(&self, delta: &BloomDelta) -> Result<(), FilterError> {
         check_bloom_delta(&self.params, delta)
     }

@@ -400,6 +400,20 @@ impl DeltaState for GBloom {
         self.pending.as_ref().map_or(0, Vec::len)
     }
 
+    /// All `k` bits of the item.
+    fn record_footprint(&mut self, item: &[u8]) -> bool {
+        let h = self.hash(item);
+        if !self.contains_hash(h) {
+            return false;
+        }
+        let Some(pending) = &mut self.pending else {
+            return false;
+        };
+        let mut probes = BloomProbes::new(h, self.params.bits);
+        pending.extend((0..self.params.hashes).map(|_| probes.next_index()));
+        true
+    }
+
     fn check_delta(&self, delta: &BloomDelta) -> Result<(), FilterError> {
         check_bloom_delta(&self.params, delta)
     }

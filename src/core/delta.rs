@@ -40,6 +40,32 @@ pub trait DeltaState: Lattice {
     /// Number of updates in the accumulated delta (to publish by size).
     fn pending_delta_len(&self) -> usize;
 
+    /// Records in the pending delta, while tracking, all of the state that `item`'s membership
+    /// rests on, as an add that found none of it would have. A replica whose state holds parts
+    /// merged from elsewhere, which its own log does not hold, calls it after an add: else an
+    /// add it acknowledged as durable could rest on bits that a crash loses with the merge.
+    /// Whether anything was recorded: `false` when not tracking, when `item` is not contained,
+    /// and for the kinds whose every add records an entry of its own (observed-remove and
+    /// counting kinds).
+    ///
+    /// ```
+    /// use crpf::{DeltaState, GBloom, Lattice, Membership};
+    ///
+    /// let mut peer = GBloom::with_capacity(1000, 0.01)?;
+    /// peer.add(b"x")?;
+    /// let mut mine = GBloom::with_capacity(1000, 0.01)?;
+    /// mine.track_deltas(true);
+    /// mine.merge(&peer)?;
+    /// mine.add(b"x")?; // every bit was set by the merge: nothing recorded
+    /// assert!(mine.take_delta().is_none());
+    /// assert!(mine.record_footprint(b"x"));
+    /// let mut replayed = GBloom::with_capacity(1000, 0.01)?;
+    /// replayed.merge_delta(&mine.take_delta().expect("recorded"))?;
+    /// assert!(replayed.contains(b"x"));
+    /// # Ok::<(), crpf::FilterError>(())
+    /// ```
+    fn record_footprint(&mut self, item: &[u8]) -> bool;
+
     /// Whether a delta fits this state's parameters; `merge_delta` fails exactly when this does.
     fn check_delta(&self, delta: &Self::Delta) -> Result<(), FilterError>;
 

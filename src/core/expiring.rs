@@ -530,6 +530,15 @@ impl DeltaState for ExpiringBloom {
         bits + self.advanced as usize
     }
 
+    /// The item's bits in the newest epoch, where an add puts it (an older epoch holding it
+    /// expires sooner than the add promised).
+    fn record_footprint(&mut self, item: &[u8]) -> bool {
+        let newest = self.newest;
+        self.epochs
+            .get_mut(&newest)
+            .is_some_and(|f| f.record_footprint(item))
+    }
+
     /// Epochs strictly ascending, within the window that ends at the delta's clock, and bits
     /// within the epoch filter.
     fn check_delta(&self, delta: &ExpiringDelta) -> Result<(), FilterError> {

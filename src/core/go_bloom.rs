@@ -593,6 +593,20 @@ impl DeltaState for GoBloom {
         self.pending.as_ref().map_or(0, Vec::len)
     }
 
+    /// All `k` bits of the item.
+    fn record_footprint(&mut self, item: &[u8]) -> bool {
+        let h = go_base_hashes(item);
+        if !self.contains_hashes(&h) {
+            return false;
+        }
+        let Some(pending) = &mut self.pending else {
+            return false;
+        };
+        let m = self.params.bits;
+        pending.extend((0..u64::from(self.params.hashes)).map(|i| go_location(&h, i) % m));
+        true
+    }
+
     fn check_delta(&self, delta: &BloomDelta) -> Result<(), FilterError> {
         check_bloom_delta(&self.params.as_bloom(), delta)
     }

@@ -295,6 +295,20 @@ impl DeltaState for SharedGBloom {
         self.pending.as_ref().map_or(0, Vec::len)
     }
 
+    /// All `k` bits of the item.
+    fn record_footprint(&mut self, item: &[u8]) -> bool {
+        if !self.bits.contains(item) {
+            return false;
+        }
+        let Some(pending) = &mut self.pending else {
+            return false;
+        };
+        let p = *self.bits.params();
+        let mut probes = BloomProbes::new(hash_item(item, p.seed), p.bits);
+        pending.extend((0..p.hashes).map(|_| probes.next_index()));
+        true
+    }
+
     fn check_delta(&self, delta: &BloomDelta) -> Result<(), FilterError> {
         check_bloom_delta(self.params(), delta)
     }

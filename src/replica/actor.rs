@@ -154,6 +154,8 @@ pub(crate) struct Shared {
     pub replication_inlet: std::sync::OnceLock<pump::Inlet>,
     /// The time kinds whose elements expire go by, bounded by the peers' clock.
     pub clock: super::clock::ReplicaClock,
+    /// Merges the log does not hold: adds record their whole footprint meanwhile.
+    pub unlogged: Arc<super::core::UnloggedMerges>,
 }
 
 impl Shared {
@@ -169,6 +171,7 @@ impl Shared {
         serve_api: bool,
     ) -> Self {
         Shared {
+            unlogged: Default::default(),
             kind: filter.kind(),
             reader: filter.shared_reader(),
             filter: RwLock::new(filter),
@@ -196,6 +199,13 @@ impl Shared {
             limits,
             serve_api,
         }
+    }
+
+    /// With a write-ahead log: adds record their footprints while the state holds merges
+    /// the log does not ([`super::core::UnloggedMerges`]).
+    pub(crate) fn with_log(mut self, logged: bool) -> Self {
+        self.unlogged = Arc::new(super::core::UnloggedMerges::new(logged));
+        self
     }
 
     /// Why the replica's API takes no request: it stopped (its API let go), or it does not
@@ -389,7 +399,8 @@ impl Replica {
         let updates = Arc::new(updates::Updates {
             shared: s.shared.clone(),
             default_ack: s.cfg.default_ack(),
-            has_wal: s.wal.is_some(),
+            // The naive protocol logs no deltas: nothing it acknowledges would be durable.
+            has_wal: s.wal.is_some() && !s.cfg.full_state_only,
             delta_max_updates: s.cfg.delta_max_updates,
             to_actor: inbound_tx.clone(),
         });
@@ -475,6 +486,14 @@ impl Replica {
 
     pub(super) fn write(&self) -> std::sync::RwLockWriteGuard<'_, AnyFilter> {
         self.shared.filter.write().expect("filter lock poisoned")
+    }
+
+    /// The write lock, for a merge of state from elsewhere (a peer's, a user's), which the
+    /// log will not hold: counted under the lock ([`super::core::UnloggedMerges`]).
+    pub(super) fn write_to_merge(&self) -> std::sync::RwLockWriteGuard<'_, AnyFilter> {
+        let f = self.write();
+        self.shared.unlogged.merged();
+        f
     }
 
     pub(super) fn reject(&self, e: &WireError) {
@@ -695,7 +714,9 @@ impl Replica {
         ctx: &mut Context<Self>,
     ) -> bool {
         let t = Instant::now();
-        let merged = self.write().merge_state_piece(total_len, offset, data);
+        let merged = self
+            .write_to_merge()
+            .merge_state_piece(total_len, offset, data);
         if let Err(e) = merged {
             self.record_merge(MergeSource::State, t, false);
             if let Some(transfers) = &mut self.transfers {
@@ -798,7 +819,7 @@ impl Replica {
         };
         let t = Instant::now();
         let r = {
-            let mut f = self.write();
+            let mut f = self.write_to_merge();
             // A forged tag of our own id within our reservation: our clock moves past it.
             if let Some(clock) = adopt {
                 f.advance_clock(clock);

@@ -428,6 +428,14 @@ impl ReplicaConfig {
         {
             return Err(format!("ack = \"{level}\" needs a data_dir"));
         }
+        if let Some(level) = self.ack
+            && level.needs_log()
+            && self.full_state_only
+        {
+            return Err(format!(
+                "ack = \"{level}\" needs a log of deltas, which full_state_only does not keep"
+            ));
+        }
         if !(1..=MAX_FSYNC_INTERVAL_MS).contains(&self.fsync_interval_ms) {
             return Err(format!(
                 "fsync_interval_ms must be 1 to {MAX_FSYNC_INTERVAL_MS} (it bounds what a crash of the machine loses at `logged`)"

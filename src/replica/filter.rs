@@ -62,6 +62,7 @@ trait DynFilter: Send + Sync {
     fn figures(&self) -> (f64, u64, f64, f64);
     fn track_deltas(&mut self, on: bool);
     fn pending_delta_len(&self) -> usize;
+    fn record_footprint(&mut self, item: &[u8]) -> bool;
     fn take_delta_unencoded(&mut self) -> Option<TakenDelta>;
     /// `remote`: how to check a peer's delta (`None`: a local record, trusted).
     fn merge_delta_bytes(
@@ -143,6 +144,9 @@ impl<F: ReplicatedFilter> DynFilter for F {
     }
     fn pending_delta_len(&self) -> usize {
         DeltaState::pending_delta_len(self)
+    }
+    fn record_footprint(&mut self, item: &[u8]) -> bool {
+        DeltaState::record_footprint(self, item)
     }
     fn take_delta_unencoded(&mut self) -> Option<TakenDelta> {
         self.take_delta()
@@ -571,6 +575,13 @@ impl AnyFilter {
         self.inner().pending_delta_len()
     }
 
+    /// Records the item's whole footprint in the pending delta
+    /// ([`DeltaState::record_footprint`]): for a replica whose state holds merges its log does
+    /// not, so that the add it just made is in its log whatever set its bits first.
+    pub fn record_footprint(&mut self, item: &[u8]) -> bool {
+        self.inner_mut().record_footprint(item)
+    }
+
     /// The pending delta, encoded, or `None` if nothing changed.
     pub fn take_delta(&mut self) -> Option<Vec<u8>> {
         self.take_delta_unencoded().map(TakenDelta::encode)
@@ -876,6 +887,43 @@ mod tests {
                 _ => unreachable!(),
             };
             assert_eq!(found, vec![3], "{kind}");
+        }
+    }
+
+    /// What a replica logs of an add of items a peer's merge brought, with their footprints,
+    /// replayed on its state from before the merge, holds them all: for every kind.
+    #[test]
+    fn an_add_and_its_footprint_hold_the_item_without_the_merge() {
+        for &kind in FilterKind::ALL {
+            let items: Vec<[u8; 4]> = (0..100u32).map(u32::to_le_bytes).collect();
+            let mut peer = AnyFilter::new(&spec(kind), 2).unwrap();
+            for i in &items {
+                peer.add(i).unwrap();
+            }
+            let mut mine = AnyFilter::new(&spec(kind), 1).unwrap();
+            let before = mine.clone();
+            mine.track_deltas(true);
+            mine.merge(&peer).unwrap();
+            for i in &items {
+                mine.add(i).unwrap();
+                let recorded = mine.record_footprint(i);
+                let tagged = kind.tagged() || kind.counting();
+                assert_eq!(
+                    recorded, !tagged,
+                    "{kind}: each add of a tagged kind logs itself"
+                );
+            }
+            let mut replayed = before;
+            replayed
+                .merge_delta_bytes(&mine.take_delta().expect("adds logged"))
+                .unwrap();
+            for i in &items {
+                assert!(replayed.contains(i), "{kind}");
+            }
+            // Not tracking: nothing to record into.
+            let mut untracked = AnyFilter::new(&spec(kind), 1).unwrap();
+            untracked.add(&items[0]).unwrap();
+            assert!(!untracked.record_footprint(&items[0]), "{kind}");
         }
     }
 

@@ -488,15 +488,18 @@ impl Replica {
                     .await?,
             ),
         };
-        let shared = Arc::new(Shared::new(
-            filter,
-            cfg.name.clone(),
-            identity,
-            metrics::Telemetry::new(&cfg.name, replica, cfg.filter.fpr, cfg.aggregate_metrics),
-            cfg.inbound_max_bytes,
-            crate::api::batch::Limits::new(cfg.max_batch_items, cfg.max_item_bytes),
-            cfg.serve_api,
-        ));
+        let shared = Arc::new(
+            Shared::new(
+                filter,
+                cfg.name.clone(),
+                identity,
+                metrics::Telemetry::new(&cfg.name, replica, cfg.filter.fpr, cfg.aggregate_metrics),
+                cfg.inbound_max_bytes,
+                crate::api::batch::Limits::new(cfg.max_batch_items, cfg.max_item_bytes),
+                cfg.serve_api,
+            )
+            .with_log(wal.is_some()),
+        );
         tracing::info!(
             filter = %cfg.name, kind = %shared.kind, replica, %uuid,
             transport = transport.name(), restored = keep_id, "starting replica"
@@ -561,15 +564,18 @@ impl Replica {
             _ => None,
         };
         let (transport, replication_transport) = transports;
-        let shared = Arc::new(Shared::new(
-            parked.filter,
-            cfg.name.clone(),
-            parked.identity,
-            parked.telemetry,
-            cfg.inbound_max_bytes,
-            crate::api::batch::Limits::new(cfg.max_batch_items, cfg.max_item_bytes),
-            cfg.serve_api,
-        ));
+        let shared = Arc::new(
+            Shared::new(
+                parked.filter,
+                cfg.name.clone(),
+                parked.identity,
+                parked.telemetry,
+                cfg.inbound_max_bytes,
+                crate::api::batch::Limits::new(cfg.max_batch_items, cfg.max_item_bytes),
+                cfg.serve_api,
+            )
+            .with_log(wal.is_some()),
+        );
         let setup = Setup {
             cfg,
             shared: shared.clone(),

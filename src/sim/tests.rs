@@ -1,5 +1,4 @@
 use super::*;
-use crate::wire::FilterKind;
 
 fn seeds() -> std::ops::Range<u64> {
     if let Some(seed) = std::env::var("CRPF_SIM_SEED")
@@ -36,23 +35,13 @@ fn every_acknowledged_add_survives_crashes_and_replicas_converge() {
     assert!(crashes > 0 && acks > 0, "the runs crash and acknowledge");
 }
 
-/// Three replicas over the lossy bus. The Bloom kinds are left out until an open defect is
-/// fixed (the CHANGELOG's "found and open"): an add whose bits a peer's delta had set logs
-/// none of them, so a crash before the next snapshot loses it (`CRPF_SIM_NODES=3` finds it).
+/// Up to three replicas over the lossy bus.
 #[test]
 fn replicas_converge_and_keep_durable_adds_over_a_lossy_bus() {
-    let bloom = [
-        FilterKind::GBloom,
-        FilterKind::GoBloom,
-        FilterKind::BlockedBloom,
-        FilterKind::ScGBloom,
-        FilterKind::WriterScGBloom,
-    ];
     let (mut runs, mut acks) = (0, 0);
-    for seed in seeds().take(500) {
+    for seed in seeds().take(1000) {
         let mut plan = Plan::new(seed);
         plan.max_nodes = 3;
-        plan.kinds.retain(|k| !bloom.contains(k));
         let out = run(&plan);
         if let Some(v) = out.violation {
             panic!("seed {seed} (replay: CRPF_SIM_SEED={seed} CRPF_SIM_NODES=3): {v}");
@@ -85,6 +74,24 @@ fn the_simulation_finds_the_writer_start_defect_of_issue_47() {
     OLD_WRITER_START.set(false);
     let (seed, violation) = found.expect("the old defect is found within 500 seeds");
     eprintln!("old writer start: seed {seed} finds {violation}");
+    assert!(violation.contains("lost after a restart"), "{violation}");
+}
+
+/// Without footprints (`UnloggedMerges`), the simulation finds what it found before they
+/// existed: an add acknowledged at `durable` whose bits (or entry) a peer's merge had set
+/// logs none of them, and a crash before the next snapshot loses it.
+#[test]
+fn the_simulation_finds_adds_resting_on_unlogged_merges() {
+    use crate::replica::core::NO_FOOTPRINTS;
+    NO_FOOTPRINTS.set(true);
+    let found = (0..2000).find_map(|seed| {
+        let mut plan = Plan::new(seed);
+        plan.max_nodes = 3;
+        run(&plan).violation.map(|v| (seed, v))
+    });
+    NO_FOOTPRINTS.set(false);
+    let (seed, violation) = found.expect("found within 2,000 seeds");
+    eprintln!("no footprints: seed {seed} finds {violation}");
     assert!(violation.contains("lost after a restart"), "{violation}");
 }
 

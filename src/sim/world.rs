@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use super::SimDisk;
 use crate::ReplicaId;
 use crate::replica::AnyFilter;
-use crate::replica::core::{Adopted, Claiming};
+use crate::replica::core::{Adopted, Claiming, UnloggedMerges};
 use crate::replica::durable::{DataDir, Identity, Reservation};
 use crate::replica::metrics::Telemetry;
 use crate::replica::recovery;
@@ -90,6 +90,8 @@ struct Life {
     generation: u64,
     saved: Arc<Mutex<u64>>,
     telemetry: Telemetry,
+    /// Merges from peers no saved snapshot holds (`Shared::unlogged`).
+    unlogged: Arc<UnloggedMerges>,
 }
 
 /// A saved snapshot's covered mark and what removing the segments it covers came to.
@@ -136,6 +138,9 @@ struct World {
     side: Vec<u8>,
     next_replica: ReplicaId,
     next_item: u64,
+    /// Every item added so far, on any node: adds of items already held (by this node or a
+    /// peer) are common, and must be as durable as the first.
+    added: Vec<Vec<u8>>,
     trace: VecDeque<String>,
     outcome: Outcome,
 }
@@ -169,6 +174,7 @@ pub(crate) fn run(plan: &Plan) -> Outcome {
         side: vec![0; n],
         next_replica: 1,
         next_item: 0,
+        added: Vec::new(),
         trace: VecDeque::new(),
         outcome: Outcome::default(),
     };
@@ -340,6 +346,7 @@ impl World {
             generation: 0,
             saved: Arc::new(Mutex::new(0)),
             telemetry: Telemetry::new("sim", 1, 0.01, true),
+            unlogged: Arc::new(UnloggedMerges::new(true)),
         };
         if !unchanged {
             let job = snapshot_job(&mut life, &self.cfg);
@@ -375,10 +382,17 @@ impl World {
             6..8 => Level::Logged,
             _ => Level::Local,
         };
-        self.next_item += 1;
-        let item = format!("i{}", self.next_item).into_bytes();
+        let item = if !self.added.is_empty() && self.rng.u8(..4) == 0 {
+            self.added[self.rng.usize(..self.added.len())].clone()
+        } else {
+            self.next_item += 1;
+            let item = format!("i{}", self.next_item).into_bytes();
+            self.added.push(item.clone());
+            item
+        };
         let tagged = self.kind.tagged();
-        let life = self.nodes[i].life.as_mut().expect("alive");
+        let node = &mut self.nodes[i];
+        let life = node.life.as_mut().expect("alive");
         // A tag above the reservation is reserved on disk first (`Replica::reserve_tags`).
         if tagged && life.filter.clock() + 1 > life.reserved {
             let reserved = life.filter.clock() + 1 + TAG_BLOCK;
@@ -397,7 +411,29 @@ impl World {
             self.note(format!("node {i}: add refused: {e}"));
             return;
         }
+        life.unlogged.record_add(&mut life.filter, &item);
         let Some(delta) = life.filter.take_delta() else {
+            // Its commit has nothing to append; at `durable` it waits for a sync of the log
+            // (`Replica::flush_delta`), which fails once the log has. At `logged` it rests
+            // on what earlier commits wrote: counted only when none is in flight.
+            match level {
+                Level::Durable => {
+                    let done = life.log.sync();
+                    life.waiting.push(Waiting {
+                        item: item.clone(),
+                        level,
+                        done,
+                    });
+                }
+                Level::Logged if life.waiting.is_empty() && !life.log.failed() => {
+                    node.logged.push(item.clone())
+                }
+                _ => {}
+            }
+            self.note(format!(
+                "node {i}: add {} at {level:?}, nothing to log",
+                String::from_utf8_lossy(&item)
+            ));
             return;
         };
         let done = life.log.append(delta.clone(), level == Level::Durable);
@@ -573,6 +609,7 @@ impl World {
         let Some(life) = self.nodes[msg.to].life.as_mut() else {
             return;
         };
+        life.unlogged.merged();
         let r = match &msg.body {
             Body::Delta(d) => life
                 .filter
@@ -679,6 +716,7 @@ fn snapshot_job(life: &mut Life, cfg: &ReplicaConfig) -> SnapshotJob {
         generation: life.generation,
         wal_covered: Some(life.log.rotate()),
         filter: life.filter.clone(),
+        merges: life.unlogged.mark(),
         identity: life.identity,
         name: cfg.name.clone(),
         kind: life.filter.kind(),

@@ -702,6 +702,11 @@ impl DeltaState for CountingCuckoo {
         self.pending.as_ref().map_or(0, BTreeSet::len)
     }
 
+    /// Every add records a count of its own: nothing to add.
+    fn record_footprint(&mut self, _item: &[u8]) -> bool {
+        false
+    }
+
     fn check_delta(&self, delta: &CountingCuckooDelta) -> Result<(), FilterError> {
         let p = self.params();
         for (b, fp, counts) in &delta.entries {

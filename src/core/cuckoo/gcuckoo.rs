@@ -226,6 +226,19 @@ impl DeltaState for GCuckoo {
         self.pending.as_ref().map_or(0, Vec::len)
     }
 
+    /// The item's entry, by its primary bucket (wherever a kick put it).
+    fn record_footprint(&mut self, item: &[u8]) -> bool {
+        let (b, fp) = self.position(item);
+        if !self.table.contains_fp(b, fp) {
+            return false;
+        }
+        let Some(pending) = &mut self.pending else {
+            return false;
+        };
+        pending.push((b as u64, fp));
+        true
+    }
+
     fn check_delta(&self, delta: &CuckooDelta) -> Result<(), FilterError> {
         check_cuckoo_delta(self.params(), delta)
     }

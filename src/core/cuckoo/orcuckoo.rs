@@ -594,6 +594,11 @@ impl DeltaState for OrCuckoo {
         self.pending.as_ref().map_or(0, PendingOr::len)
     }
 
+    /// Every add records an entry of its own (a fresh tag): nothing to add.
+    fn record_footprint(&mut self, _item: &[u8]) -> bool {
+        false
+    }
+
     fn check_delta(&self, delta: &OrCuckooDelta) -> Result<(), FilterError> {
         let p = self.params();
         let listed = delta.entries.iter().chain(&delta.removed);

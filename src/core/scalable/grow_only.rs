@@ -335,6 +335,14 @@ impl<F: GrowOnlySub> DeltaState for ScalableGrowOnly<F> {
         self.series.subs.iter().map(|f| f.pending_delta_len()).sum()
     }
 
+    /// The item's footprint in the first sub-filter that holds it (an add skips an item any
+    /// of them holds). Replaying it recreates the sub-filters before that one, if need be.
+    fn record_footprint(&mut self, item: &[u8]) -> bool {
+        (self.series.subs.iter_mut())
+            .find(|f| f.contains(item))
+            .is_some_and(|f| f.record_footprint(item))
+    }
+
     fn check_delta(&self, delta: &Self::Delta) -> Result<(), FilterError> {
         let known = self.series.subs.len();
         let mut prev: Option<u32> = None;

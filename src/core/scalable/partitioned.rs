@@ -455,6 +455,16 @@ impl<F: WriterSeries> DeltaState for Partitioned<F> {
         self.parts.values().map(|f| f.pending_delta_len()).sum()
     }
 
+    /// Grow-only series: the footprint in the first writer's series that holds the item,
+    /// which an add skips (it may be another writer's). Observed-remove series: nothing, as
+    /// each add records an entry of its own.
+    fn record_footprint(&mut self, item: &[u8]) -> bool {
+        F::DEDUPLICATES
+            && (self.parts.values_mut())
+                .find(|f| f.contains(item))
+                .is_some_and(|f| f.record_footprint(item))
+    }
+
     fn check_delta(&self, delta: &Self::Delta) -> Result<(), FilterError> {
         if delta.parts.windows(2).any(|p| p[0].0 >= p[1].0) {
             return Err(FilterError::malformed("delta writers out of order"));

@@ -489,6 +489,11 @@ impl DeltaState for ScOrCuckoo {
         self.pending.as_ref().map_or(0, PendingOr::len)
     }
 
+    /// Every add records an entry of its own (a fresh tag): nothing to add.
+    fn record_footprint(&mut self, _item: &[u8]) -> bool {
+        false
+    }
+
     /// Every listed entry must fit the sub-filter it names, and name none more than
     /// `MAX_SUBS_AHEAD` past our last one (a receiver further behind catches up by
     /// anti-entropy, so that a forged index cannot make it allocate absurd sub-filters).

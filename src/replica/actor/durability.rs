@@ -123,10 +123,18 @@ impl Replica {
     /// moment the state is cloned, so the clone holds every record of the segments up to the
     /// one it returns (see [`crate::replica::wal`]).
     fn snapshot_source(&mut self) -> SnapshotJob {
+        let generation = self.snapshots.take();
+        let wal_covered = self.pipeline.rotate();
+        // Under one lock: the merges counted are those the copy holds.
+        let (filter, merges) = {
+            let f = self.read();
+            (f.clone(), self.shared.unlogged.mark())
+        };
         SnapshotJob {
-            generation: self.snapshots.take(),
-            wal_covered: self.pipeline.rotate(),
-            filter: self.read().clone(),
+            generation,
+            wal_covered,
+            merges,
+            filter,
             identity: self.shared.identity,
             name: self.cfg.name.clone(),
             kind: self.expect.kind,

@@ -34,7 +34,9 @@ impl Replica {
                 let mut f = self.write();
                 let now = self.shared.clock.for_updates(f.clock_bounds())?;
                 f.tick(now);
-                f.add(item).map_err(ReplicaError::from)
+                let dot = f.add(item).map_err(ReplicaError::from)?;
+                self.shared.unlogged.record_add(&mut f, item);
+                Ok(dot)
             });
         self.op(OpKind::Add, r.is_ok());
         if r.is_ok() {
@@ -91,8 +93,9 @@ impl Replica {
         self.updates.check_level(level)
     }
 
-    /// Answers an applied local update once it reached `level` (at once if it changed
-    /// nothing: what it relies on is already committed or in the next commit's way).
+    /// Answers an applied local update once it reached `level`. One that changed nothing
+    /// relies on what earlier commits carry: answered at once, but at `durable` only after
+    /// the next commit (a sync of the log), since those may be written and not yet synced.
     pub(super) fn settle(
         &mut self,
         level: AckLevel,
@@ -106,7 +109,7 @@ impl Replica {
             let r = self.updates.logged_answer();
             self.respond(responder, r);
             self.commit_within_a_millisecond(ctx);
-        } else if level.answered_at_apply() || !changed {
+        } else if level.answered_at_apply() || (!changed && level != AckLevel::Durable) {
             self.respond(responder, Ok(()));
         } else {
             let batch = self.pipeline.next_batch();
@@ -336,7 +339,7 @@ impl Handler<Merge> for Replica {
     type Result = Result<(), ReplicaError>;
     fn handle(&mut self, msg: Merge, _: &mut Context<Self>) -> Self::Result {
         let t = Instant::now();
-        let r = self.write().merge(&msg.0);
+        let r = self.write_to_merge().merge(&msg.0);
         self.record_merge(MergeSource::Local, t, r.is_ok());
         r?;
         self.local_change();

@@ -181,6 +181,20 @@ impl<R> CommitPipeline<R> {
         })
     }
 
+    /// Commit `batch` has no delta: if it must be fsynced ([`CommitPipeline::must_sync`]),
+    /// a sync of the log, since its updates may rest on earlier appends only written (an
+    /// add of an item a `logged` add set); `None` if not, or without a log. Until
+    /// [`CommitPipeline::written`], the next commit waits.
+    pub(super) fn sync(&mut self, batch: u64, sync_through: u64) -> Option<Pending<()>> {
+        if !self.must_sync(batch, sync_through) {
+            return None;
+        }
+        let wal = self.wal.as_ref()?;
+        self.committing = true;
+        self.writing_since = self.last_flush;
+        Some(wal.sync())
+    }
+
     /// The commit being written is written (or failed): whether another should start at
     /// once, because one was asked for meanwhile or updates wait for one not yet made; and
     /// when the written one began (for [`CommitPipeline::release`]).

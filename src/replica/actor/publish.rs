@@ -133,32 +133,50 @@ impl Replica {
             }
             return self.committed_without_delta(batch, ctx);
         }
-        let Some(delta) = taken.map(TakenDelta::encode) else {
-            // Nothing changed since the last commit: what the waiting updates rely on is
-            // already as durable as it gets, and published (or held: see below).
-            return self.committed_without_delta(batch, ctx);
-        };
         let sync_through = self.shared.sync_through.load(Ordering::Acquire);
+        let Some(delta) = taken.map(TakenDelta::encode) else {
+            // Nothing changed since the last commit: the waiting updates rest on what earlier
+            // commits logged (and published, or held: see below), some of it perhaps only
+            // written. Those that wait for the disk wait for a sync of the log.
+            return match self.pipeline.sync(batch, sync_through) {
+                Some(done) => self.await_commit(batch, None, done, ctx),
+                None => self.committed_without_delta(batch, ctx),
+            };
+        };
         match self.pipeline.append(batch, &delta, sync_through) {
-            Some(done) => {
-                let addr = ctx.address();
-                actix::spawn(async move {
-                    let result = done.await.map_err(|e| e.to_string());
-                    addr.do_send(Committed {
-                        batch,
-                        delta,
-                        result,
-                    });
-                });
-            }
+            Some(done) => self.await_commit(batch, Some(delta), done, ctx),
             None => self.publish_delta(batch, delta, ctx),
         }
+    }
+
+    /// Commit `batch`'s append (or sync) is under way: [`Committed`] once done.
+    fn await_commit(
+        &mut self,
+        batch: u64,
+        delta: Option<Vec<u8>>,
+        done: crate::replica::wal::Pending<()>,
+        ctx: &mut Context<Self>,
+    ) {
+        let addr = ctx.address();
+        actix::spawn(async move {
+            let result = done.await.map_err(|e| e.to_string());
+            addr.do_send(Committed {
+                batch,
+                delta,
+                result,
+            });
+        });
     }
 
     /// Commit `batch` carries no delta to log or publish: done at once, for the updates
     /// waiting for it.
     fn committed_without_delta(&mut self, batch: u64, ctx: &mut Context<Self>) {
         self.shared.commits.done(batch, None);
+        self.answer_without_delta(batch, ctx);
+    }
+
+    /// Answers the updates of commit `batch`, which had no delta, done.
+    fn answer_without_delta(&mut self, batch: u64, ctx: &mut Context<Self>) {
         if self.pipeline.acks.wants_confirmation(batch) {
             // Updates waiting for peers may rely on held deltas (an add whose item an
             // earlier commit set): those go now, the newest confirmed on this commit's
@@ -229,6 +247,16 @@ impl Replica {
             self.answer(r);
             self.wal_failed(e, ctx);
         }
+        let Some(delta) = c.delta else {
+            // A sync for a commit without a delta.
+            if c.result.is_ok() {
+                self.answer_without_delta(c.batch, ctx);
+            }
+            if again {
+                self.flush_delta(ctx);
+            }
+            return;
+        };
         // Durable now: what waited for the disk is answered before its delta goes out.
         let r = self.pipeline.acks.durable(c.batch);
         self.answer(r);
@@ -237,7 +265,7 @@ impl Replica {
         let interval = ReplicaConfig::ms(self.cfg.delta_interval_ms);
         match self
             .pipeline
-            .release(c.batch, c.delta, began, confirm, interval, now)
+            .release(c.batch, delta, began, confirm, interval, now)
         {
             Release::Now(held) => self.publish_held(held, ctx),
             Release::Later(delay) => {
@@ -587,7 +615,8 @@ impl Replica {
 #[rtype(result = "()")]
 struct Committed {
     batch: u64,
-    delta: Vec<u8>,
+    /// `None`: a sync for a commit without a delta.
+    delta: Option<Vec<u8>>,
     result: Result<(), String>,
 }
 

@@ -184,15 +184,10 @@ impl Reads {
         mode: AddMode,
         ack: Option<AckLevel>,
     ) -> Option<Result<InPlace<AddOutcome>, ReplicaError>> {
-        self.update_now(
-            Op::Add,
-            ack,
-            item.len(),
-            |updates, durable| {
-                updates.add_one(item, mode, Lock::Block, &mut || Ok(u64::MAX), durable)
-            },
-            |outcome| *outcome != AddOutcome::Skipped,
-        )
+        self.update_now(Op::Add, ack, item.len(), |updates, durable| {
+            let added = updates.add_one(item, mode, Lock::Block, &mut || Ok(u64::MAX), durable)?;
+            Ok(added.map(|a| (a.outcome, a.changed, a.commit)))
+        })
     }
 
     /// `mcontains` of `items` made in this process, answered typed (see
@@ -213,34 +208,26 @@ impl Reads {
         mode: AddMode,
         ack: Option<AckLevel>,
     ) -> Option<Result<InPlace<BatchAdd>, ReplicaError>> {
-        self.update_now(
-            Op::MAdd,
-            ack,
-            batch_bytes(items),
-            |updates, durable| {
-                let added =
-                    updates.add_items(items, mode, Lock::Block, &mut || Ok(u64::MAX), durable);
-                Ok(added?.map(|batch| {
-                    let commit = batch.commit;
-                    (batch, commit)
-                }))
-            },
-            |batch| batch.applied_any,
-        )
+        self.update_now(Op::MAdd, ack, batch_bytes(items), |updates, durable| {
+            let added = updates.add_items(items, mode, Lock::Block, &mut || Ok(u64::MAX), durable);
+            Ok(added?.map(|batch| {
+                let (changed, commit) = (batch.applied_any, batch.commit);
+                (batch, changed, commit)
+            }))
+        })
     }
 
     /// Update `op` (of `bytes`) at `ack` made in this process: `apply` runs it if it is
-    /// applied here (told whether it is `durable`, and answering the commit it then waits
-    /// for), and answers `None` if it was not (the lock held too long); `changed` tells from
-    /// its outcome whether it changed the state. Counted and settled
+    /// applied here (told whether it is `durable`; answering its outcome, whether it changed
+    /// the state, and the commit it then waits for), and answers `None` if it was not (the
+    /// lock held too long). Counted and settled
     /// ([`Updates::settle_in_task`]) as the request path does.
     fn update_now<T>(
         &self,
         op: Op,
         ack: Option<AckLevel>,
         bytes: usize,
-        apply: impl FnOnce(&Updates, bool) -> Result<Option<(T, Option<u64>)>, ReplicaError>,
-        changed: impl FnOnce(&T) -> bool,
+        apply: impl FnOnce(&Updates, bool) -> Result<Option<(T, bool, Option<u64>)>, ReplicaError>,
     ) -> Option<Result<InPlace<T>, ReplicaError>> {
         let updates = &self.updates;
         let level = ack.unwrap_or(updates.default_ack);
@@ -251,13 +238,14 @@ impl Reads {
             return None;
         }
         let durable = level == AckLevel::Durable;
-        let applied = apply(updates, durable)
-            .transpose()?
-            .and_then(|(outcome, commit)| {
-                updates.settle_in_task(level, changed(&outcome))?;
-                let ticket = commit.map(|batch| self.shared.commits.ticket(batch));
-                Ok(InPlace { outcome, ticket })
-            });
+        let applied =
+            apply(updates, durable)
+                .transpose()?
+                .and_then(|(outcome, changed, commit)| {
+                    updates.settle_in_task(level, changed)?;
+                    let ticket = commit.map(|batch| self.shared.commits.ticket(batch));
+                    Ok(InPlace { outcome, ticket })
+                });
         self.shared
             .telemetry
             .traffic(Direction::In, Channel::Api, bytes);
@@ -639,18 +627,18 @@ mod tests {
         ticket.settled().await.unwrap();
         let s = handle.stats().await.unwrap();
         assert!(s.pending_delta == 0 && s.deltas_sent == sent, "{s:?}");
-        // One that adds nothing has nothing to wait for.
+        // One that adds nothing still waits for a commit, a sync of the log: it rests on what
+        // earlier commits wrote, perhaps not synced yet.
         let again = reads.add_now(b"d", AddMode::IfAbsent, Some(AckLevel::Durable));
-        assert!(
-            matches!(
-                again,
-                Some(Ok(InPlace {
-                    outcome: AddOutcome::Skipped,
-                    ticket: None
-                }))
-            ),
-            "{again:?}"
-        );
+        let Some(Ok(InPlace {
+            outcome: AddOutcome::Skipped,
+            ticket: Some(ticket),
+        })) = again
+        else {
+            panic!("{again:?}");
+        };
+        ticket.settled().await.unwrap();
+        assert_eq!(handle.stats().await.unwrap().deltas_sent, sent, "nothing sent");
         // A ticket taken as the replica stops settles with the stop: its final snapshot
         // holds the update.
         let last = reads.add_now(b"e", AddMode::Always, Some(AckLevel::Durable));

@@ -301,7 +301,7 @@ impl Replica {
         let (_, state) = interop::decode(format, &msg.payload)?;
         interop::check_fits(&self.read(), &state)?;
         let t = std::time::Instant::now();
-        let merged = self.write().merge(&state);
+        let merged = self.write_to_merge().merge(&state);
         self.record_merge(MergeSource::Local, t, merged.is_ok());
         merged?;
         self.local_change();

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::replica::ReplicaError;
+use crate::replica::core::MergesHeld;
 use crate::replica::durable::{DataDir, Identity, Snapshot};
 use crate::replica::filter::AnyFilter;
 use crate::replica::metrics::Telemetry;
@@ -146,6 +147,8 @@ pub(crate) struct SnapshotJob {
     pub(crate) wal_covered: Option<SegmentId>,
     /// Its number ([`Snapshotter::take`]).
     pub(crate) generation: u64,
+    /// The merges from elsewhere `filter` holds, on disk once it is saved.
+    pub(crate) merges: MergesHeld,
 }
 
 impl SnapshotJob {
@@ -186,6 +189,7 @@ impl SnapshotJob {
             wal_covered: self.wal_covered.map(|k| k.0),
         })?;
         *newest = self.generation;
+        self.merges.saved();
         telemetry.state_encoded(len);
         Ok(self.wal_covered)
     }
@@ -211,6 +215,7 @@ mod tests {
             reserved: 0,
             wal_covered: Some(SegmentId(covered)),
             generation,
+            merges: std::sync::Arc::new(crate::replica::core::UnloggedMerges::new(true)).mark(),
         }
     }
 

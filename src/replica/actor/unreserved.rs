@@ -245,7 +245,7 @@ impl Replica {
         let t = Instant::now();
         let now = self.shared.clock.now_ms();
         let r = self.with_tag_bounds(|bounds| {
-            let mut f = self.write();
+            let mut f = self.write_to_merge();
             match bounds {
                 Some(b) => f.merge_remote_delta_bytes_within(bytes, now, b),
                 None => f.merge_remote_delta_bytes(bytes, now),

@@ -77,6 +77,16 @@ pub(crate) enum AddOutcome {
     Skipped,
 }
 
+/// What adding one item came to, under the lock.
+pub(crate) struct AddApplied {
+    pub outcome: AddOutcome,
+    /// Whether it changed the state or recorded to the pending delta: it then waits for a
+    /// commit at `logged` and `durable`.
+    pub changed: bool,
+    /// The commit a `durable` add waits for, applied outside the actor.
+    pub commit: Option<u64>,
+}
+
 /// What adding a batch's items came to.
 pub(crate) struct BatchAdd {
     /// Whether any item changed the state.
@@ -177,7 +187,7 @@ impl Updates {
     pub(super) fn check_level(&self, level: AckLevel) -> Result<(), ReplicaError> {
         if level.needs_log() && !self.has_wal {
             return Err(ReplicaError::AckUnavailable(format!(
-                "`{level}` needs a data_dir"
+                "`{level}` needs a data_dir (and deltas, which full_state_only does not log)"
             )));
         }
         Ok(())
@@ -215,7 +225,9 @@ impl Updates {
             Op::Add => {
                 let mode =
                     add_mode(msg).inspect_err(|_| self.telemetry().op(OpKind::Add, false))?;
-                let Some((outcome, _)) = self.add_one(&msg.payload, mode, lock, reserve, false)?
+                let Some(AddApplied {
+                    outcome, changed, ..
+                }) = self.add_one(&msg.payload, mode, lock, reserve, false)?
                 else {
                     return Ok(None);
                 };
@@ -225,10 +237,7 @@ impl Updates {
                     (_, AddOutcome::Known) => b"{\"added\":true,\"new\":false}",
                     (_, AddOutcome::Skipped) => b"{\"added\":false,\"new\":false}",
                 };
-                Ok(applied(
-                    outcome != AddOutcome::Skipped,
-                    ApiReply::fixed(body),
-                ))
+                Ok(applied(changed, ApiReply::fixed(body)))
             }
             Op::Remove => {
                 let item = &msg.payload[..];
@@ -276,7 +285,7 @@ impl Updates {
         lock: Lock,
         reserve: &mut dyn FnMut() -> Result<u64, ReplicaError>,
         durable: bool,
-    ) -> Result<Option<(AddOutcome, Option<u64>)>, ReplicaError> {
+    ) -> Result<Option<AddApplied>, ReplicaError> {
         check_item(item, self.shared.limits.max_item_bytes)
             .and_then(|()| reserve().map(|_| ()))
             .inspect_err(|_| self.telemetry().op(OpKind::Add, false))?;
@@ -308,12 +317,26 @@ impl Updates {
         };
         let r = r.map_err(ReplicaError::from);
         let mut commit = None;
-        if r.as_ref().is_ok_and(|o| *o != AddOutcome::Skipped) {
-            commit = self.changed_under(&f, lock, durable);
+        let mut changed = false;
+        if let Ok(outcome) = &r {
+            // A skipped add of an item held only by merges is logged too: it is answered as
+            // contained, so it must stay contained.
+            let footprint = self.shared.unlogged.record_add(&mut f, item);
+            changed = *outcome != AddOutcome::Skipped || footprint;
+            commit = match changed {
+                true => self.changed_under(&f, lock, durable),
+                false => self.unchanged_under(lock, durable),
+            };
         }
         drop(f);
         self.telemetry().op(OpKind::Add, r.is_ok());
-        r.map(|outcome| Some((outcome, commit)))
+        r.map(|outcome| {
+            Some(AddApplied {
+                outcome,
+                changed,
+                commit,
+            })
+        })
     }
 
     fn mremove(
@@ -446,6 +469,7 @@ impl Updates {
                     AddMode::ReportNew => f.add_new(items[i]),
                     AddMode::IfAbsent if f.contains(items[i]) => {
                         added.push(true);
+                        changed |= self.shared.unlogged.record_add(&mut f, items[i]);
                         i += 1;
                         continue;
                     }
@@ -454,6 +478,7 @@ impl Updates {
                 match outcome {
                     Ok(new) => {
                         added.push(true);
+                        self.shared.unlogged.record_add(&mut f, items[i]);
                         changed = true;
                         if new {
                             new_items[i] = true;
@@ -466,6 +491,8 @@ impl Updates {
             if changed {
                 applied_any = true;
                 commit = commit.max(self.changed_under(&f, lock, durable));
+            } else {
+                commit = commit.max(self.unchanged_under(lock, durable));
             }
             drop(f);
             if i == first {
@@ -500,17 +527,31 @@ impl Updates {
         if lock == Lock::Wait {
             return None;
         }
-        let commit = durable.then(|| {
-            let batch = self.shared.open_batch.load(Ordering::Acquire);
-            self.shared.sync_through.fetch_max(batch, Ordering::AcqRel);
-            batch
-        });
+        let commit = durable.then(|| self.open_commit());
         self.shared.direct_changes.store(true, Ordering::Release);
         self.shared.want_flush(&self.to_actor);
         if durable || f.pending_delta_len() >= self.delta_max_updates {
             self.shared.want_commit(&self.to_actor);
         }
         commit
+    }
+
+    /// Outside the actor, an update that changed nothing: with `durable`, it still waits for
+    /// a commit, which syncs what earlier commits only wrote (the update rests on them).
+    fn unchanged_under(&self, lock: Lock, durable: bool) -> Option<u64> {
+        if lock == Lock::Wait || !durable {
+            return None;
+        }
+        let commit = self.open_commit();
+        self.shared.want_commit(&self.to_actor);
+        Some(commit)
+    }
+
+    /// The commit that an update applied now, outside the actor, is in; told to fsync.
+    fn open_commit(&self) -> u64 {
+        let batch = self.shared.open_batch.load(Ordering::Acquire);
+        self.shared.sync_through.fetch_max(batch, Ordering::AcqRel);
+        batch
     }
 
     /// The write lock, or `None` if it is taken and `lock` is [`Lock::Try`];

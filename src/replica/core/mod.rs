@@ -3,5 +3,9 @@
 //! rest of the replica moves here step by step (docs/DESIGN.md, "The replica's core").
 
 mod start;
+mod unlogged;
 
 pub(crate) use start::{Adopted, Claiming};
+#[cfg(test)]
+pub(crate) use unlogged::NO_FOOTPRINTS;
+pub(crate) use unlogged::{MergesHeld, UnloggedMerges};

@@ -219,6 +219,8 @@ pub(super) enum Command {
     Append(Vec<u8>, Durability, oneshot::Sender<Result<(), WalError>>),
     /// The longest a logged frame waits for its fsync.
     SyncInterval(Duration),
+    /// Fsyncs the frames written before it (none: done at once); fails once the log has.
+    Sync(oneshot::Sender<Result<(), WalError>>),
     Rotate(u64),
     RemoveThrough(u64, oneshot::Sender<Result<usize, WalError>>),
     /// [`Command::RemoveThrough`] for a log not open on any thread, with its state: run, and

@@ -123,8 +123,11 @@ pub(crate) fn replay_on(
         // the logged frames a crashed process left in the page cache were just replayed, and
         // the writer is about to begin a segment after them. Synced now, they cannot come
         // back torn in the middle of the log after a loss of power (which read as damage,
-        // and the log, durable adds after it included, was moved aside).
+        // and the log, durable adds after it included, was moved aside). Its name too: a
+        // crashed process may have begun it with logged frames only, never synced, and an
+        // update of the next life that changes nothing rests on what it holds.
         disk.sync_path(path).map_err(io_err(path))?;
+        out.disk.sync_path(&out.dir).map_err(io_err(&out.dir))?;
     }
     Ok(out)
 }

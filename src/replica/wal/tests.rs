@@ -231,6 +231,31 @@ fn logged_appends_are_synced_by_the_periodic_sync_not_per_append() {
     );
 }
 
+/// A sync without a record (a commit without a delta, whose updates rest on earlier ones):
+/// done at once before anything was written, one fsync for logged frames written and not
+/// synced, none when everything is synced.
+#[test]
+fn a_sync_fsyncs_what_was_written_and_only_that() {
+    let pool = WalPool::new(1).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut w = writer_in(&pool, tmp.path());
+    w.set_sync_interval(Duration::from_secs(3600));
+    let s = w.stats();
+    w.sync().wait().unwrap();
+    assert_eq!(count(&s.fsyncs), 0, "nothing written");
+    w.append_logged(record(0)).wait().unwrap();
+    assert_eq!(count(&s.fsyncs), 0);
+    w.sync().wait().unwrap();
+    assert_eq!(count(&s.fsyncs), 1, "the logged frame is synced");
+    w.sync().wait().unwrap();
+    assert_eq!(count(&s.fsyncs), 1, "nothing written since");
+    w.append(record(1)).wait().unwrap();
+    w.sync().wait().unwrap();
+    assert_eq!(count(&s.fsyncs), 2, "the durable append synced itself");
+    w.close();
+    assert_eq!(records_in(tmp.path()), vec![record(0), record(1)]);
+}
+
 /// Only the last segment may end in unsynced frames: a rotation syncs the segment it
 /// ends, and a close syncs what was written.
 #[test]

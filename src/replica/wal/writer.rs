@@ -181,6 +181,19 @@ impl WalWriter {
         SegmentId(done)
     }
 
+    /// Completes once every append issued before it is fsynced (logged ones included):
+    /// for updates that wait for the disk and rest on what earlier appends wrote, with no
+    /// record of their own to append. Fails if the log has.
+    pub fn sync(&self) -> Pending<()> {
+        if !self.is_open() {
+            // Nothing written since the start: what was replayed is synced.
+            return Pending::ready(Ok(()));
+        }
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Sync(tx));
+        Pending(rx)
+    }
+
     /// Deletes every segment up to and including `id` (never the current one); answers how
     /// many were deleted.
     pub fn remove_through(&self, id: SegmentId) -> Pending<usize> {
@@ -393,6 +406,10 @@ impl Log {
                 unreachable!("handled by the round")
             }
             Command::SyncInterval(interval) => self.sync_interval = interval,
+            Command::Sync(done) => {
+                self.sync_written();
+                let _ = done.send(self.failed.clone().map_or(Ok(()), Err));
+            }
             Command::Rotate(next) => {
                 // Only the last segment may end in unsynced frames (the torn-tail rule looks
                 // there only): the segment that ends is synced first.
@@ -673,6 +690,13 @@ impl DirectLog {
             false => Durability::Written,
         };
         self.log.gather(record, durability, tx);
+        rx
+    }
+
+    /// [`WalWriter::sync`], at once.
+    pub(crate) fn sync(&mut self) -> oneshot::Receiver<Result<(), WalError>> {
+        let (tx, rx) = oneshot::channel();
+        self.log.execute(Command::Sync(tx));
         rx
     }
 
