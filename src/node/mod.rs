@@ -10,6 +10,7 @@ mod foreign;
 mod host;
 mod inspect;
 mod keygen;
+mod keyspace;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -269,7 +270,7 @@ pub fn run_node(args: &NodeArgs) -> Result<(), NodeError> {
                 node = &mut starting => (node?, None),
                 () = tokio::time::sleep(RESP_LOADING_AFTER) => {
                     tracing::warn!("the node's start takes long: RESP answers -LOADING until it has started");
-                    let lookup = Arc::new(crate::resp::StartingNode::default());
+                    let lookup = Arc::new(crate::resp::Starting::<Node>::default());
                     crate::resp::RespServer::start_with(resp, lookup.clone(), max_batch).await?;
                     (starting.await?, Some(lookup))
                 }

@@ -36,7 +36,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::commands::Reply;
+use super::reply::Reply;
 use crate::replica::{AnyFilter, ReplicaHandle};
 use crate::{FilterKind, FilterSpec};
 

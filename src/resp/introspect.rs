@@ -3,8 +3,8 @@
 
 use bytes::Bytes;
 
-use super::commands::Reply;
 use super::parse::Args;
+use super::reply::Reply;
 
 /// One command: its name, Redis arity (negative: at least that many arguments, the name
 /// counted), flags, and where its keys are (first, last, step; 0 0 0 for none).

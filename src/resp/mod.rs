@@ -35,6 +35,7 @@ mod hot;
 mod introspect;
 pub mod parse;
 pub mod redisbloom;
+mod reply;
 mod slowlog;
 
 use std::collections::HashMap;
@@ -164,7 +165,7 @@ pub enum RespError {
 
 /// Where the front end finds a filter by its key: a fixed set, or a node's filters, which
 /// the filter catalog changes at run time.
-pub trait FilterLookup: Send + Sync + 'static {
+pub trait Keyspace: Send + Sync + 'static {
     /// The replica serving `name` over the request API, if any.
     fn filter(&self, name: &[u8]) -> Option<ReplicaHandle>;
 
@@ -242,33 +243,40 @@ pub trait FilterLookup: Send + Sync + 'static {
 /// The answer to a command on keys while the node starts.
 const LOADING: &str = "LOADING crpf is starting (claiming its replica id, following the filter catalog); try again in a moment";
 
-/// The filters of a node that is still starting: none (every command on keys answers
-/// `-LOADING`) until [`StartingNode::started`] hands over the node, then the node's.
-#[derive(Default)]
-pub struct StartingNode {
-    node: std::sync::OnceLock<crate::node::Node>,
+/// The keyspace of a node that is still starting: none (every command on keys answers
+/// `-LOADING`) until [`Starting::started`] hands over the node's, then the node's.
+pub struct Starting<K> {
+    node: std::sync::OnceLock<K>,
 }
 
-impl StartingNode {
+impl<K> Default for Starting<K> {
+    fn default() -> Self {
+        Starting {
+            node: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+impl<K: Keyspace> Starting<K> {
     /// The node has started: its filters are served from now on.
-    pub fn started(&self, node: crate::node::Node) {
+    pub fn started(&self, node: K) {
         let _ = self.node.set(node);
     }
 }
 
-impl FilterLookup for StartingNode {
+impl<K: Keyspace> Keyspace for Starting<K> {
     fn filter(&self, name: &[u8]) -> Option<ReplicaHandle> {
-        FilterLookup::filter(self.node.get()?, name)
+        Keyspace::filter(self.node.get()?, name)
     }
 
     fn with_filter(&self, name: &[u8], f: &mut dyn FnMut(&ReplicaHandle)) {
         if let Some(node) = self.node.get() {
-            FilterLookup::with_filter(node, name, f)
+            Keyspace::with_filter(node, name, f)
         }
     }
 
     fn names(&self) -> Vec<String> {
-        self.node.get().map(FilterLookup::names).unwrap_or_default()
+        self.node.get().map(Keyspace::names).unwrap_or_default()
     }
 
     fn create(
@@ -277,29 +285,29 @@ impl FilterLookup for StartingNode {
         spec: crate::FilterSpec,
     ) -> BoxFuture<'static, Result<bool, String>> {
         match self.node.get() {
-            Some(node) => FilterLookup::create(node, name, spec),
+            Some(node) => Keyspace::create(node, name, spec),
             None => Box::pin(async { Err(LOADING.to_string()) }),
         }
     }
 
     fn filter_count(&self) -> usize {
-        self.node.get().map_or(0, FilterLookup::filter_count)
+        self.node.get().map_or(0, Keyspace::filter_count)
     }
 
     fn spec(&self, name: &str) -> Option<crate::FilterSpec> {
-        FilterLookup::spec(self.node.get()?, name)
+        Keyspace::spec(self.node.get()?, name)
     }
 
     fn drop_filter(&self, name: String) -> BoxFuture<'static, Result<bool, String>> {
         match self.node.get() {
-            Some(node) => FilterLookup::drop_filter(node, name),
+            Some(node) => Keyspace::drop_filter(node, name),
             None => Box::pin(async { Err(LOADING.to_string()) }),
         }
     }
 
     fn may_drop(&self, name: &str) -> Result<(), String> {
         match self.node.get() {
-            Some(node) => FilterLookup::may_drop(node, name),
+            Some(node) => Keyspace::may_drop(node, name),
             None => Err(LOADING.to_string()),
         }
     }
@@ -309,7 +317,7 @@ impl FilterLookup for StartingNode {
     }
 
     fn expiry(&self, name: &str) -> Option<Option<u64>> {
-        FilterLookup::expiry(self.node.get()?, name)
+        Keyspace::expiry(self.node.get()?, name)
     }
 
     fn set_expiry(
@@ -318,7 +326,7 @@ impl FilterLookup for StartingNode {
         at_ms: Option<u64>,
     ) -> BoxFuture<'static, Result<bool, String>> {
         match self.node.get() {
-            Some(node) => FilterLookup::set_expiry(node, name, at_ms),
+            Some(node) => Keyspace::set_expiry(node, name, at_ms),
             None => Box::pin(async { Err(LOADING.to_string()) }),
         }
     }
@@ -328,7 +336,7 @@ impl FilterLookup for StartingNode {
 const FIXED_FILTERS: &str =
     "ERR this front end serves a fixed set of filters: they are not created or dropped by commands";
 
-impl FilterLookup for HashMap<Vec<u8>, ReplicaHandle> {
+impl Keyspace for HashMap<Vec<u8>, ReplicaHandle> {
     fn filter(&self, name: &[u8]) -> Option<ReplicaHandle> {
         self.get(name).cloned()
     }
@@ -349,96 +357,11 @@ impl FilterLookup for HashMap<Vec<u8>, ReplicaHandle> {
     }
 }
 
-impl FilterLookup for crate::node::Node {
-    fn filter(&self, name: &[u8]) -> Option<ReplicaHandle> {
-        let name = std::str::from_utf8(name).ok()?;
-        self.hosted_replica(name).filter(ReplicaHandle::serves_api)
-    }
-
-    fn with_filter(&self, name: &[u8], f: &mut dyn FnMut(&ReplicaHandle)) {
-        if let Ok(name) = std::str::from_utf8(name) {
-            self.with_hosted(name, |handle| {
-                if handle.serves_api() {
-                    f(handle)
-                }
-            });
-        }
-    }
-
-    fn names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.filters().into_iter().map(|f| f.name).collect();
-        names.sort();
-        names
-    }
-
-    fn filter_count(&self) -> usize {
-        crate::node::Node::len(self)
-    }
-
-    fn spec(&self, name: &str) -> Option<crate::FilterSpec> {
-        crate::node::Node::spec(self, name)
-    }
-
-    fn create(
-        &self,
-        name: String,
-        spec: crate::FilterSpec,
-    ) -> BoxFuture<'static, Result<bool, String>> {
-        let node = self.clone();
-        Box::pin(async move {
-            match node.create_filter(&name, spec).await {
-                Ok(created) => Ok(created.new),
-                // RedisBloom's answer for a key that exists, whatever it holds.
-                Err(
-                    crate::node::HostError::Catalog(crate::transport::CatalogError::Exists {
-                        ..
-                    })
-                    | crate::node::HostError::Configured(_),
-                ) => Err(redisbloom::EXISTS.into()),
-                Err(e) => Err(format!("ERR {e}")),
-            }
-        })
-    }
-
-    fn drop_filter(&self, name: String) -> BoxFuture<'static, Result<bool, String>> {
-        let node = self.clone();
-        Box::pin(async move {
-            match crate::node::Node::drop_filter(&node, &name).await {
-                Ok(dropped) => Ok(dropped.is_some()),
-                Err(e) => Err(format!("ERR {e}")),
-            }
-        })
-    }
-
-    fn may_drop(&self, name: &str) -> Result<(), String> {
-        crate::node::Node::may_drop(self, name).map_err(|e| format!("ERR {e}"))
-    }
-
-    fn expiry(&self, name: &str) -> Option<Option<u64>> {
-        crate::node::Node::expiry(self, name)
-    }
-
-    fn set_expiry(
-        &self,
-        name: String,
-        at_ms: Option<u64>,
-    ) -> BoxFuture<'static, Result<bool, String>> {
-        let node = self.clone();
-        Box::pin(async move {
-            match crate::node::Node::set_expiry(&node, &name, at_ms).await {
-                Ok(crate::node::Expiry::Missing) => Ok(false),
-                Ok(_) => Ok(true),
-                Err(e) => Err(format!("ERR {e}")),
-            }
-        })
-    }
-}
-
 /// Drops the filters `names` (`DEL`, `UNLINK`, `FLUSHDB`, `FLUSHALL`): all or nothing where
 /// the node can tell beforehand (a configured filter refuses, and then nothing is dropped);
 /// a failure on the way (the catalog unreachable) says which were dropped before it.
 /// Answers how many existed.
-async fn drop_all(lookup: &dyn FilterLookup, names: Vec<String>) -> Result<usize, String> {
+async fn drop_all(lookup: &dyn Keyspace, names: Vec<String>) -> Result<usize, String> {
     for name in &names {
         lookup.may_drop(name)?;
     }
@@ -467,7 +390,7 @@ async fn drop_all(lookup: &dyn FilterLookup, names: Vec<String>) -> Result<usize
 
 /// What every connection shares.
 struct Server {
-    filters: Arc<dyn FilterLookup>,
+    filters: Arc<dyn Keyspace>,
     limits: ParseLimits,
     max_pipeline: usize,
     /// `timeout`: how long a connection may be idle.
@@ -566,7 +489,7 @@ impl RespServer {
     /// `max_batch` items, on the current Tokio runtime.
     pub async fn start_with(
         cfg: &RespConfig,
-        filters: Arc<dyn FilterLookup>,
+        filters: Arc<dyn Keyspace>,
         max_batch: usize,
     ) -> Result<Self, RespError> {
         cfg.validate()?;
@@ -761,7 +684,7 @@ fn untaken_reply(e: &ReplicaError) -> Reply {
 /// them through its catalog; `ack`: the connection's level, for the add of a key created by
 /// it.
 async fn run_key(
-    lookup: Arc<dyn FilterLookup>,
+    lookup: Arc<dyn Keyspace>,
     dumps: &dump::Dumps,
     key: commands::KeyCommand,
     ack: Option<AckLevel>,
@@ -1020,7 +943,7 @@ fn key_reply(name: &str) -> Reply {
 /// Filter `name`, created of `spec` first if it does not exist (by this call, or by another
 /// client meanwhile).
 async fn created(
-    lookup: &dyn FilterLookup,
+    lookup: &dyn Keyspace,
     name: &str,
     spec: crate::FilterSpec,
 ) -> Result<ReplicaHandle, Reply> {
@@ -1041,7 +964,7 @@ async fn created(
 /// ([`ReplicaHandle::import`]), the others merge its state. A key of another kind or
 /// parameters is left as it is.
 async fn restore(
-    lookup: &dyn FilterLookup,
+    lookup: &dyn Keyspace,
     name: String,
     spec: crate::FilterSpec,
     state: crate::replica::AnyFilter,

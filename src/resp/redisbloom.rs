@@ -11,8 +11,8 @@
 //! [`FilterSpec::max_kicks`]) and come back in `BF.INFO` / `CF.INFO` from the filter's own
 //! parameters.
 
-use super::commands::Reply;
 use super::parse::Args;
+use super::reply::Reply;
 use crate::replica::{AnyFilter, ReplicaHandle};
 use crate::{CuckooParams, FilterKind, FilterSpec, Membership, ScalableParams};
 

@@ -19,8 +19,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::broadcast;
 
-use super::commands::Reply;
 use super::parse::Args;
+use super::reply::Reply;
 
 /// Entries kept (Redis's `slowlog-max-len` default).
 pub(super) const SLOWLOG_LEN: usize = 128;
