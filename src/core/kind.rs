@@ -6,7 +6,7 @@
 //! Adding a kind: implement [`ReplicatedFilter`] (and [`ObservedRemove`] if it removes) next to
 //! the type, and add one line to `for_each_filter_kind!` with a new, never reused wire id.
 
-use std::num::{NonZeroU8, NonZeroU32};
+use std::num::{NonZeroU8, NonZeroU16, NonZeroU32};
 
 use serde::de::{DeserializeOwned, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -243,6 +243,12 @@ pub struct FilterSpec {
     /// [`CuckooParams::DEFAULT_MAX_KICKS`](crate::CuckooParams::DEFAULT_MAX_KICKS) if absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_kicks: Option<NonZeroU32>,
+    /// Per-writer kinds: the lowest writer id that writes, from which the writers' shares of
+    /// the FPR bound are counted ([`crate::writer_fpr`]); 0 if absent. Replicas claim their ids
+    /// from 1: with 1, the first writer has half the bound (as a single series has), not a
+    /// sixth. The RESP front end creates its keys so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_writer: Option<NonZeroU16>,
 }
 
 /// A Bloom filter's `m` and `k`, as a spec names them ([`FilterSpec::shape`]).
@@ -316,6 +322,7 @@ impl FilterSpec {
             growth: None,
             bucket_size: None,
             max_kicks: None,
+            first_writer: None,
         }
     }
 
@@ -328,6 +335,19 @@ impl FilterSpec {
     pub fn with_growth(self, growth: u32) -> Self {
         FilterSpec {
             growth: NonZeroU32::new(growth).filter(|g| g.get() != Self::DEFAULT_GROWTH),
+            ..self
+        }
+    }
+
+    /// This spec with writers counted from `first` ([`FilterSpec::first_writer`]) if its kind
+    /// has a series per writer (absent at 0, and for the other kinds).
+    pub fn with_first_writer(self, first: ReplicaId) -> Self {
+        let per_writer = matches!(
+            self.kind,
+            FilterKind::WriterScGBloom | FilterKind::WriterScGCuckoo | FilterKind::WriterScOrCuckoo
+        );
+        FilterSpec {
+            first_writer: NonZeroU16::new(first).filter(|_| per_writer),
             ..self
         }
     }
@@ -359,6 +379,11 @@ impl FilterSpec {
     /// [`FilterSpec::bucket_size`] or its default.
     pub fn bucket_size(&self) -> u8 {
         (self.bucket_size).map_or(crate::CuckooParams::DEFAULT_BUCKET_SIZE, NonZeroU8::get)
+    }
+
+    /// [`FilterSpec::first_writer`] or 0.
+    pub fn first_writer(&self) -> ReplicaId {
+        self.first_writer.map_or(0, NonZeroU16::get)
     }
 
     /// [`FilterSpec::max_kicks`] or its default.

@@ -56,6 +56,11 @@ pub fn type_name(kind: FilterKind) -> &'static str {
     }
 }
 
+/// Replicas claim their ids from 1: a key's series per writer count from there, so that its
+/// first writer has half the FPR bound, as RedisBloom's single series does
+/// ([`FilterSpec::first_writer`]).
+const FIRST_WRITER: crate::ReplicaId = 1;
+
 /// The spec of a Bloom key created by its first add.
 pub fn bf_default() -> FilterSpec {
     FilterSpec::new(
@@ -63,6 +68,7 @@ pub fn bf_default() -> FilterSpec {
         BF_DEFAULT_CAPACITY,
         BF_DEFAULT_ERROR_RATE,
     )
+    .with_first_writer(FIRST_WRITER)
 }
 
 /// The spec of a cuckoo key created by its first add.
@@ -78,7 +84,9 @@ fn cf_spec(capacity: u64, expansion: u32) -> FilterSpec {
         FilterKind::OrCuckoo
     };
     // A filter that does not scale has no growth (0 leaves the spec as it was).
-    FilterSpec::new(kind, capacity, CF_FPR).with_growth(expansion)
+    FilterSpec::new(kind, capacity, CF_FPR)
+        .with_growth(expansion)
+        .with_first_writer(FIRST_WRITER)
 }
 
 /// `expansion`: as [`cf_spec`]'s.
@@ -88,7 +96,9 @@ fn bf_spec(capacity: u64, fpr: f64, expansion: u32) -> FilterSpec {
     } else {
         FilterKind::GBloom
     };
-    FilterSpec::new(kind, capacity, fpr).with_growth(expansion)
+    FilterSpec::new(kind, capacity, fpr)
+        .with_growth(expansion)
+        .with_first_writer(FIRST_WRITER)
 }
 
 /// An `EXPANSION` RedisBloom took (at least 1), as a growth factor: RedisBloom stores an
@@ -678,7 +688,9 @@ pub fn bf_debug(handle: &ReplicaHandle) -> Reply {
             AnyFilter::ScGBloom(s) if s.sub_filters() == 0 => first(s.params()),
             AnyFilter::ScGBloom(s) => series(s),
             AnyFilter::WriterScGBloom(w) if w.parts().next().is_none() => {
-                first(&w.part_params(w.writer()))
+                if let Ok(p) = w.part_params(w.writer().max(w.first_writer())) {
+                    first(&p)
+                }
             }
             AnyFilter::WriterScGBloom(w) => {
                 for (_, s) in w.parts() {
@@ -840,7 +852,10 @@ mod tests {
         let spec = bf(&["BF.RESERVE", "k", "0.01", "100", "EXPANSION", "4"]).unwrap();
         assert_eq!((spec.kind, spec.growth()), (FilterKind::WriterScGBloom, 4));
         let spec = bf(&["BF.RESERVE", "k", "0.01", "100", "EXPANSION", "2"]).unwrap();
-        assert_eq!(spec, FilterSpec::new(FilterKind::WriterScGBloom, 100, 0.01));
+        assert_eq!(
+            spec,
+            FilterSpec::new(FilterKind::WriterScGBloom, 100, 0.01).with_first_writer(1)
+        );
         assert_eq!(spec.growth, None, "the default is absent from the spec");
         let spec = bf(&["BF.RESERVE", "k", "0.01", "100", "EXPANSION", "99999999999"]).unwrap();
         assert_eq!(spec.growth(), u32::MAX);
