@@ -546,7 +546,7 @@ async fn an_own_api_request_ahead_of_the_watcher_is_held_until_the_replica_serve
 /// the node saw it dropped from the catalog. A request right after a drop, reaching a node
 /// whose replica of the filter had not started, got nothing.
 #[actix::test]
-async fn a_dropped_name_is_refused_even_in_the_grace_after_the_start() {
+async fn a_dropped_name_is_refused_for_a_while_after_its_drop() {
     let bus = InProcessBus::new();
     // Grace: 8 anti-entropy intervals, 16 s here.
     let cfg = NodeConfig::from_toml_str(
