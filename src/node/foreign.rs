@@ -7,7 +7,9 @@
 //! A name heard is not taken for one of those on hearsay: the catalog must have said it does
 //! not list it, within [`RECHECK`] (a filter created a moment ago replicates before the
 //! node's watcher tells of it). A dropped catalog filter is not one either, though its
-//! stopping replicas still publish a moment after the drop.
+//! stopping replicas still publish a moment after the drop. Any name the catalog does not
+//! list is left unanswered in any case (a bare responder is never heard replicating): what
+//! is known here spares the catalog a read per request.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -130,6 +132,14 @@ impl ForeignNames {
         self.dropped.contains_key(name)
     }
 
+    /// Whether the catalog dropped `name` less than `within` before `now` and has not listed
+    /// it again since.
+    pub(super) fn dropped_within(&self, name: &str, now: Instant, within: Duration) -> bool {
+        self.dropped
+            .get(name)
+            .is_some_and(|d| now.duration_since(*d) < within)
+    }
+
     /// The catalog lists `name` now.
     pub(super) fn listed(&mut self, name: &str) {
         self.names.remove(name);
@@ -224,6 +234,13 @@ mod tests {
         // Its tombstone goes when the catalog lists the name again.
         f.dropped("gone", much_later);
         assert!(f.was_dropped("gone") && !f.was_dropped("other"));
+        let a_minute = Duration::from_secs(60);
+        assert!(f.dropped_within("gone", much_later, a_minute));
+        assert!(!f.dropped_within("gone", much_later + a_minute, a_minute));
+        assert!(
+            f.was_dropped("gone"),
+            "a starting replica still hears of the drop"
+        );
         f.listed("gone");
         assert!(!f.was_dropped("gone"));
         f.saw("gone", much_later);

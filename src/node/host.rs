@@ -74,9 +74,14 @@ const OWN_API_LOOKUPS: usize = 16;
 const MAX_HELD_REQUESTS: usize = 10_000;
 
 /// Catalog reads in flight for requests to names the node does not know; a request beyond
-/// them is refused as not serving (or, for a name heard replicating elsewhere, left to
-/// the others' subscriptions).
+/// them is left unanswered, as one for a name the catalog does not list.
 const API_LOOKUPS: usize = 64;
+
+/// How long after the watcher saw a catalog filter dropped the node refuses its name as
+/// unknown on the request API's queue group: a client still asking hears of the drop at once.
+/// Later the name is any name the catalog does not list, left unanswered: a responder outside
+/// the catalog may have taken it.
+const DROPPED_REFUSAL: Duration = Duration::from_secs(60);
 
 /// Why a create or drop was refused or did not complete.
 #[derive(Debug, Error)]
@@ -304,12 +309,6 @@ struct Inner {
     /// The same for requests on own API subjects ([`OWN_API_LOOKUPS`]): a flood of those
     /// does not take the queue group's.
     own_lookups: Arc<tokio::sync::Semaphore>,
-    /// Until when the node's API subscription leaves requests to names it does not know
-    /// unanswered rather than refusing them: a replica outside the catalog may not have
-    /// been heard yet. 8 anti-entropy intervals of the catalog defaults after the
-    /// subscription (a lone replica's digests are up to 6 intervals apart, jittered by a
-    /// quarter).
-    api_grace: std::sync::OnceLock<tokio::time::Instant>,
     /// The task of the node's API subscription, stopped first when the node stops.
     api_router: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The transport of the catalog filters' replication (set as the node subscribes it).
@@ -441,7 +440,6 @@ impl Node {
             held: AtomicUsize::new(0),
             lookups: Arc::new(tokio::sync::Semaphore::new(API_LOOKUPS)),
             own_lookups: Arc::new(tokio::sync::Semaphore::new(OWN_API_LOOKUPS)),
-            api_grace: Default::default(),
             api_router: Default::default(),
             replication: Default::default(),
             arbiter: actix::Arbiter::current(),
@@ -618,9 +616,6 @@ impl Node {
                     (subject, queue),
                     stream,
                 );
-                let grace_period = ReplicaConfig::ms(template.anti_entropy_interval_ms) * 8;
-                let grace = tokio::time::Instant::now() + grace_period;
-                let _ = node.inner.api_grace.set(grace);
                 let mut router = node.inner.api_router.lock().expect("router lock");
                 *router = Some(tokio::spawn(task));
             }
@@ -1476,9 +1471,14 @@ impl Inner {
             return ApiRoute::Silent;
         }
         if self.configured.contains(name) {
-            // Configured under another prefix: the catalog filter of this name is not hosted
-            // here (the configured one stays; its start logged why).
-            return ApiRoute::answer(self.refuse(msg, &ReplicaError::NotServing));
+            // Configured under another prefix: a catalog filter of this name is not hosted
+            // here (the configured one stays; its start logged why). A name the catalog does
+            // not list is not the node's to answer.
+            if self.view.read().expect("view lock").contains_key(name) {
+                return ApiRoute::answer(self.refuse(msg, &ReplicaError::NotServing));
+            }
+            metrics::counter!(NODE_API_REQUESTS, "outcome" => "unknown").increment(1);
+            return ApiRoute::Silent;
         }
         if let Some((handle, final_)) = self.api_target(name) {
             if final_ || handle.serving_api() {
@@ -1492,50 +1492,30 @@ impl Inner {
         if self.view.read().expect("view lock").contains_key(name) {
             return ApiRoute::Hold(msg);
         }
-        if self.dropped_meanwhile(name) {
-            // The watcher saw it dropped (and its replica, if it ever started here, is gone):
-            // a catalog filter's name, refused without asking the catalog, even in the grace
-            // after the start, where a name it does not know is left unanswered (a request
-            // right after a drop, reaching a node whose replica was not started yet, got
-            // nothing then).
+        let now = Instant::now();
+        let foreign = self.foreign.lock().expect("foreign lock");
+        if foreign.dropped_within(name, now, DROPPED_REFUSAL) {
+            // The watcher saw it dropped a moment ago (and its replica, if it ever started
+            // here, is gone): a catalog filter's name, refused without asking the catalog.
+            drop(foreign);
             return self.refuse_dropped(name.to_owned(), msg);
         }
-        let heard = self
-            .foreign
-            .lock()
-            .expect("foreign lock")
-            .heard(name, Instant::now());
-        match heard {
+        // Any other name is not the node's to answer: the requester takes the first answer,
+        // and a refusal here would beat the reply of whoever serves the name outside the
+        // catalog (a filter configured on another node, an embedded replica, any service on
+        // the prefix), which the node cannot tell is there. Only a filter the catalog lists
+        // (created a moment ago, ahead of the watcher) is waited for.
+        match foreign.heard(name, now) {
             Heard::Elsewhere => {
-                metrics::counter!(NODE_API_REQUESTS, "outcome" => "elsewhere").increment(1);
-                ApiRoute::Silent
-            }
-            Heard::Unchecked => ApiRoute::LookUp {
-                msg,
-                elsewhere: true,
-            },
-            Heard::Unlisted if self.in_grace() => {
                 metrics::counter!(NODE_API_REQUESTS, "outcome" => "elsewhere").increment(1);
                 ApiRoute::Silent
             }
             Heard::Unlisted => {
                 metrics::counter!(NODE_API_REQUESTS, "outcome" => "unknown").increment(1);
-                let unknown = ReplicaError::UnknownFilter(name.to_owned());
-                ApiRoute::answer(self.refuse(msg, &unknown))
+                ApiRoute::Silent
             }
-            Heard::Never => ApiRoute::LookUp {
-                msg,
-                elsewhere: self.in_grace(),
-            },
+            Heard::Unchecked | Heard::Never => ApiRoute::LookUp(msg),
         }
-    }
-
-    /// Whether the node is within its grace after joining the API's queue group, when it
-    /// leaves the names it does not know unanswered ([`Inner::api_grace`]).
-    fn in_grace(&self) -> bool {
-        self.api_grace
-            .get()
-            .is_none_or(|g| tokio::time::Instant::now() < *g)
     }
 
     /// The replica of catalog filter `name` that takes its requests: hosted or starting,
@@ -2117,8 +2097,9 @@ async fn serve_replica_apis(
                     None
                 }
                 // `route` holds nothing itself: a hold follows a look-up here.
-                Some((ApiRoute::Silent | ApiRoute::Hold(_) | ApiRoute::LookUp { .. }, _))
-                | None => None,
+                Some((ApiRoute::Silent | ApiRoute::Hold(_) | ApiRoute::LookUp(_), _)) | None => {
+                    None
+                }
             };
             if let Some((to, headers, payload)) = reply
                 && let Err(e) = transport.publish_with_headers(to, headers, payload).await
@@ -2139,8 +2120,8 @@ enum ApiRoute {
     /// A catalog filter this node does not serve yet: it waits for it ([`hold_request`]).
     Hold(Message),
     /// A name the node does not know: the catalog says whether it is one
-    /// ([`look_up_request`]); `elsewhere`: heard replicating outside the catalog.
-    LookUp { msg: Message, elsewhere: bool },
+    /// ([`look_up_request`]); if not, it gets no answer.
+    LookUp(Message),
     /// The same on a filter's own API subject of the node's id ([`Routed::OwnApi`]),
     /// where a name the catalog does not list gets no answer ([`look_up_own_request`]).
     LookUpOwn(Message),
@@ -2177,8 +2158,8 @@ async fn serve_node_api(
                     spawn_held(inner, transport.clone(), msg, Held::Hold { own: false });
                     None
                 }
-                Some((ApiRoute::LookUp { msg, elsewhere }, inner)) => {
-                    spawn_held(inner, transport.clone(), msg, Held::LookUp { elsewhere });
+                Some((ApiRoute::LookUp(msg), inner)) => {
+                    spawn_held(inner, transport.clone(), msg, Held::LookUp);
                     None
                 }
                 // Only own API subjects are held or looked up that way.
@@ -2199,7 +2180,7 @@ enum Held {
     /// For its filter to serve ([`hold_request`]); `own`: on its own API subject.
     Hold { own: bool },
     /// For the catalog to say whether the name is one ([`look_up_request`]).
-    LookUp { elsewhere: bool },
+    LookUp,
     /// The same for an own API subject ([`look_up_own_request`]).
     LookUpOwn,
 }
@@ -2228,10 +2209,17 @@ impl Drop for HeldSlot {
 /// refused at once.
 fn spawn_held(inner: Arc<Inner>, transport: Arc<dyn Transport>, msg: Message, why: Held) {
     let Some(slot) = HeldSlot::take(&inner) else {
-        if matches!(why, Held::LookUp { elsewhere: true } | Held::LookUpOwn) {
-            // Perhaps another replica's: left to it.
-            metrics::counter!(NODE_API_REQUESTS, "outcome" => "elsewhere").increment(1);
-            return;
+        match why {
+            // Perhaps another responder's: left to it.
+            Held::LookUp => {
+                metrics::counter!(NODE_API_REQUESTS, "outcome" => "undecided").increment(1);
+                return;
+            }
+            Held::LookUpOwn => {
+                metrics::counter!(NODE_API_REQUESTS, "outcome" => "elsewhere").increment(1);
+                return;
+            }
+            Held::Hold { .. } => {}
         }
         metrics::counter!(NODE_API_REQUESTS, "outcome" => "refused").increment(1);
         if let Some((to, headers, payload)) = inner.refuse(msg, &ReplicaError::NotServing) {
@@ -2242,7 +2230,7 @@ fn spawn_held(inner: Arc<Inner>, transport: Arc<dyn Transport>, msg: Message, wh
     tokio::spawn(async move {
         let reply = match why {
             Held::Hold { own } => hold_request(&inner, msg, own).await,
-            Held::LookUp { elsewhere } => look_up_request(&inner, msg, elsewhere).await,
+            Held::LookUp => look_up_request(&inner, msg).await,
             Held::LookUpOwn => look_up_own_request(&inner, msg).await,
         };
         drop(slot);
@@ -2321,46 +2309,42 @@ async fn hold_request(
 }
 
 /// The reply to a request for a name the node does not know: held for the filter if the
-/// catalog lists it (its watcher had not told of it yet), else refused as unknown, or, for
-/// a name heard replicating outside the catalog (`elsewhere`), none.
+/// catalog lists it (its watcher had not told of it yet), else none: whoever serves the name
+/// outside the catalog answers, if anyone does ([`Inner::route_api`]). Without an answer of
+/// the catalog it gets none either.
 async fn look_up_request(
     inner: &Arc<Inner>,
     msg: Message,
-    elsewhere: bool,
 ) -> Option<(String, async_nats::HeaderMap, Bytes)> {
     let name = inner.filter_of(&msg.subject)?.to_owned();
     let catalog = inner.catalog.clone()?;
-    // Without an answer of the catalog, a name heard replicating elsewhere is left to that
-    // replica, and any other refused as not serving (perhaps created a moment ago).
-    let undecided = |msg| {
-        let outcome = if elsewhere { "elsewhere" } else { "refused" };
-        metrics::counter!(NODE_API_REQUESTS, "outcome" => outcome).increment(1);
-        (!elsewhere)
-            .then(|| inner.refuse(msg, &ReplicaError::NotServing))
-            .flatten()
+    let undecided = || {
+        metrics::counter!(NODE_API_REQUESTS, "outcome" => "undecided").increment(1);
+        None
     };
     let Ok(permit) = inner.lookups.clone().try_acquire_owned() else {
-        return undecided(msg);
+        return undecided();
     };
     let listed = tokio::time::timeout(API_HOLD, catalog.get(name.clone())).await;
     drop(permit);
     match listed {
         Ok(Ok(Some(_))) => hold_request(inner, msg, false).await,
         Ok(Ok(None)) => {
-            let outcome = if elsewhere { "elsewhere" } else { "unknown" };
-            metrics::counter!(NODE_API_REQUESTS, "outcome" => outcome).increment(1);
-            let mut foreign = inner.foreign.lock().expect("foreign lock");
-            foreign.absent(&name, Instant::now());
-            drop(foreign);
-            (!elsewhere)
-                .then(|| inner.refuse(msg, &ReplicaError::UnknownFilter(name)))
-                .flatten()
+            metrics::counter!(NODE_API_REQUESTS, "outcome" => "unknown").increment(1);
+            // The view's lock first, as `saw` takes them: a create the watcher saw while
+            // the catalog was read is not undone here.
+            let view = inner.view.read().expect("view lock");
+            if !view.contains_key(&name) {
+                let mut foreign = inner.foreign.lock().expect("foreign lock");
+                foreign.absent(&name, Instant::now());
+            }
+            None
         }
         Ok(Err(e)) => {
             tracing::debug!(filter = name, error = %e, "the catalog could not say whether a requested filter exists");
-            undecided(msg)
+            undecided()
         }
-        Err(_) => undecided(msg),
+        Err(_) => undecided(),
     }
 }
 
@@ -2609,8 +2593,11 @@ pub const CATALOG_ERRORS: &str = "crpf_catalog_errors_total";
 
 /// Requests of the node's API subscription (`api_queue = "node"`) not answered by their
 /// replica at once, by `outcome`: `held` (waited for their filter to serve), `unknown`
-/// (refused: no such filter), `elsewhere` (left to a replica outside the catalog),
-/// `refused` (too many waiting or being looked up: refused as not serving).
+/// (a name the catalog does not list: left unanswered, or refused as unknown in the minute
+/// after its drop), `elsewhere` (heard replicating outside the catalog: left unanswered),
+/// `undecided` (the catalog could not say, or too many were being looked up: left
+/// unanswered), `refused` (a catalog filter not served here, or too many waiting: refused as
+/// not serving).
 pub const NODE_API_REQUESTS: &str = "crpf_node_api_requests_total";
 
 /// Describes the node's catalog metrics.
@@ -2618,7 +2605,7 @@ pub(crate) fn describe() {
     parking::describe();
     metrics::describe_counter!(
         NODE_API_REQUESTS,
-        "Requests of the node's API subscription not answered by their replica at once, by outcome (held, unknown, elsewhere, refused)"
+        "Requests of the node's API subscription not answered by their replica at once, by outcome (held, unknown, elsewhere, undecided, refused)"
     );
     metrics::describe_gauge!(
         FILTERS,
