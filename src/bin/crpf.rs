@@ -33,7 +33,7 @@ enum Command {
 }
 
 /// jemalloc returns what is freed to the system (a node's parked replicas, say: see
-/// BENCHMARKS.md, "Many filters"), which glibc's malloc mostly keeps.
+/// CHANGELOG.md's benchmark history, "Many filters"), which glibc's malloc mostly keeps.
 #[cfg(all(feature = "jemalloc", target_os = "linux"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

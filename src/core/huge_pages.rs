@@ -2,8 +2,8 @@
 //! a table of tens of megabytes; on 4 KiB pages each touch also misses the TLB, and a page walk
 //! (two-dimensional under a hypervisor) costs about what the cache miss does. On 2 MiB pages
 //! the TLB covers the whole table: `cuckoo madd` into a 63 MB table went from about 2.0 to 2.7
-//! M items/s (BENCHMARKS.md). Only a hint: without transparent huge pages in the kernel,
-//! or off Linux, nothing changes.
+//! M items/s (CHANGELOG.md, benchmark history). Only a hint: without transparent huge pages
+//! in the kernel, or off Linux, nothing changes.
 
 /// Arrays smaller than this stay as they are: a few huge pages gain little and every array
 /// rounds its resident size up to whole huge pages once touched.

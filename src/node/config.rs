@@ -268,8 +268,9 @@ pub struct NodeSection {
     /// thread; the workers run the NATS connection's I/O and answer queries). 0: one thread
     /// for everything, so that a request never crosses threads inside the node. The default,
     /// 1, keeps the I/O beside the actors without tasks moving between workers: with 2, a
-    /// single `add` cost the node 20-40% more CPU in side-by-side runs (BENCHMARKS.md,
-    /// request API). More workers serve more concurrent batch queries on a larger machine.
+    /// single `add` cost the node 20-40% more CPU in side-by-side runs (CHANGELOG.md,
+    /// benchmark history, request API). More workers serve more concurrent batch queries on
+    /// a larger machine.
     #[serde(default = "default_io_threads")]
     pub io_threads: usize,
     /// Threads that write and fsync the write-ahead logs of all the node's filters (each log

@@ -51,7 +51,8 @@ pub struct ReplicaConfig {
     /// committed within a millisecond whatever this says: it bounds a delta's size and how
     /// often a busy replica publishes. Each publish costs a wake-up of the actor, an envelope
     /// and a message through nats-server: at 1024, `g_bloom` adds at 2.4M items/s published
-    /// 16,000 deltas a second, and 8192 gave 15-30% more adds per CPU second (BENCHMARKS.md).
+    /// 16,000 deltas a second, and 8192 gave 15-30% more adds per CPU second (CHANGELOG.md,
+    /// benchmark history).
     /// A delta of 8192 entries is 40 KB (`g_bloom`) to 200 KB (`or_cuckoo`), well under
     /// nats-server's 1 MiB `max_payload`.
     #[serde(default = "d::delta_max_updates")]

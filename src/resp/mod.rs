@@ -1685,7 +1685,8 @@ async fn linger(rd: &mut tokio::net::tcp::OwnedReadHalf, wr: &mut tokio::net::tc
 /// How long a connection handles buffered commands before it writes the replies it has.
 /// Writing them all once the buffer is parsed left the client idle while the node worked
 /// through up to 16 batches, and then the node idle while the client caught up: flushing
-/// every 20 µs of work lets both run at once. Side by side with RedisBloom (BENCHMARKS.md),
+/// every 20 µs of work lets both run at once. Side by side with RedisBloom (CHANGELOG.md's
+/// benchmark history),
 /// single items at 16 in flight went from 0.72-0.85x to 1.0-1.2x, `madd` from 1.0x to about
 /// 1.1x; at 5 µs the extra writes cost more than the overlap gained at 64 in flight.
 const FLUSH_AFTER: Duration = Duration::from_micros(20);

@@ -101,9 +101,9 @@ impl Replica {
             // The subscription tasks run on the runtime's workers (`tokio::spawn`), where the
             // NATS connection's task runs, not on the actors' thread: a query is then
             // answered without a wake-up of another thread on its way in (node CPU per
-            // `contains` at 16 in flight went from about 8 to 5 µs, BENCHMARKS.md). They
-            // start before the round trip below, so that requests the server already sends
-            // here are answered at once.
+            // `contains` at 16 in flight went from about 8 to 5 µs, CHANGELOG.md's benchmark
+            // history). They start before the round trip below, so that requests the server
+            // already sends here are answered at once.
             // Not among the tasks aborted at stop: they end when the actor's queue closes,
             // after lingering a moment if the filter was dropped (`API_LINGER`).
             for (stream, subject, queue) in api {
