@@ -366,17 +366,17 @@ fn go_bloom_hashes_sizes_and_writes_as_the_go_library() {
 const GOLDEN_FIRST_WRITER: &[(FilterKind, Pin, Pin)] = &[
     (
         FilterKind::WriterScGBloom,
-        (244, 14860047689090722148),
+        (244, 11465527609047038336),
         (63, 9226278166322011333),
     ),
     (
         FilterKind::WriterScGCuckoo,
-        (248, 2068777765289574285),
+        (248, 5221137253816691447),
         (28, 16790825436979122729),
     ),
     (
         FilterKind::WriterScOrCuckoo,
-        (248, 5043052534767386988),
+        (248, 13008252855215529990),
         (19, 17222310753946114750),
     ),
 ];
