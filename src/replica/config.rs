@@ -146,7 +146,8 @@ pub struct ReplicaConfig {
     #[serde(default = "d::outbound_buffer")]
     pub outbound_buffer: usize,
     /// How often the replica renews its id claim in the registry, and looks there for ids
-    /// to retire. Renewals also extend the tags the claim reserves.
+    /// to retire. Renewals also extend the tags the claim reserves. (A replica under its
+    /// node's shared id renews none: the node's `[catalog.defaults]` setting applies.)
     #[serde(default = "d::id_lease_renew_ms")]
     pub id_lease_renew_ms: u64,
     /// Tag timestamps the id claim reserves ahead of the clock (OR kinds): an add past the

@@ -638,7 +638,11 @@ mod tests {
             panic!("{again:?}");
         };
         ticket.settled().await.unwrap();
-        assert_eq!(handle.stats().await.unwrap().deltas_sent, sent, "nothing sent");
+        assert_eq!(
+            handle.stats().await.unwrap().deltas_sent,
+            sent,
+            "nothing sent"
+        );
         // A ticket taken as the replica stops settles with the stop: its final snapshot
         // holds the update.
         let last = reads.add_now(b"e", AddMode::Always, Some(AckLevel::Durable));
