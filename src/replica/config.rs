@@ -110,7 +110,8 @@ pub struct ReplicaConfig {
     /// Serve the request API (`<prefix>.<filter>.api.*`) once ready.
     #[serde(default = "d::yes")]
     pub serve_api: bool,
-    /// Interval of the gauges (fpr, load, cardinality, staleness...).
+    /// Interval of the gauges (fpr, load, cardinality, staleness...) while they may move: a
+    /// quiet replica without peers sets them with its (spaced-out) digests.
     #[serde(default = "d::metrics_interval_ms")]
     pub metrics_interval_ms: u64,
     /// Default acknowledgement level of local updates (per request: the API's `Crpf-Ack`
