@@ -57,6 +57,9 @@ pub use parking::{PARKED_FILTERS, PARKING};
 /// Catalog changes applied at once (replica starts and stops in flight).
 const PARALLEL_CHANGES: usize = 32;
 
+/// Configured filters started at once as the node starts.
+const PARALLEL_DECLARED_STARTS: usize = 256;
+
 /// How long a create or drop waits for this node to start or stop the replica.
 const HOSTING_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -268,6 +271,10 @@ struct Inner {
     configured: HashSet<String>,
     /// Those under the catalog's prefix, whose requests their own subscriptions answer.
     configured_here: HashSet<String>,
+    /// Configured filters under the node's shared id and the catalog's prefix
+    /// ([`Inner::declared_shares_id`]): the node's subscriptions answer their `$SRV`, their
+    /// API subject without an operation and their own API subjects, as a catalog filter's.
+    configured_routed: HashSet<String>,
     hosted: RwLock<HashMap<String, Hosted>>,
     /// The catalog as this node's watcher has seen it (what `list` answers without asking
     /// JetStream).
@@ -419,6 +426,15 @@ impl Node {
                 .filter(|f| f.prefix == template.prefix)
                 .map(|f| f.name.clone())
                 .collect(),
+            configured_routed: cfg
+                .filters
+                .iter()
+                .filter(|f| {
+                    f.prefix == template.prefix
+                        && declared_shares_id(shared_id.is_some(), f.filter.kind)
+                })
+                .map(|f| f.name.clone())
+                .collect(),
             settings: cfg.catalog,
             data_dir: cfg.node.data_dir,
             auth_keys: cfg.auth_keys,
@@ -540,11 +556,22 @@ impl Node {
             }
         }
         let node = Node { inner };
-        for mut f in cfg.filters {
+        // Many at once: each start waited for its own round trips (an id claim and its
+        // renewal, subscriptions), and 10,000 configured filters took 104 s one after another.
+        let starts = cfg.filters.into_iter().map(|mut f| {
+            let inner = &node.inner;
             let spec = f.filter.clone();
             // With a catalog, the node's replication subscription covers the configured
             // filters under its prefix too: their own would take every message twice.
-            f.routed_replication = node.inner.catalog.is_some() && f.prefix == node.inner.prefix;
+            f.routed_replication = inner.catalog.is_some() && f.prefix == inner.prefix;
+            let shared_id = inner
+                .shared_id
+                .clone()
+                .filter(|_| declared_shares_id(true, f.filter.kind));
+            // Under the node's id and prefix the node's subscriptions serve its `$SRV` and
+            // its API subjects but the queue group's, which stays its filter's.
+            let routed = inner.configured_routed.contains(&f.name);
+            f.catalog_hosted = routed;
             // Its digests go alone: a replica outside any node may share its name.
             let entry = CatalogEntry {
                 name: f.name.clone(),
@@ -554,12 +581,21 @@ impl Node {
                 replaces: None,
                 expires_ms: None,
             };
-            let handle = node
-                .inner
-                .start_replica(f, None, None, false, entry)
-                .await?;
-            let id = handle.identity();
-            tracing::info!(filter = handle.name(), replica = id.replica, uuid = %id.uuid, "replica started");
+            async move {
+                let handle = inner
+                    .start_replica(f, shared_id, None, routed, entry)
+                    .await?;
+                let id = handle.identity();
+                tracing::info!(filter = handle.name(), replica = id.replica, uuid = %id.uuid, "replica started");
+                Ok::<_, NodeError>(())
+            }
+        });
+        {
+            let mut starts =
+                futures::stream::iter(starts).buffer_unordered(PARALLEL_DECLARED_STARTS);
+            while let Some(started) = starts.next().await {
+                started?;
+            }
         }
         if let Some(catalog) = node.inner.catalog.clone() {
             node.inner.purge_dropped_dirs();
@@ -992,6 +1028,18 @@ fn incarnation_name(base: &Path, dir: &str, stem: &str, generation: u64) -> Opti
     (incarnation_dir(&entry.name, generation) == dir).then_some(entry.name)
 }
 
+/// Whether a configured filter of `kind` takes the node's shared id (with one, `shared`)
+/// instead of claiming and renewing one of its own (two JetStream requests per filter every
+/// `id_lease_renew_ms`, and two more at its start: 10,000 configured filters kept
+/// nats-server 75% busy). Only kinds without tags, whose replicas issue nothing under their
+/// id that another replica of the filter must never issue again: a replica outside any node
+/// (or on a node without a catalog) claims in the filter's own namespace, whose ids may equal
+/// the node's (see [`SharedId`]), and tags issued twice would lose elements. Kinds whose ids
+/// serve one run only (`counting_cuckoo`) keep their own as everywhere.
+fn declared_shares_id(shared: bool, kind: crate::FilterKind) -> bool {
+    shared && kind.reuses_ids() && !kind.tagged()
+}
+
 /// The settings of the node's shared id: the catalog's replica defaults.
 fn lease_template(settings: &CatalogSection) -> ReplicaConfig {
     let spec = FilterSpec::new(crate::FilterKind::GBloom, 1_000, 0.01);
@@ -1371,19 +1419,25 @@ impl Inner {
                 let hosted = self.hosted.read().expect("hosted lock");
                 hosted
                     .iter()
-                    .filter(|(name, _)| !self.configured.contains(*name))
+                    .filter(|(name, _)| self.answers_service_of(name))
                     .filter_map(|(_, h)| h.running()?.service())
                     .collect()
             }
             Some(service) => service
                 .strip_prefix(crate::replica::service::SERVICE_NAME_PREFIX)
-                .filter(|name| !self.configured.contains(*name))
+                .filter(|name| self.answers_service_of(name))
                 .and_then(|name| self.replica_pinned(name, false))
                 .and_then(|h| h.service())
                 .into_iter()
                 .collect(),
         };
         instances.iter().filter_map(|s| s.answer(subject)).collect()
+    }
+
+    /// Whether the node answers `$SRV` for filter `name`: a catalog filter's, or a configured
+    /// one it routes ([`Inner::configured_routed`]).
+    fn answers_service_of(&self, name: &str) -> bool {
+        !self.configured.contains(name) || self.configured_routed.contains(name)
     }
 
     /// The catalog filter `name` (not a configured one) a request on a subject the node routes
@@ -1636,7 +1690,7 @@ impl Inner {
         let Some(name) = self.filter_of(&msg.subject) else {
             return ApiRoute::Silent;
         };
-        if self.configured.contains(name) {
+        if self.configured.contains(name) && !self.configured_routed.contains(name) {
             // Its own subscriptions answer (its id may equal the node's: another namespace).
             return ApiRoute::Silent;
         }

@@ -111,7 +111,8 @@ pub struct ReplicaConfig {
     /// Serve the request API (`<prefix>.<filter>.api.*`) once ready.
     #[serde(default = "d::yes")]
     pub serve_api: bool,
-    /// Interval of the gauges (fpr, load, cardinality, staleness...).
+    /// Interval of the gauges (fpr, load, cardinality, staleness...) while they may move: a
+    /// quiet replica without peers sets them with its (spaced-out) digests.
     #[serde(default = "d::metrics_interval_ms")]
     pub metrics_interval_ms: u64,
     /// Default acknowledgement level of local updates (per request: the API's `Crpf-Ack`
@@ -147,7 +148,8 @@ pub struct ReplicaConfig {
     #[serde(default = "d::outbound_buffer")]
     pub outbound_buffer: usize,
     /// How often the replica renews its id claim in the registry, and looks there for ids
-    /// to retire. Renewals also extend the tags the claim reserves.
+    /// to retire. Renewals also extend the tags the claim reserves. (A replica under its
+    /// node's shared id renews none: the node's `[catalog.defaults]` setting applies.)
     #[serde(default = "d::id_lease_renew_ms")]
     pub id_lease_renew_ms: u64,
     /// Tag timestamps the id claim reserves ahead of the clock (OR kinds): an add past the

@@ -21,7 +21,11 @@
 //! `fpr / ((w + 1)(w + 2))`, so small ids keep their filters small. The ids of the node
 //! namespace and of a filter's own claims may be equal, so every replica of a catalog filter
 //! must be hosted by a node (the catalog only ever starts them there); a catalog filter is
-//! never a configured one, and configured filters keep their own claims.
+//! never a configured one. A configured filter takes the node's id too where its kind has no
+//! tags (nothing it issues under the id must stay unique): 10,000 of them claiming and
+//! renewing their own kept nats-server 75% busy. Configured filters of tagged kinds keep their
+//! own claims: a replica of theirs outside any node (embedded, or on a node without a
+//! catalog) claims in the filter's namespace, and one tag issued twice loses elements.
 //!
 //! Kinds whose ids serve one run only (`counting_cuckoo`) keep a claim per replica.
 

@@ -51,13 +51,14 @@ pub(crate) const PARK_MAX_STATE_BYTES: u64 = 256 << 10;
 
 impl Replica {
     /// Whether the replica may park now but for its snapshot (see the module documentation):
-    /// at rest ([`Replica::at_rest`]: caught up, under the node-wide metric series, of a kind
-    /// whose state does not move with time, nothing in flight), alone, under the node's id,
-    /// and nothing waiting either (a commit asked for, a push, a queued message).
+    /// at rest ([`Replica::at_rest`]: caught up, of a kind whose state does not move with
+    /// time, nothing in flight), under the node-wide metric series, alone, under the node's
+    /// id, and nothing waiting either (a commit asked for, a push, a queued message).
     fn idle_and_alone(&self) -> bool {
         let quiet = |flag: &std::sync::atomic::AtomicBool| !flag.load(Ordering::Acquire);
         let s = &self.shared;
         self.at_rest()
+            && self.cfg.aggregate_metrics
             && self.lease.shared.is_some()
             && self
                 .cfg
