@@ -10,6 +10,10 @@
 #   CRPF_BIN=<another crpf binary> scripts/resp-vs-redisbloom.sh
 #   ACK=durable APPENDFSYNC=always COMMANDS=BF.ADD,CF.ADD scripts/resp-vs-redisbloom.sh
 #   REQUESTS=100000 COMMANDS=BF.MADD:100,BF.MEXISTS:100,CF.INSERT:100,CF.MEXISTS:100 scripts/resp-vs-redisbloom.sh
+#   BF_KEY=bf:users:2026-12-06 CF_KEY=cf:users:2026-12-06 scripts/resp-vs-redisbloom.sh
+#
+# BF_KEY and CF_KEY name the two keys (default `bloom` and `cuckoo`): a name outside
+# [A-Za-z0-9_-] is carried in NATS subjects encoded (crpf::names), which this measures.
 #
 # ACK (local, logged, durable) is the node's acknowledgement level, with a data directory
 # unless local; APPENDFSYNC (always, everysec) turns Redis's append-only file on with that
@@ -27,6 +31,8 @@ CLIENTS="${CLIENTS:-16}"
 PIPELINE="${PIPELINE:-16}"
 REQUESTS="${REQUESTS:-2000000}"
 ROUNDS="${ROUNDS:-3}"
+BF_KEY="${BF_KEY:-bloom}"
+CF_KEY="${CF_KEY:-cuckoo}"
 ACK="${ACK:-local}"
 APPENDFSYNC="${APPENDFSYNC:-}"
 for f in "$bench" "$redis/bin/redis-server" "$redis/redisbloom.so" "$crpf"; do
@@ -65,12 +71,12 @@ $nats
 [resp]
 listen = "127.0.0.1:$crpf_port"
 [[filters]]
-name = "bloom"
+name = "$BF_KEY"
 filter = { kind = "g_bloom", capacity = 30_000_000, fpr = 0.01 }
 ack = "$ACK"
 ${data/crpf-data/crpf-data/bloom}
 [[filters]]
-name = "cuckoo"
+name = "$CF_KEY"
 filter = { kind = "g_cuckoo", capacity = 30_000_000, fpr = 0.01 }
 ack = "$ACK"
 ${data/crpf-data/crpf-data/cuckoo}
@@ -85,11 +91,11 @@ for _ in $(seq 100); do
 done
 # The node answers PING at once, its filters once they are ready.
 for _ in $(seq 300); do
-  "$redis/root/usr/bin/redis-cli" -p "$crpf_port" BF.EXISTS bloom x 2>/dev/null | grep -q '^0$' && break
+  "$redis/root/usr/bin/redis-cli" -p "$crpf_port" BF.EXISTS "$BF_KEY" x 2>/dev/null | grep -q '^0$' && break
   sleep 0.1
 done
-cli "$redis_port" BF.RESERVE bloom 0.01 30000000
-cli "$redis_port" CF.RESERVE cuckoo 30000000
+cli "$redis_port" BF.RESERVE "$BF_KEY" 0.01 30000000
+cli "$redis_port" CF.RESERVE "$CF_KEY" 30000000
 
 # utime + stime of a process, in clock ticks.
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
@@ -117,8 +123,8 @@ for spec in "${commands[@]}"; do
   items=1
   [ "$name" = "$spec" ] || items="${spec#*:}"
   case "$name" in
-    BF.*) cmd="$name bloom" ;;
-    *) cmd="$name cuckoo" ;;
+    BF.*) cmd="$name $BF_KEY" ;;
+    *) cmd="$name $CF_KEY" ;;
   esac
   case "$name" in
     CF.INSERT | CF.INSERTNX) cmd="$cmd ITEMS" ;;
