@@ -12,8 +12,13 @@
 #   REQUESTS=100000 COMMANDS=BF.MADD:100,BF.MEXISTS:100,CF.INSERT:100,CF.MEXISTS:100 scripts/resp-vs-redisbloom.sh
 #   BF_KEY=bf:users:2026-12-06 CF_KEY=cf:users:2026-12-06 scripts/resp-vs-redisbloom.sh
 #
-# BF_KEY and CF_KEY name the two keys (default `bloom` and `cuckoo`): a name outside
-# [A-Za-z0-9_-] is carried in NATS subjects encoded (crpf::names), which this measures.
+#   CREATE=resp BF_KEY=bf:users:2026-12-06 CF_KEY=cf:users:2026-12-06 scripts/resp-vs-redisbloom.sh
+#
+# BF_KEY and CF_KEY name the two keys (default `bloom` and `cuckoo`). By default they are
+# declared in the node's configuration (`g_bloom`, `g_cuckoo`), which takes subject tokens
+# only; with CREATE=resp they are made by `BF.RESERVE ... NONSCALING` (`g_bloom`) and
+# `CF.RESERVE ... EXPANSION 0` (`or_cuckoo`) on both servers, so any name goes (one outside
+# [A-Za-z0-9_-] travels encoded in NATS subjects, crpf::names: what this measures).
 #
 # ACK (local, logged, durable) is the node's acknowledgement level, with a data directory
 # unless local; APPENDFSYNC (always, everysec) turns Redis's append-only file on with that
@@ -33,6 +38,7 @@ REQUESTS="${REQUESTS:-2000000}"
 ROUNDS="${ROUNDS:-3}"
 BF_KEY="${BF_KEY:-bloom}"
 CF_KEY="${CF_KEY:-cuckoo}"
+CREATE="${CREATE:-config}"
 ACK="${ACK:-local}"
 APPENDFSYNC="${APPENDFSYNC:-}"
 for f in "$bench" "$redis/bin/redis-server" "$redis/redisbloom.so" "$crpf"; do
@@ -64,12 +70,9 @@ if [ -n "${CRPF_NATS_SERVER:-}" ]; then
 servers = [\"nats://127.0.0.1:$nats_port\"]"
   sleep 0.5
 fi
-cat >"$work/node.toml" <<EOF
-[node]
-metrics_addr = "127.0.0.1:$metrics_port"
-$nats
-[resp]
-listen = "127.0.0.1:$crpf_port"
+declared=""
+if [ "$CREATE" = config ]; then
+  declared="$(cat <<EOF
 [[filters]]
 name = "$BF_KEY"
 filter = { kind = "g_bloom", capacity = 30_000_000, fpr = 0.01 }
@@ -81,6 +84,16 @@ filter = { kind = "g_cuckoo", capacity = 30_000_000, fpr = 0.01 }
 ack = "$ACK"
 ${data/crpf-data/crpf-data/cuckoo}
 EOF
+)"
+fi
+cat >"$work/node.toml" <<EOF
+[node]
+metrics_addr = "127.0.0.1:$metrics_port"
+$nats
+[resp]
+listen = "127.0.0.1:$crpf_port"
+$declared
+EOF
 "$crpf" node --config "$work/node.toml" >"$work/node.log" 2>&1 &
 crpf_pid=$!
 
@@ -89,13 +102,21 @@ for _ in $(seq 100); do
   cli "$redis_port" PING 2>/dev/null && cli "$crpf_port" PING 2>/dev/null && break
   sleep 0.1
 done
+if [ "$CREATE" = resp ]; then
+  for port in "$crpf_port" "$redis_port"; do
+    cli "$port" BF.RESERVE "$BF_KEY" 0.01 30000000 NONSCALING
+    cli "$port" CF.RESERVE "$CF_KEY" 30000000 EXPANSION 0
+  done
+fi
 # The node answers PING at once, its filters once they are ready.
 for _ in $(seq 300); do
   "$redis/root/usr/bin/redis-cli" -p "$crpf_port" BF.EXISTS "$BF_KEY" x 2>/dev/null | grep -q '^0$' && break
   sleep 0.1
 done
-cli "$redis_port" BF.RESERVE "$BF_KEY" 0.01 30000000
-cli "$redis_port" CF.RESERVE "$CF_KEY" 30000000
+if [ "$CREATE" = config ]; then
+  cli "$redis_port" BF.RESERVE "$BF_KEY" 0.01 30000000
+  cli "$redis_port" CF.RESERVE "$CF_KEY" 30000000
+fi
 
 # utime + stime of a process, in clock ticks.
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
