@@ -402,6 +402,24 @@ impl ReplicaConfig {
                 self.filter.kind
             ));
         }
+        // Fields a kind does not read are refused rather than ignored: a filter made with
+        // one would not be what its spec says.
+        if self.filter.shape.is_some() && self.filter.kind != FilterKind::GoBloom {
+            return Err(format!(
+                "filter.shape is for go_bloom only, not {}",
+                self.filter.kind
+            ));
+        }
+        let per_writer = matches!(
+            self.filter.kind,
+            FilterKind::WriterScGBloom | FilterKind::WriterScGCuckoo | FilterKind::WriterScOrCuckoo
+        );
+        if self.filter.first_writer.is_some() && !per_writer {
+            return Err(format!(
+                "filter.first_writer is for the per-writer kinds (writer_sc_*) only, not {}",
+                self.filter.kind
+            ));
+        }
         for (name, v) in [
             ("delta_interval_ms", self.delta_interval_ms),
             ("anti_entropy_interval_ms", self.anti_entropy_interval_ms),
@@ -471,5 +489,33 @@ impl ReplicaConfig {
 
     pub(crate) fn ms(v: u64) -> Duration {
         Duration::from_millis(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::kind::BloomShape;
+
+    #[test]
+    fn fields_a_kind_does_not_read_are_refused() {
+        let cfg = |spec: FilterSpec| ReplicaConfig::new("f", spec);
+        let shaped = |kind| FilterSpec {
+            shape: Some(Box::new(BloomShape {
+                bits: 8192,
+                hashes: 7,
+            })),
+            ..FilterSpec::new(kind, 1000, 0.01)
+        };
+        assert!(cfg(shaped(FilterKind::GoBloom)).validate().is_ok());
+        let e = cfg(shaped(FilterKind::GBloom)).validate().unwrap_err();
+        assert!(e.contains("go_bloom only"), "{e}");
+        let first = |kind| FilterSpec {
+            first_writer: std::num::NonZeroU16::new(1),
+            ..FilterSpec::new(kind, 1000, 0.01)
+        };
+        assert!(cfg(first(FilterKind::WriterScOrCuckoo)).validate().is_ok());
+        let e = cfg(first(FilterKind::ScGBloom)).validate().unwrap_err();
+        assert!(e.contains("per-writer kinds"), "{e}");
     }
 }
