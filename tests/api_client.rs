@@ -17,7 +17,7 @@ use crpf::client::{Client, ClientError};
 use crpf::replica::{AckLevel, ReplicaConfig, ReplicaHandle};
 use crpf::wire::FilterKind;
 use nats_harness::NatsServer;
-use replica_common::{cfg, replay_log, saved_reservation, start_serving as start, stop};
+use replica_common::{cfg, converged, replay_log, saved_reservation, start_serving as start, stop};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -784,11 +784,10 @@ async fn durable_adds_of_items_a_peer_added_first_are_logged() {
         for i in &all {
             b.add(i.as_bytes()).await.unwrap();
         }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !all.iter().all(|i| a.contains(i.as_bytes())) {
-            assert!(Instant::now() < deadline, "{kind}: A never merged B's adds");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        assert!(
+            converged(&[a.clone(), b.clone()], Duration::from_secs(20)).await,
+            "{kind}: A never merged B's adds"
+        );
         let client = Client::new(
             async_nats::connect(server.url()).await.unwrap(),
             "crpf",

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use nats_harness::{NatsServer, Proc, cluster_key_line, crpf, free_port, http_get};
+use nats_harness::{NatsServer, Proc, cluster_key_line, count_replies, crpf, free_port, http_get};
 use serde_json::{Value, json};
 
 const FILTERS: usize = 10_000;
@@ -136,18 +136,8 @@ async fn ten_thousand_filters_on_one_node() {
     let own = format!("crpf.t7.replica.{node_id}.api.contains");
     let found = request(&client, own.clone(), b"y".to_vec()).await;
     assert_eq!(found["contains"], true, "{own}: {found}");
-    let inbox = client.new_inbox();
-    let mut replies = client.subscribe(inbox.clone()).await.unwrap();
-    client
-        .publish_with_reply(own.clone(), inbox, Bytes::from_static(b"y"))
-        .await
-        .unwrap();
-    let mut answers = 0;
-    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(500), replies.next()).await {
-        answers += 1;
-    }
+    let answers = count_replies(&client, own.clone(), b"y").await;
     assert_eq!(answers, 1, "{own} answered {answers} times");
-    drop(replies);
     // The list, a page (1,000 by default) at a time.
     let (mut listed, mut after) = (0, None::<String>);
     loop {

@@ -11,8 +11,9 @@ mod nats_harness;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::StreamExt;
-use nats_harness::{NatsServer, Proc, api_request, cluster_key_line, crpf, free_port, http_get};
+use nats_harness::{
+    NatsServer, Proc, api_request, cluster_key_line, count_replies, crpf, free_port, http_get,
+};
 use serde_json::Value;
 
 const FILTERS: usize = 1_000;
@@ -40,21 +41,6 @@ fn ready(metrics: u16) -> usize {
             .filter(|l| l.starts_with("crpf_ready{") && l.ends_with(" 1"))
             .count()
     })
-}
-
-/// Replies to one request on `subject` within half a second of quiet.
-async fn answers(client: &async_nats::Client, subject: &str) -> usize {
-    let inbox = client.new_inbox();
-    let mut replies = client.subscribe(inbox.clone()).await.unwrap();
-    client
-        .publish_with_reply(subject.to_string(), inbox, Bytes::from_static(b"x"))
-        .await
-        .unwrap();
-    let mut n = 0;
-    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(500), replies.next()).await {
-        n += 1;
-    }
-    n
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,8 +130,11 @@ async fn a_thousand_declared_filters_start_and_idle_without_a_round_trip_each() 
         .await
         .unwrap();
     assert_eq!(found["contains"], true, "{own}: {found}");
-    assert_eq!(answers(&client, &own).await, 1, "{own}");
-    assert_eq!(answers(&client, "crpf.d8.api.contains").await, 1);
+    assert_eq!(count_replies(&client, own.clone(), b"x").await, 1, "{own}");
+    assert_eq!(
+        count_replies(&client, "crpf.d8.api.contains".into(), b"x").await,
+        1
+    );
     let root = api_request(&client, "crpf.d9.api".into(), Vec::new(), timeout)
         .await
         .unwrap();
@@ -154,6 +143,9 @@ async fn a_thousand_declared_filters_start_and_idle_without_a_round_trip_each() 
         .await
         .unwrap();
     assert_eq!(ping["metadata"]["filter"], "d5", "{ping}");
-    assert_eq!(answers(&client, "$SRV.PING.crpf-d5").await, 1);
+    assert_eq!(
+        count_replies(&client, "$SRV.PING.crpf-d5".into(), b"x").await,
+        1
+    );
     node.terminate(Duration::from_secs(30));
 }

@@ -643,6 +643,29 @@ mod procs {
             .map_err(|e| format!("{subject}: reply is not JSON: {e}"))
     }
 
+    /// How many replies one request on `subject` gets, counted until half a second passes
+    /// without one: whether exactly one responder answers.
+    pub(crate) async fn count_replies(
+        client: &async_nats::Client,
+        subject: String,
+        payload: &'static [u8],
+    ) -> usize {
+        use futures::StreamExt;
+        let inbox = client.new_inbox();
+        let mut replies = client.subscribe(inbox.clone()).await.unwrap();
+        client
+            .publish_with_reply(subject, inbox, bytes::Bytes::from_static(payload))
+            .await
+            .unwrap();
+        let mut n = 0;
+        while let Ok(Some(_)) =
+            tokio::time::timeout(Duration::from_millis(500), replies.next()).await
+        {
+            n += 1;
+        }
+        n
+    }
+
     /// Polls `f` until it returns Ok or the deadline passes (then panics with `what` and the
     /// last error `f` reported).
     pub(crate) fn wait_for<T>(
