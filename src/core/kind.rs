@@ -148,6 +148,17 @@ macro_rules! define_filter_kind {
 }
 for_each_filter_kind!(define_filter_kind);
 
+impl FilterKind {
+    /// Whether the kind keeps a scalable series per writer (`writer_sc_*`), whose FPR shares
+    /// count writers from [`FilterSpec::first_writer`].
+    pub fn per_writer(self) -> bool {
+        matches!(
+            self,
+            FilterKind::WriterScGBloom | FilterKind::WriterScGCuckoo | FilterKind::WriterScOrCuckoo
+        )
+    }
+}
+
 impl std::fmt::Display for FilterKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -342,12 +353,8 @@ impl FilterSpec {
     /// This spec with writers counted from `first` ([`FilterSpec::first_writer`]) if its kind
     /// has a series per writer (absent at 0, and for the other kinds).
     pub fn with_first_writer(self, first: ReplicaId) -> Self {
-        let per_writer = matches!(
-            self.kind,
-            FilterKind::WriterScGBloom | FilterKind::WriterScGCuckoo | FilterKind::WriterScOrCuckoo
-        );
         FilterSpec {
-            first_writer: NonZeroU16::new(first).filter(|_| per_writer),
+            first_writer: NonZeroU16::new(first).filter(|_| self.kind.per_writer()),
             ..self
         }
     }

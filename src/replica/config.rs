@@ -410,11 +410,7 @@ impl ReplicaConfig {
                 self.filter.kind
             ));
         }
-        let per_writer = matches!(
-            self.filter.kind,
-            FilterKind::WriterScGBloom | FilterKind::WriterScGCuckoo | FilterKind::WriterScOrCuckoo
-        );
-        if self.filter.first_writer.is_some() && !per_writer {
+        if self.filter.first_writer.is_some() && !self.filter.kind.per_writer() {
             return Err(format!(
                 "filter.first_writer is for the per-writer kinds (writer_sc_*) only, not {}",
                 self.filter.kind

@@ -461,6 +461,7 @@ impl Updates {
             }
             let first = i;
             let ahead = f.prefetch_ahead();
+            let footprints = self.shared.unlogged.footprints();
             let mut changed = false;
             while i < items.len() && f.clock() < limit {
                 prefetch_items_ahead(items, i, ahead, |i| f.prefetch_add(i));
@@ -469,7 +470,7 @@ impl Updates {
                     AddMode::ReportNew => f.add_new(items[i]),
                     AddMode::IfAbsent if f.contains(items[i]) => {
                         added.push(true);
-                        changed |= self.shared.unlogged.record_add(&mut f, items[i]);
+                        changed |= footprints && f.record_footprint(items[i]);
                         i += 1;
                         continue;
                     }
@@ -478,7 +479,9 @@ impl Updates {
                 match outcome {
                     Ok(new) => {
                         added.push(true);
-                        self.shared.unlogged.record_add(&mut f, items[i]);
+                        if footprints {
+                            f.record_footprint(items[i]);
+                        }
                         changed = true;
                         if new {
                             new_items[i] = true;

@@ -58,15 +58,21 @@ impl UnloggedMerges {
         self.logged && self.merged.load(Ordering::Acquire) > self.saved.load(Ordering::Acquire)
     }
 
-    /// After an add of `item` to `f` (under its write lock): records the item's whole
-    /// footprint while merges are unlogged. Whether it did: the add then waits for its
-    /// commit even if it changed nothing itself.
-    pub(crate) fn record_add(&self, f: &mut AnyFilter, item: &[u8]) -> bool {
+    /// Whether adds record their whole footprint now. Asked under the filter's write lock,
+    /// the answer holds while it is held (merges take it too): a batch asks once.
+    pub(crate) fn footprints(&self) -> bool {
         #[cfg(test)]
         if NO_FOOTPRINTS.get() {
             return false;
         }
-        self.pending() && f.record_footprint(item)
+        self.pending()
+    }
+
+    /// After an add of `item` to `f` (under its write lock): records the item's whole
+    /// footprint while merges are unlogged. Whether it did: the add then waits for its
+    /// commit even if it changed nothing itself.
+    pub(crate) fn record_add(&self, f: &mut AnyFilter, item: &[u8]) -> bool {
+        self.footprints() && f.record_footprint(item)
     }
 }
 
