@@ -6,7 +6,14 @@
 //! the queue group `<prefix>.<filter>.api`) or on `<prefix>.<filter>.replica.<id>.api.<op>`
 //! (replica `<id>` answers); see [`crate::transport::Subjects`] and the README's "Subjects".
 
+mod ack;
 pub mod batch;
+#[cfg(feature = "node")]
+mod request;
+
+pub use ack::AckLevel;
+#[cfg(feature = "node")]
+pub use request::{AddOutcome, BatchAdded, Items, Request, Response};
 
 use std::fmt;
 use std::str::FromStr;
@@ -110,6 +117,11 @@ impl Op {
     /// acknowledgement level ([`ACK_HEADER`]).
     pub fn is_update(self) -> bool {
         matches!(self, Op::Add | Op::Remove | Op::MAdd | Op::MRemove)
+    }
+
+    /// Whether it only reads (`contains`, `mcontains`, `count`, `mcount`).
+    pub fn is_query(self) -> bool {
+        matches!(self, Op::Contains | Op::MContains | Op::Count | Op::MCount)
     }
 
     /// Whether its payload is a batch.

@@ -75,11 +75,9 @@ pub(crate) use parking::{Park, ParkInto, Parked};
 pub(crate) use pump::{API_LINGER, Inbound, Route, route_event, route_replication};
 pub use reads::PendingResponse;
 pub(crate) use reads::{refusal, route_own_api};
-pub use reply::ApiResponse;
-pub(crate) use reply::error_of;
+pub(crate) use reply::{error_of, header_text};
 #[cfg(test)]
 pub(crate) use snapshots::SnapshotJob;
-pub(crate) use updates::{AddOutcome, BatchAdd, InPlace};
 
 /// The header of an API request that asks for an acknowledgement level.
 pub use crate::api::ACK_HEADER;
@@ -1316,12 +1314,9 @@ impl StreamHandler<Inbound> for Replica {
             .fetch_sub(item.size(), Ordering::AcqRel);
         match item {
             Inbound::Replication(env, len) => self.on_replication(*env, len, ctx),
-            Inbound::Api(msg) => {
-                let reply = msg.reply.clone().map(reply::ReplyTo::Subject);
-                self.on_api(*msg, reply, ctx)
-            }
-            Inbound::InProcess(msg, tx) => {
-                self.on_api(*msg, Some(reply::ReplyTo::InProcess(tx)), ctx)
+            Inbound::Api(call) => {
+                let (request, reply) = *call;
+                self.on_api(request, reply, ctx)
             }
             Inbound::Commit => {
                 self.shared.commit_requested.store(false, Ordering::Release);

@@ -77,10 +77,10 @@ pub use actor::CommitTicket;
 pub(crate) use actor::FINAL_FLUSH_TIMEOUT;
 #[cfg(test)]
 pub(crate) use actor::SnapshotJob;
-pub(crate) use actor::{API_LINGER, AddOutcome, BatchAdd, InPlace, error_of, refusal};
+pub(crate) use actor::{API_LINGER, error_of, header_text, refusal};
 pub use actor::{
-    Add, ApiResponse, Contains, FlushDelta, Import, Merge, PendingResponse, Persist, Remove,
-    Replica, ReserveTags, Shutdown, Stats, TakeSnapshot,
+    Add, Contains, FlushDelta, Import, Merge, PendingResponse, Persist, Remove, Replica,
+    ReserveTags, Shutdown, Stats, TakeSnapshot,
 };
 pub(crate) use actor::{Park, ParkInto, Parked};
 pub use config::{MAX_FSYNC_INTERVAL_MS, ReplicaConfig};
@@ -729,91 +729,51 @@ impl ReplicaHandle {
         self.addr.send(Remove { item, ack }).await?
     }
 
-    /// A request of the request API (README, "Subjects") made in this process: `op` with
-    /// the payload and headers a NATS request would carry, answered with the reply a NATS
-    /// requester would receive (an error reply included), without NATS. Queries, and adds at
-    /// `local` to grow-only kinds, are answered at once in the caller's thread; everything
-    /// else through the actor, in the order it arrives there. Fails only if the request was
-    /// not taken ([`ReplicaError::NotServing`] before the replica is ready, as NATS requests
-    /// only reach ready replicas; [`ReplicaError::Busy`], [`ReplicaError::Stopped`]) or the
-    /// replica stopped before answering.
-    pub fn request(
-        &self,
-        op: crate::api::Op,
-        payload: bytes::Bytes,
-        headers: Option<async_nats::HeaderMap>,
-    ) -> PendingResponse {
-        self.request_via(op, payload, headers, false)
+    /// A request of the request API (README, "Subjects") made in this process, answered
+    /// typed, as a NATS requester would be answered (without NATS, headers or JSON). Queries,
+    /// and adds to grow-only kinds at `local`, `logged` and `durable`, are applied and
+    /// answered in the caller's thread (a `durable` one once the commit that carries it is
+    /// synced); everything else through the actor, in the order it arrives there. Fails
+    /// like the request would, or if it was not taken ([`ReplicaError::NotServing`] before
+    /// the replica is ready, as NATS requests only reach ready replicas;
+    /// [`ReplicaError::Busy`], [`ReplicaError::Stopped`]), or the replica stopped before
+    /// answering.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use crpf::replica::{Replica, ReplicaConfig};
+    /// # use crpf::api::{AddMode, AddOutcome, Request, Response};
+    /// # #[actix::main]
+    /// # async fn main() {
+    /// let cfg = ReplicaConfig::for_kind("users", crpf::FilterKind::GBloom, 1_000, 0.01);
+    /// let bus = Arc::new(crpf::transport::InProcessBus::new());
+    /// let filter = Replica::start(cfg, bus).await.unwrap();
+    /// filter.wait_ready(std::time::Duration::from_secs(10)).await;
+    /// let add = Request::Add { item: "alice".into(), mode: AddMode::ReportNew, ack: None };
+    /// let added = filter.call(add).await.unwrap();
+    /// assert_eq!(added, Response::Added { mode: AddMode::ReportNew, outcome: AddOutcome::New });
+    /// let found = filter.call(Request::Contains { item: "alice".into() }).await;
+    /// assert_eq!(found.unwrap(), Response::Contains(true));
+    /// # filter.shutdown().await.unwrap();
+    /// # }
+    /// ```
+    pub fn call(&self, request: crate::api::Request) -> PendingResponse {
+        self.call_via(request, false)
     }
 
-    /// [`ReplicaHandle::request`] through the actor, whatever the request: it then runs after
+    /// [`ReplicaHandle::call`] through the actor, whatever the request: it then runs after
     /// every request already in the actor's inbound buffer. For a caller that must keep the
     /// order of its requests while an earlier one is still with the actor (a query would
     /// otherwise be answered at once, before that earlier update is applied).
-    pub fn request_queued(
-        &self,
-        op: crate::api::Op,
-        payload: bytes::Bytes,
-        headers: Option<async_nats::HeaderMap>,
-    ) -> PendingResponse {
-        self.request_via(op, payload, headers, true)
+    pub fn call_queued(&self, request: crate::api::Request) -> PendingResponse {
+        self.call_via(request, true)
     }
 
-    fn request_via(
-        &self,
-        op: crate::api::Op,
-        payload: bytes::Bytes,
-        headers: Option<async_nats::HeaderMap>,
-        queued: bool,
-    ) -> PendingResponse {
+    fn call_via(&self, request: crate::api::Request, queued: bool) -> PendingResponse {
         match self.shared.api.load().as_ref() {
-            Some(api) => api.in_process(op, payload, headers, queued),
-            None => PendingResponse::Failed(self.shared.not_serving()),
+            Some(api) => api.call(request, queued),
+            None => PendingResponse::Ready(Some(Err(self.shared.not_serving()))),
         }
-    }
-
-    /// [`ReplicaHandle::request`] of a single `contains`, answered typed (the RESP front
-    /// end's hot path): [`ReplicaError::NotServing`] before the replica is ready, an invalid
-    /// item refused.
-    pub(crate) fn contains_now(&self, item: &[u8]) -> Result<bool, ReplicaError> {
-        match self.shared.api.load().as_ref() {
-            Some(api) => api.contains_now(item),
-            None => Err(self.shared.not_serving()),
-        }
-    }
-
-    /// [`ReplicaHandle::request`] of a single `add` in `mode` at `ack`, applied and answered
-    /// typed where it is applied in the caller's thread (adds at `local` to grow-only kinds);
-    /// `None` if it was not applied: send it as a request.
-    pub(crate) fn add_now(
-        &self,
-        item: &[u8],
-        mode: crate::api::AddMode,
-        ack: Option<AckLevel>,
-    ) -> Option<Result<InPlace<AddOutcome>, ReplicaError>> {
-        self.shared.api.load().as_ref()?.add_now(item, mode, ack)
-    }
-
-    /// [`ReplicaHandle::request`] of an `mcontains` of `items`, answered typed (see
-    /// [`ReplicaHandle::contains_now`]); the caller checked `items` against
-    /// [`ReplicaHandle::limits`].
-    pub(crate) fn mcontains_now(&self, items: &[&[u8]]) -> Result<Vec<bool>, ReplicaError> {
-        match self.shared.api.load().as_ref() {
-            Some(api) => Ok(api.mcontains_now(items)),
-            None => Err(self.shared.not_serving()),
-        }
-    }
-
-    /// [`ReplicaHandle::request`] of an `madd` of `items`, applied and answered typed where
-    /// [`ReplicaHandle::add_now`] would apply an `add`; the caller checked `items` against
-    /// [`ReplicaHandle::limits`].
-    pub(crate) fn madd_now(
-        &self,
-        items: &[&[u8]],
-        mode: crate::api::AddMode,
-        ack: Option<AckLevel>,
-    ) -> Option<Result<InPlace<BatchAdd>, ReplicaError>> {
-        self.shared.api.load().as_ref()?.madd_now(items, mode, ack)
     }
 
     /// What a batch request to this replica may hold (`max_batch_items`, `max_item_bytes`).

@@ -33,49 +33,16 @@
 //! first add to a missing key creates it ([`KeyCommand::Create`]).
 
 use bytes::Bytes;
-use serde::Deserialize;
 
 use super::parse::Args;
 use super::redisbloom::{self, is_bloom};
 use crate::api::batch;
-use crate::api::{
-    ACK_HEADER, ADD_MODE_HEADER, AddMode, ERROR_HEADER, FAILED_HEADER, Op, REPLY_HEADER,
-    ReplyFormat,
+use crate::api::{AddMode, Op, Response};
+use crate::replica::{
+    AckLevel, PendingResponse, ReplicaError, ReplicaHandle, error_of, header_text,
 };
-use crate::replica::service::SERVICE_ERROR_CODE_HEADER;
-use crate::replica::{AckLevel, ApiResponse, PendingResponse, ReplicaHandle};
 
 pub use super::reply::{Protocol, Reply};
-
-/// How the answer of a request reads as a reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shape {
-    /// `add`: `1`.
-    Added,
-    /// `add` with an [`AddMode`]: whether the item was new (and, with `if-absent`, added).
-    New,
-    /// `contains`: `1` or `0`.
-    Found,
-    /// `remove`: `1` or `0`.
-    Removed,
-    /// `count`: the number.
-    Count,
-    /// A batch of this many items answered as a bitmap: `1` and `0`, or for `madd` an error
-    /// where an item was refused.
-    Bits {
-        /// Items in the batch.
-        items: usize,
-    },
-    /// `stats`: the JSON as a bulk string.
-    Json,
-    /// A batch add of RedisBloom's, answered as its command does.
-    Inserted {
-        /// Items in the batch.
-        items: usize,
-        /// Which command's answer.
-        answer: Inserted,
-    },
-}
 
 /// How the answer of a batch add reads, by RedisBloom command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,18 +55,8 @@ pub enum Inserted {
     CuckooNx,
 }
 
-/// A request of the API that a command comes to.
-#[derive(Debug)]
-pub struct Request {
-    /// The operation.
-    pub op: Op,
-    /// Its payload: the item, or a batch.
-    pub payload: Bytes,
-    /// How its answer reads (a batch's as a bitmap).
-    pub shape: Shape,
-    /// What an add answers beyond "applied" ([`ADD_MODE_HEADER`]).
-    pub mode: AddMode,
-}
+pub use crate::api::Request;
+use crate::api::Request as Api;
 
 /// A command, checked: answered by the connection itself, or a request to a filter.
 #[derive(Debug)]
@@ -507,13 +464,13 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
     // A request for the key's filter; `create`: the spec of the key if the command creates
     // it.
     let on_filter = |request: Request, create: Option<crate::FilterSpec>| -> Command {
-        let query = matches!(request.op, Op::Contains | Op::MContains | Op::Count);
+        let query = matches!(request.op(), Op::Contains | Op::MContains | Op::Count);
         match existing() {
             Ok(Some(handle)) => return Command::Filter(handle, request),
             Ok(None) => {}
             // RedisBloom's queries read a key of the other family as a missing one, and so
             // does `CF.DEL`; its adds answer WRONGTYPE.
-            Err(_) if query || request.op == Op::Remove => {}
+            Err(_) if query || request.op() == Op::Remove => {}
             Err(wrong) => return wrong,
         }
         if let Some(spec) = create {
@@ -529,7 +486,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                 request: Box::new(request),
             });
         }
-        let missing = match (family, request.op) {
+        let missing = match (family, request.op()) {
             (Some(_), Op::Count) => Reply::Int(0),
             (Some(_), Op::Contains) => Reply::Bool(false),
             (Some(_), Op::MContains) => Reply::Array(vec![Reply::Bool(false); n - 1]),
@@ -553,26 +510,19 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
             missing,
         })
     };
-    // The items from argument `from` (counted after the name) on, in the batch framing.
-    let batch = |from: usize| -> Result<Bytes, Command> {
-        let items = args.from(from + 1);
-        let mut payload = Vec::with_capacity(args.from(from + 1).map(|i| i.len() + 4).sum());
-        for (index, item) in items.enumerate() {
-            batch::encode_into(&mut payload, index, item)
-                .map_err(|e| Command::Reply(Reply::err(e)))?;
-        }
-        Ok(payload.into())
-    };
-    let request = |op: Op, payload: Bytes, shape: Shape, mode: AddMode| Request {
-        op,
-        payload,
-        shape,
+    // Argument `i` (counted after the name), and the items from argument `from` on: views
+    // of the request's buffer (copied if the request waits, see `Request::compact`).
+    let item = |i: usize| args.bytes(i + 1);
+    let items = |from: usize| args.items(from + 1);
+    let add = |mode: AddMode| Api::Add {
+        item: item(1),
         mode,
+        ack: None,
     };
-    let bits = |from: usize| Shape::Bits { items: n - from };
-    let inserted = |from: usize, answer: Inserted| Shape::Inserted {
-        items: n - from,
-        answer,
+    let madd = |from: usize, mode: AddMode| Api::MAdd {
+        items: items(from),
+        mode,
+        ack: None,
     };
     // A copy: a view would keep the whole read buffer alive while the request waits.
     let single = |i: usize| Bytes::copy_from_slice(args.arg(i + 1));
@@ -854,77 +804,68 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
             }
             "BF.ADD" => {
                 arity(n == 2)?;
-                let add = request(Op::Add, single(1), Shape::New, AddMode::ReportNew);
+                let add = add(AddMode::ReportNew);
                 on_filter(add, Some(redisbloom::bf_default()))
             }
             "CF.ADD" | "CF.ADDNX" => {
                 arity(n == 2)?;
                 let add = if name == "CF.ADD" {
-                    request(Op::Add, single(1), Shape::Added, AddMode::Always)
+                    add(AddMode::Always)
                 } else {
-                    request(Op::Add, single(1), Shape::New, AddMode::IfAbsent)
+                    add(AddMode::IfAbsent)
                 };
                 on_filter(add, Some(redisbloom::cf_default()))
             }
             "BF.EXISTS" | "CF.EXISTS" => {
                 arity(n == 2)?;
-                let query = request(Op::Contains, single(1), Shape::Found, AddMode::Always);
+                let query = Api::Contains { item: item(1) };
                 on_filter(query, None)
             }
             "CF.DEL" => {
                 arity(n == 2)?;
-                let remove = request(Op::Remove, single(1), Shape::Removed, AddMode::Always);
+                let remove = Api::Remove {
+                    item: item(1),
+                    ack: None,
+                };
                 on_filter(remove, None)
             }
             "CF.COUNT" => {
                 arity(n == 2)?;
-                on_filter(
-                    request(Op::Count, single(1), Shape::Count, AddMode::Always),
-                    None,
-                )
+                on_filter(Api::Count { item: item(1) }, None)
             }
             "BF.MADD" => {
                 arity(n >= 2)?;
-                let add = request(
-                    Op::MAdd,
-                    batch(1)?,
-                    inserted(1, Inserted::Bloom),
-                    AddMode::ReportNew,
-                );
+                let add = madd(1, AddMode::ReportNew);
                 on_filter(add, Some(redisbloom::bf_default()))
             }
             "BF.MEXISTS" | "CF.MEXISTS" => {
                 arity(n >= 2)?;
-                let query = request(Op::MContains, batch(1)?, bits(1), AddMode::Always);
+                let query = Api::MContains { items: items(1) };
                 on_filter(query, None)
             }
             "CRPF.MDEL" => {
                 arity(n >= 2)?;
-                let remove = request(Op::MRemove, batch(1)?, bits(1), AddMode::Always);
+                let items = items(1);
+                let remove = Api::MRemove { items, ack: None };
                 on_filter(remove, None)
             }
             "BF.INSERT" => {
                 arity(n >= 3)?;
                 let insert = insert_options(redisbloom::bf_insert(args))?;
                 let from = insert.items_from;
-                let add = request(
-                    Op::MAdd,
-                    batch(from)?,
-                    inserted(from, Inserted::Bloom),
-                    AddMode::ReportNew,
-                );
+                let add = madd(from, AddMode::ReportNew);
                 on_filter(add, insert.create)
             }
             "CF.INSERT" | "CF.INSERTNX" => {
                 arity(n >= 3)?;
                 let insert = insert_options(redisbloom::cf_insert(args))?;
                 let from = insert.items_from;
-                let (answer, mode) = if name == "CF.INSERT" {
-                    (Inserted::Cuckoo, AddMode::Always)
+                let mode = if name == "CF.INSERT" {
+                    AddMode::Always
                 } else {
-                    (Inserted::CuckooNx, AddMode::IfAbsent)
+                    AddMode::IfAbsent
                 };
-                let add = request(Op::MAdd, batch(from)?, inserted(from, answer), mode);
+                let add = madd(from, mode);
                 on_filter(add, insert.create)
             }
             "BF.CARD" => {
@@ -1016,7 +957,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
             }
             "CRPF.STATS" => {
                 arity(n == 1)?;
-                let stats = request(Op::Stats, Bytes::new(), Shape::Json, AddMode::Always);
+                let stats = Api::Stats;
                 on_filter(stats, None)
             }
             "CRPF.ACK" => {
@@ -1326,60 +1267,23 @@ fn hello(args: &Args) -> Result<Command, Reply> {
     })
 }
 
-/// Sends `request` to `handle`, a batch asking for a bitmap, an update with the connection's
-/// acknowledgement level if it chose one; through the actor if `queued`
-/// ([`ReplicaHandle::request_queued`]).
+/// Sends `request` to `handle`, an update with the connection's acknowledgement level if it
+/// chose one; through the actor if `queued` ([`ReplicaHandle::call_queued`]).
 pub fn send(
     handle: &ReplicaHandle,
-    request: &Request,
+    request: Request,
     ack: Option<AckLevel>,
     queued: bool,
 ) -> PendingResponse {
-    let mut headers = None::<async_nats::HeaderMap>;
-    if matches!(request.shape, Shape::Bits { .. } | Shape::Inserted { .. }) {
-        headers
-            .get_or_insert_default()
-            .insert(REPLY_HEADER, ReplyFormat::Bitmap.name());
-    }
-    if request.mode != AddMode::Always {
-        headers
-            .get_or_insert_default()
-            .insert(ADD_MODE_HEADER, request.mode.name());
-    }
-    if let Some(level) = ack
-        && request.op.is_update()
-    {
-        headers
-            .get_or_insert_default()
-            .insert(ACK_HEADER, level.to_string());
-    }
-    let payload = request.payload.clone();
+    let request = match ack {
+        Some(_) => request.with_ack(ack),
+        None => request,
+    };
     if queued {
-        handle.request_queued(request.op, payload, headers)
+        handle.call_queued(request)
     } else {
-        handle.request(request.op, payload, headers)
+        handle.call(request)
     }
-}
-
-/// The ADR-32 code of a full filter's refusal.
-const FULL_CODE: &str = "507";
-
-/// A batch add's answer, as `answer`'s command gives it: the bitmap's bits are "new" (or
-/// "added" for `CF.INSERT`), the refused items named by [`FAILED_HEADER`] (or, for
-/// `CF.INSERT`, the zeros when [`ERROR_HEADER`] is there).
-fn inserted(answer: Inserted, response: &ApiResponse, items: usize) -> Reply {
-    let error = response.headers.get(ERROR_HEADER).map(|e| e.as_str());
-    let failed: Vec<usize> = response
-        .headers
-        .get(FAILED_HEADER)
-        .map(|list| {
-            list.as_str()
-                .split(',')
-                .filter_map(|i| i.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    inserted_reply(answer, response.payload.clone(), items, &failed, error)
 }
 
 /// [`inserted`] from its parts: the bitmap, the refused items (sorted) and the first
@@ -1440,73 +1344,49 @@ pub(super) fn refusal(text: &str, full: bool, single_add: bool) -> Reply {
     Reply::err(text)
 }
 
-/// The reply to a command whose request was answered with `response`.
-pub fn reply(shape: Shape, response: &ApiResponse) -> Reply {
-    if let Some(e) = response.error() {
-        let full = response
-            .headers
-            .get(SERVICE_ERROR_CODE_HEADER)
-            .is_some_and(|code| code.as_str() == FULL_CODE);
-        return refusal(e, full, matches!(shape, Shape::Added | Shape::New));
-    }
-    let body = &response.payload[..];
-    let json = |field: &str| -> Option<serde_json::Value> {
-        #[derive(Deserialize)]
-        struct Object(serde_json::Map<String, serde_json::Value>);
-        serde_json::from_slice::<Object>(body)
-            .ok()
-            .and_then(|mut o| o.0.remove(field))
-    };
-    let flag = |field: &str| json(field).and_then(|v| v.as_bool());
-    let unexpected = || {
-        Reply::err(format!(
-            "unexpected answer: {}",
-            String::from_utf8_lossy(body)
-        ))
-    };
-    match shape {
-        Shape::Added => Reply::Bool(true),
-        // The answers of single queries are fixed texts: no JSON parse on the hot path.
-        Shape::Found => match body {
-            b"{\"contains\":true}" => Reply::Bool(true),
-            b"{\"contains\":false}" => Reply::Bool(false),
-            _ => flag("contains").map_or_else(unexpected, Reply::Bool),
-        },
-        Shape::New => match body {
-            b"{\"added\":true,\"new\":true}" => Reply::Bool(true),
-            b"{\"added\":true,\"new\":false}" | b"{\"added\":false,\"new\":false}" => {
-                Reply::Bool(false)
-            }
-            _ => flag("new").map_or_else(unexpected, Reply::Bool),
-        },
-        Shape::Removed => flag("removed").map_or_else(unexpected, Reply::Bool),
-        Shape::Count => json("count")
-            .and_then(|v| v.as_i64())
-            .map_or_else(unexpected, Reply::Int),
-        Shape::Json => Reply::Bulk(response.payload.clone()),
-        Shape::Bits { items } => {
-            if !response.is_bitmap() {
-                return unexpected();
-            }
-            if batch::check_bitmap(body, items).is_err() {
-                return unexpected();
-            }
-            Reply::Bits {
-                bitmap: response.payload.clone(),
-                items,
-                // A `madd` that refused some items says why once, for the first.
-                refused: response
-                    .headers
-                    .get(ERROR_HEADER)
-                    .map(|e| Box::new(Reply::err(e))),
-            }
+/// The reply to a command whose request `op` was answered `answer`, as RedisBloom's
+/// command replies: the command is told by the request (a batch add's by its mode).
+pub fn reply(op: Op, answer: Result<Response, ReplicaError>) -> Reply {
+    let response = match answer {
+        Ok(response) => response,
+        // Not taken before the replica is ready: what Redis answers while it loads its data
+        // (clients know to retry).
+        Err(e @ ReplicaError::NotServing) => return Reply::Error(format!("LOADING {e}")),
+        Err(e) => {
+            let (text, full) = error_of(&e);
+            return refusal(&text, full, op == Op::Add);
         }
-        Shape::Inserted { items, answer } => {
-            if !response.is_bitmap() || batch::check_bitmap(body, items).is_err() {
-                return unexpected();
-            }
-            inserted(answer, response, items)
+    };
+    let bits = |bits: &[bool], refused: Option<Box<Reply>>| Reply::Bits {
+        bitmap: Bytes::from(batch::encode_bitmap(bits.iter().copied())),
+        items: bits.len(),
+        refused,
+    };
+    match response {
+        Response::Added { mode, outcome } => Reply::Bool(Response::added_new(mode, outcome)),
+        Response::Contains(found) | Response::Removed(found) => Reply::Bool(found),
+        Response::Count(n) => Reply::Int(i64::try_from(n).unwrap_or(i64::MAX)),
+        Response::MContains(found) | Response::MRemoved(found) => bits(&found, None),
+        Response::MAdded(added) => {
+            let answer = match added.mode {
+                AddMode::ReportNew => Inserted::Bloom,
+                AddMode::Always => Inserted::Cuckoo,
+                AddMode::IfAbsent => Inserted::CuckooNx,
+            };
+            let bitmap = Bytes::from(batch::encode_bitmap(added.bits().iter().copied()));
+            let error = added.error.as_deref().map(header_text);
+            inserted_reply(
+                answer,
+                bitmap,
+                added.added.len(),
+                &added.failed,
+                error.as_deref(),
+            )
         }
+        Response::Stats(stats) => Reply::Bulk(Bytes::from(
+            serde_json::to_vec(&stats).expect("JSON serialize"),
+        )),
+        other => Reply::err(format!("unexpected answer: {other:?}")),
     }
 }
 
@@ -1742,8 +1622,12 @@ mod tests {
                     request,
                     ..
                 }) => {
+                    let add_mode = match *request {
+                        Request::Add { mode, .. } | Request::MAdd { mode, .. } => mode,
+                        other => panic!("{ws:?} gave {other:?}"),
+                    };
                     assert_eq!(
-                        (name.as_str(), spec.kind, request.mode),
+                        (name.as_str(), spec.kind, add_mode),
                         ("new", kind, mode),
                         "{ws:?}"
                     );
@@ -1788,73 +1672,65 @@ mod tests {
         );
     }
 
-    fn response(payload: &'static [u8], headers: &[(&str, &str)]) -> ApiResponse {
-        let mut h = async_nats::HeaderMap::new();
-        for (k, v) in headers {
-            h.insert(*k, *v);
-        }
-        ApiResponse {
-            headers: h,
-            payload: Bytes::from_static(payload),
-        }
-    }
-
     #[test]
     fn answers_read_as_redisbloom_replies() {
-        let none: &[(&str, &str)] = &[];
+        use crate::api::{AddOutcome, BatchAdded};
         assert_eq!(
-            reply(Shape::Found, &response(b"{\"contains\":true}", none)),
+            reply(Op::Contains, Ok(Response::Contains(true))),
             Reply::Bool(true)
         );
         assert_eq!(
-            reply(Shape::Found, &response(b"{ \"contains\" : false }", none)),
+            reply(Op::Remove, Ok(Response::Removed(false))),
             Reply::Bool(false)
         );
+        assert_eq!(reply(Op::Count, Ok(Response::Count(7))), Reply::Int(7));
+        let added = |mode, outcome| reply(Op::Add, Ok(Response::Added { mode, outcome }));
+        assert_eq!(added(AddMode::Always, AddOutcome::Known), Reply::Bool(true));
         assert_eq!(
-            reply(Shape::Removed, &response(b"{\"removed\":true}", none)),
-            Reply::Bool(true)
+            added(AddMode::ReportNew, AddOutcome::Known),
+            Reply::Bool(false)
         );
-        assert_eq!(
-            reply(Shape::Count, &response(b"{\"count\":7}", none)),
-            Reply::Int(7)
-        );
-        let bitmap = [(REPLY_HEADER, "bitmap")];
-        let bits = batch::encode_bitmap([true, false, true]);
-        let bits: &'static [u8] = Box::leak(bits.into_boxed_slice());
+        assert_eq!(added(AddMode::IfAbsent, AddOutcome::New), Reply::Bool(true));
         // A batch's answer encodes as the array of its results would.
+        let found = Ok(Response::MContains(vec![true, false, true]));
         assert_eq!(
-            encoded(&reply(Shape::Bits { items: 3 }, &response(bits, &bitmap))),
+            encoded(&reply(Op::MContains, found)),
             encoded(&Reply::Array(vec![
                 Reply::Int(1),
                 Reply::Int(0),
                 Reply::Int(1)
             ]))
         );
-        let refused = [(REPLY_HEADER, "bitmap"), (ERROR_HEADER, "filter is full")];
+        // BF.MADD names the refused item's error in its place.
+        let madd = |mode| {
+            let added = BatchAdded {
+                mode,
+                added: vec![true, false, true],
+                new_items: vec![true, false, false],
+                failed: vec![1],
+                error: Some("filter is full".into()),
+            };
+            encoded(&reply(Op::MAdd, Ok(Response::MAdded(added))))
+        };
         assert_eq!(
-            encoded(&reply(Shape::Bits { items: 3 }, &response(bits, &refused))),
-            encoded(&Reply::Array(vec![
-                Reply::Int(1),
-                Reply::err("filter is full"),
-                Reply::Int(1)
-            ]))
+            madd(AddMode::ReportNew),
+            "*3\r\n:1\r\n-ERR filter is full\r\n:0\r\n"
         );
+        // CF.INSERTNX: -1 where refused.
+        assert_eq!(madd(AddMode::IfAbsent), "*3\r\n:1\r\n:-1\r\n:0\r\n");
+        let invalid = ReplicaError::InvalidItem("empty item".into());
         assert_eq!(
-            encoded(&reply(Shape::Bits { items: 3 }, &response(bits, &refused))),
-            "*3\r\n:1\r\n-ERR filter is full\r\n:1\r\n"
-        );
-        let failed = [(
-            async_nats::service::NATS_SERVICE_ERROR,
-            "invalid request: empty item",
-        )];
-        assert_eq!(
-            reply(Shape::Added, &response(b"{\"error\":\"...\"}", &failed)),
+            reply(Op::Add, Err(invalid)),
             Reply::err("invalid request: empty item")
         );
-        // A bitmap of the wrong length is not taken for an answer.
+        let full = ReplicaError::Filter(crate::FilterError::Full { max_kicks: 1 });
+        assert_eq!(
+            reply(Op::Add, Err(full)),
+            Reply::Error("Filter is full".into())
+        );
         assert!(matches!(
-            reply(Shape::Bits { items: 30 }, &response(bits, &bitmap)),
-            Reply::Error(_)
+            reply(Op::Contains, Err(ReplicaError::NotServing)),
+            Reply::Error(e) if e.starts_with("LOADING")
         ));
     }
 }

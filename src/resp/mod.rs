@@ -31,7 +31,6 @@
 
 pub mod commands;
 pub mod dump;
-mod hot;
 mod introspect;
 pub mod parse;
 pub mod redisbloom;
@@ -56,8 +55,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use crate::replica::{AckLevel, PendingResponse, ReplicaError, ReplicaHandle};
-use commands::{Command, Protocol, Reply, Shape};
+use crate::replica::{AckLevel, PendingResponse, ReplicaHandle};
+use commands::{Command, Protocol, Reply};
 use parse::ParseLimits;
 
 /// Connections accepted (counter).
@@ -658,26 +657,9 @@ enum Kind {
 
 enum PendingReply {
     Ready(Option<Reply>),
-    Answer(PendingResponse, Shape),
+    Answer(PendingResponse, crate::api::Op),
     /// A reply that comes later: an `EXEC`'s, or a `durable` add's once its commit is done.
     Future(futures::future::BoxFuture<'static, Reply>),
-}
-
-/// The reply to a filter's answer.
-fn answer_reply(answer: Result<crate::replica::ApiResponse, ReplicaError>, shape: Shape) -> Reply {
-    match answer {
-        Ok(response) => commands::reply(shape, &response),
-        Err(e) => untaken_reply(&e),
-    }
-}
-
-/// The reply to a request the replica did not take (not ready, busy, stopped).
-fn untaken_reply(e: &ReplicaError) -> Reply {
-    match e {
-        // What Redis answers while it loads its data: clients know to retry.
-        ReplicaError::NotServing => Reply::Error(format!("LOADING {e}")),
-        e => Reply::err(e),
-    }
 }
 
 /// A command on the keys, answered from the filters `lookup` finds, creating and dropping
@@ -721,8 +703,8 @@ async fn run_key(
             if redisbloom::is_bloom(handle.kind()) != bloom {
                 return Reply::Error(commands::WRONGTYPE.into());
             }
-            let answer = commands::send(&handle, &request, ack, true).await;
-            answer_reply(answer, request.shape)
+            let op = request.op();
+            commands::reply(op, commands::send(&handle, *request, ack, true).await)
         }
         K::IfFound {
             name,
@@ -735,7 +717,7 @@ async fn run_key(
                 let other_family =
                     family.is_some_and(|bloom| bloom != redisbloom::is_bloom(handle.kind()));
                 let query = matches!(
-                    request.op,
+                    request.op(),
                     crate::api::Op::Contains
                         | crate::api::Op::MContains
                         | crate::api::Op::Count
@@ -745,8 +727,8 @@ async fn run_key(
                     (true, true) => missing,
                     (true, false) => Reply::Error(commands::WRONGTYPE.into()),
                     (false, _) => {
-                        let answer = commands::send(&handle, &request, ack, true).await;
-                        answer_reply(answer, request.shape)
+                        let op = request.op();
+                        commands::reply(op, commands::send(&handle, *request, ack, true).await)
                     }
                 }
             }
@@ -1015,9 +997,9 @@ impl Future for Pending {
         let (bytes, kind, protocol) = (self.bytes, self.kind, self.protocol);
         let reply = match &mut self.reply {
             PendingReply::Ready(r) => std::task::Poll::Ready(r.take().expect("polled once ready")),
-            PendingReply::Answer(response, shape) => {
-                let shape = *shape;
-                response.poll_unpin(cx).map(|r| answer_reply(r, shape))
+            PendingReply::Answer(response, op) => {
+                let op = *op;
+                response.poll_unpin(cx).map(|r| commands::reply(op, r))
             }
             PendingReply::Future(f) => f.poll_unpin(cx),
         };
@@ -1147,33 +1129,6 @@ impl Session<'_> {
             if !allowed.iter().any(|a| name.eq_ignore_ascii_case(a)) {
                 let loading = Reply::Error(LOADING.into());
                 return Some(self.ready(loading, bytes));
-            }
-        }
-        // The commonest commands first, without a request (see `hot`); in order only when
-        // nothing of this connection's is with an actor.
-        if self.authenticated
-            && self.multi.is_none()
-            && self.with_actor.is_none()
-            && let Some(hot) = hot::HotCommand::recognise(args)
-        {
-            let mut reply = None;
-            let key = crate::names::subject_name_bytes(args.arg(1));
-            server.filters.with_filter(&key, &mut |handle| {
-                reply = hot.answer(handle, args, self.ack);
-            });
-            if let Some(reply) = reply {
-                // The filter's answer, a refusal included (counted by the replica's
-                // `crpf_api_errors_total`, as on the general path): not a rejected command.
-                let reply = match reply {
-                    hot::HotReply::Now(reply) => PendingReply::Ready(Some(reply)),
-                    hot::HotReply::After(later) => PendingReply::Future(later),
-                };
-                return Some(Pending {
-                    reply,
-                    bytes,
-                    kind: Kind::Plain,
-                    protocol: self.protocol,
-                });
             }
         }
         let command = commands::command(args, |name| server.filters.filter(name));
@@ -1325,8 +1280,8 @@ impl Session<'_> {
                 out.push(match step {
                     Step::Ready(reply) => reply,
                     Step::Send(handle, request, ack) => {
-                        let answer = commands::send(&handle, &request, ack, true).await;
-                        answer_reply(answer, request.shape)
+                        let op = request.op();
+                        commands::reply(op, commands::send(&handle, request, ack, true).await)
                     }
                     Step::Key(key, ack) => run_key(lookup.clone(), &dumps, key, ack).await,
                 });
@@ -1494,13 +1449,14 @@ impl Session<'_> {
                 return None;
             }
         };
-        let response = commands::send(&handle, &request, self.ack, queued);
-        let via_actor = matches!(response, PendingResponse::Actor(_));
+        let op = request.op();
+        let response = commands::send(&handle, request, self.ack, queued);
+        let via_actor = response.via_actor();
         if via_actor {
             self.with_actor.get_or_insert((handle, 0)).1 += 1;
         }
         Some(Pending {
-            reply: PendingReply::Answer(response, request.shape),
+            reply: PendingReply::Answer(response, op),
             bytes,
             kind: if via_actor { Kind::Actor } else { Kind::Plain },
             protocol: self.protocol,

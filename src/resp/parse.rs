@@ -96,6 +96,12 @@ impl Args {
         self.request.slice(a..b)
     }
 
+    /// Arguments `from..` as the items of a request: views of the request's buffer.
+    pub fn items(&self, from: usize) -> crate::api::Items {
+        let spans = self.spans[from.min(self.spans.len())..].to_vec();
+        crate::api::Items::new(self.request.clone(), spans)
+    }
+
     /// Arguments `from..`.
     pub fn from(&self, from: usize) -> impl ExactSizeIterator<Item = &[u8]> {
         self.spans[from.min(self.spans.len())..]

@@ -374,7 +374,7 @@ impl Replica {
 
     pub(super) fn respond(&mut self, responder: Responder, result: Result<(), ReplicaError>) {
         match responder {
-            Responder::Api { reply, body } => self.api_answer(reply, body, result),
+            Responder::Api { reply, response } => self.send_reply(reply, result.map(|()| response)),
             Responder::Handle { tx, dot } => {
                 let _ = tx.send(result.map(|()| dot));
             }

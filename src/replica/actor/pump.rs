@@ -24,10 +24,8 @@ use crate::wire::{Envelope, WireCodec, WireError};
 pub(crate) enum Inbound {
     /// A valid replication message from a peer, and the length of its frame.
     Replication(Box<Envelope>, usize),
-    /// A request of the API, from NATS.
-    Api(Box<Message>),
-    /// A request of the API made in this process, and where its reply goes.
-    InProcess(Box<Message>, oneshot::Sender<super::reply::ApiResponse>),
+    /// A request of the API (from NATS or made in this process), and where its answer goes.
+    Api(Box<(crate::api::Request, super::reply::ReplyTo)>),
     /// A connection event.
     Event(TransportEvent),
     /// The pending delta, filled by updates applied in the subscription tasks, is full:
@@ -45,7 +43,7 @@ impl Inbound {
     pub(super) fn size(&self) -> u64 {
         match self {
             Inbound::Replication(_, len) => *len as u64,
-            Inbound::Api(m) | Inbound::InProcess(m, _) => m.payload.len() as u64,
+            Inbound::Api(call) => call.0.payload_len() as u64,
             Inbound::Event(_) | Inbound::Commit | Inbound::Wake | Inbound::LoggedCommit => 0,
         }
     }

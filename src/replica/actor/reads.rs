@@ -14,17 +14,15 @@ use std::sync::atomic::Ordering;
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
-use serde_json::json;
 use tokio::sync::oneshot;
 
 use super::items::{check_item, map_prefetched};
 use super::pump::{Refused, offer};
-use super::reply::{ApiReply, ApiResponse, ReplyTo, api_reply_format, failure_reply};
-use super::updates::{AddOutcome, BatchAdd, InPlace, Lock, Updates};
-use super::{Route, Shared};
+use super::reply::{ApiReply, ReplyTo, failure_reply, nats_request};
+use super::updates::{Applied, Lock, Updates};
+use super::{CommitTicket, Route, Shared};
 use crate::ReplicaId;
-use crate::api::batch::{self, Limits};
-use crate::api::{AddMode, Op, ReplyFormat};
+use crate::api::{ReplyFormat, Request, Response};
 use crate::replica::ReplicaError;
 use crate::replica::ack::AckLevel;
 use crate::replica::metrics::{Channel, Direction, OpKind};
@@ -59,11 +57,7 @@ pub(crate) fn refusal(
     msg: Message,
     e: &ReplicaError,
 ) -> Option<(String, HeaderMap, Bytes)> {
-    let to = ReplyTo::Subject(msg.reply?);
-    match failure_reply(e).finish(replica, Some(to)) {
-        Some((ReplyTo::Subject(to), headers, payload)) => Some((to, headers, payload)),
-        _ => None,
-    }
+    failure_reply(e).finish(replica, None, Some(msg.reply?))
 }
 
 /// Everything a subscription task needs to answer queries itself.
@@ -76,278 +70,197 @@ pub(crate) struct Reads {
     pub updates: Arc<Updates>,
 }
 
-/// What [`Reads::answer`] came to.
-enum Answer {
-    /// Answered here.
-    Here(ApiReply),
+/// Where a request is answered, and how.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Place {
+    /// In a subscription task, from NATS: updates only where answered once applied
+    /// ([`Updates::applies_in_task`]), without waiting for the filter's lock.
+    Task,
+    /// In the caller's thread, in this process: `durable` adds too, their answer then
+    /// waiting for the commit ([`Updates::applies_in_place`]); the lock waited for a moment
+    /// ([`Lock::Block`]).
+    Caller,
+}
+
+/// What answering a request outside the actor came to.
+#[derive(Debug)]
+pub(super) enum Answer {
+    /// Answered.
+    Here(Result<Response, ReplicaError>),
+    /// Applied: answered once the commit that carries it is synced.
+    AfterCommit(CommitTicket, Response),
     /// For the actor.
-    Actor,
+    Actor(Request),
 }
 
 impl Reads {
     /// Where a request from NATS goes: answered here if it is a query (or an update applied
     /// here), else to the actor.
     pub(super) fn route(&self, msg: Message) -> Route {
-        let op = self
-            .subjects
-            .api_op(&msg.subject)
-            .and_then(|op| op.parse::<Op>().ok());
+        let served = Some(self.service.serve(&msg.subject));
+        let op = self.subjects.api_op(&msg.subject);
+        let parsed = nats_request(op, &self.subjects.api_root, &msg, self.shared.limits);
         let answer = if self.shared.closed.load(Ordering::Acquire) {
             // Stopping (its filter dropped, its node shutting down): refused at once, so that
             // a requester learns it now, not after its timeout once the subscription is gone
             // (or the actor dropped what it was handed).
-            let mut body = failure_reply(&ReplicaError::Stopped);
-            body.served = Some(self.service.serve(&msg.subject));
-            Answer::Here(body)
+            Err(ReplicaError::Stopped)
         } else {
-            self.answer(op, &msg, Lock::Try)
+            parsed.map(|(request, format)| (self.answer(request, Place::Task), format))
         };
-        match answer {
-            Answer::Here(body) => {
-                match body.finish(self.replica, msg.reply.map(ReplyTo::Subject)) {
-                    Some((ReplyTo::Subject(to), headers, payload)) => {
-                        self.shared
-                            .telemetry
-                            .traffic(Direction::Out, Channel::Api, payload.len());
-                        Route::Reply(to, headers, payload)
-                    }
-                    _ => Route::Drop,
-                }
+        let (result, format) = match answer {
+            Ok((Answer::Here(result), format)) => (result, format),
+            Ok((Answer::Actor(request), format)) => {
+                let reply = ReplyTo::Nats {
+                    subject: msg.reply,
+                    format,
+                    served,
+                };
+                return Route::Actor(super::Inbound::Api(Box::new((request, reply))));
             }
-            Answer::Actor => Route::Actor(super::Inbound::Api(Box::new(msg))),
+            Ok((Answer::AfterCommit(..), _)) => unreachable!("a task never waits for a commit"),
+            Err(e) => {
+                self.shared.telemetry.api_errors(e.reason(), 1);
+                (Err(e), ReplyFormat::Json)
+            }
+        };
+        match ApiReply::of_result(result, format).finish(self.replica, served, msg.reply) {
+            Some((to, headers, payload)) => {
+                self.shared
+                    .telemetry
+                    .traffic(Direction::Out, Channel::Api, payload.len());
+                Route::Reply(to, headers, payload)
+            }
+            None => Route::Drop,
         }
     }
 
-    /// Answers a request made in this process: here where [`Reads::route`] would (unless
-    /// `queued`), else through the actor's inbound buffer ([`ReplicaError::Busy`] if it is
-    /// full).
-    pub(crate) fn in_process(
-        &self,
-        op: Op,
-        payload: Bytes,
-        headers: Option<HeaderMap>,
-        queued: bool,
-    ) -> PendingResponse {
-        let msg = Message {
-            subject: self.subjects.api_subject(op.name()),
-            payload,
-            reply: None,
-            headers,
-        };
-        let answer = if queued {
-            Answer::Actor
-        } else {
-            self.answer(Some(op), &msg, Lock::Block)
+    /// Answers a request made in this process: here where [`Reads::route`] would, and
+    /// `durable` adds of the kinds applied outside the actor too (unless `queued`), else
+    /// through the actor's inbound buffer ([`ReplicaError::Busy`] if it is full).
+    pub(crate) fn call(&self, request: Request, queued: bool) -> PendingResponse {
+        let answer = match queued {
+            true => Answer::Actor(request),
+            false => self.answer(request, Place::Caller),
         };
         match answer {
-            Answer::Here(body) => {
-                let (_, headers, payload) = body
-                    .finish(self.replica, Some(ReplyTo::Subject(String::new())))
-                    .expect("a reply was asked for");
-                PendingResponse::Ready(Some(ApiResponse { headers, payload }))
+            Answer::Here(result) => PendingResponse::Ready(Some(result)),
+            Answer::AfterCommit(ticket, response) => {
+                PendingResponse::AfterCommit(Box::pin(async move {
+                    ticket.settled().await.map(|()| response)
+                }))
             }
-            Answer::Actor => {
+            Answer::Actor(request) => {
                 let (tx, rx) = oneshot::channel();
+                // It waits: its items in a buffer of their own, not the caller's.
+                let call = Box::new((request.compact(), ReplyTo::InProcess(tx)));
                 match offer(
                     &self.shared,
                     &self.updates.to_actor,
-                    super::Inbound::InProcess(Box::new(msg), tx),
+                    super::Inbound::Api(call),
                 ) {
                     Ok(()) => PendingResponse::Actor(rx),
-                    Err(Refused::Full) => PendingResponse::Failed(ReplicaError::Busy),
-                    Err(Refused::Closed) => PendingResponse::Failed(ReplicaError::Stopped),
+                    Err(Refused::Full) => PendingResponse::Ready(Some(Err(ReplicaError::Busy))),
+                    Err(Refused::Closed) => {
+                        PendingResponse::Ready(Some(Err(ReplicaError::Stopped)))
+                    }
                 }
             }
         }
     }
 
-    /// `contains` of one item made in this process, answered typed: no subject, headers or
-    /// JSON (the RESP front end's commonest command). Counted in the replica's metrics, not on
-    /// its `$SRV` endpoints, which count the requests that came over NATS.
-    pub(crate) fn contains_now(&self, item: &[u8]) -> Result<bool, ReplicaError> {
-        self.shared
-            .telemetry
-            .traffic(Direction::In, Channel::Api, item.len());
-        contains_one(&self.shared, item).inspect_err(|e| {
+    /// The answer of `request` outside the actor, at `place`, or [`Answer::Actor`] if the
+    /// actor gives it.
+    pub(super) fn answer(&self, request: Request, place: Place) -> Answer {
+        let op = request.op();
+        let answer = if op.is_update() {
+            self.update(request, place)
+        } else if op.is_query() {
+            self.shared
+                .telemetry
+                .traffic(Direction::In, Channel::Api, request.payload_len());
+            Answer::Here(query(&self.shared, &request))
+        } else {
+            return Answer::Actor(request);
+        };
+        if let Answer::Here(Err(e)) = &answer {
             self.shared.telemetry.api_errors(e.reason(), 1);
-        })
-    }
-
-    /// `add` of one item made in this process, applied here and answered typed where a
-    /// request would be applied here ([`Updates::applies_in_task`]: a grow-only kind at
-    /// `local` or `logged`) and the filter's lock comes within [`Lock::Block`]'s wait. `ack`: the level
-    /// asked for (unset: the replica's default). `None`: nothing was applied; the request
-    /// path takes it.
-    pub(crate) fn add_now(
-        &self,
-        item: &[u8],
-        mode: AddMode,
-        ack: Option<AckLevel>,
-    ) -> Option<Result<InPlace<AddOutcome>, ReplicaError>> {
-        self.update_now(Op::Add, ack, item.len(), |updates, durable| {
-            let added = updates.add_one(item, mode, Lock::Block, &mut || Ok(u64::MAX), durable)?;
-            Ok(added.map(|a| (a.outcome, a.changed, a.commit)))
-        })
-    }
-
-    /// `mcontains` of `items` made in this process, answered typed (see
-    /// [`Reads::contains_now`]). The caller checked the items against the replica's limits.
-    pub(crate) fn mcontains_now(&self, items: &[&[u8]]) -> Vec<bool> {
-        self.shared
-            .telemetry
-            .traffic(Direction::In, Channel::Api, batch_bytes(items));
-        contains_each(&self.shared, items)
-    }
-
-    /// `madd` of `items` in `mode` made in this process, applied and answered typed where
-    /// [`Reads::add_now`] would apply an `add`; `None`: nothing was applied. The caller
-    /// checked the items against the replica's limits.
-    pub(crate) fn madd_now(
-        &self,
-        items: &[&[u8]],
-        mode: AddMode,
-        ack: Option<AckLevel>,
-    ) -> Option<Result<InPlace<BatchAdd>, ReplicaError>> {
-        self.update_now(Op::MAdd, ack, batch_bytes(items), |updates, durable| {
-            let added = updates.add_items(items, mode, Lock::Block, &mut || Ok(u64::MAX), durable);
-            Ok(added?.map(|batch| {
-                let (changed, commit) = (batch.applied_any, batch.commit);
-                (batch, changed, commit)
-            }))
-        })
-    }
-
-    /// Update `op` (of `bytes`) at `ack` made in this process: `apply` runs it if it is
-    /// applied here (told whether it is `durable`; answering its outcome, whether it changed
-    /// the state, and the commit it then waits for), and answers `None` if it was not (the
-    /// lock held too long). Counted and settled
-    /// ([`Updates::settle_in_task`]) as the request path does.
-    fn update_now<T>(
-        &self,
-        op: Op,
-        ack: Option<AckLevel>,
-        bytes: usize,
-        apply: impl FnOnce(&Updates, bool) -> Result<Option<(T, bool, Option<u64>)>, ReplicaError>,
-    ) -> Option<Result<InPlace<T>, ReplicaError>> {
-        let updates = &self.updates;
-        let level = ack.unwrap_or(updates.default_ack);
-        if let Err(e) = updates.check_level(level) {
-            return Some(Err(e));
         }
-        if !updates.applies_in_place(op, level) {
-            return None;
+        answer
+    }
+
+    /// Applies an update here if it may be at `place` and the filter's lock comes as
+    /// `place` allows; else hands it to the actor.
+    fn update(&self, request: Request, place: Place) -> Answer {
+        let updates = &self.updates;
+        let level = match updates.level(request.ack()) {
+            Ok(level) => level,
+            Err(e) => return Answer::Here(Err(e)),
+        };
+        let (here, lock) = match place {
+            Place::Task => (updates.applies_in_task(request.op(), level), Lock::Try),
+            Place::Caller => (updates.applies_in_place(request.op(), level), Lock::Block),
+        };
+        if !here {
+            return Answer::Actor(request);
         }
         let durable = level == AckLevel::Durable;
-        let applied =
-            apply(updates, durable)
-                .transpose()?
-                .and_then(|(outcome, changed, commit)| {
-                    updates.settle_in_task(level, changed)?;
-                    let ticket = commit.map(|batch| self.shared.commits.ticket(batch));
-                    Ok(InPlace { outcome, ticket })
-                });
+        let answer = match updates.apply(&request, level, lock, &mut || Ok(u64::MAX), durable) {
+            Ok(None) => return Answer::Actor(request),
+            Ok(Some(Applied {
+                level,
+                changed,
+                response,
+                commit,
+            })) => match updates.settle_in_task(level, changed) {
+                Err(e) => Answer::Here(Err(e)),
+                Ok(()) => match commit {
+                    Some(batch) => Answer::AfterCommit(self.shared.commits.ticket(batch), response),
+                    None => Answer::Here(Ok(response)),
+                },
+            },
+            Err(e) => Answer::Here(Err(e)),
+        };
         self.shared
             .telemetry
-            .traffic(Direction::In, Channel::Api, bytes);
-        Some(applied.inspect_err(|e| self.shared.telemetry.api_errors(e.reason(), 1)))
-    }
-
-    /// The answer of a request here, or [`Answer::Actor`] if the actor gives it; an update
-    /// applied here takes the filter's lock as `lock` says.
-    fn answer(&self, op: Option<Op>, msg: &Message, lock: Lock) -> Answer {
-        if let Some(op) = op
-            && op.is_update()
-        {
-            return self.update(op, msg, lock);
-        }
-        if !matches!(
-            op,
-            Some(Op::Contains | Op::MContains | Op::Count | Op::MCount)
-        ) {
-            return Answer::Actor;
-        }
-        self.shared
-            .telemetry
-            .traffic(Direction::In, Channel::Api, msg.payload.len());
-        let served = self.service.serve(&msg.subject);
-        let result = match op {
-            Some(op @ (Op::Count | Op::MCount)) => {
-                count_reply(&self.filter(), op, msg, self.shared.limits)
-            }
-            _ => query_reply(&self.shared, op == Some(Op::MContains), msg),
-        };
-        let mut body = match result {
-            Ok(body) => body,
-            Err(e) => {
-                self.shared.telemetry.api_errors(e.reason(), 1);
-                failure_reply(&e)
-            }
-        };
-        body.served = Some(served);
-        Answer::Here(body)
-    }
-
-    /// Applies an update here if it may be ([`Updates::applies_in_task`]) and the filter's
-    /// lock is free (or `lock` waits for it); else hands it to the actor, which also answers a
-    /// malformed one.
-    fn update(&self, op: Op, msg: &Message, lock: Lock) -> Answer {
-        let updates = &self.updates;
-        match updates.level(msg) {
-            Ok(level) if updates.applies_in_task(op, level) => {
-                let served = self.service.serve(&msg.subject);
-                let applied = updates
-                    .apply(op, level, msg, lock, &mut || Ok(u64::MAX))
-                    .and_then(|applied| match applied {
-                        Some(a) => updates.settle_in_task(a.level, a.changed).map(|()| Some(a)),
-                        None => Ok(None),
-                    });
-                let mut body = match applied {
-                    Ok(None) => return Answer::Actor,
-                    Ok(Some(applied)) => applied.body,
-                    Err(e) => {
-                        self.shared.telemetry.api_errors(e.reason(), 1);
-                        failure_reply(&e)
-                    }
-                };
-                self.shared
-                    .telemetry
-                    .traffic(Direction::In, Channel::Api, msg.payload.len());
-                body.served = Some(served);
-                Answer::Here(body)
-            }
-            _ => Answer::Actor,
-        }
-    }
-
-    fn filter(&self) -> std::sync::RwLockReadGuard<'_, crate::replica::AnyFilter> {
-        self.shared.filter.read().expect("filter lock poisoned")
+            .traffic(Direction::In, Channel::Api, request.payload_len());
+        answer
     }
 }
 
-/// The reply of a request made in this process ([`crate::replica::ReplicaHandle::request`]):
-/// ready at once where a subscription task would have answered it, else the actor's.
+/// The answer of a request made in this process ([`crate::replica::ReplicaHandle::call`]):
+/// ready at once where a subscription task would have answered it, after its commit for a
+/// `durable` add applied in place, else the actor's.
 #[must_use = "a future does nothing unless awaited"]
 pub enum PendingResponse {
     /// Answered already (taken once polled).
-    Ready(Option<ApiResponse>),
+    Ready(Option<Result<Response, ReplicaError>>),
+    /// Applied; answered once its commit is synced.
+    AfterCommit(futures::future::BoxFuture<'static, Result<Response, ReplicaError>>),
     /// The actor answers.
-    Actor(oneshot::Receiver<ApiResponse>),
-    /// Not taken (taken once polled).
-    Failed(ReplicaError),
+    Actor(oneshot::Receiver<Result<Response, ReplicaError>>),
+}
+
+impl PendingResponse {
+    /// Whether the actor answers it (its answer then comes in the order the actor takes
+    /// requests).
+    pub fn via_actor(&self) -> bool {
+        matches!(self, PendingResponse::Actor(_))
+    }
 }
 
 impl std::fmt::Debug for PendingResponse {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             PendingResponse::Ready(_) => "PendingResponse::Ready",
+            PendingResponse::AfterCommit(_) => "PendingResponse::AfterCommit",
             PendingResponse::Actor(_) => "PendingResponse::Actor",
-            PendingResponse::Failed(_) => "PendingResponse::Failed",
         })
     }
 }
 
 impl Future for PendingResponse {
-    type Output = Result<ApiResponse, ReplicaError>;
+    type Output = Result<Response, ReplicaError>;
 
     fn poll(
         mut self: std::pin::Pin<&mut Self>,
@@ -355,41 +268,52 @@ impl Future for PendingResponse {
     ) -> std::task::Poll<Self::Output> {
         use std::task::Poll;
         match &mut *self {
-            PendingResponse::Ready(r) => Poll::Ready(r.take().ok_or(ReplicaError::Stopped)),
+            PendingResponse::Ready(r) => {
+                Poll::Ready(r.take().unwrap_or(Err(ReplicaError::Stopped)))
+            }
+            PendingResponse::AfterCommit(f) => f.as_mut().poll(cx),
             // The actor stopped before answering: the request may or may not have applied.
             PendingResponse::Actor(rx) => std::pin::Pin::new(rx)
                 .poll(cx)
-                .map(|r| r.map_err(|_| ReplicaError::Stopped)),
-            PendingResponse::Failed(e) => {
-                Poll::Ready(Err(std::mem::replace(e, ReplicaError::Stopped)))
-            }
+                .map(|r| r.unwrap_or(Err(ReplicaError::Stopped))),
         }
     }
 }
 
-/// The answer of `contains` or, for a `batch`, `mcontains`, from the shared state: through
-/// the lock-free reader where the kind has one.
-pub(super) fn query_reply(
-    shared: &Shared,
-    batch: bool,
-    msg: &Message,
-) -> Result<ApiReply, ReplicaError> {
-    if !batch {
-        return Ok(ApiReply::contains(contains_one(shared, &msg.payload)?));
+/// The answer of a query (`contains`, `mcontains`, `count`, `mcount`) from the shared state:
+/// through the lock-free reader where the kind has one.
+pub(super) fn query(shared: &Shared, request: &Request) -> Result<Response, ReplicaError> {
+    let checked = |items: &crate::api::Items| {
+        items
+            .check(shared.limits)
+            .map_err(|e| ReplicaError::InvalidItem(e.to_string()))
+    };
+    let counts = |f: &crate::replica::AnyFilter, items: &mut dyn Iterator<Item = &[u8]>| {
+        items.map(|i| f.count(i)).collect::<Result<Vec<u64>, _>>()
+    };
+    match request {
+        Request::Contains { item } => contains_one(shared, item).map(Response::Contains),
+        Request::MContains { items } => {
+            checked(items)?;
+            Ok(Response::MContains(contains_each(shared, &items.slices())))
+        }
+        Request::Count { item } => {
+            check_item(item, shared.limits.max_item_bytes)?;
+            Ok(Response::Count(filter(shared).count(item)?))
+        }
+        Request::MCount { items } => {
+            checked(items)?;
+            Ok(Response::MCount(counts(
+                &filter(shared),
+                &mut items.iter(),
+            )?))
+        }
+        other => unreachable!("{:?} is not a query", other.op()),
     }
-    let format = api_reply_format(msg)?;
-    let items = batch::decode(&msg.payload, shared.limits)
-        .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
-    let found = contains_each(shared, &items);
-    Ok(match format {
-        ReplyFormat::Json => ApiReply::json(&json!({ "contains": found })),
-        ReplyFormat::Bitmap => ApiReply::bitmap(&found, None),
-    })
 }
 
-/// The bytes of `items` in the batch framing ([`batch::encode`]), as a request carries them.
-fn batch_bytes(items: &[&[u8]]) -> usize {
-    items.iter().map(|i| i.len() + 4).sum()
+fn filter(shared: &Shared) -> std::sync::RwLockReadGuard<'_, crate::replica::AnyFilter> {
+    shared.filter.read().expect("filter lock poisoned")
 }
 
 /// Whether the state contains each of `items` (checked already), through the lock-free
@@ -404,7 +328,7 @@ fn contains_each(shared: &Shared, items: &[&[u8]]) -> Vec<bool> {
             |i| r.contains(i),
         ),
         None => {
-            let f = shared.filter.read().expect("filter lock poisoned");
+            let f = filter(shared);
             let now = if shared.kind.clocked() {
                 shared.clock.for_reads(f.clock_bounds())
             } else {
@@ -430,7 +354,7 @@ fn contains_one(shared: &Shared, item: &[u8]) -> Result<bool, ReplicaError> {
     let r = check_item(item, shared.limits.max_item_bytes).map(|()| match &shared.reader {
         Some(r) => r.contains(item),
         None => {
-            let f = shared.filter.read().expect("filter lock poisoned");
+            let f = filter(shared);
             if shared.kind.clocked() {
                 f.contains_as_of(item, shared.clock.for_reads(f.clock_bounds()))
             } else {
@@ -442,36 +366,28 @@ fn contains_one(shared: &Shared, item: &[u8]) -> Result<bool, ReplicaError> {
     r
 }
 
-/// The answer of `count` (`{"count":N}`) or `mcount` (`{"count":[N...]}`, JSON only), from
-/// `f`; [`ReplicaError::NotCounting`] for a kind that does not count.
-pub(super) fn count_reply(
-    f: &crate::replica::AnyFilter,
-    op: Op,
-    msg: &Message,
-    limits: Limits,
-) -> Result<ApiReply, ReplicaError> {
-    if op == Op::Count {
-        let item = &msg.payload[..];
-        check_item(item, limits.max_item_bytes)?;
-        return Ok(ApiReply::json(&json!({ "count": f.count(item)? })));
-    }
-    if api_reply_format(msg)? != ReplyFormat::Json {
-        return Err(ReplicaError::InvalidItem(
-            "mcount replies in JSON only (its counts are not bits)".into(),
-        ));
-    }
-    let items = batch::decode(&msg.payload, limits)
-        .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
-    let counts = items
-        .iter()
-        .map(|&i| f.count(i))
-        .collect::<Result<Vec<u64>, _>>()?;
-    Ok(ApiReply::json(&json!({ "count": counts })))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{AddMode, AddOutcome};
+
+    /// An add of `item` in `mode` at `level` made in this process, as answered outside the
+    /// actor.
+    fn add_here(reads: &Reads, item: &'static [u8], mode: AddMode, level: AckLevel) -> Answer {
+        let add = Request::Add {
+            item: Bytes::from_static(item),
+            mode,
+            ack: Some(level),
+        };
+        reads.answer(add, Place::Caller)
+    }
+
+    fn outcome(outcome: AddOutcome) -> Response {
+        Response::Added {
+            mode: AddMode::ReportNew,
+            outcome,
+        }
+    }
 
     /// A stopping replica refuses every request on its subjects at once: the requester learns
     /// it now, not after its timeout once the subscriptions are gone.
@@ -530,8 +446,11 @@ mod tests {
         let shared = Arc::downgrade(&handle.shared);
         handle.shutdown().await.unwrap();
         handle.shared.lifecycle.gone().await;
+        let contains = handle.call(Request::Contains {
+            item: Bytes::from_static(b"x"),
+        });
         assert!(matches!(
-            handle.contains_now(b"x"),
+            contains.await,
             Err(crate::replica::ReplicaError::Stopped)
         ));
         drop(handle);
@@ -582,20 +501,14 @@ mod tests {
         let sent = handle.stats().await.unwrap().deltas_sent;
         handle.add(b"first".to_vec()).await.unwrap();
         let sent = committed(sent + 1).await;
-        let local = reads.add_now(b"a", AddMode::Always, Some(AckLevel::Local));
-        assert!(matches!(local, Some(Ok(_))), "applied here");
+        let local = add_here(&reads, b"a", AddMode::Always, AckLevel::Local);
+        assert!(matches!(local, Answer::Here(Ok(_))), "applied here");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         let s = handle.stats().await.unwrap();
         assert!(s.pending_delta > 0 && s.deltas_sent == sent, "{s:?}");
-        let logged = reads.add_now(b"b", AddMode::ReportNew, Some(AckLevel::Logged));
+        let logged = add_here(&reads, b"b", AddMode::ReportNew, AckLevel::Logged);
         assert!(
-            matches!(
-                logged,
-                Some(Ok(InPlace {
-                    outcome: AddOutcome::New,
-                    ticket: None
-                }))
-            ),
+            matches!(logged, Answer::Here(Ok(r)) if r == outcome(AddOutcome::New)),
             "applied here, answered now"
         );
         assert_eq!(
@@ -605,9 +518,9 @@ mod tests {
         );
         // A log known to have failed is said, not promised; the add stays applied.
         handle.shared.wal_failed.store(true, Ordering::Release);
-        let refused = reads.add_now(b"c", AddMode::Always, Some(AckLevel::Logged));
+        let refused = add_here(&reads, b"c", AddMode::Always, AckLevel::Logged);
         assert!(
-            matches!(refused, Some(Err(ReplicaError::NotDurable(_)))),
+            matches!(refused, Answer::Here(Err(ReplicaError::NotDurable(_)))),
             "{refused:?}"
         );
         assert!(handle.contains(b"c"));
@@ -616,27 +529,25 @@ mod tests {
         // fsynced (it is in the log once the ticket settles; its delta waits for the
         // interval).
         let sent = handle.stats().await.unwrap().deltas_sent;
-        let durable = reads.add_now(b"d", AddMode::ReportNew, Some(AckLevel::Durable));
-        let Some(Ok(InPlace {
-            outcome: AddOutcome::New,
-            ticket: Some(ticket),
-        })) = durable
-        else {
+        let durable = add_here(&reads, b"d", AddMode::ReportNew, AckLevel::Durable);
+        let Answer::AfterCommit(ticket, added) = durable else {
             panic!("{durable:?}");
         };
+        assert_eq!(added, outcome(AddOutcome::New));
         ticket.settled().await.unwrap();
         let s = handle.stats().await.unwrap();
         assert!(s.pending_delta == 0 && s.deltas_sent == sent, "{s:?}");
         // One that adds nothing still waits for a commit, a sync of the log: it rests on what
         // earlier commits wrote, perhaps not synced yet.
-        let again = reads.add_now(b"d", AddMode::IfAbsent, Some(AckLevel::Durable));
-        let Some(Ok(InPlace {
-            outcome: AddOutcome::Skipped,
-            ticket: Some(ticket),
-        })) = again
-        else {
+        let again = add_here(&reads, b"d", AddMode::IfAbsent, AckLevel::Durable);
+        let Answer::AfterCommit(ticket, skipped) = again else {
             panic!("{again:?}");
         };
+        let skipped_outcome = Response::Added {
+            mode: AddMode::IfAbsent,
+            outcome: AddOutcome::Skipped,
+        };
+        assert_eq!(skipped, skipped_outcome);
         ticket.settled().await.unwrap();
         assert_eq!(
             handle.stats().await.unwrap().deltas_sent,
@@ -645,11 +556,8 @@ mod tests {
         );
         // A ticket taken as the replica stops settles with the stop: its final snapshot
         // holds the update.
-        let last = reads.add_now(b"e", AddMode::Always, Some(AckLevel::Durable));
-        let Some(Ok(InPlace {
-            ticket: Some(last), ..
-        })) = last
-        else {
+        let last = add_here(&reads, b"e", AddMode::Always, AckLevel::Durable);
+        let Answer::AfterCommit(last, _) = last else {
             panic!("{last:?}");
         };
         handle.shutdown().await.unwrap();

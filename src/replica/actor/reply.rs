@@ -1,14 +1,19 @@
-//! What the request API answers, and to whom: a reply's body and headers ([`ApiReply`]),
-//! where it goes ([`ReplyTo`]), the reply of a request made in this process
-//! ([`ApiResponse`]), and who waits for an update's acknowledgement level ([`Responder`]).
-//! Shared by the actor and the subscription tasks that answer requests without it.
+//! The NATS edge of the request API: a NATS request (subject, headers, payload) read as a
+//! typed [`Request`] ([`nats_request`]), and a [`Response`] or an error written as the reply's
+//! body and headers ([`ApiReply`]); where an answer goes ([`ReplyTo`]: a NATS subject or a
+//! caller in this process, who gets the typed answer) and who waits for an update's
+//! acknowledgement level ([`Responder`]). Headers and JSON exist only here. Shared by the
+//! actor and the subscription tasks that answer requests without it.
 
 use bytes::Bytes;
 use serde_json::json;
 use tokio::sync::oneshot;
 
-use crate::api::batch;
-use crate::api::{ERROR_HEADER, FAILED_HEADER, REPLICA_HEADER, REPLY_HEADER, ReplyFormat};
+use crate::api::batch::{self, Limits};
+use crate::api::{
+    ACK_HEADER, ADD_MODE_HEADER, AckLevel, AddMode, AddOutcome, ERROR_HEADER, FAILED_HEADER,
+    FORMAT_HEADER, Items, Op, REPLICA_HEADER, REPLY_HEADER, ReplyFormat, Request, Response,
+};
 use crate::replica::ReplicaError;
 use crate::replica::service::{
     SERVICE_ERROR_CODE_HEADER, SERVICE_ERROR_HEADER, Served, ServiceError,
@@ -31,24 +36,21 @@ pub(crate) struct ApiReply {
     failed: Option<String>,
     /// An error answer: for the service API's error headers and counts.
     failure: Option<ServiceError>,
-    /// The request it answers, counted on its service endpoint once sent.
-    pub(super) served: Option<Served>,
 }
 
 impl ApiReply {
-    pub(super) fn json(body: &serde_json::Value) -> Self {
+    fn json(body: &serde_json::Value) -> Self {
         ApiReply {
             payload: serde_json::to_vec(body).expect("JSON serialize").into(),
             bitmap: false,
             error: None,
             failed: None,
             failure: None,
-            served: None,
         }
     }
 
     /// Bytes as they are (`export`: a filter in another library's format).
-    pub(super) fn raw(body: Vec<u8>) -> Self {
+    fn raw(body: Vec<u8>) -> Self {
         ApiReply {
             payload: body.into(),
             ..Self::fixed(b"")
@@ -56,19 +58,18 @@ impl ApiReply {
     }
 
     /// A JSON body known at compile time: the single operations' answers, without serializing.
-    pub(super) fn fixed(body: &'static [u8]) -> Self {
+    fn fixed(body: &'static [u8]) -> Self {
         ApiReply {
             payload: Bytes::from_static(body),
             bitmap: false,
             error: None,
             failed: None,
             failure: None,
-            served: None,
         }
     }
 
     /// The answer of `contains`.
-    pub(super) fn contains(found: bool) -> Self {
+    fn contains(found: bool) -> Self {
         Self::fixed(if found {
             b"{\"contains\":true}"
         } else {
@@ -77,7 +78,7 @@ impl ApiReply {
     }
 
     /// Names the refused items of a batch (none: no header).
-    pub(super) fn with_failed(mut self, failed: &[usize]) -> Self {
+    fn with_failed(mut self, failed: &[usize]) -> Self {
         if !failed.is_empty() {
             let list: Vec<String> = failed.iter().map(usize::to_string).collect();
             self.failed = Some(list.join(","));
@@ -85,64 +86,97 @@ impl ApiReply {
         self
     }
 
-    pub(super) fn bitmap(bits: &[bool], error: Option<String>) -> Self {
+    fn bitmap(bits: &[bool], error: Option<String>) -> Self {
         ApiReply {
             payload: batch::encode_bitmap(bits.iter().copied()).into(),
             bitmap: true,
             error,
             failed: None,
             failure: None,
-            served: None,
         }
     }
 }
 
-/// Where the reply of a request goes.
+/// Where the answer of a request goes.
 pub(crate) enum ReplyTo {
-    /// A NATS reply subject.
-    Subject(String),
-    /// The caller of [`crate::replica::ReplicaHandle::request`], in this process.
-    InProcess(oneshot::Sender<ApiResponse>),
-}
-
-/// The reply of a request of the API made in this process
-/// ([`crate::replica::ReplicaHandle::request`]): what a NATS requester would receive.
-#[derive(Debug, Clone)]
-pub struct ApiResponse {
-    /// The reply's headers ([`REPLICA_HEADER`], [`REPLY_HEADER`] for a bitmap,
-    /// [`ERROR_HEADER`], and the service API's error headers on an error reply).
-    pub headers: async_nats::HeaderMap,
-    /// The body: JSON, or a bitmap where the headers say so.
-    pub payload: Bytes,
-}
-
-impl ApiResponse {
-    /// The error of an error reply (the service API's `Nats-Service-Error` header).
-    pub fn error(&self) -> Option<&str> {
-        self.headers.get(SERVICE_ERROR_HEADER).map(|v| v.as_str())
-    }
-
-    /// Whether the body is a bitmap ([`crate::api::batch::decode_bitmap`]) rather than JSON.
-    pub fn is_bitmap(&self) -> bool {
-        self.headers
-            .get(REPLY_HEADER)
-            .is_some_and(|v| v.as_str() == ReplyFormat::Bitmap.name())
-    }
+    /// A NATS requester: the reply subject (none: the request wants no reply), the format
+    /// of a batch's answer, and the request's count on its service endpoint.
+    Nats {
+        subject: Option<String>,
+        format: ReplyFormat,
+        served: Option<Served>,
+    },
+    /// A caller in this process ([`crate::replica::ReplicaHandle::call`]): the typed answer.
+    InProcess(oneshot::Sender<Result<Response, ReplicaError>>),
 }
 
 impl ApiReply {
-    /// Counts the request on its service endpoint, and makes the reply (where to, headers
+    /// The body and headers of `response` to a NATS request, a batch's in `format`.
+    pub(super) fn of(response: Response, format: ReplyFormat) -> ApiReply {
+        let json_or_bitmap = |field: &str, bits: &[bool]| match format {
+            ReplyFormat::Json => ApiReply::json(&json!({ field: bits })),
+            ReplyFormat::Bitmap => ApiReply::bitmap(bits, None),
+        };
+        match response {
+            Response::Added { mode, outcome } => ApiReply::fixed(match (mode, outcome) {
+                (AddMode::Always, _) => b"{\"added\":true}",
+                (_, AddOutcome::New) => b"{\"added\":true,\"new\":true}",
+                (_, AddOutcome::Known) => b"{\"added\":true,\"new\":false}",
+                (_, AddOutcome::Skipped) => b"{\"added\":false,\"new\":false}",
+            }),
+            Response::Removed(true) => ApiReply::fixed(b"{\"removed\":true}"),
+            Response::Removed(false) => ApiReply::fixed(b"{\"removed\":false}"),
+            Response::Contains(found) => ApiReply::contains(found),
+            Response::Count(n) => ApiReply::json(&json!({ "count": n })),
+            Response::MAdded(added) => match format {
+                ReplyFormat::Json => {
+                    let mut body = json!({"added": added.count()});
+                    if added.mode != AddMode::Always {
+                        body["new"] = json!(added.new_items);
+                    }
+                    if let Some(e) = &added.error {
+                        body["failed"] = json!(added.failed);
+                        body["error"] = json!(e);
+                    }
+                    ApiReply::json(&body)
+                }
+                ReplyFormat::Bitmap if added.mode == AddMode::Always => {
+                    ApiReply::bitmap(&added.added, added.error)
+                }
+                // Zeros mean "already there" too: the refused items are named.
+                ReplyFormat::Bitmap => ApiReply::bitmap(&added.new_items, added.error.clone())
+                    .with_failed(&added.failed),
+            },
+            Response::MRemoved(removed) => json_or_bitmap("removed", &removed),
+            Response::MContains(found) => json_or_bitmap("contains", &found),
+            Response::MCount(counts) => ApiReply::json(&json!({ "count": counts })),
+            Response::Stats(stats) => ApiReply::json(&stats),
+            Response::Imported => ApiReply::fixed(b"{\"imported\":true}"),
+            Response::Exported(bytes) => ApiReply::raw(bytes),
+        }
+    }
+
+    /// The reply to a NATS request answered `result`, a batch's in `format`.
+    pub(super) fn of_result(result: Result<Response, ReplicaError>, format: ReplyFormat) -> Self {
+        match result {
+            Ok(response) => ApiReply::of(response, format),
+            Err(e) => failure_reply(&e),
+        }
+    }
+
+    /// Counts the request on its service endpoint, and makes the reply (subject, headers
     /// naming `replica`, payload) if the request wants one.
     pub(super) fn finish(
-        mut self,
+        self,
         replica: ReplicaId,
-        reply: Option<ReplyTo>,
-    ) -> Option<(ReplyTo, async_nats::HeaderMap, Bytes)> {
+        served: Option<Served>,
+        subject: Option<String>,
+    ) -> Option<(String, async_nats::HeaderMap, Bytes)> {
         // Served even without a reply subject (a request published without one).
-        if let Some(served) = self.served.take() {
+        if let Some(served) = served {
             served.finish(self.failure.as_ref());
         }
-        let to = reply?;
+        let to = subject?;
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(REPLICA_HEADER, replica.to_string());
         if self.bitmap {
@@ -174,11 +208,8 @@ pub(super) fn failure_reply(e: &ReplicaError) -> ApiReply {
 
 /// Who gets the answer of an update waiting for its acknowledgement level.
 pub(crate) enum Responder {
-    /// A request of the API: the reply subject and the reply of a success.
-    Api {
-        reply: Option<ReplyTo>,
-        body: ApiReply,
-    },
+    /// A request of the API: where the answer goes, and the answer of a success.
+    Api { reply: ReplyTo, response: Response },
     /// A [`crate::replica::ReplicaHandle`] call.
     Handle {
         tx: oneshot::Sender<Result<Option<Dot>, ReplicaError>>,
@@ -186,11 +217,89 @@ pub(crate) enum Responder {
     },
 }
 
-/// The reply format a batch request asks for in its `Crpf-Reply` header (JSON by default).
-pub(super) fn api_reply_format(msg: &Message) -> Result<ReplyFormat, ReplicaError> {
-    match msg.headers.as_ref().and_then(|h| h.get(REPLY_HEADER)) {
-        None => Ok(ReplyFormat::Json),
-        Some(v) => v.as_str().parse().map_err(ReplicaError::InvalidItem),
+/// The request of NATS request `msg`, whose subject ends in operation `op` (`None`: no
+/// operation; `api_root`: the subject without one, for the error), and the format its
+/// answer is asked in; batches are checked against `limits`. What the headers say is read
+/// here and nowhere else.
+pub(crate) fn nats_request(
+    op: Option<&str>,
+    api_root: &str,
+    msg: &Message,
+    limits: Limits,
+) -> Result<(Request, ReplyFormat), ReplicaError> {
+    let op = match op.unwrap_or("") {
+        "" => {
+            return Err(ReplicaError::InvalidItem(format!(
+                "no operation: send to {api_root}.<{}>",
+                Op::ALL.map(Op::name).join("|")
+            )));
+        }
+        op => op.parse::<Op>().map_err(ReplicaError::InvalidItem)?,
+    };
+    let ack = match op.is_update() {
+        true => header(msg, ACK_HEADER)?,
+        false => None::<AckLevel>,
+    };
+    let format = match op.is_batch() {
+        true => header(msg, REPLY_HEADER)?.unwrap_or_default(),
+        false => ReplyFormat::Json,
+    };
+    let mode = || header(msg, ADD_MODE_HEADER).map(Option::unwrap_or_default);
+    if op == Op::MCount && format != ReplyFormat::Json {
+        return Err(ReplicaError::InvalidItem(
+            "mcount replies in JSON only (its counts are not bits)".into(),
+        ));
+    }
+    let items = || {
+        Items::framed(msg.payload.clone(), limits)
+            .map_err(|e| ReplicaError::InvalidItem(e.to_string()))
+    };
+    let go_format = || header(msg, FORMAT_HEADER).map(|f| f.unwrap_or(crate::GoFormat::Binary));
+    let item = msg.payload.clone();
+    let request = match op {
+        Op::Add => Request::Add {
+            mode: mode()?,
+            item,
+            ack,
+        },
+        Op::Remove => Request::Remove { item, ack },
+        Op::Contains => Request::Contains { item },
+        Op::Count => Request::Count { item },
+        Op::MAdd => Request::MAdd {
+            mode: mode()?,
+            items: items()?,
+            ack,
+        },
+        Op::MRemove => Request::MRemove {
+            items: items()?,
+            ack,
+        },
+        Op::MContains => Request::MContains { items: items()? },
+        Op::MCount => Request::MCount { items: items()? },
+        Op::Stats => Request::Stats,
+        Op::Import => Request::Import {
+            format: go_format()?,
+            filter: item,
+        },
+        Op::Export => Request::Export {
+            format: go_format()?,
+        },
+    };
+    Ok((request, format))
+}
+
+/// The value of header `name` of `msg`, if it has one.
+fn header<T: std::str::FromStr<Err = String>>(
+    msg: &Message,
+    name: &str,
+) -> Result<Option<T>, ReplicaError> {
+    match msg.headers.as_ref().and_then(|h| h.get(name)) {
+        None => Ok(None),
+        Some(v) => v
+            .as_str()
+            .parse()
+            .map(Some)
+            .map_err(ReplicaError::InvalidItem),
     }
 }
 
@@ -223,14 +332,14 @@ fn service_code(e: &ReplicaError) -> u16 {
 }
 
 /// The text an error reply to a request carries for `e` (its `Nats-Service-Error`), and
-/// whether its code says the filter was full: for a caller that answers in this process
-/// without an [`ApiResponse`] (the RESP front end's hot path).
+/// whether its code says the filter was full: for a caller in this process that answers in
+/// its own protocol (the RESP front end).
 pub(crate) fn error_of(e: &ReplicaError) -> (String, bool) {
     (header_text(&e.to_string()), service_code(e) == 507)
 }
 
 /// An error message fit for a header value: one line, bounded.
-fn header_text(e: &str) -> String {
+pub(crate) fn header_text(e: &str) -> String {
     e.chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .take(MAX_ERROR_HEADER)

@@ -13,25 +13,25 @@ use actix::prelude::*;
 
 use super::Replica;
 use super::pump::{API_LINGER, Outbound, Route, forward_stream};
-use super::reads::{Reads, count_reply, query_reply};
-use super::reply::{ApiReply, ApiResponse, ReplyTo, Responder, failure_reply};
+use super::reads::{Reads, query};
+use super::reply::{ApiReply, ReplyTo, Responder};
 use super::updates::{Applied, Lock};
-use crate::api::{FORMAT_HEADER, Op};
+use crate::api::{Request, Response};
 use crate::replica::ReplicaError;
 use crate::replica::ack::AckLevel;
 use crate::replica::metrics::{Channel, Direction, MergeSource};
-use crate::replica::service::{ApiService, Served};
+use crate::replica::service::ApiService;
 use crate::transport::{Message, MessageStream, confirm_subscriptions, subscribe_now};
 
 /// What a request came to, when it did not fail outright.
 enum Handled {
     /// A query: answered at once.
-    Answer(ApiReply),
+    Answer(Response),
     /// An applied update: answered once it reached `level` (see [`Replica::settle`]).
     Settle {
         level: AckLevel,
         changed: bool,
-        body: ApiReply,
+        response: Response,
     },
 }
 
@@ -213,42 +213,26 @@ impl Replica {
         }
     }
 
-    pub(super) fn on_api(&mut self, msg: Message, reply: Option<ReplyTo>, ctx: &mut Context<Self>) {
+    pub(super) fn on_api(&mut self, request: Request, reply: ReplyTo, ctx: &mut Context<Self>) {
         self.telemetry
-            .traffic(Direction::In, Channel::Api, msg.payload.len());
-        let served = self.service.as_ref().map(|s| s.serve(&msg.subject));
-        match self.api_request(&msg) {
-            Ok(Handled::Answer(mut body)) => {
-                body.served = served;
-                self.send_reply(reply, body)
-            }
+            .traffic(Direction::In, Channel::Api, request.payload_len());
+        match self.api_request(request) {
+            Ok(Handled::Answer(response)) => self.send_reply(reply, Ok(response)),
             Ok(Handled::Settle {
                 level,
                 changed,
-                mut body,
-            }) => {
-                body.served = served;
-                self.settle(level, changed, Responder::Api { reply, body }, ctx)
-            }
-            Err(e) => self.api_failed(reply, served, e),
+                response,
+            }) => self.settle(level, changed, Responder::Api { reply, response }, ctx),
+            Err(e) => self.send_reply(reply, Err(e)),
         }
     }
 
-    fn api_request(&mut self, msg: &Message) -> Result<Handled, ReplicaError> {
-        let op = match self.subjects.api_op(&msg.subject).unwrap_or("") {
-            "" => {
-                return Err(ReplicaError::InvalidItem(format!(
-                    "no operation: send to {}.<{}>",
-                    self.subjects.api_root,
-                    Op::ALL.map(Op::name).join("|")
-                )));
-            }
-            op => op.parse::<Op>().map_err(ReplicaError::InvalidItem)?,
-        };
-        Ok(match op {
-            op if op.is_update() => {
+    fn api_request(&mut self, request: Request) -> Result<Handled, ReplicaError> {
+        let op = request.op();
+        Ok(match request {
+            _ if op.is_update() => {
                 let updates = self.updates.clone();
-                let level = updates.level(msg)?;
+                let level = updates.level(request.ack())?;
                 let mut reserve = || {
                     self.reserve_tags()?;
                     Ok(self.tag_limit())
@@ -256,9 +240,10 @@ impl Replica {
                 let Applied {
                     level,
                     changed,
-                    body,
+                    response,
+                    ..
                 } = updates
-                    .apply(op, level, msg, Lock::Wait, &mut reserve)?
+                    .apply(&request, level, Lock::Wait, &mut reserve, false)?
                     .expect("the actor waits for the lock");
                 if changed {
                     self.local_change();
@@ -266,81 +251,62 @@ impl Replica {
                 Handled::Settle {
                     level,
                     changed,
-                    body,
+                    response,
                 }
             }
             // Queries are answered in the subscription tasks; the same answer here.
-            Op::Contains | Op::MContains => {
-                let batch = op == Op::MContains;
-                Handled::Answer(query_reply(&self.shared, batch, msg)?)
-            }
-            Op::Stats => {
+            _ if op.is_query() => Handled::Answer(query(&self.shared, &request)?),
+            Request::Stats => {
                 let stats = serde_json::to_value(self.stats()).expect("stats serialize");
-                Handled::Answer(ApiReply::json(&stats))
+                Handled::Answer(Response::Stats(stats))
             }
-            Op::Count | Op::MCount => {
-                let f = self.read();
-                Handled::Answer(count_reply(&f, op, msg, self.shared.limits)?)
+            Request::Export { format } => Handled::Answer(Response::Exported(
+                crate::replica::interop::export(&self.read(), format)?,
+            )),
+            Request::Import { format, filter } => {
+                self.import_filter(format, &filter)?;
+                Handled::Answer(Response::Imported)
             }
-            Op::Import | Op::Export => Handled::Answer(self.interop(op, msg)?),
             _ => unreachable!("every operation is handled above"),
         })
     }
 
-    /// `import` and `export` (issue 51, [`crate::replica::interop`]): an import merges as a
-    /// full state from elsewhere does ([`crate::replica::ReplicaHandle::merge`]).
-    fn interop(&mut self, op: Op, msg: &Message) -> Result<ApiReply, ReplicaError> {
+    /// `import` (issue 51, [`crate::replica::interop`]): merges as a full state from
+    /// elsewhere does ([`crate::replica::ReplicaHandle::merge`]).
+    fn import_filter(&mut self, format: crate::GoFormat, bytes: &[u8]) -> Result<(), ReplicaError> {
         use crate::replica::interop;
-        let format = match msg.headers.as_ref().and_then(|h| h.get(FORMAT_HEADER)) {
-            None => crate::GoFormat::Binary,
-            Some(v) => v.as_str().parse().map_err(ReplicaError::InvalidItem)?,
-        };
-        if op == Op::Export {
-            return Ok(ApiReply::raw(interop::export(&self.read(), format)?));
-        }
-        let (_, state) = interop::decode(format, &msg.payload)?;
+        let (_, state) = interop::decode(format, bytes)?;
         interop::check_fits(&self.read(), &state)?;
         let t = std::time::Instant::now();
         let merged = self.write_to_merge().merge(&state);
         self.record_merge(MergeSource::Local, t, merged.is_ok());
         merged?;
         self.local_change();
-        Ok(ApiReply::fixed(b"{\"imported\":true}"))
+        Ok(())
     }
 
-    /// Answers an update that waited for its acknowledgement level: `body` if it was
-    /// reached, else the error.
-    pub(super) fn api_answer(
-        &mut self,
-        reply: Option<ReplyTo>,
-        body: ApiReply,
-        result: Result<(), ReplicaError>,
-    ) {
-        match result {
-            Ok(()) => self.send_reply(reply, body),
-            Err(e) => self.api_failed(reply, body.served, e),
+    /// Sends the answer `result` where `reply` says: an error counted.
+    pub(super) fn send_reply(&mut self, reply: ReplyTo, result: Result<Response, ReplicaError>) {
+        if let Err(e) = &result {
+            self.api_error(e);
         }
-    }
-
-    fn api_failed(&mut self, reply: Option<ReplyTo>, served: Option<Served>, e: ReplicaError) {
-        self.api_error(&e);
-        let mut body = failure_reply(&e);
-        body.served = served;
-        self.send_reply(reply, body);
-    }
-
-    fn send_reply(&mut self, reply: Option<ReplyTo>, body: ApiReply) {
-        match body.finish(self.id(), reply) {
-            Some((ReplyTo::Subject(to), headers, payload)) => {
-                self.telemetry
-                    .traffic(Direction::Out, Channel::Api, payload.len());
-                self.enqueue(Outbound::Reply(Box::new((to, payload, headers))));
+        match reply {
+            ReplyTo::Nats {
+                subject,
+                format,
+                served,
+            } => {
+                let body = ApiReply::of_result(result, format);
+                if let Some((to, headers, payload)) = body.finish(self.id(), served, subject) {
+                    self.telemetry
+                        .traffic(Direction::Out, Channel::Api, payload.len());
+                    self.enqueue(Outbound::Reply(Box::new((to, payload, headers))));
+                }
             }
-            Some((ReplyTo::InProcess(tx), headers, payload)) => {
-                // The caller may have given up waiting: nothing to do then.
-                let _ = tx.send(ApiResponse { headers, payload });
+            // The caller may have given up waiting: nothing to do then.
+            ReplyTo::InProcess(tx) => {
+                let _ = tx.send(result);
             }
-            None => {}
         }
     }
 

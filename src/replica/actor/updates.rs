@@ -24,18 +24,14 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLockWriteGuard, TryLockError};
 
-use serde_json::json;
-
 use super::items::{check_item, prefetch_items_ahead};
-use super::reply::{ApiReply, api_reply_format};
 use super::{Inbound, Shared};
-use crate::api::batch;
-use crate::api::{ACK_HEADER, ADD_MODE_HEADER, AddMode, Op, ReplyFormat};
+pub(crate) use crate::api::AddOutcome;
+use crate::api::{AddMode, BatchAdded, Op, Request, Response};
 use crate::replica::ReplicaError;
 use crate::replica::ack::AckLevel;
 use crate::replica::filter::{AnyFilter, NotRemovable};
 use crate::replica::metrics::{OpKind, Telemetry};
-use crate::transport::Message;
 use crate::wire::FilterKind;
 
 /// How an update takes the filter's write lock.
@@ -58,23 +54,14 @@ pub(super) enum Lock {
 /// How long [`Lock::Block`] tries for the lock.
 const BLOCK_WAIT: std::time::Duration = std::time::Duration::from_micros(50);
 
-/// An applied update: answered with `body` once it reached `level` (at once if it changed
-/// nothing).
+/// An applied update: answered with `response` once it reached `level` (at once if it
+/// changed nothing).
 pub(super) struct Applied {
     pub level: AckLevel,
     pub changed: bool,
-    pub body: ApiReply,
-}
-
-/// What adding one item came to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AddOutcome {
-    /// Added, and it was not contained before (told only by the modes that ask).
-    New,
-    /// Added; contained already, or the mode did not ask ([`AddMode::Always`]).
-    Known,
-    /// Not added: contained already ([`AddMode::IfAbsent`]).
-    Skipped,
+    pub response: Response,
+    /// Applied outside the actor with `durable`: the commit it waits for.
+    pub commit: Option<u64>,
 }
 
 /// What adding one item came to, under the lock.
@@ -102,14 +89,6 @@ pub(crate) struct BatchAdd {
     pub error: Option<ReplicaError>,
     /// Applied with `durable`: the commit the changes wait for, if any.
     pub commit: Option<u64>,
-}
-
-/// An update applied where its request arrived, and, for a `durable` one that changed the
-/// state, the commit it waits for before its answer.
-#[derive(Debug)]
-pub(crate) struct InPlace<T> {
-    pub outcome: T,
-    pub ticket: Option<super::CommitTicket>,
 }
 
 /// Everything needed to check and apply an update of the request API.
@@ -172,13 +151,10 @@ impl Updates {
         Ok(())
     }
 
-    /// The level a request asks for (`Crpf-Ack`, else the replica's default), refused if the
+    /// The level a request asks for (`ack`, else the replica's default), refused if the
     /// replica cannot give it, before anything is applied.
-    pub(super) fn level(&self, msg: &Message) -> Result<AckLevel, ReplicaError> {
-        let level = match msg.headers.as_ref().and_then(|h| h.get(ACK_HEADER)) {
-            None => self.default_ack,
-            Some(v) => v.as_str().parse().map_err(ReplicaError::InvalidItem)?,
-        };
+    pub(super) fn level(&self, ack: Option<AckLevel>) -> Result<AckLevel, ReplicaError> {
+        let level = ack.unwrap_or(self.default_ack);
         self.check_level(level)?;
         Ok(level)
     }
@@ -201,78 +177,84 @@ impl Updates {
         &self.shared.telemetry
     }
 
-    /// Applies update `op` of `msg` at `level`. `reserve` reserves version tags before they
-    /// are issued and answers the clock they reach (`u64::MAX` for an untagged kind). A batch
-    /// is checked whole first (framing, limits, the kind), so that a refused batch changes
-    /// nothing; its items are then applied in order, each all or nothing. `Ok(None)`: the lock
-    /// was taken ([`Lock::Try`]) and nothing was applied.
+    /// Applies update `request` at `level`. `reserve` reserves version tags before they are
+    /// issued and answers the clock they reach (`u64::MAX` for an untagged kind); with
+    /// `durable`, an update applied outside the actor answers the commit it waits for. A
+    /// batch is checked whole first (its items, the kind), so that a refused batch changes
+    /// nothing; its items are then applied in order, each all or nothing. `Ok(None)`: the
+    /// lock was taken ([`Lock::Try`], [`Lock::Block`]) and nothing was applied.
     pub(super) fn apply(
         &self,
-        op: Op,
+        request: &Request,
         level: AckLevel,
-        msg: &Message,
         lock: Lock,
         reserve: &mut dyn FnMut() -> Result<u64, ReplicaError>,
+        durable: bool,
     ) -> Result<Option<Applied>, ReplicaError> {
-        let applied = |changed, body| {
+        let applied = |changed, response, commit| {
             Some(Applied {
                 level,
                 changed,
-                body,
+                response,
+                commit,
             })
         };
-        match op {
-            Op::Add => {
-                let mode =
-                    add_mode(msg).inspect_err(|_| self.telemetry().op(OpKind::Add, false))?;
+        let checked = |items: &crate::api::Items| {
+            items
+                .check(self.shared.limits)
+                .map_err(|e| ReplicaError::InvalidItem(e.to_string()))
+        };
+        match request {
+            Request::Add { item, mode, .. } => {
                 let Some(AddApplied {
-                    outcome, changed, ..
-                }) = self.add_one(&msg.payload, mode, lock, reserve, false)?
+                    outcome,
+                    changed,
+                    commit,
+                }) = self.add_one(item, *mode, lock, reserve, durable)?
                 else {
                     return Ok(None);
                 };
-                let body: &'static [u8] = match (mode, outcome) {
-                    (AddMode::Always, _) => b"{\"added\":true}",
-                    (_, AddOutcome::New) => b"{\"added\":true,\"new\":true}",
-                    (_, AddOutcome::Known) => b"{\"added\":true,\"new\":false}",
-                    (_, AddOutcome::Skipped) => b"{\"added\":false,\"new\":false}",
+                let response = Response::Added {
+                    mode: *mode,
+                    outcome,
                 };
-                Ok(applied(changed, ApiReply::fixed(body)))
+                Ok(applied(changed, response, commit))
             }
-            Op::Remove => {
-                let item = &msg.payload[..];
+            Request::Remove { item, .. } => {
                 let r = check_item(item, self.shared.limits.max_item_bytes).and_then(|()| {
                     let mut f = self.filter_write(Lock::Wait)?.expect("waited for");
                     f.remove(item).map_err(ReplicaError::from)
                 });
                 self.telemetry().op(OpKind::Remove, r.is_ok());
                 let removed = r?.is_some();
-                let body: &'static [u8] = if removed {
-                    b"{\"removed\":true}"
-                } else {
-                    b"{\"removed\":false}"
-                };
-                Ok(applied(removed, ApiReply::fixed(body)))
+                Ok(applied(removed, Response::Removed(removed), None))
             }
-            Op::MAdd | Op::MRemove => {
-                let format = api_reply_format(msg)?;
-                if op == Op::MRemove && !self.kind().removable() {
+            Request::MAdd { items, mode, .. } => {
+                checked(items)?;
+                let Some(added) = self.add_items(&items.slices(), *mode, lock, reserve, durable)?
+                else {
+                    return Ok(None);
+                };
+                let (changed, commit) = (added.applied_any, added.commit);
+                let response = Response::MAdded(BatchAdded {
+                    mode: *mode,
+                    added: added.added,
+                    new_items: added.new_items,
+                    failed: added.failed,
+                    error: added.error.map(|e| e.to_string()),
+                });
+                Ok(applied(changed, response, commit))
+            }
+            Request::MRemove { items, .. } => {
+                if !self.kind().removable() {
                     return Err(NotRemovable(self.kind()).into());
                 }
-                let items = batch::decode(&msg.payload, self.shared.limits)
-                    .map_err(|e| ReplicaError::InvalidItem(e.to_string()))?;
-                let (changed, body) = if op == Op::MAdd {
-                    let mode = add_mode(msg)?;
-                    let Some(added) = self.madd(&items, format, mode, lock, reserve)? else {
-                        return Ok(None);
-                    };
-                    added
-                } else {
-                    self.mremove(&items, format)?
-                };
-                Ok(applied(changed, body))
+                checked(items)?;
+                let removed = self.mremove(&items.slices())?;
+                let changed = removed.contains(&true);
+                Ok(applied(changed, Response::MRemoved(removed), None))
             }
-            _ => unreachable!("{op:?} is not an update"),
+            other => unreachable!("{:?} is not an update", other.op()),
         }
     }
 
@@ -339,11 +321,7 @@ impl Updates {
         })
     }
 
-    fn mremove(
-        &self,
-        items: &[&[u8]],
-        format: ReplyFormat,
-    ) -> Result<(bool, ApiReply), ReplicaError> {
+    fn mremove(&self, items: &[&[u8]]) -> Result<Vec<bool>, ReplicaError> {
         let mut f = self.filter_write(Lock::Wait)?.expect("waited for");
         let removed = items
             .iter()
@@ -352,46 +330,7 @@ impl Updates {
         drop(f);
         self.telemetry()
             .count_ops(OpKind::Remove, items.len() as u64, 0);
-        let body = match format {
-            ReplyFormat::Json => ApiReply::json(&json!({ "removed": removed })),
-            ReplyFormat::Bitmap => ApiReply::bitmap(&removed, None),
-        };
-        Ok((removed.contains(&true), body))
-    }
-
-    /// A batch add, answered in `format` (see [`Updates::add_items`]).
-    fn madd(
-        &self,
-        items: &[&[u8]],
-        format: ReplyFormat,
-        mode: AddMode,
-        lock: Lock,
-        reserve: &mut dyn FnMut() -> Result<u64, ReplicaError>,
-    ) -> Result<Option<(bool, ApiReply)>, ReplicaError> {
-        let Some(added) = self.add_items(items, mode, lock, reserve, false)? else {
-            return Ok(None);
-        };
-        let ok = (added.added.len() - added.failed.len()) as u64;
-        let error = added.error.map(|e| e.to_string());
-        let body = match format {
-            ReplyFormat::Json => {
-                let mut body = json!({"added": ok});
-                if mode != AddMode::Always {
-                    body["new"] = json!(added.new_items);
-                }
-                if let Some(e) = &error {
-                    body["failed"] = json!(added.failed);
-                    body["error"] = json!(e);
-                }
-                ApiReply::json(&body)
-            }
-            ReplyFormat::Bitmap if mode == AddMode::Always => ApiReply::bitmap(&added.added, error),
-            // Zeros mean "already there" too: the refused items are named.
-            ReplyFormat::Bitmap => {
-                ApiReply::bitmap(&added.new_items, error).with_failed(&added.failed)
-            }
-        };
-        Ok(Some((added.applied_any, body)))
+        Ok(removed)
     }
 
     /// Adds a batch's items: a refused item (a full cuckoo table, tags not reserved) is
@@ -591,21 +530,16 @@ impl Updates {
     }
 }
 
-/// The [`AddMode`] an `add` or `madd` asks for in its [`ADD_MODE_HEADER`] (`always` by
-/// default).
-fn add_mode(msg: &Message) -> Result<AddMode, ReplicaError> {
-    match msg.headers.as_ref().and_then(|h| h.get(ADD_MODE_HEADER)) {
-        None => Ok(AddMode::Always),
-        Some(v) => v.as_str().parse().map_err(ReplicaError::InvalidItem),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::reply::{ApiReply, nats_request};
     use super::*;
     use crate::FilterSpec;
+    use crate::api::batch;
     use crate::api::batch::Limits;
+    use crate::api::{ADD_MODE_HEADER, ReplyFormat};
     use crate::replica::durable::Identity;
+    use crate::transport::Message;
 
     fn updates(kind: FilterKind, delta_max_updates: usize) -> (Updates, flume::Receiver<Inbound>) {
         let mut filter = AnyFilter::new(&FilterSpec::new(kind, 1_000, 0.01), 1).unwrap();
@@ -651,18 +585,32 @@ mod tests {
         }
     }
 
+    /// Applies NATS request `msg` of `op` as the request path does: read at the NATS edge,
+    /// then applied typed.
+    fn apply_msg(
+        u: &Updates,
+        op: Op,
+        level: AckLevel,
+        msg: &Message,
+        lock: Lock,
+        reserve: &mut dyn FnMut() -> Result<u64, ReplicaError>,
+    ) -> Result<Option<Applied>, ReplicaError> {
+        let (request, _) = nats_request(Some(op.name()), "crpf.t.api", msg, u.shared.limits)?;
+        u.apply(&request, level, lock, reserve, false)
+    }
+
     fn try_add(u: &Updates, op: Op, msg: &Message) -> Result<Option<Applied>, ReplicaError> {
-        u.apply(op, AckLevel::Local, msg, Lock::Try, &mut || Ok(u64::MAX))
+        apply_msg(u, op, AckLevel::Local, msg, Lock::Try, &mut || Ok(u64::MAX))
     }
 
     fn contains(u: &Updates, item: &str) -> bool {
         u.shared.filter.read().unwrap().contains(item.as_bytes())
     }
 
-    /// The reply of an applied update: its headers and body.
-    fn reply_of(applied: Applied) -> (async_nats::HeaderMap, bytes::Bytes) {
-        let to = super::super::reply::ReplyTo::InProcess(tokio::sync::oneshot::channel().0);
-        let (_, headers, payload) = applied.body.finish(1, Some(to)).unwrap();
+    /// The NATS reply of an applied update, in `format`: its headers and body.
+    fn reply_of(applied: Applied, format: ReplyFormat) -> (async_nats::HeaderMap, bytes::Bytes) {
+        let body = ApiReply::of(applied.response, format);
+        let (_, headers, payload) = body.finish(1, None, Some(String::new())).unwrap();
         (headers, payload)
     }
 
@@ -682,13 +630,15 @@ mod tests {
         ] {
             let (u, _rx) = updates(kind, 1 << 20);
             let apply = |op, msg: &Message| {
-                u.apply(op, AckLevel::Local, msg, Lock::Wait, &mut || Ok(u64::MAX))
-                    .unwrap()
-                    .unwrap()
+                apply_msg(&u, op, AckLevel::Local, msg, Lock::Wait, &mut || {
+                    Ok(u64::MAX)
+                })
+                .unwrap()
+                .unwrap()
             };
             let body = |op, msg: Message| {
                 let applied = apply(op, &msg);
-                (applied.changed, reply_of(applied).1)
+                (applied.changed, reply_of(applied, ReplyFormat::Json).1)
             };
             let report = |item| with_mode(add(item), AddMode::ReportNew);
             let if_absent = |item| with_mode(add(item), AddMode::IfAbsent);
@@ -721,7 +671,8 @@ mod tests {
             assert_eq!(u.shared.filter.read().unwrap().pending_delta_len(), pending);
             assert!(body(Op::Add, with_mode(add("z"), AddMode::Always)).0);
             assert!(matches!(
-                u.apply(
+                apply_msg(
+                    &u,
                     Op::Add,
                     AckLevel::Local,
                     &with_mode(add("q"), AddMode::Always),
@@ -737,7 +688,7 @@ mod tests {
                 .unwrap()
                 .insert(ADD_MODE_HEADER, "maybe");
             assert!(matches!(
-                u.apply(Op::Add, AckLevel::Local, &bad, Lock::Wait, &mut || Ok(
+                apply_msg(&u, Op::Add, AckLevel::Local, &bad, Lock::Wait, &mut || Ok(
                     u64::MAX
                 )),
                 Err(ReplicaError::InvalidItem(_))
@@ -759,7 +710,7 @@ mod tests {
                 .as_mut()
                 .unwrap()
                 .insert(crate::api::REPLY_HEADER, ReplyFormat::Bitmap.name());
-            let (headers, bitmap) = reply_of(apply(Op::MAdd, &bits));
+            let (headers, bitmap) = reply_of(apply(Op::MAdd, &bits), ReplyFormat::Bitmap);
             assert_eq!(
                 batch::decode_bitmap(&bitmap, 4).unwrap(),
                 [true, false, false, true],
@@ -798,7 +749,7 @@ mod tests {
         }
         // Waiting for it (the actor's way) applies the add.
         let msg = madd(&["a", "b"]);
-        let applied = u.apply(Op::MAdd, AckLevel::Local, &msg, Lock::Wait, &mut || {
+        let applied = apply_msg(&u, Op::MAdd, AckLevel::Local, &msg, Lock::Wait, &mut || {
             Ok(u64::MAX)
         });
         assert!(applied.unwrap().unwrap().changed);
