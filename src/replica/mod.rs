@@ -326,9 +326,17 @@ pub struct ReplicaStats {
 }
 
 /// What microservice code holds: sends the actor its messages, and reads the filter directly.
-/// Cheap to clone; usable from any thread or runtime.
+/// Cheap to clone (one reference count); usable from any thread or runtime.
 #[derive(Clone)]
 pub struct ReplicaHandle {
+    // One `Arc` around the actor's address: cloning an actix `Addr` allocates (a sender task
+    // and a flag) and bumps shared counters, which a RESP command that looks its filter up
+    // paid on every request.
+    parts: Arc<HandleParts>,
+}
+
+/// What a [`ReplicaHandle`] reaches.
+struct HandleParts {
     addr: Addr<Replica>,
     shared: Arc<Shared>,
 }
@@ -336,8 +344,8 @@ pub struct ReplicaHandle {
 impl std::fmt::Debug for ReplicaHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReplicaHandle")
-            .field("filter", &self.shared.name)
-            .field("identity", &self.shared.identity)
+            .field("filter", &self.parts.shared.name)
+            .field("identity", &self.parts.shared.identity)
             .finish()
     }
 }
@@ -618,27 +626,27 @@ impl ReplicaHandle {
     /// The actor's address, to send it [`Add`], [`Remove`], [`Contains`], [`Stats`],
     /// [`TakeSnapshot`], [`Merge`], [`Persist`], [`FlushDelta`] or [`Shutdown`].
     pub fn addr(&self) -> &Addr<Replica> {
-        &self.addr
+        &self.parts.addr
     }
 
     /// Filter name.
     pub fn name(&self) -> &str {
-        &self.shared.name
+        &self.parts.shared.name
     }
 
     /// The filter's kind.
     pub fn kind(&self) -> crate::FilterKind {
-        self.shared.kind
+        self.parts.shared.kind
     }
 
     /// Whether it serves the request API now (it was asked to, and is ready).
     pub(crate) fn serving_api(&self) -> bool {
-        self.shared.api.load().is_some()
+        self.parts.shared.api.load().is_some()
     }
 
     /// Whether `other` is a handle of the same replica (not another incarnation of its name).
     pub(crate) fn same_replica(&self, other: &ReplicaHandle) -> bool {
-        Arc::ptr_eq(&self.shared, &other.shared)
+        Arc::ptr_eq(&self.parts.shared, &other.parts.shared)
     }
 
     /// Hands the replica a message of its replication subject that the node's shared
@@ -646,20 +654,20 @@ impl ReplicaHandle {
     /// then into its inbound buffer (or dropped, and counted). Nothing for a replica that
     /// subscribes itself.
     pub(crate) fn route_replication(&self, msg: crate::transport::Message) {
-        actor::route_replication(&self.shared, msg, false)
+        actor::route_replication(&self.parts.shared, msg, false)
     }
 
     /// Hands the replica a connection event of the transport it was started on, received by
     /// its node for it ([`ReplicaConfig::routed_replication`]); waits while its inbound buffer
     /// is full. Nothing for a replica that takes its own events.
     pub(crate) async fn route_event(&self, ev: crate::transport::TransportEvent) {
-        actor::route_event(&self.shared, ev).await
+        actor::route_event(&self.parts.shared, ev).await
     }
 
     /// [`ReplicaHandle::route_replication`] for a frame of a digest batch: anything but a
     /// digest outside the sequence is refused (and counted).
     pub(crate) fn route_batched_digest(&self, msg: crate::transport::Message) {
-        actor::route_replication(&self.shared, msg, true)
+        actor::route_replication(&self.parts.shared, msg, true)
     }
 
     /// A request to this replica's own API subjects, received by its node for it
@@ -669,16 +677,17 @@ impl ReplicaHandle {
         &self,
         msg: crate::transport::Message,
     ) -> Option<(String, async_nats::HeaderMap, bytes::Bytes)> {
-        actor::route_own_api(&self.shared, msg)
+        actor::route_own_api(&self.parts.shared, msg)
     }
 
     /// Its instance of the NATS service API, once it serves its API: ready, its API's
     /// subscriptions confirmed by the server (the endpoints the instance announces answer).
     pub(crate) fn service(&self) -> Option<Arc<service::ApiService>> {
-        if !self.shared.lifecycle.is_ready() {
+        if !self.parts.shared.lifecycle.is_ready() {
             return None;
         }
-        self.shared
+        self.parts
+            .shared
             .api
             .load()
             .as_ref()
@@ -687,7 +696,7 @@ impl ReplicaHandle {
 
     /// The replica's uuid and id.
     pub fn identity(&self) -> Identity {
-        self.shared.identity
+        self.parts.shared.identity
     }
 
     /// Adds an item at the replica's default acknowledgement level; OR kinds answer the tag
@@ -705,7 +714,7 @@ impl ReplicaHandle {
         ack: impl Into<Option<AckLevel>>,
     ) -> Result<Option<Dot>, ReplicaError> {
         let (item, ack) = (item.into(), ack.into());
-        self.addr.send(Add { item, ack }).await?
+        self.parts.addr.send(Add { item, ack }).await?
     }
 
     /// Removes one occurrence of an item (OR kinds); `false` if it was not contained.
@@ -726,7 +735,7 @@ impl ReplicaHandle {
         ack: impl Into<Option<AckLevel>>,
     ) -> Result<Option<Dot>, ReplicaError> {
         let (item, ack) = (item.into(), ack.into());
-        self.addr.send(Remove { item, ack }).await?
+        self.parts.addr.send(Remove { item, ack }).await?
     }
 
     /// A request of the request API (README, "Subjects") made in this process, answered
@@ -770,37 +779,37 @@ impl ReplicaHandle {
     }
 
     fn call_via(&self, request: crate::api::Request, queued: bool) -> PendingResponse {
-        match self.shared.api.load().as_ref() {
+        match self.parts.shared.api.load().as_ref() {
             Some(api) => api.call(request, queued),
-            None => PendingResponse::Ready(Some(Err(self.shared.not_serving()))),
+            None => PendingResponse::Ready(Some(Err(self.parts.shared.not_serving()))),
         }
     }
 
     /// What a batch request to this replica may hold (`max_batch_items`, `max_item_bytes`).
     pub fn limits(&self) -> crate::api::batch::Limits {
-        self.shared.limits
+        self.parts.shared.limits
     }
 
     /// Whether the replica serves the request API (`serve_api`; from the moment it is ready).
     pub fn serves_api(&self) -> bool {
-        self.shared.serve_api
+        self.parts.shared.serve_api
     }
 
     /// Steps this replica's wall clock by `offset_ms` from the system's (0: the system's),
     /// as a clock that jumps would: for tests of the kinds whose elements expire.
     #[doc(hidden)]
     pub fn set_clock_offset_ms(&self, offset_ms: i64) {
-        self.shared.clock.set_offset_ms(offset_ms);
+        self.parts.shared.clock.set_offset_ms(offset_ms);
     }
 
     /// Membership test, read directly from the state: it never waits behind replication work
     /// queued for the actor (at most behind one merge in progress).
     pub fn contains(&self, item: &[u8]) -> bool {
-        match &self.shared.reader {
+        match &self.parts.shared.reader {
             Some(r) => r.contains(item),
-            None => {
-                self.read(|f| f.contains_as_of(item, self.shared.clock.for_reads(f.clock_bounds())))
-            }
+            None => self.read(|f| {
+                f.contains_as_of(item, self.parts.shared.clock.for_reads(f.clock_bounds()))
+            }),
         }
     }
 
@@ -812,7 +821,12 @@ impl ReplicaHandle {
 
     /// Runs a read-only closure on the current state.
     pub fn read<T>(&self, f: impl FnOnce(&AnyFilter) -> T) -> T {
-        f(&self.shared.filter.read().expect("filter lock poisoned"))
+        f(&self
+            .parts
+            .shared
+            .filter
+            .read()
+            .expect("filter lock poisoned"))
     }
 
     /// A copy of the current state.
@@ -822,12 +836,12 @@ impl ReplicaHandle {
 
     /// The replica's figures.
     pub async fn stats(&self) -> Result<ReplicaStats, ReplicaError> {
-        Ok(self.addr.send(Stats).await?)
+        Ok(self.parts.addr.send(Stats).await?)
     }
 
     /// Merges a full state from elsewhere.
     pub async fn merge(&self, state: AnyFilter) -> Result<(), ReplicaError> {
-        self.addr.send(Merge(state)).await?
+        self.parts.addr.send(Merge(state)).await?
     }
 
     /// Re-adds every live occurrence of `dump`, a state of the same kind and parameters (a
@@ -876,7 +890,7 @@ impl ReplicaHandle {
         // changes nothing.
         self.read(|f| f.check_import(&occurrences, &room))?;
         let tags = AnyFilter::tags_for_import(self.kind(), &occurrences);
-        self.addr.send(ReserveTags(tags)).await??;
+        self.parts.addr.send(ReserveTags(tags)).await??;
         let mut imported = 0u64;
         for slice in occurrences.chunks(IMPORT_SLICE) {
             let import = Import {
@@ -884,7 +898,13 @@ impl ReplicaHandle {
                 room: room.clone(),
                 ack: None,
             };
-            match self.addr.send(import).await.map_err(ReplicaError::from) {
+            match self
+                .parts
+                .addr
+                .send(import)
+                .await
+                .map_err(ReplicaError::from)
+            {
                 Ok(Ok(n)) => imported += n,
                 Ok(Err(e)) | Err(e) => {
                     let applied = matches!(
@@ -910,22 +930,22 @@ impl ReplicaHandle {
 
     /// Writes a snapshot to the data directory now (no-op without one).
     pub async fn persist(&self) -> Result<(), ReplicaError> {
-        self.addr.send(Persist).await?
+        self.parts.addr.send(Persist).await?
     }
 
     /// Publishes the pending delta now.
     pub async fn flush(&self) -> Result<(), ReplicaError> {
-        Ok(self.addr.send(FlushDelta).await?)
+        Ok(self.parts.addr.send(FlushDelta).await?)
     }
 
     /// Whether the replica caught up after its start.
     pub fn is_ready(&self) -> bool {
-        self.shared.lifecycle.is_ready()
+        self.parts.shared.lifecycle.is_ready()
     }
 
     /// Waits until the replica is ready; `false` on timeout.
     pub async fn wait_ready(&self, timeout: Duration) -> bool {
-        tokio::time::timeout(timeout, self.shared.lifecycle.ready())
+        tokio::time::timeout(timeout, self.parts.shared.lifecycle.ready())
             .await
             .is_ok()
     }
@@ -947,7 +967,7 @@ impl ReplicaHandle {
     /// Publishes what is pending, writes a final snapshot and stops the actor; returns once the
     /// transport has sent what was queued (or after 5 s).
     pub async fn shutdown(&self) -> Result<(), ReplicaError> {
-        self.addr.send(Shutdown).await?
+        self.parts.addr.send(Shutdown).await?
     }
 
     /// [`ReplicaHandle::shutdown`], waiting for the last publications until `flush_by` at
@@ -956,7 +976,7 @@ impl ReplicaHandle {
         &self,
         flush_by: tokio::time::Instant,
     ) -> Result<(), ReplicaError> {
-        self.addr.send(actor::ShutdownBy(flush_by)).await?
+        self.parts.addr.send(actor::ShutdownBy(flush_by)).await?
     }
 
     /// Shuts the replica down because its filter was dropped everywhere: unlike after
@@ -965,7 +985,8 @@ impl ReplicaHandle {
     /// than left to time out. A replica that merely stops must not linger: a live replica
     /// of the filter (another node's, or its own restart under the same id) answers them.
     pub async fn shutdown_dropped(&self) -> Result<(), ReplicaError> {
-        self.shared
+        self.parts
+            .shared
             .dropped
             .store(true, std::sync::atomic::Ordering::Release);
         self.shutdown().await

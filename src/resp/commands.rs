@@ -428,7 +428,22 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
         // paired for the client.
         return Command::Reply(Reply::err("empty command"));
     }
-    let name = String::from_utf8_lossy(args.arg(0)).to_ascii_uppercase();
+    // Upper-cased on the stack: no allocation for the name of every command.
+    let mut upper = [0u8; 32];
+    let raw = args.arg(0);
+    let owned;
+    let name: &str = match raw.len() <= upper.len() && raw.is_ascii() {
+        true => {
+            let upper = &mut upper[..raw.len()];
+            upper.copy_from_slice(raw);
+            upper.make_ascii_uppercase();
+            std::str::from_utf8(upper).expect("ASCII is UTF-8")
+        }
+        false => {
+            owned = String::from_utf8_lossy(raw).to_ascii_uppercase();
+            &owned
+        }
+    };
     // Arguments after the name.
     let n = args.len() - 1;
     let arg = |i: usize| args.arg(i + 1);
@@ -548,7 +563,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
         })
     };
     let checked = (|| -> Result<Command, Command> {
-        Ok(match name.as_str() {
+        Ok(match name {
             "PING" => {
                 arity(n <= 1)?;
                 match n {
@@ -1029,7 +1044,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                 };
                 let options: Vec<&[u8]> = (2..n).map(arg).collect();
                 let when = expire_when(&options).map_err(Command::Reply)?;
-                let (seconds, absolute, command) = match name.as_str() {
+                let (seconds, absolute, command) = match name {
                     "EXPIRE" => (true, false, "expire"),
                     "PEXPIRE" => (false, false, "pexpire"),
                     "EXPIREAT" => (true, true, "expireat"),

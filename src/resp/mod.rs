@@ -1455,8 +1455,15 @@ impl Session<'_> {
         if via_actor {
             self.with_actor.get_or_insert((handle, 0)).1 += 1;
         }
+        // Answered already (a query, an add applied here): out without a future.
+        let reply = match response {
+            PendingResponse::Ready(Some(answer)) => {
+                PendingReply::Ready(Some(commands::reply(op, answer)))
+            }
+            response => PendingReply::Answer(response, op),
+        };
         Some(Pending {
-            reply: PendingReply::Answer(response, op),
+            reply,
             bytes,
             kind: if via_actor { Kind::Actor } else { Kind::Plain },
             protocol: self.protocol,

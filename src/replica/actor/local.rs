@@ -434,6 +434,7 @@ impl Replica {
 
 impl ReplicaHandle {
     pub(crate) fn from_parts(addr: Addr<Replica>, shared: std::sync::Arc<Shared>) -> Self {
-        ReplicaHandle { addr, shared }
+        let parts = std::sync::Arc::new(super::super::HandleParts { addr, shared });
+        ReplicaHandle { parts }
     }
 }

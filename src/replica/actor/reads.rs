@@ -399,7 +399,7 @@ mod tests {
         let bus = Arc::new(crate::transport::InProcessBus::new());
         let handle = Replica::start(cfg, bus).await.unwrap();
         assert!(handle.wait_ready(std::time::Duration::from_secs(10)).await);
-        let reads = handle.shared.api.load_full().unwrap();
+        let reads = handle.parts.shared.api.load_full().unwrap();
         let request = |op: &str, subject: String| Message {
             subject,
             payload: Bytes::from_static(b"x"),
@@ -416,7 +416,7 @@ mod tests {
         };
         let found = error(reads.route(request("contains", own("contains"))));
         assert_eq!(found, Err(Bytes::from_static(b"{\"contains\":false}")));
-        handle.shared.closed.store(true, Ordering::Release);
+        handle.parts.shared.closed.store(true, Ordering::Release);
         for (op, subject) in [
             ("contains", own("contains")),
             ("add", own("add")),
@@ -427,7 +427,7 @@ mod tests {
             assert!(refused.contains("stopped"), "{op}: {refused}");
         }
         assert!(!handle.contains(b"x"), "nothing was applied");
-        handle.shared.closed.store(false, Ordering::Release);
+        handle.parts.shared.closed.store(false, Ordering::Release);
         handle.shutdown().await.unwrap();
     }
 
@@ -443,9 +443,9 @@ mod tests {
         let handle = Replica::start(cfg, bus).await.unwrap();
         assert!(handle.wait_ready(std::time::Duration::from_secs(10)).await);
         assert!(handle.serving_api());
-        let shared = Arc::downgrade(&handle.shared);
+        let shared = Arc::downgrade(&handle.parts.shared);
         handle.shutdown().await.unwrap();
-        handle.shared.lifecycle.gone().await;
+        handle.parts.shared.lifecycle.gone().await;
         let contains = handle.call(Request::Contains {
             item: Bytes::from_static(b"x"),
         });
@@ -481,7 +481,7 @@ mod tests {
         let bus = Arc::new(crate::transport::InProcessBus::new());
         let handle = Replica::start(cfg, bus).await.unwrap();
         assert!(handle.wait_ready(wait).await);
-        let reads = handle.shared.api.load_full().unwrap();
+        let reads = handle.parts.shared.api.load_full().unwrap();
         let committed = |sent_before: u64| {
             let handle = handle.clone();
             async move {
@@ -517,14 +517,22 @@ mod tests {
             "its delta waits for the interval"
         );
         // A log known to have failed is said, not promised; the add stays applied.
-        handle.shared.wal_failed.store(true, Ordering::Release);
+        handle
+            .parts
+            .shared
+            .wal_failed
+            .store(true, Ordering::Release);
         let refused = add_here(&reads, b"c", AddMode::Always, AckLevel::Logged);
         assert!(
             matches!(refused, Answer::Here(Err(ReplicaError::NotDurable(_)))),
             "{refused:?}"
         );
         assert!(handle.contains(b"c"));
-        handle.shared.wal_failed.store(false, Ordering::Release);
+        handle
+            .parts
+            .shared
+            .wal_failed
+            .store(false, Ordering::Release);
         // A durable add is applied here too, and waits for its commit: asked for now, and
         // fsynced (it is in the log once the ticket settles; its delta waits for the
         // interval).
