@@ -19,7 +19,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,7 @@ use tokio::sync::{broadcast, watch};
 use super::NodeError;
 use super::config::{ApiQueue, CatalogSection, NodeConfig};
 use super::foreign::{ForeignNames, Heard};
+use super::table::{self, Filter, FilterTable, Found};
 use crate::FilterSpec;
 use crate::names::is_subject_name;
 use crate::replica::{
@@ -154,87 +155,25 @@ impl HostError {
     }
 }
 
-/// A filter this node hosts.
-struct Hosted {
-    generation: u64,
-    spec: FilterSpec,
-    /// Of its catalog entry (for offering it back to a catalog that lost it).
-    created_ms: u64,
-    replaces: Option<u64>,
-    /// Its catalog entry's expiry (`EXPIRE`), ms since the UNIX epoch.
-    expires_ms: Option<u64>,
-    replica: Slot,
-    /// Looked up since the node last looked for idle replicas ([`parking`]).
-    touched: AtomicBool,
-    /// Looks in a row that found it untouched.
-    idle_looks: AtomicU8,
-    /// Handed out by [`Node::filter`]: it never parks (its caller may hold the handle).
-    pinned: AtomicBool,
+/// The node's filters: replicas, parked ones as data ([`parking`]).
+type Table = FilterTable<ReplicaHandle, Parked>;
+
+impl table::Handle for ReplicaHandle {
+    fn same(&self, other: &Self) -> bool {
+        self.same_replica(other)
+    }
 }
 
-/// A hosted filter's replica: running, or parked ([`parking`]).
-enum Slot {
+/// Where [`Inner::target`] found the replica of a name.
+enum Target {
+    /// Hosted and running (resumed if it was parked).
     Live(ReplicaHandle),
-    Parked(Box<Parked>),
-    /// Being resumed: only while the node's lock is held.
-    Resuming,
-}
-
-impl Hosted {
-    fn live(entry: CatalogEntry, handle: ReplicaHandle) -> Self {
-        let CatalogEntry {
-            spec,
-            generation,
-            created_ms,
-            replaces,
-            expires_ms,
-            ..
-        } = entry;
-        Hosted {
-            generation,
-            spec,
-            created_ms,
-            replaces,
-            expires_ms,
-            replica: Slot::Live(handle),
-            touched: AtomicBool::new(true),
-            idle_looks: AtomicU8::new(0),
-            pinned: AtomicBool::new(false),
-        }
-    }
-
-    /// Its catalog entry.
-    fn entry(&self, name: &str) -> CatalogEntry {
-        CatalogEntry {
-            name: name.to_string(),
-            spec: self.spec.clone(),
-            generation: self.generation,
-            created_ms: self.created_ms,
-            replaces: self.replaces,
-            expires_ms: self.expires_ms,
-        }
-    }
-
-    /// Its running replica, if it runs, noted as used (a load first: the hot path mostly
-    /// finds it noted already).
-    fn used(&self) -> Option<&ReplicaHandle> {
-        let Slot::Live(handle) = &self.replica else {
-            return None;
-        };
-        if !self.touched.load(Ordering::Relaxed) {
-            self.touched.store(true, Ordering::Relaxed);
-        }
-        Some(handle)
-    }
-
-    /// Its running replica, if it runs, not noted as used (a look that does not keep it
-    /// awake: `$SRV`, connection events).
-    fn running(&self) -> Option<&ReplicaHandle> {
-        match &self.replica {
-            Slot::Live(handle) => Some(handle),
-            _ => None,
-        }
-    }
+    /// Starting; whether the node routes its own API subjects.
+    Starting(ReplicaHandle, bool),
+    /// Dropped a moment ago: it refuses requests.
+    Dropping(ReplicaHandle),
+    /// Stopping with the node; whether it takes its own API subjects' requests.
+    Stopping(ReplicaHandle, bool),
 }
 
 /// What [`Node::set_expiry`] did.
@@ -275,11 +214,12 @@ struct Inner {
     /// ([`Inner::declared_shares_id`]): the node's subscriptions answer their `$SRV`, their
     /// API subject without an operation and their own API subjects, as a catalog filter's.
     configured_routed: HashSet<String>,
-    hosted: RwLock<HashMap<String, Hosted>>,
+    /// Every filter of the node, in the state it is in ([`FilterTable`]): one lock.
+    table: RwLock<Table>,
     /// The catalog as this node's watcher has seen it (what `list` answers without asking
     /// JetStream).
     view: RwLock<std::collections::BTreeMap<String, CatalogEntry>>,
-    /// Bumped whenever `hosted` changes, for the creates and drops that wait on it.
+    /// Bumped whenever the hosted filters change, for the creates and drops that wait on it.
     changes: watch::Sender<u64>,
     stopping: AtomicBool,
     /// The replica id the catalog filters share, and the task renewing it.
@@ -289,14 +229,6 @@ struct Inner {
     services: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// The catalog filters' subject prefix.
     prefix: String,
-    /// Catalog filters whose replicas run (and may serve their API) but are not hosted yet
-    /// (their first snapshot is being written), with whether the node routes their own API
-    /// subjects ([`Inner::routes_own_api`]).
-    starting: std::sync::Mutex<HashMap<String, (ReplicaHandle, bool)>>,
-    /// Dropped filters whose replicas still refuse requests to their own API subjects for a
-    /// moment (as their own subscriptions did, see [`ReplicaHandle::shutdown_dropped`]), and,
-    /// once the node stops, every replica until it stopped.
-    dropping: std::sync::Mutex<HashMap<String, ReplicaHandle>>,
     /// The tasks routing the catalog filters' subjects ([`serve_replica_apis`]): they go on
     /// while the node stops its replicas, as the replicas' own subscriptions did.
     routers: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
@@ -304,9 +236,6 @@ struct Inner {
     routing_stopped: AtomicBool,
     /// The digests of its catalog filters, published in batches (with a catalog).
     digest_batches: Option<Arc<DigestBatcher>>,
-    /// The replicas the node is stopping: their replication is still routed to them (acks
-    /// of their `replicated` updates among it) until they stopped.
-    stopping_replicas: std::sync::Mutex<HashMap<String, ReplicaHandle>>,
     /// Names replicated by replicas outside the catalog (`api_queue = "node"`).
     foreign: std::sync::Mutex<ForeignNames>,
     /// Requests of the node's API subscription waiting for their filter ([`API_HOLD`]).
@@ -378,7 +307,7 @@ pub struct Node {
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Node")
-            .field("filters", &self.read().len())
+            .field("filters", &self.read().hosted_len())
             .finish()
     }
 }
@@ -438,7 +367,7 @@ impl Node {
             settings: cfg.catalog,
             data_dir: cfg.node.data_dir,
             auth_keys: cfg.auth_keys,
-            hosted: RwLock::new(HashMap::new()),
+            table: RwLock::new(Table::default()),
             view: RwLock::new(Default::default()),
             changes: watch::channel(0).0,
             stopping: AtomicBool::new(false),
@@ -446,12 +375,9 @@ impl Node {
             renewals: std::sync::Mutex::new(renewals),
             services: Default::default(),
             prefix: template.prefix,
-            starting: Default::default(),
-            dropping: Default::default(),
             routers: Default::default(),
             routing_stopped: AtomicBool::new(false),
             digest_batches: with_catalog.then(Default::default),
-            stopping_replicas: Default::default(),
             foreign: Default::default(),
             held: AtomicUsize::new(0),
             lookups: Arc::new(tokio::sync::Semaphore::new(API_LOOKUPS)),
@@ -621,12 +547,13 @@ impl Node {
             // A cursor over the listing, not a pass over all of it at each change: with
             // 100,000 filters those passes made the start quadratic (49 s instead of ~4).
             let mut started = 0;
-            let all_hosted = |h: &HashMap<String, Hosted>| {
+            let all_hosted = |t: &Table| {
                 started += listed[started..]
                     .iter()
                     .take_while(|e| {
                         node.inner.configured.contains(&e.name)
-                            || h.get(&e.name).is_some_and(|h| h.generation >= e.generation)
+                            || t.hosted(&e.name)
+                                .is_some_and(|h| h.generation >= e.generation)
                     })
                     .count();
                 started == listed.len()
@@ -677,8 +604,8 @@ impl Node {
         let created = catalog.create(name.to_string(), spec).await?;
         let generation = created.entry.generation;
         let hosted = self
-            .wait(HOSTING_TIMEOUT, |h| {
-                h.get(name).is_some_and(|h| h.generation >= generation)
+            .wait(HOSTING_TIMEOUT, |t| {
+                t.hosted(name).is_some_and(|h| h.generation >= generation)
             })
             .await;
         // Hosted and serving: a request right after the answer finds the filter here.
@@ -711,8 +638,8 @@ impl Node {
         };
         let generation = entry.generation;
         let gone = self
-            .wait(HOSTING_TIMEOUT, |h| {
-                h.get(name).is_none_or(|h| h.generation > generation)
+            .wait(HOSTING_TIMEOUT, |t| {
+                t.hosted(name).is_none_or(|h| h.generation > generation)
             })
             .await;
         if !gone {
@@ -751,7 +678,7 @@ impl Node {
     /// The expiry of filter `name` as this node has it: `None` if it does not host it,
     /// `Some(None)` if it has none.
     pub fn expiry(&self, name: &str) -> Option<Option<u64>> {
-        self.read().get(name).map(|h| h.expires_ms)
+        self.read().hosted(name).map(|h| h.expires_ms)
     }
 
     /// Whether `name` may be dropped: not a filter of the configuration file, and the
@@ -815,9 +742,8 @@ impl Node {
         f: impl FnOnce(&ReplicaHandle) -> R,
     ) -> Option<R> {
         {
-            let hosted = self.read();
-            let h = hosted.get(name)?;
-            if let Some(handle) = h.used() {
+            let table = self.read();
+            if let Some(handle) = table.use_hosted(name, false)? {
                 return Some(f(handle));
             }
         }
@@ -826,19 +752,19 @@ impl Node {
 
     /// The spec of filter `name`, if this node hosts it.
     pub fn spec(&self, name: &str) -> Option<FilterSpec> {
-        self.read().get(name).map(|h| h.spec.clone())
+        self.read().hosted(name).map(|h| h.spec.clone())
     }
 
     /// The filters this node hosts, by name.
     pub fn filters(&self) -> Vec<HostedFilter> {
         let mut all: Vec<HostedFilter> = self
             .read()
-            .iter()
-            .map(|(name, h)| HostedFilter {
+            .iter_hosted()
+            .map(|(name, h, running)| HostedFilter {
                 name: name.clone(),
                 spec: h.spec.clone(),
                 generation: h.generation,
-                parked: !matches!(h.replica, Slot::Live(_)),
+                parked: running.is_none(),
             })
             .collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
@@ -847,12 +773,12 @@ impl Node {
 
     /// How many filters this node hosts.
     pub fn len(&self) -> usize {
-        self.read().len()
+        self.read().hosted_len()
     }
 
     /// Whether it hosts none.
     pub fn is_empty(&self) -> bool {
-        self.read().is_empty()
+        self.read().hosted_len() == 0
     }
 
     /// Stops following the catalog and stops every replica (each writes its final
@@ -879,49 +805,37 @@ impl Node {
         if let Some(t) = self.inner.parking.lock().expect("parking lock").take() {
             t.abort();
         }
-        let hosted: Vec<_> = {
-            let mut dropping = self.inner.dropping.lock().expect("dropping lock");
-            let mut hosted = self.inner.hosted.write().expect("hosted lock");
-            // A parked replica has nothing to stop: its last snapshot is its final one.
-            hosted
-                .drain()
-                .filter_map(|(name, h)| {
-                    let Slot::Live(handle) = h.replica else {
-                        metrics::gauge!(PARKED_FILTERS).decrement(1.0);
-                        return None;
-                    };
-                    // Routed to until it stopped, as its own subscriptions answered (a kind
-                    // with ids of its own answers on its own subscriptions meanwhile).
-                    if !self.inner.configured.contains(&name)
-                        && self.inner.routes_own_api(h.spec.kind)
-                    {
-                        dropping.insert(name.clone(), handle.clone());
-                    }
-                    Some((name, handle))
-                })
-                .collect::<Vec<_>>()
+        let stopped = {
+            let inner = &self.inner;
+            // Routed to until it stopped, as its own subscriptions answered (a kind with ids
+            // of its own answers on its own subscriptions meanwhile).
+            let refusing = |name: &str, h: &Filter| {
+                !inner.configured.contains(name) && inner.routes_own_api(h.spec.kind)
+            };
+            inner.table.write().expect("table lock").stop_all(refusing)
         };
-        let mut stopping = self.inner.stopping_replicas.lock().expect("stopping lock");
-        stopping.extend(hosted.iter().cloned());
-        hosted.into_iter().map(|(_, h)| h).collect()
+        // A parked replica has nothing to stop: its last snapshot is its final one.
+        if stopped.parked > 0 {
+            metrics::gauge!(PARKED_FILTERS).decrement(stopped.parked as f64);
+        }
+        stopped.running.into_iter().map(|(_, h)| h).collect()
     }
 
     /// Stops routing the catalog filters' subjects, once their replicas stopped.
     pub(crate) fn stop_routing(&self) {
         self.inner.routing_stopped.store(true, Ordering::SeqCst);
         self.inner
-            .stopping_replicas
-            .lock()
-            .expect("stopping lock")
-            .clear();
+            .table
+            .write()
+            .expect("table lock")
+            .routing_stopped();
         for t in self.inner.routers.lock().expect("routers lock").drain(..) {
             t.abort();
         }
-        self.inner.dropping.lock().expect("dropping lock").clear();
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Hosted>> {
-        self.inner.hosted.read().expect("hosted lock")
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Table> {
+        self.inner.table.read().expect("table lock")
     }
 
     /// Refusals that need no catalog: the name, the spec, this node's limits.
@@ -943,9 +857,9 @@ impl Node {
         if bytes > max {
             return Err(HostError::TooLarge { bytes, max });
         }
-        let hosted = self.read();
-        let from_catalog = hosted.len() - self.inner.configured.len();
-        if !hosted.contains_key(name) && from_catalog >= self.inner.settings.max_filters {
+        let table = self.read();
+        let from_catalog = table.hosted_len() - self.inner.configured.len();
+        if table.hosted(name).is_none() && from_catalog >= self.inner.settings.max_filters {
             return Err(HostError::TooManyFilters {
                 hosted: from_catalog,
             });
@@ -954,11 +868,7 @@ impl Node {
     }
 
     /// Waits until `done` holds of the hosted filters; `false` at the deadline.
-    async fn wait(
-        &self,
-        timeout: Duration,
-        mut done: impl FnMut(&HashMap<String, Hosted>) -> bool,
-    ) -> bool {
+    async fn wait(&self, timeout: Duration, mut done: impl FnMut(&Table) -> bool) -> bool {
         let mut changes = self.inner.changes.subscribe();
         let waiting = async {
             loop {
@@ -1275,10 +1185,10 @@ impl Inner {
             return;
         };
         let Some(entry) = self
-            .hosted
+            .table
             .read()
-            .expect("hosted lock")
-            .get(name)
+            .expect("table lock")
+            .hosted(name)
             .filter(|_| !self.configured.contains(name))
             .map(|h| h.entry(name))
         else {
@@ -1362,14 +1272,6 @@ impl Inner {
         self.reoffer_hosted(name).await;
     }
 
-    fn insert(&self, name: String, hosted: Hosted) {
-        self.hosted
-            .write()
-            .expect("hosted lock")
-            .insert(name, hosted);
-        self.changed();
-    }
-
     /// Refuses a request for `name`, which the watcher saw dropped, as for an unknown filter
     /// (and counts it so, wherever the route found the drop).
     fn refuse_dropped(&self, name: String, msg: Message) -> ApiRoute {
@@ -1403,7 +1305,8 @@ impl Inner {
 
     fn changed(&self) {
         self.changes.send_modify(|n| *n += 1);
-        metrics::gauge!(FILTERS).set(self.hosted.read().expect("hosted lock").len() as f64);
+        let hosted = self.table.read().expect("table lock").hosted_len();
+        metrics::gauge!(FILTERS).set(hosted as f64);
     }
 
     /// The answers of the catalog filters' service instances to the service request on
@@ -1416,11 +1319,11 @@ impl Inner {
         // To one filter's: its replica, resumed if it was parked.
         let instances: Vec<_> = match service {
             None => {
-                let hosted = self.hosted.read().expect("hosted lock");
-                hosted
-                    .iter()
-                    .filter(|(name, _)| self.answers_service_of(name))
-                    .filter_map(|(_, h)| h.running()?.service())
+                let table = self.table.read().expect("table lock");
+                table
+                    .iter_hosted()
+                    .filter(|(name, ..)| self.answers_service_of(name))
+                    .filter_map(|(.., running)| running?.service())
                     .collect()
             }
             Some(service) => service
@@ -1447,29 +1350,19 @@ impl Inner {
     /// or (`true`) dropped a moment ago, which refuses them. A hosted or starting replica of
     /// the name goes first: a re-created filter's, not the dropped one's still lingering.
     fn routed_target(&self, name: &str, routed: Routed) -> Option<(ReplicaHandle, bool)> {
-        let hosted = self.replica_pinned(name, false).map(|handle| {
-            let routes = self.routes_own_api(handle.kind());
-            (handle, routes)
-        });
-        let hosted = hosted.or_else(|| {
-            let starting = self.starting.lock().expect("starting lock");
-            starting.get(name).cloned()
-        });
-        if routed == Routed::ApiRoot {
-            return hosted
-                .map(|(handle, _)| handle)
-                .filter(ReplicaHandle::serving_api)
-                .map(|h| (h, false));
+        let (handle, routes, dropped) = match self.target(name)? {
+            Target::Live(handle) => {
+                let routes = self.routes_own_api(handle.kind());
+                (handle, routes, false)
+            }
+            Target::Starting(handle, routes) => (handle, routes, false),
+            Target::Dropping(handle) => (handle, true, true),
+            Target::Stopping(handle, refusing) => (handle, refusing, true),
+        };
+        match routed {
+            Routed::ApiRoot => (!dropped && handle.serving_api()).then_some((handle, false)),
+            _ => routes.then_some((handle, dropped)),
         }
-        if let Some((handle, routes)) = hosted {
-            return routes.then_some((handle, false));
-        }
-        self.dropping
-            .lock()
-            .expect("dropping lock")
-            .get(name)
-            .cloned()
-            .map(|h| (h, true))
     }
 
     /// The filter a subject under the node's prefix is about (`<prefix>.<filter>...`).
@@ -1575,13 +1468,26 @@ impl Inner {
     /// The replica of catalog filter `name` that takes its requests: hosted or starting,
     /// or (`true`) dropped a moment ago or stopping with the node, which refuses them.
     fn api_target(&self, name: &str) -> Option<(ReplicaHandle, bool)> {
-        self.running(name)
-            .map(|h| (h, false))
-            .or_else(|| {
-                let dropping = self.dropping.lock().expect("dropping lock");
-                dropping.get(name).cloned().map(|h| (h, true))
-            })
-            .or_else(|| self.stopping_replica(name).map(|h| (h, true)))
+        Some(match self.target(name)? {
+            Target::Live(h) | Target::Starting(h, _) => (h, false),
+            Target::Dropping(h) | Target::Stopping(h, _) => (h, true),
+        })
+    }
+
+    /// Where the replica of `name` is, in one look at the table (a parked one resumed).
+    fn target(&self, name: &str) -> Option<Target> {
+        {
+            let table = self.table.read().expect("table lock");
+            match table.find(name) {
+                Found::Absent => return None,
+                Found::Live(h) => return Some(Target::Live(h.clone())),
+                Found::Starting(h, routes) => return Some(Target::Starting(h.clone(), routes)),
+                Found::Dropping(h) => return Some(Target::Dropping(h.clone())),
+                Found::Stopping(h, own) => return Some(Target::Stopping(h.clone(), own)),
+                Found::Parked => {}
+            }
+        }
+        self.resume(name).map(Target::Live)
     }
 
     /// Whether the watcher saw `name` dropped (and not created again) while its replica
@@ -1609,31 +1515,7 @@ impl Inner {
     /// The replicas hosted or starting (those whose replication the node does not route take
     /// no routed message, [`ReplicaHandle::route_event`]).
     fn routed_handles(&self) -> Vec<ReplicaHandle> {
-        let mut handles: Vec<_> = {
-            let hosted = self.hosted.read().expect("hosted lock");
-            hosted
-                .values()
-                .filter_map(|h| h.running().cloned())
-                .collect()
-        };
-        let starting = self.starting.lock().expect("starting lock");
-        handles.extend(starting.values().map(|(h, _)| h.clone()));
-        handles
-    }
-
-    /// The replica of `name`, hosted or starting.
-    fn running(&self, name: &str) -> Option<ReplicaHandle> {
-        let hosted = self.replica_pinned(name, false);
-        hosted.or_else(|| {
-            let starting = self.starting.lock().expect("starting lock");
-            starting.get(name).map(|(h, _)| h.clone())
-        })
-    }
-
-    /// The replica of `name` if the node is stopping it with itself.
-    fn stopping_replica(&self, name: &str) -> Option<ReplicaHandle> {
-        let stopping = self.stopping_replicas.lock().expect("stopping lock");
-        stopping.get(name).cloned()
+        self.table.read().expect("table lock").routed_handles()
     }
 
     /// The node's refusal `e` of a request its API subscription took.
@@ -1648,7 +1530,10 @@ impl Inner {
 
     /// The replica of `name`: hosted, starting, or stopping with the node.
     fn replica_of(&self, name: &str) -> Option<ReplicaHandle> {
-        self.running(name).or_else(|| self.stopping_replica(name))
+        match self.target(name)? {
+            Target::Live(h) | Target::Starting(h, _) | Target::Stopping(h, _) => Some(h),
+            Target::Dropping(_) => None,
+        }
     }
 
     /// Hands each digest of another node's batch to this node's replica of its filter, as if
@@ -1773,16 +1658,11 @@ impl Inner {
     /// `PERSIST`): kept, scheduled, and recorded in its data directory (a node without
     /// NATS rebuilds its catalog from there).
     async fn expiry_changed(&self, entry: &CatalogEntry) {
-        let changed = {
-            let mut hosted = self.hosted.write().expect("hosted lock");
-            match hosted.get_mut(&entry.name) {
-                Some(h) if h.generation == entry.generation && h.expires_ms != entry.expires_ms => {
-                    h.expires_ms = entry.expires_ms;
-                    true
-                }
-                _ => false,
-            }
-        };
+        let changed = self.table.write().expect("table lock").set_expiry(
+            &entry.name,
+            entry.generation,
+            entry.expires_ms,
+        );
         if !changed {
             return;
         }
@@ -1813,10 +1693,10 @@ impl Inner {
             return;
         }
         let current = self
-            .hosted
+            .table
             .read()
-            .expect("hosted lock")
-            .get(&entry.name)
+            .expect("table lock")
+            .hosted(&entry.name)
             .map(|h| h.generation);
         match current {
             Some(g) if g == entry.generation => return self.expiry_changed(&entry).await,
@@ -1881,10 +1761,9 @@ impl Inner {
         }
     }
 
-    /// Starts the replica of `cfg` and hosts it as `entry`. Routed to as soon
-    /// as its actor runs, before its first snapshot is written: in `starting` until then
-    /// (`routes`: whether the node routes its own API subjects), and hosted before it leaves
-    /// `starting`, so that routing finds it in one of them throughout.
+    /// Starts the replica of `cfg` and hosts it as `entry`. Routed to as soon as its actor
+    /// runs, before its first snapshot is written: [`table::State::Starting`] until then
+    /// (`routes`: whether the node routes its own API subjects), then hosted.
     async fn start_replica(
         &self,
         cfg: ReplicaConfig,
@@ -1895,8 +1774,10 @@ impl Inner {
     ) -> Result<ReplicaHandle, crate::replica::ReplicaError> {
         let name = cfg.name.clone();
         let starting = |h: &ReplicaHandle| {
-            let mut starting = self.starting.lock().expect("starting lock");
-            starting.insert(name.clone(), (h.clone(), routes));
+            let mut table = self.table.write().expect("table lock");
+            if let Err(e) = table.begin_start(&name, h.clone(), routes) {
+                tracing::warn!(error = %e, "a replica starts that the node does not route to");
+            }
         };
         let started = Replica::start_hosted(
             cfg,
@@ -1906,11 +1787,28 @@ impl Inner {
             starting,
         )
         .await;
-        if let Ok(handle) = &started {
-            self.insert(name.clone(), Hosted::live(entry, handle.clone()));
+        let handle = match started {
+            Ok(handle) => handle,
+            Err(e) => {
+                let _ = self.table.write().expect("table lock").start_failed(&name);
+                return Err(e);
+            }
+        };
+        let hosted = {
+            let mut table = self.table.write().expect("table lock");
+            table.started(&name, &handle, Filter::new(entry))
+        };
+        if let Err(e) = hosted {
+            // Another replica has the name (changes of one name are applied in order, so
+            // this is a defect): the new one stops rather than run unhosted.
+            tracing::warn!(error = %e, "a started replica could not be hosted: stopping it");
+            if let Err(e) = handle.shutdown().await {
+                tracing::warn!(filter = name, error = %e, "an unhosted replica did not stop cleanly");
+            }
+            return Err(ReplicaError::Stopped);
         }
-        self.starting.lock().expect("starting lock").remove(&name);
-        started
+        self.changed();
+        Ok(handle)
     }
 
     /// Stops the replica of `name` and moves its data directory aside.
@@ -1923,33 +1821,23 @@ impl Inner {
         if self.configured.contains(name) {
             return;
         }
-        // Into `dropping` before out of `hosted` (one lock after the other, in the order
-        // `routed_target` looks): a request meanwhile finds it in one of them.
-        let (generation, running, refusing) = {
-            let mut dropping = self.dropping.lock().expect("dropping lock");
-            let mut hosted = self.hosted.write().expect("hosted lock");
-            if hosted
-                .get(name)
-                .is_none_or(|h| dropped.is_some_and(|g| h.generation > g))
-            {
-                return;
-            }
-            let h = hosted.remove(name).expect("looked up under the lock");
-            // A parked replica has nothing to stop; requests for it meanwhile are refused as
-            // for a dropped filter the node never ran ([`Inner::dropped_meanwhile`]).
-            let running = match h.replica {
-                Slot::Live(handle) => Some(handle),
-                Slot::Parked(_) | Slot::Resuming => {
-                    metrics::gauge!(PARKED_FILTERS).decrement(1.0);
-                    None
-                }
-            };
-            let refusing = self.routes_own_api(h.spec.kind) && running.is_some();
-            if let Some(handle) = running.as_ref().filter(|_| refusing) {
-                dropping.insert(name.to_string(), handle.clone());
-            }
-            (h.generation, running, refusing)
+        // Out of the hosted filters and, where it refuses, dropping in one step: a request
+        // meanwhile finds it in one state or the other.
+        let dropped = {
+            let mut table = self.table.write().expect("table lock");
+            table.drop_filter(name, dropped, |h| self.routes_own_api(h.spec.kind))
         };
+        // Not hosted (or a later generation is).
+        let Ok(dropped) = dropped else {
+            return;
+        };
+        // A parked replica has nothing to stop; requests for it meanwhile are refused as for
+        // a dropped filter the node never ran ([`Inner::dropped_meanwhile`]).
+        if dropped.was_parked {
+            metrics::gauge!(PARKED_FILTERS).decrement(1.0);
+        }
+        let (generation, running, refusing) =
+            (dropped.generation, dropped.running, dropped.lingers);
         self.changed();
         if let Some(handle) = &running
             && let Err(e) = handle.shutdown_dropped().await
@@ -1964,10 +1852,8 @@ impl Inner {
             tokio::spawn(async move {
                 tokio::time::sleep(crate::replica::API_LINGER).await;
                 if let Some(inner) = inner.upgrade() {
-                    let mut dropping = inner.dropping.lock().expect("dropping lock");
-                    if dropping.get(&name).is_some_and(|h| h.same_replica(&handle)) {
-                        dropping.remove(&name);
-                    }
+                    let mut table = inner.table.write().expect("table lock");
+                    table.linger_over(&name, &handle);
                 }
             });
         }
@@ -2037,10 +1923,10 @@ async fn expire_due(inner: Weak<Inner>) {
         };
         for (at, name, generation) in due {
             let hosts = inner
-                .hosted
+                .table
                 .read()
-                .expect("hosted lock")
-                .get(&name)
+                .expect("table lock")
+                .hosted(&name)
                 .is_some_and(|h| {
                     h.generation == generation && h.expires_ms.is_some_and(|e| e <= now)
                 });
@@ -2581,10 +2467,11 @@ async fn follow(inner: Arc<Inner>, catalog: Arc<dyn Catalog>, first: Option<Cata
                         Some(Ok(CatalogChange::Current)) => {
                             if let Some(recorded) = recorded.take() {
                                 let lost: Vec<String> = inner
-                                    .hosted
+                                    .table
                                     .read()
-                                    .expect("hosted lock")
-                                    .keys()
+                                    .expect("table lock")
+                                    .iter_hosted()
+                                    .map(|(n, ..)| n)
                                     .filter(|n| !recorded.contains(*n) && !inner.configured.contains(*n))
                                     .cloned()
                                     .collect();
