@@ -124,7 +124,7 @@ impl Inner {
                 return false;
             }
             let mut table = inner.table.write().expect("table lock");
-            if !table.park(&name, generation, &handle, || close()) {
+            if !table.park(&name, generation, &handle, close) {
                 return false;
             }
             metrics::counter!(PARKING, "change" => "parked").increment(1);
