@@ -11,6 +11,7 @@ mod host;
 mod inspect;
 mod keygen;
 mod keyspace;
+mod table;
 
 use std::path::PathBuf;
 use std::sync::Arc;

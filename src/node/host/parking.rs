@@ -13,7 +13,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::{ApiQueue, Hosted, Inner, Slot};
+use super::{ApiQueue, Inner};
+use crate::node::table::{Filter, Resume};
 use crate::replica::{Park, ParkInto, Replica, ReplicaHandle, crash};
 
 /// Looks in a row that find a replica untouched before it is asked to park.
@@ -45,12 +46,8 @@ impl Inner {
     /// from then on.
     pub(super) fn replica_pinned(&self, name: &str, pin: bool) -> Option<ReplicaHandle> {
         {
-            let hosted = self.hosted.read().expect("hosted lock");
-            let h = hosted.get(name)?;
-            if pin {
-                h.pinned.store(true, Ordering::Relaxed);
-            }
-            if let Some(handle) = h.used() {
+            let table = self.table.read().expect("table lock");
+            if let Some(handle) = table.use_hosted(name, pin)? {
                 return Some(handle.clone());
             }
         }
@@ -60,57 +57,58 @@ impl Inner {
     /// Resumes the parked replica of `name` (or finds it running already): `None` if the node
     /// does not host it.
     pub(super) fn resume(&self, name: &str) -> Option<ReplicaHandle> {
-        let mut hosted = self.hosted.write().expect("hosted lock");
-        let h = hosted.get_mut(name)?;
-        if let Some(handle) = h.used() {
-            return Some(handle.clone());
-        }
+        let mut table = self.table.write().expect("table lock");
         // Also while the node's id is lost: reads and untagged adds need no id, and tagged
         // adds are refused (`id_retired`) until the node takes it back.
-        let shared_id = self.shared_id.clone()?;
-        let replication = self.replication.get()?.clone();
-        let Slot::Parked(parked) = std::mem::replace(&mut h.replica, Slot::Resuming) else {
-            unreachable!("a hosted replica is running or parked outside the lock");
+        let resumable = self.shared_id.clone().zip(self.replication.get().cloned());
+        let (parked, spec, generation) = match table.begin_resume(name, resumable.is_some()) {
+            Resume::NotHosted | Resume::Kept => return None,
+            Resume::Live(handle) => return Some(handle),
+            Resume::Take {
+                parked,
+                spec,
+                generation,
+            } => (parked, spec, generation),
         };
+        let (shared_id, replication) = resumable.expect("taken only if resumable");
         let resumed = Replica::resume(
-            self.replica_config(name, h.spec.clone(), h.generation),
+            self.replica_config(name, spec, generation),
             parked,
             (self.transport.clone(), replication),
             shared_id,
             self.digest_batches.clone(),
             &self.arbiter,
         );
-        let handle = match resumed {
-            Ok(handle) => handle,
+        let (outcome, handle) = match resumed {
+            Ok(handle) => (Ok(handle.clone()), Some(handle)),
             Err((e, parked)) => {
                 tracing::warn!(filter = name, error = %e, "a parked filter could not resume");
-                h.replica = Slot::Parked(parked);
-                return None;
+                (Err(parked), None)
             }
         };
-        h.replica = Slot::Live(handle.clone());
-        h.touched.store(true, Ordering::Relaxed);
-        h.idle_looks.store(0, Ordering::Relaxed);
-        metrics::counter!(PARKING, "change" => "resumed").increment(1);
-        metrics::gauge!(PARKED_FILTERS).decrement(1.0);
-        crash::point(crash::RESUME);
-        Some(handle)
+        table
+            .resumed(name, outcome)
+            .expect("resuming under the table's lock");
+        if handle.is_some() {
+            metrics::counter!(PARKING, "change" => "resumed").increment(1);
+            metrics::gauge!(PARKED_FILTERS).decrement(1.0);
+            crash::point(crash::RESUME);
+        }
+        handle
     }
 
-    /// Whether the replica of `name` (hosted as `h`) may be asked to park: a catalog filter's,
-    /// running under the node's id, never handed out, with its metrics in the node-wide
-    /// series. The replica decides the rest.
-    fn may_park(&self, name: &str, h: &Hosted) -> bool {
-        matches!(h.replica, Slot::Live(_))
-            && !h.pinned.load(Ordering::Relaxed)
-            && !self.configured.contains(name)
+    /// Whether the replica of `name` (hosted as `h`, running and not pinned) may be asked
+    /// to park: a catalog filter's, running under the node's id, with its metrics in the
+    /// node-wide series. The replica decides the rest.
+    fn may_park(&self, name: &str, h: &Filter) -> bool {
+        !self.configured.contains(name)
             && self.routes_own_api(h.spec.kind)
             && self.settings.api_queue == ApiQueue::Node
             && !self.settings.metrics_filters.iter().any(|f| f == name)
     }
 
-    /// Where the replica `handle` of `name`'s `generation` parks: into the node's map, if it
-    /// is still that replica there and nothing looked it up since it was asked.
+    /// Where the replica `handle` of `name`'s `generation` parks: into the node's table, if
+    /// it is still that replica there and nothing looked it up since it was asked.
     fn park_into(
         self: &Arc<Self>,
         name: String,
@@ -125,16 +123,10 @@ impl Inner {
             if inner.stopping.load(Ordering::SeqCst) {
                 return false;
             }
-            let mut hosted = inner.hosted.write().expect("hosted lock");
-            let Some(h) = hosted.get_mut(&name) else {
-                return false;
-            };
-            let same = h.generation == generation
-                && matches!(&h.replica, Slot::Live(running) if running.same_replica(&handle));
-            if !same || h.touched.load(Ordering::Relaxed) || h.pinned.load(Ordering::Relaxed) {
+            let mut table = inner.table.write().expect("table lock");
+            if !table.park(&name, generation, &handle, close) {
                 return false;
             }
-            h.replica = Slot::Parked(Box::new(close()));
             metrics::counter!(PARKING, "change" => "parked").increment(1);
             metrics::gauge!(PARKED_FILTERS).increment(1.0);
             crash::point(crash::PARK_PARKED);
@@ -156,27 +148,9 @@ pub(super) async fn park_idle(inner: Weak<Inner>, every: Duration) {
         if node.stopping.load(Ordering::SeqCst) {
             return;
         }
-        let idle: Vec<(String, u64, ReplicaHandle)> = {
-            let hosted = node.hosted.read().expect("hosted lock");
-            hosted
-                .iter()
-                .filter(|(name, h)| node.may_park(name, h))
-                .filter_map(|(name, h)| {
-                    if h.touched.swap(false, Ordering::Relaxed) {
-                        h.idle_looks.store(0, Ordering::Relaxed);
-                        return None;
-                    }
-                    let looks = h.idle_looks.fetch_add(1, Ordering::Relaxed) + 1;
-                    if looks < IDLE_LOOKS {
-                        return None;
-                    }
-                    // Asked once per `IDLE_LOOKS` looks: a replica with peers, which stays
-                    // awake, is not asked at every look.
-                    h.idle_looks.store(0, Ordering::Relaxed);
-                    let handle = h.running()?;
-                    Some((name.clone(), h.generation, handle.clone()))
-                })
-                .collect()
+        let idle = {
+            let table = node.table.read().expect("table lock");
+            table.idle(IDLE_LOOKS, |name, h| node.may_park(name, h))
         };
         for chunk in idle.chunks(PARKS_PER_TURN) {
             for (name, generation, handle) in chunk {
