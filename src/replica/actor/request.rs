@@ -33,6 +33,9 @@ enum Handled {
         changed: bool,
         body: ApiReply,
     },
+    /// An import at `durable`: answered once a snapshot holding it is saved (the log holds
+    /// no merges).
+    AfterSnapshot(ApiReply),
 }
 
 impl Replica {
@@ -230,8 +233,29 @@ impl Replica {
                 body.served = served;
                 self.settle(level, changed, Responder::Api { reply, body }, ctx)
             }
+            Ok(Handled::AfterSnapshot(mut body)) => {
+                body.served = served;
+                self.answer_after_snapshot(reply, body, ctx)
+            }
             Err(e) => self.api_failed(reply, served, e),
         }
+    }
+
+    /// Answers once a snapshot taken now (holding what was merged) is saved, or with its
+    /// error.
+    fn answer_after_snapshot(
+        &mut self,
+        reply: Option<ReplyTo>,
+        body: ApiReply,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(data) = self.snapshots.data().cloned() else {
+            return self.send_reply(reply, body);
+        };
+        ctx.spawn(self.snapshot_off_thread(data).map(move |r, act, _| {
+            let saved = act.snapshot_saved_now(r);
+            act.api_answer(reply, body, saved);
+        }));
     }
 
     fn api_request(&mut self, msg: &Message) -> Result<Handled, ReplicaError> {
@@ -282,22 +306,27 @@ impl Replica {
                 let f = self.read();
                 Handled::Answer(count_reply(&f, op, msg, self.shared.limits)?)
             }
-            Op::Import | Op::Export => Handled::Answer(self.interop(op, msg)?),
+            Op::Import | Op::Export => self.interop(op, msg)?,
             _ => unreachable!("every operation is handled above"),
         })
     }
 
     /// `import` and `export` (issue 51, [`crate::replica::interop`]): an import merges as a
     /// full state from elsewhere does ([`crate::replica::ReplicaHandle::merge`]).
-    fn interop(&mut self, op: Op, msg: &Message) -> Result<ApiReply, ReplicaError> {
+    /// An import at `durable` (asked, or the replica's default) is answered once a snapshot
+    /// holding it is saved: a merge is on disk only with a snapshot
+    /// ([`crate::replica::core::UnloggedMerges`]).
+    fn interop(&mut self, op: Op, msg: &Message) -> Result<Handled, ReplicaError> {
         use crate::replica::interop;
         let format = match msg.headers.as_ref().and_then(|h| h.get(FORMAT_HEADER)) {
             None => crate::GoFormat::Binary,
             Some(v) => v.as_str().parse().map_err(ReplicaError::InvalidItem)?,
         };
         if op == Op::Export {
-            return Ok(ApiReply::raw(interop::export(&self.read(), format)?));
+            let bytes = interop::export(&self.read(), format)?;
+            return Ok(Handled::Answer(ApiReply::raw(bytes)));
         }
+        let level = self.updates.level(msg)?;
         let (_, state) = interop::decode(format, &msg.payload)?;
         interop::check_fits(&self.read(), &state)?;
         let t = std::time::Instant::now();
@@ -305,7 +334,12 @@ impl Replica {
         self.record_merge(MergeSource::Local, t, merged.is_ok());
         merged?;
         self.local_change();
-        Ok(ApiReply::fixed(b"{\"imported\":true}"))
+        let body = ApiReply::fixed(b"{\"imported\":true}");
+        Ok(if level == AckLevel::Durable {
+            Handled::AfterSnapshot(body)
+        } else {
+            Handled::Answer(body)
+        })
     }
 
     /// Answers an update that waited for its acknowledgement level: `body` if it was
