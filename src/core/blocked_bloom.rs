@@ -375,11 +375,17 @@ impl Membership for BlockedBloom {
     /// of several lookups in flight (building the whole mask first, as an add does, measured
     /// slower than `g_bloom` at 64 MiB).
     /// Two blocks: the first block's bits first, the second block only if they are all
-    /// set (an absent item is mostly refused by its first block, one line).
+    /// set (an absent item is mostly refused by its first block). The second block's line
+    /// is asked for at once: left to the bit tests, a present item's two misses came one
+    /// after the other (64 MiB, `k = 10`: as slow as `g_bloom`'s ten probes, twice one
+    /// block's time).
     #[inline]
     fn contains(&self, item: &[u8]) -> bool {
         let h = hash_item(item, self.params.seed);
         let [first, second] = self.blocks_of(h.hi);
+        if second != first {
+            prefetch(&self.blocks[second]);
+        }
         let mut positions = Positions::new(h.lo);
         let all_set = |block: &[u64; 8], positions: &mut Positions, bits: u32| {
             (0..bits).all(|_| {
