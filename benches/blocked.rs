@@ -1,11 +1,13 @@
-//! Criterion benchmarks of `blocked_bloom` (each item's bits in one 512-bit block) next to
-//! `g_bloom` and `fastbloom` at the same memory and `k`: lookups of 2^20 keys absent from the
-//! filter and of 2^20 present ones, at 1 MiB, 64 MiB and 1 GiB of bits, each filter filled to
-//! its design load (`m ln 2 / k` items: half its bits set), one at a time and as a replica
-//! answers a batch (prefetching the lines of an item a few places ahead); and, printed first,
-//! the false positive rate of each at equal memory, sized for 1%.
+//! Criterion benchmarks of `blocked_bloom` (each item's bits in one 512-bit block, `_two`:
+//! in two) next to `g_bloom` and `fastbloom` at the same memory and `k`: lookups of 2^20 keys
+//! absent from the filter and of 2^20 present ones, at 1 MiB, 64 MiB and 1 GiB of bits, each
+//! filter filled to its design load (`m ln 2 / k` items: half its bits set), one at a time and
+//! as a replica answers a batch (prefetching the lines of an item a few places ahead); and,
+//! printed first, the false positive rate of each at equal memory, sized for 1%, 0.1% and
+//! 0.01%.
 //!
-//! `cargo bench --bench blocked` (`CRPF_BLOCKED_MIB=1,64` for fewer sizes; BENCHMARKS.md).
+//! `cargo bench --bench blocked` (`CRPF_BLOCKED_MIB=1,64` for fewer sizes, `CRPF_BLOCKED_K=10`
+//! for the `k` of 0.1%; BENCHMARKS.md).
 
 mod common;
 
@@ -13,12 +15,18 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use crpf::{BlockedBloom, BloomParams, GBloom, Membership, ReplicatedFilter, SharedGBloom};
+use crpf::{
+    BlockedBloom, BlockedLayout, BloomParams, GBloom, Membership, ReplicatedFilter, SharedGBloom,
+};
 
-use common::{FRESH_SEED, KEY_SEED, MAIN_FPR};
+use common::{FRESH_SEED, KEY_SEED};
 
 const LOOKUPS: usize = 1 << 20;
-const K: u32 = 7;
+
+/// Hashes per item in the lookup groups: 7 (sized for 1%) unless `CRPF_BLOCKED_K` says.
+fn lookup_k() -> u32 {
+    std::env::var("CRPF_BLOCKED_K").map_or(7, |k| k.parse().expect("CRPF_BLOCKED_K: a number"))
+}
 
 /// Item `i` of a key stream: 16 bytes, distinct per `(seed, i)`.
 fn key(seed: u64, i: u64) -> [u8; 16] {
@@ -40,25 +48,42 @@ fn sizes() -> Vec<u64> {
         .collect()
 }
 
-/// The three filters at `bits` bits and `k = 7`, each with `n` items; `g_bloom` as a replica
-/// holds it (a `SharedGBloom`: the same bits, read with relaxed atomic loads).
-fn filled(bits: u64, n: u64) -> (SharedGBloom, BlockedBloom, fastbloom::BloomFilter) {
+/// The filters at `bits` bits and `k` hashes, each with `n` items.
+struct Filled {
+    /// As a replica holds it (a `SharedGBloom`: the same bits, read with relaxed atomic
+    /// loads).
+    g: SharedGBloom,
+    /// One block per item.
+    b: BlockedBloom,
+    /// Two blocks per item.
+    b2: BlockedBloom,
+    f: fastbloom::BloomFilter,
+}
+
+fn filled(bits: u64, k: u32, n: u64) -> Filled {
     let params = BloomParams {
         bits,
-        hashes: K,
+        hashes: k,
         seed: 1,
         capacity: n,
     };
     let mut g = GBloom::new(params).unwrap();
     let mut b = BlockedBloom::new(params).unwrap();
-    let mut f = fastbloom::BloomFilter::with_num_bits(bits as usize).hashes(K);
+    let mut b2 = BlockedBloom::with_layout(params, BlockedLayout::TwoBlocks).unwrap();
+    let mut f = fastbloom::BloomFilter::with_num_bits(bits as usize).hashes(k);
     for i in 0..n {
-        let k = key(KEY_SEED, i);
-        g.add(&k).unwrap();
-        b.add(&k).unwrap();
-        f.insert(&k[..]);
+        let key = key(KEY_SEED, i);
+        g.add(&key).unwrap();
+        b.add(&key).unwrap();
+        b2.add(&key).unwrap();
+        f.insert(&key[..]);
     }
-    (SharedGBloom::from(g), b, f)
+    Filled {
+        g: SharedGBloom::from(g),
+        b,
+        b2,
+        f,
+    }
 }
 
 /// Lookups as a replica answers a batch (`mcontains`): the lines of the item a few places
@@ -75,42 +100,52 @@ fn batched<F: ReplicatedFilter>(f: &F, set: &[[u8; 16]]) -> usize {
     found
 }
 
-/// False positive rates at equal memory (1 MiB, sized for 1%: `m / 9.585` items), over
-/// 2^22 absent keys.
+/// False positive rates at equal memory (1 MiB, sized for 1%, 0.1% and 0.01%: `m ln²2 /
+/// -ln p` items, `k` as `g_bloom` takes for `p`), over 2^24 absent keys (at 0.01%, about
+/// 1,700 false positives: a 2.5% spread).
 fn fpr_at_equal_memory() {
     let bits = 8u64 << 20;
-    let n = (bits as f64 * 2f64.ln().powi(2) / -MAIN_FPR.ln()) as u64;
-    let (g, b, f) = filled(bits, n);
-    let probes = 1u64 << 22;
-    let rate = |hit: &dyn Fn(&[u8; 16]) -> bool| {
-        (0..probes).filter(|&i| hit(&key(FRESH_SEED, i))).count() as f64 / probes as f64
-    };
-    let (rg, rb, rf) = (
-        rate(&|k| g.contains(k)),
-        rate(&|k| b.contains(k)),
-        rate(&|k| f.contains(&k[..])),
-    );
-    eprintln!(
-        "FPR at 1 MiB, {n} items, k = {K}: g_bloom {rg:.5}, blocked_bloom {rb:.5} ({:.2}x), \
-         fastbloom {rf:.5} ({:.2}x)",
-        rb / rg,
-        rf / rg
-    );
+    for p in [0.01f64, 0.001, 0.0001] {
+        let n = (bits as f64 * 2f64.ln().powi(2) / -p.ln()) as u64;
+        let k = BloomParams::with_capacity(n, p).unwrap().hashes;
+        let Filled { g, b, b2, f } = filled(bits, k, n);
+        let probes = 1u64 << 24;
+        let rate = |hit: &dyn Fn(&[u8; 16]) -> bool| {
+            (0..probes).filter(|&i| hit(&key(FRESH_SEED, i))).count() as f64 / probes as f64
+        };
+        let (rg, rb, rb2, rf) = (
+            rate(&|key| g.contains(key)),
+            rate(&|key| b.contains(key)),
+            rate(&|key| b2.contains(key)),
+            rate(&|key| f.contains(&key[..])),
+        );
+        eprintln!(
+            "FPR at 1 MiB sized for {p}, {n} items, k = {k}: g_bloom {rg:.6}, blocked_bloom \
+             {rb:.6} ({:.2}x), blocked_bloom two blocks {rb2:.6} ({:.2}x), fastbloom {rf:.6} \
+             ({:.2}x)",
+            rb / rg,
+            rb2 / rg,
+            rf / rg
+        );
+    }
 }
 
 fn lookups(c: &mut Criterion) {
-    fpr_at_equal_memory();
+    if std::env::var_os("CRPF_BLOCKED_NO_FPR").is_none() {
+        fpr_at_equal_memory();
+    }
+    let k = lookup_k();
     for mib in sizes() {
         let bits = mib << 23;
         // Half the bits set: the load every filter is designed for.
-        let n = (bits as f64 * std::f64::consts::LN_2 / f64::from(K)) as u64;
-        let (g, b, f) = filled(bits, n);
+        let n = (bits as f64 * std::f64::consts::LN_2 / f64::from(k)) as u64;
+        let Filled { g, b, b2, f } = filled(bits, k, n);
         let present: Vec<[u8; 16]> = (0..LOOKUPS as u64)
             .map(|i| key(KEY_SEED, i * (n / LOOKUPS as u64).max(1) % n))
             .collect();
         let absent: Vec<[u8; 16]> = (0..LOOKUPS as u64).map(|i| key(FRESH_SEED, i)).collect();
         for (what, set) in [("absent", &absent), ("present", &present)] {
-            let mut grp = c.benchmark_group(format!("lookup_{what}_{mib}MiB"));
+            let mut grp = c.benchmark_group(format!("lookup_{what}_{mib}MiB_k{k}"));
             grp.throughput(Throughput::Elements(LOOKUPS as u64));
             grp.bench_function("g_bloom", |bch| {
                 bch.iter(|| set.iter().filter(|k| g.contains(&k[..])).count())
@@ -118,14 +153,20 @@ fn lookups(c: &mut Criterion) {
             grp.bench_function("blocked_bloom", |bch| {
                 bch.iter(|| set.iter().filter(|k| b.contains(&k[..])).count())
             });
+            grp.bench_function("blocked_bloom_two", |bch| {
+                bch.iter(|| set.iter().filter(|k| b2.contains(&k[..])).count())
+            });
             grp.bench_function("g_bloom_batch", |bch| bch.iter(|| batched(&g, set)));
             grp.bench_function("blocked_bloom_batch", |bch| bch.iter(|| batched(&b, set)));
+            grp.bench_function("blocked_bloom_two_batch", |bch| {
+                bch.iter(|| batched(&b2, set))
+            });
             grp.bench_function("fastbloom", |bch| {
                 bch.iter(|| set.iter().filter(|k| f.contains(&k[..])).count())
             });
             grp.finish();
         }
-        black_box((g, b, f));
+        black_box((g, b, b2, f));
     }
 }
 

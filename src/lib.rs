@@ -58,7 +58,7 @@ pub mod transport;
 #[cfg(feature = "node")]
 pub mod wire;
 
-pub use crate::core::blocked_bloom::BlockedBloom;
+pub use crate::core::blocked_bloom::{BlockedBloom, BlockedLayout};
 pub use crate::core::bloom::GBloom;
 pub use crate::core::causal::{CausalContext, Dot, MAX_COUNTER, ReplicaId};
 pub use crate::core::cuckoo::{GCuckoo, OrCuckoo};

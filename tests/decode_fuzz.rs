@@ -447,6 +447,21 @@ static BLOCKED_BLOOM: LazyLock<Corpus<crpf::BlockedBloom>> = LazyLock::new(|| {
         .unwrap()
     })
 });
+/// Two blocks per item: a state with the layout's field.
+static BLOCKED_BLOOM_TWO: LazyLock<Corpus<crpf::BlockedBloom>> = LazyLock::new(|| {
+    corpus(|_| {
+        crpf::BlockedBloom::with_layout(
+            crpf::BloomParams {
+                bits: 1024,
+                hashes: 4,
+                seed: 3,
+                capacity: 60,
+            },
+            crpf::BlockedLayout::TwoBlocks,
+        )
+        .unwrap()
+    })
+});
 static GCUCKOO: LazyLock<Corpus<GCuckoo>> =
     LazyLock::new(|| corpus(|_| GCuckoo::new(cuckoo_params()).unwrap()));
 static ORCUCKOO: LazyLock<Corpus<OrCuckoo>> =
@@ -548,6 +563,7 @@ proptest! {
     #[test] fn blocked_bloom_state(m in mutation()) { fuzz_state(&BLOCKED_BLOOM, m) }
     #[test] fn go_bloom_delta(m in mutation()) { fuzz_delta(&GO_BLOOM, m) }
     #[test] fn blocked_bloom_delta(m in mutation()) { fuzz_delta(&BLOCKED_BLOOM, m) }
+    #[test] fn blocked_bloom_two_blocks_state(m in mutation()) { fuzz_state(&BLOCKED_BLOOM_TWO, m) }
     #[test] fn go_bloom_library_formats(m in mutation()) { fuzz_go_formats(&GO_BLOOM, m) }
     #[test] fn gcuckoo_state(m in mutation()) { fuzz_state(&GCUCKOO, m) }
     #[test] fn orcuckoo_state(m in mutation()) { fuzz_state(&ORCUCKOO, m) }

@@ -553,3 +553,78 @@ async fn inspect_exports_a_snapshot_for_go() {
         assert!(go_test(&out_file, "crpf-", 0, 300).iter().all(|&b| b));
     }
 }
+
+/// An import over the NATS request API, at the replica's default level (`durable`, with a
+/// data directory), is on disk when it is answered: a merge reaches disk only with a
+/// snapshot (the log holds the replica's own updates), so the answer waits for one. The node
+/// is killed (`kill -9`) right after the answer, long before its periodic snapshot (an hour);
+/// its next life finds every imported item. Go is not needed: the filter is written as Go's
+/// `WriteTo` writes it (`GoBloom::to_go_bytes`, pinned against the library by the golden
+/// vectors).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_over_nats_is_durable_when_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start();
+    let config = dir.path().join("node.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[node]\nmetrics_addr = \"127.0.0.1:{}\"\nlog = \"warn\"\ndata_dir = \"{}\"\n{}\n\
+             [nats]\nservers = [\"{}\"]\n\n[[filters]]\nname = \"imported\"\n\
+             filter = {{ kind = \"go_bloom\", capacity = 10000, fpr = 0.01 }}\n\
+             snapshot_interval_ms = 3600000\n",
+            free_port(),
+            dir.path().join("data").display(),
+            cluster_key_line(),
+            nats.url()
+        ),
+    )
+    .unwrap();
+    let mut go = GoBloom::new(GoBloomParams::estimate(10_000, 0.01).unwrap()).unwrap();
+    for i in 0..2000 {
+        go.add(&item("go-", i)).unwrap();
+    }
+    let client = Client::new(
+        async_nats::connect(nats.url()).await.unwrap(),
+        "crpf",
+        "imported",
+    )
+    .with_timeout(Duration::from_secs(5));
+    let mut node = Proc::spawn(
+        "first",
+        crpf(&["node", "--config", config.to_str().unwrap()]),
+        dir.path().join("first.log"),
+    );
+    serving(&client, &mut node).await;
+    client
+        .import(GoFormat::Binary, go.to_go_bytes())
+        .await
+        .unwrap();
+    node.kill9();
+
+    let mut node = Proc::spawn(
+        "second",
+        crpf(&["node", "--config", config.to_str().unwrap()]),
+        dir.path().join("second.log"),
+    );
+    serving(&client, &mut node).await;
+    let items: Vec<Vec<u8>> = (0..2000).map(|i| item("go-", i)).collect();
+    let found = client.mcontains(&items).await.unwrap();
+    let lost = found.iter().filter(|&&f| !f).count();
+    assert_eq!(lost, 0, "imported items lost at the crash after the answer");
+    node.terminate(Duration::from_secs(30));
+}
+
+/// Waits until `node` answers requests to `client`'s filter.
+async fn serving(client: &Client, node: &mut Proc) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while client.stats().await.is_err() {
+        node.assert_running();
+        assert!(
+            Instant::now() < deadline,
+            "{}: not serving in 60 s",
+            node.name
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

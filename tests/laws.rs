@@ -113,15 +113,30 @@ impl Subject for crpf::GoBloom {
     }
 }
 
-/// `blocked_bloom`: two 512-bit blocks, so that items share blocks and bits.
+thread_local! {
+    /// Whether the `blocked_bloom` replicas a test makes spread items over two blocks (each
+    /// test runs its cases on a thread of its own).
+    static TWO_BLOCKS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `blocked_bloom`: two 512-bit blocks, so that items share blocks and bits; one block per
+/// item, or two where the test says ([`TWO_BLOCKS`]).
 impl Subject for crpf::BlockedBloom {
     fn make(_: u16) -> Self {
-        crpf::BlockedBloom::new(BloomParams {
-            bits: 1024,
-            hashes: 3,
-            seed: 1,
-            capacity: 40,
-        })
+        let layout = if TWO_BLOCKS.get() {
+            crpf::BlockedLayout::TwoBlocks
+        } else {
+            crpf::BlockedLayout::OneBlock
+        };
+        crpf::BlockedBloom::with_layout(
+            BloomParams {
+                bits: 1024,
+                hashes: 3,
+                seed: 1,
+                capacity: 40,
+            },
+            layout,
+        )
         .unwrap()
     }
 }
@@ -526,6 +541,8 @@ proptest! {
     #[test] fn blocked_bloom_laws(ops in ops()) { run::<crpf::BlockedBloom>(ops) }
     #[test] fn go_bloom_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<crpf::GoBloom>(ops, seed, lossy) }
     #[test] fn blocked_bloom_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<crpf::BlockedBloom>(ops, seed, lossy) }
+    #[test] fn blocked_bloom_two_blocks_laws(ops in ops()) { TWO_BLOCKS.set(true); run::<crpf::BlockedBloom>(ops) }
+    #[test] fn blocked_bloom_two_blocks_deltas(ops in ops(), seed: u64, lossy: bool) { TWO_BLOCKS.set(true); run_deltas::<crpf::BlockedBloom>(ops, seed, lossy) }
     #[test] fn gcuckoo_laws(ops in ops()) { run::<GCuckoo>(ops) }
     #[test] fn orcuckoo_laws(ops in ops()) { run::<OrCuckoo>(ops) }
     #[test] fn sc_gbloom_laws(ops in ops()) { run::<ScGBloom>(ops) }

@@ -209,6 +209,9 @@ pub enum Request {
         format: GoFormat,
         /// The filter.
         filter: Bytes,
+        /// The acknowledgement level (`None`: the replica's default); at `durable` it is
+        /// answered once a snapshot holding it is saved.
+        ack: Option<AckLevel>,
     },
     /// `export` (`go_bloom`): the filter in `format`.
     Export {
@@ -242,7 +245,8 @@ impl Request {
             Request::Add { ack, .. }
             | Request::Remove { ack, .. }
             | Request::MAdd { ack, .. }
-            | Request::MRemove { ack, .. } => *ack,
+            | Request::MRemove { ack, .. }
+            | Request::Import { ack, .. } => *ack,
             _ => None,
         }
     }
@@ -252,7 +256,8 @@ impl Request {
         if let Request::Add { ack, .. }
         | Request::Remove { ack, .. }
         | Request::MAdd { ack, .. }
-        | Request::MRemove { ack, .. } = &mut self
+        | Request::MRemove { ack, .. }
+        | Request::Import { ack, .. } = &mut self
         {
             *ack = level;
         }

@@ -236,7 +236,7 @@ pub(crate) fn nats_request(
         }
         op => op.parse::<Op>().map_err(ReplicaError::InvalidItem)?,
     };
-    let ack = match op.is_update() {
+    let ack = match op.is_update() || op == Op::Import {
         true => header(msg, ACK_HEADER)?,
         false => None::<AckLevel>,
     };
@@ -280,6 +280,7 @@ pub(crate) fn nats_request(
         Op::Import => Request::Import {
             format: go_format()?,
             filter: item,
+            ack,
         },
         Op::Export => Request::Export {
             format: go_format()?,

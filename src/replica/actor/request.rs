@@ -33,6 +33,9 @@ enum Handled {
         changed: bool,
         response: Response,
     },
+    /// An import at `durable`: answered once a snapshot holding it is saved (the log holds
+    /// no merges).
+    AfterSnapshot(Response),
 }
 
 impl Replica {
@@ -223,8 +226,28 @@ impl Replica {
                 changed,
                 response,
             }) => self.settle(level, changed, Responder::Api { reply, response }, ctx),
+            Ok(Handled::AfterSnapshot(response)) => {
+                self.answer_after_snapshot(reply, response, ctx)
+            }
             Err(e) => self.send_reply(reply, Err(e)),
         }
+    }
+
+    /// Answers once a snapshot taken now (holding what was merged) is saved, or with its
+    /// error.
+    fn answer_after_snapshot(
+        &mut self,
+        reply: ReplyTo,
+        response: Response,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(data) = self.snapshots.data().cloned() else {
+            return self.send_reply(reply, Ok(response));
+        };
+        ctx.spawn(self.snapshot_off_thread(data).map(move |r, act, _| {
+            let saved = act.snapshot_saved_now(r);
+            act.send_reply(reply, saved.map(|()| response));
+        }));
     }
 
     fn api_request(&mut self, request: Request) -> Result<Handled, ReplicaError> {
@@ -263,9 +286,19 @@ impl Replica {
             Request::Export { format } => Handled::Answer(Response::Exported(
                 crate::replica::interop::export(&self.read(), format)?,
             )),
-            Request::Import { format, filter } => {
+            Request::Import {
+                format,
+                filter,
+                ack,
+            } => {
+                // Refused before anything is merged if the replica cannot give it.
+                let level = self.updates.level(ack)?;
                 self.import_filter(format, &filter)?;
-                Handled::Answer(Response::Imported)
+                // A merge is on disk only with a snapshot ([`crate::replica::core::UnloggedMerges`]).
+                match level {
+                    AckLevel::Durable => Handled::AfterSnapshot(Response::Imported),
+                    _ => Handled::Answer(Response::Imported),
+                }
             }
             _ => unreachable!("every operation is handled above"),
         })
