@@ -36,7 +36,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use super::parse::Args;
-use super::redisbloom::{self, is_bloom};
+use super::redisbloom;
 use crate::api::batch;
 use crate::api::{
     ACK_HEADER, ADD_MODE_HEADER, AddMode, ERROR_HEADER, FAILED_HEADER, Op, REPLY_HEADER,
@@ -260,6 +260,8 @@ pub enum KeyCommand {
     },
     /// `DEL` / `UNLINK`: drop these filters; the reply counts those dropped.
     Delete(Vec<String>),
+    /// A count-min sketch command ([`super::cms`]).
+    Cms(super::cms::CmsCommand),
     /// `FLUSHDB` / `FLUSHALL`: drop every filter.
     FlushAll,
     /// A read of a key's figures, when its turn comes (after the connection's updates before
@@ -498,7 +500,9 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
     // exists with the wrong type; Ok(None): no such key.
     let existing = || -> Result<Option<ReplicaHandle>, Command> {
         match filter(key(0).as_bytes()) {
-            Some(handle) if family.is_some_and(|bloom| bloom != is_bloom(handle.kind())) => {
+            Some(handle)
+                if family.is_some_and(|bloom| !super::cms::in_family(handle.kind(), bloom)) =>
+            {
                 Err(Command::Reply(Reply::Error(WRONGTYPE.into())))
             }
             found => Ok(found),
@@ -1190,6 +1194,8 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                     kind,
                 })
             }
+            cms if cms.starts_with("CMS.") => super::cms::command(cms, args)
+                .unwrap_or_else(|| Command::Reply(Reply::err(unknown_command(args)))),
             _ => Command::Reply(Reply::err(unknown_command(args))),
         })
     })();

@@ -16,7 +16,6 @@ use bytes::Bytes;
 
 use super::commands::{Inserted, Reply, inserted_reply, refusal};
 use super::parse::Args;
-use super::redisbloom::is_bloom;
 use crate::api::AddMode;
 use crate::api::batch::encode_bitmap;
 use crate::replica::{AckLevel, AddOutcome, BatchAdd, ReplicaError, ReplicaHandle, error_of};
@@ -109,7 +108,7 @@ impl HotCommand {
         args: &Args,
         ack: Option<AckLevel>,
     ) -> Option<HotReply> {
-        if is_bloom(handle.kind()) != self.bloom {
+        if !super::cms::in_family(handle.kind(), self.bloom) {
             return None;
         }
         let single_add = matches!(self.verb, Verb::Add(_));
@@ -202,6 +201,7 @@ mod tests {
     use super::*;
     use crate::replica::{Replica, ReplicaConfig};
     use crate::resp::commands::{self, Command, Protocol};
+    use crate::resp::redisbloom::is_bloom;
     use crate::transport::InProcessBus;
     use crate::wire::FilterKind;
     use crate::{ExpirySpec, FilterSpec};

@@ -29,6 +29,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod cms;
 pub mod commands;
 pub mod dump;
 mod hot;
@@ -700,7 +701,7 @@ async fn run_key(
                 Ok(false) | Err(_)
                     if lookup
                         .filter(name.as_bytes())
-                        .is_some_and(|h| redisbloom::is_bloom(h.kind()) != bloom) =>
+                        .is_some_and(|h| !cms::in_family(h.kind(), bloom)) =>
                 {
                     Reply::Error(commands::WRONGTYPE.into())
                 }
@@ -718,7 +719,7 @@ async fn run_key(
                 Ok(handle) => handle,
                 Err(refused) => return refused,
             };
-            if redisbloom::is_bloom(handle.kind()) != bloom {
+            if !cms::in_family(handle.kind(), bloom) {
                 return Reply::Error(commands::WRONGTYPE.into());
             }
             let answer = commands::send(&handle, &request, ack, true).await;
@@ -733,7 +734,7 @@ async fn run_key(
             None => missing,
             Some(handle) => {
                 let other_family =
-                    family.is_some_and(|bloom| bloom != redisbloom::is_bloom(handle.kind()));
+                    family.is_some_and(|bloom| !cms::in_family(handle.kind(), bloom));
                 let query = matches!(
                     request.op,
                     crate::api::Op::Contains
@@ -751,6 +752,7 @@ async fn run_key(
                 }
             }
         },
+        K::Cms(command) => cms::run(&*lookup, command, ack).await,
         K::Delete(names) => match drop_all(&*lookup, names).await {
             Ok(dropped) => Reply::Int(dropped as i64),
             Err(refused) => Reply::Error(refused),
@@ -816,9 +818,9 @@ async fn run_key(
         K::Read { name, read, bloom } => {
             use commands::Read as R;
             let handle = lookup.filter(&name);
-            let wrong = handle.as_ref().is_some_and(|h| {
-                bloom.is_some_and(|bloom| bloom != redisbloom::is_bloom(h.kind()))
-            });
+            let wrong = handle
+                .as_ref()
+                .is_some_and(|h| bloom.is_some_and(|bloom| !cms::in_family(h.kind(), bloom)));
             let wrongtype = || Reply::Error(commands::WRONGTYPE.into());
             match (read, handle) {
                 (R::Compact, Some(_)) if !wrong => Reply::Simple("OK"),
