@@ -1349,6 +1349,9 @@ fn cms_ops() -> impl Strategy<Value = Vec<CmsOp>> {
     prop::collection::vec(op, 1..120)
 }
 
+/// What a replica has seen: (replica, its increment number) -> (item, n).
+type CmsSeen = BTreeMap<(usize, usize), (u16, u64)>;
+
 /// Three replicas increment concurrently and exchange full states and deltas (late, twice,
 /// out of order): every increment inflates, no estimate falls below the increments a replica
 /// has seen, and once all is delivered each replica holds exactly the counters (every
@@ -1360,12 +1363,10 @@ fn run_cms(ops: Vec<CmsOp>) {
         r.track_deltas(true);
     }
     let mut single = CountMinSketch::make(9);
-    // What each replica has seen: (replica, its increment number) -> (item, n).
-    let mut seen: Vec<BTreeMap<(usize, usize), (u16, u64)>> = vec![BTreeMap::new(); 3];
+    let mut seen: Vec<CmsSeen> = vec![BTreeMap::new(); 3];
     let mut made = [0usize; 3];
-    let mut in_flight: Vec<(usize, crpf::CmsDelta, BTreeMap<(usize, usize), (u16, u64)>)> =
-        Vec::new();
-    let mut unsent: Vec<BTreeMap<(usize, usize), (u16, u64)>> = vec![BTreeMap::new(); 3];
+    let mut in_flight: Vec<(usize, crpf::CmsDelta, CmsSeen)> = Vec::new();
+    let mut unsent: Vec<CmsSeen> = vec![BTreeMap::new(); 3];
     for op in ops {
         match op {
             CmsOp::Incr(r, i, n) => {

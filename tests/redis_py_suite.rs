@@ -111,8 +111,9 @@ fn run_suite(suite: &Path, resp: &str, protocol: u8) {
         .find_map(|part| part.trim().strip_suffix(" passed"))
         .and_then(|n| n.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0);
-    // The Bloom and cuckoo tests of the release: a collection that lost some fails here.
-    assert!(passed >= 10, "{passed} passed\n{report}");
+    // The Bloom, cuckoo and count-min sketch tests of the release: a collection that lost
+    // some fails here.
+    assert!(passed >= 12, "{passed} passed\n{report}");
     assert!(!summary.contains(" error"), "{report}");
     for line in stdout
         .lines()

@@ -1783,7 +1783,7 @@ async fn three_sketch_replicas_answer_as_one_sketch_fed_everything() {
         run(hs[2].clone(), streams[2].clone())
     );
     assert!(converged(&hs, WAIT).await, "replicas did not converge");
-    let check = |s: &CountMinSketch, what: &str| {
+    let check = |s: &CountMinSketch, single: &CountMinSketch, what: &str| {
         assert_eq!(s.total(), single.total(), "{what}");
         for k in 0..1000u32 {
             let item = format!("item-{k}").into_bytes();
@@ -1802,7 +1802,7 @@ async fn three_sketch_replicas_answer_as_one_sketch_fed_everything() {
     for (r, h) in hs.iter().enumerate() {
         let s = sketch(h);
         assert_eq!(s.writers(), 3, "replica {r}: each writer's counters once");
-        check(&s, &format!("replica {r}"));
+        check(&s, &single, &format!("replica {r}"));
         assert_eq!(rejects(h, "own_tag_ahead").await, 0);
     }
 
@@ -1816,7 +1816,7 @@ async fn three_sketch_replicas_answer_as_one_sketch_fed_everything() {
         first.replica,
         "a sketch's id serves one run"
     );
-    check(&sketch(&hs[2]), "restarted");
+    check(&sketch(&hs[2]), &single, "restarted");
     hs[2].add(b"item-1".to_vec()).await.unwrap();
     single.increment(b"item-1", 1);
     assert!(
@@ -1824,7 +1824,7 @@ async fn three_sketch_replicas_answer_as_one_sketch_fed_everything() {
         "replicas did not converge after the restart"
     );
     for h in &hs {
-        check(&sketch(h), "after the restart");
+        check(&sketch(h), &single, "after the restart");
     }
     stop(&hs).await;
 }

@@ -253,13 +253,17 @@ pub struct CountMinSketch {
 /// The pending entry of a writer's total.
 const TOTAL_CELL: u32 = u32::MAX;
 
+/// One writer's part of a [`CmsDelta`]: its id, its total, and `(cell index, counter)`
+/// ascending.
+pub type CmsDeltaWriter = (ReplicaId, u64, Vec<(u32, u32)>);
+
 /// Delta of a [`CountMinSketch`]: the counters local updates changed, at their values, by
 /// writer. Joining it is the maximum on those counters, so it may arrive late, twice or out
 /// of order.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CmsDelta {
     /// `(writer, its total, (cell index, counter) ascending)`.
-    pub writers: Vec<(ReplicaId, u64, Vec<(u32, u32)>)>,
+    pub writers: Vec<CmsDeltaWriter>,
 }
 
 impl CountMinSketch {
@@ -670,7 +674,7 @@ impl DeltaState for CountMinSketch {
         if pending.is_empty() {
             return None;
         }
-        let mut writers: Vec<(ReplicaId, u64, Vec<(u32, u32)>)> = Vec::new();
+        let mut writers: Vec<CmsDeltaWriter> = Vec::new();
         for (id, cell) in pending {
             let Some(w) = self.writer_ref(id) else {
                 continue;
