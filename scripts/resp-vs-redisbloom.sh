@@ -11,6 +11,7 @@
 #   ACK=durable APPENDFSYNC=always COMMANDS=BF.ADD,CF.ADD scripts/resp-vs-redisbloom.sh
 #   REQUESTS=100000 COMMANDS=BF.MADD:100,BF.MEXISTS:100,CF.INSERT:100,CF.MEXISTS:100 scripts/resp-vs-redisbloom.sh
 #   BF_KEY=bf:users:2026-12-06 CF_KEY=cf:users:2026-12-06 scripts/resp-vs-redisbloom.sh
+#   COMMANDS=CMS.INCRBY,CMS.QUERY CMS_WIDTH=2000 CMS_DEPTH=5 scripts/resp-vs-redisbloom.sh
 #
 #   CREATE=resp BF_KEY=bf:users:2026-12-06 CF_KEY=cf:users:2026-12-06 scripts/resp-vs-redisbloom.sh
 #
@@ -19,6 +20,9 @@
 # only; with CREATE=resp they are made by `BF.RESERVE ... NONSCALING` (`g_bloom`) and
 # `CF.RESERVE ... EXPANSION 0` (`or_cuckoo`) on both servers, so any name goes (one outside
 # [A-Za-z0-9_-] travels encoded in NATS subjects, crpf::names: what this measures).
+#
+# CMS_KEY (default `sketch`) is a count-min sketch of CMS_WIDTH x CMS_DEPTH (default 2000 x 5)
+# made by CMS.INITBYDIM on both servers; CMS.INCRBY increments a random item by 1.
 #
 # ACK (local, logged, durable) is the node's acknowledgement level, with a data directory
 # unless local; APPENDFSYNC (always, everysec) turns Redis's append-only file on with that
@@ -38,6 +42,9 @@ REQUESTS="${REQUESTS:-2000000}"
 ROUNDS="${ROUNDS:-3}"
 BF_KEY="${BF_KEY:-bloom}"
 CF_KEY="${CF_KEY:-cuckoo}"
+CMS_KEY="${CMS_KEY:-sketch}"
+CMS_WIDTH="${CMS_WIDTH:-2000}"
+CMS_DEPTH="${CMS_DEPTH:-5}"
 CREATE="${CREATE:-config}"
 ACK="${ACK:-local}"
 APPENDFSYNC="${APPENDFSYNC:-}"
@@ -117,6 +124,9 @@ if [ "$CREATE" = config ]; then
   cli "$redis_port" BF.RESERVE "$BF_KEY" 0.01 30000000
   cli "$redis_port" CF.RESERVE "$CF_KEY" 30000000
 fi
+for port in "$crpf_port" "$redis_port"; do
+  cli "$port" CMS.INITBYDIM "$CMS_KEY" "$CMS_WIDTH" "$CMS_DEPTH"
+done
 
 # utime + stime of a process, in clock ticks.
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
@@ -145,12 +155,16 @@ for spec in "${commands[@]}"; do
   [ "$name" = "$spec" ] || items="${spec#*:}"
   case "$name" in
     BF.*) cmd="$name $BF_KEY" ;;
+    CMS.*) cmd="$name $CMS_KEY" ;;
     *) cmd="$name $CF_KEY" ;;
   esac
   case "$name" in
     CF.INSERT | CF.INSERTNX) cmd="$cmd ITEMS" ;;
   esac
-  for _ in $(seq "$items"); do cmd="$cmd __rand_int__"; done
+  for _ in $(seq "$items"); do
+    cmd="$cmd __rand_int__"
+    [ "$name" = CMS.INCRBY ] && cmd="$cmd 1"
+  done
   for round in $(seq "$ROUNDS"); do
     # shellcheck disable=SC2086
     read -r c_rps c_cpu c_nats < <(measure "$crpf_port" "$crpf_pid" $cmd)

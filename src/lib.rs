@@ -16,6 +16,7 @@
 //! | [`AtomicGBloom`] | GBF shared by threads | add on `&self` | atomic OR (via its `GBloom` snapshot) |
 //! | [`SharedGBloom`] | GBF, a replica's `g_bloom` | add; [`BloomReader`]s query without a lock | bitwise OR |
 //! | [`CountingCuckoo`] | CCF (Li, Luo, Guo) | add, remove, count | per-source PN-counters, pointwise max |
+//! | [`CountMinSketch`] | count-min sketch (issue 50) | increment, count, weighted merge | a G-counter per counter by replica, pointwise max |
 //!
 //! ```
 //! use crpf::{GBloom, Lattice, Membership};
@@ -61,6 +62,7 @@ pub mod wire;
 pub use crate::core::blocked_bloom::{BlockedBloom, BlockedLayout};
 pub use crate::core::bloom::GBloom;
 pub use crate::core::causal::{CausalContext, Dot, MAX_COUNTER, ReplicaId};
+pub use crate::core::cms::{CmsDelta, CmsParams, CountMinSketch};
 pub use crate::core::cuckoo::{GCuckoo, OrCuckoo};
 // Counting cuckoo filter (issue 11).
 pub use crate::core::cuckoo::multiset_sync::MultisetDiff;

@@ -320,10 +320,24 @@ impl Bench {
                 replicated.clone()
             };
             let item = format!("{}-{n}", f.name);
-            let cmd = if f.bloom() { "BF.ADD" } else { "CF.ADD" };
+            let sketch = f.kind == FilterKind::CountMinSketch;
+            let cmd = if sketch {
+                "CMS.INCRBY"
+            } else if f.bloom() {
+                "BF.ADD"
+            } else {
+                "CF.ADD"
+            };
             let name = f.name.clone();
             async move {
-                let r = run::<i64>(&mut con, &[cmd, &name, &item]).await;
+                // A sketch's add is an increment by 1 (its reply an array of estimates).
+                let r = if sketch {
+                    run::<Vec<i64>>(&mut con, &[cmd, &name, &item, "1"])
+                        .await
+                        .map(|_| 1)
+                } else {
+                    run::<i64>(&mut con, &[cmd, &name, &item]).await
+                };
                 (name, item, r)
             }
         });
@@ -506,7 +520,9 @@ impl Bench {
             let items = self.acked.get(&f.name).map_or(&[][..], Vec::as_slice);
             let mut missing = 0;
             for chunk in items.chunks(500) {
-                let cmd = if f.bloom() {
+                let cmd = if f.kind == FilterKind::CountMinSketch {
+                    "CMS.QUERY"
+                } else if f.bloom() {
                     "BF.MEXISTS"
                 } else {
                     "CF.MEXISTS"

@@ -314,6 +314,11 @@ trait Target:
 {
     /// Removes, for the types that can.
     fn remove_item(&mut self, _item: &[u8]) {}
+    /// An add to a decoded state, as its replica would make: `receiver` is the corpus's
+    /// replica.
+    fn add_local(&mut self, _receiver: &Self) {
+        let _ = self.add(b"local");
+    }
 }
 
 impl Target for GBloom {}
@@ -501,7 +506,7 @@ fn exercise_state<T: Target>(receiver: &T, state: &T) {
     let back: T = serde_cbor::from_slice(&bytes).expect("an accepted state re-decodes");
     assert!(back.equivalent(state), "round trip of an accepted state");
     let mut local = state.clone();
-    let _ = local.add(b"local");
+    local.add_local(receiver);
 }
 
 fn fuzz_state<T: Target>(c: &Corpus<T>, m: Mutation) {
@@ -926,4 +931,65 @@ fn counting_cuckoo_absurd_parameters_allocate_nothing() {
         ..cuckoo_params()
     };
     assert!(bounded("huge ccf", || CountingCuckoo::new(p, 1)).is_err());
+}
+
+// ---------------------------------------------------------------- count-min sketch (issue 50)
+
+use crpf::{CmsParams, CountMinSketch};
+
+/// A replica increments only its own sketch, whose parameters its spec gave: a sketch
+/// allocates a writer's counters (`4·width·depth` bytes, up to `MAX_FILTER_BYTES`) at its
+/// first increment, which a forged state's parameters name without carrying them. So the
+/// add goes to a decoded state of the corpus's parameters only (one of other parameters is
+/// refused by every merge, and by the parameter digest before that).
+impl Target for CountMinSketch {
+    fn add_local(&mut self, receiver: &Self) {
+        if self.params() == receiver.params() {
+            self.increment(b"local", 3);
+        }
+    }
+}
+
+/// Every replica counts a few items several times, so that states carry several writers.
+static CMS: LazyLock<Corpus<CountMinSketch>> = LazyLock::new(|| {
+    corpus(|r| {
+        let mut f = CountMinSketch::new(CmsParams::new(9, 4).unwrap(), r);
+        for i in 0..6u32 {
+            f.increment(&i.to_le_bytes(), 1 + u64::from(r));
+        }
+        f
+    })
+});
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test] fn count_min_sketch_state(m in mutation()) { fuzz_state(&CMS, m) }
+    #[test] fn count_min_sketch_delta(m in mutation()) { fuzz_delta(&CMS, m) }
+}
+
+#[test]
+fn count_min_sketch_absurd_parameters_allocate_nothing() {
+    for (width, depth) in [
+        (0, 4),
+        (9, 0),
+        (9, CmsParams::MAX_DEPTH + 1),
+        (u32::MAX, 1000),
+    ] {
+        assert!(bounded("absurd sketch", || CmsParams::new(width, depth)).is_err());
+    }
+    // A state naming the largest sketch it may, without its counters, decodes to nothing
+    // allocated.
+    let huge = CountMinSketch::new(
+        CmsParams {
+            width: 1 << 22,
+            depth: 1 << 8,
+            seed: 0,
+        },
+        1,
+    );
+    let bytes = serde_cbor::to_vec(&huge).unwrap();
+    let back: CountMinSketch = bounded("huge sketch", || serde_cbor::from_slice(&bytes).unwrap());
+    assert_eq!(back.writers(), 0);
+    assert!(bounded("its figures", || back.estimated_fpr() == 0.0));
 }

@@ -110,6 +110,12 @@ const GOLDEN: &[(FilterKind, Pin, Pin)] = &[
         (153, 4497529004952945769),
         (32, 11694283286637457376),
     ),
+    // Issue 50: 64 x 7 counters of one writer, each a CBOR integer (one byte below 24).
+    (
+        FilterKind::CountMinSketch,
+        (476, 17166593532693773874),
+        (95, 10176734456776655624),
+    ),
 ];
 
 #[test]

@@ -1321,3 +1321,202 @@ proptest! {
     #[test] fn counting_multiplicities_converge(ops in count_ops(), seed: u64) { run_counting(ops, seed, false) }
     #[test] fn counting_multiplicities_converge_by_deltas(ops in count_ops(), seed: u64) { run_counting(ops, seed, true) }
 }
+// ---------------------------------------------------------------- count-min sketch (issue 50)
+
+use crpf::{CmsParams, CountMinSketch};
+
+/// 7 counters in 3 rows: the `UNIVERSE` items collide in every row, so that estimates exceed
+/// true counts and the sum over writers is what keeps them from falling below.
+fn cms_params() -> CmsParams {
+    CmsParams::new(7, 3).unwrap()
+}
+
+impl Subject for CountMinSketch {
+    fn make(replica: u16) -> Self {
+        CountMinSketch::new(cms_params(), replica)
+    }
+    /// `CMS.MERGE` of the dump: its counts, as this replica's own increments.
+    fn import_from(&mut self, dump: &Self) -> Option<Result<Vec<Dot>, FilterError>> {
+        Some(
+            self.import_occurrences(&dump.live_occurrences())
+                .map(|_| Vec::new()),
+        )
+    }
+}
+
+#[derive(Debug, Clone)]
+enum CmsOp {
+    /// Replica, item, increment.
+    Incr(usize, u16, u64),
+    /// Receiver, sender: a full state.
+    Merge(usize, usize),
+    /// Sender: its delta goes in flight to the other two.
+    Flush(usize),
+    /// Delivers the in-flight delta at this index (modulo), keeping a copy if `.1`.
+    Deliver(usize, bool),
+}
+
+fn cms_ops() -> impl Strategy<Value = Vec<CmsOp>> {
+    let op = prop_oneof![
+        6 => (0..3usize, 0..UNIVERSE, 0..5u64).prop_map(|(r, i, n)| CmsOp::Incr(r, i, n)),
+        1 => (0..3usize, 0..3usize).prop_map(|(a, b)| CmsOp::Merge(a, b)),
+        2 => (0..3usize).prop_map(CmsOp::Flush),
+        3 => (any::<usize>(), any::<bool>()).prop_map(|(k, again)| CmsOp::Deliver(k, again)),
+    ];
+    prop::collection::vec(op, 1..120)
+}
+
+/// What a replica has seen: (replica, its increment number) -> (item, n).
+type CmsSeen = BTreeMap<(usize, usize), (u16, u64)>;
+
+/// Three replicas increment concurrently and exchange full states and deltas (late, twice,
+/// out of order): every increment inflates, no estimate falls below the increments a replica
+/// has seen, and once all is delivered each replica holds exactly the counters (every
+/// estimate, every count) of one sketch fed all the increments.
+fn run_cms(ops: Vec<CmsOp>) {
+    let mut reps: Vec<CountMinSketch> =
+        (0..3).map(|r| CountMinSketch::make(r as u16 + 1)).collect();
+    for r in &mut reps {
+        r.track_deltas(true);
+    }
+    let mut single = CountMinSketch::make(9);
+    let mut seen: Vec<CmsSeen> = vec![BTreeMap::new(); 3];
+    let mut made = [0usize; 3];
+    let mut in_flight: Vec<(usize, crpf::CmsDelta, CmsSeen)> = Vec::new();
+    let mut unsent: Vec<CmsSeen> = vec![BTreeMap::new(); 3];
+    for op in ops {
+        match op {
+            CmsOp::Incr(r, i, n) => {
+                let before = reps[r].clone();
+                let estimate = reps[r].increment(&item(i), n);
+                single.increment(&item(i), n);
+                assert!(before.le(&reps[r]), "an increment must inflate");
+                assert_eq!(estimate, reps[r].count(&item(i)));
+                made[r] += 1;
+                seen[r].insert((r, made[r]), (i, n));
+                unsent[r].insert((r, made[r]), (i, n));
+            }
+            CmsOp::Merge(to, from) => {
+                let (src, dst) = (reps[from].clone(), reps[to].clone());
+                reps[to].merge(&src).unwrap();
+                assert!(
+                    src.le(&reps[to]) && dst.le(&reps[to]),
+                    "merge is an upper bound"
+                );
+                let s = seen[from].clone();
+                seen[to].extend(s);
+            }
+            CmsOp::Flush(from) => {
+                if let Some(d) = reps[from].take_delta() {
+                    let carried = std::mem::take(&mut unsent[from]);
+                    for to in (0..3).filter(|&t| t != from) {
+                        in_flight.push((to, d.clone(), carried.clone()));
+                    }
+                }
+            }
+            CmsOp::Deliver(k, again) => {
+                if in_flight.is_empty() {
+                    continue;
+                }
+                let k = k % in_flight.len();
+                let (to, d, carried) = in_flight[k].clone();
+                let before = reps[to].clone();
+                reps[to].merge_delta(&d).unwrap();
+                assert!(before.le(&reps[to]), "a delta must inflate");
+                seen[to].extend(carried);
+                if !again {
+                    in_flight.swap_remove(k);
+                }
+            }
+        }
+        // No estimate below what the replica has seen of the item.
+        for (rep, s) in reps.iter().zip(&seen) {
+            for i in 0..UNIVERSE {
+                let truth: u64 = s.values().filter(|(x, _)| *x == i).map(|(_, n)| n).sum();
+                assert!(rep.count(&item(i)) >= truth, "an estimate below the truth");
+            }
+        }
+    }
+    for (r, rep) in reps.iter_mut().enumerate() {
+        if let Some(d) = rep.take_delta() {
+            for to in (0..3).filter(|&t| t != r) {
+                in_flight.push((to, d.clone(), BTreeMap::new()));
+            }
+        }
+    }
+    for (to, d, _) in in_flight {
+        reps[to].merge_delta(&d).unwrap();
+    }
+    let mut all = reps[0].clone();
+    all.merge(&reps[1]).unwrap();
+    all.merge(&reps[2]).unwrap();
+    for rep in &reps {
+        assert!(rep.equivalent(&all), "deltas alone converge");
+        for i in 0..UNIVERSE {
+            assert_eq!(rep.count(&item(i)), single.count(&item(i)), "item {i}");
+        }
+        assert_eq!(rep.total(), single.total());
+        for row in 0..cms_params().depth {
+            for col in 0..cms_params().width {
+                assert_eq!(rep.cell_count(row, col), single.cell_count(row, col));
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test] fn count_min_sketch_laws(ops in ops()) { run::<CountMinSketch>(ops) }
+    #[test] fn count_min_sketch_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<CountMinSketch>(ops, seed, lossy) }
+    #[test] fn count_min_sketch_equals_one_sketch_fed_everything(ops in cms_ops()) { run_cms(ops) }
+}
+
+/// `merge_weighted` raises every counter to the weighted sum of the sources' as this
+/// replica's own counts (RedisBloom's `CMS.MERGE` sets it), never lowering one; all or
+/// nothing: a weighted sum below zero or past a counter changes nothing.
+#[test]
+fn count_min_sketch_weighted_merge_is_an_inflation_or_nothing() {
+    let mut a = CountMinSketch::make(1);
+    let mut b = CountMinSketch::make(2);
+    for i in 0..UNIVERSE {
+        a.increment(&item(i), u64::from(i % 3));
+        b.increment(&item(i), 1);
+    }
+    let mut dest = CountMinSketch::make(3);
+    dest.track_deltas(true);
+    dest.increment(b"own", 200);
+    let before = dest.clone();
+    assert!(
+        dest.merge_weighted(&[(&a, 1), (&b, -1)]).is_err(),
+        "a cell below zero"
+    );
+    assert!(dest.equivalent(&before) && dest.total() == 200);
+    dest.merge_weighted(&[(&a, 2), (&b, 3)]).unwrap();
+    assert!(before.le(&dest));
+    // Each counter the larger of what it held and the weighted sum.
+    for row in 0..cms_params().depth {
+        for col in 0..cms_params().width {
+            let sum = 2 * a.cell_count(row, col) + 3 * b.cell_count(row, col);
+            assert_eq!(
+                dest.cell_count(row, col),
+                before.cell_count(row, col).max(sum)
+            );
+        }
+    }
+    assert_eq!(dest.total(), 200u64.max(2 * a.total() + 3 * b.total()));
+    assert_eq!(dest.writers(), 1, "this replica's own counts");
+    // Replicated by its delta like an increment.
+    let mut peer = CountMinSketch::make(4);
+    peer.merge_delta(&dest.take_delta().unwrap()).unwrap();
+    assert!(peer.equivalent(&dest));
+    // Into an empty sketch: exactly the weighted sums, RedisBloom's answer.
+    let mut empty = CountMinSketch::make(5);
+    empty.merge_weighted(&[(&a, 2), (&b, 3)]).unwrap();
+    for row in 0..cms_params().depth {
+        for col in 0..cms_params().width {
+            let sum = 2 * a.cell_count(row, col) + 3 * b.cell_count(row, col);
+            assert_eq!(empty.cell_count(row, col), sum);
+        }
+    }
+    assert_eq!(empty.total(), 2 * a.total() + 3 * b.total());
+}

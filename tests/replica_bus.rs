@@ -1726,3 +1726,105 @@ async fn an_import_re_adds_a_dump_as_the_importers_own_logged_and_replicated_add
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+/// Issue 50: three replicas of a count-min sketch increment concurrently (by 1 through `add`,
+/// by any amount through the path `CMS.INCRBY` takes); once converged, each answers exactly
+/// what one sketch fed every increment answers, counter by counter. A restarted replica keeps
+/// its counts under a new id, as the counting kinds do.
+#[actix::test]
+async fn three_sketch_replicas_answer_as_one_sketch_fed_everything() {
+    use crpf::{CountMinSketch, ReplicatedFilter};
+    let dir = tempfile::tempdir().unwrap();
+    let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+    let c = cfg("sketch", FilterKind::CountMinSketch, 200, 0.01);
+    let mut hs = start_n(2, &c, bus.clone()).await;
+    let mut durable = c.clone();
+    durable.data_dir = Some(dir.path().to_path_buf());
+    hs.push(Replica::start(durable.clone(), bus.clone()).await.unwrap());
+    let mut single = CountMinSketch::from_spec(&c.filter, 99).unwrap();
+    // A skewed stream: item k drawn with weight ~ 1/k, increments 1..=4.
+    let mut rng = fastrand::Rng::with_seed(50);
+    let streams: Vec<Vec<(Vec<u8>, u64)>> = (0..3)
+        .map(|_| {
+            (0..400)
+                .map(|_| {
+                    let k = (1000.0 / (1.0 + rng.f64() * 999.0)) as u32;
+                    (format!("item-{k}").into_bytes(), rng.u64(1..=4))
+                })
+                .collect()
+        })
+        .collect();
+    for (item, n) in streams.iter().flatten() {
+        single.increment(item, *n);
+    }
+    let sketch = |h: &crpf::replica::ReplicaHandle| {
+        h.read(|f| match f {
+            AnyFilter::CountMinSketch(s) => (**s).clone(),
+            other => panic!("a {} filter", other.kind()),
+        })
+    };
+    let run = |h: crpf::replica::ReplicaHandle, stream: Vec<(Vec<u8>, u64)>| async move {
+        for (i, (item, n)) in stream.into_iter().enumerate() {
+            if n == 1 && i % 2 == 0 {
+                h.add(item).await.unwrap();
+            } else {
+                let mut occurrences = Vec::new();
+                h.read(|f| match f {
+                    AnyFilter::CountMinSketch(s) => s.item_occurrences(&item, n, &mut occurrences),
+                    other => panic!("a {} filter", other.kind()),
+                });
+                assert_eq!(h.add_located(occurrences, None).await.unwrap(), n);
+            }
+        }
+    };
+    futures::join!(
+        run(hs[0].clone(), streams[0].clone()),
+        run(hs[1].clone(), streams[1].clone()),
+        run(hs[2].clone(), streams[2].clone())
+    );
+    assert!(converged(&hs, WAIT).await, "replicas did not converge");
+    let check = |s: &CountMinSketch, single: &CountMinSketch, what: &str| {
+        assert_eq!(s.total(), single.total(), "{what}");
+        for k in 0..1000u32 {
+            let item = format!("item-{k}").into_bytes();
+            assert_eq!(s.count(&item), single.count(&item), "{what}: item {k}");
+        }
+        for row in 0..s.params().depth {
+            for col in 0..s.params().width {
+                assert_eq!(
+                    s.cell_count(row, col),
+                    single.cell_count(row, col),
+                    "{what}"
+                );
+            }
+        }
+    };
+    for (r, h) in hs.iter().enumerate() {
+        let s = sketch(h);
+        assert_eq!(s.writers(), 3, "replica {r}: each writer's counters once");
+        check(&s, &single, &format!("replica {r}"));
+        assert_eq!(rejects(h, "own_tag_ahead").await, 0);
+    }
+
+    // Restarted from its data directory: the same counts, a new id, and its next increments
+    // still merge everywhere.
+    let first = hs[2].identity();
+    hs[2].shutdown().await.unwrap();
+    hs[2] = Replica::start(durable, bus).await.unwrap();
+    assert_ne!(
+        hs[2].identity().replica,
+        first.replica,
+        "a sketch's id serves one run"
+    );
+    check(&sketch(&hs[2]), &single, "restarted");
+    hs[2].add(b"item-1".to_vec()).await.unwrap();
+    single.increment(b"item-1", 1);
+    assert!(
+        converged(&hs, WAIT).await,
+        "replicas did not converge after the restart"
+    );
+    for h in &hs {
+        check(&sketch(h), &single, "after the restart");
+    }
+    stop(&hs).await;
+}

@@ -54,6 +54,9 @@ macro_rules! for_each_filter_kind {
             /// [`crate::BlockedBloom`]: grow-only blocked Bloom filter (each item's bits in
             /// one 512-bit block), for large filters: one cache miss per lookup.
             BlockedBloom = 12, "blocked_bloom", $crate::core::blocked_bloom::BlockedBloom;
+            /// [`crate::CountMinSketch`]: count-min sketch with a G-counter per counter by
+            /// replica (RedisBloom's `CMS.*`); `capacity` is its width, `fpr` `2^-depth`.
+            CountMinSketch = 13, "count_min_sketch", $crate::core::cms::CountMinSketch;
         }
     };
 }
@@ -491,7 +494,22 @@ impl FilterSpec {
                 None => crate::GoBloomParams::estimate(self.capacity, self.fpr),
             }
             .map(|p| p.memory_bytes()),
+            // One writer's counters; each further writing replica as much again.
+            FilterKind::CountMinSketch => {
+                crate::core::cms::CmsParams::from_spec(self).map(|p| p.memory_bytes())
+            }
         }
+    }
+
+    /// A `count_min_sketch` of `depth` rows of `width` counters (RedisBloom's
+    /// `CMS.INITBYDIM`): its capacity is the width, its fpr `2^-depth`, the probability that
+    /// an estimate exceeds the sketch's bound.
+    pub fn count_min(width: u32, depth: u32) -> Self {
+        FilterSpec::new(
+            FilterKind::CountMinSketch,
+            u64::from(width),
+            0.5f64.powi(depth.min(crate::core::cms::CmsParams::MAX_DEPTH + 1) as i32),
+        )
     }
 }
 

@@ -5,6 +5,7 @@
 pub mod blocked_bloom;
 pub mod bloom;
 pub mod causal;
+pub mod cms;
 pub mod codec;
 pub(crate) mod compact;
 pub mod cuckoo;

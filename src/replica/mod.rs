@@ -928,6 +928,34 @@ impl ReplicaHandle {
         Ok(imported)
     }
 
+    /// Adds `occurrences`, located as in this filter ([`ReplicatedFilter::import_occurrences`]
+    /// of its kind), as this replica's own update, in one update: logged, published and
+    /// acknowledged at `ack` (default as [`ReplicaHandle::import`]) as an add is. What a
+    /// count-min sketch's increments are (`CMS.INCRBY`, `CMS.MERGE`: its counters, located
+    /// by row and column); all or nothing. The kinds with tags refuse (they reserve tags
+    /// first: [`ReplicaHandle::import`]). Answers what the kind's import answers.
+    ///
+    /// [`ReplicatedFilter::import_occurrences`]: crate::ReplicatedFilter::import_occurrences
+    pub async fn add_located(
+        &self,
+        occurrences: Vec<crate::Occurrence>,
+        ack: Option<AckLevel>,
+    ) -> Result<u64, ReplicaError> {
+        if self.kind().tagged() {
+            return Err(FilterError::Incompatible(format!(
+                "a {} filter's occurrences are imported with tags",
+                self.kind()
+            ))
+            .into());
+        }
+        let import = Import {
+            occurrences,
+            room: Arc::new(crate::ImportRoom::default()),
+            ack,
+        };
+        self.parts.addr.send(import).await?
+    }
+
     /// Writes a snapshot to the data directory now (no-op without one).
     pub async fn persist(&self) -> Result<(), ReplicaError> {
         self.parts.addr.send(Persist).await?

@@ -35,7 +35,7 @@
 use bytes::Bytes;
 
 use super::parse::Args;
-use super::redisbloom::{self, is_bloom};
+use super::redisbloom;
 use crate::api::batch;
 use crate::api::{AddMode, Op, Response};
 use crate::replica::{
@@ -217,6 +217,8 @@ pub enum KeyCommand {
     },
     /// `DEL` / `UNLINK`: drop these filters; the reply counts those dropped.
     Delete(Vec<String>),
+    /// A count-min sketch command ([`super::cms`]).
+    Cms(super::cms::CmsCommand),
     /// `FLUSHDB` / `FLUSHALL`: drop every filter.
     FlushAll,
     /// A read of a key's figures, when its turn comes (after the connection's updates before
@@ -470,7 +472,9 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
     // exists with the wrong type; Ok(None): no such key.
     let existing = || -> Result<Option<ReplicaHandle>, Command> {
         match filter(key(0).as_bytes()) {
-            Some(handle) if family.is_some_and(|bloom| bloom != is_bloom(handle.kind())) => {
+            Some(handle)
+                if family.is_some_and(|bloom| !super::cms::in_family(handle.kind(), bloom)) =>
+            {
                 Err(Command::Reply(Reply::Error(WRONGTYPE.into())))
             }
             found => Ok(found),
@@ -1146,6 +1150,8 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                     kind,
                 })
             }
+            cms if cms.starts_with("CMS.") => super::cms::command(cms, args)
+                .unwrap_or_else(|| Command::Reply(Reply::err(unknown_command(args)))),
             _ => Command::Reply(Reply::err(unknown_command(args))),
         })
     })();

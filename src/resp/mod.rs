@@ -29,6 +29,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod cms;
 pub mod commands;
 pub mod dump;
 mod introspect;
@@ -55,7 +56,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use crate::replica::{AckLevel, PendingResponse, ReplicaHandle};
+use crate::replica::{AckLevel, PendingResponse, ReplicaError, ReplicaHandle};
 use commands::{Command, Protocol, Reply};
 use parse::ParseLimits;
 
@@ -662,6 +663,15 @@ enum PendingReply {
     Future(futures::future::BoxFuture<'static, Reply>),
 }
 
+/// The reply to a request the replica did not take (not ready, busy, stopped) or refused.
+fn untaken_reply(e: &ReplicaError) -> Reply {
+    match e {
+        // What Redis answers while it loads its data: clients know to retry.
+        ReplicaError::NotServing => Reply::Error(format!("LOADING {e}")),
+        e => Reply::err(e),
+    }
+}
+
 /// A command on the keys, answered from the filters `lookup` finds, creating and dropping
 /// them through its catalog; `ack`: the connection's level, for the add of a key created by
 /// it.
@@ -682,7 +692,7 @@ async fn run_key(
                 Ok(false) | Err(_)
                     if lookup
                         .filter(name.as_bytes())
-                        .is_some_and(|h| redisbloom::is_bloom(h.kind()) != bloom) =>
+                        .is_some_and(|h| !cms::in_family(h.kind(), bloom)) =>
                 {
                     Reply::Error(commands::WRONGTYPE.into())
                 }
@@ -700,7 +710,7 @@ async fn run_key(
                 Ok(handle) => handle,
                 Err(refused) => return refused,
             };
-            if redisbloom::is_bloom(handle.kind()) != bloom {
+            if !cms::in_family(handle.kind(), bloom) {
                 return Reply::Error(commands::WRONGTYPE.into());
             }
             let op = request.op();
@@ -715,7 +725,7 @@ async fn run_key(
             None => missing,
             Some(handle) => {
                 let other_family =
-                    family.is_some_and(|bloom| bloom != redisbloom::is_bloom(handle.kind()));
+                    family.is_some_and(|bloom| !cms::in_family(handle.kind(), bloom));
                 let query = matches!(
                     request.op(),
                     crate::api::Op::Contains
@@ -733,6 +743,7 @@ async fn run_key(
                 }
             }
         },
+        K::Cms(command) => cms::run(&*lookup, command, ack).await,
         K::Delete(names) => match drop_all(&*lookup, names).await {
             Ok(dropped) => Reply::Int(dropped as i64),
             Err(refused) => Reply::Error(refused),
@@ -798,9 +809,9 @@ async fn run_key(
         K::Read { name, read, bloom } => {
             use commands::Read as R;
             let handle = lookup.filter(&name);
-            let wrong = handle.as_ref().is_some_and(|h| {
-                bloom.is_some_and(|bloom| bloom != redisbloom::is_bloom(h.kind()))
-            });
+            let wrong = handle
+                .as_ref()
+                .is_some_and(|h| bloom.is_some_and(|bloom| !cms::in_family(h.kind(), bloom)));
             let wrongtype = || Reply::Error(commands::WRONGTYPE.into());
             match (read, handle) {
                 (R::Compact, Some(_)) if !wrong => Reply::Simple("OK"),

@@ -49,7 +49,9 @@ pub fn is_bloom(kind: FilterKind) -> bool {
 
 /// RedisBloom's type name of a filter kind (`TYPE`).
 pub fn type_name(kind: FilterKind) -> &'static str {
-    if is_bloom(kind) {
+    if kind == FilterKind::CountMinSketch {
+        "CMSk-TYPE"
+    } else if is_bloom(kind) {
         "MBbloom--"
     } else {
         "MBbloomCF"
