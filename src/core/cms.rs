@@ -426,7 +426,7 @@ impl CountMinSketch {
     /// that already counts more keeps its count: a replicated counter never decreases, so
     /// this answers as RedisBloom does wherever the destination counted no more than the
     /// sum (an empty destination, or one among the sources at a weight of 1 or more).
-    /// Refused as [`CountMinSketch::weighted_sums`] refuses.
+    /// Refused as `CountMinSketch::weighted_sums` refuses.
     pub fn weighted_occurrences(
         &self,
         sources: &[(&CountMinSketch, i64)],
@@ -774,7 +774,7 @@ impl CheckRemote for CountMinSketch {
 }
 
 /// The sketch in a replica: an add of the request API increments by 1, `count` estimates;
-/// `CMS.INCRBY` and `CMS.MERGE` increment through [`ReplicatedFilter::import_occurrences`].
+/// `CMS.INCRBY` and `CMS.MERGE` increment through [`crate::ReplicatedFilter::import_occurrences`].
 impl crate::core::kind::ReplicatedFilter for CountMinSketch {
     const KIND: FilterKind = FilterKind::CountMinSketch;
     /// Only an id's own replica raises its counters, and a later run could not continue them

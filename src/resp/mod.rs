@@ -3,9 +3,10 @@
 //! crpf filters with RedisBloom's commands ([`commands`]), and a request costs one hop
 //! instead of the two through nats-server.
 //!
-//! Each command goes through the same path as a NATS request of the API
-//! ([`ReplicaHandle::request`]): queries and `local` adds to grow-only kinds are answered in
-//! the connection's task, everything else by the replica's actor, in order. Replies go back
+//! Each command becomes a typed request of the API ([`crate::api::Request`], sent with
+//! [`ReplicaHandle::call`]) and is answered by the code that answers a NATS request: queries
+//! and adds to grow-only kinds are answered in the connection's task, everything else by the
+//! replica's actor, in order. Replies go back
 //! in the order of the commands, so a client may pipeline; a connection keeps at most
 //! [`RespConfig::max_pipeline`] commands in progress and reads no further until they are
 //! answered.
