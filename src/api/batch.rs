@@ -144,6 +144,21 @@ where
     Ok(buf)
 }
 
+/// Item `index` of a batch, of `len` bytes, against `limits`: neither empty nor too long.
+pub(crate) fn check_item_len(index: usize, len: usize, limits: Limits) -> Result<(), BatchError> {
+    if len == 0 {
+        return Err(BatchError::EmptyItem { index });
+    }
+    if len > limits.max_item_bytes {
+        return Err(BatchError::ItemTooLarge {
+            index,
+            len,
+            max: limits.max_item_bytes,
+        });
+    }
+    Ok(())
+}
+
 /// The items of a batch payload, borrowed from it, checked against `limits`.
 pub fn decode(payload: &[u8], limits: Limits) -> Result<Vec<&[u8]>, BatchError> {
     // Every item takes at least five bytes: this bounds the allocation on any input.
@@ -163,16 +178,7 @@ pub fn decode(payload: &[u8], limits: Limits) -> Result<Vec<&[u8]>, BatchError> 
             });
         };
         let len = u32::from_le_bytes(*len) as usize;
-        if len == 0 {
-            return Err(BatchError::EmptyItem { index });
-        }
-        if len > limits.max_item_bytes {
-            return Err(BatchError::ItemTooLarge {
-                index,
-                len,
-                max: limits.max_item_bytes,
-            });
-        }
+        check_item_len(index, len, limits)?;
         if len > tail.len() {
             return Err(BatchError::TruncatedItem {
                 index,

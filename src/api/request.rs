@@ -99,16 +99,7 @@ impl Items {
                     max: limits.max_items,
                 });
             }
-            if item.is_empty() {
-                return Err(BatchError::EmptyItem { index });
-            }
-            if item.len() > limits.max_item_bytes {
-                return Err(BatchError::ItemTooLarge {
-                    index,
-                    len: item.len(),
-                    max: limits.max_item_bytes,
-                });
-            }
+            batch::check_item_len(index, item.len(), limits)?;
         }
         Ok(())
     }

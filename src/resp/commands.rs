@@ -1370,9 +1370,8 @@ pub(super) fn refusal(text: &str, full: bool, single_add: bool) -> Reply {
 pub fn reply(op: Op, answer: Result<Response, ReplicaError>) -> Reply {
     let response = match answer {
         Ok(response) => response,
-        // Not taken before the replica is ready: what Redis answers while it loads its data
-        // (clients know to retry).
-        Err(e @ ReplicaError::NotServing) => return Reply::Error(format!("LOADING {e}")),
+        // Not taken before the replica is ready: answered as Redis answers while loading.
+        Err(e @ ReplicaError::NotServing) => return super::untaken_reply(&e),
         Err(e) => {
             let (text, full) = error_of(&e);
             return refusal(&text, full, op == Op::Add);

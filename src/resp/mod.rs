@@ -665,7 +665,7 @@ enum PendingReply {
 }
 
 /// The reply to a request the replica did not take (not ready, busy, stopped) or refused.
-fn untaken_reply(e: &ReplicaError) -> Reply {
+pub(super) fn untaken_reply(e: &ReplicaError) -> Reply {
     match e {
         // What Redis answers while it loads its data: clients know to retry.
         ReplicaError::NotServing => Reply::Error(format!("LOADING {e}")),
