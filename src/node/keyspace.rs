@@ -7,19 +7,16 @@ use crate::resp::{Keyspace, redisbloom};
 use futures::future::BoxFuture;
 
 impl Keyspace for Node {
-    fn filter(&self, name: &[u8]) -> Option<ReplicaHandle> {
-        let name = std::str::from_utf8(name).ok()?;
+    fn filter(&self, name: &str) -> Option<ReplicaHandle> {
         self.hosted_replica(name).filter(ReplicaHandle::serves_api)
     }
 
-    fn with_filter(&self, name: &[u8], f: &mut dyn FnMut(&ReplicaHandle)) {
-        if let Ok(name) = std::str::from_utf8(name) {
-            self.with_hosted(name, |handle| {
-                if handle.serves_api() {
-                    f(handle)
-                }
-            });
-        }
+    fn with_filter(&self, name: &str, f: &mut dyn FnMut(&ReplicaHandle)) {
+        self.with_hosted(name, |handle| {
+            if handle.serves_api() {
+                f(handle)
+            }
+        });
     }
 
     fn names(&self) -> Vec<String> {

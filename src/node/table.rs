@@ -275,7 +275,7 @@ pub(crate) enum Found<'a, H> {
 /// The filters of a node, by name. See the module's documentation.
 #[derive(Debug)]
 pub(crate) struct FilterTable<H, P> {
-    entries: HashMap<String, State<H, P>>,
+    entries: HashMap<String, State<H, P>, foldhash::fast::RandomState>,
     /// Entries live, parked or resuming (kept, not counted: the node asks at every change,
     /// and a count over 100,000 entries each time made its start quadratic).
     hosted: usize,
@@ -284,7 +284,7 @@ pub(crate) struct FilterTable<H, P> {
 impl<H, P> Default for FilterTable<H, P> {
     fn default() -> Self {
         FilterTable {
-            entries: HashMap::new(),
+            entries: HashMap::default(),
             hosted: 0,
         }
     }

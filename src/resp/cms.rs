@@ -96,7 +96,7 @@ fn error(text: &str) -> Reply {
 }
 
 /// The sketch `name`, or RedisBloom's refusal.
-fn sketch(lookup: &dyn Keyspace, name: &[u8]) -> Result<ReplicaHandle, Reply> {
+fn sketch(lookup: &dyn Keyspace, name: &str) -> Result<ReplicaHandle, Reply> {
     match lookup.filter(name) {
         None => Err(error("CMS: key does not exist")),
         Some(h) if h.kind() != FilterKind::CountMinSketch => Err(Reply::Error(WRONGTYPE.into())),
@@ -136,11 +136,11 @@ pub async fn run(lookup: &dyn Keyspace, cmd: CmsCommand, ack: Option<AckLevel>) 
     let CmsCommand { verb, name, args } = cmd;
     match verb {
         Verb::InitByDim | Verb::InitByProb => init(lookup, verb, name, &args).await,
-        Verb::IncrBy => match sketch(lookup, name.as_bytes()) {
+        Verb::IncrBy => match sketch(lookup, &name) {
             Ok(h) => incr_by(&h, &args, ack).await,
             Err(refused) => refused,
         },
-        Verb::Query => match sketch(lookup, name.as_bytes()) {
+        Verb::Query => match sketch(lookup, &name) {
             Ok(h) => Reply::Array(with_sketch(&h, |s| {
                 args.iter()
                     .map(|item| Reply::Int(clamp(s.count(item))))
@@ -148,11 +148,11 @@ pub async fn run(lookup: &dyn Keyspace, cmd: CmsCommand, ack: Option<AckLevel>) 
             })),
             Err(refused) => refused,
         },
-        Verb::Merge => match sketch(lookup, name.as_bytes()) {
+        Verb::Merge => match sketch(lookup, &name) {
             Ok(h) => merge(lookup, &h, &args, ack).await,
             Err(refused) => refused,
         },
-        Verb::Info => match sketch(lookup, name.as_bytes()) {
+        Verb::Info => match sketch(lookup, &name) {
             Ok(h) => with_sketch(&h, |s| {
                 Reply::Map(vec![
                     (Reply::Simple("width"), Reply::Int(s.params().width.into())),
@@ -170,7 +170,7 @@ fn clamp(n: u64) -> i64 {
 }
 
 async fn init(lookup: &dyn Keyspace, verb: Verb, name: String, args: &[Bytes]) -> Reply {
-    if lookup.filter(name.as_bytes()).is_some() {
+    if lookup.filter(&name).is_some() {
         return error("CMS: key already exists");
     }
     let spec = if verb == Verb::InitByDim {
@@ -295,7 +295,7 @@ async fn merge(
                 None => return error("CMS: invalid weight value"),
             },
         };
-        let handle = match sketch(lookup, crate::names::subject_name(&rest[i]).as_bytes()) {
+        let handle = match sketch(lookup, &crate::names::subject_name(&rest[i])) {
             Ok(h) => h,
             Err(refused) => return refused,
         };

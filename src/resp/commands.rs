@@ -205,8 +205,8 @@ pub enum KeyCommand {
     /// A command on a key that did not exist when it was parsed: sent to the key's filter if
     /// there is one when it runs (a `MULTI` that reserved it before), else answered `missing`.
     IfFound {
-        /// The key.
-        name: Vec<u8>,
+        /// The key's subject name.
+        name: String,
         /// The command's family (`Some(true)`: `BF.*`, `Some(false)`: `CF.*`, `None`: crpf's
         /// own), for `WRONGTYPE` and for queries of the other family, which read a missing key.
         family: Option<bool>,
@@ -224,8 +224,8 @@ pub enum KeyCommand {
     /// A read of a key's figures, when its turn comes (after the connection's updates before
     /// it, and inside `EXEC` when `EXEC` runs).
     Read {
-        /// The key.
-        name: Vec<u8>,
+        /// The key's subject name.
+        name: String,
         /// What is read.
         read: Read,
         /// The command's family: `BF.*` (`Some(true)`), `CF.*`, or neither.
@@ -292,9 +292,9 @@ pub enum KeyCommand {
         absolute: bool,
     },
     /// `EXISTS`: how many of these keys exist (a key named twice counts twice).
-    Exists(Vec<Vec<u8>>),
+    Exists(Vec<String>),
     /// `TYPE`: RedisBloom's type name of the key, or `none`.
-    Type(Vec<u8>),
+    Type(String),
     /// `DBSIZE`: how many filters.
     DbSize,
     /// `RANDOMKEY`: a filter's name, picked at random (nil if none).
@@ -424,7 +424,7 @@ pub(crate) fn rejected_reason(reply: &Reply) -> Option<&'static str> {
 }
 
 /// What `args` (the command's name first) asks for; `filter` finds a filter by name.
-pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> Command {
+pub fn command(args: &Args, filter: impl Fn(&str) -> Option<ReplicaHandle>) -> Command {
     if args.is_empty() {
         // An empty command: Redis answers nothing, but a reply keeps replies and requests
         // paired for the client.
@@ -439,7 +439,8 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
             let upper = &mut upper[..raw.len()];
             upper.copy_from_slice(raw);
             upper.make_ascii_uppercase();
-            std::str::from_utf8(upper).expect("ASCII is UTF-8")
+            // SAFETY: checked ASCII just above, and upper-casing keeps it ASCII.
+            unsafe { std::str::from_utf8_unchecked(upper) }
         }
         false => {
             owned = String::from_utf8_lossy(raw).to_ascii_uppercase();
@@ -471,7 +472,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
     // The key's filter, checked against the command's family; Err: the reply to a key that
     // exists with the wrong type; Ok(None): no such key.
     let existing = || -> Result<Option<ReplicaHandle>, Command> {
-        match filter(key(0).as_bytes()) {
+        match filter(&key(0)) {
             Some(handle)
                 if family.is_some_and(|bloom| !super::cms::in_family(handle.kind(), bloom)) =>
             {
@@ -523,7 +524,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
         // Looked up again when it runs: in a `MULTI`, a `RESERVE` queued before it may have
         // made the key (its queries answered as for a missing key).
         Command::Key(KeyCommand::IfFound {
-            name: key_name().into_bytes(),
+            name: key_name(),
             family,
             request: Box::new(request),
             missing,
@@ -561,7 +562,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
     // A read of the key's figures, at its turn among this connection's commands.
     let read = |read: Read| {
         Command::Key(KeyCommand::Read {
-            name: key_name().into_bytes(),
+            name: key_name(),
             read,
             bloom: family,
         })
@@ -777,7 +778,7 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                     )));
                 }
                 Command::Key(KeyCommand::Read {
-                    name: key(1).into_owned().into_bytes(),
+                    name: key(1).into_owned(),
                     read: Read::Memory,
                     bloom: None,
                 })
@@ -1088,13 +1089,13 @@ pub fn command(args: &Args, filter: impl Fn(&[u8]) -> Option<ReplicaHandle>) -> 
                 arity(n >= 1)?;
                 Command::Key(KeyCommand::Exists(
                     args.from(1)
-                        .map(|k| crate::names::subject_name(k).into_owned().into_bytes())
+                        .map(|k| crate::names::subject_name(k).into_owned())
                         .collect(),
                 ))
             }
             "TYPE" => {
                 arity(n == 1)?;
-                Command::Key(KeyCommand::Type(key_name().into_bytes()))
+                Command::Key(KeyCommand::Type(key_name()))
             }
             "DBSIZE" => {
                 arity(n == 0)?;
@@ -1558,7 +1559,7 @@ mod tests {
         assert!(refused(&["CF.RESERVE", "k", "100", "MAXITERATIONS", "0"]).contains("between"));
     }
 
-    fn no_filter(_: &[u8]) -> Option<ReplicaHandle> {
+    fn no_filter(_: &str) -> Option<ReplicaHandle> {
         None
     }
 

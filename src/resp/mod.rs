@@ -168,11 +168,11 @@ pub enum RespError {
 /// the filter catalog changes at run time.
 pub trait Keyspace: Send + Sync + 'static {
     /// The replica serving `name` over the request API, if any.
-    fn filter(&self, name: &[u8]) -> Option<ReplicaHandle>;
+    fn filter(&self, name: &str) -> Option<ReplicaHandle>;
 
     /// Runs `f` on the replica serving `name`, if any: a lookup without a copy of the handle,
     /// for the hot path of the commands sent most. `f` must not wait for anything.
-    fn with_filter(&self, name: &[u8], f: &mut dyn FnMut(&ReplicaHandle)) {
+    fn with_filter(&self, name: &str, f: &mut dyn FnMut(&ReplicaHandle)) {
         if let Some(handle) = self.filter(name) {
             f(&handle)
         }
@@ -226,7 +226,7 @@ pub trait Keyspace: Send + Sync + 'static {
     /// The expiry of filter `name` (ms since the epoch): `None` if there is no such filter,
     /// `Some(None)` if it has none (`TTL`).
     fn expiry(&self, name: &str) -> Option<Option<u64>> {
-        self.filter(name.as_bytes()).map(|_| None)
+        self.filter(&name).map(|_| None)
     }
 
     /// Sets or clears the expiry of filter `name` (`EXPIRE`, `PERSIST`); a time past drops
@@ -266,11 +266,11 @@ impl<K: Keyspace> Starting<K> {
 }
 
 impl<K: Keyspace> Keyspace for Starting<K> {
-    fn filter(&self, name: &[u8]) -> Option<ReplicaHandle> {
+    fn filter(&self, name: &str) -> Option<ReplicaHandle> {
         Keyspace::filter(self.node.get()?, name)
     }
 
-    fn with_filter(&self, name: &[u8], f: &mut dyn FnMut(&ReplicaHandle)) {
+    fn with_filter(&self, name: &str, f: &mut dyn FnMut(&ReplicaHandle)) {
         if let Some(node) = self.node.get() {
             Keyspace::with_filter(node, name, f)
         }
@@ -338,12 +338,12 @@ const FIXED_FILTERS: &str =
     "ERR this front end serves a fixed set of filters: they are not created or dropped by commands";
 
 impl Keyspace for HashMap<Vec<u8>, ReplicaHandle> {
-    fn filter(&self, name: &[u8]) -> Option<ReplicaHandle> {
-        self.get(name).cloned()
+    fn filter(&self, name: &str) -> Option<ReplicaHandle> {
+        self.get(name.as_bytes()).cloned()
     }
 
-    fn with_filter(&self, name: &[u8], f: &mut dyn FnMut(&ReplicaHandle)) {
-        if let Some(handle) = self.get(name) {
+    fn with_filter(&self, name: &str, f: &mut dyn FnMut(&ReplicaHandle)) {
+        if let Some(handle) = self.get(name.as_bytes()) {
             f(handle)
         }
     }
@@ -692,7 +692,7 @@ async fn run_key(
                 // A key of the other family is RedisBloom's WRONGTYPE.
                 Ok(false) | Err(_)
                     if lookup
-                        .filter(name.as_bytes())
+                        .filter(&name)
                         .is_some_and(|h| !cms::in_family(h.kind(), bloom)) =>
                 {
                     Reply::Error(commands::WRONGTYPE.into())
@@ -754,8 +754,7 @@ async fn run_key(
             Err(refused) => Reply::Error(refused),
         },
         K::ScanDump { name, iter } => {
-            let (Some(handle), Some(spec)) = (lookup.filter(name.as_bytes()), lookup.spec(&name))
-            else {
+            let (Some(handle), Some(spec)) = (lookup.filter(&name), lookup.spec(&name)) else {
                 return Reply::err("not found");
             };
             dumps.scan(&name, &handle, spec, iter)
@@ -769,7 +768,7 @@ async fn run_key(
             if !dump::is_header(&data) && !dumps.loading(&name) {
                 // Not a chunk of a dump being loaded: RedisBloom's answers to data it cannot
                 // read.
-                return if lookup.filter(name.as_bytes()).is_none() && iter != 1 {
+                return if lookup.filter(&name).is_none() && iter != 1 {
                     Reply::err("not found")
                 } else if bloom {
                     Reply::err("received bad data")
@@ -793,14 +792,14 @@ async fn run_key(
                 Ok(decoded) => decoded,
                 Err(e) => return Reply::err(format!("the {format} filter does not load: {e}")),
             };
-            if let Some(h) = lookup.filter(name.as_bytes())
+            if let Some(h) = lookup.filter(&name)
                 && let Err(e) = h.read(|f| interop::check_fits(f, &state))
             {
                 return Reply::err(format!("not imported into `{name}`: {e}"));
             }
             restore(&*lookup, name, spec, state).await
         }
-        K::Export { name, format } => match lookup.filter(name.as_bytes()) {
+        K::Export { name, format } => match lookup.filter(&name) {
             None => Reply::err("not found"),
             Some(h) => match h.read(|f| crate::replica::interop::export(f, format)) {
                 Ok(bytes) => Reply::Bulk(bytes::Bytes::from(bytes)),
@@ -901,7 +900,7 @@ async fn run_key(
         } => {
             let of_kind = |name: &str| match &kind {
                 None => true,
-                Some(kind) => lookup.filter(name.as_bytes()).is_some_and(|h| {
+                Some(kind) => lookup.filter(&name).is_some_and(|h| {
                     redisbloom::type_name(h.kind())
                         .as_bytes()
                         .eq_ignore_ascii_case(kind)
@@ -941,7 +940,7 @@ async fn created(
     name: &str,
     spec: crate::FilterSpec,
 ) -> Result<ReplicaHandle, Reply> {
-    if lookup.filter(name.as_bytes()).is_none() {
+    if lookup.filter(&name).is_none() {
         match lookup.create(name.to_string(), spec).await {
             Ok(_) => {}
             Err(e) if e == redisbloom::EXISTS => {}
@@ -949,7 +948,7 @@ async fn created(
         }
     }
     lookup
-        .filter(name.as_bytes())
+        .filter(&name)
         .ok_or_else(|| Reply::err("could not create filter"))
 }
 
@@ -967,7 +966,7 @@ async fn restore(
     let fits = |h: &ReplicaHandle| {
         h.kind() == state.kind() && h.read(AnyFilter::params_digest) == state.params_digest()
     };
-    if let Some(h) = lookup.filter(name.as_bytes())
+    if let Some(h) = lookup.filter(&name)
         && !fits(&h)
     {
         return dump::mismatch(&name, &spec, lookup.spec(&name).as_ref(), h.kind());

@@ -176,9 +176,12 @@ impl Reads {
         let answer = if op.is_update() {
             self.update(request, place)
         } else if op.is_query() {
-            self.shared
-                .telemetry
-                .traffic(Direction::In, Channel::Api, request.payload_len());
+            // Traffic is what came over NATS: a call made in this process (RESP's) is none.
+            if place == Place::Task {
+                self.shared
+                    .telemetry
+                    .traffic(Direction::In, Channel::Api, request.payload_len());
+            }
             Answer::Here(query(&self.shared, &request))
         } else {
             return Answer::Actor(request);
@@ -221,9 +224,11 @@ impl Reads {
             },
             Err(e) => Answer::Here(Err(e)),
         };
-        self.shared
-            .telemetry
-            .traffic(Direction::In, Channel::Api, request.payload_len());
+        if place == Place::Task {
+            self.shared
+                .telemetry
+                .traffic(Direction::In, Channel::Api, request.payload_len());
+        }
         answer
     }
 }

@@ -217,8 +217,11 @@ impl Replica {
     }
 
     pub(super) fn on_api(&mut self, request: Request, reply: ReplyTo, ctx: &mut Context<Self>) {
-        self.telemetry
-            .traffic(Direction::In, Channel::Api, request.payload_len());
+        // Traffic is what came over NATS: a call made in this process (RESP's) is none.
+        if matches!(reply, ReplyTo::Nats { .. }) {
+            self.telemetry
+                .traffic(Direction::In, Channel::Api, request.payload_len());
+        }
         match self.api_request(request) {
             Ok(Handled::Answer(response)) => self.send_reply(reply, Ok(response)),
             Ok(Handled::Settle {
