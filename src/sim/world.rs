@@ -308,6 +308,14 @@ pub(crate) fn run(plan: &Plan) -> Outcome {
         w.start(i);
     }
     if !plan.fresh_cluster {
+        // Every replica claimed (a start that crashed is tried again) before any looks.
+        for i in 0..n {
+            let mut tries = 0;
+            while w.nodes[i].life.is_none() && tries < 10 {
+                w.start(i);
+                tries += 1;
+            }
+        }
         for i in 0..n {
             if w.nodes[i].life.is_some() {
                 w.look(i, true);
