@@ -87,7 +87,7 @@ impl<R> Default for AckTracker<R> {
 impl<R> AckTracker<R> {
     /// An update carried by commit `batch` waits for `level` (not `Local` nor `Logged`,
     /// which are answered at once).
-    pub(super) fn wait(&mut self, level: AckLevel, batch: u64, responder: R) {
+    pub(crate) fn wait(&mut self, level: AckLevel, batch: u64, responder: R) {
         debug_assert!(!level.answered_at_apply());
         self.waiting.push_back(Waiting {
             level,
@@ -119,7 +119,7 @@ impl<R> AckTracker<R> {
 
     /// Whether commit `batch` carries updates that wait for peers (its delta then asks its
     /// receivers to acknowledge it).
-    pub(super) fn wants_confirmation(&self, batch: u64) -> bool {
+    pub(crate) fn wants_confirmation(&self, batch: u64) -> bool {
         self.waiting
             .iter()
             .any(|w| w.level == AckLevel::Replicated && w.published.is_none() && w.batch <= batch)
@@ -129,7 +129,7 @@ impl<R> AckTracker<R> {
     /// sequence number `seq` (`None`: nothing was published, the batch held no change).
     /// `Durable` updates are answered; `Replicated` ones now wait for `needed` peers until
     /// `deadline` (none needed: answered too).
-    pub(super) fn committed(
+    pub(crate) fn committed(
         &mut self,
         batch: u64,
         seq: Option<u64>,
@@ -176,7 +176,7 @@ impl<R> AckTracker<R> {
 
     /// Commits up to `batch` could not be made durable: their updates are answered with the
     /// error.
-    pub(super) fn commit_failed(&mut self, batch: u64, error: &str) -> Resolved<R> {
+    pub(crate) fn commit_failed(&mut self, batch: u64, error: &str) -> Resolved<R> {
         self.resolve_where(
             |w| w.batch <= batch && w.published.is_none(),
             |_| AckFailure::NotDurable(error.to_string()),
@@ -184,7 +184,7 @@ impl<R> AckTracker<R> {
     }
 
     /// Peer `peer` merged our delta of sequence number `seq`.
-    pub(super) fn acked(&mut self, peer: Uuid, seq: u64) -> Resolved<R> {
+    pub(crate) fn acked(&mut self, peer: Uuid, seq: u64) -> Resolved<R> {
         for w in self.waiting.iter_mut() {
             if let Some(p) = &mut w.published
                 && p.seq == seq
@@ -206,7 +206,7 @@ impl<R> AckTracker<R> {
     }
 
     /// Published updates whose deadline passed are answered with `NotReplicated`.
-    pub(super) fn expire(&mut self, now: Instant) -> Resolved<R> {
+    pub(crate) fn expire(&mut self, now: Instant) -> Resolved<R> {
         self.resolve_where(
             |w| w.published.as_ref().is_some_and(|p| p.deadline <= now),
             |w| {

@@ -72,6 +72,8 @@ use thiserror::Error;
 use uuid::Uuid;
 
 pub use ack::AckLevel;
+#[cfg(test)]
+pub(crate) use ack::{AckTracker, known_replicas, peers_needed};
 pub use actor::ACK_HEADER;
 pub use actor::CommitTicket;
 pub(crate) use actor::FINAL_FLUSH_TIMEOUT;
@@ -83,6 +85,8 @@ pub use actor::{
     ReserveTags, Shutdown, Stats, TakeSnapshot,
 };
 pub(crate) use actor::{Park, ParkInto, Parked};
+#[cfg(test)]
+pub(crate) use anti_entropy::{AntiEntropy, Timing};
 pub use config::{MAX_FSYNC_INTERVAL_MS, ReplicaConfig};
 pub use durable::{DataDir, DurableError, Identity};
 pub use filter::{

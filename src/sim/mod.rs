@@ -7,10 +7,26 @@
 //! data directory, recovery, the start decisions (`replica::core`) and the filters; the
 //! simulation only chooses the order, as the actor and the pool's threads would.
 //!
+//! Adds at `replicated` take the product's path too: a commit of their own, its delta
+//! published once the log has it, asking its receivers to confirm; `AckTracker` (the
+//! actor's) answers them once `peers_needed(known_replicas(..))` peers did, with the known
+//! replicas taken as the actor takes them: the registry's held ids at the last look
+//! (`StaleWatch`, renewals and retirements of a registry on one side of the partitions), the
+//! live peers (`AntiEntropy`, over a simulated clock), the most heard at once. Machines are
+//! replaced too: a node loses its whole disk and comes back empty, with a new id.
+//!
 //! Checked after every restart: every add acknowledged at `durable` is there, and after a crash
-//! of the process (not of the machine) every add acknowledged at `logged` too. Checked at the
-//! end, after the partitions heal and every node is up: the replicas converge, and every
-//! durable add is in every replica. A run never panics.
+//! of the process (not of the machine) every add acknowledged at `logged` too (a node whose
+//! disk was lost owes neither). Checked at the end, after the partitions heal and every node
+//! is up: the replicas converge, every durable add is in every replica, and so is every add
+//! acknowledged at `replicated`, even where its node lost its disk since, unless a peer that
+//! held it forgot it (a crash before a snapshot saved the merge: a second fault) or the
+//! filter has one replica. A run never panics.
+//!
+//! Two gaps of the product it finds are left out of the default runs, each with a test that
+//! says it is still there: `replicated` adds of items the node had already set are answered
+//! without peers (`Plan::check_readds`), and a new filter's replica that looked at the
+//! registry before its peers claimed counts itself alone (`Plan::fresh_cluster`).
 //!
 //! `cargo test --release --lib sim::` runs [`DEFAULT_SEEDS`] seeds; `CRPF_SIM_SEEDS=<n>` runs
 //! `n`, `CRPF_SIM_SEED=<seed>` replays one (a failure prints its seed and its last events).

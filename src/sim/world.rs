@@ -1,9 +1,10 @@
 //! One run of the simulation: nodes, their lives, the bus, and the checks.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::SimDisk;
 use crate::ReplicaId;
@@ -13,9 +14,13 @@ use crate::replica::durable::{DataDir, Identity, Reservation};
 use crate::replica::metrics::Telemetry;
 use crate::replica::recovery;
 use crate::replica::wal::{DirectLog, SegmentId, WalError};
+use crate::replica::{AckLevel, AckTracker, AntiEntropy, Timing, known_replicas, peers_needed};
 use crate::replica::{ReplicaConfig, ReplicaError, SnapshotJob};
+use crate::transport::registry::StaleWatch;
+use crate::transport::{ClaimEntry, ClaimRecord};
 use crate::wire::FilterKind;
 use tokio::sync::oneshot;
+use uuid::Uuid;
 
 /// What one run does: its seed decides everything else.
 #[derive(Debug, Clone)]
@@ -25,8 +30,17 @@ pub(crate) struct Plan {
     pub steps: usize,
     /// The kinds a run picks from.
     pub kinds: Vec<FilterKind>,
-    /// Replicas of the filter, one per node: a run has 1 to this many.
+    /// Replicas of the filter, one per node: a run has `min_nodes` to `max_nodes`.
+    pub min_nodes: usize,
     pub max_nodes: usize,
+    /// Also checks the `replicated` adds of items the node had already set, which the
+    /// product answers without waiting for peers (its commit has no delta to confirm): a
+    /// known gap, see `the_simulation_finds_replicated_adds_answered_without_peers`.
+    pub check_readds: bool,
+    /// The replicas start together, each looking at the registry before the others claimed
+    /// their ids (a new filter); else each looks again once all have (a cluster that ran
+    /// before). See `the_simulation_finds_a_first_look_that_saw_no_peer`.
+    pub fresh_cluster: bool,
 }
 
 impl Plan {
@@ -35,6 +49,9 @@ impl Plan {
         Plan {
             seed,
             steps: 300,
+            min_nodes: 1,
+            check_readds: false,
+            fresh_cluster: false,
             max_nodes: std::env::var("CRPF_SIM_NODES")
                 .ok()
                 .and_then(|n| n.parse().ok())
@@ -55,6 +72,11 @@ pub(crate) struct Outcome {
     pub violation: Option<String>,
     /// Adds acknowledged at `durable`.
     pub durable_acks: u64,
+    /// Adds acknowledged at `replicated`, and those of them whose node lost its disk after
+    /// (checked at the end, unless a peer that held them lost them too).
+    pub replicated_acks: u64,
+    pub replicated_after_loss: u64,
+    pub disk_losses: u64,
     pub crashes: u64,
     pub power_losses: u64,
     pub restarts: u64,
@@ -66,6 +88,7 @@ enum Level {
     Local,
     Logged,
     Durable,
+    Replicated,
 }
 
 /// An add waiting for its log append.
@@ -92,6 +115,58 @@ struct Life {
     telemetry: Telemetry,
     /// Merges from peers no saved snapshot holds (`Shared::unlogged`).
     unlogged: Arc<UnloggedMerges>,
+    /// `replicated` adds waiting for their commit, then for their peers: the product's own
+    /// tracker, fed as `Replica::committed`, `publish_delta` and the `Ack` handler feed it.
+    acks: AckTracker<Vec<u8>>,
+    /// Commits of `replicated` adds whose append (or sync) is under way, in commit order.
+    committing: VecDeque<Commit>,
+    batch: u64,
+    /// The sequence number of the last confirmed delta published.
+    seq: u64,
+    /// Who is heard from: the live peers a majority is never smaller than.
+    anti: AntiEntropy,
+    /// The registry as last looked at (`Lease::watch`): the known replicas.
+    watch: StaleWatch,
+    looked: bool,
+    /// The most replicas heard from at once since that look (`Replica::most_live`).
+    most_live: usize,
+    renewed: Instant,
+}
+
+/// A commit of a `replicated` add: its delta goes out once the log has it (none: the item
+/// was already set, and the commit is a sync of the log).
+struct Commit {
+    batch: u64,
+    delta: Option<Vec<u8>>,
+    done: oneshot::Receiver<Result<(), WalError>>,
+}
+
+impl Life {
+    /// The known replicas as `Lease::known_replicas` gives them: `None` before a look.
+    fn known(&self) -> Option<usize> {
+        (self.looked && self.watch.known_ids > 0).then_some(self.watch.known_ids)
+    }
+}
+
+/// A claim in the registry.
+struct Claim {
+    id: ReplicaId,
+    claimant: Uuid,
+    revision: u64,
+    retired: bool,
+}
+
+/// How often a running replica renews its claim (`id_lease_renew_ms`, shorter here).
+const RENEW: Duration = Duration::from_millis(500);
+
+/// An add acknowledged at `replicated`.
+struct ReplicatedAck {
+    item: Vec<u8>,
+    origin: usize,
+    /// Its node lost its disk since.
+    disk_lost: bool,
+    /// Its commit had no delta (the node had set the item already): answered without peers.
+    without_delta: bool,
 }
 
 /// A saved snapshot's covered mark and what removing the segments it covers came to.
@@ -115,16 +190,34 @@ struct Node {
     /// Adds acknowledged at `logged` since the last loss of power: they survive a crash of
     /// the process.
     logged: Vec<Vec<u8>>,
+    /// The state its last life held when it ended (compared with what the next life starts
+    /// with: what a peer forgot).
+    ended: Option<AnyFilter>,
 }
 
+#[derive(Clone)]
 enum Body {
     Delta(Vec<u8>),
     State(Vec<u8>),
+    /// A delta its receivers acknowledge once merged (`Body::ConfirmedDelta`).
+    Confirmed {
+        delta: Vec<u8>,
+        seq: u64,
+    },
+    /// `Body::Ack`: `target` merged the confirmed delta `seq`.
+    Ack {
+        target: Uuid,
+        seq: u64,
+    },
 }
 
+#[derive(Clone)]
 struct Message {
     to: usize,
     from: usize,
+    /// The sending life's uuid and id (the envelope's).
+    sender: Uuid,
+    replica: ReplicaId,
     body: Body,
 }
 
@@ -142,20 +235,45 @@ struct World {
     /// peer) are common, and must be as durable as the first.
     added: Vec<Vec<u8>>,
     trace: VecDeque<String>,
+    trace_len: usize,
     outcome: Outcome,
+    /// The simulated clock: an origin taken once, and the durations the run adds to it (no
+    /// decision depends on the origin, only on the differences).
+    now: Instant,
+    /// The registry's claims: every id claimed in the run, with its claimant and its
+    /// revision (which each renewal moves).
+    registry: Vec<Claim>,
+    check_readds: bool,
+    replicated: Vec<ReplicatedAck>,
+    /// Items a node held in memory and its next life did not (a crash before a snapshot
+    /// saved a peer's merge, or its disk lost): `replicated` adds of another origin that a
+    /// peer forgot are not promised to survive the loss of their node's disk too.
+    forgotten: BTreeSet<(Vec<u8>, usize)>,
 }
 
 /// The registry's block of tags reserved at a time (the product's default is larger; small
 /// here so that reservations are written often).
 const TAG_BLOCK: u64 = 4;
-const TRACE: usize = 80;
+/// Events a failure report shows (`CRPF_SIM_TRACE=<n>` for more).
+fn trace_len() -> usize {
+    std::env::var("CRPF_SIM_TRACE")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(80)
+}
 
 /// Runs `plan`; never panics on a violation (it is reported in the outcome).
 pub(crate) fn run(plan: &Plan) -> Outcome {
     let mut rng = fastrand::Rng::with_seed(plan.seed);
     let kind = plan.kinds[rng.usize(..plan.kinds.len())];
-    let n = rng.usize(1..=plan.max_nodes.max(1));
-    let cfg = ReplicaConfig::for_kind("sim", kind, 200, 0.01);
+    let n = rng.usize(plan.min_nodes.max(1)..=plan.max_nodes.max(plan.min_nodes).max(1));
+    let mut cfg = ReplicaConfig::for_kind("sim", kind, 200, 0.01);
+    // A peer silent for 3 intervals is no longer live: short, so that partitions outlast it.
+    cfg.anti_entropy_interval_ms = 200;
+    cfg.peer_expiry_ms = 2_000;
+    // Ids of earlier lives (a start afresh takes a new one) leave the count of known
+    // replicas once unrenewed this long; an hour would keep them for the whole run.
+    cfg.retire_after_ms = 3_000;
     let nodes = (0..n)
         .map(|i| Node {
             disk: SimDisk::new(plan.seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9)),
@@ -163,6 +281,7 @@ pub(crate) fn run(plan: &Plan) -> Outcome {
             life: None,
             durable: Vec::new(),
             logged: Vec::new(),
+            ended: None,
         })
         .collect();
     let mut w = World {
@@ -176,11 +295,32 @@ pub(crate) fn run(plan: &Plan) -> Outcome {
         next_item: 0,
         added: Vec::new(),
         trace: VecDeque::new(),
+        trace_len: trace_len(),
         outcome: Outcome::default(),
+        now: Instant::now(),
+        registry: Vec::new(),
+        check_readds: plan.check_readds,
+        replicated: Vec::new(),
+        forgotten: BTreeSet::new(),
     };
     w.note(format!("seed {} kind {kind} nodes {n}", plan.seed));
     for i in 0..n {
         w.start(i);
+    }
+    if !plan.fresh_cluster {
+        // Every replica claimed (a start that crashed is tried again) before any looks.
+        for i in 0..n {
+            let mut tries = 0;
+            while w.nodes[i].life.is_none() && tries < 10 {
+                w.start(i);
+                tries += 1;
+            }
+        }
+        for i in 0..n {
+            if w.nodes[i].life.is_some() {
+                w.look(i, true);
+            }
+        }
     }
     for _ in 0..plan.steps {
         if w.outcome.violation.is_some() {
@@ -196,7 +336,7 @@ pub(crate) fn run(plan: &Plan) -> Outcome {
 
 impl World {
     fn note(&mut self, event: String) {
-        if self.trace.len() == TRACE {
+        if self.trace.len() == self.trace_len {
             self.trace.pop_front();
         }
         self.trace.push_back(event);
@@ -214,6 +354,7 @@ impl World {
     }
 
     fn step(&mut self) {
+        self.now += Duration::from_millis(self.rng.u64(..40));
         let i = self.rng.usize(..self.nodes.len());
         if self.nodes[i].life.is_none() {
             // A node that died comes back (most of the time soon).
@@ -222,21 +363,120 @@ impl World {
             }
             return;
         }
-        match self.rng.u8(..100) {
-            0..40 => self.add(i),
-            40..55 => self.commit(i),
-            55..58 => self.periodic_sync(i),
-            58..64 => self.take_snapshot(i),
-            64..70 => self.save_snapshot(i),
-            70..84 => self.deliver(),
-            84..88 => self.send_state(i),
-            88..91 => self.clean_restart(i),
-            91..95 => self.arm_crash(i),
-            95 => self.arm_failure(i),
-            96..98 => self.crash(i),
+        // `replicated` adds whose peers did not answer in time fail (`Replica::publish_delta`'s
+        // timer).
+        let now = self.now;
+        let life = self.nodes[i].life.as_mut().expect("alive");
+        let _ = life.acks.expire(now);
+        self.renew();
+        match self.rng.u16(..1000) {
+            0..380 => self.add(i),
+            380..520 => self.commit(i),
+            520..550 => self.periodic_sync(i),
+            550..610 => self.take_snapshot(i),
+            610..670 => self.save_snapshot(i),
+            670..830 => self.deliver(),
+            830..870 => self.send_state(i),
+            870..900 => self.clean_restart(i),
+            900..940 => self.arm_crash(i),
+            940..950 => self.arm_failure(i),
+            950..970 => self.crash(i),
+            970..980 => self.look(i, false),
+            980..985 => self.lose_disk(i),
             _ => self.partition(),
         }
         self.reap(i);
+    }
+
+    /// Running replicas on the registry's side renew their claims.
+    fn renew(&mut self) {
+        let now = self.now;
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            let Some(life) = node.life.as_mut() else {
+                continue;
+            };
+            if self.side[i] != 0 || now.saturating_duration_since(life.renewed) < RENEW {
+                continue;
+            }
+            life.renewed = now;
+            if let Some(c) = self
+                .registry
+                .iter_mut()
+                .find(|c| c.id == life.identity.replica)
+            {
+                // Its own id retired meanwhile (a partition longer than `retire_after_ms`):
+                // taken back (`Replica::take_back_id`).
+                c.revision += 1;
+                c.retired = false;
+            }
+        }
+    }
+
+    /// The registry looked at (`Replica::renew_lease`'s listing): from the registry's side of
+    /// a partition only (it is on side 0); a failed look keeps the last count.
+    /// At a start it succeeds: the id was just claimed there.
+    fn look(&mut self, i: usize, at_start: bool) {
+        if self.side[i] != 0 && !at_start {
+            self.note(format!("node {i}: registry look failed"));
+            return;
+        }
+        let now = self.now;
+        let claims: Vec<ClaimEntry> = self
+            .registry
+            .iter()
+            .map(|c| ClaimEntry {
+                id: c.id,
+                record: match c.retired {
+                    true => ClaimRecord::Retired { floor: 0 },
+                    false => ClaimRecord::Held {
+                        claimant: c.claimant,
+                        reserved: 0,
+                    },
+                },
+                revision: c.revision,
+            })
+            .collect();
+        let window = ReplicaConfig::ms(self.cfg.retire_after_ms);
+        let retire_after = match self.kind.reuses_ids() {
+            true => window,
+            false => Duration::ZERO,
+        };
+        let life = self.nodes[i].life.as_mut().expect("alive");
+        let me = life.identity.replica;
+        let stale = life.watch.stale(me, &claims, now, retire_after);
+        life.watch.note_known(me, &claims, now, window);
+        // Ids unrenewed that long are retired (`Replica::retire_stale`), unless heard from.
+        for e in stale {
+            let heard = life.anti.peers().any(|(_, p)| {
+                p.replica == e.id && now.saturating_duration_since(p.last_seen) < retire_after
+            });
+            if !heard && let Some(c) = self.registry.iter_mut().find(|c| c.id == e.id) {
+                c.retired = true;
+            }
+        }
+        life.looked = true;
+        life.most_live = life.anti.live_peers(now) + 1;
+        let known = life.watch.known_ids;
+        self.note(format!("node {i}: registry look: {known} known"));
+    }
+
+    /// The machine is replaced: its process and its whole disk are gone, and it comes back
+    /// empty (a new uuid, a new id; the old id stays claimed). Nothing acknowledged there at
+    /// `durable` or `logged` is promised any more; what it acknowledged at `replicated` is.
+    fn lose_disk(&mut self, i: usize) {
+        self.note(format!("node {i}: disk lost"));
+        self.outcome.disk_losses += 1;
+        if let Some(life) = self.nodes[i].life.take() {
+            self.nodes[i].ended = Some(life.filter);
+        }
+        let seed = self.rng.u64(..);
+        let node = &mut self.nodes[i];
+        node.disk = SimDisk::new(seed);
+        node.durable.clear();
+        node.logged.clear();
+        for r in self.replicated.iter_mut().filter(|r| r.origin == i) {
+            r.disk_lost = true;
+        }
     }
 
     /// A node whose disk crashed is dead: its process is gone, whatever it did after.
@@ -256,6 +496,7 @@ impl World {
         if let Some(mut life) = node.life.take() {
             // Answers already given stand: an append whose fsync completed was durable.
             collect(&mut life, &mut node.durable, &mut node.logged);
+            node.ended = Some(life.filter);
         }
         if self.rng.u8(..3) == 0 {
             self.outcome.power_losses += 1;
@@ -286,7 +527,9 @@ impl World {
                     life.filter.clock()
                 ));
                 self.check_recovered(i, &life);
+                self.forgot(i, &life.filter);
                 self.nodes[i].life = Some(life);
+                self.look(i, true);
                 // The first snapshot after a start that changed something: taken now, saved
                 // later (the actor runs, and serves, meanwhile).
             }
@@ -323,6 +566,19 @@ impl World {
             self.next_replica
         });
         let uuid = claiming.uuid;
+        match self.registry.iter_mut().find(|c| c.id == replica) {
+            Some(claim) => {
+                claim.claimant = uuid;
+                claim.revision += 1;
+                claim.retired = false;
+            }
+            None => self.registry.push(Claim {
+                id: replica,
+                claimant: uuid,
+                revision: 1,
+                retired: false,
+            }),
+        }
         let Adopted {
             filter,
             identity,
@@ -347,6 +603,24 @@ impl World {
             saved: Arc::new(Mutex::new(0)),
             telemetry: Telemetry::new("sim", 1, 0.01, true),
             unlogged: Arc::new(UnloggedMerges::new(true)),
+            acks: AckTracker::default(),
+            committing: VecDeque::new(),
+            batch: 0,
+            seq: 0,
+            anti: AntiEntropy::new(
+                Timing {
+                    live: ReplicaConfig::ms(self.cfg.anti_entropy_interval_ms * 3),
+                    peer_expiry: ReplicaConfig::ms(self.cfg.peer_expiry_ms),
+                    min_request_interval: ReplicaConfig::ms(self.cfg.min_push_interval_ms),
+                    catch_up_timeout: ReplicaConfig::ms(self.cfg.catch_up_timeout_ms),
+                    max_peers: self.cfg.max_peers,
+                },
+                self.now,
+            ),
+            watch: StaleWatch::default(),
+            looked: false,
+            most_live: 1,
+            renewed: self.now,
         };
         if !unchanged {
             let job = snapshot_job(&mut life, &self.cfg);
@@ -376,9 +650,23 @@ impl World {
         }
     }
 
+    /// Items node `i`'s last life held that its new one does not: forgotten (see
+    /// [`World::forgotten`]).
+    fn forgot(&mut self, i: usize, now_held: &AnyFilter) {
+        let Some(before) = self.nodes[i].ended.take() else {
+            return;
+        };
+        for item in &self.added {
+            if before.contains(item) && !now_held.contains(item) {
+                self.forgotten.insert((item.clone(), i));
+            }
+        }
+    }
+
     fn add(&mut self, i: usize) {
         let level = match self.rng.u8(..10) {
-            0..6 => Level::Durable,
+            0..4 => Level::Durable,
+            4..6 => Level::Replicated,
             6..8 => Level::Logged,
             _ => Level::Local,
         };
@@ -412,6 +700,26 @@ impl World {
             return;
         }
         life.unlogged.record_add(&mut life.filter, &item);
+        if level == Level::Replicated {
+            // A commit of its own, published once the log has it (`Replica::committed`); a
+            // commit without a delta is a sync of the log (`Replica::flush_delta`).
+            life.batch += 1;
+            let batch = life.batch;
+            let delta = life.filter.take_delta();
+            let done = match &delta {
+                Some(d) => life.log.append(d.clone(), true),
+                None => life.log.sync(),
+            };
+            life.acks.wait(AckLevel::Replicated, batch, item.clone());
+            let logged = delta.is_some();
+            life.committing.push_back(Commit { batch, delta, done });
+            self.note(format!(
+                "node {i}: add {} at Replicated (commit {batch}{})",
+                String::from_utf8_lossy(&item),
+                if logged { "" } else { ", nothing to log" }
+            ));
+            return;
+        }
         let Some(delta) = life.filter.take_delta() else {
             // Its commit has nothing to append; at `durable` it waits for a sync of the log
             // (`Replica::flush_delta`), which fails once the log has. At `logged` it rests
@@ -425,7 +733,11 @@ impl World {
                         done,
                     });
                 }
-                Level::Logged if life.waiting.is_empty() && !life.log.failed() => {
+                Level::Logged
+                    if life.waiting.is_empty()
+                        && life.committing.is_empty()
+                        && !life.log.failed() =>
+                {
                     node.logged.push(item.clone())
                 }
                 _ => {}
@@ -450,13 +762,17 @@ impl World {
     }
 
     fn publish(&mut self, from: usize, body: Body) {
+        let life = self.nodes[from].life.as_ref().expect("alive");
+        let (sender, replica) = (life.identity.uuid, life.identity.replica);
         let peers: Vec<usize> = (0..self.nodes.len()).filter(|&j| j != from).collect();
         for to in peers {
-            let body = match &body {
-                Body::Delta(d) => Body::Delta(d.clone()),
-                Body::State(s) => Body::State(s.clone()),
-            };
-            self.bus.push(Message { to, from, body });
+            self.bus.push(Message {
+                to,
+                from,
+                sender,
+                replica,
+                body: body.clone(),
+            });
         }
     }
 
@@ -468,8 +784,86 @@ impl World {
         collect(life, &mut node.durable, &mut node.logged);
         self.outcome.durable_acks += (self.nodes[i].durable.len() - before) as u64;
         self.note(format!("node {i}: group commit"));
+        self.publish_commits(i);
         if !self.nodes[i].disk.crashed() {
             self.recover_log(i);
+        }
+    }
+
+    /// The commits of `replicated` adds the log finished, in order, as `Replica::committed`
+    /// and `publish_delta` take them: a failed one fails its adds; a written one's delta goes
+    /// out asking its receivers to confirm, its adds waiting for as many peers as the
+    /// product's rule says (`peers_needed` of `known_replicas`); one without a delta is
+    /// answered (`answer_without_delta`, with no held delta to send in its stead).
+    fn publish_commits(&mut self, i: usize) {
+        let (now, configured) = (self.now, self.cfg.replicated_peers);
+        let timeout = ReplicaConfig::ms(self.cfg.replicated_timeout_ms);
+        let life = self.nodes[i].life.as_mut().expect("alive");
+        let (mut ok, mut out, mut notes) = (Vec::new(), Vec::new(), Vec::new());
+        let mut unconfirmed = Vec::new();
+        while let Some(c) = life.committing.front_mut() {
+            let result = match c.done.try_recv() {
+                Err(oneshot::error::TryRecvError::Empty) => break,
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(oneshot::error::TryRecvError::Closed) => Err("writer gone".to_owned()),
+            };
+            let c = life.committing.pop_front().expect("looked at");
+            match (result, c.delta) {
+                (Err(e), _) => {
+                    let _ = life.acks.commit_failed(c.batch, &e);
+                }
+                (Ok(()), None) => {
+                    let r = life.acks.committed(c.batch, None, 0, now);
+                    unconfirmed.extend(r.ok.iter().cloned());
+                    ok.extend(r.ok);
+                }
+                (Ok(()), Some(delta)) => {
+                    life.seq += 1;
+                    let live = life.anti.live_peers(now);
+                    life.most_live = life.most_live.max(live + 1);
+                    let known = known_replicas(life.known(), life.most_live, live);
+                    let needed = peers_needed(configured, known);
+                    let r = life
+                        .acks
+                        .committed(c.batch, Some(life.seq), needed, now + timeout);
+                    ok.extend(r.ok);
+                    notes.push(format!(
+                        "node {i}: commit {} published as {}, {needed} of {known} needed",
+                        c.batch, life.seq
+                    ));
+                    out.push(Body::Confirmed {
+                        delta,
+                        seq: life.seq,
+                    });
+                }
+            }
+        }
+        for n in notes {
+            self.note(n);
+        }
+        for body in out {
+            self.publish(i, body);
+        }
+        self.replicated_ok(i, ok, &unconfirmed);
+    }
+
+    /// Adds node `i` acknowledged at `replicated` (durable too).
+    fn replicated_ok(&mut self, i: usize, items: Vec<Vec<u8>>, without_delta: &[Vec<u8>]) {
+        for item in items {
+            let without_delta = without_delta.contains(&item);
+            self.note(format!(
+                "node {i}: {} acknowledged at Replicated",
+                String::from_utf8_lossy(&item)
+            ));
+            self.outcome.replicated_acks += 1;
+            self.nodes[i].durable.push(item.clone());
+            self.replicated.push(ReplicatedAck {
+                item,
+                origin: i,
+                disk_lost: false,
+                without_delta,
+            });
         }
     }
 
@@ -511,8 +905,12 @@ impl World {
     fn clean_restart(&mut self, i: usize) {
         let cfg = self.cfg.clone();
         let node = &mut self.nodes[i];
+        node.life.as_mut().expect("alive").log.commit();
+        // The deltas of written commits go out; adds still waiting for peers are answered
+        // `Stopped` (`AckTracker::stop`).
+        self.publish_commits(i);
+        let node = &mut self.nodes[i];
         let mut life = node.life.take().expect("alive");
-        life.log.commit();
         collect(&mut life, &mut node.durable, &mut node.logged);
         while let Some(job) = life.taken.pop_front() {
             let _ = life.save(job);
@@ -520,6 +918,7 @@ impl World {
         let job = snapshot_job(&mut life, &cfg);
         let _ = life.save(job);
         life.log.close();
+        node.ended = Some(life.filter);
         self.note(format!("node {i}: clean stop"));
         if self.nodes[i].disk.crashed() {
             self.note(format!("node {i}: crashed while stopping"));
@@ -591,39 +990,60 @@ impl World {
         }
         match self.rng.u8(..20) {
             0 => return,
-            1 => self.bus.push(Message {
-                to: msg.to,
-                from: msg.from,
-                body: match &msg.body {
-                    Body::Delta(d) => Body::Delta(d.clone()),
-                    Body::State(s) => Body::State(s.clone()),
-                },
-            }),
+            1 => self.bus.push(msg.clone()),
             _ => {}
         }
         self.apply(msg);
     }
 
     fn apply(&mut self, msg: Message) {
-        let kind = self.kind;
+        let (kind, now) = (self.kind, self.now);
         let Some(life) = self.nodes[msg.to].life.as_mut() else {
             return;
         };
-        life.unlogged.merged();
+        let _ = life.anti.heard(msg.sender, msg.replica, 0, now);
         let r = match &msg.body {
-            Body::Delta(d) => life
-                .filter
-                .merge_remote_delta_bytes(d, 0)
-                .map_err(|e| e.to_string()),
-            Body::State(s) => AnyFilter::decode_state(kind, s)
-                .map_err(|e| e.to_string())
-                .and_then(|other| life.filter.merge(&other).map_err(|e| e.to_string())),
+            Body::Ack { target, seq } => {
+                if *target == life.identity.uuid {
+                    let r = life.acks.acked(msg.sender, *seq);
+                    self.replicated_ok(msg.to, r.ok, &[]);
+                }
+                return;
+            }
+            Body::Delta(d) | Body::Confirmed { delta: d, .. } => {
+                life.unlogged.merged();
+                life.filter
+                    .merge_remote_delta_bytes(d, 0)
+                    .map_err(|e| e.to_string())
+            }
+            Body::State(s) => {
+                life.unlogged.merged();
+                AnyFilter::decode_state(kind, s)
+                    .map_err(|e| e.to_string())
+                    .and_then(|other| life.filter.merge(&other).map_err(|e| e.to_string()))
+            }
         };
-        if let Err(e) = r {
-            self.violation(format!(
+        match r {
+            Err(e) => self.violation(format!(
                 "node {}: a peer's message does not merge: {e}",
                 msg.to
-            ));
+            )),
+            Ok(()) => {
+                if let Body::Confirmed { seq, .. } = msg.body {
+                    // Merged: acknowledged to its sender (`Replica::send_ack`).
+                    let (sender, replica) = (life.identity.uuid, life.identity.replica);
+                    self.bus.push(Message {
+                        to: msg.from,
+                        from: msg.to,
+                        sender,
+                        replica,
+                        body: Body::Ack {
+                            target: msg.sender,
+                            seq,
+                        },
+                    });
+                }
+            }
         }
     }
 
@@ -688,6 +1108,61 @@ impl World {
                 return self.violation(format!("node {i} and node 0 do not converge"));
             }
         }
+        self.check_replicated();
+    }
+
+    /// Every add acknowledged at `replicated` is in every replica, even where its node lost
+    /// its disk since: unless the filter has one replica (then it is answered once durable),
+    /// or a peer that held it forgot it (a second fault: what is promised is the loss of
+    /// one disk).
+    fn check_replicated(&mut self) {
+        if self.nodes.len() < 2 {
+            return;
+        }
+        let mut lost = Vec::new();
+        for r in &self.replicated {
+            let forgotten = (0..self.nodes.len())
+                .any(|j| j != r.origin && self.forgotten.contains(&(r.item.clone(), j)));
+            if forgotten || (r.without_delta && !self.check_readds) {
+                continue;
+            }
+            if r.disk_lost {
+                self.outcome.replicated_after_loss += 1;
+            }
+            let missing: Vec<usize> = (0..self.nodes.len())
+                .filter(|&j| {
+                    !self.nodes[j]
+                        .life
+                        .as_ref()
+                        .expect("started")
+                        .filter
+                        .contains(&r.item)
+                })
+                .collect();
+            if !missing.is_empty() {
+                lost.push(format!(
+                    "{} (node {}{}{}; missing on {missing:?})",
+                    String::from_utf8_lossy(&r.item),
+                    r.origin,
+                    if r.disk_lost {
+                        ", its disk lost since"
+                    } else {
+                        ""
+                    },
+                    if r.without_delta {
+                        ", answered without a delta"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
+        if !lost.is_empty() {
+            self.violation(format!(
+                "replicated adds lost after the heal: {}",
+                lost.join(", ")
+            ));
+        }
     }
 }
 
@@ -698,7 +1173,7 @@ fn collect(life: &mut Life, durable: &mut Vec<Vec<u8>>, logged: &mut Vec<Vec<u8>
             match w.level {
                 Level::Durable => durable.push(w.item.clone()),
                 Level::Logged => logged.push(w.item.clone()),
-                Level::Local => {}
+                Level::Local | Level::Replicated => {}
             }
             false
         }
