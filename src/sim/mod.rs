@@ -23,10 +23,12 @@
 //! held it forgot it (a crash before a snapshot saved the merge: a second fault) or the
 //! filter has one replica. A run never panics.
 //!
-//! Two gaps of the product it finds are left out of the default runs, each with a test that
-//! says it is still there: `replicated` adds of items the node had already set are answered
-//! without peers (`Plan::check_readds`), and a new filter's replica that looked at the
-//! registry before its peers claimed counts itself alone (`Plan::fresh_cluster`).
+//! It found two gaps of the product. `replicated` adds of items the node had already set were
+//! answered without peers; they now record the item's footprint, and a test shows the
+//! simulation finds the old way (`Plan::replicated_without_footprints`). A new filter's
+//! replica that looked at the registry before its peers claimed counts itself alone: still
+//! open, left out of the default runs, with a test that says it is there
+//! (`Plan::fresh_cluster`).
 //!
 //! `cargo test --release --lib sim::` runs [`DEFAULT_SEEDS`] seeds; `CRPF_SIM_SEEDS=<n>` runs
 //! `n`, `CRPF_SIM_SEED=<seed>` replays one (a failure prints its seed and its last events).

@@ -75,22 +75,21 @@ fn replicated_adds_survive_the_loss_of_their_node_s_disk() {
     assert!(after_loss > 0, "some acknowledged adds outlive their disk");
 }
 
-/// A known gap, found by the simulation: a `replicated` add of an item the replica had set
-/// already (its own earlier add, whose delta may never have reached a peer) has nothing to
-/// commit, and `Replica::answer_without_delta` answers it once the log is synced, with no
-/// peer asked; the loss of the node's disk then loses it. The product would record the
-/// item's footprint for such adds (as it does while merges are unlogged), so that their
-/// commit carries a delta peers confirm. This test says the gap is there: once it is closed,
-/// drop `Plan::check_readds` and this test.
+/// A defect the simulation found: a `replicated` add of an item the replica had set already
+/// (its own earlier add, whose delta may never have reached a peer) had nothing to commit,
+/// and was answered once the log synced, with no peer asked; the loss of the node's disk
+/// then lost it. Adds at `replicated` now record the item's whole footprint
+/// (`Updates::apply`), so that their commit carries a delta peers confirm; the runs above
+/// check every such add. Made as before, the simulation finds it.
 #[test]
-fn the_simulation_finds_replicated_adds_answered_without_peers() {
+fn replicated_adds_without_footprints_are_found() {
     let found = (0..1000).find_map(|seed| {
         let mut plan = replicated_plan(seed);
-        plan.check_readds = true;
+        plan.replicated_without_footprints = true;
         run(&plan).violation.map(|v| (seed, v))
     });
     let (seed, violation) = found.expect("found within 1,000 seeds");
-    eprintln!("replicated re-adds: seed {seed} finds {violation}");
+    eprintln!("replicated re-adds without footprints: seed {seed} finds {violation}");
     assert!(
         violation.contains("answered without a delta"),
         "{violation}"

@@ -33,10 +33,11 @@ pub(crate) struct Plan {
     /// Replicas of the filter, one per node: a run has `min_nodes` to `max_nodes`.
     pub min_nodes: usize,
     pub max_nodes: usize,
-    /// Also checks the `replicated` adds of items the node had already set, which the
-    /// product answers without waiting for peers (its commit has no delta to confirm): a
-    /// known gap, see `the_simulation_finds_replicated_adds_answered_without_peers`.
-    pub check_readds: bool,
+    /// Adds at `replicated` as the product made them before it recorded their footprints:
+    /// an add of an item the node had already set then has no delta for a peer to confirm,
+    /// and is answered without one. For the test that shows the simulation finds it
+    /// (`replicated_adds_without_footprints_are_found`).
+    pub replicated_without_footprints: bool,
     /// The replicas start together, each looking at the registry before the others claimed
     /// their ids (a new filter); else each looks again once all have (a cluster that ran
     /// before). See `the_simulation_finds_a_first_look_that_saw_no_peer`.
@@ -50,7 +51,7 @@ impl Plan {
             seed,
             steps: 300,
             min_nodes: 1,
-            check_readds: false,
+            replicated_without_footprints: false,
             fresh_cluster: false,
             max_nodes: std::env::var("CRPF_SIM_NODES")
                 .ok()
@@ -243,7 +244,7 @@ struct World {
     /// The registry's claims: every id claimed in the run, with its claimant and its
     /// revision (which each renewal moves).
     registry: Vec<Claim>,
-    check_readds: bool,
+    replicated_without_footprints: bool,
     replicated: Vec<ReplicatedAck>,
     /// Items a node held in memory and its next life did not (a crash before a snapshot
     /// saved a peer's merge, or its disk lost): `replicated` adds of another origin that a
@@ -299,7 +300,7 @@ pub(crate) fn run(plan: &Plan) -> Outcome {
         outcome: Outcome::default(),
         now: Instant::now(),
         registry: Vec::new(),
-        check_readds: plan.check_readds,
+        replicated_without_footprints: plan.replicated_without_footprints,
         replicated: Vec::new(),
         forgotten: BTreeSet::new(),
     };
@@ -699,7 +700,13 @@ impl World {
             self.note(format!("node {i}: add refused: {e}"));
             return;
         }
-        life.unlogged.record_add(&mut life.filter, &item);
+        // A `replicated` add's delta holds the item's whole footprint, as `Updates::apply`
+        // records it: a peer must confirm the item, set before or not.
+        if level == Level::Replicated && !self.replicated_without_footprints {
+            life.filter.record_footprint(&item);
+        } else {
+            life.unlogged.record_add(&mut life.filter, &item);
+        }
         if level == Level::Replicated {
             // A commit of its own, published once the log has it (`Replica::committed`); a
             // commit without a delta is a sync of the log (`Replica::flush_delta`).
@@ -1123,7 +1130,7 @@ impl World {
         for r in &self.replicated {
             let forgotten = (0..self.nodes.len())
                 .any(|j| j != r.origin && self.forgotten.contains(&(r.item.clone(), j)));
-            if forgotten || (r.without_delta && !self.check_readds) {
+            if forgotten {
                 continue;
             }
             if r.disk_lost {

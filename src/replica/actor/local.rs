@@ -26,7 +26,13 @@ impl Replica {
         self.telemetry.op(op, ok);
     }
 
-    pub(super) fn do_add(&mut self, item: &[u8]) -> Result<Option<Dot>, ReplicaError> {
+    /// Adds `item`; with `footprint` (a `replicated` add, see `Updates::apply`) its delta
+    /// holds the item's whole footprint even if the state had it.
+    pub(super) fn do_add(
+        &mut self,
+        item: &[u8],
+        footprint: bool,
+    ) -> Result<Option<Dot>, ReplicaError> {
         let r = self
             .check_item(item)
             .and_then(|_| self.reserve_tags())
@@ -35,7 +41,10 @@ impl Replica {
                 let now = self.shared.clock.for_updates(f.clock_bounds())?;
                 f.tick(now);
                 let dot = f.add(item).map_err(ReplicaError::from)?;
-                self.shared.unlogged.record_add(&mut f, item);
+                match footprint {
+                    true => f.record_footprint(item),
+                    false => self.shared.unlogged.record_add(&mut f, item),
+                };
                 Ok(dot)
             });
         self.op(OpKind::Add, r.is_ok());
@@ -259,7 +268,9 @@ impl Handler<Add> for Replica {
     type Result = ResponseFuture<Result<Option<Dot>, ReplicaError>>;
     fn handle(&mut self, msg: Add, ctx: &mut Context<Self>) -> Self::Result {
         let level = msg.ack.unwrap_or(self.cfg.default_ack());
-        let applied = self.check_level(level).and_then(|_| self.do_add(&msg.item));
+        let applied = self
+            .check_level(level)
+            .and_then(|_| self.do_add(&msg.item, level == AckLevel::Replicated));
         self.settle_handle(level, applied.map(|dot| (true, dot)), ctx)
     }
 }

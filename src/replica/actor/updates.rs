@@ -204,13 +204,17 @@ impl Updates {
                 .check(self.shared.limits)
                 .map_err(|e| ReplicaError::InvalidItem(e.to_string()))
         };
+        // A `replicated` add is answered once a peer confirmed the delta holding it, so the
+        // delta must hold it even if the state had it already: an earlier add of it may
+        // never have reached a peer (found by the simulation, `sim::tests`).
+        let footprint = level == AckLevel::Replicated;
         match request {
             Request::Add { item, mode, .. } => {
                 let Some(AddApplied {
                     outcome,
                     changed,
                     commit,
-                }) = self.add_one(item, *mode, lock, reserve, durable)?
+                }) = self.add_one(item, *mode, lock, reserve, durable, footprint)?
                 else {
                     return Ok(None);
                 };
@@ -231,7 +235,8 @@ impl Updates {
             }
             Request::MAdd { items, mode, .. } => {
                 checked(items)?;
-                let Some(added) = self.add_items(&items.slices(), *mode, lock, reserve, durable)?
+                let Some(added) =
+                    self.add_items(&items.slices(), *mode, lock, reserve, durable, footprint)?
                 else {
                     return Ok(None);
                 };
@@ -267,6 +272,7 @@ impl Updates {
         lock: Lock,
         reserve: &mut dyn FnMut() -> Result<u64, ReplicaError>,
         durable: bool,
+        footprint: bool,
     ) -> Result<Option<AddApplied>, ReplicaError> {
         check_item(item, self.shared.limits.max_item_bytes)
             .and_then(|()| reserve().map(|_| ()))
@@ -303,8 +309,11 @@ impl Updates {
         if let Ok(outcome) = &r {
             // A skipped add of an item held only by merges is logged too: it is answered as
             // contained, so it must stay contained.
-            let footprint = self.shared.unlogged.record_add(&mut f, item);
-            changed = *outcome != AddOutcome::Skipped || footprint;
+            let recorded = match footprint {
+                true => f.record_footprint(item),
+                false => self.shared.unlogged.record_add(&mut f, item),
+            };
+            changed = *outcome != AddOutcome::Skipped || recorded;
             commit = match changed {
                 true => self.changed_under(&f, lock, durable),
                 false => self.unchanged_under(lock, durable),
@@ -345,6 +354,7 @@ impl Updates {
         lock: Lock,
         reserve: &mut dyn FnMut() -> Result<u64, ReplicaError>,
         durable: bool,
+        footprint: bool,
     ) -> Result<Option<BatchAdd>, ReplicaError> {
         let mut added = Vec::with_capacity(items.len());
         // Which items were absent before their add (with a mode); refused items stay false.
@@ -400,7 +410,7 @@ impl Updates {
             }
             let first = i;
             let ahead = f.prefetch_ahead();
-            let footprints = self.shared.unlogged.footprints();
+            let footprints = footprint || self.shared.unlogged.footprints();
             let mut changed = false;
             while i < items.len() && f.clock() < limit {
                 prefetch_items_ahead(items, i, ahead, |i| f.prefetch_add(i));
