@@ -88,9 +88,8 @@ pub fn command(
             name.to_ascii_lowercase()
         ))));
     }
-    let name = crate::names::subject_name(args.arg(1));
     if matches!(verb, Verb::IncrBy | Verb::Query | Verb::Info)
-        && let Some(handle) = filter(name.as_bytes())
+        && let Some(handle) = filter(&crate::names::subject_name_bytes(args.arg(1)))
         && handle.kind() == FilterKind::CountMinSketch
     {
         let from = |i: usize| args.arg(i);
@@ -100,7 +99,7 @@ pub fn command(
     }
     Some(Command::Key(KeyCommand::Cms(CmsCommand {
         verb,
-        name: name.into_owned(),
+        name: crate::names::subject_name(args.arg(1)).into_owned(),
         args: (2..args.len())
             .map(|i| Bytes::copy_from_slice(args.arg(i)))
             .collect(),
