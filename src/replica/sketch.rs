@@ -104,7 +104,7 @@ pub(crate) fn incr_by_request(
     framed: Items,
     ack: Option<crate::api::AckLevel>,
 ) -> Result<Request, ReplicaError> {
-    if framed.len() % 2 != 0 {
+    if !framed.len().is_multiple_of(2) {
         return Err(ReplicaError::InvalidItem(format!(
             "cms.incrby takes pairs (an item, then its increment): {} batch items",
             framed.len()

@@ -108,7 +108,7 @@ pub fn command(
 
 /// The request of `CMS.INCRBY`, `CMS.QUERY` or `CMS.INFO` with arguments `args` (after the
 /// key), or RedisBloom's refusal of them.
-fn request<'a>(verb: Verb, args: &mut dyn Iterator<Item = &'a [u8]>) -> Result<Request, Reply> {
+fn request(verb: Verb, args: &mut dyn Iterator<Item = &[u8]>) -> Result<Request, Reply> {
     match verb {
         Verb::IncrBy => {
             let mut items = Vec::new();
