@@ -55,9 +55,11 @@ pub(crate) fn incr_by(
             )));
         }
         check_items(items, max_item_bytes)?;
-        let kind_refused = not_a_sketch("cms.incrby", f);
+        if !matches!(f, AnyFilter::CountMinSketch(_)) {
+            return Err(not_a_sketch("cms.incrby", f));
+        }
         let AnyFilter::CountMinSketch(s) = f else {
-            return Err(kind_refused);
+            unreachable!("checked a sketch")
         };
         Ok(items
             .iter()
