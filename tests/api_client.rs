@@ -817,3 +817,80 @@ async fn durable_adds_of_items_a_peer_added_first_are_logged() {
         stop(&[a, b]).await;
     }
 }
+
+/// Issue 50: the count-min sketch's operations over NATS (plain async-nats, no crpf code):
+/// `cms.incrby` (a batch of pairs, each item then its increment in decimal) answers each
+/// item's estimate right after its increment, as `CMS.INCRBY` does; `cms.query` and
+/// `cms.info` read; an increment acknowledged `replicated` is in the peer's own answer; a
+/// malformed request or another kind is refused with nothing changed.
+#[actix::test]
+async fn cms_operations_increment_query_and_describe_a_sketch() {
+    let server = NatsServer::start();
+    let c = cfg("hits", FilterKind::CountMinSketch, 200, 0.01);
+    let a = start(c.clone(), &server.url()).await;
+    let b = start(c, &server.url()).await;
+    let deadline = Instant::now() + WAIT;
+    while a.stats().await.unwrap().peers < 1 || b.stats().await.unwrap().peers < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the replicas never heard each other"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ida = a.identity().replica;
+    let idb = b.identity().replica;
+    let nc = async_nats::connect(server.url()).await.unwrap();
+    let pairs = |pairs: &[(&str, &str)]| {
+        let flat: Vec<&str> = pairs.iter().flat_map(|(i, n)| [*i, *n]).collect();
+        batch::encode(&flat).unwrap()
+    };
+    let on_a = |op: &str| format!("crpf.hits.replica.{ida}.api.{op}");
+    let on_b = |op: &str| format!("crpf.hits.replica.{idb}.api.{op}");
+    let ack = [(ACK_HEADER, "replicated")];
+
+    // Pair by pair: the second `a` sees the first.
+    let m = raw(
+        &nc,
+        on_a("cms.incrby"),
+        pairs(&[("a", "3"), ("b", "1"), ("a", "2"), ("c", "0")]),
+        &ack,
+    )
+    .await;
+    assert_eq!(json_of(&m), json!({"count": [3, 1, 5, 0]}));
+    assert_eq!(header(&m, REPLICA_HEADER), Some(ida.to_string().as_str()));
+    // Acknowledged as replicated: B answers it from its own state.
+    let query = batch::encode(["a", "b", "c", "never"]).unwrap();
+    let m = raw(&nc, on_b("cms.query"), query.clone(), &[]).await;
+    assert_eq!(json_of(&m), json!({"count": [5, 1, 0, 0]}));
+    let m = raw(&nc, on_b("cms.info"), vec![], &[]).await;
+    assert_eq!(json_of(&m), json!({"width": 200, "depth": 7, "count": 6}));
+    // Through the queue group, either replica, and an increment from each counts.
+    let m = raw(&nc, on_b("cms.incrby"), pairs(&[("a", "10")]), &ack).await;
+    assert_eq!(json_of(&m), json!({"count": [15]}));
+    let m = raw(&nc, "crpf.hits.api.cms.query".into(), query, &[]).await;
+    assert_eq!(json_of(&m), json!({"count": [15, 1, 0, 0]}));
+
+    // Refused whole: an odd batch, an increment that is not a number of 0 to 2^64 - 1.
+    for (payload, says) in [
+        (batch::encode(["a", "1", "b"]).unwrap(), "pairs"),
+        (pairs(&[("a", "1"), ("b", "-1")]), "increment"),
+        (pairs(&[("a", "1"), ("b", "x")]), "increment"),
+        (pairs(&[("a", "18446744073709551616")]), "increment"),
+    ] {
+        let m = raw(&nc, on_a("cms.incrby"), payload, &[]).await;
+        let e = error_of(&m);
+        assert!(e.contains(says), "{e}");
+    }
+    let m = raw(&nc, on_a("cms.info"), vec![], &[]).await;
+    assert_eq!(json_of(&m)["count"], 16, "nothing refused was applied");
+
+    // Another kind refuses the sketch's operations.
+    let g = start(cfg("set", FilterKind::GBloom, 1000, 0.01), &server.url()).await;
+    for op in ["cms.incrby", "cms.query", "cms.info"] {
+        let m = raw(&nc, format!("crpf.set.api.{op}"), pairs(&[("a", "1")]), &[]).await;
+        let e = error_of(&m);
+        assert!(e.contains("count_min_sketch"), "{op}: {e}");
+    }
+    assert!(!g.contains(b"a"));
+    stop(&[a, b, g]).await;
+}

@@ -1728,7 +1728,8 @@ async fn an_import_re_adds_a_dump_as_the_importers_own_logged_and_replicated_add
 }
 
 /// Issue 50: three replicas of a count-min sketch increment concurrently (by 1 through `add`,
-/// by any amount through the path `CMS.INCRBY` takes); once converged, each answers exactly
+/// by any amount through `CMS.INCRBY`'s typed request, or as located occurrences, the path
+/// `CMS.MERGE` takes); once converged, each answers exactly
 /// what one sketch fed every increment answers, counter by counter. A restarted replica keeps
 /// its counts under a new id, as the counting kinds do.
 #[actix::test]
@@ -1741,6 +1742,10 @@ async fn three_sketch_replicas_answer_as_one_sketch_fed_everything() {
     let mut durable = c.clone();
     durable.data_dir = Some(dir.path().to_path_buf());
     hs.push(Replica::start(durable.clone(), bus.clone()).await.unwrap());
+    // The typed requests are served once a replica is ready.
+    for h in &hs {
+        assert!(h.wait_ready(WAIT).await);
+    }
     let mut single = CountMinSketch::from_spec(&c.filter, 99).unwrap();
     // A skewed stream: item k drawn with weight ~ 1/k, increments 1..=4.
     let mut rng = fastrand::Rng::with_seed(50);
@@ -1767,6 +1772,16 @@ async fn three_sketch_replicas_answer_as_one_sketch_fed_everything() {
         for (i, (item, n)) in stream.into_iter().enumerate() {
             if n == 1 && i % 2 == 0 {
                 h.add(item).await.unwrap();
+            } else if i % 3 != 0 {
+                let incr = crpf::api::Request::CmsIncrBy {
+                    items: crpf::api::Items::of([&item]),
+                    increments: vec![n],
+                    ack: None,
+                };
+                match h.call(incr).await.unwrap() {
+                    crpf::api::Response::CmsIncremented(counts) => assert!(counts[0] >= n),
+                    other => panic!("{other:?}"),
+                }
             } else {
                 let mut occurrences = Vec::new();
                 h.read(|f| match f {

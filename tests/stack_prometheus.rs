@@ -336,6 +336,7 @@ const FILTERS: &[(&str, &str)] = &[
     ("tokens", "writer_sc_or_cuckoo"),
     ("recent", "expiring_bloom"),
     ("page_views", "counting_cuckoo"),
+    ("hits", "count_min_sketch"),
 ];
 
 fn node_toml(metrics: &str, resp: &str, data_dir: &Path, nats_url: &str, i: usize) -> String {
@@ -665,6 +666,38 @@ async fn stack_serves_every_dashboard_query_and_gauges_match_stats() {
             );
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+    // The sketch's own gauges (its dashboard row): its count, which `stats` has as its
+    // cardinality, its shape (capacity 20000 is the width, fpr 0.01 seven rows), and the
+    // replicas that wrote.
+    let mut last;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = request(&client, "crpf.hits.api.stats".into(), b"").await;
+        let sel = format!("{{filter=\"hits\",replica=\"{}\"}}", replica_label(&stats));
+        let count = figure(&stats, "cardinality");
+        let scraped = tokio::task::block_in_place(|| {
+            [
+                "crpf_cms_count",
+                "crpf_cms_width",
+                "crpf_cms_depth",
+                "crpf_cms_writers",
+            ]
+            .map(|m| prom.scalar(&format!("{m}{sel}")))
+            .into_iter()
+            .collect::<Result<Vec<f64>, String>>()
+        });
+        match scraped {
+            Ok(g)
+                if g[0] == count && count >= 300.0 && g[1..3] == [20000.0, 7.0] && g[3] >= 1.0 =>
+            {
+                break;
+            }
+            Ok(g) => last = format!("stats count {count}, scraped {g:?}"),
+            Err(e) => last = e,
+        }
+        assert!(Instant::now() < deadline, "sketch gauges: {last}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     drop(client);
 

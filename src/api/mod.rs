@@ -78,11 +78,21 @@ pub enum Op {
     /// `export` (`go_bloom`): payload ignored; reply the filter in the format of
     /// [`FORMAT_HEADER`] (not JSON, unless that format is; an error reply is JSON).
     Export,
+    /// `cms.incrby` (`count_min_sketch`): payload a [`batch`] of pairs, each item followed by
+    /// its increment in decimal; reply `{"count":[N...]}`, each item's estimate right after
+    /// its increment (`CMS.INCRBY`).
+    CmsIncrBy,
+    /// `cms.query` (`count_min_sketch`): payload a [`batch`] of items; reply
+    /// `{"count":[N...]}`, their estimates (`CMS.QUERY`).
+    CmsQuery,
+    /// `cms.info` (`count_min_sketch`): payload ignored; reply
+    /// `{"width":W,"depth":D,"count":N}` (`CMS.INFO`).
+    CmsInfo,
 }
 
 impl Op {
     /// Every operation, in the order error messages list them.
-    pub const ALL: [Op; 11] = [
+    pub const ALL: [Op; 14] = [
         Op::Add,
         Op::Remove,
         Op::Contains,
@@ -94,6 +104,9 @@ impl Op {
         Op::MCount,
         Op::Import,
         Op::Export,
+        Op::CmsIncrBy,
+        Op::CmsQuery,
+        Op::CmsInfo,
     ];
 
     /// The subject token.
@@ -110,18 +123,28 @@ impl Op {
             Op::MCount => "mcount",
             Op::Import => "import",
             Op::Export => "export",
+            Op::CmsIncrBy => "cms.incrby",
+            Op::CmsQuery => "cms.query",
+            Op::CmsInfo => "cms.info",
         }
     }
 
-    /// Whether it changes the filter (`add`, `remove`, `madd`, `mremove`): it takes an
-    /// acknowledgement level ([`ACK_HEADER`]).
+    /// Whether it changes the filter (`add`, `remove`, `madd`, `mremove`, `cms.incrby`): it
+    /// takes an acknowledgement level ([`ACK_HEADER`]).
     pub fn is_update(self) -> bool {
-        matches!(self, Op::Add | Op::Remove | Op::MAdd | Op::MRemove)
+        matches!(
+            self,
+            Op::Add | Op::Remove | Op::MAdd | Op::MRemove | Op::CmsIncrBy
+        )
     }
 
-    /// Whether it only reads (`contains`, `mcontains`, `count`, `mcount`).
+    /// Whether it only reads (`contains`, `mcontains`, `count`, `mcount`, `cms.query`,
+    /// `cms.info`).
     pub fn is_query(self) -> bool {
-        matches!(self, Op::Contains | Op::MContains | Op::Count | Op::MCount)
+        matches!(
+            self,
+            Op::Contains | Op::MContains | Op::Count | Op::MCount | Op::CmsQuery | Op::CmsInfo
+        )
     }
 
     /// Whether its payload is a batch.

@@ -90,6 +90,15 @@ impl Items {
         self.iter().collect()
     }
 
+    /// Items 0, 2, 4...: the items of a batch of pairs (`cms.incrby`'s item and increment),
+    /// views of the same buffer.
+    pub fn every_other(self) -> Self {
+        Items {
+            spans: self.spans.into_iter().step_by(2).collect(),
+            buf: self.buf,
+        }
+    }
+
     /// Checks the items against `limits` as [`batch::decode`] checks a framed batch, with
     /// its errors.
     pub fn check(&self, limits: Limits) -> Result<(), BatchError> {
@@ -209,6 +218,24 @@ pub enum Request {
         /// The format asked for.
         format: GoFormat,
     },
+    /// `cms.incrby` (`count_min_sketch`, `CMS.INCRBY`): adds `increments[i]` to this
+    /// replica's counters of item `i`, in order, all or nothing. Items may be empty (a sketch
+    /// only hashes them).
+    CmsIncrBy {
+        /// The items.
+        items: Items,
+        /// Each item's increment (as many as items).
+        increments: Vec<u64>,
+        /// The acknowledgement level (`None`: the replica's default).
+        ack: Option<AckLevel>,
+    },
+    /// `cms.query` (`count_min_sketch`, `CMS.QUERY`): each item's estimate.
+    CmsQuery {
+        /// The items.
+        items: Items,
+    },
+    /// `cms.info` (`count_min_sketch`, `CMS.INFO`): the sketch's shape and increments.
+    CmsInfo,
 }
 
 impl Request {
@@ -226,6 +253,9 @@ impl Request {
             Request::Stats => Op::Stats,
             Request::Import { .. } => Op::Import,
             Request::Export { .. } => Op::Export,
+            Request::CmsIncrBy { .. } => Op::CmsIncrBy,
+            Request::CmsQuery { .. } => Op::CmsQuery,
+            Request::CmsInfo => Op::CmsInfo,
         }
     }
 
@@ -237,6 +267,7 @@ impl Request {
             | Request::Remove { ack, .. }
             | Request::MAdd { ack, .. }
             | Request::MRemove { ack, .. }
+            | Request::CmsIncrBy { ack, .. }
             | Request::Import { ack, .. } => *ack,
             _ => None,
         }
@@ -248,6 +279,7 @@ impl Request {
         | Request::Remove { ack, .. }
         | Request::MAdd { ack, .. }
         | Request::MRemove { ack, .. }
+        | Request::CmsIncrBy { ack, .. }
         | Request::Import { ack, .. } = &mut self
         {
             *ack = level;
@@ -266,9 +298,21 @@ impl Request {
             Request::MAdd { items, .. }
             | Request::MRemove { items, .. }
             | Request::MContains { items }
-            | Request::MCount { items } => items.framed_len(),
+            | Request::MCount { items }
+            | Request::CmsQuery { items } => items.framed_len(),
+            // Each increment framed as its decimal digits.
+            Request::CmsIncrBy {
+                items, increments, ..
+            } => {
+                let digits = |n: u64| n.checked_ilog10().unwrap_or(0) as usize + 1;
+                items.framed_len()
+                    + increments
+                        .iter()
+                        .map(|&n| batch::LEN_BYTES + digits(n))
+                        .sum::<usize>()
+            }
             Request::Import { filter, .. } => filter.len(),
-            Request::Stats | Request::Export { .. } => 0,
+            Request::Stats | Request::Export { .. } | Request::CmsInfo => 0,
         }
     }
 
@@ -301,6 +345,18 @@ impl Request {
                 items: items.compact(),
             },
             Request::MCount { items } => Request::MCount {
+                items: items.compact(),
+            },
+            Request::CmsIncrBy {
+                items,
+                increments,
+                ack,
+            } => Request::CmsIncrBy {
+                items: items.compact(),
+                increments,
+                ack,
+            },
+            Request::CmsQuery { items } => Request::CmsQuery {
                 items: items.compact(),
             },
             other => other,
@@ -381,6 +437,20 @@ pub enum Response {
     Imported,
     /// Of `export`: the filter in the format asked for.
     Exported(Vec<u8>),
+    /// Of `cms.incrby`: each item's estimate right after its increment (RedisBloom answers
+    /// `CMS: INCRBY overflow` for one at `2^32 - 1` or more).
+    CmsIncremented(Vec<u64>),
+    /// Of `cms.query`: each item's estimate.
+    CmsCount(Vec<u64>),
+    /// Of `cms.info`.
+    CmsInfo {
+        /// Counters per row.
+        width: u32,
+        /// Rows.
+        depth: u32,
+        /// Increments in all, by every replica.
+        count: u64,
+    },
 }
 
 impl Response {

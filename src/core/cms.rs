@@ -25,7 +25,6 @@
 //! shortfall); it never takes anything away, so a counter that already counts more than the
 //! sum keeps its count, where RedisBloom's `CMS.MERGE` sets it to the sum.
 
-use std::collections::BTreeSet;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -247,7 +246,86 @@ pub struct CountMinSketch {
     writers: Vec<Writer>,
     /// `(writer, cell)` of counters local updates changed, and the writers whose total they
     /// changed (a cell index `u32::MAX`), while tracking.
-    pending: Option<BTreeSet<(ReplicaId, u32)>>,
+    pending: Option<Pending>,
+}
+
+/// The `(writer, cell)` entries of the pending delta ([`TOTAL_CELL`] for a writer's total):
+/// per writer (in practice one, this replica), the entries in the order first recorded and
+/// a bit per cell saying which are, so that recording one costs a bit test, not a search
+/// (`CMS.INCRBY`'s hot path records `depth + 1`).
+#[derive(Clone, Default)]
+struct Pending {
+    writers: Vec<PendingWriter>,
+}
+
+#[derive(Clone)]
+struct PendingWriter {
+    id: ReplicaId,
+    /// Cells recorded, unordered, each once.
+    cells: Vec<u32>,
+    /// A bit per cell, and one (the last) for the total: set for those in `cells`.
+    recorded: Vec<u64>,
+}
+
+impl PendingWriter {
+    /// The bit of `cell` ([`TOTAL_CELL`]: the last).
+    #[inline]
+    fn bit(&self, cell: u32) -> (usize, u64) {
+        let bit = match cell {
+            TOTAL_CELL => self.recorded.len() * 64 - 1,
+            c => c as usize,
+        };
+        (bit / 64, 1u64 << (bit % 64))
+    }
+}
+
+impl Pending {
+    /// Records `(id, cell)` of a sketch of `cells` counters.
+    #[inline]
+    fn insert(&mut self, id: ReplicaId, cell: u32, cells: u64) {
+        let w = match self.writers.iter().position(|w| w.id == id) {
+            Some(i) => &mut self.writers[i],
+            None => {
+                self.writers.push(PendingWriter {
+                    id,
+                    cells: Vec::new(),
+                    // The total's bit last, after the cells' (`cells + 1` bits at least).
+                    recorded: vec![0; (cells as usize + 1).div_ceil(64)],
+                });
+                self.writers.last_mut().expect("pushed")
+            }
+        };
+        let (word, mask) = w.bit(cell);
+        if w.recorded[word] & mask == 0 {
+            w.recorded[word] |= mask;
+            w.cells.push(cell);
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.writers.iter().map(|w| w.cells.len()).sum()
+    }
+
+    /// The entries, writers ascending and each writer's cells ascending (its total last);
+    /// empties this, keeping its buffers.
+    fn drain_sorted(&mut self) -> Vec<(ReplicaId, Vec<u32>)> {
+        self.writers.sort_unstable_by_key(|w| w.id);
+        let mut out = Vec::with_capacity(self.writers.len());
+        for w in &mut self.writers {
+            if w.cells.is_empty() {
+                continue;
+            }
+            let mut cells = std::mem::take(&mut w.cells);
+            // Only the bits set: a wide sketch's commits clear what they took, not its width.
+            for &c in &cells {
+                let (word, mask) = w.bit(c);
+                w.recorded[word] &= !mask;
+            }
+            cells.sort_unstable();
+            out.push((w.id, cells));
+        }
+        out
+    }
 }
 
 /// The pending entry of a writer's total.
@@ -349,13 +427,38 @@ impl CountMinSketch {
     /// Adds `n` to this replica's counters of the item (each saturating at `2^32 - 1`) and
     /// answers the item's estimate afterwards. `n = 0` changes nothing.
     pub fn increment(&mut self, item: &[u8], n: u64) -> u64 {
-        if n > 0 {
-            let cells: Vec<u32> = (0..self.params.depth)
-                .map(|row| self.params.cell(item, row) as u32)
-                .collect();
-            self.add_cells(cells.into_iter().map(|c| (c, n)), n);
+        if n == 0 {
+            return self.count(item);
         }
-        self.count(item)
+        // One hash per row, each counter raised and read in the same pass: `CMS.INCRBY`'s
+        // hot path (RedisBloom's answer is this estimate).
+        let p = self.params;
+        let me = self.writer;
+        let mine = match self.writers.binary_search_by_key(&me, |w| w.id) {
+            Ok(i) => i,
+            Err(_) => {
+                self.writer_mut(me);
+                self.writers
+                    .binary_search_by_key(&me, |w| w.id)
+                    .expect("just allocated")
+            }
+        };
+        let mut estimate = u64::MAX;
+        for row in 0..p.depth {
+            let c = p.cell(item, row);
+            let cell = &mut self.writers[mine].cells[c];
+            *cell = u64::from(*cell).saturating_add(n).min(u64::from(u32::MAX)) as u32;
+            if let Some(pending) = &mut self.pending {
+                pending.insert(me, c as u32, p.cells());
+            }
+            estimate = estimate.min(self.cell_sum(c));
+        }
+        let w = &mut self.writers[mine];
+        w.total = w.total.saturating_add(n);
+        if let Some(pending) = &mut self.pending {
+            pending.insert(me, TOTAL_CELL, p.cells());
+        }
+        estimate
     }
 
     /// Adds each `(cell, n)` to this replica's counters (saturating) and `total` to its total,
@@ -370,9 +473,12 @@ impl CountMinSketch {
             touched.push(c);
         }
         w.total = w.total.saturating_add(total);
+        let cells = self.params.cells();
         if let Some(p) = &mut self.pending {
-            p.extend(touched.into_iter().map(|c| (me, c)));
-            p.insert((me, TOTAL_CELL));
+            for c in touched {
+                p.insert(me, c, cells);
+            }
+            p.insert(me, TOTAL_CELL, cells);
         }
     }
 
@@ -666,32 +772,31 @@ impl DeltaState for CountMinSketch {
     type Delta = CmsDelta;
 
     fn track_deltas(&mut self, on: bool) {
-        self.pending = on.then(BTreeSet::new);
+        self.pending = on.then(Pending::default);
     }
 
     fn take_delta(&mut self) -> Option<CmsDelta> {
-        let pending = std::mem::take(self.pending.as_mut()?);
+        let pending = self.pending.as_mut()?.drain_sorted();
         if pending.is_empty() {
             return None;
         }
         let mut writers: Vec<CmsDeltaWriter> = Vec::new();
-        for (id, cell) in pending {
+        for (id, cells) in pending {
             let Some(w) = self.writer_ref(id) else {
                 continue;
             };
-            if writers.last().is_none_or(|l| l.0 != id) {
-                writers.push((id, w.total, Vec::new()));
-            }
-            if cell != TOTAL_CELL {
-                let last = writers.last_mut().expect("pushed");
-                last.2.push((cell, w.cells[cell as usize]));
-            }
+            let entries = cells
+                .into_iter()
+                .filter(|&c| c != TOTAL_CELL)
+                .map(|c| (c, w.cells[c as usize]))
+                .collect();
+            writers.push((id, w.total, entries));
         }
         Some(CmsDelta { writers })
     }
 
     fn pending_delta_len(&self) -> usize {
-        self.pending.as_ref().map_or(0, BTreeSet::len)
+        self.pending.as_ref().map_or(0, Pending::len)
     }
 
     /// The item's estimate rests on this replica's counters of it, which its own increments
@@ -704,12 +809,12 @@ impl DeltaState for CountMinSketch {
         if self.writer_ref(me).is_none() {
             return false;
         }
-        let cells: Vec<(ReplicaId, u32)> = (0..self.params.depth)
-            .map(|row| (me, self.params.cell(item, row) as u32))
-            .collect();
+        let params = self.params;
         let p = self.pending.as_mut().expect("tracking");
-        p.extend(cells);
-        p.insert((me, TOTAL_CELL));
+        for row in 0..params.depth {
+            p.insert(me, params.cell(item, row) as u32, params.cells());
+        }
+        p.insert(me, TOTAL_CELL, params.cells());
         true
     }
 

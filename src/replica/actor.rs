@@ -1122,6 +1122,7 @@ impl Replica {
             self.telemetry.cardinality.set(s.cardinality);
             self.telemetry.capacity.set(s.capacity as f64);
             self.telemetry.pending.set(f.pending_delta_len() as f64);
+            self.telemetry.kind_figures(&f);
         }
         let t = &self.telemetry;
         t.state_bytes.set(t.last_state_bytes() as f64);

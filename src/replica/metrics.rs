@@ -91,6 +91,15 @@ pub const WAL_FAILURES: &str = "crpf_wal_failures_total";
 pub const DURABLE_OK: &str = "crpf_durable_ok";
 /// Live peers whose last digest equals this replica's state digest.
 pub const CONVERGED_PEERS: &str = "crpf_converged_peers";
+/// Gauge (`count_min_sketch`): increments in all, by every replica (`CMS.INFO`'s count).
+pub const CMS_COUNT: &str = "crpf_cms_count";
+/// Gauge (`count_min_sketch`): counters per row.
+pub const CMS_WIDTH: &str = "crpf_cms_width";
+/// Gauge (`count_min_sketch`): rows.
+pub const CMS_DEPTH: &str = "crpf_cms_depth";
+/// Gauge (`count_min_sketch`): replicas whose counters the state holds (each takes
+/// `4 * width * depth` bytes).
+pub const CMS_WRITERS: &str = "crpf_cms_writers";
 /// Ids of the filter in the replica id registry, by `state` (`live`, `retired`).
 pub const REPLICA_IDS: &str = "crpf_replica_ids";
 /// Ids this replica retired (their claims went unrenewed for `retire_after_ms`).
@@ -180,6 +189,16 @@ pub fn describe() {
             "Peers heard from within three anti-entropy intervals"
         );
         g!(READY, "1 once the replica caught up after its start");
+        g!(
+            CMS_COUNT,
+            "Count-min sketch: increments in all, by every replica"
+        );
+        g!(CMS_WIDTH, "Count-min sketch: counters per row");
+        g!(CMS_DEPTH, "Count-min sketch: rows");
+        g!(
+            CMS_WRITERS,
+            "Count-min sketch: replicas whose counters the state holds"
+        );
         c!(STATE_PUSHES, "Full-state pushes (anti-entropy)");
         c!(STATE_TRANSFERS, "Incoming full-state transfers, by outcome");
         c!(
@@ -468,6 +487,10 @@ pub(crate) struct Series {
     pub peers: Gauge,
     pub converged: Gauge,
     pub target_fpr: Gauge,
+    /// A count-min sketch's gauges ([`CMS_COUNT`], [`CMS_WIDTH`], [`CMS_DEPTH`],
+    /// [`CMS_WRITERS`]): made at the first figures of a sketch, so that no other kind exports
+    /// them.
+    sketch: std::sync::OnceLock<[Gauge; 4]>,
     dropped: Counter,
     sequence_gaps: Counter,
     state_pushes: Counter,
@@ -527,6 +550,7 @@ impl Series {
             connected: gauge(CONNECTED),
             ready: gauge(READY),
             peers: gauge(PEERS),
+            sketch: std::sync::OnceLock::new(),
             dropped: handles.dropped,
             labels,
         }
@@ -573,6 +597,20 @@ impl Telemetry {
             return Gauge::noop();
         }
         metrics::gauge!(name, self.with(extra))
+    }
+
+    /// The gauges of the kinds that have figures of their own (a count-min sketch's count,
+    /// width, depth and writers), set with the others.
+    pub(crate) fn kind_figures(&self, f: &crate::replica::AnyFilter) {
+        if let crate::replica::AnyFilter::CountMinSketch(s) = f {
+            let [count, width, depth, writers] = self.sketch.get_or_init(|| {
+                [CMS_COUNT, CMS_WIDTH, CMS_DEPTH, CMS_WRITERS].map(|name| self.gauge(name, &[]))
+            });
+            count.set(s.total() as f64);
+            width.set(f64::from(s.params().width));
+            depth.set(f64::from(s.params().depth));
+            writers.set(s.writers() as f64);
+        }
     }
 
     /// What `stats` reads.

@@ -58,6 +58,7 @@ mod reassembly;
 pub(crate) mod recovery;
 pub mod service;
 mod shared_id;
+pub(crate) mod sketch;
 mod ticks;
 pub mod wal;
 

@@ -333,7 +333,8 @@ impl ApiService {
     fn endpoints(&self) -> impl Iterator<Item = EndpointInfo> + '_ {
         let endpoint = |name: String, subject: String, queue_group: String, op: Op| {
             let payload = match op {
-                Op::Stats | Op::Export => "none",
+                Op::Stats | Op::Export | Op::CmsInfo => "none",
+                Op::CmsIncrBy | Op::CmsQuery => "batch",
                 Op::Import => "filter",
                 op if op.is_batch() => "batch",
                 _ => "item",

@@ -10,11 +10,15 @@
 //! | `CMS.MERGE` *dest numKeys src...* \[`WEIGHTS` *w...*\] | `OK`: the sources, weighted, folded into `dest` |
 //! | `CMS.INFO` *key* | `width`, `depth`, `count` (a map in RESP3) |
 //!
-//! An increment goes through the replica as one update (logged, replicated and acknowledged
-//! at the connection's level, `CRPF.ACK`): this replica's own counters of the items
-//! ([`ReplicaHandle::add_located`]). `CMS.INCRBY` answers each item's estimate as this replica
-//! reads it right after the update, less what later pairs of the same command added (as
-//! RedisBloom answers pair by pair); an increment another client made meanwhile counts too.
+//! `CMS.INCRBY`, `CMS.QUERY` and `CMS.INFO` are the request API's typed requests
+//! ([`Request::CmsIncrBy`], [`Request::CmsQuery`], [`Request::CmsInfo`]), sent as the
+//! filters' commands are (a key found when the command is parsed goes the way of `BF.ADD`,
+//! answered without a future where the replica answers at once). An increment is one update
+//! (logged, replicated and acknowledged at the connection's level, `CRPF.ACK`) of this
+//! replica's own counters, a grow-only update applied in the caller's thread like a
+//! filter's add; each pair's estimate is read right after its increment under the same
+//! write lock (RedisBloom answers pair by pair), so an increment another client made
+//! meanwhile counts too.
 //!
 //! `CMS.MERGE` raises each counter of the destination to the weighted sum of the sources'
 //! (RedisBloom sets it to the sum), as this replica's own increments of the shortfall: a
@@ -30,6 +34,7 @@ use super::Keyspace;
 use super::commands::{Command, KeyCommand, WRONGTYPE};
 use super::parse::Args;
 use super::reply::Reply;
+use crate::api::{Items, Request, Response};
 use crate::replica::{AckLevel, AnyFilter, ReplicaHandle};
 use crate::{CountMinSketch, FilterKind, FilterSpec};
 
@@ -58,8 +63,15 @@ enum Verb {
 }
 
 /// The command `args` names (its name upper case in `name`), arity checked; `None` if no
-/// `CMS.*` command has that name.
-pub fn command(name: &str, args: &Args) -> Option<Command> {
+/// `CMS.*` command has that name. `CMS.INCRBY`, `CMS.QUERY` and `CMS.INFO` on a sketch that
+/// `filter` finds, with arguments that parse, are its requests; the rest (and those on a
+/// key that is missing or of another type: they answer when they run, as RedisBloom's do in
+/// a transaction) run as key commands.
+pub fn command(
+    name: &str,
+    args: &Args,
+    filter: &dyn Fn(&str) -> Option<ReplicaHandle>,
+) -> Option<Command> {
     let n = args.len() - 1;
     let (verb, arity_ok) = match name {
         "CMS.INITBYDIM" => (Verb::InitByDim, n == 3),
@@ -76,6 +88,15 @@ pub fn command(name: &str, args: &Args) -> Option<Command> {
             name.to_ascii_lowercase()
         ))));
     }
+    if matches!(verb, Verb::IncrBy | Verb::Query | Verb::Info)
+        && let Some(handle) = filter(&crate::names::subject_name(args.arg(1)))
+        && handle.kind() == FilterKind::CountMinSketch
+    {
+        let from = |i: usize| args.arg(i);
+        if let Ok(request) = request(verb, &mut (2..args.len()).map(from)) {
+            return Some(Command::Filter(handle, request));
+        }
+    }
     Some(Command::Key(KeyCommand::Cms(CmsCommand {
         verb,
         name: crate::names::subject_name(args.arg(1)).into_owned(),
@@ -83,6 +104,63 @@ pub fn command(name: &str, args: &Args) -> Option<Command> {
             .map(|i| Bytes::copy_from_slice(args.arg(i)))
             .collect(),
     })))
+}
+
+/// The request of `CMS.INCRBY`, `CMS.QUERY` or `CMS.INFO` with arguments `args` (after the
+/// key), or RedisBloom's refusal of them.
+fn request(verb: Verb, args: &mut dyn Iterator<Item = &[u8]>) -> Result<Request, Reply> {
+    match verb {
+        Verb::IncrBy => {
+            let mut items = Vec::new();
+            let mut increments = Vec::new();
+            while let (Some(item), Some(n)) = (args.next(), args.next()) {
+                match parse_i64(n) {
+                    None => return Err(error("CMS: Cannot parse number")),
+                    Some(n) if n < 0 => return Err(error("CMS: Number cannot be negative")),
+                    Some(n) => increments.push(n as u64),
+                }
+                items.push(item);
+            }
+            Ok(Request::CmsIncrBy {
+                items: Items::of(items),
+                increments,
+                ack: None,
+            })
+        }
+        Verb::Query => Ok(Request::CmsQuery {
+            items: Items::of(args),
+        }),
+        Verb::Info => Ok(Request::CmsInfo),
+        other => unreachable!("{other:?} is no request"),
+    }
+}
+
+/// RedisBloom's reply to a sketch's answer.
+pub(super) fn reply(response: Response) -> Reply {
+    match response {
+        Response::CmsIncremented(counts) => Reply::Array(
+            counts
+                .into_iter()
+                .map(|n| match n >= u64::from(u32::MAX) {
+                    true => error("CMS: INCRBY overflow"),
+                    false => Reply::Int(n as i64),
+                })
+                .collect(),
+        ),
+        Response::CmsCount(counts) => {
+            Reply::Array(counts.into_iter().map(|n| Reply::Int(clamp(n))).collect())
+        }
+        Response::CmsInfo {
+            width,
+            depth,
+            count,
+        } => Reply::Map(vec![
+            (Reply::Simple("width"), Reply::Int(width.into())),
+            (Reply::Simple("depth"), Reply::Int(depth.into())),
+            (Reply::Simple("count"), Reply::Int(clamp(count))),
+        ]),
+        other => Reply::err(format!("unexpected answer: {other:?}")),
+    }
 }
 
 /// Whether `kind` belongs to the family of `BF.*` (`bloom`) or `CF.*` commands: a sketch
@@ -136,30 +214,19 @@ pub async fn run(lookup: &dyn Keyspace, cmd: CmsCommand, ack: Option<AckLevel>) 
     let CmsCommand { verb, name, args } = cmd;
     match verb {
         Verb::InitByDim | Verb::InitByProb => init(lookup, verb, name, &args).await,
-        Verb::IncrBy => match sketch(lookup, &name) {
-            Ok(h) => incr_by(&h, &args, ack).await,
-            Err(refused) => refused,
-        },
-        Verb::Query => match sketch(lookup, &name) {
-            Ok(h) => Reply::Array(with_sketch(&h, |s| {
-                args.iter()
-                    .map(|item| Reply::Int(clamp(s.count(item))))
-                    .collect()
-            })),
+        Verb::IncrBy | Verb::Query | Verb::Info => match sketch(lookup, &name) {
+            Ok(h) => match request(verb, &mut args.iter().map(|a| &a[..])) {
+                Ok(request) => {
+                    let op = request.op();
+                    let answer = super::commands::send(&h, request, ack, true).await;
+                    super::commands::reply(op, answer)
+                }
+                Err(refused) => refused,
+            },
             Err(refused) => refused,
         },
         Verb::Merge => match sketch(lookup, &name) {
             Ok(h) => merge(lookup, &h, &args, ack).await,
-            Err(refused) => refused,
-        },
-        Verb::Info => match sketch(lookup, &name) {
-            Ok(h) => with_sketch(&h, |s| {
-                Reply::Map(vec![
-                    (Reply::Simple("width"), Reply::Int(s.params().width.into())),
-                    (Reply::Simple("depth"), Reply::Int(s.params().depth.into())),
-                    (Reply::Simple("count"), Reply::Int(clamp(s.total()))),
-                ])
-            }),
             Err(refused) => refused,
         },
     }
@@ -212,53 +279,6 @@ async fn init(lookup: &dyn Keyspace, verb: Verb, name: String, args: &[Bytes]) -
         Ok(false) => error("CMS: key already exists"),
         Err(e) => Reply::Error(e),
     }
-}
-
-async fn incr_by(handle: &ReplicaHandle, args: &[Bytes], ack: Option<AckLevel>) -> Reply {
-    let mut pairs = Vec::with_capacity(args.len() / 2);
-    for pair in args.chunks(2) {
-        match parse_i64(&pair[1]) {
-            None => return error("CMS: Cannot parse number"),
-            Some(n) if n < 0 => return error("CMS: Number cannot be negative"),
-            Some(n) => pairs.push((&pair[0], n as u64)),
-        }
-    }
-    let occurrences = with_sketch(handle, |s| {
-        let mut out = Vec::with_capacity(pairs.len() * (s.params().depth as usize + 1));
-        for (item, n) in &pairs {
-            s.item_occurrences(item, *n, &mut out);
-        }
-        out
-    });
-    if let Err(e) = handle.add_located(occurrences, ack).await {
-        return super::untaken_reply(&e);
-    }
-    // Each pair's estimate as of its own increment: the counters now, less what later pairs
-    // of this command added to them.
-    with_sketch(handle, |s| {
-        let p = *s.params();
-        let mut later: std::collections::HashMap<(u32, u32), u64> = Default::default();
-        let mut replies = vec![Reply::Null; pairs.len()];
-        for (i, (item, n)) in pairs.iter().enumerate().rev() {
-            let estimate = (0..p.depth)
-                .map(|row| {
-                    let col = p.column(item, row);
-                    let since = later.get(&(row, col)).copied().unwrap_or(0);
-                    s.cell_count(row, col).saturating_sub(since)
-                })
-                .min()
-                .unwrap_or(0);
-            replies[i] = if estimate >= u64::from(u32::MAX) {
-                error("CMS: INCRBY overflow")
-            } else {
-                Reply::Int(estimate as i64)
-            };
-            for row in 0..p.depth {
-                *later.entry((row, p.column(item, row))).or_default() += n;
-            }
-        }
-        Reply::Array(replies)
-    })
 }
 
 async fn merge(

@@ -1151,7 +1151,7 @@ pub fn command(args: &Args, filter: impl Fn(&str) -> Option<ReplicaHandle>) -> C
                     kind,
                 })
             }
-            cms if cms.starts_with("CMS.") => super::cms::command(cms, args)
+            cms if cms.starts_with("CMS.") => super::cms::command(cms, args, &filter)
                 .unwrap_or_else(|| Command::Reply(Reply::err(unknown_command(args)))),
             _ => Command::Reply(Reply::err(unknown_command(args))),
         })
@@ -1407,6 +1407,9 @@ pub fn reply(op: Op, answer: Result<Response, ReplicaError>) -> Reply {
         Response::Stats(stats) => Reply::Bulk(Bytes::from(
             serde_json::to_vec(&stats).expect("JSON serialize"),
         )),
+        sketch @ (Response::CmsIncremented(_)
+        | Response::CmsCount(_)
+        | Response::CmsInfo { .. }) => super::cms::reply(sketch),
         other => Reply::err(format!("unexpected answer: {other:?}")),
     }
 }

@@ -313,6 +313,9 @@ pub(super) fn query(shared: &Shared, request: &Request) -> Result<Response, Repl
                 &mut items.iter(),
             )?))
         }
+        Request::CmsQuery { .. } | Request::CmsInfo => {
+            crate::replica::sketch::query(&filter(shared), request, shared.limits.max_item_bytes)
+        }
         other => unreachable!("{:?} is not a query", other.op()),
     }
 }

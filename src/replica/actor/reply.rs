@@ -153,6 +153,14 @@ impl ApiReply {
             Response::Stats(stats) => ApiReply::json(&stats),
             Response::Imported => ApiReply::fixed(b"{\"imported\":true}"),
             Response::Exported(bytes) => ApiReply::raw(bytes),
+            Response::CmsIncremented(counts) | Response::CmsCount(counts) => {
+                ApiReply::json(&json!({ "count": counts }))
+            }
+            Response::CmsInfo {
+                width,
+                depth,
+                count,
+            } => ApiReply::json(&json!({"width": width, "depth": depth, "count": count})),
         }
     }
 
@@ -285,6 +293,9 @@ pub(crate) fn nats_request(
         Op::Export => Request::Export {
             format: go_format()?,
         },
+        Op::CmsIncrBy => crate::replica::sketch::incr_by_request(items()?, ack)?,
+        Op::CmsQuery => Request::CmsQuery { items: items()? },
+        Op::CmsInfo => Request::CmsInfo,
     };
     Ok((request, format))
 }

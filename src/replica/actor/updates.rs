@@ -122,7 +122,9 @@ impl Updates {
     /// Whether `op` adds to a kind without tags or removes: what may be applied outside the
     /// actor, which issues tags.
     fn grow_only_add(&self, op: Op) -> bool {
-        matches!(op, Op::Add | Op::MAdd) && !self.kind().tagged() && !self.kind().removable()
+        matches!(op, Op::Add | Op::MAdd | Op::CmsIncrBy)
+            && !self.kind().tagged()
+            && !self.kind().removable()
     }
 
     /// The answer to an update applied outside the actor at `level`, which `changed` the
@@ -258,6 +260,22 @@ impl Updates {
                 let removed = self.mremove(&items.slices())?;
                 let changed = removed.contains(&true);
                 Ok(applied(changed, Response::MRemoved(removed), None))
+            }
+            Request::CmsIncrBy {
+                items, increments, ..
+            } => {
+                let Some(mut f) = self.filter_write(lock)? else {
+                    return Ok(None);
+                };
+                let (max, telemetry) = (self.shared.limits.max_item_bytes, self.telemetry());
+                let counts =
+                    crate::replica::sketch::incr_by(&mut f, items, increments, max, telemetry)?;
+                let changed = increments.iter().any(|&n| n > 0);
+                let commit = match changed {
+                    true => self.changed_under(&f, lock, durable),
+                    false => self.unchanged_under(lock, durable),
+                };
+                Ok(applied(changed, Response::CmsIncremented(counts), commit))
             }
             other => unreachable!("{:?} is not an update", other.op()),
         }
