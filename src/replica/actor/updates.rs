@@ -627,6 +627,38 @@ mod tests {
         u.apply(&request, level, lock, reserve, false)
     }
 
+    /// A `replicated` add is answered once a peer confirmed its delta, so its delta holds the
+    /// item even when the state had it already (an earlier add's delta may never have
+    /// reached a peer); at the other levels an add that changes nothing has no delta.
+    #[test]
+    fn a_replicated_add_of_an_item_held_already_carries_it_in_its_delta() {
+        for kind in [FilterKind::GBloom, FilterKind::GCuckoo] {
+            for many in [false, true] {
+                let (u, _rx) = updates(kind, 1_000);
+                let msg = if many { madd(&["x"]) } else { add("x") };
+                let op = if many { Op::MAdd } else { Op::Add };
+                let apply = |level| {
+                    apply_msg(&u, op, level, &msg, Lock::Wait, &mut || Ok(u64::MAX))
+                        .unwrap()
+                        .unwrap()
+                };
+                apply(AckLevel::Local);
+                let taken = |u: &Updates| u.shared.filter.write().unwrap().take_delta();
+                assert!(taken(&u).is_some(), "{kind}: the first add's delta");
+                if kind == FilterKind::GBloom {
+                    apply(AckLevel::Local);
+                    assert!(taken(&u).is_none(), "{kind}: a local re-add sets no bit");
+                }
+                let again = apply(AckLevel::Replicated);
+                assert!(again.changed, "{kind} many={many}: waits for its commit");
+                let delta = taken(&u).expect("a replicated re-add has a delta");
+                let mut peer = AnyFilter::new(&FilterSpec::new(kind, 1_000, 0.01), 2).unwrap();
+                peer.merge_delta_bytes(&delta).unwrap();
+                assert!(peer.contains(b"x"), "{kind} many={many}: the delta holds the item");
+            }
+        }
+    }
+
     fn try_add(u: &Updates, op: Op, msg: &Message) -> Result<Option<Applied>, ReplicaError> {
         apply_msg(u, op, AckLevel::Local, msg, Lock::Try, &mut || Ok(u64::MAX))
     }
