@@ -42,9 +42,10 @@ use crate::ReplicaId;
 use crate::transport::digests::DigestBatcher;
 use crate::transport::{Channel, LogLimiter, MessageStream, Subjects, Transport, TransportEvent};
 use crate::wire::{Body, Envelope, Expect, FilterKind, StateChunk, WireCodec, WireError};
-use pipeline::CommitPipeline;
-use push::{DigestCache, Pushes};
-use snapshots::Snapshotter;
+use super::core::{
+    CommitPipeline, DigestCache, HeldFrame, Lease, PeerClocks, Pushes, Rearm, RegistryView, Schedule,
+    Snapshotter,
+};
 
 mod clocks;
 mod commits;
@@ -54,7 +55,6 @@ mod lease;
 mod lifecycle;
 mod local;
 mod parking;
-mod pipeline;
 mod publish;
 mod pump;
 mod push;
@@ -182,7 +182,7 @@ impl Shared {
             direct_changes: Default::default(),
             commit_requested: Default::default(),
             flush_scheduled: Default::default(),
-            open_batch: AtomicU64::new(pipeline::FIRST_BATCH),
+            open_batch: AtomicU64::new(super::core::FIRST_BATCH),
             sync_through: Default::default(),
             commits: Default::default(),
             logged_commit_requested: Default::default(),
@@ -311,22 +311,10 @@ pub struct Replica {
     snapshots: Snapshotter,
     /// The tags reserved durably (written to the data directory before one above is issued).
     reserved: u64,
-    started: Instant,
-    /// When the periodic timer last ran [`Replica::housekeeping`].
-    last_housekeeping: Instant,
-    /// When the periodic timer announces the digest next.
-    next_digest: Instant,
-    /// Digests announced in a row with no live peer ([`ticks::lone_digest_factor`]).
-    lone_digests: u32,
-    /// Digests announced in a row with the state unchanged and equal to every live peer's
-    /// ([`ticks::quiet_digest_factor`]).
-    quiet_digests: u32,
-    /// The state changed since the last digest was announced.
-    changed_since_digest: bool,
-    /// The periodic timer armed, and about when it fires, so that a peer appearing or a
-    /// change can bring it forward.
+    /// When the periodic timer fires, and what for (the digest spacing, the housekeeping).
+    schedule: Schedule,
+    /// The periodic timer, while armed.
     periodic: Option<SpawnHandle>,
-    periodic_due: Instant,
     api_started: bool,
     /// It parked ([`parking`]): its node keeps its state.
     parked: bool,
@@ -342,16 +330,18 @@ pub struct Replica {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// The NATS service API (ADR-32) of the request API, once it is served.
     service: Option<Arc<super::service::ApiService>>,
-    /// Commits, the write-ahead log and the updates waiting for their acknowledgement level.
+    /// Commits and the updates waiting for their acknowledgement level.
     pipeline: CommitPipeline<reply::Responder>,
+    /// The write-ahead log's writer, with a data directory.
+    wal: Option<WalWriter>,
     /// The id claim and the other ids of the filter.
-    lease: lease::Lease,
+    lease: Lease,
     /// The other ids' reservations as last seen, and frames waiting for the next look; made
     /// by the first use (only tagged kinds look).
-    registry_view: Option<Box<unreserved::RegistryView>>,
+    registry_view: Option<Box<RegistryView>>,
     /// Kinds whose elements expire: the live peers' clocks (see [`clocks`]); made by the
     /// first peer's.
-    peer_clocks: Option<Box<clocks::PeerClocks>>,
+    peer_clocks: Option<Box<PeerClocks>>,
     /// The most replicas (this one included) live at once since this replica's last listing
     /// of the registry (ever, under the node's id): counted by `replicated` beside the
     /// registry's (see [`crate::replica::ack::known_replicas`]).
@@ -424,6 +414,13 @@ impl Replica {
             ReplicaConfig::ms(s.cfg.min_push_interval_ms),
             fastrand::u32(..),
         );
+        let schedule = Schedule::new(
+            ReplicaConfig::ms(s.cfg.anti_entropy_interval_ms),
+            ReplicaConfig::ms(s.cfg.metrics_interval_ms),
+            ReplicaConfig::ms(s.cfg.peer_expiry_ms),
+            started,
+            fastrand::u64(..),
+        );
         Replica {
             updates,
             transfers: None,
@@ -442,20 +439,15 @@ impl Replica {
             pushes,
             pacings: Vec::new(),
             snapshots,
-            pipeline: CommitPipeline::new(s.wal),
+            pipeline: CommitPipeline::new(s.wal.is_some()),
+            wal: s.wal,
             reserved: s.reserved,
-            lease: lease::Lease::new(s.lease_reserved, s.shared_id),
+            lease: Lease::new(s.lease_reserved, s.shared_id),
             registry_view: None,
             peer_clocks: None,
             most_live: 1,
-            started,
-            last_housekeeping: started,
-            next_digest: started,
-            lone_digests: 0,
-            quiet_digests: 0,
-            changed_since_digest: false,
+            schedule,
             periodic: None,
-            periodic_due: started,
             api_started: false,
             parked: false,
             resumed: s.resumed,
@@ -508,14 +500,9 @@ impl Replica {
         };
         self.telemetry.traffic(Direction::In, channel, frame_len);
         let now = Instant::now();
-        if self.lone_digests > ticks::LONE_DIGESTS_AT_INTERVAL {
-            self.digest_at_interval(ctx);
-        }
-        // A peer not heard before (one starting, or back) does not know how far apart our
-        // digests are: at the interval again, so that it does not take us for gone.
-        if !self.anti_entropy.knows(&env.sender) {
-            self.quiet_ended(ctx);
-        }
+        let known = self.anti_entropy.knows(&env.sender);
+        let rearm = self.schedule.heard(now, known);
+        self.rearm_periodic(rearm, ctx);
         if let Body::StateProgress {
             target,
             transfer,
@@ -601,7 +588,7 @@ impl Replica {
             // Taken above, before the sequence check.
             Body::StateProgress { .. } => {}
         }
-        if self.changed_since_digest {
+        if self.schedule.changed_since_digest() {
             self.quiet_ended(ctx);
         }
     }
@@ -800,7 +787,7 @@ impl Replica {
             Ok(adopt) => adopt,
             Err(e) => {
                 if may_hold && matches!(e, WireError::TagUnreserved { .. }) {
-                    let frame = unreserved::HeldFrame::State {
+                    let frame = HeldFrame::State {
                         state: Box::new(other),
                         sender,
                         replica,
@@ -857,7 +844,7 @@ impl Replica {
     fn publish_ready(&mut self, why: &str) {
         self.telemetry.ready.set(1.0);
         self.shared.lifecycle.set_ready();
-        let after_ms = self.started.elapsed().as_millis() as u64;
+        let after_ms = self.schedule.started().elapsed().as_millis() as u64;
         let (filter, replica) = (&self.cfg.name, self.id());
         // A node wakes its parked replicas all the time: not worth a line each.
         if self.resumed {
@@ -910,7 +897,7 @@ impl Replica {
 
     /// The state changed: its digest is stale, and a snapshot is due.
     fn changed(&mut self) {
-        self.changed_since_digest = true;
+        self.schedule.changed();
         self.digests.invalidate();
         self.snapshots.changed();
     }
@@ -970,41 +957,23 @@ impl Replica {
         }
     }
 
-    /// The replica's one periodic timer: [`Replica::housekeeping`] every
-    /// [`Replica::housekeeping_delay`] and the digest every anti-entropy interval (jittered).
-    /// A quiet replica whose housekeeping is due every anti-entropy interval does both in one
-    /// wake-up, at its digest's time. Every deadline is on the process's grid
-    /// ([`crate::replica::ticks`]) for the shorter of the two periods, so that the timers of
-    /// many replicas fire together.
+    /// Arms the replica's one periodic timer for what [`Schedule::plan`] says is next, on
+    /// the process's grid ([`crate::replica::ticks`]) so that the timers of many replicas
+    /// fire together.
     fn schedule_periodic(&mut self, ctx: &mut Context<Self>) {
-        let housekeeping = self.housekeeping_delay();
-        let anti_entropy = ReplicaConfig::ms(self.cfg.anti_entropy_interval_ms);
-        // Folded into the digest only where its period is the digest's: with a longer
-        // `metrics_interval_ms` a quiet replica looks after itself that much less often.
-        let housekeeping_due = if housekeeping == anti_entropy {
-            self.next_digest
-        } else {
-            self.last_housekeeping + housekeeping
-        };
-        let due = housekeeping_due.min(self.next_digest);
-        self.periodic_due = due;
-        let delay = due.saturating_duration_since(Instant::now());
-        let grid_period = housekeeping.min(anti_entropy);
-        let timer = ctx.run_later(ticks::on_grid(delay, grid_period), move |act, ctx| {
+        let busy = !self.at_rest() || self.snapshots.has_unsaved();
+        let plan = self.schedule.plan(busy);
+        let delay = plan.due.saturating_duration_since(Instant::now());
+        let timer = ctx.run_later(ticks::on_grid(delay, plan.grid_period), |act, ctx| {
             act.periodic = None;
             let now = Instant::now();
-            if now >= act.next_digest {
+            let fired = act.schedule.fired(now);
+            if fired.digest {
                 let spacing = act.send_digest();
-                act.lone_digests = if act.anti_entropy.live_peers(now) == 0 {
-                    act.lone_digests.saturating_add(1)
-                } else {
-                    0
-                };
-                let factor = ticks::lone_digest_factor(act.lone_digests).max(spacing);
-                act.next_digest = now + act.digest_delay() * factor;
+                let live = act.anti_entropy.live_peers(now);
+                act.schedule.digest_sent(now, spacing, live);
             }
-            if now >= housekeeping_due {
-                act.last_housekeeping = now;
+            if fired.housekeeping {
                 act.housekeeping(ctx);
             }
             act.schedule_periodic(ctx);
@@ -1012,71 +981,27 @@ impl Replica {
         self.periodic = Some(timer);
     }
 
-    /// The state changed (a flush is being armed): a quiet lone replica's timer, armed for
-    /// its spaced-out digest (its housekeeping goes with it), is brought forward to a busy
-    /// replica's housekeeping, so that snapshots and gauges do not wait for the digest.
+    /// The state changed (a flush is being armed): see [`Schedule::busy_again`].
     pub(super) fn busy_again(&mut self, ctx: &mut Context<Self>) {
-        self.quiet_ended(ctx);
-        if self.lone_digests <= ticks::LONE_DIGESTS_AT_INTERVAL {
-            return;
-        }
-        let soon = Instant::now() + ReplicaConfig::ms(self.cfg.metrics_interval_ms);
-        if self.periodic_due > soon {
-            self.rearm_periodic(ctx);
-        }
+        let rearm = self.schedule.busy_again(Instant::now());
+        self.rearm_periodic(rearm, ctx);
     }
 
     /// Arms the periodic timer anew, for deadlines brought forward. Not from within the
     /// timer's own run (it arms the next itself): there is no armed timer then.
-    fn rearm_periodic(&mut self, ctx: &mut Context<Self>) {
-        if let Some(timer) = self.periodic.take() {
+    fn rearm_periodic(&mut self, rearm: Rearm, ctx: &mut Context<Self>) {
+        if rearm.0
+            && let Some(timer) = self.periodic.take()
+        {
             ctx.cancel_future(timer);
             self.schedule_periodic(ctx);
         }
     }
 
-    /// The state changed, or a peer announced another, while this replica spaced out its
-    /// digests for a quiet cluster: back to the anti-entropy interval from now, so that a
-    /// lost delta is found as soon as without the spacing.
+    /// See [`Schedule::quiet_ended`].
     fn quiet_ended(&mut self, ctx: &mut Context<Self>) {
-        if std::mem::take(&mut self.quiet_digests) > ticks::QUIET_DIGESTS_AT_INTERVAL {
-            self.digest_at_interval(ctx);
-        }
-    }
-
-    /// A peer was heard while this replica spaced out its digests for want of one, or the
-    /// quiet ended: back to the anti-entropy interval from now, so that the peer does not
-    /// take it for gone.
-    fn digest_at_interval(&mut self, ctx: &mut Context<Self>) {
-        self.lone_digests = 0;
-        let next = Instant::now() + self.digest_delay();
-        if next < self.next_digest {
-            self.next_digest = next;
-            self.rearm_periodic(ctx);
-        }
-    }
-
-    /// The time to the next digest: the anti-entropy interval, jittered by a quarter either
-    /// way so that replicas do not align.
-    fn digest_delay(&self) -> Duration {
-        ReplicaConfig::ms(self.cfg.anti_entropy_interval_ms).mul_f64(0.75 + 0.5 * fastrand::f64())
-    }
-
-    /// Every `metrics_interval_ms` while the replica has something to watch; a quiet one
-    /// (its figures go to the node-wide series only or it has no peer, nothing in flight or to
-    /// snapshot, caught up, no window moving) every `anti_entropy_interval_ms` (or `metrics_interval_ms` if
-    /// longer), with its digest ([`Replica::schedule_periodic`]): of 100,000 filters most are
-    /// quiet, and a wake-up each second for each cost a node more than its requests.
-    fn housekeeping_delay(&self) -> Duration {
-        let busy = !self.at_rest() || self.snapshots.has_unsaved();
-        let ms = if busy {
-            self.cfg.metrics_interval_ms
-        } else {
-            self.cfg
-                .anti_entropy_interval_ms
-                .max(self.cfg.metrics_interval_ms)
-        };
-        ReplicaConfig::ms(ms)
+        let rearm = self.schedule.quiet_ended(Instant::now());
+        self.rearm_periodic(rearm, ctx);
     }
 
     /// Whether nothing but a snapshot may be due: its figures go to the node-wide series only
@@ -1138,7 +1063,7 @@ impl Replica {
         } else {
             0.0
         });
-        if let Some(wal) = self.pipeline.wal() {
+        if let Some(wal) = &self.wal {
             let ok = !self.pipeline.wal_failing();
             t.gauge(m::DURABLE_OK, &[]).set(if ok { 1.0 } else { 0.0 });
             let s = wal.stats();
@@ -1261,7 +1186,7 @@ impl Actor for Replica {
             ctx.add_stream(pump::events(self.transport.events()));
         }
 
-        self.next_digest = Instant::now() + self.digest_delay();
+        self.schedule.start(Instant::now());
         // A state restored while its clock is ahead of ours (a snapshot taken while the wall
         // clock ran ahead) is repaired before anything is sent or merged; and one that is
         // behind (new, or an old snapshot) moves to our time, so that the first state the

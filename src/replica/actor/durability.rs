@@ -10,7 +10,7 @@ use super::snapshots::SnapshotJob;
 use super::{Replica, ReplicaError};
 use crate::replica::durable::{DataDir, Reservation};
 use crate::replica::metrics as m;
-use crate::replica::wal::SegmentId;
+use crate::replica::wal::{SegmentId, WalWriter};
 
 impl Replica {
     /// Reserves tag timestamps durably before one above the reservation is issued.
@@ -106,8 +106,15 @@ impl Replica {
         if self.snapshot_now().is_err() {
             return retry(self, ctx);
         }
-        match self.pipeline.reopen() {
+        // The failed writer, dropped here, is forgotten by its pool thread. Without a log
+        // there is nothing to replace: recovered.
+        let reopened = match &self.wal {
+            Some(wal) => wal.reopen().map(|w| self.wal = Some(w)),
+            None => Ok(()),
+        };
+        match reopened {
             Ok(()) => {
+                self.pipeline.reopened();
                 self.shared.wal_failed.store(false, Ordering::Release);
                 self.telemetry.gauge(m::DURABLE_OK, &[]).set(1.0);
                 tracing::info!(filter = %self.cfg.name, "write-ahead log recovered: durable updates are taken again");
@@ -124,7 +131,8 @@ impl Replica {
     /// one it returns (see [`crate::replica::wal`]).
     fn snapshot_source(&mut self) -> SnapshotJob {
         let generation = self.snapshots.take();
-        let wal_covered = self.pipeline.rotate();
+        // The log's current segment ends here (see [`WalWriter::rotate`]).
+        let wal_covered = self.wal.as_mut().map(WalWriter::rotate);
         // Under one lock: the merges counted are those the copy holds.
         let (filter, merges) = {
             let f = self.read();
@@ -203,7 +211,7 @@ impl Replica {
         self.snapshots.written(r.is_ok());
         match r {
             Ok(covered) => {
-                if let (Some(wal), Some(k)) = (self.pipeline.wal(), covered) {
+                if let (Some(wal), Some(k)) = (&self.wal, covered) {
                     let done = wal.remove_through(k);
                     actix::spawn(async move {
                         if let Err(e) = done.await {

@@ -298,7 +298,7 @@ impl Handler<ReserveTags> for Replica {
 impl Handler<Import> for Replica {
     type Result = ResponseFuture<Result<u64, ReplicaError>>;
     fn handle(&mut self, msg: Import, ctx: &mut Context<Self>) -> Self::Result {
-        let level = msg.ack.unwrap_or(if self.pipeline.wal().is_some() {
+        let level = msg.ack.unwrap_or(if self.pipeline.logged() {
             AckLevel::Durable
         } else {
             AckLevel::Local

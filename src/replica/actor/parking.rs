@@ -92,7 +92,7 @@ impl Replica {
         self.parked = true;
         ctx.stop();
         // The writer closes its log (if it wrote one); a resumed one starts a segment after.
-        let wal_next = self.pipeline.take_wal().map(|w| w.next_segment());
+        let wal_next = self.wal.take().map(|w| w.next_segment());
         let filter = self.read().clone();
         crate::replica::crash::point(crate::replica::crash::PARK_STATE_TAKEN);
         Parked {

@@ -11,16 +11,15 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use bytes::Bytes;
 
-use super::pipeline::{HeldDelta, Release};
 use super::pump::Outbound;
-use super::push::{ENVELOPE_OVERHEAD, Pacing, PushPlan, PushSource, StatePush, chunk_len};
+use super::push::{Pacing, PushSource, StatePush};
 use super::reply::Responder;
 use super::{Replica, ReplicaError, digest_of};
 use crate::replica::TakenDelta;
+use crate::replica::core::{ENVELOPE_OVERHEAD, HeldDelta, PushPlan, Release, chunk_len};
 use crate::replica::ack::{Resolved, known_replicas, peers_needed};
 use crate::replica::config::ReplicaConfig;
 use crate::replica::metrics::{Channel, Direction};
-use crate::replica::ticks;
 use crate::wire::{Body, Envelope, FilterKind, MAX_DELTAS_PER_MESSAGE};
 
 impl Replica {
@@ -138,14 +137,23 @@ impl Replica {
             // Nothing changed since the last commit: the waiting updates rest on what earlier
             // commits logged (and published, or held: see below), some of it perhaps only
             // written. Those that wait for the disk wait for a sync of the log.
-            return match self.pipeline.sync(batch, sync_through) {
-                Some(done) => self.await_commit(batch, None, done, ctx),
-                None => self.committed_without_delta(batch, ctx),
+            return match (self.pipeline.sync(batch, sync_through), &self.wal) {
+                (true, Some(wal)) => {
+                    let done = wal.sync();
+                    self.await_commit(batch, None, done, ctx)
+                }
+                _ => self.committed_without_delta(batch, ctx),
             };
         };
-        match self.pipeline.append(batch, &delta, sync_through) {
-            Some(done) => self.await_commit(batch, Some(delta), done, ctx),
-            None => self.publish_delta(batch, delta, ctx),
+        match (self.pipeline.append(batch, sync_through), &self.wal) {
+            (Some(sync), Some(wal)) => {
+                let done = match sync {
+                    true => wal.append(delta.clone()),
+                    false => wal.append_logged(delta.clone()),
+                };
+                self.await_commit(batch, Some(delta), done, ctx)
+            }
+            _ => self.publish_delta(batch, delta, ctx),
         }
     }
 
@@ -353,7 +361,7 @@ impl Replica {
 
     /// Makes sure a commit comes soon for updates that wait for one.
     pub(super) fn schedule_commit(&mut self, ctx: &mut Context<Self>) {
-        if self.pipeline.wal().is_some() {
+        if self.pipeline.logged() {
             // The log's own pace batches: commit now, or right after the one in flight.
             return self.flush_delta(ctx);
         }
@@ -401,18 +409,7 @@ impl Replica {
         let converged = self.converged_peers();
         self.telemetry.converged.set(converged as f64);
         let ready = self.anti_entropy.is_ready();
-        // Quiet: nothing changed since the last digest and every live peer announced ours.
-        let changed = std::mem::take(&mut self.changed_since_digest);
-        let quiet = live > 0 && ready && !changed && converged == live;
-        self.quiet_digests = if quiet {
-            self.quiet_digests.saturating_add(1)
-        } else {
-            0
-        };
-        let factor = ticks::quiet_digest_factor(
-            self.quiet_digests,
-            ticks::quiet_digest_max(self.cfg.anti_entropy_interval_ms, self.cfg.peer_expiry_ms),
-        );
+        let factor = self.schedule.announce(live, ready, converged);
         let spacing = (factor > 1).then_some(factor);
         match &self.digest_batches {
             Some(batches) => {
