@@ -22,34 +22,32 @@
 //! Telemetry (metrics and the counts `stats` reads) goes through
 //! [`crate::replica::metrics::Telemetry`].
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use uuid::Uuid;
 
-use super::anti_entropy::{Action, AntiEntropy, PeerTableFull, Timing};
+use super::anti_entropy::Timing;
 use super::config::ReplicaConfig;
-use super::durable::{DataDir, Identity};
+use super::core::{
+    CommitPipeline, Lease, Outside, PARK_MAX_STATE_BYTES, Pushes, Ready, Rearm, ReplicaCore,
+    Snapshotter, Traits,
+};
 use super::filter::{AnyFilter, FilterStats};
-use super::metrics::{self as m, Counts, Direction, MergeSource, Telemetry};
-use super::reassembly::{Progress, Reassembly};
+use super::metrics::{self as m, Counts, Telemetry};
 use super::ticks;
-use super::wal::WalWriter;
 use super::{ReplicaError, ReplicaStats};
 use crate::ReplicaId;
-use crate::transport::digests::DigestBatcher;
-use crate::transport::{Channel, LogLimiter, MessageStream, Subjects, Transport, TransportEvent};
-use crate::wire::{Body, Envelope, Expect, FilterKind, StateChunk, WireCodec, WireError};
-use super::core::{
-    CommitPipeline, DigestCache, HeldFrame, Lease, PeerClocks, Pushes, Rearm, RegistryView, Schedule,
-    Snapshotter,
-};
+use crate::transport::{LogLimiter, Subjects, TransportEvent};
+use crate::wire::{Expect, FilterKind, WireCodec, WireError};
+use io::{Channels, Io};
 
 mod clocks;
 mod commits;
 mod durability;
+mod io;
 mod items;
 mod lease;
 mod lifecycle;
@@ -59,8 +57,10 @@ mod publish;
 mod pump;
 mod push;
 mod reads;
+mod receive;
 mod reply;
 mod request;
+mod shared;
 mod snapshots;
 mod unreserved;
 mod updates;
@@ -76,280 +76,34 @@ pub(crate) use pump::{API_LINGER, Inbound, Route, route_event, route_replication
 pub use reads::PendingResponse;
 pub(crate) use reads::{refusal, route_own_api};
 pub(crate) use reply::{error_of, header_text};
+pub(crate) use shared::{Setup, Shared};
 #[cfg(test)]
 pub(crate) use snapshots::SnapshotJob;
 
 /// The header of an API request that asks for an acknowledgement level.
 pub use crate::api::ACK_HEADER;
 
-/// States at least this large are decoded off the actor's thread.
-const BLOCKING_THRESHOLD: usize = 256 << 10;
-
-/// What one replica shares between its actor, its handle and its inbound tasks.
-pub(crate) struct Shared {
-    /// The filter. The actor writes it, and so do the API's subscription tasks for `local`
-    /// adds to grow-only kinds ([`updates`]); handles read it without queueing behind
-    /// replication work in the mailbox.
-    pub filter: RwLock<AnyFilter>,
-    /// Reads the filter's bits without its lock, for the kinds that allow it (`g_bloom`):
-    /// queries never wait for an update or a merge in progress.
-    pub reader: Option<crate::BloomReader>,
-    pub name: String,
-    pub kind: FilterKind,
-    pub identity: Identity,
-    /// Ready, and whether the actor is gone, for those waiting outside it.
-    pub lifecycle: lifecycle::Lifecycle,
-    pub telemetry: Telemetry,
-    /// Bytes of messages waiting in the inbound buffer, and their bound.
-    pub inbound_bytes: AtomicU64,
-    pub inbound_max_bytes: u64,
-    /// The state changed outside the actor (an update applied in a subscription task) since
-    /// the actor last looked: its digest is stale, and a snapshot and a push are due.
-    pub direct_changes: AtomicBool,
-    /// A commit was asked of the actor because the pending delta is full, and not yet made.
-    pub commit_requested: AtomicBool,
-    /// A flush of the pending delta is scheduled (or asked of the actor): an idle replica
-    /// has no timer running for its deltas, and a change arms one ([`Shared::want_flush`]).
-    pub flush_scheduled: AtomicBool,
-    /// The number of the commit whose delta the next take carries: moved on by the actor
-    /// under the write lock as it takes a delta, read under it by updates applied outside
-    /// the actor that wait for their commit ([`commits`]).
-    pub open_batch: AtomicU64,
-    /// The highest commit that an update applied outside the actor needs fsynced (raised
-    /// under the write lock, read by the commit that takes the update's delta).
-    pub sync_through: AtomicU64,
-    /// How far the commits got, for the [`CommitTicket`]s of those updates.
-    pub commits: commits::Commits,
-    /// A commit within a millisecond is asked of the actor (`logged` updates applied in a
-    /// subscription task) and not yet scheduled.
-    pub logged_commit_requested: AtomicBool,
-    /// The write-ahead log failed and is not replaced yet: `logged` updates are answered as
-    /// applied but not durable.
-    pub wal_failed: AtomicBool,
-    /// The replica shut down: updates are no longer applied (set under the write lock).
-    pub closed: AtomicBool,
-    /// A publisher task runs ([`pump::publish`]): one at a time, so that frames leave in
-    /// the order they were queued, and none while nothing is queued (a task of its own for
-    /// each of a node's 100,000 mostly idle replicas cost 640 bytes each).
-    pub publishing: AtomicBool,
-    /// Full-state pushes queued or going out: their chunks' numbers are taken, and some
-    /// may not be published for a while (a batched digest claims no number meanwhile).
-    pub pushes_out: std::sync::atomic::AtomicUsize,
-    /// The replica shuts down because its filter was dropped: its API refuses for a moment
-    /// longer ([`pump::API_LINGER`]), since no other replica will answer for it.
-    pub dropped: AtomicBool,
-    /// What a batch request may hold (`max_batch_items`, `max_item_bytes`).
-    pub limits: crate::api::batch::Limits,
-    /// Whether the replica serves the request API (`serve_api`), once ready.
-    pub serve_api: bool,
-    /// Answers requests of the API made in this process ([`ReplicaHandle::request`]); set
-    /// once the API is served, and let go when the actor stops: the requests' path holds
-    /// this `Shared`, so a cell kept for good kept every stopped replica (its filter among
-    /// it) alive through the cycle.
-    pub api: arc_swap::ArcSwapOption<reads::Reads>,
-    /// Takes the messages the node routes to the replica
-    /// ([`ReplicaConfig::routed_replication`]); set as the actor is made.
-    pub replication_inlet: std::sync::OnceLock<pump::Inlet>,
-    /// The time kinds whose elements expire go by, bounded by the peers' clock.
-    pub clock: super::clock::ReplicaClock,
-    /// Merges the log does not hold: adds record their whole footprint meanwhile.
-    pub unlogged: Arc<super::core::UnloggedMerges>,
-}
-
-impl Shared {
-    /// What a replica shares with its handles and tasks, before anything happened: no change,
-    /// request or commit yet, not closed, the API not served.
-    pub(crate) fn new(
-        filter: AnyFilter,
-        name: String,
-        identity: Identity,
-        telemetry: Telemetry,
-        inbound_max_bytes: u64,
-        limits: crate::api::batch::Limits,
-        serve_api: bool,
-    ) -> Self {
-        Shared {
-            unlogged: Default::default(),
-            kind: filter.kind(),
-            reader: filter.shared_reader(),
-            filter: RwLock::new(filter),
-            name,
-            identity,
-            lifecycle: Default::default(),
-            telemetry,
-            inbound_bytes: Default::default(),
-            inbound_max_bytes,
-            direct_changes: Default::default(),
-            commit_requested: Default::default(),
-            flush_scheduled: Default::default(),
-            open_batch: AtomicU64::new(super::core::FIRST_BATCH),
-            sync_through: Default::default(),
-            commits: Default::default(),
-            logged_commit_requested: Default::default(),
-            wal_failed: Default::default(),
-            closed: Default::default(),
-            publishing: Default::default(),
-            pushes_out: Default::default(),
-            dropped: Default::default(),
-            api: Default::default(),
-            replication_inlet: Default::default(),
-            clock: Default::default(),
-            limits,
-            serve_api,
-        }
-    }
-
-    /// With a write-ahead log: adds record their footprints while the state holds merges
-    /// the log does not ([`super::core::UnloggedMerges`]).
-    pub(crate) fn with_log(mut self, logged: bool) -> Self {
-        self.unlogged = Arc::new(super::core::UnloggedMerges::new(logged));
-        self
-    }
-
-    /// Why the replica's API takes no request: it stopped (its API let go), or it does not
-    /// serve yet.
-    pub(crate) fn not_serving(&self) -> ReplicaError {
-        match self.closed.load(Ordering::Acquire) {
-            true => ReplicaError::Stopped,
-            false => ReplicaError::NotServing,
-        }
-    }
-
-    /// The state changed: unless a flush is already scheduled, asks the actor for one
-    /// ([`Inbound::Wake`]). A full inbound buffer drops the request; the housekeeping tick
-    /// then notices the pending delta.
-    pub(crate) fn want_flush(&self, to_actor: &flume::Sender<Inbound>) {
-        ask_once(&self.flush_scheduled, to_actor, Inbound::Wake);
-    }
-
-    /// A `logged` update was applied outside the actor: asks for a commit within a
-    /// millisecond ([`Inbound::LoggedCommit`]) unless one is asked for already. A full
-    /// inbound buffer drops the request; the delta's periodic commit then carries it.
-    pub(crate) fn want_logged_commit(&self, to_actor: &flume::Sender<Inbound>) {
-        ask_once(
-            &self.logged_commit_requested,
-            to_actor,
-            Inbound::LoggedCommit,
-        );
-    }
-
-    /// Asks the actor for a commit now ([`Inbound::Commit`]) unless one is asked for
-    /// already. A full inbound buffer drops the request; the periodic commit comes soon
-    /// enough.
-    pub(crate) fn want_commit(&self, to_actor: &flume::Sender<Inbound>) {
-        ask_once(&self.commit_requested, to_actor, Inbound::Commit);
-    }
-}
-
-/// Sends `ask` to the actor unless `asked` says it is on its way (the actor clears it when
-/// it handles it); `asked` is cleared again if the inbound buffer is full. A load first: on
-/// the hot path the request is mostly made already, and a swap would take the line from the
-/// actor's core every time.
-fn ask_once(asked: &AtomicBool, to_actor: &flume::Sender<Inbound>, ask: Inbound) {
-    if !asked.load(Ordering::Acquire)
-        && !asked.swap(true, Ordering::AcqRel)
-        && to_actor.try_send(ask).is_err()
-    {
-        asked.store(false, Ordering::Release);
-    }
-}
-
-/// Everything a replica needs to start, prepared by [`super::Replica::start`].
-pub(crate) struct Setup {
-    pub cfg: ReplicaConfig,
-    pub shared: Arc<Shared>,
-    pub transport: Arc<dyn Transport>,
-    /// Publishes and subscribes replication (no echo where the transport can): see
-    /// [`Transport::replication_transport`].
-    pub replication_transport: Arc<dyn Transport>,
-    /// Its own replication subscription; none if the node routes its replication subject
-    /// ([`ReplicaConfig::routed_replication`]).
-    pub replication: Option<MessageStream>,
-    pub data: Option<DataDir>,
-    /// The write-ahead log, with a data directory.
-    pub wal: Option<WalWriter>,
-    pub reserved: u64,
-    /// The tags the registry confirmed this replica may issue.
-    pub lease_reserved: u64,
-    /// The node's id, when the replica issues its tags under it (see [`super::SharedId`]).
-    pub shared_id: Option<Arc<super::SharedId>>,
-    /// Where its digests go, when its node publishes them in batches.
-    pub digest_batches: Option<Arc<DigestBatcher>>,
-    /// It resumes after parking ([`parking`]): ready at once, as it was.
-    pub resumed: bool,
-}
-
 /// The replica actor. Start one with [`super::Replica::start`]; talk to it through the
 /// [`super::ReplicaHandle`] or by sending its messages to [`super::ReplicaHandle::addr`].
 pub struct Replica {
     cfg: ReplicaConfig,
     shared: Arc<Shared>,
-    transport: Arc<dyn Transport>,
-    /// Replication's publications and subscription (see [`Setup::replication_transport`]).
-    replication_transport: Arc<dyn Transport>,
-    /// Shared with its request API, its replication router and its `$SRV` service: six
-    /// strings each copy.
-    subjects: Arc<Subjects>,
-    expect: Expect,
-    /// Encodes and decodes (signs and verifies) this replica's frames.
-    codec: WireCodec,
+    /// What it publishes and subscribes with, how it frames, and its log's writer.
+    io: Io,
+    /// Its queues: messages in, frames out.
+    chans: Channels,
     telemetry: Telemetry,
-    limiter: Arc<LogLimiter>,
-    seq: u64,
-    /// Peers, digests and readiness (the protocol's decisions, pure and unit-tested).
-    anti_entropy: AntiEntropy,
-    /// State transfers in progress and recently completed, made by the first chunk: most
-    /// replicas of a node of many filters never receive one.
-    transfers: Option<Box<Reassembly>>,
-    /// The digest, cached until the state changes.
-    digests: DigestCache,
-    /// When full-state pushes may go.
-    pushes: Pushes,
-    /// The receivers' pace of our live pushes still queued or going out.
-    pacings: Vec<Arc<push::Pacing>>,
-    /// Snapshots into the data directory, if the replica has one.
-    snapshots: Snapshotter,
-    /// The tags reserved durably (written to the data directory before one above is issued).
-    reserved: u64,
-    /// When the periodic timer fires, and what for (the digest spacing, the housekeeping).
-    schedule: Schedule,
+    /// What the replica decides with (see [`super::core::ReplicaCore`]).
+    core: ReplicaCore<reply::Responder>,
     /// The periodic timer, while armed.
     periodic: Option<SpawnHandle>,
-    api_started: bool,
-    /// It parked ([`parking`]): its node keeps its state.
-    parked: bool,
-    /// It resumed after parking: ready at once (it was, and alone).
-    resumed: bool,
-    inbound_tx: flume::Sender<Inbound>,
-    inbound_rx: Option<flume::Receiver<Inbound>>,
-    outbound: flume::Sender<pump::Outbound>,
-    /// What the publisher task takes from; the task runs while there is something to take
-    /// ([`Shared::publishing`]).
-    outbound_rx: flume::Receiver<pump::Outbound>,
-    replication: Option<MessageStream>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// The NATS service API (ADR-32) of the request API, once it is served.
     service: Option<Arc<super::service::ApiService>>,
-    /// Commits and the updates waiting for their acknowledgement level.
-    pipeline: CommitPipeline<reply::Responder>,
-    /// The write-ahead log's writer, with a data directory.
-    wal: Option<WalWriter>,
-    /// The id claim and the other ids of the filter.
-    lease: Lease,
-    /// The other ids' reservations as last seen, and frames waiting for the next look; made
-    /// by the first use (only tagged kinds look).
-    registry_view: Option<Box<RegistryView>>,
-    /// Kinds whose elements expire: the live peers' clocks (see [`clocks`]); made by the
-    /// first peer's.
-    peer_clocks: Option<Box<PeerClocks>>,
-    /// The most replicas (this one included) live at once since this replica's last listing
-    /// of the registry (ever, under the node's id): counted by `replicated` beside the
-    /// registry's (see [`crate::replica::ack::known_replicas`]).
-    most_live: usize,
+    /// The receivers' pace of our live pushes still queued or going out.
+    pacings: Vec<Arc<push::Pacing>>,
     /// Checks and applies the request API's updates (here, or in the subscription tasks).
     updates: Arc<updates::Updates>,
-    /// Its node's digest batches, where its digests go if it has one.
-    digest_batches: Option<Arc<DigestBatcher>>,
 }
 
 impl Replica {
@@ -414,51 +168,57 @@ impl Replica {
             ReplicaConfig::ms(s.cfg.min_push_interval_ms),
             fastrand::u32(..),
         );
-        let schedule = Schedule::new(
-            ReplicaConfig::ms(s.cfg.anti_entropy_interval_ms),
-            ReplicaConfig::ms(s.cfg.metrics_interval_ms),
-            ReplicaConfig::ms(s.cfg.peer_expiry_ms),
-            started,
-            fastrand::u64(..),
+        let traits = Traits {
+            aggregate_metrics: s.cfg.aggregate_metrics,
+            moves_with_time: expect.kind == FilterKind::ExpiringBloom,
+            small: s
+                .cfg
+                .filter
+                .memory_bytes()
+                .is_ok_and(|b| b <= PARK_MAX_STATE_BYTES),
+            serve_api: s.cfg.serve_api,
+            node_id: s.shared_id.is_some(),
+            anti_entropy_interval: ReplicaConfig::ms(s.cfg.anti_entropy_interval_ms),
+            metrics_interval: ReplicaConfig::ms(s.cfg.metrics_interval_ms),
+            peer_expiry: ReplicaConfig::ms(s.cfg.peer_expiry_ms),
+            max_state_bytes: s.cfg.max_state_bytes,
+            merges_pieces: s.cfg.filter.kind.merges_state_pieces(),
+        };
+        let parts = (
+            snapshots,
+            CommitPipeline::new(s.wal.is_some()),
+            Lease::new(s.lease_reserved, s.shared_id),
         );
+        let durable = (s.reserved, s.resumed);
+        let seed = fastrand::u64(..);
+        let core = ReplicaCore::new(traits, timing, parts, pushes, durable, started, seed);
         Replica {
             updates,
-            transfers: None,
             cfg: s.cfg,
             telemetry: s.shared.telemetry.clone(),
             shared: s.shared,
-            transport: s.transport,
-            replication_transport: s.replication_transport,
-            subjects,
-            expect,
-            codec,
-            limiter,
-            seq: 0,
-            anti_entropy: AntiEntropy::new(timing, started),
-            digests: DigestCache::default(),
-            pushes,
+            io: Io {
+                transport: s.transport,
+                replication_transport: s.replication_transport,
+                subjects,
+                expect,
+                codec,
+                limiter,
+                digest_batches: s.digest_batches,
+                wal: s.wal,
+            },
+            chans: Channels {
+                inbound_tx,
+                inbound_rx: Some(inbound_rx),
+                outbound,
+                outbound_rx,
+                replication: s.replication,
+            },
+            core,
             pacings: Vec::new(),
-            snapshots,
-            pipeline: CommitPipeline::new(s.wal.is_some()),
-            wal: s.wal,
-            reserved: s.reserved,
-            lease: Lease::new(s.lease_reserved, s.shared_id),
-            registry_view: None,
-            peer_clocks: None,
-            most_live: 1,
-            schedule,
             periodic: None,
-            api_started: false,
-            parked: false,
-            resumed: s.resumed,
-            inbound_tx,
-            inbound_rx: Some(inbound_rx),
-            outbound,
-            outbound_rx,
-            replication: s.replication,
             tasks: Vec::new(),
             service: None,
-            digest_batches: s.digest_batches,
         }
     }
 
@@ -487,356 +247,15 @@ impl Replica {
     }
 
     pub(super) fn reject(&self, e: &WireError) {
-        reject(&self.shared, &self.limiter, e);
-    }
-
-    // ---- receiving -----------------------------------------------------------------------
-
-    fn on_replication(&mut self, env: Envelope, frame_len: usize, ctx: &mut Context<Self>) {
-        let channel = if env.body.is_delta() {
-            Channel::Delta
-        } else {
-            Channel::State
-        };
-        self.telemetry.traffic(Direction::In, channel, frame_len);
-        let now = Instant::now();
-        let known = self.anti_entropy.knows(&env.sender);
-        let rearm = self.schedule.heard(now, known);
-        self.rearm_periodic(rearm, ctx);
-        if let Body::StateProgress {
-            target,
-            transfer,
-            next,
-        } = env.body
-        {
-            // Unsequenced (it overtakes what its sender queued), so it moves no sequence
-            // count; only a peer already heard from paces a push.
-            if target == self.uuid() && self.anti_entropy.knows(&env.sender) {
-                self.on_progress(env.sender, transfer, next);
-            }
-            return;
-        }
-        match self
-            .anti_entropy
-            .heard(env.sender, env.replica, env.seq, now)
-        {
-            Ok(actions) => self.carry_out(actions, ctx),
-            Err(PeerTableFull) => {
-                return self.reject(&WireError::TooManyPeers(self.cfg.max_peers));
-            }
-        }
-        match env.body {
-            Body::Delta(bytes) => {
-                if self.merge_delta_checked(&bytes, true, None, ctx) {
-                    self.delta_clock(env.sender, &bytes);
-                }
-            }
-            Body::Deltas(deltas) => {
-                for bytes in deltas {
-                    if self.merge_delta_checked(&bytes, true, None, ctx) {
-                        self.delta_clock(env.sender, &bytes);
-                    }
-                }
-            }
-            Body::ConfirmedDelta(bytes) => {
-                // A held delta is acknowledged once merged.
-                let ack_to = Some((env.sender, env.seq));
-                if self.merge_delta_checked(&bytes, true, ack_to, ctx) {
-                    self.send_ack(env.sender, env.seq);
-                    self.delta_clock(env.sender, &bytes);
-                }
-            }
-            Body::Ack { target, seq } => {
-                if target == self.uuid() {
-                    let r = self.pipeline.acks.acked(env.sender, seq);
-                    self.answer(r);
-                }
-            }
-            Body::Digest {
-                digest,
-                ready,
-                sent,
-                spacing,
-            } => {
-                if let Some(sent) = sent.filter(|_| env.seq == 0) {
-                    let actions = self.anti_entropy.claimed(env.sender, sent, now);
-                    self.carry_out(actions, ctx);
-                }
-                let mine = self.my_digest();
-                let actions = self.anti_entropy.digest(
-                    env.sender,
-                    digest,
-                    ready,
-                    spacing,
-                    mine,
-                    Instant::now(),
-                );
-                self.carry_out(actions, ctx);
-                if digest != mine {
-                    // Something to repair: no more spacing out.
-                    self.quiet_ended(ctx);
-                }
-            }
-            Body::StateRequest { target } => {
-                // Someone catches up (a restart keeps its uuid): at the interval again.
-                self.quiet_ended(ctx);
-                if target.is_none_or(|t| t == self.uuid()) {
-                    self.schedule_push(ctx);
-                }
-            }
-            Body::StateChunk(chunk) => self.on_chunk(env.sender, env.replica, chunk, ctx),
-            // Taken above, before the sequence check.
-            Body::StateProgress { .. } => {}
-        }
-        if self.schedule.changed_since_digest() {
-            self.quiet_ended(ctx);
-        }
-    }
-
-    /// Carries out what the anti-entropy state machine decided.
-    fn carry_out(&mut self, actions: Vec<Action>, ctx: &mut Context<Self>) {
-        for action in actions {
-            match action {
-                Action::RequestState(target) => self.request_state(target),
-                Action::PushState => self.schedule_push(ctx),
-                Action::BecomeReady(why) => self.become_ready(ctx, why),
-                Action::CountGaps(n) => self.telemetry.sequence_gaps(n),
-                Action::Forget(uuid) => {
-                    tracing::debug!(filter = %self.cfg.name, %uuid, "peer forgotten");
-                    if let Some(transfers) = &mut self.transfers {
-                        transfers.forget(&uuid);
-                    }
-                }
-            }
-        }
-    }
-
-    fn transfers_mut(&mut self) -> &mut Reassembly {
-        let cfg = &self.cfg;
-        self.transfers.get_or_insert_with(|| {
-            let timeout =
-                ReplicaConfig::ms(cfg.anti_entropy_interval_ms * 3).max(Duration::from_secs(5));
-            Box::new(Reassembly::new(
-                cfg.max_state_bytes,
-                timeout,
-                cfg.filter.kind.merges_state_pieces(),
-            ))
-        })
-    }
-
-    fn record_merge(&self, source: MergeSource, t: Instant, ok: bool) {
-        self.telemetry.merge(source, ok, t.elapsed().as_secs_f64());
-    }
-
-    fn on_chunk(
-        &mut self,
-        sender: Uuid,
-        replica: ReplicaId,
-        chunk: StateChunk,
-        ctx: &mut Context<Self>,
-    ) {
-        let state = match self.transfers_mut().add(sender, chunk) {
-            Ok(Progress::Pending) => return,
-            Ok(Progress::Complete(state)) => state,
-            Ok(Progress::Piece {
-                offset,
-                data,
-                total_len,
-                last,
-                report,
-            }) => {
-                if self.merge_piece(sender, (offset, &data, total_len), last, ctx)
-                    && let Some((transfer, next)) = report
-                {
-                    self.report_progress(sender, transfer, next);
-                }
-                return;
-            }
-            Err(e) => {
-                self.telemetry
-                    .counter(m::STATE_TRANSFERS, &[("outcome", "rejected")])
-                    .increment(1);
-                self.reject(&e);
-                return;
-            }
-        };
-        self.telemetry
-            .counter(m::STATE_TRANSFERS, &[("outcome", "complete")])
-            .increment(1);
-        let kind = self.expect.kind;
-        let len = state.len();
-        if len < BLOCKING_THRESHOLD {
-            let result = AnyFilter::decode_state(kind, &state);
-            self.merge_state(result, sender, replica, len, ctx);
-        } else {
-            let addr = ctx.address();
-            actix::spawn(async move {
-                let result =
-                    tokio::task::spawn_blocking(move || AnyFilter::decode_state(kind, &state))
-                        .await
-                        .unwrap_or_else(|e| Err(WireError::Malformed(e.to_string())));
-                addr.do_send(Decoded {
-                    result,
-                    sender,
-                    replica,
-                    len,
-                });
-            });
-        }
-    }
-
-    /// Merges the next piece of a peer's full state as it comes (kinds that
-    /// [merge states piece by piece](crate::wire::FilterKind::merges_state_pieces)): the
-    /// replica never holds the peer's state whole, reassembled and decoded, next to its own.
-    /// Each piece comes from a frame whose checksum (and signature, with keys) was checked,
-    /// and joins a part of the peer's state: an inflation of its own, so a transfer cut
-    /// short leaves a valid state, and the rest comes with the next push. Whether it merged.
-    fn merge_piece(
-        &mut self,
-        sender: Uuid,
-        (offset, data, total_len): (u64, &[u8], u64),
-        last: bool,
-        ctx: &mut Context<Self>,
-    ) -> bool {
-        let t = Instant::now();
-        let merged = self
-            .write_to_merge()
-            .merge_state_piece(total_len, offset, data);
-        if let Err(e) = merged {
-            self.record_merge(MergeSource::State, t, false);
-            if let Some(transfers) = &mut self.transfers {
-                transfers.forget_transfer(&sender);
-            }
-            self.telemetry
-                .counter(m::STATE_TRANSFERS, &[("outcome", "rejected")])
-                .increment(1);
-            self.reject(&WireError::Incompatible(e.to_string()));
-            return false;
-        }
-        self.changed();
-        if !last {
-            return true;
-        }
-        self.record_merge(MergeSource::State, t, true);
-        self.telemetry
-            .counter(m::STATE_TRANSFERS, &[("outcome", "complete")])
-            .increment(1);
-        tracing::debug!(%sender, bytes = total_len, "merged a peer's full state, piece by piece");
-        self.state_merged(total_len as usize, ctx);
-        true
-    }
-
-    /// A peer's full state (of `len` bytes encoded) was merged, whole or piece by piece.
-    fn state_merged(&mut self, len: usize, ctx: &mut Context<Self>) {
-        self.telemetry.state_merged();
-        if len >= BLOCKING_THRESHOLD {
-            release_freed_heap();
-        }
-        let actions = self.anti_entropy.state_merged();
-        self.carry_out(actions, ctx);
-    }
-
-    fn merge_state(
-        &mut self,
-        result: Result<AnyFilter, WireError>,
-        sender: Uuid,
-        replica: ReplicaId,
-        len: usize,
-        ctx: &mut Context<Self>,
-    ) {
-        let other = match result {
-            Ok(o) if o.params_digest() == self.expect.params_digest => o,
-            Ok(o) => {
-                return self.reject(&WireError::Params {
-                    got: o.params_digest(),
-                    expected: self.expect.params_digest,
-                });
-            }
-            Err(e) => {
-                self.record_merge(MergeSource::State, Instant::now(), false);
-                return self.reject(&e);
-            }
-        };
-        self.merge_state_checked(other, sender, replica, len, true, ctx);
-    }
-
-    /// Merges a peer's full state of the right kind and parameters, holding it for a fresh
-    /// look at the registry if its tags are above the view and `may_hold`; whether it was
-    /// merged now.
-    fn merge_state_checked(
-        &mut self,
-        other: AnyFilter,
-        sender: Uuid,
-        replica: ReplicaId,
-        len: usize,
-        may_hold: bool,
-        ctx: &mut Context<Self>,
-    ) -> bool {
-        let now = self.shared.clock.now_ms();
-        let checked = self.with_tag_bounds(|bounds| {
-            let f = self.read();
-            match bounds {
-                Some(b) => f.check_remote_state_within(&other, now, b),
-                None => f
-                    .check_remote_state(&other, now)
-                    .map(|()| None)
-                    .map_err(super::filter::remote_error),
-            }
-        });
-        let adopt = match checked {
-            Ok(adopt) => adopt,
-            Err(e) => {
-                if may_hold && matches!(e, WireError::TagUnreserved { .. }) {
-                    let frame = HeldFrame::State {
-                        state: Box::new(other),
-                        sender,
-                        replica,
-                        len,
-                    };
-                    if self.hold(frame, ctx) {
-                        return false;
-                    }
-                }
-                self.record_merge(MergeSource::State, Instant::now(), false);
-                self.reject(&e);
-                return false;
-            }
-        };
-        let t = Instant::now();
-        let r = {
-            let mut f = self.write_to_merge();
-            // A forged tag of our own id within our reservation: our clock moves past it.
-            if let Some(clock) = adopt {
-                f.advance_clock(clock);
-            }
-            f.merge(&other)
-        };
-        self.record_merge(MergeSource::State, t, r.is_ok());
-        match r {
-            Ok(()) => {
-                if let Some(epoch) = other.clock_epoch() {
-                    self.note_peer_clock(sender, epoch);
-                }
-                self.changed();
-                tracing::debug!(peer = replica, %sender, "merged a peer's full state");
-                self.state_merged(len, ctx);
-                true
-            }
-            Err(e) => {
-                self.reject(&WireError::Incompatible(e.to_string()));
-                false
-            }
-        }
+        reject(&self.shared, &self.io.limiter, e);
     }
 
     /// Caught up. A replica that serves the API is ready once the API is subscribed
     /// ([`Replica::start_api`]).
     fn become_ready(&mut self, ctx: &mut Context<Self>, why: &str) {
-        if self.cfg.serve_api && !self.api_started {
-            self.api_started = true;
-            self.start_api(ctx, why.to_string());
-        } else {
-            self.publish_ready(why);
+        match self.core.becoming_ready() {
+            Ready::StartApi => self.start_api(ctx, why.to_string()),
+            Ready::Now => self.publish_ready(why),
         }
     }
 
@@ -844,10 +263,10 @@ impl Replica {
     fn publish_ready(&mut self, why: &str) {
         self.telemetry.ready.set(1.0);
         self.shared.lifecycle.set_ready();
-        let after_ms = self.schedule.started().elapsed().as_millis() as u64;
+        let after_ms = self.core.schedule.started().elapsed().as_millis() as u64;
         let (filter, replica) = (&self.cfg.name, self.id());
         // A node wakes its parked replicas all the time: not worth a line each.
-        if self.resumed {
+        if self.core.resumed {
             tracing::debug!(%filter, replica, after_ms, "replica ready: {why}");
         } else {
             tracing::info!(%filter, replica, after_ms, "replica ready: {why}");
@@ -882,7 +301,8 @@ impl Replica {
 
     fn my_digest(&mut self) -> u64 {
         self.absorb_direct_changes();
-        self.digests
+        self.core
+            .digests
             .get(|| digest_of(&self.shared, &self.telemetry))
     }
 
@@ -895,22 +315,15 @@ impl Replica {
         }
     }
 
-    /// The state changed: its digest is stale, and a snapshot is due.
-    fn changed(&mut self) {
-        self.schedule.changed();
-        self.digests.invalidate();
-        self.snapshots.changed();
-    }
-
     /// Live peers whose last announced digest equals ours. Our digest encodes the whole
     /// state, so it is only computed when some live peer announced one to compare with.
     fn converged_peers(&mut self) -> usize {
         let now = Instant::now();
-        if !self.anti_entropy.has_live_digest(now) {
+        if !self.core.anti_entropy.has_live_digest(now) {
             return 0;
         }
         let mine = self.my_digest();
-        self.anti_entropy.converged_peers(mine, now)
+        self.core.anti_entropy.converged_peers(mine, now)
     }
 
     fn stats(&mut self) -> ReplicaStats {
@@ -925,16 +338,16 @@ impl Replica {
             filter: self.cfg.name.clone(),
             replica: self.id(),
             uuid: self.uuid(),
-            ready: self.anti_entropy.is_ready(),
-            connected: self.transport.is_connected(),
-            peers: self.anti_entropy.live_peers(Instant::now()),
+            ready: self.core.anti_entropy.is_ready(),
+            connected: self.io.transport.is_connected(),
+            peers: self.core.anti_entropy.live_peers(Instant::now()),
             pending_delta,
             digest: format!("{digest:016x}"),
-            awaiting_ack: self.pipeline.acks.len(),
+            awaiting_ack: self.core.pipeline.acks.len(),
             converged_peers,
-            live_ids: self.lease.id_counts().0,
-            retired_ids: self.lease.id_counts().1,
-            id_lost: self.lease.lost(),
+            live_ids: self.core.lease.id_counts().0,
+            retired_ids: self.core.lease.id_counts().1,
+            id_lost: self.core.lease.lost(),
             figures,
             rejects: Counts::by_reason(&c.rejects),
             api_errors: Counts::by_reason(&c.api_errors),
@@ -961,17 +374,17 @@ impl Replica {
     /// the process's grid ([`crate::replica::ticks`]) so that the timers of many replicas
     /// fire together.
     fn schedule_periodic(&mut self, ctx: &mut Context<Self>) {
-        let busy = !self.at_rest() || self.snapshots.has_unsaved();
-        let plan = self.schedule.plan(busy);
+        let busy = self.core.busy(self.outside());
+        let plan = self.core.schedule.plan(busy);
         let delay = plan.due.saturating_duration_since(Instant::now());
         let timer = ctx.run_later(ticks::on_grid(delay, plan.grid_period), |act, ctx| {
             act.periodic = None;
             let now = Instant::now();
-            let fired = act.schedule.fired(now);
+            let fired = act.core.schedule.fired(now);
             if fired.digest {
                 let spacing = act.send_digest();
-                let live = act.anti_entropy.live_peers(now);
-                act.schedule.digest_sent(now, spacing, live);
+                let live = act.core.anti_entropy.live_peers(now);
+                act.core.schedule.digest_sent(now, spacing, live);
             }
             if fired.housekeeping {
                 act.housekeeping(ctx);
@@ -983,7 +396,7 @@ impl Replica {
 
     /// The state changed (a flush is being armed): see [`Schedule::busy_again`].
     pub(super) fn busy_again(&mut self, ctx: &mut Context<Self>) {
-        let rearm = self.schedule.busy_again(Instant::now());
+        let rearm = self.core.schedule.busy_again(Instant::now());
         self.rearm_periodic(rearm, ctx);
     }
 
@@ -1000,24 +413,16 @@ impl Replica {
 
     /// See [`Schedule::quiet_ended`].
     fn quiet_ended(&mut self, ctx: &mut Context<Self>) {
-        let rearm = self.schedule.quiet_ended(Instant::now());
+        let rearm = self.core.schedule.quiet_ended(Instant::now());
         self.rearm_periodic(rearm, ctx);
     }
 
-    /// Whether nothing but a snapshot may be due: its figures go to the node-wide series only
-    /// or it has no peer (its own series then stand still: no peer's staleness grows), it is
-    /// caught up, nothing is in flight (a transfer, a commit, a change not taken into a
-    /// delta), and its state does not move with time. Housekeeping is then rare, and (with
-    /// more) the replica may park. (10,000 configured filters, each with its own series,
-    /// woke every `metrics_interval_ms` alone: 8-10% of a core for the node, issue 52.)
-    fn at_rest(&self) -> bool {
-        (self.cfg.aggregate_metrics || self.anti_entropy.peers().next().is_none())
-            && self.expect.kind != FilterKind::ExpiringBloom
-            && self.anti_entropy.is_ready()
-            && self.transfers.as_ref().is_none_or(|t| t.in_progress() == 0)
-            && !self.pipeline.busy()
-            && !self.shared.direct_changes.load(Ordering::Acquire)
-            && self.read().pending_delta_len() == 0
+    /// What the core's decisions read of the state outside it.
+    fn outside(&self) -> Outside {
+        Outside {
+            direct_changes: self.shared.direct_changes.load(Ordering::Acquire),
+            pending_delta: self.read().pending_delta_len(),
+        }
     }
 
     /// Gauges, time passing for anti-entropy (peer expiry, catch-up), and partial transfers
@@ -1025,7 +430,7 @@ impl Replica {
     fn housekeeping(&mut self, ctx: &mut Context<Self>) {
         // Snapshots are due every `snapshot_interval_ms` (checked here rather than on a timer
         // of their own: one wake-up per replica, not two).
-        if self.snapshots.due(Instant::now()) {
+        if self.core.snapshots.due(Instant::now()) {
             self.snapshot_async(ctx);
         }
         // Time passes for kinds whose elements expire: their window moves (and the move
@@ -1033,7 +438,7 @@ impl Replica {
         self.keep_clock();
         self.tick_clock();
         // A flush whose request found the inbound buffer full.
-        if !self.pipeline.flush_timer_armed()
+        if !self.core.pipeline.flush_timer_armed()
             && (self.read().pending_delta_len() > 0
                 || self.shared.direct_changes.load(Ordering::Acquire))
         {
@@ -1050,7 +455,7 @@ impl Replica {
         }
         let t = &self.telemetry;
         t.state_bytes.set(t.last_state_bytes() as f64);
-        t.connected.set(if self.transport.is_connected() {
+        t.connected.set(if self.io.transport.is_connected() {
             1.0
         } else {
             0.0
@@ -1063,8 +468,8 @@ impl Replica {
         } else {
             0.0
         });
-        if let Some(wal) = &self.wal {
-            let ok = !self.pipeline.wal_failing();
+        if let Some(wal) = &self.io.wal {
+            let ok = !self.core.pipeline.wal_failing();
             t.gauge(m::DURABLE_OK, &[]).set(if ok { 1.0 } else { 0.0 });
             let s = wal.stats();
             for (name, v) in [
@@ -1078,17 +483,17 @@ impl Replica {
             }
         }
         let now = Instant::now();
-        let actions = self.anti_entropy.tick(now);
+        let actions = self.core.anti_entropy.tick(now);
         self.carry_out(actions, ctx);
-        for (_, p) in self.anti_entropy.peers() {
+        for (_, p) in self.core.anti_entropy.peers() {
             self.telemetry
                 .gauge(m::PEER_STALENESS, &[("peer", &p.replica.to_string())])
                 .set(now.saturating_duration_since(p.last_seen).as_secs_f64());
         }
-        let live = self.anti_entropy.live_peers(now);
-        self.most_live = self.most_live.max(live + 1);
+        let live = self.core.anti_entropy.live_peers(now);
+        self.core.note_live(live);
         self.telemetry.peers.set(live as f64);
-        let expired = self.transfers.as_mut().map_or(0, |t| t.expire());
+        let expired = self.core.transfers.as_mut().map_or(0, |t| t.expire());
         if expired > 0 {
             self.telemetry
                 .counter(m::STATE_TRANSFERS, &[("outcome", "expired")])
@@ -1106,18 +511,6 @@ fn digest_of(shared: &Shared, telemetry: &Telemetry) -> u64 {
         .state_digest();
     telemetry.state_digest();
     d
-}
-
-/// Gives the heap's free pages back to the operating system once a large state was merged:
-/// its chunks and frames (each under the 1 MiB mmap threshold a node sets) came from the
-/// heap, whose freed pages glibc keeps, so a replica that caught up stayed near its peak
-/// (1.6-1.9x the state, `scripts/catch-up-rss.sh`).
-fn release_freed_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    tokio::task::spawn_blocking(|| {
-        // SAFETY: malloc_trim only returns free memory to the system.
-        unsafe { libc::malloc_trim(0) };
-    });
 }
 
 /// Counts and logs (rate-limited) a signed frame taken without verifying it: this node has no
@@ -1150,30 +543,36 @@ impl Actor for Replica {
         self.telemetry.ready.set(0.0);
         self.telemetry
             .connected
-            .set(if self.transport.is_connected() {
+            .set(if self.io.transport.is_connected() {
                 1.0
             } else {
                 0.0
             });
         // Inbound messages arrive as a stream; the buffer between the subscriptions and the
         // actor is bounded and drops (counting) rather than growing without limit.
-        ctx.add_stream(self.inbound_rx.take().expect("started once").into_stream());
+        ctx.add_stream(
+            self.chans
+                .inbound_rx
+                .take()
+                .expect("started once")
+                .into_stream(),
+        );
 
         // Replication: decoded and checked before they take a place in the buffer. (Routed
         // by the node, they come through the inlet instead.)
-        if let Some(replication) = self.replication.take() {
+        if let Some(replication) = self.chans.replication.take() {
             let router = pump::ReplicationRouter {
-                codec: self.codec.clone(),
+                codec: self.io.codec.clone(),
                 me: self.uuid(),
-                subjects: self.subjects.clone(),
-                limiter: self.limiter.clone(),
+                subjects: self.io.subjects.clone(),
+                limiter: self.io.limiter.clone(),
             };
             let shared = self.shared.clone();
             self.tasks.push(actix::spawn(pump::forward_stream(
                 Some(replication),
-                self.replication_transport.clone(),
-                (self.subjects.replication.clone(), None),
-                self.inbound_tx.clone(),
+                self.io.replication_transport.clone(),
+                (self.io.subjects.replication.clone(), None),
+                self.chans.inbound_tx.clone(),
                 move |msg| router.route(&shared, msg),
                 self.shared.clone(),
                 None,
@@ -1183,10 +582,10 @@ impl Actor for Replica {
         // (Routed by the node, they come through the inlet: one receiver for all its replicas,
         // 200 bytes less for each.)
         if !self.cfg.routed_replication {
-            ctx.add_stream(pump::events(self.transport.events()));
+            ctx.add_stream(pump::events(self.io.transport.events()));
         }
 
-        self.schedule.start(Instant::now());
+        self.core.schedule.start(Instant::now());
         // A state restored while its clock is ahead of ours (a snapshot taken while the wall
         // clock ran ahead) is repaired before anything is sent or merged; and one that is
         // behind (new, or an old snapshot) moves to our time, so that the first state the
@@ -1194,7 +593,7 @@ impl Actor for Replica {
         self.keep_clock();
         self.tick_clock();
         self.schedule_periodic(ctx);
-        if self.lease.shared.is_none() {
+        if self.core.lease.shared.is_none() {
             ctx.run_interval(ReplicaConfig::ms(self.cfg.id_lease_renew_ms), |act, ctx| {
                 act.renew_lease(ctx)
             });
@@ -1203,11 +602,12 @@ impl Actor for Replica {
         }
         // Under the node's id: its latest listing of the ids is this replica's first view.
         self.note_shared_listing();
-        if self.resumed {
-            let actions = self.anti_entropy.ready_now("resumed after parking");
+        if self.core.resumed {
+            let actions = self.core.anti_entropy.ready_now("resumed after parking");
             self.carry_out(actions, ctx);
         } else if self.cfg.new_incarnation {
             let actions = self
+                .core
                 .anti_entropy
                 .ready_now("a filter created a moment ago: nothing to catch up");
             self.carry_out(actions, ctx);
@@ -1224,7 +624,7 @@ impl Actor for Replica {
         self.shared.api.store(None);
         self.shared.lifecycle.set_gone();
         self.telemetry.ready.set(0.0);
-        if self.parked {
+        if self.core.parked {
             tracing::debug!(filter = %self.cfg.name, replica = self.id(), "replica parked");
         } else {
             tracing::info!(filter = %self.cfg.name, replica = self.id(), "replica stopped");
@@ -1262,22 +662,4 @@ impl StreamHandler<Inbound> for Replica {
     /// The stream only ends when the actor drops its own sender, i.e. never while it runs;
     /// do not let actix stop the actor (its default) if it somehow does.
     fn finished(&mut self, _ctx: &mut Context<Self>) {}
-}
-
-/// A large peer state decoded off the actor's thread.
-#[derive(Message)]
-#[rtype(result = "()")]
-struct Decoded {
-    result: Result<AnyFilter, WireError>,
-    sender: Uuid,
-    replica: ReplicaId,
-    /// Bytes of the encoded state.
-    len: usize,
-}
-
-impl Handler<Decoded> for Replica {
-    type Result = ();
-    fn handle(&mut self, msg: Decoded, ctx: &mut Context<Self>) {
-        self.merge_state(msg.result, msg.sender, msg.replica, msg.len, ctx);
-    }
 }

@@ -22,20 +22,20 @@ use crate::transport::{ClaimEntry, Renewal, TransportError};
 /// How long an import waits for the node to extend its shared id's reservation.
 const SHARED_RESERVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-
 impl Replica {
     /// Renews the claim at once when half of its reserved tags are used.
     pub(super) fn extend_lease_if_low(&mut self, ctx: &mut Context<Self>) {
-        if let Some(shared) = &self.lease.shared {
-            if self.expect.kind.tagged() {
+        if let Some(shared) = &self.core.lease.shared {
+            if self.io.expect.kind.tagged() {
                 shared.want(self.read().clock());
             }
             return;
         }
         let clock = self.read().clock();
         if self
+            .core
             .lease
-            .running_low(clock, self.cfg.id_lease_block, self.expect.kind.tagged())
+            .running_low(clock, self.cfg.id_lease_block, self.io.expect.kind.tagged())
         {
             self.renew_lease(ctx);
         }
@@ -54,8 +54,11 @@ impl Replica {
         futures::future::BoxFuture<'static, Result<Renewal, TransportError>>,
     )> {
         let clock = self.read().clock();
-        let need = self.lease.shortfall(clock, n, self.expect.kind.tagged())?;
-        if let Some(shared) = self.lease.shared.clone() {
+        let need = self
+            .core
+            .lease
+            .shortfall(clock, n, self.io.expect.kind.tagged())?;
+        if let Some(shared) = self.core.lease.shared.clone() {
             // The node renews its id; wait for a reservation that covers the import.
             let renewal = async move {
                 if shared.reserved_at_least(need, SHARED_RESERVE_TIMEOUT).await {
@@ -72,7 +75,8 @@ impl Replica {
         }
         let want = need.saturating_add(self.cfg.id_lease_block);
         let renewal =
-            self.transport
+            self.io
+                .transport
                 .renew_claim(self.cfg.registry_name(), self.id(), self.uuid(), want);
         Some((want, renewal))
     }
@@ -82,15 +86,16 @@ impl Replica {
     pub(super) fn renew_lease(&mut self, ctx: &mut Context<Self>) {
         self.take_back_id(ctx);
         let clock = self.read().clock();
-        let tagged = self.expect.kind.tagged();
+        let tagged = self.io.expect.kind.tagged();
         let Some(want) = self
+            .core
             .lease
             .begin_renewal(clock, self.cfg.id_lease_block, tagged)
         else {
             return;
         };
         let (t, filter, id, uuid) = (
-            self.transport.clone(),
+            self.io.transport.clone(),
             self.cfg.registry_name(),
             self.id(),
             self.uuid(),
@@ -104,15 +109,15 @@ impl Replica {
         ctx.spawn(
             work.into_actor(self)
                 .map(move |(renewal, claims, started), act, ctx| {
-                    act.lease.renewal_ended();
+                    act.core.lease.renewal_ended();
                     act.on_renewal(want, renewal);
                     act.take_back_id(ctx);
                     match claims {
                         Ok(claims) => {
                             // The listing counts every replica held now: those heard from
                             // since are counted afresh.
-                            let live = act.anti_entropy.live_peers(Instant::now());
-                            act.most_live = live + 1;
+                            let live = act.core.anti_entropy.live_peers(Instant::now());
+                            act.core.most_live = live + 1;
                             act.registry_view_mut().note(&claims, started);
                             act.retire_stale(&claims, ctx)
                         }
@@ -124,7 +129,10 @@ impl Replica {
 
     /// The registry answered a renewal (periodic, or an import's) that asked for `want`.
     pub(super) fn on_renewal(&mut self, want: u64, renewal: Result<Renewal, TransportError>) {
-        let lost = self.lease.renewed(want, renewal.as_ref().ok().copied());
+        let lost = self
+            .core
+            .lease
+            .renewed(want, renewal.as_ref().ok().copied());
         if lost {
             self.telemetry.gauge(m::ID_LOST, &[]).set(1.0);
             tracing::warn!(
@@ -143,23 +151,23 @@ impl Replica {
     /// [`crate::transport::registry::take_back`]), if it was lost and nothing else is under
     /// way: the same identity, tags above the retirement's floor, so nothing written changes.
     pub(super) fn take_back_id(&mut self, ctx: &mut Context<Self>) {
-        if !self.lease.begin_take_back() {
+        if !self.core.lease.begin_take_back() {
             return;
         }
         let block = self.cfg.id_lease_block;
         let want = self.read().clock().saturating_add(block);
         let (t, ns, id, uuid) = (
-            self.transport.clone(),
+            self.io.transport.clone(),
             self.cfg.registry_name(),
             self.id(),
             self.uuid(),
         );
         let work = async move { registry::take_back(t.as_ref(), &ns, id, uuid, block, want).await };
         ctx.spawn(work.into_actor(self).map(|r, act, _| {
-            act.lease.renewal_ended();
+            act.core.lease.renewal_ended();
             match r {
                 Ok(TakeBack::Taken { floor, reserved }) => {
-                    act.lease.taken_back(floor, reserved);
+                    act.core.lease.taken_back(floor, reserved);
                     act.telemetry.gauge(m::ID_LOST, &[]).set(0.0);
                     tracing::info!(
                         filter = %act.cfg.name, replica = act.id(), floor,
@@ -168,7 +176,7 @@ impl Replica {
                     );
                 }
                 Ok(TakeBack::HeldByOther) => {
-                    if let Some(suppressed) = act.limiter.allow("held_by_other") {
+                    if let Some(suppressed) = act.io.limiter.allow("held_by_other") {
                         tracing::error!(
                             filter = %act.cfg.name, replica = act.id(), suppressed,
                             "this replica's id was retired and another replica holds it now: \
@@ -185,7 +193,7 @@ impl Replica {
         self.telemetry
             .counter(m::ID_LEASE_FAILURES, &[])
             .increment(1);
-        if let Some(suppressed) = self.limiter.allow("lease") {
+        if let Some(suppressed) = self.io.limiter.allow("lease") {
             tracing::warn!(
                 error = %e, suppressed, "replica id registry: {what} failed; retrying"
             );
@@ -196,18 +204,25 @@ impl Replica {
     /// were not heard from meanwhile.
     fn retire_stale(&mut self, claims: &[ClaimEntry], ctx: &mut Context<Self>) {
         // A kind whose ids serve one run only never retires one (a retired id is reused).
-        let retire_after = if self.expect.kind.reuses_ids() {
+        let retire_after = if self.io.expect.kind.reuses_ids() {
             ReplicaConfig::ms(self.cfg.retire_after_ms)
         } else {
             std::time::Duration::ZERO
         };
         let now = Instant::now();
-        let stale = self.lease.watch.stale(self.id(), claims, now, retire_after);
+        let stale = self
+            .core
+            .lease
+            .watch
+            .stale(self.id(), claims, now, retire_after);
         // Whether or not the kind retires ids, one silent for `retire_after_ms` no longer
         // counts among the replicas a `replicated` update waits for.
         let window = ReplicaConfig::ms(self.cfg.retire_after_ms);
-        self.lease.watch.note_known(self.id(), claims, now, window);
-        let (live, retired) = self.lease.id_counts();
+        self.core
+            .lease
+            .watch
+            .note_known(self.id(), claims, now, window);
+        let (live, retired) = self.core.lease.id_counts();
         for (state, n) in [("live", live), ("retired", retired)] {
             self.telemetry
                 .gauge(m::REPLICA_IDS, &[("state", state)])
@@ -215,6 +230,7 @@ impl Replica {
         }
         for e in stale {
             let heard = self
+                .core
                 .anti_entropy
                 .peers()
                 .any(|(_, p)| p.replica == e.id && p.last_seen.elapsed() < retire_after);
@@ -225,7 +241,7 @@ impl Replica {
             // (a reservation is never below them; this is only belt and braces).
             let observed = self.read().history().map_or(0, |h| h.max(e.id));
             let floor = e.record.floor().max(observed);
-            let (t, filter) = (self.transport.clone(), self.cfg.registry_name());
+            let (t, filter) = (self.io.transport.clone(), self.cfg.registry_name());
             let retire = async move { t.retire_claim(filter, e.id, e.revision, floor).await };
             ctx.spawn(retire.into_actor(self).map(move |r, act, _| match r {
                 Ok(true) => {
@@ -242,4 +258,3 @@ impl Replica {
         }
     }
 }
-

@@ -188,7 +188,6 @@ impl Pacing {
 mod tests {
     use super::*;
 
-
     /// A live push runs a window ahead of its slowest receiver, waits at most
     /// [`PACING_STALL`] for a first report or for a silent receiver, and is not held by a
     /// receiver that is done or fast.
@@ -240,5 +239,4 @@ mod tests {
             .expect("went on at the report")
             .unwrap();
     }
-
 }

@@ -12,7 +12,6 @@ use crate::replica::metrics::Telemetry;
 use crate::replica::wal::SegmentId;
 use crate::wire::FilterKind;
 
-
 /// What a snapshot saves, taken on the actor's thread and saved on any.
 pub(crate) struct SnapshotJob {
     pub(crate) filter: AnyFilter,
@@ -78,8 +77,8 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::replica::core::Snapshotter;
     use crate::replica::ReplicaConfig;
+    use crate::replica::core::Snapshotter;
 
     const INTERVAL: Duration = Duration::from_secs(30);
 

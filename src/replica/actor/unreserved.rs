@@ -22,18 +22,18 @@ use crate::wire::WireError;
 
 impl Replica {
     pub(super) fn registry_view_mut(&mut self) -> &mut RegistryView {
-        self.registry_view.get_or_insert_default()
+        self.core.registry_view.get_or_insert_default()
     }
 
     /// The bounds this replica holds received tags against: `None` when the check is off.
     pub(super) fn with_tag_bounds<T>(&self, f: impl FnOnce(Option<TagBounds<'_>>) -> T) -> T {
-        if !self.cfg.check_tag_reservations || !self.expect.kind.tagged() {
+        if !self.cfg.check_tag_reservations || !self.io.expect.kind.tagged() {
             return f(None);
         }
-        let view = self.registry_view.as_deref();
+        let view = self.core.registry_view.as_deref();
         let lookup = |id| view.and_then(|v| v.reserved(id));
         f(Some(TagBounds {
-            own_reserved: self.lease.reserved(),
+            own_reserved: self.core.lease.reserved(),
             reserved: &lookup,
         }))
     }
@@ -54,7 +54,12 @@ impl Replica {
     /// Starts a look at the registry for the held frames, or schedules one if the last was
     /// too recent.
     fn look_for_held(&mut self, ctx: &mut Context<Self>) {
-        if !self.registry_view.as_deref().is_some_and(RegistryView::wants_look) {
+        if !self
+            .core
+            .registry_view
+            .as_deref()
+            .is_some_and(RegistryView::wants_look)
+        {
             return;
         }
         // The node lists its ids at every renewal: a listing newer than this replica's view
@@ -74,11 +79,11 @@ impl Replica {
             }
             Look::Now => {}
         }
-        let namespace = match &self.lease.shared {
+        let namespace = match &self.core.lease.shared {
             Some(_) => SharedId::NAMESPACE.into(),
             None => self.cfg.registry_name(),
         };
-        let t = self.transport.clone();
+        let t = self.io.transport.clone();
         let look = async move { t.replica_claims(namespace).await };
         ctx.spawn(look.into_actor(self).map(move |claims, act, ctx| {
             act.registry_view_mut().look_ended();
@@ -97,8 +102,8 @@ impl Replica {
     /// Takes the node's latest listing of its ids into the view, if it is newer than the
     /// view: when that listing started.
     pub(super) fn note_shared_listing(&mut self) -> Option<Instant> {
-        let (claims, started) = self.lease.shared.as_ref()?.last_claims()?;
-        if self.registry_view.as_ref().and_then(|v| v.looked_at()) >= Some(started) {
+        let (claims, started) = self.core.lease.shared.as_ref()?.last_claims()?;
+        if self.core.registry_view.as_ref().and_then(|v| v.looked_at()) >= Some(started) {
             return None;
         }
         self.registry_view_mut().note(&claims, started);
@@ -153,7 +158,7 @@ impl Replica {
             Ok(()) => {
                 self.record_merge(crate::replica::metrics::MergeSource::Delta, t, true);
                 self.telemetry.delta_merged();
-                self.changed();
+                self.core.changed();
                 true
             }
             Err(WireError::TagUnreserved { .. })

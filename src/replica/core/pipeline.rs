@@ -323,7 +323,11 @@ mod tests {
         let mut p = CommitPipeline::<u32>::new(true);
         let now = Instant::now();
         assert_eq!(p.begin(now), Some(FIRST_BATCH));
-        assert_eq!(p.append(FIRST_BATCH, 0), Some(false), "nothing waits for the disk");
+        assert_eq!(
+            p.append(FIRST_BATCH, 0),
+            Some(false),
+            "nothing waits for the disk"
+        );
         // Asked for while the first is written: it follows, once.
         assert_eq!(p.begin(now), None);
         assert_eq!(p.begin(now), None);

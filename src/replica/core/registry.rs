@@ -11,7 +11,6 @@ use crate::ReplicaId;
 use crate::replica::filter::AnyFilter;
 use crate::transport::ClaimEntry;
 
-
 /// Most frames held at once; beyond, a frame above the view is refused at once (anti-entropy
 /// brings an honest peer's updates again).
 const MAX_HELD_FRAMES: usize = 256;
@@ -258,7 +257,10 @@ mod tests {
         let t0 = Instant::now();
         assert_eq!(view.next_look(t0), Look::None, "nothing held");
         assert!(view.hold(delta(10), t0));
-        assert!(!view.hold(delta(MAX_HELD_BYTES), t0), "over the bytes bound");
+        assert!(
+            !view.hold(delta(MAX_HELD_BYTES), t0),
+            "over the bytes bound"
+        );
         assert!(view.wants_look());
         assert_eq!(view.next_look(t0), Look::Now);
         assert!(!view.wants_look(), "one look at a time");

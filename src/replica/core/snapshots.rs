@@ -135,7 +135,6 @@ mod tests {
 
     const INTERVAL: Duration = Duration::from_secs(30);
 
-
     #[test]
     fn a_periodic_snapshot_goes_when_due_with_changes_and_one_at_a_time() {
         let dir = tempfile::tempdir().unwrap();
