@@ -29,20 +29,20 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use uuid::Uuid;
 
+use super::ReplicaError;
 use super::anti_entropy::Timing;
 use super::config::ReplicaConfig;
 use super::core::{
-    CommitPipeline, Lease, Outside, PARK_MAX_STATE_BYTES, Pushes, Ready, Rearm, ReplicaCore,
-    Snapshotter, Traits,
+    CommitPipeline, Lease, Outside, Pushes, Ready, Rearm, ReplicaCore, Snapshotter, Traits,
 };
-use super::filter::{AnyFilter, FilterStats};
-use super::metrics::{self as m, Counts, Telemetry};
+use super::filter::AnyFilter;
+use super::metrics::{self as m, Telemetry};
 use super::ticks;
-use super::{ReplicaError, ReplicaStats};
 use crate::ReplicaId;
 use crate::transport::{LogLimiter, Subjects, TransportEvent};
-use crate::wire::{Expect, FilterKind, WireCodec, WireError};
+use crate::wire::{Expect, WireCodec, WireError};
 use io::{Channels, Io};
+use timers::{Timer, Timers};
 
 mod clocks;
 mod commits;
@@ -62,6 +62,7 @@ mod reply;
 mod request;
 mod shared;
 mod snapshots;
+mod timers;
 mod unreserved;
 mod updates;
 
@@ -95,8 +96,8 @@ pub struct Replica {
     telemetry: Telemetry,
     /// What the replica decides with (see [`super::core::ReplicaCore`]).
     core: ReplicaCore<reply::Responder>,
-    /// The periodic timer, while armed.
-    periodic: Option<SpawnHandle>,
+    /// Its armed timers, by name.
+    timers: Timers,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// The NATS service API (ADR-32) of the request API, once it is served.
     service: Option<Arc<super::service::ApiService>>,
@@ -125,13 +126,7 @@ impl Replica {
             }
         };
         let started = Instant::now();
-        let timing = Timing {
-            live: ReplicaConfig::ms(s.cfg.anti_entropy_interval_ms * 3),
-            peer_expiry: ReplicaConfig::ms(s.cfg.peer_expiry_ms),
-            min_request_interval: ReplicaConfig::ms(s.cfg.min_push_interval_ms),
-            catch_up_timeout: ReplicaConfig::ms(s.cfg.catch_up_timeout_ms),
-            max_peers: s.cfg.max_peers,
-        };
+        let timing = Timing::of(&s.cfg);
         let codec = WireCodec::new(expect.clone(), s.cfg.auth_keys.clone());
         let limiter = Arc::new(LogLimiter::new(Duration::from_secs(10)));
         // Flume's queues grow with what they hold: tokio's allocate 32 slots up front, and
@@ -168,22 +163,7 @@ impl Replica {
             ReplicaConfig::ms(s.cfg.min_push_interval_ms),
             fastrand::u32(..),
         );
-        let traits = Traits {
-            aggregate_metrics: s.cfg.aggregate_metrics,
-            moves_with_time: expect.kind == FilterKind::ExpiringBloom,
-            small: s
-                .cfg
-                .filter
-                .memory_bytes()
-                .is_ok_and(|b| b <= PARK_MAX_STATE_BYTES),
-            serve_api: s.cfg.serve_api,
-            node_id: s.shared_id.is_some(),
-            anti_entropy_interval: ReplicaConfig::ms(s.cfg.anti_entropy_interval_ms),
-            metrics_interval: ReplicaConfig::ms(s.cfg.metrics_interval_ms),
-            peer_expiry: ReplicaConfig::ms(s.cfg.peer_expiry_ms),
-            max_state_bytes: s.cfg.max_state_bytes,
-            merges_pieces: s.cfg.filter.kind.merges_state_pieces(),
-        };
+        let traits = Traits::of(&s.cfg, expect.kind, s.shared_id.is_some());
         let parts = (
             snapshots,
             CommitPipeline::new(s.wal.is_some()),
@@ -216,7 +196,7 @@ impl Replica {
             },
             core,
             pacings: Vec::new(),
-            periodic: None,
+            timers: Timers::default(),
             tasks: Vec::new(),
             service: None,
         }
@@ -326,50 +306,6 @@ impl Replica {
         self.core.anti_entropy.converged_peers(mine, now)
     }
 
-    fn stats(&mut self) -> ReplicaStats {
-        let digest = self.my_digest();
-        let converged_peers = self.converged_peers();
-        let (figures, pending_delta): (FilterStats, usize) = {
-            let f = self.read();
-            (f.stats(), f.pending_delta_len())
-        };
-        let c = self.telemetry.counts();
-        ReplicaStats {
-            filter: self.cfg.name.clone(),
-            replica: self.id(),
-            uuid: self.uuid(),
-            ready: self.core.anti_entropy.is_ready(),
-            connected: self.io.transport.is_connected(),
-            peers: self.core.anti_entropy.live_peers(Instant::now()),
-            pending_delta,
-            digest: format!("{digest:016x}"),
-            awaiting_ack: self.core.pipeline.acks.len(),
-            converged_peers,
-            live_ids: self.core.lease.id_counts().0,
-            retired_ids: self.core.lease.id_counts().1,
-            id_lost: self.core.lease.lost(),
-            figures,
-            rejects: Counts::by_reason(&c.rejects),
-            api_errors: Counts::by_reason(&c.api_errors),
-            outbound_dropped: Counts::get(&c.outbound_dropped),
-            dropped: Counts::get(&c.dropped),
-            disconnects: Counts::get(&c.disconnects),
-            reconnects: Counts::get(&c.reconnects),
-            sequence_gaps: Counts::get(&c.sequence_gaps),
-            deltas_sent: Counts::get(&c.deltas_sent),
-            deltas_merged: Counts::get(&c.deltas_merged),
-            state_pushes: Counts::get(&c.state_pushes),
-            states_merged: Counts::get(&c.states_merged),
-            bytes_sent: Counts::get(&c.bytes_sent),
-            delta_bytes_sent: Counts::get(&c.delta_bytes_sent),
-            state_bytes_sent: Counts::get(&c.state_bytes_sent),
-            echoes_received: Counts::get(&c.echoes),
-            state_digests: Counts::get(&c.state_digests),
-            bytes_received: Counts::get(&c.bytes_received),
-            state_bytes: Counts::get(&c.state_bytes),
-        }
-    }
-
     /// Arms the replica's one periodic timer for what [`Schedule::plan`] says is next, on
     /// the process's grid ([`crate::replica::ticks`]) so that the timers of many replicas
     /// fire together.
@@ -377,8 +313,8 @@ impl Replica {
         let busy = self.core.busy(self.outside());
         let plan = self.core.schedule.plan(busy);
         let delay = plan.due.saturating_duration_since(Instant::now());
-        let timer = ctx.run_later(ticks::on_grid(delay, plan.grid_period), |act, ctx| {
-            act.periodic = None;
+        let delay = ticks::on_grid(delay, plan.grid_period);
+        self.timers.arm(Timer::Periodic, delay, ctx, |act, ctx| {
             let now = Instant::now();
             let fired = act.core.schedule.fired(now);
             if fired.digest {
@@ -391,7 +327,6 @@ impl Replica {
             }
             act.schedule_periodic(ctx);
         });
-        self.periodic = Some(timer);
     }
 
     /// The state changed (a flush is being armed): see [`Schedule::busy_again`].
@@ -403,10 +338,7 @@ impl Replica {
     /// Arms the periodic timer anew, for deadlines brought forward. Not from within the
     /// timer's own run (it arms the next itself): there is no armed timer then.
     fn rearm_periodic(&mut self, rearm: Rearm, ctx: &mut Context<Self>) {
-        if rearm.0
-            && let Some(timer) = self.periodic.take()
-        {
-            ctx.cancel_future(timer);
+        if rearm.0 && self.timers.cancel(Timer::Periodic, ctx) {
             self.schedule_periodic(ctx);
         }
     }

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use actix::prelude::*;
 
 use super::snapshots::SnapshotJob;
+use super::timers::Timer;
 use super::{Replica, ReplicaError};
 use crate::replica::durable::{DataDir, Reservation};
 use crate::replica::metrics as m;
@@ -87,7 +88,8 @@ impl Replica {
         }
         self.shared.wal_failed.store(true, Ordering::Release);
         if let Some(delay) = self.core.pipeline.wal_failed() {
-            ctx.run_later(delay, |act, ctx| act.recover_wal(ctx));
+            let recover = |act: &mut Self, ctx: &mut Context<Self>| act.recover_wal(ctx);
+            self.timers.arm(Timer::WalRecovery, delay, ctx, recover);
         }
     }
 
@@ -98,7 +100,8 @@ impl Replica {
     fn recover_wal(&mut self, ctx: &mut Context<Self>) {
         let retry = |act: &mut Self, ctx: &mut Context<Self>| {
             let delay = act.core.pipeline.retry_delay();
-            ctx.run_later(delay, |act, ctx| act.recover_wal(ctx));
+            let recover = |act: &mut Self, ctx: &mut Context<Self>| act.recover_wal(ctx);
+            act.timers.arm(Timer::WalRecovery, delay, ctx, recover);
         };
         if self.core.snapshots.writing() {
             return retry(self, ctx);

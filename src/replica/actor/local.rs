@@ -14,6 +14,8 @@ use crate::replica::ReplicaHandle;
 use crate::replica::ReplicaStats;
 use crate::replica::ack::AckLevel;
 use crate::replica::filter::AnyFilter;
+use crate::replica::filter::FilterStats;
+use crate::replica::metrics::Counts;
 use crate::replica::metrics::{MergeSource, OpKind};
 use crate::{Dot, ImportRoom, Occurrence};
 
@@ -435,5 +437,52 @@ impl ReplicaHandle {
     pub(crate) fn from_parts(addr: Addr<Replica>, shared: std::sync::Arc<Shared>) -> Self {
         let parts = std::sync::Arc::new(super::super::HandleParts { addr, shared });
         ReplicaHandle { parts }
+    }
+}
+
+impl Replica {
+    /// What `stats` reads: the core's figures, the filter's and the counts.
+    pub(super) fn stats(&mut self) -> ReplicaStats {
+        let digest = self.my_digest();
+        let converged_peers = self.converged_peers();
+        let (figures, pending_delta): (FilterStats, usize) = {
+            let f = self.read();
+            (f.stats(), f.pending_delta_len())
+        };
+        let c = self.telemetry.counts();
+        ReplicaStats {
+            filter: self.cfg.name.clone(),
+            replica: self.id(),
+            uuid: self.uuid(),
+            ready: self.core.anti_entropy.is_ready(),
+            connected: self.io.transport.is_connected(),
+            peers: self.core.anti_entropy.live_peers(Instant::now()),
+            pending_delta,
+            digest: format!("{digest:016x}"),
+            awaiting_ack: self.core.pipeline.acks.len(),
+            converged_peers,
+            live_ids: self.core.lease.id_counts().0,
+            retired_ids: self.core.lease.id_counts().1,
+            id_lost: self.core.lease.lost(),
+            figures,
+            rejects: Counts::by_reason(&c.rejects),
+            api_errors: Counts::by_reason(&c.api_errors),
+            outbound_dropped: Counts::get(&c.outbound_dropped),
+            dropped: Counts::get(&c.dropped),
+            disconnects: Counts::get(&c.disconnects),
+            reconnects: Counts::get(&c.reconnects),
+            sequence_gaps: Counts::get(&c.sequence_gaps),
+            deltas_sent: Counts::get(&c.deltas_sent),
+            deltas_merged: Counts::get(&c.deltas_merged),
+            state_pushes: Counts::get(&c.state_pushes),
+            states_merged: Counts::get(&c.states_merged),
+            bytes_sent: Counts::get(&c.bytes_sent),
+            delta_bytes_sent: Counts::get(&c.delta_bytes_sent),
+            state_bytes_sent: Counts::get(&c.state_bytes_sent),
+            echoes_received: Counts::get(&c.echoes),
+            state_digests: Counts::get(&c.state_digests),
+            bytes_received: Counts::get(&c.bytes_received),
+            state_bytes: Counts::get(&c.state_bytes),
+        }
     }
 }

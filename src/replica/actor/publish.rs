@@ -14,6 +14,7 @@ use bytes::Bytes;
 use super::pump::Outbound;
 use super::push::{Pacing, PushSource, StatePush};
 use super::reply::Responder;
+use super::timers::Timer;
 use super::{Replica, ReplicaError, digest_of};
 use crate::replica::TakenDelta;
 use crate::replica::ack::{Resolved, known_replicas, peers_needed};
@@ -102,7 +103,7 @@ impl Replica {
             return self.flush_delta(ctx);
         }
         self.core.pipeline.arm_flush_timer();
-        ctx.run_later(delay, |act, ctx| {
+        self.timers.arm(Timer::Flush, delay, ctx, |act, ctx| {
             act.core.pipeline.flush_timer_fired();
             act.shared.flush_scheduled.store(false, Ordering::Release);
             act.flush_delta(ctx);
@@ -283,7 +284,7 @@ impl Replica {
         {
             Release::Now(held) => self.publish_held(held, ctx),
             Release::Later(delay) => {
-                ctx.run_later(delay, |act, ctx| {
+                self.timers.arm(Timer::Publish, delay, ctx, |act, ctx| {
                     let held = act.core.pipeline.publish_timer_fired();
                     act.publish_held(held, ctx);
                 });
@@ -359,7 +360,8 @@ impl Replica {
     /// arrive meanwhile share its write and its delta.
     pub(super) fn commit_within_a_millisecond(&mut self, ctx: &mut Context<Self>) {
         if self.core.pipeline.arm_commit_timer() {
-            ctx.run_later(Duration::from_millis(1), |act, ctx| {
+            let ms = Duration::from_millis(1);
+            self.timers.arm(Timer::Commit, ms, ctx, |act, ctx| {
                 act.core.pipeline.commit_timer_fired();
                 act.flush_delta(ctx);
             });
@@ -466,7 +468,7 @@ impl Replica {
             PushPlan::Now => self.push_state(ctx),
             PushPlan::Armed => {}
             PushPlan::After(wait) => {
-                ctx.run_later(wait, |act, ctx| {
+                self.timers.arm(Timer::Push, wait, ctx, |act, ctx| {
                     if act.core.pushes.timer_fired() {
                         act.push_state(ctx);
                     } else {

@@ -14,6 +14,7 @@ use actix::prelude::*;
 use uuid::Uuid;
 
 use super::Replica;
+use super::timers::Timer;
 use crate::replica::SharedId;
 use crate::replica::core::{HeldFrame, Look, RegistryView};
 use crate::replica::filter::TagBounds;
@@ -71,7 +72,7 @@ impl Replica {
         match self.registry_view_mut().next_look(started) {
             Look::None => return,
             Look::After(wait) => {
-                ctx.run_later(wait, |act, ctx| {
+                self.timers.arm(Timer::RegistryLook, wait, ctx, |act, ctx| {
                     act.registry_view_mut().look_timer_fired();
                     act.look_for_held(ctx);
                 });

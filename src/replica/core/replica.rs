@@ -10,7 +10,9 @@ use super::{
     CommitPipeline, DigestCache, Lease, PeerClocks, Pushes, RegistryView, Schedule, Snapshotter,
 };
 use crate::replica::anti_entropy::{AntiEntropy, Timing};
+use crate::replica::config::ReplicaConfig;
 use crate::replica::reassembly::Reassembly;
+use crate::wire::FilterKind;
 
 /// Filters whose initial state is larger stay awake: a park and a resume copy the state, and
 /// an actor's few KB are little beside it.
@@ -38,6 +40,41 @@ pub(crate) struct Traits {
     /// state piece by piece.
     pub max_state_bytes: u64,
     pub merges_pieces: bool,
+}
+
+impl Traits {
+    /// The traits of a replica configured as `cfg`, of `kind`, issuing its tags under its
+    /// node's id or not.
+    pub(crate) fn of(cfg: &ReplicaConfig, kind: FilterKind, node_id: bool) -> Self {
+        Traits {
+            aggregate_metrics: cfg.aggregate_metrics,
+            moves_with_time: kind == FilterKind::ExpiringBloom,
+            small: cfg
+                .filter
+                .memory_bytes()
+                .is_ok_and(|b| b <= PARK_MAX_STATE_BYTES),
+            serve_api: cfg.serve_api,
+            node_id,
+            anti_entropy_interval: ReplicaConfig::ms(cfg.anti_entropy_interval_ms),
+            metrics_interval: ReplicaConfig::ms(cfg.metrics_interval_ms),
+            peer_expiry: ReplicaConfig::ms(cfg.peer_expiry_ms),
+            max_state_bytes: cfg.max_state_bytes,
+            merges_pieces: cfg.filter.kind.merges_state_pieces(),
+        }
+    }
+}
+
+impl Timing {
+    /// The anti-entropy timing of a replica configured as `cfg`.
+    pub(crate) fn of(cfg: &ReplicaConfig) -> Self {
+        Timing {
+            live: ReplicaConfig::ms(cfg.anti_entropy_interval_ms * 3),
+            peer_expiry: ReplicaConfig::ms(cfg.peer_expiry_ms),
+            min_request_interval: ReplicaConfig::ms(cfg.min_push_interval_ms),
+            catch_up_timeout: ReplicaConfig::ms(cfg.catch_up_timeout_ms),
+            max_peers: cfg.max_peers,
+        }
+    }
 }
 
 /// What the shell knows of the state outside the core, read where a decision needs it (the
