@@ -1,23 +1,16 @@
-//! The replica actor: a thin shell that owns a replica's parts and routes messages between
-//! them. The parts that decide are their own types, each with its own state and unit tests,
-//! and no I/O of their own:
-//!
-//! - [`crate::replica::anti_entropy`]: peers, digests and readiness; `push`: when a full-state
-//!   push may go, and the digest cache; [`crate::replica::reassembly`]: transfers coming in;
-//! - `pipeline`: the commit pipeline (write-ahead log and its recovery, group commit, the
-//!   updates waiting for their acknowledgement level);
-//! - `snapshots`: the snapshotter (what is unsaved, when a snapshot is due, older never over
-//!   newer);
-//! - `lease`: the replica id claim (when to renew, what to ask for, a lost claim);
-//!   `unreserved`: the other ids' reservations, and frames held until the next look.
-//!
-//! The actor's `impl` carries out what they decide, by concern: `publish` (sequencing,
-//! commits, digests, pushes), `durability` (tag reservations, snapshots, log recovery),
-//! `local` (the actor's messages), `request` (the request API through the actor). Around it,
-//! without the actor: `pump` (the subscriptions into the bounded inbound buffer, and the
-//! publisher task), `reads` and `updates` (queries, and `local` adds to grow-only kinds,
-//! answered in the subscription tasks), and the leaves they share, `reply` and `items`.
-//! Modules import only toward the leaves, never in a circle.
+//! The replica actor: a thin shell around the replica's core
+//! ([`crate::replica::core::ReplicaCore`], every decision, no I/O, `now` passed in, unit-tested
+//! with a stepped clock). The shell holds the I/O ([`io::Io`]: transports, subjects, codec,
+//! the log's writer), the queues ([`io::Channels`]), the timers by name ([`timers::Timers`]),
+//! and carries out what the core decides, by concern: `receive` (peers' frames, merged with
+//! their checks), `publish` (sequencing, commits to the log, digests, pushes), `durability`
+//! (tag reservations, snapshots, log recovery), `lease` and `unreserved` (the registry's
+//! calls), `local` (the actor's messages), `request` (the request API through the actor),
+//! `parking`. Around it, without the actor: `shared` (what threads share), `pump` (the
+//! subscriptions into the bounded inbound buffer, and the publisher task), `reads` and
+//! `updates` (queries, and `local` adds to grow-only kinds, answered in the subscription
+//! tasks), and the leaves they share, `reply` and `items`. Modules import only toward the
+//! leaves, never in a circle.
 //!
 //! Telemetry (metrics and the counts `stats` reads) goes through
 //! [`crate::replica::metrics::Telemetry`].
@@ -358,7 +351,7 @@ impl Replica {
     }
 
     /// Gauges, time passing for anti-entropy (peer expiry, catch-up), and partial transfers
-    /// that timed out (see [`Replica::housekeeping_delay`] for how often).
+    /// that timed out (how often: [`crate::replica::core::Schedule::plan`]).
     fn housekeeping(&mut self, ctx: &mut Context<Self>) {
         // Snapshots are due every `snapshot_interval_ms` (checked here rather than on a timer
         // of their own: one wake-up per replica, not two).

@@ -1,7 +1,8 @@
 //! Publishing and sequencing: envelopes numbered in order; the commit pipeline carried out
 //! (local updates gathered into a delta, appended to the write-ahead log with group commit,
 //! published, and the updates answered at their acknowledgement level, as
-//! [`super::pipeline`] decides); digests; and full-state pushes (when [`super::push`] says)
+//! [`crate::replica::core::CommitPipeline`] decides); digests; and full-state pushes (when
+//! [`crate::replica::core::Pushes`] says)
 //! encoded off the actor's thread and framed chunk by chunk by the publisher.
 
 use std::sync::Arc;

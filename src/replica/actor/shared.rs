@@ -206,6 +206,6 @@ pub(crate) struct Setup {
     pub shared_id: Option<Arc<crate::replica::SharedId>>,
     /// Where its digests go, when its node publishes them in batches.
     pub digest_batches: Option<Arc<DigestBatcher>>,
-    /// It resumes after parking ([`parking`]): ready at once, as it was.
+    /// It resumes after parking (`parking`): ready at once, as it was.
     pub resumed: bool,
 }

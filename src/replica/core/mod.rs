@@ -1,6 +1,7 @@
 //! The replica's decisions without I/O: what the shell (the actor, its transports, its data
-//! directory) carries out, and what the deterministic simulation (`src/sim/`) runs too. The
-//! rest of the replica moves here step by step (docs/DESIGN.md, "The replica's core").
+//! directory) carries out, and what the deterministic simulation (`src/sim/`) runs too.
+//! [`ReplicaCore`] owns the decision state; each part owns its own, with its tests
+//! (docs/DESIGN.md, "The replica's core").
 
 mod clocks;
 mod lease;
