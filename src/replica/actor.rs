@@ -1,67 +1,61 @@
-//! The replica actor: a thin shell that owns a replica's parts and routes messages between
-//! them. The parts that decide are their own types, each with its own state and unit tests,
-//! and no I/O of their own:
-//!
-//! - [`crate::replica::anti_entropy`]: peers, digests and readiness; `push`: when a full-state
-//!   push may go, and the digest cache; [`crate::replica::reassembly`]: transfers coming in;
-//! - `pipeline`: the commit pipeline (write-ahead log and its recovery, group commit, the
-//!   updates waiting for their acknowledgement level);
-//! - `snapshots`: the snapshotter (what is unsaved, when a snapshot is due, older never over
-//!   newer);
-//! - `lease`: the replica id claim (when to renew, what to ask for, a lost claim);
-//!   `unreserved`: the other ids' reservations, and frames held until the next look.
-//!
-//! The actor's `impl` carries out what they decide, by concern: `publish` (sequencing,
-//! commits, digests, pushes), `durability` (tag reservations, snapshots, log recovery),
-//! `local` (the actor's messages), `request` (the request API through the actor). Around it,
-//! without the actor: `pump` (the subscriptions into the bounded inbound buffer, and the
-//! publisher task), `reads` and `updates` (queries, and `local` adds to grow-only kinds,
-//! answered in the subscription tasks), and the leaves they share, `reply` and `items`.
-//! Modules import only toward the leaves, never in a circle.
+//! The replica actor: a thin shell around the replica's core
+//! ([`crate::replica::core::ReplicaCore`], every decision, no I/O, `now` passed in, unit-tested
+//! with a stepped clock). The shell holds the I/O ([`io::Io`]: transports, subjects, codec,
+//! the log's writer), the queues ([`io::Channels`]), the timers by name ([`timers::Timers`]),
+//! and carries out what the core decides, by concern: `receive` (peers' frames, merged with
+//! their checks), `publish` (sequencing, commits to the log, digests, pushes), `durability`
+//! (tag reservations, snapshots, log recovery), `lease` and `unreserved` (the registry's
+//! calls), `local` (the actor's messages), `request` (the request API through the actor),
+//! `parking`. Around it, without the actor: `shared` (what threads share), `pump` (the
+//! subscriptions into the bounded inbound buffer, and the publisher task), `reads` and
+//! `updates` (queries, and `local` adds to grow-only kinds, answered in the subscription
+//! tasks), and the leaves they share, `reply` and `items`. Modules import only toward the
+//! leaves, never in a circle.
 //!
 //! Telemetry (metrics and the counts `stats` reads) goes through
 //! [`crate::replica::metrics::Telemetry`].
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use uuid::Uuid;
 
-use super::anti_entropy::{Action, AntiEntropy, PeerTableFull, Timing};
+use super::ReplicaError;
+use super::anti_entropy::Timing;
 use super::config::ReplicaConfig;
-use super::durable::{DataDir, Identity};
-use super::filter::{AnyFilter, FilterStats};
-use super::metrics::{self as m, Counts, Direction, MergeSource, Telemetry};
-use super::reassembly::{Progress, Reassembly};
+use super::core::{
+    CommitPipeline, Lease, Outside, Pushes, Ready, Rearm, ReplicaCore, Snapshotter, Traits,
+};
+use super::filter::AnyFilter;
+use super::metrics::{self as m, Telemetry};
 use super::ticks;
-use super::wal::WalWriter;
-use super::{ReplicaError, ReplicaStats};
 use crate::ReplicaId;
-use crate::transport::digests::DigestBatcher;
-use crate::transport::{Channel, LogLimiter, MessageStream, Subjects, Transport, TransportEvent};
-use crate::wire::{Body, Envelope, Expect, FilterKind, StateChunk, WireCodec, WireError};
-use pipeline::CommitPipeline;
-use push::{DigestCache, Pushes};
-use snapshots::Snapshotter;
+use crate::transport::{LogLimiter, Subjects, TransportEvent};
+use crate::wire::{Expect, WireCodec, WireError};
+use io::{Channels, Io};
+use timers::{Timer, Timers};
 
 mod clocks;
 mod commits;
 mod durability;
+mod io;
 mod items;
 mod lease;
 mod lifecycle;
 mod local;
 mod parking;
-mod pipeline;
 mod publish;
 mod pump;
 mod push;
 mod reads;
+mod receive;
 mod reply;
 mod request;
+mod shared;
 mod snapshots;
+mod timers;
 mod unreserved;
 mod updates;
 
@@ -76,290 +70,34 @@ pub(crate) use pump::{API_LINGER, Inbound, Route, route_event, route_replication
 pub use reads::PendingResponse;
 pub(crate) use reads::{refusal, route_own_api};
 pub(crate) use reply::{error_of, header_text};
+pub(crate) use shared::{Setup, Shared};
 #[cfg(test)]
 pub(crate) use snapshots::SnapshotJob;
 
 /// The header of an API request that asks for an acknowledgement level.
 pub use crate::api::ACK_HEADER;
 
-/// States at least this large are decoded off the actor's thread.
-const BLOCKING_THRESHOLD: usize = 256 << 10;
-
-/// What one replica shares between its actor, its handle and its inbound tasks.
-pub(crate) struct Shared {
-    /// The filter. The actor writes it, and so do the API's subscription tasks for `local`
-    /// adds to grow-only kinds ([`updates`]); handles read it without queueing behind
-    /// replication work in the mailbox.
-    pub filter: RwLock<AnyFilter>,
-    /// Reads the filter's bits without its lock, for the kinds that allow it (`g_bloom`):
-    /// queries never wait for an update or a merge in progress.
-    pub reader: Option<crate::BloomReader>,
-    pub name: String,
-    pub kind: FilterKind,
-    pub identity: Identity,
-    /// Ready, and whether the actor is gone, for those waiting outside it.
-    pub lifecycle: lifecycle::Lifecycle,
-    pub telemetry: Telemetry,
-    /// Bytes of messages waiting in the inbound buffer, and their bound.
-    pub inbound_bytes: AtomicU64,
-    pub inbound_max_bytes: u64,
-    /// The state changed outside the actor (an update applied in a subscription task) since
-    /// the actor last looked: its digest is stale, and a snapshot and a push are due.
-    pub direct_changes: AtomicBool,
-    /// A commit was asked of the actor because the pending delta is full, and not yet made.
-    pub commit_requested: AtomicBool,
-    /// A flush of the pending delta is scheduled (or asked of the actor): an idle replica
-    /// has no timer running for its deltas, and a change arms one ([`Shared::want_flush`]).
-    pub flush_scheduled: AtomicBool,
-    /// The number of the commit whose delta the next take carries: moved on by the actor
-    /// under the write lock as it takes a delta, read under it by updates applied outside
-    /// the actor that wait for their commit ([`commits`]).
-    pub open_batch: AtomicU64,
-    /// The highest commit that an update applied outside the actor needs fsynced (raised
-    /// under the write lock, read by the commit that takes the update's delta).
-    pub sync_through: AtomicU64,
-    /// How far the commits got, for the [`CommitTicket`]s of those updates.
-    pub commits: commits::Commits,
-    /// A commit within a millisecond is asked of the actor (`logged` updates applied in a
-    /// subscription task) and not yet scheduled.
-    pub logged_commit_requested: AtomicBool,
-    /// The write-ahead log failed and is not replaced yet: `logged` updates are answered as
-    /// applied but not durable.
-    pub wal_failed: AtomicBool,
-    /// The replica shut down: updates are no longer applied (set under the write lock).
-    pub closed: AtomicBool,
-    /// A publisher task runs ([`pump::publish`]): one at a time, so that frames leave in
-    /// the order they were queued, and none while nothing is queued (a task of its own for
-    /// each of a node's 100,000 mostly idle replicas cost 640 bytes each).
-    pub publishing: AtomicBool,
-    /// Full-state pushes queued or going out: their chunks' numbers are taken, and some
-    /// may not be published for a while (a batched digest claims no number meanwhile).
-    pub pushes_out: std::sync::atomic::AtomicUsize,
-    /// The replica shuts down because its filter was dropped: its API refuses for a moment
-    /// longer ([`pump::API_LINGER`]), since no other replica will answer for it.
-    pub dropped: AtomicBool,
-    /// What a batch request may hold (`max_batch_items`, `max_item_bytes`).
-    pub limits: crate::api::batch::Limits,
-    /// Whether the replica serves the request API (`serve_api`), once ready.
-    pub serve_api: bool,
-    /// Answers requests of the API made in this process ([`ReplicaHandle::request`]); set
-    /// once the API is served, and let go when the actor stops: the requests' path holds
-    /// this `Shared`, so a cell kept for good kept every stopped replica (its filter among
-    /// it) alive through the cycle.
-    pub api: arc_swap::ArcSwapOption<reads::Reads>,
-    /// Takes the messages the node routes to the replica
-    /// ([`ReplicaConfig::routed_replication`]); set as the actor is made.
-    pub replication_inlet: std::sync::OnceLock<pump::Inlet>,
-    /// The time kinds whose elements expire go by, bounded by the peers' clock.
-    pub clock: super::clock::ReplicaClock,
-    /// Merges the log does not hold: adds record their whole footprint meanwhile.
-    pub unlogged: Arc<super::core::UnloggedMerges>,
-}
-
-impl Shared {
-    /// What a replica shares with its handles and tasks, before anything happened: no change,
-    /// request or commit yet, not closed, the API not served.
-    pub(crate) fn new(
-        filter: AnyFilter,
-        name: String,
-        identity: Identity,
-        telemetry: Telemetry,
-        inbound_max_bytes: u64,
-        limits: crate::api::batch::Limits,
-        serve_api: bool,
-    ) -> Self {
-        Shared {
-            unlogged: Default::default(),
-            kind: filter.kind(),
-            reader: filter.shared_reader(),
-            filter: RwLock::new(filter),
-            name,
-            identity,
-            lifecycle: Default::default(),
-            telemetry,
-            inbound_bytes: Default::default(),
-            inbound_max_bytes,
-            direct_changes: Default::default(),
-            commit_requested: Default::default(),
-            flush_scheduled: Default::default(),
-            open_batch: AtomicU64::new(pipeline::FIRST_BATCH),
-            sync_through: Default::default(),
-            commits: Default::default(),
-            logged_commit_requested: Default::default(),
-            wal_failed: Default::default(),
-            closed: Default::default(),
-            publishing: Default::default(),
-            pushes_out: Default::default(),
-            dropped: Default::default(),
-            api: Default::default(),
-            replication_inlet: Default::default(),
-            clock: Default::default(),
-            limits,
-            serve_api,
-        }
-    }
-
-    /// With a write-ahead log: adds record their footprints while the state holds merges
-    /// the log does not ([`super::core::UnloggedMerges`]).
-    pub(crate) fn with_log(mut self, logged: bool) -> Self {
-        self.unlogged = Arc::new(super::core::UnloggedMerges::new(logged));
-        self
-    }
-
-    /// Why the replica's API takes no request: it stopped (its API let go), or it does not
-    /// serve yet.
-    pub(crate) fn not_serving(&self) -> ReplicaError {
-        match self.closed.load(Ordering::Acquire) {
-            true => ReplicaError::Stopped,
-            false => ReplicaError::NotServing,
-        }
-    }
-
-    /// The state changed: unless a flush is already scheduled, asks the actor for one
-    /// ([`Inbound::Wake`]). A full inbound buffer drops the request; the housekeeping tick
-    /// then notices the pending delta.
-    pub(crate) fn want_flush(&self, to_actor: &flume::Sender<Inbound>) {
-        ask_once(&self.flush_scheduled, to_actor, Inbound::Wake);
-    }
-
-    /// A `logged` update was applied outside the actor: asks for a commit within a
-    /// millisecond ([`Inbound::LoggedCommit`]) unless one is asked for already. A full
-    /// inbound buffer drops the request; the delta's periodic commit then carries it.
-    pub(crate) fn want_logged_commit(&self, to_actor: &flume::Sender<Inbound>) {
-        ask_once(
-            &self.logged_commit_requested,
-            to_actor,
-            Inbound::LoggedCommit,
-        );
-    }
-
-    /// Asks the actor for a commit now ([`Inbound::Commit`]) unless one is asked for
-    /// already. A full inbound buffer drops the request; the periodic commit comes soon
-    /// enough.
-    pub(crate) fn want_commit(&self, to_actor: &flume::Sender<Inbound>) {
-        ask_once(&self.commit_requested, to_actor, Inbound::Commit);
-    }
-}
-
-/// Sends `ask` to the actor unless `asked` says it is on its way (the actor clears it when
-/// it handles it); `asked` is cleared again if the inbound buffer is full. A load first: on
-/// the hot path the request is mostly made already, and a swap would take the line from the
-/// actor's core every time.
-fn ask_once(asked: &AtomicBool, to_actor: &flume::Sender<Inbound>, ask: Inbound) {
-    if !asked.load(Ordering::Acquire)
-        && !asked.swap(true, Ordering::AcqRel)
-        && to_actor.try_send(ask).is_err()
-    {
-        asked.store(false, Ordering::Release);
-    }
-}
-
-/// Everything a replica needs to start, prepared by [`super::Replica::start`].
-pub(crate) struct Setup {
-    pub cfg: ReplicaConfig,
-    pub shared: Arc<Shared>,
-    pub transport: Arc<dyn Transport>,
-    /// Publishes and subscribes replication (no echo where the transport can): see
-    /// [`Transport::replication_transport`].
-    pub replication_transport: Arc<dyn Transport>,
-    /// Its own replication subscription; none if the node routes its replication subject
-    /// ([`ReplicaConfig::routed_replication`]).
-    pub replication: Option<MessageStream>,
-    pub data: Option<DataDir>,
-    /// The write-ahead log, with a data directory.
-    pub wal: Option<WalWriter>,
-    pub reserved: u64,
-    /// The tags the registry confirmed this replica may issue.
-    pub lease_reserved: u64,
-    /// The node's id, when the replica issues its tags under it (see [`super::SharedId`]).
-    pub shared_id: Option<Arc<super::SharedId>>,
-    /// Where its digests go, when its node publishes them in batches.
-    pub digest_batches: Option<Arc<DigestBatcher>>,
-    /// It resumes after parking ([`parking`]): ready at once, as it was.
-    pub resumed: bool,
-}
-
 /// The replica actor. Start one with [`super::Replica::start`]; talk to it through the
 /// [`super::ReplicaHandle`] or by sending its messages to [`super::ReplicaHandle::addr`].
 pub struct Replica {
     cfg: ReplicaConfig,
     shared: Arc<Shared>,
-    transport: Arc<dyn Transport>,
-    /// Replication's publications and subscription (see [`Setup::replication_transport`]).
-    replication_transport: Arc<dyn Transport>,
-    /// Shared with its request API, its replication router and its `$SRV` service: six
-    /// strings each copy.
-    subjects: Arc<Subjects>,
-    expect: Expect,
-    /// Encodes and decodes (signs and verifies) this replica's frames.
-    codec: WireCodec,
+    /// What it publishes and subscribes with, how it frames, and its log's writer.
+    io: Io,
+    /// Its queues: messages in, frames out.
+    chans: Channels,
     telemetry: Telemetry,
-    limiter: Arc<LogLimiter>,
-    seq: u64,
-    /// Peers, digests and readiness (the protocol's decisions, pure and unit-tested).
-    anti_entropy: AntiEntropy,
-    /// State transfers in progress and recently completed, made by the first chunk: most
-    /// replicas of a node of many filters never receive one.
-    transfers: Option<Box<Reassembly>>,
-    /// The digest, cached until the state changes.
-    digests: DigestCache,
-    /// When full-state pushes may go.
-    pushes: Pushes,
-    /// The receivers' pace of our live pushes still queued or going out.
-    pacings: Vec<Arc<push::Pacing>>,
-    /// Snapshots into the data directory, if the replica has one.
-    snapshots: Snapshotter,
-    /// The tags reserved durably (written to the data directory before one above is issued).
-    reserved: u64,
-    started: Instant,
-    /// When the periodic timer last ran [`Replica::housekeeping`].
-    last_housekeeping: Instant,
-    /// When the periodic timer announces the digest next.
-    next_digest: Instant,
-    /// Digests announced in a row with no live peer ([`ticks::lone_digest_factor`]).
-    lone_digests: u32,
-    /// Digests announced in a row with the state unchanged and equal to every live peer's
-    /// ([`ticks::quiet_digest_factor`]).
-    quiet_digests: u32,
-    /// The state changed since the last digest was announced.
-    changed_since_digest: bool,
-    /// The periodic timer armed, and about when it fires, so that a peer appearing or a
-    /// change can bring it forward.
-    periodic: Option<SpawnHandle>,
-    periodic_due: Instant,
-    api_started: bool,
-    /// It parked ([`parking`]): its node keeps its state.
-    parked: bool,
-    /// It resumed after parking: ready at once (it was, and alone).
-    resumed: bool,
-    inbound_tx: flume::Sender<Inbound>,
-    inbound_rx: Option<flume::Receiver<Inbound>>,
-    outbound: flume::Sender<pump::Outbound>,
-    /// What the publisher task takes from; the task runs while there is something to take
-    /// ([`Shared::publishing`]).
-    outbound_rx: flume::Receiver<pump::Outbound>,
-    replication: Option<MessageStream>,
+    /// What the replica decides with (see [`super::core::ReplicaCore`]).
+    core: ReplicaCore<reply::Responder>,
+    /// Its armed timers, by name.
+    timers: Timers,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// The NATS service API (ADR-32) of the request API, once it is served.
     service: Option<Arc<super::service::ApiService>>,
-    /// Commits, the write-ahead log and the updates waiting for their acknowledgement level.
-    pipeline: CommitPipeline<reply::Responder>,
-    /// The id claim and the other ids of the filter.
-    lease: lease::Lease,
-    /// The other ids' reservations as last seen, and frames waiting for the next look; made
-    /// by the first use (only tagged kinds look).
-    registry_view: Option<Box<unreserved::RegistryView>>,
-    /// Kinds whose elements expire: the live peers' clocks (see [`clocks`]); made by the
-    /// first peer's.
-    peer_clocks: Option<Box<clocks::PeerClocks>>,
-    /// The most replicas (this one included) live at once since this replica's last listing
-    /// of the registry (ever, under the node's id): counted by `replicated` beside the
-    /// registry's (see [`crate::replica::ack::known_replicas`]).
-    most_live: usize,
+    /// The receivers' pace of our live pushes still queued or going out.
+    pacings: Vec<Arc<push::Pacing>>,
     /// Checks and applies the request API's updates (here, or in the subscription tasks).
     updates: Arc<updates::Updates>,
-    /// Its node's digest batches, where its digests go if it has one.
-    digest_batches: Option<Arc<DigestBatcher>>,
 }
 
 impl Replica {
@@ -381,13 +119,7 @@ impl Replica {
             }
         };
         let started = Instant::now();
-        let timing = Timing {
-            live: ReplicaConfig::ms(s.cfg.anti_entropy_interval_ms * 3),
-            peer_expiry: ReplicaConfig::ms(s.cfg.peer_expiry_ms),
-            min_request_interval: ReplicaConfig::ms(s.cfg.min_push_interval_ms),
-            catch_up_timeout: ReplicaConfig::ms(s.cfg.catch_up_timeout_ms),
-            max_peers: s.cfg.max_peers,
-        };
+        let timing = Timing::of(&s.cfg);
         let codec = WireCodec::new(expect.clone(), s.cfg.auth_keys.clone());
         let limiter = Arc::new(LogLimiter::new(Duration::from_secs(10)));
         // Flume's queues grow with what they hold: tokio's allocate 32 slots up front, and
@@ -424,49 +156,42 @@ impl Replica {
             ReplicaConfig::ms(s.cfg.min_push_interval_ms),
             fastrand::u32(..),
         );
+        let traits = Traits::of(&s.cfg, expect.kind, s.shared_id.is_some());
+        let parts = (
+            snapshots,
+            CommitPipeline::new(s.wal.is_some()),
+            Lease::new(s.lease_reserved, s.shared_id),
+        );
+        let durable = (s.reserved, s.resumed);
+        let seed = fastrand::u64(..);
+        let core = ReplicaCore::new(traits, timing, parts, pushes, durable, started, seed);
         Replica {
             updates,
-            transfers: None,
             cfg: s.cfg,
             telemetry: s.shared.telemetry.clone(),
             shared: s.shared,
-            transport: s.transport,
-            replication_transport: s.replication_transport,
-            subjects,
-            expect,
-            codec,
-            limiter,
-            seq: 0,
-            anti_entropy: AntiEntropy::new(timing, started),
-            digests: DigestCache::default(),
-            pushes,
+            io: Io {
+                transport: s.transport,
+                replication_transport: s.replication_transport,
+                subjects,
+                expect,
+                codec,
+                limiter,
+                digest_batches: s.digest_batches,
+                wal: s.wal,
+            },
+            chans: Channels {
+                inbound_tx,
+                inbound_rx: Some(inbound_rx),
+                outbound,
+                outbound_rx,
+                replication: s.replication,
+            },
+            core,
             pacings: Vec::new(),
-            snapshots,
-            pipeline: CommitPipeline::new(s.wal),
-            reserved: s.reserved,
-            lease: lease::Lease::new(s.lease_reserved, s.shared_id),
-            registry_view: None,
-            peer_clocks: None,
-            most_live: 1,
-            started,
-            last_housekeeping: started,
-            next_digest: started,
-            lone_digests: 0,
-            quiet_digests: 0,
-            changed_since_digest: false,
-            periodic: None,
-            periodic_due: started,
-            api_started: false,
-            parked: false,
-            resumed: s.resumed,
-            inbound_tx,
-            inbound_rx: Some(inbound_rx),
-            outbound,
-            outbound_rx,
-            replication: s.replication,
+            timers: Timers::default(),
             tasks: Vec::new(),
             service: None,
-            digest_batches: s.digest_batches,
         }
     }
 
@@ -495,361 +220,15 @@ impl Replica {
     }
 
     pub(super) fn reject(&self, e: &WireError) {
-        reject(&self.shared, &self.limiter, e);
-    }
-
-    // ---- receiving -----------------------------------------------------------------------
-
-    fn on_replication(&mut self, env: Envelope, frame_len: usize, ctx: &mut Context<Self>) {
-        let channel = if env.body.is_delta() {
-            Channel::Delta
-        } else {
-            Channel::State
-        };
-        self.telemetry.traffic(Direction::In, channel, frame_len);
-        let now = Instant::now();
-        if self.lone_digests > ticks::LONE_DIGESTS_AT_INTERVAL {
-            self.digest_at_interval(ctx);
-        }
-        // A peer not heard before (one starting, or back) does not know how far apart our
-        // digests are: at the interval again, so that it does not take us for gone.
-        if !self.anti_entropy.knows(&env.sender) {
-            self.quiet_ended(ctx);
-        }
-        if let Body::StateProgress {
-            target,
-            transfer,
-            next,
-        } = env.body
-        {
-            // Unsequenced (it overtakes what its sender queued), so it moves no sequence
-            // count; only a peer already heard from paces a push.
-            if target == self.uuid() && self.anti_entropy.knows(&env.sender) {
-                self.on_progress(env.sender, transfer, next);
-            }
-            return;
-        }
-        match self
-            .anti_entropy
-            .heard(env.sender, env.replica, env.seq, now)
-        {
-            Ok(actions) => self.carry_out(actions, ctx),
-            Err(PeerTableFull) => {
-                return self.reject(&WireError::TooManyPeers(self.cfg.max_peers));
-            }
-        }
-        match env.body {
-            Body::Delta(bytes) => {
-                if self.merge_delta_checked(&bytes, true, None, ctx) {
-                    self.delta_clock(env.sender, &bytes);
-                }
-            }
-            Body::Deltas(deltas) => {
-                for bytes in deltas {
-                    if self.merge_delta_checked(&bytes, true, None, ctx) {
-                        self.delta_clock(env.sender, &bytes);
-                    }
-                }
-            }
-            Body::ConfirmedDelta(bytes) => {
-                // A held delta is acknowledged once merged.
-                let ack_to = Some((env.sender, env.seq));
-                if self.merge_delta_checked(&bytes, true, ack_to, ctx) {
-                    self.send_ack(env.sender, env.seq);
-                    self.delta_clock(env.sender, &bytes);
-                }
-            }
-            Body::Ack { target, seq } => {
-                if target == self.uuid() {
-                    let r = self.pipeline.acks.acked(env.sender, seq);
-                    self.answer(r);
-                }
-            }
-            Body::Digest {
-                digest,
-                ready,
-                sent,
-                spacing,
-            } => {
-                if let Some(sent) = sent.filter(|_| env.seq == 0) {
-                    let actions = self.anti_entropy.claimed(env.sender, sent, now);
-                    self.carry_out(actions, ctx);
-                }
-                let mine = self.my_digest();
-                let actions = self.anti_entropy.digest(
-                    env.sender,
-                    digest,
-                    ready,
-                    spacing,
-                    mine,
-                    Instant::now(),
-                );
-                self.carry_out(actions, ctx);
-                if digest != mine {
-                    // Something to repair: no more spacing out.
-                    self.quiet_ended(ctx);
-                }
-            }
-            Body::StateRequest { target } => {
-                // Someone catches up (a restart keeps its uuid): at the interval again.
-                self.quiet_ended(ctx);
-                if target.is_none_or(|t| t == self.uuid()) {
-                    self.schedule_push(ctx);
-                }
-            }
-            Body::StateChunk(chunk) => self.on_chunk(env.sender, env.replica, chunk, ctx),
-            // Taken above, before the sequence check.
-            Body::StateProgress { .. } => {}
-        }
-        if self.changed_since_digest {
-            self.quiet_ended(ctx);
-        }
-    }
-
-    /// Carries out what the anti-entropy state machine decided.
-    fn carry_out(&mut self, actions: Vec<Action>, ctx: &mut Context<Self>) {
-        for action in actions {
-            match action {
-                Action::RequestState(target) => self.request_state(target),
-                Action::PushState => self.schedule_push(ctx),
-                Action::BecomeReady(why) => self.become_ready(ctx, why),
-                Action::CountGaps(n) => self.telemetry.sequence_gaps(n),
-                Action::Forget(uuid) => {
-                    tracing::debug!(filter = %self.cfg.name, %uuid, "peer forgotten");
-                    if let Some(transfers) = &mut self.transfers {
-                        transfers.forget(&uuid);
-                    }
-                }
-            }
-        }
-    }
-
-    fn transfers_mut(&mut self) -> &mut Reassembly {
-        let cfg = &self.cfg;
-        self.transfers.get_or_insert_with(|| {
-            let timeout =
-                ReplicaConfig::ms(cfg.anti_entropy_interval_ms * 3).max(Duration::from_secs(5));
-            Box::new(Reassembly::new(
-                cfg.max_state_bytes,
-                timeout,
-                cfg.filter.kind.merges_state_pieces(),
-            ))
-        })
-    }
-
-    fn record_merge(&self, source: MergeSource, t: Instant, ok: bool) {
-        self.telemetry.merge(source, ok, t.elapsed().as_secs_f64());
-    }
-
-    fn on_chunk(
-        &mut self,
-        sender: Uuid,
-        replica: ReplicaId,
-        chunk: StateChunk,
-        ctx: &mut Context<Self>,
-    ) {
-        let state = match self.transfers_mut().add(sender, chunk) {
-            Ok(Progress::Pending) => return,
-            Ok(Progress::Complete(state)) => state,
-            Ok(Progress::Piece {
-                offset,
-                data,
-                total_len,
-                last,
-                report,
-            }) => {
-                if self.merge_piece(sender, (offset, &data, total_len), last, ctx)
-                    && let Some((transfer, next)) = report
-                {
-                    self.report_progress(sender, transfer, next);
-                }
-                return;
-            }
-            Err(e) => {
-                self.telemetry
-                    .counter(m::STATE_TRANSFERS, &[("outcome", "rejected")])
-                    .increment(1);
-                self.reject(&e);
-                return;
-            }
-        };
-        self.telemetry
-            .counter(m::STATE_TRANSFERS, &[("outcome", "complete")])
-            .increment(1);
-        let kind = self.expect.kind;
-        let len = state.len();
-        if len < BLOCKING_THRESHOLD {
-            let result = AnyFilter::decode_state(kind, &state);
-            self.merge_state(result, sender, replica, len, ctx);
-        } else {
-            let addr = ctx.address();
-            actix::spawn(async move {
-                let result =
-                    tokio::task::spawn_blocking(move || AnyFilter::decode_state(kind, &state))
-                        .await
-                        .unwrap_or_else(|e| Err(WireError::Malformed(e.to_string())));
-                addr.do_send(Decoded {
-                    result,
-                    sender,
-                    replica,
-                    len,
-                });
-            });
-        }
-    }
-
-    /// Merges the next piece of a peer's full state as it comes (kinds that
-    /// [merge states piece by piece](crate::wire::FilterKind::merges_state_pieces)): the
-    /// replica never holds the peer's state whole, reassembled and decoded, next to its own.
-    /// Each piece comes from a frame whose checksum (and signature, with keys) was checked,
-    /// and joins a part of the peer's state: an inflation of its own, so a transfer cut
-    /// short leaves a valid state, and the rest comes with the next push. Whether it merged.
-    fn merge_piece(
-        &mut self,
-        sender: Uuid,
-        (offset, data, total_len): (u64, &[u8], u64),
-        last: bool,
-        ctx: &mut Context<Self>,
-    ) -> bool {
-        let t = Instant::now();
-        let merged = self
-            .write_to_merge()
-            .merge_state_piece(total_len, offset, data);
-        if let Err(e) = merged {
-            self.record_merge(MergeSource::State, t, false);
-            if let Some(transfers) = &mut self.transfers {
-                transfers.forget_transfer(&sender);
-            }
-            self.telemetry
-                .counter(m::STATE_TRANSFERS, &[("outcome", "rejected")])
-                .increment(1);
-            self.reject(&WireError::Incompatible(e.to_string()));
-            return false;
-        }
-        self.changed();
-        if !last {
-            return true;
-        }
-        self.record_merge(MergeSource::State, t, true);
-        self.telemetry
-            .counter(m::STATE_TRANSFERS, &[("outcome", "complete")])
-            .increment(1);
-        tracing::debug!(%sender, bytes = total_len, "merged a peer's full state, piece by piece");
-        self.state_merged(total_len as usize, ctx);
-        true
-    }
-
-    /// A peer's full state (of `len` bytes encoded) was merged, whole or piece by piece.
-    fn state_merged(&mut self, len: usize, ctx: &mut Context<Self>) {
-        self.telemetry.state_merged();
-        if len >= BLOCKING_THRESHOLD {
-            release_freed_heap();
-        }
-        let actions = self.anti_entropy.state_merged();
-        self.carry_out(actions, ctx);
-    }
-
-    fn merge_state(
-        &mut self,
-        result: Result<AnyFilter, WireError>,
-        sender: Uuid,
-        replica: ReplicaId,
-        len: usize,
-        ctx: &mut Context<Self>,
-    ) {
-        let other = match result {
-            Ok(o) if o.params_digest() == self.expect.params_digest => o,
-            Ok(o) => {
-                return self.reject(&WireError::Params {
-                    got: o.params_digest(),
-                    expected: self.expect.params_digest,
-                });
-            }
-            Err(e) => {
-                self.record_merge(MergeSource::State, Instant::now(), false);
-                return self.reject(&e);
-            }
-        };
-        self.merge_state_checked(other, sender, replica, len, true, ctx);
-    }
-
-    /// Merges a peer's full state of the right kind and parameters, holding it for a fresh
-    /// look at the registry if its tags are above the view and `may_hold`; whether it was
-    /// merged now.
-    fn merge_state_checked(
-        &mut self,
-        other: AnyFilter,
-        sender: Uuid,
-        replica: ReplicaId,
-        len: usize,
-        may_hold: bool,
-        ctx: &mut Context<Self>,
-    ) -> bool {
-        let now = self.shared.clock.now_ms();
-        let checked = self.with_tag_bounds(|bounds| {
-            let f = self.read();
-            match bounds {
-                Some(b) => f.check_remote_state_within(&other, now, b),
-                None => f
-                    .check_remote_state(&other, now)
-                    .map(|()| None)
-                    .map_err(super::filter::remote_error),
-            }
-        });
-        let adopt = match checked {
-            Ok(adopt) => adopt,
-            Err(e) => {
-                if may_hold && matches!(e, WireError::TagUnreserved { .. }) {
-                    let frame = unreserved::HeldFrame::State {
-                        state: Box::new(other),
-                        sender,
-                        replica,
-                        len,
-                    };
-                    if self.hold(frame, ctx) {
-                        return false;
-                    }
-                }
-                self.record_merge(MergeSource::State, Instant::now(), false);
-                self.reject(&e);
-                return false;
-            }
-        };
-        let t = Instant::now();
-        let r = {
-            let mut f = self.write_to_merge();
-            // A forged tag of our own id within our reservation: our clock moves past it.
-            if let Some(clock) = adopt {
-                f.advance_clock(clock);
-            }
-            f.merge(&other)
-        };
-        self.record_merge(MergeSource::State, t, r.is_ok());
-        match r {
-            Ok(()) => {
-                if let Some(epoch) = other.clock_epoch() {
-                    self.note_peer_clock(sender, epoch);
-                }
-                self.changed();
-                tracing::debug!(peer = replica, %sender, "merged a peer's full state");
-                self.state_merged(len, ctx);
-                true
-            }
-            Err(e) => {
-                self.reject(&WireError::Incompatible(e.to_string()));
-                false
-            }
-        }
+        reject(&self.shared, &self.io.limiter, e);
     }
 
     /// Caught up. A replica that serves the API is ready once the API is subscribed
     /// ([`Replica::start_api`]).
     fn become_ready(&mut self, ctx: &mut Context<Self>, why: &str) {
-        if self.cfg.serve_api && !self.api_started {
-            self.api_started = true;
-            self.start_api(ctx, why.to_string());
-        } else {
-            self.publish_ready(why);
+        match self.core.becoming_ready() {
+            Ready::StartApi => self.start_api(ctx, why.to_string()),
+            Ready::Now => self.publish_ready(why),
         }
     }
 
@@ -857,10 +236,10 @@ impl Replica {
     fn publish_ready(&mut self, why: &str) {
         self.telemetry.ready.set(1.0);
         self.shared.lifecycle.set_ready();
-        let after_ms = self.started.elapsed().as_millis() as u64;
+        let after_ms = self.core.schedule.started().elapsed().as_millis() as u64;
         let (filter, replica) = (&self.cfg.name, self.id());
         // A node wakes its parked replicas all the time: not worth a line each.
-        if self.resumed {
+        if self.core.resumed {
             tracing::debug!(%filter, replica, after_ms, "replica ready: {why}");
         } else {
             tracing::info!(%filter, replica, after_ms, "replica ready: {why}");
@@ -895,7 +274,8 @@ impl Replica {
 
     fn my_digest(&mut self) -> u64 {
         self.absorb_direct_changes();
-        self.digests
+        self.core
+            .digests
             .get(|| digest_of(&self.shared, &self.telemetry))
     }
 
@@ -908,199 +288,74 @@ impl Replica {
         }
     }
 
-    /// The state changed: its digest is stale, and a snapshot is due.
-    fn changed(&mut self) {
-        self.changed_since_digest = true;
-        self.digests.invalidate();
-        self.snapshots.changed();
-    }
-
     /// Live peers whose last announced digest equals ours. Our digest encodes the whole
     /// state, so it is only computed when some live peer announced one to compare with.
     fn converged_peers(&mut self) -> usize {
         let now = Instant::now();
-        if !self.anti_entropy.has_live_digest(now) {
+        if !self.core.anti_entropy.has_live_digest(now) {
             return 0;
         }
         let mine = self.my_digest();
-        self.anti_entropy.converged_peers(mine, now)
+        self.core.anti_entropy.converged_peers(mine, now)
     }
 
-    fn stats(&mut self) -> ReplicaStats {
-        let digest = self.my_digest();
-        let converged_peers = self.converged_peers();
-        let (figures, pending_delta): (FilterStats, usize) = {
-            let f = self.read();
-            (f.stats(), f.pending_delta_len())
-        };
-        let c = self.telemetry.counts();
-        ReplicaStats {
-            filter: self.cfg.name.clone(),
-            replica: self.id(),
-            uuid: self.uuid(),
-            ready: self.anti_entropy.is_ready(),
-            connected: self.transport.is_connected(),
-            peers: self.anti_entropy.live_peers(Instant::now()),
-            pending_delta,
-            digest: format!("{digest:016x}"),
-            awaiting_ack: self.pipeline.acks.len(),
-            converged_peers,
-            live_ids: self.lease.id_counts().0,
-            retired_ids: self.lease.id_counts().1,
-            id_lost: self.lease.lost(),
-            figures,
-            rejects: Counts::by_reason(&c.rejects),
-            api_errors: Counts::by_reason(&c.api_errors),
-            outbound_dropped: Counts::get(&c.outbound_dropped),
-            dropped: Counts::get(&c.dropped),
-            disconnects: Counts::get(&c.disconnects),
-            reconnects: Counts::get(&c.reconnects),
-            sequence_gaps: Counts::get(&c.sequence_gaps),
-            deltas_sent: Counts::get(&c.deltas_sent),
-            deltas_merged: Counts::get(&c.deltas_merged),
-            state_pushes: Counts::get(&c.state_pushes),
-            states_merged: Counts::get(&c.states_merged),
-            bytes_sent: Counts::get(&c.bytes_sent),
-            delta_bytes_sent: Counts::get(&c.delta_bytes_sent),
-            state_bytes_sent: Counts::get(&c.state_bytes_sent),
-            echoes_received: Counts::get(&c.echoes),
-            state_digests: Counts::get(&c.state_digests),
-            bytes_received: Counts::get(&c.bytes_received),
-            state_bytes: Counts::get(&c.state_bytes),
-        }
-    }
-
-    /// The replica's one periodic timer: [`Replica::housekeeping`] every
-    /// [`Replica::housekeeping_delay`] and the digest every anti-entropy interval (jittered).
-    /// A quiet replica whose housekeeping is due every anti-entropy interval does both in one
-    /// wake-up, at its digest's time. Every deadline is on the process's grid
-    /// ([`crate::replica::ticks`]) for the shorter of the two periods, so that the timers of
-    /// many replicas fire together.
+    /// Arms the replica's one periodic timer for what [`Schedule::plan`] says is next, on
+    /// the process's grid ([`crate::replica::ticks`]) so that the timers of many replicas
+    /// fire together.
     fn schedule_periodic(&mut self, ctx: &mut Context<Self>) {
-        let housekeeping = self.housekeeping_delay();
-        let anti_entropy = ReplicaConfig::ms(self.cfg.anti_entropy_interval_ms);
-        // Folded into the digest only where its period is the digest's: with a longer
-        // `metrics_interval_ms` a quiet replica looks after itself that much less often.
-        let housekeeping_due = if housekeeping == anti_entropy {
-            self.next_digest
-        } else {
-            self.last_housekeeping + housekeeping
-        };
-        let due = housekeeping_due.min(self.next_digest);
-        self.periodic_due = due;
-        let delay = due.saturating_duration_since(Instant::now());
-        let grid_period = housekeeping.min(anti_entropy);
-        let timer = ctx.run_later(ticks::on_grid(delay, grid_period), move |act, ctx| {
-            act.periodic = None;
+        let busy = self.core.busy(self.outside());
+        let plan = self.core.schedule.plan(busy);
+        let delay = plan.due.saturating_duration_since(Instant::now());
+        let delay = ticks::on_grid(delay, plan.grid_period);
+        self.timers.arm(Timer::Periodic, delay, ctx, |act, ctx| {
             let now = Instant::now();
-            if now >= act.next_digest {
+            let fired = act.core.schedule.fired(now);
+            if fired.digest {
                 let spacing = act.send_digest();
-                act.lone_digests = if act.anti_entropy.live_peers(now) == 0 {
-                    act.lone_digests.saturating_add(1)
-                } else {
-                    0
-                };
-                let factor = ticks::lone_digest_factor(act.lone_digests).max(spacing);
-                act.next_digest = now + act.digest_delay() * factor;
+                let live = act.core.anti_entropy.live_peers(now);
+                act.core.schedule.digest_sent(now, spacing, live);
             }
-            if now >= housekeeping_due {
-                act.last_housekeeping = now;
+            if fired.housekeeping {
                 act.housekeeping(ctx);
             }
             act.schedule_periodic(ctx);
         });
-        self.periodic = Some(timer);
     }
 
-    /// The state changed (a flush is being armed): a quiet lone replica's timer, armed for
-    /// its spaced-out digest (its housekeeping goes with it), is brought forward to a busy
-    /// replica's housekeeping, so that snapshots and gauges do not wait for the digest.
+    /// The state changed (a flush is being armed): see [`Schedule::busy_again`].
     pub(super) fn busy_again(&mut self, ctx: &mut Context<Self>) {
-        self.quiet_ended(ctx);
-        if self.lone_digests <= ticks::LONE_DIGESTS_AT_INTERVAL {
-            return;
-        }
-        let soon = Instant::now() + ReplicaConfig::ms(self.cfg.metrics_interval_ms);
-        if self.periodic_due > soon {
-            self.rearm_periodic(ctx);
-        }
+        let rearm = self.core.schedule.busy_again(Instant::now());
+        self.rearm_periodic(rearm, ctx);
     }
 
     /// Arms the periodic timer anew, for deadlines brought forward. Not from within the
     /// timer's own run (it arms the next itself): there is no armed timer then.
-    fn rearm_periodic(&mut self, ctx: &mut Context<Self>) {
-        if let Some(timer) = self.periodic.take() {
-            ctx.cancel_future(timer);
+    fn rearm_periodic(&mut self, rearm: Rearm, ctx: &mut Context<Self>) {
+        if rearm.0 && self.timers.cancel(Timer::Periodic, ctx) {
             self.schedule_periodic(ctx);
         }
     }
 
-    /// The state changed, or a peer announced another, while this replica spaced out its
-    /// digests for a quiet cluster: back to the anti-entropy interval from now, so that a
-    /// lost delta is found as soon as without the spacing.
+    /// See [`Schedule::quiet_ended`].
     fn quiet_ended(&mut self, ctx: &mut Context<Self>) {
-        if std::mem::take(&mut self.quiet_digests) > ticks::QUIET_DIGESTS_AT_INTERVAL {
-            self.digest_at_interval(ctx);
+        let rearm = self.core.schedule.quiet_ended(Instant::now());
+        self.rearm_periodic(rearm, ctx);
+    }
+
+    /// What the core's decisions read of the state outside it.
+    fn outside(&self) -> Outside {
+        Outside {
+            direct_changes: self.shared.direct_changes.load(Ordering::Acquire),
+            pending_delta: self.read().pending_delta_len(),
         }
-    }
-
-    /// A peer was heard while this replica spaced out its digests for want of one, or the
-    /// quiet ended: back to the anti-entropy interval from now, so that the peer does not
-    /// take it for gone.
-    fn digest_at_interval(&mut self, ctx: &mut Context<Self>) {
-        self.lone_digests = 0;
-        let next = Instant::now() + self.digest_delay();
-        if next < self.next_digest {
-            self.next_digest = next;
-            self.rearm_periodic(ctx);
-        }
-    }
-
-    /// The time to the next digest: the anti-entropy interval, jittered by a quarter either
-    /// way so that replicas do not align.
-    fn digest_delay(&self) -> Duration {
-        ReplicaConfig::ms(self.cfg.anti_entropy_interval_ms).mul_f64(0.75 + 0.5 * fastrand::f64())
-    }
-
-    /// Every `metrics_interval_ms` while the replica has something to watch; a quiet one
-    /// (its figures go to the node-wide series only or it has no peer, nothing in flight or to
-    /// snapshot, caught up, no window moving) every `anti_entropy_interval_ms` (or `metrics_interval_ms` if
-    /// longer), with its digest ([`Replica::schedule_periodic`]): of 100,000 filters most are
-    /// quiet, and a wake-up each second for each cost a node more than its requests.
-    fn housekeeping_delay(&self) -> Duration {
-        let busy = !self.at_rest() || self.snapshots.has_unsaved();
-        let ms = if busy {
-            self.cfg.metrics_interval_ms
-        } else {
-            self.cfg
-                .anti_entropy_interval_ms
-                .max(self.cfg.metrics_interval_ms)
-        };
-        ReplicaConfig::ms(ms)
-    }
-
-    /// Whether nothing but a snapshot may be due: its figures go to the node-wide series only
-    /// or it has no peer (its own series then stand still: no peer's staleness grows), it is
-    /// caught up, nothing is in flight (a transfer, a commit, a change not taken into a
-    /// delta), and its state does not move with time. Housekeeping is then rare, and (with
-    /// more) the replica may park. (10,000 configured filters, each with its own series,
-    /// woke every `metrics_interval_ms` alone: 8-10% of a core for the node, issue 52.)
-    fn at_rest(&self) -> bool {
-        (self.cfg.aggregate_metrics || self.anti_entropy.peers().next().is_none())
-            && self.expect.kind != FilterKind::ExpiringBloom
-            && self.anti_entropy.is_ready()
-            && self.transfers.as_ref().is_none_or(|t| t.in_progress() == 0)
-            && !self.pipeline.busy()
-            && !self.shared.direct_changes.load(Ordering::Acquire)
-            && self.read().pending_delta_len() == 0
     }
 
     /// Gauges, time passing for anti-entropy (peer expiry, catch-up), and partial transfers
-    /// that timed out (see [`Replica::housekeeping_delay`] for how often).
+    /// that timed out (how often: [`crate::replica::core::Schedule::plan`]).
     fn housekeeping(&mut self, ctx: &mut Context<Self>) {
         // Snapshots are due every `snapshot_interval_ms` (checked here rather than on a timer
         // of their own: one wake-up per replica, not two).
-        if self.snapshots.due(Instant::now()) {
+        if self.core.snapshots.due(Instant::now()) {
             self.snapshot_async(ctx);
         }
         // Time passes for kinds whose elements expire: their window moves (and the move
@@ -1108,7 +363,7 @@ impl Replica {
         self.keep_clock();
         self.tick_clock();
         // A flush whose request found the inbound buffer full.
-        if !self.pipeline.flush_timer_armed()
+        if !self.core.pipeline.flush_timer_armed()
             && (self.read().pending_delta_len() > 0
                 || self.shared.direct_changes.load(Ordering::Acquire))
         {
@@ -1126,7 +381,7 @@ impl Replica {
         }
         let t = &self.telemetry;
         t.state_bytes.set(t.last_state_bytes() as f64);
-        t.connected.set(if self.transport.is_connected() {
+        t.connected.set(if self.io.transport.is_connected() {
             1.0
         } else {
             0.0
@@ -1139,8 +394,8 @@ impl Replica {
         } else {
             0.0
         });
-        if let Some(wal) = self.pipeline.wal() {
-            let ok = !self.pipeline.wal_failing();
+        if let Some(wal) = &self.io.wal {
+            let ok = !self.core.pipeline.wal_failing();
             t.gauge(m::DURABLE_OK, &[]).set(if ok { 1.0 } else { 0.0 });
             let s = wal.stats();
             for (name, v) in [
@@ -1154,17 +409,17 @@ impl Replica {
             }
         }
         let now = Instant::now();
-        let actions = self.anti_entropy.tick(now);
+        let actions = self.core.anti_entropy.tick(now);
         self.carry_out(actions, ctx);
-        for (_, p) in self.anti_entropy.peers() {
+        for (_, p) in self.core.anti_entropy.peers() {
             self.telemetry
                 .gauge(m::PEER_STALENESS, &[("peer", &p.replica.to_string())])
                 .set(now.saturating_duration_since(p.last_seen).as_secs_f64());
         }
-        let live = self.anti_entropy.live_peers(now);
-        self.most_live = self.most_live.max(live + 1);
+        let live = self.core.anti_entropy.live_peers(now);
+        self.core.note_live(live);
         self.telemetry.peers.set(live as f64);
-        let expired = self.transfers.as_mut().map_or(0, |t| t.expire());
+        let expired = self.core.transfers.as_mut().map_or(0, |t| t.expire());
         if expired > 0 {
             self.telemetry
                 .counter(m::STATE_TRANSFERS, &[("outcome", "expired")])
@@ -1182,18 +437,6 @@ fn digest_of(shared: &Shared, telemetry: &Telemetry) -> u64 {
         .state_digest();
     telemetry.state_digest();
     d
-}
-
-/// Gives the heap's free pages back to the operating system once a large state was merged:
-/// its chunks and frames (each under the 1 MiB mmap threshold a node sets) came from the
-/// heap, whose freed pages glibc keeps, so a replica that caught up stayed near its peak
-/// (1.6-1.9x the state, `scripts/catch-up-rss.sh`).
-fn release_freed_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    tokio::task::spawn_blocking(|| {
-        // SAFETY: malloc_trim only returns free memory to the system.
-        unsafe { libc::malloc_trim(0) };
-    });
 }
 
 /// Counts and logs (rate-limited) a signed frame taken without verifying it: this node has no
@@ -1226,30 +469,36 @@ impl Actor for Replica {
         self.telemetry.ready.set(0.0);
         self.telemetry
             .connected
-            .set(if self.transport.is_connected() {
+            .set(if self.io.transport.is_connected() {
                 1.0
             } else {
                 0.0
             });
         // Inbound messages arrive as a stream; the buffer between the subscriptions and the
         // actor is bounded and drops (counting) rather than growing without limit.
-        ctx.add_stream(self.inbound_rx.take().expect("started once").into_stream());
+        ctx.add_stream(
+            self.chans
+                .inbound_rx
+                .take()
+                .expect("started once")
+                .into_stream(),
+        );
 
         // Replication: decoded and checked before they take a place in the buffer. (Routed
         // by the node, they come through the inlet instead.)
-        if let Some(replication) = self.replication.take() {
+        if let Some(replication) = self.chans.replication.take() {
             let router = pump::ReplicationRouter {
-                codec: self.codec.clone(),
+                codec: self.io.codec.clone(),
                 me: self.uuid(),
-                subjects: self.subjects.clone(),
-                limiter: self.limiter.clone(),
+                subjects: self.io.subjects.clone(),
+                limiter: self.io.limiter.clone(),
             };
             let shared = self.shared.clone();
             self.tasks.push(actix::spawn(pump::forward_stream(
                 Some(replication),
-                self.replication_transport.clone(),
-                (self.subjects.replication.clone(), None),
-                self.inbound_tx.clone(),
+                self.io.replication_transport.clone(),
+                (self.io.subjects.replication.clone(), None),
+                self.chans.inbound_tx.clone(),
                 move |msg| router.route(&shared, msg),
                 self.shared.clone(),
                 None,
@@ -1259,10 +508,10 @@ impl Actor for Replica {
         // (Routed by the node, they come through the inlet: one receiver for all its replicas,
         // 200 bytes less for each.)
         if !self.cfg.routed_replication {
-            ctx.add_stream(pump::events(self.transport.events()));
+            ctx.add_stream(pump::events(self.io.transport.events()));
         }
 
-        self.next_digest = Instant::now() + self.digest_delay();
+        self.core.schedule.start(Instant::now());
         // A state restored while its clock is ahead of ours (a snapshot taken while the wall
         // clock ran ahead) is repaired before anything is sent or merged; and one that is
         // behind (new, or an old snapshot) moves to our time, so that the first state the
@@ -1270,7 +519,7 @@ impl Actor for Replica {
         self.keep_clock();
         self.tick_clock();
         self.schedule_periodic(ctx);
-        if self.lease.shared.is_none() {
+        if self.core.lease.shared.is_none() {
             ctx.run_interval(ReplicaConfig::ms(self.cfg.id_lease_renew_ms), |act, ctx| {
                 act.renew_lease(ctx)
             });
@@ -1279,11 +528,12 @@ impl Actor for Replica {
         }
         // Under the node's id: its latest listing of the ids is this replica's first view.
         self.note_shared_listing();
-        if self.resumed {
-            let actions = self.anti_entropy.ready_now("resumed after parking");
+        if self.core.resumed {
+            let actions = self.core.anti_entropy.ready_now("resumed after parking");
             self.carry_out(actions, ctx);
         } else if self.cfg.new_incarnation {
             let actions = self
+                .core
                 .anti_entropy
                 .ready_now("a filter created a moment ago: nothing to catch up");
             self.carry_out(actions, ctx);
@@ -1300,7 +550,7 @@ impl Actor for Replica {
         self.shared.api.store(None);
         self.shared.lifecycle.set_gone();
         self.telemetry.ready.set(0.0);
-        if self.parked {
+        if self.core.parked {
             tracing::debug!(filter = %self.cfg.name, replica = self.id(), "replica parked");
         } else {
             tracing::info!(filter = %self.cfg.name, replica = self.id(), "replica stopped");
@@ -1338,22 +588,4 @@ impl StreamHandler<Inbound> for Replica {
     /// The stream only ends when the actor drops its own sender, i.e. never while it runs;
     /// do not let actix stop the actor (its default) if it somehow does.
     fn finished(&mut self, _ctx: &mut Context<Self>) {}
-}
-
-/// A large peer state decoded off the actor's thread.
-#[derive(Message)]
-#[rtype(result = "()")]
-struct Decoded {
-    result: Result<AnyFilter, WireError>,
-    sender: Uuid,
-    replica: ReplicaId,
-    /// Bytes of the encoded state.
-    len: usize,
-}
-
-impl Handler<Decoded> for Replica {
-    type Result = ();
-    fn handle(&mut self, msg: Decoded, ctx: &mut Context<Self>) {
-        self.merge_state(msg.result, msg.sender, msg.replica, msg.len, ctx);
-    }
 }

@@ -1,7 +1,6 @@
 //! Kinds whose elements expire: the peers' clocks this replica bounds its own by, and the
 //! repair of a state whose clock ran ahead (see [`crate::replica::clock`]).
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use uuid::Uuid;
@@ -9,9 +8,6 @@ use uuid::Uuid;
 use super::Replica;
 use crate::replica::clock::ReplicaClock;
 use crate::replica::metrics as m;
-
-/// Each live peer's clock, as [`ReplicaClock::peer_base`]s: the largest each sent.
-pub(crate) type PeerClocks = HashMap<Uuid, i64>;
 
 impl Replica {
     /// A peer's frame carrying its clock (`epoch`) was merged: the peers' clock is at least
@@ -26,17 +22,17 @@ impl Replica {
             return;
         }
         let base = ReplicaClock::peer_base(epoch, len);
-        let clocks = self.peer_clocks.get_or_insert_default();
-        // The largest: a later frame of the same epoch says less of its clock than the first.
-        let known = clocks.entry(sender).or_insert(base);
-        *known = (*known).max(base);
-        let newest = clocks.values().max().copied();
+        let newest = self
+            .core
+            .peer_clocks
+            .get_or_insert_default()
+            .note(sender, base);
         self.shared.clock.set_peers_base(newest);
     }
 
     /// A peer's delta (`bytes`) was merged: its clock, for kinds that have one.
     pub(super) fn delta_clock(&mut self, sender: Uuid, bytes: &[u8]) {
-        if !self.expect.kind.clocked() {
+        if !self.io.expect.kind.clocked() {
             return;
         }
         let epoch = self.read().delta_clock_epoch(bytes);
@@ -48,7 +44,7 @@ impl Replica {
     /// Time passes for kinds whose elements expire: the window moves to this replica's time
     /// (bounded by its peers'), and the move travels to the peers in the next delta.
     pub(super) fn tick_clock(&mut self) {
-        if !self.expect.kind.clocked() {
+        if !self.io.expect.kind.clocked() {
             return;
         }
         let now = self.shared.clock.for_reads(self.read().clock_bounds());
@@ -62,14 +58,13 @@ impl Replica {
     /// wall clock ran ahead, before any peer was heard, or restored from a snapshot taken
     /// then. Called at start and at every housekeeping, before the state is ticked.
     pub(super) fn keep_clock(&mut self) {
-        if !self.expect.kind.clocked() {
+        if !self.io.expect.kind.clocked() {
             return;
         }
         // (Also when there is no table: a replica resumed from parking starts without one.)
-        let newest = self.peer_clocks.as_mut().and_then(|clocks| {
-            let (ae, now) = (&self.anti_entropy, Instant::now());
-            clocks.retain(|sender, _| ae.is_live_sender(sender, now));
-            clocks.values().max().copied()
+        let newest = self.core.peer_clocks.as_mut().and_then(|clocks| {
+            let (ae, now) = (&self.core.anti_entropy, Instant::now());
+            clocks.keep_live(|sender| ae.is_live_sender(sender, now))
         });
         self.shared.clock.set_peers_base(newest);
         let bounds = self.read().clock_bounds();

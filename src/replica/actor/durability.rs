@@ -7,10 +7,11 @@ use std::sync::atomic::Ordering;
 use actix::prelude::*;
 
 use super::snapshots::SnapshotJob;
+use super::timers::Timer;
 use super::{Replica, ReplicaError};
 use crate::replica::durable::{DataDir, Reservation};
 use crate::replica::metrics as m;
-use crate::replica::wal::SegmentId;
+use crate::replica::wal::{SegmentId, WalWriter};
 
 impl Replica {
     /// Reserves tag timestamps durably before one above the reservation is issued.
@@ -22,14 +23,14 @@ impl Replica {
     /// refused ([`ReplicaError::TagsUnreserved`]) unless the id claim covers them, and
     /// reserved durably (with a data directory) in one write. No-op for kinds without tags.
     pub(super) fn reserve_tags_for(&mut self, n: u64) -> Result<(), ReplicaError> {
-        if !self.expect.kind.tagged() || n == 0 {
+        if !self.io.expect.kind.tagged() || n == 0 {
             return Ok(());
         }
-        if self.lease.lost() {
+        if self.core.lease.lost() {
             return Err(ReplicaError::IdRetired { replica: self.id() });
         }
         // Above every tag issued under the id before it was taken back after a retirement.
-        let floor = self.lease.floor();
+        let floor = self.core.lease.floor();
         if self.read().clock() < floor {
             self.write().advance_clock(floor);
         }
@@ -38,13 +39,13 @@ impl Replica {
         if need > crate::MAX_COUNTER {
             return Err(crate::FilterError::ClockExhausted { replica: self.id() }.into());
         }
-        if need > self.lease.reserved() {
+        if need > self.core.lease.reserved() {
             return Err(ReplicaError::TagsUnreserved);
         }
-        let Some(data) = self.snapshots.data() else {
+        let Some(data) = self.core.snapshots.data() else {
             return Ok(());
         };
-        if need <= self.reserved {
+        if need <= self.core.reserved {
             return Ok(());
         }
         let reserved = need.saturating_add(self.cfg.tag_reserve_block);
@@ -52,7 +53,7 @@ impl Replica {
             identity: self.shared.identity,
             reserved,
         })?;
-        self.reserved = reserved;
+        self.core.reserved = reserved;
         self.telemetry
             .counter(m::TAG_RESERVATIONS, &[])
             .increment(1);
@@ -62,15 +63,15 @@ impl Replica {
     /// Tags below which adds need no new reservation (see [`Replica::reserve_tags`]): the
     /// lease's and, with a data directory, the durable one; unbounded for kinds without tags.
     pub(super) fn tag_limit(&self) -> u64 {
-        if !self.expect.kind.tagged() {
+        if !self.io.expect.kind.tagged() {
             return u64::MAX;
         }
-        let durable = if self.snapshots.data().is_some() {
-            self.reserved
+        let durable = if self.core.snapshots.data().is_some() {
+            self.core.reserved
         } else {
             u64::MAX
         };
-        self.lease.reserved().min(durable)
+        self.core.lease.reserved().min(durable)
     }
 
     /// A log append failed: the writer never writes again (after a failed fsync the file's
@@ -78,7 +79,7 @@ impl Replica {
     /// tried with backoff; the error is logged at most once per period.
     pub(super) fn wal_failed(&mut self, e: &str, ctx: &mut Context<Self>) {
         self.telemetry.gauge(m::DURABLE_OK, &[]).set(0.0);
-        if let Some(suppressed) = self.limiter.allow("wal") {
+        if let Some(suppressed) = self.io.limiter.allow("wal") {
             tracing::error!(
                 filter = %self.cfg.name, error = %e, suppressed,
                 "write-ahead log append failed: durable updates fail until the log recovers \
@@ -86,8 +87,9 @@ impl Replica {
             );
         }
         self.shared.wal_failed.store(true, Ordering::Release);
-        if let Some(delay) = self.pipeline.wal_failed() {
-            ctx.run_later(delay, |act, ctx| act.recover_wal(ctx));
+        if let Some(delay) = self.core.pipeline.wal_failed() {
+            let recover = |act: &mut Self, ctx: &mut Context<Self>| act.recover_wal(ctx);
+            self.timers.arm(Timer::WalRecovery, delay, ctx, recover);
         }
     }
 
@@ -97,17 +99,25 @@ impl Replica {
     /// to 5 s).
     fn recover_wal(&mut self, ctx: &mut Context<Self>) {
         let retry = |act: &mut Self, ctx: &mut Context<Self>| {
-            let delay = act.pipeline.retry_delay();
-            ctx.run_later(delay, |act, ctx| act.recover_wal(ctx));
+            let delay = act.core.pipeline.retry_delay();
+            let recover = |act: &mut Self, ctx: &mut Context<Self>| act.recover_wal(ctx);
+            act.timers.arm(Timer::WalRecovery, delay, ctx, recover);
         };
-        if self.snapshots.writing() {
+        if self.core.snapshots.writing() {
             return retry(self, ctx);
         }
         if self.snapshot_now().is_err() {
             return retry(self, ctx);
         }
-        match self.pipeline.reopen() {
+        // The failed writer, dropped here, is forgotten by its pool thread. Without a log
+        // there is nothing to replace: recovered.
+        let reopened = match &self.io.wal {
+            Some(wal) => wal.reopen().map(|w| self.io.wal = Some(w)),
+            None => Ok(()),
+        };
+        match reopened {
             Ok(()) => {
+                self.core.pipeline.reopened();
                 self.shared.wal_failed.store(false, Ordering::Release);
                 self.telemetry.gauge(m::DURABLE_OK, &[]).set(1.0);
                 tracing::info!(filter = %self.cfg.name, "write-ahead log recovered: durable updates are taken again");
@@ -123,8 +133,9 @@ impl Replica {
     /// moment the state is cloned, so the clone holds every record of the segments up to the
     /// one it returns (see [`crate::replica::wal`]).
     fn snapshot_source(&mut self) -> SnapshotJob {
-        let generation = self.snapshots.take();
-        let wal_covered = self.pipeline.rotate();
+        let generation = self.core.snapshots.take();
+        // The log's current segment ends here (see [`WalWriter::rotate`]).
+        let wal_covered = self.io.wal.as_mut().map(WalWriter::rotate);
         // Under one lock: the merges counted are those the copy holds.
         let (filter, merges) = {
             let f = self.read();
@@ -137,20 +148,20 @@ impl Replica {
             filter,
             identity: self.shared.identity,
             name: self.cfg.name.clone(),
-            kind: self.expect.kind,
-            params_digest: self.expect.params_digest,
-            reserved: self.reserved,
+            kind: self.io.expect.kind,
+            params_digest: self.io.expect.params_digest,
+            reserved: self.core.reserved,
         }
     }
 
     /// Writes a snapshot in the background if the state changed since the last one.
     pub(super) fn snapshot_async(&mut self, ctx: &mut Context<Self>) {
         self.absorb_direct_changes();
-        let Some((data, writing)) = self.snapshots.begin_periodic() else {
+        let Some((data, writing)) = self.core.snapshots.begin_periodic() else {
             return;
         };
         let job = self.snapshot_source();
-        let (telemetry, saved) = (self.telemetry.clone(), self.snapshots.saved());
+        let (telemetry, saved) = (self.telemetry.clone(), self.core.snapshots.saved());
         let addr = ctx.address();
         actix::spawn(async move {
             let r = job.save_off_thread(data, telemetry, saved).await;
@@ -161,15 +172,15 @@ impl Replica {
 
     /// Writes a snapshot now, on the actor's thread (shutdown).
     pub(super) fn snapshot_now(&mut self) -> Result<(), ReplicaError> {
-        let Some(data) = self.snapshots.data().cloned() else {
+        let Some(data) = self.core.snapshots.data().cloned() else {
             return Ok(());
         };
         let job = self.snapshot_source();
-        let r = job.save(&data, &self.telemetry, &self.snapshots.saved());
+        let r = job.save(&data, &self.telemetry, &self.core.snapshots.saved());
         let ok = r.is_ok();
         self.snapshot_saved_now(r)?;
         if ok {
-            self.snapshots.written_now();
+            self.core.snapshots.written_now();
         }
         Ok(())
     }
@@ -182,11 +193,11 @@ impl Replica {
         &mut self,
         data: DataDir,
     ) -> impl ActorFuture<Self, Output = Result<Option<SegmentId>, ReplicaError>> + use<> {
-        self.snapshots.begin_persist();
+        self.core.snapshots.begin_persist();
         let job = self.snapshot_source();
-        let save = job.save_off_thread(data, self.telemetry.clone(), self.snapshots.saved());
+        let save = job.save_off_thread(data, self.telemetry.clone(), self.core.snapshots.saved());
         save.into_actor(self).map(|r, act: &mut Self, _| {
-            act.snapshots.persisted();
+            act.core.snapshots.persisted();
             r
         })
     }
@@ -200,10 +211,10 @@ impl Replica {
         self.telemetry
             .counter(m::SNAPSHOTS, &[("outcome", outcome)])
             .increment(1);
-        self.snapshots.written(r.is_ok());
+        self.core.snapshots.written(r.is_ok());
         match r {
             Ok(covered) => {
-                if let (Some(wal), Some(k)) = (self.pipeline.wal(), covered) {
+                if let (Some(wal), Some(k)) = (&self.io.wal, covered) {
                     let done = wal.remove_through(k);
                     actix::spawn(async move {
                         if let Err(e) = done.await {

@@ -9,174 +9,33 @@
 //! even if the old holder was only cut off from the registry and is still adding. Entries keep
 //! their tags: nothing is rewritten in any state.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
 
 use super::Replica;
-use crate::replica::SharedId;
 use crate::replica::config::ReplicaConfig;
 use crate::replica::metrics as m;
-use crate::transport::registry::{self, StaleWatch, TakeBack};
+use crate::transport::registry::{self, TakeBack};
 use crate::transport::{ClaimEntry, Renewal, TransportError};
 
 /// How long an import waits for the node to extend its shared id's reservation.
 const SHARED_RESERVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// What the replica knows of its claim and of the other claims of its filter.
-pub(crate) struct Lease {
-    /// The highest tag timestamp the registry confirmed this replica may issue (its own
-    /// claim; see [`Lease::reserved`]).
-    reserved: u64,
-    /// A renewal (and a look at the registry) is under way.
-    busy: bool,
-    /// The id was retired under this replica: it issues no more tags until it takes the id
-    /// back.
-    lost: bool,
-    /// Every tag issued under the id by anyone is at or below it (raised by a take-back;
-    /// the start's floor is in the clock already).
-    floor: u64,
-    /// Other ids' claims, to retire those gone silent.
-    watch: StaleWatch,
-    /// The node's id, when the replica issues its tags under it: the node renews it.
-    pub shared: Option<Arc<SharedId>>,
-}
-
-impl Lease {
-    pub(super) fn new(reserved: u64, shared: Option<Arc<SharedId>>) -> Self {
-        Lease {
-            reserved,
-            busy: false,
-            lost: false,
-            floor: 0,
-            watch: StaleWatch::default(),
-            shared,
-        }
-    }
-
-    /// The floor the replica's clock moves up to before it issues a tag (see
-    /// [`crate::transport::registry::take_back`]).
-    pub(super) fn floor(&self) -> u64 {
-        self.shared.as_ref().map_or(self.floor, |s| s.floor())
-    }
-
-    /// Starts taking its own retired id back: whether to (the claim is lost, nothing else
-    /// is under way, and the node does not hold the id). End it with
-    /// [`Lease::renewal_ended`].
-    pub(super) fn begin_take_back(&mut self) -> bool {
-        if self.busy || !self.lost || self.shared.is_some() {
-            return false;
-        }
-        self.busy = true;
-        true
-    }
-
-    /// The id is ours again, with tags above `floor` up to `reserved`.
-    pub(super) fn taken_back(&mut self, floor: u64, reserved: u64) {
-        self.lost = false;
-        self.floor = self.floor.max(floor);
-        self.reserved = self.reserved.max(reserved);
-    }
-
-    /// The highest tag timestamp the registry confirmed.
-    pub(super) fn reserved(&self) -> u64 {
-        self.shared.as_ref().map_or(self.reserved, |s| s.reserved())
-    }
-
-    /// The id was retired while it could not be renewed.
-    pub(super) fn lost(&self) -> bool {
-        self.shared.as_ref().map_or(self.lost, |s| s.lost())
-    }
-
-    /// The filter's known replicas at the last look, for `replicated` (see
-    /// [`StaleWatch::note_known`]; under the node's id, the node ids held); `None` before
-    /// a look succeeded.
-    pub(super) fn known_replicas(&self) -> Option<usize> {
-        let n = match &self.shared {
-            Some(s) => s.id_counts().0,
-            None => self.watch.known_ids,
-        };
-        (n > 0).then_some(n)
-    }
-
-    /// Ids of the registry namespace held and retired at the last look.
-    pub(super) fn id_counts(&self) -> (usize, usize) {
-        match &self.shared {
-            Some(s) => s.id_counts(),
-            None => (self.watch.live_ids, self.watch.retired_ids),
-        }
-    }
-
-    /// Whether its own claim should be renewed at once: half of the `block` of tags last
-    /// reserved is used (`clock`), and no renewal is under way. Never for kinds without
-    /// tags (`tagged`), nor a lost claim, nor under the node's id (the node renews that).
-    pub(super) fn running_low(&self, clock: u64, block: u64, tagged: bool) -> bool {
-        self.shared.is_none()
-            && tagged
-            && !self.busy
-            && !self.lost
-            && clock + block / 2 >= self.reserved
-    }
-
-    /// Starts a renewal of its own claim: the reservation to ask for (a `block` above the
-    /// `clock` for kinds with tags, never lower than the one held), or `None` if a renewal
-    /// is under way, the claim is lost, or the node renews the id. End it with
-    /// [`Lease::renewal_ended`], and pass the answer to [`Lease::renewed`].
-    pub(super) fn begin_renewal(&mut self, clock: u64, block: u64, tagged: bool) -> Option<u64> {
-        if self.busy || self.lost || self.shared.is_some() {
-            return None;
-        }
-        self.busy = true;
-        Some(match tagged {
-            true => self.reserved.max(clock + block),
-            false => self.reserved,
-        })
-    }
-
-    /// The renewal started by [`Lease::begin_renewal`] is over: the next may start.
-    pub(super) fn renewal_ended(&mut self) {
-        self.busy = false;
-    }
-
-    /// The registry answered a renewal (the periodic one, or an import's) that asked for
-    /// `want` (`None`: it failed; try again later). Answers whether the claim was lost by
-    /// it: the id was retired while the replica could not renew, and it issues no more tags.
-    pub(super) fn renewed(&mut self, want: u64, renewal: Option<Renewal>) -> bool {
-        match renewal {
-            Some(Renewal::Held) => {
-                self.reserved = self.reserved.max(want);
-                false
-            }
-            Some(Renewal::Lost) => !std::mem::replace(&mut self.lost, true),
-            None => false,
-        }
-    }
-
-    /// The reservation `n` more tags above `clock` need, if the one held falls short
-    /// (`None`: enough, no tags, or the claim is lost).
-    pub(super) fn shortfall(&self, clock: u64, n: u64, tagged: bool) -> Option<u64> {
-        if !tagged || n == 0 || self.lost() {
-            return None;
-        }
-        let need = clock.saturating_add(n);
-        (need > self.reserved()).then_some(need)
-    }
-}
-
 impl Replica {
     /// Renews the claim at once when half of its reserved tags are used.
     pub(super) fn extend_lease_if_low(&mut self, ctx: &mut Context<Self>) {
-        if let Some(shared) = &self.lease.shared {
-            if self.expect.kind.tagged() {
+        if let Some(shared) = &self.core.lease.shared {
+            if self.io.expect.kind.tagged() {
                 shared.want(self.read().clock());
             }
             return;
         }
         let clock = self.read().clock();
         if self
+            .core
             .lease
-            .running_low(clock, self.cfg.id_lease_block, self.expect.kind.tagged())
+            .running_low(clock, self.cfg.id_lease_block, self.io.expect.kind.tagged())
         {
             self.renew_lease(ctx);
         }
@@ -195,8 +54,11 @@ impl Replica {
         futures::future::BoxFuture<'static, Result<Renewal, TransportError>>,
     )> {
         let clock = self.read().clock();
-        let need = self.lease.shortfall(clock, n, self.expect.kind.tagged())?;
-        if let Some(shared) = self.lease.shared.clone() {
+        let need = self
+            .core
+            .lease
+            .shortfall(clock, n, self.io.expect.kind.tagged())?;
+        if let Some(shared) = self.core.lease.shared.clone() {
             // The node renews its id; wait for a reservation that covers the import.
             let renewal = async move {
                 if shared.reserved_at_least(need, SHARED_RESERVE_TIMEOUT).await {
@@ -213,7 +75,8 @@ impl Replica {
         }
         let want = need.saturating_add(self.cfg.id_lease_block);
         let renewal =
-            self.transport
+            self.io
+                .transport
                 .renew_claim(self.cfg.registry_name(), self.id(), self.uuid(), want);
         Some((want, renewal))
     }
@@ -223,15 +86,16 @@ impl Replica {
     pub(super) fn renew_lease(&mut self, ctx: &mut Context<Self>) {
         self.take_back_id(ctx);
         let clock = self.read().clock();
-        let tagged = self.expect.kind.tagged();
+        let tagged = self.io.expect.kind.tagged();
         let Some(want) = self
+            .core
             .lease
             .begin_renewal(clock, self.cfg.id_lease_block, tagged)
         else {
             return;
         };
         let (t, filter, id, uuid) = (
-            self.transport.clone(),
+            self.io.transport.clone(),
             self.cfg.registry_name(),
             self.id(),
             self.uuid(),
@@ -245,15 +109,15 @@ impl Replica {
         ctx.spawn(
             work.into_actor(self)
                 .map(move |(renewal, claims, started), act, ctx| {
-                    act.lease.renewal_ended();
+                    act.core.lease.renewal_ended();
                     act.on_renewal(want, renewal);
                     act.take_back_id(ctx);
                     match claims {
                         Ok(claims) => {
                             // The listing counts every replica held now: those heard from
                             // since are counted afresh.
-                            let live = act.anti_entropy.live_peers(Instant::now());
-                            act.most_live = live + 1;
+                            let live = act.core.anti_entropy.live_peers(Instant::now());
+                            act.core.most_live = live + 1;
                             act.registry_view_mut().note(&claims, started);
                             act.retire_stale(&claims, ctx)
                         }
@@ -265,7 +129,10 @@ impl Replica {
 
     /// The registry answered a renewal (periodic, or an import's) that asked for `want`.
     pub(super) fn on_renewal(&mut self, want: u64, renewal: Result<Renewal, TransportError>) {
-        let lost = self.lease.renewed(want, renewal.as_ref().ok().copied());
+        let lost = self
+            .core
+            .lease
+            .renewed(want, renewal.as_ref().ok().copied());
         if lost {
             self.telemetry.gauge(m::ID_LOST, &[]).set(1.0);
             tracing::warn!(
@@ -284,23 +151,23 @@ impl Replica {
     /// [`crate::transport::registry::take_back`]), if it was lost and nothing else is under
     /// way: the same identity, tags above the retirement's floor, so nothing written changes.
     pub(super) fn take_back_id(&mut self, ctx: &mut Context<Self>) {
-        if !self.lease.begin_take_back() {
+        if !self.core.lease.begin_take_back() {
             return;
         }
         let block = self.cfg.id_lease_block;
         let want = self.read().clock().saturating_add(block);
         let (t, ns, id, uuid) = (
-            self.transport.clone(),
+            self.io.transport.clone(),
             self.cfg.registry_name(),
             self.id(),
             self.uuid(),
         );
         let work = async move { registry::take_back(t.as_ref(), &ns, id, uuid, block, want).await };
         ctx.spawn(work.into_actor(self).map(|r, act, _| {
-            act.lease.renewal_ended();
+            act.core.lease.renewal_ended();
             match r {
                 Ok(TakeBack::Taken { floor, reserved }) => {
-                    act.lease.taken_back(floor, reserved);
+                    act.core.lease.taken_back(floor, reserved);
                     act.telemetry.gauge(m::ID_LOST, &[]).set(0.0);
                     tracing::info!(
                         filter = %act.cfg.name, replica = act.id(), floor,
@@ -309,7 +176,7 @@ impl Replica {
                     );
                 }
                 Ok(TakeBack::HeldByOther) => {
-                    if let Some(suppressed) = act.limiter.allow("held_by_other") {
+                    if let Some(suppressed) = act.io.limiter.allow("held_by_other") {
                         tracing::error!(
                             filter = %act.cfg.name, replica = act.id(), suppressed,
                             "this replica's id was retired and another replica holds it now: \
@@ -326,7 +193,7 @@ impl Replica {
         self.telemetry
             .counter(m::ID_LEASE_FAILURES, &[])
             .increment(1);
-        if let Some(suppressed) = self.limiter.allow("lease") {
+        if let Some(suppressed) = self.io.limiter.allow("lease") {
             tracing::warn!(
                 error = %e, suppressed, "replica id registry: {what} failed; retrying"
             );
@@ -337,18 +204,25 @@ impl Replica {
     /// were not heard from meanwhile.
     fn retire_stale(&mut self, claims: &[ClaimEntry], ctx: &mut Context<Self>) {
         // A kind whose ids serve one run only never retires one (a retired id is reused).
-        let retire_after = if self.expect.kind.reuses_ids() {
+        let retire_after = if self.io.expect.kind.reuses_ids() {
             ReplicaConfig::ms(self.cfg.retire_after_ms)
         } else {
             std::time::Duration::ZERO
         };
         let now = Instant::now();
-        let stale = self.lease.watch.stale(self.id(), claims, now, retire_after);
+        let stale = self
+            .core
+            .lease
+            .watch
+            .stale(self.id(), claims, now, retire_after);
         // Whether or not the kind retires ids, one silent for `retire_after_ms` no longer
         // counts among the replicas a `replicated` update waits for.
         let window = ReplicaConfig::ms(self.cfg.retire_after_ms);
-        self.lease.watch.note_known(self.id(), claims, now, window);
-        let (live, retired) = self.lease.id_counts();
+        self.core
+            .lease
+            .watch
+            .note_known(self.id(), claims, now, window);
+        let (live, retired) = self.core.lease.id_counts();
         for (state, n) in [("live", live), ("retired", retired)] {
             self.telemetry
                 .gauge(m::REPLICA_IDS, &[("state", state)])
@@ -356,6 +230,7 @@ impl Replica {
         }
         for e in stale {
             let heard = self
+                .core
                 .anti_entropy
                 .peers()
                 .any(|(_, p)| p.replica == e.id && p.last_seen.elapsed() < retire_after);
@@ -366,7 +241,7 @@ impl Replica {
             // (a reservation is never below them; this is only belt and braces).
             let observed = self.read().history().map_or(0, |h| h.max(e.id));
             let floor = e.record.floor().max(observed);
-            let (t, filter) = (self.transport.clone(), self.cfg.registry_name());
+            let (t, filter) = (self.io.transport.clone(), self.cfg.registry_name());
             let retire = async move { t.retire_claim(filter, e.id, e.revision, floor).await };
             ctx.spawn(retire.into_actor(self).map(move |r, act, _| match r {
                 Ok(true) => {
@@ -381,70 +256,5 @@ impl Replica {
                 Err(e) => act.lease_failed("retiring an id", &e),
             }));
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const BLOCK: u64 = 1_000;
-
-    #[test]
-    fn a_claim_is_renewed_when_half_its_block_is_used_one_renewal_at_a_time() {
-        let mut lease = Lease::new(BLOCK, None);
-        assert!(!lease.running_low(BLOCK / 2 - 1, BLOCK, true));
-        assert!(lease.running_low(BLOCK / 2, BLOCK, true));
-        assert!(
-            !lease.running_low(BLOCK, BLOCK, false),
-            "no tags, nothing runs low"
-        );
-        let want = lease.begin_renewal(BLOCK / 2, BLOCK, true).unwrap();
-        assert_eq!(want, BLOCK / 2 + BLOCK);
-        assert!(!lease.running_low(BLOCK, BLOCK, true), "one under way");
-        assert_eq!(lease.begin_renewal(BLOCK, BLOCK, true), None);
-        assert!(!lease.renewed(want, Some(Renewal::Held)));
-        assert_eq!(lease.reserved(), want);
-        assert_eq!(
-            lease.begin_renewal(BLOCK, BLOCK, true),
-            None,
-            "not ended yet"
-        );
-        lease.renewal_ended();
-        // A renewal answered late, for less, never lowers the reservation.
-        assert!(!lease.renewed(BLOCK, Some(Renewal::Held)));
-        assert_eq!(lease.reserved(), want);
-        // A failed renewal leaves it as it was, and the next may start.
-        lease.begin_renewal(0, BLOCK, false).unwrap();
-        assert!(!lease.renewed(BLOCK * 9, None));
-        lease.renewal_ended();
-        assert_eq!(lease.reserved(), want);
-        assert_eq!(
-            lease.begin_renewal(0, BLOCK, false),
-            Some(want),
-            "without tags: as held"
-        );
-    }
-
-    #[test]
-    fn a_lost_claim_is_reported_once_and_never_renewed_or_extended() {
-        let mut lease = Lease::new(BLOCK, None);
-        let want = lease.begin_renewal(0, BLOCK, true).unwrap();
-        assert!(lease.renewed(want, Some(Renewal::Lost)), "lost now");
-        assert!(!lease.renewed(want, Some(Renewal::Lost)), "reported once");
-        assert!(lease.lost());
-        assert_eq!(lease.begin_renewal(0, BLOCK, true), None);
-        assert!(!lease.running_low(BLOCK, BLOCK, true));
-        assert_eq!(lease.shortfall(0, BLOCK * 2, true), None);
-    }
-
-    #[test]
-    fn an_import_needs_more_only_beyond_the_reservation() {
-        let lease = Lease::new(BLOCK, None);
-        assert_eq!(lease.shortfall(500, 500, true), None);
-        assert_eq!(lease.shortfall(500, 501, true), Some(1_001));
-        assert_eq!(lease.shortfall(500, 0, true), None);
-        assert_eq!(lease.shortfall(500, 10_000, false), None);
-        assert_eq!(lease.shortfall(u64::MAX - 1, 10, true), Some(u64::MAX));
     }
 }

@@ -14,6 +14,8 @@ use crate::replica::ReplicaHandle;
 use crate::replica::ReplicaStats;
 use crate::replica::ack::AckLevel;
 use crate::replica::filter::AnyFilter;
+use crate::replica::filter::FilterStats;
+use crate::replica::metrics::Counts;
 use crate::replica::metrics::{MergeSource, OpKind};
 use crate::{Dot, ImportRoom, Occurrence};
 
@@ -60,7 +62,7 @@ impl Replica {
         occurrences: &[Occurrence],
         room: &ImportRoom,
     ) -> Result<u64, ReplicaError> {
-        let tags = AnyFilter::tags_for_import(self.expect.kind, occurrences);
+        let tags = AnyFilter::tags_for_import(self.io.expect.kind, occurrences);
         let r = self.reserve_tags_for(tags).and_then(|()| {
             let mut f = self.write();
             let now = self.shared.clock.for_updates(f.clock_bounds())?;
@@ -121,8 +123,8 @@ impl Replica {
         } else if level.answered_at_apply() || (!changed && level != AckLevel::Durable) {
             self.respond(responder, Ok(()));
         } else {
-            let batch = self.pipeline.next_batch();
-            self.pipeline.acks.wait(level, batch, responder);
+            let batch = self.core.pipeline.next_batch();
+            self.core.pipeline.acks.wait(level, batch, responder);
             self.schedule_commit(ctx);
         }
         // Only now, with the update waiting on the next commit: committing before would put
@@ -141,14 +143,13 @@ impl Replica {
     /// Marks a local update; the commit it may call for comes from [`Replica::settle`].
     pub(super) fn local_change(&mut self) {
         self.mark_local_change();
-        self.shared.want_flush(&self.inbound_tx);
+        self.shared.want_flush(&self.chans.inbound_tx);
     }
 
     /// A local change whose flush is already asked for (made outside the actor, see
     /// [`Replica::absorb_direct_changes`]).
     pub(super) fn mark_local_change(&mut self) {
-        self.changed();
-        self.pushes.changed();
+        self.core.local_change();
     }
 
     /// The answer of a [`ReplicaHandle`] update, once it reached its level.
@@ -309,7 +310,7 @@ impl Handler<ReserveTags> for Replica {
 impl Handler<Import> for Replica {
     type Result = ResponseFuture<Result<u64, ReplicaError>>;
     fn handle(&mut self, msg: Import, ctx: &mut Context<Self>) -> Self::Result {
-        let level = msg.ack.unwrap_or(if self.pipeline.wal().is_some() {
+        let level = msg.ack.unwrap_or(if self.core.pipeline.logged() {
             AckLevel::Durable
         } else {
             AckLevel::Local
@@ -361,7 +362,7 @@ impl Handler<Merge> for Replica {
 impl Handler<Persist> for Replica {
     type Result = ResponseActFuture<Self, Result<(), ReplicaError>>;
     fn handle(&mut self, _: Persist, _: &mut Context<Self>) -> Self::Result {
-        let Some(data) = self.snapshots.data().cloned() else {
+        let Some(data) = self.core.snapshots.data().cloned() else {
             return Box::pin(actix::fut::ready(Ok(())));
         };
         Box::pin(
@@ -397,13 +398,13 @@ impl Handler<ShutdownBy> for Replica {
         self.flush_delta(ctx);
         // Written commits' deltas waiting for their interval go out before the stop, and so
         // does any written meanwhile (its `Committed` may still be handled).
-        self.pipeline.stopping();
-        let held = self.pipeline.take_held();
+        self.core.pipeline.stopping();
+        let held = self.core.pipeline.take_held();
         self.publish_held(held, ctx);
         // Nothing changed since the last snapshot, which is written (none is being written):
         // it is the final one already.
         crate::replica::crash::point(crate::replica::crash::SHUTDOWN_BEFORE_SNAPSHOT);
-        let saved = if self.snapshots.settled() {
+        let saved = if self.core.snapshots.settled() {
             Ok(())
         } else {
             self.snapshot_now()
@@ -411,8 +412,8 @@ impl Handler<ShutdownBy> for Replica {
         crate::replica::crash::point(crate::replica::crash::SHUTDOWN_AFTER_SNAPSHOT);
         // The final snapshot holds every update: durable ones are answered, the others
         // (waiting for peers, or with no snapshot written) fail as stopped.
-        let durable = (saved.is_ok() && self.snapshots.data().is_some())
-            .then_some(self.pipeline.next_batch());
+        let durable = (saved.is_ok() && self.core.snapshots.data().is_some())
+            .then_some(self.core.pipeline.next_batch());
         self.answer_stopped(durable);
         let (done, flushed) = oneshot::channel();
         self.enqueue(super::pump::Outbound::Flush(done));
@@ -438,7 +439,7 @@ impl Replica {
     /// stopped.
     pub(super) fn answer_stopped(&mut self, durable: Option<u64>) {
         self.shared.commits.stopped(durable);
-        let r = self.pipeline.acks.stop(durable);
+        let r = self.core.pipeline.acks.stop(durable);
         self.answer(r);
     }
 }
@@ -447,5 +448,52 @@ impl ReplicaHandle {
     pub(crate) fn from_parts(addr: Addr<Replica>, shared: std::sync::Arc<Shared>) -> Self {
         let parts = std::sync::Arc::new(super::super::HandleParts { addr, shared });
         ReplicaHandle { parts }
+    }
+}
+
+impl Replica {
+    /// What `stats` reads: the core's figures, the filter's and the counts.
+    pub(super) fn stats(&mut self) -> ReplicaStats {
+        let digest = self.my_digest();
+        let converged_peers = self.converged_peers();
+        let (figures, pending_delta): (FilterStats, usize) = {
+            let f = self.read();
+            (f.stats(), f.pending_delta_len())
+        };
+        let c = self.telemetry.counts();
+        ReplicaStats {
+            filter: self.cfg.name.clone(),
+            replica: self.id(),
+            uuid: self.uuid(),
+            ready: self.core.anti_entropy.is_ready(),
+            connected: self.io.transport.is_connected(),
+            peers: self.core.anti_entropy.live_peers(Instant::now()),
+            pending_delta,
+            digest: format!("{digest:016x}"),
+            awaiting_ack: self.core.pipeline.acks.len(),
+            converged_peers,
+            live_ids: self.core.lease.id_counts().0,
+            retired_ids: self.core.lease.id_counts().1,
+            id_lost: self.core.lease.lost(),
+            figures,
+            rejects: Counts::by_reason(&c.rejects),
+            api_errors: Counts::by_reason(&c.api_errors),
+            outbound_dropped: Counts::get(&c.outbound_dropped),
+            dropped: Counts::get(&c.dropped),
+            disconnects: Counts::get(&c.disconnects),
+            reconnects: Counts::get(&c.reconnects),
+            sequence_gaps: Counts::get(&c.sequence_gaps),
+            deltas_sent: Counts::get(&c.deltas_sent),
+            deltas_merged: Counts::get(&c.deltas_merged),
+            state_pushes: Counts::get(&c.state_pushes),
+            states_merged: Counts::get(&c.states_merged),
+            bytes_sent: Counts::get(&c.bytes_sent),
+            delta_bytes_sent: Counts::get(&c.delta_bytes_sent),
+            state_bytes_sent: Counts::get(&c.state_bytes_sent),
+            echoes_received: Counts::get(&c.echoes),
+            state_digests: Counts::get(&c.state_digests),
+            bytes_received: Counts::get(&c.bytes_received),
+            state_bytes: Counts::get(&c.state_bytes),
+        }
     }
 }

@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering;
 use actix::prelude::*;
 
 use super::Replica;
+use crate::replica::core::InFlight;
 use crate::replica::durable::Identity;
 use crate::replica::filter::AnyFilter;
 use crate::replica::metrics::Telemetry;
@@ -45,54 +46,40 @@ pub(crate) type ParkInto = Box<dyn FnOnce(&mut dyn FnMut() -> Parked) -> bool + 
 #[rtype(result = "bool")]
 pub(crate) struct Park(pub ParkInto);
 
-/// Filters whose initial state is larger stay awake: a park and a resume copy the state, and
-/// an actor's few KB are little beside it.
-pub(crate) const PARK_MAX_STATE_BYTES: u64 = 256 << 10;
-
 impl Replica {
-    /// Whether the replica may park now but for its snapshot (see the module documentation):
-    /// at rest ([`Replica::at_rest`]: caught up, of a kind whose state does not move with
-    /// time, nothing in flight), under the node-wide metric series, alone, under the node's
-    /// id, and nothing waiting either (a commit asked for, a push, a queued message).
+    /// Whether the replica may park now but for its snapshot (see the module documentation
+    /// and [`crate::replica::core::ReplicaCore::is_idle`]).
     fn idle_and_alone(&self) -> bool {
-        let quiet = |flag: &std::sync::atomic::AtomicBool| !flag.load(Ordering::Acquire);
+        let asked = |flag: &std::sync::atomic::AtomicBool| flag.load(Ordering::Acquire);
         let s = &self.shared;
-        self.at_rest()
-            && self.cfg.aggregate_metrics
-            && self.lease.shared.is_some()
-            && self
-                .cfg
-                .filter
-                .memory_bytes()
-                .is_ok_and(|b| b <= PARK_MAX_STATE_BYTES)
-            && self.anti_entropy.peers().next().is_none()
-            && self.pacings.is_empty()
-            && self.pipeline.idle()
-            && quiet(&s.closed)
-            && quiet(&s.flush_scheduled)
-            && quiet(&s.commit_requested)
-            && quiet(&s.logged_commit_requested)
-            && quiet(&s.publishing)
-            && s.pushes_out.load(Ordering::Acquire) == 0
-            && self.inbound_tx.is_empty()
-            && self.outbound_rx.is_empty()
+        let in_flight = InFlight {
+            closed: asked(&s.closed),
+            asked: asked(&s.flush_scheduled)
+                || asked(&s.commit_requested)
+                || asked(&s.logged_commit_requested),
+            publishing: asked(&s.publishing) || !self.chans.outbound_rx.is_empty(),
+            pushes: s.pushes_out.load(Ordering::Acquire) > 0 || !self.pacings.is_empty(),
+            inbound: !self.chans.inbound_tx.is_empty(),
+        };
+        self.core.is_idle(self.outside(), in_flight)
     }
 
     /// Closes the replica for good (as a shutdown does, with nothing left to flush or save)
     /// and gives what resumes it.
     fn close_for_parking(&mut self, ctx: &mut Context<Self>) -> Parked {
         self.close_to_updates();
-        self.pipeline.stopping();
+        self.core.pipeline.stopping();
         let durable = self
+            .core
             .snapshots
             .data()
             .is_some()
-            .then_some(self.pipeline.next_batch());
+            .then_some(self.core.pipeline.next_batch());
         self.answer_stopped(durable);
-        self.parked = true;
+        self.core.parked = true;
         ctx.stop();
         // The writer closes its log (if it wrote one); a resumed one starts a segment after.
-        let wal_next = self.pipeline.take_wal().map(|w| w.next_segment());
+        let wal_next = self.io.wal.take().map(|w| w.next_segment());
         let filter = self.read().clone();
         crate::replica::crash::point(crate::replica::crash::PARK_STATE_TAKEN);
         Parked {
@@ -100,7 +87,7 @@ impl Replica {
             identity: self.shared.identity,
             telemetry: self.telemetry.clone(),
             wal_next,
-            reserved: self.reserved,
+            reserved: self.core.reserved,
         }
     }
 }
@@ -112,10 +99,10 @@ impl Handler<Park> for Replica {
         if !self.idle_and_alone() {
             return false;
         }
-        if !self.snapshots.settled() {
+        if !self.core.snapshots.settled() {
             // Idle but for changes not saved yet (the periodic snapshot is not due): saved
             // now, so that the next ask finds the replica settled.
-            if !self.snapshots.writing() {
+            if !self.core.snapshots.writing() {
                 crate::replica::crash::point(crate::replica::crash::PARK_BEFORE_SNAPSHOT);
                 self.snapshot_async(ctx);
             }

@@ -1,7 +1,8 @@
 //! Publishing and sequencing: envelopes numbered in order; the commit pipeline carried out
 //! (local updates gathered into a delta, appended to the write-ahead log with group commit,
 //! published, and the updates answered at their acknowledgement level, as
-//! [`super::pipeline`] decides); digests; and full-state pushes (when [`super::push`] says)
+//! [`crate::replica::core::CommitPipeline`] decides); digests; and full-state pushes (when
+//! [`crate::replica::core::Pushes`] says)
 //! encoded off the actor's thread and framed chunk by chunk by the publisher.
 
 use std::sync::Arc;
@@ -11,31 +12,31 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use bytes::Bytes;
 
-use super::pipeline::{HeldDelta, Release};
 use super::pump::Outbound;
-use super::push::{ENVELOPE_OVERHEAD, Pacing, PushPlan, PushSource, StatePush, chunk_len};
+use super::push::{Pacing, PushSource, StatePush};
 use super::reply::Responder;
+use super::timers::Timer;
 use super::{Replica, ReplicaError, digest_of};
 use crate::replica::TakenDelta;
 use crate::replica::ack::{Resolved, known_replicas, peers_needed};
 use crate::replica::config::ReplicaConfig;
+use crate::replica::core::{ENVELOPE_OVERHEAD, HeldDelta, PushPlan, Release, chunk_len};
 use crate::replica::metrics::{Channel, Direction};
-use crate::replica::ticks;
 use crate::wire::{Body, Envelope, FilterKind, MAX_DELTAS_PER_MESSAGE};
 
 impl Replica {
     /// The next envelope in this replica's sequence.
     pub(super) fn envelope(&mut self, body: Body) -> Envelope {
-        self.seq += 1;
-        self.numbered_envelope(self.seq, body)
+        let seq = self.core.next_seq();
+        self.numbered_envelope(seq, body)
     }
 
     /// An envelope of this replica numbered `seq` (0: outside the sequence).
     fn numbered_envelope(&self, seq: u64, body: Body) -> Envelope {
         Envelope::new(
             self.cfg.name.clone(),
-            self.expect.kind,
-            self.expect.params_digest,
+            self.io.expect.kind,
+            self.io.expect.params_digest,
             self.uuid(),
             self.id(),
             seq,
@@ -56,17 +57,17 @@ impl Replica {
     /// Hands a message to the publisher task, starting one if none runs; a full queue drops
     /// it and counts. Whether it was queued.
     pub(super) fn enqueue(&self, o: Outbound) -> bool {
-        match self.outbound.try_send(o) {
+        match self.chans.outbound.try_send(o) {
             Ok(()) => {
                 // Not among the tasks aborted at stop: it sends what was queued (the final
                 // flush of a shutdown included), then ends.
                 if !self.shared.publishing.swap(true, Ordering::AcqRel) {
                     actix::spawn(super::pump::publish(
-                        self.outbound_rx.clone(),
-                        self.transport.clone(),
-                        self.replication_transport.clone(),
+                        self.chans.outbound_rx.clone(),
+                        self.io.transport.clone(),
+                        self.io.replication_transport.clone(),
                         self.shared.clone(),
-                        self.limiter.clone(),
+                        self.io.limiter.clone(),
                     ));
                 }
                 true
@@ -81,8 +82,8 @@ impl Replica {
 
     fn publish_state_body(&mut self, body: Body) {
         let env = self.envelope(body);
-        let frame = self.codec.encode(&env);
-        let subject = self.subjects.state.clone();
+        let frame = self.io.codec.encode(&env);
+        let subject = self.io.subjects.state.clone();
         self.send(subject, frame, Channel::State);
     }
 
@@ -91,20 +92,20 @@ impl Replica {
     /// it will be (updates that come faster share deltas, so that the envelope's bytes and a
     /// message through nats-server are paid once per interval, not per update).
     pub(super) fn schedule_flush(&mut self, ctx: &mut Context<Self>) {
-        if self.pipeline.flush_timer_armed() {
+        if self.core.pipeline.flush_timer_armed() {
             return;
         }
         self.busy_again(ctx);
         let interval = ReplicaConfig::ms(self.cfg.delta_interval_ms);
-        let delay = self.pipeline.flush_delay(Instant::now(), interval);
+        let delay = self.core.pipeline.flush_delay(Instant::now(), interval);
         if delay.is_zero() {
             // In this turn: a timer, even of zero, waits for the runtime's next millisecond.
             self.shared.flush_scheduled.store(false, Ordering::Release);
             return self.flush_delta(ctx);
         }
-        self.pipeline.arm_flush_timer();
-        ctx.run_later(delay, |act, ctx| {
-            act.pipeline.flush_timer_fired();
+        self.core.pipeline.arm_flush_timer();
+        self.timers.arm(Timer::Flush, delay, ctx, |act, ctx| {
+            act.core.pipeline.flush_timer_fired();
             act.shared.flush_scheduled.store(false, Ordering::Release);
             act.flush_delta(ctx);
         });
@@ -115,7 +116,7 @@ impl Replica {
     /// it. One commit at a time: updates arriving meanwhile go into the next (group commit).
     pub(super) fn flush_delta(&mut self, ctx: &mut Context<Self>) {
         self.absorb_direct_changes();
-        let Some(batch) = self.pipeline.begin(Instant::now()) else {
+        let Some(batch) = self.core.pipeline.begin(Instant::now()) else {
             return;
         };
         // Taken under the lock, encoded after it is released. Under the lock too, the next
@@ -128,7 +129,7 @@ impl Replica {
         };
         if self.cfg.full_state_only {
             // The naive protocol: every change is followed by a full-state broadcast.
-            if self.pushes.changed_since_last() {
+            if self.core.pushes.changed_since_last() {
                 self.schedule_push(ctx);
             }
             return self.committed_without_delta(batch, ctx);
@@ -138,14 +139,23 @@ impl Replica {
             // Nothing changed since the last commit: the waiting updates rest on what earlier
             // commits logged (and published, or held: see below), some of it perhaps only
             // written. Those that wait for the disk wait for a sync of the log.
-            return match self.pipeline.sync(batch, sync_through) {
-                Some(done) => self.await_commit(batch, None, done, ctx),
-                None => self.committed_without_delta(batch, ctx),
+            return match (self.core.pipeline.sync(batch, sync_through), &self.io.wal) {
+                (true, Some(wal)) => {
+                    let done = wal.sync();
+                    self.await_commit(batch, None, done, ctx)
+                }
+                _ => self.committed_without_delta(batch, ctx),
             };
         };
-        match self.pipeline.append(batch, &delta, sync_through) {
-            Some(done) => self.await_commit(batch, Some(delta), done, ctx),
-            None => self.publish_delta(batch, delta, ctx),
+        match (self.core.pipeline.append(batch, sync_through), &self.io.wal) {
+            (Some(sync), Some(wal)) => {
+                let done = match sync {
+                    true => wal.append(delta.clone()),
+                    false => wal.append_logged(delta.clone()),
+                };
+                self.await_commit(batch, Some(delta), done, ctx)
+            }
+            _ => self.publish_delta(batch, delta, ctx),
         }
     }
 
@@ -177,32 +187,36 @@ impl Replica {
 
     /// Answers the updates of commit `batch`, which had no delta, done.
     fn answer_without_delta(&mut self, batch: u64, ctx: &mut Context<Self>) {
-        if self.pipeline.acks.wants_confirmation(batch) {
+        if self.core.pipeline.acks.wants_confirmation(batch) {
             // Updates waiting for peers may rely on held deltas (an add whose item an
             // earlier commit set): those go now, the newest confirmed on this commit's
             // behalf, so that the waiters count its receivers.
-            let mut held = self.pipeline.take_held();
+            let mut held = self.core.pipeline.take_held();
             if let Some(newest) = held.pop() {
                 self.publish_held(held, ctx);
                 return self.publish_delta(batch, newest.delta, ctx);
             }
         }
-        let r = self.pipeline.acks.committed(batch, None, 0, Instant::now());
+        let r = self
+            .core
+            .pipeline
+            .acks
+            .committed(batch, None, 0, Instant::now());
         self.answer(r);
     }
 
     /// Publishes the delta of commit `batch` (durable by now, if there is a log).
     fn publish_delta(&mut self, batch: u64, delta: Vec<u8>, ctx: &mut Context<Self>) {
-        let confirm = self.pipeline.acks.wants_confirmation(batch);
+        let confirm = self.core.pipeline.acks.wants_confirmation(batch);
         let body = if confirm {
             Body::ConfirmedDelta(delta)
         } else {
             Body::Delta(delta)
         };
         let env = self.envelope(body);
-        let frame = self.codec.encode(&env);
-        let seq = self.seq;
-        if frame.len() > self.transport.max_payload() {
+        let frame = self.io.codec.encode(&env);
+        let seq = self.core.seq;
+        if frame.len() > self.io.transport.max_payload() {
             // Too big for one message: the full state (chunked) carries it instead; updates
             // waiting for peers time out, as their peers never see this delta.
             tracing::debug!(
@@ -212,24 +226,25 @@ impl Replica {
             self.schedule_push(ctx);
         } else {
             self.telemetry.delta_sent();
-            let subject = self.subjects.delta.clone();
+            let subject = self.io.subjects.delta.clone();
             self.send(subject, frame, Channel::Delta);
         }
         let timeout = ReplicaConfig::ms(self.cfg.replicated_timeout_ms);
         // Fixed now, of the replicas the registry knows: peers that go silent meanwhile
         // still count (see `known_replicas`).
-        let live = self.anti_entropy.live_peers(Instant::now());
-        self.most_live = self.most_live.max(live + 1);
-        let known = known_replicas(self.lease.known_replicas(), self.most_live, live);
+        let live = self.core.anti_entropy.live_peers(Instant::now());
+        self.core.note_live(live);
+        let known = known_replicas(self.core.lease.known_replicas(), self.core.most_live, live);
         let needed = peers_needed(self.cfg.replicated_peers, known);
-        let r = self
-            .pipeline
-            .acks
-            .committed(batch, Some(seq), needed, Instant::now() + timeout);
+        let r =
+            self.core
+                .pipeline
+                .acks
+                .committed(batch, Some(seq), needed, Instant::now() + timeout);
         self.answer(r);
         if confirm {
             ctx.run_later(timeout, |act, _| {
-                let r = act.pipeline.acks.expire(Instant::now());
+                let r = act.core.pipeline.acks.expire(Instant::now());
                 act.answer(r);
             });
         }
@@ -238,12 +253,12 @@ impl Replica {
     /// A commit's log append finished.
     fn committed(&mut self, c: Committed, ctx: &mut Context<Self>) {
         let now = Instant::now();
-        let (again, began) = self.pipeline.written(now);
+        let (again, began) = self.core.pipeline.written(now);
         self.shared
             .commits
             .done(c.batch, c.result.as_ref().err().map(String::as_str));
         if let Err(e) = &c.result {
-            let r = self.pipeline.acks.commit_failed(c.batch, e);
+            let r = self.core.pipeline.acks.commit_failed(c.batch, e);
             self.answer(r);
             self.wal_failed(e, ctx);
         }
@@ -258,19 +273,20 @@ impl Replica {
             return;
         };
         // Durable now: what waited for the disk is answered before its delta goes out.
-        let r = self.pipeline.acks.durable(c.batch);
+        let r = self.core.pipeline.acks.durable(c.batch);
         self.answer(r);
         // Published either way: the updates are applied, and peers may as well have them.
-        let confirm = self.pipeline.acks.wants_confirmation(c.batch);
+        let confirm = self.core.pipeline.acks.wants_confirmation(c.batch);
         let interval = ReplicaConfig::ms(self.cfg.delta_interval_ms);
         match self
+            .core
             .pipeline
             .release(c.batch, delta, began, confirm, interval, now)
         {
             Release::Now(held) => self.publish_held(held, ctx),
             Release::Later(delay) => {
-                ctx.run_later(delay, |act, ctx| {
-                    let held = act.pipeline.publish_timer_fired();
+                self.timers.arm(Timer::Publish, delay, ctx, |act, ctx| {
+                    let held = act.core.pipeline.publish_timer_fired();
                     act.publish_held(held, ctx);
                 });
             }
@@ -287,7 +303,7 @@ impl Replica {
     pub(super) fn publish_held(&mut self, mut held: Vec<HeldDelta>, ctx: &mut Context<Self>) {
         let last = held.last().map_or(0, |h| h.batch);
         // The one peers confirm travels alone, after the others.
-        let alone = if held.len() > 1 && self.pipeline.acks.wants_confirmation(last) {
+        let alone = if held.len() > 1 && self.core.pipeline.acks.wants_confirmation(last) {
             held.pop()
         } else {
             None
@@ -312,27 +328,28 @@ impl Replica {
     fn publish_run(&mut self, held: Vec<HeldDelta>, ctx: &mut Context<Self>) {
         // Each delta adds at most 9 bytes of CBOR framing to the envelope.
         let bytes: usize = held.iter().map(|h| h.delta.len() + 9).sum();
-        if bytes + ENVELOPE_OVERHEAD > self.transport.max_payload() {
+        if bytes + ENVELOPE_OVERHEAD > self.io.transport.max_payload() {
             for h in held {
                 self.publish_delta(h.batch, h.delta, ctx);
             }
             return;
         }
         let last = held.last().map_or(0, |h| h.batch);
-        debug_assert!(!self.pipeline.acks.wants_confirmation(last));
+        debug_assert!(!self.core.pipeline.acks.wants_confirmation(last));
         let deltas = held
             .into_iter()
             .map(|h| serde_bytes::ByteBuf::from(h.delta))
             .collect();
         let env = self.envelope(Body::Deltas(deltas));
-        let frame = self.codec.encode(&env);
-        let seq = self.seq;
+        let frame = self.io.codec.encode(&env);
+        let seq = self.core.seq;
         self.telemetry.delta_sent();
-        let subject = self.subjects.delta.clone();
+        let subject = self.io.subjects.delta.clone();
         self.send(subject, frame, Channel::Delta);
         // No update in these commits waits for peers (those go alone): what waited for the
         // disk was answered when they were written.
         let r = self
+            .core
             .pipeline
             .acks
             .committed(last, Some(seq), 0, Instant::now());
@@ -343,9 +360,10 @@ impl Replica {
     /// not wait for it, and for waiting updates without a log to pace commits; those that
     /// arrive meanwhile share its write and its delta.
     pub(super) fn commit_within_a_millisecond(&mut self, ctx: &mut Context<Self>) {
-        if self.pipeline.arm_commit_timer() {
-            ctx.run_later(Duration::from_millis(1), |act, ctx| {
-                act.pipeline.commit_timer_fired();
+        if self.core.pipeline.arm_commit_timer() {
+            let ms = Duration::from_millis(1);
+            self.timers.arm(Timer::Commit, ms, ctx, |act, ctx| {
+                act.core.pipeline.commit_timer_fired();
                 act.flush_delta(ctx);
             });
         }
@@ -353,7 +371,7 @@ impl Replica {
 
     /// Makes sure a commit comes soon for updates that wait for one.
     pub(super) fn schedule_commit(&mut self, ctx: &mut Context<Self>) {
-        if self.pipeline.wal().is_some() {
+        if self.core.pipeline.logged() {
             // The log's own pace batches: commit now, or right after the one in flight.
             return self.flush_delta(ctx);
         }
@@ -392,45 +410,35 @@ impl Replica {
         // of this thread for an `or_cuckoo` of 8.6M entries, every interval). A replica that
         // appears announces its own, and comparing with it computes ours afresh.
         self.absorb_direct_changes();
-        let live = self.anti_entropy.live_peers(Instant::now());
+        let live = self.core.anti_entropy.live_peers(Instant::now());
         let digest = self
+            .core
             .digests
             .announced(live, || digest_of(&self.shared, &self.telemetry));
         // The gauge needs our digest, which encodes the whole state: computed here, where the
         // anti-entropy round computes it anyway, not at every metrics interval.
         let converged = self.converged_peers();
         self.telemetry.converged.set(converged as f64);
-        let ready = self.anti_entropy.is_ready();
-        // Quiet: nothing changed since the last digest and every live peer announced ours.
-        let changed = std::mem::take(&mut self.changed_since_digest);
-        let quiet = live > 0 && ready && !changed && converged == live;
-        self.quiet_digests = if quiet {
-            self.quiet_digests.saturating_add(1)
-        } else {
-            0
-        };
-        let factor = ticks::quiet_digest_factor(
-            self.quiet_digests,
-            ticks::quiet_digest_max(self.cfg.anti_entropy_interval_ms, self.cfg.peer_expiry_ms),
-        );
+        let ready = self.core.anti_entropy.is_ready();
+        let factor = self.core.schedule.announce(live, ready, converged);
         let spacing = (factor > 1).then_some(factor);
-        match &self.digest_batches {
+        match &self.io.digest_batches {
             Some(batches) => {
                 // Outside the sequence: a batch goes another way than the numbered messages.
                 // It claims the numbers sent so far, for its receivers to check at the next
                 // one, unless some still wait in the publisher's queue or in a full-state
                 // push (one of hundreds of megabytes, or paced by its receivers, may take
                 // longer than an interval: its numbers would look lost, and be pushed again).
-                let queued = !self.outbound.is_empty();
+                let queued = !self.chans.outbound.is_empty();
                 let pushing = self.shared.pushes_out.load(Ordering::Acquire) > 0;
-                let sent = (!queued && !pushing).then_some(self.seq);
+                let sent = (!queued && !pushing).then_some(self.core.seq);
                 let body = Body::Digest {
                     digest,
                     ready,
                     sent,
                     spacing,
                 };
-                let frame = self.codec.encode(&self.numbered_envelope(0, body));
+                let frame = self.io.codec.encode(&self.numbered_envelope(0, body));
                 self.telemetry
                     .traffic(Direction::Out, Channel::State, frame.len());
                 batches.push(&self.cfg.name, frame);
@@ -457,12 +465,12 @@ impl Replica {
     /// Pushes the full state now, or as soon as `min_push_interval` allows (one push serves
     /// every peer that asked meanwhile).
     pub(super) fn schedule_push(&mut self, ctx: &mut Context<Self>) {
-        match self.pushes.plan(Instant::now()) {
+        match self.core.pushes.plan(Instant::now()) {
             PushPlan::Now => self.push_state(ctx),
             PushPlan::Armed => {}
             PushPlan::After(wait) => {
-                ctx.run_later(wait, |act, ctx| {
-                    if act.pushes.timer_fired() {
+                self.timers.arm(Timer::Push, wait, ctx, |act, ctx| {
+                    if act.core.pushes.timer_fired() {
                         act.push_state(ctx);
                     } else {
                         act.schedule_push(ctx);
@@ -477,12 +485,12 @@ impl Replica {
     /// time as it goes out ([`PushSource::Live`]).
     fn push_state(&mut self, ctx: &mut Context<Self>) {
         let now = Instant::now();
-        let transfer = self.pushes.start(now);
-        self.anti_entropy.pushed(now);
-        let chunk_len = chunk_len(self.cfg.chunk_bytes, self.transport.max_payload());
+        let transfer = self.core.pushes.start(now);
+        self.core.anti_entropy.pushed(now);
+        let chunk_len = chunk_len(self.cfg.chunk_bytes, self.io.transport.max_payload());
         let live_len = self.read().encoded_state_len();
         if let Some(total_len) = live_len.filter(|&len| len > chunk_len as u64) {
-            self.pushes.encoded();
+            self.core.pushes.encoded();
             let pacing = Arc::new(Pacing::new(transfer));
             // Those of pushes still queued or going out (their push holds them) stay.
             self.pacings.retain(|p| Arc::strong_count(p) > 1);
@@ -545,7 +553,7 @@ struct Encoded {
 impl Handler<Encoded> for Replica {
     type Result = ();
     fn handle(&mut self, msg: Encoded, _: &mut Context<Self>) {
-        self.pushes.encoded();
+        self.core.pushes.encoded();
         let Some((state, checksum)) = msg.state else {
             return;
         };
@@ -559,17 +567,17 @@ impl Replica {
     fn queue_push(&mut self, source: PushSource, transfer: u64, chunk_len: usize) {
         let template = self.envelope(Body::Delta(Vec::new()));
         let push = StatePush {
-            subject: self.subjects.state.clone(),
+            subject: self.io.subjects.state.clone(),
             source,
             transfer,
             chunk_len,
             first_seq: template.seq,
-            codec: self.codec.clone(),
+            codec: self.io.codec.clone(),
             template,
         };
         self.telemetry.state_pushed(push.len() as usize);
         // `envelope` took the first number; the rest are reserved here.
-        self.seq += push.count() as u64 - 1;
+        self.core.seq += push.count() as u64 - 1;
         self.shared.pushes_out.fetch_add(1, Ordering::AcqRel);
         if !self.enqueue(Outbound::State(Box::new(push))) {
             self.shared.pushes_out.fetch_sub(1, Ordering::AcqRel);
@@ -594,12 +602,12 @@ impl Replica {
             next,
         };
         let env = self.numbered_envelope(0, body);
-        let frame = self.codec.encode(&env);
+        let frame = self.io.codec.encode(&env);
         self.telemetry
             .traffic(Direction::Out, Channel::State, frame.len());
         let (transport, subject) = (
-            self.replication_transport.clone(),
-            self.subjects.state.clone(),
+            self.io.replication_transport.clone(),
+            self.io.subjects.state.clone(),
         );
         let shared = self.shared.clone();
         actix::spawn(async move {

@@ -56,16 +56,18 @@ impl Replica {
         // And, with `routed_api`, the operations in the queue group (one subscription of the
         // node covers every catalog filter's).
         let by_node = self.cfg.catalog_hosted;
-        let own_by_node = by_node && self.lease.shared.is_some();
-        let queue = self.subjects.api_queue.clone();
+        let own_by_node = by_node && self.core.lease.shared.is_some();
+        let queue = self.io.subjects.api_queue.clone();
         let shared_subjects = self
+            .io
             .subjects
             .api_subscriptions()
             .into_iter()
-            .filter(|s| !(by_node && *s == self.subjects.api_root))
-            .filter(|s| !(self.cfg.routed_api && *s == self.subjects.api))
+            .filter(|s| !(by_node && *s == self.io.subjects.api_root))
+            .filter(|s| !(self.cfg.routed_api && *s == self.io.subjects.api))
             .map(|s| (s.to_string(), Some(queue.clone())));
         let own = self
+            .io
             .subjects
             .replica_api_subscriptions(self.id())
             .into_iter()
@@ -87,7 +89,7 @@ impl Replica {
             self.publish_ready(&why);
             return;
         }
-        let transport = self.transport.clone();
+        let transport = self.io.transport.clone();
         let subscribing = async move {
             let mut api = Vec::with_capacity(subscriptions.len());
             for (subject, queue) in subscriptions {
@@ -113,9 +115,9 @@ impl Replica {
                 let reads = reads.clone();
                 tokio::spawn(forward_stream(
                     stream,
-                    act.transport.clone(),
+                    act.io.transport.clone(),
                     (subject, queue),
-                    act.inbound_tx.clone(),
+                    act.chans.inbound_tx.clone(),
                     move |m| reads.route(m),
                     act.shared.clone(),
                     Some(API_LINGER),
@@ -124,7 +126,7 @@ impl Replica {
             act.serve_service(service, srv);
             // The server has processed the subscriptions once it answers a request sent after
             // them. Disconnected, nobody could reach the API anyway: ready is not held back.
-            let transport = act.transport.clone();
+            let transport = act.io.transport.clone();
             let confirming = async move {
                 if let Err(e) = confirm_subscriptions(&transport).await {
                     tracing::warn!(error = %e, "the API's subscriptions were not confirmed");
@@ -143,7 +145,7 @@ impl Replica {
     fn answer_api(&self, service: &Arc<ApiService>) -> Arc<Reads> {
         let reads = Arc::new(Reads {
             shared: self.shared.clone(),
-            subjects: self.subjects.clone(),
+            subjects: self.io.subjects.clone(),
             service: service.clone(),
             replica: self.id(),
             updates: self.updates.clone(),
@@ -159,9 +161,9 @@ impl Replica {
     pub(crate) fn prepare_resumed(&mut self) {
         if self.cfg.serve_api {
             debug_assert!(
-                self.cfg.catalog_hosted && self.cfg.routed_api && self.lease.shared.is_some()
+                self.cfg.catalog_hosted && self.cfg.routed_api && self.core.lease.shared.is_some()
             );
-            self.api_started = true;
+            self.core.api_started = true;
             let service = self.new_service();
             self.answer_api(&service);
         }
@@ -171,10 +173,10 @@ impl Replica {
     /// The NATS service API's instance of this replica.
     fn new_service(&mut self) -> Arc<ApiService> {
         let service = Arc::new(ApiService::new(
-            &self.subjects,
+            &self.io.subjects,
             &self.cfg.prefix,
             &self.cfg.name,
-            self.expect.kind,
+            self.io.expect.kind,
             self.id(),
             self.uuid(),
         ));
@@ -206,9 +208,9 @@ impl Replica {
             };
             self.tasks.push(tokio::spawn(forward_stream(
                 stream,
-                self.transport.clone(),
+                self.io.transport.clone(),
                 (subject, None),
-                self.inbound_tx.clone(),
+                self.chans.inbound_tx.clone(),
                 route,
                 self.shared.clone(),
                 None,
@@ -244,7 +246,7 @@ impl Replica {
         response: Response,
         ctx: &mut Context<Self>,
     ) {
-        let Some(data) = self.snapshots.data().cloned() else {
+        let Some(data) = self.core.snapshots.data().cloned() else {
             return self.send_reply(reply, Ok(response));
         };
         ctx.spawn(self.snapshot_off_thread(data).map(move |r, act, _| {

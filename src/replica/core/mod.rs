@@ -1,10 +1,27 @@
 //! The replica's decisions without I/O: what the shell (the actor, its transports, its data
-//! directory) carries out, and what the deterministic simulation (`src/sim/`) runs too. The
-//! rest of the replica moves here step by step (docs/DESIGN.md, "The replica's core").
+//! directory) carries out, and what the deterministic simulation (`src/sim/`) runs too.
+//! [`ReplicaCore`] owns the decision state; each part owns its own, with its tests
+//! (docs/DESIGN.md, "The replica's core").
 
+mod clocks;
+mod lease;
+mod pipeline;
+mod push;
+mod registry;
+mod replica;
+mod schedule;
+mod snapshots;
 mod start;
 mod unlogged;
 
+pub(crate) use clocks::PeerClocks;
+pub(crate) use lease::Lease;
+pub(crate) use pipeline::{CommitPipeline, FIRST_BATCH, HeldDelta, Release};
+pub(crate) use push::{DigestCache, ENVELOPE_OVERHEAD, PushPlan, Pushes, chunk_len};
+pub(crate) use registry::{HeldFrame, Look, RegistryView};
+pub(crate) use replica::{InFlight, Outside, Ready, ReplicaCore, Traits};
+pub(crate) use schedule::{Rearm, Schedule};
+pub(crate) use snapshots::Snapshotter;
 pub(crate) use start::{Adopted, Claiming};
 #[cfg(test)]
 pub(crate) use unlogged::NO_FOOTPRINTS;

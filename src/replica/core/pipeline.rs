@@ -1,8 +1,9 @@
 //! The commit pipeline's state: local updates are gathered into commits (one delta each),
 //! appended to the write-ahead log one commit at a time (group commit: what arrives while one
 //! is written goes into the next), published, and the updates that waited for a level are
-//! answered ([`AckTracker`]). The actor carries out what it decides (timers, the append's
-//! completion, publishing); every decision is here, without the actor, and unit-tested.
+//! answered ([`AckTracker`]). The shell carries out what it decides (timers, the log's
+//! appends and syncs and their completion, publishing); every decision is here, without the
+//! actor or the log's writer, and unit-tested.
 //!
 //! Commits and published deltas are paced apart: with a log, commits go at the log's pace (an
 //! update that waits for the disk asks for one at once, and those that arrive during an fsync
@@ -14,22 +15,20 @@
 use std::time::{Duration, Instant};
 
 use crate::replica::ack::AckTracker;
-use crate::replica::durable::DurableError;
-use crate::replica::wal::{Pending, SegmentId, WalWriter};
 
 /// The number of a replica's first commit (the pipeline's next at start, and
-/// [`super::Shared::open_batch`] until the first take).
-pub(super) const FIRST_BATCH: u64 = 1;
+/// `Shared::open_batch` until the first take).
+pub(crate) const FIRST_BATCH: u64 = 1;
 
 /// Commits, the log they are written to, and the updates waiting for them (answered through
 /// `R`).
 pub(crate) struct CommitPipeline<R> {
-    /// The write-ahead log, with a data directory.
-    wal: Option<WalWriter>,
+    /// There is a write-ahead log (with a data directory): the shell holds its writer.
+    logged: bool,
     /// The replacement of a failed log writer.
     recovery: WalRecovery,
     /// Updates waiting for their acknowledgement level.
-    pub(super) acks: AckTracker<R>,
+    pub(crate) acks: AckTracker<R>,
     /// Number of the next commit (a commit carries every local update since the last one).
     next_batch: u64,
     /// A commit is being written to the log; the next waits for it.
@@ -57,7 +56,7 @@ pub(crate) struct CommitPipeline<R> {
 
 /// A written commit's delta, waiting for its publication.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) struct HeldDelta {
+pub(crate) struct HeldDelta {
     /// The commit.
     pub batch: u64,
     /// Its encoded delta.
@@ -68,7 +67,7 @@ pub(super) struct HeldDelta {
 
 /// What to do with a written commit's delta ([`CommitPipeline::release`]).
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Release {
+pub(crate) enum Release {
     /// Publish these deltas now, oldest first (the one just written last).
     Now(Vec<HeldDelta>),
     /// Held: arm a timer that publishes the held deltas after this delay.
@@ -78,10 +77,10 @@ pub(super) enum Release {
 }
 
 impl<R> CommitPipeline<R> {
-    /// A pipeline before its first commit, writing to `wal` if there is one.
-    pub(super) fn new(wal: Option<WalWriter>) -> Self {
+    /// A pipeline before its first commit, with a write-ahead log if `logged`.
+    pub(crate) fn new(logged: bool) -> Self {
         CommitPipeline {
-            wal,
+            logged,
             recovery: WalRecovery::default(),
             acks: AckTracker::default(),
             next_batch: FIRST_BATCH,
@@ -98,53 +97,53 @@ impl<R> CommitPipeline<R> {
         }
     }
 
-    /// The write-ahead log, if the replica has a data directory.
-    pub(super) fn wal(&self) -> Option<&WalWriter> {
-        self.wal.as_ref()
+    /// Whether the replica has a write-ahead log (a data directory).
+    pub(crate) fn logged(&self) -> bool {
+        self.logged
     }
 
     /// The commit the next update goes into.
-    pub(super) fn next_batch(&self) -> u64 {
+    pub(crate) fn next_batch(&self) -> u64 {
         self.next_batch
     }
 
     /// How long until the pending delta is flushed, given the last flush and
     /// `delta_interval_ms`: at once if the last is `interval` old (an add on an idle link
     /// travels at once), else when it will be (updates that come faster share deltas).
-    pub(super) fn flush_delay(&self, now: Instant, interval: Duration) -> Duration {
+    pub(crate) fn flush_delay(&self, now: Instant, interval: Duration) -> Duration {
         self.last_flush.map_or(Duration::ZERO, |t| {
             (t + interval).saturating_duration_since(now)
         })
     }
 
     /// Arms the flush timer unless it is armed; whether the caller should start one.
-    pub(super) fn arm_flush_timer(&mut self) -> bool {
+    pub(crate) fn arm_flush_timer(&mut self) -> bool {
         !std::mem::replace(&mut self.flush_timer, true)
     }
 
     /// The flush timer fired.
-    pub(super) fn flush_timer_fired(&mut self) {
+    pub(crate) fn flush_timer_fired(&mut self) {
         self.flush_timer = false;
     }
 
     /// Whether a flush timer is armed.
-    pub(super) fn flush_timer_armed(&self) -> bool {
+    pub(crate) fn flush_timer_armed(&self) -> bool {
         self.flush_timer
     }
 
     /// Arms the commit timer unless it is armed; whether the caller should start one.
-    pub(super) fn arm_commit_timer(&mut self) -> bool {
+    pub(crate) fn arm_commit_timer(&mut self) -> bool {
         !std::mem::replace(&mut self.commit_timer, true)
     }
 
     /// The commit timer fired.
-    pub(super) fn commit_timer_fired(&mut self) {
+    pub(crate) fn commit_timer_fired(&mut self) {
         self.commit_timer = false;
     }
 
     /// A flush of the pending delta starts now: the number of the commit it makes, or `None`
     /// if a commit is being written (this one then follows it, with whatever came meanwhile).
-    pub(super) fn begin(&mut self, now: Instant) -> Option<u64> {
+    pub(crate) fn begin(&mut self, now: Instant) -> Option<u64> {
         self.last_flush = Some(now);
         if self.committing {
             self.again = true;
@@ -158,47 +157,39 @@ impl<R> CommitPipeline<R> {
     /// Whether commit `batch` must be fsynced: updates in it wait for the disk (through the
     /// actor, or applied outside it up to `sync_through`). The others (`logged`, `local`) are
     /// synced by the log's periodic sync.
-    pub(super) fn must_sync(&self, batch: u64, sync_through: u64) -> bool {
+    pub(crate) fn must_sync(&self, batch: u64, sync_through: u64) -> bool {
         self.acks.wants_sync(batch) || sync_through >= batch
     }
 
-    /// Appends the delta of commit `batch` to the log, fsynced if [`CommitPipeline::must_sync`]
-    /// says so; `None` without a log. Until [`CommitPipeline::written`], the next commit waits.
-    pub(super) fn append(
-        &mut self,
-        batch: u64,
-        delta: &[u8],
-        sync_through: u64,
-    ) -> Option<Pending<()>> {
-        let sync = self.wal.is_some() && self.must_sync(batch, sync_through);
-        let wal = self.wal.as_ref()?;
+    /// The delta of commit `batch` goes to the log: whether its append is fsynced
+    /// ([`CommitPipeline::must_sync`]), or `None` without a log (nothing to wait for). Until
+    /// [`CommitPipeline::written`], the next commit waits.
+    pub(crate) fn append(&mut self, batch: u64, sync_through: u64) -> Option<bool> {
+        if !self.logged {
+            return None;
+        }
         self.committing = true;
         self.writing_since = self.last_flush;
-        Some(if sync {
-            wal.append(delta.to_vec())
-        } else {
-            wal.append_logged(delta.to_vec())
-        })
+        Some(self.must_sync(batch, sync_through))
     }
 
     /// Commit `batch` has no delta: if it must be fsynced ([`CommitPipeline::must_sync`]),
     /// a sync of the log, since its updates may rest on earlier appends only written (an
     /// add of an item a `logged` add set); `None` if not, or without a log. Until
     /// [`CommitPipeline::written`], the next commit waits.
-    pub(super) fn sync(&mut self, batch: u64, sync_through: u64) -> Option<Pending<()>> {
-        if !self.must_sync(batch, sync_through) {
-            return None;
+    pub(crate) fn sync(&mut self, batch: u64, sync_through: u64) -> bool {
+        if !self.logged || !self.must_sync(batch, sync_through) {
+            return false;
         }
-        let wal = self.wal.as_ref()?;
         self.committing = true;
         self.writing_since = self.last_flush;
-        Some(wal.sync())
+        true
     }
 
     /// The commit being written is written (or failed): whether another should start at
     /// once, because one was asked for meanwhile or updates wait for one not yet made; and
     /// when the written one began (for [`CommitPipeline::release`]).
-    pub(super) fn written(&mut self, now: Instant) -> (bool, Instant) {
+    pub(crate) fn written(&mut self, now: Instant) -> (bool, Instant) {
         self.committing = false;
         let began = self.writing_since.take().unwrap_or(now);
         let again = std::mem::take(&mut self.again) || self.acks.wants_commit(self.next_batch);
@@ -210,7 +201,7 @@ impl<R> CommitPipeline<R> {
     /// a quiet link), or if updates in it wait for peers (`confirm`: their delta goes at
     /// once, with those held before it); else held until `interval` after the newest commit
     /// published began, with whatever is written meanwhile.
-    pub(super) fn release(
+    pub(crate) fn release(
         &mut self,
         batch: u64,
         delta: Vec<u8>,
@@ -238,12 +229,12 @@ impl<R> CommitPipeline<R> {
     }
 
     /// The replica stops: deltas are published as they are written from now on.
-    pub(super) fn stopping(&mut self) {
+    pub(crate) fn stopping(&mut self) {
         self.stopping = true;
     }
 
     /// The held deltas, to publish now (the publication timer fired, or the replica stops).
-    pub(super) fn take_held(&mut self) -> Vec<HeldDelta> {
+    pub(crate) fn take_held(&mut self) -> Vec<HeldDelta> {
         if let Some(newest) = self.held.iter().map(|h| h.began).max() {
             self.published_since = Some(newest);
         }
@@ -251,14 +242,14 @@ impl<R> CommitPipeline<R> {
     }
 
     /// The publication timer fired: the held deltas, to publish.
-    pub(super) fn publish_timer_fired(&mut self) -> Vec<HeldDelta> {
+    pub(crate) fn publish_timer_fired(&mut self) -> Vec<HeldDelta> {
         self.publish_timer = false;
         self.take_held()
     }
 
     /// Whether anything is in flight or waiting: updates for their level, a failed log for
     /// its replacement, a delta for its flush or its publication.
-    pub(super) fn busy(&self) -> bool {
+    pub(crate) fn busy(&self) -> bool {
         self.acks.len() > 0
             || self.recovery.pending
             || self.flush_timer
@@ -268,23 +259,18 @@ impl<R> CommitPipeline<R> {
 
     /// Whether nothing of the pipeline would go on after its replica stopped: not
     /// [`CommitPipeline::busy`], and no commit being written, asked for or timed.
-    pub(super) fn idle(&self) -> bool {
+    pub(crate) fn idle(&self) -> bool {
         !self.busy() && !self.committing && !self.again && !self.commit_timer
     }
 
-    /// The log's writer, taken as the replica parks.
-    pub(super) fn take_wal(&mut self) -> Option<WalWriter> {
-        self.wal.take()
-    }
-
     /// Whether the log failed and is not replaced yet.
-    pub(super) fn wal_failing(&self) -> bool {
+    pub(crate) fn wal_failing(&self) -> bool {
         self.recovery.pending
     }
 
     /// A log append failed: the delay before the first attempt at replacing the writer, or
     /// `None` if one is already scheduled.
-    pub(super) fn wal_failed(&mut self) -> Option<Duration> {
+    pub(crate) fn wal_failed(&mut self) -> Option<Duration> {
         if self.recovery.pending {
             return None;
         }
@@ -294,25 +280,15 @@ impl<R> CommitPipeline<R> {
 
     /// An attempt at replacing the failed writer did not succeed: the delay before the next,
     /// doubled each time up to [`WalRecovery::MAX_DELAY`].
-    pub(super) fn retry_delay(&mut self) -> Duration {
+    pub(crate) fn retry_delay(&mut self) -> Duration {
         self.recovery.delay = (self.recovery.delay * 2).min(WalRecovery::MAX_DELAY);
         self.recovery.delay
     }
 
-    /// Replaces the failed writer with one on new segments (after a snapshot covering the
-    /// old ones). Without a log there is nothing to replace: recovered.
-    pub(super) fn reopen(&mut self) -> Result<(), DurableError> {
-        if let Some(wal) = &self.wal {
-            // The failed writer, dropped here, is forgotten by its pool thread.
-            self.wal = Some(wal.reopen()?);
-        }
+    /// The shell replaced the failed writer (or had none to replace): recovered, and the
+    /// next failure's backoff starts over.
+    pub(crate) fn reopened(&mut self) {
         self.recovery = WalRecovery::default();
-        Ok(())
-    }
-
-    /// Ends the log's current segment for a snapshot taken now (see [`WalWriter::rotate`]).
-    pub(super) fn rotate(&mut self) -> Option<SegmentId> {
-        self.wal.as_mut().map(WalWriter::rotate)
     }
 }
 
@@ -341,31 +317,27 @@ impl Default for WalRecovery {
 mod tests {
     use super::*;
     use crate::replica::ack::AckLevel;
-    use crate::replica::durable::Identity;
-    use crate::replica::wal;
-
-    fn log_in(dir: &std::path::Path) -> WalWriter {
-        let identity = Identity {
-            uuid: uuid::Uuid::new_v4(),
-            replica: 1,
-        };
-        let replayed = wal::replay(dir, identity, None, wal::WalLimits::default(), |_| {}).unwrap();
-        WalWriter::start(replayed, identity).unwrap()
-    }
 
     #[test]
     fn commits_are_numbered_and_one_is_written_at_a_time() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut p = CommitPipeline::<u32>::new(Some(log_in(dir.path())));
+        let mut p = CommitPipeline::<u32>::new(true);
         let now = Instant::now();
         assert_eq!(p.begin(now), Some(FIRST_BATCH));
-        assert!(p.append(FIRST_BATCH, b"one", 0).is_some());
+        assert_eq!(
+            p.append(FIRST_BATCH, 0),
+            Some(false),
+            "nothing waits for the disk"
+        );
         // Asked for while the first is written: it follows, once.
         assert_eq!(p.begin(now), None);
         assert_eq!(p.begin(now), None);
         assert!(p.written(now).0, "the flush asked for meanwhile goes next");
         assert_eq!(p.begin(now), Some(FIRST_BATCH + 1));
-        assert!(p.append(FIRST_BATCH + 1, b"two", FIRST_BATCH + 1).is_some());
+        assert_eq!(
+            p.append(FIRST_BATCH + 1, FIRST_BATCH + 1),
+            Some(true),
+            "an update applied outside the actor waits for the disk"
+        );
         let (again, began) = p.written(now);
         assert!(!again, "nothing asked for, nothing waiting");
         assert_eq!(began, now, "when the written commit began");
@@ -374,19 +346,18 @@ mod tests {
 
     #[test]
     fn without_a_log_commits_never_wait_for_each_other() {
-        let mut p = CommitPipeline::<u32>::new(None);
+        let mut p = CommitPipeline::<u32>::new(false);
         let now = Instant::now();
         assert_eq!(p.begin(now), Some(1));
-        assert!(p.append(1, b"d", 1).is_none());
+        assert_eq!(p.append(1, 1), None);
+        assert!(!p.sync(1, 1), "no log to sync");
         assert_eq!(p.begin(now), Some(2));
         assert!(!p.wal_failing());
-        assert!(p.reopen().is_ok());
-        assert_eq!(p.rotate(), None);
     }
 
     #[test]
     fn updates_waiting_for_the_disk_make_their_commit_sync_and_call_for_the_next() {
-        let mut p = CommitPipeline::<u32>::new(None);
+        let mut p = CommitPipeline::<u32>::new(false);
         assert!(!p.must_sync(1, 0));
         // Applied outside the actor, in commit 1, waiting for the disk.
         assert!(p.must_sync(1, 1));
@@ -403,7 +374,7 @@ mod tests {
 
     #[test]
     fn a_flush_waits_for_the_interval_since_the_last_one() {
-        let mut p = CommitPipeline::<u32>::new(None);
+        let mut p = CommitPipeline::<u32>::new(false);
         let t = Instant::now();
         let interval = Duration::from_millis(50);
         assert_eq!(
@@ -434,7 +405,7 @@ mod tests {
 
     #[test]
     fn written_deltas_go_out_at_most_once_per_interval_unless_peers_wait() {
-        let mut p = CommitPipeline::<u32>::new(None);
+        let mut p = CommitPipeline::<u32>::new(false);
         let t = Instant::now();
         let ms = Duration::from_millis;
         let interval = ms(2);
@@ -509,8 +480,7 @@ mod tests {
 
     #[test]
     fn a_failed_log_is_replaced_with_backoff_once_at_a_time() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut p = CommitPipeline::<u32>::new(Some(log_in(dir.path())));
+        let mut p = CommitPipeline::<u32>::new(true);
         assert_eq!(p.wal_failed(), Some(WalRecovery::FIRST_DELAY));
         assert_eq!(p.wal_failed(), None, "already scheduled");
         assert!(p.wal_failing() && p.busy());
@@ -518,14 +488,8 @@ mod tests {
         assert_eq!(delays[0], WalRecovery::FIRST_DELAY * 2);
         assert!(delays.windows(2).all(|w| w[0] <= w[1]));
         assert_eq!(*delays.last().unwrap(), WalRecovery::MAX_DELAY);
-        let before = p.wal().unwrap().segment();
-        p.rotate();
-        p.reopen().unwrap();
+        p.reopened();
         assert!(!p.wal_failing());
-        assert!(
-            p.wal().unwrap().segment() > before,
-            "the new writer starts on a new segment"
-        );
         assert_eq!(
             p.wal_failed(),
             Some(WalRecovery::FIRST_DELAY),

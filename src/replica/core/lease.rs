@@ -1,0 +1,215 @@
+//! What the replica knows of its id claim (a lease, see [`crate::transport::ClaimRecord`]):
+//! the reservation confirmed, when to renew it and what to ask for, a lost claim, and the
+//! other ids' claims watched for retirement. The shell's `actor/lease.rs` talks to the
+//! registry.
+
+use std::sync::Arc;
+
+use crate::replica::SharedId;
+use crate::transport::Renewal;
+use crate::transport::registry::StaleWatch;
+
+/// What the replica knows of its claim and of the other claims of its filter.
+pub(crate) struct Lease {
+    /// The highest tag timestamp the registry confirmed this replica may issue (its own
+    /// claim; see [`Lease::reserved`]).
+    reserved: u64,
+    /// A renewal (and a look at the registry) is under way.
+    busy: bool,
+    /// The id was retired under this replica: it issues no more tags until it takes the id
+    /// back.
+    lost: bool,
+    /// Every tag issued under the id by anyone is at or below it (raised by a take-back;
+    /// the start's floor is in the clock already).
+    floor: u64,
+    /// Other ids' claims, to retire those gone silent.
+    pub(crate) watch: StaleWatch,
+    /// The node's id, when the replica issues its tags under it: the node renews it.
+    pub shared: Option<Arc<SharedId>>,
+}
+
+impl Lease {
+    pub(crate) fn new(reserved: u64, shared: Option<Arc<SharedId>>) -> Self {
+        Lease {
+            reserved,
+            busy: false,
+            lost: false,
+            floor: 0,
+            watch: StaleWatch::default(),
+            shared,
+        }
+    }
+
+    /// The floor the replica's clock moves up to before it issues a tag (see
+    /// [`crate::transport::registry::take_back`]).
+    pub(crate) fn floor(&self) -> u64 {
+        self.shared.as_ref().map_or(self.floor, |s| s.floor())
+    }
+
+    /// Starts taking its own retired id back: whether to (the claim is lost, nothing else
+    /// is under way, and the node does not hold the id). End it with
+    /// [`Lease::renewal_ended`].
+    pub(crate) fn begin_take_back(&mut self) -> bool {
+        if self.busy || !self.lost || self.shared.is_some() {
+            return false;
+        }
+        self.busy = true;
+        true
+    }
+
+    /// The id is ours again, with tags above `floor` up to `reserved`.
+    pub(crate) fn taken_back(&mut self, floor: u64, reserved: u64) {
+        self.lost = false;
+        self.floor = self.floor.max(floor);
+        self.reserved = self.reserved.max(reserved);
+    }
+
+    /// The highest tag timestamp the registry confirmed.
+    pub(crate) fn reserved(&self) -> u64 {
+        self.shared.as_ref().map_or(self.reserved, |s| s.reserved())
+    }
+
+    /// The id was retired while it could not be renewed.
+    pub(crate) fn lost(&self) -> bool {
+        self.shared.as_ref().map_or(self.lost, |s| s.lost())
+    }
+
+    /// The filter's known replicas at the last look, for `replicated` (see
+    /// [`StaleWatch::note_known`]; under the node's id, the node ids held); `None` before
+    /// a look succeeded.
+    pub(crate) fn known_replicas(&self) -> Option<usize> {
+        let n = match &self.shared {
+            Some(s) => s.id_counts().0,
+            None => self.watch.known_ids,
+        };
+        (n > 0).then_some(n)
+    }
+
+    /// Ids of the registry namespace held and retired at the last look.
+    pub(crate) fn id_counts(&self) -> (usize, usize) {
+        match &self.shared {
+            Some(s) => s.id_counts(),
+            None => (self.watch.live_ids, self.watch.retired_ids),
+        }
+    }
+
+    /// Whether its own claim should be renewed at once: half of the `block` of tags last
+    /// reserved is used (`clock`), and no renewal is under way. Never for kinds without
+    /// tags (`tagged`), nor a lost claim, nor under the node's id (the node renews that).
+    pub(crate) fn running_low(&self, clock: u64, block: u64, tagged: bool) -> bool {
+        self.shared.is_none()
+            && tagged
+            && !self.busy
+            && !self.lost
+            && clock + block / 2 >= self.reserved
+    }
+
+    /// Starts a renewal of its own claim: the reservation to ask for (a `block` above the
+    /// `clock` for kinds with tags, never lower than the one held), or `None` if a renewal
+    /// is under way, the claim is lost, or the node renews the id. End it with
+    /// [`Lease::renewal_ended`], and pass the answer to [`Lease::renewed`].
+    pub(crate) fn begin_renewal(&mut self, clock: u64, block: u64, tagged: bool) -> Option<u64> {
+        if self.busy || self.lost || self.shared.is_some() {
+            return None;
+        }
+        self.busy = true;
+        Some(match tagged {
+            true => self.reserved.max(clock + block),
+            false => self.reserved,
+        })
+    }
+
+    /// The renewal started by [`Lease::begin_renewal`] is over: the next may start.
+    pub(crate) fn renewal_ended(&mut self) {
+        self.busy = false;
+    }
+
+    /// The registry answered a renewal (the periodic one, or an import's) that asked for
+    /// `want` (`None`: it failed; try again later). Answers whether the claim was lost by
+    /// it: the id was retired while the replica could not renew, and it issues no more tags.
+    pub(crate) fn renewed(&mut self, want: u64, renewal: Option<Renewal>) -> bool {
+        match renewal {
+            Some(Renewal::Held) => {
+                self.reserved = self.reserved.max(want);
+                false
+            }
+            Some(Renewal::Lost) => !std::mem::replace(&mut self.lost, true),
+            None => false,
+        }
+    }
+
+    /// The reservation `n` more tags above `clock` need, if the one held falls short
+    /// (`None`: enough, no tags, or the claim is lost).
+    pub(crate) fn shortfall(&self, clock: u64, n: u64, tagged: bool) -> Option<u64> {
+        if !tagged || n == 0 || self.lost() {
+            return None;
+        }
+        let need = clock.saturating_add(n);
+        (need > self.reserved()).then_some(need)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BLOCK: u64 = 1_000;
+
+    #[test]
+    fn a_claim_is_renewed_when_half_its_block_is_used_one_renewal_at_a_time() {
+        let mut lease = Lease::new(BLOCK, None);
+        assert!(!lease.running_low(BLOCK / 2 - 1, BLOCK, true));
+        assert!(lease.running_low(BLOCK / 2, BLOCK, true));
+        assert!(
+            !lease.running_low(BLOCK, BLOCK, false),
+            "no tags, nothing runs low"
+        );
+        let want = lease.begin_renewal(BLOCK / 2, BLOCK, true).unwrap();
+        assert_eq!(want, BLOCK / 2 + BLOCK);
+        assert!(!lease.running_low(BLOCK, BLOCK, true), "one under way");
+        assert_eq!(lease.begin_renewal(BLOCK, BLOCK, true), None);
+        assert!(!lease.renewed(want, Some(Renewal::Held)));
+        assert_eq!(lease.reserved(), want);
+        assert_eq!(
+            lease.begin_renewal(BLOCK, BLOCK, true),
+            None,
+            "not ended yet"
+        );
+        lease.renewal_ended();
+        // A renewal answered late, for less, never lowers the reservation.
+        assert!(!lease.renewed(BLOCK, Some(Renewal::Held)));
+        assert_eq!(lease.reserved(), want);
+        // A failed renewal leaves it as it was, and the next may start.
+        lease.begin_renewal(0, BLOCK, false).unwrap();
+        assert!(!lease.renewed(BLOCK * 9, None));
+        lease.renewal_ended();
+        assert_eq!(lease.reserved(), want);
+        assert_eq!(
+            lease.begin_renewal(0, BLOCK, false),
+            Some(want),
+            "without tags: as held"
+        );
+    }
+
+    #[test]
+    fn a_lost_claim_is_reported_once_and_never_renewed_or_extended() {
+        let mut lease = Lease::new(BLOCK, None);
+        let want = lease.begin_renewal(0, BLOCK, true).unwrap();
+        assert!(lease.renewed(want, Some(Renewal::Lost)), "lost now");
+        assert!(!lease.renewed(want, Some(Renewal::Lost)), "reported once");
+        assert!(lease.lost());
+        assert_eq!(lease.begin_renewal(0, BLOCK, true), None);
+        assert!(!lease.running_low(BLOCK, BLOCK, true));
+        assert_eq!(lease.shortfall(0, BLOCK * 2, true), None);
+    }
+
+    #[test]
+    fn an_import_needs_more_only_beyond_the_reservation() {
+        let lease = Lease::new(BLOCK, None);
+        assert_eq!(lease.shortfall(500, 500, true), None);
+        assert_eq!(lease.shortfall(500, 501, true), Some(1_001));
+        assert_eq!(lease.shortfall(500, 0, true), None);
+        assert_eq!(lease.shortfall(500, 10_000, false), None);
+        assert_eq!(lease.shortfall(u64::MAX - 1, 10, true), Some(u64::MAX));
+    }
+}
