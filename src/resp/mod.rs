@@ -226,7 +226,7 @@ pub trait Keyspace: Send + Sync + 'static {
     /// The expiry of filter `name` (ms since the epoch): `None` if there is no such filter,
     /// `Some(None)` if it has none (`TTL`).
     fn expiry(&self, name: &str) -> Option<Option<u64>> {
-        self.filter(&name).map(|_| None)
+        self.filter(name).map(|_| None)
     }
 
     /// Sets or clears the expiry of filter `name` (`EXPIRE`, `PERSIST`); a time past drops
@@ -900,7 +900,7 @@ async fn run_key(
         } => {
             let of_kind = |name: &str| match &kind {
                 None => true,
-                Some(kind) => lookup.filter(&name).is_some_and(|h| {
+                Some(kind) => lookup.filter(name).is_some_and(|h| {
                     redisbloom::type_name(h.kind())
                         .as_bytes()
                         .eq_ignore_ascii_case(kind)
@@ -940,7 +940,7 @@ async fn created(
     name: &str,
     spec: crate::FilterSpec,
 ) -> Result<ReplicaHandle, Reply> {
-    if lookup.filter(&name).is_none() {
+    if lookup.filter(name).is_none() {
         match lookup.create(name.to_string(), spec).await {
             Ok(_) => {}
             Err(e) if e == redisbloom::EXISTS => {}
@@ -948,7 +948,7 @@ async fn created(
         }
     }
     lookup
-        .filter(&name)
+        .filter(name)
         .ok_or_else(|| Reply::err("could not create filter"))
 }
 

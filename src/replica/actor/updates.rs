@@ -654,7 +654,10 @@ mod tests {
                 let delta = taken(&u).expect("a replicated re-add has a delta");
                 let mut peer = AnyFilter::new(&FilterSpec::new(kind, 1_000, 0.01), 2).unwrap();
                 peer.merge_delta_bytes(&delta).unwrap();
-                assert!(peer.contains(b"x"), "{kind} many={many}: the delta holds the item");
+                assert!(
+                    peer.contains(b"x"),
+                    "{kind} many={many}: the delta holds the item"
+                );
             }
         }
     }
