@@ -305,14 +305,18 @@ mod tests {
         }
     }
 
-    fn core(t0: Instant, traits: Traits) -> ReplicaCore<u32> {
-        let timing = Timing {
+    fn timing() -> Timing {
+        Timing {
             live: 15 * S,
             peer_expiry: 60 * S,
             min_request_interval: S,
             catch_up_timeout: 2 * S,
             max_peers: 8,
-        };
+        }
+    }
+
+    fn core(t0: Instant, traits: Traits) -> ReplicaCore<u32> {
+        let timing = timing();
         let parts = (
             Snapshotter::new(None, 30 * S, t0),
             CommitPipeline::new(false),
@@ -405,13 +409,7 @@ mod tests {
         c.pipeline.acks.wait(AckLevel::Durable, 1, 7);
         assert!(!c.at_rest(out) && !c.is_idle(out, fl));
         // Not caught up yet.
-        let timing = Timing {
-            live: 15 * S,
-            peer_expiry: 60 * S,
-            min_request_interval: S,
-            catch_up_timeout: 2 * S,
-            max_peers: 8,
-        };
+        let timing = timing();
         let c = ReplicaCore::<u32>::new(
             traits(),
             timing,
