@@ -30,8 +30,8 @@ pub fn is_plain(key: &[u8]) -> bool {
     !key.is_empty() && key.len() <= 64 && key[0] != b'_' && key.iter().all(|&b| PLAIN[b as usize])
 }
 
-/// The bytes of a plain key, `[A-Za-z0-9_-]`: a table, since every RESP command's key is
-/// checked byte by byte (three range tests per byte were a third of the check).
+/// The bytes of a plain key, `[A-Za-z0-9_-]`: one table lookup per byte instead of three
+/// range tests, since every RESP command's key is checked byte by byte.
 const PLAIN: [bool; 256] = {
     let mut plain = [false; 256];
     let mut b = 0;
