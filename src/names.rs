@@ -67,16 +67,6 @@ pub fn subject_name(key: &[u8]) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// [`subject_name`] as bytes: a plain key borrowed as it is, without a UTF-8 pass (the
-/// RESP hot path looks filters up by it).
-pub fn subject_name_bytes(key: &[u8]) -> Cow<'_, [u8]> {
-    if is_plain(key) {
-        Cow::Borrowed(key)
-    } else {
-        Cow::Owned(subject_name(key).into_owned().into_bytes())
-    }
-}
-
 /// The key a subject name stands for; `None` if `name` is no subject name (not plain, not
 /// a canonical encoding, or a key over [`MAX_KEY_BYTES`]).
 pub fn key_of(name: &str) -> Option<Vec<u8>> {
@@ -143,11 +133,7 @@ mod tests {
             assert_eq!(key_of(plain).unwrap(), plain.as_bytes());
         }
         assert_eq!(subject_name(b"bf:users:1"), "_kbf_3Ausers_3A1");
-        assert_eq!(&*subject_name_bytes(b"bf:users:1"), b"_kbf_3Ausers_3A1");
-        assert!(matches!(
-            subject_name_bytes(b"users"),
-            Cow::Borrowed(b"users")
-        ));
+        assert!(matches!(subject_name(b"users"), Cow::Borrowed("users")));
         assert_eq!(subject_name(b"_x"), "_k_5Fx");
         assert_eq!(subject_name(b""), "_k");
         let long = vec![b'a'; 65];

@@ -417,23 +417,6 @@ impl Node {
         self.inner.replica_pinned(name, false)
     }
 
-    /// Runs `f` on the replica of filter `name`, if this node hosts it, under the lock of the
-    /// node's filters (a lookup without a copy of the handle; `f` must be brief). A parked
-    /// replica is resumed first.
-    pub(crate) fn with_hosted<R>(
-        &self,
-        name: &str,
-        f: impl FnOnce(&ReplicaHandle) -> R,
-    ) -> Option<R> {
-        {
-            let table = self.read();
-            if let Some(handle) = table.use_hosted(name, false)? {
-                return Some(f(handle));
-            }
-        }
-        self.inner.resume(name).map(|handle| f(&handle))
-    }
-
     /// The spec of filter `name`, if this node hosts it.
     pub fn spec(&self, name: &str) -> Option<FilterSpec> {
         self.read().hosted(name).map(|h| h.spec.clone())

@@ -11,14 +11,6 @@ impl Keyspace for Node {
         self.hosted_replica(name).filter(ReplicaHandle::serves_api)
     }
 
-    fn with_filter(&self, name: &str, f: &mut dyn FnMut(&ReplicaHandle)) {
-        self.with_hosted(name, |handle| {
-            if handle.serves_api() {
-                f(handle)
-            }
-        });
-    }
-
     fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.filters().into_iter().map(|f| f.name).collect();
         names.sort();

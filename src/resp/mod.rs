@@ -170,14 +170,6 @@ pub trait Keyspace: Send + Sync + 'static {
     /// The replica serving `name` over the request API, if any.
     fn filter(&self, name: &str) -> Option<ReplicaHandle>;
 
-    /// Runs `f` on the replica serving `name`, if any: a lookup without a copy of the handle,
-    /// for the hot path of the commands sent most. `f` must not wait for anything.
-    fn with_filter(&self, name: &str, f: &mut dyn FnMut(&ReplicaHandle)) {
-        if let Some(handle) = self.filter(name) {
-            f(&handle)
-        }
-    }
-
     /// The names of the filters served, sorted (`KEYS`, `SCAN`, `DBSIZE`).
     fn names(&self) -> Vec<String>;
 
@@ -270,12 +262,6 @@ impl<K: Keyspace> Keyspace for Starting<K> {
         Keyspace::filter(self.node.get()?, name)
     }
 
-    fn with_filter(&self, name: &str, f: &mut dyn FnMut(&ReplicaHandle)) {
-        if let Some(node) = self.node.get() {
-            Keyspace::with_filter(node, name, f)
-        }
-    }
-
     fn names(&self) -> Vec<String> {
         self.node.get().map(Keyspace::names).unwrap_or_default()
     }
@@ -340,12 +326,6 @@ const FIXED_FILTERS: &str =
 impl Keyspace for HashMap<Vec<u8>, ReplicaHandle> {
     fn filter(&self, name: &str) -> Option<ReplicaHandle> {
         self.get(name.as_bytes()).cloned()
-    }
-
-    fn with_filter(&self, name: &str, f: &mut dyn FnMut(&ReplicaHandle)) {
-        if let Some(handle) = self.get(name.as_bytes()) {
-            f(handle)
-        }
     }
 
     fn names(&self) -> Vec<String> {
