@@ -387,6 +387,26 @@ const GOLDEN_FIRST_WRITER: &[(FilterKind, Pin, Pin)] = &[
     ),
 ];
 
+/// A filter of `spec` (replica 3) with `apple`, `pear` and `plum` added, its state and its
+/// delta, checked to decode to it: the state alone, and the delta merged into replica 4.
+fn three_items_round_trip(spec: &FilterSpec) -> (AnyFilter, Vec<u8>, Vec<u8>) {
+    let kind = spec.kind;
+    let mut f = AnyFilter::new(spec, 3).unwrap();
+    f.track_deltas(true);
+    for item in [&b"apple"[..], b"pear", b"plum"] {
+        f.add(item).unwrap();
+    }
+    let delta = f.take_delta().expect("a delta");
+    let state = f.encode_state();
+    let back = AnyFilter::decode_state(kind, &state).unwrap();
+    assert!(back.equivalent(&f), "{kind}");
+    assert_eq!(back.params_digest(), f.params_digest(), "{kind}");
+    let mut from_delta = AnyFilter::new(spec, 4).unwrap();
+    from_delta.merge_delta_bytes(&delta).unwrap();
+    assert!(from_delta.equivalent(&f), "{kind}");
+    (f, state, delta)
+}
+
 #[test]
 fn encodings_of_writers_counted_from_one_are_stable() {
     let mut found = Vec::new();
@@ -396,19 +416,7 @@ fn encodings_of_writers_counted_from_one_are_stable() {
         FilterKind::WriterScOrCuckoo,
     ] {
         let spec = FilterSpec::new(kind, 64, 0.01).with_first_writer(1);
-        let mut f = AnyFilter::new(&spec, 3).unwrap();
-        f.track_deltas(true);
-        for item in [&b"apple"[..], b"pear", b"plum"] {
-            f.add(item).unwrap();
-        }
-        let delta = f.take_delta().expect("a delta");
-        let state = f.encode_state();
-        let back = AnyFilter::decode_state(kind, &state).unwrap();
-        assert!(back.equivalent(&f), "{kind}");
-        assert_eq!(back.params_digest(), f.params_digest(), "{kind}");
-        let mut from_delta = AnyFilter::new(&spec, 4).unwrap();
-        from_delta.merge_delta_bytes(&delta).unwrap();
-        assert!(from_delta.equivalent(&f), "{kind}");
+        let (_, state, delta) = three_items_round_trip(&spec);
         // Not the encoding of the same filter counting from 0.
         assert_ne!(state, sample(kind).0.encode_state(), "{kind}");
         found.push((kind, pin(&state), pin(&delta)));
@@ -431,19 +439,7 @@ const GOLDEN_BLOCKED_TWO_BLOCKS: (Pin, Pin) =
 #[test]
 fn encodings_of_blocked_bloom_in_two_blocks_are_stable() {
     let spec = FilterSpec::new(FilterKind::BlockedBloom, 64, 0.001);
-    let mut f = AnyFilter::new(&spec, 3).unwrap();
-    f.track_deltas(true);
-    for item in [&b"apple"[..], b"pear", b"plum"] {
-        f.add(item).unwrap();
-    }
-    let delta = f.take_delta().expect("a delta");
-    let state = f.encode_state();
-    let back = AnyFilter::decode_state(FilterKind::BlockedBloom, &state).unwrap();
-    assert!(back.equivalent(&f));
-    assert_eq!(back.params_digest(), f.params_digest());
-    let mut from_delta = AnyFilter::new(&spec, 4).unwrap();
-    from_delta.merge_delta_bytes(&delta).unwrap();
-    assert!(from_delta.equivalent(&f));
+    let (f, state, delta) = three_items_round_trip(&spec);
     // One block at the same parameters, as the release before the layouts made it for this
     // spec: it still decodes, as one block, and is not this filter's replica.
     let params = crpf::BloomParams::with_capacity(64, 0.001).unwrap();

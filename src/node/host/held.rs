@@ -235,13 +235,7 @@ pub(super) async fn look_up_request(
         Ok(Ok(Some(_))) => hold_request(inner, msg, false).await,
         Ok(Ok(None)) => {
             metrics::counter!(NODE_API_REQUESTS, "outcome" => "unknown").increment(1);
-            // The view's lock first, as `saw` takes them: a create the watcher saw while
-            // the catalog was read is not undone here.
-            let view = inner.view.read().expect("view lock");
-            if !view.contains_key(&name) {
-                let mut foreign = inner.foreign.lock().expect("foreign lock");
-                foreign.absent(&name, Instant::now());
-            }
+            not_in_catalog(inner, &name);
             None
         }
         Ok(Err(e)) => {
@@ -273,13 +267,7 @@ pub(super) async fn look_up_own_request(
         Ok(Ok(Some(entry))) => entry,
         Ok(Ok(None)) => {
             metrics::counter!(NODE_API_REQUESTS, "outcome" => "elsewhere").increment(1);
-            // The view's lock first, as `saw` takes them: a create the watcher saw while
-            // the catalog was read is not undone here.
-            let view = inner.view.read().expect("view lock");
-            if !view.contains_key(&name) {
-                let mut foreign = inner.foreign.lock().expect("foreign lock");
-                foreign.absent(&name, Instant::now());
-            }
+            not_in_catalog(inner, &name);
             return None;
         }
         Ok(Err(e)) => {
@@ -293,6 +281,17 @@ pub(super) async fn look_up_own_request(
         return None;
     }
     hold_request(inner, msg, true).await
+}
+
+/// The catalog just said it lists no filter `name`: noted as absent (another responder may
+/// serve it), unless the watcher saw it created meanwhile. The view's lock first, as `saw`
+/// takes them: a create the watcher saw while the catalog was read is not undone here.
+fn not_in_catalog(inner: &Inner, name: &str) {
+    let view = inner.view.read().expect("view lock");
+    if !view.contains_key(name) {
+        let mut foreign = inner.foreign.lock().expect("foreign lock");
+        foreign.absent(name, Instant::now());
+    }
 }
 
 pub(super) async fn publish_reply(
