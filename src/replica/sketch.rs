@@ -55,11 +55,8 @@ pub(crate) fn incr_by(
             )));
         }
         check_items(items, max_item_bytes)?;
-        if !matches!(f, AnyFilter::CountMinSketch(_)) {
+        let AnyFilter::CountMinSketch(s) = &mut *f else {
             return Err(not_a_sketch("cms.incrby", f));
-        }
-        let AnyFilter::CountMinSketch(s) = f else {
-            unreachable!("checked a sketch")
         };
         Ok(items
             .iter()
