@@ -912,6 +912,41 @@ async fn replicated_updates_are_never_answered_unconfirmed() {
     h.shutdown().await.unwrap();
 }
 
+/// A replica whose last look at the registry found it alone does not take that look's word
+/// for a `replicated` add: a peer claimed its id since (a new filter's replicas start
+/// together) and cannot be heard, so the add fails as not replicated instead of being
+/// answered once durable with no other copy.
+#[actix::test]
+async fn a_replicated_add_alone_on_an_old_look_asks_the_registry_again() {
+    use crpf::replica::AckLevel;
+    let bus: Arc<dyn Transport> = Arc::new(InProcessBus::new());
+    let mut cfg = cfg("fresh", FilterKind::GBloom, 1000, 0.01);
+    cfg.delta_max_updates = 1;
+    cfg.replicated_timeout_ms = 300;
+    // No renewal's look during the test: only the add's own.
+    cfg.id_lease_renew_ms = 600_000;
+    let cut = FaultyTransport::new(bus.clone(), FaultConfig::default());
+    let a = Replica::start(cfg.clone(), Arc::new(cut.clone()))
+        .await
+        .unwrap();
+    assert!(a.wait_ready(WAIT).await);
+    a.add_with(b"alone".to_vec(), AckLevel::Replicated)
+        .await
+        .expect("alone, and the registry says so");
+    // Cut off from its peers (not from the registry), then a peer claims its id.
+    cut.set_partitioned(true);
+    let b = Replica::start(cfg, bus.clone()).await.unwrap();
+    assert!(b.wait_ready(WAIT).await);
+    let r = a.add_with(b"x".to_vec(), AckLevel::Replicated).await;
+    assert!(
+        matches!(r, Err(ReplicaError::NotReplicated { acked: 0, .. })),
+        "answered with no copy elsewhere: {r:?}"
+    );
+    assert!(a.contains(b"x"), "applied locally all the same");
+    b.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
+}
+
 /// Pruning: the id of a replica gone for `retire_after_ms` is retired by the others and taken
 /// by a new replica, which issues tags above every tag the old holder may have issued (its
 /// reservation); the old holder, back from its data directory, carries on under another id.

@@ -47,11 +47,17 @@ struct Published {
     acked_by: Vec<Uuid>,
     needed: usize,
     deadline: Instant,
+    /// Published while the last look at the registry found this replica alone: it needs a
+    /// peer's acknowledgement, or a look that started at or after this instant and still
+    /// finds it alone (see [`AckTracker::committed_alone`]).
+    alone_since: Option<Instant>,
 }
 
 /// Updates waiting for their acknowledgement level, in commit order.
 pub(crate) struct AckTracker<R> {
     waiting: VecDeque<Waiting<R>>,
+    /// A look at the registry was asked for updates published alone and has not ended.
+    look_asked: bool,
 }
 
 /// What an event resolved: responders to answer with success, and with an error.
@@ -80,6 +86,7 @@ impl<R> Default for AckTracker<R> {
     fn default() -> Self {
         AckTracker {
             waiting: VecDeque::new(),
+            look_asked: false,
         }
     }
 }
@@ -150,6 +157,7 @@ impl<R> AckTracker<R> {
                         acked_by: Vec::new(),
                         needed,
                         deadline,
+                        alone_since: None,
                     });
                     keep.push_back(w);
                 }
@@ -158,6 +166,70 @@ impl<R> AckTracker<R> {
         }
         self.waiting = keep;
         out
+    }
+
+    /// As [`AckTracker::committed`] when the last look at the registry found this replica
+    /// alone: that look may have come before its peers claimed their ids, so alone is not
+    /// taken on its word. `Replicated` updates wait for one peer's acknowledgement, or for a
+    /// look that started at or after `now` ([`AckTracker::looked`]) to find it alone still.
+    pub(crate) fn committed_alone(
+        &mut self,
+        batch: u64,
+        seq: u64,
+        now: Instant,
+        deadline: Instant,
+    ) -> Resolved<R> {
+        let r = self.committed(batch, Some(seq), 1, deadline);
+        for w in self.waiting.iter_mut() {
+            if let Some(p) = &mut w.published
+                && p.seq == seq
+            {
+                p.alone_since = Some(now);
+            }
+        }
+        r
+    }
+
+    /// The earliest instant a look at the registry must start at or after to settle updates
+    /// published alone ([`AckTracker::committed_alone`]); `None` if none waits for one.
+    pub(crate) fn wants_look_since(&self) -> Option<Instant> {
+        self.waiting
+            .iter()
+            .filter_map(|w| w.published.as_ref()?.alone_since)
+            .min()
+    }
+
+    /// The instant the next look at the registry must start at or after, if updates
+    /// published alone wait for one and none is asked for yet (it is, from now on, until
+    /// [`AckTracker::look_ended`]).
+    pub(crate) fn look_to_ask(&mut self) -> Option<Instant> {
+        if self.look_asked {
+            return None;
+        }
+        let since = self.wants_look_since()?;
+        self.look_asked = true;
+        Some(since)
+    }
+
+    /// The look asked for by [`AckTracker::look_to_ask`] ended (pass what it found to
+    /// [`AckTracker::looked`]).
+    pub(crate) fn look_ended(&mut self) {
+        self.look_asked = false;
+    }
+
+    /// A look at the registry that started at `started` counted the filter's replicas, of
+    /// which `needed` peers make a majority: updates published alone before it now wait for
+    /// that many (none: answered).
+    pub(crate) fn looked(&mut self, started: Instant, needed: usize) -> Resolved<R> {
+        for w in self.waiting.iter_mut() {
+            if let Some(p) = &mut w.published
+                && p.alone_since.is_some_and(|at| at <= started)
+            {
+                p.alone_since = None;
+                p.needed = needed;
+            }
+        }
+        self.take_acknowledged()
     }
 
     /// Commits up to `batch` are durable (their deltas may wait for their publication):
@@ -193,16 +265,24 @@ impl<R> AckTracker<R> {
                 p.acked_by.push(peer);
             }
         }
-        let mut out = Resolved::default();
-        let mut keep = VecDeque::with_capacity(self.waiting.len());
-        for w in self.waiting.drain(..) {
-            match &w.published {
-                Some(p) if p.acked_by.len() >= p.needed => out.ok.push(w.responder),
-                _ => keep.push_back(w),
-            }
+        self.take_acknowledged()
+    }
+
+    /// Answers the published updates that have the acknowledgements they need.
+    fn take_acknowledged(&mut self) -> Resolved<R> {
+        let ok = self
+            .take_where(|w| {
+                w.published
+                    .as_ref()
+                    .is_some_and(|p| p.acked_by.len() >= p.needed)
+            })
+            .into_iter()
+            .map(|w| w.responder)
+            .collect();
+        Resolved {
+            ok,
+            failed: Vec::new(),
         }
-        self.waiting = keep;
-        out
     }
 
     /// Published updates whose deadline passed are answered with `NotReplicated`.
@@ -442,5 +522,56 @@ mod tests {
         assert!(t.wants_sync(2));
         assert_eq!(t.committed(2, Some(3), 0, later()).ok, vec!["d"]);
         assert!(!t.wants_sync(3));
+    }
+
+    #[test]
+    fn an_update_published_alone_waits_for_a_later_look_or_a_peer() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut t = AckTracker::default();
+        t.wait(AckLevel::Replicated, 1, "a");
+        t.wait(AckLevel::Replicated, 2, "b");
+        assert!(t.committed_alone(1, 10, t0 + s, later()).is_empty());
+        assert!(t.committed_alone(2, 11, t0 + 3 * s, later()).is_empty());
+        assert_eq!(t.wants_look_since(), Some(t0 + s));
+        assert_eq!(t.look_to_ask(), Some(t0 + s));
+        assert_eq!(t.look_to_ask(), None, "one look asked at a time");
+        t.look_ended();
+        // A look that started before the publication says nothing of who claimed since.
+        assert!(t.looked(t0, 0).is_empty());
+        // One that started after it, still alone: answered; the later one waits on.
+        assert_eq!(t.looked(t0 + 2 * s, 0).ok, vec!["a"]);
+        assert_eq!(t.wants_look_since(), Some(t0 + 3 * s));
+        // A peer's acknowledgement answers it without a look.
+        assert_eq!(t.acked(Uuid::new_v4(), 11).ok, vec!["b"]);
+        assert_eq!(t.wants_look_since(), None);
+    }
+
+    #[test]
+    fn a_look_that_finds_peers_makes_an_update_published_alone_wait_for_them() {
+        let t0 = Instant::now();
+        let mut t = AckTracker::default();
+        t.wait(AckLevel::Replicated, 1, "a");
+        assert!(t.committed_alone(1, 10, t0, later()).is_empty());
+        // Five replicas now: two peers needed.
+        let (p, q) = (Uuid::new_v4(), Uuid::new_v4());
+        assert!(t.looked(t0, 2).is_empty());
+        assert!(t.acked(p, 10).is_empty());
+        assert_eq!(t.acked(q, 10).ok, vec!["a"]);
+        // And one not acknowledged in time fails as not replicated.
+        t.wait(AckLevel::Replicated, 2, "b");
+        let deadline = t0 + Duration::from_secs(5);
+        assert!(t.committed_alone(2, 11, t0, deadline).is_empty());
+        let r = t.expire(deadline);
+        assert_eq!(
+            r.failed,
+            vec![(
+                "b",
+                AckFailure::NotReplicated {
+                    acked: 0,
+                    needed: 1
+                }
+            )]
+        );
     }
 }

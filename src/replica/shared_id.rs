@@ -65,6 +65,8 @@ pub struct SharedId {
     wake: Arc<Notify>,
     /// The reservation confirmed, for those waiting for more.
     confirmed: tokio::sync::watch::Sender<u64>,
+    /// When the last listing that counted the ids started, for those waiting for a fresh one.
+    looked: tokio::sync::watch::Sender<Option<Instant>>,
 }
 
 impl Drop for SharedId {
@@ -112,6 +114,7 @@ impl SharedId {
             claims: Mutex::new(None),
             wake: Arc::new(Notify::new()),
             confirmed: tokio::sync::watch::channel(reserved).0,
+            looked: tokio::sync::watch::channel(None).0,
         }))
     }
 
@@ -171,6 +174,18 @@ impl SharedId {
         tokio::time::timeout(timeout, confirmed.wait_for(|r| *r >= need))
             .await
             .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Waits (up to `timeout`) for a listing of the ids that started at or after `since`,
+    /// asking the renewal task for one at once; when the first such listing started.
+    pub(crate) async fn looked_since(&self, since: Instant, timeout: Duration) -> Option<Instant> {
+        let mut looked = self.looked.subscribe();
+        self.wake.notify_one();
+        let fresh = looked.wait_for(|at| at.is_some_and(|at| at >= since));
+        match tokio::time::timeout(timeout, fresh).await {
+            Ok(Ok(at)) => *at,
+            _ => None,
+        }
     }
 
     /// Renews the claim every `every` (and when a replica runs low on tags), and retires the
@@ -248,6 +263,7 @@ impl SharedId {
                 .set(n as f64);
         }
         *self.claims.lock().expect("claims lock") = Some((Arc::new(claims), started));
+        self.looked.send_replace(Some(started));
         for e in stale {
             // At or above the holder's reservation: every tag it may have issued.
             let floor = e.record.floor();

@@ -21,14 +21,15 @@
 //! is up: the replicas converge, every durable add is in every replica, and so is every add
 //! acknowledged at `replicated`, even where its node lost its disk since, unless a peer that
 //! held it forgot it (a crash before a snapshot saved the merge: a second fault) or the
-//! filter has one replica. A run never panics.
+//! filter has one replica (at a look that started after the add was published). A run never
+//! panics.
 //!
-//! It found two gaps of the product. `replicated` adds of items the node had already set were
-//! answered without peers; they now record the item's footprint, and a test shows the
-//! simulation finds the old way (`Plan::replicated_without_footprints`). A new filter's
-//! replica that looked at the registry before its peers claimed counts itself alone: still
-//! open, left out of the default runs, with a test that says it is there
-//! (`Plan::fresh_cluster`).
+//! It found two gaps of the product, both closed, and a test shows it finds each old way.
+//! `replicated` adds of items the node had already set were answered without peers; they now
+//! record the item's footprint (`Plan::replicated_without_footprints`). A new filter's replica
+//! that looked at the registry before its peers claimed counted itself alone and answered
+//! once durable; such an add now waits for a peer or a fresh look
+//! (`Plan::lone_acks_unchecked`, in runs of `Plan::fresh_cluster`).
 //!
 //! `cargo test --release --lib sim::` runs [`DEFAULT_SEEDS`] seeds; `CRPF_SIM_SEEDS=<n>` runs
 //! `n`, `CRPF_SIM_SEED=<seed>` replays one (a failure prints its seed and its last events).

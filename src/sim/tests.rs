@@ -96,23 +96,43 @@ fn replicated_adds_without_footprints_are_found() {
     );
 }
 
-/// A known gap, found by the simulation: the replicas of a new filter start together, and
-/// one looks at the registry before its peers claimed their ids; cut off from them before
-/// it hears one or looks again (`id_lease_renew_ms` later), it counts itself alone and
-/// answers `replicated` adds once durable. This test says the gap is there.
+/// A gap the simulation found: the replicas of a new filter start together, and one looks at
+/// the registry before its peers claimed their ids; cut off from them before it hears one or
+/// looks again (`id_lease_renew_ms` later), it counted itself alone and answered `replicated`
+/// adds once durable. The simulation finds that way (`Plan::lone_acks_unchecked`)...
 #[test]
-fn the_simulation_finds_a_first_look_that_saw_no_peer() {
+fn lone_acks_on_a_stale_look_are_found() {
     let found = (0..1000).find_map(|seed| {
         let mut plan = replicated_plan(seed);
         plan.fresh_cluster = true;
+        plan.lone_acks_unchecked = true;
         run(&plan).violation.map(|v| (seed, v))
     });
     let (seed, violation) = found.expect("found within 1,000 seeds");
-    eprintln!("first look: seed {seed} finds {violation}");
+    eprintln!("lone acks on a stale look: seed {seed} finds {violation}");
     assert!(
         violation.contains("replicated adds lost") && !violation.contains("without a delta"),
         "{violation}"
     );
+}
+
+/// ...and none in the product's, where an add published alone waits for a peer's
+/// acknowledgement or a look that started after it (`AckTracker::committed_alone`).
+#[test]
+fn a_new_filter_s_replicated_adds_wait_for_a_fresh_look() {
+    let (mut acks, mut after_loss) = (0, 0);
+    for seed in seeds().take(1000) {
+        let mut plan = replicated_plan(seed);
+        plan.fresh_cluster = true;
+        let out = run(&plan);
+        if let Some(v) = out.violation {
+            panic!("seed {seed} (replay: CRPF_SIM_SEED={seed}, fresh cluster): {v}");
+        }
+        acks += out.replicated_acks;
+        after_loss += out.replicated_after_loss;
+    }
+    eprintln!("fresh clusters: {acks} replicated acks, {after_loss} checked after a disk loss");
+    assert!(acks > 0 && after_loss > 0);
 }
 
 fn replicated_plan(seed: u64) -> Plan {

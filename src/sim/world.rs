@@ -40,8 +40,13 @@ pub(crate) struct Plan {
     pub replicated_without_footprints: bool,
     /// The replicas start together, each looking at the registry before the others claimed
     /// their ids (a new filter); else each looks again once all have (a cluster that ran
-    /// before). See `the_simulation_finds_a_first_look_that_saw_no_peer`.
+    /// before).
     pub fresh_cluster: bool,
+    /// `replicated` adds answered once durable when the last look found the replica alone,
+    /// however old that look, as the product did before it asked for a fresh one
+    /// (`AckTracker::committed_alone`). For the test that shows the simulation finds it
+    /// (`lone_acks_on_a_stale_look_are_found`).
+    pub lone_acks_unchecked: bool,
 }
 
 impl Plan {
@@ -53,6 +58,7 @@ impl Plan {
             min_nodes: 1,
             replicated_without_footprints: false,
             fresh_cluster: false,
+            lone_acks_unchecked: false,
             max_nodes: std::env::var("CRPF_SIM_NODES")
                 .ok()
                 .and_then(|n| n.parse().ok())
@@ -168,6 +174,9 @@ struct ReplicatedAck {
     disk_lost: bool,
     /// Its commit had no delta (the node had set the item already): answered without peers.
     without_delta: bool,
+    /// Answered after a look at the registry, started after its publication, found its
+    /// replica the filter's only one: nothing is promised beyond its node's disk.
+    alone: bool,
 }
 
 /// A saved snapshot's covered mark and what removing the segments it covers came to.
@@ -245,6 +254,7 @@ struct World {
     /// revision (which each renewal moves).
     registry: Vec<Claim>,
     replicated_without_footprints: bool,
+    lone_acks_unchecked: bool,
     replicated: Vec<ReplicatedAck>,
     /// Items a node held in memory and its next life did not (a crash before a snapshot
     /// saved a peer's merge, or its disk lost): `replicated` adds of another origin that a
@@ -301,6 +311,7 @@ pub(crate) fn run(plan: &Plan) -> Outcome {
         now: Instant::now(),
         registry: Vec::new(),
         replicated_without_footprints: plan.replicated_without_footprints,
+        lone_acks_unchecked: plan.lone_acks_unchecked,
         replicated: Vec::new(),
         forgotten: BTreeSet::new(),
     };
@@ -369,7 +380,12 @@ impl World {
         let now = self.now;
         let life = self.nodes[i].life.as_mut().expect("alive");
         let _ = life.acks.expire(now);
+        let wants_look = life.acks.wants_look_since().is_some();
         self.renew();
+        // The look asked for adds published alone (`Replica::look_for_alone`) comes soon.
+        if wants_look && self.rng.bool() {
+            return self.look(i, false);
+        }
         match self.rng.u16(..1000) {
             0..380 => self.add(i),
             380..520 => self.commit(i),
@@ -456,9 +472,15 @@ impl World {
             }
         }
         life.looked = true;
-        life.most_live = life.anti.live_peers(now) + 1;
+        let live = life.anti.live_peers(now);
+        life.most_live = live + 1;
         let known = life.watch.known_ids;
+        // Adds published while the last look found the replica alone (`Replica::
+        // looked_for_alone`).
+        let needed = peers_needed(None, known_replicas(life.known(), life.most_live, live));
+        let ok = life.acks.looked(now, needed).ok;
         self.note(format!("node {i}: registry look: {known} known"));
+        self.replicated_ok(i, ok, &[], needed == 0);
     }
 
     /// The machine is replaced: its process and its whole disk are gone, and it comes back
@@ -804,6 +826,7 @@ impl World {
     /// answered (`answer_without_delta`, with no held delta to send in its stead).
     fn publish_commits(&mut self, i: usize) {
         let (now, configured) = (self.now, self.cfg.replicated_peers);
+        let lone_unchecked = self.lone_acks_unchecked;
         let timeout = ReplicaConfig::ms(self.cfg.replicated_timeout_ms);
         let life = self.nodes[i].life.as_mut().expect("alive");
         let (mut ok, mut out, mut notes) = (Vec::new(), Vec::new(), Vec::new());
@@ -831,13 +854,26 @@ impl World {
                     life.most_live = life.most_live.max(live + 1);
                     let known = known_replicas(life.known(), life.most_live, live);
                     let needed = peers_needed(configured, known);
-                    let r = life
-                        .acks
-                        .committed(c.batch, Some(life.seq), needed, now + timeout);
+                    let alone = needed == 0 && configured.is_none() && !lone_unchecked;
+                    let r = match alone {
+                        true => life
+                            .acks
+                            .committed_alone(c.batch, life.seq, now, now + timeout),
+                        false => {
+                            life.acks
+                                .committed(c.batch, Some(life.seq), needed, now + timeout)
+                        }
+                    };
                     ok.extend(r.ok);
                     notes.push(format!(
-                        "node {i}: commit {} published as {}, {needed} of {known} needed",
-                        c.batch, life.seq
+                        "node {i}: commit {} published as {}, {needed} of {known} needed{}",
+                        c.batch,
+                        life.seq,
+                        if alone {
+                            " (alone: a look to come)"
+                        } else {
+                            ""
+                        }
                     ));
                     out.push(Body::Confirmed {
                         delta,
@@ -852,11 +888,18 @@ impl World {
         for body in out {
             self.publish(i, body);
         }
-        self.replicated_ok(i, ok, &unconfirmed);
+        self.replicated_ok(i, ok, &unconfirmed, false);
     }
 
-    /// Adds node `i` acknowledged at `replicated` (durable too).
-    fn replicated_ok(&mut self, i: usize, items: Vec<Vec<u8>>, without_delta: &[Vec<u8>]) {
+    /// Adds node `i` acknowledged at `replicated` (durable too); `alone`: after a look found
+    /// its replica the only one.
+    fn replicated_ok(
+        &mut self,
+        i: usize,
+        items: Vec<Vec<u8>>,
+        without_delta: &[Vec<u8>],
+        alone: bool,
+    ) {
         for item in items {
             let without_delta = without_delta.contains(&item);
             self.note(format!(
@@ -870,6 +913,7 @@ impl World {
                 origin: i,
                 disk_lost: false,
                 without_delta,
+                alone,
             });
         }
     }
@@ -1013,7 +1057,7 @@ impl World {
             Body::Ack { target, seq } => {
                 if *target == life.identity.uuid {
                     let r = life.acks.acked(msg.sender, *seq);
-                    self.replicated_ok(msg.to, r.ok, &[]);
+                    self.replicated_ok(msg.to, r.ok, &[], false);
                 }
                 return;
             }
@@ -1119,7 +1163,8 @@ impl World {
     }
 
     /// Every add acknowledged at `replicated` is in every replica, even where its node lost
-    /// its disk since: unless the filter has one replica (then it is answered once durable),
+    /// its disk since: unless the filter has one replica, or had at a look that started after
+    /// the add's publication (then it is answered once durable),
     /// or a peer that held it forgot it (a second fault: what is promised is the loss of
     /// one disk).
     fn check_replicated(&mut self) {
@@ -1130,7 +1175,7 @@ impl World {
         for r in &self.replicated {
             let forgotten = (0..self.nodes.len())
                 .any(|j| j != r.origin && self.forgotten.contains(&(r.item.clone(), j)));
-            if forgotten {
+            if forgotten || r.alone {
                 continue;
             }
             if r.disk_lost {

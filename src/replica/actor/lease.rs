@@ -14,6 +14,7 @@ use std::time::Instant;
 use actix::prelude::*;
 
 use super::Replica;
+use crate::replica::ack::{known_replicas, peers_needed};
 use crate::replica::config::ReplicaConfig;
 use crate::replica::metrics as m;
 use crate::transport::registry::{self, TakeBack};
@@ -119,12 +120,58 @@ impl Replica {
                             let live = act.core.anti_entropy.live_peers(Instant::now());
                             act.core.most_live = live + 1;
                             act.registry_view_mut().note(&claims, started);
-                            act.retire_stale(&claims, ctx)
+                            act.retire_stale(&claims, ctx);
+                            act.looked_for_alone(Some(started), ctx);
                         }
-                        Err(e) => act.lease_failed("listing claims", &e),
+                        Err(e) => {
+                            act.lease_failed("listing claims", &e);
+                            act.looked_for_alone(None, ctx);
+                        }
                     }
                 }),
         );
+    }
+
+    /// Asks for a look at the registry for the `replicated` updates published while the last
+    /// one found this replica alone ([`crate::replica::AckTracker::committed_alone`]), unless
+    /// one is asked for already: the node's listing under its id, else a renewal of its own.
+    pub(super) fn look_for_alone(&mut self, ctx: &mut Context<Self>) {
+        let Some(since) = self.core.pipeline.acks.look_to_ask() else {
+            return;
+        };
+        if let Some(shared) = self.core.lease.shared.clone() {
+            let timeout = ReplicaConfig::ms(self.cfg.replicated_timeout_ms);
+            let look = async move { shared.looked_since(since, timeout).await };
+            ctx.spawn(
+                look.into_actor(self)
+                    .map(|started, act, ctx| act.looked_for_alone(started, ctx)),
+            );
+            return;
+        }
+        // A renewal under way ends in `looked_for_alone`, and asks again if it started
+        // before `since`; none possible (the claim is lost): the updates time out.
+        self.renew_lease(ctx);
+        if !self.core.lease.renewing() {
+            self.core.pipeline.acks.look_ended();
+        }
+    }
+
+    /// A look asked for by [`Replica::look_for_alone`] ended: it started at `started`
+    /// (`None`: it failed, and the updates waiting for it time out unless a peer answers).
+    pub(super) fn looked_for_alone(&mut self, started: Option<Instant>, ctx: &mut Context<Self>) {
+        self.core.pipeline.acks.look_ended();
+        let Some(started) = started else { return };
+        let live = self.core.anti_entropy.live_peers(Instant::now());
+        self.core.note_live(live);
+        let known = known_replicas(self.core.lease.known_replicas(), self.core.most_live, live);
+        let r = self
+            .core
+            .pipeline
+            .acks
+            .looked(started, peers_needed(None, known));
+        self.answer(r);
+        // Published after this look started: another.
+        self.look_for_alone(ctx);
     }
 
     /// The registry answered a renewal (periodic, or an import's) that asked for `want`.

@@ -236,11 +236,16 @@ impl Replica {
         self.core.note_live(live);
         let known = known_replicas(self.core.lease.known_replicas(), self.core.most_live, live);
         let needed = peers_needed(self.cfg.replicated_peers, known);
-        let r =
-            self.core
-                .pipeline
-                .acks
-                .committed(batch, Some(seq), needed, Instant::now() + timeout);
+        let (now, acks) = (Instant::now(), &mut self.core.pipeline.acks);
+        let r = if confirm && needed == 0 && self.cfg.replicated_peers.is_none() {
+            // Alone at the last look, which may have come before peers claimed their ids: a
+            // peer's acknowledgement or a look from now on says so first.
+            let r = acks.committed_alone(batch, seq, now, now + timeout);
+            self.look_for_alone(ctx);
+            r
+        } else {
+            acks.committed(batch, Some(seq), needed, now + timeout)
+        };
         self.answer(r);
         if confirm {
             ctx.run_later(timeout, |act, _| {

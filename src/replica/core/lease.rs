@@ -119,6 +119,11 @@ impl Lease {
         })
     }
 
+    /// A renewal (with its look at the registry) or a take-back is under way.
+    pub(crate) fn renewing(&self) -> bool {
+        self.busy
+    }
+
     /// The renewal started by [`Lease::begin_renewal`] is over: the next may start.
     pub(crate) fn renewal_ended(&mut self) {
         self.busy = false;
