@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use super::items::check_item;
 use super::reply::Responder;
+use super::updates::Lock;
 use super::{Replica, ReplicaError, Shared};
+use crate::api::AddMode;
 use crate::replica::ReplicaHandle;
 use crate::replica::ReplicaStats;
 use crate::replica::ack::AckLevel;
@@ -20,40 +21,8 @@ use crate::replica::metrics::{MergeSource, OpKind};
 use crate::{Dot, ImportRoom, Occurrence};
 
 impl Replica {
-    pub(super) fn check_item(&self, item: &[u8]) -> Result<(), ReplicaError> {
-        check_item(item, self.cfg.max_item_bytes)
-    }
-
     pub(super) fn op(&self, op: OpKind, ok: bool) {
         self.telemetry.op(op, ok);
-    }
-
-    /// Adds `item`; with `footprint` (a `replicated` add, see `Updates::apply`) its delta
-    /// holds the item's whole footprint even if the state had it.
-    pub(super) fn do_add(
-        &mut self,
-        item: &[u8],
-        footprint: bool,
-    ) -> Result<Option<Dot>, ReplicaError> {
-        let r = self
-            .check_item(item)
-            .and_then(|_| self.reserve_tags())
-            .and_then(|_| {
-                let mut f = self.write();
-                let now = self.shared.clock.for_updates(f.clock_bounds())?;
-                f.tick(now);
-                let dot = f.add(item).map_err(ReplicaError::from)?;
-                match footprint {
-                    true => f.record_footprint(item),
-                    false => self.shared.unlogged.record_add(&mut f, item),
-                };
-                Ok(dot)
-            });
-        self.op(OpKind::Add, r.is_ok());
-        if r.is_ok() {
-            self.local_change();
-        }
-        r
     }
 
     /// Applies a slice of an import ([`Import`]): its tags reserved, then all or nothing.
@@ -80,23 +49,6 @@ impl Replica {
             self.local_change();
         }
         r
-    }
-
-    pub(super) fn do_remove(&mut self, item: &[u8]) -> Result<Option<Dot>, ReplicaError> {
-        let r = self
-            .check_item(item)
-            .and_then(|_| self.write().remove(item).map_err(ReplicaError::from));
-        self.op(OpKind::Remove, r.is_ok());
-        if matches!(r, Ok(Some(_))) {
-            self.local_change();
-        }
-        r
-    }
-
-    pub(super) fn do_contains(&self, item: &[u8]) -> Result<bool, ReplicaError> {
-        self.check_item(item)?;
-        let f = self.read();
-        Ok(f.contains_as_of(item, self.shared.clock.for_reads(f.clock_bounds())))
     }
 
     /// Refuses a level this replica cannot give before the update is applied.
@@ -269,10 +221,30 @@ impl Handler<Add> for Replica {
     type Result = ResponseFuture<Result<Option<Dot>, ReplicaError>>;
     fn handle(&mut self, msg: Add, ctx: &mut Context<Self>) -> Self::Result {
         let level = msg.ack.unwrap_or(self.cfg.default_ack());
-        let applied = self
-            .check_level(level)
-            .and_then(|_| self.do_add(&msg.item, level == AckLevel::Replicated));
-        self.settle_handle(level, applied.map(|dot| (true, dot)), ctx)
+        // The request API's add (`Updates::add_one`), answering the tag it issued.
+        let applied = self.check_level(level).and_then(|()| {
+            let updates = self.updates.clone();
+            let mut reserve = || {
+                self.reserve_tags()?;
+                Ok(self.tag_limit())
+            };
+            let footprint = level == AckLevel::Replicated;
+            let added = updates
+                .add_one(
+                    &msg.item,
+                    AddMode::Always,
+                    Lock::Wait,
+                    &mut reserve,
+                    false,
+                    footprint,
+                )?
+                .expect("the actor waits for the lock");
+            if added.changed {
+                self.local_change();
+            }
+            Ok((added.changed, added.dot))
+        });
+        self.settle_handle(level, applied, ctx)
     }
 }
 
@@ -280,10 +252,14 @@ impl Handler<Remove> for Replica {
     type Result = ResponseFuture<Result<Option<Dot>, ReplicaError>>;
     fn handle(&mut self, msg: Remove, ctx: &mut Context<Self>) -> Self::Result {
         let level = msg.ack.unwrap_or(self.cfg.default_ack());
-        let applied = self
-            .check_level(level)
-            .and_then(|_| self.do_remove(&msg.item));
-        self.settle_handle(level, applied.map(|dot| (dot.is_some(), dot)), ctx)
+        let applied = self.check_level(level).and_then(|()| {
+            let dot = self.updates.remove_one(&msg.item)?;
+            if dot.is_some() {
+                self.local_change();
+            }
+            Ok((dot.is_some(), dot))
+        });
+        self.settle_handle(level, applied, ctx)
     }
 }
 
@@ -327,9 +303,7 @@ impl Handler<Import> for Replica {
 impl Handler<Contains> for Replica {
     type Result = Result<bool, ReplicaError>;
     fn handle(&mut self, msg: Contains, _: &mut Context<Self>) -> Self::Result {
-        let r = self.do_contains(&msg.0);
-        self.op(OpKind::Contains, r.is_ok());
-        r
+        super::reads::contains_one(&self.shared, &msg.0)
     }
 }
 

@@ -358,7 +358,7 @@ fn contains_each(shared: &Shared, items: &[&[u8]]) -> Vec<bool> {
 
 /// Whether the state contains `item` (checked against `max_item_bytes`), through the
 /// lock-free reader where the kind has one.
-fn contains_one(shared: &Shared, item: &[u8]) -> Result<bool, ReplicaError> {
+pub(super) fn contains_one(shared: &Shared, item: &[u8]) -> Result<bool, ReplicaError> {
     let r = check_item(item, shared.limits.max_item_bytes).map(|()| match &shared.reader {
         Some(r) => r.contains(item),
         None => {

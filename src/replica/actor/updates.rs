@@ -26,6 +26,7 @@ use std::sync::{Arc, RwLockWriteGuard, TryLockError};
 
 use super::items::{check_item, prefetch_items_ahead};
 use super::{Inbound, Shared};
+use crate::Dot;
 pub(crate) use crate::api::AddOutcome;
 use crate::api::{AddMode, BatchAdded, Op, Request, Response};
 use crate::replica::ReplicaError;
@@ -67,6 +68,8 @@ pub(super) struct Applied {
 /// What adding one item came to, under the lock.
 pub(crate) struct AddApplied {
     pub outcome: AddOutcome,
+    /// The tag an OR kind issued (an add made).
+    pub dot: Option<Dot>,
     /// Whether it changed the state or recorded to the pending delta: it then waits for a
     /// commit at `logged` and `durable`.
     pub changed: bool,
@@ -216,6 +219,7 @@ impl Updates {
                     outcome,
                     changed,
                     commit,
+                    ..
                 }) = self.add_one(item, *mode, lock, reserve, durable, footprint)?
                 else {
                     return Ok(None);
@@ -227,12 +231,7 @@ impl Updates {
                 Ok(applied(changed, response, commit))
             }
             Request::Remove { item, .. } => {
-                let r = check_item(item, self.shared.limits.max_item_bytes).and_then(|()| {
-                    let mut f = self.filter_write(Lock::Wait)?.expect("waited for");
-                    f.remove(item).map_err(ReplicaError::from)
-                });
-                self.telemetry().op(OpKind::Remove, r.is_ok());
-                let removed = r?.is_some();
+                let removed = self.remove_one(item)?.is_some();
                 Ok(applied(removed, Response::Removed(removed), None))
             }
             Request::MAdd { items, mode, .. } => {
@@ -309,22 +308,22 @@ impl Updates {
         // Judged under the write lock: of two adds of one new item on this replica, exactly
         // one is told it was new.
         let r = match mode {
-            AddMode::Always => f.add(item).map(|_| AddOutcome::Known),
+            AddMode::Always => f.add(item).map(|dot| (AddOutcome::Known, dot)),
             // One pass where the kind can (a Bloom filter's bits tell it).
             AddMode::ReportNew => f.add_new(item).map(|new| {
-                if new {
-                    AddOutcome::New
-                } else {
-                    AddOutcome::Known
-                }
+                let outcome = match new {
+                    true => AddOutcome::New,
+                    false => AddOutcome::Known,
+                };
+                (outcome, None)
             }),
-            AddMode::IfAbsent if f.contains(item) => Ok(AddOutcome::Skipped),
-            AddMode::IfAbsent => f.add(item).map(|_| AddOutcome::New),
+            AddMode::IfAbsent if f.contains(item) => Ok((AddOutcome::Skipped, None)),
+            AddMode::IfAbsent => f.add(item).map(|dot| (AddOutcome::New, dot)),
         };
         let r = r.map_err(ReplicaError::from);
         let mut commit = None;
         let mut changed = false;
-        if let Ok(outcome) = &r {
+        if let Ok((outcome, _)) = &r {
             // A skipped add of an item held only by merges is logged too: it is answered as
             // contained, so it must stay contained.
             let recorded = match footprint {
@@ -339,13 +338,25 @@ impl Updates {
         }
         drop(f);
         self.telemetry().op(OpKind::Add, r.is_ok());
-        r.map(|outcome| {
+        r.map(|(outcome, dot)| {
             Some(AddApplied {
                 outcome,
+                dot,
                 changed,
                 commit,
             })
         })
+    }
+
+    /// Removes one occurrence of `item` (OR kinds): the tag of the entry removed, `None` if
+    /// it was not contained.
+    pub(super) fn remove_one(&self, item: &[u8]) -> Result<Option<Dot>, ReplicaError> {
+        let r = check_item(item, self.shared.limits.max_item_bytes).and_then(|()| {
+            let mut f = self.filter_write(Lock::Wait)?.expect("waited for");
+            f.remove(item).map_err(ReplicaError::from)
+        });
+        self.telemetry().op(OpKind::Remove, r.is_ok());
+        r
     }
 
     fn mremove(&self, items: &[&[u8]]) -> Result<Vec<bool>, ReplicaError> {
