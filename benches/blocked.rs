@@ -105,7 +105,7 @@ fn batched<F: ReplicatedFilter>(f: &F, set: &[[u8; 16]]) -> usize {
 /// 1,700 false positives: a 2.5% spread).
 fn fpr_at_equal_memory() {
     let bits = 8u64 << 20;
-    for p in [0.01f64, 0.001, 0.0001] {
+    for p in [0.01f64, 0.001, 0.0001, 0.00001] {
         let n = (bits as f64 * 2f64.ln().powi(2) / -p.ln()) as u64;
         let k = BloomParams::with_capacity(n, p).unwrap().hashes;
         let Filled { g, b, b2, f } = filled(bits, k, n);
@@ -119,13 +119,29 @@ fn fpr_at_equal_memory() {
             rate(&|key| b2.contains(key)),
             rate(&|key| f.contains(&key[..])),
         );
+        // The layouts of more blocks (low targets), at the same bits and `k`.
+        let more = |layout| {
+            let params = *b.params();
+            let mut m = BlockedBloom::with_layout(params, layout).unwrap();
+            for i in 0..n {
+                m.add(&key(KEY_SEED, i)).unwrap();
+            }
+            rate(&|key| m.contains(key))
+        };
+        let (rb3, rb4) = (
+            more(BlockedLayout::ThreeBlocks),
+            more(BlockedLayout::FourBlocks),
+        );
         eprintln!(
             "FPR at 1 MiB sized for {p}, {n} items, k = {k}: g_bloom {rg:.6}, blocked_bloom \
-             {rb:.6} ({:.2}x), blocked_bloom two blocks {rb2:.6} ({:.2}x), fastbloom {rf:.6} \
-             ({:.2}x)",
+             {rb:.6} ({:.2}x), two blocks {rb2:.6} ({:.2}x), three blocks {rb3:.6} ({:.2}x), \
+             four blocks {rb4:.6} ({:.2}x), fastbloom {rf:.6} ({:.2}x); {p} takes {:?}",
             rb / rg,
             rb2 / rg,
-            rf / rg
+            rb3 / rg,
+            rb4 / rg,
+            rf / rg,
+            BlockedLayout::for_fpr(p)
         );
     }
 }

@@ -436,6 +436,22 @@ fn encodings_of_writers_counted_from_one_are_stable() {
 const GOLDEN_BLOCKED_TWO_BLOCKS: (Pin, Pin) =
     ((155, 9045058445201985986), (43, 7427173363059813973));
 
+/// Below 0.05% an item spreads over three blocks (`BlockedLayout::ThreeBlocks`), pinned at
+/// 0.01%.
+const GOLDEN_BLOCKED_THREE_BLOCKS: (Pin, Pin) =
+    ((219, 14068051909320267917), (59, 7774210413868614169));
+
+#[test]
+fn encodings_of_blocked_bloom_in_three_blocks_are_stable() {
+    let spec = FilterSpec::new(FilterKind::BlockedBloom, 64, 0.0001);
+    let (_, state, delta) = three_items_round_trip(&spec);
+    let found = (pin(&state), pin(&delta));
+    assert_eq!(
+        found, GOLDEN_BLOCKED_THREE_BLOCKS,
+        "an encoding changed (found {found:?})"
+    );
+}
+
 #[test]
 fn encodings_of_blocked_bloom_in_two_blocks_are_stable() {
     let spec = FilterSpec::new(FilterKind::BlockedBloom, 64, 0.001);
