@@ -6,6 +6,8 @@
 
 use std::time::{Duration, Instant};
 
+use uuid::Uuid;
+
 use super::{
     CommitPipeline, DigestCache, Lease, PeerClocks, Pushes, RegistryView, Schedule, Snapshotter,
 };
@@ -40,12 +42,24 @@ pub(crate) struct Traits {
     /// state piece by piece.
     pub max_state_bytes: u64,
     pub merges_pieces: bool,
+    /// Its uuid: frames addressed to it.
+    pub me: Uuid,
+    /// `max_peers`: a frame from one more is refused.
+    pub max_peers: usize,
+    /// `delta_interval_ms`: how far apart flushes and published deltas go.
+    pub delta_interval: Duration,
+    /// `full_state_only`: the naive protocol (no deltas, a push after every change).
+    pub full_state_only: bool,
+    /// `replicated_timeout_ms` and `replicated_peers`: how long updates wait for their
+    /// peers, and how many they wait for.
+    pub replicated_timeout: Duration,
+    pub replicated_peers: Option<usize>,
 }
 
 impl Traits {
-    /// The traits of a replica configured as `cfg`, of `kind`, issuing its tags under its
-    /// node's id or not.
-    pub(crate) fn of(cfg: &ReplicaConfig, kind: FilterKind, node_id: bool) -> Self {
+    /// The traits of a replica `me` configured as `cfg`, of `kind`, issuing its tags under
+    /// its node's id or not.
+    pub(crate) fn of(cfg: &ReplicaConfig, kind: FilterKind, node_id: bool, me: Uuid) -> Self {
         Traits {
             aggregate_metrics: cfg.aggregate_metrics,
             moves_with_time: kind == FilterKind::ExpiringBloom,
@@ -60,6 +74,12 @@ impl Traits {
             peer_expiry: ReplicaConfig::ms(cfg.peer_expiry_ms),
             max_state_bytes: cfg.max_state_bytes,
             merges_pieces: cfg.filter.kind.merges_state_pieces(),
+            me,
+            max_peers: cfg.max_peers,
+            delta_interval: ReplicaConfig::ms(cfg.delta_interval_ms),
+            full_state_only: cfg.full_state_only,
+            replicated_timeout: ReplicaConfig::ms(cfg.replicated_timeout_ms),
+            replicated_peers: cfg.replicated_peers,
         }
     }
 }
@@ -283,8 +303,6 @@ impl<R> ReplicaCore<R> {
 
 #[cfg(test)]
 mod tests {
-    use uuid::Uuid;
-
     use super::*;
     use crate::replica::ack::AckLevel;
 
@@ -302,6 +320,12 @@ mod tests {
             peer_expiry: 60 * S,
             max_state_bytes: 1 << 20,
             merges_pieces: false,
+            me: Uuid::from_u128(1),
+            max_peers: 8,
+            delta_interval: Duration::from_millis(50),
+            full_state_only: false,
+            replicated_timeout: 5 * S,
+            replicated_peers: None,
         }
     }
 
