@@ -163,7 +163,7 @@ impl Replica {
             &s.cfg,
             expect.kind,
             s.shared_id.is_some(),
-            s.shared.identity.uuid,
+            (s.shared.identity.uuid, s.shared.identity.replica),
         );
         let parts = (
             snapshots,

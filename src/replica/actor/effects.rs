@@ -177,6 +177,15 @@ impl Replica {
             Effect::WalFailed(e) => self.wal_failed(&e),
             Effect::RecoverWal => self.recover_wal(ctx),
             Effect::LookForHeld => self.look_for_held(ctx),
+            Effect::Renew { want } => self.renew_claim(want, ctx),
+            Effect::TakeBack { want } => self.take_back_id(want, ctx),
+            Effect::Retire(entry) => self.retire(entry, ctx),
+            news @ (Effect::WantReservation { .. }
+            | Effect::IdLost
+            | Effect::IdTakenBack { .. }
+            | Effect::IdHeldByOther
+            | Effect::LeaseFailed { .. }
+            | Effect::IdCounts { .. }) => self.lease_news(news),
         }
     }
 

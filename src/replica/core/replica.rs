@@ -11,6 +11,7 @@ use uuid::Uuid;
 use super::{
     CommitPipeline, DigestCache, Lease, PeerClocks, Pushes, RegistryView, Schedule, Snapshotter,
 };
+use crate::ReplicaId;
 use crate::replica::anti_entropy::{AntiEntropy, Timing};
 use crate::replica::config::ReplicaConfig;
 use crate::replica::reassembly::Reassembly;
@@ -54,12 +55,26 @@ pub(crate) struct Traits {
     /// peers, and how many they wait for.
     pub replicated_timeout: Duration,
     pub replicated_peers: Option<usize>,
+    /// Its replica id.
+    pub id: ReplicaId,
+    /// `id_lease_block`: the tags a renewal reserves ahead of the clock.
+    pub lease_block: u64,
+    /// Its kind issues tags (the lease reserves them).
+    pub tagged: bool,
+    /// `retire_after_ms`, and whether its kind retires ids gone silent (it reuses them).
+    pub retire_after: Duration,
+    pub reuses_ids: bool,
 }
 
 impl Traits {
-    /// The traits of a replica `me` configured as `cfg`, of `kind`, issuing its tags under
-    /// its node's id or not.
-    pub(crate) fn of(cfg: &ReplicaConfig, kind: FilterKind, node_id: bool, me: Uuid) -> Self {
+    /// The traits of a replica (`me`, of id `id`) configured as `cfg`, of `kind`, issuing
+    /// its tags under its node's id or not.
+    pub(crate) fn of(
+        cfg: &ReplicaConfig,
+        kind: FilterKind,
+        node_id: bool,
+        (me, id): (Uuid, ReplicaId),
+    ) -> Self {
         Traits {
             aggregate_metrics: cfg.aggregate_metrics,
             moves_with_time: kind == FilterKind::ExpiringBloom,
@@ -80,6 +95,11 @@ impl Traits {
             full_state_only: cfg.full_state_only,
             replicated_timeout: ReplicaConfig::ms(cfg.replicated_timeout_ms),
             replicated_peers: cfg.replicated_peers,
+            id,
+            lease_block: cfg.id_lease_block,
+            tagged: kind.tagged(),
+            retire_after: ReplicaConfig::ms(cfg.retire_after_ms),
+            reuses_ids: kind.reuses_ids(),
         }
     }
 }
@@ -326,6 +346,11 @@ mod tests {
             full_state_only: false,
             replicated_timeout: 5 * S,
             replicated_peers: None,
+            id: 1,
+            lease_block: 1_000,
+            tagged: true,
+            retire_after: 60 * S,
+            reuses_ids: true,
         }
     }
 

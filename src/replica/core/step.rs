@@ -19,7 +19,8 @@ use crate::ReplicaId;
 use crate::replica::ack::{Resolved, known_replicas, peers_needed};
 use crate::replica::anti_entropy::{Action, PeerTableFull};
 use crate::replica::reassembly::Progress;
-use crate::transport::TransportEvent;
+use crate::transport::registry::TakeBack;
+use crate::transport::{ClaimEntry, Renewal, TransportError, TransportEvent};
 use crate::wire::{Body, Envelope, WireError};
 
 /// A timer of the replica's, by what it is for. At most one is armed under a name; its
@@ -43,7 +44,6 @@ pub(crate) enum Timer {
 }
 
 /// What happens to a replica.
-#[derive(Debug)]
 pub(crate) enum Event {
     /// A peer's frame, decoded and checked (kind, parameters, signature). `mine` is this
     /// replica's digest when the frame is a digest (the shell computes it: the core never
@@ -92,6 +92,24 @@ pub(crate) enum Event {
     PushWanted,
     /// An attempt at replacing the failed log writer did not succeed.
     RecoveryFailed,
+    /// The lease's renewal is due (`id_lease_renew_ms`), or tags were `issued` (renewed
+    /// only once half its block is used); `clock` is the state's tag clock.
+    Renew { clock: u64, issued: bool },
+    /// The registry answered a renewal that asked for `want`: the replica's own
+    /// (`periodic`) or an import's; `clock` as at the answer.
+    Renewed {
+        want: u64,
+        renewal: Result<Renewal, TransportError>,
+        periodic: bool,
+        clock: u64,
+    },
+    /// The registry's claims, listed from `started` on, after a renewal.
+    Listed {
+        claims: Result<Vec<ClaimEntry>, TransportError>,
+        started: Instant,
+    },
+    /// Taking the retired id back ended.
+    TakenBack(Result<TakeBack, TransportError>),
 }
 
 /// What the shell carries out for the core, in order.
@@ -192,6 +210,29 @@ pub(crate) enum Effect<R> {
     RecoverWal,
     /// Look at the registry for the frames held against it.
     LookForHeld,
+    /// Renew the claim, asking for a reservation up to `want`, then list the registry's
+    /// claims; step [`Event::Renewed`] and [`Event::Listed`].
+    Renew { want: u64 },
+    /// Take the retired id back, with a reservation up to `want`; step
+    /// [`Event::TakenBack`].
+    TakeBack { want: u64 },
+    /// Under the node's id: tell the node the tags used up to `clock` (it renews).
+    WantReservation { clock: u64 },
+    /// The id was retired while the claim could not be renewed: no more tags.
+    IdLost,
+    /// The id is ours again, above `floor`.
+    IdTakenBack { floor: u64 },
+    /// The id was retired and another replica holds it now: no more tags, for good.
+    IdHeldByOther,
+    /// A call to the registry failed (retried later).
+    LeaseFailed {
+        what: &'static str,
+        error: TransportError,
+    },
+    /// The registry's ids, held and retired.
+    IdCounts { live: usize, retired: usize },
+    /// Retire this id (its claim went unrenewed, its replica unheard).
+    Retire(ClaimEntry),
 }
 
 /// The effects of one or more steps, in order. A buffer the caller keeps and reuses.
@@ -286,6 +327,15 @@ impl<R> ReplicaCore<R> {
                 let delay = self.pipeline.retry_delay();
                 out.push(Effect::SetTimer(Timer::WalRecovery, delay));
             }
+            Event::Renew { clock, issued } => self.renew(clock, issued, out),
+            Event::Renewed {
+                want,
+                renewal,
+                periodic,
+                clock,
+            } => self.renewed(want, renewal, periodic, clock, out),
+            Event::Listed { claims, started } => self.listed(claims, started, now, out),
+            Event::TakenBack(r) => self.taken_back(r, out),
         }
     }
 
@@ -671,6 +721,7 @@ mod tests {
     use crate::replica::ack::AckLevel;
     use crate::replica::anti_entropy::Timing;
     use crate::replica::core::{CommitPipeline, Lease, Pushes, Snapshotter, Traits};
+    use crate::transport::registry::TakeBack;
     use crate::wire::{FilterKind, chunk_state};
 
     const S: Duration = Duration::from_secs(1);
@@ -695,6 +746,11 @@ mod tests {
             full_state_only: false,
             replicated_timeout: 5 * S,
             replicated_peers: None,
+            id: 1,
+            lease_block: 1_000,
+            tagged: true,
+            retire_after: 60 * S,
+            reuses_ids: true,
         };
         let timing = Timing {
             live: 15 * S,
@@ -708,6 +764,7 @@ mod tests {
             CommitPipeline::new(logged),
             Lease::new(0, None),
         );
+        let parts = (parts.0, parts.1, Lease::new(1_000, None));
         let mut c = ReplicaCore::new(traits, timing, parts, Pushes::new(S, 1), (0, false), t0, 1);
         let _ = c.anti_entropy.ready_now("a test");
         c
@@ -761,6 +818,15 @@ mod tests {
             Effect::WalFailed(e) => format!("WalFailed({e})"),
             Effect::RecoverWal => "RecoverWal".into(),
             Effect::LookForHeld => "LookForHeld".into(),
+            Effect::Renew { want } => format!("Renew({want})"),
+            Effect::TakeBack { want } => format!("TakeBack({want})"),
+            Effect::WantReservation { clock } => format!("WantReservation({clock})"),
+            Effect::IdLost => "IdLost".into(),
+            Effect::IdTakenBack { floor } => format!("IdTakenBack({floor})"),
+            Effect::IdHeldByOther => "IdHeldByOther".into(),
+            Effect::LeaseFailed { what, .. } => format!("LeaseFailed({what})"),
+            Effect::IdCounts { live, retired } => format!("IdCounts({live}, {retired})"),
+            Effect::Retire(e) => format!("Retire({})", e.id),
         }
     }
 
@@ -1073,5 +1139,115 @@ mod tests {
             step(&mut c, Event::Timer(Timer::Periodic), t0 + MS),
             ["ArmPeriodic"]
         );
+    }
+
+    fn renew(clock: u64, issued: bool) -> Event {
+        Event::Renew { clock, issued }
+    }
+
+    fn renewed(want: u64, renewal: Result<Renewal, TransportError>, clock: u64) -> Event {
+        Event::Renewed {
+            want,
+            renewal,
+            periodic: true,
+            clock,
+        }
+    }
+
+    #[test]
+    fn the_claim_is_renewed_when_due_or_half_its_block_is_used_one_renewal_at_a_time() {
+        let t0 = Instant::now();
+        let mut c = core(t0, false);
+        assert!(step(&mut c, renew(499, true), t0).is_empty(), "enough left");
+        assert_eq!(step(&mut c, renew(500, true), t0), ["Renew(1500)"]);
+        assert!(
+            step(&mut c, renew(600, false), t0).is_empty(),
+            "one under way"
+        );
+        assert!(step(&mut c, renewed(1500, Ok(Renewal::Held), 600), t0).is_empty());
+        assert_eq!(c.lease.reserved(), 1500);
+        // Due: renewed whatever is used, never below the reservation held.
+        assert_eq!(step(&mut c, renew(0, false), t0), ["Renew(1500)"]);
+        let failed = renewed(1500, Err(TransportError::claim("no leader")), 0);
+        assert_eq!(
+            step(&mut c, failed, t0),
+            ["LeaseFailed(renewing the claim)"]
+        );
+        assert_eq!(c.lease.reserved(), 1500);
+        assert_eq!(step(&mut c, renew(900, false), t0), ["Renew(1900)"]);
+        // An import's renewal answered does not end the periodic one.
+        let import = Event::Renewed {
+            want: 5000,
+            renewal: Ok(Renewal::Held),
+            periodic: false,
+            clock: 900,
+        };
+        assert!(step(&mut c, import, t0).is_empty());
+        assert_eq!(c.lease.reserved(), 5000);
+        assert!(
+            step(&mut c, renew(900, false), t0).is_empty(),
+            "still one under way"
+        );
+    }
+
+    #[test]
+    fn a_lost_claim_is_reported_once_and_taken_back_before_renewals_resume() {
+        let t0 = Instant::now();
+        let mut c = core(t0, false);
+        assert_eq!(step(&mut c, renew(10, false), t0), ["Renew(1010)"]);
+        assert_eq!(
+            step(&mut c, renewed(1010, Ok(Renewal::Lost), 10), t0),
+            ["IdLost", "TakeBack(1010)"]
+        );
+        assert!(step(&mut c, renew(10, false), t0).is_empty(), "taking back");
+        let taken = Event::TakenBack(Ok(TakeBack::Taken {
+            floor: 2000,
+            reserved: 3000,
+        }));
+        assert_eq!(step(&mut c, taken, t0), ["IdTakenBack(2000)"]);
+        assert_eq!(step(&mut c, renew(2000, false), t0), ["Renew(3000)"]);
+        // Lost again, and the id held by another meanwhile: no tags, no renewal.
+        assert_eq!(
+            step(&mut c, renewed(3000, Ok(Renewal::Lost), 2000), t0),
+            ["IdLost", "TakeBack(3000)"]
+        );
+        let other = Event::TakenBack(Ok(TakeBack::HeldByOther));
+        assert_eq!(step(&mut c, other, t0), ["IdHeldByOther"]);
+        assert!(c.lease.lost());
+        assert_eq!(step(&mut c, renew(2000, false), t0), ["TakeBack(3000)"]);
+    }
+
+    #[test]
+    fn a_silent_claim_is_retired_unless_its_replica_was_heard() {
+        use crate::transport::ClaimRecord;
+        let t0 = Instant::now();
+        let mut c = core(t0, false);
+        let claim = |id, revision| ClaimEntry {
+            id,
+            record: ClaimRecord::Held {
+                claimant: peer(u128::from(id)),
+                reserved: 100,
+            },
+            revision,
+        };
+        let claims = || Ok(vec![claim(1, 1), claim(5, 1), claim(6, 1)]);
+        let listed = |started| Event::Listed {
+            claims: claims(),
+            started,
+        };
+        assert_eq!(step(&mut c, listed(t0), t0), ["IdCounts(3, 0)"]);
+        // Replica 6 is heard; 5 is not; neither renewed its claim for `retire_after_ms`.
+        let later = t0 + 61 * S;
+        let _ = step(&mut c, frame(6, 1, Body::Delta(vec![1])), later);
+        assert_eq!(
+            step(&mut c, listed(later), later),
+            ["IdCounts(3, 0)", "Retire(5)"]
+        );
+        assert_eq!(c.lease.known_replicas(), Some(1), "only this one renewed");
+        let failed = Event::Listed {
+            claims: Err(TransportError::claim("no leader")),
+            started: later,
+        };
+        assert_eq!(step(&mut c, failed, later), ["LeaseFailed(listing claims)"]);
     }
 }
