@@ -26,7 +26,7 @@ use super::ReplicaError;
 use super::anti_entropy::Timing;
 use super::config::ReplicaConfig;
 use super::core::{
-    CommitPipeline, Lease, Outside, Pushes, Ready, Rearm, ReplicaCore, Snapshotter, Traits,
+    CommitPipeline, Effects, Event, Lease, Outside, Pushes, ReplicaCore, Snapshotter, Timer, Traits,
 };
 use super::filter::AnyFilter;
 use super::metrics::{self as m, Telemetry};
@@ -35,11 +35,12 @@ use crate::ReplicaId;
 use crate::transport::{LogLimiter, Subjects, TransportEvent};
 use crate::wire::{Expect, WireCodec, WireError};
 use io::{Channels, Io};
-use timers::{Timer, Timers};
+use timers::Timers;
 
 mod clocks;
 mod commits;
 mod durability;
+mod effects;
 mod io;
 mod items;
 mod lease;
@@ -96,6 +97,8 @@ pub struct Replica {
     service: Option<Arc<super::service::ApiService>>,
     /// The receivers' pace of our live pushes still queued or going out.
     pacings: Vec<Arc<push::Pacing>>,
+    /// Buffers for the core's effects, kept between steps (see [`effects`]).
+    spare_effects: Vec<Effects<reply::Responder>>,
     /// Checks and applies the request API's updates (here, or in the subscription tasks).
     updates: Arc<updates::Updates>,
 }
@@ -156,7 +159,12 @@ impl Replica {
             ReplicaConfig::ms(s.cfg.min_push_interval_ms),
             fastrand::u32(..),
         );
-        let traits = Traits::of(&s.cfg, expect.kind, s.shared_id.is_some());
+        let traits = Traits::of(
+            &s.cfg,
+            expect.kind,
+            s.shared_id.is_some(),
+            (s.shared.identity.uuid, s.shared.identity.replica),
+        );
         let parts = (
             snapshots,
             CommitPipeline::new(s.wal.is_some()),
@@ -189,6 +197,7 @@ impl Replica {
             },
             core,
             pacings: Vec::new(),
+            spare_effects: Vec::new(),
             timers: Timers::default(),
             tasks: Vec::new(),
             service: None,
@@ -223,17 +232,8 @@ impl Replica {
         reject(&self.shared, &self.io.limiter, e);
     }
 
-    /// Caught up. A replica that serves the API is ready once the API is subscribed
-    /// ([`Replica::start_api`]).
-    fn become_ready(&mut self, ctx: &mut Context<Self>, why: &str) {
-        match self.core.becoming_ready() {
-            Ready::StartApi => self.start_api(ctx, why.to_string()),
-            Ready::Now => self.publish_ready(why),
-        }
-    }
-
     /// Tells `wait_ready`, the `crpf_ready` gauge and the log that the replica is ready.
-    fn publish_ready(&mut self, why: &str) {
+    pub(super) fn publish_ready(&mut self, why: &str) {
         self.telemetry.ready.set(1.0);
         self.shared.lifecycle.set_ready();
         let after_ms = self.core.schedule.started().elapsed().as_millis() as u64;
@@ -246,33 +246,22 @@ impl Replica {
         }
     }
 
+    /// The connection's news: counted here, what it makes the replica do is the core's.
     fn on_event(&mut self, ev: TransportEvent, ctx: &mut Context<Self>) {
         match ev {
-            TransportEvent::Connected => {
-                self.telemetry.connected();
-                // Publishes made while disconnected may be lost: re-announce, ask for the
-                // peers' states and push ours.
-                self.request_state(None);
-                // At the interval from here: this digest may announce none of the spacing
-                // the next timer's digest was armed for.
-                self.quiet_ended(ctx);
-                self.send_digest();
-                self.schedule_push(ctx);
-            }
+            TransportEvent::Connected => self.telemetry.connected(),
             TransportEvent::Disconnected => self.telemetry.disconnected(),
             TransportEvent::SlowConsumer => {
                 self.telemetry.counter(m::SLOW_CONSUMER, &[]).increment(1);
-                // Messages were dropped client-side: sequence gaps will name the peers, but a
-                // broadcast request repairs the loss sooner.
-                self.request_state(None);
             }
             TransportEvent::Closed => self.telemetry.connected.set(0.0),
         }
+        self.step(Event::Transport(ev), ctx);
     }
 
     // ---- the state's digest --------------------------------------------------------------
 
-    fn my_digest(&mut self) -> u64 {
+    pub(super) fn my_digest(&mut self) -> u64 {
         self.absorb_direct_changes();
         self.core
             .digests
@@ -301,45 +290,13 @@ impl Replica {
 
     /// Arms the replica's one periodic timer for what [`Schedule::plan`] says is next, on
     /// the process's grid ([`crate::replica::ticks`]) so that the timers of many replicas
-    /// fire together.
+    /// fire together; its firing is stepped into the core.
     fn schedule_periodic(&mut self, ctx: &mut Context<Self>) {
         let busy = self.core.busy(self.outside());
         let plan = self.core.schedule.plan(busy);
         let delay = plan.due.saturating_duration_since(Instant::now());
         let delay = ticks::on_grid(delay, plan.grid_period);
-        self.timers.arm(Timer::Periodic, delay, ctx, |act, ctx| {
-            let now = Instant::now();
-            let fired = act.core.schedule.fired(now);
-            if fired.digest {
-                let spacing = act.send_digest();
-                let live = act.core.anti_entropy.live_peers(now);
-                act.core.schedule.digest_sent(now, spacing, live);
-            }
-            if fired.housekeeping {
-                act.housekeeping(ctx);
-            }
-            act.schedule_periodic(ctx);
-        });
-    }
-
-    /// The state changed (a flush is being armed): see [`Schedule::busy_again`].
-    pub(super) fn busy_again(&mut self, ctx: &mut Context<Self>) {
-        let rearm = self.core.schedule.busy_again(Instant::now());
-        self.rearm_periodic(rearm, ctx);
-    }
-
-    /// Arms the periodic timer anew, for deadlines brought forward. Not from within the
-    /// timer's own run (it arms the next itself): there is no armed timer then.
-    fn rearm_periodic(&mut self, rearm: Rearm, ctx: &mut Context<Self>) {
-        if rearm.0 && self.timers.cancel(Timer::Periodic, ctx) {
-            self.schedule_periodic(ctx);
-        }
-    }
-
-    /// See [`Schedule::quiet_ended`].
-    fn quiet_ended(&mut self, ctx: &mut Context<Self>) {
-        let rearm = self.core.schedule.quiet_ended(Instant::now());
-        self.rearm_periodic(rearm, ctx);
+        self.timers.arm(Timer::Periodic, delay, ctx);
     }
 
     /// What the core's decisions read of the state outside it.
@@ -350,22 +307,15 @@ impl Replica {
         }
     }
 
-    /// Gauges, time passing for anti-entropy (peer expiry, catch-up), and partial transfers
-    /// that timed out (how often: [`crate::replica::core::Schedule::plan`]).
+    /// The shell's part of the housekeeping (the core's: a snapshot due, anti-entropy's
+    /// time passing, transfers timed out): gauges, and time passing for the state.
     fn housekeeping(&mut self, ctx: &mut Context<Self>) {
-        // Snapshots are due every `snapshot_interval_ms` (checked here rather than on a timer
-        // of their own: one wake-up per replica, not two).
-        if self.core.snapshots.due(Instant::now()) {
-            self.snapshot_async(ctx);
-        }
         // Time passes for kinds whose elements expire: their window moves (and the move
         // travels to the peers in the next delta), never beyond what the peers accept.
         self.keep_clock();
         self.tick_clock();
         // A flush whose request found the inbound buffer full.
-        if !self.core.pipeline.flush_timer_armed()
-            && (self.read().pending_delta_len() > 0
-                || self.shared.direct_changes.load(Ordering::Acquire))
+        if self.read().pending_delta_len() > 0 || self.shared.direct_changes.load(Ordering::Acquire)
         {
             self.schedule_flush(ctx);
         }
@@ -407,23 +357,6 @@ impl Replica {
             ] {
                 t.counter(name, &[]).absolute(v.load(Ordering::Relaxed));
             }
-        }
-        let now = Instant::now();
-        let actions = self.core.anti_entropy.tick(now);
-        self.carry_out(actions, ctx);
-        for (_, p) in self.core.anti_entropy.peers() {
-            self.telemetry
-                .gauge(m::PEER_STALENESS, &[("peer", &p.replica.to_string())])
-                .set(now.saturating_duration_since(p.last_seen).as_secs_f64());
-        }
-        let live = self.core.anti_entropy.live_peers(now);
-        self.core.note_live(live);
-        self.telemetry.peers.set(live as f64);
-        let expired = self.core.transfers.as_mut().map_or(0, |t| t.expire());
-        if expired > 0 {
-            self.telemetry
-                .counter(m::STATE_TRANSFERS, &[("outcome", "expired")])
-                .increment(expired as u64);
         }
     }
 }

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use actix::prelude::*;
 
 use super::snapshots::SnapshotJob;
-use super::timers::Timer;
 use super::{Replica, ReplicaError};
+use crate::replica::core::Event;
 use crate::replica::durable::{DataDir, Reservation};
 use crate::replica::metrics as m;
 use crate::replica::wal::{SegmentId, WalWriter};
@@ -77,7 +77,8 @@ impl Replica {
     /// A log append failed: the writer never writes again (after a failed fsync the file's
     /// state is unknown). Durable updates fail until [`Replica::recover_wal`] replaces it,
     /// tried with backoff; the error is logged at most once per period.
-    pub(super) fn wal_failed(&mut self, e: &str, ctx: &mut Context<Self>) {
+    /// (The core arms the recovery's timer.)
+    pub(super) fn wal_failed(&mut self, e: &str) {
         self.telemetry.gauge(m::DURABLE_OK, &[]).set(0.0);
         if let Some(suppressed) = self.io.limiter.allow("wal") {
             tracing::error!(
@@ -87,22 +88,14 @@ impl Replica {
             );
         }
         self.shared.wal_failed.store(true, Ordering::Release);
-        if let Some(delay) = self.core.pipeline.wal_failed() {
-            let recover = |act: &mut Self, ctx: &mut Context<Self>| act.recover_wal(ctx);
-            self.timers.arm(Timer::WalRecovery, delay, ctx, recover);
-        }
     }
 
     /// Replaces a failed log writer once the disk takes writes again: a snapshot that covers
     /// every segment the failed writer used (the last one may end in a partial frame), then a
     /// writer on new segments after them. Until then, tried again with a doubling delay (up
     /// to 5 s).
-    fn recover_wal(&mut self, ctx: &mut Context<Self>) {
-        let retry = |act: &mut Self, ctx: &mut Context<Self>| {
-            let delay = act.core.pipeline.retry_delay();
-            let recover = |act: &mut Self, ctx: &mut Context<Self>| act.recover_wal(ctx);
-            act.timers.arm(Timer::WalRecovery, delay, ctx, recover);
-        };
+    pub(super) fn recover_wal(&mut self, ctx: &mut Context<Self>) {
+        let retry = |act: &mut Self, ctx: &mut Context<Self>| act.step(Event::RecoveryFailed, ctx);
         if self.core.snapshots.writing() {
             return retry(self, ctx);
         }

@@ -14,32 +14,27 @@ use std::time::Instant;
 use actix::prelude::*;
 
 use super::Replica;
-use crate::replica::ack::{known_replicas, peers_needed};
+use super::reply::Responder;
 use crate::replica::config::ReplicaConfig;
+use crate::replica::core::{Effect, Effects, Event};
 use crate::replica::metrics as m;
-use crate::transport::registry::{self, TakeBack};
+use crate::transport::registry;
 use crate::transport::{ClaimEntry, Renewal, TransportError};
 
 /// How long an import waits for the node to extend its shared id's reservation.
 const SHARED_RESERVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Replica {
-    /// Renews the claim at once when half of its reserved tags are used.
+    /// Renews the claim at once when half of its reserved tags are used (the core's).
     pub(super) fn extend_lease_if_low(&mut self, ctx: &mut Context<Self>) {
-        if let Some(shared) = &self.core.lease.shared {
-            if self.io.expect.kind.tagged() {
-                shared.want(self.read().clock());
-            }
-            return;
-        }
         let clock = self.read().clock();
-        if self
-            .core
-            .lease
-            .running_low(clock, self.cfg.id_lease_block, self.io.expect.kind.tagged())
-        {
-            self.renew_lease(ctx);
-        }
+        self.step(
+            Event::Renew {
+                clock,
+                issued: true,
+            },
+            ctx,
+        );
     }
 
     /// Extends the id claim to cover `n` more tags than the clock (an import's), when its
@@ -82,19 +77,42 @@ impl Replica {
         Some((want, renewal))
     }
 
-    /// Renews the claim (extending its reservation) and looks for ids to retire; takes the
-    /// id back instead if it was retired.
+    /// The lease's renewal is due: the core says whether to take the id back, renew the
+    /// claim (and look for ids to retire), or neither.
     pub(super) fn renew_lease(&mut self, ctx: &mut Context<Self>) {
-        self.take_back_id(ctx);
         let clock = self.read().clock();
-        let tagged = self.io.expect.kind.tagged();
-        let Some(want) = self
-            .core
-            .lease
-            .begin_renewal(clock, self.cfg.id_lease_block, tagged)
-        else {
+        self.step(
+            Event::Renew {
+                clock,
+                issued: false,
+            },
+            ctx,
+        );
+    }
+
+    /// A look at the registry that starts at or after `since`, for `replicated` updates
+    /// published while the last one found this replica alone: the node's listing under its
+    /// id, else a renewal of its own claim (whose listing the core takes as the look; a
+    /// renewal under way ends the same way; none possible, the claim lost: none).
+    pub(super) fn look_for_alone(&mut self, since: Instant, ctx: &mut Context<Self>) {
+        if let Some(shared) = self.core.lease.shared.clone() {
+            let timeout = ReplicaConfig::ms(self.cfg.replicated_timeout_ms);
+            let look = async move { shared.looked_since(since, timeout).await };
+            ctx.spawn(
+                look.into_actor(self)
+                    .map(|started, act, ctx| act.step(Event::LookedForAlone(started), ctx)),
+            );
             return;
-        };
+        }
+        self.renew_lease(ctx);
+        if !self.core.lease.renewing() {
+            self.step(Event::LookedForAlone(None), ctx);
+        }
+    }
+
+    /// Renews the claim up to `want`, then lists the registry's claims: both answers
+    /// stepped into the core.
+    pub(super) fn renew_claim(&mut self, want: u64, ctx: &mut Context<Self>) {
         let (t, filter, id, uuid) = (
             self.io.transport.clone(),
             self.cfg.registry_name(),
@@ -110,99 +128,40 @@ impl Replica {
         ctx.spawn(
             work.into_actor(self)
                 .map(move |(renewal, claims, started), act, ctx| {
-                    act.core.lease.renewal_ended();
-                    act.on_renewal(want, renewal);
-                    act.take_back_id(ctx);
-                    match claims {
-                        Ok(claims) => {
-                            // The listing counts every replica held now: those heard from
-                            // since are counted afresh.
-                            let live = act.core.anti_entropy.live_peers(Instant::now());
-                            act.core.most_live = live + 1;
-                            act.registry_view_mut().note(&claims, started);
-                            act.retire_stale(&claims, ctx);
-                            act.looked_for_alone(Some(started), ctx);
-                        }
-                        Err(e) => {
-                            act.lease_failed("listing claims", &e);
-                            act.looked_for_alone(None, ctx);
-                        }
-                    }
+                    let clock = act.read().clock();
+                    let renewed = Event::Renewed {
+                        want,
+                        renewal,
+                        periodic: true,
+                        clock,
+                    };
+                    act.step(renewed, ctx);
+                    act.step(Event::Listed { claims, started }, ctx);
                 }),
         );
     }
 
-    /// Asks for a look at the registry for the `replicated` updates published while the last
-    /// one found this replica alone ([`crate::replica::AckTracker::committed_alone`]), unless
-    /// one is asked for already: the node's listing under its id, else a renewal of its own.
-    pub(super) fn look_for_alone(&mut self, ctx: &mut Context<Self>) {
-        let Some(since) = self.core.pipeline.acks.look_to_ask() else {
-            return;
-        };
-        if let Some(shared) = self.core.lease.shared.clone() {
-            let timeout = ReplicaConfig::ms(self.cfg.replicated_timeout_ms);
-            let look = async move { shared.looked_since(since, timeout).await };
-            ctx.spawn(
-                look.into_actor(self)
-                    .map(|started, act, ctx| act.looked_for_alone(started, ctx)),
-            );
-            return;
-        }
-        // A renewal under way ends in `looked_for_alone`, and asks again if it started
-        // before `since`; none possible (the claim is lost): the updates time out.
-        self.renew_lease(ctx);
-        if !self.core.lease.renewing() {
-            self.core.pipeline.acks.look_ended();
-        }
-    }
-
-    /// A look asked for by [`Replica::look_for_alone`] ended: it started at `started`
-    /// (`None`: it failed, and the updates waiting for it time out unless a peer answers).
-    pub(super) fn looked_for_alone(&mut self, started: Option<Instant>, ctx: &mut Context<Self>) {
-        self.core.pipeline.acks.look_ended();
-        let Some(started) = started else { return };
-        let live = self.core.anti_entropy.live_peers(Instant::now());
-        self.core.note_live(live);
-        let known = known_replicas(self.core.lease.known_replicas(), self.core.most_live, live);
-        let r = self
-            .core
-            .pipeline
-            .acks
-            .looked(started, peers_needed(None, known));
-        self.answer(r);
-        // Published after this look started: another.
-        self.look_for_alone(ctx);
-    }
-
-    /// The registry answered a renewal (periodic, or an import's) that asked for `want`.
+    /// The registry answered an import's renewal that asked for `want`.
     pub(super) fn on_renewal(&mut self, want: u64, renewal: Result<Renewal, TransportError>) {
-        let lost = self
-            .core
-            .lease
-            .renewed(want, renewal.as_ref().ok().copied());
-        if lost {
-            self.telemetry.gauge(m::ID_LOST, &[]).set(1.0);
-            tracing::warn!(
-                filter = %self.cfg.name,
-                replica = self.id(),
-                "this replica's id was retired while it could not renew its claim: taking it \
-                 back above the retirement's floor (adds wait)"
-            );
-        }
-        if let Err(e) = renewal {
-            self.lease_failed("renewing the claim", &e);
+        let renewed = Event::Renewed {
+            want,
+            renewal,
+            periodic: false,
+            clock: 0,
+        };
+        // What an import's answer makes the core do is told, not done (no take-back, no
+        // timer): carried out without the actor's context.
+        let mut out = Effects::default();
+        self.core.step(renewed, Instant::now(), &mut out);
+        for effect in out.drain() {
+            self.lease_news(effect);
         }
     }
 
-    /// Takes its own id back after a retirement (see
-    /// [`crate::transport::registry::take_back`]), if it was lost and nothing else is under
-    /// way: the same identity, tags above the retirement's floor, so nothing written changes.
-    pub(super) fn take_back_id(&mut self, ctx: &mut Context<Self>) {
-        if !self.core.lease.begin_take_back() {
-            return;
-        }
+    /// Takes the retired id back (see [`crate::transport::registry::take_back`]) with a
+    /// reservation up to `want`: the answer stepped into the core.
+    pub(super) fn take_back_id(&mut self, want: u64, ctx: &mut Context<Self>) {
         let block = self.cfg.id_lease_block;
-        let want = self.read().clock().saturating_add(block);
         let (t, ns, id, uuid) = (
             self.io.transport.clone(),
             self.cfg.registry_name(),
@@ -210,30 +169,56 @@ impl Replica {
             self.uuid(),
         );
         let work = async move { registry::take_back(t.as_ref(), &ns, id, uuid, block, want).await };
-        ctx.spawn(work.into_actor(self).map(|r, act, _| {
-            act.core.lease.renewal_ended();
-            match r {
-                Ok(TakeBack::Taken { floor, reserved }) => {
-                    act.core.lease.taken_back(floor, reserved);
-                    act.telemetry.gauge(m::ID_LOST, &[]).set(0.0);
-                    tracing::info!(
-                        filter = %act.cfg.name, replica = act.id(), floor,
-                        "took this replica's retired id back: tags go on above the \
-                         retirement's floor"
+        ctx.spawn(
+            work.into_actor(self)
+                .map(|r, act, ctx| act.step(Event::TakenBack(r), ctx)),
+        );
+    }
+
+    /// Tells what the core made of the registry's answers (gauges, counters, the log).
+    pub(super) fn lease_news(&mut self, effect: Effect<Responder>) {
+        match effect {
+            Effect::IdLost => {
+                self.telemetry.gauge(m::ID_LOST, &[]).set(1.0);
+                tracing::warn!(
+                    filter = %self.cfg.name,
+                    replica = self.id(),
+                    "this replica's id was retired while it could not renew its claim: taking \
+                     it back above the retirement's floor (adds wait)"
+                );
+            }
+            Effect::IdTakenBack { floor } => {
+                self.telemetry.gauge(m::ID_LOST, &[]).set(0.0);
+                tracing::info!(
+                    filter = %self.cfg.name, replica = self.id(), floor,
+                    "took this replica's retired id back: tags go on above the retirement's \
+                     floor"
+                );
+            }
+            Effect::IdHeldByOther => {
+                if let Some(suppressed) = self.io.limiter.allow("held_by_other") {
+                    tracing::error!(
+                        filter = %self.cfg.name, replica = self.id(), suppressed,
+                        "this replica's id was retired and another replica holds it now: it \
+                         issues no tags (adds fail); restart it to claim a new id"
                     );
                 }
-                Ok(TakeBack::HeldByOther) => {
-                    if let Some(suppressed) = act.io.limiter.allow("held_by_other") {
-                        tracing::error!(
-                            filter = %act.cfg.name, replica = act.id(), suppressed,
-                            "this replica's id was retired and another replica holds it now: \
-                             it issues no tags (adds fail); restart it to claim a new id"
-                        );
-                    }
-                }
-                Err(e) => act.lease_failed("taking the retired id back", &e),
             }
-        }));
+            Effect::LeaseFailed { what, error } => self.lease_failed(what, &error),
+            Effect::IdCounts { live, retired } => {
+                for (state, n) in [("live", live), ("retired", retired)] {
+                    self.telemetry
+                        .gauge(m::REPLICA_IDS, &[("state", state)])
+                        .set(n as f64);
+                }
+            }
+            Effect::WantReservation { clock } => {
+                if let Some(shared) = &self.core.lease.shared {
+                    shared.want(clock);
+                }
+            }
+            _ => debug_assert!(false, "not the lease's news"),
+        }
     }
 
     pub(super) fn lease_failed(&self, what: &'static str, e: &TransportError) {
@@ -247,61 +232,26 @@ impl Replica {
         }
     }
 
-    /// Retires the ids whose claims went unrenewed for `retire_after_ms` and whose replicas
-    /// were not heard from meanwhile.
-    fn retire_stale(&mut self, claims: &[ClaimEntry], ctx: &mut Context<Self>) {
-        // A kind whose ids serve one run only never retires one (a retired id is reused).
-        let retire_after = if self.io.expect.kind.reuses_ids() {
-            ReplicaConfig::ms(self.cfg.retire_after_ms)
-        } else {
-            std::time::Duration::ZERO
-        };
-        let now = Instant::now();
-        let stale = self
-            .core
-            .lease
-            .watch
-            .stale(self.id(), claims, now, retire_after);
-        // Whether or not the kind retires ids, one silent for `retire_after_ms` no longer
-        // counts among the replicas a `replicated` update waits for.
-        let window = ReplicaConfig::ms(self.cfg.retire_after_ms);
-        self.core
-            .lease
-            .watch
-            .note_known(self.id(), claims, now, window);
-        let (live, retired) = self.core.lease.id_counts();
-        for (state, n) in [("live", live), ("retired", retired)] {
-            self.telemetry
-                .gauge(m::REPLICA_IDS, &[("state", state)])
-                .set(n as f64);
-        }
-        for e in stale {
-            let heard = self
-                .core
-                .anti_entropy
-                .peers()
-                .any(|(_, p)| p.replica == e.id && p.last_seen.elapsed() < retire_after);
-            if heard {
-                continue;
+    /// Retires `e`'s id (the core found its claim unrenewed for `retire_after_ms` and its
+    /// replica unheard meanwhile).
+    pub(super) fn retire(&mut self, e: ClaimEntry, ctx: &mut Context<Self>) {
+        // Above the holder's reservation, and above any of its tags this replica saw (a
+        // reservation is never below them; this is only belt and braces).
+        let observed = self.read().history().map_or(0, |h| h.max(e.id));
+        let floor = e.record.floor().max(observed);
+        let (t, filter) = (self.io.transport.clone(), self.cfg.registry_name());
+        let retire = async move { t.retire_claim(filter, e.id, e.revision, floor).await };
+        ctx.spawn(retire.into_actor(self).map(move |r, act, _| match r {
+            Ok(true) => {
+                act.telemetry.counter(m::RETIREMENTS, &[]).increment(1);
+                tracing::info!(
+                    filter = %act.cfg.name, retired = e.id, floor,
+                    "retired a replica id whose claim was not renewed"
+                );
             }
-            // Above the holder's reservation, and above any of its tags this replica saw
-            // (a reservation is never below them; this is only belt and braces).
-            let observed = self.read().history().map_or(0, |h| h.max(e.id));
-            let floor = e.record.floor().max(observed);
-            let (t, filter) = (self.io.transport.clone(), self.cfg.registry_name());
-            let retire = async move { t.retire_claim(filter, e.id, e.revision, floor).await };
-            ctx.spawn(retire.into_actor(self).map(move |r, act, _| match r {
-                Ok(true) => {
-                    act.telemetry.counter(m::RETIREMENTS, &[]).increment(1);
-                    tracing::info!(
-                        filter = %act.cfg.name, retired = e.id, floor,
-                        "retired a replica id whose claim was not renewed"
-                    );
-                }
-                // Renewed, or retired by another replica, meanwhile.
-                Ok(false) => {}
-                Err(e) => act.lease_failed("retiring an id", &e),
-            }));
-        }
+            // Renewed, or retired by another replica, meanwhile.
+            Ok(false) => {}
+            Err(e) => act.lease_failed("retiring an id", &e),
+        }));
     }
 }

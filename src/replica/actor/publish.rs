@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use actix::prelude::*;
 use bytes::Bytes;
@@ -15,12 +15,9 @@ use bytes::Bytes;
 use super::pump::Outbound;
 use super::push::{Pacing, PushSource, StatePush};
 use super::reply::Responder;
-use super::timers::Timer;
 use super::{Replica, ReplicaError, digest_of};
-use crate::replica::TakenDelta;
-use crate::replica::ack::{Resolved, known_replicas, peers_needed};
-use crate::replica::config::ReplicaConfig;
-use crate::replica::core::{ENVELOPE_OVERHEAD, HeldDelta, PushPlan, Release, chunk_len};
+use crate::replica::ack::Resolved;
+use crate::replica::core::{ENVELOPE_OVERHEAD, Event, HeldDelta, chunk_len};
 use crate::replica::metrics::{Channel, Direction};
 use crate::wire::{Body, Envelope, FilterKind, MAX_DELTAS_PER_MESSAGE};
 
@@ -87,80 +84,22 @@ impl Replica {
         self.send(subject, frame, Channel::State);
     }
 
-    /// Schedules a flush of the pending delta, unless one is: at once if the last flush is
-    /// `delta_interval_ms` old or more (an add on an idle link travels at once), else when
-    /// it will be (updates that come faster share deltas, so that the envelope's bytes and a
-    /// message through nats-server are paid once per interval, not per update).
+    /// Schedules a flush of the pending delta, unless one is (when: the core's).
     pub(super) fn schedule_flush(&mut self, ctx: &mut Context<Self>) {
-        if self.core.pipeline.flush_timer_armed() {
-            return;
-        }
-        self.busy_again(ctx);
-        let interval = ReplicaConfig::ms(self.cfg.delta_interval_ms);
-        let delay = self.core.pipeline.flush_delay(Instant::now(), interval);
-        if delay.is_zero() {
-            // In this turn: a timer, even of zero, waits for the runtime's next millisecond.
-            self.shared.flush_scheduled.store(false, Ordering::Release);
-            return self.flush_delta(ctx);
-        }
-        self.core.pipeline.arm_flush_timer();
-        self.timers.arm(Timer::Flush, delay, ctx, |act, ctx| {
-            act.core.pipeline.flush_timer_fired();
-            act.shared.flush_scheduled.store(false, Ordering::Release);
-            act.flush_delta(ctx);
-        });
+        self.step(Event::FlushWanted, ctx);
     }
 
     /// Commits the local updates since the last commit: appends their delta to the log (with
     /// a data directory) and publishes it once durable, answering the updates that waited for
     /// it. One commit at a time: updates arriving meanwhile go into the next (group commit).
+    /// The core decides each step ([`Event::Flush`]).
     pub(super) fn flush_delta(&mut self, ctx: &mut Context<Self>) {
         self.absorb_direct_changes();
-        let Some(batch) = self.core.pipeline.begin(Instant::now()) else {
-            return;
-        };
-        // Taken under the lock, encoded after it is released. Under the lock too, the next
-        // commit's number moves on: an update applied outside the actor before this take is
-        // in this commit, one applied after it in the next.
-        let taken = {
-            let mut f = self.write();
-            self.shared.open_batch.store(batch + 1, Ordering::Release);
-            f.take_delta_unencoded()
-        };
-        if self.cfg.full_state_only {
-            // The naive protocol: every change is followed by a full-state broadcast.
-            if self.core.pushes.changed_since_last() {
-                self.schedule_push(ctx);
-            }
-            return self.committed_without_delta(batch, ctx);
-        }
-        let sync_through = self.shared.sync_through.load(Ordering::Acquire);
-        let Some(delta) = taken.map(TakenDelta::encode) else {
-            // Nothing changed since the last commit: the waiting updates rest on what earlier
-            // commits logged (and published, or held: see below), some of it perhaps only
-            // written. Those that wait for the disk wait for a sync of the log.
-            return match (self.core.pipeline.sync(batch, sync_through), &self.io.wal) {
-                (true, Some(wal)) => {
-                    let done = wal.sync();
-                    self.await_commit(batch, None, done, ctx)
-                }
-                _ => self.committed_without_delta(batch, ctx),
-            };
-        };
-        match (self.core.pipeline.append(batch, sync_through), &self.io.wal) {
-            (Some(sync), Some(wal)) => {
-                let done = match sync {
-                    true => wal.append(delta.clone()),
-                    false => wal.append_logged(delta.clone()),
-                };
-                self.await_commit(batch, Some(delta), done, ctx)
-            }
-            _ => self.publish_delta(batch, delta, ctx),
-        }
+        self.step(Event::Flush, ctx);
     }
 
     /// Commit `batch`'s append (or sync) is under way: [`Committed`] once done.
-    fn await_commit(
+    pub(super) fn await_commit(
         &mut self,
         batch: u64,
         delta: Option<Vec<u8>>,
@@ -178,35 +117,8 @@ impl Replica {
         });
     }
 
-    /// Commit `batch` carries no delta to log or publish: done at once, for the updates
-    /// waiting for it.
-    fn committed_without_delta(&mut self, batch: u64, ctx: &mut Context<Self>) {
-        self.shared.commits.done(batch, None);
-        self.answer_without_delta(batch, ctx);
-    }
-
-    /// Answers the updates of commit `batch`, which had no delta, done.
-    fn answer_without_delta(&mut self, batch: u64, ctx: &mut Context<Self>) {
-        if self.core.pipeline.acks.wants_confirmation(batch) {
-            // Updates waiting for peers may rely on held deltas (an add whose item an
-            // earlier commit set): those go now, the newest confirmed on this commit's
-            // behalf, so that the waiters count its receivers.
-            let mut held = self.core.pipeline.take_held();
-            if let Some(newest) = held.pop() {
-                self.publish_held(held, ctx);
-                return self.publish_delta(batch, newest.delta, ctx);
-            }
-        }
-        let r = self
-            .core
-            .pipeline
-            .acks
-            .committed(batch, None, 0, Instant::now());
-        self.answer(r);
-    }
-
     /// Publishes the delta of commit `batch` (durable by now, if there is a log).
-    fn publish_delta(&mut self, batch: u64, delta: Vec<u8>, ctx: &mut Context<Self>) {
+    pub(super) fn publish_delta(&mut self, batch: u64, delta: Vec<u8>, ctx: &mut Context<Self>) {
         let confirm = self.core.pipeline.acks.wants_confirmation(batch);
         let body = if confirm {
             Body::ConfirmedDelta(delta)
@@ -223,83 +135,13 @@ impl Replica {
                 bytes = frame.len(),
                 "delta over max_payload, pushing the state"
             );
-            self.schedule_push(ctx);
+            self.step(Event::PushWanted, ctx);
         } else {
             self.telemetry.delta_sent();
             let subject = self.io.subjects.delta.clone();
             self.send(subject, frame, Channel::Delta);
         }
-        let timeout = ReplicaConfig::ms(self.cfg.replicated_timeout_ms);
-        // Fixed now, of the replicas the registry knows: peers that go silent meanwhile
-        // still count (see `known_replicas`).
-        let live = self.core.anti_entropy.live_peers(Instant::now());
-        self.core.note_live(live);
-        let known = known_replicas(self.core.lease.known_replicas(), self.core.most_live, live);
-        let needed = peers_needed(self.cfg.replicated_peers, known);
-        let (now, acks) = (Instant::now(), &mut self.core.pipeline.acks);
-        let r = if confirm && needed == 0 && self.cfg.replicated_peers.is_none() {
-            // Alone at the last look, which may have come before peers claimed their ids: a
-            // peer's acknowledgement or a look from now on says so first.
-            let r = acks.committed_alone(batch, seq, now, now + timeout);
-            self.look_for_alone(ctx);
-            r
-        } else {
-            acks.committed(batch, Some(seq), needed, now + timeout)
-        };
-        self.answer(r);
-        if confirm {
-            ctx.run_later(timeout, |act, _| {
-                let r = act.core.pipeline.acks.expire(Instant::now());
-                act.answer(r);
-            });
-        }
-    }
-
-    /// A commit's log append finished.
-    fn committed(&mut self, c: Committed, ctx: &mut Context<Self>) {
-        let now = Instant::now();
-        let (again, began) = self.core.pipeline.written(now);
-        self.shared
-            .commits
-            .done(c.batch, c.result.as_ref().err().map(String::as_str));
-        if let Err(e) = &c.result {
-            let r = self.core.pipeline.acks.commit_failed(c.batch, e);
-            self.answer(r);
-            self.wal_failed(e, ctx);
-        }
-        let Some(delta) = c.delta else {
-            // A sync for a commit without a delta.
-            if c.result.is_ok() {
-                self.answer_without_delta(c.batch, ctx);
-            }
-            if again {
-                self.flush_delta(ctx);
-            }
-            return;
-        };
-        // Durable now: what waited for the disk is answered before its delta goes out.
-        let r = self.core.pipeline.acks.durable(c.batch);
-        self.answer(r);
-        // Published either way: the updates are applied, and peers may as well have them.
-        let confirm = self.core.pipeline.acks.wants_confirmation(c.batch);
-        let interval = ReplicaConfig::ms(self.cfg.delta_interval_ms);
-        match self
-            .core
-            .pipeline
-            .release(c.batch, delta, began, confirm, interval, now)
-        {
-            Release::Now(held) => self.publish_held(held, ctx),
-            Release::Later(delay) => {
-                self.timers.arm(Timer::Publish, delay, ctx, |act, ctx| {
-                    let held = act.core.pipeline.publish_timer_fired();
-                    act.publish_held(held, ctx);
-                });
-            }
-            Release::Held => {}
-        }
-        if again {
-            self.flush_delta(ctx);
-        }
+        self.step(Event::Published { batch, seq }, ctx);
     }
 
     /// Publishes written commits' deltas, oldest first: one alone as itself, several in one
@@ -351,37 +193,17 @@ impl Replica {
         self.telemetry.delta_sent();
         let subject = self.io.subjects.delta.clone();
         self.send(subject, frame, Channel::Delta);
-        // No update in these commits waits for peers (those go alone): what waited for the
-        // disk was answered when they were written.
-        let r = self
-            .core
-            .pipeline
-            .acks
-            .committed(last, Some(seq), 0, Instant::now());
-        self.answer(r);
+        self.step(Event::PublishedRun { last, seq }, ctx);
     }
 
-    /// A commit within a millisecond (unless one is scheduled): for `logged` updates, which do
-    /// not wait for it, and for waiting updates without a log to pace commits; those that
-    /// arrive meanwhile share its write and its delta.
+    /// A commit within a millisecond (unless one is scheduled), for `logged` updates.
     pub(super) fn commit_within_a_millisecond(&mut self, ctx: &mut Context<Self>) {
-        if self.core.pipeline.arm_commit_timer() {
-            let ms = Duration::from_millis(1);
-            self.timers.arm(Timer::Commit, ms, ctx, |act, ctx| {
-                act.core.pipeline.commit_timer_fired();
-                act.flush_delta(ctx);
-            });
-        }
+        self.step(Event::LoggedCommitWanted, ctx);
     }
 
     /// Makes sure a commit comes soon for updates that wait for one.
     pub(super) fn schedule_commit(&mut self, ctx: &mut Context<Self>) {
-        if self.core.pipeline.logged() {
-            // The log's own pace batches: commit now, or right after the one in flight.
-            return self.flush_delta(ctx);
-        }
-        // No log to pace commits: gather what arrives within a millisecond.
-        self.commit_within_a_millisecond(ctx)
+        self.step(Event::CommitWanted, ctx);
     }
 
     /// Answers updates whose acknowledgement level was reached, or failed.
@@ -467,31 +289,10 @@ impl Replica {
         self.publish_state_body(Body::StateRequest { target });
     }
 
-    /// Pushes the full state now, or as soon as `min_push_interval` allows (one push serves
-    /// every peer that asked meanwhile).
-    pub(super) fn schedule_push(&mut self, ctx: &mut Context<Self>) {
-        match self.core.pushes.plan(Instant::now()) {
-            PushPlan::Now => self.push_state(ctx),
-            PushPlan::Armed => {}
-            PushPlan::After(wait) => {
-                self.timers.arm(Timer::Push, wait, ctx, |act, ctx| {
-                    if act.core.pushes.timer_fired() {
-                        act.push_state(ctx);
-                    } else {
-                        act.schedule_push(ctx);
-                    }
-                });
-            }
-        }
-    }
-
     /// Encodes the full state (off the actor's thread) and publishes it in chunks; a state
     /// of several chunks of a kind merged piece by piece is read live instead, a chunk at a
-    /// time as it goes out ([`PushSource::Live`]).
-    fn push_state(&mut self, ctx: &mut Context<Self>) {
-        let now = Instant::now();
-        let transfer = self.core.pushes.start(now);
-        self.core.anti_entropy.pushed(now);
+    /// time as it goes out ([`PushSource::Live`]). The core started it as `transfer`.
+    pub(super) fn push_state(&mut self, transfer: u64, ctx: &mut Context<Self>) {
         let chunk_len = chunk_len(self.cfg.chunk_bytes, self.io.transport.max_payload());
         let live_len = self.read().encoded_state_len();
         if let Some(total_len) = live_len.filter(|&len| len > chunk_len as u64) {
@@ -636,6 +437,6 @@ struct Committed {
 impl Handler<Committed> for Replica {
     type Result = ();
     fn handle(&mut self, msg: Committed, ctx: &mut Context<Self>) {
-        self.committed(msg, ctx);
+        self.written(msg.batch, msg.delta, msg.result, ctx);
     }
 }

@@ -1,7 +1,8 @@
-//! The receiving side of replication: a peer's frame through the anti-entropy state machine
-//! (what it decides, [`Replica::carry_out`]) and the schedule, then merged into the filter (a
-//! delta, a state whole or piece by piece, decoded off the actor's thread when large), with
-//! its checks (kind, parameters, tags within the registry's reservations).
+//! The receiving side of replication: a peer's frame is stepped into the core (anti-entropy,
+//! the schedule, transfers coming in: what the frame does), and the merges it decides are
+//! carried out here (a delta, a state whole or piece by piece, decoded off the actor's
+//! thread when large), with their checks (kind, parameters, tags within the registry's
+//! reservations).
 
 use std::time::Instant;
 
@@ -10,18 +11,18 @@ use uuid::Uuid;
 
 use super::Replica;
 use crate::ReplicaId;
-use crate::replica::anti_entropy::{Action, PeerTableFull};
-use crate::replica::core::HeldFrame;
+use crate::replica::core::{Event, HeldFrame};
 use crate::replica::filter::AnyFilter;
 use crate::replica::metrics::{self as m, Direction, MergeSource};
-use crate::replica::reassembly::Progress;
 use crate::transport::Channel;
-use crate::wire::{Body, Envelope, StateChunk, WireError};
+use crate::wire::{Body, Envelope, WireError};
 
 /// States at least this large are decoded off the actor's thread.
 const BLOCKING_THRESHOLD: usize = 256 << 10;
 
 impl Replica {
+    /// A peer's frame: counted, then stepped into the core, which decides what it does
+    /// (merge it, answer it, ask for state, push ours, refuse it).
     pub(super) fn on_replication(
         &mut self,
         env: Envelope,
@@ -34,155 +35,24 @@ impl Replica {
             Channel::State
         };
         self.telemetry.traffic(Direction::In, channel, frame_len);
-        let now = Instant::now();
-        let known = self.core.anti_entropy.knows(&env.sender);
-        let rearm = self.core.schedule.heard(now, known);
-        self.rearm_periodic(rearm, ctx);
-        if let Body::StateProgress {
-            target,
-            transfer,
-            next,
-        } = env.body
-        {
-            // Unsequenced (it overtakes what its sender queued), so it moves no sequence
-            // count; only a peer already heard from paces a push.
-            if target == self.uuid() && self.core.anti_entropy.knows(&env.sender) {
-                self.on_progress(env.sender, transfer, next);
-            }
-            return;
-        }
-        match self
-            .core
-            .anti_entropy
-            .heard(env.sender, env.replica, env.seq, now)
-        {
-            Ok(actions) => self.carry_out(actions, ctx),
-            Err(PeerTableFull) => {
-                return self.reject(&WireError::TooManyPeers(self.cfg.max_peers));
-            }
-        }
-        match env.body {
-            Body::Delta(bytes) => {
-                if self.merge_delta_checked(&bytes, true, None, ctx) {
-                    self.delta_clock(env.sender, &bytes);
-                }
-            }
-            Body::Deltas(deltas) => {
-                for bytes in deltas {
-                    if self.merge_delta_checked(&bytes, true, None, ctx) {
-                        self.delta_clock(env.sender, &bytes);
-                    }
-                }
-            }
-            Body::ConfirmedDelta(bytes) => {
-                // A held delta is acknowledged once merged.
-                let ack_to = Some((env.sender, env.seq));
-                if self.merge_delta_checked(&bytes, true, ack_to, ctx) {
-                    self.send_ack(env.sender, env.seq);
-                    self.delta_clock(env.sender, &bytes);
-                }
-            }
-            Body::Ack { target, seq } => {
-                if target == self.uuid() {
-                    let r = self.core.pipeline.acks.acked(env.sender, seq);
-                    self.answer(r);
-                }
-            }
-            Body::Digest {
-                digest,
-                ready,
-                sent,
-                spacing,
-            } => {
-                if let Some(sent) = sent.filter(|_| env.seq == 0) {
-                    let actions = self.core.anti_entropy.claimed(env.sender, sent, now);
-                    self.carry_out(actions, ctx);
-                }
-                let mine = self.my_digest();
-                let actions = self.core.anti_entropy.digest(
-                    env.sender,
-                    digest,
-                    ready,
-                    spacing,
-                    mine,
-                    Instant::now(),
-                );
-                self.carry_out(actions, ctx);
-                if digest != mine {
-                    // Something to repair: no more spacing out.
-                    self.quiet_ended(ctx);
-                }
-            }
-            Body::StateRequest { target } => {
-                // Someone catches up (a restart keeps its uuid): at the interval again.
-                self.quiet_ended(ctx);
-                if target.is_none_or(|t| t == self.uuid()) {
-                    self.schedule_push(ctx);
-                }
-            }
-            Body::StateChunk(chunk) => self.on_chunk(env.sender, env.replica, chunk, ctx),
-            // Taken above, before the sequence check.
-            Body::StateProgress { .. } => {}
-        }
-        if self.core.schedule.changed_since_digest() {
-            self.quiet_ended(ctx);
-        }
-    }
-
-    /// Carries out what the anti-entropy state machine decided.
-    pub(super) fn carry_out(&mut self, actions: Vec<Action>, ctx: &mut Context<Self>) {
-        for action in actions {
-            match action {
-                Action::RequestState(target) => self.request_state(target),
-                Action::PushState => self.schedule_push(ctx),
-                Action::BecomeReady(why) => self.become_ready(ctx, why),
-                Action::CountGaps(n) => self.telemetry.sequence_gaps(n),
-                Action::Forget(uuid) => {
-                    tracing::debug!(filter = %self.cfg.name, %uuid, "peer forgotten");
-                    if let Some(transfers) = &mut self.core.transfers {
-                        transfers.forget(&uuid);
-                    }
-                }
-            }
-        }
+        // Our digest, to compare a peer's with: the core never reads the state.
+        let mine = matches!(env.body, Body::Digest { .. }).then(|| self.my_digest());
+        self.step(Event::Frame { env, mine }, ctx);
     }
 
     pub(super) fn record_merge(&self, source: MergeSource, t: Instant, ok: bool) {
         self.telemetry.merge(source, ok, t.elapsed().as_secs_f64());
     }
 
-    fn on_chunk(
+    /// A transfer coming in completed: its state decoded (off the actor's thread when
+    /// large) and merged.
+    pub(super) fn decode_and_merge(
         &mut self,
         sender: Uuid,
         replica: ReplicaId,
-        chunk: StateChunk,
+        state: Vec<u8>,
         ctx: &mut Context<Self>,
     ) {
-        let state = match self.core.transfers_mut().add(sender, chunk) {
-            Ok(Progress::Pending) => return,
-            Ok(Progress::Complete(state)) => state,
-            Ok(Progress::Piece {
-                offset,
-                data,
-                total_len,
-                last,
-                report,
-            }) => {
-                if self.merge_piece(sender, (offset, &data, total_len), last, ctx)
-                    && let Some((transfer, next)) = report
-                {
-                    self.report_progress(sender, transfer, next);
-                }
-                return;
-            }
-            Err(e) => {
-                self.telemetry
-                    .counter(m::STATE_TRANSFERS, &[("outcome", "rejected")])
-                    .increment(1);
-                self.reject(&e);
-                return;
-            }
-        };
         self.telemetry
             .counter(m::STATE_TRANSFERS, &[("outcome", "complete")])
             .increment(1);
@@ -214,7 +84,7 @@ impl Replica {
     /// Each piece comes from a frame whose checksum (and signature, with keys) was checked,
     /// and joins a part of the peer's state: an inflation of its own, so a transfer cut
     /// short leaves a valid state, and the rest comes with the next push. Whether it merged.
-    fn merge_piece(
+    pub(super) fn merge_piece(
         &mut self,
         sender: Uuid,
         (offset, data, total_len): (u64, &[u8], u64),

@@ -1,8 +1,8 @@
-//! The shell's timers, by name: the core says which timer to set for when (a
-//! [`crate::replica::core::PushPlan::After`], a [`crate::replica::core::Release::Later`], a
-//! [`crate::replica::core::Look::After`], the schedule's [`crate::replica::core::Periodic`],
-//! ...), and [`Timers`] arms it, cancels it, and forgets it when it fires. At most one timer
-//! is armed under a name; the core's parts know which they asked for.
+//! The shell's timers, by name: the core says which timer to set for when
+//! ([`crate::replica::core::Effect::SetTimer`], and the schedule's periodic one), and
+//! [`Timers`] arms it, cancels it, and forgets it when it fires; its firing is stepped into
+//! the core as [`crate::replica::core::Event::Timer`]. At most one timer is armed under a
+//! name; the core's parts know which they asked for.
 //!
 //! Not here: the expiry of updates waiting for their peers (one per confirmed delta, several
 //! at once; each expires whatever is due) and the lease's renewal interval (for the life of
@@ -13,25 +13,7 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use super::Replica;
-
-/// A timer of the replica's, by what it is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Timer {
-    /// The digest and the housekeeping ([`crate::replica::core::Schedule`]).
-    Periodic,
-    /// The flush of the pending delta.
-    Flush,
-    /// A commit within a millisecond.
-    Commit,
-    /// The publication of written commits' held deltas.
-    Publish,
-    /// A full-state push put off by `min_push_interval`.
-    Push,
-    /// A look at the registry for held frames, over its budget.
-    RegistryLook,
-    /// An attempt at replacing a failed log writer.
-    WalRecovery,
-}
+use crate::replica::core::{Event, Timer};
 
 /// The armed timers' handles. The periodic one is inline (nearly every replica has it
 /// armed, and a node holds 100,000 replicas); the others, rarer, in a list that holds no
@@ -51,17 +33,14 @@ impl Timers {
         }
     }
 
-    /// Arms `name` to run `f` after `delay`; one armed under the name already is cancelled
-    /// (the core asks for one at a time).
-    pub(super) fn arm<F>(&mut self, name: Timer, delay: Duration, ctx: &mut Context<Replica>, f: F)
-    where
-        F: FnOnce(&mut Replica, &mut Context<Replica>) + 'static,
-    {
+    /// Arms `name` to fire after `delay` (stepped into the core); one armed under the name
+    /// already is cancelled (the core asks for one at a time).
+    pub(super) fn arm(&mut self, name: Timer, delay: Duration, ctx: &mut Context<Replica>) {
         debug_assert!(!self.armed(name), "{name:?} armed twice");
         self.cancel(name, ctx);
         let handle = ctx.run_later(delay, move |act, ctx| {
             act.timers.take(name);
-            f(act, ctx)
+            act.step(Event::Timer(name), ctx)
         });
         match name {
             Timer::Periodic => self.periodic = Some(handle),

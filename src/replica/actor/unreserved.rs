@@ -14,9 +14,9 @@ use actix::prelude::*;
 use uuid::Uuid;
 
 use super::Replica;
-use super::timers::Timer;
+
 use crate::replica::SharedId;
-use crate::replica::core::{HeldFrame, Look, RegistryView};
+use crate::replica::core::{HeldFrame, Look, RegistryView, Timer};
 use crate::replica::filter::TagBounds;
 use crate::replica::metrics as m;
 use crate::wire::WireError;
@@ -54,7 +54,7 @@ impl Replica {
 
     /// Starts a look at the registry for the held frames, or schedules one if the last was
     /// too recent.
-    fn look_for_held(&mut self, ctx: &mut Context<Self>) {
+    pub(super) fn look_for_held(&mut self, ctx: &mut Context<Self>) {
         if !self
             .core
             .registry_view
@@ -72,10 +72,7 @@ impl Replica {
         match self.registry_view_mut().next_look(started) {
             Look::None => return,
             Look::After(wait) => {
-                self.timers.arm(Timer::RegistryLook, wait, ctx, |act, ctx| {
-                    act.registry_view_mut().look_timer_fired();
-                    act.look_for_held(ctx);
-                });
+                self.timers.arm(Timer::RegistryLook, wait, ctx);
                 return;
             }
             Look::Now => {}

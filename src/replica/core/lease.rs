@@ -1,13 +1,16 @@
 //! What the replica knows of its id claim (a lease, see [`crate::transport::ClaimRecord`]):
 //! the reservation confirmed, when to renew it and what to ask for, a lost claim, and the
-//! other ids' claims watched for retirement. The shell's `actor/lease.rs` talks to the
-//! registry.
+//! other ids' claims watched for retirement; and what the replica does about it, stepped
+//! ([`super::Event::Renew`], [`super::Event::Renewed`], [`super::Event::Listed`],
+//! [`super::Event::TakenBack`]). The shell's `actor/lease.rs` talks to the registry.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use super::{Effect, Effects, ReplicaCore};
 use crate::replica::SharedId;
-use crate::transport::Renewal;
-use crate::transport::registry::StaleWatch;
+use crate::transport::registry::{StaleWatch, TakeBack};
+use crate::transport::{ClaimEntry, Renewal, TransportError};
 
 /// What the replica knows of its claim and of the other claims of its filter.
 pub(crate) struct Lease {
@@ -151,6 +154,127 @@ impl Lease {
         }
         let need = clock.saturating_add(n);
         (need > self.reserved()).then_some(need)
+    }
+}
+
+impl<R> ReplicaCore<R> {
+    /// The renewal is due (the lease's interval), or tags were `issued` (then only once
+    /// half the block is used), with the state's tag clock at `clock`: a retired id is
+    /// taken back first, then the claim renewed (and the registry listed) unless a renewal
+    /// is under way, the claim is lost, or the node renews the id (it is told what is used).
+    pub(super) fn renew(&mut self, clock: u64, issued: bool, out: &mut Effects<R>) {
+        let (block, tagged) = (self.traits.lease_block, self.traits.tagged);
+        if self.lease.shared.is_some() {
+            if issued && tagged {
+                out.push(Effect::WantReservation { clock });
+            }
+            return;
+        }
+        if issued && !self.lease.running_low(clock, block, tagged) {
+            return;
+        }
+        self.take_back(clock, out);
+        if let Some(want) = self.lease.begin_renewal(clock, block, tagged) {
+            out.push(Effect::Renew { want });
+        }
+    }
+
+    /// Takes its own id back after a retirement, if it was lost and nothing else is under
+    /// way: the same identity, tags above the retirement's floor, so nothing written changes.
+    fn take_back(&mut self, clock: u64, out: &mut Effects<R>) {
+        if self.lease.begin_take_back() {
+            let want = clock.saturating_add(self.traits.lease_block);
+            out.push(Effect::TakeBack { want });
+        }
+    }
+
+    /// The registry answered a renewal that asked for `want`: the replica's own
+    /// (`periodic`, which ends it, and a take-back may follow) or an import's.
+    pub(super) fn renewed(
+        &mut self,
+        want: u64,
+        renewal: Result<Renewal, TransportError>,
+        periodic: bool,
+        clock: u64,
+        out: &mut Effects<R>,
+    ) {
+        if periodic {
+            self.lease.renewal_ended();
+        }
+        if self.lease.renewed(want, renewal.as_ref().ok().copied()) {
+            out.push(Effect::IdLost);
+        }
+        if let Err(error) = renewal {
+            let what = "renewing the claim";
+            out.push(Effect::LeaseFailed { what, error });
+        }
+        if periodic {
+            self.take_back(clock, out);
+        }
+    }
+
+    /// The registry's claims, listed from `started` on (after a renewal): the view of the
+    /// other ids, the replicas a `replicated` update counts, and the ids to retire (their
+    /// claims unrenewed for `retire_after_ms` and their replicas unheard meanwhile).
+    pub(super) fn listed(
+        &mut self,
+        claims: Result<Vec<ClaimEntry>, TransportError>,
+        started: Instant,
+        now: Instant,
+        out: &mut Effects<R>,
+    ) {
+        let claims = match claims {
+            Ok(claims) => claims,
+            Err(error) => {
+                let what = "listing claims";
+                out.push(Effect::LeaseFailed { what, error });
+                return self.looked_for_alone(None, now, out);
+            }
+        };
+        // The listing counts every replica held now: those heard from since are counted
+        // afresh.
+        self.most_live = self.anti_entropy.live_peers(now) + 1;
+        self.registry_view
+            .get_or_insert_default()
+            .note(&claims, started);
+        // A kind whose ids serve one run only never retires one (a retired id is reused).
+        let window = self.traits.retire_after;
+        let retire_after = match self.traits.reuses_ids {
+            true => window,
+            false => Duration::ZERO,
+        };
+        let me = self.traits.id;
+        let stale = self.lease.watch.stale(me, &claims, now, retire_after);
+        // Whether or not the kind retires ids, one silent for `retire_after_ms` no longer
+        // counts among the replicas a `replicated` update waits for.
+        self.lease.watch.note_known(me, &claims, now, window);
+        let (live, retired) = self.lease.id_counts();
+        out.push(Effect::IdCounts { live, retired });
+        for entry in stale {
+            let heard = self.anti_entropy.peers().any(|(_, p)| {
+                p.replica == entry.id && now.saturating_duration_since(p.last_seen) < retire_after
+            });
+            if !heard {
+                out.push(Effect::Retire(entry));
+            }
+        }
+        self.looked_for_alone(Some(started), now, out);
+    }
+
+    /// Taking the retired id back ended.
+    pub(super) fn taken_back(&mut self, r: Result<TakeBack, TransportError>, out: &mut Effects<R>) {
+        self.lease.renewal_ended();
+        match r {
+            Ok(TakeBack::Taken { floor, reserved }) => {
+                self.lease.taken_back(floor, reserved);
+                out.push(Effect::IdTakenBack { floor });
+            }
+            Ok(TakeBack::HeldByOther) => out.push(Effect::IdHeldByOther),
+            Err(error) => {
+                let what = "taking the retired id back";
+                out.push(Effect::LeaseFailed { what, error });
+            }
+        }
     }
 }
 

@@ -12,6 +12,7 @@ mod replica;
 mod schedule;
 mod snapshots;
 mod start;
+mod step;
 mod unlogged;
 
 pub(crate) use clocks::PeerClocks;
@@ -23,6 +24,7 @@ pub(crate) use replica::{InFlight, Outside, Ready, ReplicaCore, Traits};
 pub(crate) use schedule::{Rearm, Schedule};
 pub(crate) use snapshots::Snapshotter;
 pub(crate) use start::{Adopted, Claiming};
+pub(crate) use step::{Effect, Effects, Event, Timer};
 #[cfg(test)]
 pub(crate) use unlogged::NO_FOOTPRINTS;
 pub(crate) use unlogged::{MergesHeld, UnloggedMerges};

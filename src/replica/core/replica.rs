@@ -6,9 +6,12 @@
 
 use std::time::{Duration, Instant};
 
+use uuid::Uuid;
+
 use super::{
     CommitPipeline, DigestCache, Lease, PeerClocks, Pushes, RegistryView, Schedule, Snapshotter,
 };
+use crate::ReplicaId;
 use crate::replica::anti_entropy::{AntiEntropy, Timing};
 use crate::replica::config::ReplicaConfig;
 use crate::replica::reassembly::Reassembly;
@@ -40,12 +43,38 @@ pub(crate) struct Traits {
     /// state piece by piece.
     pub max_state_bytes: u64,
     pub merges_pieces: bool,
+    /// Its uuid: frames addressed to it.
+    pub me: Uuid,
+    /// `max_peers`: a frame from one more is refused.
+    pub max_peers: usize,
+    /// `delta_interval_ms`: how far apart flushes and published deltas go.
+    pub delta_interval: Duration,
+    /// `full_state_only`: the naive protocol (no deltas, a push after every change).
+    pub full_state_only: bool,
+    /// `replicated_timeout_ms` and `replicated_peers`: how long updates wait for their
+    /// peers, and how many they wait for.
+    pub replicated_timeout: Duration,
+    pub replicated_peers: Option<usize>,
+    /// Its replica id.
+    pub id: ReplicaId,
+    /// `id_lease_block`: the tags a renewal reserves ahead of the clock.
+    pub lease_block: u64,
+    /// Its kind issues tags (the lease reserves them).
+    pub tagged: bool,
+    /// `retire_after_ms`, and whether its kind retires ids gone silent (it reuses them).
+    pub retire_after: Duration,
+    pub reuses_ids: bool,
 }
 
 impl Traits {
-    /// The traits of a replica configured as `cfg`, of `kind`, issuing its tags under its
-    /// node's id or not.
-    pub(crate) fn of(cfg: &ReplicaConfig, kind: FilterKind, node_id: bool) -> Self {
+    /// The traits of a replica (`me`, of id `id`) configured as `cfg`, of `kind`, issuing
+    /// its tags under its node's id or not.
+    pub(crate) fn of(
+        cfg: &ReplicaConfig,
+        kind: FilterKind,
+        node_id: bool,
+        (me, id): (Uuid, ReplicaId),
+    ) -> Self {
         Traits {
             aggregate_metrics: cfg.aggregate_metrics,
             moves_with_time: kind == FilterKind::ExpiringBloom,
@@ -60,6 +89,17 @@ impl Traits {
             peer_expiry: ReplicaConfig::ms(cfg.peer_expiry_ms),
             max_state_bytes: cfg.max_state_bytes,
             merges_pieces: cfg.filter.kind.merges_state_pieces(),
+            me,
+            max_peers: cfg.max_peers,
+            delta_interval: ReplicaConfig::ms(cfg.delta_interval_ms),
+            full_state_only: cfg.full_state_only,
+            replicated_timeout: ReplicaConfig::ms(cfg.replicated_timeout_ms),
+            replicated_peers: cfg.replicated_peers,
+            id,
+            lease_block: cfg.id_lease_block,
+            tagged: kind.tagged(),
+            retire_after: ReplicaConfig::ms(cfg.retire_after_ms),
+            reuses_ids: kind.reuses_ids(),
         }
     }
 }
@@ -283,8 +323,6 @@ impl<R> ReplicaCore<R> {
 
 #[cfg(test)]
 mod tests {
-    use uuid::Uuid;
-
     use super::*;
     use crate::replica::ack::AckLevel;
 
@@ -302,6 +340,17 @@ mod tests {
             peer_expiry: 60 * S,
             max_state_bytes: 1 << 20,
             merges_pieces: false,
+            me: Uuid::from_u128(1),
+            max_peers: 8,
+            delta_interval: Duration::from_millis(50),
+            full_state_only: false,
+            replicated_timeout: 5 * S,
+            replicated_peers: None,
+            id: 1,
+            lease_block: 1_000,
+            tagged: true,
+            retire_after: 60 * S,
+            reuses_ids: true,
         }
     }
 
