@@ -61,7 +61,7 @@ use dirs::incarnation_dir;
 pub use dirs::{DROPPED_DIR, ENTRY_FILE};
 use expiry::Expiries;
 use held::Holds;
-pub use parking::{PARKED_FILTERS, PARKING};
+pub use parking::{PARKED_FILTERS, PARKED_MESSAGES, PARKING};
 
 /// Catalog changes applied at once (replica starts and stops in flight).
 const PARALLEL_CHANGES: usize = 32;
