@@ -19,7 +19,7 @@ samples="${2:-200}"
 cargo build --release --quiet --bin crpf --example many_filters
 export CRPF_STACK_DIR
 CRPF_STACK_DIR="$(mktemp -d)"
-export CRPF_BIN="$PWD/target/release/crpf"
+export CRPF_BIN="${CRPF_BIN:-$PWD/target/release/crpf}"
 cleanup() { scripts/stack.sh stop >/dev/null 2>&1 || true; rm -rf "$CRPF_STACK_DIR"; }
 trap cleanup EXIT
 scripts/stack.sh start >/dev/null

@@ -169,8 +169,8 @@ pub struct HostedFilter {
     pub spec: FilterSpec,
     /// Its generation (0: from the configuration file).
     pub generation: u64,
-    /// Its replica is parked: idle and alone, its state kept by the node and its actor gone
-    /// until something is for it (`catalog.park_after_ms`).
+    /// Its replica is parked: idle (alone, or converged with its peers), its state kept by
+    /// the node and its actor gone until something is for it (`catalog.park_after_ms`).
     pub parked: bool,
 }
 
