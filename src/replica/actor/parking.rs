@@ -126,14 +126,14 @@ impl Replica {
     /// Closes the replica for good (as a shutdown does, with nothing left to flush or save)
     /// and gives what resumes it; `None` (still running) if a message came in since it was
     /// found idle: it is handled, not left in the closing actor's buffer.
-    fn close_for_parking(&mut self, ctx: &mut Context<Self>) -> Option<Parked> {
+    fn close_for_parking(
+        &mut self,
+        ctx: &mut Context<Self>,
+        (digest, announce): (u64, Option<Box<[u8]>>),
+    ) -> Option<Parked> {
         if !self.chans.inbound_tx.is_empty() {
             return None;
         }
-        let digest = self.my_digest();
-        // Any peer known (live or not: one cut off for a while comes back) is told of it.
-        let announce = (self.core.anti_entropy.peers().next().is_some())
-            .then(|| self.parked_announcement(digest));
         self.close_to_updates();
         self.core.pipeline.stopping();
         let durable = self
@@ -178,6 +178,15 @@ impl Handler<Park> for Replica {
             }
             return false;
         }
-        into(&mut || self.close_for_parking(ctx))
+        // Computed before the node's lock is taken (the digest may be a pass over the state).
+        let digest = self.my_digest();
+        // Any peer known (live or not: one cut off for a while comes back) is told of it.
+        let announce = (self.core.anti_entropy.peers().next().is_some())
+            .then(|| self.parked_announcement(digest));
+        let mut kept = Some((digest, announce));
+        into(&mut || {
+            let kept = kept.take()?;
+            self.close_for_parking(ctx, kept)
+        })
     }
 }
