@@ -9,7 +9,7 @@
 //! that frame in its digest batches at the quiet spacing (so its peers keep counting it live)
 //! and compares the peers' batched digests with it, waking the replica only for one that
 //! differs. Any other message of a peer for it (a delta, a state, a request) wakes it and is
-//! handed to it (docs/DESIGN.md, "Parking").
+//! handed to it (docs/DESIGN.md, "Parking with peers").
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -53,7 +53,7 @@ pub(crate) struct Parked {
     /// Its state's digest when it parked: a peer's equal digest needs no answer.
     pub digest: u64,
     /// With peers: its digest's frame, for its node to announce in its batches (ready, all
-    /// its numbered messages sent, the next within [`Parked::spacing`] intervals).
+    /// its numbered messages sent, the next within [`parked_spacing`] intervals).
     pub announce: Option<Box<[u8]>>,
 }
 
