@@ -144,25 +144,14 @@ impl Inner {
         let Ok(env) = WireCodec::new(expect, self.auth_keys.clone()).decode(payload) else {
             return false;
         };
-        let me = parked.identity.uuid;
-        let quiet = match env.body {
-            _ if env.sender == me => return false,
-            Body::Digest { digest, .. } => {
-                if digest != parked.digest {
-                    return true;
-                }
-                "digest"
+        match unneeded(&env, parked.identity.uuid, parked.digest) {
+            Some(Unneeded::Echo) => false,
+            Some(Unneeded::Counted(body)) => {
+                metrics::counter!(PARKED_MESSAGES, "body" => body).increment(1);
+                false
             }
-            Body::Ack { target, .. } | Body::StateProgress { target, .. } if target != me => {
-                "other"
-            }
-            Body::StateRequest {
-                target: Some(target),
-            } if target != me => "other",
-            _ => return true,
-        };
-        metrics::counter!(PARKED_MESSAGES, "body" => quiet).increment(1);
-        false
+            None => true,
+        }
     }
 
     /// Whether the replica of `name` (hosted as `h`, running and not pinned) may be asked
@@ -200,6 +189,36 @@ impl Inner {
             crash::point(crash::PARK_PARKED);
             true
         })
+    }
+}
+
+/// Why a parked replica needs no wake for a frame ([`unneeded`]).
+#[derive(Debug, PartialEq, Eq)]
+enum Unneeded {
+    /// Its own (an echo).
+    Echo,
+    /// Counted under this `body`: an equal digest (`digest`), or an acknowledgement, state
+    /// request or transfer progress addressed to another replica (`other`).
+    Counted(&'static str),
+}
+
+/// Whether a peer's frame `env` says nothing a parked replica of uuid `me` and state digest
+/// `digest` needs (see [`Inner::wakes`]); `None`: it must wake for it.
+fn unneeded(env: &crate::wire::Envelope, me: uuid::Uuid, digest: u64) -> Option<Unneeded> {
+    if env.sender == me {
+        return Some(Unneeded::Echo);
+    }
+    match env.body {
+        Body::Digest { digest: theirs, .. } if theirs == digest => {
+            Some(Unneeded::Counted("digest"))
+        }
+        Body::Ack { target, .. } | Body::StateProgress { target, .. } if target != me => {
+            Some(Unneeded::Counted("other"))
+        }
+        Body::StateRequest {
+            target: Some(target),
+        } if target != me => Some(Unneeded::Counted("other")),
+        _ => None,
     }
 }
 
@@ -285,5 +304,72 @@ async fn ask_idle(inner: Weak<Inner>, every: Duration) {
             }
             tokio::task::yield_now().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::wire::{Envelope, FilterKind};
+
+    fn from(sender: u128, body: Body) -> Envelope {
+        Envelope::new(
+            "f",
+            FilterKind::GBloom,
+            1,
+            Uuid::from_u128(sender),
+            2,
+            0,
+            body,
+        )
+    }
+
+    fn digest(d: u64) -> Body {
+        Body::Digest {
+            digest: d,
+            ready: true,
+            sent: Some(3),
+            spacing: Some(4),
+        }
+    }
+
+    /// A parked replica (uuid 1, digest 7) wakes for whatever it needs, and only for that.
+    #[test]
+    fn a_parked_replica_wakes_for_what_it_needs_only() {
+        let me = Uuid::from_u128(1);
+        let other = Uuid::from_u128(9);
+        let check = |body: Body| unneeded(&from(5, body), me, 7);
+        assert_eq!(check(digest(7)), Some(Unneeded::Counted("digest")));
+        assert_eq!(check(digest(8)), None, "a differing digest wakes it");
+        assert_eq!(check(Body::Delta(vec![1])), None, "a delta wakes it");
+        assert_eq!(check(Body::ConfirmedDelta(vec![1])), None);
+        assert_eq!(check(Body::Deltas(Vec::new())), None);
+        assert_eq!(check(Body::StateRequest { target: None }), None);
+        assert_eq!(check(Body::StateRequest { target: Some(me) }), None);
+        assert_eq!(
+            check(Body::StateRequest {
+                target: Some(other)
+            }),
+            Some(Unneeded::Counted("other"))
+        );
+        assert_eq!(check(Body::Ack { target: me, seq: 4 }), None);
+        assert_eq!(
+            check(Body::Ack {
+                target: other,
+                seq: 4
+            }),
+            Some(Unneeded::Counted("other"))
+        );
+        let progress = |target| Body::StateProgress {
+            target,
+            transfer: 1,
+            next: 2,
+        };
+        assert_eq!(check(progress(me)), None);
+        assert_eq!(check(progress(other)), Some(Unneeded::Counted("other")));
+        // Its own frames, whatever they say.
+        assert_eq!(unneeded(&from(1, digest(8)), me, 7), Some(Unneeded::Echo));
     }
 }
