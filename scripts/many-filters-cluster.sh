@@ -6,7 +6,10 @@
 #     both answer `contains` on their own replica subjects, and how long a drop takes until
 #     neither answers any more (S samples, one at a time); then the same on the request API's
 #     subject through server 2 (whichever node takes it);
-#   - idle CPU of the three nodes and the three servers over 10 s, and the nodes' RSS.
+#   - idle CPU of the three nodes and the three servers over 10 s, the nodes' RSS and parked
+#     filters (catalog.park_after_ms is 60 s by default: SETTLE=90 to see them parked), and
+#     the load average.
+#   CRPF_BIN=/path/to/crpf runs another binary (a before/after comparison).
 #
 #   scripts/many-filters-cluster.sh [N] [S]      (defaults 1000 filters, 200 samples)
 #   SETTLE=60 scripts/many-filters-cluster.sh ...  (and idle again 60 s after the first window)
@@ -19,7 +22,7 @@ samples="${2:-200}"
 cargo build --release --quiet --bin crpf --example many_filters
 export CRPF_STACK_DIR
 CRPF_STACK_DIR="$(mktemp -d)"
-export CRPF_BIN="$PWD/target/release/crpf"
+export CRPF_BIN="${CRPF_BIN:-$PWD/target/release/crpf}"
 cleanup() { scripts/stack.sh stop >/dev/null 2>&1 || true; rm -rf "$CRPF_STACK_DIR"; }
 trap cleanup EXIT
 scripts/stack.sh start >/dev/null
@@ -70,4 +73,8 @@ if [ "${SETTLE:-0}" -gt 0 ]; then
 fi
 for i in 1 2 3; do
   echo "node$i RSS: $(( $(awk '/VmRSS/ {print $2}' "/proc/$(pid "node$i")/status") / 1024 )) MiB"
+  # Replicas parked (no actor running) of the node's filters, from its exporter.
+  echo "node$i parked filters: $(curl -s "http://127.0.0.1:946$((i + 4))/metrics" \
+    | awk '$1 == "crpf_parked_filters" {print $2}')"
 done
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"

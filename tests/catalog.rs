@@ -723,11 +723,12 @@ async fn an_idle_filter_parks_and_the_next_request_resumes_it_with_nothing_lost(
     a.shutdown().await.unwrap();
 }
 
-/// Only a replica without peers parks. A parked one wakes for the first message of a peer
-/// that appears (a node starting later asks it for its state), which then catches up from
-/// it; with a peer, neither parks.
+/// A parked replica wakes for the first message of a peer that appears (a node starting
+/// later asks it for its state), which then catches up from it. Converged, both park (before,
+/// a replica with a peer never did): their nodes announce their digests and answer each
+/// other's. An add to one wakes the other, which takes it, and both park again.
 #[actix::test]
-async fn a_parked_filter_wakes_for_a_new_peer_and_filters_with_peers_stay_awake() {
+async fn a_parked_filter_wakes_for_a_new_peer_and_replicas_with_peers_park_too() {
     let bus = InProcessBus::new();
     let a = node(&bus, config("park_after_ms = 200")).await;
     a.create_filter("shared", bloom(1_000)).await.unwrap();
@@ -740,15 +741,22 @@ async fn a_parked_filter_wakes_for_a_new_peer_and_filters_with_peers_stay_awake(
         "never parked"
     );
     let b = node(&bus, config("park_after_ms = 200")).await;
-    let on_b = b.filter("shared").expect("hosted at its start");
     assert!(
-        on_b.wait_until(wait, |f| f.contains(b"alice")).await,
+        eventually(wait, || parked(&a, "shared") && parked(&b, "shared")).await,
+        "replicas with a peer did not both park"
+    );
+    let on_b = b.filter("shared").expect("hosted");
+    assert!(
+        on_b.contains(b"alice"),
         "the new peer did not catch up from the parked replica"
     );
-    assert!(!parked(&a, "shared"), "a peer's messages did not resume it");
-    // Peers announce digests to each other: the unpinned replica on `a` stays awake.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    assert!(!parked(&a, "shared"), "a replica with a peer parked");
+    on_b.add(b"bob".to_vec()).await.unwrap();
+    let on_a = a.filter("shared").unwrap();
+    assert!(
+        on_a.wait_until(wait, |f| f.contains(b"bob")).await,
+        "b's add never reached a's parked replica"
+    );
+    assert!(on_a.contains(b"alice"));
     b.shutdown().await.unwrap();
     a.shutdown().await.unwrap();
 }

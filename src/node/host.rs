@@ -61,7 +61,7 @@ use dirs::incarnation_dir;
 pub use dirs::{DROPPED_DIR, ENTRY_FILE};
 use expiry::Expiries;
 use held::Holds;
-pub use parking::{PARKED_FILTERS, PARKING};
+pub use parking::{PARKED_FILTERS, PARKED_MESSAGES, PARKING};
 
 /// Catalog changes applied at once (replica starts and stops in flight).
 const PARALLEL_CHANGES: usize = 32;
@@ -169,8 +169,8 @@ pub struct HostedFilter {
     pub spec: FilterSpec,
     /// Its generation (0: from the configuration file).
     pub generation: u64,
-    /// Its replica is parked: idle and alone, its state kept by the node and its actor gone
-    /// until something is for it (`catalog.park_after_ms`).
+    /// Its replica is parked: idle (alone, or converged with its peers), its state kept by
+    /// the node and its actor gone until something is for it (`catalog.park_after_ms`).
     pub parked: bool,
 }
 

@@ -272,6 +272,15 @@ pub(crate) enum Found<'a, H> {
     Stopping(&'a H, bool),
 }
 
+/// Where [`FilterTable::find_quietly`] found the replica of a name.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Quiet<'a, H, P> {
+    /// As [`FilterTable::find`] (a live one not noted as used).
+    Found(Found<'a, H>),
+    /// Parked: its kept state, and its generation.
+    Parked(&'a P, u64),
+}
+
 /// The filters of a node, by name. See the module's documentation.
 #[derive(Debug)]
 pub(crate) struct FilterTable<H, P> {
@@ -620,13 +629,13 @@ impl<H: Handle, P> FilterTable<H, P> {
 
     /// Parks the replica `handle` of `name`'s `generation` as `close()` makes it, if it is
     /// still that replica there, running, and nothing looked it up or pinned it since it was
-    /// asked. Whether it parked (`close` is called only then).
+    /// asked (`close` is called only then, and may still refuse: `None`). Whether it parked.
     pub(crate) fn park(
         &mut self,
         name: &str,
         generation: u64,
         handle: &H,
-        close: impl FnOnce() -> P,
+        close: impl FnOnce() -> Option<P>,
     ) -> bool {
         let Some(State::Live { filter, handle: h }) = self.entries.get(name) else {
             return false;
@@ -638,13 +647,39 @@ impl<H: Handle, P> FilterTable<H, P> {
         {
             return false;
         }
+        let Some(parked) = close() else {
+            return false;
+        };
         let Some(State::Live { filter, .. }) = self.entries.remove(name) else {
             unreachable!("matched above")
         };
-        let parked = Box::new(close());
-        self.entries
-            .insert(name.to_string(), State::Parked { filter, parked });
+        self.entries.insert(
+            name.to_string(),
+            State::Parked {
+                filter,
+                parked: Box::new(parked),
+            },
+        );
         true
+    }
+
+    /// Where the replica of `name` is, for a message that must not keep it awake (a peer's
+    /// digest, which comes whether anything changed or not): as [`FilterTable::find`], a
+    /// live one not noted as used, and a parked one's kept state and generation.
+    pub(crate) fn find_quietly(&self, name: &str) -> Quiet<'_, H, P> {
+        match self.get(name) {
+            Some(State::Live { handle, .. }) => Quiet::Found(Found::Live(handle)),
+            Some(State::Parked { filter, parked }) => Quiet::Parked(parked, filter.generation),
+            _ => Quiet::Found(self.find(name)),
+        }
+    }
+
+    /// The parked replicas, with their generation.
+    pub(crate) fn iter_parked(&self) -> impl Iterator<Item = (&String, u64, &P)> {
+        self.entries.iter().filter_map(|(name, s)| match s {
+            State::Parked { filter, parked } => Some((name, filter.generation, &**parked)),
+            _ => None,
+        })
     }
 
     /// Sets the expiry of hosted `name`'s `generation`: whether it changed.

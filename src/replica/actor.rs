@@ -66,7 +66,7 @@ pub use local::{
     TakeSnapshot,
 };
 pub(crate) use local::{FINAL_FLUSH_TIMEOUT, ShutdownBy};
-pub(crate) use parking::{Park, ParkInto, Parked};
+pub(crate) use parking::{Park, ParkInto, Parked, parked_spacing};
 pub(crate) use pump::{API_LINGER, Inbound, Route, route_event, route_replication};
 pub use reads::PendingResponse;
 pub(crate) use reads::{refusal, route_own_api};
@@ -471,8 +471,12 @@ impl Actor for Replica {
                 .ready_now("a filter created a moment ago: nothing to catch up");
             self.carry_out(actions, ctx);
         }
-        // Catch up: ask every peer for its state, and tell them ours.
-        self.request_state(None);
+        // Catch up: ask every peer for its state, and tell them ours. A resumed replica
+        // missed nothing while parked (whatever came for it woke it, and is in its buffer):
+        // its digest says the rest, and a request would wake its parked peers for nothing.
+        if !self.core.resumed {
+            self.request_state(None);
+        }
         self.send_digest();
     }
 

@@ -85,7 +85,7 @@ pub use actor::{
     Add, Contains, FlushDelta, Import, Merge, PendingResponse, Persist, Remove, Replica,
     ReserveTags, Shutdown, Stats, TakeSnapshot,
 };
-pub(crate) use actor::{Park, ParkInto, Parked};
+pub(crate) use actor::{Park, ParkInto, Parked, parked_spacing};
 #[cfg(test)]
 pub(crate) use anti_entropy::{AntiEntropy, Timing};
 pub use config::{MAX_FSYNC_INTERVAL_MS, ReplicaConfig};
@@ -577,6 +577,7 @@ impl Replica {
             _ => None,
         };
         let (transport, replication_transport) = transports;
+        let seq = parked.seq;
         let shared = Arc::new(
             Shared::new(
                 parked.filter,
@@ -605,6 +606,7 @@ impl Replica {
         };
         let mut replica = Replica::new(setup);
         replica.prepare_resumed();
+        replica.resumed_at(seq);
         let addr = Replica::start_in_arbiter(arbiter, move |_| replica);
         Ok(ReplicaHandle::from_parts(addr, shared))
     }

@@ -80,6 +80,19 @@ impl DigestBatcher {
         }
     }
 
+    /// Queues the frames of many filters' digests at once (one lock), as [`Self::push`] each.
+    pub fn push_all(&self, frames: impl IntoIterator<Item = (String, Vec<u8>)>) {
+        let first = {
+            let mut pending = self.pending.lock().expect("digest batch lock");
+            let first = pending.is_empty();
+            pending.extend(frames);
+            first && !pending.is_empty()
+        };
+        if first {
+            self.queued.notify_one();
+        }
+    }
+
     /// What is queued, as one batch.
     fn take(&self) -> DigestBatch {
         let pending = std::mem::take(&mut *self.pending.lock().expect("digest batch lock"));

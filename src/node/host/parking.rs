@@ -4,18 +4,26 @@
 //!
 //! Every `park_after_ms / 4` the node looks at its running catalog replicas: one that nothing
 //! looked up since the last look four times in a row is asked to park. The replica parks only
-//! if it is idle and alone (no peer: see [`crate::replica`]'s parking), and the node takes
-//! its state under its lock only if nothing looked it up meanwhile: a request never finds a
-//! replica half parked. Any lookup (a request, a replication message, [`super::Node::filter`])
-//! resumes a parked replica at once, from the state the node kept, on the node's arbiter.
-
+//! if it is idle and alone or converged with every live peer (see [`crate::replica`]'s
+//! parking), and the node takes its state under its lock only if nothing looked it up
+//! meanwhile: a request never finds a replica half parked. A lookup (a request, a replication
+//! message, [`super::Node::filter`]) resumes a parked replica at once, from the state the node
+//! kept, on the node's arbiter.
+//!
+//! A parked replica with peers stays in its cluster through its node: the node announces its
+//! kept digest frame in its digest batches at the quiet spacing ([`announce_parked`]), so its
+//! peers keep counting it live; and it answers a peer's message for it without waking it
+//! when nothing needs the replica ([`Inner::wakes`]): an equal digest, or an acknowledgement
+//! or a request addressed to another replica. Peers' digests are no lookup: they come
+//! whether anything changed or not, and would keep every replica awake.
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::{ApiQueue, Inner};
 use crate::node::table::{Filter, Resume};
-use crate::replica::{Park, ParkInto, Replica, ReplicaHandle, crash};
+use crate::replica::{Park, ParkInto, Parked, Replica, ReplicaHandle, crash, parked_spacing};
+use crate::wire::{Body, Expect, WireCodec};
 
 /// Looks in a row that find a replica untouched before it is asked to park.
 pub(super) const IDLE_LOOKS: u8 = 4;
@@ -28,6 +36,9 @@ const PARKS_PER_TURN: usize = 1_000;
 pub const PARKED_FILTERS: &str = "crpf_parked_filters";
 /// Replicas parked and resumed, by `change` (parked, resumed).
 pub const PARKING: &str = "crpf_parking_total";
+/// Messages of peers for parked replicas answered without waking them, by `body` (digest,
+/// other), and digests of parked replicas announced by their node.
+pub const PARKED_MESSAGES: &str = "crpf_parked_messages_total";
 
 /// Describes the metrics of parking.
 pub(crate) fn describe() {
@@ -38,6 +49,11 @@ pub(crate) fn describe() {
     metrics::describe_counter!(
         PARKING,
         "Catalog replicas parked and resumed on this node, by change (parked, resumed)"
+    );
+    metrics::describe_counter!(
+        PARKED_MESSAGES,
+        "Peers' messages for parked replicas that needed no wake (equal digests, acks or \
+         requests for others), by body, and parked replicas' digests announced (body=announced)"
     );
 }
 
@@ -97,6 +113,47 @@ impl Inner {
         handle
     }
 
+    /// Whether the parked replica `parked` of `name`'s `generation` must wake for `payload`,
+    /// a frame of a peer on its `channel` (`delta`, `state`, or a digest batch's `None`): no
+    /// for a frame that says nothing the replica needs (its own echo, a digest equal to its
+    /// kept one, an acknowledgement or request addressed to another replica) or that it
+    /// would refuse (not one of its frames: another subject, another incarnation, a bad
+    /// signature); yes for anything else (a delta, a state, a differing digest, a request to
+    /// it or to all). A frame that wakes it is handed to it: nothing is dropped that the
+    /// running replica would take.
+    pub(super) fn wakes(
+        &self,
+        name: &str,
+        generation: u64,
+        parked: &Parked,
+        channel: Option<&str>,
+        payload: &[u8],
+    ) -> bool {
+        if !matches!(channel, None | Some("delta" | "state")) {
+            return false;
+        }
+        let expect = Expect {
+            filter: name.to_string(),
+            kind: parked.filter.kind(),
+            params_digest: parked.filter.params_digest(),
+            generation,
+            // The frame is in memory already; one over the replica's limit wakes it, and
+            // it refuses the frame as it would have.
+            max_bytes: usize::MAX,
+        };
+        let Ok(env) = WireCodec::new(expect, self.auth_keys.clone()).decode(payload) else {
+            return false;
+        };
+        match unneeded(&env, parked.identity.uuid, parked.digest) {
+            Some(Unneeded::Echo) => false,
+            Some(Unneeded::Counted(body)) => {
+                metrics::counter!(PARKED_MESSAGES, "body" => body).increment(1);
+                false
+            }
+            None => true,
+        }
+    }
+
     /// Whether the replica of `name` (hosted as `h`, running and not pinned) may be asked
     /// to park: a catalog filter's, running under the node's id, with its metrics in the
     /// node-wide series. The replica decides the rest.
@@ -135,9 +192,97 @@ impl Inner {
     }
 }
 
+/// Why a parked replica needs no wake for a frame ([`unneeded`]).
+#[derive(Debug, PartialEq, Eq)]
+enum Unneeded {
+    /// Its own (an echo).
+    Echo,
+    /// Counted under this `body`: an equal digest (`digest`), or an acknowledgement, state
+    /// request or transfer progress addressed to another replica (`other`).
+    Counted(&'static str),
+}
+
+/// Whether a peer's frame `env` says nothing a parked replica of uuid `me` and state digest
+/// `digest` needs (see [`Inner::wakes`]); `None`: it must wake for it.
+fn unneeded(env: &crate::wire::Envelope, me: uuid::Uuid, digest: u64) -> Option<Unneeded> {
+    if env.sender == me {
+        return Some(Unneeded::Echo);
+    }
+    match env.body {
+        Body::Digest { digest: theirs, .. } if theirs == digest => {
+            Some(Unneeded::Counted("digest"))
+        }
+        Body::Ack { target, .. } | Body::StateProgress { target, .. } if target != me => {
+            Some(Unneeded::Counted("other"))
+        }
+        Body::StateRequest {
+            target: Some(target),
+        } if target != me => Some(Unneeded::Counted("other")),
+        _ => None,
+    }
+}
+
+/// Every `every`, asks the replicas untouched for [`IDLE_LOOKS`] looks in a row to park, and
+/// announces the parked ones' digests ([`announce_parked`]), until the node stops.
+pub(super) async fn park_idle(inner: Weak<Inner>, every: Duration) {
+    tokio::join!(ask_idle(inner.clone(), every), announce_parked(inner));
+}
+
+/// Every anti-entropy interval, hands the node's digest batcher the kept digest frames of a
+/// slice of its parked replicas with peers: each once every [`parked_spacing`] intervals (the
+/// spacing its frame states, so its peers count it live three times as long), the slices
+/// spread by a byte of each frame's checksum. Until the node stops.
+pub(super) async fn announce_parked(inner: Weak<Inner>) {
+    let (interval, spacing) = {
+        let Some(node) = inner.upgrade() else {
+            return;
+        };
+        // Every catalog filter takes the node's defaults for these.
+        let spec = crate::FilterSpec::new(crate::FilterKind::GBloom, 1_000, 0.01);
+        let cfg = node.settings.defaults.replica_config("_", spec);
+        (
+            crate::replica::ReplicaConfig::ms(cfg.anti_entropy_interval_ms),
+            parked_spacing(&cfg).unwrap_or(1),
+        )
+    };
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut round = 0u32;
+    loop {
+        ticks.tick().await;
+        let Some(node) = inner.upgrade() else {
+            return;
+        };
+        if node.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let Some(batches) = node.digest_batches.clone() else {
+            return;
+        };
+        let slice = round % spacing;
+        round = round.wrapping_add(1);
+        let frames: Vec<(String, Vec<u8>)> = {
+            let table = node.table.read().expect("table lock");
+            table
+                .iter_parked()
+                .filter_map(|(name, _, parked)| {
+                    let frame = parked.announce.as_deref()?;
+                    let byte = u32::from(frame.last().copied().unwrap_or(0));
+                    (byte % spacing == slice).then(|| (name.clone(), frame.to_vec()))
+                })
+                .collect()
+        };
+        if frames.is_empty() {
+            continue;
+        }
+        metrics::counter!(PARKED_MESSAGES, "body" => "announced").increment(frames.len() as u64);
+        batches.push_all(frames);
+    }
+}
+
 /// Every `every`, asks the replicas untouched for [`IDLE_LOOKS`] looks in a row to park,
 /// until the node stops.
-pub(super) async fn park_idle(inner: Weak<Inner>, every: Duration) {
+async fn ask_idle(inner: Weak<Inner>, every: Duration) {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -159,5 +304,72 @@ pub(super) async fn park_idle(inner: Weak<Inner>, every: Duration) {
             }
             tokio::task::yield_now().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::wire::{Envelope, FilterKind};
+
+    fn from(sender: u128, body: Body) -> Envelope {
+        Envelope::new(
+            "f",
+            FilterKind::GBloom,
+            1,
+            Uuid::from_u128(sender),
+            2,
+            0,
+            body,
+        )
+    }
+
+    fn digest(d: u64) -> Body {
+        Body::Digest {
+            digest: d,
+            ready: true,
+            sent: Some(3),
+            spacing: Some(4),
+        }
+    }
+
+    /// A parked replica (uuid 1, digest 7) wakes for whatever it needs, and only for that.
+    #[test]
+    fn a_parked_replica_wakes_for_what_it_needs_only() {
+        let me = Uuid::from_u128(1);
+        let other = Uuid::from_u128(9);
+        let check = |body: Body| unneeded(&from(5, body), me, 7);
+        assert_eq!(check(digest(7)), Some(Unneeded::Counted("digest")));
+        assert_eq!(check(digest(8)), None, "a differing digest wakes it");
+        assert_eq!(check(Body::Delta(vec![1])), None, "a delta wakes it");
+        assert_eq!(check(Body::ConfirmedDelta(vec![1])), None);
+        assert_eq!(check(Body::Deltas(Vec::new())), None);
+        assert_eq!(check(Body::StateRequest { target: None }), None);
+        assert_eq!(check(Body::StateRequest { target: Some(me) }), None);
+        assert_eq!(
+            check(Body::StateRequest {
+                target: Some(other)
+            }),
+            Some(Unneeded::Counted("other"))
+        );
+        assert_eq!(check(Body::Ack { target: me, seq: 4 }), None);
+        assert_eq!(
+            check(Body::Ack {
+                target: other,
+                seq: 4
+            }),
+            Some(Unneeded::Counted("other"))
+        );
+        let progress = |target| Body::StateProgress {
+            target,
+            transfer: 1,
+            next: 2,
+        };
+        assert_eq!(check(progress(me)), None);
+        assert_eq!(check(progress(other)), Some(Unneeded::Counted("other")));
+        // Its own frames, whatever they say.
+        assert_eq!(unneeded(&from(1, digest(8)), me, 7), Some(Unneeded::Echo));
     }
 }

@@ -10,7 +10,7 @@ use super::{Inner, NODE_API_REQUESTS};
 use crate::names::is_subject_name;
 use crate::node::config::ApiQueue;
 use crate::node::foreign::Heard;
-use crate::node::table::Found;
+use crate::node::table::{Found, Quiet};
 use crate::replica::{ReplicaError, ReplicaHandle, refusal};
 use crate::transport::Message;
 use crate::transport::digests::{BATCHED_DIGESTS, DIGEST_BATCHES, DIGEST_BATCHES_REJECTED};
@@ -138,14 +138,6 @@ impl Inner {
     /// no routed message, [`ReplicaHandle::route_event`]).
     pub(super) fn routed_handles(&self) -> Vec<ReplicaHandle> {
         self.table.read().expect("table lock").routed_handles()
-    }
-
-    /// The replica of `name`: hosted, starting, or stopping with the node.
-    pub(super) fn replica_of(&self, name: &str) -> Option<ReplicaHandle> {
-        match self.target(name)? {
-            Target::Live(h) | Target::Starting(h, _) | Target::Stopping(h, _) => Some(h),
-            Target::Dropping(_) => None,
-        }
     }
 
     /// Routes a request on a subject the node serves for its catalog filters (`routed`). On
@@ -285,16 +277,48 @@ impl Inner {
     }
 
     /// Hands a message of a replication subject (`<prefix>.<filter>.*`) to the replica of the
-    /// filter it is for, hosted or starting, if the node routes its replication. Anything
-    /// else (a filter the node does not host; a request on `<prefix>.<filter>.api`, which
-    /// the same pattern covers) is not for it.
+    /// filter it is for, hosted or starting, if the node routes its replication; a parked one
+    /// is resumed for it, unless it needs none of it ([`Inner::wakes`]). Anything else (a
+    /// filter the node does not host; a request on `<prefix>.<filter>.api`, which the same
+    /// pattern covers) is not for it.
+    ///
+    /// Handed over under the table's read lock: a replica parks under its write lock, and
+    /// only with nothing in its buffer then, so a message is either seen by the parking
+    /// replica (which then stays) or finds it parked (and resumes it). None is left in the
+    /// buffer of a replica gone.
     pub(super) fn route_replication(&self, msg: Message) {
         let Some(name) = self.filter_of(&msg.subject) else {
             return;
         };
-        match self.replica_of(name) {
-            Some(handle) => handle.route_replication(msg),
-            None => self.heard_elsewhere(name, &msg.subject),
+        let channel = msg.subject.rsplit('.').next();
+        let mut resumed = false;
+        loop {
+            {
+                let table = self.table.read().expect("table lock");
+                match table.find(name) {
+                    Found::Live(h) | Found::Starting(h, _) | Found::Stopping(h, _) => {
+                        return h.route_replication(msg);
+                    }
+                    Found::Absent | Found::Dropping(_) => {
+                        drop(table);
+                        return self.heard_elsewhere(name, &msg.subject);
+                    }
+                    Found::Parked => {
+                        if let Quiet::Parked(parked, generation) = table.find_quietly(name)
+                            && (resumed
+                                || !self.wakes(name, generation, parked, channel, &msg.payload))
+                        {
+                            // Not needed; or resumed, and parked again at once (it could not
+                            // run: logged).
+                            return;
+                        }
+                    }
+                }
+            }
+            // Resumed (or being resumed by another lookup, which this one waits for), then
+            // handed the message in the next turn.
+            self.resume(name);
+            resumed = true;
         }
     }
 
@@ -337,14 +361,39 @@ impl Inner {
             if !is_subject_name(&name) {
                 continue;
             }
-            if let Some(handle) = self.replica_of(&name) {
-                handle.route_batched_digest(Message {
-                    subject: format!("{}.{name}.state", self.prefix),
-                    payload: frame.into(),
-                    reply: None,
-                    headers: None,
-                });
+            self.route_batched_digest(&name, frame);
+        }
+    }
+
+    /// Hands a peer's batched digest frame for `name` to its replica, without noting it as
+    /// used (digests come whether anything changed or not); a parked replica is compared
+    /// with, and resumed (and handed the frame) only if the digest differs from its own.
+    fn route_batched_digest(&self, name: &str, frame: Vec<u8>) {
+        let msg = Message {
+            subject: format!("{}.{name}.state", self.prefix),
+            payload: frame.into(),
+            reply: None,
+            headers: None,
+        };
+        let mut resumed = false;
+        loop {
+            {
+                let table = self.table.read().expect("table lock");
+                match table.find_quietly(name) {
+                    Quiet::Found(
+                        Found::Live(h) | Found::Starting(h, _) | Found::Stopping(h, _),
+                    ) => return h.route_batched_digest(msg),
+                    Quiet::Found(Found::Parked) => {}
+                    Quiet::Found(Found::Absent | Found::Dropping(_)) => return,
+                    Quiet::Parked(parked, generation) => {
+                        if resumed || !self.wakes(name, generation, parked, None, &msg.payload) {
+                            return;
+                        }
+                    }
+                }
             }
+            self.resume(name);
+            resumed = true;
         }
     }
 }

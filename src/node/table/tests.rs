@@ -47,7 +47,7 @@ fn park(t: &mut Table, name: &str, k: u32) {
     for _ in 0..3 {
         t.idle(3, |_, _| true);
     }
-    assert!(t.park(name, generation, &handle, || Kept(k)));
+    assert!(t.park(name, generation, &handle, || Some(Kept(k))));
     assert_eq!(t.kind(name), Kind::Parked);
 }
 
@@ -313,21 +313,27 @@ fn a_park_is_refused_if_used_pinned_replaced_or_not_live() {
     // Touched since it was asked (it started a moment ago).
     assert!(!t.park("f", 1, &R(1), || {
         closed = true;
-        Kept(1)
+        Some(Kept(1))
     }));
     assert!(!closed, "its state is taken only if it parks");
     t.idle(1, |_, _| true);
-    assert!(!t.park("f", 2, &R(1), || Kept(1)), "another generation");
-    assert!(!t.park("f", 1, &R(2), || Kept(1)), "another replica");
+    assert!(
+        !t.park("f", 2, &R(1), || Some(Kept(1))),
+        "another generation"
+    );
+    assert!(!t.park("f", 1, &R(2), || Some(Kept(1))), "another replica");
     t.hosted("f").unwrap().pin();
-    assert!(!t.park("f", 1, &R(1), || Kept(1)), "pinned");
+    assert!(!t.park("f", 1, &R(1), || Some(Kept(1))), "pinned");
     let mut t = live("f", 1, 1);
     t.idle(1, |_, _| true);
-    assert!(t.park("f", 1, &R(1), || Kept(1)));
-    assert!(!t.park("f", 1, &R(1), || Kept(2)), "parked already");
+    // The replica itself may still refuse (a message came in): it stays live.
+    assert!(!t.park("f", 1, &R(1), || None));
+    assert_eq!(t.kind("f"), Kind::Live);
+    assert!(t.park("f", 1, &R(1), || Some(Kept(1))));
+    assert!(!t.park("f", 1, &R(1), || Some(Kept(2))), "parked already");
     t.begin_start("s", R(2), true).unwrap();
-    assert!(!t.park("s", 0, &R(2), || Kept(1)), "starting");
-    assert!(!t.park("absent", 0, &R(2), || Kept(1)));
+    assert!(!t.park("s", 0, &R(2), || Some(Kept(1))), "starting");
+    assert!(!t.park("absent", 0, &R(2), || Some(Kept(1))));
 }
 
 #[test]
@@ -361,4 +367,25 @@ fn hosted_filters_are_listed_with_their_running_replica() {
         vec![("a".into(), 1, Some(R(1))), ("b".into(), 1, None)]
     );
     assert_eq!(t.hosted_len(), 2);
+}
+
+#[test]
+fn a_quiet_lookup_leaves_a_live_replica_unused_and_shows_a_parked_ones_state() {
+    let mut t = live("f", 1, 4);
+    t.idle(1, |_, _| true);
+    assert_eq!(t.find_quietly("f"), Quiet::Found(Found::Live(&R(1))));
+    // Not noted as used: still due at the next look.
+    assert_eq!(t.idle(1, |_, _| true).len(), 1);
+    park(&mut t, "f", 3);
+    assert_eq!(t.find_quietly("f"), Quiet::Parked(&Kept(3), 4));
+    assert_eq!(
+        t.iter_parked().collect::<Vec<_>>(),
+        vec![(&"f".to_string(), 4, &Kept(3))]
+    );
+    assert_eq!(t.find_quietly("absent"), Quiet::Found(Found::Absent));
+    t.begin_start("s", R(2), false).unwrap();
+    assert_eq!(
+        t.find_quietly("s"),
+        Quiet::Found(Found::Starting(&R(2), false))
+    );
 }

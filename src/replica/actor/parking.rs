@@ -1,23 +1,37 @@
-//! Parking: a replica that is idle and alone gives up its actor and leaves its state with its
-//! node, as data ([`Parked`]); the node runs it again ([`crate::replica::Replica::resume`]) as
-//! soon as a request or a message is for it. Of a node's 100,000 mostly idle filters, each
-//! actor (its task, timers, queues, subjects, codec and commit pipeline) cost ~5 KB beside a
-//! 1.2 KB state.
+//! Parking: a replica that is idle gives up its actor and leaves its state with its node, as
+//! data ([`Parked`]); the node runs it again ([`crate::replica::Replica::resume`]) as soon as
+//! a request or a message is for it. Of a node's 100,000 mostly idle filters, each actor (its
+//! task, timers, queues, subjects, codec and commit pipeline) cost ~5 KB beside a 1.2 KB
+//! state.
 //!
-//! Only a replica without peers parks: one with peers announces digests to them and hears
-//! theirs, and parked it would fall silent (its peers would take it for gone, and count on no
-//! acknowledgement of it for `replicated` updates). Any message of a peer wakes a parked
-//! replica: a peer starting later finds it as it would a running one.
+//! A replica with peers parks too, once its state equals every live peer's (each announced
+//! our digest): it leaves its digest and the frame that announces it, and its node announces
+//! that frame in its digest batches at the quiet spacing (so its peers keep counting it live)
+//! and compares the peers' batched digests with it, waking the replica only for one that
+//! differs. Any other message of a peer for it (a delta, a state, a request) wakes it and is
+//! handed to it (docs/DESIGN.md, "Parking with peers").
 
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use actix::prelude::*;
 
 use super::Replica;
+use crate::replica::config::ReplicaConfig;
 use crate::replica::core::InFlight;
 use crate::replica::durable::Identity;
 use crate::replica::filter::AnyFilter;
 use crate::replica::metrics::Telemetry;
+use crate::replica::ticks::quiet_digest_max;
+use crate::wire::{Body, Envelope};
+
+/// How many anti-entropy intervals apart a node announces its parked replicas' digests: the
+/// quietest spacing a live replica's peers accept ([`quiet_digest_max`]), which the
+/// announced frame states (`None`: 1).
+pub(crate) fn parked_spacing(cfg: &ReplicaConfig) -> Option<u32> {
+    let max = quiet_digest_max(cfg.anti_entropy_interval_ms, cfg.peer_expiry_ms);
+    (max > 1).then_some(max)
+}
 
 /// What a parked replica leaves with its node: its state, and what resumes it without
 /// reading its data directory.
@@ -33,23 +47,34 @@ pub(crate) struct Parked {
     pub wal_next: Option<u64>,
     /// The tags reserved durably.
     pub reserved: u64,
+    /// The number of its last numbered message: a resumed replica numbers on from it, so
+    /// that its peers see no restart (nor, from the claims of its announced frame, a loss).
+    pub seq: u64,
+    /// Its state's digest when it parked: a peer's equal digest needs no answer.
+    pub digest: u64,
+    /// With peers: its digest's frame, for its node to announce in its batches (ready, all
+    /// its numbered messages sent, the next within [`parked_spacing`] intervals).
+    pub announce: Option<Box<[u8]>>,
 }
 
 /// Where a parking replica's state goes. The actor calls it with a function that closes the
-/// replica and gives its [`Parked`]; the node calls that only if the replica is still the one
-/// it hosts under its name and was not looked up since the node asked it to park (under its
-/// lock: no request finds the replica closing), and answers whether it did.
-pub(crate) type ParkInto = Box<dyn FnOnce(&mut dyn FnMut() -> Parked) -> bool + Send>;
+/// replica and gives its [`Parked`] (or `None`, leaving it running, if a message came in
+/// meanwhile); the node calls that only if the replica is still the one it hosts under its
+/// name and was not looked up since the node asked it to park (under its lock: no request
+/// or message finds the replica closing, and one handed to it before is seen), and answers
+/// whether it parked.
+pub(crate) type ParkInto = Box<dyn FnOnce(&mut dyn FnMut() -> Option<Parked>) -> bool + Send>;
 
-/// Asks the replica to park if it is idle and alone; answers whether it parked.
+/// Asks the replica to park if it is idle; answers whether it parked.
 #[derive(Message)]
 #[rtype(result = "bool")]
 pub(crate) struct Park(pub ParkInto);
 
 impl Replica {
     /// Whether the replica may park now but for its snapshot (see the module documentation
-    /// and [`crate::replica::core::ReplicaCore::is_idle`]).
-    fn idle_and_alone(&self) -> bool {
+    /// and [`crate::replica::core::ReplicaCore::is_idle`]): idle, and alone or with every
+    /// live peer on our digest.
+    fn idle(&mut self) -> bool {
         let asked = |flag: &std::sync::atomic::AtomicBool| flag.load(Ordering::Acquire);
         let s = &self.shared;
         let in_flight = InFlight {
@@ -58,15 +83,57 @@ impl Replica {
                 || asked(&s.commit_requested)
                 || asked(&s.logged_commit_requested),
             publishing: asked(&s.publishing) || !self.chans.outbound_rx.is_empty(),
-            pushes: s.pushes_out.load(Ordering::Acquire) > 0 || !self.pacings.is_empty(),
+            pushes: s.pushes_out.load(Ordering::Acquire) > 0
+                || !self.pacings.is_empty()
+                || self.timers.armed(crate::replica::core::Timer::Push),
             inbound: !self.chans.inbound_tx.is_empty(),
         };
+        let live = self.core.anti_entropy.live_peers(Instant::now());
+        // Cheap terms first: the digest (a pass over the state) only for a replica idle but
+        // for its peers.
         self.core.is_idle(self.outside(), in_flight)
+            && (live == 0 || self.converged_peers() == live)
+    }
+
+    /// The frame announcing `digest` for the node to publish while the replica is parked:
+    /// ready, every numbered message sent, the next within the quietest spacing (at which
+    /// the node announces it).
+    fn parked_announcement(&self, digest: u64) -> Box<[u8]> {
+        let body = Body::Digest {
+            digest,
+            ready: true,
+            sent: Some(self.core.seq),
+            spacing: parked_spacing(&self.cfg),
+        };
+        let env = Envelope::new(
+            self.cfg.name.clone(),
+            self.io.expect.kind,
+            self.io.expect.params_digest,
+            self.uuid(),
+            self.id(),
+            0,
+            body,
+        )
+        .with_generation(self.cfg.generation);
+        self.io.codec.encode(&env).into_boxed_slice()
+    }
+
+    /// A resumed replica numbers its messages on from where it parked.
+    pub(crate) fn resumed_at(&mut self, seq: u64) {
+        self.core.seq = seq;
     }
 
     /// Closes the replica for good (as a shutdown does, with nothing left to flush or save)
-    /// and gives what resumes it.
-    fn close_for_parking(&mut self, ctx: &mut Context<Self>) -> Parked {
+    /// and gives what resumes it; `None` (still running) if a message came in since it was
+    /// found idle: it is handled, not left in the closing actor's buffer.
+    fn close_for_parking(
+        &mut self,
+        ctx: &mut Context<Self>,
+        (digest, announce): (u64, Option<Box<[u8]>>),
+    ) -> Option<Parked> {
+        if !self.chans.inbound_tx.is_empty() {
+            return None;
+        }
         self.close_to_updates();
         self.core.pipeline.stopping();
         let durable = self
@@ -82,13 +149,16 @@ impl Replica {
         let wal_next = self.io.wal.take().map(|w| w.next_segment());
         let filter = self.read().clone();
         crate::replica::crash::point(crate::replica::crash::PARK_STATE_TAKEN);
-        Parked {
+        Some(Parked {
             filter,
             identity: self.shared.identity,
             telemetry: self.telemetry.clone(),
             wal_next,
             reserved: self.core.reserved,
-        }
+            seq: self.core.seq,
+            digest,
+            announce,
+        })
     }
 }
 
@@ -96,7 +166,7 @@ impl Handler<Park> for Replica {
     type Result = bool;
 
     fn handle(&mut self, Park(into): Park, ctx: &mut Context<Self>) -> bool {
-        if !self.idle_and_alone() {
+        if !self.idle() {
             return false;
         }
         if !self.core.snapshots.settled() {
@@ -108,6 +178,15 @@ impl Handler<Park> for Replica {
             }
             return false;
         }
-        into(&mut || self.close_for_parking(ctx))
+        // Computed before the node's lock is taken (the digest may be a pass over the state).
+        let digest = self.my_digest();
+        // Any peer known (live or not: one cut off for a while comes back) is told of it.
+        let announce = (self.core.anti_entropy.peers().next().is_some())
+            .then(|| self.parked_announcement(digest));
+        let mut kept = Some((digest, announce));
+        into(&mut || {
+            let kept = kept.take()?;
+            self.close_for_parking(ctx, kept)
+        })
     }
 }

@@ -298,11 +298,11 @@ impl<R> ReplicaCore<R> {
         !self.at_rest(outside) || self.snapshots.has_unsaved()
     }
 
-    /// Whether the replica may park now but for its snapshot: at rest, under the node-wide
-    /// metric series, alone, under the node's id, small, and nothing waiting in the core or
-    /// in the shell (a commit asked for, a push, a queued message). Only a replica without
-    /// peers parks: one with peers announces digests to them and hears theirs, and parked it
-    /// would fall silent.
+    /// Whether the replica may park now but for its snapshot and its peers: at rest, under
+    /// the node-wide metric series, under the node's id, small, and nothing waiting in the
+    /// core or in the shell (a commit asked for, a push, a queued message). With peers, the
+    /// shell also asks that every live one announced our digest (it computes the digest):
+    /// its node then announces ours and compares theirs while it is parked.
     pub(crate) fn is_idle(&self, outside: Outside, in_flight: InFlight) -> bool {
         let InFlight {
             closed,
@@ -315,7 +315,6 @@ impl<R> ReplicaCore<R> {
             && self.traits.aggregate_metrics
             && self.traits.node_id
             && self.traits.small
-            && self.anti_entropy.peers().next().is_none()
             && self.pipeline.idle()
             && !(closed || asked || publishing || pushes || inbound)
     }
@@ -436,13 +435,14 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_an_update_waiting_or_a_catch_up_keeps_a_replica_awake() {
+    fn an_update_waiting_or_a_catch_up_keeps_a_replica_awake_with_or_without_peers() {
         let t0 = Instant::now();
         let (out, fl) = (Outside::default(), InFlight::default());
-        // A peer heard: at rest under the node-wide series, but never idle.
+        // A peer heard: at rest under the node-wide series, and idle (whether the peer has
+        // our state is the shell's to check).
         let mut c = core(t0, traits());
         let _ = c.anti_entropy.heard(Uuid::from_u128(9), 2, 1, t0);
-        assert!(c.at_rest(out) && !c.is_idle(out, fl));
+        assert!(c.at_rest(out) && c.is_idle(out, fl));
         // With series of its own, a peer's staleness moves: not at rest.
         let mut own = core(
             t0,

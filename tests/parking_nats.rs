@@ -1,0 +1,296 @@
+//! Replicas with peers park too (issue 53, item 1), across `crpf node` processes over a real
+//! three-server NATS cluster: once a cluster is at rest no replica actor runs on any node
+//! (`crpf_parked_filters` equals the filter count everywhere), and its parked replicas still
+//! take every add made on another node (a delta wakes them), catch up after a node restart,
+//! and after a route partition heals (a differing digest wakes them). Each node is checked
+//! through its own RESP port, so the answer is that node's replica's.
+#![cfg(all(feature = "node", feature = "eval"))]
+
+mod nats_harness;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nats_harness::{
+    NatsServer, Proc, api_request, cluster_key_line, free_port, http_get, spawn_node,
+};
+use serde_json::json;
+
+/// Filters of each test: enough for batches of many digests, few enough for seconds.
+const FILTERS: usize = 12;
+
+struct Node {
+    proc: Proc,
+    name: String,
+    config: std::path::PathBuf,
+    resp: String,
+    metrics: String,
+}
+
+impl Node {
+    /// Node `i` on `servers` (`servers[i]` only if `own_server_only`: a node of a server
+    /// that is cut off must stay on it), parking idle replicas after 400 ms, with RESP and
+    /// a data directory.
+    fn start(dir: &Path, i: usize, servers: &[String], own_server_only: bool) -> Node {
+        let name = format!("node{i}");
+        let own = &servers[i % servers.len()];
+        let list = std::iter::once(own)
+            .chain(servers.iter().filter(|s| *s != own && !own_server_only))
+            .map(|s| format!("\"{s}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let resp = format!("127.0.0.1:{}", free_port());
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let config = dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "[node]\nmetrics_addr = \"{metrics}\"\ndata_dir = \"{data}\"\nlog = \"info\"\n{key}\n\
+                 [nats]\nservers = [{list}]\nretry_on_initial_connect = true\nkv_replicas = 3\n\
+                 name = \"park-{name}\"\n\n\
+                 [resp]\nlisten = \"{resp}\"\n\n\
+                 [catalog]\npark_after_ms = 400\n\
+                 [catalog.defaults]\ndelta_interval_ms = 10\nanti_entropy_interval_ms = 250\n\
+                 min_push_interval_ms = 100\ncatch_up_timeout_ms = 300\nsnapshot_interval_ms = 500\n",
+                data = dir.join(&name).display(),
+                key = cluster_key_line(),
+            ),
+        )
+        .unwrap();
+        let proc = spawn_node(&name, &config, dir);
+        Node {
+            proc,
+            name,
+            config,
+            resp,
+            metrics,
+        }
+    }
+
+    fn restart(&mut self) {
+        let dir = self.config.parent().unwrap().to_path_buf();
+        self.proc = spawn_node(&self.name, &self.config, &dir);
+    }
+
+    /// One RESP command to this node (a fresh connection), its reply or error text.
+    fn resp(&self, args: &[&str]) -> Result<redis::Value, String> {
+        let client = redis::Client::open(format!("redis://{}/", self.resp)).unwrap();
+        let mut con = client
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .map_err(|e| e.to_string())?;
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut con).map_err(|e| e.to_string())
+    }
+
+    /// Whether this node answers `BF.EXISTS filter item` with 1.
+    fn has(&self, filter: &str, item: &str) -> bool {
+        matches!(
+            self.resp(&["BF.EXISTS", filter, item]),
+            Ok(redis::Value::Int(1))
+        )
+    }
+
+    /// `BF.ADD filter item` on this node, until it is answered.
+    fn add(&self, filter: &str, item: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match self.resp(&["BF.ADD", filter, item]) {
+                Ok(redis::Value::Int(_)) => return,
+                other => assert!(
+                    Instant::now() < deadline,
+                    "{}: BF.ADD {filter} {item}: {other:?}",
+                    self.name
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The sum of the metric lines of `series` (exactly that name, any labels).
+    fn metric(&self, series: &str) -> f64 {
+        let Ok((_, body)) = http_get(&self.metrics, "/metrics") else {
+            return -1.0;
+        };
+        body.lines()
+            .filter(|l| {
+                l.strip_prefix(series)
+                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Waits until this node's RESP port serves `filters` filters (its catalog loaded).
+    fn wait_serving(&mut self, filters: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !matches!(self.resp(&["DBSIZE"]), Ok(redis::Value::Int(n)) if n as usize == filters) {
+            self.proc.assert_running();
+            assert!(
+                Instant::now() < deadline,
+                "{}: not serving its filters\n{}",
+                self.name,
+                self.proc.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn names() -> Vec<String> {
+    (0..FILTERS).map(|i| format!("parked{i}")).collect()
+}
+
+/// Creates the test's filters through the catalog API (each asked again if unanswered).
+async fn create_filters(client: &async_nats::Client) {
+    for name in names() {
+        let body =
+            json!({"name": name, "filter": {"kind": "g_bloom", "capacity": 1000, "fpr": 0.01}});
+        let mut last = String::new();
+        let created = 'tries: {
+            for _ in 0..3 {
+                match api_request(
+                    client,
+                    "crpf.$catalog.create".into(),
+                    serde_json::to_vec(&body).unwrap(),
+                    Duration::from_secs(5),
+                )
+                .await
+                {
+                    Ok(v) => break 'tries Some(v),
+                    Err(e) => last = e,
+                }
+            }
+            None
+        };
+        assert!(created.is_some(), "create {name}: {last}");
+    }
+}
+
+/// Waits until every node runs no replica actor: all its filters parked (a cluster at rest).
+fn wait_all_parked(nodes: &mut [Node], what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let parked: Vec<f64> = nodes
+            .iter()
+            .map(|n| n.metric("crpf_parked_filters"))
+            .collect();
+        if parked.iter().all(|&p| p == FILTERS as f64) {
+            return;
+        }
+        for n in nodes.iter_mut() {
+            n.proc.assert_running();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: parked filters by node {parked:?}, not {FILTERS} each\n{}",
+            nodes[0].proc.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until `node` answers that every filter has `item`.
+fn wait_everywhere(nodes: &[Node], item: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for node in nodes {
+        for name in names() {
+            while !node.has(&name, item) {
+                assert!(
+                    Instant::now() < deadline,
+                    "{}: {name} never had {item}\n{}",
+                    node.name,
+                    node.proc.log_tail()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// A cluster of three at rest parks every replica on every node (before, a replica with
+/// peers never parked); an add through one node reaches the parked replicas of the others
+/// (each delta wakes its replica and is merged), and the cluster parks again; a node that
+/// was down while adds went on catches up at its start, and everything parks again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_with_peers_park_and_still_take_every_add_and_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = NatsServer::cluster(3);
+    let urls: Vec<String> = servers.iter().map(NatsServer::url).collect();
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| Node::start(dir.path(), i, &urls, false))
+        .collect();
+    for n in &mut nodes {
+        n.wait_serving(0);
+    }
+    let client = async_nats::connect(urls[0].clone()).await.unwrap();
+    create_filters(&client).await;
+    for n in &mut nodes {
+        n.wait_serving(FILTERS);
+    }
+    wait_all_parked(&mut nodes, "at rest after the creates");
+    let digests = "crpf_parked_messages_total{body=\"digest\"}";
+    let peers_digests_answered = nodes[0].metric(digests);
+
+    // Adds through node 1 only: node 0's and node 2's parked replicas take them.
+    for name in names() {
+        nodes[1].add(&name, "alice");
+    }
+    wait_everywhere(&nodes, "alice");
+    wait_all_parked(&mut nodes, "at rest after the adds");
+    // Parked, their node answered the peers' equal digests for them.
+    assert!(
+        nodes[0].metric(digests) > peers_digests_answered,
+        "node0 answered no digest for its parked replicas"
+    );
+
+    // Node 2 down while node 0 takes adds; back, it catches up, and all park again.
+    nodes[2].proc.terminate(Duration::from_secs(30));
+    for name in names() {
+        nodes[0].add(&name, "bob");
+    }
+    nodes[2].restart();
+    nodes[2].wait_serving(FILTERS);
+    wait_everywhere(&nodes, "bob");
+    wait_everywhere(&nodes, "alice");
+    wait_all_parked(&mut nodes, "at rest after the restart");
+    for mut n in nodes {
+        n.proc.terminate(Duration::from_secs(30));
+    }
+}
+
+/// A node cut off by a route partition takes adds its peers do not hear (its deltas are
+/// lost to them); after the heal, its digests differ from the ones its peers' nodes kept
+/// for their parked replicas, which wake and catch up; then the cluster parks again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_differing_digest_wakes_parked_replicas_after_a_partition_heals() {
+    let dir = tempfile::tempdir().unwrap();
+    let (servers, routes) = NatsServer::cluster_with_cuttable_last(3);
+    let urls: Vec<String> = servers.iter().map(NatsServer::url).collect();
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| Node::start(dir.path(), i, &urls, true))
+        .collect();
+    for n in &mut nodes {
+        n.wait_serving(0);
+    }
+    let client = async_nats::connect(urls[0].clone()).await.unwrap();
+    create_filters(&client).await;
+    for n in &mut nodes {
+        n.wait_serving(FILTERS);
+    }
+    wait_all_parked(&mut nodes, "at rest after the creates");
+    routes.cut();
+    for name in names() {
+        nodes[2].add(&name, "carol");
+    }
+    // Not heard across the cut.
+    assert!(!nodes[0].has("parked0", "carol"));
+    routes.heal();
+    wait_everywhere(&nodes, "carol");
+    wait_all_parked(&mut nodes, "at rest after the heal");
+    for mut n in nodes {
+        n.proc.terminate(Duration::from_secs(30));
+    }
+}
