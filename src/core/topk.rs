@@ -565,12 +565,17 @@ impl Lattice for TopK {
         Ok(())
     }
 
-    /// The counts at most `other`'s, and every heap at a version at most `other`'s.
+    /// The counts at most `other`'s, and every heap at a lower version than `other`'s, or the
+    /// same heap.
     fn le(&self, other: &Self) -> bool {
         self.params == other.params
             && self.counts.le(&other.counts)
             && self.heaps.iter().all(|h| match other.heap_index(h.id) {
-                Ok(i) => h.version <= other.heaps[i].version,
+                // At one version one heap: two that differ are two writers sharing an id.
+                Ok(i) => {
+                    let o = &other.heaps[i];
+                    h.version < o.version || (h.version == o.version && h.slots == o.slots)
+                }
                 Err(_) => h.version == 0,
             })
     }

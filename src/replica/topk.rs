@@ -87,11 +87,16 @@ pub(crate) fn query(
         Request::TopkQuery { items } => {
             check_items(items, max_item_bytes)?;
             let t = topk(f, "topk.query")?;
-            let list = t.list();
+            // One writer's heap is the list (a scan of k slots, no hashing); several writers'
+            // heaps are ranked once for all the items.
+            let list = (t.writers() > 1).then(|| t.list());
             Ok(Response::TopkQueried {
                 listed: items
                     .iter()
-                    .map(|i| list.iter().any(|(l, _)| *l == i))
+                    .map(|i| match &list {
+                        Some(list) => list.iter().any(|(l, _)| *l == i),
+                        None => t.query(i),
+                    })
                     .collect(),
                 counts: items.iter().map(|i| t.count(i)).collect(),
             })
