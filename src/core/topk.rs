@@ -330,8 +330,9 @@ pub struct TopK {
     counts: CountMinSketch,
     /// Ascending by writer id.
     heaps: Vec<Heap>,
-    /// Whether this replica's heap changed since the last delta (while tracking).
-    heap_pending: bool,
+    /// Changes to this replica's heap since the last delta (while tracking): updates of the
+    /// pending delta, which carries the heap once.
+    heap_changes: usize,
     tracking: bool,
     /// Whether a merge may have raised counts since this replica's heap last read them.
     stale: bool,
@@ -344,7 +345,7 @@ impl TopK {
             params,
             counts: CountMinSketch::new(params.counts(), writer),
             heaps: Vec::new(),
-            heap_pending: false,
+            heap_changes: 0,
             tracking: false,
             stale: false,
         }
@@ -438,7 +439,7 @@ impl TopK {
         }
         if heap.slots != before {
             heap.version += 1;
-            self.heap_pending = self.tracking;
+            self.heap_changes += usize::from(self.tracking);
         }
     }
 
@@ -494,7 +495,7 @@ impl TopK {
                 }
             }
             heap.version += 1;
-            self.heap_pending = self.tracking;
+            self.heap_changes += usize::from(self.tracking);
         }
         match before {
             None => expelled,
@@ -621,12 +622,12 @@ impl DeltaState for TopK {
     fn track_deltas(&mut self, on: bool) {
         self.counts.track_deltas(on);
         self.tracking = on;
-        self.heap_pending = false;
+        self.heap_changes = 0;
     }
 
     fn take_delta(&mut self) -> Option<TopkDelta> {
         let counts = self.counts.take_delta();
-        let heaps = match std::mem::take(&mut self.heap_pending) {
+        let heaps = match std::mem::take(&mut self.heap_changes) > 0 {
             true => self
                 .heap_index(self.writer())
                 .map(|i| vec![self.heaps[i].to_repr()])
@@ -637,7 +638,7 @@ impl DeltaState for TopK {
     }
 
     fn pending_delta_len(&self) -> usize {
-        self.counts.pending_delta_len() + usize::from(self.heap_pending)
+        self.counts.pending_delta_len() + self.heap_changes
     }
 
     /// The item's counters, and this replica's heap.
@@ -645,7 +646,9 @@ impl DeltaState for TopK {
         if !self.counts.record_footprint(item) {
             return false;
         }
-        self.heap_pending = self.heap_index(self.writer()).is_ok();
+        if self.heap_index(self.writer()).is_ok() {
+            self.heap_changes = self.heap_changes.max(1);
+        }
         true
     }
 
