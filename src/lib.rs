@@ -17,6 +17,7 @@
 //! | [`SharedGBloom`] | GBF, a replica's `g_bloom` | add; [`BloomReader`]s query without a lock | bitwise OR |
 //! | [`CountingCuckoo`] | CCF (Li, Luo, Guo) | add, remove, count | per-source PN-counters, pointwise max |
 //! | [`CountMinSketch`] | count-min sketch (issue 50) | increment, count, weighted merge | a G-counter per counter by replica, pointwise max |
+//! | [`TopK`] | top-k heavy hitters (issue 50) | add, list, query, count | count-min G-counters and a heap per writer, highest version |
 //!
 //! ```
 //! use crpf::{GBloom, Lattice, Membership};
@@ -64,6 +65,7 @@ pub use crate::core::bloom::GBloom;
 pub use crate::core::causal::{CausalContext, Dot, MAX_COUNTER, ReplicaId};
 pub use crate::core::cms::{CmsDelta, CmsParams, CountMinSketch};
 pub use crate::core::cuckoo::{GCuckoo, OrCuckoo};
+pub use crate::core::topk::{HeapRepr, TopK, TopkDelta, TopkParams};
 // Counting cuckoo filter (issue 11).
 pub use crate::core::cuckoo::multiset_sync::MultisetDiff;
 pub use crate::core::cuckoo::{CountingCuckoo, CountingCuckooDelta, SlotCounts};

@@ -321,8 +321,11 @@ impl Bench {
             };
             let item = format!("{}-{n}", f.name);
             let sketch = f.kind == FilterKind::CountMinSketch;
+            let top_k = f.kind == FilterKind::TopK;
             let cmd = if sketch {
                 "CMS.INCRBY"
+            } else if top_k {
+                "TOPK.ADD"
             } else if f.bloom() {
                 "BF.ADD"
             } else {
@@ -333,6 +336,11 @@ impl Bench {
                 // A sketch's add is an increment by 1 (its reply an array of estimates).
                 let r = if sketch {
                     run::<Vec<i64>>(&mut con, &[cmd, &name, &item, "1"])
+                        .await
+                        .map(|_| 1)
+                } else if top_k {
+                    // Counted: its reply is what the add pushed out of the list.
+                    run::<Vec<Option<String>>>(&mut con, &[cmd, &name, &item])
                         .await
                         .map(|_| 1)
                 } else {
@@ -522,6 +530,9 @@ impl Bench {
             for chunk in items.chunks(500) {
                 let cmd = if f.kind == FilterKind::CountMinSketch {
                     "CMS.QUERY"
+                } else if f.kind == FilterKind::TopK {
+                    // Its count, not its place in the list.
+                    "TOPK.COUNT"
                 } else if f.bloom() {
                     "BF.MEXISTS"
                 } else {

@@ -993,3 +993,68 @@ fn count_min_sketch_absurd_parameters_allocate_nothing() {
     assert_eq!(back.writers(), 0);
     assert!(bounded("its figures", || back.estimated_fpr() == 0.0));
 }
+
+// ---------------------------------------------------------------- top-k (issue 50)
+
+use crpf::{TopK, TopkParams};
+
+/// As the count-min sketch: a writer's counters and heap are allocated at its first add, so
+/// the add goes to a decoded state of the corpus's parameters only.
+impl Target for TopK {
+    fn add_local(&mut self, receiver: &Self) {
+        if self.params() == receiver.params() {
+            self.add(b"local", 3);
+        }
+    }
+}
+
+/// Every replica adds a few items several times: states carry several writers' counts and
+/// heaps (k = 4 of 6 items, so that heaps expel).
+static TOPK: LazyLock<Corpus<TopK>> = LazyLock::new(|| {
+    corpus(|r| {
+        let mut f = TopK::new(TopkParams::new(4, 9, 4, 0.9).unwrap(), r);
+        for i in 0..6u32 {
+            f.add(&i.to_le_bytes(), 1 + u64::from(u32::from(r) * i % 5));
+        }
+        f
+    })
+});
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test] fn top_k_state(m in mutation()) { fuzz_state(&TOPK, m) }
+    #[test] fn top_k_delta(m in mutation()) { fuzz_delta(&TOPK, m) }
+}
+
+#[test]
+fn top_k_absurd_parameters_allocate_nothing() {
+    for (k, width, depth, decay) in [
+        (0, 8, 7, 0.9),
+        (3, 0, 7, 0.9),
+        (3, 8, 0, 0.9),
+        (3, 8, 7, 0.0),
+        (3, 8, 7, 1.5),
+        (3, 8, 7, f64::NAN),
+        (3, u32::MAX, 1000, 0.9),
+        (u32::MAX, 8, 7, 0.9),
+    ] {
+        assert!(bounded("absurd top-k", || TopkParams::new(k, width, depth, decay)).is_err());
+    }
+    // A state naming the largest top-k it may, without its counters or heaps, decodes to
+    // nothing allocated.
+    let huge = TopK::new(
+        TopkParams {
+            k: TopkParams::MAX_K,
+            width: 1 << 20,
+            depth: 1 << 8,
+            decay: 0.9,
+            seed: 0,
+        },
+        1,
+    );
+    let bytes = serde_cbor::to_vec(&huge).unwrap();
+    let back: TopK = bounded("huge top-k", || serde_cbor::from_slice(&bytes).unwrap());
+    assert_eq!(back.writers(), 0);
+    assert!(bounded("its list", || back.list().is_empty()));
+}

@@ -116,6 +116,12 @@ const GOLDEN: &[(FilterKind, Pin, Pin)] = &[
         (476, 17166593532693773874),
         (95, 10176734456776655624),
     ),
+    // Issue 50: k = 64, RedisBloom's default 8 x 7 (16 x 7 counters), one writer's heap.
+    (
+        FilterKind::TopK,
+        (205, 5658365711795220633),
+        (117, 14462078668554738482),
+    ),
 ];
 
 #[test]

@@ -1520,3 +1520,88 @@ fn count_min_sketch_weighted_merge_is_an_inflation_or_nothing() {
     }
     assert_eq!(empty.total(), 2 * a.total() + 3 * b.total());
 }
+
+// ---------------------------------------------------------------- top-k (issue 50)
+
+use crpf::{TopK, TopkParams};
+
+/// k = 3 of the `UNIVERSE` items, counted in rows of 7 (14 counters): heaps expel, and
+/// estimates exceed true counts.
+fn topk_params() -> TopkParams {
+    TopkParams::new(3, 7, 3, 0.9).unwrap()
+}
+
+impl Subject for TopK {
+    fn make(replica: u16) -> Self {
+        TopK::new(topk_params(), replica)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test] fn top_k_laws(ops in ops()) { run::<TopK>(ops) }
+    #[test] fn top_k_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<TopK>(ops, seed, lossy) }
+    #[test] fn top_k_synchronised_replicas_list_as_one_fed_everything(
+        adds in prop::collection::vec((0..3usize, 0..12u8, 1..4u64), 1..150),
+        by_delta: bool,
+    ) { run_topk_synchronised(adds, by_delta)? }
+}
+
+/// Three replicas add (replica, item, n), each add judged against a view holding every earlier
+/// add (the replicas exchange full states or deltas after each), with exact counts (a row of
+/// 1000 counters for 12 items): the merged list holds exactly the items one top-k fed every
+/// add lists, wherever the k-th count is not tied with the next, with the same counts.
+fn run_topk_synchronised(adds: Vec<(usize, u8, u64)>, by_delta: bool) -> Result<(), TestCaseError> {
+    let p = TopkParams::new(3, 500, 4, 0.9).unwrap();
+    let mut reps: Vec<TopK> = (1..=3).map(|r| TopK::new(p, r)).collect();
+    for r in &mut reps {
+        r.track_deltas(true);
+    }
+    let mut single = TopK::new(p, 9);
+    let mut truth: BTreeMap<u8, u64> = BTreeMap::new();
+    for (r, i, n) in adds {
+        let before = reps[r].clone();
+        reps[r].add(&[i], n);
+        assert!(before.le(&reps[r]), "an add inflates");
+        single.add(&[i], n);
+        *truth.entry(i).or_default() += n;
+        if by_delta {
+            let d = reps[r].take_delta().expect("an add leaves a delta");
+            for (_, rep) in reps.iter_mut().enumerate().filter(|(to, _)| *to != r) {
+                rep.merge_delta(&d).unwrap();
+            }
+        } else {
+            let src = reps[r].clone();
+            for rep in reps.iter_mut() {
+                rep.merge(&src).unwrap();
+            }
+        }
+    }
+    for (&i, &n) in &truth {
+        prop_assume!(single.count(&[i]) == n, "counts exact");
+    }
+    let owned = |t: &TopK| -> Vec<(Vec<u8>, u64)> {
+        t.list().into_iter().map(|(i, n)| (i.to_vec(), n)).collect()
+    };
+    let want = owned(&single);
+    let mut ranked: Vec<u64> = truth.values().copied().collect();
+    ranked.sort_unstable_by(|a, b| b.cmp(a));
+    let k = p.k as usize;
+    for rep in &reps {
+        assert!(rep.equivalent(&reps[0]), "replicas converged");
+        let got = owned(rep);
+        let counts = |l: &[(Vec<u8>, u64)]| l.iter().map(|(_, n)| *n).collect::<Vec<_>>();
+        assert_eq!(counts(&got), counts(&want), "the same counts listed");
+        assert_eq!(
+            counts(&want),
+            ranked[..ranked.len().min(k)],
+            "the true top k"
+        );
+        // Items strictly above the first count left out are listed by both.
+        let cut = ranked.get(k).copied().unwrap_or(0);
+        for (item, n) in want.iter().filter(|(_, n)| *n > cut) {
+            assert!(got.contains(&(item.clone(), *n)), "{item:?} ({n}) missing");
+        }
+    }
+    Ok(())
+}

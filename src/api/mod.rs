@@ -88,11 +88,23 @@ pub enum Op {
     /// `cms.info` (`count_min_sketch`): payload ignored; reply
     /// `{"width":W,"depth":D,"count":N}` (`CMS.INFO`).
     CmsInfo,
+    /// `topk.add` (`top_k`): payload a [`batch`] of items, each added once; reply
+    /// `{"expelled":[item|null...]}`, the item each add pushed out of the list (`TOPK.ADD`).
+    TopkAdd,
+    /// `topk.query` (`top_k`): payload a [`batch`] of items; reply
+    /// `{"listed":[bool...],"count":[N...]}` (`TOPK.QUERY`, `TOPK.COUNT`).
+    TopkQuery,
+    /// `topk.list` (`top_k`): payload ignored; reply `{"items":[...],"count":[N...]}`, best
+    /// first (`TOPK.LIST WITHCOUNT`).
+    TopkList,
+    /// `topk.info` (`top_k`): payload ignored; reply `{"k":K,"width":W,"depth":D,"decay":F}`
+    /// (`TOPK.INFO`).
+    TopkInfo,
 }
 
 impl Op {
     /// Every operation, in the order error messages list them.
-    pub const ALL: [Op; 14] = [
+    pub const ALL: [Op; 18] = [
         Op::Add,
         Op::Remove,
         Op::Contains,
@@ -107,6 +119,10 @@ impl Op {
         Op::CmsIncrBy,
         Op::CmsQuery,
         Op::CmsInfo,
+        Op::TopkAdd,
+        Op::TopkQuery,
+        Op::TopkList,
+        Op::TopkInfo,
     ];
 
     /// The subject token.
@@ -126,6 +142,10 @@ impl Op {
             Op::CmsIncrBy => "cms.incrby",
             Op::CmsQuery => "cms.query",
             Op::CmsInfo => "cms.info",
+            Op::TopkAdd => "topk.add",
+            Op::TopkQuery => "topk.query",
+            Op::TopkList => "topk.list",
+            Op::TopkInfo => "topk.info",
         }
     }
 
@@ -134,7 +154,7 @@ impl Op {
     pub fn is_update(self) -> bool {
         matches!(
             self,
-            Op::Add | Op::Remove | Op::MAdd | Op::MRemove | Op::CmsIncrBy
+            Op::Add | Op::Remove | Op::MAdd | Op::MRemove | Op::CmsIncrBy | Op::TopkAdd
         )
     }
 
@@ -143,7 +163,15 @@ impl Op {
     pub fn is_query(self) -> bool {
         matches!(
             self,
-            Op::Contains | Op::MContains | Op::Count | Op::MCount | Op::CmsQuery | Op::CmsInfo
+            Op::Contains
+                | Op::MContains
+                | Op::Count
+                | Op::MCount
+                | Op::CmsQuery
+                | Op::CmsInfo
+                | Op::TopkQuery
+                | Op::TopkList
+                | Op::TopkInfo
         )
     }
 

@@ -236,6 +236,29 @@ pub enum Request {
     },
     /// `cms.info` (`count_min_sketch`, `CMS.INFO`): the sketch's shape and increments.
     CmsInfo,
+    /// `topk.add` (`top_k`, `TOPK.ADD`, `TOPK.INCRBY`): adds `increments[i]` to item `i`'s
+    /// count, in order, all or nothing.
+    TopkAdd {
+        /// The items.
+        items: Items,
+        /// Each item's increment (as many as items).
+        increments: Vec<u64>,
+        /// The acknowledgement level (`None`: the replica's default).
+        ack: Option<AckLevel>,
+    },
+    /// `topk.query` (`top_k`, `TOPK.QUERY`, `TOPK.COUNT`): whether each item is listed, and
+    /// its estimated count.
+    TopkQuery {
+        /// The items.
+        items: Items,
+    },
+    /// `topk.list` (`top_k`, `TOPK.LIST`): the list, best first.
+    TopkList {
+        /// Whether the reply carries the counts (`WITHCOUNT`).
+        with_count: bool,
+    },
+    /// `topk.info` (`top_k`, `TOPK.INFO`): its shape.
+    TopkInfo,
 }
 
 impl Request {
@@ -256,6 +279,10 @@ impl Request {
             Request::CmsIncrBy { .. } => Op::CmsIncrBy,
             Request::CmsQuery { .. } => Op::CmsQuery,
             Request::CmsInfo => Op::CmsInfo,
+            Request::TopkAdd { .. } => Op::TopkAdd,
+            Request::TopkQuery { .. } => Op::TopkQuery,
+            Request::TopkList { .. } => Op::TopkList,
+            Request::TopkInfo => Op::TopkInfo,
         }
     }
 
@@ -268,6 +295,7 @@ impl Request {
             | Request::MAdd { ack, .. }
             | Request::MRemove { ack, .. }
             | Request::CmsIncrBy { ack, .. }
+            | Request::TopkAdd { ack, .. }
             | Request::Import { ack, .. } => *ack,
             _ => None,
         }
@@ -280,6 +308,7 @@ impl Request {
         | Request::MAdd { ack, .. }
         | Request::MRemove { ack, .. }
         | Request::CmsIncrBy { ack, .. }
+        | Request::TopkAdd { ack, .. }
         | Request::Import { ack, .. } = &mut self
         {
             *ack = level;
@@ -299,7 +328,10 @@ impl Request {
             | Request::MRemove { items, .. }
             | Request::MContains { items }
             | Request::MCount { items }
-            | Request::CmsQuery { items } => items.framed_len(),
+            | Request::CmsQuery { items }
+            | Request::TopkQuery { items } => items.framed_len(),
+            // `topk.add`'s payload is its items (each added once).
+            Request::TopkAdd { items, .. } => items.framed_len(),
             // Each increment framed as its decimal digits.
             Request::CmsIncrBy {
                 items, increments, ..
@@ -312,7 +344,11 @@ impl Request {
                         .sum::<usize>()
             }
             Request::Import { filter, .. } => filter.len(),
-            Request::Stats | Request::Export { .. } | Request::CmsInfo => 0,
+            Request::Stats
+            | Request::Export { .. }
+            | Request::CmsInfo
+            | Request::TopkList { .. }
+            | Request::TopkInfo => 0,
         }
     }
 
@@ -357,6 +393,18 @@ impl Request {
                 ack,
             },
             Request::CmsQuery { items } => Request::CmsQuery {
+                items: items.compact(),
+            },
+            Request::TopkAdd {
+                items,
+                increments,
+                ack,
+            } => Request::TopkAdd {
+                items: items.compact(),
+                increments,
+                ack,
+            },
+            Request::TopkQuery { items } => Request::TopkQuery {
                 items: items.compact(),
             },
             other => other,
@@ -450,6 +498,33 @@ pub enum Response {
         depth: u32,
         /// Increments in all, by every replica.
         count: u64,
+    },
+    /// Of `topk.add`: the item each add pushed out of the list, if one.
+    TopkAdded(Vec<Option<Vec<u8>>>),
+    /// Of `topk.query`: whether each item is listed, and its estimated count.
+    TopkQueried {
+        /// Listed.
+        listed: Vec<bool>,
+        /// Estimated counts.
+        counts: Vec<u64>,
+    },
+    /// Of `topk.list`: the items, best first, with their counts.
+    TopkList {
+        /// `(item, estimated count)`.
+        items: Vec<(Vec<u8>, u64)>,
+        /// Whether the counts were asked for (`WITHCOUNT`).
+        with_count: bool,
+    },
+    /// Of `topk.info`.
+    TopkInfo {
+        /// Items listed.
+        k: u32,
+        /// Counters per row.
+        width: u32,
+        /// Rows.
+        depth: u32,
+        /// RedisBloom's decay (reported, not applied).
+        decay: f64,
     },
 }
 

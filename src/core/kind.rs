@@ -57,6 +57,10 @@ macro_rules! for_each_filter_kind {
             /// [`crate::CountMinSketch`]: count-min sketch with a G-counter per counter by
             /// replica (RedisBloom's `CMS.*`); `capacity` is its width, `fpr` `2^-depth`.
             CountMinSketch = 13, "count_min_sketch", $crate::core::cms::CountMinSketch;
+            /// [`crate::TopK`]: top-k heavy hitters, a count-min sketch's G-counters and a
+            /// heap per writer (RedisBloom's `TOPK.*`); `capacity` is `k`, `fpr` the decay,
+            /// [`FilterSpec::shape`] the width and depth ([`FilterSpec::top_k`]).
+            TopK = 14, "top_k", $crate::core::topk::TopK;
         }
     };
 }
@@ -498,6 +502,23 @@ impl FilterSpec {
             FilterKind::CountMinSketch => {
                 crate::core::cms::CmsParams::from_spec(self).map(|p| p.memory_bytes())
             }
+            // One writer's counters and heap slots; each further writing replica as much again.
+            FilterKind::TopK => {
+                crate::core::topk::TopkParams::from_spec(self).map(|p| p.memory_bytes())
+            }
+        }
+    }
+
+    /// A `top_k` listing `k` items with RedisBloom's `width`, `depth` and `decay`
+    /// (`TOPK.RESERVE`): its capacity is `k`, its fpr the decay, its [`FilterSpec::shape`] the
+    /// width (`bits`) and depth (`hashes`), RedisBloom's defaults (8, 7) if absent.
+    pub fn top_k(k: u32, width: u32, depth: u32, decay: f64) -> Self {
+        FilterSpec {
+            shape: Some(Box::new(BloomShape {
+                bits: u64::from(width),
+                hashes: depth,
+            })),
+            ..FilterSpec::new(FilterKind::TopK, u64::from(k), decay)
         }
     }
 

@@ -404,9 +404,11 @@ impl ReplicaConfig {
         }
         // Fields a kind does not read are refused rather than ignored: a filter made with
         // one would not be what its spec says.
-        if self.filter.shape.is_some() && self.filter.kind != FilterKind::GoBloom {
+        if self.filter.shape.is_some()
+            && !matches!(self.filter.kind, FilterKind::GoBloom | FilterKind::TopK)
+        {
             return Err(format!(
-                "filter.shape is for go_bloom only, not {}",
+                "filter.shape is for go_bloom only, or top_k, not {}",
                 self.filter.kind
             ));
         }

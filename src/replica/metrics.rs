@@ -100,6 +100,15 @@ pub const CMS_DEPTH: &str = "crpf_cms_depth";
 /// Gauge (`count_min_sketch`): replicas whose counters the state holds (each takes
 /// `4 * width * depth` bytes).
 pub const CMS_WRITERS: &str = "crpf_cms_writers";
+/// Gauge (`top_k`): items it lists at most (`TOPK.INFO`'s k).
+pub const TOPK_K: &str = "crpf_topk_k";
+/// Gauge (`top_k`): items listed now (at most k).
+pub const TOPK_LISTED: &str = "crpf_topk_listed";
+/// Gauge (`top_k`): replicas whose heaps the state holds (each takes its counters and k
+/// slots).
+pub const TOPK_WRITERS: &str = "crpf_topk_writers";
+/// Heavy-hitter churn (`top_k`): items this replica's adds pushed out of its list.
+pub const TOPK_EXPELLED: &str = "crpf_topk_expelled_total";
 /// Ids of the filter in the replica id registry, by `state` (`live`, `retired`).
 pub const REPLICA_IDS: &str = "crpf_replica_ids";
 /// Ids this replica retired (their claims went unrenewed for `retire_after_ms`).
@@ -198,6 +207,13 @@ pub fn describe() {
         g!(
             CMS_WRITERS,
             "Count-min sketch: replicas whose counters the state holds"
+        );
+        g!(TOPK_K, "Top-k: items it lists at most");
+        g!(TOPK_LISTED, "Top-k: items listed now");
+        g!(TOPK_WRITERS, "Top-k: replicas whose heaps the state holds");
+        c!(
+            TOPK_EXPELLED,
+            "Top-k: items this replica's adds pushed out of its list (heavy-hitter churn)"
         );
         c!(STATE_PUSHES, "Full-state pushes (anti-entropy)");
         c!(STATE_TRANSFERS, "Incoming full-state transfers, by outcome");
@@ -491,6 +507,10 @@ pub(crate) struct Series {
     /// [`CMS_WRITERS`]): made at the first figures of a sketch, so that no other kind exports
     /// them.
     sketch: std::sync::OnceLock<[Gauge; 4]>,
+    /// A top-k's gauges ([`TOPK_K`], [`TOPK_LISTED`], [`TOPK_WRITERS`]) and churn counter
+    /// ([`TOPK_EXPELLED`]), made at a top-k's first figures or expulsion.
+    topk: std::sync::OnceLock<[Gauge; 3]>,
+    topk_churn: std::sync::OnceLock<Counter>,
     dropped: Counter,
     sequence_gaps: Counter,
     state_pushes: Counter,
@@ -551,6 +571,8 @@ impl Series {
             ready: gauge(READY),
             peers: gauge(PEERS),
             sketch: std::sync::OnceLock::new(),
+            topk: std::sync::OnceLock::new(),
+            topk_churn: std::sync::OnceLock::new(),
             dropped: handles.dropped,
             labels,
         }
@@ -610,6 +632,23 @@ impl Telemetry {
             width.set(f64::from(s.params().width));
             depth.set(f64::from(s.params().depth));
             writers.set(s.writers() as f64);
+        }
+        if let crate::replica::AnyFilter::TopK(t) = f {
+            let [k, listed, writers] = self.topk.get_or_init(|| {
+                [TOPK_K, TOPK_LISTED, TOPK_WRITERS].map(|name| self.gauge(name, &[]))
+            });
+            k.set(f64::from(t.params().k));
+            listed.set(t.list().len() as f64);
+            writers.set(t.writers() as f64);
+        }
+    }
+
+    /// Counts `n` items a top-k's adds pushed out of its list.
+    pub(crate) fn topk_churn(&self, n: u64) {
+        if n > 0 {
+            self.topk_churn
+                .get_or_init(|| self.counter(TOPK_EXPELLED, &[]))
+                .increment(n);
         }
     }
 

@@ -219,6 +219,8 @@ pub enum KeyCommand {
     Delete(Vec<String>),
     /// A count-min sketch command ([`super::cms`]).
     Cms(super::cms::CmsCommand),
+    /// A top-k command ([`super::topk`]).
+    Topk(super::topk::TopkCommand),
     /// `FLUSHDB` / `FLUSHALL`: drop every filter.
     FlushAll,
     /// A read of a key's figures, when its turn comes (after the connection's updates before
@@ -1153,6 +1155,8 @@ pub fn command(args: &Args, filter: impl Fn(&str) -> Option<ReplicaHandle>) -> C
             }
             cms if cms.starts_with("CMS.") => super::cms::command(cms, args, &filter)
                 .unwrap_or_else(|| Command::Reply(Reply::err(unknown_command(args)))),
+            topk if topk.starts_with("TOPK.") => super::topk::command(topk, args, &filter)
+                .unwrap_or_else(|| Command::Reply(Reply::err(unknown_command(args)))),
             _ => Command::Reply(Reply::err(unknown_command(args))),
         })
     })();
@@ -1410,6 +1414,11 @@ pub fn reply(op: Op, answer: Result<Response, ReplicaError>) -> Reply {
         sketch @ (Response::CmsIncremented(_)
         | Response::CmsCount(_)
         | Response::CmsInfo { .. }) => super::cms::reply(sketch),
+        // `TOPK.COUNT` is sent as a key command, which picks the counts itself.
+        topk @ (Response::TopkAdded(_)
+        | Response::TopkQueried { .. }
+        | Response::TopkList { .. }
+        | Response::TopkInfo { .. }) => super::topk::reply(topk, false),
         other => Reply::err(format!("unexpected answer: {other:?}")),
     }
 }

@@ -51,6 +51,8 @@ pub fn is_bloom(kind: FilterKind) -> bool {
 pub fn type_name(kind: FilterKind) -> &'static str {
     if kind == FilterKind::CountMinSketch {
         "CMSk-TYPE"
+    } else if kind == FilterKind::TopK {
+        "TopK-TYPE"
     } else if is_bloom(kind) {
         "MBbloom--"
     } else {

@@ -15,7 +15,7 @@ pub enum Protocol {
 }
 
 /// A reply, in either protocol ([`Reply::encode_as`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Reply {
     /// `+<text>`.
@@ -44,6 +44,9 @@ pub enum Reply {
         /// The reply of an item refused (else `:0`).
         refused: Option<Box<Reply>>,
     },
+    /// A double: RESP3 `,` and RESP2 a bulk string, of `%.17g` (Redis 7.2's
+    /// `RedisModule_ReplyWithDouble`; `TOPK.INFO`'s decay).
+    Double(f64),
     /// `-<text>`: the text starts with the error's kind (`ERR`, `NOAUTH`...).
     Error(String),
     /// Text for people: RESP3 a verbatim string (`=`, format `txt`), RESP2 a bulk string
@@ -149,6 +152,8 @@ impl Reply {
                 out.put_slice(b"*1\r\n");
                 value.encode_as(out, protocol);
             }
+            Reply::Double(v) if resp3 => line(out, b',', format_g17(*v).as_bytes()),
+            Reply::Double(v) => Reply::Bulk(Bytes::from(format_g17(*v))).encode_as(out, protocol),
             Reply::IntOrBool { resp3: b, .. } if resp3 => Reply::Bool(*b).encode_as(out, protocol),
             Reply::IntOrBool { resp2: n, .. } => Reply::Int(*n).encode_as(out, protocol),
             // One line: an error text must not end the reply early.
@@ -160,6 +165,33 @@ impl Reply {
                 line(out, b'-', text.as_bytes());
             }
         }
+    }
+}
+
+/// C's `%.17g` of a finite double: 17 significant digits, trailing zeros dropped, an exponent
+/// below 1e-4 or from 1e17.
+fn format_g17(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return format!("{v}");
+    }
+    let sci = format!("{v:.16e}");
+    let (mantissa, e) = sci.split_once('e').expect("scientific");
+    let e: i32 = e.parse().expect("exponent");
+    let trim = |s: &str| -> String {
+        match s.contains('.') {
+            true => s.trim_end_matches('0').trim_end_matches('.').to_string(),
+            false => s.to_string(),
+        }
+    };
+    if (-4..17).contains(&e) {
+        trim(&format!("{v:.*}", (16 - e) as usize))
+    } else {
+        format!(
+            "{}e{}{:02}",
+            trim(mantissa),
+            if e < 0 { '-' } else { '+' },
+            e.abs()
+        )
     }
 }
 

@@ -316,6 +316,9 @@ pub(super) fn query(shared: &Shared, request: &Request) -> Result<Response, Repl
         Request::CmsQuery { .. } | Request::CmsInfo => {
             crate::replica::sketch::query(&filter(shared), request, shared.limits.max_item_bytes)
         }
+        Request::TopkQuery { .. } | Request::TopkList { .. } | Request::TopkInfo => {
+            crate::replica::topk::query(&filter(shared), request, shared.limits.max_item_bytes)
+        }
         other => unreachable!("{:?} is not a query", other.op()),
     }
 }

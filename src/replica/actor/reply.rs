@@ -161,6 +161,28 @@ impl ApiReply {
                 depth,
                 count,
             } => ApiReply::json(&json!({"width": width, "depth": depth, "count": count})),
+            Response::TopkAdded(expelled) => {
+                let lossy = |e: Vec<u8>| String::from_utf8_lossy(&e).into_owned();
+                let expelled: Vec<Option<String>> =
+                    expelled.into_iter().map(|e| e.map(lossy)).collect();
+                ApiReply::json(&json!({ "expelled": expelled }))
+            }
+            Response::TopkQueried { listed, counts } => {
+                ApiReply::json(&json!({ "listed": listed, "count": counts }))
+            }
+            Response::TopkList { items, .. } => {
+                let (items, counts): (Vec<String>, Vec<u64>) = items
+                    .into_iter()
+                    .map(|(i, n)| (String::from_utf8_lossy(&i).into_owned(), n))
+                    .unzip();
+                ApiReply::json(&json!({ "items": items, "count": counts }))
+            }
+            Response::TopkInfo {
+                k,
+                width,
+                depth,
+                decay,
+            } => ApiReply::json(&json!({"k": k, "width": width, "depth": depth, "decay": decay})),
         }
     }
 
@@ -296,6 +318,17 @@ pub(crate) fn nats_request(
         Op::CmsIncrBy => crate::replica::sketch::incr_by_request(items()?, ack)?,
         Op::CmsQuery => Request::CmsQuery { items: items()? },
         Op::CmsInfo => Request::CmsInfo,
+        Op::TopkAdd => {
+            let items = items()?;
+            Request::TopkAdd {
+                increments: vec![1; items.len()],
+                items,
+                ack,
+            }
+        }
+        Op::TopkQuery => Request::TopkQuery { items: items()? },
+        Op::TopkList => Request::TopkList { with_count: true },
+        Op::TopkInfo => Request::TopkInfo,
     };
     Ok((request, format))
 }

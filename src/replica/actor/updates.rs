@@ -125,7 +125,7 @@ impl Updates {
     /// Whether `op` adds to a kind without tags or removes: what may be applied outside the
     /// actor, which issues tags.
     fn grow_only_add(&self, op: Op) -> bool {
-        matches!(op, Op::Add | Op::MAdd | Op::CmsIncrBy)
+        matches!(op, Op::Add | Op::MAdd | Op::CmsIncrBy | Op::TopkAdd)
             && !self.kind().tagged()
             && !self.kind().removable()
     }
@@ -275,6 +275,21 @@ impl Updates {
                     false => self.unchanged_under(lock, durable),
                 };
                 Ok(applied(changed, Response::CmsIncremented(counts), commit))
+            }
+            Request::TopkAdd {
+                items, increments, ..
+            } => {
+                let Some(mut f) = self.filter_write(lock)? else {
+                    return Ok(None);
+                };
+                let (max, telemetry) = (self.shared.limits.max_item_bytes, self.telemetry());
+                let (expelled, changed) =
+                    crate::replica::topk::add(&mut f, items, increments, max, telemetry)?;
+                let commit = match changed {
+                    true => self.changed_under(&f, lock, durable),
+                    false => self.unchanged_under(lock, durable),
+                };
+                Ok(applied(changed, Response::TopkAdded(expelled), commit))
             }
             other => unreachable!("{:?} is not an update", other.op()),
         }
