@@ -13,7 +13,7 @@
 //! bits), which measured 1.35x the standard filter's FPR at 1% and 3.1x at 0.1%, where
 //! independent positions give the 1.15x and 1.6x that theory predicts.
 //!
-//! Layouts ([`BlockedLayout`]): one block per item, or two. In one block the FPR's excess
+//! Layouts ([`BlockedLayout`]): one block per item, or two, three or four. In one block the FPR's excess
 //! comes from the spread of the blocks' loads (Poisson, `512/c` items per block at `c` bits
 //! per item), and it grows as the target falls (theory: 1.15x at 1%, 1.6x at 0.1%, 2.8x at
 //! 0.01%; measured 1.17x, 1.64x, 2.96x). Splitting the `k` bits over two independent blocks
@@ -22,10 +22,12 @@
 //! that pass the first block: present items; an absent one passes its first block's `⌈k/2⌉`
 //! bits at half load with probability about `2^-⌈k/2⌉`. Larger blocks do less for the same
 //! reads (simulated: 1024 bits, two adjacent lines, give 1.3x at 0.1% and 1.8-1.9x at
-//! 0.01%), and so does a better `k` per block (3% at most). A spec takes two
-//! blocks below a target of 0.5% ([`BlockedLayout::for_fpr`]), where one block's excess passes
-//! 1.25x; one block at 0.5% and above, where it is within the specification's 1.15-1.3x and a
-//! present item costs one line.
+//! 0.01%), and so does a better `k` per block (3% at most). Three and four blocks (`k/b` bits
+//! each) average more loads: at 0.01% three give 1.12x where two give 1.40x, at 0.001% four
+//! give 1.02x. A spec takes one block at 0.5% and above, where it is within the
+//! specification's 1.15-1.3x and a present item costs one line; two below 0.5%, where one
+//! block's excess passes 1.25x; three below 0.05% and four below 0.005%, where the fewer
+//! blocks' excess passes 1.15x in theory ([`BlockedLayout::for_fpr`]).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
