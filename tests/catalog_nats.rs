@@ -81,23 +81,12 @@ impl Node {
 
     /// One RESP command to this node (a fresh connection), its reply or error text.
     fn resp(&self, args: &[&str]) -> Result<redis::Value, String> {
-        let client = redis::Client::open(format!("redis://{}/", self.resp)).unwrap();
-        let mut con = client
-            .get_connection_with_timeout(Duration::from_secs(2))
-            .map_err(|e| e.to_string())?;
-        let mut cmd = redis::cmd(args[0]);
-        for a in &args[1..] {
-            cmd.arg(*a);
-        }
-        cmd.query(&mut con).map_err(|e| e.to_string())
+        nats_harness::resp_command(&self.resp, args)
     }
 
     /// Whether this node answers `BF.EXISTS filter item` with 1.
     fn has(&self, filter: &str, item: &str) -> bool {
-        matches!(
-            self.resp(&["BF.EXISTS", filter, item]),
-            Ok(redis::Value::Int(1))
-        )
+        nats_harness::resp_has(&self.resp, filter, item)
     }
 
     /// Whether this node no longer has `filter` (`EXISTS` 0, and an add that must not create

@@ -193,7 +193,7 @@ fn with_sketch<T>(handle: &ReplicaHandle, f: impl FnOnce(&CountMinSketch) -> T) 
 
 /// `Redis`'s integer parse (`RedisModule_StringToLongLong`): an optional `-`, digits, no
 /// spaces, no `+`, within `i64`.
-fn parse_i64(b: &[u8]) -> Option<i64> {
+pub(super) fn parse_i64(b: &[u8]) -> Option<i64> {
     let s = std::str::from_utf8(b).ok()?;
     if s.is_empty() || s.starts_with('+') || s.len() > 20 {
         return None;
@@ -202,7 +202,7 @@ fn parse_i64(b: &[u8]) -> Option<i64> {
 }
 
 /// `RedisModule_StringToDouble`: a float with nothing around it.
-fn parse_f64(b: &[u8]) -> Option<f64> {
+pub(super) fn parse_f64(b: &[u8]) -> Option<f64> {
     let s = std::str::from_utf8(b).ok()?;
     if s.is_empty() || s.trim() != s {
         return None;

@@ -27,6 +27,7 @@
 use bytes::Bytes;
 
 use super::Keyspace;
+use super::cms::{parse_f64, parse_i64};
 use super::commands::{Command, KeyCommand, WRONGTYPE};
 use super::parse::Args;
 use super::reply::Reply;
@@ -198,24 +199,6 @@ fn clamp(n: u64) -> i64 {
 
 fn error(text: &str) -> Reply {
     Reply::Error(text.to_string())
-}
-
-/// `RedisModule_StringToLongLong`.
-fn parse_i64(b: &[u8]) -> Option<i64> {
-    let s = std::str::from_utf8(b).ok()?;
-    if s.is_empty() || s.starts_with('+') || s.len() > 20 {
-        return None;
-    }
-    s.parse().ok()
-}
-
-/// `RedisModule_StringToDouble`.
-fn parse_f64(b: &[u8]) -> Option<f64> {
-    let s = std::str::from_utf8(b).ok()?;
-    if s.is_empty() || s.trim() != s {
-        return None;
-    }
-    s.parse::<f64>().ok().filter(|v| !v.is_nan())
 }
 
 /// Runs a `TOPK.*` command; `ack`: the connection's level for its updates.

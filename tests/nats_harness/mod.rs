@@ -685,3 +685,25 @@ mod procs {
         }
     }
 }
+
+/// One RESP command to the server at `addr` (a fresh connection): its reply, or the error's
+/// text.
+pub(crate) fn resp_command(addr: &str, args: &[&str]) -> Result<redis::Value, String> {
+    let client = redis::Client::open(format!("redis://{addr}/")).unwrap();
+    let mut con = client
+        .get_connection_with_timeout(std::time::Duration::from_secs(2))
+        .map_err(|e| e.to_string())?;
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(&mut con).map_err(|e| e.to_string())
+}
+
+/// Whether the server at `addr` answers `BF.EXISTS filter item` with 1.
+pub(crate) fn resp_has(addr: &str, filter: &str, item: &str) -> bool {
+    matches!(
+        resp_command(addr, &["BF.EXISTS", filter, item]),
+        Ok(redis::Value::Int(1))
+    )
+}
