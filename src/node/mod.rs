@@ -6,6 +6,7 @@ pub mod catalog_api;
 mod config;
 mod demo;
 pub mod exporter;
+pub(crate) mod follow;
 mod foreign;
 mod host;
 mod inspect;

@@ -34,9 +34,11 @@
 //! `cargo test --release --lib sim::` runs [`DEFAULT_SEEDS`] seeds; `CRPF_SIM_SEEDS=<n>` runs
 //! `n`, `CRPF_SIM_SEED=<seed>` replays one (a failure prints its seed and its last events).
 
+mod catalog;
 mod disk;
 mod world;
 
+pub(crate) use catalog::{CatalogOutcome, CatalogPlan, run_catalog};
 pub(crate) use disk::SimDisk;
 pub(crate) use world::{Plan, run};
 

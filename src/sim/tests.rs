@@ -222,3 +222,58 @@ fn survey() {
         eprintln!("{n:5} {k} (first seed {first})");
     }
 }
+
+/// Nodes following one catalog through lost stores, strangers, cut links and restarts.
+#[test]
+fn nodes_follow_the_catalog_through_lost_stores_and_strangers() {
+    let mut total = CatalogOutcome::default();
+    let mut runs = 0;
+    for seed in seeds() {
+        let out = run_catalog(&CatalogPlan::new(seed));
+        if let Some(v) = out.violation {
+            panic!("seed {seed} (replay: CRPF_SIM_SEED={seed}): {v}");
+        }
+        runs += 1;
+        total.creates += out.creates;
+        total.drops += out.drops;
+        total.store_losses += out.store_losses;
+        total.stranger_writes += out.stranger_writes;
+        total.offered_back += out.offered_back;
+    }
+    eprintln!(
+        "catalog simulation: {runs} seeds, {} creates, {} drops, {} stores lost, {} stranger \
+         writes, {} filters offered back",
+        total.creates, total.drops, total.store_losses, total.stranger_writes, total.offered_back
+    );
+    assert!(total.store_losses > 0 && total.offered_back > 0 && total.stranger_writes > 0);
+}
+
+/// The defects of before, each found: a lost catalog deleting every filter, a stranger's
+/// delete dropping one, and generations that a lost store gave out again.
+#[test]
+fn the_catalog_simulation_finds_the_defects_of_before() {
+    type Before = fn(&mut CatalogPlan);
+    let befores: [(&str, Before); 3] = [
+        ("a start moves aside what the catalog does not list", |p| {
+            p.absent_is_dropped = true
+        }),
+        ("records taken without a seal", |p| {
+            p.unsealed_trusted = true
+        }),
+        ("generations from the store's revisions", |p| {
+            p.revision_generations = true
+        }),
+    ];
+    for (before, set) in befores {
+        let found = (0..200).find_map(|seed| {
+            let mut plan = CatalogPlan::new(seed);
+            set(&mut plan);
+            run_catalog(&plan).violation.map(|v| (seed, v))
+        });
+        let (seed, v) = found.unwrap_or_else(|| panic!("not found in 200 seeds: {before}"));
+        eprintln!(
+            "{before}: found at seed {seed}: {}",
+            v.lines().next().unwrap_or("")
+        );
+    }
+}

@@ -84,13 +84,31 @@ pub(crate) struct StoredEntry {
     pub seal: Option<String>,
 }
 
+/// Generations from here up were chosen by their create and sealed into its record
+/// ([`StoredEntry::created`]); below, a generation is the store's revision of a create made
+/// before (a replay of such a record written again gets a new one).
+pub(crate) const CHOSEN_GENERATIONS: u64 = 1 << 40;
+
+/// Whether `generation` was chosen by its create (see [`CHOSEN_GENERATIONS`]): then no
+/// stranger can have made it, and a later one is a key holder's create of the name.
+pub(crate) fn chosen_generation(generation: u64) -> bool {
+    generation >= CHOSEN_GENERATIONS
+}
+
 impl StoredEntry {
-    /// The entry a create writes, following the drop of `replaces`.
-    pub(crate) fn created(spec: FilterSpec, replaces: Option<u64>) -> Self {
+    /// The entry a create writes at `now_ms`, following the drop of `replaces`. Its
+    /// generation is the time of the create (past the one it replaces), sealed with the
+    /// entry: a store that lost everything starts its revisions again, so revisions would
+    /// give a name's new filter the generation of an old one, whose replicas, records and
+    /// drops would then pass for the new one's.
+    pub(crate) fn created(spec: FilterSpec, replaces: Option<u64>, now_ms: u64) -> Self {
+        // (A keyless store's bare delete drops every generation: `u64::MAX`.)
+        let after_drop = replaces.filter(|&r| r != u64::MAX).map_or(0, |r| r + 1);
+        let generation = now_ms.max(after_drop).max(CHOSEN_GENERATIONS);
         StoredEntry {
             spec,
-            created_ms: now_ms(),
-            generation: None,
+            created_ms: now_ms,
+            generation: Some(generation),
             replaces,
             key: None,
             expires_ms: None,
@@ -244,6 +262,34 @@ impl Seal {
             return Opened::Rejected("malformed");
         }
         Opened::Live(e.entry(name.to_string(), revision))
+    }
+}
+
+impl Seal {
+    /// What a record of `name` written at `revision` says: its bytes, or a bare KV delete
+    /// (`None`): a drop of any generation in a keyless cluster, nothing in one with a key.
+    pub(crate) fn open_record(&self, name: &str, value: Option<&[u8]>, revision: u64) -> Opened {
+        match value {
+            Some(value) => self.open(name, value, revision),
+            None if self.sealing() => Opened::Rejected("unsigned_drop"),
+            None => Opened::Dropped {
+                generation: u64::MAX,
+            },
+        }
+    }
+}
+
+impl Opened {
+    /// The change a watch reports for this record of `name`.
+    pub(crate) fn change(self, name: String) -> CatalogChange {
+        match self {
+            Opened::Live(entry) => CatalogChange::Put(entry),
+            Opened::Dropped { generation } => CatalogChange::Dropped {
+                name,
+                generation: (generation != u64::MAX).then_some(generation),
+            },
+            Opened::Rejected(reason) => CatalogChange::Rejected { name, reason },
+        }
     }
 }
 
@@ -456,6 +502,13 @@ pub(crate) fn reoffer_step(
             Err(Reoffered::Dropped(generation))
         }
         Some(Opened::Dropped { .. }) => Ok(()),
+        // An older generation listed (a record written again over the offered one's): the
+        // offered one, a key holder's later create, takes the name back.
+        Some(Opened::Live(entry))
+            if entry.generation < offered.generation && chosen_generation(offered.generation) =>
+        {
+            Ok(())
+        }
         Some(Opened::Live(entry)) => Err(Reoffered::Listed(entry)),
     }
 }
@@ -581,7 +634,7 @@ impl Catalog for MemoryCatalog {
             CreateStep::Done(created) => Ok(created),
             CreateStep::Refused(e) => Err(e),
             CreateStep::Write { replaces } => {
-                let stored = StoredEntry::created(spec, replaces);
+                let stored = StoredEntry::created(spec, replaces, now_ms());
                 let generation = s.write(&name, self.seal.entry(&name, stored.clone()));
                 Ok(Created {
                     entry: stored.entry(name, generation),

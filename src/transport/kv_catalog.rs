@@ -111,21 +111,12 @@ impl KvCatalog {
         let found = super::nats::leader_raw(store, name)
             .await
             .map_err(|e| unavailable("reading the catalog", e))?;
-        Ok(found.map(|(value, revision)| match value {
-            Some(value) => (self.seal.open(name, &value, revision), revision),
-            // A bare KV delete: a drop in a keyless cluster, nothing in one with a key.
-            None => (self.bare_delete(), revision),
+        Ok(found.map(|(value, revision)| {
+            (
+                self.seal.open_record(name, value.as_deref(), revision),
+                revision,
+            )
         }))
-    }
-
-    fn bare_delete(&self) -> Opened {
-        if self.seal.sealing() {
-            Opened::Rejected("unsigned_drop")
-        } else {
-            Opened::Dropped {
-                generation: u64::MAX,
-            }
-        }
     }
 
     /// Writes `value` under `name` where the record at `revision` (none: no record) still is.
@@ -165,7 +156,7 @@ impl KvCatalog {
                     CreateStep::Refused(e) => return Err(e),
                     CreateStep::Write { replaces } => replaces,
                 };
-                let stored = StoredEntry::created(spec.clone(), replaces);
+                let stored = StoredEntry::created(spec.clone(), replaces, now_ms());
                 let value = self.seal.entry(&name, stored.clone());
                 if let Some(generation) = Self::write(&store, &name, value, revision).await? {
                     let entry = stored.entry(name, generation);
@@ -270,21 +261,13 @@ impl KvCatalog {
     }
 
     fn change(&self, e: kv::Entry) -> CatalogChange {
-        let opened = match e.operation {
-            kv::Operation::Put => self.seal.open(&e.key, &e.value, e.revision),
-            kv::Operation::Delete | kv::Operation::Purge => self.bare_delete(),
+        let value = match e.operation {
+            kv::Operation::Put => Some(&e.value[..]),
+            kv::Operation::Delete | kv::Operation::Purge => None,
         };
-        match opened {
-            Opened::Live(entry) => CatalogChange::Put(entry),
-            Opened::Dropped { generation } => CatalogChange::Dropped {
-                name: e.key,
-                generation: (generation != u64::MAX).then_some(generation),
-            },
-            Opened::Rejected(reason) => CatalogChange::Rejected {
-                name: e.key,
-                reason,
-            },
-        }
+        self.seal
+            .open_record(&e.key, value, e.revision)
+            .change(e.key.clone())
     }
 
     /// Whether the bucket holds nothing (a fresh look: `Store::status` answers the info

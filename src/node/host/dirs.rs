@@ -11,13 +11,8 @@ use futures::StreamExt;
 
 use super::{CATALOG_CHANGES, Inner, PARALLEL_CHANGES};
 use crate::names::is_subject_name;
+use crate::node::follow::{DirStep, Offered, dir_step, offered_step};
 use crate::transport::{Catalog, CatalogEntry};
-
-/// Whether `entry` was created after the drop of `generation` of its name (so that
-/// generation is gone for good).
-pub(super) fn follows_drop_of(entry: &CatalogEntry, generation: u64) -> bool {
-    entry.generation > generation && entry.replaces.is_some_and(|r| r >= generation)
-}
 
 /// Subject names longer than this get a hashed data directory ([`incarnation_dir`]): a
 /// directory entry is at most 255 bytes on most file systems, and the generation (and, in
@@ -188,17 +183,21 @@ impl Inner {
             if self.configured.contains(name) {
                 continue;
             }
-            match live.get(name) {
-                Some(e) if e.generation == generation => continue,
-                Some(e) if follows_drop_of(e, generation) => {
+            match dir_step(
+                generation,
+                live.get(name).copied(),
+                listing.dropped.get(name).copied(),
+            ) {
+                DirStep::Listed => continue,
+                DirStep::Dropped => {
                     move_aside(&base, &dir, "dropped while this node was down");
                     continue;
                 }
-                _ => {}
-            }
-            if listing.dropped.get(name).is_some_and(|&g| g >= generation) {
-                move_aside(&base, &dir, "dropped while this node was down");
-                continue;
+                DirStep::Superseded => {
+                    move_aside(&base, &dir, "created anew while the catalog had lost it");
+                    continue;
+                }
+                DirStep::Offer => {}
             }
             match read_entry_file(&d.path(), name, generation) {
                 Some(entry) => unknown.push((dir, entry)),
@@ -213,44 +212,48 @@ impl Inner {
             async move { (dir, entry.clone(), catalog.reoffer(entry).await) }
         });
         let mut offers = futures::stream::iter(offers).buffer_unordered(PARALLEL_CHANGES);
-        let mut restored = Vec::new();
+        let mut restored_entries = Vec::new();
         while let Some((dir, entry, answer)) = offers.next().await {
+            let answer = answer.map(|answer| {
+                let restored = matches!(answer, crate::transport::Reoffered::Restored);
+                let listed = match &answer {
+                    crate::transport::Reoffered::Listed(e) => Some(e.generation),
+                    _ => None,
+                };
+                (offered_step(&entry, answer), restored, listed)
+            });
             match answer {
-                Ok(crate::transport::Reoffered::Restored) => {
-                    metrics::counter!(CATALOG_CHANGES, "change" => "offered_back").increment(1);
-                    tracing::info!(
-                        filter = entry.name,
-                        generation = entry.generation,
-                        "offered a filter the catalog did not list back to it"
-                    );
-                    restored.push(entry);
-                }
-                Ok(crate::transport::Reoffered::Dropped(_)) => {
-                    move_aside(&base, &dir, "dropped while this node was down");
-                }
-                Ok(crate::transport::Reoffered::Listed(e))
-                    if follows_drop_of(&e, entry.generation) =>
-                {
-                    move_aside(&base, &dir, "dropped while this node was down");
-                }
-                Ok(crate::transport::Reoffered::Listed(e)) => {
-                    if e.generation != entry.generation {
-                        tracing::warn!(
+                Ok((Offered::Host(e), restored, _)) => {
+                    if restored {
+                        metrics::counter!(CATALOG_CHANGES, "change" => "offered_back").increment(1);
+                        tracing::info!(
                             filter = entry.name,
-                            kept = entry.generation,
-                            listed = e.generation,
-                            "the catalog lists another incarnation of a filter this node has data of: kept, not hosted"
+                            generation = entry.generation,
+                            "offered a filter the catalog did not list back to it"
                         );
-                    } else {
-                        restored.push(e);
                     }
+                    restored_entries.push(e);
+                }
+                Ok((Offered::Dropped, ..)) => {
+                    move_aside(&base, &dir, "dropped while this node was down");
+                }
+                Ok((Offered::Superseded, ..)) => {
+                    move_aside(&base, &dir, "created anew while the catalog had lost it");
+                }
+                Ok((Offered::Kept, _, listed)) => {
+                    tracing::warn!(
+                        filter = entry.name,
+                        kept = entry.generation,
+                        listed,
+                        "the catalog lists another incarnation of a filter this node has data of: kept, not hosted"
+                    );
                 }
                 Err(e) => {
                     tracing::warn!(filter = entry.name, error = %e, "could not offer a filter back to the catalog: its data is kept");
                 }
             }
         }
-        restored
+        restored_entries
     }
 }
 

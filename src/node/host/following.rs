@@ -10,10 +10,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 
-use super::dirs::{
-    follows_drop_of, incarnation_dir, move_aside, read_entry_file, write_entry_file,
-};
+use super::dirs::{incarnation_dir, move_aside, read_entry_file, write_entry_file};
 use super::{CATALOG_CHANGES, CATALOG_ERRORS, Inner, PARALLEL_CHANGES, PARKED_FILTERS};
+use crate::node::follow::{FollowStep, follow_step, lost_by_catalog};
 use crate::node::table::Filter;
 use crate::replica::{Replica, ReplicaConfig, ReplicaError, ReplicaHandle, SharedId};
 use crate::transport::catalog::CatalogWatch;
@@ -146,33 +145,8 @@ impl Inner {
         }
     }
 
-    /// Hosts the filter of `entry` (stopping an older generation of the name first).
+    /// Starts and hosts the replica of `entry` (whatever of its name was hosted stopped).
     pub(super) async fn host(self: &Arc<Self>, entry: CatalogEntry) {
-        if self.configured.contains(&entry.name) {
-            tracing::warn!(
-                filter = entry.name,
-                "the catalog has a filter of this node's configuration file: the configured one stays"
-            );
-            return;
-        }
-        let current = self
-            .table
-            .read()
-            .expect("table lock")
-            .hosted(&entry.name)
-            .map(|h| h.generation);
-        match current {
-            Some(g) if g == entry.generation => return self.expiry_changed(&entry).await,
-            Some(g) if g > entry.generation => return,
-            // A later generation takes the name only after the drop of the hosted one: a
-            // sealed entry written again (a replay) is no drop.
-            Some(g) if !follows_drop_of(&entry, g) => {
-                self.rejected(&entry.name, "replaced_without_drop").await;
-                return;
-            }
-            Some(_) => self.unhost(&entry.name).await,
-            None => {}
-        }
         let mut cfg = self.replica_config(&entry.name, entry.spec.clone(), entry.generation);
         let age_ms = crate::transport::catalog::now_ms().saturating_sub(entry.created_ms);
         cfg.new_incarnation = age_ms < cfg.catch_up_timeout_ms;
@@ -327,24 +301,34 @@ impl Inner {
         metrics::counter!(CATALOG_CHANGES, "change" => "stopped").increment(1);
     }
 
+    /// Carries out what [`follow_step`] decides for `change`; answers the name it was of.
     pub(super) async fn apply(self: Arc<Self>, change: CatalogChange) -> String {
-        match change {
-            CatalogChange::Put(entry) => {
-                let name = entry.name.clone();
+        let name = change_name(&change).to_string();
+        let hosted = {
+            let table = self.table.read().expect("table lock");
+            table.hosted(&name).map(|h| h.generation)
+        };
+        let configured = self.configured.contains(&name);
+        match (follow_step(hosted, configured, &change), change) {
+            (FollowStep::Host, CatalogChange::Put(entry)) => self.host(entry).await,
+            (FollowStep::Replace, CatalogChange::Put(entry)) => {
+                self.unhost(&name).await;
                 self.host(entry).await;
-                name
             }
-            CatalogChange::Dropped { name, generation } => {
+            (FollowStep::Refresh, CatalogChange::Put(entry)) => self.expiry_changed(&entry).await,
+            (FollowStep::Unhost, CatalogChange::Dropped { generation, .. }) => {
                 self.unhost_generation(&name, generation).await;
-                name
             }
-            CatalogChange::Rejected { name, reason } => {
-                self.rejected(&name, reason).await;
-                name
+            (FollowStep::Reject(reason), _) => self.rejected(&name, reason).await,
+            (FollowStep::Nothing, CatalogChange::Put(_)) if configured => {
+                tracing::warn!(
+                    filter = name,
+                    "the catalog has a filter of this node's configuration file: the configured one stays"
+                );
             }
-            // Not queued by name (see `follow`).
-            CatalogChange::Current => String::new(),
+            _ => {}
         }
+        name
     }
 }
 
@@ -400,6 +384,9 @@ pub(super) async fn follow(
     let mut delay = Duration::from_millis(100);
     let mut first = first;
     while !inner.stopping.load(Ordering::SeqCst) {
+        // The start matched the data directories with the first part of the watch it
+        // handed over; every later watch's first part is matched with them here.
+        let matched_at_start = first.is_some();
         let watched = match first.take() {
             Some(watch) => Ok(watch),
             None => catalog.watch().await,
@@ -422,13 +409,25 @@ pub(super) async fn follow(
         let mut running = FuturesUnordered::new();
         let mut watching = true;
         // The names the watch's first part had a record of: a hosted filter not among them
-        // is one the catalog lost (a lost bucket), offered back.
+        // is one the catalog lost (a lost bucket), offered back. And the first part itself,
+        // to match the data directories with.
         let mut recorded = Some(HashSet::new());
+        let mut first_part = (!matched_at_start).then(crate::transport::Listing::default);
         while watching || !running.is_empty() {
             tokio::select! {
                 next = watch.next(), if watching && running.len() < PARALLEL_CHANGES => {
                     match next {
                         Some(Ok(CatalogChange::Current)) => {
+                            // A directory whose record the catalog lost since the node
+                            // last matched them (before it hosted it) is offered back too.
+                            if let Some(listing) = first_part.take() {
+                                // Offered back: hosted as the watch brings their records.
+                                let inner = inner.clone();
+                                let catalog = catalog.clone();
+                                tokio::spawn(async move {
+                                    inner.reconcile_dirs(&catalog, &listing).await;
+                                });
+                            }
                             if let Some(recorded) = recorded.take() {
                                 let lost: Vec<String> = inner
                                     .table
@@ -436,7 +435,7 @@ pub(super) async fn follow(
                                     .expect("table lock")
                                     .iter_hosted()
                                     .map(|(n, ..)| n)
-                                    .filter(|n| !recorded.contains(*n) && !inner.configured.contains(*n))
+                                    .filter(|n| lost_by_catalog(recorded.contains(*n), inner.configured.contains(*n)))
                                     .cloned()
                                     .collect();
                                 if !lost.is_empty() {
@@ -457,6 +456,9 @@ pub(super) async fn follow(
                         Some(Ok(change)) => {
                             if let Some(recorded) = &mut recorded {
                                 recorded.insert(change_name(&change).to_string());
+                            }
+                            if let Some(listing) = &mut first_part {
+                                listing.add(change.clone());
                             }
                             inner.saw(&change);
                             let name = change_name(&change).to_string();
