@@ -60,6 +60,7 @@ pub mod service;
 mod shared_id;
 pub(crate) mod sketch;
 mod ticks;
+pub(crate) mod tdigest;
 pub(crate) mod topk;
 pub mod wal;
 
