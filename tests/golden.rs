@@ -124,7 +124,11 @@ const GOLDEN: &[(FilterKind, Pin, Pin)] = &[
     ),
     // Issue 50: compression 64, one writer's part of one segment (the three items as
     // little-endian integers, unmerged).
-    (FilterKind::TDigest, (0, 0), (0, 0)),
+    (
+        FilterKind::TDigest,
+        (78, 15098792576921975687),
+        (71, 9341505757091838616),
+    ),
 ];
 
 #[test]
