@@ -12,7 +12,10 @@ use crpf::{DeltaState, Lattice, TDigest, TdigestParams};
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let compression: u32 = args[0].parse().expect("a compression");
-    let qs: Vec<f64> = args[1..].iter().map(|a| a.parse().expect("a quantile")).collect();
+    let qs: Vec<f64> = args[1..]
+        .iter()
+        .map(|a| a.parse().expect("a quantile"))
+        .collect();
     let values: Vec<f64> = std::io::stdin()
         .lock()
         .lines()

@@ -3,7 +3,7 @@
 RedisBloom's (one key, and TDIGEST.MERGE of three keys), the same compression, the same
 seeded stream, in one run.
 
-    PYTHONPATH=.tools/py scripts/tdigest-accuracy.py REDIS_PORT [COMPRESSION N DIST]
+    PYTHONPATH=.tools/py scripts/tdigest-accuracy.py REDIS_PORT [COMPRESSION N DIST SEED]
 
 DIST is `lognormal` (latencies: mu 3, sigma 1; the default) or `uniform`. crpf's side runs
 `target/release/examples/tdigest_accuracy` (cargo build --release --example
@@ -24,8 +24,9 @@ redis_port = int(sys.argv[1])
 compression = int(sys.argv[2]) if len(sys.argv) > 2 else 100
 n = int(sys.argv[3]) if len(sys.argv) > 3 else 1_000_000
 dist = sys.argv[4] if len(sys.argv) > 4 else "lognormal"
+seed = int(sys.argv[5]) if len(sys.argv) > 5 else 50
 qs = [0.5, 0.99, 0.999]
-rng = random.Random(50)
+rng = random.Random(seed)
 if dist == "lognormal":
     values = [rng.lognormvariate(3.0, 1.0) for _ in range(n)]
 else:
@@ -78,10 +79,12 @@ r.execute_command("TDIGEST.MERGE", "acc3", 3, "acc0", "acc1", "acc2", "COMPRESSI
 for name, key in [("redisbloom alone", "acc"), ("redisbloom three", "acc3")]:
     est = [float(v) for v in r.execute_command("TDIGEST.QUANTILE", key, *qs)]
     info = r.execute_command("TDIGEST.INFO", key)
-    info = dict(zip(info[::2], info[1::2]))
-    results[name] = (int(info[b"Merged nodes"]) + int(info[b"Unmerged nodes"]), est)
+    if not isinstance(info, dict):
+        info = dict(zip(info[::2], info[1::2]))
+    info = {(k.decode() if isinstance(k, bytes) else k): v for k, v in info.items()}
+    results[name] = (int(info["Merged nodes"]) + int(info["Unmerged nodes"]), est)
 
-print(f"{n} values ({dist}), compression {compression}")
+print(f"{n} values ({dist}, seed {seed}), compression {compression}")
 print(f"{'digest':<18} {'centroids':>9} " + " ".join(f"{'p' + str(q * 100).rstrip('0').rstrip('.'):>20}" for q in qs))
 for name, (centroids, est) in results.items():
     cells = [f"{v:.2e} (rank {rk:.1e})" for v, rk in errors(est)]

@@ -1695,7 +1695,10 @@ fn run_tdigest_resets(ops: Vec<TdOp>, full_states: bool) {
                 let before = reps[r].clone();
                 reps[r].reset();
                 assert!(before.le(&reps[r]), "a reset inflates");
-                assert!(td_values(&reps[r]).is_empty(), "a reset empties its replica");
+                assert!(
+                    td_values(&reps[r]).is_empty(),
+                    "a reset empties its replica"
+                );
                 for w in 0..3 {
                     removed[r][w] = removed[r][w].max(seen[r][w]);
                 }
@@ -1746,7 +1749,10 @@ fn run_tdigest_resets(ops: Vec<TdOp>, full_states: bool) {
                 .collect();
             for v in &got {
                 let (w, n) = ((v / 1000 - 1) as usize, v % 1000);
-                assert!(n > removed[t][w], "replica {t} reads {v}, which a reset removed");
+                assert!(
+                    n > removed[t][w],
+                    "replica {t} reads {v}, which a reset removed"
+                );
             }
             if exact {
                 assert_eq!(got, want, "replica {t}");

@@ -59,8 +59,8 @@ pub(crate) mod recovery;
 pub mod service;
 mod shared_id;
 pub(crate) mod sketch;
-mod ticks;
 pub(crate) mod tdigest;
+mod ticks;
 pub(crate) mod topk;
 pub mod wal;
 

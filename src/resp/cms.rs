@@ -169,8 +169,7 @@ pub fn in_family(kind: FilterKind, bloom: bool) -> bool {
     !matches!(
         kind,
         FilterKind::CountMinSketch | FilterKind::TopK | FilterKind::TDigest
-    )
-        && super::redisbloom::is_bloom(kind) == bloom
+    ) && super::redisbloom::is_bloom(kind) == bloom
 }
 
 fn error(text: &str) -> Reply {

@@ -128,14 +128,17 @@ fn with_digest<T>(handle: &ReplicaHandle, f: impl FnOnce(&TDigest) -> T) -> T {
 
 /// RedisBloom's `RMUtil_ArgIndex`: where `word` is among `args`, any case.
 fn arg_index(args: &[Bytes], word: &str) -> Option<usize> {
-    args.iter().position(|a| a.eq_ignore_ascii_case(word.as_bytes()))
+    args.iter()
+        .position(|a| a.eq_ignore_ascii_case(word.as_bytes()))
 }
 
 /// A compression argument, or RedisBloom's refusal.
 fn compression(arg: &[u8]) -> Result<i64, Reply> {
     match parse_i64(arg) {
         None => Err(error("error parsing compression parameter")),
-        Some(c) if c <= 0 => Err(error("compression parameter needs to be a positive integer")),
+        Some(c) if c <= 0 => Err(error(
+            "compression parameter needs to be a positive integer",
+        )),
         Some(c) => Ok(c),
     }
 }
@@ -185,7 +188,9 @@ pub async fn run(lookup: &dyn Keyspace, cmd: TdigestCommand, ack: Option<AckLeve
                 bounds: None,
                 ack: None,
             };
-            update(&handle, request, ack).await.unwrap_or(Reply::Simple("OK"))
+            update(&handle, request, ack)
+                .await
+                .unwrap_or(Reply::Simple("OK"))
         }
         Verb::Reset => update(&handle, Request::TdigestReset { ack: None }, ack)
             .await
@@ -204,7 +209,10 @@ pub async fn run(lookup: &dyn Keyspace, cmd: TdigestCommand, ack: Option<AckLeve
             doubles(with_digest(&handle, |t| t.view().quantiles(&qs)))
         }
         Verb::Cdf => {
-            let Some(values) = args.iter().map(|a| parse_f64(a)).collect::<Option<Vec<_>>>()
+            let Some(values) = args
+                .iter()
+                .map(|a| parse_f64(a))
+                .collect::<Option<Vec<_>>>()
             else {
                 return error("error parsing cdf");
             };
@@ -235,7 +243,10 @@ pub async fn run(lookup: &dyn Keyspace, cmd: TdigestCommand, ack: Option<AckLeve
             Reply::Double(with_digest(&handle, |t| t.view().trimmed_mean(low, high)))
         }
         Verb::Rank | Verb::RevRank => {
-            let Some(values) = args.iter().map(|a| parse_f64(a)).collect::<Option<Vec<_>>>()
+            let Some(values) = args
+                .iter()
+                .map(|a| parse_f64(a))
+                .collect::<Option<Vec<_>>>()
             else {
                 return error("error parsing value");
             };
@@ -259,7 +270,12 @@ pub async fn run(lookup: &dyn Keyspace, cmd: TdigestCommand, ack: Option<AckLeve
             }
             let view = with_digest(&handle, TDigest::view);
             let reverse = verb == Verb::ByRevRank;
-            doubles(ranks.into_iter().map(|r| view.by_rank(r, reverse)).collect())
+            doubles(
+                ranks
+                    .into_iter()
+                    .map(|r| view.by_rank(r, reverse))
+                    .collect(),
+            )
         }
         Verb::Info => with_digest(&handle, info),
         Verb::Create | Verb::Merge => unreachable!("run above"),
@@ -391,9 +407,8 @@ async fn merge(
         Some(d) => d,
         None => {
             // RedisBloom's rule: the compression given, else the sources' largest.
-            let c = chosen.unwrap_or_else(|| {
-                sources.iter().map(|s| i64::from(s.1)).max().unwrap_or(1)
-            });
+            let c =
+                chosen.unwrap_or_else(|| sources.iter().map(|s| i64::from(s.1)).max().unwrap_or(1));
             let Some(spec) = spec(c) else {
                 return error("allocation of destination digest failed");
             };
@@ -426,8 +441,7 @@ async fn merge(
     {
         return error("overflow detected");
     }
-    if over && let Some(refused) = update(&dest, Request::TdigestReset { ack: None }, ack).await
-    {
+    if over && let Some(refused) = update(&dest, Request::TdigestReset { ack: None }, ack).await {
         return refused;
     }
     if !values.is_empty() {
