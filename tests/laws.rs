@@ -1699,8 +1699,8 @@ fn run_tdigest_resets(ops: Vec<TdOp>, full_states: bool) {
                     td_values(&reps[r]).is_empty(),
                     "a reset empties its replica"
                 );
-                for w in 0..3 {
-                    removed[r][w] = removed[r][w].max(seen[r][w]);
+                for (gone, saw) in removed[r].iter_mut().zip(seen[r]) {
+                    *gone = (*gone).max(saw);
                 }
                 reset_since_send[r] = true;
             }
@@ -1718,8 +1718,9 @@ fn run_tdigest_resets(ops: Vec<TdOp>, full_states: bool) {
                     assert!(before.le(&reps[t]), "a delta inflates");
                     seen[t][r] = seen[t][r].max(seen[r][r]);
                     if reset_since_send[r] {
-                        for w in 0..3 {
-                            removed[t][w] = removed[t][w].max(removed[r][w]);
+                        let sent = removed[r];
+                        for (mine, theirs) in removed[t].iter_mut().zip(sent) {
+                            *mine = (*mine).max(theirs);
                         }
                     }
                 }
@@ -1735,9 +1736,12 @@ fn run_tdigest_resets(ops: Vec<TdOp>, full_states: bool) {
                 let before = reps[to].clone();
                 reps[to].merge(&src).unwrap();
                 assert!(before.le(&reps[to]) && src.le(&reps[to]));
-                for w in 0..3 {
-                    seen[to][w] = seen[to][w].max(seen[from][w]);
-                    removed[to][w] = removed[to][w].max(removed[from][w]);
+                let (saw, gone) = (seen[from], removed[from]);
+                for (mine, theirs) in seen[to].iter_mut().zip(saw) {
+                    *mine = (*mine).max(theirs);
+                }
+                for (mine, theirs) in removed[to].iter_mut().zip(gone) {
+                    *mine = (*mine).max(theirs);
                 }
             }
         }

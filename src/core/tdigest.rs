@@ -790,10 +790,9 @@ impl TDigest {
 
     /// The digest reads answer from: the visible segments joined, compressed. One segment
     /// alone is itself compressed (RedisBloom's answers for one writer); several are
-    /// compressed once, every segment's centroids together, which keeps the centroids sized
+    /// compressed once, every segment's centroids together, so that the centroids are sized
     /// for the whole (merging them one by one, as `TDIGEST.MERGE` does, compresses at each
-    /// full buffer: at the median, three times the error for three writers of eight
-    /// segments).
+    /// full buffer for a partial total: BENCHMARKS.md measured the difference).
     pub fn view(&self) -> Digest {
         let segments: Vec<&Digest> = self.visible().filter(|d| d.size() > 0).collect();
         match segments[..] {

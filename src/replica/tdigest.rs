@@ -21,11 +21,14 @@ fn tdigest<'a>(f: &'a AnyFilter, op: &str) -> Result<&'a TDigest, ReplicaError> 
     }
 }
 
+/// What an update adds: `(value, weight)` pairs, and a merged source's min and max.
+pub(crate) type Weighted<'a> = (&'a [(f64, u64)], Option<(f64, f64)>);
+
 /// Adds `values` (and `bounds`) as this replica's under the write lock `f` holds, or resets
 /// (`values` `None`): whether the state changed. A refusal changes nothing.
 pub(crate) fn update(
     f: &mut AnyFilter,
-    values: Option<(&[(f64, u64)], Option<(f64, f64)>)>,
+    values: Option<Weighted<'_>>,
     telemetry: &Telemetry,
 ) -> Result<bool, ReplicaError> {
     let op = if values.is_some() {
