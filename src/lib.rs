@@ -18,6 +18,7 @@
 //! | [`CountingCuckoo`] | CCF (Li, Luo, Guo) | add, remove, count | per-source PN-counters, pointwise max |
 //! | [`CountMinSketch`] | count-min sketch (issue 50) | increment, count, weighted merge | a G-counter per counter by replica, pointwise max |
 //! | [`TopK`] | top-k heavy hitters (issue 50) | add, list, query, count | count-min G-counters and a heap per writer, highest version |
+//! | [`TDigest`] | t-digest (issue 50) | add values, quantile, CDF, rank, reset | a digest per writer (highest version) and reset floors (maximum) |
 //!
 //! ```
 //! use crpf::{GBloom, Lattice, Membership};
@@ -65,6 +66,9 @@ pub use crate::core::bloom::GBloom;
 pub use crate::core::causal::{CausalContext, Dot, MAX_COUNTER, ReplicaId};
 pub use crate::core::cms::{CmsDelta, CmsParams, CountMinSketch};
 pub use crate::core::cuckoo::{GCuckoo, OrCuckoo};
+pub use crate::core::tdigest::{
+    Digest, DigestInfo, PartRepr, SegmentRepr, TDigest, TdigestDelta, TdigestParams,
+};
 pub use crate::core::topk::{HeapRepr, TopK, TopkDelta, TopkParams};
 // Counting cuckoo filter (issue 11).
 pub use crate::core::cuckoo::multiset_sync::MultisetDiff;

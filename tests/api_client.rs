@@ -894,3 +894,136 @@ async fn cms_operations_increment_query_and_describe_a_sketch() {
     assert!(!g.contains(b"a"));
     stop(&[a, b, g]).await;
 }
+
+/// Issue 50: the t-digest's operations over NATS (plain async-nats): `tdigest.add` (a batch
+/// of decimal numbers) acknowledged `replicated` is in the peer's own answers;
+/// `tdigest.quantile`, `tdigest.cdf` and `tdigest.info` read (null for NaN); `tdigest.reset`
+/// removes what its replica saw, on both; a malformed request or another kind is refused
+/// with nothing changed.
+#[actix::test]
+async fn tdigest_operations_add_read_and_reset_a_digest() {
+    let server = NatsServer::start();
+    let c = cfg("latency", FilterKind::TDigest, 100, 0.5);
+    let a = start(c.clone(), &server.url()).await;
+    let b = start(c, &server.url()).await;
+    let deadline = Instant::now() + WAIT;
+    while a.stats().await.unwrap().peers < 1 || b.stats().await.unwrap().peers < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the replicas never heard each other"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ida = a.identity().replica;
+    let idb = b.identity().replica;
+    let nc = async_nats::connect(server.url()).await.unwrap();
+    let on_a = |op: &str| format!("crpf.latency.replica.{ida}.api.{op}");
+    let on_b = |op: &str| format!("crpf.latency.replica.{idb}.api.{op}");
+    let ack = [(ACK_HEADER, "replicated")];
+
+    let m = raw(
+        &nc,
+        on_b("tdigest.quantile"),
+        batch::encode(["0.5"]).unwrap(),
+        &[],
+    )
+    .await;
+    assert_eq!(json_of(&m), json!({"values": [null]}), "empty: NaN");
+    let m = raw(
+        &nc,
+        on_a("tdigest.add"),
+        batch::encode(["1", "2", "3", "4", "5"]).unwrap(),
+        &ack,
+    )
+    .await;
+    assert_eq!(json_of(&m), json!({"ok": true}));
+    // Acknowledged as replicated: B answers from its own state, as RedisBloom would.
+    let qs = batch::encode(["0", "0.5", "0.8", "1"]).unwrap();
+    let m = raw(&nc, on_b("tdigest.quantile"), qs.clone(), &[]).await;
+    assert_eq!(json_of(&m), json!({"values": [1.0, 3.0, 5.0, 5.0]}));
+    let m = raw(
+        &nc,
+        on_b("tdigest.cdf"),
+        batch::encode(["1", "5", "0", "9"]).unwrap(),
+        &[],
+    )
+    .await;
+    assert_eq!(json_of(&m), json!({"values": [0.1, 0.9, 0.0, 1.0]}));
+    let m = raw(
+        &nc,
+        on_b("tdigest.add"),
+        batch::encode(["10"]).unwrap(),
+        &ack,
+    )
+    .await;
+    assert_eq!(json_of(&m), json!({"ok": true}));
+    let m = raw(&nc, on_a("tdigest.info"), vec![], &[]).await;
+    let info = json_of(&m);
+    assert_eq!(info["compression"], 100);
+    assert_eq!(info["observations"], 6);
+    assert_eq!(info["writers"], 2);
+    assert_eq!(
+        (info["min"].clone(), info["max"].clone()),
+        (json!(1.0), json!(10.0))
+    );
+
+    // Refused whole: a value that is not a number, a quantile outside [0, 1].
+    let m = raw(
+        &nc,
+        on_a("tdigest.add"),
+        batch::encode(["7", "x"]).unwrap(),
+        &[],
+    )
+    .await;
+    assert!(error_of(&m).contains("decimal"), "{}", error_of(&m));
+    let m = raw(
+        &nc,
+        on_a("tdigest.add"),
+        batch::encode(["inf"]).unwrap(),
+        &[],
+    )
+    .await;
+    assert!(error_of(&m).contains("finite"), "{}", error_of(&m));
+    let m = raw(
+        &nc,
+        on_a("tdigest.quantile"),
+        batch::encode(["1.5"]).unwrap(),
+        &[],
+    )
+    .await;
+    assert!(error_of(&m).contains("[0, 1]"), "{}", error_of(&m));
+    let m = raw(&nc, on_a("tdigest.info"), vec![], &[]).await;
+    assert_eq!(
+        json_of(&m)["observations"],
+        6,
+        "nothing refused was applied"
+    );
+
+    // A reset at A removes what A saw, on B too once replicated.
+    let m = raw(&nc, on_a("tdigest.reset"), vec![], &ack).await;
+    assert_eq!(json_of(&m), json!({"ok": true}));
+    let m = raw(&nc, on_b("tdigest.info"), vec![], &[]).await;
+    assert_eq!(json_of(&m)["observations"], 0);
+    let m = raw(&nc, "crpf.latency.api.tdigest.quantile".into(), qs, &[]).await;
+    assert_eq!(json_of(&m), json!({"values": [null, null, null, null]}));
+
+    // Another kind refuses the digest's operations.
+    let g = start(cfg("set", FilterKind::GBloom, 1000, 0.01), &server.url()).await;
+    for op in [
+        "tdigest.add",
+        "tdigest.quantile",
+        "tdigest.info",
+        "tdigest.reset",
+    ] {
+        let m = raw(
+            &nc,
+            format!("crpf.set.api.{op}"),
+            batch::encode(["1"]).unwrap(),
+            &[],
+        )
+        .await;
+        let e = error_of(&m);
+        assert!(e.contains("t_digest"), "{op}: {e}");
+    }
+    stop(&[a, b, g]).await;
+}

@@ -1058,3 +1058,53 @@ fn top_k_absurd_parameters_allocate_nothing() {
     assert_eq!(back.writers(), 0);
     assert!(bounded("its list", || back.list().is_empty()));
 }
+
+// ---------------------------------------------------------------- t-digest (issue 50)
+
+use crpf::{TDigest, TdigestParams};
+
+impl Target for TDigest {}
+
+/// Every replica adds values, the first resets once: states carry several writers' parts
+/// (segments sealed by deltas) and floors.
+static TDIGEST: LazyLock<Corpus<TDigest>> = LazyLock::new(|| {
+    corpus(|r| {
+        let mut f = TDigest::new(TdigestParams::new(20).unwrap(), r);
+        f.track_deltas(true);
+        for i in 0..40u32 {
+            let v = f64::from(i * u32::from(r)) * 0.5 - 3.0;
+            f.add_values(&[v, v * v]).unwrap();
+            if i % 9 == 0 {
+                let _ = f.take_delta();
+            }
+        }
+        if r == 1 {
+            f.reset();
+            f.add_values(&[7.0]).unwrap();
+        }
+        f
+    })
+});
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test] fn t_digest_state(m in mutation()) { fuzz_state(&TDIGEST, m) }
+    #[test] fn t_digest_delta(m in mutation()) { fuzz_delta(&TDIGEST, m) }
+}
+
+#[test]
+fn t_digest_absurd_parameters_allocate_nothing() {
+    assert!(TdigestParams::new(0).is_err());
+    assert!(bounded("huge t-digest", || TdigestParams::new(u32::MAX)).is_err());
+    // The largest digest allowed decodes without allocating its centroids.
+    let mut c = u32::MAX / 8;
+    while TdigestParams::new(c).is_err() {
+        c /= 2;
+    }
+    let huge = TDigest::new(TdigestParams::new(c).unwrap(), 1);
+    let bytes = serde_cbor::to_vec(&huge).unwrap();
+    let back: TDigest = bounded("huge t-digest", || serde_cbor::from_slice(&bytes).unwrap());
+    assert_eq!(back.writers(), 0);
+    assert!(bounded("its view", || back.view().quantiles(&[0.5])[0].is_nan()));
+}

@@ -122,6 +122,13 @@ const GOLDEN: &[(FilterKind, Pin, Pin)] = &[
         (205, 5658365711795220633),
         (117, 14462078668554738482),
     ),
+    // Issue 50: compression 64, one writer's part of one segment (the three items as
+    // little-endian integers, unmerged).
+    (
+        FilterKind::TDigest,
+        (78, 15098792576921975687),
+        (71, 9341505757091838616),
+    ),
 ];
 
 #[test]

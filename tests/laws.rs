@@ -1605,3 +1605,172 @@ fn run_topk_synchronised(adds: Vec<(usize, u8, u64)>, by_delta: bool) -> Result<
     }
     Ok(())
 }
+
+// ---------------------------------------------------------------- t-digest (issue 50)
+
+use crpf::{TDigest, TdigestParams};
+
+impl Subject for TDigest {
+    fn make(replica: u16) -> Self {
+        TDigest::new(TdigestParams::new(100).unwrap(), replica)
+    }
+}
+
+#[derive(Debug, Clone)]
+enum TdOp {
+    /// Replica `.0` adds a value.
+    Add(usize),
+    /// Replica `.0` resets.
+    Reset(usize),
+    /// Replica `.0`'s delta goes to the other two.
+    Send(usize),
+    /// Replica `.1` merges replica `.0`'s full state.
+    Merge(usize, usize),
+}
+
+fn td_ops() -> impl Strategy<Value = Vec<TdOp>> {
+    let op = prop_oneof![
+        5 => (0..3usize).prop_map(TdOp::Add),
+        1 => (0..3usize).prop_map(TdOp::Reset),
+        3 => (0..3usize).prop_map(TdOp::Send),
+        1 => (0..3usize, 0..3usize).prop_map(|(a, b)| TdOp::Merge(a, b)),
+    ];
+    prop::collection::vec(op, 1..60)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test] fn t_digest_laws(ops in ops()) { run::<TDigest>(ops) }
+    #[test] fn t_digest_deltas(ops in ops(), seed: u64, lossy: bool) { run_deltas::<TDigest>(ops, seed, lossy) }
+    #[test] fn t_digest_resets_remove_what_they_saw(ops in td_ops(), full_states: bool) {
+        run_tdigest_resets(ops, full_states)
+    }
+}
+
+/// The values a digest's reads see, every one its own centroid (a compression of 1000 keeps
+/// the few values of a test apart).
+fn td_values(t: &TDigest) -> BTreeSet<u64> {
+    t.view()
+        .merged_centroids()
+        .into_iter()
+        .map(|(v, w)| {
+            assert_eq!(w, 1, "values apart");
+            v as u64
+        })
+        .collect()
+}
+
+/// Three replicas add unique values, reset, and exchange deltas (and, with `full_states`,
+/// full states). Model: replica t has seen each writer's first `seen[t][w]` values and
+/// removed its first `removed[t][w]`; a reset removes what its replica has seen. Every
+/// update inflates, and reads never see a value a reset removed, nor miss one added and
+/// seen. Exactly the model's values while views of writers came by deltas only and no writer
+/// merged segments (at most `MAX_SEGMENTS - 1` deltas of adds each); once converged,
+/// replicas read the same.
+fn run_tdigest_resets(ops: Vec<TdOp>, full_states: bool) {
+    let p = TdigestParams::new(1000).unwrap();
+    let mut reps: Vec<TDigest> = (1..=3).map(|r| TDigest::new(p, r)).collect();
+    for r in &mut reps {
+        r.track_deltas(true);
+    }
+    let mut added = [0u64; 3];
+    let mut seen = [[0u64; 3]; 3];
+    let mut removed = [[0u64; 3]; 3];
+    let mut reset_since_send = [false; 3];
+    let mut seals = [0usize; 3];
+    let mut added_since_send = [false; 3];
+    let mut exact = true;
+    let value = |w: usize, n: u64| (w as u64 + 1) * 1000 + n;
+    for op in ops {
+        match op {
+            TdOp::Add(r) => {
+                let before = reps[r].clone();
+                added[r] += 1;
+                reps[r].add_values(&[value(r, added[r]) as f64]).unwrap();
+                assert!(before.le(&reps[r]), "an add inflates");
+                seen[r][r] = added[r];
+                added_since_send[r] = true;
+            }
+            TdOp::Reset(r) => {
+                let before = reps[r].clone();
+                reps[r].reset();
+                assert!(before.le(&reps[r]), "a reset inflates");
+                assert!(
+                    td_values(&reps[r]).is_empty(),
+                    "a reset empties its replica"
+                );
+                for (gone, saw) in removed[r].iter_mut().zip(seen[r]) {
+                    *gone = (*gone).max(saw);
+                }
+                reset_since_send[r] = true;
+            }
+            TdOp::Send(r) => {
+                if added_since_send[r] {
+                    seals[r] += 1;
+                }
+                added_since_send[r] = false;
+                let Some(d) = reps[r].take_delta() else {
+                    continue;
+                };
+                for t in (0..3).filter(|&t| t != r) {
+                    let before = reps[t].clone();
+                    reps[t].merge_delta(&d).unwrap();
+                    assert!(before.le(&reps[t]), "a delta inflates");
+                    seen[t][r] = seen[t][r].max(seen[r][r]);
+                    if reset_since_send[r] {
+                        let sent = removed[r];
+                        for (mine, theirs) in removed[t].iter_mut().zip(sent) {
+                            *mine = (*mine).max(theirs);
+                        }
+                    }
+                }
+                reset_since_send[r] = false;
+            }
+            TdOp::Merge(from, to) => {
+                if !full_states || from == to {
+                    continue;
+                }
+                // A full state shows segments still open: the model's exactness ends.
+                exact = false;
+                let src = reps[from].clone();
+                let before = reps[to].clone();
+                reps[to].merge(&src).unwrap();
+                assert!(before.le(&reps[to]) && src.le(&reps[to]));
+                let (saw, gone) = (seen[from], removed[from]);
+                for (mine, theirs) in seen[to].iter_mut().zip(saw) {
+                    *mine = (*mine).max(theirs);
+                }
+                for (mine, theirs) in removed[to].iter_mut().zip(gone) {
+                    *mine = (*mine).max(theirs);
+                }
+            }
+        }
+        exact &= seals.iter().all(|&s| s < crpf::core::tdigest::MAX_SEGMENTS);
+        for t in 0..3 {
+            let got = td_values(&reps[t]);
+            let want: BTreeSet<u64> = (0..3)
+                .flat_map(|w| (removed[t][w] + 1..=seen[t][w]).map(move |n| value(w, n)))
+                .collect();
+            for v in &got {
+                let (w, n) = ((v / 1000 - 1) as usize, v % 1000);
+                assert!(
+                    n > removed[t][w],
+                    "replica {t} reads {v}, which a reset removed"
+                );
+            }
+            if exact {
+                assert_eq!(got, want, "replica {t}");
+            }
+        }
+    }
+    // Converged (every state merged into every replica): one answer.
+    let all = reps.iter().skip(1).fold(reps[0].clone(), |mut a, r| {
+        a.merge(r).unwrap();
+        a
+    });
+    for r in &mut reps {
+        r.merge(&all).unwrap();
+        assert!(r.equivalent(&all));
+        assert_eq!(td_values(r), td_values(&all));
+    }
+}

@@ -2,8 +2,7 @@
 //! unchanged) against a `crpf node` serving RESP, in RESP2 and RESP3 (issue 49): what an
 //! application moving from RedisBloom runs.
 //!
-//! The t-digest tests are deselected (`-k`): crpf has no t-digest yet (issue 50). Every other
-//! test must pass: Bloom, cuckoo, count-min sketch and top-k.
+//! Every test must pass: Bloom, cuckoo, count-min sketch, top-k and t-digest (issue 50).
 //!
 //! The suite (the PyPI sdist, unpacked) and pytest come with scripts/test.sh (into
 //! `.tools/redis-py-suite`) or `CRPF_REDIS_PY_SUITE`.
@@ -19,11 +18,8 @@ use nats_harness::{Proc, crpf, free_port};
 /// The pinned release whose tests run.
 const RELEASE: &str = "redis-8.2.0";
 
-/// The type crpf lacks, whose tests are deselected.
-const DESELECTED: &str = "not tdigest";
-
-/// Tests that pass at least (the release's, t-digest's apart).
-const PASSING: usize = 17;
+/// Tests that pass at least (the release's).
+const PASSING: usize = 29;
 
 /// The suite's folder: `$CRPF_REDIS_PY_SUITE`, else `.tools/redis-py-suite`, holding the sdist
 /// unpacked (`redis-8.2.0/`) and pytest (`lib/`). Panics with instructions if missing.
@@ -75,7 +71,7 @@ fn run_suite(suite: &Path, resp: &str, protocol: u8) {
         .arg(format!("--redis-url={url}"))
         .arg(format!("--redis-mod-url={url}"))
         .arg(format!("--protocol={protocol}"))
-        .args(["-k", DESELECTED, "-p", "no:cacheprovider", "-q", "-rfE"])
+        .args(["-p", "no:cacheprovider", "-q", "-rfE"])
         .args(["--tb=short"])
         .current_dir(suite.join(RELEASE))
         .env(
@@ -106,8 +102,8 @@ fn run_suite(suite: &Path, resp: &str, protocol: u8) {
         .find_map(|part| part.trim().strip_suffix(" passed"))
         .and_then(|n| n.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0);
-    // The Bloom, cuckoo, count-min sketch and top-k tests of the release: a collection that
-    // lost some fails here.
+    // The Bloom, cuckoo, count-min sketch, top-k and t-digest tests of the release: a
+    // collection that lost some fails here.
     assert!(passed >= PASSING, "{passed} passed\n{report}");
     assert!(!summary.contains(" error"), "{report}");
     if let Some(line) = stdout

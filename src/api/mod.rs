@@ -100,11 +100,26 @@ pub enum Op {
     /// `topk.info` (`top_k`): payload ignored; reply `{"k":K,"width":W,"depth":D,"decay":F}`
     /// (`TOPK.INFO`).
     TopkInfo,
+    /// `tdigest.add` (`t_digest`): payload a [`batch`] of decimal numbers, each added once
+    /// (`TDIGEST.ADD`); reply `{"ok":true}`.
+    TdigestAdd,
+    /// `tdigest.reset` (`t_digest`): payload ignored; removes every value this replica has
+    /// seen (`TDIGEST.RESET`); reply `{"ok":true}`.
+    TdigestReset,
+    /// `tdigest.quantile` (`t_digest`): payload a [`batch`] of fractions in `[0, 1]`; reply
+    /// `{"values":[F|null...]}` (`TDIGEST.QUANTILE`; null for NaN, while empty).
+    TdigestQuantile,
+    /// `tdigest.cdf` (`t_digest`): payload a [`batch`] of decimal numbers; reply
+    /// `{"values":[F|null...]}` (`TDIGEST.CDF`).
+    TdigestCdf,
+    /// `tdigest.info` (`t_digest`): payload ignored; reply `{"compression":C,
+    /// "observations":N,"centroids":N,"writers":N,"min":F|null,"max":F|null}`.
+    TdigestInfo,
 }
 
 impl Op {
     /// Every operation, in the order error messages list them.
-    pub const ALL: [Op; 18] = [
+    pub const ALL: [Op; 23] = [
         Op::Add,
         Op::Remove,
         Op::Contains,
@@ -123,6 +138,11 @@ impl Op {
         Op::TopkQuery,
         Op::TopkList,
         Op::TopkInfo,
+        Op::TdigestAdd,
+        Op::TdigestReset,
+        Op::TdigestQuantile,
+        Op::TdigestCdf,
+        Op::TdigestInfo,
     ];
 
     /// The subject token.
@@ -146,6 +166,11 @@ impl Op {
             Op::TopkQuery => "topk.query",
             Op::TopkList => "topk.list",
             Op::TopkInfo => "topk.info",
+            Op::TdigestAdd => "tdigest.add",
+            Op::TdigestReset => "tdigest.reset",
+            Op::TdigestQuantile => "tdigest.quantile",
+            Op::TdigestCdf => "tdigest.cdf",
+            Op::TdigestInfo => "tdigest.info",
         }
     }
 
@@ -154,7 +179,14 @@ impl Op {
     pub fn is_update(self) -> bool {
         matches!(
             self,
-            Op::Add | Op::Remove | Op::MAdd | Op::MRemove | Op::CmsIncrBy | Op::TopkAdd
+            Op::Add
+                | Op::Remove
+                | Op::MAdd
+                | Op::MRemove
+                | Op::CmsIncrBy
+                | Op::TopkAdd
+                | Op::TdigestAdd
+                | Op::TdigestReset
         )
     }
 
@@ -172,6 +204,9 @@ impl Op {
                 | Op::TopkQuery
                 | Op::TopkList
                 | Op::TopkInfo
+                | Op::TdigestQuantile
+                | Op::TdigestCdf
+                | Op::TdigestInfo
         )
     }
 

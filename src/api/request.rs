@@ -259,6 +259,36 @@ pub enum Request {
     },
     /// `topk.info` (`top_k`, `TOPK.INFO`): its shape.
     TopkInfo,
+    /// `tdigest.add` (`t_digest`, `TDIGEST.ADD`, `TDIGEST.MERGE`): adds each `(value,
+    /// weight)` as this replica's, and `bounds` (a merged source's min and max) if given; all
+    /// or nothing.
+    TdigestAdd {
+        /// `(value, weight)`: finite values, positive weights.
+        values: Vec<(f64, u64)>,
+        /// The smallest and largest value the values stand for (a source's), if more than
+        /// their own.
+        bounds: Option<(f64, f64)>,
+        /// The acknowledgement level (`None`: the replica's default).
+        ack: Option<AckLevel>,
+    },
+    /// `tdigest.reset` (`t_digest`, `TDIGEST.RESET`): removes every value this replica has
+    /// seen.
+    TdigestReset {
+        /// The acknowledgement level (`None`: the replica's default).
+        ack: Option<AckLevel>,
+    },
+    /// `tdigest.quantile` (`t_digest`, `TDIGEST.QUANTILE`): the value at each fraction.
+    TdigestQuantile {
+        /// Fractions in `[0, 1]`.
+        quantiles: Vec<f64>,
+    },
+    /// `tdigest.cdf` (`t_digest`, `TDIGEST.CDF`): the fraction of values at or below each.
+    TdigestCdf {
+        /// The values.
+        values: Vec<f64>,
+    },
+    /// `tdigest.info` (`t_digest`): its compression and figures.
+    TdigestInfo,
 }
 
 impl Request {
@@ -283,6 +313,11 @@ impl Request {
             Request::TopkQuery { .. } => Op::TopkQuery,
             Request::TopkList { .. } => Op::TopkList,
             Request::TopkInfo => Op::TopkInfo,
+            Request::TdigestAdd { .. } => Op::TdigestAdd,
+            Request::TdigestReset { .. } => Op::TdigestReset,
+            Request::TdigestQuantile { .. } => Op::TdigestQuantile,
+            Request::TdigestCdf { .. } => Op::TdigestCdf,
+            Request::TdigestInfo => Op::TdigestInfo,
         }
     }
 
@@ -296,6 +331,8 @@ impl Request {
             | Request::MRemove { ack, .. }
             | Request::CmsIncrBy { ack, .. }
             | Request::TopkAdd { ack, .. }
+            | Request::TdigestAdd { ack, .. }
+            | Request::TdigestReset { ack }
             | Request::Import { ack, .. } => *ack,
             _ => None,
         }
@@ -309,6 +346,8 @@ impl Request {
         | Request::MRemove { ack, .. }
         | Request::CmsIncrBy { ack, .. }
         | Request::TopkAdd { ack, .. }
+        | Request::TdigestAdd { ack, .. }
+        | Request::TdigestReset { ack }
         | Request::Import { ack, .. } = &mut self
         {
             *ack = level;
@@ -344,6 +383,18 @@ impl Request {
                         .sum::<usize>()
             }
             Request::Import { filter, .. } => filter.len(),
+            // Each number framed as its shortest decimal text.
+            Request::TdigestAdd { values, .. } => values
+                .iter()
+                .map(|(v, _)| batch::LEN_BYTES + v.to_string().len())
+                .sum(),
+            Request::TdigestQuantile { quantiles: values } | Request::TdigestCdf { values } => {
+                values
+                    .iter()
+                    .map(|v| batch::LEN_BYTES + v.to_string().len())
+                    .sum()
+            }
+            Request::TdigestReset { .. } | Request::TdigestInfo => 0,
             Request::Stats
             | Request::Export { .. }
             | Request::CmsInfo
@@ -514,6 +565,23 @@ pub enum Response {
         items: Vec<(Vec<u8>, u64)>,
         /// Whether the counts were asked for (`WITHCOUNT`).
         with_count: bool,
+    },
+    /// Of `tdigest.add` and `tdigest.reset`.
+    TdigestUpdated,
+    /// Of `tdigest.quantile` and `tdigest.cdf`: one value each (NaN while empty).
+    TdigestValues(Vec<f64>),
+    /// Of `tdigest.info`.
+    TdigestInfo {
+        /// The compression.
+        compression: u32,
+        /// Values reads see.
+        observations: u64,
+        /// Centroids held (every writer's segments).
+        centroids: u64,
+        /// Replicas whose parts the state holds.
+        writers: u64,
+        /// The smallest and largest value (NaN while empty).
+        bounds: (f64, f64),
     },
     /// Of `topk.info`.
     TopkInfo {

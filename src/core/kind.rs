@@ -61,6 +61,9 @@ macro_rules! for_each_filter_kind {
             /// heap per writer (RedisBloom's `TOPK.*`); `capacity` is `k`, `fpr` the decay,
             /// [`FilterSpec::shape`] the width and depth ([`FilterSpec::top_k`]).
             TopK = 14, "top_k", $crate::core::topk::TopK;
+            /// [`crate::TDigest`]: t-digest of the values added, a part per writer and reset
+            /// floors (RedisBloom's `TDIGEST.*`); `capacity` is the compression.
+            TDigest = 15, "t_digest", $crate::core::tdigest::TDigest;
         }
     };
 }
@@ -506,7 +509,17 @@ impl FilterSpec {
             FilterKind::TopK => {
                 crate::core::topk::TopkParams::from_spec(self).map(|p| p.memory_bytes())
             }
+            // One writer's segments at most; each further writing replica as much again.
+            FilterKind::TDigest => {
+                crate::core::tdigest::TdigestParams::from_spec(self).map(|p| p.memory_bytes())
+            }
         }
+    }
+
+    /// A `t_digest` of RedisBloom's `compression` (`TDIGEST.CREATE`): its capacity is the
+    /// compression (its fpr unused, 0.5).
+    pub fn t_digest(compression: u32) -> Self {
+        FilterSpec::new(FilterKind::TDigest, u64::from(compression), 0.5)
     }
 
     /// A `top_k` listing `k` items with RedisBloom's `width`, `depth` and `decay`

@@ -20,6 +20,7 @@ pub mod params;
 pub(crate) mod prefetch;
 pub mod scalable;
 pub mod shared_bloom;
+pub mod tdigest;
 pub mod topk;
 
 // ---- issue 11: expiring and wait-free concurrent Bloom filters.

@@ -109,6 +109,14 @@ pub const TOPK_LISTED: &str = "crpf_topk_listed";
 pub const TOPK_WRITERS: &str = "crpf_topk_writers";
 /// Heavy-hitter churn (`top_k`): items this replica's adds pushed out of its list.
 pub const TOPK_EXPELLED: &str = "crpf_topk_expelled_total";
+/// Gauge (`t_digest`): its compression (`TDIGEST.INFO`'s).
+pub const TDIGEST_COMPRESSION: &str = "crpf_tdigest_compression";
+/// Gauge (`t_digest`): centroids the state holds, every writer's segments (16 bytes each).
+pub const TDIGEST_CENTROIDS: &str = "crpf_tdigest_centroids";
+/// Gauge (`t_digest`): values reads see (`TDIGEST.INFO`'s observations).
+pub const TDIGEST_OBSERVATIONS: &str = "crpf_tdigest_observations";
+/// Gauge (`t_digest`): replicas whose parts the state holds.
+pub const TDIGEST_WRITERS: &str = "crpf_tdigest_writers";
 /// Ids of the filter in the replica id registry, by `state` (`live`, `retired`).
 pub const REPLICA_IDS: &str = "crpf_replica_ids";
 /// Ids this replica retired (their claims went unrenewed for `retire_after_ms`).
@@ -215,6 +223,13 @@ pub fn describe() {
             TOPK_EXPELLED,
             "Top-k: items this replica's adds pushed out of its list (heavy-hitter churn)"
         );
+        g!(TDIGEST_COMPRESSION, "t-digest: its compression");
+        g!(
+            TDIGEST_CENTROIDS,
+            "t-digest: centroids held, every writer's segments"
+        );
+        g!(TDIGEST_OBSERVATIONS, "t-digest: values reads see");
+        g!(TDIGEST_WRITERS, "t-digest: replicas whose parts the state holds");
         c!(STATE_PUSHES, "Full-state pushes (anti-entropy)");
         c!(STATE_TRANSFERS, "Incoming full-state transfers, by outcome");
         c!(
@@ -511,6 +526,9 @@ pub(crate) struct Series {
     /// ([`TOPK_EXPELLED`]), made at a top-k's first figures or expulsion.
     topk: std::sync::OnceLock<[Gauge; 3]>,
     topk_churn: std::sync::OnceLock<Counter>,
+    /// A t-digest's gauges ([`TDIGEST_COMPRESSION`], [`TDIGEST_CENTROIDS`],
+    /// [`TDIGEST_OBSERVATIONS`], [`TDIGEST_WRITERS`]), made at a t-digest's first figures.
+    tdigest: std::sync::OnceLock<[Gauge; 4]>,
     dropped: Counter,
     sequence_gaps: Counter,
     state_pushes: Counter,
@@ -573,6 +591,7 @@ impl Series {
             sketch: std::sync::OnceLock::new(),
             topk: std::sync::OnceLock::new(),
             topk_churn: std::sync::OnceLock::new(),
+            tdigest: std::sync::OnceLock::new(),
             dropped: handles.dropped,
             labels,
         }
@@ -639,6 +658,21 @@ impl Telemetry {
             });
             k.set(f64::from(t.params().k));
             listed.set(t.list().len() as f64);
+            writers.set(t.writers() as f64);
+        }
+        if let crate::replica::AnyFilter::TDigest(t) = f {
+            let [compression, centroids, observations, writers] = self.tdigest.get_or_init(|| {
+                [
+                    TDIGEST_COMPRESSION,
+                    TDIGEST_CENTROIDS,
+                    TDIGEST_OBSERVATIONS,
+                    TDIGEST_WRITERS,
+                ]
+                .map(|name| self.gauge(name, &[]))
+            });
+            compression.set(f64::from(t.params().compression));
+            centroids.set(t.centroids() as f64);
+            observations.set(t.size() as f64);
             writers.set(t.writers() as f64);
         }
     }

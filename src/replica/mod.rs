@@ -59,6 +59,7 @@ pub(crate) mod recovery;
 pub mod service;
 mod shared_id;
 pub(crate) mod sketch;
+pub(crate) mod tdigest;
 mod ticks;
 pub(crate) mod topk;
 pub mod wal;

@@ -333,8 +333,20 @@ impl ApiService {
     fn endpoints(&self) -> impl Iterator<Item = EndpointInfo> + '_ {
         let endpoint = |name: String, subject: String, queue_group: String, op: Op| {
             let payload = match op {
-                Op::Stats | Op::Export | Op::CmsInfo | Op::TopkList | Op::TopkInfo => "none",
-                Op::CmsIncrBy | Op::CmsQuery | Op::TopkAdd | Op::TopkQuery => "batch",
+                Op::Stats
+                | Op::Export
+                | Op::CmsInfo
+                | Op::TopkList
+                | Op::TopkInfo
+                | Op::TdigestReset
+                | Op::TdigestInfo => "none",
+                Op::CmsIncrBy
+                | Op::CmsQuery
+                | Op::TopkAdd
+                | Op::TopkQuery
+                | Op::TdigestAdd
+                | Op::TdigestQuantile
+                | Op::TdigestCdf => "batch",
                 Op::Import => "filter",
                 op if op.is_batch() => "batch",
                 _ => "item",

@@ -166,8 +166,10 @@ pub(super) fn reply(response: Response) -> Reply {
 /// Whether `kind` belongs to the family of `BF.*` (`bloom`) or `CF.*` commands: a sketch
 /// belongs to neither, and answers them as RedisBloom answers a key of another type.
 pub fn in_family(kind: FilterKind, bloom: bool) -> bool {
-    !matches!(kind, FilterKind::CountMinSketch | FilterKind::TopK)
-        && super::redisbloom::is_bloom(kind) == bloom
+    !matches!(
+        kind,
+        FilterKind::CountMinSketch | FilterKind::TopK | FilterKind::TDigest
+    ) && super::redisbloom::is_bloom(kind) == bloom
 }
 
 fn error(text: &str) -> Reply {

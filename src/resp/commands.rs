@@ -221,6 +221,8 @@ pub enum KeyCommand {
     Cms(super::cms::CmsCommand),
     /// A top-k command ([`super::topk`]).
     Topk(super::topk::TopkCommand),
+    /// A t-digest command ([`super::tdigest`]).
+    Tdigest(super::tdigest::TdigestCommand),
     /// `FLUSHDB` / `FLUSHALL`: drop every filter.
     FlushAll,
     /// A read of a key's figures, when its turn comes (after the connection's updates before
@@ -1157,6 +1159,8 @@ pub fn command(args: &Args, filter: impl Fn(&str) -> Option<ReplicaHandle>) -> C
                 .unwrap_or_else(|| Command::Reply(Reply::err(unknown_command(args)))),
             topk if topk.starts_with("TOPK.") => super::topk::command(topk, args, &filter)
                 .unwrap_or_else(|| Command::Reply(Reply::err(unknown_command(args)))),
+            td if td.starts_with("TDIGEST.") => super::tdigest::command(td, args)
+                .unwrap_or_else(|| Command::Reply(Reply::err(unknown_command(args)))),
             _ => Command::Reply(Reply::err(unknown_command(args))),
         })
     })();
@@ -1419,6 +1423,7 @@ pub fn reply(op: Op, answer: Result<Response, ReplicaError>) -> Reply {
         | Response::TopkQueried { .. }
         | Response::TopkList { .. }
         | Response::TopkInfo { .. }) => super::topk::reply(topk, false),
+        Response::TdigestUpdated => Reply::Simple("OK"),
         other => Reply::err(format!("unexpected answer: {other:?}")),
     }
 }

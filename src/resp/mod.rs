@@ -38,6 +38,7 @@ pub mod parse;
 pub mod redisbloom;
 mod reply;
 mod slowlog;
+pub mod tdigest;
 pub mod topk;
 
 use std::collections::HashMap;
@@ -727,6 +728,7 @@ async fn run_key(
         },
         K::Cms(command) => cms::run(&*lookup, command, ack).await,
         K::Topk(command) => topk::run(&*lookup, command, ack).await,
+        K::Tdigest(command) => tdigest::run(&*lookup, command, ack).await,
         K::Delete(names) => match drop_all(&*lookup, names).await {
             Ok(dropped) => Reply::Int(dropped as i64),
             Err(refused) => Reply::Error(refused),

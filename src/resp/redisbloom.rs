@@ -53,6 +53,8 @@ pub fn type_name(kind: FilterKind) -> &'static str {
         "CMSk-TYPE"
     } else if kind == FilterKind::TopK {
         "TopK-TYPE"
+    } else if kind == FilterKind::TDigest {
+        "TDIS-TYPE"
     } else if is_bloom(kind) {
         "MBbloom--"
     } else {

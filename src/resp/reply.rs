@@ -171,6 +171,10 @@ impl Reply {
 /// C's `%.17g` of a finite double: 17 significant digits, trailing zeros dropped, an exponent
 /// below 1e-4 or from 1e17.
 fn format_g17(v: f64) -> String {
+    if v.is_nan() {
+        // Redis's `addReplyDouble`.
+        return "nan".into();
+    }
     if v == 0.0 || !v.is_finite() {
         return format!("{v}");
     }

@@ -319,6 +319,9 @@ pub(super) fn query(shared: &Shared, request: &Request) -> Result<Response, Repl
         Request::TopkQuery { .. } | Request::TopkList { .. } | Request::TopkInfo => {
             crate::replica::topk::query(&filter(shared), request, shared.limits.max_item_bytes)
         }
+        Request::TdigestQuantile { .. } | Request::TdigestCdf { .. } | Request::TdigestInfo => {
+            crate::replica::tdigest::query(&filter(shared), request)
+        }
         other => unreachable!("{:?} is not a query", other.op()),
     }
 }

@@ -183,6 +183,23 @@ impl ApiReply {
                 depth,
                 decay,
             } => ApiReply::json(&json!({"k": k, "width": width, "depth": depth, "decay": decay})),
+            Response::TdigestUpdated => ApiReply::json(&json!({"ok": true})),
+            // JSON has no NaN or infinity: null.
+            Response::TdigestValues(values) => ApiReply::json(&json!({ "values": values })),
+            Response::TdigestInfo {
+                compression,
+                observations,
+                centroids,
+                writers,
+                bounds,
+            } => ApiReply::json(&json!({
+                "compression": compression,
+                "observations": observations,
+                "centroids": centroids,
+                "writers": writers,
+                "min": bounds.0,
+                "max": bounds.1,
+            })),
         }
     }
 
@@ -329,6 +346,22 @@ pub(crate) fn nats_request(
         Op::TopkQuery => Request::TopkQuery { items: items()? },
         Op::TopkList => Request::TopkList { with_count: true },
         Op::TopkInfo => Request::TopkInfo,
+        Op::TdigestAdd => Request::TdigestAdd {
+            values: crate::replica::tdigest::numbers(&items()?, "a value")?
+                .into_iter()
+                .map(|v| (v, 1))
+                .collect(),
+            bounds: None,
+            ack,
+        },
+        Op::TdigestReset => Request::TdigestReset { ack },
+        Op::TdigestQuantile => Request::TdigestQuantile {
+            quantiles: crate::replica::tdigest::numbers(&items()?, "a quantile")?,
+        },
+        Op::TdigestCdf => Request::TdigestCdf {
+            values: crate::replica::tdigest::numbers(&items()?, "a value")?,
+        },
+        Op::TdigestInfo => Request::TdigestInfo,
     };
     Ok((request, format))
 }

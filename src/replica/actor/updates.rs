@@ -125,8 +125,11 @@ impl Updates {
     /// Whether `op` adds to a kind without tags or removes: what may be applied outside the
     /// actor, which issues tags.
     fn grow_only_add(&self, op: Op) -> bool {
-        matches!(op, Op::Add | Op::MAdd | Op::CmsIncrBy | Op::TopkAdd)
-            && !self.kind().tagged()
+        // A t-digest's reset is an inflation without tags too (it raises floors).
+        matches!(
+            op,
+            Op::Add | Op::MAdd | Op::CmsIncrBy | Op::TopkAdd | Op::TdigestAdd | Op::TdigestReset
+        ) && !self.kind().tagged()
             && !self.kind().removable()
     }
 
@@ -290,6 +293,21 @@ impl Updates {
                     false => self.unchanged_under(lock, durable),
                 };
                 Ok(applied(changed, Response::TopkAdded(expelled), commit))
+            }
+            Request::TdigestAdd { .. } | Request::TdigestReset { .. } => {
+                let Some(mut f) = self.filter_write(lock)? else {
+                    return Ok(None);
+                };
+                let values = match request {
+                    Request::TdigestAdd { values, bounds, .. } => Some((&values[..], *bounds)),
+                    _ => None,
+                };
+                let changed = crate::replica::tdigest::update(&mut f, values, self.telemetry())?;
+                let commit = match changed {
+                    true => self.changed_under(&f, lock, durable),
+                    false => self.unchanged_under(lock, durable),
+                };
+                Ok(applied(changed, Response::TdigestUpdated, commit))
             }
             other => unreachable!("{:?} is not an update", other.op()),
         }
