@@ -695,6 +695,18 @@ mod tests {
     }
 
     #[test]
+    fn declared_metrics_default_to_own_series_and_take_node() {
+        let read = |catalog: &str| NodeConfig::from_toml_str(&format!("[catalog]\n{catalog}"));
+        assert_eq!(
+            read("").unwrap().catalog.declared_metrics,
+            DeclaredMetrics::Own
+        );
+        let node = read("declared_metrics = \"node\"").unwrap();
+        assert_eq!(node.catalog.declared_metrics, DeclaredMetrics::Node);
+        assert!(read("declared_metrics = \"filter\"").is_err());
+    }
+
+    #[test]
     fn wal_threads_default_to_the_pool_size_and_zero_is_refused() {
         let cfg = with_keys("").unwrap();
         assert_eq!(
