@@ -85,10 +85,10 @@ impl Node {
                 .filter(|f| f.catalog_hosted)
                 .map(|f| f.name.clone())
                 .collect(),
-            // What a parked one resumes with: the file's settings.
+            // What a parked one resumes with: the file's settings (of those that may park).
             declared: filters
                 .iter()
-                .filter(|f| f.catalog_hosted)
+                .filter(|f| f.catalog_hosted && f.aggregate_metrics)
                 .map(|f| (f.name.clone(), f.clone()))
                 .collect(),
             announce_timing: (template.anti_entropy_interval_ms, template.peer_expiry_ms),

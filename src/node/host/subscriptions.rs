@@ -67,6 +67,13 @@ impl Inner {
                 return;
             };
             let mut routers = node.tasks.routers.lock().expect("routers lock");
+            if node
+                .routing_stopped
+                .load(std::sync::atomic::Ordering::SeqCst)
+            {
+                // The node stopped routing (its routers are gone): nothing would stop these.
+                return;
+            }
             for (stream, subject, queue) in subscriptions {
                 let task = serve_replica_apis(
                     inner.clone(),
