@@ -2,8 +2,9 @@
 //! ([`crate::replica::Parked`]): a node of 100,000 filters, most of them idle, keeps the
 //! state of each, not an actor with its task, timers, queues and pipeline.
 //!
-//! Every `park_after_ms / 4` the node looks at its running catalog replicas: one that nothing
-//! looked up since the last look four times in a row is asked to park. The replica parks only
+//! Every `park_after_ms / 4` the node looks at its running catalog replicas (and configured
+//! ones in the node-wide series, [`Inner::may_park`]): one that nothing looked up since the
+//! last look four times in a row is asked to park. The replica parks only
 //! if it is idle and alone or converged with every live peer (see [`crate::replica`]'s
 //! parking), and the node takes its state under its lock only if nothing looked it up
 //! meanwhile: a request never finds a replica half parked. A lookup (a request, a replication
