@@ -10,6 +10,9 @@
 #   CRPF_BIN=/tmp/crpf-before scripts/many-declared.sh 1000   (a binary built earlier)
 #   CAP=10000 SETTLE=90 scripts/many-declared.sh 10000
 #       (SETTLE: idle again SETTLE seconds later, once idle replicas parked)
+#   DECLARED_METRICS=node CAP=10000 SETTLE=90 scripts/many-declared.sh 10000
+#       (`[catalog] declared_metrics = "node"`: the filters in the node-wide series, so
+#       that idle ones park; a binary from before that setting refuses it)
 #
 # Needs `scripts/test.sh` to have installed nats-server into .tools/ (or CRPF_NATS_SERVER).
 set -euo pipefail
@@ -37,6 +40,10 @@ nats_pid=$!
   echo "[nats]"
   echo "servers = [\"nats://127.0.0.1:$port\"]"
   echo "retry_on_initial_connect = true"
+  if [ -n "${DECLARED_METRICS:-}" ]; then
+    echo "[catalog]"
+    echo "declared_metrics = \"$DECLARED_METRICS\""
+  fi
   for i in $(seq 1 "$n"); do
     echo "[[filters]]"
     echo "name = \"d$i\""
@@ -72,6 +79,7 @@ measure() {
     'BEGIN { printf "idle CPU over %d s: node %.1f%% of a core, nats-server %.1f%%\n", t, n * 100 / hz / t, s * 100 / hz / t }'
   echo "messages into nats-server while idle: $(( (m1 - m0) / secs ))/s, of which JetStream API requests: $(( (j1 - j0) / secs ))/s"
   echo "node RSS: $(( $(awk '/VmRSS/ {print $2}' "/proc/$node_pid/status") / 1024 )) MiB, threads: $(awk '/Threads/ {print $2}' "/proc/$node_pid/status")"
+  echo "parked filters: $(curl -s "http://127.0.0.1:$metrics/metrics" | awk '/^crpf_parked_filters / {print $2}')"
   echo "NATS connections: $(varz connections), subscriptions: $(varz subscriptions), JetStream consumers: $(curl -s "http://127.0.0.1:$monitor/jsz" | grep -o '"consumers": [0-9]*' | head -1 | grep -o '[0-9]*$'), JetStream API requests so far: $(jsapi)"
 }
 measure

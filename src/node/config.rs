@@ -95,9 +95,17 @@ pub struct CatalogSection {
     pub defaults: RuntimeFilterDefaults,
     /// Filters created at run time that get their own metric series (`filter` and `replica`
     /// labels); the others add up under `filter="_catalog"`, so that the number of series
-    /// does not grow with the number of filters. Configured filters always have their own.
+    /// does not grow with the number of filters. Configured filters have their own unless
+    /// `declared_metrics = "node"`.
     #[serde(default)]
     pub metrics_filters: Vec<String>,
+    /// Where the filters of the configuration file (`[[filters]]`) record their metrics:
+    /// `own` (the default), series of their own each, or `node`, the node-wide series of the
+    /// catalog filters (`filter="_catalog"`), but for those `metrics_filters` names. Only
+    /// those in the node-wide series park when idle, as catalog filters (README, "Filters
+    /// as data"): a parked replica's own gauges would stand still.
+    #[serde(default)]
+    pub declared_metrics: DeclaredMetrics,
     /// Who takes the request API's operations of the catalog filters: `node` (the default),
     /// one queue subscription of the node for all of them (`<prefix>.*.api.>` in the group
     /// `<prefix>.api`), or `filter`, one of each replica in its filter's group
@@ -115,6 +123,17 @@ pub struct CatalogSection {
     /// default is a day.
     #[serde(default = "default_drop_retention_ms")]
     pub drop_retention_ms: u64,
+}
+
+/// Where declared filters record their metrics ([`CatalogSection::declared_metrics`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeclaredMetrics {
+    /// Series of their own (`filter` and `replica` labels), each ~40 series.
+    #[default]
+    Own,
+    /// The node-wide series (`filter="_catalog"`), as catalog filters.
+    Node,
 }
 
 /// Whose queue subscription takes the catalog filters' request API ([`CatalogSection::api_queue`]).
@@ -157,6 +176,7 @@ impl Default for CatalogSection {
             max_filter_bytes: default_max_filter_bytes(),
             defaults: RuntimeFilterDefaults::default(),
             metrics_filters: Vec::new(),
+            declared_metrics: DeclaredMetrics::default(),
             api_queue: ApiQueue::default(),
             park_after_ms: default_park_after_ms(),
             drop_retention_ms: default_drop_retention_ms(),
@@ -672,6 +692,18 @@ mod tests {
         );
         let (field, reason) = invalid_field(with_keys("log = \"crpf=[\""));
         assert_eq!(field, "node.log", "{reason}");
+    }
+
+    #[test]
+    fn declared_metrics_default_to_own_series_and_take_node() {
+        let read = |catalog: &str| NodeConfig::from_toml_str(&format!("[catalog]\n{catalog}"));
+        assert_eq!(
+            read("").unwrap().catalog.declared_metrics,
+            DeclaredMetrics::Own
+        );
+        let node = read("declared_metrics = \"node\"").unwrap();
+        assert_eq!(node.catalog.declared_metrics, DeclaredMetrics::Node);
+        assert!(read("declared_metrics = \"filter\"").is_err());
     }
 
     #[test]

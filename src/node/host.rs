@@ -187,6 +187,12 @@ struct Inner {
     /// ([`shared_id::declared_shares_id`]): the node's subscriptions answer their `$SRV`, their
     /// API subject without an operation and their own API subjects, as a catalog filter's.
     configured_routed: HashSet<String>,
+    /// The settings of those in the node-wide series, the ones that may park (from the
+    /// file, as the node started them): a parked one resumes with them.
+    declared: HashMap<String, ReplicaConfig>,
+    /// The catalog filters' `anti_entropy_interval_ms` and `peer_expiry_ms`, at whose
+    /// spacing the node announces its parked replicas' digests.
+    announce_timing: (u64, u64),
     /// Every filter of the node, in the state it is in ([`FilterTable`]): one lock.
     table: RwLock<Table>,
     /// The catalog as this node's watcher has seen it (what `list` answers without asking

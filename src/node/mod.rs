@@ -21,7 +21,8 @@ use clap::Args;
 use thiserror::Error;
 
 pub use config::{
-    ApiQueue, CatalogSection, ConfigError, NodeConfig, NodeSection, RuntimeFilterDefaults,
+    ApiQueue, CatalogSection, ConfigError, DeclaredMetrics, NodeConfig, NodeSection,
+    RuntimeFilterDefaults,
 };
 pub use demo::{DemoArgs, run_demo};
 pub use host::{

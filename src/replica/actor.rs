@@ -71,7 +71,7 @@ pub(crate) use pump::{API_LINGER, Inbound, Route, route_event, route_replication
 pub use reads::PendingResponse;
 pub(crate) use reads::{refusal, route_own_api};
 pub(crate) use reply::{error_of, header_text};
-pub(crate) use shared::{Setup, Shared};
+pub(crate) use shared::{GroupApi, Setup, Shared};
 #[cfg(test)]
 pub(crate) use snapshots::SnapshotJob;
 
@@ -101,6 +101,8 @@ pub struct Replica {
     spare_effects: Vec<Effects<reply::Responder>>,
     /// Checks and applies the request API's updates (here, or in the subscription tasks).
     updates: Arc<updates::Updates>,
+    /// Its node takes its queue group's subscriptions as the API starts ([`GroupApi`]).
+    group_api: Option<shared::GroupApi>,
 }
 
 impl Replica {
@@ -201,6 +203,7 @@ impl Replica {
             timers: Timers::default(),
             tasks: Vec::new(),
             service: None,
+            group_api: s.group_api,
         }
     }
 

@@ -87,7 +87,7 @@ pub use actor::{
     Add, Contains, FlushDelta, Import, Merge, PendingResponse, Persist, Remove, Replica,
     ReserveTags, Shutdown, Stats, TakeSnapshot,
 };
-pub(crate) use actor::{Park, ParkInto, Parked, parked_spacing};
+pub(crate) use actor::{GroupApi, Park, ParkInto, Parked, parked_spacing};
 #[cfg(test)]
 pub(crate) use anti_entropy::{AntiEntropy, Timing};
 pub use config::{MAX_FSYNC_INTERVAL_MS, ReplicaConfig};
@@ -379,17 +379,19 @@ impl Replica {
         transport: Arc<dyn Transport>,
         shared: Option<Arc<SharedId>>,
     ) -> Result<ReplicaHandle, ReplicaError> {
-        Self::start_hosted(cfg, transport, shared, None, |_| {}).await
+        Self::start_hosted(cfg, transport, shared, None, None, |_| {}).await
     }
 
     /// [`Replica::start_with`], telling `started` of the replica as soon as its actor runs
     /// (it may serve its API from then on), before its first snapshot is written; its
-    /// digests go to `digest_batches` if there are some.
+    /// digests go to `digest_batches` if there are some, its API's queue group subscriptions
+    /// to `group_api` if given.
     pub(crate) async fn start_hosted(
         cfg: ReplicaConfig,
         transport: Arc<dyn Transport>,
         shared: Option<Arc<SharedId>>,
         digest_batches: Option<Arc<crate::transport::digests::DigestBatcher>>,
+        group_api: Option<GroupApi>,
         started: impl FnOnce(&ReplicaHandle),
     ) -> Result<ReplicaHandle, ReplicaError> {
         cfg.validate().map_err(ReplicaError::Config)?;
@@ -532,6 +534,7 @@ impl Replica {
             shared_id,
             digest_batches,
             resumed: false,
+            group_api,
         };
         let addr = Replica::new(setup).start();
         let handle = ReplicaHandle::from_parts(addr, shared);
@@ -605,6 +608,8 @@ impl Replica {
             shared_id: Some(shared_id),
             digest_batches,
             resumed: true,
+            // Its node serves its queue group already (or it has none).
+            group_api: None,
         };
         let mut replica = Replica::new(setup);
         replica.prepare_resumed();

@@ -14,7 +14,7 @@ use super::dirs::{incarnation_dir, move_aside, read_entry_file, write_entry_file
 use super::{CATALOG_CHANGES, CATALOG_ERRORS, Inner, PARALLEL_CHANGES, PARKED_FILTERS};
 use crate::node::follow::{FollowStep, follow_step, lost_by_catalog};
 use crate::node::table::Filter;
-use crate::replica::{Replica, ReplicaConfig, ReplicaError, ReplicaHandle, SharedId};
+use crate::replica::{GroupApi, Replica, ReplicaConfig, ReplicaError, ReplicaHandle, SharedId};
 use crate::transport::catalog::CatalogWatch;
 use crate::transport::digests::DigestBatcher;
 use crate::transport::{Catalog, CatalogChange, CatalogEntry, CatalogError};
@@ -160,6 +160,7 @@ impl Inner {
                     cfg.clone(),
                     self.shared_id.clone(),
                     self.digest_batches.clone(),
+                    None,
                     self.routes_own_api(entry.spec.kind),
                     entry.clone(),
                 )
@@ -200,12 +201,14 @@ impl Inner {
 
     /// Starts the replica of `cfg` and hosts it as `entry`. Routed to as soon as its actor
     /// runs, before its first snapshot is written: [`table::State::Starting`] until then
-    /// (`routes`: whether the node routes its own API subjects), then hosted.
+    /// (`routes`: whether the node routes its own API subjects), then hosted. `group_api`: the
+    /// node takes its queue group's subscriptions (a configured filter's).
     pub(super) async fn start_replica(
         &self,
         cfg: ReplicaConfig,
         shared_id: Option<Arc<SharedId>>,
         digest_batches: Option<Arc<DigestBatcher>>,
+        group_api: Option<GroupApi>,
         routes: bool,
         entry: CatalogEntry,
     ) -> Result<ReplicaHandle, crate::replica::ReplicaError> {
@@ -221,6 +224,7 @@ impl Inner {
             self.transport.clone(),
             shared_id,
             digest_batches,
+            group_api,
             starting,
         )
         .await;

@@ -2,8 +2,9 @@
 //! ([`crate::replica::Parked`]): a node of 100,000 filters, most of them idle, keeps the
 //! state of each, not an actor with its task, timers, queues and pipeline.
 //!
-//! Every `park_after_ms / 4` the node looks at its running catalog replicas: one that nothing
-//! looked up since the last look four times in a row is asked to park. The replica parks only
+//! Every `park_after_ms / 4` the node looks at its running catalog replicas (and configured
+//! ones in the node-wide series, [`Inner::may_park`]): one that nothing looked up since the
+//! last look four times in a row is asked to park. The replica parks only
 //! if it is idle and alone or converged with every live peer (see [`crate::replica`]'s
 //! parking), and the node takes its state under its lock only if nothing looked it up
 //! meanwhile: a request never finds a replica half parked. A lookup (a request, a replication
@@ -87,12 +88,20 @@ impl Inner {
             } => (parked, spec, generation),
         };
         let (shared_id, replication) = resumable.expect("taken only if resumable");
+        // A configured filter's settings are the file's, and its digests go alone.
+        let (cfg, digest_batches) = match self.declared.get(name) {
+            Some(cfg) => (cfg.clone(), None),
+            None => (
+                self.replica_config(name, spec, generation),
+                self.digest_batches.clone(),
+            ),
+        };
         let resumed = Replica::resume(
-            self.replica_config(name, spec, generation),
+            cfg,
             parked,
             (self.transport.clone(), replication),
             shared_id,
-            self.digest_batches.clone(),
+            digest_batches,
             &self.arbiter,
         );
         let (outcome, handle) = match resumed {
@@ -155,9 +164,16 @@ impl Inner {
     }
 
     /// Whether the replica of `name` (hosted as `h`, running and not pinned) may be asked
-    /// to park: a catalog filter's, running under the node's id, with its metrics in the
-    /// node-wide series. The replica decides the rest.
+    /// to park: running under the node's id, its subjects routed by the node, with its
+    /// metrics in the node-wide series; a configured filter's also on the anti-entropy
+    /// timing of the catalog's, at which the node announces parked replicas' digests. The
+    /// replica decides the rest.
     fn may_park(&self, name: &str, h: &Filter) -> bool {
+        if let Some(cfg) = self.declared.get(name) {
+            let catalog = &self.announce_timing;
+            return cfg.aggregate_metrics
+                && (cfg.anti_entropy_interval_ms, cfg.peer_expiry_ms) == *catalog;
+        }
         !self.configured.contains(name)
             && self.routes_own_api(h.spec.kind)
             && self.settings.api_queue == ApiQueue::Node
@@ -256,12 +272,14 @@ pub(super) async fn announce_parked(inner: Weak<Inner>) {
         if node.stopping.load(Ordering::SeqCst) {
             return;
         }
-        let Some(batches) = node.digest_batches.clone() else {
+        let (Some(batches), Some(replication)) =
+            (node.digest_batches.clone(), node.replication.get().cloned())
+        else {
             return;
         };
         let slice = round % spacing;
         round = round.wrapping_add(1);
-        let frames: Vec<(String, Vec<u8>)> = {
+        let (alone, frames): (Vec<(String, Vec<u8>)>, Vec<_>) = {
             let table = node.table.read().expect("table lock");
             table
                 .iter_parked()
@@ -270,13 +288,24 @@ pub(super) async fn announce_parked(inner: Weak<Inner>) {
                     let byte = u32::from(frame.last().copied().unwrap_or(0));
                     (byte % spacing == slice).then(|| (name.clone(), frame.to_vec()))
                 })
-                .collect()
+                .partition(|(name, _)| node.declared.contains_key(name))
         };
-        if frames.is_empty() {
+        if frames.is_empty() && alone.is_empty() {
             continue;
         }
-        metrics::counter!(PARKED_MESSAGES, "body" => "announced").increment(frames.len() as u64);
-        batches.push_all(frames);
+        let announced = (frames.len() + alone.len()) as u64;
+        metrics::counter!(PARKED_MESSAGES, "body" => "announced").increment(announced);
+        if !frames.is_empty() {
+            batches.push_all(frames);
+        }
+        // A configured filter's digests go alone, on its `state` subject, as its replica
+        // sent them: replicas outside any node hear those, not the node's batches.
+        for (name, frame) in alone {
+            let subject = format!("{}.{name}.state", node.prefix);
+            if let Err(e) = replication.publish(subject, frame.into()).await {
+                tracing::debug!(filter = name, error = %e, "a parked filter's digest was not announced");
+            }
+        }
     }
 }
 

@@ -45,6 +45,11 @@ pub(super) enum Routed {
     /// `<prefix>.*.replica.<node id>.api[.>]`: the own API subjects of the filters that
     /// replicate under the node's id.
     OwnApi,
+    /// `<prefix>.<filter>.api.>` in the filter's queue group: the operations of a
+    /// configured filter whose replica handed its subscription over ([`GroupApi`]).
+    ///
+    /// [`GroupApi`]: crate::replica::GroupApi
+    Group,
 }
 
 /// Where [`Inner::route_api`] sends a request.
@@ -149,6 +154,19 @@ impl Inner {
         let Some(name) = self.filter_of(&msg.subject) else {
             return ApiRoute::Silent;
         };
+        if routed == Routed::Group {
+            // Its replica's own subscription, kept by the node: the replica (resumed if
+            // parked) answers as it did, refusals while it stops included.
+            return match self.target(name) {
+                Some(
+                    Target::Live(h)
+                    | Target::Starting(h, _)
+                    | Target::Dropping(h)
+                    | Target::Stopping(h, _),
+                ) => ApiRoute::answer(h.route_own_api(msg)),
+                None => ApiRoute::Silent,
+            };
+        }
         if self.configured.contains(name) && !self.configured_routed.contains(name) {
             // Its own subscriptions answer (its id may equal the node's: another namespace).
             return ApiRoute::Silent;

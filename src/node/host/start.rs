@@ -18,7 +18,7 @@ use super::shared_id::{claim_node_id, declared_shares_id, lease_template};
 use super::subscriptions::{forward_events, serve_node_api, serve_replica_apis, serve_routed};
 use super::{Inner, Node, PARALLEL_DECLARED_STARTS, Table, Tasks, parking, stopped};
 use crate::node::NodeError;
-use crate::node::config::{ApiQueue, NodeConfig};
+use crate::node::config::{ApiQueue, DeclaredMetrics, NodeConfig};
 use crate::replica::ReplicaConfig;
 use crate::transport::digests::{DIGESTS_TOKEN, publish_digests};
 use crate::transport::{
@@ -58,25 +58,40 @@ impl Node {
             }
             None => (None, None),
         };
+        let mut filters = cfg.filters;
+        for f in &mut filters {
+            // With a catalog, the node's replication subscription covers the configured
+            // filters under its prefix too: their own would take every message twice.
+            f.routed_replication = with_catalog && f.prefix == template.prefix;
+            // Under the node's id and prefix the node's subscriptions serve its `$SRV` and
+            // its API subjects, and take over its queue group's as it starts (still its
+            // filter's group).
+            f.catalog_hosted = f.prefix == template.prefix
+                && declared_shares_id(shared_id.is_some(), f.filter.kind);
+            f.aggregate_metrics = cfg.catalog.declared_metrics == DeclaredMetrics::Node
+                && !cfg.catalog.metrics_filters.contains(&f.name);
+        }
         let inner = Arc::new(Inner {
             transport,
             catalog,
-            configured: cfg.filters.iter().map(|f| f.name.clone()).collect(),
-            configured_here: cfg
-                .filters
+            configured: filters.iter().map(|f| f.name.clone()).collect(),
+            configured_here: filters
                 .iter()
                 .filter(|f| f.prefix == template.prefix)
                 .map(|f| f.name.clone())
                 .collect(),
-            configured_routed: cfg
-                .filters
+            configured_routed: filters
                 .iter()
-                .filter(|f| {
-                    f.prefix == template.prefix
-                        && declared_shares_id(shared_id.is_some(), f.filter.kind)
-                })
+                .filter(|f| f.catalog_hosted)
                 .map(|f| f.name.clone())
                 .collect(),
+            // What a parked one resumes with: the file's settings (of those that may park).
+            declared: filters
+                .iter()
+                .filter(|f| f.catalog_hosted && f.aggregate_metrics)
+                .map(|f| (f.name.clone(), f.clone()))
+                .collect(),
+            announce_timing: (template.anti_entropy_interval_ms, template.peer_expiry_ms),
             settings: cfg.catalog,
             data_dir: cfg.node.data_dir,
             auth_keys: cfg.auth_keys,
@@ -181,7 +196,8 @@ impl Node {
                             .push(tokio::spawn(task));
                     }
                     routed => {
-                        let task = serve_replica_apis(weak, transport, subject, stream, routed);
+                        let task =
+                            serve_replica_apis(weak, transport, (subject, None), stream, routed);
                         inner
                             .tasks
                             .routers
@@ -195,20 +211,15 @@ impl Node {
         let node = Node { inner };
         // Many at once: each start waited for its own round trips (an id claim and its
         // renewal, subscriptions), and 10,000 configured filters took 104 s one after another.
-        let starts = cfg.filters.into_iter().map(|mut f| {
+        let starts = filters.into_iter().map(|f| {
             let inner = &node.inner;
             let spec = f.filter.clone();
-            // With a catalog, the node's replication subscription covers the configured
-            // filters under its prefix too: their own would take every message twice.
-            f.routed_replication = inner.catalog.is_some() && f.prefix == inner.prefix;
             let shared_id = inner
                 .shared_id
                 .clone()
                 .filter(|_| declared_shares_id(true, f.filter.kind));
-            // Under the node's id and prefix the node's subscriptions serve its `$SRV` and
-            // its API subjects but the queue group's, which stays its filter's.
-            let routed = inner.configured_routed.contains(&f.name);
-            f.catalog_hosted = routed;
+            let routed = f.catalog_hosted;
+            let group_api = routed.then(|| inner.serve_group_api());
             // Its digests go alone: a replica outside any node may share its name.
             let entry = CatalogEntry {
                 name: f.name.clone(),
@@ -220,7 +231,7 @@ impl Node {
             };
             async move {
                 let handle = inner
-                    .start_replica(f, shared_id, None, routed, entry)
+                    .start_replica(f, shared_id, None, group_api, routed, entry)
                     .await?;
                 let id = handle.identity();
                 tracing::info!(filter = handle.name(), replica = id.replica, uuid = %id.uuid, "replica started");

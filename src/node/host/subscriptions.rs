@@ -9,24 +9,25 @@ use tokio::sync::broadcast;
 use super::held::{Held, publish_reply, spawn_held};
 use super::routing::{ApiRoute, Routed};
 use super::{Inner, stopped};
+use crate::replica::GroupApi;
 use crate::transport::{
     Message, MessageStream, Transport, TransportEvent, event_stream, serve_subscription,
 };
 
-/// Routes the requests on `subject` (see [`Routed`]) to the replicas of the catalog filters
-/// they are for, until the node stops. These were 3 of each replica's 5 subscriptions, with
-/// a channel buffer of ~6 KB each.
+/// Routes the requests on `subject` (in `queue`, if any; see [`Routed`]) to the replicas of
+/// the filters they are for, until the node stops. These were 3 of each replica's 5
+/// subscriptions, with a channel buffer of ~6 KB each.
 pub(super) async fn serve_replica_apis(
     inner: Weak<Inner>,
     transport: Arc<dyn Transport>,
-    subject: String,
+    (subject, queue): (String, Option<String>),
     initial: Option<MessageStream>,
     routed: Routed,
 ) {
     // Not when the node starts stopping: its replicas answer until they stopped.
     let stopped = stopped(inner.clone(), |i| &i.routing_stopped);
     let replying = transport.clone();
-    serve_subscription(transport, (subject, None), initial, stopped, |msg| {
+    serve_subscription(transport, (subject, queue), initial, stopped, |msg| {
         let routed = inner.upgrade().map(|i| (i.route(msg, routed), i));
         let transport = replying.clone();
         async move {
@@ -53,6 +54,38 @@ pub(super) async fn serve_replica_apis(
         }
     })
     .await
+}
+
+impl Inner {
+    /// Where a configured filter's replica hands its API's queue group subscriptions as it
+    /// starts to serve them: the node serves them from then on, beyond the replica's actor
+    /// (which may park), in the filter's own group, until it stops routing.
+    pub(super) fn serve_group_api(self: &Arc<Self>) -> GroupApi {
+        let inner = Arc::downgrade(self);
+        Box::new(move |subscriptions| {
+            let Some(node) = inner.upgrade() else {
+                return;
+            };
+            let mut routers = node.tasks.routers.lock().expect("routers lock");
+            if node
+                .routing_stopped
+                .load(std::sync::atomic::Ordering::SeqCst)
+            {
+                // The node stopped routing (its routers are gone): nothing would stop these.
+                return;
+            }
+            for (stream, subject, queue) in subscriptions {
+                let task = serve_replica_apis(
+                    inner.clone(),
+                    node.transport.clone(),
+                    (subject, Some(queue)),
+                    stream,
+                    Routed::Group,
+                );
+                routers.push(tokio::spawn(task));
+            }
+        })
+    }
 }
 
 /// Takes the request API's operations of every catalog filter (`subject`, `<prefix>.*.api.>`,

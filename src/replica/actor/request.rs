@@ -111,6 +111,16 @@ impl Replica {
             // already sends here are answered at once.
             // Not among the tasks aborted at stop: they end when the actor's queue closes,
             // after lingering a moment if the filter was dropped (`API_LINGER`).
+            let mut api = api;
+            if let Some(give) = act.group_api.take() {
+                // The queue group's go to the node, which serves them beyond this actor.
+                let (group, own): (Vec<_>, Vec<_>) = api.into_iter().partition(|a| a.2.is_some());
+                give(group
+                    .into_iter()
+                    .map(|(stream, subject, queue)| (stream, subject, queue.unwrap_or_default()))
+                    .collect());
+                api = own;
+            }
             for (stream, subject, queue) in api {
                 let reads = reads.clone();
                 tokio::spawn(forward_stream(
@@ -160,9 +170,9 @@ impl Replica {
     /// serving yet. The actor announces readiness as it starts (`crpf_ready`, the log).
     pub(crate) fn prepare_resumed(&mut self) {
         if self.cfg.serve_api {
-            debug_assert!(
-                self.cfg.catalog_hosted && self.cfg.routed_api && self.core.lease.shared.is_some()
-            );
+            // Its queue group's too: the node's (`routed_api`), or its own that the node took
+            // over as it first started (a configured filter's, `GroupApi`).
+            debug_assert!(self.cfg.catalog_hosted && self.core.lease.shared.is_some());
             self.core.api_started = true;
             let service = self.new_service();
             self.answer_api(&service);

@@ -208,4 +208,12 @@ pub(crate) struct Setup {
     pub digest_batches: Option<Arc<DigestBatcher>>,
     /// It resumes after parking (`parking`): ready at once, as it was.
     pub resumed: bool,
+    /// Its node serves its API's queue group subscriptions ([`GroupApi`]).
+    pub group_api: Option<GroupApi>,
 }
+
+/// Takes a replica's subscriptions in its API's queue group (stream or `None` to subscribe
+/// again, subject, group) once it serves them, for its node to serve for as long as the node
+/// routes (a configured filter's replica may then park: the subscription outlives its actor).
+pub(crate) type GroupApi =
+    Box<dyn FnOnce(Vec<(Option<crate::transport::MessageStream>, String, String)>) + Send>;
