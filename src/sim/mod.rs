@@ -31,6 +31,9 @@
 //! once durable; such an add now waits for a peer or a fresh look
 //! (`Plan::lone_acks_unchecked`, in runs of `Plan::fresh_cluster`).
 //!
+//! [`run_catalog`] simulates nodes following one filter catalog through lost stores,
+//! strangers, cut links, crashes and lost disks (`catalog.rs` says what it checks and found).
+//!
 //! `cargo test --release --lib sim::` runs [`DEFAULT_SEEDS`] seeds; `CRPF_SIM_SEEDS=<n>` runs
 //! `n`, `CRPF_SIM_SEED=<seed>` replays one (a failure prints its seed and its last events).
 
