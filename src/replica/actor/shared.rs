@@ -208,4 +208,8 @@ pub(crate) struct Setup {
     pub digest_batches: Option<Arc<DigestBatcher>>,
     /// It resumes after parking (`parking`): ready at once, as it was.
     pub resumed: bool,
+    /// It resumes from a state its node restored from its data directory, not yet
+    /// confirmed by a peer's equal digest (`Parked::unconfirmed`): it serves at once but
+    /// catches up as a starting replica does, by digests, without asking for states.
+    pub restored: bool,
 }

@@ -115,6 +115,16 @@ impl Timing {
             max_peers: cfg.max_peers,
         }
     }
+
+    /// The timing of a replica resumed from a restored, unconfirmed state: it decides it is
+    /// alone only after a parked peer's node would have announced that peer's digest (every
+    /// `spacing` anti-entropy intervals, [`crate::replica::parked_spacing`]), and one more.
+    pub(crate) fn restored(mut self, cfg: &ReplicaConfig) -> Self {
+        let spacing = u64::from(crate::replica::parked_spacing(cfg).unwrap_or(1));
+        let announced = ReplicaConfig::ms(cfg.anti_entropy_interval_ms * (spacing + 1));
+        self.catch_up_timeout = self.catch_up_timeout.max(announced);
+        self
+    }
 }
 
 /// What the shell knows of the state outside the core, read where a decision needs it (the
@@ -190,6 +200,11 @@ pub(crate) struct ReplicaCore<R> {
     pub parked: bool,
     /// It resumed after parking: ready at once (it was, and alone).
     pub resumed: bool,
+    /// It resumed from a state restored from its data directory that no peer confirmed
+    /// yet: it serves, but is ready (caught up) only once a ready peer's digest equals its
+    /// own or it merged a peer's state, or it heard no peer within the catch-up timeout
+    /// stretched to a parked peer's digest spacing ([`Timing::restored`]).
+    pub restored: bool,
     /// When the periodic timer fires, and what for.
     pub schedule: Schedule,
 }
@@ -230,6 +245,7 @@ impl<R> ReplicaCore<R> {
             api_started: false,
             parked: false,
             resumed,
+            restored: false,
             schedule,
         }
     }
