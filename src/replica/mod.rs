@@ -636,7 +636,9 @@ impl Replica {
         let Some(dir) = cfg.data_dir.clone() else {
             return Ok(None);
         };
-        if !cfg.routed_replication || !cfg.filter.kind.reuses_ids() {
+        // Only what would park running (an `expiring_bloom`, whose window moves, or a large
+        // state never does).
+        if !cfg.routed_replication || !cfg.filter.kind.reuses_ids() || !core::Traits::parks(&cfg) {
             return Ok(None);
         }
         let fresh = AnyFilter::new(&cfg.filter, 0)?;
