@@ -682,6 +682,7 @@ impl Replica {
                 digest,
                 announce: Some(announce),
                 unconfirmed: std::sync::atomic::AtomicBool::new(true),
+                restored: true,
             }))
         })
         .await

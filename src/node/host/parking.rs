@@ -90,6 +90,7 @@ impl Inner {
             } => (parked, spec, generation),
         };
         let (shared_id, replication) = resumable.expect("taken only if resumable");
+        let restored = parked.restored;
         let resumed = Replica::resume(
             self.replica_config(name, spec, generation),
             parked,
@@ -111,7 +112,10 @@ impl Inner {
         if handle.is_some() {
             metrics::counter!(PARKING, "change" => "resumed").increment(1);
             metrics::gauge!(PARKED_FILTERS).decrement(1.0);
-            crash::point(crash::RESUME);
+            crash::point(match restored {
+                true => crash::RESUME_RESTORED,
+                false => crash::RESUME,
+            });
         }
         handle
     }
@@ -154,6 +158,7 @@ impl Inner {
         }
         metrics::counter!(PARKING, "change" => "restored").increment(1);
         metrics::gauge!(PARKED_FILTERS).increment(1.0);
+        crash::point(crash::RESTORED);
         self.changed();
         true
     }

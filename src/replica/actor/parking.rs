@@ -60,6 +60,8 @@ pub(crate) struct Parked {
     /// its node was down is not known yet. Its frame says it is not ready, so that a peer
     /// whose state differs pushes its own at once.
     pub unconfirmed: AtomicBool,
+    /// Restored parked from its data directory as its node started, and not run since.
+    pub restored: bool,
 }
 
 /// The frame a node announces for a replica it restored parked from its data directory
@@ -203,6 +205,7 @@ impl Replica {
             digest,
             announce,
             unconfirmed: AtomicBool::new(false),
+            restored: false,
         })
     }
 }
