@@ -648,7 +648,7 @@ impl Replica {
         };
         // Off this thread, as a start's reads are; the digest and the frame too (a pass over
         // the state, and a signature).
-        let restored = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             let (_, restored, replayed) = open_data(&dir, &cfg, &fresh)?;
             let (Some(restored), Some(replayed)) = (restored, replayed) else {
                 return Ok(None);
@@ -686,8 +686,7 @@ impl Replica {
             }))
         })
         .await
-        .map_err(|e| ReplicaError::Config(format!("data directory task: {e}")))?;
-        restored
+        .map_err(|e| ReplicaError::Config(format!("data directory task: {e}")))?
     }
 }
 
