@@ -47,6 +47,64 @@ struct Args {
     /// Only wait (up to 10 minutes) until a node answers the catalog API, then exit.
     #[arg(long)]
     wait_api: bool,
+    /// Only probe the filters `<prefix>0` to `<prefix><N-1>` (made before) on the own
+    /// subjects of `--far-replicas` through the first server, `--concurrency` at once, each
+    /// until it answers `contains` (a restarted node's filters serving), then exit.
+    #[arg(long, default_value_t = 0)]
+    probe: usize,
+}
+
+/// Probes every filter of `names` on the own subject of each of `replicas` through `nats`
+/// until it answers `contains`, `concurrency` at once: how long until all did.
+async fn probe_all(
+    nats: &async_nats::Client,
+    names: &[String],
+    replicas: &[u16],
+    concurrency: usize,
+) {
+    let started = Instant::now();
+    let subjects: Vec<String> = names
+        .iter()
+        .flat_map(|n| {
+            replicas
+                .iter()
+                .map(move |id| format!("crpf.{n}.replica.{id}.api.contains"))
+        })
+        .collect();
+    let probe = |subject: String| {
+        let nats = nats.clone();
+        async move {
+            let mut tries = 0u32;
+            loop {
+                tries += 1;
+                let r = tokio::time::timeout(
+                    Duration::from_secs(2),
+                    nats.request(subject.clone(), Bytes::from_static(b"x")),
+                )
+                .await;
+                if matches!(r, Ok(Ok(ref m)) if m.payload.starts_with(b"{\"contains\"")) {
+                    return tries;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let mut in_flight = FuturesUnordered::new();
+    let (mut next, mut retried) = (0, 0u64);
+    while next < subjects.len() || !in_flight.is_empty() {
+        while next < subjects.len() && in_flight.len() < concurrency {
+            in_flight.push(probe(subjects[next].clone()));
+            next += 1;
+        }
+        if let Some(tries) = in_flight.next().await {
+            retried += u64::from(tries - 1);
+        }
+    }
+    println!(
+        "answered: {} filters in {:.2} s ({retried} probes asked again)",
+        subjects.len(),
+        started.elapsed().as_secs_f64()
+    );
 }
 
 async fn request(nats: &async_nats::Client, op: &str, body: Value) -> Value {
@@ -114,6 +172,13 @@ async fn main() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("no node answered the catalog API within 10 minutes");
+    }
+    if args.probe > 0 {
+        let names: Vec<String> = (0..args.probe)
+            .map(|i| format!("{}{i}", args.prefix))
+            .collect();
+        probe_all(&nats, &names, &args.far_replicas, args.concurrency).await;
+        return;
     }
     let capacity = args.capacity;
     let spec = move || json!({"kind": "g_bloom", "capacity": capacity, "fpr": 0.01});

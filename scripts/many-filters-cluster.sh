@@ -10,6 +10,12 @@
 #     filters (catalog.park_after_ms is 60 s by default: SETTLE=90 to see them parked), and
 #     the load average.
 #   CRPF_BIN=/path/to/crpf runs another binary (a before/after comparison).
+#   RESTART=1: then, once every node parked all N filters (up to 5 minutes), node 3 stops
+#     (SIGTERM) and starts again: the seconds until every filter answers `contains` on node
+#     3's own replica subjects (probed through its server, 64 at once, from its spawn), its
+#     CPU seconds by then and 30 s later, its RSS, and how many replicas woke on the peers
+#     (nodes 1 and 2: `crpf_parking_total{change="resumed"}`), pushed or merged a whole
+#     state, and (this build) were restored parked and confirmed by a peer's digest.
 #
 #   scripts/many-filters-cluster.sh [N] [S]      (defaults 1000 filters, 200 samples)
 #   SETTLE=60 scripts/many-filters-cluster.sh ...  (and idle again 60 s after the first window)
@@ -77,4 +83,56 @@ for i in 1 2 3; do
   echo "node$i parked filters: $(curl -s "http://127.0.0.1:946$((i + 4))/metrics" \
     | awk '$1 == "crpf_parked_filters" {print $2}')"
 done
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+[ "${RESTART:-0}" = 1 ] || exit 0
+# The sum of node $1's (1-3) series named $2 whose labels hold $3 (any, if none).
+metric() {
+  curl -s "http://127.0.0.1:946$(($1 + 4))/metrics" \
+    | awk -v s="$2" -v l="${3:-}" '($1 == s || index($1, s "{") == 1) && index($1, l) {t += $NF}
+        END {printf "%d", t}'
+}
+echo "restart of node3: waiting until every node parked its $n filters"
+waited=0
+until [ "$(metric 1 crpf_parked_filters)" -ge "$n" ] && [ "$(metric 2 crpf_parked_filters)" -ge "$n" ] \
+  && [ "$(metric 3 crpf_parked_filters)" -ge "$n" ]; do
+  sleep 5
+  waited=$((waited + 5))
+  [ "$waited" -lt 300 ] || { echo "not all parked after 300 s"; break; }
+done
+echo "all parked after $waited s more; load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+peers() {
+  local i
+  for i in 1 2; do
+    echo "node$i resumed=$(metric $i crpf_parking_total 'change="resumed"') pushes=$(metric $i crpf_state_pushes_total) state_merges=$(metric $i crpf_merges_total 'source="state"')"
+  done
+}
+echo "peers before: $(peers | tr '\n' ' ')"
+kill -TERM "$(pid node3)"
+while kill -0 "$(pid node3)" 2>/dev/null; do sleep 0.1; done
+logs_before=$(grep -c "claimed the node.s replica id" "$CRPF_STACK_DIR/logs/node3.log" || true)
+lines_before=$(wc -l <"$CRPF_STACK_DIR/logs/node3.log")
+start=$(date +%s.%N)
+CRPF_NODE__DATA_DIR="$CRPF_STACK_DIR/data/node3" CRPF_NODE__AUTH_KEY_FILE="$CRPF_STACK_DIR/cluster.key" \
+  "$CRPF_BIN" node --config configs/cluster/node3.toml >>"$CRPF_STACK_DIR/logs/node3.log" 2>&1 &
+echo $! >"$CRPF_STACK_DIR/pids/node3.pid"
+id3=""
+for _ in $(seq 1 600); do
+  if [ "$(grep -c "claimed the node.s replica id" "$CRPF_STACK_DIR/logs/node3.log" || true)" -gt "$logs_before" ]; then
+    id3="$(grep -o 'claimed the node.s replica id.*' "$CRPF_STACK_DIR/logs/node3.log" | tail -1 | grep -o 'replica=[0-9]*' | cut -d= -f2)"
+    break
+  fi
+  sleep 0.05
+done
+[ -n "$id3" ] || { echo "node3 logged no node id after its restart" >&2; exit 1; }
+$mf --nats nats://127.0.0.1:4224 --probe "$n" --far-replicas "$id3"
+hz=$(getconf CLK_TCK)
+elapsed() { awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+cpu() { awk -v hz="$hz" '{ printf "%.1f", ($14 + $15) / hz }' "/proc/$(pid node3)/stat"; }
+echo "node3 restarted: every filter answered on its own subjects $(elapsed) s after its start, $(cpu) s of CPU by then"
+sleep 30
+echo "30 s later: node3 $(cpu) s of CPU, RSS $(( $(awk '/VmRSS/ {print $2}' "/proc/$(pid node3)/status") / 1024 )) MiB"
+echo "node3 restored=$(metric 3 crpf_parking_total 'change="restored"') confirmed=$(metric 3 crpf_parking_total 'change="confirmed"') resumed=$(metric 3 crpf_parking_total 'change="resumed"') pushes=$(metric 3 crpf_state_pushes_total) state_merges=$(metric 3 crpf_merges_total 'source="state"') parked=$(metric 3 crpf_parked_filters)"
+echo "node3 log since its restart: $(tail -n +"$((lines_before + 1))" "$CRPF_STACK_DIR/logs/node3.log" | grep -c 'alone' || true) replicas ready 'alone'"
+echo "peers after: $(peers | tr '\n' ' ')"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"

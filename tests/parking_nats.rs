@@ -112,6 +112,35 @@ impl Node {
             .sum()
     }
 
+    /// `BF.ADD filter item` on this node at `durable` (answered once its log synced it).
+    fn add_durable(&self, filter: &str, item: &str) {
+        let client = redis::Client::open(format!("redis://{}/", self.resp)).unwrap();
+        let mut con = client
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .unwrap();
+        let _: () = redis::cmd("CRPF.ACK")
+            .arg("durable")
+            .query(&mut con)
+            .unwrap();
+        let added: Result<i64, _> = redis::cmd("BF.ADD").arg(filter).arg(item).query(&mut con);
+        assert!(
+            added.is_ok(),
+            "{}: durable BF.ADD {filter} {item}: {added:?}",
+            self.name
+        );
+    }
+
+    /// A counter of this node's series `series` with `label` (`key="value"`), 0 if absent.
+    fn counter(&self, series: &str, label: &str) -> f64 {
+        let Ok((_, body)) = http_get(&self.metrics, "/metrics") else {
+            return -1.0;
+        };
+        body.lines()
+            .filter(|l| l.starts_with(&format!("{series}{{")) && l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// Waits until this node's RESP port serves `filters` filters (its catalog loaded).
     fn wait_serving(&mut self, filters: usize) {
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -284,6 +313,121 @@ async fn a_differing_digest_wakes_parked_replicas_after_a_partition_heals() {
     routes.heal();
     wait_everywhere(&nodes, "carol");
     wait_all_parked(&mut nodes, "at rest after the heal");
+    for mut n in nodes {
+        n.proc.terminate(Duration::from_secs(30));
+    }
+}
+
+/// What says a replica woke or moved a whole state: resumptions, pushes of a whole state and
+/// merges of one, on one node.
+fn wakes_and_states(node: &Node) -> [f64; 3] {
+    [
+        node.counter("crpf_parking_total", "change=\"resumed\""),
+        node.metric("crpf_state_pushes_total"),
+        node.counter("crpf_merges_total", "source=\"state\""),
+    ]
+}
+
+/// A node of a cluster at rest restarts with its filters parked, restored from their
+/// directories (no replica runs, nothing is asked of its peers): its digests, announced
+/// at once, equal its peers', which stay parked; no whole state moves either way, and the
+/// restarted replicas are confirmed by their peers' digests. Adds made on a peer while it
+/// was down reach it after its restart (the peer's state differs, and is pushed to it).
+/// Adds acknowledged at `durable` on it survive its crash, peers down too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_exchanges_digests_not_states_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = NatsServer::cluster(3);
+    let urls: Vec<String> = servers.iter().map(NatsServer::url).collect();
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| Node::start(dir.path(), i, &urls, false))
+        .collect();
+    for n in &mut nodes {
+        n.wait_serving(0);
+    }
+    let client = async_nats::connect(urls[0].clone()).await.unwrap();
+    create_filters(&client).await;
+    for n in &mut nodes {
+        n.wait_serving(FILTERS);
+    }
+    for name in names() {
+        nodes[2].add_durable(&name, "erin");
+    }
+    wait_everywhere(&nodes, "erin");
+    wait_all_parked(&mut nodes, "at rest after the adds");
+
+    // Nothing changes while node 2 is down.
+    let peers_before: Vec<[f64; 3]> = nodes[..2].iter().map(wakes_and_states).collect();
+    nodes[2].proc.terminate(Duration::from_secs(30));
+    nodes[2].restart();
+    nodes[2].wait_serving(FILTERS);
+    let restored = "change=\"restored\"";
+    assert_eq!(
+        nodes[2].counter("crpf_parking_total", restored),
+        FILTERS as f64,
+        "node2 restored every filter parked\n{}",
+        nodes[2].proc.log_tail()
+    );
+    // Its peers' digests (each parked replica's, within its spacing) confirm them all.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while nodes[2].counter("crpf_parking_total", "change=\"confirmed\"") < FILTERS as f64 {
+        assert!(
+            Instant::now() < deadline,
+            "node2's restored replicas not confirmed by their peers' digests\n{}",
+            nodes[2].proc.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // It reads its filters (which resumes its replicas: they ask their peers nothing, and
+    // their digests, equal, wake none).
+    for name in names() {
+        assert!(nodes[2].has(&name, "erin"), "{name} lost erin");
+    }
+    wait_all_parked(&mut nodes, "at rest after the restart");
+    let peers_after: Vec<[f64; 3]> = nodes[..2].iter().map(wakes_and_states).collect();
+    assert_eq!(
+        peers_before, peers_after,
+        "the peers of a restarted node woke or moved whole states (resumed, pushes, merges)"
+    );
+    let mine = wakes_and_states(&nodes[2]);
+    assert_eq!(
+        mine[1..],
+        [0.0, 0.0],
+        "node2 pushed or merged a whole state after a restart that changed nothing"
+    );
+
+    // Adds on node 0 while node 2 is down: back, it has them.
+    nodes[2].proc.terminate(Duration::from_secs(30));
+    for name in names() {
+        nodes[0].add(&name, "frank");
+    }
+    nodes[2].restart();
+    nodes[2].wait_serving(FILTERS);
+    wait_everywhere(&nodes, "frank");
+    wait_everywhere(&nodes, "erin");
+    wait_all_parked(&mut nodes, "at rest after a restart that missed adds");
+
+    // Node 2 alone takes adds at `durable`, then crashes; back (still alone), it has them.
+    nodes[0].proc.terminate(Duration::from_secs(30));
+    nodes[1].proc.terminate(Duration::from_secs(30));
+    for name in names() {
+        nodes[2].add_durable(&name, "gina");
+    }
+    nodes[2].proc.kill9();
+    nodes[2].restart();
+    nodes[2].wait_serving(FILTERS);
+    // (Replayed, its replicas start and catch up, alone: wait until they serve.)
+    wait_everywhere(&nodes[2..], "gina");
+    wait_everywhere(&nodes[2..], "frank");
+    // And a clean stop of a node alone, parked: still there.
+    wait_all_parked(&mut nodes[2..], "node2 alone at rest");
+    nodes[2].proc.terminate(Duration::from_secs(30));
+    nodes[2].restart();
+    nodes[2].wait_serving(FILTERS);
+    wait_everywhere(&nodes[2..], "gina");
+    nodes[0].restart();
+    nodes[1].restart();
+    wait_everywhere(&nodes, "gina");
     for mut n in nodes {
         n.proc.terminate(Duration::from_secs(30));
     }

@@ -11,6 +11,7 @@
 //!
 //! ```text
 //!   (absent) --begin_start--> Starting --started--> Live <--resumed-- Resuming
+//!   (absent) --host_parked--> Parked (a filter restored from its data directory)
 //!                                |                   |  \--park--> Parked --begin_resume--^
 //!                          start_failed            drop  stop_all     |          |
 //!                                v                   v      v        drop    stop_all
@@ -427,6 +428,24 @@ impl<H: Handle, P> FilterTable<H, P> {
                 handle: handle.clone(),
             },
         );
+        self.hosted += 1;
+        Ok(())
+    }
+
+    /// `name`, absent, hosted as `filter` and parked at once as `parked`: a filter restored
+    /// from its data directory as its node starts, without running its replica. Refused if
+    /// the name is in the table in any state.
+    pub(crate) fn host_parked(
+        &mut self,
+        name: &str,
+        filter: Filter,
+        parked: Box<P>,
+    ) -> Result<(), Refused> {
+        if self.entries.contains_key(name) {
+            return self.refused(name, "host parked");
+        }
+        self.entries
+            .insert(name.to_string(), State::Parked { filter, parked });
         self.hosted += 1;
         Ok(())
     }

@@ -66,7 +66,7 @@ pub use local::{
     TakeSnapshot,
 };
 pub(crate) use local::{FINAL_FLUSH_TIMEOUT, ShutdownBy};
-pub(crate) use parking::{Park, ParkInto, Parked, parked_spacing};
+pub(crate) use parking::{Park, ParkInto, Parked, parked_spacing, restored_announcement};
 pub(crate) use pump::{API_LINGER, Inbound, Route, route_event, route_replication};
 pub use reads::PendingResponse;
 pub(crate) use reads::{refusal, route_own_api};
@@ -124,7 +124,10 @@ impl Replica {
             }
         };
         let started = Instant::now();
-        let timing = Timing::of(&s.cfg);
+        let timing = match s.restored {
+            true => Timing::of(&s.cfg).restored(&s.cfg),
+            false => Timing::of(&s.cfg),
+        };
         let codec = WireCodec::new(expect.clone(), s.cfg.auth_keys.clone());
         let limiter = Arc::new(LogLimiter::new(Duration::from_secs(10)));
         // Flume's queues grow with what they hold: tokio's allocate 32 slots up front, and
@@ -174,7 +177,8 @@ impl Replica {
         );
         let durable = (s.reserved, s.resumed);
         let seed = fastrand::u64(..);
-        let core = ReplicaCore::new(traits, timing, parts, pushes, durable, started, seed);
+        let mut core = ReplicaCore::new(traits, timing, parts, pushes, durable, started, seed);
+        core.restored = s.restored;
         Replica {
             updates,
             cfg: s.cfg,
@@ -464,9 +468,12 @@ impl Actor for Replica {
         }
         // Under the node's id: its latest listing of the ids is this replica's first view.
         self.note_shared_listing();
-        if self.core.resumed {
+        if self.core.resumed && !self.core.restored {
             let actions = self.core.anti_entropy.ready_now("resumed after parking");
             self.carry_out(actions, ctx);
+        } else if self.core.restored {
+            // Serving already; caught up by digests: a peer whose state differs pushes its
+            // own at once to a replica that is not ready.
         } else if self.cfg.new_incarnation {
             let actions = self
                 .core
@@ -477,6 +484,8 @@ impl Actor for Replica {
         // Catch up: ask every peer for its state, and tell them ours. A resumed replica
         // missed nothing while parked (whatever came for it woke it, and is in its buffer):
         // its digest says the rest, and a request would wake its parked peers for nothing.
+        // (A restored one may have missed changes while its node was down: its digest, not
+        // ready, has the peers that differ push their states.)
         if !self.core.resumed {
             self.request_state(None);
         }

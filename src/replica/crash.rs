@@ -34,6 +34,8 @@ pub const POINTS: &[&str] = &[
     PARK_STATE_TAKEN,
     PARK_PARKED,
     RESUME,
+    RESTORED,
+    RESUME_RESTORED,
     SHUTDOWN_BEFORE_SNAPSHOT,
     SHUTDOWN_AFTER_SNAPSHOT,
     NODE_STOPPED,
@@ -63,6 +65,11 @@ pub const PARK_STATE_TAKEN: &str = "park.state_taken";
 pub const PARK_PARKED: &str = "park.parked";
 /// A parked replica runs again, nothing of the request that woke it done yet.
 pub const RESUME: &str = "resume";
+/// The node holds a replica restored parked from its data directory as it starts.
+pub const RESTORED: &str = "restored";
+/// A replica restored parked runs again (its first resume), nothing of the request that
+/// woke it done yet ([`RESUME`] counts the resumes of replicas parked while running).
+pub const RESUME_RESTORED: &str = "resume.restored";
 /// A stopping replica is about to write its final snapshot.
 pub const SHUTDOWN_BEFORE_SNAPSHOT: &str = "shutdown.before_snapshot";
 /// A stopping replica wrote its final snapshot (or had nothing to save).

@@ -535,6 +535,7 @@ impl Replica {
             digest_batches,
             resumed: false,
             group_api,
+            restored: false,
         };
         let addr = Replica::new(setup).start();
         let handle = ReplicaHandle::from_parts(addr, shared);
@@ -583,6 +584,9 @@ impl Replica {
         };
         let (transport, replication_transport) = transports;
         let seq = parked.seq;
+        let restored = parked
+            .unconfirmed
+            .load(std::sync::atomic::Ordering::Relaxed);
         let shared = Arc::new(
             Shared::new(
                 parked.filter,
@@ -610,12 +614,85 @@ impl Replica {
             resumed: true,
             // Its node serves its queue group already (or it has none).
             group_api: None,
+            restored,
         };
         let mut replica = Replica::new(setup);
         replica.prepare_resumed();
         replica.resumed_at(seq);
         let addr = Replica::start_in_arbiter(arbiter, move |_| replica);
         Ok(ReplicaHandle::from_parts(addr, shared))
+    }
+}
+
+impl Replica {
+    /// A replica of a node's catalog filter, restored from its data directory without
+    /// running it: parked at once, as if it had parked before its node stopped
+    /// ([`actor::Parked`], its digest announced not ready, see
+    /// [`actor::restored_announcement`]). Only if the directory alone is its state: a
+    /// snapshot under the node's id `shared_id` and nothing logged beyond it (a log record
+    /// replayed, a torn tail or damage cut off, another identity: `None`, and the replica
+    /// starts as any, which saves what it recovered before it serves). The log is replayed
+    /// (and its last segment synced) here as at any start: nothing acknowledged is left
+    /// out, and its writer goes on after every segment when the replica resumes.
+    pub(crate) async fn restore_parked(
+        cfg: ReplicaConfig,
+        shared_id: &SharedId,
+    ) -> Result<Option<Parked>, ReplicaError> {
+        cfg.validate().map_err(ReplicaError::Config)?;
+        let Some(dir) = cfg.data_dir.clone() else {
+            return Ok(None);
+        };
+        // Only what would park running (an `expiring_bloom`, whose window moves, or a large
+        // state never does).
+        if !cfg.routed_replication || !cfg.filter.kind.reuses_ids() || !core::Traits::parks(&cfg) {
+            return Ok(None);
+        }
+        let fresh = AnyFilter::new(&cfg.filter, 0)?;
+        let (uuid, replica, floor) = {
+            let id = shared_id.identity();
+            (id.uuid, id.replica, shared_id.floor())
+        };
+        // Off this thread, as a start's reads are; the digest and the frame too (a pass over
+        // the state, and a signature).
+        tokio::task::spawn_blocking(move || {
+            let (_, restored, replayed) = open_data(&dir, &cfg, &fresh)?;
+            let (Some(restored), Some(replayed)) = (restored, replayed) else {
+                return Ok(None);
+            };
+            if !restored.snapshot_is_state {
+                return Ok(None);
+            }
+            let kind = cfg.filter.kind;
+            let claiming = core::Claiming::new(kind, Some(restored), fresh);
+            let adopted = claiming.settle(uuid, replica, floor);
+            if !adopted.unchanged {
+                return Ok(None);
+            }
+            let filter = adopted.filter;
+            let digest = filter.state_digest();
+            let announce = actor::restored_announcement(
+                &cfg,
+                (filter.kind(), filter.params_digest()),
+                adopted.identity,
+                digest,
+            );
+            let telemetry =
+                metrics::Telemetry::new(&cfg.name, replica, cfg.filter.fpr, cfg.aggregate_metrics);
+            Ok(Some(Parked {
+                filter,
+                identity: adopted.identity,
+                telemetry,
+                wal_next: Some(replayed.next_segment()),
+                reserved: adopted.reserved,
+                seq: 0,
+                digest,
+                announce: Some(announce),
+                unconfirmed: std::sync::atomic::AtomicBool::new(true),
+                restored: true,
+            }))
+        })
+        .await
+        .map_err(|e| ReplicaError::Config(format!("data directory task: {e}")))?
     }
 }
 

@@ -155,16 +155,22 @@ impl Inner {
             if self.stopping.load(Ordering::SeqCst) {
                 return;
             }
-            let started = self
-                .start_replica(
-                    cfg.clone(),
-                    self.shared_id.clone(),
-                    self.digest_batches.clone(),
-                    None,
-                    self.routes_own_api(entry.spec.kind),
-                    entry.clone(),
-                )
-                .await;
+            // A restart's filters come back parked where their directories allow.
+            let restored = attempt == 1 && self.host_restored(&entry, &cfg).await;
+            let started = match restored {
+                true => Ok(()),
+                false => self
+                    .start_replica(
+                        cfg.clone(),
+                        self.shared_id.clone(),
+                        self.digest_batches.clone(),
+                        None,
+                        self.routes_own_api(entry.spec.kind),
+                        entry.clone(),
+                    )
+                    .await
+                    .map(|_| ()),
+            };
             match started {
                 Ok(_) => {
                     if let Some(dir) = cfg.data_dir.clone() {

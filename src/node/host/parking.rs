@@ -23,7 +23,10 @@ use std::time::Duration;
 
 use super::{ApiQueue, Inner};
 use crate::node::table::{Filter, Resume};
-use crate::replica::{Park, ParkInto, Parked, Replica, ReplicaHandle, crash, parked_spacing};
+use crate::replica::{
+    Park, ParkInto, Parked, Replica, ReplicaConfig, ReplicaHandle, crash, parked_spacing,
+};
+use crate::transport::CatalogEntry;
 use crate::wire::{Body, Expect, WireCodec};
 
 /// Looks in a row that find a replica untouched before it is asked to park.
@@ -96,6 +99,7 @@ impl Inner {
                 self.digest_batches.clone(),
             ),
         };
+        let restored = parked.restored;
         let resumed = Replica::resume(
             cfg,
             parked,
@@ -117,9 +121,55 @@ impl Inner {
         if handle.is_some() {
             metrics::counter!(PARKING, "change" => "resumed").increment(1);
             metrics::gauge!(PARKED_FILTERS).decrement(1.0);
-            crash::point(crash::RESUME);
+            crash::point(match restored {
+                true => crash::RESUME_RESTORED,
+                false => crash::RESUME,
+            });
         }
         handle
+    }
+
+    /// Hosts the catalog filter of `entry` parked, restored from its data directory
+    /// ([`Replica::restore_parked`]) without running its replica, if the node parks
+    /// replicas and may park this one, and its directory alone is its state; whether it
+    /// did (if not, the caller starts the replica as any). Its digest is announced (not
+    /// ready) with the node's next batch: a peer whose state is equal answers nothing, one
+    /// whose state differs pushes its own, which wakes the replica.
+    pub(super) async fn host_restored(&self, entry: &CatalogEntry, cfg: &ReplicaConfig) -> bool {
+        let may = self.settings.park_after_ms > 0
+            && !cfg.new_incarnation
+            && cfg.data_dir.as_ref().is_some_and(|d| d.is_dir())
+            && self.digest_batches.is_some()
+            && self.replication.get().is_some()
+            && self.may_park_spec(&entry.name, entry.spec.kind);
+        let Some(shared_id) = self.shared_id.clone().filter(|_| may) else {
+            return false;
+        };
+        let parked = match Replica::restore_parked(cfg.clone(), &shared_id).await {
+            Ok(Some(parked)) => parked,
+            Ok(None) => return false,
+            Err(e) => {
+                tracing::debug!(filter = entry.name, error = %e, "not restored parked: starting it");
+                return false;
+            }
+        };
+        if self.stopping.load(Ordering::SeqCst) {
+            return false;
+        }
+        let hosted = self.table.write().expect("table lock").host_parked(
+            &entry.name,
+            Filter::new(entry.clone()),
+            Box::new(parked),
+        );
+        if let Err(e) = hosted {
+            tracing::warn!(error = %e, "a restored filter could not be hosted parked: starting it");
+            return false;
+        }
+        metrics::counter!(PARKING, "change" => "restored").increment(1);
+        metrics::gauge!(PARKED_FILTERS).increment(1.0);
+        crash::point(crash::RESTORED);
+        self.changed();
+        true
     }
 
     /// Whether the parked replica `parked` of `name`'s `generation` must wake for `payload`,
@@ -157,6 +207,13 @@ impl Inner {
             Some(Unneeded::Echo) => false,
             Some(Unneeded::Counted(body)) => {
                 metrics::counter!(PARKED_MESSAGES, "body" => body).increment(1);
+                // A ready peer has the state a restored replica was restored with: it
+                // missed nothing while its node was down.
+                if matches!(env.body, Body::Digest { ready: true, .. })
+                    && parked.unconfirmed.swap(false, Ordering::Relaxed)
+                {
+                    metrics::counter!(PARKING, "change" => "confirmed").increment(1);
+                }
                 false
             }
             None => true,
@@ -174,8 +231,13 @@ impl Inner {
             return cfg.aggregate_metrics
                 && (cfg.anti_entropy_interval_ms, cfg.peer_expiry_ms) == *catalog;
         }
+        self.may_park_spec(name, h.spec.kind)
+    }
+
+    /// [`Inner::may_park`] of a filter of `kind`.
+    fn may_park_spec(&self, name: &str, kind: crate::FilterKind) -> bool {
         !self.configured.contains(name)
-            && self.routes_own_api(h.spec.kind)
+            && self.routes_own_api(kind)
             && self.settings.api_queue == ApiQueue::Node
             && !self.settings.metrics_filters.iter().any(|f| f == name)
     }
@@ -278,6 +340,9 @@ pub(super) async fn announce_parked(inner: Weak<Inner>) {
             return;
         };
         let slice = round % spacing;
+        // At the first round, every one: those restored as the node started are compared
+        // by their peers at once (one whose state differs is pushed it).
+        let all = round == 0;
         round = round.wrapping_add(1);
         let (alone, frames): (Vec<(String, Vec<u8>)>, Vec<_>) = {
             let table = node.table.read().expect("table lock");
@@ -286,7 +351,7 @@ pub(super) async fn announce_parked(inner: Weak<Inner>) {
                 .filter_map(|(name, _, parked)| {
                     let frame = parked.announce.as_deref()?;
                     let byte = u32::from(frame.last().copied().unwrap_or(0));
-                    (byte % spacing == slice).then(|| (name.clone(), frame.to_vec()))
+                    (all || byte % spacing == slice).then(|| (name.clone(), frame.to_vec()))
                 })
                 .partition(|(name, _)| node.declared.contains_key(name))
         };

@@ -389,3 +389,37 @@ fn a_quiet_lookup_leaves_a_live_replica_unused_and_shows_a_parked_ones_state() {
         Quiet::Found(Found::Starting(&R(2), false))
     );
 }
+
+#[test]
+fn a_restored_filter_is_hosted_parked_and_resumes_as_any_parked_one() {
+    let mut t = Table::default();
+    t.host_parked("f", filter(4), Box::new(Kept(9))).unwrap();
+    assert_eq!(t.kind("f"), Kind::Parked);
+    assert_eq!(t.hosted_len(), 1);
+    assert_eq!(t.hosted("f").map(|f| f.generation), Some(4));
+    assert_eq!(t.iter_parked().count(), 1);
+    // A name in the table in any state is refused, and left as it was.
+    refused(
+        t.host_parked("f", filter(5), Box::new(Kept(1))),
+        Kind::Parked,
+    );
+    let mut starting = Table::default();
+    starting.begin_start("g", R(1), true).unwrap();
+    refused(
+        starting.host_parked("g", filter(1), Box::new(Kept(1))),
+        Kind::Starting,
+    );
+    assert_eq!(starting.hosted_len(), 0);
+    let Resume::Take {
+        parked,
+        generation: 4,
+        ..
+    } = t.begin_resume("f", true)
+    else {
+        panic!("not taken")
+    };
+    assert_eq!(*parked, Kept(9));
+    t.resumed("f", Ok(R(3))).unwrap();
+    assert_eq!(t.find("f"), Found::Live(&R(3)));
+    assert_eq!(t.hosted_len(), 1);
+}

@@ -11,7 +11,7 @@
 //! differs. Any other message of a peer for it (a delta, a state, a request) wakes it and is
 //! handed to it (docs/DESIGN.md, "Parking with peers").
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use actix::prelude::*;
@@ -55,6 +55,52 @@ pub(crate) struct Parked {
     /// With peers: its digest's frame, for its node to announce in its batches (ready, all
     /// its numbered messages sent, the next within [`parked_spacing`] intervals).
     pub announce: Option<Box<[u8]>>,
+    /// Restored from its data directory as its node started ([`restored_announcement`]),
+    /// and no ready peer announced an equal digest since: whether it missed anything while
+    /// its node was down is not known yet. Its frame says it is not ready, so that a peer
+    /// whose state differs pushes its own at once.
+    pub unconfirmed: AtomicBool,
+    /// Restored parked from its data directory as its node started, and not run since.
+    pub restored: bool,
+}
+
+/// The frame a node announces for a replica it restored parked from its data directory
+/// (`digest`, of `kind` with `params_digest`, replicating as `identity` under `cfg`): not
+/// ready (a peer whose digest differs pushes its state at once, as to any replica catching
+/// up), nothing numbered sent yet (a restart numbers from 1 again), the next within
+/// [`parked_spacing`] intervals.
+pub(crate) fn restored_announcement(
+    cfg: &ReplicaConfig,
+    (kind, params_digest): (crate::wire::FilterKind, u64),
+    identity: Identity,
+    digest: u64,
+) -> Box<[u8]> {
+    let body = Body::Digest {
+        digest,
+        ready: false,
+        sent: Some(0),
+        spacing: parked_spacing(cfg),
+    };
+    let env = Envelope::new(
+        cfg.name.clone(),
+        kind,
+        params_digest,
+        identity.uuid,
+        identity.replica,
+        0,
+        body,
+    )
+    .with_generation(cfg.generation);
+    let expect = crate::wire::Expect {
+        filter: cfg.name.clone(),
+        kind,
+        params_digest,
+        generation: cfg.generation,
+        max_bytes: cfg.max_message_bytes,
+    };
+    crate::wire::WireCodec::new(expect, cfg.auth_keys.clone())
+        .encode(&env)
+        .into_boxed_slice()
 }
 
 /// Where a parking replica's state goes. The actor calls it with a function that closes the
@@ -158,6 +204,8 @@ impl Replica {
             seq: self.core.seq,
             digest,
             announce,
+            unconfirmed: AtomicBool::new(false),
+            restored: false,
         })
     }
 }

@@ -210,6 +210,10 @@ pub(crate) struct Setup {
     pub resumed: bool,
     /// Its node serves its API's queue group subscriptions ([`GroupApi`]).
     pub group_api: Option<GroupApi>,
+    /// It resumes from a state its node restored from its data directory, not yet
+    /// confirmed by a peer's equal digest (`Parked::unconfirmed`): it serves at once but
+    /// catches up as a starting replica does, by digests, without asking for states.
+    pub restored: bool,
 }
 
 /// Takes a replica's subscriptions in its API's queue group (stream or `None` to subscribe

@@ -67,6 +67,13 @@ pub(crate) struct Traits {
 }
 
 impl Traits {
+    /// Whether a replica configured as `cfg` parks at all once idle (whatever its peers and
+    /// id): under the node-wide series, not moving with time, small (see [`Self::of`]).
+    pub(crate) fn parks(cfg: &ReplicaConfig) -> bool {
+        let t = Self::of(cfg, cfg.filter.kind, true, (Uuid::nil(), 0));
+        t.aggregate_metrics && !t.moves_with_time && t.small
+    }
+
     /// The traits of a replica (`me`, of id `id`) configured as `cfg`, of `kind`, issuing
     /// its tags under its node's id or not.
     pub(crate) fn of(
@@ -114,6 +121,16 @@ impl Timing {
             catch_up_timeout: ReplicaConfig::ms(cfg.catch_up_timeout_ms),
             max_peers: cfg.max_peers,
         }
+    }
+
+    /// The timing of a replica resumed from a restored, unconfirmed state: it decides it is
+    /// alone only after a parked peer's node would have announced that peer's digest (every
+    /// `spacing` anti-entropy intervals, [`crate::replica::parked_spacing`]), and one more.
+    pub(crate) fn restored(mut self, cfg: &ReplicaConfig) -> Self {
+        let spacing = u64::from(crate::replica::parked_spacing(cfg).unwrap_or(1));
+        let announced = ReplicaConfig::ms(cfg.anti_entropy_interval_ms * (spacing + 1));
+        self.catch_up_timeout = self.catch_up_timeout.max(announced);
+        self
     }
 }
 
@@ -190,6 +207,11 @@ pub(crate) struct ReplicaCore<R> {
     pub parked: bool,
     /// It resumed after parking: ready at once (it was, and alone).
     pub resumed: bool,
+    /// It resumed from a state restored from its data directory that no peer confirmed
+    /// yet: it serves, but is ready (caught up) only once a ready peer's digest equals its
+    /// own or it merged a peer's state, or it heard no peer within the catch-up timeout
+    /// stretched to a parked peer's digest spacing ([`Timing::restored`]).
+    pub restored: bool,
     /// When the periodic timer fires, and what for.
     pub schedule: Schedule,
 }
@@ -230,6 +252,7 @@ impl<R> ReplicaCore<R> {
             api_started: false,
             parked: false,
             resumed,
+            restored: false,
             schedule,
         }
     }
@@ -507,5 +530,28 @@ mod tests {
         c.note_live(3);
         c.note_live(1);
         assert_eq!(c.most_live, 4);
+    }
+
+    /// A replica resumed from a restored state decides it is alone only after a parked
+    /// peer's node would have announced that peer's digest, and one interval more.
+    #[test]
+    fn a_restored_replica_waits_a_parked_peers_spacing_before_it_is_alone() {
+        let cfg = ReplicaConfig::for_kind("t", crate::FilterKind::GBloom, 100, 0.01);
+        let spacing = u64::from(crate::replica::parked_spacing(&cfg).unwrap_or(1));
+        assert!(
+            spacing > 1,
+            "the defaults space a parked replica's digests out"
+        );
+        let timing = Timing::of(&cfg).restored(&cfg);
+        let want = ReplicaConfig::ms(cfg.anti_entropy_interval_ms * (spacing + 1));
+        assert_eq!(timing.catch_up_timeout, want);
+        assert!(want > Timing::of(&cfg).catch_up_timeout);
+        // A longer catch-up timeout of its own is kept.
+        let mut slow = cfg.clone();
+        slow.catch_up_timeout_ms = 3_600_000;
+        assert_eq!(
+            Timing::of(&slow).restored(&slow).catch_up_timeout,
+            ReplicaConfig::ms(3_600_000)
+        );
     }
 }

@@ -29,6 +29,14 @@ pub struct Replayed {
     pub(super) disk: Arc<dyn Disk>,
 }
 
+impl Replayed {
+    /// The segment a writer of this log starts at: after every segment on disk and every
+    /// segment the snapshot covers.
+    pub(crate) fn next_segment(&self) -> u64 {
+        self.next
+    }
+}
+
 /// Replays the log in `dir` (created if missing): passes every record of every segment above
 /// `covered_through`, in order, to `on_record`. A segment written under another identity
 /// than `expected` is replayed too, and counted ([`Replayed::earlier_identities`]): the
