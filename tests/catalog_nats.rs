@@ -1086,45 +1086,6 @@ async fn a_lost_jetstream_store_deletes_nothing_and_the_catalog_recovers() {
     node.proc.terminate(Duration::from_secs(30));
 }
 
-/// A name created again after the JetStream store was lost gets a later generation than any
-/// of its incarnations before: a lost store starts its revisions again, and a generation
-/// taken from the revision gave the new filter its dropped predecessor's (found by the
-/// catalog simulation, `sim::catalog`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_name_created_again_after_a_lost_store_gets_a_later_generation() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut server = NatsServer::start();
-    let urls = vec![server.url()];
-    let mut node = serving_nodes(dir.path(), 1, &urls).remove(0);
-    let client = async_nats::connect(server.url()).await.unwrap();
-    let first = create_bloom(&client, "again").await["generation"]
-        .as_u64()
-        .unwrap();
-    let dropped = catalog(&client, "drop", json!({"name": "again"})).await;
-    assert_eq!(dropped["dropped"], json!(true), "{dropped}");
-    server.kill();
-    server.wipe_store();
-    server.restart();
-    let created = time_until(Duration::from_secs(60), || {
-        futures::executor::block_on(async {
-            let body = json!({"name": "again", "filter": bloom(1000)});
-            let reply = api_request(
-                &client,
-                "crpf.$catalog.create".into(),
-                serde_json::to_vec(&body).unwrap(),
-                Duration::from_secs(2),
-            )
-            .await;
-            reply.is_ok_and(|r| r["created"] == json!(true))
-        })
-    });
-    assert!(created.is_some(), "{}", node.proc.log_tail());
-    let info = catalog(&client, "info", json!({"name": "again"})).await;
-    let second = info["generation"].as_u64().unwrap();
-    assert!(second > first, "generation {second} after {first}: {info}");
-    node.proc.terminate(Duration::from_secs(30));
-}
-
 /// A node started where JetStream has no quorum (the minority side of a partition, here two
 /// of three servers down) opens its RESP port all the same: the connection's own commands
 /// work and commands on keys answer `-LOADING` until the node has started, then they are

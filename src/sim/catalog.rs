@@ -378,7 +378,9 @@ impl World {
             .map(|(k, e)| (k.clone(), e.clone()))
             .collect();
         for ((name, generation), entry) in dirs {
-            if self.nodes[i].configured.contains(&name) {
+            let node = &self.nodes[i];
+            let hosted = node.hosted.get(&name).map(|e| e.generation) == Some(generation);
+            if node.configured.contains(&name) || hosted {
                 continue;
             }
             let step =

@@ -180,7 +180,15 @@ impl Inner {
                 continue;
             };
             let name = name.as_str();
-            if self.configured.contains(name) {
+            // A hosted generation's record is the follow's to act on (a drop stops its
+            // replica before its directory moves).
+            let hosted = || {
+                let table = self.table.read().expect("table lock");
+                table
+                    .hosted(name)
+                    .is_some_and(|h| h.generation == generation)
+            };
+            if self.configured.contains(name) || hosted() {
                 continue;
             }
             match dir_step(
