@@ -1052,7 +1052,7 @@ impl Membership for TDigest {
         lo <= v && v <= hi
     }
 
-    /// Adds the item's value ([`item_value`]) once.
+    /// Adds the item's value (`item_value`) once.
     fn add(&mut self, item: &[u8]) -> Result<(), FilterError> {
         self.add_values(&[item_value(item)?])
     }
