@@ -114,9 +114,10 @@ pub(crate) enum Offered {
     Dropped,
     /// A key holder created the name anew while the catalog had lost it: move it aside.
     Superseded,
-    /// The catalog lists a later generation that may be a replay (a revision, not chosen by
-    /// its create) and does not follow its drop: keep the data, host nothing of it.
-    Kept,
+    /// The catalog lists a later generation (this one) that may be a replay (a revision,
+    /// not chosen by its create) and does not follow its drop: keep the data, host nothing
+    /// of it.
+    Kept(u64),
 }
 
 /// The step after offering `entry` (a directory's) back and hearing `answer`.
@@ -127,7 +128,7 @@ pub(crate) fn offered_step(entry: &CatalogEntry, answer: Reoffered) -> Offered {
         Reoffered::Listed(e) if follows_drop_of(&e, entry.generation) => Offered::Dropped,
         Reoffered::Listed(e) if supersedes(&e, entry.generation) => Offered::Superseded,
         Reoffered::Listed(e) if e.generation == entry.generation => Offered::Host(e),
-        Reoffered::Listed(_) => Offered::Kept,
+        Reoffered::Listed(e) => Offered::Kept(e.generation),
     }
 }
 
@@ -253,7 +254,7 @@ mod tests {
         );
         assert_eq!(
             offered_step(&kept, Reoffered::Listed(entry(9, None))),
-            Offered::Kept
+            Offered::Kept(9)
         );
         let chosen = crate::transport::catalog::CHOSEN_GENERATIONS;
         assert_eq!(

@@ -112,13 +112,21 @@ impl Store {
             .map(|(value, revision)| seal.open_record(name, value.as_deref(), *revision))
     }
 
+    /// A watch's first part: one change per record.
+    fn first_part(&self, seal: &Seal) -> Vec<CatalogChange> {
+        self.records
+            .iter()
+            .map(|(name, (value, revision))| {
+                seal.open_record(name, value.as_deref(), *revision)
+                    .change(name.clone())
+            })
+            .collect()
+    }
+
     fn listing(&self, seal: &Seal) -> Listing {
         let mut listing = Listing::default();
-        for (name, (value, revision)) in &self.records {
-            listing.add(
-                seal.open_record(name, value.as_deref(), *revision)
-                    .change(name.clone()),
-            );
+        for change in self.first_part(seal) {
+            listing.add(change);
         }
         listing
     }
@@ -361,11 +369,7 @@ impl World {
             // No drop can be told from an unreachable catalog: every directory stays.
             return Ok(());
         }
-        self.begin_watch(i);
-        let listing = self.store.listing(&self.seal);
-        if let Some(watch) = &mut self.nodes[i].watch {
-            watch.matched = true;
-        }
+        let listing = self.begin_watch(i, true);
         self.reconcile(i, &listing)
     }
 
@@ -398,7 +402,7 @@ impl World {
                 DirStep::Superseded => self.superseded(i, &name, generation)?,
                 DirStep::Offer => match offered_step(&entry, self.reoffer(&entry)) {
                     // Hosted as the watch delivers the record written.
-                    Offered::Host(_) | Offered::Kept => {}
+                    Offered::Host(_) | Offered::Kept(_) => {}
                     Offered::Dropped => {
                         self.moved_aside(i, &name, generation, "its offer found it dropped")?;
                     }
@@ -409,28 +413,26 @@ impl World {
         Ok(())
     }
 
-    fn begin_watch(&mut self, i: usize) {
-        let mut received: VecDeque<CatalogChange> = self
-            .store
-            .records
-            .iter()
-            .map(|(name, (value, revision))| {
-                self.seal
-                    .open_record(name, value.as_deref(), *revision)
-                    .change(name.clone())
-            })
-            .collect();
+    /// A new watch of the node: the records now, then the changes; its first part as a
+    /// listing (`matched`: the data directories are matched with it at once, as at a start).
+    fn begin_watch(&mut self, i: usize, matched: bool) -> Listing {
+        let first_part = self.store.first_part(&self.seal);
+        let mut listing = Listing::default();
+        for change in &first_part {
+            listing.add(change.clone());
+        }
+        let mut received = VecDeque::from(first_part);
         received.push_back(CatalogChange::Current);
-        let listing = self.store.listing(&self.seal);
         let node = &mut self.nodes[i];
         node.recorded = Some(BTreeSet::new());
         node.watch = Some(Watch {
-            matched: false,
-            listing,
+            matched,
+            listing: listing.clone(),
             epoch: self.store.epoch,
             received,
             next: self.store.log.len(),
         });
+        listing
     }
 
     /// The follow loop watching again after its watch ended.
@@ -438,7 +440,7 @@ impl World {
         let node = &self.nodes[i];
         if node.up && node.linked && node.watch.is_none() {
             self.note(format!("node {i} watches the catalog again"));
-            self.begin_watch(i);
+            self.begin_watch(i, false);
         }
     }
 

@@ -222,16 +222,9 @@ impl Inner {
         let mut offers = futures::stream::iter(offers).buffer_unordered(PARALLEL_CHANGES);
         let mut restored_entries = Vec::new();
         while let Some((dir, entry, answer)) = offers.next().await {
-            let answer = answer.map(|answer| {
-                let restored = matches!(answer, crate::transport::Reoffered::Restored);
-                let listed = match &answer {
-                    crate::transport::Reoffered::Listed(e) => Some(e.generation),
-                    _ => None,
-                };
-                (offered_step(&entry, answer), restored, listed)
-            });
-            match answer {
-                Ok((Offered::Host(e), restored, _)) => {
+            let restored = matches!(answer, Ok(crate::transport::Reoffered::Restored));
+            match answer.map(|answer| offered_step(&entry, answer)) {
+                Ok(Offered::Host(e)) => {
                     if restored {
                         metrics::counter!(CATALOG_CHANGES, "change" => "offered_back").increment(1);
                         tracing::info!(
@@ -242,13 +235,13 @@ impl Inner {
                     }
                     restored_entries.push(e);
                 }
-                Ok((Offered::Dropped, ..)) => {
+                Ok(Offered::Dropped) => {
                     move_aside(&base, &dir, "dropped while this node was down");
                 }
-                Ok((Offered::Superseded, ..)) => {
+                Ok(Offered::Superseded) => {
                     move_aside(&base, &dir, "created anew while the catalog had lost it");
                 }
-                Ok((Offered::Kept, _, listed)) => {
+                Ok(Offered::Kept(listed)) => {
                     tracing::warn!(
                         filter = entry.name,
                         kept = entry.generation,
