@@ -148,11 +148,7 @@ impl Node {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             self.proc.as_mut().unwrap().assert_running();
-            if let Ok(c) = redis::Client::open(format!("redis://{}/", self.resp))
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-            {
+            if let Ok(c) = nats_harness::resp_connection(&format!("redis://{}/", self.resp)).await {
                 let mut c = c;
                 if bf(&mut c, "BF.EXISTS", "probe").await.is_ok() {
                     return c;

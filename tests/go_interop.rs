@@ -203,9 +203,7 @@ fn start_node(dir: &Path, name: &str, nats: &str) -> (Proc, String) {
 }
 
 async fn connect(resp: &str) -> MultiplexedConnection {
-    redis::Client::open(format!("redis://{resp}/"))
-        .unwrap()
-        .get_multiplexed_async_connection()
+    nats_harness::resp_connection(&format!("redis://{resp}/"))
         .await
         .unwrap()
 }

@@ -80,9 +80,7 @@ fn start_node(
 /// A connection (`password`: authenticated on connecting), once every filter of the node
 /// answers.
 async fn connect_with(node: &Node, password: &str) -> MultiplexedConnection {
-    let mut con = redis::Client::open(format!("redis://:{password}@{}/", node.resp))
-        .unwrap()
-        .get_multiplexed_async_connection()
+    let mut con = nats_harness::resp_connection(&format!("redis://:{password}@{}/", node.resp))
         .await
         .unwrap();
     wait_ready(&mut con).await;
@@ -417,9 +415,7 @@ async fn a_password_is_required_once_set() {
     std::fs::write(&password, "s3cret-pass\n").unwrap();
     let extra = format!("password_file = \"{}\"", password.display());
     let node = start_node(dir.path(), "node", &extra, None, None);
-    let mut con = redis::Client::open(format!("redis://{}/", node.resp))
-        .unwrap()
-        .get_multiplexed_async_connection()
+    let mut con = nats_harness::resp_connection(&format!("redis://{}/", node.resp))
         .await
         .unwrap();
     assert!(

@@ -528,6 +528,21 @@ async fn stack_serves_every_dashboard_query_and_gauges_match_stats() {
         });
         conn.set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
+        // The node may still be starting (its filters answer `-LOADING` until then): the
+        // NATS API above may have been answered by the other nodes.
+        wait_for(
+            &format!("RESP on {addr} past LOADING"),
+            Duration::from_secs(60),
+            || {
+                n.proc.assert_running();
+                let reply = resp_commands(&mut conn, &[&["BF.EXISTS", "seen_urls", "probe"]]);
+                if reply[0].starts_with("-LOADING") {
+                    Err(format!("{reply:?}\n{}", n.proc.log_tail()))
+                } else {
+                    Ok(())
+                }
+            },
+        );
         // An item of each node's own: one another node added would answer 0 (not new).
         let item = format!("resp-item-{addr}");
         let replies = resp_commands(

@@ -4,16 +4,17 @@
 //! (tests/crash_points.rs): the process restarts and every acknowledged update must be there.
 //!
 //! Inert unless the environment names a point, read once:
-//! - `CRPF_CRASH_AT=<point>[:<nth>]`: the `nth` (default 1st) time the process reaches
-//!   `point`, it aborts ([`std::process::abort`]: like `kill -9`, no destructor runs and
-//!   nothing is flushed), after one line on stderr naming the point;
+//! - `CRPF_CRASH_AT=<point>[:<nth>][@<after>]`: the `nth` (default 1st) time the process
+//!   reaches `point` (counting only once it has reached point `after`, if named), it aborts
+//!   ([`std::process::abort`]: like `kill -9`, no destructor runs and nothing is flushed),
+//!   after one line on stderr naming the point;
 //! - `CRPF_FAIL_AT=<point>[:<nth>]`: the `nth` time a fallible step named `point` runs, it
 //!   fails with an I/O error instead (once), as a full or failing disk would.
 //!
 //! Unarmed, a point costs a load of an initialised [`OnceLock`] and a branch.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// The environment variable that arms a crash point.
 pub const CRASH_AT: &str = "CRPF_CRASH_AT";
@@ -92,16 +93,24 @@ struct Armed {
     point: String,
     nth: u64,
     hits: AtomicU64,
+    /// Reaches of `point` count only once this point was reached: a step that comes a
+    /// varying number of times before the one a drill means (a log fsync after a resume:
+    /// how many came before the filters parked depends on the machine's pace).
+    after: Option<(String, AtomicBool)>,
 }
 
 impl Armed {
     fn from_env(var: &str, known: &[&str]) -> Option<Armed> {
         let spec = std::env::var(var).ok()?;
-        let (point, nth) = match spec.rsplit_once(':') {
-            Some((p, n)) => (p, n.parse().unwrap_or(0)),
-            None => (spec.as_str(), 1),
+        let (armed, after) = match spec.split_once('@') {
+            Some((armed, after)) => (armed, Some(after)),
+            None => (spec.as_str(), None),
         };
-        if nth == 0 || !known.contains(&point) {
+        let (point, nth) = match armed.rsplit_once(':') {
+            Some((p, n)) => (p, n.parse().unwrap_or(0)),
+            None => (armed, 1),
+        };
+        if nth == 0 || !known.contains(&point) || after.is_some_and(|a| !known.contains(&a)) {
             // Said at once: a drill whose point never comes would otherwise wait in vain.
             eprintln!("crpf: {var}={spec} names no point (known: {known:?}, nth from 1): ignored");
             return None;
@@ -110,11 +119,19 @@ impl Armed {
             point: point.to_string(),
             nth,
             hits: AtomicU64::new(0),
+            after: after.map(|a| (a.to_string(), AtomicBool::new(false))),
         })
     }
 
     /// Whether this reach of `name` is the armed one.
     fn reached(&self, name: &str) -> Option<u64> {
+        if let Some((after, seen)) = &self.after {
+            if after == name {
+                seen.store(true, Ordering::Release);
+            } else if self.point == name && !seen.load(Ordering::Acquire) {
+                return None;
+            }
+        }
         if self.point != name {
             return None;
         }
@@ -183,11 +200,29 @@ mod tests {
             point: "p".into(),
             nth: 3,
             hits: AtomicU64::new(0),
+            after: None,
         };
         assert_eq!(a.reached("q"), None);
         assert_eq!(a.reached("p"), None);
         assert_eq!(a.reached("p"), None);
         assert_eq!(a.reached("p"), Some(3));
+        assert_eq!(a.reached("p"), None);
+    }
+
+    #[test]
+    fn a_point_armed_after_another_counts_from_that_one_on() {
+        let a = Armed {
+            point: "p".into(),
+            nth: 2,
+            hits: AtomicU64::new(0),
+            after: Some(("q".into(), AtomicBool::new(false))),
+        };
+        for _ in 0..5 {
+            assert_eq!(a.reached("p"), None);
+        }
+        assert_eq!(a.reached("q"), None);
+        assert_eq!(a.reached("p"), None);
+        assert_eq!(a.reached("p"), Some(2));
         assert_eq!(a.reached("p"), None);
     }
 

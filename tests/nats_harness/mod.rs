@@ -707,3 +707,17 @@ pub(crate) fn resp_has(addr: &str, filter: &str, item: &str) -> bool {
         Ok(redis::Value::Int(1))
     )
 }
+
+/// An async RESP connection to `addr` that waits as long as a loaded machine may make a
+/// node take: redis-rs 1.x gives up on a reply after 500 ms by default, which a catalog
+/// create (a JetStream write, a replica started) overran under CI's load.
+pub(crate) async fn resp_connection(
+    addr: &str,
+) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(10)))
+        .set_response_timeout(Some(Duration::from_secs(30)));
+    redis::Client::open(addr)?
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+}
