@@ -594,6 +594,26 @@ async fn an_import_over_nats_is_durable_when_answered() {
         dir.path().join("first.log"),
     );
     serving(&client, &mut node).await;
+    // `replicated` cannot be promised for a merged state: refused, nothing merged.
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(crpf::api::ACK_HEADER, "replicated");
+    let raw = async_nats::connect(nats.url()).await.unwrap();
+    let refused = raw
+        .request_with_headers(
+            "crpf.imported.api.import",
+            headers,
+            go.to_go_bytes().into(),
+        )
+        .await
+        .unwrap();
+    let body = String::from_utf8_lossy(&refused.payload);
+    assert!(body.contains("acknowledgement level unavailable"), "{body}");
+    let items: Vec<Vec<u8>> = (0..2000).map(|i| item("go-", i)).collect();
+    let found = client.mcontains(&items).await.unwrap();
+    assert!(
+        found.iter().filter(|&&f| f).count() < 100,
+        "a refused import merged"
+    );
     client
         .import(GoFormat::Binary, go.to_go_bytes())
         .await
@@ -606,7 +626,6 @@ async fn an_import_over_nats_is_durable_when_answered() {
         dir.path().join("second.log"),
     );
     serving(&client, &mut node).await;
-    let items: Vec<Vec<u8>> = (0..2000).map(|i| item("go-", i)).collect();
     let found = client.mcontains(&items).await.unwrap();
     let lost = found.iter().filter(|&&f| !f).count();
     assert_eq!(lost, 0, "imported items lost at the crash after the answer");

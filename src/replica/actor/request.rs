@@ -307,11 +307,15 @@ impl Replica {
                 ack,
             } => {
                 // Refused before anything is merged if the replica cannot give it.
-                let level = self.updates.level(ack)?;
+                let level = import_level(ack, self.updates.level(None)?)?;
+                self.updates.check_level(level)?;
                 self.import_filter(format, &filter)?;
                 // A merge is on disk only with a snapshot ([`crate::replica::core::UnloggedMerges`]).
+                // `logged` too: the log does not hold an import, a saved snapshot does.
                 match level {
-                    AckLevel::Durable => Handled::AfterSnapshot(Response::Imported),
+                    AckLevel::Durable | AckLevel::Logged => {
+                        Handled::AfterSnapshot(Response::Imported)
+                    }
                     _ => Handled::Answer(Response::Imported),
                 }
             }
@@ -365,5 +369,47 @@ impl Replica {
 
     fn count_api_errors(&self, reason: &'static str, n: u64) {
         self.telemetry.api_errors(reason, n);
+    }
+}
+
+/// The level an import is answered at: `asked`, or the filter's `default` capped at
+/// `durable`. An import is merged as a whole state, which travels to peers by anti-entropy
+/// and which no peer acknowledges as it does a delta: `replicated` cannot be promised, so
+/// asking it is refused before anything is merged rather than answered as if it held.
+fn import_level(asked: Option<AckLevel>, default: AckLevel) -> Result<AckLevel, ReplicaError> {
+    match (asked, default) {
+        (Some(AckLevel::Replicated), _) => Err(ReplicaError::AckUnavailable(
+            "an import is answered at `local`, `logged` or `durable`: its whole state reaches \
+             peers by anti-entropy, which they do not acknowledge"
+                .into(),
+        )),
+        (Some(level), _) => Ok(level),
+        (None, AckLevel::Replicated) => Ok(AckLevel::Durable),
+        (None, level) => Ok(level),
+    }
+}
+
+#[cfg(test)]
+mod import_level_tests {
+    use super::*;
+
+    #[test]
+    fn an_import_is_never_answered_as_replicated() {
+        assert!(matches!(
+            import_level(Some(AckLevel::Replicated), AckLevel::Local),
+            Err(ReplicaError::AckUnavailable(_))
+        ));
+        assert_eq!(
+            import_level(None, AckLevel::Replicated).unwrap(),
+            AckLevel::Durable
+        );
+        assert_eq!(
+            import_level(Some(AckLevel::Local), AckLevel::Replicated).unwrap(),
+            AckLevel::Local
+        );
+        assert_eq!(
+            import_level(None, AckLevel::Logged).unwrap(),
+            AckLevel::Logged
+        );
     }
 }
