@@ -1027,3 +1027,77 @@ async fn tdigest_operations_add_read_and_reset_a_digest() {
     }
     stop(&[a, b, g]).await;
 }
+
+/// Issue 50: three `top_k` replicas over a real nats-server, each adding its third of one
+/// skewed stream through `topk.add` on its own subjects, all three at once. Once converged,
+/// every replica holds every writer's heap and lists the same items with the same counts
+/// (`topk.list`), and that list is the exact top k of every add: the table is wide enough that
+/// the heavy items' counters are exact, so the merged list is not only common but right.
+#[actix::test]
+async fn three_topk_replicas_writing_concurrently_list_the_same_top_k() {
+    let server = NatsServer::start();
+    let mut c = cfg("heavy", FilterKind::TopK, 5, 0.9);
+    c.filter = crpf::FilterSpec::top_k(5, 2000, 5, 0.9);
+    let mut hs = Vec::new();
+    for _ in 0..3 {
+        hs.push(start(c.clone(), &server.url()).await);
+    }
+    let deadline = Instant::now() + WAIT;
+    for h in &hs {
+        while h.stats().await.unwrap().peers < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the replicas never heard each other"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // Six heavy items (the sixth just outside the top 5) among 600 light ones, shuffled and
+    // dealt round-robin to the three writers.
+    let heavy = [300u64, 250, 200, 150, 100, 60];
+    let mut stream: Vec<String> = Vec::new();
+    for (i, n) in heavy.iter().enumerate() {
+        stream.extend((0..*n).map(|_| format!("hot-{i}")));
+    }
+    stream.extend((0..600).flat_map(|i| std::iter::repeat_n(format!("cold-{i}"), 1 + i % 2)));
+    let mut rng = fastrand::Rng::with_seed(50);
+    rng.shuffle(&mut stream);
+    let nc = async_nats::connect(server.url()).await.unwrap();
+    let write = |r: usize| {
+        let nc = nc.clone();
+        let id = hs[r].identity().replica;
+        let mine: Vec<String> = stream.iter().skip(r).step_by(3).cloned().collect();
+        async move {
+            for chunk in mine.chunks(16) {
+                let subject = format!("crpf.heavy.replica.{id}.api.topk.add");
+                let m = raw(&nc, subject, batch::encode(chunk).unwrap(), &[]).await;
+                let expelled = json_of(&m)["expelled"].as_array().cloned();
+                assert_eq!(expelled.map(|e| e.len()), Some(chunk.len()), "{m:?}");
+            }
+        }
+    };
+    futures::join!(write(0), write(1), write(2));
+    assert!(converged(&hs, WAIT).await, "replicas did not converge");
+
+    let expected: Vec<Value> = (0..5).map(|i| json!(format!("hot-{i}"))).collect();
+    let counts: Vec<Value> = heavy[..5].iter().map(|n| json!(n)).collect();
+    let mut lists = Vec::new();
+    for h in &hs {
+        let writers = h.read(|f| match f {
+            crpf::replica::AnyFilter::TopK(t) => t.writers(),
+            other => panic!("a {} filter", other.kind()),
+        });
+        assert_eq!(writers, 3, "every writer's heap on every replica");
+        let subject = format!("crpf.heavy.replica.{}.api.topk.list", h.identity().replica);
+        let list = json_of(&raw(&nc, subject, vec![], &[]).await);
+        assert_eq!(list["items"], json!(expected), "{list}");
+        assert_eq!(list["count"], json!(counts), "{list}");
+        let s = h.stats().await.unwrap();
+        assert!(s.deltas_sent > 0 && s.deltas_merged > 0, "{s:?}");
+        assert!(s.rejects.is_empty(), "{s:?}");
+        lists.push(list);
+    }
+    assert!(lists.windows(2).all(|w| w[0] == w[1]), "{lists:?}");
+    hs.reverse();
+    stop(&hs).await;
+}

@@ -337,7 +337,22 @@ const FILTERS: &[(&str, &str)] = &[
     ("recent", "expiring_bloom"),
     ("page_views", "counting_cuckoo"),
     ("hits", "count_min_sketch"),
+    ("heavy", "top_k"),
+    ("latency", "t_digest"),
 ];
+
+/// A filter's parameters in the node's configuration: 20,000 items at 1% for the filters (the
+/// sketch's width and rows), a top 5 of a 2000 x 5 table, a t-digest of compression 100.
+fn filter_spec(kind: &str) -> String {
+    match kind {
+        "top_k" => {
+            "{ kind = \"top_k\", capacity = 5, fpr = 0.9, shape = { bits = 2000, hashes = 5 } }"
+                .into()
+        }
+        "t_digest" => "{ kind = \"t_digest\", capacity = 100, fpr = 0.5 }".into(),
+        _ => format!("{{ kind = \"{kind}\", capacity = 20000, fpr = 0.01 }}"),
+    }
+}
 
 fn node_toml(metrics: &str, resp: &str, data_dir: &Path, nats_url: &str, i: usize) -> String {
     let mut s = format!(
@@ -349,10 +364,10 @@ fn node_toml(metrics: &str, resp: &str, data_dir: &Path, nats_url: &str, i: usiz
     );
     for (name, kind) in FILTERS {
         s += &format!(
-            "\n[[filters]]\nname = \"{name}\"\n\
-             filter = {{ kind = \"{kind}\", capacity = 20000, fpr = 0.01 }}\n\
+            "\n[[filters]]\nname = \"{name}\"\nfilter = {}\n\
              delta_interval_ms = 50\nanti_entropy_interval_ms = 500\nmin_push_interval_ms = 200\n\
-             catch_up_timeout_ms = 1000\nsnapshot_interval_ms = 300\nmetrics_interval_ms = 100\n"
+             catch_up_timeout_ms = 1000\nsnapshot_interval_ms = 300\nmetrics_interval_ms = 100\n",
+            filter_spec(kind)
         );
     }
     s
@@ -518,6 +533,29 @@ async fn stack_serves_every_dashboard_query_and_gauges_match_stats() {
     }
     let r = request(&client, "crpf.seen_urls.api.contains".into(), b"item-7").await;
     assert_eq!(r["contains"], true, "{r}");
+    // The top-k's own adds, whose churn its row shows: item `hh-i` added i + 1 times, in
+    // order, so each later item overtakes the top 5 and pushes one out. The t-digest's values.
+    let heavy: Vec<String> = (0..30)
+        .flat_map(|i| std::iter::repeat_n(format!("hh-{i}"), i + 1))
+        .collect();
+    let mut expelled = 0;
+    for chunk in heavy.chunks(100) {
+        let payload = crpf::api::batch::encode(chunk).unwrap();
+        let r = request(&client, "crpf.heavy.api.topk.add".into(), &payload).await;
+        let e = r["expelled"]
+            .as_array()
+            .unwrap_or_else(|| panic!("topk.add: {r}"));
+        expelled += e.iter().filter(|x| !x.is_null()).count();
+    }
+    assert!(expelled > 0, "no item pushed out");
+    let values: Vec<String> = (1..=100).map(|v| v.to_string()).collect();
+    let r = request(
+        &client,
+        "crpf.latency.api.tdigest.add".into(),
+        &crpf::api::batch::encode(&values).unwrap(),
+    )
+    .await;
+    assert_eq!(r["ok"], true, "tdigest.add: {r}");
     // RESP commands on every node, over connections left open.
     let mut resp: Vec<std::net::TcpStream> = Vec::new();
     for n in nodes.iter_mut() {
@@ -712,6 +750,58 @@ async fn stack_serves_every_dashboard_query_and_gauges_match_stats() {
             Err(e) => last = e,
         }
         assert!(Instant::now() < deadline, "sketch gauges: {last}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // The top-k's and the t-digest's gauges (their row): k and the items listed (a top 5,
+    // full), writers, the churn counted (every replica's, as their replies said); the digest's observations as `stats` counts them,
+    // its compression and centroids.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = request(&client, "crpf.latency.api.stats".into(), b"").await;
+        let sel = format!(
+            "{{filter=\"latency\",replica=\"{}\"}}",
+            replica_label(&stats)
+        );
+        let observations = figure(&stats, "cardinality");
+        let scraped = tokio::task::block_in_place(|| {
+            let mut g = [
+                "crpf_tdigest_observations",
+                "crpf_tdigest_compression",
+                "crpf_tdigest_centroids",
+                "crpf_tdigest_writers",
+            ]
+            .map(|m| prom.scalar(&format!("{m}{sel}")))
+            .into_iter()
+            .collect::<Result<Vec<f64>, String>>()?;
+            for m in ["crpf_topk_k", "crpf_topk_listed", "crpf_topk_writers"] {
+                g.push(prom.scalar(&format!("max({m}{{filter=\"heavy\"}})"))?);
+            }
+            g.push(prom.scalar("sum(crpf_topk_expelled_total{filter=\"heavy\"})")?);
+            Ok::<_, String>(g)
+        });
+        match scraped {
+            Ok(g)
+                if g[0] == observations
+                    && observations >= 400.0
+                    && g[1] == 100.0
+                    && g[2] > 0.0
+                    && g[3] >= 1.0
+                    && g[4..6] == [5.0, 5.0]
+                    && g[6] >= 1.0
+                    && g[7] == expelled as f64 =>
+            {
+                break;
+            }
+            Ok(g) => {
+                last =
+                    format!("stats observations {observations}, expelled {expelled}, scraped {g:?}")
+            }
+            Err(e) => last = e,
+        }
+        assert!(
+            Instant::now() < deadline,
+            "top-k and t-digest gauges: {last}"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     drop(client);

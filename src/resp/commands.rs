@@ -1159,7 +1159,7 @@ pub fn command(args: &Args, filter: impl Fn(&str) -> Option<ReplicaHandle>) -> C
                 .unwrap_or_else(|| Command::Reply(Reply::err(unknown_command(args)))),
             topk if topk.starts_with("TOPK.") => super::topk::command(topk, args, &filter)
                 .unwrap_or_else(|| Command::Reply(Reply::err(unknown_command(args)))),
-            td if td.starts_with("TDIGEST.") => super::tdigest::command(td, args)
+            td if td.starts_with("TDIGEST.") => super::tdigest::command(td, args, &filter)
                 .unwrap_or_else(|| Command::Reply(Reply::err(unknown_command(args)))),
             _ => Command::Reply(Reply::err(unknown_command(args))),
         })
@@ -1381,6 +1381,12 @@ pub fn reply(op: Op, answer: Result<Response, ReplicaError>) -> Reply {
         Ok(response) => response,
         // Not taken before the replica is ready: answered as Redis answers while loading.
         Err(e @ ReplicaError::NotServing) => return super::untaken_reply(&e),
+        // A `TDIGEST.ADD` past 2^63 - 1 values in all: RedisBloom's refusal.
+        Err(ReplicaError::InvalidItem(text))
+            if op == Op::TdigestAdd && text.contains("overflow") =>
+        {
+            return Reply::Error("ERR T-Digest: overflow detected".into());
+        }
         Err(e) => {
             let (text, full) = error_of(&e);
             return refusal(&text, full, op == Op::Add);
@@ -1424,6 +1430,9 @@ pub fn reply(op: Op, answer: Result<Response, ReplicaError>) -> Reply {
         | Response::TopkList { .. }
         | Response::TopkInfo { .. }) => super::topk::reply(topk, false),
         Response::TdigestUpdated => Reply::Simple("OK"),
+        Response::TdigestValues(values) => {
+            Reply::Array(values.into_iter().map(Reply::Double).collect())
+        }
         other => Reply::err(format!("unexpected answer: {other:?}")),
     }
 }

@@ -77,8 +77,15 @@ fn wrong_arity(name: &str) -> Reply {
 }
 
 /// The command `args` names (`name` upper case), arity checked; `None` if no `TDIGEST.*`
-/// command has that name. Every one runs as a key command.
-pub fn command(name: &str, args: &Args) -> Option<Command> {
+/// command has that name. `TDIGEST.ADD` on a digest that `filter` finds, with values that
+/// parse and are finite, is its request, sent as `BF.ADD` is (applied in the connection's
+/// task where the replica answers at once, not behind a future of its own); the rest run as
+/// key commands, which check in RedisBloom's order.
+pub fn command(
+    name: &str,
+    args: &Args,
+    filter: &dyn Fn(&str) -> Option<ReplicaHandle>,
+) -> Option<Command> {
     let n = args.len() - 1;
     let (verb, arity_ok) = match name {
         "TDIGEST.CREATE" => (Verb::Create, n == 1 || n == 3),
@@ -99,6 +106,45 @@ pub fn command(name: &str, args: &Args) -> Option<Command> {
     };
     if !arity_ok {
         return Some(Command::Reply(wrong_arity(name)));
+    }
+    if verb == Verb::Add
+        && let Some(handle) = filter(&crate::names::subject_name(args.arg(1)))
+        && handle.kind() == FilterKind::TDigest
+        && let Some(values) = (2..args.len())
+            .map(|i| {
+                parse_f64(args.arg(i))
+                    .filter(|v| v.is_finite())
+                    .map(|v| (v, 1))
+            })
+            .collect::<Option<Vec<(f64, u64)>>>()
+    {
+        let request = Request::TdigestAdd {
+            values,
+            bounds: None,
+            ack: None,
+        };
+        return Some(Command::Filter(handle, request));
+    }
+    // So are `TDIGEST.QUANTILE` with fractions in [0, 1] and `TDIGEST.CDF` with numbers:
+    // answered under the read lock in the connection's task.
+    if matches!(verb, Verb::Quantile | Verb::Cdf)
+        && let Some(handle) = filter(&crate::names::subject_name(args.arg(1)))
+        && handle.kind() == FilterKind::TDigest
+        && let Some(numbers) = (2..args.len())
+            .map(|i| parse_f64(args.arg(i)))
+            .collect::<Option<Vec<f64>>>()
+    {
+        match verb {
+            Verb::Quantile if numbers.iter().all(|q| (0.0..=1.0).contains(q)) => {
+                let request = Request::TdigestQuantile { quantiles: numbers };
+                return Some(Command::Filter(handle, request));
+            }
+            Verb::Cdf => {
+                let request = Request::TdigestCdf { values: numbers };
+                return Some(Command::Filter(handle, request));
+            }
+            _ => {}
+        }
     }
     Some(Command::Key(KeyCommand::Tdigest(TdigestCommand {
         verb,
