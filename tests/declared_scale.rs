@@ -169,7 +169,12 @@ async fn a_thousand_declared_filters_start_and_idle_without_a_round_trip_each() 
     // By default idle declared filters park, as catalog ones do: then nothing of theirs
     // goes to the server. Awake, each alone sent a digest at least every six intervals
     // (over 600 messages in the window below); parked, the node sends its id's renewal.
-    wait_parked(&mut node, metrics, FILTERS, "idle with the default configuration");
+    wait_parked(
+        &mut node,
+        metrics,
+        FILTERS,
+        "idle with the default configuration",
+    );
     let from = messages_in(monitor);
     tokio::time::sleep(Duration::from_millis(INTERVAL_MS * 8)).await;
     let idle = messages_in(monitor) - from;
