@@ -10,9 +10,10 @@
 #   CRPF_BIN=/tmp/crpf-before scripts/many-declared.sh 1000   (a binary built earlier)
 #   CAP=10000 SETTLE=90 scripts/many-declared.sh 10000
 #       (SETTLE: idle again SETTLE seconds later, once idle replicas parked)
-#   DECLARED_METRICS=node CAP=10000 SETTLE=90 scripts/many-declared.sh 10000
-#       (`[catalog] declared_metrics = "node"`: the filters in the node-wide series, so
-#       that idle ones park; a binary from before that setting refuses it)
+#   DECLARED_METRICS=own CAP=10000 SETTLE=90 scripts/many-declared.sh 10000
+#       (`[catalog] declared_metrics = "own"`: series of their own each, never parked; the
+#       default, "node", puts them in the node-wide series, so that idle ones park; a binary
+#       from before that setting refuses it)
 #
 # Needs `scripts/test.sh` to have installed nats-server into .tools/ (or CRPF_NATS_SERVER).
 set -euo pipefail

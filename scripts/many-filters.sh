@@ -6,6 +6,7 @@
 # JetStream consumers.
 #
 #   scripts/many-filters.sh [N] [--data]     (default 1000; --data: with a data directory)
+#   CAP=10000 NO_RESTART=1 scripts/many-filters.sh 10000   (capacity 10,000; no restart)
 #   SETTLE=90 scripts/many-filters.sh ...      (and idle again 90 s after the creates' and the
 #                                               restart's figures, once idle replicas parked)
 #
@@ -48,7 +49,7 @@ ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 sleep 0.5
 start_node
 wait_api
-target/release/examples/many_filters --nats "nats://127.0.0.1:$port" --count "$n"
+target/release/examples/many_filters --nats "nats://127.0.0.1:$port" --count "$n" --capacity "${CAP:-1000}"
 
 measure() {
   sleep 5
@@ -70,6 +71,7 @@ if [ "${SETTLE:-0}" -gt 0 ]; then
   measure
 fi
 
+[ -z "${NO_RESTART:-}" ] || exit 0
 # A restart: the node hosts every filter of the catalog again (from its data directory, with
 # --data) before it serves the catalog API.
 kill "$node_pid"; wait "$node_pid" 2>/dev/null || true

@@ -189,6 +189,7 @@ fn start_retiring_node(dir: &Path, i: usize, servers: &[String]) -> (Proc, Strin
          [nats]\nservers = [\"{server}\"]\nretry_on_initial_connect = true\n\
          name = \"retire-{name}\"\nkv_replicas = 3\nrequest_timeout_ms = 2000\n\
          ping_interval_ms = 2000\n\n[resp]\nlisten = \"{resp}\"\n\n\
+         [catalog]\nmetrics_filters = [\"{TAGGED}\"]\n\n\
          [catalog.defaults]\nretire_after_ms = {RETIRE_AFTER_MS}\nid_lease_renew_ms = 250\n\
          delta_interval_ms = 5\nanti_entropy_interval_ms = 250\n\n\
          [[filters]]\nname = \"{TAGGED}\"\n\

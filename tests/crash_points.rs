@@ -205,7 +205,14 @@ impl Bench {
             t += &format!("\n[nats]\nservers = [\"{url}\"]\n");
         }
         t += &format!("\n[resp]\nlisten = \"{resp}\"\n");
-        t += &format!("\n[catalog]\npark_after_ms = 300\n[catalog.defaults]\n{replica}");
+        // Declared filters stay awake, as before `declared_metrics` defaulted to "node": their
+        // cases crash a running replica (the catalog's cases crash parked ones).
+        let declared = if self.catalog {
+            ""
+        } else {
+            "declared_metrics = \"own\"\n"
+        };
+        t += &format!("\n[catalog]\npark_after_ms = 300\n{declared}[catalog.defaults]\n{replica}");
         if !self.catalog {
             for f in &self.filters {
                 t += &format!(

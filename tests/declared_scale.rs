@@ -3,9 +3,10 @@
 //! (they share the node's replica id, as catalog filters do, where their kind has no tags),
 //! the node's subscriptions take their `$SRV` and own API subjects (one subscription of each
 //! filter is left, its queue group's, which the node keeps), and each still answers its API
-//! once. Counts, not times: the server's JetStream API requests and subscriptions. With
-//! `declared_metrics = "node"` idle declared filters park as catalog ones do, alone and with
-//! a peer on another node, and resume for a request or a peer's delta.
+//! once. Counts, not times: the server's JetStream API requests, subscriptions and messages.
+//! With the default `declared_metrics = "node"` idle declared filters park as catalog ones
+//! do, alone and with a peer on another node, and resume for a request or a peer's delta;
+//! parked, they send the server nothing.
 #![cfg(all(feature = "node", feature = "eval"))]
 
 mod nats_harness;
@@ -38,14 +39,21 @@ fn jetstream_requests(monitor: u16) -> u64 {
         .expect("api.total")
 }
 
-/// Filters whose `crpf_ready` is 1 on the node's metrics endpoint.
-fn ready(metrics: u16) -> usize {
-    http_get(&format!("127.0.0.1:{metrics}"), "/metrics").map_or(0, |(_, body)| {
-        body.lines()
-            .filter(|l| l.starts_with("crpf_ready{") && l.ends_with(" 1"))
-            .count()
-    })
+/// Replicas that reported ready in `node`'s log (its `replica ready` lines): in the
+/// node-wide series (the default) a declared filter has no `crpf_ready` of its own.
+fn ready(node: &Proc) -> usize {
+    std::fs::read_to_string(&node.log).map_or(0, |log| log.matches("replica ready").count())
 }
+
+/// Messages the server has taken in from its clients so far.
+fn messages_in(monitor: u16) -> u64 {
+    monitor_json(monitor, "/varz")["in_msgs"]
+        .as_u64()
+        .expect("in_msgs")
+}
+
+/// Anti-entropy interval (ms) of the first test's filters: the idle window spans several.
+const INTERVAL_MS: u64 = 500;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_declared_filters_start_and_idle_without_a_round_trip_each() {
@@ -53,14 +61,20 @@ async fn a_thousand_declared_filters_start_and_idle_without_a_round_trip_each() 
     let server = NatsServer::start_with_config(&format!("http: \"127.0.0.1:{monitor}\"\n"));
     let dir = tempfile::tempdir().unwrap();
     let metrics = free_port();
+    // The default configuration but for its times (declared filters in the node-wide
+    // series, so that idle ones park), scaled down to the test's.
     let mut config = format!(
-        "[node]\nmetrics_addr = \"127.0.0.1:{metrics}\"\nlog = \"warn\"\n{}\n[nats]\nservers = [\"{}\"]\n\n[catalog]\n\n",
+        "[node]\nmetrics_addr = \"127.0.0.1:{metrics}\"\n\
+         log = \"warn,crpf::replica::actor=info\"\n{}\n[nats]\nservers = [\"{}\"]\n\n\
+         [catalog]\npark_after_ms = 300\n\
+         [catalog.defaults]\nanti_entropy_interval_ms = {INTERVAL_MS}\n\n",
         cluster_key_line(),
         server.url()
     );
     for i in 0..FILTERS {
         config.push_str(&format!(
             "[[filters]]\nname = \"d{i}\"\nid_lease_renew_ms = {RENEW_MS}\n\
+             anti_entropy_interval_ms = {INTERVAL_MS}\n\
              filter = {{ kind = \"g_bloom\", capacity = 1000, fpr = 0.01 }}\n"
         ));
     }
@@ -74,7 +88,7 @@ async fn a_thousand_declared_filters_start_and_idle_without_a_round_trip_each() 
     );
     loop {
         node.assert_running();
-        if ready(metrics) == FILTERS {
+        if ready(&node) >= FILTERS {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -151,6 +165,30 @@ async fn a_thousand_declared_filters_start_and_idle_without_a_round_trip_each() 
         count_replies(&client, "$SRV.PING.crpf-d5".into(), b"x").await,
         1
     );
+
+    // By default idle declared filters park, as catalog ones do: then nothing of theirs
+    // goes to the server. Awake, each alone sent a digest at least every six intervals
+    // (over 600 messages in the window below); parked, the node sends its id's renewal.
+    wait_parked(
+        &mut node,
+        metrics,
+        FILTERS,
+        "idle with the default configuration",
+    );
+    let from = messages_in(monitor);
+    tokio::time::sleep(Duration::from_millis(INTERVAL_MS * 8)).await;
+    let idle = messages_in(monitor) - from;
+    eprintln!("messages into the server over 8 intervals, {FILTERS} parked: {idle}");
+    assert!(
+        idle < 20,
+        "{idle} messages from {FILTERS} parked declared filters\n{}",
+        node.log_tail()
+    );
+    // A parked one still answers, once.
+    assert_eq!(
+        count_replies(&client, "crpf.d8.api.contains".into(), b"x").await,
+        1
+    );
     node.terminate(Duration::from_secs(30));
 }
 
@@ -187,7 +225,7 @@ fn wait_parked(node: &mut Proc, metrics: u16, n: usize, what: &str) {
 }
 
 /// A node's configuration: `filters` declared `g_bloom` filters named `<prefix>0..`, in the
-/// node-wide series, parking after 300 ms, with a data directory (and RESP on `resp`).
+/// node-wide series (said, though the default), parking after 300 ms, with a data directory (and RESP on `resp`).
 fn parking_config(
     dir: &Path,
     name: &str,

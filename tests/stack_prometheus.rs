@@ -358,10 +358,12 @@ fn node_toml(metrics: &str, resp: &str, data_dir: &Path, nats_url: &str, i: usiz
     let mut s = format!(
         "[node]\nmetrics_addr = \"{metrics}\"\ndata_dir = \"{}\"\nlog = \"warn\"\n{}\n\
          [nats]\nservers = [\"{nats_url}\"]\nretry_on_initial_connect = true\nname = \"stack-node{i}\"\n\n\
-         [resp]\nlisten = \"{resp}\"\n",
+         [resp]\nlisten = \"{resp}\"\n\n\
+         [catalog]\ndeclared_metrics = \"own\"\n",
         data_dir.display(),
         cluster_key_line()
     );
+    // The dashboards show each filter: series of their own (the default is the node's).
     for (name, kind) in FILTERS {
         s += &format!(
             "\n[[filters]]\nname = \"{name}\"\nfilter = {}\n\

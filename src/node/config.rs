@@ -100,10 +100,11 @@ pub struct CatalogSection {
     #[serde(default)]
     pub metrics_filters: Vec<String>,
     /// Where the filters of the configuration file (`[[filters]]`) record their metrics:
-    /// `own` (the default), series of their own each, or `node`, the node-wide series of the
-    /// catalog filters (`filter="_catalog"`), but for those `metrics_filters` names. Only
-    /// those in the node-wide series park when idle, as catalog filters (README, "Filters
-    /// as data"): a parked replica's own gauges would stand still.
+    /// `node` (the default), the node-wide series of the catalog filters
+    /// (`filter="_catalog"`), but for those `metrics_filters` names, or `own`, series of
+    /// their own each (the default before issue 52: ~40 series, ~21 KB each, and a replica
+    /// that never parks). Only those in the node-wide series park when idle, as catalog
+    /// filters (README, "Filters as data"): a parked replica's own gauges would stand still.
     #[serde(default)]
     pub declared_metrics: DeclaredMetrics,
     /// Who takes the request API's operations of the catalog filters: `node` (the default),
@@ -129,10 +130,11 @@ pub struct CatalogSection {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DeclaredMetrics {
-    /// Series of their own (`filter` and `replica` labels), each ~40 series.
-    #[default]
+    /// Series of their own (`filter` and `replica` labels), each ~40 series; never parked.
     Own,
-    /// The node-wide series (`filter="_catalog"`), as catalog filters.
+    /// The node-wide series (`filter="_catalog"`), as catalog filters: one rule for both,
+    /// `metrics_filters` naming those an operator watches one by one.
+    #[default]
     Node,
 }
 
@@ -695,14 +697,14 @@ mod tests {
     }
 
     #[test]
-    fn declared_metrics_default_to_own_series_and_take_node() {
+    fn declared_metrics_default_to_the_node_wide_series_and_take_own() {
         let read = |catalog: &str| NodeConfig::from_toml_str(&format!("[catalog]\n{catalog}"));
         assert_eq!(
             read("").unwrap().catalog.declared_metrics,
-            DeclaredMetrics::Own
+            DeclaredMetrics::Node
         );
-        let node = read("declared_metrics = \"node\"").unwrap();
-        assert_eq!(node.catalog.declared_metrics, DeclaredMetrics::Node);
+        let own = read("declared_metrics = \"own\"").unwrap();
+        assert_eq!(own.catalog.declared_metrics, DeclaredMetrics::Own);
         assert!(read("declared_metrics = \"filter\"").is_err());
     }
 
