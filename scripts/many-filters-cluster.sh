@@ -185,6 +185,10 @@ for round in $(seq 1 "${RESTARTS:-1}"); do
   elapsed() { awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
   cpu() { awk -v hz="$hz" '{ printf "%.1f", ($14 + $15) / hz }' "/proc/$(pid node3)/stat"; }
   echo "node3 restarted: every filter answered on its own subjects $(elapsed) s after its start, $(cpu) s of CPU by then"
+  # When its start had hosted every filter of the catalog (the probes wait for that too).
+  followed="$(tail -n +"$((lines_before + 1))" "$CRPF_STACK_DIR/logs/node3.log" | grep -m1 'filter catalog followed' | cut -d' ' -f1 || true)"
+  [ -z "$followed" ] || awk -v a="$start" -v b="$(date -d "$followed" +%s.%N)" \
+    'BEGIN { printf "node3 logged the catalog followed (every filter hosted) %.1f s after its start\n", b - a }'
   sleep 30
   echo "30 s later: node3 $(cpu) s of CPU, RSS $(( $(awk '/VmRSS/ {print $2}' "/proc/$(pid node3)/status") / 1024 )) MiB"
   echo "node3 restored=$(metric 3 crpf_parking_total 'change="restored"') confirmed=$(metric 3 crpf_parking_total 'change="confirmed"') resumed=$(metric 3 crpf_parking_total 'change="resumed"') pushes=$(metric 3 crpf_state_pushes_total) state_merges=$(metric 3 crpf_merges_total 'source="state"') parked=$(metric 3 crpf_parked_filters)"
