@@ -32,6 +32,10 @@ struct Args {
     /// Name prefix.
     #[arg(long, default_value = "f")]
     prefix: String,
+    /// Number of the first filter created (`<prefix><first>` on): creators running at once
+    /// through different servers each take their own range of one set of names.
+    #[arg(long, default_value_t = 0)]
+    first: usize,
     /// Drop them all afterwards (and report that rate too).
     #[arg(long)]
     drop: bool,
@@ -182,7 +186,7 @@ async fn main() {
     }
     let capacity = args.capacity;
     let spec = move || json!({"kind": "g_bloom", "capacity": capacity, "fpr": 0.01});
-    let names: Vec<String> = (0..args.count)
+    let names: Vec<String> = (args.first..args.first + args.count)
         .map(|i| format!("{}{i}", args.prefix))
         .collect();
     run_all(
@@ -250,7 +254,9 @@ async fn main() {
         for i in 0..args.visibility_samples {
             let name = format!("{}vis{i}", args.prefix);
             let started = Instant::now();
-            request(&nats, "create", json!({"name": name, "filter": spec()})).await;
+            let reply = request(&nats, "create", json!({"name": name, "filter": spec()})).await;
+            // A refused create would be probed for ever.
+            assert!(reply.get("error").is_none(), "create {name}: {reply}");
             // Visible once every far replica serves it.
             let unanswered = until(&name, true).await;
             let ms = started.elapsed().as_secs_f64() * 1e3;
