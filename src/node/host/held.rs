@@ -44,6 +44,10 @@ pub(super) const API_HOLD: Duration = Duration::from_secs(3);
 /// beyond them is left unanswered, as one for a name the catalog does not list.
 pub(super) const OWN_API_LOOKUPS: usize = 16;
 
+/// How often a held request looks at most whether its filter serves (and every 4 of these
+/// without a change).
+const HELD_LOOK_EVERY: Duration = Duration::from_millis(5);
+
 /// Requests waiting so at most; more are refused as not serving at once.
 pub(super) const MAX_HELD_REQUESTS: usize = 10_000;
 
@@ -164,6 +168,7 @@ pub(super) async fn hold_request(
     let name = inner.filter_of(&msg.subject)?.to_owned();
     let mut seen_listed = false;
     loop {
+        let looked = tokio::time::Instant::now();
         if inner.stopping.load(Ordering::SeqCst) {
             return inner.refuse(msg, &ReplicaError::Stopped);
         }
@@ -201,13 +206,16 @@ pub(super) async fn hold_request(
             }
         }
         // Started replicas show in `starting` without a change: looked at again meanwhile.
-        let next = deadline.min(tokio::time::Instant::now() + Duration::from_millis(20));
-        if tokio::time::timeout_at(next, changes.changed())
-            .await
-            .is_err()
-            && tokio::time::Instant::now() >= deadline
-        {
-            return inner.refuse(msg, &ReplicaError::NotServing);
+        let next = deadline.min(looked + HELD_LOOK_EVERY * 4);
+        match tokio::time::timeout_at(next, changes.changed()).await {
+            Err(_) if tokio::time::Instant::now() >= deadline => {
+                return inner.refuse(msg, &ReplicaError::NotServing);
+            }
+            Err(_) => {}
+            // Any filter's change wakes every held request: a start that hosts 100,000
+            // filters would have each look at the table 100,000 times. One look per
+            // interval at most.
+            Ok(_) => tokio::time::sleep_until(deadline.min(looked + HELD_LOOK_EVERY)).await,
         }
     }
 }
