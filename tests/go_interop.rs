@@ -599,11 +599,7 @@ async fn an_import_over_nats_is_durable_when_answered() {
     headers.insert(crpf::api::ACK_HEADER, "replicated");
     let raw = async_nats::connect(nats.url()).await.unwrap();
     let refused = raw
-        .request_with_headers(
-            "crpf.imported.api.import",
-            headers,
-            go.to_go_bytes().into(),
-        )
+        .request_with_headers("crpf.imported.api.import", headers, go.to_go_bytes().into())
         .await
         .unwrap();
     let body = String::from_utf8_lossy(&refused.payload);
