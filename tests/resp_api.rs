@@ -319,6 +319,26 @@ async fn redisbloom_commands_round_trip_on_every_kind() {
     assert!(metric(&node, "crpf_resp_connections ") >= 1.0);
 }
 
+/// With the catalog off nothing parks: the declared filters keep series of their own,
+/// whatever `declared_metrics` says (with it on, they record in the node-wide series).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_catalog_declared_filters_keep_series_of_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), "node", "[catalog]\nenabled = false", None, None);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(&node, "crpf_ready{filter=\"bloom\"") != 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "no crpf_ready of its own for `bloom`\n{}",
+            node.proc.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let on = start_node(dir.path(), "on", "", None, None);
+    let _ = connect(&on).await;
+    assert_eq!(metric(&on, "crpf_ready{filter=\"bloom\""), 0.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_framing_closes_its_connection_and_poisons_nothing() {
     let dir = tempfile::tempdir().unwrap();

@@ -101,7 +101,8 @@ pub struct CatalogSection {
     pub metrics_filters: Vec<String>,
     /// Where the filters of the configuration file (`[[filters]]`) record their metrics:
     /// `node` (the default), the node-wide series of the catalog filters
-    /// (`filter="_catalog"`), but for those `metrics_filters` names, or `own`, series of
+    /// (`filter="_catalog"`), but for those `metrics_filters` names (with the catalog on
+    /// only: without it nothing parks, and they keep their own), or `own`, series of
     /// their own each (the default before issue 52: ~40 series, ~21 KB each, and a replica
     /// that never parks). Only those in the node-wide series park when idle, as catalog
     /// filters (README, "Filters as data"): a parked replica's own gauges would stand still.

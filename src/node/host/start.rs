@@ -68,7 +68,11 @@ impl Node {
             // filter's group).
             f.catalog_hosted = f.prefix == template.prefix
                 && declared_shares_id(shared_id.is_some(), f.filter.kind);
-            f.aggregate_metrics = cfg.catalog.declared_metrics == DeclaredMetrics::Node
+            // Node-wide series only where they let the filter park (with a catalog): without
+            // one nothing parks, and a node of a few filters would lose their own series
+            // for nothing.
+            f.aggregate_metrics = with_catalog
+                && cfg.catalog.declared_metrics == DeclaredMetrics::Node
                 && !cfg.catalog.metrics_filters.contains(&f.name);
         }
         let inner = Arc::new(Inner {
