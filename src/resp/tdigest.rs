@@ -107,48 +107,35 @@ pub fn command(
     if !arity_ok {
         return Some(Command::Reply(wrong_arity(name)));
     }
-    if verb == Verb::Add
-        && let Some(handle) = filter(&crate::names::subject_name(args.arg(1)))
-        && handle.kind() == FilterKind::TDigest
-        && let Some(values) = (2..args.len())
-            .map(|i| {
-                parse_f64(args.arg(i))
-                    .filter(|v| v.is_finite())
-                    .map(|v| (v, 1))
-            })
-            .collect::<Option<Vec<(f64, u64)>>>()
-    {
-        let request = Request::TdigestAdd {
-            values,
-            bounds: None,
-            ack: None,
-        };
-        return Some(Command::Filter(handle, request));
-    }
-    // So are `TDIGEST.QUANTILE` with fractions in [0, 1] and `TDIGEST.CDF` with numbers:
-    // answered under the read lock in the connection's task.
-    if matches!(verb, Verb::Quantile | Verb::Cdf)
-        && let Some(handle) = filter(&crate::names::subject_name(args.arg(1)))
+    let name = crate::names::subject_name(args.arg(1));
+    // `TDIGEST.ADD` with finite values, `TDIGEST.QUANTILE` with fractions in [0, 1] and
+    // `TDIGEST.CDF` with numbers, on a digest: requests, answered in the connection's task.
+    if matches!(verb, Verb::Add | Verb::Quantile | Verb::Cdf)
+        && let Some(handle) = filter(&name)
         && handle.kind() == FilterKind::TDigest
         && let Some(numbers) = (2..args.len())
             .map(|i| parse_f64(args.arg(i)))
             .collect::<Option<Vec<f64>>>()
     {
-        match verb {
+        let request = match verb {
+            Verb::Add if numbers.iter().all(|v| v.is_finite()) => Some(Request::TdigestAdd {
+                values: numbers.into_iter().map(|v| (v, 1)).collect(),
+                bounds: None,
+                ack: None,
+            }),
             Verb::Quantile if numbers.iter().all(|q| (0.0..=1.0).contains(q)) => {
-                let request = Request::TdigestQuantile { quantiles: numbers };
-                return Some(Command::Filter(handle, request));
+                Some(Request::TdigestQuantile { quantiles: numbers })
             }
-            Verb::Cdf => {
-                let request = Request::TdigestCdf { values: numbers };
-                return Some(Command::Filter(handle, request));
-            }
-            _ => {}
+            Verb::Cdf => Some(Request::TdigestCdf { values: numbers }),
+            _ => None,
+        };
+        if let Some(request) = request {
+            return Some(Command::Filter(handle, request));
         }
     }
     Some(Command::Key(KeyCommand::Tdigest(TdigestCommand {
         verb,
-        name: crate::names::subject_name(args.arg(1)).into_owned(),
+        name: name.into_owned(),
         args: (2..args.len())
             .map(|i| Bytes::copy_from_slice(args.arg(i)))
             .collect(),

@@ -124,11 +124,7 @@ impl Store {
     }
 
     fn listing(&self, seal: &Seal) -> Listing {
-        let mut listing = Listing::default();
-        for change in self.first_part(seal) {
-            listing.add(change);
-        }
-        listing
+        self.first_part(seal).into_iter().collect()
     }
 }
 
@@ -417,10 +413,7 @@ impl World {
     /// listing (`matched`: the data directories are matched with it at once, as at a start).
     fn begin_watch(&mut self, i: usize, matched: bool) -> Listing {
         let first_part = self.store.first_part(&self.seal);
-        let mut listing = Listing::default();
-        for change in &first_part {
-            listing.add(change.clone());
-        }
+        let listing: Listing = first_part.iter().cloned().collect();
         let mut received = VecDeque::from(first_part);
         received.push_back(CatalogChange::Current);
         let node = &mut self.nodes[i];

@@ -698,10 +698,11 @@ impl Catalog for MemoryCatalog {
 
     fn listing(&self) -> BoxFuture<'static, Result<Listing, CatalogError>> {
         let s = self.state();
-        let mut listing = Listing::default();
-        for (name, record) in &s.records {
-            listing.add(self.change(name.clone(), record));
-        }
+        let listing = s
+            .records
+            .iter()
+            .map(|(name, record)| self.change(name.clone(), record))
+            .collect();
         futures::future::ready(Ok(listing)).boxed()
     }
 
@@ -757,6 +758,16 @@ impl Listing {
             }
             CatalogChange::Current => {}
         }
+    }
+}
+
+impl FromIterator<CatalogChange> for Listing {
+    fn from_iter<I: IntoIterator<Item = CatalogChange>>(changes: I) -> Self {
+        let mut listing = Listing::default();
+        for change in changes {
+            listing.add(change);
+        }
+        listing
     }
 }
 
