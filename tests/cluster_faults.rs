@@ -371,27 +371,42 @@ async fn load(
     out
 }
 
-/// Waits until every live replica reports no pending delta and the same cardinality, twice
-/// in a row; `false` at the deadline.
+/// Waits until every live replica reports no pending delta and the same state digest, twice
+/// in a row; `false` at the deadline (with each replica's figures and refusals printed).
 async fn wait_converged(client: &async_nats::Client, n: usize, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     let mut previous: Option<Vec<(u64, String)>> = None;
+    let mut last = BTreeMap::new();
     while Instant::now() < deadline {
         let by = stats_by_replica(client, 15).await;
         let view: Vec<(u64, String)> = by
             .iter()
-            .map(|(id, s)| (*id, format!("{}/{}", s["cardinality"], s["pending_delta"])))
+            .map(|(id, s)| (*id, format!("{}/{}", s["digest"], s["pending_delta"])))
             .collect();
         let settled = by.len() >= n
             && by.values().all(|s| s["pending_delta"] == 0)
             && by
                 .values()
-                .all(|s| s["cardinality"] == by.values().next().unwrap()["cardinality"]);
+                .all(|s| s["digest"] == by.values().next().unwrap()["digest"]);
         if settled && previous.as_ref() == Some(&view) {
             return true;
         }
         previous = settled.then_some(view);
+        last = by;
         tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    for (id, s) in &last {
+        eprintln!(
+            "not converged: replica {id}: cardinality {} digest {} pending {} rejects {} \
+             states merged {} deltas merged {} sequence gaps {}",
+            s["cardinality"],
+            s["digest"],
+            s["pending_delta"],
+            s["rejects"],
+            s["states_merged"],
+            s["deltas_merged"],
+            s["sequence_gaps"]
+        );
     }
     false
 }
@@ -464,6 +479,7 @@ async fn sigkill_scenario(level: &str) {
         .filter(|i| !outcome.removed.contains(*i) && !outcome.uncertain.contains(*i))
         .collect();
     let mut missing: Vec<BTreeSet<&String>> = Vec::new();
+    let mut finals: Vec<AnyFilter> = Vec::new();
     for n in &nodes {
         let path = n.data_dir.join(FILTER);
         // The snapshot file is what `crpf inspect` reads...
@@ -483,6 +499,7 @@ async fn sigkill_scenario(level: &str) {
             .unwrap()
             .unwrap_or_else(|| panic!("{}: no snapshot", n.name));
         let filter = AnyFilter::decode_state(snap.kind, &snap.state).unwrap();
+        finals.push(filter.clone());
         missing.push(
             expected
                 .iter()
@@ -524,6 +541,9 @@ async fn sigkill_scenario(level: &str) {
         outcome.acked.len(),
         outcome.errors
     );
+    if missing_somewhere.len() != lost_everywhere.len() {
+        eprintln!("{}\n{}", diagnose_divergence(&nodes, &finals), logs(&nodes));
+    }
     // Whatever the ack level, the replicas converge: each misses exactly what all miss.
     assert_eq!(
         missing_somewhere.len(),
@@ -540,4 +560,43 @@ async fn sigkill_scenario(level: &str) {
             lost_everywhere.iter().take(20).collect::<Vec<_>>()
         );
     }
+}
+
+/// What tells diverged final states apart: per node, the tags live elsewhere but not here
+/// (and whether its history claims to have seen them: a remove, or a tag issued twice), and
+/// which states are below which.
+fn diagnose_divergence(nodes: &[Node], finals: &[AnyFilter]) -> String {
+    let dots: Vec<BTreeSet<crpf::Dot>> = finals
+        .iter()
+        .map(|f| f.dots().into_iter().collect())
+        .collect();
+    let mut out = String::from("divergence:\n");
+    for (i, f) in finals.iter().enumerate() {
+        let elsewhere: BTreeSet<crpf::Dot> = dots
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .flat_map(|(_, d)| d.iter().copied())
+            .collect();
+        let lacking: Vec<crpf::Dot> = elsewhere.difference(&dots[i]).copied().collect();
+        let history = f.history();
+        let seen = lacking
+            .iter()
+            .filter(|d| history.as_ref().is_some_and(|h| h.contains(**d)))
+            .count();
+        let le: Vec<usize> = (0..finals.len()).filter(|j| f.le(&finals[*j])).collect();
+        out += &format!(
+            "  {} (replica {}, clock {}): {} tags live, lacks {} live elsewhere ({} of them in its \
+             history), le {:?}; sample {:?}\n",
+            nodes[i].name,
+            f.replica(),
+            f.clock(),
+            dots[i].len(),
+            lacking.len(),
+            seen,
+            le,
+            lacking.iter().take(8).collect::<Vec<_>>()
+        );
+    }
+    out
 }

@@ -26,7 +26,8 @@ use super::ReplicaError;
 use super::anti_entropy::Timing;
 use super::config::ReplicaConfig;
 use super::core::{
-    CommitPipeline, Effects, Event, Lease, Outside, Pushes, ReplicaCore, Snapshotter, Timer, Traits,
+    CommitPipeline, Effects, Event, Lease, Outside, Pushes, ReplicaCore, Snapshotter, Timer,
+    Traits, frame_numbers_origin,
 };
 use super::filter::AnyFilter;
 use super::metrics::{self as m, Telemetry};
@@ -179,6 +180,12 @@ impl Replica {
         let seed = fastrand::u64(..);
         let mut core = ReplicaCore::new(traits, timing, parts, pushes, durable, started, seed);
         core.restored = s.restored;
+        // A resumed replica numbers on from where it parked (`resumed_at`); a started one
+        // above every earlier life of its uuid.
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        core.number_frames_after(frame_numbers_origin(since_epoch));
         Replica {
             updates,
             cfg: s.cfg,

@@ -161,12 +161,17 @@ impl AntiEntropy {
             return Ok(actions);
         }
         // One publisher's messages arrive in order on one subscription, so a jump means lost
-        // messages, and a step back means the peer restarted (its count starts over).
-        let gap = peer.last_seq.map_or(0, |last| {
-            seq.saturating_sub(last.saturating_add(1))
-                .min(MAX_COUNTED_GAP)
-        });
-        if peer.last_seq.is_some_and(|last| seq <= last) {
+        // messages, and a step back, or a jump past what a loss can count, means the peer
+        // restarted (its count starts over, from 1 in earlier versions, from its clock now:
+        // `frame_numbers_origin`).
+        let restarted = peer
+            .last_seq
+            .is_some_and(|last| seq <= last || seq - last > MAX_COUNTED_GAP);
+        let gap = match peer.last_seq {
+            Some(last) if !restarted => seq - last - 1,
+            _ => 0,
+        };
+        if restarted {
             // Restarted: what it claimed before counts no more.
             peer.claims = [None; 2];
         }
@@ -547,16 +552,36 @@ mod tests {
     }
 
     #[test]
-    fn a_forged_sequence_number_moves_the_gap_count_by_a_bounded_amount() {
+    fn a_forged_sequence_number_counts_no_gap() {
         let (mut ae, t0) = machine();
         ae.heard(uuid(1), 1, 1, t0).unwrap();
         let a = ae.heard(uuid(1), 1, u64::MAX, t0).unwrap();
-        assert_eq!(a[0], Action::CountGaps(MAX_COUNTED_GAP));
+        assert_eq!(a, vec![], "past what a loss can count: a restart");
         // And nothing wraps after it.
         let a = ae.heard(uuid(1), 1, u64::MAX, t0 + 100 * MS).unwrap();
         assert_eq!(a, vec![]);
         let a = ae.heard(uuid(1), 1, 2, t0 + 200 * MS).unwrap();
         assert_eq!(a, vec![], "a step back is a restart, not a gap");
+        // Within what a loss can count, a jump is one.
+        let a = ae
+            .heard(uuid(1), 1, 2 + MAX_COUNTED_GAP, t0 + 300 * MS)
+            .unwrap();
+        assert_eq!(a[0], Action::CountGaps(MAX_COUNTED_GAP - 1));
+    }
+
+    #[test]
+    fn a_restarted_peer_numbering_from_its_clock_is_no_gap() {
+        let (mut ae, t0) = machine();
+        let life = crate::replica::core::frame_numbers_origin(Duration::from_secs(1_800_000_000));
+        ae.heard(uuid(1), 1, life + 1, t0).unwrap();
+        ae.heard(uuid(1), 1, life + 2, t0).unwrap();
+        // Restarted two seconds later: numbered from its clock again.
+        let next = crate::replica::core::frame_numbers_origin(Duration::from_secs(1_800_000_002));
+        assert_eq!(ae.heard(uuid(1), 1, next + 1, t0 + 100 * MS), Ok(vec![]));
+        assert_eq!(ae.heard(uuid(1), 1, next + 2, t0 + 100 * MS), Ok(vec![]));
+        // A loss within the new life still counts.
+        let a = ae.heard(uuid(1), 1, next + 5, t0 + 200 * MS).unwrap();
+        assert_eq!(a[0], Action::CountGaps(2));
     }
 
     #[test]

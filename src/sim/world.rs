@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::SimDisk;
 use crate::ReplicaId;
 use crate::replica::AnyFilter;
-use crate::replica::core::{Adopted, Claiming, UnloggedMerges};
+use crate::replica::core::{Adopted, Claiming, UnloggedMerges, frame_numbers_origin};
 use crate::replica::durable::{DataDir, Identity, Reservation};
 use crate::replica::metrics::Telemetry;
 use crate::replica::recovery;
@@ -47,6 +47,21 @@ pub(crate) struct Plan {
     /// (`AckTracker::committed_alone`). For the test that shows the simulation finds it
     /// (`lone_acks_on_a_stale_look_are_found`).
     pub lone_acks_unchecked: bool,
+    /// Removes too, for the kinds that take them: an observed remove of an item some node
+    /// added, logged and published as the product's `remove` is. Items ever removed leave
+    /// the membership checks (a remove may win over an acknowledged add it observed);
+    /// convergence is checked as ever.
+    pub removes: bool,
+    /// The filter's false positive rate: its fingerprints' width. A remove of an item whose
+    /// fingerprint and buckets another item shares may take that item's entry (the cuckoo
+    /// filter cannot tell them apart: a false negative the thesis allows), so runs that
+    /// remove use wide fingerprints, where no two items of a run share them.
+    pub fpr: f64,
+    /// Every life numbers its frames from 1, as the product did before it numbered them from
+    /// its clock (`frame_numbers_origin`): a peer's late acknowledgement of an earlier life's
+    /// frame then acknowledges this life's frame of the same number. For the test that shows
+    /// the simulation finds it (`stale_acknowledgements_of_an_earlier_life_are_found`).
+    pub frames_numbered_from_one: bool,
 }
 
 impl Plan {
@@ -59,6 +74,9 @@ impl Plan {
             replicated_without_footprints: false,
             fresh_cluster: false,
             lone_acks_unchecked: false,
+            removes: false,
+            fpr: 0.01,
+            frames_numbered_from_one: false,
             max_nodes: std::env::var("CRPF_SIM_NODES")
                 .ok()
                 .and_then(|n| n.parse().ok())
@@ -260,6 +278,14 @@ struct World {
     /// saved a peer's merge, or its disk lost): `replicated` adds of another origin that a
     /// peer forgot are not promised to survive the loss of their node's disk too.
     forgotten: BTreeSet<(Vec<u8>, usize)>,
+    /// Whether the run removes ([`Plan::removes`], for a kind that can).
+    removes: bool,
+    /// [`Plan::frames_numbered_from_one`].
+    frames_numbered_from_one: bool,
+    /// When the run began: lives number their frames from the microseconds since.
+    began: Instant,
+    /// Items some node removed (a remove of one of their entries took effect there).
+    removed: BTreeSet<Vec<u8>>,
 }
 
 /// The registry's block of tags reserved at a time (the product's default is larger; small
@@ -278,7 +304,7 @@ pub(crate) fn run(plan: &Plan) -> Outcome {
     let mut rng = fastrand::Rng::with_seed(plan.seed);
     let kind = plan.kinds[rng.usize(..plan.kinds.len())];
     let n = rng.usize(plan.min_nodes.max(1)..=plan.max_nodes.max(plan.min_nodes).max(1));
-    let mut cfg = ReplicaConfig::for_kind("sim", kind, 200, 0.01);
+    let mut cfg = ReplicaConfig::for_kind("sim", kind, 200, plan.fpr);
     // A peer silent for 3 intervals is no longer live: short, so that partitions outlast it.
     cfg.anti_entropy_interval_ms = 200;
     cfg.peer_expiry_ms = 2_000;
@@ -314,6 +340,10 @@ pub(crate) fn run(plan: &Plan) -> Outcome {
         lone_acks_unchecked: plan.lone_acks_unchecked,
         replicated: Vec::new(),
         forgotten: BTreeSet::new(),
+        removes: plan.removes && kind.removable(),
+        removed: BTreeSet::new(),
+        frames_numbered_from_one: plan.frames_numbered_from_one,
+        began: Instant::now(),
     };
     w.note(format!("seed {} kind {kind} nodes {n}", plan.seed));
     for i in 0..n {
@@ -387,6 +417,7 @@ impl World {
             return self.look(i, false);
         }
         match self.rng.u16(..1000) {
+            0..120 if self.removes => self.remove(i),
             0..380 => self.add(i),
             380..520 => self.commit(i),
             520..550 => self.periodic_sync(i),
@@ -614,6 +645,11 @@ impl World {
                 .map_err(|e| e.to_string())?;
         }
         let log = DirectLog::start(recovered.wal, identity);
+        // As the actor numbers them ([`frame_numbers_origin`]).
+        let seq = match self.frames_numbered_from_one {
+            true => 0,
+            false => frame_numbers_origin(self.now.duration_since(self.began)),
+        };
         let mut life = Life {
             data,
             filter,
@@ -629,7 +665,7 @@ impl World {
             acks: AckTracker::default(),
             committing: VecDeque::new(),
             batch: 0,
-            seq: 0,
+            seq,
             anti: AntiEntropy::new(
                 Timing {
                     live: ReplicaConfig::ms(self.cfg.anti_entropy_interval_ms * 3),
@@ -661,7 +697,7 @@ impl World {
             .iter()
             .map(|item| ("durable", item))
             .chain(node.logged.iter().map(|item| ("logged", item)))
-            .filter(|(_, item)| !life.filter.contains(item))
+            .filter(|(_, item)| !self.removed.contains(*item) && !life.filter.contains(item))
             .map(|(level, item)| format!("{} ({level})", String::from_utf8_lossy(item)))
             .collect();
         if !lost.is_empty() {
@@ -790,6 +826,36 @@ impl World {
         self.publish(i, Body::Delta(delta));
     }
 
+    /// An observed remove of an item some node added, at `durable`: the entries it observes
+    /// leave, its delta is appended to the log and published (`Replica`'s remove).
+    fn remove(&mut self, i: usize) {
+        if self.added.is_empty() {
+            return;
+        }
+        let item = self.added[self.rng.usize(..self.added.len())].clone();
+        let life = self.nodes[i].life.as_mut().expect("alive");
+        match life.filter.remove(&item) {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                // Not observed here: nothing to remove, nothing to log.
+                return;
+            }
+            Err(e) => return self.violation(format!("node {i}: remove refused: {e}")),
+        }
+        self.removed.insert(item.clone());
+        let Some(delta) = life.filter.take_delta() else {
+            return self.violation(format!("node {i}: a remove without a delta"));
+        };
+        // Its answer is not checked (the item left the checks): the append only has to
+        // happen, as the product's does.
+        drop(life.log.append(delta.clone(), true));
+        self.note(format!(
+            "node {i}: remove {}",
+            String::from_utf8_lossy(&item)
+        ));
+        self.publish(i, Body::Delta(delta));
+    }
+
     fn publish(&mut self, from: usize, body: Body) {
         let life = self.nodes[from].life.as_ref().expect("alive");
         let (sender, replica) = (life.identity.uuid, life.identity.replica);
@@ -885,6 +951,9 @@ impl World {
         for n in notes {
             self.note(n);
         }
+        // A frame takes at least a microsecond to make (what numbering lives from the clock
+        // rests on).
+        self.now += Duration::from_micros(out.len() as u64);
         for body in out {
             self.publish(i, body);
         }
@@ -1145,7 +1214,7 @@ impl World {
             let life = self.nodes[i].life.as_ref().expect("started");
             let missing: Vec<String> = durable
                 .iter()
-                .filter(|item| !life.filter.contains(item))
+                .filter(|item| !self.removed.contains(*item) && !life.filter.contains(item))
                 .map(|item| String::from_utf8_lossy(item).into_owned())
                 .collect();
             if !missing.is_empty() {
@@ -1175,7 +1244,7 @@ impl World {
         for r in &self.replicated {
             let forgotten = (0..self.nodes.len())
                 .any(|j| j != r.origin && self.forgotten.contains(&(r.item.clone(), j)));
-            if forgotten || r.alone {
+            if forgotten || r.alone || self.removed.contains(&r.item) {
                 continue;
             }
             if r.disk_lost {

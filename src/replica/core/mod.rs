@@ -20,7 +20,7 @@ pub(crate) use lease::Lease;
 pub(crate) use pipeline::{CommitPipeline, FIRST_BATCH, HeldDelta, Release};
 pub(crate) use push::{DigestCache, ENVELOPE_OVERHEAD, PushPlan, Pushes, chunk_len};
 pub(crate) use registry::{HeldFrame, Look, RegistryView};
-pub(crate) use replica::{InFlight, Outside, Ready, ReplicaCore, Traits};
+pub(crate) use replica::{InFlight, Outside, Ready, ReplicaCore, Traits, frame_numbers_origin};
 pub(crate) use schedule::{Rearm, Schedule};
 pub(crate) use snapshots::Snapshotter;
 pub(crate) use start::{Adopted, Claiming};

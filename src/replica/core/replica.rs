@@ -216,6 +216,19 @@ pub(crate) struct ReplicaCore<R> {
     pub schedule: Schedule,
 }
 
+/// Where a replica's frames start numbering: microseconds of the wall clock at its start.
+/// A process keeps its uuid across restarts; numbered from 1 again, a peer's acknowledgement
+/// of the last life's frame `n`, arriving late, acknowledged this life's frame `n`, and a
+/// `replicated` add was answered that no peer held (the simulation with removes found it).
+/// A life sends far fewer than one frame a microsecond, so each numbers above every earlier
+/// one; receivers take a jump forward past [`MAX_COUNTED_GAP`] for a restart, as they take a
+/// step back (from earlier versions, which count from 1).
+///
+/// [`MAX_COUNTED_GAP`]: crate::replica::anti_entropy::MAX_COUNTED_GAP
+pub(crate) fn frame_numbers_origin(since_unix_epoch: std::time::Duration) -> u64 {
+    u64::try_from(since_unix_epoch.as_micros()).unwrap_or(u64::MAX / 2)
+}
+
 impl<R> ReplicaCore<R> {
     /// A replica's core at its start (`now`), from its parts that hold what it starts with.
     /// `seed` seeds the digests' jitter.
@@ -255,6 +268,12 @@ impl<R> ReplicaCore<R> {
             restored: false,
             schedule,
         }
+    }
+
+    /// Numbers this life's frames after `origin`: the wall clock in microseconds at the
+    /// replica's start ([`frame_numbers_origin`]).
+    pub(crate) fn number_frames_after(&mut self, origin: u64) {
+        self.seq = origin;
     }
 
     /// The next sequence number of the replica's frames.
