@@ -1693,7 +1693,7 @@ fn run_tdigest_resets(ops: Vec<TdOp>, full_states: bool) {
             }
             TdOp::Reset(r) => {
                 let before = reps[r].clone();
-                reps[r].reset();
+                let removed_any = reps[r].reset();
                 assert!(before.le(&reps[r]), "a reset inflates");
                 assert!(
                     td_values(&reps[r]).is_empty(),
@@ -1702,7 +1702,10 @@ fn run_tdigest_resets(ops: Vec<TdOp>, full_states: bool) {
                 for (gone, saw) in removed[r].iter_mut().zip(seen[r]) {
                     *gone = (*gone).max(saw);
                 }
-                reset_since_send[r] = true;
+                // A reset that removed nothing has nothing to send: the next delta carries
+                // its replica's floors only if one since removed something (then all of
+                // them, those merged in since included).
+                reset_since_send[r] |= removed_any;
             }
             TdOp::Send(r) => {
                 if added_since_send[r] {
@@ -1774,3 +1777,4 @@ fn run_tdigest_resets(ops: Vec<TdOp>, full_states: bool) {
         assert_eq!(td_values(r), td_values(&all));
     }
 }
+
