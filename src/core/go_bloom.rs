@@ -475,6 +475,45 @@ impl GoBloom {
         self.merge(other)
     }
 
+    /// What an import of `other` changes, as a delta, ascending: the bits `other` sets that
+    /// this filter lacks, or with `whole` every bit `other` sets (its whole footprint, for a
+    /// state whose merged bits no saved snapshot holds: see
+    /// `crate::replica::core::UnloggedMerges`). An import at `replicated` travels as such a
+    /// delta (`crate::replica::core::import`). Refused, naming both, if its `m` or `k` differs.
+    pub fn import_delta(&self, other: &GoBloom, whole: bool) -> Result<BloomDelta, FilterError> {
+        self.check_import(other)?;
+        let mut bits = Vec::new();
+        for (w, (&mine, &theirs)) in self.words.iter().zip(&other.words).enumerate() {
+            let mut set = if whole { theirs } else { theirs & !mine };
+            while set != 0 {
+                bits.push(((w as u64) << 6) | u64::from(set.trailing_zeros()));
+                set &= set - 1;
+            }
+        }
+        Ok(BloomDelta { bits })
+    }
+
+    /// Sets `delta`'s bits as a local update: every one of them joins the pending delta
+    /// (while tracking), for the commit pipeline to log and publish. How many were clear.
+    pub fn apply_as_local(&mut self, delta: &BloomDelta) -> Result<u64, FilterError> {
+        self.check_delta(delta)?;
+        let mut newly = 0;
+        for &idx in &delta.bits {
+            let word = &mut self.words[(idx >> 6) as usize];
+            let mask = 1u64 << (idx & 63);
+            newly += u64::from(*word & mask == 0);
+            *word |= mask;
+        }
+        if let Some(p) = &mut self.pending {
+            p.extend_from_slice(&delta.bits);
+        }
+        let ones = self.ones.get_mut();
+        if *ones != UNKNOWN {
+            *ones += newly;
+        }
+        Ok(newly)
+    }
+
     /// Whether [`GoBloom::merge_import`] takes `other`: the same `m` and `k`, else an error
     /// naming both.
     pub fn check_import(&self, other: &GoBloom) -> Result<(), FilterError> {
