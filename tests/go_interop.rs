@@ -636,7 +636,7 @@ async fn an_import_at_replicated_is_on_the_peers_when_answered() {
                      [[filters]]\nname = \"imported\"\n\
                      filter = {{ kind = \"go_bloom\", capacity = 10000, fpr = 0.01 }}\n\
                      replicated_peers = 2\nreplicated_timeout_ms = 3000\n\
-                     anti_entropy_interval_ms = 600000\n\n\
+                     anti_entropy_interval_ms = 600000\npeer_expiry_ms = 1800000\n\n\
                      [[filters]]\nname = \"big\"\n\
                      filter = {{ kind = \"go_bloom\", capacity = 400000, fpr = 0.01 }}\n",
                     free_port(),
