@@ -625,8 +625,14 @@ async fn an_import_over_nats_is_durable_when_answered() {
 async fn an_import_at_replicated_is_on_the_peers_when_answered() {
     let dir = tempfile::tempdir().unwrap();
     let nats = NatsServer::start();
+    let resp = format!("127.0.0.1:{}", free_port());
     let mut nodes: Vec<Proc> = (0..3)
         .map(|i| {
+            // Node 0 serves RESP too, for `CRPF.IMPORT` after `CRPF.ACK replicated`.
+            let resp_section = match i {
+                0 => format!("\n[resp]\nlisten = \"{resp}\"\n"),
+                _ => String::new(),
+            };
             let config = dir.path().join(format!("node{i}.toml"));
             std::fs::write(
                 &config,
@@ -638,11 +644,12 @@ async fn an_import_at_replicated_is_on_the_peers_when_answered() {
                      replicated_peers = 2\nreplicated_timeout_ms = 3000\n\
                      anti_entropy_interval_ms = 600000\npeer_expiry_ms = 1800000\n\n\
                      [[filters]]\nname = \"big\"\n\
-                     filter = {{ kind = \"go_bloom\", capacity = 400000, fpr = 0.01 }}\n",
+                     filter = {{ kind = \"go_bloom\", capacity = 400000, fpr = 0.01 }}\n{}",
                     free_port(),
                     dir.path().join(format!("data{i}")).display(),
                     cluster_key_line(),
-                    nats.url()
+                    nats.url(),
+                    resp_section
                 ),
             )
             .unwrap();
@@ -690,6 +697,28 @@ async fn an_import_at_replicated_is_on_the_peers_when_answered() {
         held_by(&client, &ids, &items).await,
         vec![2000; 3],
         "an import answered at replicated is on every replica it waited for"
+    );
+
+    // The same over RESP, at the connection's level.
+    let mut con = connect(&resp).await;
+    call(&mut con, &[b"CRPF.ACK", b"replicated"]).await.unwrap();
+    let mut by_resp = GoBloom::new(GoBloomParams::estimate(10_000, 0.01).unwrap()).unwrap();
+    for i in 0..2000 {
+        by_resp.add(&item("resp-", i)).unwrap();
+    }
+    let answer = import(
+        &mut con,
+        "imported",
+        GoFormat::Binary,
+        &by_resp.to_go_bytes(),
+    )
+    .await;
+    assert_eq!(answer, Ok(redis::Value::Okay));
+    let items: Vec<Vec<u8>> = (0..2000).map(|i| item("resp-", i)).collect();
+    assert_eq!(
+        held_by(&client, &ids, &items).await,
+        vec![2000; 3],
+        "a RESP import answered at replicated is on every replica it waited for"
     );
 
     // Over half a message of delta (~1.2 MB of new bits against 523,776 bytes): refused
@@ -744,6 +773,14 @@ async fn an_import_at_replicated_is_on_the_peers_when_answered() {
         }
         other => panic!("an import with a peer down answered {other:?}"),
     }
+    let answer = import(&mut con, "imported", GoFormat::Binary, &down.to_go_bytes()).await;
+    let refused = answer.expect_err("a RESP import with a peer down answered OK");
+    assert!(
+        refused
+            .to_string()
+            .contains("not yet confirmed by enough peers"),
+        "{refused}"
+    );
     for mut n in nodes.into_iter().take(2) {
         n.terminate(Duration::from_secs(30));
     }
