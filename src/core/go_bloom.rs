@@ -815,6 +815,41 @@ mod tests {
     }
 
     #[test]
+    fn an_import_as_a_delta_records_what_it_sets_and_joins_as_a_merge() {
+        let mut mine = GoBloom::with_capacity(10_000, 0.01).unwrap();
+        let mut theirs = GoBloom::with_capacity(10_000, 0.01).unwrap();
+        for i in 0..300u32 {
+            mine.add(format!("mine-{i}").as_bytes()).unwrap();
+            theirs.add(format!("theirs-{i}").as_bytes()).unwrap();
+        }
+        theirs.add(b"mine-0").unwrap();
+        let mut merged = mine.clone();
+        merged.merge(&theirs).unwrap();
+        mine.track_deltas(true);
+        let new = mine.import_delta(&theirs, false).unwrap();
+        let whole = mine.import_delta(&theirs, true).unwrap();
+        // The new bits are those `theirs` sets and `mine` lacks; the whole footprint is every
+        // bit `theirs` sets, the new ones among them.
+        assert_eq!(whole.bits.len() as u64, theirs.ones());
+        assert!(new.bits.len() < whole.bits.len());
+        assert!(new.bits.iter().all(|b| whole.bits.contains(b)));
+        let set = mine.apply_as_local(&new).unwrap();
+        assert_eq!(set, new.bits.len() as u64);
+        assert_eq!(
+            mine, merged,
+            "applied as a delta, an import joins as a merge does"
+        );
+        assert_eq!(mine.ones(), merged.ones());
+        // Its bits are in the pending delta, which a peer joins to the same state.
+        let pending = mine.take_delta().unwrap();
+        assert_eq!(pending.bits, new.bits);
+        // Nothing left to import; other `m`/`k` refused.
+        assert!(mine.import_delta(&theirs, false).unwrap().bits.is_empty());
+        let other = GoBloom::with_capacity(1_000, 0.001).unwrap();
+        assert!(mine.import_delta(&other, false).is_err());
+    }
+
+    #[test]
     fn an_import_of_other_m_or_k_names_both() {
         let mut mine = GoBloom::with_capacity(10_000, 0.01).unwrap();
         let theirs = GoBloom::with_capacity(1_000, 0.001).unwrap();
