@@ -307,8 +307,23 @@ impl Client {
         format: crate::GoFormat,
         filter: impl Into<Bytes>,
     ) -> Result<(), ClientError> {
+        self.import_at(format, filter, None).await
+    }
+
+    /// As [`Client::import`], answered at `ack` (`None`: the filter's default level): at
+    /// `replicated`, once peers confirmed the delta it made (README, "Acknowledgement
+    /// levels").
+    pub async fn import_at(
+        &self,
+        format: crate::GoFormat,
+        filter: impl Into<Bytes>,
+        ack: Option<AckLevel>,
+    ) -> Result<(), ClientError> {
         let mut headers = HeaderMap::new();
         headers.insert(FORMAT_HEADER, format.name());
+        if let Some(level) = ack {
+            headers.insert(crate::api::ACK_HEADER, level.name());
+        }
         let reply = self
             .request(Op::Import, filter.into(), Some(headers))
             .await?;

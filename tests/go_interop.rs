@@ -173,7 +173,8 @@ mod nats_harness;
 use std::time::{Duration, Instant};
 
 use crpf::GoFormat;
-use crpf::client::Client;
+use crpf::client::{Client, ClientError};
+use crpf::replica::AckLevel;
 use nats_harness::{NatsServer, Proc, cluster_key_line, crpf, free_port};
 use redis::aio::MultiplexedConnection;
 
@@ -594,22 +595,7 @@ async fn an_import_over_nats_is_durable_when_answered() {
         dir.path().join("first.log"),
     );
     serving(&client, &mut node).await;
-    // `replicated` cannot be promised for a merged state: refused, nothing merged.
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(crpf::api::ACK_HEADER, "replicated");
-    let raw = async_nats::connect(nats.url()).await.unwrap();
-    let refused = raw
-        .request_with_headers("crpf.imported.api.import", headers, go.to_go_bytes().into())
-        .await
-        .unwrap();
-    let body = String::from_utf8_lossy(&refused.payload);
-    assert!(body.contains("acknowledgement level unavailable"), "{body}");
     let items: Vec<Vec<u8>> = (0..2000).map(|i| item("go-", i)).collect();
-    let found = client.mcontains(&items).await.unwrap();
-    assert!(
-        found.iter().filter(|&&f| f).count() < 100,
-        "a refused import merged"
-    );
     client
         .import(GoFormat::Binary, go.to_go_bytes())
         .await
@@ -626,6 +612,192 @@ async fn an_import_over_nats_is_durable_when_answered() {
     let lost = found.iter().filter(|&&f| !f).count();
     assert_eq!(lost, 0, "imported items lost at the crash after the answer");
     node.terminate(Duration::from_secs(30));
+}
+
+/// Issue 51's follow-up: an import at `replicated` travels as a delta its peers confirm, as
+/// an add's does. Three nodes, each filter asking both peers (`replicated_peers = 2`) and
+/// anti-entropy once in ten minutes, so that only the import's own delta can bring it to the
+/// peers in the test's time: once the import is answered, each of the three replicas, asked
+/// alone, holds every imported item. An import whose delta is over the size one message
+/// carries is refused, nothing merged; and with a peer killed, an import at `replicated` is
+/// answered `not confirmed by enough peers`, not as replicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_at_replicated_is_on_the_peers_when_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsServer::start();
+    let resp = format!("127.0.0.1:{}", free_port());
+    let mut nodes: Vec<Proc> = (0..3)
+        .map(|i| {
+            // Node 0 serves RESP too, for `CRPF.IMPORT` after `CRPF.ACK replicated`.
+            let resp_section = match i {
+                0 => format!("\n[resp]\nlisten = \"{resp}\"\n"),
+                _ => String::new(),
+            };
+            let config = dir.path().join(format!("node{i}.toml"));
+            std::fs::write(
+                &config,
+                format!(
+                    "[node]\nmetrics_addr = \"127.0.0.1:{}\"\nlog = \"warn\"\ndata_dir = \"{}\"\n{}\n\
+                     [nats]\nservers = [\"{}\"]\n\n\
+                     [[filters]]\nname = \"imported\"\n\
+                     filter = {{ kind = \"go_bloom\", capacity = 10000, fpr = 0.01 }}\n\
+                     replicated_peers = 2\nreplicated_timeout_ms = 3000\n\
+                     anti_entropy_interval_ms = 600000\npeer_expiry_ms = 1800000\n\n\
+                     [[filters]]\nname = \"big\"\n\
+                     filter = {{ kind = \"go_bloom\", capacity = 400000, fpr = 0.01 }}\n{}",
+                    free_port(),
+                    dir.path().join(format!("data{i}")).display(),
+                    cluster_key_line(),
+                    nats.url(),
+                    resp_section
+                ),
+            )
+            .unwrap();
+            Proc::spawn(
+                &format!("node{i}"),
+                crpf(&["node", "--config", config.to_str().unwrap()]),
+                dir.path().join(format!("node{i}.log")),
+            )
+        })
+        .collect();
+    let nc = async_nats::connect(nats.url()).await.unwrap();
+    let client = Client::new(nc.clone(), "crpf", "imported").with_timeout(Duration::from_secs(30));
+    // The three replicas, each ready (the queue group spreads `stats` over the ready ones).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut ids = std::collections::BTreeSet::new();
+    while ids.len() < 3 {
+        for n in nodes.iter_mut() {
+            n.assert_running();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only replicas {ids:?} ready in 120 s"
+        );
+        if let Ok(s) = client.stats().await
+            && s.ready
+        {
+            ids.insert(s.replica);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut go = GoBloom::new(GoBloomParams::estimate(10_000, 0.01).unwrap()).unwrap();
+    for i in 0..2000 {
+        go.add(&item("rep-", i)).unwrap();
+    }
+    client
+        .import_at(
+            GoFormat::Binary,
+            go.to_go_bytes(),
+            Some(AckLevel::Replicated),
+        )
+        .await
+        .unwrap();
+    let items: Vec<Vec<u8>> = (0..2000).map(|i| item("rep-", i)).collect();
+    assert_eq!(
+        held_by(&client, &ids, &items).await,
+        vec![2000; 3],
+        "an import answered at replicated is on every replica it waited for"
+    );
+
+    // The same over RESP, at the connection's level.
+    let mut con = connect(&resp).await;
+    call(&mut con, &[b"CRPF.ACK", b"replicated"]).await.unwrap();
+    let mut by_resp = GoBloom::new(GoBloomParams::estimate(10_000, 0.01).unwrap()).unwrap();
+    for i in 0..2000 {
+        by_resp.add(&item("resp-", i)).unwrap();
+    }
+    let answer = import(
+        &mut con,
+        "imported",
+        GoFormat::Binary,
+        &by_resp.to_go_bytes(),
+    )
+    .await;
+    assert_eq!(answer, Ok(redis::Value::Okay));
+    let items: Vec<Vec<u8>> = (0..2000).map(|i| item("resp-", i)).collect();
+    assert_eq!(
+        held_by(&client, &ids, &items).await,
+        vec![2000; 3],
+        "a RESP import answered at replicated is on every replica it waited for"
+    );
+
+    // Over half a message of delta (~1.2 MB of new bits against 523,776 bytes): refused
+    // whole, with the sizes, on whichever replica took it.
+    let big_client = Client::new(nc.clone(), "crpf", "big").with_timeout(Duration::from_secs(30));
+    let mut big = GoBloom::new(GoBloomParams::estimate(400_000, 0.01).unwrap()).unwrap();
+    for i in 0..200_000 {
+        big.add(&item("big-", i)).unwrap();
+    }
+    match big_client
+        .import_at(
+            GoFormat::Binary,
+            big.to_go_bytes(),
+            Some(AckLevel::Replicated),
+        )
+        .await
+    {
+        Err(ClientError::Server { message, .. }) => {
+            assert!(
+                message.contains("travels as one acknowledged delta"),
+                "{message}"
+            )
+        }
+        other => panic!("a too large import at replicated answered {other:?}"),
+    }
+    let sample: Vec<Vec<u8>> = (0..2000).map(|i| item("big-", i)).collect();
+    let found = big_client.mcontains(&sample).await.unwrap();
+    assert!(
+        found.iter().filter(|&&f| f).count() < 100,
+        "a refused import merged"
+    );
+
+    // A peer down: both peers are asked for, one cannot confirm.
+    nodes[2].kill9();
+    let mut down = GoBloom::new(GoBloomParams::estimate(10_000, 0.01).unwrap()).unwrap();
+    for i in 0..2000 {
+        down.add(&item("down-", i)).unwrap();
+    }
+    match client
+        .import_at(
+            GoFormat::Binary,
+            down.to_go_bytes(),
+            Some(AckLevel::Replicated),
+        )
+        .await
+    {
+        Err(ClientError::Server { message, .. }) => {
+            assert!(
+                message.contains("not yet confirmed by enough peers"),
+                "{message}"
+            )
+        }
+        other => panic!("an import with a peer down answered {other:?}"),
+    }
+    let answer = import(&mut con, "imported", GoFormat::Binary, &down.to_go_bytes()).await;
+    let refused = answer.expect_err("a RESP import with a peer down answered OK");
+    assert!(
+        refused
+            .to_string()
+            .contains("not yet confirmed by enough peers"),
+        "{refused}"
+    );
+    for mut n in nodes.into_iter().take(2) {
+        n.terminate(Duration::from_secs(30));
+    }
+}
+
+/// How many of `items` each replica of `ids`, asked alone, holds.
+async fn held_by(
+    client: &Client,
+    ids: &std::collections::BTreeSet<crpf::ReplicaId>,
+    items: &[Vec<u8>],
+) -> Vec<usize> {
+    let mut held = Vec::new();
+    for &id in ids {
+        let found = client.replica(id).mcontains(items).await.unwrap();
+        held.push(found.iter().filter(|&&f| f).count());
+    }
+    held
 }
 
 /// Waits until `node` answers requests to `client`'s filter.

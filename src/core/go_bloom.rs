@@ -475,6 +475,45 @@ impl GoBloom {
         self.merge(other)
     }
 
+    /// What an import of `other` changes, as a delta, ascending: the bits `other` sets that
+    /// this filter lacks, or with `whole` every bit `other` sets (its whole footprint, for a
+    /// state whose merged bits no saved snapshot holds: see
+    /// `crate::replica::core::UnloggedMerges`). An import at `replicated` travels as such a
+    /// delta (`crate::replica::core::import`). Refused, naming both, if its `m` or `k` differs.
+    pub fn import_delta(&self, other: &GoBloom, whole: bool) -> Result<BloomDelta, FilterError> {
+        self.check_import(other)?;
+        let mut bits = Vec::new();
+        for (w, (&mine, &theirs)) in self.words.iter().zip(&other.words).enumerate() {
+            let mut set = if whole { theirs } else { theirs & !mine };
+            while set != 0 {
+                bits.push(((w as u64) << 6) | u64::from(set.trailing_zeros()));
+                set &= set - 1;
+            }
+        }
+        Ok(BloomDelta { bits })
+    }
+
+    /// Sets `delta`'s bits as a local update: every one of them joins the pending delta
+    /// (while tracking), for the commit pipeline to log and publish. How many were clear.
+    pub fn apply_as_local(&mut self, delta: &BloomDelta) -> Result<u64, FilterError> {
+        self.check_delta(delta)?;
+        let mut newly = 0;
+        for &idx in &delta.bits {
+            let word = &mut self.words[(idx >> 6) as usize];
+            let mask = 1u64 << (idx & 63);
+            newly += u64::from(*word & mask == 0);
+            *word |= mask;
+        }
+        if let Some(p) = &mut self.pending {
+            p.extend_from_slice(&delta.bits);
+        }
+        let ones = self.ones.get_mut();
+        if *ones != UNKNOWN {
+            *ones += newly;
+        }
+        Ok(newly)
+    }
+
     /// Whether [`GoBloom::merge_import`] takes `other`: the same `m` and `k`, else an error
     /// naming both.
     pub fn check_import(&self, other: &GoBloom) -> Result<(), FilterError> {
@@ -773,6 +812,41 @@ mod tests {
         assert!(GoBloom::from_go_json(bad_b64.as_bytes()).is_err());
         let other_m = json.replacen("\"m\":", "\"m\":1", 1);
         assert!(GoBloom::from_go_json(other_m.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn an_import_as_a_delta_records_what_it_sets_and_joins_as_a_merge() {
+        let mut mine = GoBloom::with_capacity(10_000, 0.01).unwrap();
+        let mut theirs = GoBloom::with_capacity(10_000, 0.01).unwrap();
+        for i in 0..300u32 {
+            mine.add(format!("mine-{i}").as_bytes()).unwrap();
+            theirs.add(format!("theirs-{i}").as_bytes()).unwrap();
+        }
+        theirs.add(b"mine-0").unwrap();
+        let mut merged = mine.clone();
+        merged.merge(&theirs).unwrap();
+        mine.track_deltas(true);
+        let new = mine.import_delta(&theirs, false).unwrap();
+        let whole = mine.import_delta(&theirs, true).unwrap();
+        // The new bits are those `theirs` sets and `mine` lacks; the whole footprint is every
+        // bit `theirs` sets, the new ones among them.
+        assert_eq!(whole.bits.len() as u64, theirs.ones());
+        assert!(new.bits.len() < whole.bits.len());
+        assert!(new.bits.iter().all(|b| whole.bits.contains(b)));
+        let set = mine.apply_as_local(&new).unwrap();
+        assert_eq!(set, new.bits.len() as u64);
+        assert_eq!(
+            mine, merged,
+            "applied as a delta, an import joins as a merge does"
+        );
+        assert_eq!(mine.ones(), merged.ones());
+        // Its bits are in the pending delta, which a peer joins to the same state.
+        let pending = mine.take_delta().unwrap();
+        assert_eq!(pending.bits, new.bits);
+        // Nothing left to import; other `m`/`k` refused.
+        assert!(mine.import_delta(&theirs, false).unwrap().bits.is_empty());
+        let other = GoBloom::with_capacity(1_000, 0.001).unwrap();
+        assert!(mine.import_delta(&other, false).is_err());
     }
 
     #[test]

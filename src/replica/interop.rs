@@ -29,6 +29,41 @@ pub fn check_fits(into: &AnyFilter, imported: &AnyFilter) -> Result<(), FilterEr
     }
 }
 
+/// What merging `imported` (from [`decode`]) into `into` changes, as a delta of `into`'s
+/// kind: the bits it newly sets (with `whole`, every bit it sets), and the delta's packed
+/// size (its bit indexes as the wire carries them). Refused as [`check_fits`] refuses.
+pub fn import_delta(
+    into: &AnyFilter,
+    imported: &AnyFilter,
+    whole: bool,
+) -> Result<(crate::core::delta::BloomDelta, usize), FilterError> {
+    check_fits(into, imported)?;
+    match (into, imported) {
+        (AnyFilter::GoBloom(mine), AnyFilter::GoBloom(theirs)) => {
+            let delta = mine.import_delta(theirs, whole)?;
+            let bytes = crate::core::compact::encode_indexes(&delta.bits).len();
+            Ok((delta, bytes))
+        }
+        _ => unreachable!("check_fits takes go_bloom into go_bloom only"),
+    }
+}
+
+/// Applies an import's delta ([`import_delta`]) to `into` as a local update: its bits join
+/// the pending delta. How many were clear.
+pub fn apply_import_delta(
+    into: &mut AnyFilter,
+    delta: &crate::core::delta::BloomDelta,
+) -> Result<u64, FilterError> {
+    match into {
+        AnyFilter::GoBloom(mine) => mine.apply_as_local(delta),
+        other => Err(FilterError::Incompatible(format!(
+            "a {} filter cannot take a bits-and-blooms import: only {} filters can",
+            other.kind(),
+            FilterKind::GoBloom
+        ))),
+    }
+}
+
 /// `f` in `format`, for the kinds that have one in it (`go_bloom`).
 pub fn export(f: &AnyFilter, format: GoFormat) -> Result<Vec<u8>, FilterError> {
     match f {

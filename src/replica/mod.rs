@@ -191,6 +191,20 @@ pub enum ReplicaError {
         /// Why the slice failed.
         cause: Box<ReplicaError>,
     },
+    /// An import at `replicated` whose delta (the bits it newly sets, packed) is larger than
+    /// one message can carry beside the other updates of its commit: half of what the
+    /// transport's `max_payload` leaves past an envelope (523,776 bytes at NATS's default
+    /// 1 MiB). Nothing was merged; import at `durable`, or in parts.
+    #[error(
+        "an import at `replicated` travels as one acknowledged delta of at most {limit} bytes; \
+         this one needs {bytes}: nothing merged (import it at `durable`, or in parts)"
+    )]
+    ImportTooLarge {
+        /// The import's encoded delta.
+        bytes: usize,
+        /// The largest one taken.
+        limit: usize,
+    },
     /// An `expiring_bloom` replica's wall clock is further ahead of its live peers' than
     /// the skew bound allows (and one epoch more): its adds would land in an epoch its peers
     /// refuse, so none is applied until its clock is corrected. Reads answer as of its
@@ -234,6 +248,7 @@ impl ReplicaError {
             ReplicaError::ImportStopped { .. } => "import_stopped",
             ReplicaError::UnknownFilter(_) => "unknown_filter",
             ReplicaError::ClockAhead { .. } => "clock_ahead",
+            ReplicaError::ImportTooLarge { .. } => "import_too_large",
         }
     }
 

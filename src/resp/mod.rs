@@ -781,6 +781,24 @@ async fn run_key(
             {
                 return Reply::err(format!("not imported into `{name}`: {e}"));
             }
+            if ack == Some(AckLevel::Replicated) {
+                // The connection's `CRPF.ACK replicated`: as the request API's `import`, its
+                // delta logged and confirmed by peers (or refused, too large), not a merge
+                // that reaches peers unacknowledged.
+                let handle = match created(&*lookup, &name, spec).await {
+                    Ok(handle) => handle,
+                    Err(refused) => return refused,
+                };
+                let request = crate::api::Request::Import {
+                    format,
+                    filter: data,
+                    ack,
+                };
+                return match commands::send(&handle, request, ack, true).await {
+                    Ok(_) => Reply::Simple("OK"),
+                    Err(e) => Reply::err(format!("not imported into `{name}`: {e}")),
+                };
+            }
             restore(&*lookup, name, spec, state).await
         }
         K::Export { name, format } => match lookup.filter(&name) {

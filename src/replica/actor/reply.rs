@@ -401,6 +401,7 @@ fn service_code(e: &ReplicaError) -> u16 {
         | ReplicaError::IdRetired { .. } => 503,
         ReplicaError::NotReplicated { .. } => 504,
         ReplicaError::UnknownFilter(_) => 404,
+        ReplicaError::ImportTooLarge { .. } => 413,
         ReplicaError::Config(_)
         | ReplicaError::Filter(_)
         | ReplicaError::Durable(_)

@@ -19,6 +19,7 @@ use super::updates::{Applied, Lock};
 use crate::api::{Request, Response};
 use crate::replica::ReplicaError;
 use crate::replica::ack::AckLevel;
+use crate::replica::core::{self, ImportPath};
 use crate::replica::metrics::{Channel, Direction, MergeSource};
 use crate::replica::service::ApiService;
 use crate::transport::{Message, MessageStream, confirm_subscriptions, subscribe_now};
@@ -33,8 +34,8 @@ enum Handled {
         changed: bool,
         response: Response,
     },
-    /// An import at `durable`: answered once a snapshot holding it is saved (the log holds
-    /// no merges).
+    /// An import at `logged` or `durable`: answered once a snapshot holding it is saved (the
+    /// log holds no merges).
     AfterSnapshot(Response),
 }
 
@@ -307,16 +308,28 @@ impl Replica {
                 ack,
             } => {
                 // Refused before anything is merged if the replica cannot give it.
-                let level = import_level(ack, self.updates.level(None)?)?;
+                let level = core::import_level(ack, self.updates.level(None)?);
                 self.updates.check_level(level)?;
-                self.import_filter(format, &filter)?;
-                // A merge is on disk only with a snapshot ([`crate::replica::core::UnloggedMerges`]).
-                // `logged` too: the log does not hold an import, a saved snapshot does.
-                match level {
-                    AckLevel::Durable | AckLevel::Logged => {
+                match core::import_path(level) {
+                    ImportPath::Merge => {
+                        self.import_filter(format, &filter)?;
+                        Handled::Answer(Response::Imported)
+                    }
+                    // A merge is on disk only with a snapshot
+                    // ([`crate::replica::core::UnloggedMerges`]); `logged` too: the log does
+                    // not hold an import, a saved snapshot does.
+                    ImportPath::MergeThenSnapshot => {
+                        self.import_filter(format, &filter)?;
                         Handled::AfterSnapshot(Response::Imported)
                     }
-                    _ => Handled::Answer(Response::Imported),
+                    ImportPath::AsDelta => {
+                        let changed = self.import_as_delta(format, &filter)?;
+                        Handled::Settle {
+                            level,
+                            changed,
+                            response: Response::Imported,
+                        }
+                    }
                 }
             }
             _ => unreachable!("every operation is handled above"),
@@ -335,6 +348,37 @@ impl Replica {
         merged?;
         self.local_change();
         Ok(())
+    }
+
+    /// `import` at `replicated` (`crate::replica::core::import`): merged as a local update,
+    /// the bits it sets joining the pending delta that the commit logs and publishes for
+    /// peers to confirm. Refused, nothing merged, if that delta is over the size one message
+    /// carries beside its commit's other updates. Whether it recorded anything (an import
+    /// that sets no bit is answered at once, as such an add is).
+    fn import_as_delta(
+        &mut self,
+        format: crate::GoFormat,
+        bytes: &[u8],
+    ) -> Result<bool, ReplicaError> {
+        use crate::replica::interop;
+        let (_, state) = interop::decode(format, bytes)?;
+        let max_payload = self.io.transport.max_payload();
+        let t = std::time::Instant::now();
+        let mut f = self.write();
+        // While merged bits are on no saved snapshot, the log must hold the import's whole
+        // footprint, as an add's: a bit a peer's delta set would be lost at a crash.
+        let whole = self.shared.unlogged.footprints();
+        let (delta, delta_bytes) = interop::import_delta(&f, &state, whole)?;
+        core::admit_replicated_import(delta_bytes, max_payload)?;
+        let applied = interop::apply_import_delta(&mut f, &delta);
+        drop(f);
+        self.record_merge(MergeSource::Local, t, applied.is_ok());
+        applied?;
+        let changed = !delta.bits.is_empty();
+        if changed {
+            self.local_change();
+        }
+        Ok(changed)
     }
 
     /// Sends the answer `result` where `reply` says: an error counted.
@@ -369,47 +413,5 @@ impl Replica {
 
     fn count_api_errors(&self, reason: &'static str, n: u64) {
         self.telemetry.api_errors(reason, n);
-    }
-}
-
-/// The level an import is answered at: `asked`, or the filter's `default` capped at
-/// `durable`. An import is merged as a whole state, which travels to peers by anti-entropy
-/// and which no peer acknowledges as it does a delta: `replicated` cannot be promised, so
-/// asking it is refused before anything is merged rather than answered as if it held.
-fn import_level(asked: Option<AckLevel>, default: AckLevel) -> Result<AckLevel, ReplicaError> {
-    match (asked, default) {
-        (Some(AckLevel::Replicated), _) => Err(ReplicaError::AckUnavailable(
-            "an import is answered at `local`, `logged` or `durable`: its whole state reaches \
-             peers by anti-entropy, which they do not acknowledge"
-                .into(),
-        )),
-        (Some(level), _) => Ok(level),
-        (None, AckLevel::Replicated) => Ok(AckLevel::Durable),
-        (None, level) => Ok(level),
-    }
-}
-
-#[cfg(test)]
-mod import_level_tests {
-    use super::*;
-
-    #[test]
-    fn an_import_is_never_answered_as_replicated() {
-        assert!(matches!(
-            import_level(Some(AckLevel::Replicated), AckLevel::Local),
-            Err(ReplicaError::AckUnavailable(_))
-        ));
-        assert_eq!(
-            import_level(None, AckLevel::Replicated).unwrap(),
-            AckLevel::Durable
-        );
-        assert_eq!(
-            import_level(Some(AckLevel::Local), AckLevel::Replicated).unwrap(),
-            AckLevel::Local
-        );
-        assert_eq!(
-            import_level(None, AckLevel::Logged).unwrap(),
-            AckLevel::Logged
-        );
     }
 }

@@ -4,6 +4,7 @@
 //! (docs/DESIGN.md, "The replica's core").
 
 mod clocks;
+mod import;
 mod lease;
 mod pipeline;
 mod push;
@@ -16,6 +17,7 @@ mod step;
 mod unlogged;
 
 pub(crate) use clocks::PeerClocks;
+pub(crate) use import::{ImportPath, admit_replicated_import, import_level, import_path};
 pub(crate) use lease::Lease;
 pub(crate) use pipeline::{CommitPipeline, FIRST_BATCH, HeldDelta, Release};
 pub(crate) use push::{DigestCache, ENVELOPE_OVERHEAD, PushPlan, Pushes, chunk_len};
