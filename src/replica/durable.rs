@@ -512,4 +512,42 @@ mod tests {
         assert!(d.load_snapshot().unwrap().is_none());
         assert!(d.path().join("state.snap.corrupt").exists());
     }
+
+    /// Issue 53: a new directory made by `open_new` holds nothing durable until its first
+    /// save, and everything (its log's directory, its files, the snapshot) once that save
+    /// returned: a loss of power before it leaves no directory or an empty one, after it
+    /// the whole directory.
+    #[test]
+    fn a_new_directory_is_durable_with_its_first_save() {
+        use crate::sim::SimDisk;
+        let files = [("entry.json".to_string(), b"{}".to_vec())];
+        let path = PathBuf::from("/node/f.g1");
+        let sim = SimDisk::new(1);
+        sim.create_dir_all(Path::new("/node")).unwrap();
+        sim.sync_path(Path::new("/")).unwrap();
+        let disk: Arc<dyn Disk> = Arc::new(sim.clone());
+        let d = DataDir::open_new_on(disk.clone(), &path, &files).unwrap();
+        assert!(disk.is_dir(&path.join(super::super::wal::WAL_DIR)));
+        assert!(!disk.exists(&path.join("entry.json")), "renamed by the first save");
+        // Before the first save: nothing of it survives a loss of power.
+        let before = SimDisk::new(2);
+        before.create_dir_all(Path::new("/node")).unwrap();
+        before.sync_path(Path::new("/")).unwrap();
+        let lost: Arc<dyn Disk> = Arc::new(before.clone());
+        DataDir::open_new_on(lost.clone(), &path, &files).unwrap();
+        before.power_loss();
+        assert!(!lost.exists(&path));
+        // After it: all of it does, and the next save is an ordinary one.
+        d.save_snapshot(&snap()).unwrap();
+        sim.power_loss();
+        assert_eq!(d.load_snapshot().unwrap().unwrap(), snap());
+        assert_eq!(disk.read(&path.join("entry.json")).unwrap(), b"{}");
+        assert!(disk.is_dir(&path.join(super::super::wal::WAL_DIR)));
+        assert!(!disk.exists(&path.join("entry.json.tmp")));
+        d.save_snapshot(&snap()).unwrap();
+        // An existing directory opens as before: its files are not written again.
+        let again = DataDir::open_new_on(disk.clone(), &path, &[("other".into(), vec![1])]);
+        assert!(again.unwrap().load_snapshot().unwrap().is_some());
+        assert!(!disk.exists(&path.join("other.tmp")));
+    }
 }
