@@ -741,8 +741,18 @@ async fn every_acknowledged_add_survives_a_crash_around_parking() {
         // and at the first snapshot's points of a create; then every create answered and
         // the process killed at once.
         crash_at(crash::DATA_DIR_MADE, 1, Drive::Create),
-        crash_after(crash::SNAPSHOT_BEFORE_RENAME, 1, crash::DATA_DIR_MADE, Drive::Create),
-        crash_after(crash::SNAPSHOT_AFTER_RENAME, 1, crash::DATA_DIR_MADE, Drive::Create),
+        crash_after(
+            crash::SNAPSHOT_BEFORE_RENAME,
+            1,
+            crash::DATA_DIR_MADE,
+            Drive::Create,
+        ),
+        crash_after(
+            crash::SNAPSHOT_AFTER_RENAME,
+            1,
+            crash::DATA_DIR_MADE,
+            Drive::Create,
+        ),
         Case {
             env: None,
             drive: Drive::CreateKill9,

@@ -528,7 +528,10 @@ mod tests {
         let disk: Arc<dyn Disk> = Arc::new(sim.clone());
         let d = DataDir::open_new_on(disk.clone(), &path, &files).unwrap();
         assert!(disk.is_dir(&path.join(super::super::wal::WAL_DIR)));
-        assert!(!disk.exists(&path.join("entry.json")), "renamed by the first save");
+        assert!(
+            !disk.exists(&path.join("entry.json")),
+            "renamed by the first save"
+        );
         // Before the first save: nothing of it survives a loss of power.
         let before = SimDisk::new(2);
         before.create_dir_all(Path::new("/node")).unwrap();
