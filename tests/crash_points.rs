@@ -59,6 +59,12 @@ enum Drive {
     Parked,
     /// Adds, idle until filters parked, then SIGTERM.
     ParkedTerm,
+    /// Catalog filters created, one of every kind, until the process dies (the point is
+    /// on a create's path); the create it died in is kept and checked by the next life.
+    Create,
+    /// Catalog filters created, one of every kind, and `kill -9` as soon as the last was
+    /// answered: every create answered is kept and checked by the next life.
+    CreateKill9,
 }
 
 struct Case {
@@ -396,6 +402,26 @@ impl Bench {
         }
     }
 
+    /// Creates a catalog filter of every kind (`c_<kind>_<life>`), one at a time, until one
+    /// is not answered (the process died under it). Those answered, and the one the process
+    /// died under (its record is in the catalog: the node writes its directory after it),
+    /// join the filters every later life checks and adds to.
+    async fn creates(&mut self, life: &mut Life) {
+        let (mut con, _) = life.cons.clone().expect("connected");
+        for &kind in FilterKind::ALL {
+            let name = format!("c_{}_{}", kind.name(), self.lives);
+            let cap = CAPACITY.to_string();
+            let args = ["CRPF.RESERVE", &name, kind.name(), &cap, "0.01"];
+            let answer = run::<String>(&mut con, &args).await;
+            self.filters.push(Filter { name, kind });
+            match answer {
+                Ok(ok) => assert_eq!(ok, "OK"),
+                Err(e) if e.starts_with(GONE) => return,
+                Err(e) => panic!("{}: CRPF.RESERVE: {e}", life.name),
+            }
+        }
+    }
+
     async fn rounds(&mut self, life: &mut Life, n: usize) {
         for _ in 0..n {
             self.round(life).await;
@@ -489,6 +515,18 @@ impl Bench {
                 Drive::Idle => {
                     self.rounds(&mut life, 2).await;
                     self.death(&mut life, &label, false).await
+                }
+                Drive::Create => {
+                    self.rounds(&mut life, 2).await;
+                    self.creates(&mut life).await;
+                    self.death(&mut life, &label, false).await
+                }
+                Drive::CreateKill9 => {
+                    self.rounds(&mut life, 2).await;
+                    self.creates(&mut life).await;
+                    assert!(life.exited().is_none(), "{}: died", life.name);
+                    life.proc.kill9();
+                    ExitStatus::from_raw(libc::SIGKILL)
                 }
                 Drive::Parked | Drive::ParkedTerm => {
                     self.rounds(&mut life, 2).await;
@@ -699,6 +737,26 @@ async fn every_acknowledged_add_survives_a_crash_around_parking() {
         crash_after(crash::WAL_AFTER_FSYNC, 1, crash::RESUME, Drive::Parked),
         crash_at(crash::NODE_STOPPED, 1, Drive::ParkedTerm),
         crash_at(crash::SHUTDOWN_BEFORE_SNAPSHOT, 3, Drive::Term),
+        // A create's new data directory made, nothing synced (its first snapshot syncs it),
+        // and at the first snapshot's points of a create; then every create answered and
+        // the process killed at once.
+        crash_at(crash::DATA_DIR_MADE, 1, Drive::Create),
+        crash_after(
+            crash::SNAPSHOT_BEFORE_RENAME,
+            1,
+            crash::DATA_DIR_MADE,
+            Drive::Create,
+        ),
+        crash_after(
+            crash::SNAPSHOT_AFTER_RENAME,
+            1,
+            crash::DATA_DIR_MADE,
+            Drive::Create,
+        ),
+        Case {
+            env: None,
+            drive: Drive::CreateKill9,
+        },
     ];
     for case in &cases {
         bench.case(case).await;

@@ -214,6 +214,11 @@ pub struct ReplicaConfig {
     #[doc(hidden)]
     #[serde(skip)]
     pub routed_api: bool,
+    /// Files (name, bytes) a new data directory is made with, durable with its first
+    /// snapshot in the same two sync rounds: the node's catalog entry of the filter.
+    #[doc(hidden)]
+    #[serde(skip)]
+    pub data_dir_files: Vec<(String, Vec<u8>)>,
 }
 
 mod d {
@@ -339,6 +344,7 @@ impl ReplicaConfig {
             generation: 0,
             aggregate_metrics: false,
             new_incarnation: false,
+            data_dir_files: Vec::new(),
             catalog_hosted: false,
             routed_api: false,
             routed_replication: false,

@@ -31,6 +31,7 @@ pub const POINTS: &[&str] = &[
     SNAPSHOT_BEFORE_RENAME,
     SNAPSHOT_AFTER_RENAME,
     RESERVATION_BEFORE_RENAME,
+    DATA_DIR_MADE,
     PARK_BEFORE_SNAPSHOT,
     PARK_STATE_TAKEN,
     PARK_PARKED,
@@ -58,6 +59,9 @@ pub const SNAPSHOT_BEFORE_RENAME: &str = "snapshot.before_rename";
 pub const SNAPSHOT_AFTER_RENAME: &str = "snapshot.after_rename";
 /// A tag reservation's temporary file is written and synced, not renamed.
 pub const RESERVATION_BEFORE_RENAME: &str = "reservation.before_rename";
+/// A new replica's data directory is made (with its log's directory and its catalog entry's
+/// temporary file), nothing in it synced: its first save makes it durable.
+pub const DATA_DIR_MADE: &str = "data_dir.made";
 /// An idle replica is about to write the snapshot it parks on.
 pub const PARK_BEFORE_SNAPSHOT: &str = "park.before_snapshot";
 /// A parking replica's state is taken, its actor stopping; the node does not hold it yet.

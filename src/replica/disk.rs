@@ -55,6 +55,12 @@ pub trait Disk: Send + Sync + Debug + 'static {
     fn remove_file(&self, path: &Path) -> io::Result<()>;
     /// Makes a file, or a directory's entries, durable.
     fn sync_path(&self, path: &Path) -> io::Result<()>;
+    /// Makes every one of `paths` durable: together (one round of the real disk's group
+    /// syncs), or, by default, in turn in the order given (files before the directories
+    /// that name them: a crash between leaves no name whose file is not durable).
+    fn sync_paths(&self, paths: &[&Path]) -> io::Result<()> {
+        paths.iter().try_for_each(|p| self.sync_path(p))
+    }
 }
 
 /// The machine's file system. Syncs of paths join the group syncs of other replicas
@@ -151,6 +157,10 @@ impl Disk for RealDisk {
 
     fn sync_path(&self, path: &Path) -> io::Result<()> {
         group_sync::sync(path)
+    }
+
+    fn sync_paths(&self, paths: &[&Path]) -> io::Result<()> {
+        group_sync::sync_many(paths)
     }
 }
 

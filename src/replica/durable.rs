@@ -10,7 +10,7 @@
 //!   issued twice (docs/DESIGN.md section 4) even if the snapshot is older than the crash.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -110,6 +110,24 @@ pub struct Reservation {
 pub struct DataDir {
     path: PathBuf,
     disk: Arc<dyn Disk>,
+    /// A directory made by [`DataDir::open_new`] whose first save has not been made: what
+    /// that save makes durable with it (shared by the clones: the actor's snapshot jobs).
+    fresh: Arc<Mutex<Option<Fresh>>>,
+}
+
+/// What a new data directory makes durable with its first save (issue 53: a create cost
+/// a node six sync rounds, four of them before its answer: the directory's entry, its log
+/// directory's, the first snapshot's file and name; then the catalog entry's file and name).
+/// Made durable in the first save's two rounds instead: its temporary file with these files
+/// and directory entries, then, once renamed, the directory's entries.
+#[derive(Debug, Default)]
+struct Fresh {
+    /// Files written with the directory as `<name>.tmp`, renamed to `<name>` by the first
+    /// save (after its first round made them durable).
+    files: Vec<String>,
+    /// Directories whose entries are not durable yet: the new directory (its log's
+    /// directory, its files) and its parent (the new directory).
+    dirs: Vec<PathBuf>,
 }
 
 impl DataDir {
@@ -119,7 +137,60 @@ impl DataDir {
         DataDir {
             path,
             disk: disk::real(),
+            fresh: Arc::default(),
         }
+    }
+
+    /// [`DataDir::open`], where a directory it makes in an existing parent is made with its
+    /// log's directory and `files` (name, bytes) and nothing synced: its first save
+    /// ([`DataDir::save_snapshot`] or [`DataDir::save_reservation`]) makes all of it durable
+    /// in that save's two sync rounds. Nothing in it is durable before that save returns:
+    /// a replica saves before it answers anything (its first snapshot, at its start), and a
+    /// log's first synced segment syncs the directories above it too (`wal::writer`). An
+    /// existing directory (or one deeper than a missing parent) opens as
+    /// [`DataDir::open`] does, and `files` are not written.
+    pub(crate) fn open_new(
+        path: impl Into<PathBuf>,
+        files: &[(String, Vec<u8>)],
+    ) -> Result<Self, DurableError> {
+        Self::open_new_on(disk::real(), path, files)
+    }
+
+    /// [`DataDir::open_new`] on `disk`.
+    pub(crate) fn open_new_on(
+        disk: Arc<dyn Disk>,
+        path: impl Into<PathBuf>,
+        files: &[(String, Vec<u8>)],
+    ) -> Result<Self, DurableError> {
+        let path = path.into();
+        let parent = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty() && disk.is_dir(p))
+            .map(Path::to_path_buf);
+        let Some(parent) = parent.filter(|_| !disk.exists(&path)) else {
+            return Self::open_on(disk, path);
+        };
+        let io = |p: &Path| {
+            let p = p.to_path_buf();
+            move |source| DurableError::Io { path: p, source }
+        };
+        let wal = path.join(super::wal::WAL_DIR);
+        disk.create_dir_all(&wal).map_err(io(&wal))?;
+        for (name, bytes) in files {
+            let tmp = path.join(format!("{name}.tmp"));
+            let mut f = disk.create_truncate(&tmp).map_err(io(&tmp))?;
+            f.write_all(bytes).map_err(io(&tmp))?;
+        }
+        crash::point(crash::DATA_DIR_MADE);
+        let fresh = Fresh {
+            files: files.iter().map(|(n, _)| n.clone()).collect(),
+            dirs: vec![path.clone(), parent],
+        };
+        Ok(DataDir {
+            path,
+            disk,
+            fresh: Arc::new(Mutex::new(Some(fresh))),
+        })
     }
 
     /// Opens (creating it if needed) a data directory. A directory it creates has its entry
@@ -159,7 +230,11 @@ impl DataDir {
                 disk.sync_path(parent).map_err(io(parent))?;
             }
         }
-        Ok(DataDir { path, disk })
+        Ok(DataDir {
+            path,
+            disk,
+            fresh: Arc::default(),
+        })
     }
 
     /// Whether `path` holds no data directory yet: opening it creates one.
@@ -228,7 +303,26 @@ impl DataDir {
     }
 
     fn save(&self, name: &str, magic: &[u8; 8], payload: &[u8]) -> Result<(), DurableError> {
-        write_atomically_on(&*self.disk, &self.path, name, &frame(magic, payload))
+        // Held through the save: a second save waits until the first made the directory
+        // durable. Kept if the save fails: the next one makes it durable.
+        let mut fresh = self.fresh.lock().unwrap_or_else(|e| e.into_inner());
+        let with = fresh.as_ref().map(|f| {
+            let files: Vec<(PathBuf, PathBuf)> = f
+                .files
+                .iter()
+                .map(|n| (self.path.join(format!("{n}.tmp")), self.path.join(n)))
+                .collect();
+            (files, f.dirs.clone())
+        });
+        let bytes = frame(magic, payload);
+        match &with {
+            None => write_atomically_on(&*self.disk, &self.path, name, &bytes),
+            Some((files, dirs)) => {
+                write_first_on(&*self.disk, &self.path, name, &bytes, files, dirs)?;
+                *fresh = None;
+                Ok(())
+            }
+        }
     }
 }
 
@@ -275,6 +369,51 @@ pub(crate) fn write_atomically_on(
     disk.sync_path(dir).map_err(io(dir))?;
     if let Some(p) = after_rename {
         crash::point(p);
+    }
+    Ok(())
+}
+
+/// [`write_atomically_on`] as a new directory's first save ([`Fresh`]): the temporary
+/// file synced in one round with the directory's other new `files` (temporary, final) and
+/// the entries of `dirs`, then every file renamed and the directory synced.
+fn write_first_on(
+    disk: &dyn Disk,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    files: &[(PathBuf, PathBuf)],
+    dirs: &[PathBuf],
+) -> Result<(), DurableError> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!("{name}.tmp"));
+    let io = |p: &Path| {
+        let p = p.to_path_buf();
+        move |source| DurableError::Io { path: p, source }
+    };
+    let mut f = disk.create_truncate(&tmp).map_err(io(&tmp))?;
+    if name == SNAPSHOT_FILE {
+        crash::fail(crash::FAIL_SNAPSHOT_WRITE).map_err(io(&tmp))?;
+    }
+    f.write_all(bytes).map_err(io(&tmp))?;
+    drop(f);
+    // Files first, then the directories that name them (the order a disk without a
+    // round of its own syncs them in).
+    let mut round: Vec<&Path> = vec![&tmp];
+    round.extend(files.iter().map(|(t, _)| t.as_path()));
+    round.extend(dirs.iter().map(PathBuf::as_path));
+    disk.sync_paths(&round).map_err(io(dir))?;
+    match name {
+        SNAPSHOT_FILE => crash::point(crash::SNAPSHOT_BEFORE_RENAME),
+        HWM_FILE => crash::point(crash::RESERVATION_BEFORE_RENAME),
+        _ => {}
+    }
+    for (from, to) in files {
+        disk.rename(from, to).map_err(io(to))?;
+    }
+    disk.rename(&tmp, &path).map_err(io(&path))?;
+    disk.sync_path(dir).map_err(io(dir))?;
+    if name == SNAPSHOT_FILE {
+        crash::point(crash::SNAPSHOT_AFTER_RENAME);
     }
     Ok(())
 }
@@ -372,5 +511,46 @@ mod tests {
         d.quarantine(SNAPSHOT_FILE);
         assert!(d.load_snapshot().unwrap().is_none());
         assert!(d.path().join("state.snap.corrupt").exists());
+    }
+
+    /// Issue 53: a new directory made by `open_new` holds nothing durable until its first
+    /// save, and everything (its log's directory, its files, the snapshot) once that save
+    /// returned: a loss of power before it leaves no directory or an empty one, after it
+    /// the whole directory.
+    #[test]
+    fn a_new_directory_is_durable_with_its_first_save() {
+        use crate::sim::SimDisk;
+        let files = [("entry.json".to_string(), b"{}".to_vec())];
+        let path = PathBuf::from("/node/f.g1");
+        let sim = SimDisk::new(1);
+        sim.create_dir_all(Path::new("/node")).unwrap();
+        sim.sync_path(Path::new("/")).unwrap();
+        let disk: Arc<dyn Disk> = Arc::new(sim.clone());
+        let d = DataDir::open_new_on(disk.clone(), &path, &files).unwrap();
+        assert!(disk.is_dir(&path.join(super::super::wal::WAL_DIR)));
+        assert!(
+            !disk.exists(&path.join("entry.json")),
+            "renamed by the first save"
+        );
+        // Before the first save: nothing of it survives a loss of power.
+        let before = SimDisk::new(2);
+        before.create_dir_all(Path::new("/node")).unwrap();
+        before.sync_path(Path::new("/")).unwrap();
+        let lost: Arc<dyn Disk> = Arc::new(before.clone());
+        DataDir::open_new_on(lost.clone(), &path, &files).unwrap();
+        before.power_loss();
+        assert!(!lost.exists(&path));
+        // After it: all of it does, and the next save is an ordinary one.
+        d.save_snapshot(&snap()).unwrap();
+        sim.power_loss();
+        assert_eq!(d.load_snapshot().unwrap().unwrap(), snap());
+        assert_eq!(disk.read(&path.join("entry.json")).unwrap(), b"{}");
+        assert!(disk.is_dir(&path.join(super::super::wal::WAL_DIR)));
+        assert!(!disk.exists(&path.join("entry.json.tmp")));
+        d.save_snapshot(&snap()).unwrap();
+        // An existing directory opens as before: its files are not written again.
+        let again = DataDir::open_new_on(disk.clone(), &path, &[("other".into(), vec![1])]);
+        assert!(again.unwrap().load_snapshot().unwrap().is_some());
+        assert!(!disk.exists(&path.join("other.tmp")));
     }
 }

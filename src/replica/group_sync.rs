@@ -28,7 +28,26 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 pub(crate) fn sync(path: &Path) -> io::Result<()> {
     let file = File::open(path)?;
     let device = device_of(&file)?;
-    group_of(device).sync(file)
+    group_of(device).sync(vec![file])
+}
+
+/// Makes every one of `paths` durable in one round (issue 53: a new filter's directory,
+/// its files and its entry in the node's data directory, in one round where they took
+/// four): those on one file system join its next round together; those on others (rare:
+/// a data directory spanning mounts) are synced in turn, each in a round of its own system.
+pub(crate) fn sync_many(paths: &[&Path]) -> io::Result<()> {
+    let mut by_device: Vec<(u64, Vec<File>)> = Vec::new();
+    for path in paths {
+        let file = File::open(path)?;
+        let device = device_of(&file)?;
+        match by_device.iter_mut().find(|(d, _)| *d == device) {
+            Some((_, files)) => files.push(file),
+            None => by_device.push((device, vec![file])),
+        }
+    }
+    by_device
+        .into_iter()
+        .try_for_each(|(device, files)| group_of(device).sync(files))
 }
 
 /// Rounds ended so far on `path`'s file system (for tests).
@@ -82,9 +101,9 @@ impl Group {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn sync(&self, file: File) -> io::Result<()> {
+    fn sync(&self, files: Vec<File>) -> io::Result<()> {
         let mut state = self.lock();
-        state.waiting.push(file);
+        state.waiting.extend(files);
         // The round that takes this file: the next to begin.
         let round = state.begun + 1;
         loop {
@@ -184,7 +203,7 @@ mod tests {
                 let path = dir.path().join(format!("f{i}"));
                 std::fs::write(&path, b"x").unwrap();
                 let group = group.clone();
-                std::thread::spawn(move || group.sync(File::open(&path).unwrap()))
+                std::thread::spawn(move || group.sync(vec![File::open(&path).unwrap()]))
             })
             .collect();
         while group.lock().waiting.len() < 8 {
@@ -229,7 +248,7 @@ mod tests {
             Group::outcome(&mut state, 3).unwrap_err();
             assert!(state.failures.is_empty(), "read by both callers");
         }
-        group.sync(File::open(&path).unwrap()).unwrap();
+        group.sync(vec![File::open(&path).unwrap()]).unwrap();
     }
 
     #[test]

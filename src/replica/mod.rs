@@ -723,7 +723,7 @@ fn open_data(
     cfg: &ReplicaConfig,
     fresh: &AnyFilter,
 ) -> Result<OpenedData, ReplicaError> {
-    let data = DataDir::open(dir)?;
+    let data = DataDir::open_new(dir, &cfg.data_dir_files)?;
     let recovered = recovery::restore(&data, cfg, fresh)?;
     Ok((Some(data), recovered.state, Some(recovered.wal)))
 }

@@ -314,7 +314,9 @@ pub(crate) fn run(plan: &Plan) -> Outcome {
     let nodes = (0..n)
         .map(|i| Node {
             disk: SimDisk::new(plan.seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9)),
-            dir: PathBuf::from(format!("/data/node{i}/sim")),
+            // In the disk's root, which exists: a first start makes it as a node makes a
+            // new filter's directory, nothing synced until its first save.
+            dir: PathBuf::from(format!("/node{i}")),
             life: None,
             durable: Vec::new(),
             logged: Vec::new(),
@@ -600,7 +602,8 @@ impl World {
 
     fn try_start(&mut self, i: usize) -> Result<Life, String> {
         let disk: Arc<dyn crate::replica::disk::Disk> = Arc::new(self.nodes[i].disk.clone());
-        let data = DataDir::open_on(disk, &self.nodes[i].dir).map_err(|e| e.to_string())?;
+        let data =
+            DataDir::open_new_on(disk, &self.nodes[i].dir, &[]).map_err(|e| e.to_string())?;
         let fresh = AnyFilter::new(&self.cfg.filter, 0).map_err(|e| e.to_string())?;
         let recovered = recovery::restore(&data, &self.cfg, &fresh).map_err(|e| e.to_string())?;
         // Crashes tear only what was never acknowledged: the log always parses and merges.

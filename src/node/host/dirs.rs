@@ -69,8 +69,12 @@ pub(super) fn write_entry_file(
     dir: &Path,
     entry: &CatalogEntry,
 ) -> Result<(), crate::replica::DurableError> {
-    let json = serde_json::to_vec_pretty(entry).expect("a catalog entry encodes");
-    crate::replica::durable::write_atomically(dir, ENTRY_FILE, &json)
+    crate::replica::durable::write_atomically(dir, ENTRY_FILE, &entry_file(entry))
+}
+
+/// What [`ENTRY_FILE`] holds for `entry`.
+pub(super) fn entry_file(entry: &CatalogEntry) -> Vec<u8> {
+    serde_json::to_vec_pretty(entry).expect("a catalog entry encodes")
 }
 
 /// The entry recorded in an incarnation's data directory, if it is there and is its own.

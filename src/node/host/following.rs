@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 
-use super::dirs::{incarnation_dir, move_aside, read_entry_file, write_entry_file};
+use super::dirs::{
+    ENTRY_FILE, entry_file, incarnation_dir, move_aside, read_entry_file, write_entry_file,
+};
 use super::{CATALOG_CHANGES, CATALOG_ERRORS, Inner, PARALLEL_CHANGES, PARKED_FILTERS};
 use crate::node::follow::{FollowStep, follow_step, lost_by_catalog};
 use crate::node::table::Filter;
@@ -150,6 +152,9 @@ impl Inner {
         let mut cfg = self.replica_config(&entry.name, entry.spec.clone(), entry.generation);
         let age_ms = crate::transport::catalog::now_ms().saturating_sub(entry.created_ms);
         cfg.new_incarnation = age_ms < cfg.catch_up_timeout_ms;
+        // A new directory is made with its entry file, durable with its first snapshot in
+        // two sync rounds (the file written after the start took two more).
+        cfg.data_dir_files = vec![(ENTRY_FILE.to_string(), entry_file(&entry))];
         let mut delay = Duration::from_millis(100);
         for attempt in 1..=5 {
             if self.stopping.load(Ordering::SeqCst) {

@@ -641,14 +641,21 @@ impl Log {
             WalStats::add(&self.stats.periodic_fsyncs, 1);
         }
         if seg.new {
-            self.disk.sync_path(&self.dir).map_err(&wal_io)?;
-            seg.new = false;
-            if !self.dir_entry_synced
-                && let Some(parent) = self.dir.parent()
-            {
-                self.disk.sync_path(parent).map_err(&wal_io)?;
+            if self.dir_entry_synced {
+                self.disk.sync_path(&self.dir).map_err(&wal_io)?;
+            } else {
+                // The segment's name, the log directory's and, once a life, the data
+                // directory's entry in its parent, in one round: a new data directory's
+                // entries are made durable by its first save (`DataDir::open_new`), and a
+                // durable append may come before it.
+                let above: Vec<&Path> = std::iter::once(self.dir.as_path())
+                    .chain(self.dir.ancestors().skip(1).take(2))
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .collect();
+                self.disk.sync_paths(&above).map_err(&wal_io)?;
                 self.dir_entry_synced = true;
             }
+            seg.new = false;
         }
         self.sync_due = None;
         Ok(())
