@@ -1777,4 +1777,3 @@ fn run_tdigest_resets(ops: Vec<TdOp>, full_states: bool) {
         assert_eq!(td_values(r), td_values(&all));
     }
 }
-
