@@ -60,15 +60,12 @@ pub(crate) fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU16, Ordering};
     const FIRST: u16 = 20_000;
     const SPAN: u16 = 12_000;
-    // Start where the process id points, so test binaries run one after another (or two
-    // checkouts side by side) rarely walk the same ports.
+    // Start where the process id points, spread by a step near SPAN / φ: neighbouring ids (two
+    // test processes started together) start thousands of ports apart, so test binaries run
+    // one after another or two checkouts side by side rarely walk the same ports.
     static NEXT: AtomicU16 = AtomicU16::new(0);
-    let _ = NEXT.compare_exchange(
-        0,
-        1 + (std::process::id() % u32::from(SPAN)) as u16,
-        Ordering::Relaxed,
-        Ordering::Relaxed,
-    );
+    let spread = u64::from(std::process::id()) * 7_417 % u64::from(SPAN);
+    let _ = NEXT.compare_exchange(0, 1 + spread as u16, Ordering::Relaxed, Ordering::Relaxed);
     for _ in 0..SPAN {
         let port = FIRST + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN;
         if TcpListener::bind(("127.0.0.1", port)).is_ok() {
