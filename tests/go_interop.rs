@@ -579,10 +579,7 @@ async fn an_import_over_nats_is_durable_when_answered() {
         ),
     )
     .unwrap();
-    let mut go = GoBloom::new(GoBloomParams::estimate(10_000, 0.01).unwrap()).unwrap();
-    for i in 0..2000 {
-        go.add(&item("go-", i)).unwrap();
-    }
+    let go = go_filter(10_000, "go-", 2000);
     let client = Client::new(
         async_nats::connect(nats.url()).await.unwrap(),
         "crpf",
@@ -680,10 +677,7 @@ async fn an_import_at_replicated_is_on_the_peers_when_answered() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut go = GoBloom::new(GoBloomParams::estimate(10_000, 0.01).unwrap()).unwrap();
-    for i in 0..2000 {
-        go.add(&item("rep-", i)).unwrap();
-    }
+    let go = go_filter(10_000, "rep-", 2000);
     client
         .import_at(
             GoFormat::Binary,
@@ -702,10 +696,7 @@ async fn an_import_at_replicated_is_on_the_peers_when_answered() {
     // The same over RESP, at the connection's level.
     let mut con = connect(&resp).await;
     call(&mut con, &[b"CRPF.ACK", b"replicated"]).await.unwrap();
-    let mut by_resp = GoBloom::new(GoBloomParams::estimate(10_000, 0.01).unwrap()).unwrap();
-    for i in 0..2000 {
-        by_resp.add(&item("resp-", i)).unwrap();
-    }
+    let by_resp = go_filter(10_000, "resp-", 2000);
     let answer = import(
         &mut con,
         "imported",
@@ -724,26 +715,12 @@ async fn an_import_at_replicated_is_on_the_peers_when_answered() {
     // Over half a message of delta (~1.2 MB of new bits against 523,776 bytes): refused
     // whole, with the sizes, on whichever replica took it.
     let big_client = Client::new(nc.clone(), "crpf", "big").with_timeout(Duration::from_secs(30));
-    let mut big = GoBloom::new(GoBloomParams::estimate(400_000, 0.01).unwrap()).unwrap();
-    for i in 0..200_000 {
-        big.add(&item("big-", i)).unwrap();
-    }
-    match big_client
-        .import_at(
-            GoFormat::Binary,
-            big.to_go_bytes(),
-            Some(AckLevel::Replicated),
-        )
-        .await
-    {
-        Err(ClientError::Server { message, .. }) => {
-            assert!(
-                message.contains("travels as one acknowledged delta"),
-                "{message}"
-            )
-        }
-        other => panic!("a too large import at replicated answered {other:?}"),
-    }
+    let big = go_filter(400_000, "big-", 200_000);
+    let message = refused_at_replicated(&big_client, &big, "a too large import").await;
+    assert!(
+        message.contains("travels as one acknowledged delta"),
+        "{message}"
+    );
     let sample: Vec<Vec<u8>> = (0..2000).map(|i| item("big-", i)).collect();
     let found = big_client.mcontains(&sample).await.unwrap();
     assert!(
@@ -753,26 +730,12 @@ async fn an_import_at_replicated_is_on_the_peers_when_answered() {
 
     // A peer down: both peers are asked for, one cannot confirm.
     nodes[2].kill9();
-    let mut down = GoBloom::new(GoBloomParams::estimate(10_000, 0.01).unwrap()).unwrap();
-    for i in 0..2000 {
-        down.add(&item("down-", i)).unwrap();
-    }
-    match client
-        .import_at(
-            GoFormat::Binary,
-            down.to_go_bytes(),
-            Some(AckLevel::Replicated),
-        )
-        .await
-    {
-        Err(ClientError::Server { message, .. }) => {
-            assert!(
-                message.contains("not yet confirmed by enough peers"),
-                "{message}"
-            )
-        }
-        other => panic!("an import with a peer down answered {other:?}"),
-    }
+    let down = go_filter(10_000, "down-", 2000);
+    let message = refused_at_replicated(&client, &down, "an import with a peer down").await;
+    assert!(
+        message.contains("not yet confirmed by enough peers"),
+        "{message}"
+    );
     let answer = import(&mut con, "imported", GoFormat::Binary, &down.to_go_bytes()).await;
     let refused = answer.expect_err("a RESP import with a peer down answered OK");
     assert!(
@@ -787,6 +750,31 @@ async fn an_import_at_replicated_is_on_the_peers_when_answered() {
 }
 
 /// How many of `items` each replica of `ids`, asked alone, holds.
+/// A `bits-and-blooms` filter sized for `capacity` at 1% holding `item(prefix, 0..n)`.
+fn go_filter(capacity: u64, prefix: &str, n: u64) -> GoBloom {
+    let mut go = GoBloom::new(GoBloomParams::estimate(capacity, 0.01).unwrap()).unwrap();
+    for i in 0..n {
+        go.add(&item(prefix, i)).unwrap();
+    }
+    go
+}
+
+/// The server's message refusing `go` imported at `replicated` (`what` names the case if it
+/// was answered otherwise).
+async fn refused_at_replicated(client: &Client, go: &GoBloom, what: &str) -> String {
+    let answer = client
+        .import_at(
+            GoFormat::Binary,
+            go.to_go_bytes(),
+            Some(AckLevel::Replicated),
+        )
+        .await;
+    match answer {
+        Err(ClientError::Server { message, .. }) => message,
+        other => panic!("{what} at replicated answered {other:?}"),
+    }
+}
+
 async fn held_by(
     client: &Client,
     ids: &std::collections::BTreeSet<crpf::ReplicaId>,

@@ -170,16 +170,10 @@ impl DataDir {
         let Some(parent) = parent.filter(|_| !disk.exists(&path)) else {
             return Self::open_on(disk, path);
         };
-        let io = |p: &Path| {
-            let p = p.to_path_buf();
-            move |source| DurableError::Io { path: p, source }
-        };
         let wal = path.join(super::wal::WAL_DIR);
-        disk.create_dir_all(&wal).map_err(io(&wal))?;
+        disk.create_dir_all(&wal).map_err(io_at(&wal))?;
         for (name, bytes) in files {
-            let tmp = path.join(format!("{name}.tmp"));
-            let mut f = disk.create_truncate(&tmp).map_err(io(&tmp))?;
-            f.write_all(bytes).map_err(io(&tmp))?;
+            write_temporary(&*disk, &path, name, bytes)?;
         }
         crash::point(crash::DATA_DIR_MADE);
         let fresh = Fresh {
@@ -206,16 +200,12 @@ impl DataDir {
         path: impl Into<PathBuf>,
     ) -> Result<Self, DurableError> {
         let path = path.into();
-        let io = |p: &Path| {
-            let p = p.to_path_buf();
-            move |source| DurableError::Io { path: p, source }
-        };
         // The directories made (deepest first), whose entries are synced. A directory without
         // a snapshot may be one whose making a crash interrupted before its entry was synced:
         // its entry, and its parents', are synced again (it holds nothing durable until then).
         let made = if !disk.is_dir(&path) {
             let created = disk::missing_ancestors(&*disk, &path);
-            disk.create_dir_all(&path).map_err(io(&path))?;
+            disk.create_dir_all(&path).map_err(io_at(&path))?;
             created
         } else if !disk.exists(&path.join(SNAPSHOT_FILE)) {
             path.ancestors()
@@ -227,7 +217,7 @@ impl DataDir {
         };
         for dir in made {
             if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                disk.sync_path(parent).map_err(io(parent))?;
+                disk.sync_path(parent).map_err(io_at(parent))?;
             }
         }
         Ok(DataDir {
@@ -340,37 +330,54 @@ pub(crate) fn write_atomically_on(
     name: &str,
     bytes: &[u8],
 ) -> Result<(), DurableError> {
-    let path = dir.join(name);
-    let tmp = dir.join(format!("{name}.tmp"));
-    let io = |p: &Path| {
-        let p = p.to_path_buf();
-        move |source| DurableError::Io { path: p, source }
-    };
-    // The crash points of the files whose crash a test checks (the node's id file has none).
-    let (before_rename, after_rename) = match name {
+    let (tmp, path) = write_temporary(disk, dir, name, bytes)?;
+    let (before_rename, after_rename) = rename_points(name);
+    disk.sync_path(&tmp).map_err(io_at(&tmp))?;
+    if let Some(p) = before_rename {
+        crash::point(p);
+    }
+    disk.rename(&tmp, &path).map_err(io_at(&path))?;
+    disk.sync_path(dir).map_err(io_at(dir))?;
+    if let Some(p) = after_rename {
+        crash::point(p);
+    }
+    Ok(())
+}
+
+/// The error of an I/O call on `path`.
+fn io_at(path: &Path) -> impl FnOnce(std::io::Error) -> DurableError + use<> {
+    let path = path.to_path_buf();
+    move |source| DurableError::Io { path, source }
+}
+
+/// The crash points before and after the rename of the files whose crash a test checks (the
+/// node's id file has none).
+fn rename_points(name: &str) -> (Option<&'static str>, Option<&'static str>) {
+    match name {
         SNAPSHOT_FILE => (
             Some(crash::SNAPSHOT_BEFORE_RENAME),
             Some(crash::SNAPSHOT_AFTER_RENAME),
         ),
         HWM_FILE => (Some(crash::RESERVATION_BEFORE_RENAME), None),
         _ => (None, None),
-    };
-    let mut f = disk.create_truncate(&tmp).map_err(io(&tmp))?;
+    }
+}
+
+/// Writes `bytes` to `dir/<name>.tmp`, not synced: the temporary file and the final path.
+fn write_temporary(
+    disk: &dyn Disk,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+) -> Result<(PathBuf, PathBuf), DurableError> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = disk.create_truncate(&tmp).map_err(io_at(&tmp))?;
     if name == SNAPSHOT_FILE {
-        crash::fail(crash::FAIL_SNAPSHOT_WRITE).map_err(io(&tmp))?;
+        crash::fail(crash::FAIL_SNAPSHOT_WRITE).map_err(io_at(&tmp))?;
     }
-    f.write_all(bytes).map_err(io(&tmp))?;
-    drop(f);
-    disk.sync_path(&tmp).map_err(io(&tmp))?;
-    if let Some(p) = before_rename {
-        crash::point(p);
-    }
-    disk.rename(&tmp, &path).map_err(io(&path))?;
-    disk.sync_path(dir).map_err(io(dir))?;
-    if let Some(p) = after_rename {
-        crash::point(p);
-    }
-    Ok(())
+    f.write_all(bytes).map_err(io_at(&tmp))?;
+    Ok((tmp, path))
 }
 
 /// [`write_atomically_on`] as a new directory's first save ([`Fresh`]): the temporary
@@ -384,36 +391,24 @@ fn write_first_on(
     files: &[(PathBuf, PathBuf)],
     dirs: &[PathBuf],
 ) -> Result<(), DurableError> {
-    let path = dir.join(name);
-    let tmp = dir.join(format!("{name}.tmp"));
-    let io = |p: &Path| {
-        let p = p.to_path_buf();
-        move |source| DurableError::Io { path: p, source }
-    };
-    let mut f = disk.create_truncate(&tmp).map_err(io(&tmp))?;
-    if name == SNAPSHOT_FILE {
-        crash::fail(crash::FAIL_SNAPSHOT_WRITE).map_err(io(&tmp))?;
-    }
-    f.write_all(bytes).map_err(io(&tmp))?;
-    drop(f);
+    let (tmp, path) = write_temporary(disk, dir, name, bytes)?;
+    let (before_rename, after_rename) = rename_points(name);
     // Files first, then the directories that name them (the order a disk without a
     // round of its own syncs them in).
     let mut round: Vec<&Path> = vec![&tmp];
     round.extend(files.iter().map(|(t, _)| t.as_path()));
     round.extend(dirs.iter().map(PathBuf::as_path));
-    disk.sync_paths(&round).map_err(io(dir))?;
-    match name {
-        SNAPSHOT_FILE => crash::point(crash::SNAPSHOT_BEFORE_RENAME),
-        HWM_FILE => crash::point(crash::RESERVATION_BEFORE_RENAME),
-        _ => {}
+    disk.sync_paths(&round).map_err(io_at(dir))?;
+    if let Some(p) = before_rename {
+        crash::point(p);
     }
     for (from, to) in files {
-        disk.rename(from, to).map_err(io(to))?;
+        disk.rename(from, to).map_err(io_at(to))?;
     }
-    disk.rename(&tmp, &path).map_err(io(&path))?;
-    disk.sync_path(dir).map_err(io(dir))?;
-    if name == SNAPSHOT_FILE {
-        crash::point(crash::SNAPSHOT_AFTER_RENAME);
+    disk.rename(&tmp, &path).map_err(io_at(&path))?;
+    disk.sync_path(dir).map_err(io_at(dir))?;
+    if let Some(p) = after_rename {
+        crash::point(p);
     }
     Ok(())
 }
