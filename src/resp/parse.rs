@@ -6,6 +6,7 @@
 //! a few megabytes of `*1\r\n` would overflow the stack.)
 
 use bytes::{Buf, Bytes, BytesMut};
+use smallvec::SmallVec;
 use thiserror::Error;
 
 /// Bounds on one request.
@@ -54,8 +55,12 @@ pub enum ParseError {
     },
 }
 
+/// Where a command's arguments start and end in its buffer. Inline up to four: the commands
+/// that come by the million (`BF.ADD k x`, `CMS.INCRBY k x 1`) allocate nothing for them.
+type SpanList = SmallVec<[(usize, usize); 4]>;
+
 /// The arguments of a complete command (start and end in the buffer), and the bytes it took.
-type Spans = (Vec<(usize, usize)>, usize);
+type Spans = (SpanList, usize);
 
 /// Longest line of a count or length (`*` or `$`, at most 20 digits, `\r\n`).
 const MAX_LENGTH_LINE: usize = 24;
@@ -65,7 +70,7 @@ const MAX_LENGTH_LINE: usize = 24;
 #[derive(Debug, Clone)]
 pub struct Args {
     request: Bytes,
-    spans: Vec<(usize, usize)>,
+    spans: SpanList,
 }
 
 impl Args {
@@ -112,7 +117,7 @@ impl Args {
     /// The arguments of `words`, as a client would send them.
     pub fn of<T: AsRef<[u8]>>(words: &[T]) -> Self {
         let mut request = Vec::new();
-        let mut spans = Vec::with_capacity(words.len());
+        let mut spans = SpanList::with_capacity(words.len());
         for w in words {
             let start = request.len();
             request.extend_from_slice(w.as_ref());
@@ -142,7 +147,7 @@ enum Partial {
     /// A multibulk request: the arguments so far, how many are still to come, where the next
     /// one starts, and the bytes of the arguments so far.
     Multibulk {
-        spans: Vec<(usize, usize)>,
+        spans: SpanList,
         remaining: u64,
         at: usize,
         total: usize,
@@ -181,7 +186,7 @@ impl Parser {
                     }
                     Partial::Multibulk {
                         // Grown as arguments arrive, not as announced.
-                        spans: Vec::with_capacity((count as usize).min(256)),
+                        spans: SpanList::with_capacity((count as usize).min(256)),
                         remaining: count,
                         at,
                         total: 0,
@@ -217,7 +222,7 @@ impl Parser {
 fn multibulk(
     buf: &[u8],
     limits: ParseLimits,
-    mut spans: Vec<(usize, usize)>,
+    mut spans: SpanList,
     mut remaining: u64,
     mut at: usize,
     mut total: usize,
@@ -274,7 +279,35 @@ fn multibulk(
 
 /// The signed number of a `*<n>\r\n` or `$<n>\r\n` line starting at `at`, and where the line
 /// ends; `None` if the line is not complete yet.
+#[inline]
 fn length_line(
+    buf: &[u8],
+    at: usize,
+    what: &'static str,
+) -> Result<Option<(i64, usize)>, ParseError> {
+    // Nearly every line is 1 to 18 digits and `\r\n` (no overflow possible): read in one
+    // pass. Anything else (a sign, more digits, a short buffer, a bad byte) takes the
+    // checked path below, which answers the same for these lines.
+    let mut i = at + 1;
+    let mut n: i64 = 0;
+    while i - at <= 18 {
+        match buf.get(i) {
+            Some(&b) if b.is_ascii_digit() => {
+                n = n * 10 + i64::from(b - b'0');
+                i += 1;
+            }
+            _ => break,
+        }
+    }
+    if i > at + 1 && buf.get(i..i + 2) == Some(b"\r\n") {
+        return Ok(Some((n, i + 2)));
+    }
+    length_line_checked(buf, at, what)
+}
+
+/// [`length_line`] for any line: a sign, overflow, an incomplete line, a bad byte.
+#[cold]
+fn length_line_checked(
     buf: &[u8],
     at: usize,
     what: &'static str,
@@ -343,7 +376,7 @@ fn inline(
         }
         return Ok(Err(Partial::Inline { scanned: buf.len() }));
     };
-    let mut spans = Vec::new();
+    let mut spans = SpanList::new();
     let mut start = None;
     for (i, &b) in buf[..newline].iter().enumerate() {
         match (start, b.is_ascii_whitespace()) {

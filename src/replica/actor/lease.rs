@@ -246,7 +246,7 @@ impl Replica {
                 act.telemetry.counter(m::RETIREMENTS, &[]).increment(1);
                 tracing::info!(
                     filter = %act.cfg.name, retired = e.id, floor,
-                    "retired a replica id whose claim was not renewed"
+                    "retired a replica id: its claim unrenewed, or this replica's previous run's"
                 );
             }
             // Renewed, or retired by another replica, meanwhile.

@@ -7,8 +7,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::start::same_lineage;
 use super::{Effect, Effects, ReplicaCore};
 use crate::replica::SharedId;
+use crate::transport::ClaimRecord;
 use crate::transport::registry::{StaleWatch, TakeBack};
 use crate::transport::{ClaimEntry, Renewal, TransportError};
 
@@ -223,7 +225,7 @@ impl<R> ReplicaCore<R> {
         now: Instant,
         out: &mut Effects<R>,
     ) {
-        let claims = match claims {
+        let mut claims = match claims {
             Ok(claims) => claims,
             Err(error) => {
                 let what = "listing claims";
@@ -231,6 +233,25 @@ impl<R> ReplicaCore<R> {
                 return self.looked_for_alone(None, now, out);
             }
         };
+        // A kind whose ids serve one run only: the claims its earlier runs still hold (their
+        // uuids share this one's lineage, see `core::start`) are retired, not counted. Those
+        // runs ended (one process has the data directory) and their ids are never used
+        // again; counted, they made a lone node restarted twice refuse every `replicated`
+        // update of such a filter for `retire_after_ms` (an hour), waiting for them.
+        if !self.traits.reuses_ids {
+            let me = (self.traits.id, self.traits.me);
+            let (earlier, held): (Vec<ClaimEntry>, Vec<ClaimEntry>) =
+                claims.into_iter().partition(|e| {
+                    e.id != me.0
+                        && e.record.retirable()
+                        && matches!(e.record, ClaimRecord::Held { claimant, .. }
+                            if same_lineage(claimant, me.1))
+                });
+            claims = held;
+            for e in earlier {
+                out.push(Effect::Retire(e));
+            }
+        }
         // The listing counts every replica held now: those heard from since are counted
         // afresh.
         self.most_live = self.anti_entropy.live_peers(now) + 1;

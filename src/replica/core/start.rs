@@ -41,6 +41,22 @@ pub(crate) struct Adopted {
     pub id_changed: bool,
 }
 
+/// A new uuid for the next run of a replica whose ids serve one run only, in the lineage of
+/// `earlier`: its first 8 bytes (so every run of the replica shares them), the rest new
+/// (the variant bits with them, so it stays a version-4 uuid). A run retires the claims its
+/// lineage's earlier runs left in the registry, those that crashed before writing their
+/// identity included (see the core's lease).
+pub(crate) fn next_run(earlier: Uuid) -> Uuid {
+    let mut bytes = *earlier.as_bytes();
+    bytes[8..].copy_from_slice(&Uuid::new_v4().as_bytes()[8..]);
+    Uuid::from_bytes(bytes)
+}
+
+/// Whether two runs' uuids are of one replica ([`next_run`]).
+pub(crate) fn same_lineage(a: Uuid, b: Uuid) -> bool {
+    a.as_bytes()[..8] == b.as_bytes()[..8]
+}
+
 impl Claiming {
     /// The start of a replica of `kind` from `restored` (`None`: afresh, from `fresh`). A
     /// kind whose ids serve one run only keeps its state and takes a new identity.
@@ -51,7 +67,7 @@ impl Claiming {
                 r.trusted &= kind.reuses_ids();
                 let uuid = match r.trusted {
                     true => r.identity.uuid,
-                    false => Uuid::new_v4(),
+                    false => next_run(r.identity.uuid),
                 };
                 let on_disk =
                     (r.trusted && r.snapshot_is_state).then_some((r.identity, r.saved_reserved));
@@ -162,6 +178,20 @@ mod tests {
         let uuid = c.uuid;
         let a = c.settle(uuid, 7, 0);
         assert!(!a.unchanged && a.filter.contains(b"x"));
+    }
+
+    #[test]
+    fn each_run_of_a_kind_whose_ids_serve_one_run_is_new_in_its_replicas_lineage() {
+        let kind = FilterKind::CountMinSketch;
+        assert!(!kind.reuses_ids());
+        let mut r = restored(kind, true, true);
+        r.identity.uuid = Uuid::new_v4();
+        let earlier = r.identity.uuid;
+        let c = Claiming::new(kind, Some(r), fresh(kind));
+        assert!(c.preferred.is_none() && c.uuid != earlier);
+        assert!(same_lineage(c.uuid, earlier));
+        assert_eq!(c.uuid.get_version_num(), 4);
+        assert!(!same_lineage(Uuid::new_v4(), earlier), "another replica's");
     }
 
     #[test]

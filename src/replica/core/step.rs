@@ -1319,6 +1319,48 @@ mod tests {
     }
 
     #[test]
+    fn the_claims_of_earlier_runs_are_retired_and_never_counted() {
+        use crate::replica::core::start::next_run;
+        use crate::transport::ClaimRecord;
+        let t0 = Instant::now();
+        let held = |id, claimant| ClaimEntry {
+            id,
+            record: ClaimRecord::Held {
+                claimant,
+                reserved: 100,
+            },
+            revision: 1,
+        };
+        let listed = |claims: Vec<ClaimEntry>| Event::Listed {
+            claims: Ok(claims),
+            started: t0,
+        };
+        // Runs 1 and 2 of this replica (2 crashed before it wrote its identity), this run
+        // (3, under id 1), and another replica's claim.
+        let first = Uuid::new_v4();
+        let second = next_run(first);
+        let mut c = core(t0, false);
+        c.traits.reuses_ids = false;
+        c.traits.me = next_run(second);
+        let claims = vec![
+            held(1, c.traits.me),
+            held(4, first),
+            held(6, second),
+            held(5, peer(5)),
+        ];
+        assert_eq!(
+            step(&mut c, listed(claims), t0),
+            ["Retire(4)", "Retire(6)", "IdCounts(2, 0)"]
+        );
+        assert_eq!(c.lease.known_replicas(), Some(2), "this one and 5");
+        // A kind whose ids serve later runs keeps its uuid: nothing of the kind.
+        let mut c = core(t0, false);
+        c.traits.me = first;
+        let claims = vec![held(1, first), held(6, second)];
+        assert_eq!(step(&mut c, listed(claims), t0), ["IdCounts(2, 0)"]);
+    }
+
+    #[test]
     fn a_silent_claim_is_retired_unless_its_replica_was_heard() {
         use crate::transport::ClaimRecord;
         let t0 = Instant::now();
