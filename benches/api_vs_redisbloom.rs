@@ -40,7 +40,7 @@
 //! Settings (environment): `CRPF_BENCH_SECS` (measured seconds per case and system, default 3),
 //! `CRPF_BENCH_ROUNDS` (turns they are split into, 3), `CRPF_BENCH_WARMUP_SECS` (0.5 before a
 //! system's first turn, at most 0.1 before the others), `CRPF_BENCH_INFLIGHT` (single-item cases, "1,16,64"),
-//! `CRPF_BENCH_BATCH` (items per batch, 100), `CRPF_BENCH_BATCH_INFLIGHT` ("1,16"),
+//! `CRPF_BENCH_BATCH` (items per batch, 100; 0: no batch cases), `CRPF_BENCH_BATCH_INFLIGHT` ("1,16"),
 //! `CRPF_BENCH_CASES` (comma-separated alternatives; a case runs if its name, e.g. "bloom add"
 //! or "cuckoo mcontains ×100", contains every word of one of them), `CRPF_BENCH_SYSTEMS` ("crpf,resp,redis,floor"),
 //! `CRPF_BENCH_NODE_IO_THREADS` (the node's `io_threads`; default the node's default), `CRPF_BIN` (the `crpf` binary; default the
@@ -262,7 +262,8 @@ fn start_node(dir: &Path, nats_port: u16, resp_port: u16) -> Result<Proc, BoxErr
     let config = dir.join("node.toml");
     // No data_dir: state in memory only, and `ack = "local"` answers once the item is applied
     // in memory (with a data_dir the default would be `durable`, an fsync per batch).
-    // `CRPF_BENCH_FILTER_TOML`: more settings for every filter, to measure tuning.
+    // `CRPF_BENCH_FILTER_TOML`: more settings for every filter, to measure tuning;
+    // `CRPF_BENCH_NODE_TOML`: sections appended to the node's file (e.g. `[catalog]`).
     let extra = std::env::var("CRPF_BENCH_FILTER_TOML").unwrap_or_default();
     let filter = |name: &str, kind: &str| {
         format!(
@@ -285,7 +286,7 @@ fn start_node(dir: &Path, nats_port: u16, resp_port: u16) -> Result<Proc, BoxErr
             filter("cuckoo", "g_cuckoo"),
             filter(&format!("{RESP_KEY_PREFIX}bloom"), "g_bloom"),
             filter(&format!("{RESP_KEY_PREFIX}cuckoo"), "g_cuckoo"),
-        ),
+        ) + &std::env::var("CRPF_BENCH_NODE_TOML").unwrap_or_default(),
     )?;
     let mut cmd = Command::new(crpf_bin()?);
     cmd.arg("node").arg("--config").arg(&config);
@@ -1160,7 +1161,13 @@ async fn run(s: Settings) -> Result<(), BoxError> {
 
     // Adds before lookups, so that half the lookups ask for items that were added.
     let mut plan = Vec::new();
-    for batch in [false, true] {
+    // `CRPF_BENCH_BATCH=0`: no batch cases.
+    let batches: &[bool] = if s.batch == 0 {
+        &[false]
+    } else {
+        &[false, true]
+    };
+    for &batch in batches {
         for op in [Op::Add, Op::Contains] {
             for filter in [Filter::Bloom, Filter::Cuckoo] {
                 let (size, inflights) = if batch {
