@@ -315,13 +315,32 @@ impl Pending {
             if w.cells.is_empty() {
                 continue;
             }
-            let mut cells = std::mem::take(&mut w.cells);
-            // Only the bits set: a wide sketch's commits clear what they took, not its width.
-            for &c in &cells {
-                let (word, mask) = w.bit(c);
-                w.recorded[word] &= !mask;
+            // The next delta's buffer at this one's size: grown one push at a time, it cost
+            // a `CMS.INCRBY` under load ~150 instructions of reallocation.
+            let taken = w.cells.len();
+            let mut cells = std::mem::replace(&mut w.cells, Vec::with_capacity(taken));
+            if taken >= w.recorded.len() {
+                // At least one a word: the bits in order, each word cleared (a sort of the
+                // cells took ~300 instructions per `CMS.INCRBY` under load).
+                cells.clear();
+                let total = w.recorded.len() * 64 - 1;
+                for (i, word) in w.recorded.iter_mut().enumerate() {
+                    let mut bits = std::mem::take(word);
+                    while bits != 0 {
+                        let bit = i * 64 + bits.trailing_zeros() as usize;
+                        cells.push(if bit == total { TOTAL_CELL } else { bit as u32 });
+                        bits &= bits - 1;
+                    }
+                }
+            } else {
+                // Only the bits set: a wide sketch's commits clear what they took, not its
+                // width.
+                for &c in &cells {
+                    let (word, mask) = w.bit(c);
+                    w.recorded[word] &= !mask;
+                }
+                cells.sort_unstable();
             }
-            cells.sort_unstable();
             out.push((w.id, cells));
         }
         out
@@ -785,11 +804,14 @@ impl DeltaState for CountMinSketch {
             let Some(w) = self.writer_ref(id) else {
                 continue;
             };
-            let entries = cells
-                .into_iter()
-                .filter(|&c| c != TOTAL_CELL)
-                .map(|c| (c, w.cells[c as usize]))
-                .collect();
+            // Sized at once (a filtered collect grows one doubling at a time).
+            let mut entries = Vec::with_capacity(cells.len());
+            entries.extend(
+                cells
+                    .into_iter()
+                    .filter(|&c| c != TOTAL_CELL)
+                    .map(|c| (c, w.cells[c as usize])),
+            );
             writers.push((id, w.total, entries));
         }
         Some(CmsDelta { writers })
@@ -1028,6 +1050,39 @@ mod tests {
         }
         assert_eq!(a.total(), single.total());
         assert_eq!(a.writers(), 2);
+    }
+
+    #[test]
+    fn a_delta_lists_every_changed_counter_ascending_few_or_many() {
+        let p = CmsParams::new(300, 4).unwrap();
+        for increments in [1u32, 3, 40, 2_000] {
+            let mut s = CountMinSketch::new(p, 1);
+            s.track_deltas(true);
+            let mut changed = std::collections::BTreeSet::new();
+            for i in 0..increments {
+                let item = i.to_le_bytes();
+                s.increment(&item, 1);
+                for row in 0..p.depth {
+                    changed.insert(p.cell(&item, row) as u32);
+                }
+            }
+            let delta = s.take_delta().expect("changed");
+            let [(id, total, entries)] = &delta.writers[..] else {
+                panic!("one writer: {delta:?}");
+            };
+            assert_eq!((*id, *total), (1, u64::from(increments)));
+            let cells: Vec<u32> = entries.iter().map(|&(c, _)| c).collect();
+            assert_eq!(cells, changed.iter().copied().collect::<Vec<_>>());
+            assert!(
+                entries
+                    .iter()
+                    .all(|&(c, v)| v == s.writers[0].cells[c as usize])
+            );
+            assert_eq!(s.take_delta(), None, "taken whole");
+            // The next delta starts from nothing.
+            s.increment(b"again", 2);
+            assert_eq!(s.take_delta().unwrap().writers[0].2.len(), p.depth as usize);
+        }
     }
 
     #[test]

@@ -92,8 +92,15 @@ pub fn command(
         && let Some(handle) = filter(&crate::names::subject_name(args.arg(1)))
         && handle.kind() == FilterKind::CountMinSketch
     {
-        let from = |i: usize| args.arg(i);
-        if let Ok(request) = request(verb, &mut (2..args.len()).map(from)) {
+        // The items as views of the request's buffer (copied only if the request waits).
+        let request = match verb {
+            Verb::IncrBy => incr_by(args),
+            Verb::Query => Ok(Request::CmsQuery {
+                items: args.items(2),
+            }),
+            _ => Ok(Request::CmsInfo),
+        };
+        if let Ok(request) = request {
             return Some(Command::Filter(handle, request));
         }
     }
@@ -114,11 +121,7 @@ fn request(verb: Verb, args: &mut dyn Iterator<Item = &[u8]>) -> Result<Request,
             let mut items = Vec::new();
             let mut increments = Vec::new();
             while let (Some(item), Some(n)) = (args.next(), args.next()) {
-                match parse_i64(n) {
-                    None => return Err(error("CMS: Cannot parse number")),
-                    Some(n) if n < 0 => return Err(error("CMS: Number cannot be negative")),
-                    Some(n) => increments.push(n as u64),
-                }
+                increments.push(increment(n)?);
                 items.push(item);
             }
             Ok(Request::CmsIncrBy {
@@ -132,6 +135,29 @@ fn request(verb: Verb, args: &mut dyn Iterator<Item = &[u8]>) -> Result<Request,
         }),
         Verb::Info => Ok(Request::CmsInfo),
         other => unreachable!("{other:?} is no request"),
+    }
+}
+
+/// `CMS.INCRBY key item n [item n ...]` of a found sketch, its items views of `args`' buffer.
+fn incr_by(args: &Args) -> Result<Request, Reply> {
+    let pairs = (args.len() - 2) / 2;
+    let mut increments = Vec::with_capacity(pairs);
+    for i in (3..args.len()).step_by(2) {
+        increments.push(increment(args.arg(i))?);
+    }
+    Ok(Request::CmsIncrBy {
+        items: args.items_at((2..args.len()).step_by(2)),
+        increments,
+        ack: None,
+    })
+}
+
+/// An increment of `CMS.INCRBY`, or RedisBloom's refusal of it.
+fn increment(n: &[u8]) -> Result<u64, Reply> {
+    match parse_i64(n) {
+        None => Err(error("CMS: Cannot parse number")),
+        Some(n) if n < 0 => Err(error("CMS: Number cannot be negative")),
+        Some(n) => Ok(n as u64),
     }
 }
 

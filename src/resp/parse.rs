@@ -107,6 +107,12 @@ impl Args {
         crate::api::Items::new(self.request.clone(), spans)
     }
 
+    /// The arguments at `indexes` as the items of a request: views of the request's buffer.
+    pub fn items_at(&self, indexes: impl Iterator<Item = usize>) -> crate::api::Items {
+        let spans = indexes.map(|i| self.spans[i]).collect();
+        crate::api::Items::new(self.request.clone(), spans)
+    }
+
     /// Arguments `from..`.
     pub fn from(&self, from: usize) -> impl ExactSizeIterator<Item = &[u8]> {
         self.spans[from.min(self.spans.len())..]
