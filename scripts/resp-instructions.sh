@@ -7,7 +7,8 @@
 #   CRPF_BIN=target/release/crpf scripts/resp-instructions.sh [COMMAND...]
 #   SERVER=redis scripts/resp-instructions.sh BF.ADD      # redis-server with RedisBloom
 #
-# COMMANDs: BF.ADD BF.EXISTS CF.ADD CF.EXISTS CMS.INCRBY CMS.QUERY (default: the first four).
+# COMMANDs: BF.ADD BF.EXISTS CF.ADD CF.EXISTS CMS.INCRBY CMS.QUERY TOPK.ADD TOPK.QUERY (default:
+# the first four; TOPK.* on a top-k of 50 over 2000 x 5, decay 0.9, as RedisBloom's bench key).
 # N requests are counted (default 40,000) after 2,000 of warm-up, items random as
 # scripts/resp-vs-redisbloom.sh makes them (-r 100000000). Needs valgrind and the bench
 # tools (scripts/install-bench-tools.sh). Prints: server command instructions/request.
@@ -63,7 +64,8 @@ TOML
     for _ in $(seq 600); do "$cli" -p "$port" BF.EXISTS bloom x 2>/dev/null | grep -q '^0$' && break; sleep 0.2; done
   fi
   "$cli" -p "$port" CMS.INITBYDIM sketch 2000 5 >/dev/null
-  case $cmd in BF.*) key=bloom ;; CF.*) key=cuckoo ;; CMS.*) key=sketch ;; *) echo "unknown $cmd" >&2; exit 1 ;; esac
+  "$cli" -p "$port" TOPK.RESERVE heavy 50 2000 5 0.9 >/dev/null
+  case $cmd in BF.*) key=bloom ;; CF.*) key=cuckoo ;; CMS.*) key=sketch ;; TOPK.*) key=heavy ;; *) echo "unknown $cmd" >&2; exit 1 ;; esac
   local extra=()
   [ "$cmd" = CMS.INCRBY ] && extra=(1)
   "$bench" -p "$port" -c 16 -P 16 -n 2000 -r 100000000 -q "$cmd" "$key" __rand_int__ "${extra[@]}" >/dev/null 2>&1
