@@ -65,6 +65,9 @@ enum Drive {
     /// Catalog filters created, one of every kind, and `kill -9` as soon as the last was
     /// answered: every create answered is kept and checked by the next life.
     CreateKill9,
+    /// A filter in Go's bits-and-blooms format imported at `replicated` into the `go_bloom`
+    /// filter, and `kill -9` as soon as the import was answered.
+    ImportKill9,
 }
 
 struct Case {
@@ -422,6 +425,52 @@ impl Bench {
         }
     }
 
+    /// Makes a catalog `go_bloom` filter (`g_src_<life>`), adds 50 items to it, exports it in
+    /// Go's bits-and-blooms format and imports that at `replicated` into the `go_bloom` filter
+    /// of every life (the same `m` and `k`): once answered, its items are acknowledged there.
+    async fn import_go(&mut self, life: &mut Life) {
+        let (mut durable, mut replicated) = life.cons.clone().expect("connected");
+        let target = self
+            .filters
+            .iter()
+            .find(|f| f.kind == FilterKind::GoBloom && f.name.starts_with("c_"))
+            .expect("a go_bloom filter")
+            .name
+            .clone();
+        let source = format!("g_src_{}", self.lives);
+        let cap = CAPACITY.to_string();
+        let args = ["CRPF.RESERVE", &source, "go_bloom", &cap, "0.01"];
+        let ok: String = run(&mut durable, &args).await.unwrap();
+        assert_eq!(ok, "OK");
+        self.filters.push(Filter {
+            name: source.clone(),
+            kind: FilterKind::GoBloom,
+        });
+        let items: Vec<String> = (0..50).map(|i| format!("{source}-{i}")).collect();
+        for item in &items {
+            let _: i64 = run(&mut durable, &["BF.ADD", &source, item]).await.unwrap();
+            self.acked
+                .entry(source.clone())
+                .or_default()
+                .push(item.clone());
+        }
+        let data: Vec<u8> = redis::cmd("CRPF.EXPORT")
+            .arg(&source)
+            .arg("bits-and-blooms")
+            .query_async(&mut durable)
+            .await
+            .unwrap();
+        let answer: String = redis::cmd("CRPF.IMPORT")
+            .arg(&target)
+            .arg("bits-and-blooms")
+            .arg(&data)
+            .query_async(&mut replicated)
+            .await
+            .unwrap_or_else(|e| panic!("{}: CRPF.IMPORT {target}: {e}", life.name));
+        assert_eq!(answer, "OK");
+        self.acked.entry(target).or_default().extend(items);
+    }
+
     async fn rounds(&mut self, life: &mut Life, n: usize) {
         for _ in 0..n {
             self.round(life).await;
@@ -476,10 +525,12 @@ impl Bench {
     /// checks every acknowledged add and ends with SIGTERM (so that the next case's crash
     /// follows a clean restart).
     async fn case(&mut self, case: &Case) {
-        let label = case
-            .env
-            .as_ref()
-            .map_or("kill -9".to_string(), |(v, p)| format!("{v}={p}"));
+        let label = match (&case.env, case.drive) {
+            (Some((v, p)), _) => format!("{v}={p}"),
+            (None, Drive::CreateKill9) => "kill -9 after creates".to_string(),
+            (None, Drive::ImportKill9) => "kill -9 after an import".to_string(),
+            (None, _) => "kill -9".to_string(),
+        };
         let (mut life, ready) = self.start(case.env.as_ref()).await;
         let point = case
             .env
@@ -524,6 +575,13 @@ impl Bench {
                 Drive::CreateKill9 => {
                     self.rounds(&mut life, 2).await;
                     self.creates(&mut life).await;
+                    assert!(life.exited().is_none(), "{}: died", life.name);
+                    life.proc.kill9();
+                    ExitStatus::from_raw(libc::SIGKILL)
+                }
+                Drive::ImportKill9 => {
+                    self.rounds(&mut life, 2).await;
+                    self.import_go(&mut life).await;
                     assert!(life.exited().is_none(), "{}: died", life.name);
                     life.proc.kill9();
                     ExitStatus::from_raw(libc::SIGKILL)
@@ -721,7 +779,8 @@ async fn every_acknowledged_add_survives_a_crash_at_every_point() {
 }
 
 /// Catalog filters of every kind over NATS (the catalog outlives the node), parking when
-/// idle: every point of parking and resuming, and crashes after a resume.
+/// idle: every point of parking and resuming, crashes after a resume, around creates, and
+/// after a `replicated` import.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_acknowledged_add_survives_a_crash_around_parking() {
     let nats = NatsServer::start();
@@ -760,6 +819,11 @@ async fn every_acknowledged_add_survives_a_crash_around_parking() {
         Case {
             env: None,
             drive: Drive::CreateKill9,
+        },
+        // A `replicated` import answered, then `kill -9`: every imported item is there.
+        Case {
+            env: None,
+            drive: Drive::ImportKill9,
         },
     ];
     for case in &cases {
