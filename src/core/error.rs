@@ -101,6 +101,13 @@ pub enum FilterError {
         /// The skew bound of the filter's parameters, in epochs.
         max_skew: u32,
     },
+    /// A count would pass its bound (a t-digest's values beyond `2^63 - 1`, RedisBloom's
+    /// bound). The filter is exactly as it was before the call.
+    #[error("{what} would overflow")]
+    Overflow {
+        /// What would overflow.
+        what: &'static str,
+    },
 }
 
 impl FilterError {

@@ -891,7 +891,9 @@ impl TDigest {
                 w.checked_add(self.size())
                     .is_some_and(|total| total <= i64::MAX as u64)
             })
-            .ok_or_else(|| FilterError::invalid("value", "overflow"))?;
+            .ok_or(FilterError::Overflow {
+                what: "the count of values",
+            })?;
         if values.is_empty() {
             return Ok(());
         }
@@ -909,7 +911,9 @@ impl TDigest {
             .checked_add(weight)
             .is_none_or(|t| t > i64::MAX as u64)
         {
-            return Err(FilterError::invalid("value", "overflow"));
+            return Err(FilterError::Overflow {
+                what: "the count of values",
+            });
         }
         self.drop_invisible_own();
         self.changed();
@@ -1250,6 +1254,21 @@ impl<'de> Deserialize<'de> for TDigest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_past_redisblooms_bound_are_refused_as_an_overflow_changing_nothing() {
+        let mut t = TDigest::new(TdigestParams::new(100).unwrap(), 1);
+        t.add_weighted(&[(1.0, i64::MAX as u64 - 1)], None).unwrap();
+        let before = t.size();
+        let refused = t.add_weighted(&[(2.0, 1), (3.0, 1)], None);
+        assert!(
+            matches!(refused, Err(FilterError::Overflow { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(t.size(), before);
+        t.add_weighted(&[(2.0, 1)], None).unwrap();
+        assert_eq!(t.size(), i64::MAX as u64);
+    }
 
     fn digest(c: u32, values: impl IntoIterator<Item = f64>) -> TDigest {
         let mut t = TDigest::new(TdigestParams::new(c).unwrap(), 1);

@@ -111,6 +111,10 @@ pub enum ReplicaError {
     /// An empty or oversized item, or an unknown API operation.
     #[error("invalid request: {0}")]
     InvalidItem(String),
+    /// A count the request would take past its bound ([`FilterError::Overflow`]): refused
+    /// whole, as an invalid request (RESP answers it as RedisBloom does).
+    #[error("invalid request: {0}")]
+    Overflow(FilterError),
     /// Remove on a grow-only filter.
     #[error(transparent)]
     NotRemovable(#[from] NotRemovable),
@@ -230,7 +234,7 @@ impl ReplicaError {
     pub fn reason(&self) -> &'static str {
         match self {
             ReplicaError::Config(_) => "config",
-            ReplicaError::InvalidItem(_) => "invalid_request",
+            ReplicaError::InvalidItem(_) | ReplicaError::Overflow(_) => "invalid_request",
             ReplicaError::NotRemovable(_) => "not_removable",
             ReplicaError::NotCounting(_) => "not_counting",
             ReplicaError::Filter(FilterError::Full { .. } | FilterError::NoRoom { .. }) => "full",

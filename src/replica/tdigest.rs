@@ -48,7 +48,10 @@ pub(crate) fn update(
             }
             Err(e) => {
                 telemetry.op(OpKind::Add, false);
-                Err(ReplicaError::InvalidItem(e.to_string()))
+                Err(match e {
+                    e @ crate::FilterError::Overflow { .. } => ReplicaError::Overflow(e),
+                    e => ReplicaError::InvalidItem(e.to_string()),
+                })
             }
         },
         None => {

@@ -1382,9 +1382,7 @@ pub fn reply(op: Op, answer: Result<Response, ReplicaError>) -> Reply {
         // Not taken before the replica is ready: answered as Redis answers while loading.
         Err(e @ ReplicaError::NotServing) => return super::untaken_reply(&e),
         // A `TDIGEST.ADD` past 2^63 - 1 values in all: RedisBloom's refusal.
-        Err(ReplicaError::InvalidItem(text))
-            if op == Op::TdigestAdd && text.contains("overflow") =>
-        {
+        Err(ReplicaError::Overflow(_)) if op == Op::TdigestAdd => {
             return Reply::Error("ERR T-Digest: overflow detected".into());
         }
         Err(e) => {
@@ -1446,6 +1444,13 @@ mod tests {
         let mut out = BytesMut::new();
         r.encode(&mut out);
         String::from_utf8(out.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn a_tdigest_overflow_is_answered_as_redisbloom_does() {
+        let overflow = crate::FilterError::Overflow { what: "the count" };
+        let reply = super::reply(Op::TdigestAdd, Err(ReplicaError::Overflow(overflow)));
+        assert_eq!(encoded(&reply), "-ERR T-Digest: overflow detected\r\n");
     }
 
     #[test]

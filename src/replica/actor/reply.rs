@@ -388,6 +388,7 @@ fn service_code(e: &ReplicaError) -> u16 {
     use crate::FilterError;
     match e {
         ReplicaError::InvalidItem(_)
+        | ReplicaError::Overflow(_)
         | ReplicaError::NotRemovable(_)
         | ReplicaError::NotCounting(_) => 400,
         ReplicaError::Filter(FilterError::Full { .. } | FilterError::NoRoom { .. }) => 507,
