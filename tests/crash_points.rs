@@ -572,16 +572,12 @@ impl Bench {
                     self.creates(&mut life).await;
                     self.death(&mut life, &label, false).await
                 }
-                Drive::CreateKill9 => {
+                Drive::CreateKill9 | Drive::ImportKill9 => {
                     self.rounds(&mut life, 2).await;
-                    self.creates(&mut life).await;
-                    assert!(life.exited().is_none(), "{}: died", life.name);
-                    life.proc.kill9();
-                    ExitStatus::from_raw(libc::SIGKILL)
-                }
-                Drive::ImportKill9 => {
-                    self.rounds(&mut life, 2).await;
-                    self.import_go(&mut life).await;
+                    match case.drive {
+                        Drive::CreateKill9 => self.creates(&mut life).await,
+                        _ => self.import_go(&mut life).await,
+                    }
                     assert!(life.exited().is_none(), "{}: died", life.name);
                     life.proc.kill9();
                     ExitStatus::from_raw(libc::SIGKILL)
