@@ -827,3 +827,52 @@ async fn every_acknowledged_add_survives_a_crash_around_parking() {
     }
     bench.assert_nothing_lost();
 }
+
+/// One process per data directory: a second node on it waits for the first to let go, then
+/// refuses to start, naming the directory; once the first is gone, a node starts on it.
+#[test]
+fn a_second_process_on_a_data_directory_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = |n: usize| {
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let path = dir.path().join(format!("n{n}.toml"));
+        let toml = format!(
+            "[node]\nmetrics_addr = \"{metrics}\"\nlog = \"warn\"\ndata_dir = \"{}\"\n\n\
+             [[filters]]\nname = \"f\"\nfilter = {{ kind = \"g_bloom\", capacity = 1000, \
+             fpr = 0.01 }}\n",
+            data.display()
+        );
+        std::fs::write(&path, toml).unwrap();
+        (path, metrics)
+    };
+    let (first_config, metrics) = config(0);
+    let mut first = nats_harness::spawn_node("first", &first_config, dir.path());
+    // The exporter answers once the lock is held (it is taken first).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_get(&metrics, "/metrics").is_err() {
+        first.assert_running();
+        assert!(Instant::now() < deadline, "{}", first.log_tail());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut second = nats_harness::spawn_node("second", &config(1).0, dir.path());
+    let status = second
+        .wait_exit(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("a second node started\n{}", second.log_tail()));
+    assert!(!status.success());
+    let log = second.log_tail();
+    assert!(
+        log.contains("is in use by another process") && log.contains(&data.display().to_string()),
+        "{log}"
+    );
+    first.assert_running();
+    first.kill9();
+    let (third_config, metrics) = config(2);
+    let mut third = nats_harness::spawn_node("third", &third_config, dir.path());
+    while http_get(&metrics, "/metrics").is_err() {
+        third.assert_running();
+        assert!(Instant::now() < deadline, "{}", third.log_tail());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    third.terminate(Duration::from_secs(30));
+}

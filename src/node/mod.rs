@@ -65,6 +65,44 @@ pub enum NodeError {
     Resp(#[from] crate::resp::RespError),
 }
 
+/// The file of a data directory its node holds locked.
+pub const DATA_DIR_LOCK: &str = "node.lock";
+
+/// How long a node waits for the process before it to let go of its data directory (a
+/// restart right after a `kill -9`, whose process the kernel is still tearing down).
+const DATA_DIR_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Locks `dir` for this process ([`DATA_DIR_LOCK`]), waiting up to [`DATA_DIR_LOCK_WAIT`]:
+/// two processes on one data directory would interleave their logs, and a run of a kind whose
+/// ids serve one run retires the claims of the directory's earlier runs, which must have ended.
+fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, NodeError> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(DATA_DIR_LOCK);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)?;
+    let deadline = std::time::Instant::now() + DATA_DIR_LOCK_WAIT;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(NodeError::Failed(format!(
+                    "data directory {} is in use by another process ({} held for {} s)",
+                    dir.display(),
+                    path.display(),
+                    DATA_DIR_LOCK_WAIT.as_secs()
+                )));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
+        }
+    }
+}
+
 /// `crpf node`: runs the replicas a configuration declares until SIGINT or SIGTERM.
 #[derive(Debug, Clone, Args)]
 pub struct NodeArgs {
@@ -238,6 +276,13 @@ const RESP_LOADING_AFTER: std::time::Duration = std::time::Duration::from_secs(5
 /// `crpf node`.
 pub fn run_node(args: &NodeArgs) -> Result<(), NodeError> {
     let cfg = NodeConfig::load(&args.config)?;
+    // Held until the process exits (the kernel lets go of it then, `kill -9` included).
+    let _data_dir = cfg
+        .node
+        .data_dir
+        .as_deref()
+        .map(lock_data_dir)
+        .transpose()?;
     give_large_buffers_back();
     exporter::install(
         cfg.node.metrics_addr,
