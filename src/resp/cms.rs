@@ -34,7 +34,7 @@ use super::Keyspace;
 use super::commands::{Command, KeyCommand, WRONGTYPE};
 use super::parse::Args;
 use super::reply::Reply;
-use crate::api::{Items, Request, Response};
+use crate::api::{Request, Response};
 use crate::replica::{AckLevel, AnyFilter, ReplicaHandle};
 use crate::{CountMinSketch, FilterKind, FilterSpec};
 
@@ -91,18 +91,9 @@ pub fn command(
     if matches!(verb, Verb::IncrBy | Verb::Query | Verb::Info)
         && let Some(handle) = filter(&crate::names::subject_name(args.arg(1)))
         && handle.kind() == FilterKind::CountMinSketch
+        && let Ok(request) = request(verb, args, 2)
     {
-        // The items as views of the request's buffer (copied only if the request waits).
-        let request = match verb {
-            Verb::IncrBy => incr_by(args),
-            Verb::Query => Ok(Request::CmsQuery {
-                items: args.items(2),
-            }),
-            _ => Ok(Request::CmsInfo),
-        };
-        if let Ok(request) = request {
-            return Some(Command::Filter(handle, request));
-        }
+        return Some(Command::Filter(handle, request));
     }
     Some(Command::Key(KeyCommand::Cms(CmsCommand {
         verb,
@@ -113,43 +104,28 @@ pub fn command(
     })))
 }
 
-/// The request of `CMS.INCRBY`, `CMS.QUERY` or `CMS.INFO` with arguments `args` (after the
-/// key), or RedisBloom's refusal of them.
-fn request(verb: Verb, args: &mut dyn Iterator<Item = &[u8]>) -> Result<Request, Reply> {
+/// The request of `CMS.INCRBY`, `CMS.QUERY` or `CMS.INFO` with arguments `args[from..]`
+/// (after the key), its items views of `args`' buffer (copied only if the request waits),
+/// or RedisBloom's refusal of them.
+fn request(verb: Verb, args: &Args, from: usize) -> Result<Request, Reply> {
     match verb {
         Verb::IncrBy => {
-            let mut items = Vec::new();
-            let mut increments = Vec::new();
-            while let (Some(item), Some(n)) = (args.next(), args.next()) {
-                increments.push(increment(n)?);
-                items.push(item);
+            let mut increments = Vec::with_capacity((args.len() - from) / 2);
+            for i in (from + 1..args.len()).step_by(2) {
+                increments.push(increment(args.arg(i))?);
             }
             Ok(Request::CmsIncrBy {
-                items: Items::of(items),
+                items: args.items_at((from..args.len()).step_by(2)),
                 increments,
                 ack: None,
             })
         }
         Verb::Query => Ok(Request::CmsQuery {
-            items: Items::of(args),
+            items: args.items(from),
         }),
         Verb::Info => Ok(Request::CmsInfo),
         other => unreachable!("{other:?} is no request"),
     }
-}
-
-/// `CMS.INCRBY key item n [item n ...]` of a found sketch, its items views of `args`' buffer.
-fn incr_by(args: &Args) -> Result<Request, Reply> {
-    let pairs = (args.len() - 2) / 2;
-    let mut increments = Vec::with_capacity(pairs);
-    for i in (3..args.len()).step_by(2) {
-        increments.push(increment(args.arg(i))?);
-    }
-    Ok(Request::CmsIncrBy {
-        items: args.items_at((2..args.len()).step_by(2)),
-        increments,
-        ack: None,
-    })
 }
 
 /// An increment of `CMS.INCRBY`, or RedisBloom's refusal of it.
@@ -244,7 +220,7 @@ pub async fn run(lookup: &dyn Keyspace, cmd: CmsCommand, ack: Option<AckLevel>) 
     match verb {
         Verb::InitByDim | Verb::InitByProb => init(lookup, verb, name, &args).await,
         Verb::IncrBy | Verb::Query | Verb::Info => match sketch(lookup, &name) {
-            Ok(h) => match request(verb, &mut args.iter().map(|a| &a[..])) {
+            Ok(h) => match request(verb, &Args::of(&args), 0) {
                 Ok(request) => {
                     let op = request.op();
                     let answer = super::commands::send(&h, request, ack, true).await;
