@@ -76,7 +76,7 @@ const DATA_DIR_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1
 /// two processes on one data directory would interleave their logs, and a run of a kind whose
 /// ids serve one run retires the claims of the directory's earlier runs, which must have ended.
 fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, NodeError> {
-    std::fs::create_dir_all(dir)?;
+    crate::replica::durable::create_dir_synced(&*crate::replica::disk::real(), dir)?;
     let path = dir.join(DATA_DIR_LOCK);
     let file = std::fs::OpenOptions::new()
         .create(true)

@@ -203,22 +203,15 @@ impl DataDir {
         // The directories made (deepest first), whose entries are synced. A directory without
         // a snapshot may be one whose making a crash interrupted before its entry was synced:
         // its entry, and its parents', are synced again (it holds nothing durable until then).
-        let made = if !disk.is_dir(&path) {
-            let created = disk::missing_ancestors(&*disk, &path);
-            disk.create_dir_all(&path).map_err(io_at(&path))?;
-            created
+        if !disk.is_dir(&path) {
+            create_dir_synced(&*disk, &path)?;
         } else if !disk.exists(&path.join(SNAPSHOT_FILE)) {
-            path.ancestors()
+            let ancestors: Vec<PathBuf> = path
+                .ancestors()
                 .take_while(|p| !p.as_os_str().is_empty())
                 .map(Path::to_path_buf)
-                .collect()
-        } else {
-            Vec::new()
-        };
-        for dir in made {
-            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                disk.sync_path(parent).map_err(io_at(parent))?;
-            }
+                .collect();
+            sync_entries(&*disk, &ancestors)?;
         }
         Ok(DataDir {
             path,
@@ -340,6 +333,25 @@ pub(crate) fn write_atomically_on(
     disk.sync_path(dir).map_err(io_at(dir))?;
     if let Some(p) = after_rename {
         crash::point(p);
+    }
+    Ok(())
+}
+
+/// Makes `path` and its missing ancestors, each one's entry synced in its parent: a crash of
+/// the machine keeps the directory (and what is synced in it). The node's data directory too,
+/// which its lock now makes before any filter's.
+pub(crate) fn create_dir_synced(disk: &dyn Disk, path: &Path) -> Result<(), DurableError> {
+    let made = disk::missing_ancestors(disk, path);
+    disk.create_dir_all(path).map_err(io_at(path))?;
+    sync_entries(disk, &made)
+}
+
+/// Syncs the entry of each of `dirs` in its parent.
+fn sync_entries(disk: &dyn Disk, dirs: &[PathBuf]) -> Result<(), DurableError> {
+    for dir in dirs {
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            disk.sync_path(parent).map_err(io_at(parent))?;
+        }
     }
     Ok(())
 }

@@ -103,8 +103,7 @@ impl Args {
 
     /// Arguments `from..` as the items of a request: views of the request's buffer.
     pub fn items(&self, from: usize) -> crate::api::Items {
-        let spans = self.spans[from.min(self.spans.len())..].to_vec();
-        crate::api::Items::new(self.request.clone(), spans)
+        self.items_at(from.min(self.spans.len())..self.spans.len())
     }
 
     /// The arguments at `indexes` as the items of a request: views of the request's buffer.

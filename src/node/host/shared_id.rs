@@ -58,7 +58,7 @@ pub(super) async fn claim_node_id(
     )
     .await?;
     if let Some(dir) = data_dir {
-        std::fs::create_dir_all(dir)?;
+        crate::replica::durable::create_dir_synced(&*crate::replica::disk::real(), dir)?;
         let json = serde_json::to_vec(&id.identity()).expect("an identity encodes");
         crate::replica::durable::write_atomically(dir, NODE_ID_FILE, &json)?;
     }
