@@ -17,6 +17,10 @@
 #     (nodes 1 and 2: `crpf_parking_total{change="resumed"}`), pushed or merged a whole
 #     state, and (this build) were restored parked and confirmed by a peer's digest.
 #
+#   RESTART_BINS="a b": the restarts run these binaries in turn (round 1 a, round 2 b, round 3
+#     a, ...): a before/after comparison of restarts on the same data.
+#   KEEP=1: once done, the stack stays up until $CRPF_STACK_DIR/release exists (it prints the
+#     directory), for restarts and profiles by hand.
 #   PARALLEL=1: the N creates are made by three creators at once, each through its own server
 #     (a third of the names each): each one's rate and the cluster-wide rate (N / wall time).
 #   Also: each node's data directory in bytes per filter, and each nats-server's subscriptions
@@ -151,7 +155,9 @@ peers() {
   done
 }
 # RESTARTS=K: node 3 restarts K times in a row (each once every filter parked again).
+read -r -a restart_bins <<<"${RESTART_BINS:-$CRPF_BIN}"
 for round in $(seq 1 "${RESTARTS:-1}"); do
+  bin="${restart_bins[$(((round - 1) % ${#restart_bins[@]}))]}"
   [ "$round" = 1 ] || {
     echo "restart $round: waiting until node3 parked its $n filters again"
     waited=0
@@ -169,7 +175,7 @@ for round in $(seq 1 "${RESTARTS:-1}"); do
   lines_before=$(wc -l <"$CRPF_STACK_DIR/logs/node3.log")
   start=$(date +%s.%N)
   CRPF_NODE__DATA_DIR="$CRPF_STACK_DIR/data/node3" CRPF_NODE__AUTH_KEY_FILE="$CRPF_STACK_DIR/cluster.key" \
-    "$CRPF_BIN" node --config "$(scripts/stack.sh config 3)" >>"$CRPF_STACK_DIR/logs/node3.log" 2>&1 &
+    "$bin" node --config "$(scripts/stack.sh config 3)" >>"$CRPF_STACK_DIR/logs/node3.log" 2>&1 &
   echo $! >"$CRPF_STACK_DIR/pids/node3.pid"
   id3=""
   for _ in $(seq 1 600); do
@@ -184,7 +190,7 @@ for round in $(seq 1 "${RESTARTS:-1}"); do
   hz=$(getconf CLK_TCK)
   elapsed() { awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
   cpu() { awk -v hz="$hz" '{ printf "%.1f", ($14 + $15) / hz }' "/proc/$(pid node3)/stat"; }
-  echo "node3 restarted: every filter answered on its own subjects $(elapsed) s after its start, $(cpu) s of CPU by then"
+  echo "node3 restarted ($bin): every filter answered on its own subjects $(elapsed) s after its start, $(cpu) s of CPU by then"
   # When its start had hosted every filter of the catalog (the probes wait for that too).
   followed="$(tail -n +"$((lines_before + 1))" "$CRPF_STACK_DIR/logs/node3.log" | grep -m1 'filter catalog followed' | cut -d' ' -f1 || true)"
   [ -z "$followed" ] || awk -v a="$start" -v b="$(date -d "$followed" +%s.%N)" \
@@ -196,3 +202,7 @@ for round in $(seq 1 "${RESTARTS:-1}"); do
   echo "peers after: $(peers | tr '\n' ' ')"
   echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 done
+if [ "${KEEP:-0}" = 1 ]; then
+  echo "kept: CRPF_STACK_DIR=$CRPF_STACK_DIR (touch $CRPF_STACK_DIR/release to stop it)"
+  until [ -e "$CRPF_STACK_DIR/release" ]; do sleep 2; done
+fi

@@ -98,6 +98,17 @@ impl Node {
         }
     }
 
+    /// The node's replica id for its catalog filters, as its log says it claimed it last.
+    fn node_id(&self) -> String {
+        let log = std::fs::read_to_string(&self.proc.log).unwrap_or_default();
+        log.lines()
+            .filter(|l| l.contains("claimed the node's replica id"))
+            .filter_map(|l| l.split("replica=").nth(1)?.split(' ').next())
+            .next_back()
+            .unwrap_or_else(|| panic!("{}: no node id in its log", self.name))
+            .to_string()
+    }
+
     /// The sum of the metric lines of `series` (exactly that name, any labels).
     fn metric(&self, series: &str) -> f64 {
         let Ok((_, body)) = http_get(&self.metrics, "/metrics") else {
@@ -367,6 +378,63 @@ async fn a_restarted_node_exchanges_digests_not_states_and_loses_nothing() {
         FILTERS as f64,
         "node2 restored every filter parked\n{}",
         nodes[2].proc.log_tail()
+    );
+    // Queries on its own API subjects (and on the queue group's, whichever node takes them)
+    // are answered from the kept states: nothing resumes, on any node.
+    let id = nodes[2].node_id();
+    let resumed: Vec<f64> = nodes
+        .iter()
+        .map(|n| n.counter("crpf_parking_total", "change=\"resumed\""))
+        .collect();
+    let queried: f64 = nodes
+        .iter()
+        .map(|n| n.metric("crpf_parked_queries_total").max(0.0))
+        .sum();
+    for name in names() {
+        for (subject, item, expected) in [
+            (
+                format!("crpf.{name}.replica.{id}.api.contains"),
+                "erin",
+                true,
+            ),
+            (
+                format!("crpf.{name}.replica.{id}.api.contains"),
+                "never-added",
+                false,
+            ),
+            (format!("crpf.{name}.api.contains"), "erin", true),
+        ] {
+            let answer = api_request(
+                &client,
+                subject.clone(),
+                item.as_bytes().to_vec(),
+                Duration::from_secs(5),
+            )
+            .await;
+            assert_eq!(
+                answer.as_ref().map(|v| v["contains"].clone()),
+                Ok(json!(expected)),
+                "{subject} {item}\n{}",
+                nodes[2].proc.log_tail()
+            );
+        }
+    }
+    let queried_after: f64 = nodes
+        .iter()
+        .map(|n| n.metric("crpf_parked_queries_total").max(0.0))
+        .sum();
+    assert_eq!(
+        queried_after - queried,
+        3.0 * FILTERS as f64,
+        "queries answered parked"
+    );
+    assert_eq!(
+        resumed,
+        nodes
+            .iter()
+            .map(|n| n.counter("crpf_parking_total", "change=\"resumed\""))
+            .collect::<Vec<_>>(),
+        "a query resumed a parked replica"
     );
     // Its peers' digests (each parked replica's, within its spacing) confirm them all.
     let deadline = Instant::now() + Duration::from_secs(20);

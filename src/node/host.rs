@@ -51,6 +51,7 @@ mod expiry;
 mod following;
 mod held;
 mod parking;
+mod restore;
 mod routing;
 mod service;
 mod shared_id;
@@ -61,7 +62,7 @@ use dirs::incarnation_dir;
 pub use dirs::{DROPPED_DIR, ENTRY_FILE};
 use expiry::Expiries;
 use held::Holds;
-pub use parking::{PARKED_FILTERS, PARKED_MESSAGES, PARKING};
+pub use parking::{PARKED_FILTERS, PARKED_MESSAGES, PARKED_QUERIES, PARKING};
 
 /// Catalog changes applied at once (replica starts and stops in flight).
 const PARALLEL_CHANGES: usize = 32;

@@ -27,7 +27,8 @@ pub use config::{
 pub use demo::{DemoArgs, run_demo};
 pub use host::{
     CATALOG_CHANGES, CATALOG_ERRORS, DROPPED_DIR, ENTRY_FILE, Expiry, FILTERS, HostError,
-    HostedFilter, NODE_API_REQUESTS, Node, PARKED_FILTERS, PARKED_MESSAGES, PARKING,
+    HostedFilter, NODE_API_REQUESTS, Node, PARKED_FILTERS, PARKED_MESSAGES, PARKED_QUERIES,
+    PARKING,
 };
 pub use inspect::{InspectArgs, run_inspect};
 pub use keygen::{KeygenArgs, KeygenError, new_key_text, run_keygen};

@@ -67,7 +67,9 @@ pub use local::{
     TakeSnapshot,
 };
 pub(crate) use local::{FINAL_FLUSH_TIMEOUT, ShutdownBy};
-pub(crate) use parking::{Park, ParkInto, Parked, parked_spacing, restored_announcement};
+pub(crate) use parking::{
+    Park, ParkInto, Parked, answer_parked, parked_spacing, restored_announcement,
+};
 pub(crate) use pump::{API_LINGER, Inbound, Route, route_event, route_replication};
 pub use reads::PendingResponse;
 pub(crate) use reads::{refusal, route_own_api};

@@ -87,7 +87,7 @@ pub use actor::{
     Add, Contains, FlushDelta, Import, Merge, PendingResponse, Persist, Remove, Replica,
     ReserveTags, Shutdown, Stats, TakeSnapshot,
 };
-pub(crate) use actor::{GroupApi, Park, ParkInto, Parked, parked_spacing};
+pub(crate) use actor::{GroupApi, Park, ParkInto, Parked, answer_parked, parked_spacing};
 #[cfg(test)]
 pub(crate) use anti_entropy::{AntiEntropy, Timing};
 pub use config::{MAX_FSYNC_INTERVAL_MS, ReplicaConfig};
@@ -657,6 +657,21 @@ impl Replica {
         cfg: ReplicaConfig,
         shared_id: &SharedId,
     ) -> Result<Option<Parked>, ReplicaError> {
+        let under = RestoreUnder::of(shared_id);
+        // Off this thread, as a start's reads are; the digest and the frame too (a pass over
+        // the state, and a signature).
+        tokio::task::spawn_blocking(move || Replica::restore_parked_now(cfg, under))
+            .await
+            .map_err(|e| ReplicaError::Config(format!("data directory task: {e}")))?
+    }
+
+    /// [`Replica::restore_parked`] on this thread, which may block (a node restores its
+    /// filters in batches on a few blocking threads: one hand-off to a blocking thread per
+    /// filter cost a restart of 100,000 filters a third of its CPU in thread wake-ups).
+    pub(crate) fn restore_parked_now(
+        cfg: ReplicaConfig,
+        under: RestoreUnder,
+    ) -> Result<Option<Parked>, ReplicaError> {
         cfg.validate().map_err(ReplicaError::Config)?;
         let Some(dir) = cfg.data_dir.clone() else {
             return Ok(None);
@@ -666,52 +681,73 @@ impl Replica {
         if !cfg.routed_replication || !cfg.filter.kind.reuses_ids() || !core::Traits::parks(&cfg) {
             return Ok(None);
         }
+        // Only a directory with a snapshot, which opens as `DataDir::open_on` would open it
+        // (it does nothing more to one with a snapshot); one without, or none at all, is
+        // left to the replica's start, which makes or repairs it.
+        let data = DataDir::existing(dir);
         let fresh = AnyFilter::new(&cfg.filter, 0)?;
-        let (uuid, replica, floor) = {
-            let id = shared_id.identity();
-            (id.uuid, id.replica, shared_id.floor())
+        let Some(recovered) = recovery::restore_on_snapshot(&data, &cfg, &fresh)? else {
+            return Ok(None);
         };
-        // Off this thread, as a start's reads are; the digest and the frame too (a pass over
-        // the state, and a signature).
-        tokio::task::spawn_blocking(move || {
-            let (_, restored, replayed) = open_data(&dir, &cfg, &fresh)?;
-            let (Some(restored), Some(replayed)) = (restored, replayed) else {
-                return Ok(None);
-            };
-            if !restored.snapshot_is_state {
-                return Ok(None);
-            }
-            let kind = cfg.filter.kind;
-            let claiming = core::Claiming::new(kind, Some(restored), fresh);
-            let adopted = claiming.settle(uuid, replica, floor);
-            if !adopted.unchanged {
-                return Ok(None);
-            }
-            let filter = adopted.filter;
-            let digest = filter.state_digest();
-            let announce = actor::restored_announcement(
-                &cfg,
-                (filter.kind(), filter.params_digest()),
-                adopted.identity,
-                digest,
-            );
-            let telemetry =
-                metrics::Telemetry::new(&cfg.name, replica, cfg.filter.fpr, cfg.aggregate_metrics);
-            Ok(Some(Parked {
-                filter,
-                identity: adopted.identity,
-                telemetry,
-                wal_next: Some(replayed.next_segment()),
-                reserved: adopted.reserved,
-                seq: 0,
-                digest,
-                announce: Some(announce),
-                unconfirmed: std::sync::atomic::AtomicBool::new(true),
-                restored: true,
-            }))
-        })
-        .await
-        .map_err(|e| ReplicaError::Config(format!("data directory task: {e}")))?
+        let (Some(restored), replayed) = (recovered.state, recovered.wal) else {
+            return Ok(None);
+        };
+        if !restored.snapshot_is_state {
+            return Ok(None);
+        }
+        let kind = cfg.filter.kind;
+        let claiming = core::Claiming::new(kind, Some(restored), fresh);
+        let adopted = claiming.settle(under.uuid, under.replica, under.floor);
+        if !adopted.unchanged {
+            return Ok(None);
+        }
+        let filter = adopted.filter;
+        let digest = filter.state_digest();
+        let announce = actor::restored_announcement(
+            &cfg,
+            (filter.kind(), filter.params_digest()),
+            adopted.identity,
+            digest,
+        );
+        let telemetry = metrics::Telemetry::new(
+            &cfg.name,
+            under.replica,
+            cfg.filter.fpr,
+            cfg.aggregate_metrics,
+        );
+        Ok(Some(Parked {
+            filter,
+            identity: adopted.identity,
+            telemetry,
+            wal_next: Some(replayed.next_segment()),
+            reserved: adopted.reserved,
+            seq: 0,
+            digest,
+            announce: Some(announce),
+            unconfirmed: std::sync::atomic::AtomicBool::new(true),
+            restored: true,
+            limits: crate::api::batch::Limits::new(cfg.max_batch_items, cfg.max_item_bytes),
+        }))
+    }
+}
+
+/// The node's id a catalog filter is restored parked under ([`Replica::restore_parked_now`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RestoreUnder {
+    uuid: uuid::Uuid,
+    replica: ReplicaId,
+    floor: u64,
+}
+
+impl RestoreUnder {
+    /// The node's id as `shared_id` has it now.
+    pub(crate) fn of(shared_id: &SharedId) -> Self {
+        let id = shared_id.identity();
+        RestoreUnder {
+            uuid: id.uuid,
+            replica: id.replica,
+            floor: shared_id.floor(),
+        }
     }
 }
 

@@ -46,52 +46,82 @@ pub(crate) fn restore(
     cfg: &ReplicaConfig,
     fresh: &AnyFilter,
 ) -> Result<Recovered, DurableError> {
-    let Some(SoundSnapshot {
+    match load_snapshot(data, cfg, fresh)? {
+        Some(snapshot) => on_snapshot(data, fresh, snapshot),
+        None => without_snapshot(data, fresh),
+    }
+}
+
+/// [`restore`] where the directory has a sound snapshot; `None`, with nothing else read or
+/// made, where it has none (or is not there at all).
+pub(crate) fn restore_on_snapshot(
+    data: &DataDir,
+    cfg: &ReplicaConfig,
+    fresh: &AnyFilter,
+) -> Result<Option<Recovered>, DurableError> {
+    load_snapshot(data, cfg, fresh)?
+        .map(|snapshot| on_snapshot(data, fresh, snapshot))
+        .transpose()
+}
+
+/// No snapshot: a new replica stopped before its first was saved (it serves from its
+/// start, so adds acknowledged at `durable` are in the log only), or its snapshot was
+/// damaged. The log's records are the filter's all the same: merged into a fresh state,
+/// kept under a new identity (no snapshot vouches for its tags).
+fn without_snapshot(data: &DataDir, fresh: &AnyFilter) -> Result<Recovered, DurableError> {
+    let dir = data.path().join(WAL_DIR);
+    let disk = data.disk();
+    // No log, or an empty one (a new replica's): no copy of the fresh state.
+    if !disk.list_dir(&dir).is_ok_and(|names| !names.is_empty()) {
+        let limits = WalLimits::default();
+        let replayed = wal::replay_on(disk.clone(), &dir, placeholder(), None, limits, |_| {})?;
+        return Ok(Recovered {
+            state: None,
+            wal: replayed,
+            unmerged: 0,
+            quarantined: None,
+        });
+    }
+    let mut filter = fresh.clone();
+    let (replayed, unmerged, quarantined) = replay_into(data, &mut filter, placeholder(), None)?;
+    let state = (replayed.records > 0).then(|| Restored {
+        filter,
+        identity: placeholder(),
+        floor: 0,
+        trusted: false,
+        saved_reserved: None,
+        snapshot_is_state: false,
+    });
+    Ok(Recovered {
+        state,
+        wal: replayed,
+        unmerged,
+        quarantined,
+    })
+}
+
+/// [`restore`] on the sound `snapshot`: the log's records after it merged, and the tag
+/// reservation read.
+fn on_snapshot(
+    data: &DataDir,
+    fresh: &AnyFilter,
+    snapshot: SoundSnapshot,
+) -> Result<Recovered, DurableError> {
+    let SoundSnapshot {
         mut filter,
         identity: snap_identity,
         reserved,
         wal_covered: covered,
-    }) = load_snapshot(data, cfg, fresh)?
-    else {
-        // No snapshot: a new replica stopped before its first was saved (it serves from its
-        // start, so adds acknowledged at `durable` are in the log only), or its snapshot was
-        // damaged. The log's records are the filter's all the same: merged into a fresh state,
-        // kept under a new identity (no snapshot vouches for its tags).
-        let dir = data.path().join(WAL_DIR);
-        let disk = data.disk();
-        // No log, or an empty one (a new replica's): no copy of the fresh state.
-        if !disk.list_dir(&dir).is_ok_and(|names| !names.is_empty()) {
-            let limits = WalLimits::default();
-            let replayed = wal::replay_on(disk.clone(), &dir, placeholder(), None, limits, |_| {})?;
-            return Ok(Recovered {
-                state: None,
-                wal: replayed,
-                unmerged: 0,
-                quarantined: None,
-            });
-        }
-        let mut filter = fresh.clone();
-        let (replayed, unmerged, quarantined) =
-            replay_into(data, &mut filter, placeholder(), None)?;
-        let state = (replayed.records > 0).then(|| Restored {
-            filter,
-            identity: placeholder(),
-            floor: 0,
-            trusted: false,
-            saved_reserved: None,
-            snapshot_is_state: false,
-        });
-        return Ok(Recovered {
-            state,
-            wal: replayed,
-            unmerged,
-            quarantined,
-        });
-    };
+    } = snapshot;
     let (replayed, unmerged, quarantined) = replay_into(data, &mut filter, snap_identity, covered)?;
     // Tags issued after the snapshot are known only through the reservation file: without a
     // trustworthy one, keep the state but issue tags under a new id.
-    let reservation = match data.load_reservation() {
+    // A kind without tags has no reservation to keep (none is written for it): not read.
+    let reservation = match fresh.kind().tagged() {
+        true => data.load_reservation(),
+        false => Ok(None),
+    };
+    let reservation = match reservation {
         Ok(r) => r,
         Err(e @ DurableError::Corrupt { .. }) => {
             tracing::warn!(error = %e, "tag reservation is damaged");

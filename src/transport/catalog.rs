@@ -236,6 +236,16 @@ impl Seal {
 
     /// What the record `value` of `name`, written at `revision`, says.
     pub(crate) fn open(&self, name: &str, value: &[u8], revision: u64) -> Opened {
+        // A record without the drop's field anywhere in it is an entry: read as one at once
+        // (through a `Value` first, a node's start spent a tenth of its CPU on 100,000 of
+        // them).
+        const DROP_FIELD: &[u8] = b"\"dropped_generation\"";
+        if !value.windows(DROP_FIELD.len()).any(|w| w == DROP_FIELD) {
+            let Ok(e) = serde_json::from_slice::<StoredEntry>(value) else {
+                return Opened::Rejected("malformed");
+            };
+            return self.open_entry(name, e, revision);
+        }
         let Ok(json) = serde_json::from_slice::<serde_json::Value>(value) else {
             return Opened::Rejected("malformed");
         };
@@ -251,9 +261,14 @@ impl Seal {
                 },
             };
         }
-        let Ok(mut e) = serde_json::from_value::<StoredEntry>(json) else {
+        let Ok(e) = serde_json::from_value::<StoredEntry>(json) else {
             return Opened::Rejected("malformed");
         };
+        self.open_entry(name, e, revision)
+    }
+
+    /// What the entry record `e` of `name`, written at `revision`, says.
+    fn open_entry(&self, name: &str, mut e: StoredEntry, revision: u64) -> Opened {
         let seal = e.seal.take();
         if let Some(reason) = self.check(name, &e, seal.as_deref()) {
             return Opened::Rejected(reason);
@@ -1014,5 +1029,43 @@ mod tests {
             Seal::default().open("a", &bytes, 9),
             Opened::Live(_)
         ));
+    }
+
+    /// An entry record is read straight into its struct (no drop field in it), and what it
+    /// says is what reading it through a JSON value said; a drop record is still a drop,
+    /// and a record that is neither is malformed either way.
+    #[test]
+    fn entry_and_drop_records_open_as_they_did_through_a_json_value() {
+        let seal = Seal::new(keys(1));
+        let stored = StoredEntry {
+            spec: spec(10),
+            created_ms: 5,
+            generation: None,
+            replaces: None,
+            key: None,
+            expires_ms: Some(77),
+            seal: None,
+        };
+        let bytes = seal.entry("a", stored);
+        let through_value = {
+            let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            let mut e: StoredEntry = serde_json::from_value(json).unwrap();
+            let sealed = e.seal.take();
+            assert_eq!(seal.check("a", &e, sealed.as_deref()), None);
+            Opened::Live(e.entry("a".into(), 9))
+        };
+        assert_eq!(seal.open("a", &bytes, 9), through_value);
+        let dropped = seal.drop_record("a", 4);
+        assert_eq!(
+            seal.open("a", &dropped, 11),
+            Opened::Dropped { generation: 4 }
+        );
+        // The drop's field inside a value is not a drop record: read through a value, as an
+        // entry (malformed here: no spec).
+        assert_eq!(
+            seal.open("a", br#"{"note":"\"dropped_generation\""}"#, 9),
+            Opened::Rejected("malformed")
+        );
+        assert_eq!(seal.open("a", b"[]", 9), Opened::Rejected("malformed"));
     }
 }

@@ -84,6 +84,18 @@ pub(super) fn read_entry_file(dir: &Path, name: &str, generation: u64) -> Option
     (entry.name == name && entry.generation == generation).then_some(entry)
 }
 
+/// Writes `entry` into its incarnation's directory `dir` unless the file there holds it
+/// already (compared as bytes: a restart reads it, and parsing it cost more than the rest
+/// of a restore).
+pub(super) fn record_entry(dir: &std::path::Path, entry: &CatalogEntry) {
+    if std::fs::read(dir.join(ENTRY_FILE)).is_ok_and(|kept| kept == entry_file(entry)) {
+        return;
+    }
+    if let Err(e) = write_entry_file(dir, entry) {
+        tracing::warn!(filter = entry.name, error = %e, "could not record the catalog entry in the filter's data directory");
+    }
+}
+
 /// Moves a dropped filter's data directory `<base>/<dir>` aside into [`DROPPED_DIR`].
 pub(super) fn move_aside(base: &Path, dir: &str, why: &str) {
     let from = base.join(dir);

@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 
-use super::dirs::{
-    ENTRY_FILE, entry_file, incarnation_dir, move_aside, read_entry_file, write_entry_file,
-};
+use super::dirs::{ENTRY_FILE, entry_file, incarnation_dir, move_aside, record_entry};
 use super::{CATALOG_CHANGES, CATALOG_ERRORS, Inner, PARALLEL_CHANGES, PARKED_FILTERS};
 use crate::node::follow::{FollowStep, follow_step, lost_by_catalog};
 use crate::node::table::Filter;
@@ -161,7 +159,7 @@ impl Inner {
                 return;
             }
             // A restart's filters come back parked where their directories allow.
-            let restored = attempt == 1 && self.host_restored(&entry, &cfg).await;
+            let restored = attempt == 1 && self.host_restored(&entry).await;
             let started = match restored {
                 true => Ok(()),
                 false => self
@@ -179,19 +177,11 @@ impl Inner {
             match started {
                 Ok(_) => {
                     if let Some(dir) = cfg.data_dir.clone() {
-                        let recorded = entry.clone();
                         // Written once: a restart finds it there (rewritten, with its syncs,
                         // at every start, it doubled the start of 10,000 filters).
-                        let written = tokio::task::spawn_blocking(move || {
-                            match read_entry_file(&dir, &recorded.name, recorded.generation) {
-                                Some(kept) if kept == recorded => Ok(()),
-                                _ => write_entry_file(&dir, &recorded),
-                            }
-                        })
-                        .await;
-                        if let Ok(Err(e)) = written {
-                            tracing::warn!(filter = entry.name, error = %e, "could not record the catalog entry in the filter's data directory");
-                        }
+                        let recorded = entry.clone();
+                        let _ = tokio::task::spawn_blocking(move || record_entry(&dir, &recorded))
+                            .await;
                     }
                     metrics::counter!(CATALOG_CHANGES, "change" => "started").increment(1);
                     self.schedule_expiry(&entry);

@@ -172,6 +172,9 @@ pub(super) async fn hold_request(
         if inner.stopping.load(Ordering::SeqCst) {
             return inner.refuse(msg, &ReplicaError::Stopped);
         }
+        if let Some(reply) = inner.answer_parked(&name, &msg) {
+            return reply;
+        }
         let target = match own {
             true => inner.routed_target(&name, Routed::OwnApi),
             false => inner.api_target(&name),

@@ -22,11 +22,11 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::{ApiQueue, Inner};
-use crate::node::table::{Filter, Resume};
+use crate::node::table::{Filter, Quiet, Resume};
 use crate::replica::{
-    Park, ParkInto, Parked, Replica, ReplicaConfig, ReplicaHandle, crash, parked_spacing,
+    Park, ParkInto, Parked, Replica, ReplicaHandle, answer_parked, crash, parked_spacing,
 };
-use crate::transport::CatalogEntry;
+use crate::transport::{CatalogEntry, Message, Subjects};
 use crate::wire::{Body, Expect, WireCodec};
 
 /// Looks in a row that find a replica untouched before it is asked to park.
@@ -43,6 +43,11 @@ pub const PARKING: &str = "crpf_parking_total";
 /// Messages of peers for parked replicas answered without waking them, by `body` (digest,
 /// other), and digests of parked replicas announced by their node.
 pub const PARKED_MESSAGES: &str = "crpf_parked_messages_total";
+/// Queries answered from parked replicas' kept states, without resuming them.
+pub const PARKED_QUERIES: &str = "crpf_parked_queries_total";
+
+/// A reply to publish (subject, headers, payload), or none if the request wants none.
+pub(super) type ApiReply = Option<(String, async_nats::HeaderMap, bytes::Bytes)>;
 
 /// Describes the metrics of parking.
 pub(crate) fn describe() {
@@ -55,6 +60,11 @@ pub(crate) fn describe() {
         "Catalog replicas parked and resumed on this node, by change (parked, resumed)"
     );
     metrics::describe_counter!(
+        PARKED_QUERIES,
+        "Queries (contains, counts, the sketches' reads) answered from parked replicas' kept \
+         states without resuming them"
+    );
+    metrics::describe_counter!(
         PARKED_MESSAGES,
         "Peers' messages for parked replicas that needed no wake (equal digests, acks or \
          requests for others), by body, and parked replicas' digests announced (body=announced)"
@@ -62,6 +72,21 @@ pub(crate) fn describe() {
 }
 
 impl Inner {
+    /// The reply to `msg`, a request for `name`, if its replica is parked and `msg` is a
+    /// query its kept state answers ([`answer_parked`]); `None`: route it as any (resuming
+    /// the replica if it is parked).
+    pub(super) fn answer_parked(&self, name: &str, msg: &Message) -> Option<ApiReply> {
+        let table = self.table.read().expect("table lock");
+        let Quiet::Parked(parked, _) = table.find_quietly(name) else {
+            return None;
+        };
+        let answered = answer_parked(parked, &Subjects::new(&self.prefix, name), msg);
+        if answered.is_some() {
+            metrics::counter!(PARKED_QUERIES).increment(1);
+        }
+        answered
+    }
+
     /// The running replica of `name`, resumed if it was parked; with `pin`, it never parks
     /// from then on.
     pub(super) fn replica_pinned(&self, name: &str, pin: bool) -> Option<ReplicaHandle> {
@@ -135,17 +160,11 @@ impl Inner {
     /// did (if not, the caller starts the replica as any). Its digest is announced (not
     /// ready) with the node's next batch: a peer whose state is equal answers nothing, one
     /// whose state differs pushes its own, which wakes the replica.
-    pub(super) async fn host_restored(&self, entry: &CatalogEntry, cfg: &ReplicaConfig) -> bool {
-        let may = self.settings.park_after_ms > 0
-            && !cfg.new_incarnation
-            && cfg.data_dir.as_ref().is_some_and(|d| d.is_dir())
-            && self.digest_batches.is_some()
-            && self.replication.get().is_some()
-            && self.may_park_spec(&entry.name, entry.spec.kind);
-        let Some(shared_id) = self.shared_id.clone().filter(|_| may) else {
+    pub(super) async fn host_restored(&self, entry: &CatalogEntry) -> bool {
+        let (Some(cfg), Some(shared_id)) = (self.restore_config(entry), &self.shared_id) else {
             return false;
         };
-        let parked = match Replica::restore_parked(cfg.clone(), &shared_id).await {
+        let parked = match Replica::restore_parked(cfg, shared_id).await {
             Ok(Some(parked)) => parked,
             Ok(None) => return false,
             Err(e) => {
@@ -235,7 +254,7 @@ impl Inner {
     }
 
     /// [`Inner::may_park`] of a filter of `kind`.
-    fn may_park_spec(&self, name: &str, kind: crate::FilterKind) -> bool {
+    pub(super) fn may_park_spec(&self, name: &str, kind: crate::FilterKind) -> bool {
         !self.configured.contains(name)
             && self.routes_own_api(kind)
             && self.settings.api_queue == ApiQueue::Node

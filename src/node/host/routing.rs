@@ -154,6 +154,11 @@ impl Inner {
         let Some(name) = self.filter_of(&msg.subject) else {
             return ApiRoute::Silent;
         };
+        if routed != Routed::ApiRoot
+            && let Some(reply) = self.answer_parked(name, &msg)
+        {
+            return ApiRoute::answer(reply);
+        }
         if routed == Routed::Group {
             // Its replica's own subscription, kept by the node: the replica (resumed if
             // parked) answers as it did, refusals while it stops included.
@@ -230,6 +235,9 @@ impl Inner {
             }
             metrics::counter!(NODE_API_REQUESTS, "outcome" => "unknown").increment(1);
             return ApiRoute::Silent;
+        }
+        if let Some(reply) = self.answer_parked(name, &msg) {
+            return ApiRoute::answer(reply);
         }
         if let Some((handle, final_)) = self.api_target(name) {
             if final_ || handle.serving_api() {

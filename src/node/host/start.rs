@@ -268,6 +268,9 @@ impl Node {
                     Vec::new()
                 }
             };
+            // What the data directory holds as it was is hosted parked first, in batches;
+            // the follower then starts the rest (and finds these hosted).
+            node.inner.restore_listed(&listed).await;
             actix::spawn(follow(node.inner.clone(), catalog, first));
             actix::spawn(expire_due(Arc::downgrade(&node.inner)));
             // A cursor over the listing, not a pass over all of it at each change: with

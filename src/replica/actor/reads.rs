@@ -285,45 +285,76 @@ impl Future for PendingResponse {
     }
 }
 
-/// The answer of a query (`contains`, `mcontains`, `count`, `mcount`) from the shared state:
-/// through the lock-free reader where the kind has one.
+/// The answer of a query (`contains`, `mcontains`, `count`, `mcount`, the sketches') from
+/// the shared state: through the lock-free reader where the kind has one.
 pub(super) fn query(shared: &Shared, request: &Request) -> Result<Response, ReplicaError> {
-    let checked = |items: &crate::api::Items| {
-        items
-            .check(shared.limits)
-            .map_err(|e| ReplicaError::InvalidItem(e.to_string()))
-    };
-    let counts = |f: &crate::replica::AnyFilter, items: &mut dyn Iterator<Item = &[u8]>| {
-        items.map(|i| f.count(i)).collect::<Result<Vec<u64>, _>>()
-    };
     match request {
         Request::Contains { item } => contains_one(shared, item).map(Response::Contains),
         Request::MContains { items } => {
-            checked(items)?;
+            checked(items, shared.limits)?;
             Ok(Response::MContains(contains_each(shared, &items.slices())))
         }
+        other => query_state(&filter(shared), shared.limits, &shared.telemetry, other),
+    }
+}
+
+/// The answer of a query from the state `f` (a parked replica's, or the shared state under
+/// its read lock), of a kind whose reads need no clock.
+pub(super) fn query_state(
+    f: &crate::replica::AnyFilter,
+    limits: crate::api::batch::Limits,
+    telemetry: &crate::replica::metrics::Telemetry,
+    request: &Request,
+) -> Result<Response, ReplicaError> {
+    let counts = |items: &mut dyn Iterator<Item = &[u8]>| {
+        items.map(|i| f.count(i)).collect::<Result<Vec<u64>, _>>()
+    };
+    match request {
+        Request::Contains { item } => {
+            let r = check_item(item, limits.max_item_bytes).map(|()| f.contains(item));
+            telemetry.op(OpKind::Contains, r.is_ok());
+            r.map(Response::Contains)
+        }
+        Request::MContains { items } => {
+            checked(items, limits)?;
+            let found: Vec<bool> = map_prefetched(
+                &items.slices(),
+                f.prefetch_ahead(),
+                |i| f.prefetch(i),
+                |i| f.contains(i),
+            );
+            telemetry.count_ops(OpKind::Contains, found.len() as u64, 0);
+            Ok(Response::MContains(found))
+        }
         Request::Count { item } => {
-            check_item(item, shared.limits.max_item_bytes)?;
-            Ok(Response::Count(filter(shared).count(item)?))
+            check_item(item, limits.max_item_bytes)?;
+            Ok(Response::Count(f.count(item)?))
         }
         Request::MCount { items } => {
-            checked(items)?;
-            Ok(Response::MCount(counts(
-                &filter(shared),
-                &mut items.iter(),
-            )?))
+            checked(items, limits)?;
+            Ok(Response::MCount(counts(&mut items.iter())?))
         }
         Request::CmsQuery { .. } | Request::CmsInfo => {
-            crate::replica::sketch::query(&filter(shared), request, shared.limits.max_item_bytes)
+            crate::replica::sketch::query(f, request, limits.max_item_bytes)
         }
         Request::TopkQuery { .. } | Request::TopkList { .. } | Request::TopkInfo => {
-            crate::replica::topk::query(&filter(shared), request, shared.limits.max_item_bytes)
+            crate::replica::topk::query(f, request, limits.max_item_bytes)
         }
         Request::TdigestQuantile { .. } | Request::TdigestCdf { .. } | Request::TdigestInfo => {
-            crate::replica::tdigest::query(&filter(shared), request)
+            crate::replica::tdigest::query(f, request)
         }
         other => unreachable!("{:?} is not a query", other.op()),
     }
+}
+
+/// `items` checked against `limits`.
+fn checked(
+    items: &crate::api::Items,
+    limits: crate::api::batch::Limits,
+) -> Result<(), ReplicaError> {
+    items
+        .check(limits)
+        .map_err(|e| ReplicaError::InvalidItem(e.to_string()))
 }
 
 fn filter(shared: &Shared) -> std::sync::RwLockReadGuard<'_, crate::replica::AnyFilter> {

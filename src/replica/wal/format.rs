@@ -53,13 +53,6 @@ pub(super) fn list_segments_io(disk: &dyn Disk, dir: &Path) -> io::Result<BTreeM
     Ok(out)
 }
 
-pub(super) fn list_segments(
-    disk: &dyn Disk,
-    dir: &Path,
-) -> Result<BTreeMap<u64, PathBuf>, DurableError> {
-    list_segments_io(disk, dir).map_err(io_err(dir))
-}
-
 pub(super) fn create_dir(disk: &dyn Disk, dir: &Path) -> Result<(), DurableError> {
     if disk.is_dir(dir) {
         return Ok(());

@@ -72,8 +72,16 @@ pub(crate) fn replay_on(
     mut on_record: impl FnMut(&[u8]),
 ) -> Result<Replayed, DurableError> {
     let dir = dir.into();
-    create_dir(&*disk, &dir)?;
-    let segments = list_segments(&*disk, &dir)?;
+    // Listed first: a directory that is there (every start but a new replica's) costs no
+    // look before it is read.
+    let segments = match list_segments_io(&*disk, &dir) {
+        Ok(segments) => segments,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            create_dir(&*disk, &dir)?;
+            BTreeMap::new()
+        }
+        Err(e) => return Err(io_err(&dir)(e)),
+    };
     // After every segment on disk, and after every segment the snapshot covers: a snapshot
     // that removed the segments it covers leaves none to count from, and a writer that
     // started again at 1 appended to segments the next replay skips as covered (acknowledged
