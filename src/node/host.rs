@@ -593,6 +593,31 @@ impl Node {
     }
 }
 
+/// How often the node sets its own gauges again, changed or not: the exporter drops a
+/// gauge not set for `GAUGE_IDLE_TIMEOUT` (5 minutes), and a cluster at rest changes
+/// nothing, so `crpf_filters` and `crpf_parked_filters` vanished from its page (and an
+/// increment after that counted from 0).
+const NODE_GAUGES_REFRESH: Duration = Duration::from_secs(60);
+
+/// Sets the node's gauges from its table every [`NODE_GAUGES_REFRESH`], until the node is
+/// gone: `crpf_filters` (hosted) and `crpf_parked_filters` (counted, which also puts right
+/// what increments and decrements may have missed).
+async fn keep_gauges(inner: Weak<Inner>) {
+    let mut every = tokio::time::interval(NODE_GAUGES_REFRESH);
+    loop {
+        every.tick().await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let (hosted, parked) = {
+            let table = inner.table.read().expect("table lock");
+            (table.hosted_len(), table.iter_parked().count())
+        };
+        metrics::gauge!(FILTERS).set(hosted as f64);
+        metrics::gauge!(PARKED_FILTERS).set(parked as f64);
+    }
+}
+
 impl Inner {
     /// The hosted filters changed: the creates and drops waiting are told.
     fn changed(&self) {

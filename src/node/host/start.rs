@@ -320,6 +320,7 @@ impl Node {
                 *node.inner.tasks.parking.lock().expect("parking lock") = Some(tokio::spawn(task));
             }
         }
+        actix::spawn(super::keep_gauges(Arc::downgrade(&node.inner)));
         Ok(node)
     }
 }
