@@ -446,11 +446,15 @@ async fn a_restarted_node_exchanges_digests_not_states_and_loses_nothing() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    // It reads its filters (which resumes its replicas: they ask their peers nothing, and
-    // their digests, equal, wake none).
+    // It reads its filters over RESP too: answered parked, nothing resumes.
     for name in names() {
         assert!(nodes[2].has(&name, "erin"), "{name} lost erin");
     }
+    assert_eq!(
+        resumed[2],
+        nodes[2].counter("crpf_parking_total", "change=\"resumed\""),
+        "BF.EXISTS resumed a parked replica"
+    );
     wait_all_parked(&mut nodes, "at rest after the restart");
     let peers_after: Vec<[f64; 3]> = nodes[..2].iter().map(wakes_and_states).collect();
     assert_eq!(

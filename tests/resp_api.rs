@@ -1405,8 +1405,8 @@ async fn parked(node: &Node, n: f64) {
 }
 
 /// Keys created by commands park once idle (their replicas alone on the node), and every
-/// command answers a parked key as if it had never parked: reads, adds, removes, listings,
-/// types, deletes.
+/// command answers a parked key as if it had never parked: reads (answered from the kept
+/// state, without resuming it), adds, removes, listings, types, deletes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parked_keys_answer_every_command_as_if_they_never_parked() {
     // Over NATS: the catalog (JetStream KV) outlives the node, which is killed below.
@@ -1424,6 +1424,9 @@ async fn parked_keys_answer_every_command_as_if_they_never_parked() {
     expect(&mut con, &["BF.EXISTS", "k", "alice"], 1).await;
     expect(&mut con, &["BF.EXISTS", "k", "nobody"], 0).await;
     expect(&mut con, &["CF.EXISTS", "c", "x"], 1).await;
+    // Queries are answered from the kept states: nothing resumed.
+    assert_eq!(metric(&node, "crpf_parking_total{change=\"resumed\"}"), 0.0);
+    assert_eq!(metric(&node, "crpf_parked_queries_total"), 3.0);
     parked(&node, 2.0).await;
     let added: Vec<i64> = run(&mut con, &["BF.MADD", "k", "bob", "carol"])
         .await
@@ -1446,7 +1449,9 @@ async fn parked_keys_answer_every_command_as_if_they_never_parked() {
     expect(&mut con, &["DBSIZE"], 5).await;
     expect(&mut con, &["DEL", "k"], 1).await;
     expect(&mut con, &["EXISTS", "k"], 0).await;
-    assert!(metric(&node, "crpf_parking_total{change=\"resumed\"}") >= 4.0);
+    // The updates resumed them (`BF.MADD`, `CF.DEL`), the queries did not.
+    assert!(metric(&node, "crpf_parking_total{change=\"resumed\"}") >= 2.0);
+    assert!(metric(&node, "crpf_parked_queries_total") >= 5.0);
     // A parked replica's state is on disk (it parks only once its snapshot holds every
     // change): killed and restarted, the node has what the resumed replicas took.
     parked(&node, 1.0).await;

@@ -424,6 +424,19 @@ impl Node {
         self.inner.replica_pinned(name, false)
     }
 
+    /// The answer of `request`, with the filter's kind, if `name`'s replica is parked and
+    /// `request` is a query its kept state answers (which then resumes nothing).
+    pub(crate) fn query_parked(
+        &self,
+        name: &str,
+        request: &crate::api::Request,
+    ) -> Option<(
+        crate::FilterKind,
+        Result<crate::api::Response, crate::replica::ReplicaError>,
+    )> {
+        self.inner.query_parked(name, request)
+    }
+
     /// The spec of filter `name`, if this node hosts it.
     pub fn spec(&self, name: &str) -> Option<FilterSpec> {
         self.read().hosted(name).map(|h| h.spec.clone())

@@ -11,6 +11,14 @@ impl Keyspace for Node {
         self.hosted_replica(name).filter(ReplicaHandle::serves_api)
     }
 
+    fn query_parked(
+        &self,
+        name: &str,
+        request: &crate::api::Request,
+    ) -> Option<crate::resp::ParkedAnswer> {
+        Node::query_parked(self, name, request)
+    }
+
     fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.filters().into_iter().map(|f| f.name).collect();
         names.sort();

@@ -68,7 +68,7 @@ pub use local::{
 };
 pub(crate) use local::{FINAL_FLUSH_TIMEOUT, ShutdownBy};
 pub(crate) use parking::{
-    Park, ParkInto, Parked, answer_parked, parked_spacing, restored_announcement,
+    Park, ParkInto, Parked, answer_parked, parked_spacing, query_parked, restored_announcement,
 };
 pub(crate) use pump::{API_LINGER, Inbound, Route, route_event, route_replication};
 pub use reads::PendingResponse;

@@ -87,7 +87,9 @@ pub use actor::{
     Add, Contains, FlushDelta, Import, Merge, PendingResponse, Persist, Remove, Replica,
     ReserveTags, Shutdown, Stats, TakeSnapshot,
 };
-pub(crate) use actor::{GroupApi, Park, ParkInto, Parked, answer_parked, parked_spacing};
+pub(crate) use actor::{
+    GroupApi, Park, ParkInto, Parked, answer_parked, parked_spacing, query_parked,
+};
 #[cfg(test)]
 pub(crate) use anti_entropy::{AntiEntropy, Timing};
 pub use config::{MAX_FSYNC_INTERVAL_MS, ReplicaConfig};

@@ -429,6 +429,17 @@ pub(crate) fn rejected_reason(reply: &Reply) -> Option<&'static str> {
 
 /// What `args` (the command's name first) asks for; `filter` finds a filter by name.
 pub fn command(args: &Args, filter: impl Fn(&str) -> Option<ReplicaHandle>) -> Command {
+    command_with(args, filter, |_, _| None)
+}
+
+/// [`command`], a query (`BF.EXISTS`, `BF.MEXISTS`, `CF.EXISTS`, `CF.MEXISTS`, `CF.COUNT`)
+/// for a filter that `parked` answers from its kept state answered at once, its replica
+/// left parked: what it would answer (a parked state changes only by resuming).
+pub fn command_with(
+    args: &Args,
+    filter: impl Fn(&str) -> Option<ReplicaHandle>,
+    parked: impl Fn(&str, &Request) -> Option<super::ParkedAnswer>,
+) -> Command {
     if args.is_empty() {
         // An empty command: Redis answers nothing, but a reply keeps replies and requests
         // paired for the client.
@@ -489,6 +500,12 @@ pub fn command(args: &Args, filter: impl Fn(&str) -> Option<ReplicaHandle>) -> C
     // it.
     let on_filter = |request: Request, create: Option<crate::FilterSpec>| -> Command {
         let query = matches!(request.op(), Op::Contains | Op::MContains | Op::Count);
+        if query
+            && let Some((kind, answer)) = parked(&key(0), &request)
+            && family.is_none_or(|bloom| super::cms::in_family(kind, bloom))
+        {
+            return Command::Reply(reply(request.op(), answer));
+        }
         match existing() {
             Ok(Some(handle)) => return Command::Filter(handle, request),
             Ok(None) => {}

@@ -166,11 +166,26 @@ pub enum RespError {
     Zero(&'static str),
 }
 
+/// A query answered from a parked filter's kept state ([`Keyspace::query_parked`]): the
+/// filter's kind, and the answer.
+pub type ParkedAnswer = (
+    crate::FilterKind,
+    Result<crate::api::Response, crate::replica::ReplicaError>,
+);
+
 /// Where the front end finds a filter by its key: a fixed set, or a node's filters, which
 /// the filter catalog changes at run time.
 pub trait Keyspace: Send + Sync + 'static {
     /// The replica serving `name` over the request API, if any.
     fn filter(&self, name: &str) -> Option<ReplicaHandle>;
+
+    /// The answer of the query `request` for `name` from a filter that keeps its state
+    /// without running its replica (a node's parked filter), with that filter's kind:
+    /// answered so, it resumes nothing. `None`: ask [`Keyspace::filter`].
+    fn query_parked(&self, name: &str, request: &crate::api::Request) -> Option<ParkedAnswer> {
+        let _ = (name, request);
+        None
+    }
 
     /// The names of the filters served, sorted (`KEYS`, `SCAN`, `DBSIZE`).
     fn names(&self) -> Vec<String>;
@@ -262,6 +277,10 @@ impl<K: Keyspace> Starting<K> {
 impl<K: Keyspace> Keyspace for Starting<K> {
     fn filter(&self, name: &str) -> Option<ReplicaHandle> {
         Keyspace::filter(self.node.get()?, name)
+    }
+
+    fn query_parked(&self, name: &str, request: &crate::api::Request) -> Option<ParkedAnswer> {
+        self.node.get()?.query_parked(name, request)
     }
 
     fn names(&self) -> Vec<String> {
@@ -1144,7 +1163,16 @@ impl Session<'_> {
                 return Some(self.ready(loading, bytes));
             }
         }
-        let command = commands::command(args, |name| server.filters.filter(name));
+        // A query for a parked filter is answered from its kept state (not in a transaction:
+        // a queued one reads the state `EXEC` finds).
+        let command = match self.multi {
+            Some(_) => commands::command(args, |name| server.filters.filter(name)),
+            None => commands::command_with(
+                args,
+                |name| server.filters.filter(name),
+                |name, request| server.filters.query_parked(name, request),
+            ),
+        };
         if self.multi.is_some() {
             let name = args.arg(0);
             let family = |prefix: &[u8]| {

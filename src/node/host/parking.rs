@@ -25,6 +25,7 @@ use super::{ApiQueue, Inner};
 use crate::node::table::{Filter, Quiet, Resume};
 use crate::replica::{
     Park, ParkInto, Parked, Replica, ReplicaHandle, answer_parked, crash, parked_spacing,
+    query_parked,
 };
 use crate::transport::{CatalogEntry, Message, Subjects};
 use crate::wire::{Body, Expect, WireCodec};
@@ -85,6 +86,25 @@ impl Inner {
             metrics::counter!(PARKED_QUERIES).increment(1);
         }
         answered
+    }
+
+    /// The answer of `request` (RESP's) for `name`, with its filter's kind, if its replica is
+    /// parked and `request` is a query its kept state answers ([`query_parked`]).
+    pub(super) fn query_parked(
+        &self,
+        name: &str,
+        request: &crate::api::Request,
+    ) -> Option<(
+        crate::FilterKind,
+        Result<crate::api::Response, crate::replica::ReplicaError>,
+    )> {
+        let table = self.table.read().expect("table lock");
+        let Quiet::Parked(parked, _) = table.find_quietly(name) else {
+            return None;
+        };
+        let answer = query_parked(parked, request)?;
+        metrics::counter!(PARKED_QUERIES).increment(1);
+        Some((parked.filter.kind(), answer))
     }
 
     /// The running replica of `name`, resumed if it was parked; with `pin`, it never parks

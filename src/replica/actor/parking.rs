@@ -67,6 +67,24 @@ pub(crate) struct Parked {
     pub limits: crate::api::batch::Limits,
 }
 
+/// The answer of `request`, made in this process (RESP's), from the parked replica
+/// `parked`'s kept state, if it is a query that state answers (see [`answer_parked`]);
+/// `None` for anything else, which resumes it.
+pub(crate) fn query_parked(
+    parked: &Parked,
+    request: &crate::api::Request,
+) -> Option<Result<crate::api::Response, crate::replica::ReplicaError>> {
+    if parked.filter.kind().clocked() || !request.op().is_query() {
+        return None;
+    }
+    let answer =
+        super::reads::query_state(&parked.filter, parked.limits, &parked.telemetry, request);
+    if let Err(e) = &answer {
+        parked.telemetry.api_errors(e.reason(), 1);
+    }
+    Some(answer)
+}
+
 /// The reply to `msg`, a request on one of the API subjects (`subjects`) of the parked
 /// replica `parked`, if it is a query its kept state answers: `None` for anything else (an
 /// update, an operation the actor answers, a kind whose reads need its clock), which
