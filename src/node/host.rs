@@ -430,10 +430,7 @@ impl Node {
         &self,
         name: &str,
         request: &crate::api::Request,
-    ) -> Option<(
-        crate::FilterKind,
-        Result<crate::api::Response, crate::replica::ReplicaError>,
-    )> {
+    ) -> Option<crate::replica::ParkedAnswer> {
         self.inner.query_parked(name, request)
     }
 

@@ -67,6 +67,7 @@ pub use local::{
     TakeSnapshot,
 };
 pub(crate) use local::{FINAL_FLUSH_TIMEOUT, ShutdownBy};
+pub use parking::ParkedAnswer;
 pub(crate) use parking::{
     Park, ParkInto, Parked, answer_parked, parked_spacing, query_parked, restored_announcement,
 };

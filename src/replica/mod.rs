@@ -80,6 +80,7 @@ pub(crate) use ack::{AckTracker, known_replicas, peers_needed};
 pub use actor::ACK_HEADER;
 pub use actor::CommitTicket;
 pub(crate) use actor::FINAL_FLUSH_TIMEOUT;
+pub use actor::ParkedAnswer;
 #[cfg(test)]
 pub(crate) use actor::SnapshotJob;
 pub(crate) use actor::{API_LINGER, error_of, header_text, refusal};

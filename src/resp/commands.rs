@@ -500,6 +500,7 @@ pub fn command_with(
     // it.
     let on_filter = |request: Request, create: Option<crate::FilterSpec>| -> Command {
         let query = matches!(request.op(), Op::Contains | Op::MContains | Op::Count);
+        // A key of the other family is looked up below, as a running one is.
         if query
             && let Some((kind, answer)) = parked(&key(0), &request)
             && family.is_none_or(|bloom| super::cms::in_family(kind, bloom))

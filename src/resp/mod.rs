@@ -166,12 +166,8 @@ pub enum RespError {
     Zero(&'static str),
 }
 
-/// A query answered from a parked filter's kept state ([`Keyspace::query_parked`]): the
-/// filter's kind, and the answer.
-pub type ParkedAnswer = (
-    crate::FilterKind,
-    Result<crate::api::Response, crate::replica::ReplicaError>,
-);
+/// A query answered from a parked filter's kept state ([`Keyspace::query_parked`]).
+pub use crate::replica::ParkedAnswer;
 
 /// Where the front end finds a filter by its key: a fixed set, or a node's filters, which
 /// the filter catalog changes at run time.

@@ -147,9 +147,7 @@ impl Inner {
 
     /// Starts and hosts the replica of `entry` (whatever of its name was hosted stopped).
     pub(super) async fn host(self: &Arc<Self>, entry: CatalogEntry) {
-        let mut cfg = self.replica_config(&entry.name, entry.spec.clone(), entry.generation);
-        let age_ms = crate::transport::catalog::now_ms().saturating_sub(entry.created_ms);
-        cfg.new_incarnation = age_ms < cfg.catch_up_timeout_ms;
+        let mut cfg = self.incarnation_config(&entry);
         // A new directory is made with its entry file, durable with its first snapshot in
         // two sync rounds (the file written after the start took two more).
         cfg.data_dir_files = vec![(ENTRY_FILE.to_string(), entry_file(&entry))];
@@ -159,7 +157,7 @@ impl Inner {
                 return;
             }
             // A restart's filters come back parked where their directories allow.
-            let restored = attempt == 1 && self.host_restored(&entry).await;
+            let restored = attempt == 1 && self.host_restored(&entry, &cfg).await;
             let started = match restored {
                 true => Ok(()),
                 false => self

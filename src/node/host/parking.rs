@@ -24,8 +24,8 @@ use std::time::Duration;
 use super::{ApiQueue, Inner};
 use crate::node::table::{Filter, Quiet, Resume};
 use crate::replica::{
-    Park, ParkInto, Parked, Replica, ReplicaHandle, answer_parked, crash, parked_spacing,
-    query_parked,
+    Park, ParkInto, Parked, ParkedAnswer, Replica, ReplicaConfig, ReplicaHandle, answer_parked,
+    crash, parked_spacing, query_parked,
 };
 use crate::transport::{CatalogEntry, Message, Subjects};
 use crate::wire::{Body, Expect, WireCodec};
@@ -94,17 +94,14 @@ impl Inner {
         &self,
         name: &str,
         request: &crate::api::Request,
-    ) -> Option<(
-        crate::FilterKind,
-        Result<crate::api::Response, crate::replica::ReplicaError>,
-    )> {
+    ) -> Option<ParkedAnswer> {
         let table = self.table.read().expect("table lock");
         let Quiet::Parked(parked, _) = table.find_quietly(name) else {
             return None;
         };
         let answer = query_parked(parked, request)?;
         metrics::counter!(PARKED_QUERIES).increment(1);
-        Some((parked.filter.kind(), answer))
+        Some(answer)
     }
 
     /// The running replica of `name`, resumed if it was parked; with `pin`, it never parks
@@ -180,11 +177,15 @@ impl Inner {
     /// did (if not, the caller starts the replica as any). Its digest is announced (not
     /// ready) with the node's next batch: a peer whose state is equal answers nothing, one
     /// whose state differs pushes its own, which wakes the replica.
-    pub(super) async fn host_restored(&self, entry: &CatalogEntry) -> bool {
-        let (Some(cfg), Some(shared_id)) = (self.restore_config(entry), &self.shared_id) else {
+    pub(super) async fn host_restored(&self, entry: &CatalogEntry, cfg: &ReplicaConfig) -> bool {
+        let Some(shared_id) = self
+            .shared_id
+            .as_ref()
+            .filter(|_| self.may_restore(entry, cfg))
+        else {
             return false;
         };
-        let parked = match Replica::restore_parked(cfg, shared_id).await {
+        let parked = match Replica::restore_parked(cfg.clone(), shared_id).await {
             Ok(Some(parked)) => parked,
             Ok(None) => return false,
             Err(e) => {

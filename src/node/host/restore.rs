@@ -26,23 +26,27 @@ const RESTORE_BATCH: usize = 64;
 const RESTORE_TASKS: usize = 16;
 
 impl Inner {
-    /// The configuration a catalog filter's replica is restored parked with, if the node
-    /// may host `entry` so ([`Inner::host_restored`]): parking on, the node's id and
-    /// routes in place, a kind it parks, and an incarnation older than a catch-up (a new
-    /// one may not have its directory yet).
-    pub(super) fn restore_config(&self, entry: &CatalogEntry) -> Option<ReplicaConfig> {
-        let may = self.settings.park_after_ms > 0
-            && self.shared_id.is_some()
-            && self.digest_batches.is_some()
-            && self.replication.get().is_some()
-            && self.may_park_spec(&entry.name, entry.spec.kind);
-        if !may {
-            return None;
-        }
+    /// The configuration of the replica of catalog entry `entry`: a new incarnation if it
+    /// was created less than a catch-up ago.
+    pub(super) fn incarnation_config(&self, entry: &CatalogEntry) -> ReplicaConfig {
         let mut cfg = self.replica_config(&entry.name, entry.spec.clone(), entry.generation);
         let age_ms = crate::transport::catalog::now_ms().saturating_sub(entry.created_ms);
         cfg.new_incarnation = age_ms < cfg.catch_up_timeout_ms;
-        (!cfg.new_incarnation && cfg.data_dir.is_some()).then_some(cfg)
+        cfg
+    }
+
+    /// Whether the node may host `entry`, configured as `cfg`, parked, restored from its
+    /// data directory ([`Inner::host_restored`]): parking on, a data directory, the node's
+    /// id and routes in place, a kind it parks, and an incarnation older than a catch-up
+    /// (a new one may not have its directory yet).
+    pub(super) fn may_restore(&self, entry: &CatalogEntry, cfg: &ReplicaConfig) -> bool {
+        self.settings.park_after_ms > 0
+            && !cfg.new_incarnation
+            && cfg.data_dir.is_some()
+            && self.shared_id.is_some()
+            && self.digest_batches.is_some()
+            && self.replication.get().is_some()
+            && self.may_park_spec(&entry.name, entry.spec.kind)
     }
 
     /// Hosts parked every filter of `listed` whose data directory alone is its state, as
@@ -54,6 +58,7 @@ impl Inner {
         let Some(shared_id) = &self.shared_id else {
             return;
         };
+        // Nothing to restore (and no configuration made for each of 100,000 entries).
         if self.data_dir.is_none() || self.settings.park_after_ms == 0 {
             return;
         }
@@ -61,8 +66,8 @@ impl Inner {
         let batches = listed.chunks(RESTORE_BATCH).map(|chunk| {
             let jobs: Vec<(ReplicaConfig, CatalogEntry)> = chunk
                 .iter()
-                .filter(|e| !self.configured.contains(&e.name))
-                .filter_map(|e| self.restore_config(e).map(|cfg| (cfg, e.clone())))
+                .map(|e| (self.incarnation_config(e), e.clone()))
+                .filter(|(cfg, e)| self.may_restore(e, cfg))
                 .collect();
             async move {
                 tokio::task::spawn_blocking(move || restore_batch(jobs, under))
@@ -107,10 +112,7 @@ fn restore_batch(
 ) -> Vec<(CatalogEntry, Box<Parked>)> {
     let mut restored = Vec::with_capacity(jobs.len());
     for (cfg, entry) in jobs {
-        let dir = cfg
-            .data_dir
-            .clone()
-            .expect("restore_config has a data directory");
+        let dir = cfg.data_dir.clone().expect("may_restore: a data directory");
         match Replica::restore_parked_now(cfg, under) {
             Ok(Some(parked)) => {
                 record_entry(&dir, &entry);

@@ -67,14 +67,24 @@ pub(crate) struct Parked {
     pub limits: crate::api::batch::Limits,
 }
 
-/// The answer of `request`, made in this process (RESP's), from the parked replica
-/// `parked`'s kept state, if it is a query that state answers (see [`answer_parked`]);
-/// `None` for anything else, which resumes it.
-pub(crate) fn query_parked(
-    parked: &Parked,
-    request: &crate::api::Request,
-) -> Option<Result<crate::api::Response, crate::replica::ReplicaError>> {
-    if parked.filter.kind().clocked() || !request.op().is_query() {
+/// A query answered from a parked replica's kept state (over RESP, through
+/// `Keyspace::query_parked`): its filter's kind (a RESP command checks it against its
+/// family), and the answer.
+pub type ParkedAnswer = (
+    crate::FilterKind,
+    Result<crate::api::Response, crate::replica::ReplicaError>,
+);
+
+/// Whether the parked replica `parked` answers `op` from its kept state: a query, of a
+/// kind whose reads need no clock.
+fn answers_parked(parked: &Parked, op: crate::api::Op) -> bool {
+    op.is_query() && !parked.filter.kind().clocked()
+}
+
+/// The answer of `request` from the parked replica `parked`'s kept state, if it is a query
+/// that state answers (see [`answer_parked`]); `None` for anything else, which resumes it.
+pub(crate) fn query_parked(parked: &Parked, request: &crate::api::Request) -> Option<ParkedAnswer> {
+    if !answers_parked(parked, request.op()) {
         return None;
     }
     let answer =
@@ -82,7 +92,7 @@ pub(crate) fn query_parked(
     if let Err(e) = &answer {
         parked.telemetry.api_errors(e.reason(), 1);
     }
-    Some(answer)
+    Some((parked.filter.kind(), answer))
 }
 
 /// The reply to `msg`, a request on one of the API subjects (`subjects`) of the parked
@@ -99,26 +109,21 @@ pub(crate) fn answer_parked(
 ) -> Option<Option<(String, async_nats::HeaderMap, bytes::Bytes)>> {
     use crate::api::ReplyFormat;
     use crate::replica::metrics::{Channel, Direction};
-    if parked.filter.kind().clocked() {
-        return None;
-    }
     let op = subjects.api_op(&msg.subject)?;
-    if !op.parse::<crate::api::Op>().is_ok_and(|op| op.is_query()) {
+    if !op.parse().is_ok_and(|op| answers_parked(parked, op)) {
         return None;
     }
     let telemetry = &parked.telemetry;
     telemetry.traffic(Direction::In, Channel::Api, msg.payload.len());
     let (result, format) =
         match super::reply::nats_request(Some(op), &subjects.api_root, msg, parked.limits) {
-            Ok((request, format)) => (
-                super::reads::query_state(&parked.filter, parked.limits, telemetry, &request),
-                format,
-            ),
-            Err(e) => (Err(e), ReplyFormat::Json),
+            // A query of the op checked above: answered here.
+            Ok((request, format)) => (query_parked(parked, &request)?.1, format),
+            Err(e) => {
+                telemetry.api_errors(e.reason(), 1);
+                (Err(e), ReplyFormat::Json)
+            }
         };
-    if let Err(e) = &result {
-        telemetry.api_errors(e.reason(), 1);
-    }
     let reply = super::reply::ApiReply::of_result(result, format).finish(
         parked.identity.replica,
         None,
